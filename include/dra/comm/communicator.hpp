@@ -1,0 +1,58 @@
+#pragma once
+// Communicator interface of the compiled part (dra::dra; needs LibTorch). Backends (Gloo, NCCL)
+// implement it and are passed in to the elastic world, so membership and rebuild logic can be
+// tested on the CPU with any backend.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+namespace c10d {
+class Store;
+class Backend;
+}  // namespace c10d
+
+namespace dra::comm {
+
+/// What a rebuild must produce: the communicator of `new_members` for `epoch`.
+struct rebuild_request {
+  std::uint64_t epoch = 0;
+  std::vector<int> old_members;  ///< universe ids of the old world, in rank order (empty: first init)
+  std::vector<int> new_members;  ///< universe ids of the new world, in rank order
+  int self = -1;                 ///< this process's universe id
+  bool abortive = false;         ///< a member died or hung: in-flight work must be aborted
+  std::chrono::milliseconds timeout{30000};
+};
+
+class communicator {
+ public:
+  virtual ~communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::uint64_t epoch() const = 0;
+  /// In-place sum over the world, on the tensor's current stream (CUDA) or synchronously (CPU).
+  virtual void all_reduce_sum(at::Tensor& tensor) = 0;
+  virtual void broadcast(at::Tensor& tensor, int root) = 0;
+  virtual void barrier() = 0;
+  /// Abandons in-flight work; never blocks. The communicator is unusable afterwards.
+  virtual void abort() noexcept = 0;
+  /// The c10d backend behind it, when there is one (lets Python DDP use the same world).
+  virtual c10::intrusive_ptr<c10d::Backend> c10d_backend() const { return {}; }
+};
+
+class backend {
+ public:
+  virtual ~backend() = default;
+  virtual std::string name() const = 0;
+  /// Builds the communicator for the new epoch. `current` is the communicator of the old world
+  /// (null on first init or for a joiner); the backend owns its teardown. Returns null when
+  /// `self` is not in `new_members` (a leaver). Throws dra::comm_error / dra::timeout_error.
+  virtual std::unique_ptr<communicator> rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
+                                                const c10::intrusive_ptr<c10d::Store>& store) = 0;
+};
+
+}  // namespace dra::comm

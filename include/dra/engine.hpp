@@ -1,0 +1,117 @@
+#pragma once
+// The per-job decision engine: estimator + throughput model + constrained policy, fed once per
+// step. It is what dra.step() drives in one process, what the elastic controller runs on the
+// leader, and what the simulator runs per job. No torch, no I/O.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dra/error.hpp"
+#include "dra/policy/constraints.hpp"
+#include "dra/policy/policies.hpp"
+#include "dra/policy/throughput_model.hpp"
+#include "dra/signals/convergence_estimator.hpp"
+
+namespace dra {
+
+struct engine_config {
+  signals::estimator_config estimator;
+  policy::throughput_model_config throughput;
+  policy::constraints limits;
+  policy::cost_model costs;
+  /// "convergence" (DRA framework rule) or "goodput" (Pollux-style).
+  std::string policy = "convergence";
+  policy::convergence_phase_config convergence;
+  policy::goodput_config goodput;
+  /// Steps between decisions (a decision is cheap, but resizing more often than this is noise).
+  std::int64_t decide_every = 10;
+
+  void validate() const {
+    estimator.validate();
+    throughput.validate();
+    limits.validate();
+    convergence.validate();
+    goodput.validate();
+    if (policy != "convergence" && policy != "goodput")
+      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use 'convergence' or 'goodput'");
+    if (decide_every < 1) dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
+    if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
+    if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
+  }
+};
+
+inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
+  if (config.policy == "goodput") return std::make_shared<policy::goodput_policy>(config.goodput);
+  return std::make_shared<policy::convergence_phase_policy>(config.convergence);
+}
+
+/// What one step returns: a view into the engine, valid until the next call.
+struct step_status {
+  std::int64_t step = 0;
+  bool decided = false;  ///< a decision was taken at this step
+  policy::decision last_decision;
+  std::uint64_t decisions = 0;
+};
+
+class resize_engine {
+ public:
+  explicit resize_engine(engine_config config)
+      : config_((config.validate(), std::move(config))),
+        estimator_(config_.estimator),
+        throughput_(config_.throughput),
+        policy_(make_policy(config_), config_.limits) {
+    world_.size = 1;
+    cap_.available = 1;
+  }
+
+  const engine_config& config() const noexcept { return config_; }
+  const signals::convergence_signals& signals() const noexcept { return estimator_.signals(); }
+  signals::convergence_estimator& estimator() noexcept { return estimator_; }
+  policy::throughput_model& throughput() noexcept { return throughput_; }
+  policy::world_state& world() noexcept { return world_; }
+  policy::capacity& capacity() noexcept { return cap_; }
+  policy::cost_model& costs() noexcept { return config_.costs; }
+  const step_status& status() const noexcept { return status_; }
+
+  /// One training step's loss. Decides every `decide_every` steps. Never throws: a non-finite
+  /// loss is counted in the signals and the step still advances.
+  const step_status& step(std::int64_t step, double loss) {
+    estimator_.update_loss(step, loss);
+    status_.step = step;
+    world_.step = step;
+    ++world_.steps_since_resize;
+    status_.decided = false;
+    if (++steps_since_decision_ >= config_.decide_every) {
+      steps_since_decision_ = 0;
+      decide();
+    }
+    return status_;
+  }
+
+  /// Takes a decision now from the current signals and world.
+  const policy::decision& decide() {
+    status_.last_decision = policy_.decide(estimator_.signals(), world_, cap_, config_.costs, throughput_);
+    status_.decided = true;
+    ++status_.decisions;
+    return status_.last_decision;
+  }
+
+  /// Tells the engine a resize happened (resets the cooldown clock).
+  void resized(int new_size, double new_global_batch) {
+    world_.size = new_size;
+    world_.global_batch = new_global_batch;
+    world_.steps_since_resize = 0;
+  }
+
+ private:
+  engine_config config_;
+  signals::convergence_estimator estimator_;
+  policy::throughput_model throughput_;
+  policy::constrained_policy policy_;
+  policy::world_state world_;
+  policy::capacity cap_;
+  step_status status_;
+  std::int64_t steps_since_decision_ = 0;
+};
+
+}  // namespace dra

@@ -1,0 +1,202 @@
+#pragma once
+// Constraints around any policy, and the one entry point that turns a proposal into a Decision:
+//   decide(signals, world, capacity, costs, throughput) -> decision
+// The same object decides for a live job (on the leader, published to all ranks) and for each
+// job in the simulator.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dra/error.hpp"
+#include "dra/policy/policies.hpp"
+#include "dra/policy/types.hpp"
+
+namespace dra::policy {
+
+struct constraints {
+  int min_size = 1;
+  int max_size = 1 << 20;
+  /// Sizes the world may take (e.g. divisors of the global batch); empty: any size.
+  std::vector<int> allowed_sizes;
+  /// Steps after a resize during which no voluntary resize happens.
+  std::int64_t cooldown_steps = 0;
+  /// A proposal must point the same way for this many consecutive decisions before it is acted on.
+  int hysteresis_decisions = 1;
+  /// Most devices added or removed by one decision.
+  int max_change = 1 << 20;
+  /// Act only when the predicted gain over the cost model's horizon exceeds the resize cost:
+  /// for a grow, wall time saved; for a shrink, device time saved.
+  bool amortise = true;
+
+  /// Throws std::invalid_argument naming the field and the fix.
+  void validate() const {
+    if (min_size < 1) dra::detail::throw_invalid("min_size", "must be >= 1, got " + std::to_string(min_size));
+    if (max_size < min_size)
+      dra::detail::throw_invalid("min_size", "min_size (" + std::to_string(min_size) + ") > max_size (" +
+                                                 std::to_string(max_size) + "); lower min_size or raise max_size");
+    if (cooldown_steps < 0) dra::detail::throw_invalid("cooldown_steps", "must be >= 0, got " + std::to_string(cooldown_steps));
+    if (hysteresis_decisions < 1)
+      dra::detail::throw_invalid("hysteresis_decisions", "must be >= 1, got " + std::to_string(hysteresis_decisions));
+    if (max_change < 1) dra::detail::throw_invalid("max_change", "must be >= 1, got " + std::to_string(max_change));
+    if (!allowed_sizes.empty()) {
+      for (int s : allowed_sizes)
+        if (s < 1) dra::detail::throw_invalid("allowed_sizes", "sizes must be >= 1, got " + std::to_string(s));
+      const bool any = std::any_of(allowed_sizes.begin(), allowed_sizes.end(),
+                                   [&](int s) { return s >= min_size && s <= max_size; });
+      if (!any)
+        dra::detail::throw_invalid("allowed_sizes", "no allowed size lies within [min_size, max_size] = [" +
+                                                        std::to_string(min_size) + ", " + std::to_string(max_size) + "]");
+    }
+  }
+
+  bool allows(int size) const {
+    return size >= min_size && size <= max_size &&
+           (allowed_sizes.empty() || std::find(allowed_sizes.begin(), allowed_sizes.end(), size) != allowed_sizes.end());
+  }
+};
+
+/// A policy wrapped in constraints. Holds the hysteresis counter, so feed it every decision
+/// point in order (the leader does; every rank then reads the leader's decision).
+class constrained_policy {
+ public:
+  constrained_policy(std::shared_ptr<const policy> inner, constraints limits)
+      : inner_(std::move(inner)), limits_((limits.validate(), std::move(limits))) {
+    if (!inner_) dra::detail::throw_invalid("policy", "must not be null");
+  }
+
+  const constraints& limits() const noexcept { return limits_; }
+  const policy& inner() const noexcept { return *inner_; }
+
+  decision decide(const signals::convergence_signals& sig, const world_state& world, const capacity& cap,
+                  const cost_model& costs, const throughput_predictor& throughput) {
+    const decision_inputs in{sig, world, cap, costs, throughput};
+    decision out;
+    out.policy = inner_->name();
+    out.target_size = world.size;
+    const int current = world.size;
+    const int most = std::min(limits_.max_size, std::max(cap.available, current));
+
+    // Below the minimum (after a failure): grow back to it as soon as candidates allow, no cooldown.
+    if (current < limits_.min_size) {
+      const int target = snap_down(std::min(limits_.min_size, most), current);
+      if (target > current) return finish(out, world, target, 0.0, 1.0, "restore: world below min_size " + std::to_string(limits_.min_size));
+      out.reason = "hold: below min_size " + std::to_string(limits_.min_size) + " but no candidates to admit";
+      return out;
+    }
+
+    const int lo = std::max(limits_.min_size, 1);
+    const int hi = std::max(lo, most);
+    proposal p = inner_->propose(in, lo, hi);
+    int target = std::clamp(p.target_size, lo, hi);
+    if (target > current) target = std::min(target, current + limits_.max_change);
+    if (target < current) target = std::max(target, current - limits_.max_change);
+    target = target > current ? snap_down(target, current) : target < current ? snap_up(target, current) : current;
+    const double new_batch = p.global_batch > 0.0 ? p.global_batch : world.global_batch;
+
+    if (target == current && new_batch == world.global_batch) {
+      pending_direction_ = 0;
+      pending_count_ = 0;
+      out.reason = p.reason;
+      return out;
+    }
+    if (world.steps_since_resize < limits_.cooldown_steps) {
+      out.reason = "hold: cooldown (" + std::to_string(world.steps_since_resize) + " of " +
+                   std::to_string(limits_.cooldown_steps) + " steps) after last resize; wanted: " + p.reason;
+      return out;
+    }
+    const int direction = target > current ? 1 : target < current ? -1 : 2;
+    pending_count_ = direction == pending_direction_ ? pending_count_ + 1 : 1;
+    pending_direction_ = direction;
+    if (pending_count_ < limits_.hysteresis_decisions) {
+      out.reason = "hold: hysteresis (" + std::to_string(pending_count_) + " of " +
+                   std::to_string(limits_.hysteresis_decisions) + " consecutive decisions); wanted: " + p.reason;
+      return out;
+    }
+
+    const double g_now = goodput(in, current, world.global_batch);
+    const double g_new = goodput(in, target, new_batch);
+    const double speedup = g_now > 0.0 ? g_new / g_now : 1.0;
+    if (limits_.amortise && costs.resize_cost_s > 0.0) {
+      double horizon = costs.horizon_steps;
+      if (world.remaining_steps >= 0) horizon = std::min(horizon, static_cast<double>(world.remaining_steps));
+      const double step_now = throughput.step_time_s(current, world.global_batch / current);
+      // Time to make `horizon` steps' worth of progress now vs at the target.
+      const double time_now = horizon * step_now;
+      const double time_new = speedup > 0.0 ? time_now / speedup : INFINITY;
+      double gain = 0.0, cost = 0.0;
+      const char* unit;
+      if (target > current) {
+        gain = time_now - time_new;  // wall seconds saved
+        cost = costs.resize_cost_s;
+        unit = "s";
+      } else {
+        gain = current * time_now - target * time_new;  // device seconds saved
+        cost = current * costs.resize_cost_s;
+        unit = "device-s";
+      }
+      if (!(gain > cost)) {
+        out.reason = "hold: resize would not pay back (" + policy_detail_gain(gain, cost, horizon, unit) + "); wanted: " + p.reason;
+        return out;
+      }
+      p.reason += "; pays back (" + policy_detail_gain(gain, cost, horizon, unit) + ")";
+    }
+    const double lr_scale = adascale_gain(sig.gns, sig.gns_valid, new_batch, world.base_batch) /
+                            adascale_gain(sig.gns, sig.gns_valid, world.global_batch, world.base_batch);
+    pending_direction_ = 0;
+    pending_count_ = 0;
+    out.predicted_speedup = speedup;
+    return finish(out, world, target, new_batch / world.global_batch, p.global_batch > 0.0 ? lr_scale : 1.0, p.reason);
+  }
+
+ private:
+  static std::string policy_detail_gain(double gain, double cost, double horizon, const char* unit) {
+    return detail::fmt("gain %.3g", gain) + unit + detail::fmt(" over %.0f steps vs cost %.3g", horizon, cost) + unit;
+  }
+
+  // Largest allowed size in (current, target]; current when none.
+  int snap_down(int target, int current) const {
+    for (int s = target; s > current; --s)
+      if (limits_.allows(s)) return s;
+    return current;
+  }
+  // Smallest allowed size in [target, current); current when none.
+  int snap_up(int target, int current) const {
+    for (int s = target; s < current; ++s)
+      if (limits_.allows(s)) return s;
+    return current;
+  }
+
+  static decision finish(decision out, const world_state& world, int target, double batch_scale, double lr_scale,
+                         std::string reason) {
+    const int current = world.size;
+    out.target_size = target;
+    out.batch_scale = batch_scale > 0.0 ? batch_scale : 1.0;
+    out.lr_scale = lr_scale;
+    out.reason = std::move(reason);
+    std::vector<int> active = world.active;
+    if (active.empty())
+      for (int i = 0; i < current; ++i) active.push_back(i);
+    if (target > current) {
+      out.kind = action::grow;
+      const auto n = static_cast<std::size_t>(target - current);
+      out.join.assign(world.candidates.begin(), world.candidates.begin() + std::min(n, world.candidates.size()));
+      // Simulated or pooled worlds may have no named candidates: the target alone is the decision.
+    } else if (target < current) {
+      out.kind = action::shrink;
+      // The newest members leave first; the first active id (the leader) always stays.
+      out.leave.assign(active.end() - (current - target), active.end());
+    } else {
+      out.kind = action::hold;
+    }
+    return out;
+  }
+
+  std::shared_ptr<const policy> inner_;
+  constraints limits_;
+  int pending_direction_ = 0;
+  int pending_count_ = 0;
+};
+
+}  // namespace dra::policy

@@ -1,0 +1,55 @@
+#pragma once
+// Inputs and output of a resize decision (DESIGN.md §3.2). Plain data, no behaviour.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dra::policy {
+
+/// The job's data-parallel world as the leader sees it at a step boundary.
+struct world_state {
+  int size = 1;                    ///< ranks in the active world
+  std::vector<int> active;         ///< their universe ids, ascending (empty: 0..size-1)
+  std::vector<int> candidates;     ///< standby / late-joiner ids that could be admitted, ascending
+  std::int64_t step = 0;
+  std::int64_t steps_since_resize = 0;
+  std::int64_t remaining_steps = -1;  ///< steps left in the job, -1 when unknown
+  double global_batch = 1.0;          ///< samples per optimizer step over the whole world
+  double base_batch = 1.0;            ///< batch at which the gradient noise scale is expressed (M0)
+};
+
+/// Devices the job may have right now.
+struct capacity {
+  int available = 1;  ///< active + admissible candidates (the most the job could grow to now)
+};
+
+/// What a resize costs and how far ahead a gain is counted.
+struct cost_model {
+  double resize_cost_s = 0.0;    ///< measured (or configured) wall time of one resize
+  double horizon_steps = 500.0;  ///< steps over which a resize must pay for itself
+};
+
+enum class action { hold, grow, shrink };
+
+inline const char* to_string(action a) noexcept {
+  switch (a) {
+    case action::hold: return "hold";
+    case action::grow: return "grow";
+    case action::shrink: return "shrink";
+  }
+  return "unknown";
+}
+
+struct decision {
+  action kind = action::hold;
+  int target_size = 1;
+  std::vector<int> leave;  ///< active ids that leave the world
+  std::vector<int> join;   ///< candidate ids admitted
+  double batch_scale = 1.0;  ///< new global batch / current global batch
+  double lr_scale = 1.0;     ///< new learning rate / current learning rate
+  double predicted_speedup = 1.0;  ///< goodput(target) / goodput(current), as the model sees it
+  std::string reason;
+  std::string policy;  ///< name of the policy that proposed it
+};
+
+}  // namespace dra::policy

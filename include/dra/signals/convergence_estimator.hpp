@@ -1,0 +1,221 @@
+#pragma once
+// Streaming convergence-signal estimator (DESIGN.md §3.1).
+//
+// Every update is O(1) and allocation-free: the sliding regression window is a ring buffer sized
+// once at construction. Non-finite inputs never reach the state; they are counted and surfaced.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dra/error.hpp"
+#include "dra/signals/gradient_noise_scale.hpp"
+#include "dra/signals/windowed_regression.hpp"
+
+namespace dra::signals {
+
+enum class training_phase { warmup, fast, steady, plateau, diverging };
+
+inline const char* to_string(training_phase phase) noexcept {
+  switch (phase) {
+    case training_phase::warmup: return "warmup";
+    case training_phase::fast: return "fast";
+    case training_phase::steady: return "steady";
+    case training_phase::plateau: return "plateau";
+    case training_phase::diverging: return "diverging";
+  }
+  return "unknown";
+}
+
+struct estimator_config {
+  /// EMA decay of the smoothed loss (bias-corrected, so early values are not pulled to zero).
+  double loss_decay = 0.9;
+  /// Steps in the least-squares window for the progress rate.
+  std::size_t window = 64;
+  /// Updates before any phase other than warmup is reported (and before plateau can fire).
+  std::size_t warmup_steps = 32;
+  /// A window is "flat" when the fitted log-loss improvement over `window` steps is below this
+  /// fraction, or when the slope is not significantly negative (t-statistic above
+  /// -plateau_t_threshold).
+  double plateau_relative_improvement = 0.01;
+  double plateau_t_threshold = 2.0;
+  /// Consecutive flat updates before the plateau flag is raised. Plateau is therefore reported
+  /// between `plateau_patience` and `window + plateau_patience` steps after the true knee.
+  std::size_t plateau_patience = 32;
+  /// Learning counts as "fast" when the log-loss improves by at least this fraction per window.
+  double fast_relative_improvement = 0.10;
+  /// Diverging: smoothed loss above divergence_factor x the best smoothed loss, or this many
+  /// non-finite losses in a row.
+  double divergence_factor = 2.0;
+  std::size_t divergence_nonfinite_streak = 3;
+  /// EMA decay for the two gradient-noise-scale moments (|G|^2 and tr(Sigma)), smoothed apart.
+  double gns_decay = 0.95;
+
+  /// Throws std::invalid_argument naming the offending field.
+  void validate() const {
+    auto in_unit = [](double v) { return v >= 0.0 && v < 1.0; };
+    if (!in_unit(loss_decay)) dra::detail::throw_invalid("loss_decay", "must lie in [0, 1), got " + std::to_string(loss_decay));
+    if (!in_unit(gns_decay)) dra::detail::throw_invalid("gns_decay", "must lie in [0, 1), got " + std::to_string(gns_decay));
+    if (window < 3) dra::detail::throw_invalid("window", "needs at least 3 steps for a slope with an error, got " + std::to_string(window));
+    if (!(plateau_relative_improvement >= 0.0)) dra::detail::throw_invalid("plateau_relative_improvement", "must be >= 0");
+    if (!(plateau_t_threshold >= 0.0)) dra::detail::throw_invalid("plateau_t_threshold", "must be >= 0");
+    if (!(fast_relative_improvement > plateau_relative_improvement))
+      dra::detail::throw_invalid("fast_relative_improvement", "must exceed plateau_relative_improvement (" +
+                                                             std::to_string(plateau_relative_improvement) + ")");
+    if (!(divergence_factor > 1.0)) dra::detail::throw_invalid("divergence_factor", "must be > 1, got " + std::to_string(divergence_factor));
+    if (divergence_nonfinite_streak < 1) dra::detail::throw_invalid("divergence_nonfinite_streak", "must be >= 1");
+  }
+};
+
+/// What the estimator knows after the latest update. Every double is finite.
+struct convergence_signals {
+  std::int64_t step = -1;              ///< step index of the latest accepted loss
+  std::uint64_t accepted = 0;          ///< finite losses accepted
+  double loss = 0.0;                   ///< latest accepted loss
+  double smoothed_loss = 0.0;          ///< bias-corrected EMA of the loss
+  double best_loss = 0.0;              ///< lowest accepted loss
+  double best_smoothed_loss = 0.0;     ///< lowest smoothed loss
+  double progress_rate = 0.0;          ///< slope of log(loss) per step over the window
+  double progress_rate_stderr = 0.0;   ///< its standard error
+  double relative_improvement = 0.0;   ///< -progress_rate * window: fraction gained per window
+  double noise = 0.0;                  ///< std of log(loss) around the fitted trend
+  bool plateau = false;
+  bool diverging = false;
+  std::uint64_t flat_streak = 0;       ///< consecutive flat updates
+  training_phase phase = training_phase::warmup;
+  // Gradient noise scale (McCandlish et al.): B_simple = tr(Sigma) / |G|^2.
+  bool gns_valid = false;
+  bool gns_biased = false;             ///< estimated with the single-replica fallback
+  double gns = 0.0;
+  double grad_sqr = 0.0;               ///< smoothed |G|^2
+  double grad_var = 0.0;               ///< smoothed tr(Sigma) (per-sample)
+  // Validation metric, when given.
+  bool has_validation = false;
+  double validation_metric = 0.0;
+  // Rejected inputs.
+  std::uint64_t nonfinite_count = 0;   ///< NaN/inf losses or gradient norms ignored
+  std::uint64_t nonfinite_streak = 0;  ///< consecutive non-finite losses
+  std::uint64_t nonpositive_count = 0; ///< finite losses <= 0 (kept out of the log regression)
+};
+
+class convergence_estimator {
+ public:
+  explicit convergence_estimator(estimator_config config = {})
+      : config_((config.validate(), config)), regression_(config.window), gns_(config.gns_decay) {}
+
+  const estimator_config& config() const noexcept { return config_; }
+  const convergence_signals& signals() const noexcept { return signals_; }
+
+  /// Feeds the loss of `step`. Steps may have gaps but must not go backwards (a step at or
+  /// before the latest one is ignored and counted as rejected). Returns true when accepted.
+  /// A streak of non-finite losses starting returns false and sets `nonfinite_streak` to 1,
+  /// which callers use to warn once per streak.
+  bool update_loss(std::int64_t step, double loss) noexcept {
+    auto& s = signals_;
+    if (!std::isfinite(loss)) {
+      ++s.nonfinite_count;
+      ++s.nonfinite_streak;
+      if (s.nonfinite_streak >= config_.divergence_nonfinite_streak) {
+        s.diverging = true;
+        s.phase = training_phase::diverging;
+      }
+      return false;
+    }
+    if (s.accepted > 0 && step <= s.step) {
+      ++rejected_steps_;
+      return false;
+    }
+    s.nonfinite_streak = 0;
+    s.step = step;
+    s.loss = loss;
+    ++s.accepted;
+
+    ema_ = config_.loss_decay * ema_ + (1.0 - config_.loss_decay) * loss;
+    decay_power_ *= config_.loss_decay;
+    s.smoothed_loss = finite_or(ema_ / (1.0 - decay_power_), loss);
+    if (s.accepted == 1) {
+      s.best_loss = loss;
+      s.best_smoothed_loss = s.smoothed_loss;
+    } else {
+      s.best_loss = std::min(s.best_loss, loss);
+      s.best_smoothed_loss = std::min(s.best_smoothed_loss, s.smoothed_loss);
+    }
+
+    if (loss > 0.0) {
+      regression_.push(static_cast<double>(step), std::log(loss));
+    } else {
+      ++s.nonpositive_count;
+    }
+    const auto fit = regression_.fit();
+    s.progress_rate = fit.slope;
+    s.progress_rate_stderr = fit.slope_stderr;
+    s.noise = fit.residual_std;
+    s.relative_improvement = -fit.slope * static_cast<double>(config_.window);
+
+    const bool significant_decrease = fit.valid && fit.slope < -config_.plateau_t_threshold * fit.slope_stderr;
+    const bool flat = fit.valid && (!significant_decrease || s.relative_improvement < config_.plateau_relative_improvement);
+    s.flat_streak = flat ? s.flat_streak + 1 : 0;
+
+    const bool warm = s.accepted >= config_.warmup_steps && regression_.full();
+    s.plateau = warm && s.flat_streak >= config_.plateau_patience;
+    s.diverging = warm && s.smoothed_loss > 0.0 && s.best_smoothed_loss > 0.0 &&
+                  s.smoothed_loss > config_.divergence_factor * s.best_smoothed_loss;
+    if (!warm) {
+      s.phase = training_phase::warmup;
+    } else if (s.diverging) {
+      s.phase = training_phase::diverging;
+    } else if (s.plateau) {
+      s.phase = training_phase::plateau;
+    } else if (significant_decrease && s.relative_improvement >= config_.fast_relative_improvement) {
+      s.phase = training_phase::fast;
+    } else {
+      s.phase = training_phase::steady;
+    }
+    return true;
+  }
+
+  /// Two-batch-size gradient statistics of one step: `small_sqr_norm` is |g|^2 of a gradient
+  /// over `small_batch` samples (the mean over ranks of each rank's local |g_i|^2), `big_sqr_norm`
+  /// is |g|^2 of the all-reduced gradient over `big_batch` samples. Returns false (and counts)
+  /// for non-finite or inconsistent input.
+  bool update_gradients(double small_sqr_norm, double small_batch, double big_sqr_norm, double big_batch,
+                        bool biased = false) noexcept {
+    if (!gns_.update(small_sqr_norm, small_batch, big_sqr_norm, big_batch)) {
+      ++signals_.nonfinite_count;
+      return false;
+    }
+    signals_.gns_biased = biased;
+    signals_.grad_sqr = gns_.grad_sqr();
+    signals_.grad_var = gns_.grad_var();
+    signals_.gns_valid = gns_.valid();
+    signals_.gns = gns_.noise_scale();
+    return true;
+  }
+
+  /// Latest validation metric (higher or lower is better depending on the metric; stored as is).
+  bool update_validation(double metric) noexcept {
+    if (!std::isfinite(metric)) {
+      ++signals_.nonfinite_count;
+      return false;
+    }
+    signals_.has_validation = true;
+    signals_.validation_metric = metric;
+    return true;
+  }
+
+  std::uint64_t rejected_steps() const noexcept { return rejected_steps_; }
+
+ private:
+  static double finite_or(double v, double fallback) noexcept { return std::isfinite(v) ? v : fallback; }
+
+  estimator_config config_;
+  detail::windowed_regression regression_;
+  gradient_noise_scale gns_;
+  convergence_signals signals_{};
+  double ema_ = 0.0;
+  double decay_power_ = 1.0;
+  std::uint64_t rejected_steps_ = 0;
+};
+
+}  // namespace dra::signals

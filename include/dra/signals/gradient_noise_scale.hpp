@@ -1,0 +1,58 @@
+#pragma once
+// Gradient noise scale from two batch sizes (McCandlish et al. 2018, "An Empirical Model of
+// Large-Batch Training", appendix A.1):
+//   |G|^2    ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
+//   tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
+// Both are unbiased per step but very noisy; each is smoothed with its own bias-corrected EMA and
+// B_simple = EMA(tr Sigma) / EMA(|G|^2) (averaging numerator and denominator separately, as the
+// paper recommends, since the ratio of averages is far less biased than the average of ratios).
+//
+// In data parallelism B_small is the per-rank batch (|G_small|^2 = mean over ranks of |g_i|^2)
+// and B_big the global batch (|G_big|^2 = |all-reduced g|^2). With one replica there is no second
+// batch size; the caller may pair the current gradient with the previous step's (B_big = 2 B,
+// G_big = (g_t + g_{t-1}) / 2). That fallback is biased: consecutive gradients are taken at
+// different parameters and are positively correlated, which shrinks tr(Sigma) and so B_simple.
+#include <cmath>
+
+namespace dra::signals {
+
+class gradient_noise_scale {
+ public:
+  explicit gradient_noise_scale(double decay) noexcept : decay_(decay) {}
+
+  /// Returns false (and leaves the state untouched) for non-finite norms, non-positive batches
+  /// or big_batch <= small_batch.
+  bool update(double small_sqr_norm, double small_batch, double big_sqr_norm, double big_batch) noexcept {
+    if (!std::isfinite(small_sqr_norm) || !std::isfinite(big_sqr_norm) || !std::isfinite(small_batch) ||
+        !std::isfinite(big_batch) || small_sqr_norm < 0.0 || big_sqr_norm < 0.0 || !(small_batch > 0.0) ||
+        !(big_batch > small_batch)) {
+      return false;
+    }
+    const double grad_sqr = (big_batch * big_sqr_norm - small_batch * small_sqr_norm) / (big_batch - small_batch);
+    const double grad_var = (small_sqr_norm - big_sqr_norm) / (1.0 / small_batch - 1.0 / big_batch);
+    if (!std::isfinite(grad_sqr) || !std::isfinite(grad_var)) return false;
+    sqr_ema_ = decay_ * sqr_ema_ + (1.0 - decay_) * grad_sqr;
+    var_ema_ = decay_ * var_ema_ + (1.0 - decay_) * grad_var;
+    decay_power_ *= decay_;
+    ++updates_;
+    return true;
+  }
+
+  double grad_sqr() const noexcept { return updates_ ? sqr_ema_ / (1.0 - decay_power_) : 0.0; }
+  double grad_var() const noexcept { return updates_ ? var_ema_ / (1.0 - decay_power_) : 0.0; }
+  /// Positive smoothed |G|^2 and non-negative tr(Sigma): only then is the ratio meaningful.
+  bool valid() const noexcept { return updates_ > 0 && grad_sqr() > 0.0 && grad_var() >= 0.0; }
+  double noise_scale() const noexcept {
+    if (!valid()) return 0.0;
+    const double b = grad_var() / grad_sqr();
+    return std::isfinite(b) ? b : 0.0;
+  }
+  unsigned long long updates() const noexcept { return updates_; }
+
+ private:
+  double decay_;
+  double sqr_ema_ = 0.0, var_ema_ = 0.0, decay_power_ = 1.0;
+  unsigned long long updates_ = 0;
+};
+
+}  // namespace dra::signals

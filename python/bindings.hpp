@@ -1,0 +1,9 @@
+#pragma once
+// Registration functions, one per *_py.cpp file, called from core_py.cpp's module definition.
+#include <pybind11/pybind11.h>
+
+namespace dra::python {
+void bind_signals(pybind11::module_& m);
+void bind_policy(pybind11::module_& m);
+void bind_build(pybind11::module_& m);
+}  // namespace dra::python

@@ -1,0 +1,26 @@
+#include <pybind11/pybind11.h>
+
+#include "bindings.hpp"
+#include "dra/error.hpp"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "dra's compiled core: convergence signals, resize policies, decision engine.";
+  // dra::timeout_error must reach Python as TimeoutError; the rest of the hierarchy keeps its name.
+  static py::exception<dra::error> error_type(m, "DraError", PyExc_RuntimeError);
+  py::register_exception<dra::comm_error>(m, "CommError", error_type.ptr());
+  py::register_exception<dra::membership_error>(m, "MembershipError", error_type.ptr());
+  py::register_exception<dra::state_mismatch_error>(m, "StateMismatchError", error_type.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const dra::timeout_error& e) {
+      PyErr_SetString(PyExc_TimeoutError, e.what());
+    }
+  });
+  m.def("_noop", []() {}, "A bare binding call that does nothing: the benchmark baseline for dra.step.");
+  dra::python::bind_signals(m);
+  dra::python::bind_policy(m);
+  dra::python::bind_build(m);
+}

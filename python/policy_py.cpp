@@ -1,0 +1,166 @@
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "dra/engine.hpp"
+#include "kwargs_init.hpp"
+
+namespace py = pybind11;
+using namespace dra::policy;
+
+namespace {
+py::dict decision_to_dict(const decision& d) {
+  py::dict out;
+  out["action"] = to_string(d.kind);
+  out["target_size"] = d.target_size;
+  out["leave"] = d.leave;
+  out["join"] = d.join;
+  out["batch_scale"] = d.batch_scale;
+  out["lr_scale"] = d.lr_scale;
+  out["predicted_speedup"] = d.predicted_speedup;
+  out["reason"] = d.reason;
+  out["policy"] = d.policy;
+  return out;
+}
+}  // namespace
+
+void dra::python::bind_policy(py::module_& m) {
+  py::class_<world_state>(m, "WorldState", "The job's world at a step boundary, as the leader sees it.")
+      .def(py::init<>())
+      .def_readwrite("size", &world_state::size)
+      .def_readwrite("active", &world_state::active)
+      .def_readwrite("candidates", &world_state::candidates)
+      .def_readwrite("step", &world_state::step)
+      .def_readwrite("steps_since_resize", &world_state::steps_since_resize)
+      .def_readwrite("remaining_steps", &world_state::remaining_steps)
+      .def_readwrite("global_batch", &world_state::global_batch)
+      .def_readwrite("base_batch", &world_state::base_batch);
+  py::class_<capacity>(m, "Capacity", "Devices the job could have now.")
+      .def(py::init<>())
+      .def(py::init([](int available) { return capacity{available}; }), py::arg("available"))
+      .def_readwrite("available", &capacity::available);
+  py::class_<cost_model>(m, "CostModel", "Measured resize cost and the horizon a resize must pay back over.")
+      .def(py::init<>())
+      .def(py::init([](double resize_cost_s, double horizon_steps) { return cost_model{resize_cost_s, horizon_steps}; }),
+           py::arg("resize_cost_s"), py::arg("horizon_steps") = 500.0)
+      .def_readwrite("resize_cost_s", &cost_model::resize_cost_s)
+      .def_readwrite("horizon_steps", &cost_model::horizon_steps);
+
+  py::class_<decision>(m, "Decision", "A resize decision: target size, who leaves, who joins, batch/LR scale, reason.")
+      .def(py::init<>())
+      .def_property_readonly("action", [](const decision& d) { return to_string(d.kind); })
+      .def_readonly("target_size", &decision::target_size)
+      .def_readonly("leave", &decision::leave)
+      .def_readonly("join", &decision::join)
+      .def_readonly("batch_scale", &decision::batch_scale)
+      .def_readonly("lr_scale", &decision::lr_scale)
+      .def_readonly("predicted_speedup", &decision::predicted_speedup)
+      .def_readonly("reason", &decision::reason)
+      .def_readonly("policy", &decision::policy)
+      .def("to_dict", &decision_to_dict)
+      .def("__repr__", [](const decision& d) {
+        return "<Decision " + std::string(to_string(d.kind)) + " -> " + std::to_string(d.target_size) + ": " + d.reason + ">";
+      });
+
+  py::class_<throughput_predictor>(m, "ThroughputPredictor", "Predicts seconds per step for a world size and per-rank batch.")
+      .def("step_time_s", &throughput_predictor::step_time_s, py::arg("world_size"), py::arg("per_rank_batch"))
+      .def("throughput", &throughput_predictor::throughput, py::arg("world_size"), py::arg("per_rank_batch"));
+
+  py::class_<throughput_model_config> tcfg(m, "ThroughputModelConfig", "Priors and settings of the online throughput model.");
+  def_kwargs_init<throughput_model_config>(tcfg);
+  tcfg.def_readwrite("gamma", &throughput_model_config::gamma)
+      .def_readwrite("prior_compute_fixed_s", &throughput_model_config::prior_compute_fixed_s)
+      .def_readwrite("prior_compute_per_sample_s", &throughput_model_config::prior_compute_per_sample_s)
+      .def_readwrite("prior_sync_fixed_s", &throughput_model_config::prior_sync_fixed_s)
+      .def_readwrite("prior_sync_per_rank_s", &throughput_model_config::prior_sync_per_rank_s)
+      .def_readwrite("prior_weight", &throughput_model_config::prior_weight)
+      .def_readwrite("forgetting", &throughput_model_config::forgetting)
+      .def("validate", &throughput_model_config::validate);
+  py::class_<throughput_model, throughput_predictor>(m, "ThroughputModel",
+                                                     "Pollux throughput model fitted online from measured steps.")
+      .def(py::init<throughput_model_config>(), py::arg("config") = throughput_model_config{})
+      .def("observe", &throughput_model::observe, py::arg("world_size"), py::arg("per_rank_batch"), py::arg("step_time_s"),
+           py::arg("sync_time_s"))
+      .def("compute_time_s", &throughput_model::compute_time_s, py::arg("per_rank_batch"))
+      .def("sync_time_s", &throughput_model::sync_time_s, py::arg("world_size"))
+      .def_property_readonly("observations", &throughput_model::observations);
+
+  m.def("statistical_efficiency", &statistical_efficiency, py::arg("noise_scale"), py::arg("valid"), py::arg("global_batch"),
+        py::arg("base_batch"), "(B + M0) / (B + M): efficiency of global batch M relative to M0.");
+  m.def("adascale_gain", &adascale_gain, py::arg("noise_scale"), py::arg("valid"), py::arg("global_batch"), py::arg("base_batch"),
+        "AdaScale learning-rate gain for global batch M.");
+
+  py::class_<dra::policy::policy, std::shared_ptr<dra::policy::policy>>(m, "Policy", "A resize policy (wrap it in ConstrainedPolicy to decide).")
+      .def_property_readonly("name", &dra::policy::policy::name);
+  py::class_<goodput_config> gcfg(m, "GoodputConfig", "Settings of the goodput policy.");
+  def_kwargs_init<goodput_config>(gcfg);
+  gcfg.def_readwrite("min_marginal_efficiency", &goodput_config::min_marginal_efficiency)
+      .def_readwrite("adapt_batch", &goodput_config::adapt_batch)
+      .def_readwrite("min_per_rank_batch", &goodput_config::min_per_rank_batch)
+      .def_readwrite("max_per_rank_batch", &goodput_config::max_per_rank_batch)
+      .def("validate", &goodput_config::validate);
+  py::class_<goodput_policy, dra::policy::policy, std::shared_ptr<goodput_policy>>(
+      m, "GoodputPolicy", "Pollux-style: the size maximising throughput x statistical efficiency.")
+      .def(py::init<goodput_config>(), py::arg("config") = goodput_config{});
+  py::class_<convergence_phase_config> ccfg(m, "ConvergencePhaseConfig", "Settings of the convergence-phase policy.");
+  def_kwargs_init<convergence_phase_config>(ccfg);
+  ccfg.def_readwrite("grow_step", &convergence_phase_config::grow_step)
+      .def_readwrite("min_parallel_efficiency", &convergence_phase_config::min_parallel_efficiency)
+      .def_readwrite("plateau_size", &convergence_phase_config::plateau_size)
+      .def("validate", &convergence_phase_config::validate);
+  py::class_<convergence_phase_policy, dra::policy::policy, std::shared_ptr<convergence_phase_policy>>(
+      m, "ConvergencePhasePolicy", "Grow while learning is fast and scaling efficient; release on plateau; hold otherwise.")
+      .def(py::init<convergence_phase_config>(), py::arg("config") = convergence_phase_config{});
+
+  py::class_<constraints> lim(m, "Constraints", "Limits around any policy: sizes, cooldown, hysteresis, amortisation.");
+  def_kwargs_init<constraints>(lim);
+  lim.def_readwrite("min_size", &constraints::min_size)
+      .def_readwrite("max_size", &constraints::max_size)
+      .def_readwrite("allowed_sizes", &constraints::allowed_sizes)
+      .def_readwrite("cooldown_steps", &constraints::cooldown_steps)
+      .def_readwrite("hysteresis_decisions", &constraints::hysteresis_decisions)
+      .def_readwrite("max_change", &constraints::max_change)
+      .def_readwrite("amortise", &constraints::amortise)
+      .def("validate", &constraints::validate)
+      .def("allows", &constraints::allows, py::arg("size"));
+  py::class_<constrained_policy>(m, "ConstrainedPolicy", "A policy inside constraints: the object that decides.")
+      .def(py::init([](std::shared_ptr<dra::policy::policy> inner, constraints limits) {
+             return constrained_policy(std::move(inner), std::move(limits));
+           }),
+           py::arg("policy"), py::arg("constraints") = constraints{})
+      .def("decide", &constrained_policy::decide, py::arg("signals"), py::arg("world"), py::arg("capacity"),
+           py::arg("costs"), py::arg("throughput"));
+
+  using dra::engine_config;
+  using dra::resize_engine;
+  using dra::step_status;
+  py::class_<step_status>(m, "StepStatus", "Result of one engine step (a view, valid until the next step).")
+      .def_readonly("step", &step_status::step)
+      .def_readonly("decided", &step_status::decided)
+      .def_readonly("last_decision", &step_status::last_decision)
+      .def_readonly("decisions", &step_status::decisions);
+  py::class_<engine_config> ecfg(m, "EngineConfig", "Estimator, throughput model, policy and constraints of one job.");
+  def_kwargs_init<engine_config>(ecfg);
+  ecfg.def_readwrite("estimator", &engine_config::estimator)
+      .def_readwrite("throughput", &engine_config::throughput)
+      .def_readwrite("limits", &engine_config::limits)
+      .def_readwrite("costs", &engine_config::costs)
+      .def_readwrite("policy", &engine_config::policy)
+      .def_readwrite("convergence", &engine_config::convergence)
+      .def_readwrite("goodput", &engine_config::goodput)
+      .def_readwrite("decide_every", &engine_config::decide_every)
+      .def("validate", &engine_config::validate);
+  py::class_<resize_engine>(m, "ResizeEngine", "Per-job decision engine fed once per step.")
+      .def(py::init<engine_config>(), py::arg("config"))
+      .def("step", &resize_engine::step, py::arg("step"), py::arg("loss"), py::return_value_policy::reference_internal)
+      .def("decide", &resize_engine::decide, py::return_value_policy::reference_internal)
+      .def("resized", &resize_engine::resized, py::arg("new_size"), py::arg("new_global_batch"))
+      .def_property_readonly("signals", &resize_engine::signals, py::return_value_policy::reference_internal)
+      .def_property_readonly("estimator", py::overload_cast<>(&resize_engine::estimator), py::return_value_policy::reference_internal)
+      .def_property_readonly("throughput", py::overload_cast<>(&resize_engine::throughput), py::return_value_policy::reference_internal)
+      .def_property_readonly("world", py::overload_cast<>(&resize_engine::world), py::return_value_policy::reference_internal)
+      .def_property_readonly("capacity", py::overload_cast<>(&resize_engine::capacity), py::return_value_policy::reference_internal)
+      .def_property_readonly("costs", py::overload_cast<>(&resize_engine::costs), py::return_value_policy::reference_internal)
+      .def_property_readonly("status", &resize_engine::status, py::return_value_policy::reference_internal)
+      .def_property_readonly("config", &resize_engine::config, py::return_value_policy::reference_internal);
+}

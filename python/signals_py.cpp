@@ -1,0 +1,105 @@
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "dra/signals/convergence_estimator.hpp"
+#include "kwargs_init.hpp"
+
+namespace py = pybind11;
+using namespace dra::signals;
+
+namespace {
+py::dict signals_to_dict(const convergence_signals& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["accepted"] = s.accepted;
+  d["loss"] = s.loss;
+  d["smoothed_loss"] = s.smoothed_loss;
+  d["best_loss"] = s.best_loss;
+  d["best_smoothed_loss"] = s.best_smoothed_loss;
+  d["progress_rate"] = s.progress_rate;
+  d["progress_rate_stderr"] = s.progress_rate_stderr;
+  d["relative_improvement"] = s.relative_improvement;
+  d["noise"] = s.noise;
+  d["plateau"] = s.plateau;
+  d["diverging"] = s.diverging;
+  d["flat_streak"] = s.flat_streak;
+  d["phase"] = to_string(s.phase);
+  d["gns_valid"] = s.gns_valid;
+  d["gns_biased"] = s.gns_biased;
+  d["gns"] = s.gns;
+  d["grad_sqr"] = s.grad_sqr;
+  d["grad_var"] = s.grad_var;
+  d["has_validation"] = s.has_validation;
+  d["validation_metric"] = s.validation_metric;
+  d["nonfinite_count"] = s.nonfinite_count;
+  d["nonfinite_streak"] = s.nonfinite_streak;
+  d["nonpositive_count"] = s.nonpositive_count;
+  return d;
+}
+}  // namespace
+
+void dra::python::bind_signals(py::module_& m) {
+  py::class_<estimator_config> config(m, "EstimatorConfig", "Settings of the convergence-signal estimator.");
+  def_kwargs_init<estimator_config>(config);
+  config.def_readwrite("loss_decay", &estimator_config::loss_decay, "EMA decay of the smoothed loss, in [0, 1).")
+      .def_readwrite("window", &estimator_config::window, "Steps in the least-squares window of the progress rate.")
+      .def_readwrite("warmup_steps", &estimator_config::warmup_steps, "Updates reported as warm-up.")
+      .def_readwrite("plateau_relative_improvement", &estimator_config::plateau_relative_improvement,
+                     "A window improving log-loss by less than this fraction counts as flat.")
+      .def_readwrite("plateau_t_threshold", &estimator_config::plateau_t_threshold,
+                     "A slope not below -t * stderr counts as flat.")
+      .def_readwrite("plateau_patience", &estimator_config::plateau_patience, "Flat updates in a row before plateau.")
+      .def_readwrite("fast_relative_improvement", &estimator_config::fast_relative_improvement,
+                     "Improvement per window at or above which learning is 'fast'.")
+      .def_readwrite("divergence_factor", &estimator_config::divergence_factor,
+                     "Smoothed loss above this multiple of the best means diverging.")
+      .def_readwrite("divergence_nonfinite_streak", &estimator_config::divergence_nonfinite_streak,
+                     "Non-finite losses in a row that mean diverging.")
+      .def_readwrite("gns_decay", &estimator_config::gns_decay, "EMA decay of the gradient-noise-scale moments.")
+      .def("validate", &estimator_config::validate);
+
+  py::class_<convergence_signals>(m, "ConvergenceSignals", "What the estimator knows after its latest update.")
+      .def_readonly("step", &convergence_signals::step)
+      .def_readonly("accepted", &convergence_signals::accepted)
+      .def_readonly("loss", &convergence_signals::loss)
+      .def_readonly("smoothed_loss", &convergence_signals::smoothed_loss)
+      .def_readonly("best_loss", &convergence_signals::best_loss)
+      .def_readonly("best_smoothed_loss", &convergence_signals::best_smoothed_loss)
+      .def_readonly("progress_rate", &convergence_signals::progress_rate, "Slope of log(loss) per step.")
+      .def_readonly("progress_rate_stderr", &convergence_signals::progress_rate_stderr)
+      .def_readonly("relative_improvement", &convergence_signals::relative_improvement)
+      .def_readonly("noise", &convergence_signals::noise)
+      .def_readonly("plateau", &convergence_signals::plateau)
+      .def_readonly("diverging", &convergence_signals::diverging)
+      .def_readonly("flat_streak", &convergence_signals::flat_streak)
+      .def_property_readonly("phase", [](const convergence_signals& s) { return to_string(s.phase); })
+      .def_readonly("gns_valid", &convergence_signals::gns_valid)
+      .def_readonly("gns_biased", &convergence_signals::gns_biased)
+      .def_readonly("gns", &convergence_signals::gns, "Gradient noise scale B_simple = tr(Sigma)/|G|^2, in samples.")
+      .def_readonly("grad_sqr", &convergence_signals::grad_sqr)
+      .def_readonly("grad_var", &convergence_signals::grad_var)
+      .def_readonly("has_validation", &convergence_signals::has_validation)
+      .def_readonly("validation_metric", &convergence_signals::validation_metric)
+      .def_readonly("nonfinite_count", &convergence_signals::nonfinite_count)
+      .def_readonly("nonfinite_streak", &convergence_signals::nonfinite_streak)
+      .def_readonly("nonpositive_count", &convergence_signals::nonpositive_count)
+      .def("to_dict", &signals_to_dict)
+      .def("__repr__", [](const convergence_signals& s) {
+        return "<ConvergenceSignals step=" + std::to_string(s.step) + " phase=" + to_string(s.phase) +
+               " smoothed_loss=" + std::to_string(s.smoothed_loss) + ">";
+      });
+
+  py::class_<convergence_estimator>(m, "ConvergenceEstimator",
+                                    "Streaming convergence-signal estimator: O(1), allocation-free per update.")
+      .def(py::init<estimator_config>(), py::arg("config") = estimator_config{})
+      .def("update_loss", &convergence_estimator::update_loss, py::arg("step"), py::arg("loss"),
+           "Feed the loss of `step`; returns False when the value was rejected (non-finite or step not increasing).")
+      .def("update_gradients", &convergence_estimator::update_gradients, py::arg("small_sqr_norm"), py::arg("small_batch"),
+           py::arg("big_sqr_norm"), py::arg("big_batch"), py::arg("biased") = false,
+           "Two-batch-size gradient square norms of one step (per-rank mean and all-reduced).")
+      .def("update_validation", &convergence_estimator::update_validation, py::arg("metric"))
+      .def_property_readonly("signals", &convergence_estimator::signals, py::return_value_policy::reference_internal)
+      .def_property_readonly("config", &convergence_estimator::config, py::return_value_policy::reference_internal)
+      .def_property_readonly("rejected_steps", &convergence_estimator::rejected_steps);
+}

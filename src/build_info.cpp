@@ -1,0 +1,24 @@
+#include "dra/build_info.hpp"
+
+#include <torch/version.h>
+
+#ifdef DRA_WITH_NCCL
+#include <nccl.h>
+#endif
+
+namespace dra {
+
+build_info get_build_info() {
+  build_info info;
+  info.version = DRA_VERSION_STRING;
+  info.compiler = DRA_COMPILER_STRING;
+  info.torch_version = TORCH_VERSION;
+  info.gloo = true;
+#ifdef DRA_WITH_NCCL
+  info.nccl = true;
+  info.nccl_header_version = std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH);
+#endif
+  return info;
+}
+
+}  // namespace dra
