@@ -45,7 +45,7 @@ flock 9
 if [ "$(cat .venv/.pkg-stamp 2>/dev/null)" != "$src_hash" ] || ! .venv/bin/python -c 'import dra._core' 2>/dev/null; then
   say "building and installing dra (C++ extension; first build takes a few minutes)"
   .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e . \
-    -Cbuild-dir=build/py -Ccmake.define.DRA_BUILD_TESTS=OFF
+    -Cbuild-dir=build/py -Ccmake.define.DRA_BUILD_TESTS=OFF -Ccmake.define.CMAKE_EXPORT_COMPILE_COMMANDS=ON
   echo "$src_hash" > .venv/.pkg-stamp
 fi
 flock -u 9
