@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets everything up (idempotent), then runs every test: C++ doctest via ctest, the
+# find_package(dra) consumer project, and pytest. Exits non-zero on any failure.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+"$root/scripts/setup.sh"
+
+jobs="${DRA_BUILD_JOBS:-2}"
+torch_prefix="$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
+export PATH="$root/.venv/bin:$PATH"
+
+echo "== C++: configure, build and run the doctest suites (ctest) =="
+cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DPython_EXECUTABLE="$root/.venv/bin/python" -DCMAKE_INSTALL_PREFIX="$root/build/install" >/dev/null
+cmake --build build/cpp -j "$jobs"
+ctest --test-dir build/cpp --output-on-failure -j "$jobs" --timeout 300
+
+echo "== C++: install and build the find_package(dra) consumer =="
+cmake --install build/cpp >/dev/null
+cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install;$torch_prefix" >/dev/null
+cmake --build build/consumer -j "$jobs"
+./build/consumer/dra_consumer
+[ -x build/consumer/dra_consumer_compiled ] && ./build/consumer/dra_consumer_compiled
+
+echo "== Python: pytest =="
+.venv/bin/python -m pytest -q "$@"
