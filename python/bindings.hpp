@@ -6,4 +6,5 @@ namespace dra::python {
 void bind_signals(pybind11::module_& m);
 void bind_policy(pybind11::module_& m);
 void bind_build(pybind11::module_& m);
+void bind_elastic(pybind11::module_& m);
 }  // namespace dra::python

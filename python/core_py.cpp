@@ -23,4 +23,5 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_signals(m);
   dra::python::bind_policy(m);
   dra::python::bind_build(m);
+  dra::python::bind_elastic(m);
 }
