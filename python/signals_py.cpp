@@ -50,6 +50,8 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readwrite("plateau_t_threshold", &estimator_config::plateau_t_threshold,
                      "A slope not below -t * stderr counts as flat.")
       .def_readwrite("plateau_patience", &estimator_config::plateau_patience, "Flat updates in a row before plateau.")
+      .def_readwrite("plateau_exit_t_threshold", &estimator_config::plateau_exit_t_threshold,
+                     "Once on a plateau, it clears only when the slope is below -t * stderr (stricter than entry).")
       .def_readwrite("fast_relative_improvement", &estimator_config::fast_relative_improvement,
                      "Improvement per window at or above which learning is 'fast'.")
       .def_readwrite("divergence_factor", &estimator_config::divergence_factor,

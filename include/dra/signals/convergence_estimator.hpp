@@ -43,6 +43,12 @@ struct estimator_config {
   /// Consecutive flat updates before the plateau flag is raised. Plateau is therefore reported
   /// between `plateau_patience` and `window + plateau_patience` steps after the true knee.
   std::size_t plateau_patience = 32;
+  /// Once raised, the plateau flag clears only on strong evidence of progress: a slope below
+  /// -plateau_exit_t_threshold standard errors that also improves by at least
+  /// plateau_relative_improvement per window. A stricter exit than entry (a Schmitt trigger) keeps
+  /// the flag from flickering on the chance runs of "significant" slopes that pure noise produces
+  /// (with t = 2, about one window in 40).
+  double plateau_exit_t_threshold = 4.0;
   /// Learning counts as "fast" when the log-loss improves by at least this fraction per window.
   double fast_relative_improvement = 0.10;
   /// Diverging: smoothed loss above divergence_factor x the best smoothed loss, or this many
@@ -60,6 +66,10 @@ struct estimator_config {
     if (window < 3) dra::detail::throw_invalid("window", "needs at least 3 steps for a slope with an error, got " + std::to_string(window));
     if (!(plateau_relative_improvement >= 0.0)) dra::detail::throw_invalid("plateau_relative_improvement", "must be >= 0");
     if (!(plateau_t_threshold >= 0.0)) dra::detail::throw_invalid("plateau_t_threshold", "must be >= 0");
+    if (!(plateau_exit_t_threshold >= plateau_t_threshold))
+      dra::detail::throw_invalid("plateau_exit_t_threshold", "must be >= plateau_t_threshold (" +
+                                                              std::to_string(plateau_t_threshold) + "), got " +
+                                                              std::to_string(plateau_exit_t_threshold));
     if (!(fast_relative_improvement > plateau_relative_improvement))
       dra::detail::throw_invalid("fast_relative_improvement", "must exceed plateau_relative_improvement (" +
                                                              std::to_string(plateau_relative_improvement) + ")");
@@ -126,14 +136,19 @@ class convergence_estimator {
       ++rejected_steps_;
       return false;
     }
+    // A finite loss so close to the largest double that the EMA would overflow is as useless as
+    // an inf, and an inf in the EMA would never leave it: treat it as non-finite.
+    const double ema = config_.loss_decay * ema_ + (1.0 - config_.loss_decay) * loss;
+    const double decay_power = decay_power_ * config_.loss_decay;
+    if (!std::isfinite(ema) || !std::isfinite(ema / (1.0 - decay_power))) return update_loss(step, NAN);
     s.nonfinite_streak = 0;
     s.step = step;
     s.loss = loss;
     ++s.accepted;
 
-    ema_ = config_.loss_decay * ema_ + (1.0 - config_.loss_decay) * loss;
-    decay_power_ *= config_.loss_decay;
-    s.smoothed_loss = finite_or(ema_ / (1.0 - decay_power_), loss);
+    ema_ = ema;
+    decay_power_ = decay_power;
+    s.smoothed_loss = ema_ / (1.0 - decay_power_);
     if (s.accepted == 1) {
       s.best_loss = loss;
       s.best_smoothed_loss = s.smoothed_loss;
@@ -157,8 +172,11 @@ class convergence_estimator {
     const bool flat = fit.valid && (!significant_decrease || s.relative_improvement < config_.plateau_relative_improvement);
     s.flat_streak = flat ? s.flat_streak + 1 : 0;
 
+    const bool strong_progress = fit.valid && fit.slope < -config_.plateau_exit_t_threshold * fit.slope_stderr &&
+                                 s.relative_improvement >= config_.plateau_relative_improvement;
+
     const bool warm = s.accepted >= config_.warmup_steps && regression_.full();
-    s.plateau = warm && s.flat_streak >= config_.plateau_patience;
+    s.plateau = warm && (s.flat_streak >= config_.plateau_patience || (s.plateau && !strong_progress));
     s.diverging = warm && s.smoothed_loss > 0.0 && s.best_smoothed_loss > 0.0 &&
                   s.smoothed_loss > config_.divergence_factor * s.best_smoothed_loss;
     if (!warm) {
@@ -207,8 +225,6 @@ class convergence_estimator {
   std::uint64_t rejected_steps() const noexcept { return rejected_steps_; }
 
  private:
-  static double finite_or(double v, double fallback) noexcept { return std::isfinite(v) ? v : fallback; }
-
   estimator_config config_;
   detail::windowed_regression regression_;
   gradient_noise_scale gns_;

@@ -20,8 +20,8 @@ class gradient_noise_scale {
  public:
   explicit gradient_noise_scale(double decay) noexcept : decay_(decay) {}
 
-  /// Returns false (and leaves the state untouched) for non-finite norms, non-positive batches
-  /// or big_batch <= small_batch.
+  /// Returns false (and leaves the state untouched) for non-finite or negative norms, non-positive
+  /// batches, big_batch <= small_batch, or values so large that the smoothed moments would overflow.
   bool update(double small_sqr_norm, double small_batch, double big_sqr_norm, double big_batch) noexcept {
     if (!std::isfinite(small_sqr_norm) || !std::isfinite(big_sqr_norm) || !std::isfinite(small_batch) ||
         !std::isfinite(big_batch) || small_sqr_norm < 0.0 || big_sqr_norm < 0.0 || !(small_batch > 0.0) ||
@@ -31,9 +31,15 @@ class gradient_noise_scale {
     const double grad_sqr = (big_batch * big_sqr_norm - small_batch * small_sqr_norm) / (big_batch - small_batch);
     const double grad_var = (small_sqr_norm - big_sqr_norm) / (1.0 / small_batch - 1.0 / big_batch);
     if (!std::isfinite(grad_sqr) || !std::isfinite(grad_var)) return false;
-    sqr_ema_ = decay_ * sqr_ema_ + (1.0 - decay_) * grad_sqr;
-    var_ema_ = decay_ * var_ema_ + (1.0 - decay_) * grad_var;
-    decay_power_ *= decay_;
+    // Commit only if the smoothed, bias-corrected moments stay finite: inputs near the largest
+    // double can overflow in the average or the correction, and an inf would never leave the EMA.
+    const double sqr_ema = decay_ * sqr_ema_ + (1.0 - decay_) * grad_sqr;
+    const double var_ema = decay_ * var_ema_ + (1.0 - decay_) * grad_var;
+    const double decay_power = decay_power_ * decay_;
+    if (!std::isfinite(sqr_ema / (1.0 - decay_power)) || !std::isfinite(var_ema / (1.0 - decay_power))) return false;
+    sqr_ema_ = sqr_ema;
+    var_ema_ = var_ema;
+    decay_power_ = decay_power;
     ++updates_;
     return true;
   }
