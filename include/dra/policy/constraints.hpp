@@ -27,7 +27,10 @@ struct constraints {
   /// Most devices added or removed by one decision.
   int max_change = 1 << 20;
   /// Act only when the predicted gain over the cost model's horizon exceeds the resize cost:
-  /// for a grow, wall time saved; for a shrink, device time saved.
+  /// for a grow, the wall time saved making `horizon` steps' worth of progress against the
+  /// resize's wall time; for a shrink, the device time released over the horizon's wall time,
+  /// (current - target) x horizon x step time, against the device time the resize stalls,
+  /// current x resize cost. A run shorter than the horizon (remaining_steps) counts only what is left.
   bool amortise = true;
 
   /// Throws std::invalid_argument naming the field and the fix.
@@ -132,7 +135,10 @@ class constrained_policy {
         cost = costs.resize_cost_s;
         unit = "s";
       } else {
-        gain = current * time_now - target * time_new;  // device seconds saved
+        // Device seconds released while the job runs on for the horizon. Not "device time for
+        // the same progress": on a plateau progress is worth little, and with near-linear scaling
+        // that measure is zero for every shrink, so a plateau could never release devices.
+        gain = static_cast<double>(current - target) * time_now;
         cost = current * costs.resize_cost_s;
         unit = "device-s";
       }
