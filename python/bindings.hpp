@@ -7,4 +7,6 @@ void bind_signals(pybind11::module_& m);
 void bind_policy(pybind11::module_& m);
 void bind_build(pybind11::module_& m);
 void bind_elastic(pybind11::module_& m);
+void bind_bench(pybind11::module_& m);
+void bind_sim(pybind11::module_& m);
 }  // namespace dra::python

@@ -24,4 +24,6 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_policy(m);
   dra::python::bind_build(m);
   dra::python::bind_elastic(m);
+  dra::python::bind_bench(m);
+  dra::python::bind_sim(m);
 }
