@@ -1,0 +1,110 @@
+"""Launches real elastic jobs for the tests: a dedicated store process plus worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "elastic_worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    def __init__(self, tmp: Path, nproc: int, **cfg):
+        self.tmp, self.nproc = Path(tmp), nproc
+        self.port = free_port()
+        self.cfg = {"out": str(self.tmp), **cfg}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.store = subprocess.Popen(
+            [sys.executable, "-m", "dra.elastic", "store", "--port", str(self.port), "--host", "127.0.0.1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        line = self.store.stdout.readline()  # "[dra] store listening ..." once it is up
+        assert "listening" in line, line
+
+    def env(self, **extra):
+        env = dict(os.environ)
+        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port), "WORLD_SIZE": str(self.nproc),
+                    "DRA_JOB_ID": "t", "DRA_TEST_CFG": json.dumps(self.cfg), "OMP_NUM_THREADS": "1"})
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def start(self, name: str, **env):
+        out = open(self.tmp / f"out-{name}.txt", "w")
+        self.procs[name] = subprocess.Popen([sys.executable, str(WORKER)], env=self.env(**env), stdout=out, stderr=subprocess.STDOUT)
+
+    def start_all(self):
+        for r in range(self.nproc):
+            self.start(f"r{r}", RANK=r)
+
+    def wait(self, timeout: float = 120) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        codes = {}
+        try:
+            for name, p in self.procs.items():
+                codes[name] = p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        finally:
+            self.close()
+        return codes
+
+    def close(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if self.store.poll() is None:
+            self.store.send_signal(signal.SIGKILL)
+            self.store.wait()
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"out-{name}.txt").read_text()
+
+    def records(self, kind: str | None = None) -> list[dict]:
+        out = []
+        for f in sorted(self.tmp.glob("log-*.jsonl")):
+            for line in f.read_text().splitlines():
+                rec = json.loads(line)
+                if kind is None or rec["kind"] == kind:
+                    out.append(rec)
+        return out
+
+    def events(self) -> list[dict]:
+        path = self.tmp / "events.jsonl"
+        return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def check_exactly_once(job: Job, dataset_size: int, epochs: int) -> None:
+    """Every sample of every data epoch consumed exactly once by the world's committed steps.
+
+    A step may be committed in a world epoch and redone after a fault in a later one: the
+    record of the latest world epoch counts. Within one (step, world epoch) the ranks' shares
+    are disjoint and lie inside the step's global batch."""
+    latest: dict[tuple[int, int], dict] = {}
+    groups: dict[tuple[int, int, int], list[dict]] = {}
+    for rec in job.records("commit"):
+        key = (rec["data_epoch"], rec["step"])
+        if key not in latest or rec["epoch"] > latest[key]["epoch"]:
+            latest[key] = rec
+        groups.setdefault((rec["data_epoch"], rec["step"], rec["epoch"]), []).append(rec)
+    for (_, step, wepoch), recs in groups.items():
+        batches = {tuple(r["batch"]) for r in recs}
+        assert len(batches) == 1, f"step {step} epoch {wepoch}: ranks disagree on the global batch"
+        shares = [i for r in recs for i in r["share"]]
+        assert len(shares) == len(set(shares)), f"step {step} epoch {wepoch}: a sample in two shares"
+        assert set(shares) <= set(recs[0]["batch"])
+    for e in range(epochs):
+        seen = [i for (de, _), rec in sorted(latest.items()) if de == e for i in rec["batch"]]
+        assert len(seen) == dataset_size, f"data epoch {e}: {len(seen)} samples consumed, expected {dataset_size}"
+        assert sorted(seen) == list(range(dataset_size)), f"data epoch {e}: some sample skipped or repeated"

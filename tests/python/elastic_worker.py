@@ -1,0 +1,106 @@
+"""One process of the elastic test jobs (launched by tests/python/test_elastic_*.py).
+
+Trains a tiny MLP on a seeded synthetic regression set under the elastic controller and logs,
+to <out>/log-<uid>.jsonl, every committed step (the rank's sample ids and the step's global
+batch), the digest of the parameters after every world change, and a final record. Faults are
+injected for real: SIGKILL of this process at a chosen step and point, or a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import dra
+import dra.elastic as de
+
+cfg = json.loads(os.environ["DRA_TEST_CFG"])
+out = cfg["out"]
+torch.manual_seed(1234)
+gen = torch.Generator().manual_seed(7)
+N, D = cfg.get("dataset_size", 192), 8
+X = torch.randn(N, D, generator=gen)
+Y = X @ torch.randn(D, 1, generator=gen) + 0.1 * torch.randn(N, 1, generator=gen)
+
+hidden = cfg.get("hidden", 16)
+if os.environ.get("DRA_TEST_MISMATCH") == "1":
+    hidden += 1
+# Different seeds per process: the start-up handoff must make them identical anyway.
+torch.manual_seed(int(os.environ.get("RANK", "0")) + 100 * int(os.environ.get("DRA_JOIN", "0")))
+net = torch.nn.Sequential(torch.nn.Linear(D, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
+sampler = de.ElasticSampler(N, cfg.get("global_batch", 16), seed=3)
+
+uid_hint = os.environ.get("RANK", "late")
+kill = cfg.get("kill") or {}
+hang = cfg.get("hang") or {}
+log = None
+
+
+def write(rec):
+    log.write(json.dumps(rec) + "\n")
+    log.flush()
+
+
+def maybe_fault(point, ctl):
+    for spec, act in ((kill, "kill"), (hang, "hang")):
+        if spec and spec.get("uid") == ctl.uid and spec.get("step") == ctl.step_index and spec.get("point") == point:
+            if spec.get("epoch") is not None and spec["epoch"] != ctl.epoch:
+                continue
+            if act == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                time.sleep(3600)
+
+
+ctl = de.init(
+    net, opt, sampler, scheduler=sched,
+    start_size=cfg.get("start_size"), min_size=cfg.get("min_size", 1), max_size=cfg.get("max_size"),
+    release=cfg.get("release", "standby"), decide_every=cfg.get("decide_every", 1000),
+    resize_schedule={int(k): v for k, v in cfg.get("schedule", {}).items()},
+    fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True,
+    events_path=os.path.join(out, "events.jsonl"),
+)
+log = open(os.path.join(out, f"log-{ctl.uid}.jsonl"), "a")
+
+
+def record_world():
+    if ctl.is_member:
+        write({"kind": "world", "uid": ctl.uid, "epoch": ctl.epoch, "step": ctl.step_index, "size": ctl.world_size,
+               "digest": ctl.last_digest, "members": ctl.members})
+
+
+record_world()
+loss_fn = torch.nn.MSELoss()
+for epoch in ctl.epochs(cfg.get("epochs", 2)):
+    for idx in sampler:
+        idx_t = torch.as_tensor(idx)
+        share, batch = [int(i) for i in idx], [int(i) for i in sampler.step_indices()]
+        step, wepoch, rank, depoch = ctl.step_index, ctl.epoch, ctl.rank, sampler.epoch
+        maybe_fault("forward", ctl)
+        loss = loss_fn(ctl.model(X[idx_t]), Y[idx_t])
+        opt.zero_grad()
+        maybe_fault("backward", ctl)
+        loss.backward()
+        maybe_fault("optimizer", ctl)
+        opt.step()
+        sched.step()
+        before_epoch = ctl.epoch
+        st = dra.step(loss)
+        if st.committed:
+            write({"kind": "commit", "uid": ctl.uid, "epoch": wepoch, "rank": rank, "step": step,
+                   "data_epoch": depoch, "share": share, "batch": batch})
+        if ctl.epoch != before_epoch:
+            record_world()
+        maybe_fault("after_step", ctl)
+final = {"kind": "final", "uid": ctl.uid, "role": ctl.role, "step": ctl.step_index}
+final["digest"] = de.controller._state.param_digest(net, opt)
+write(final)
+log.close()
+sys.exit(0)
