@@ -414,7 +414,9 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
     // ---- cases 3-6 and 8: fast paths, after a unanimous vote of the new world ----
     auto deadline = clock_type::now() + timeout;
     bool fast = needs_agreement(plan);
-    if (!unanimous(*store, base + "/vote_fast", plan.new_size, fast, deadline, timeout) && fast) {
+    // A first init needs no vote: every member plans it from the request alone.
+    const bool vote = !request.old_members.empty();
+    if (vote && !unanimous(*store, base + "/vote_fast", plan.new_size, fast, deadline, timeout) && fast) {
       log("nccl_rebuild_fallback", ",\"from\":\"" + std::string(to_string(plan.path)) +
                                        "\",\"reason\":\"another member cannot take this path\"");
       fast = false;
@@ -470,8 +472,10 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
       // Case 9: everyone learns whether every member's fast path succeeded.
       const bool all_ok = unanimous(*store, base + "/vote_done", plan.new_size, ok, clock_type::now() + timeout, timeout);
       if (all_ok) {
-        release_handle(*api_, parent->release(), plan.release_parent_with_abort || parent->revoked(), timeout, poll);
-        parent.reset();
+        if (parent) {  // a joiner has none
+          release_handle(*api_, parent->release(), plan.release_parent_with_abort || parent->revoked(), timeout, poll);
+          parent.reset();
+        }
         auto result = make(std::exchange(building, nullptr), request.epoch);
         return done(plan.path, std::move(result));
       }
