@@ -1,0 +1,142 @@
+#pragma once
+// Cluster-level arbiter: divides a pool of identical devices among jobs by their goodput curves.
+//
+// Each job offers a speedup curve s_j(k), k = 0..K_j devices (s_j(0) = 0), typically goodput(k)
+// over a reference goodput, as Pollux does. The arbiter maximises the power mean of speedups
+//   M_p = ( (1/n) sum_j (s_j(k_j) + eps)^p )^(1/p),   p = -1 by default (Pollux's objective),
+// subject to sum_j k_j <= capacity. p < 0 favours fairness: a job left with nothing drags the
+// mean towards zero, so every job gets a device before anyone gets a second one, when it can.
+// A job whose allocation would change has its speedup multiplied by its `change_penalty` (the
+// restart or resize cost, amortised over the job's age, as Pollux does), so moving devices
+// happens only when the gain outweighs the cost of the move.
+//
+// The search is greedy then local: from zero, repeatedly grant the increment (of any size, so a
+// job can jump past a dip in its curve, e.g. a node boundary) with the best objective gain per
+// device; then move single devices between jobs while the objective improves. Deterministic: ties
+// go to the job listed first (callers list jobs by priority). It knows nothing about where a job
+// runs, so the same code can arbitrate a simulated cluster or a live device pool.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dra/error.hpp"
+
+namespace dra::policy {
+
+struct arbiter_job {
+  /// speedup[k] for k = 0..max devices; speedup[0] is taken as 0. Must be finite and >= 0.
+  std::vector<double> speedup;
+  int current = 0;             ///< devices it holds now
+  double change_penalty = 1.0; ///< multiplier on its speedup at any allocation other than `current`
+  int min_devices = 0;         ///< devices it must keep when it has them (0: may be preempted)
+};
+
+struct arbiter_config {
+  double p = -1.0;         ///< power-mean exponent; 1 = utilitarian sum, -1 = Pollux, very negative = max-min
+  double epsilon = 1e-3;   ///< added to each speedup so a zero does not make the mean undefined (Pollux: 1e-3)
+  int max_moves = 256;     ///< bound on single-device moves in the local search
+
+  void validate() const {
+    if (!std::isfinite(p) || p == 0.0)
+      dra::detail::throw_invalid("p", "must be finite and non-zero (use a small |p| for near-geometric mean), got " + std::to_string(p));
+    if (!(epsilon > 0.0)) dra::detail::throw_invalid("epsilon", "must be > 0, got " + std::to_string(epsilon));
+    if (max_moves < 0) dra::detail::throw_invalid("max_moves", "must be >= 0");
+  }
+};
+
+class cluster_arbiter {
+ public:
+  explicit cluster_arbiter(arbiter_config config = {}) : config_((config.validate(), config)) {}
+  const arbiter_config& config() const noexcept { return config_; }
+
+  /// Speedup of a job at k devices, with the change penalty applied.
+  static double effective(const arbiter_job& job, int k) {
+    if (k <= 0 || job.speedup.empty()) return 0.0;
+    const double s = job.speedup[static_cast<std::size_t>(std::min<int>(k, static_cast<int>(job.speedup.size()) - 1))];
+    return k == job.current ? s : s * job.change_penalty;
+  }
+
+  /// Power mean of effective speedups for an allocation.
+  double objective(const std::vector<arbiter_job>& jobs, const std::vector<int>& alloc) const {
+    if (jobs.empty()) return 0.0;
+    double sum = 0.0;
+    for (std::size_t j = 0; j < jobs.size(); ++j) sum += term(effective(jobs[j], alloc[j]));
+    return std::pow(sum / static_cast<double>(jobs.size()), 1.0 / config_.p);
+  }
+
+  /// Devices per job (same order as `jobs`), summing to at most `capacity`.
+  std::vector<int> allocate(const std::vector<arbiter_job>& jobs, int capacity) const {
+    if (capacity < 0) dra::detail::throw_invalid("capacity", "must be >= 0, got " + std::to_string(capacity));
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      for (double s : jobs[j].speedup)
+        if (!(s >= 0.0) || !std::isfinite(s))
+          dra::detail::throw_invalid("speedup", "job " + std::to_string(j) + " has a negative or non-finite speedup");
+      if (!(jobs[j].change_penalty >= 0.0 && jobs[j].change_penalty <= 1.0))
+        dra::detail::throw_invalid("change_penalty", "must lie in [0, 1] (job " + std::to_string(j) + ")");
+    }
+    const std::size_t n = jobs.size();
+    // terms[j][k]: the job's contribution to the sum at k devices (penalty included).
+    std::vector<std::vector<double>> terms(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      terms[j].resize(static_cast<std::size_t>(max_devices(jobs[j])) + 1);
+      for (std::size_t k = 0; k < terms[j].size(); ++k) terms[j][k] = term(effective(jobs[j], static_cast<int>(k)));
+    }
+    std::vector<int> alloc(n, 0);
+    int free = capacity;
+    // Jobs that must keep what they hold (non-preemptible) keep it first.
+    for (std::size_t j = 0; j < n; ++j) {
+      const int keep = std::min({jobs[j].min_devices, jobs[j].current, max_devices(jobs[j])});
+      if (keep > 0 && keep <= free) alloc[j] = keep, free -= keep;
+    }
+    // Greedy: best objective gain per device over every (job, increment) pair.
+    // Minimising the sum of terms when p < 0 is maximising the mean; the sign flips for p > 0.
+    const double sign = config_.p < 0.0 ? -1.0 : 1.0;
+    while (free > 0) {
+      double best_rate = 0.0;
+      std::size_t best_j = n;
+      int best_k = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const auto& t = terms[j];
+        const double now = t[static_cast<std::size_t>(alloc[j])];
+        const int most = std::min(static_cast<int>(t.size()) - 1, alloc[j] + free);
+        for (int k = alloc[j] + 1; k <= most; ++k) {
+          const double rate = sign * (t[static_cast<std::size_t>(k)] - now) / (k - alloc[j]);
+          if (rate > best_rate * (1.0 + 1e-12) && rate > 0.0) best_rate = rate, best_j = j, best_k = k;
+        }
+      }
+      if (best_j == n) break;
+      free -= best_k - alloc[best_j];
+      alloc[best_j] = best_k;
+    }
+    // Local search: move one device from a job to another while it helps.
+    for (int move = 0; move < config_.max_moves; ++move) {
+      double best = 0.0;
+      std::size_t from = n, to = n;
+      for (std::size_t a = 0; a < n; ++a) {
+        if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current)) continue;
+        const auto ka = static_cast<std::size_t>(alloc[a]);
+        const double lose = terms[a][ka - 1] - terms[a][ka];
+        for (std::size_t b = 0; b < n; ++b) {
+          const auto kb = static_cast<std::size_t>(alloc[b]);
+          if (b == a || kb + 1 >= terms[b].size()) continue;
+          const double delta = sign * (lose + terms[b][kb + 1] - terms[b][kb]);
+          if (delta > best + 1e-12) best = delta, from = a, to = b;
+        }
+      }
+      if (from == n) break;
+      --alloc[from];
+      ++alloc[to];
+    }
+    return alloc;
+  }
+
+ private:
+  static int max_devices(const arbiter_job& job) { return std::max(0, static_cast<int>(job.speedup.size()) - 1); }
+  double term(double s) const { return std::pow(s + config_.epsilon, config_.p); }
+
+  arbiter_config config_;
+};
+
+}  // namespace dra::policy
