@@ -153,6 +153,15 @@ void dra::python::bind_policy(py::module_& m) {
   py::class_<resize_engine>(m, "ResizeEngine", "Per-job decision engine fed once per step.")
       .def(py::init<engine_config>(), py::arg("config"))
       .def("step", &resize_engine::step, py::arg("step"), py::arg("loss"), py::return_value_policy::reference_internal)
+      .def(
+          "_advance",
+          [](resize_engine& engine, std::int64_t step, double loss) {
+            engine.step(step, loss);
+            return engine.signals().nonfinite_streak;
+          },
+          py::arg("step"), py::arg("loss"),
+          "dra.step's fast path: one step, returning the non-finite streak (0: the loss was accepted; 1: a "
+          "streak of non-finite losses starts, warn once). Returns a plain int, so no view object is built.")
       .def("decide", &resize_engine::decide, py::return_value_policy::reference_internal)
       .def("resized", &resize_engine::resized, py::arg("new_size"), py::arg("new_global_batch"))
       .def_property_readonly("signals", &resize_engine::signals, py::return_value_policy::reference_internal)

@@ -84,7 +84,7 @@ class constrained_policy {
     // Below the minimum (after a failure): grow back to it as soon as candidates allow, no cooldown.
     if (current < limits_.min_size) {
       const int target = snap_down(std::min(limits_.min_size, most), current);
-      if (target > current) return finish(out, world, target, 0.0, 1.0, "restore: world below min_size " + std::to_string(limits_.min_size));
+      if (target > current) return finish(std::move(out), world, target, 0.0, 1.0, "restore: world below min_size " + std::to_string(limits_.min_size));
       out.reason = "hold: below min_size " + std::to_string(limits_.min_size) + " but no candidates to admit";
       return out;
     }
@@ -101,7 +101,7 @@ class constrained_policy {
     if (target == current && new_batch == world.global_batch) {
       pending_direction_ = 0;
       pending_count_ = 0;
-      out.reason = p.reason;
+      out.reason = std::move(p.reason);
       return out;
     }
     if (world.steps_since_resize < limits_.cooldown_steps) {
@@ -153,7 +153,8 @@ class constrained_policy {
     pending_direction_ = 0;
     pending_count_ = 0;
     out.predicted_speedup = speedup;
-    return finish(out, world, target, new_batch / world.global_batch, p.global_batch > 0.0 ? lr_scale : 1.0, p.reason);
+    return finish(std::move(out), world, target, new_batch / world.global_batch, p.global_batch > 0.0 ? lr_scale : 1.0,
+                  std::move(p.reason));
   }
 
  private:

@@ -140,7 +140,8 @@ class convergence_estimator {
     // an inf, and an inf in the EMA would never leave it: treat it as non-finite.
     const double ema = config_.loss_decay * ema_ + (1.0 - config_.loss_decay) * loss;
     const double decay_power = decay_power_ * config_.loss_decay;
-    if (!std::isfinite(ema) || !std::isfinite(ema / (1.0 - decay_power))) return update_loss(step, NAN);
+    const double smoothed = ema / (1.0 - decay_power);
+    if (!std::isfinite(smoothed)) return update_loss(step, NAN);
     s.nonfinite_streak = 0;
     s.step = step;
     s.loss = loss;
@@ -148,7 +149,7 @@ class convergence_estimator {
 
     ema_ = ema;
     decay_power_ = decay_power;
-    s.smoothed_loss = ema_ / (1.0 - decay_power_);
+    s.smoothed_loss = smoothed;
     if (s.accepted == 1) {
       s.best_loss = loss;
       s.best_smoothed_loss = s.smoothed_loss;

@@ -36,26 +36,30 @@ class windowed_regression {
     xs_[head_] = x;
     ys_[head_] = y;
     add_to_sums(x, y);
-    head_ = (head_ + 1) % cap;
+    if (++head_ == cap) head_ = 0;  // not %: an integer division costs more than the whole fit
     if (++pushes_since_rebuild_ >= cap) rebuild_sums();
   }
 
   line_fit fit() const noexcept {
     line_fit out;
     if (count_ < 3) return out;
+    // Three independent reciprocals instead of six dependent divisions: this runs on every update.
     const double n = static_cast<double>(count_);
-    const double mean_x = sx_ / n;
-    const double mean_y = sy_ / n;
+    const double inv_n = 1.0 / n;
+    const double inv_dof = 1.0 / (n - 2.0);
+    const double mean_x = sx_ * inv_n;
+    const double mean_y = sy_ * inv_n;
     const double sxx = std::max(0.0, sxx_ - n * mean_x * mean_x);
     const double sxy = sxy_ - n * mean_x * mean_y;
     const double syy = std::max(0.0, syy_ - n * mean_y * mean_y);
     if (!(sxx > 0.0)) return out;
+    const double inv_sxx = 1.0 / sxx;
     out.valid = true;
-    out.slope = sxy / sxx;
+    out.slope = sxy * inv_sxx;
     const double rss = std::max(0.0, syy - out.slope * sxy);
-    const double residual_var = rss / (n - 2.0);
+    const double residual_var = rss * inv_dof;
     out.residual_std = std::sqrt(residual_var);
-    out.slope_stderr = std::sqrt(residual_var / sxx);
+    out.slope_stderr = std::sqrt(residual_var * inv_sxx);
     if (!std::isfinite(out.slope) || !std::isfinite(out.slope_stderr)) return line_fit{};
     return out;
   }
