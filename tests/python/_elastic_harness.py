@@ -42,19 +42,21 @@ class Job:
         return env
 
     def start(self, name: str, **env):
-        out = open(self.tmp / f"out-{name}.txt", "w")
-        self.procs[name] = subprocess.Popen([sys.executable, str(WORKER)], env=self.env(**env), stdout=out, stderr=subprocess.STDOUT)
+        with open(self.tmp / f"out-{name}.txt", "w") as out:
+            self.procs[name] = subprocess.Popen([sys.executable, str(WORKER)], env=self.env(**env), stdout=out, stderr=subprocess.STDOUT)
 
     def start_all(self):
         for r in range(self.nproc):
             self.start(f"r{r}", RANK=r)
 
-    def wait(self, timeout: float = 120) -> dict[str, int]:
+    def wait(self, timeout: float = 120, hung: tuple[str, ...] = ()) -> dict[str, int]:
+        """Exit codes; processes named in `hung` are killed once the others are done."""
         deadline = time.monotonic() + timeout
         codes = {}
         try:
             for name, p in self.procs.items():
-                codes[name] = p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                if name not in hung:
+                    codes[name] = p.wait(timeout=max(0.1, deadline - time.monotonic()))
         finally:
             self.close()
         return codes
@@ -67,6 +69,8 @@ class Job:
         if self.store.poll() is None:
             self.store.send_signal(signal.SIGKILL)
             self.store.wait()
+        if self.store.stdout is not None:
+            self.store.stdout.close()
 
     def output(self, name: str) -> str:
         return (self.tmp / f"out-{name}.txt").read_text()

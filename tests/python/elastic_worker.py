@@ -49,8 +49,9 @@ def write(rec):
 
 
 def maybe_fault(point, ctl):
-    for spec, act in ((kill, "kill"), (hang, "hang")):
-        if spec and spec.get("uid") == ctl.uid and spec.get("step") == ctl.step_index and spec.get("point") == point:
+    specs = [(kill, "kill"), (hang, "hang")] + [(k, "kill") for k in cfg.get("kills") or []]
+    for spec, act in specs:
+        if spec and spec.get("uid") == ctl.uid and spec.get("point") == point and spec.get("step", ctl.step_index) == ctl.step_index:
             if spec.get("epoch") is not None and spec["epoch"] != ctl.epoch:
                 continue
             if act == "kill":
@@ -59,6 +60,12 @@ def maybe_fault(point, ctl):
                 time.sleep(3600)
 
 
+de.controller._phase_hook = lambda c, phase: maybe_fault(phase, c)
+if cfg.get("wait_candidates", 0) and os.environ.get("DRA_JOIN") != "1":
+    # A test that admits late joiners first waits (on the store only) until they registered.
+    probe = de.StoreClient(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), prefix="dra/t/0/", timeout_s=30)
+    while len(set(probe.read_list("cands"))) < cfg["wait_candidates"]:
+        time.sleep(0.05)
 ctl = de.init(
     net, opt, sampler, scheduler=sched,
     start_size=cfg.get("start_size"), min_size=cfg.get("min_size", 1), max_size=cfg.get("max_size"),

@@ -40,6 +40,10 @@ from dra.elastic.sampler import ElasticSampler
 
 _NEVER = 1 << 62
 
+# Test hook: when set, called as hook(controller, phase) at "rebuild", "state_transfer" and
+# "reshard" of every world change, so tests can kill a process inside a resize for real.
+_phase_hook = None
+
 
 class ElasticStepStatus:
     """What ``dra.step`` returns under the elastic controller."""
@@ -417,10 +421,11 @@ class ElasticController:
                 self._enter_world(msg["epoch"], msg["members"], source="admit", joined=[], left=[], reason="", before=0, t_agree=0.0)
                 return
             except (CommFailure, TimeoutError, _core.MembershipError) as err:
-                # The world changed under us (a peer died while we joined): back to standby.
-                print(f"[dra] process {self.uid}: joining epoch {msg['epoch']} failed ({err}); waiting again", flush=True)
-                self.world = None
-                self._register_candidate()
+                # A peer died while we joined: we are a member of that epoch, so we take part
+                # in its recovery like everyone else.
+                self.role = "member"
+                self._recover(f"joining epoch {msg['epoch']} failed: {err}")
+                return
 
     # ------------------------------------------------------------------------------------------
     # the world of an epoch: rebuild, state handoff, reshard, first all-reduce
@@ -450,12 +455,18 @@ class ElasticController:
         self.world = None
         if old is not None:
             old.close()
+        # Members and epoch first: if the build fails, recovery runs in this new epoch.
+        self.members, self.epoch = list(members), int(epoch)
+        if _phase_hook is not None:
+            _phase_hook(self, "rebuild")
         world = GlooWorld(self.store, epoch, members, self.uid, self.fault_timeout_s)
-        self.world, self.members, self.epoch = world, list(members), int(epoch)
+        self.world = world
         t_rebuild = time.perf_counter() - t0
 
         t1 = time.perf_counter()
         nbytes = 0
+        if _phase_hook is not None:
+            _phase_hook(self, "state_transfer")
         if source == "admit":
             extra, nbytes = _state.recv_state(world, 0, self.inner, self.optimizer, self.scheduler, self.chunk_bytes)
             self._load_extra(extra)
@@ -473,6 +484,8 @@ class ElasticController:
         t_transfer = time.perf_counter() - t1
 
         t2 = time.perf_counter()
+        if _phase_hook is not None:
+            _phase_hook(self, "reshard")
         self.sampler.set_world(world.size, world.rank)
         self._flat = None
         self._pending_loss = (0.0, 0.0)

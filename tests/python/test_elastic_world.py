@@ -1,0 +1,138 @@
+"""Real multi-process elastic jobs: a c10d TCPStore process, Gloo worlds, kill -9.
+
+Each test launches tests/python/elastic_worker.py processes on loopback and asserts on what they
+logged: world events, parameter digests after every world change, every committed step's samples.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _elastic_harness import Job, check_exactly_once
+
+N, EPOCHS = 192, 2
+pytestmark = pytest.mark.timeout(300)
+
+
+def _digests_after_changes(job: Job) -> None:
+    """Every world change ended with bit-identical parameters on all members (hash all-reduce)."""
+    events = [e for e in job.events() if e["event"] in ("start", "resize", "fault")]
+    assert events and all(e["params_identical"] is True for e in events), events
+    by_epoch: dict[int, set] = {}
+    for rec in job.records("world"):
+        by_epoch.setdefault(rec["epoch"], set()).add(rec["digest"])
+    assert all(len(d) == 1 for d in by_epoch.values()), by_epoch
+
+
+def _final_members_identical(job: Job, expect_uids: set[int]) -> None:
+    finals = {r["uid"]: r for r in job.records("final")}
+    members = {u for u, r in finals.items() if r["step"] == max(f["step"] for f in finals.values())}
+    assert expect_uids <= members
+    assert len({finals[u]["digest"] for u in expect_uids}) == 1
+
+
+def test_grow_shrink_grow_with_standby_readmission(tmp_path):
+    job = Job(tmp_path, 4, start_size=2, schedule={"4": 4, "8": 2, "12": 3}, epochs=EPOCHS, dataset_size=N)
+    job.start_all()
+    codes = job.wait(240)
+    assert codes == {"r0": 0, "r1": 0, "r2": 0, "r3": 0}, [job.output(n)[-2000:] for n in codes]
+    sizes = [(e["event"], e["step"], e["before"], e["after"]) for e in job.events()]
+    assert sizes == [("start", 0, 0, 2), ("resize", 4, 2, 4), ("resize", 8, 4, 2), ("resize", 12, 2, 3)]
+    ev = job.events()
+    assert ev[1]["joined"] == [2, 3] and ev[2]["left"] == [3, 2] and ev[3]["joined"] == [2]
+    assert set(ev[1]["cost_s"]) == {"agree", "rebuild", "state_transfer", "reshard"}
+    _digests_after_changes(job)
+    check_exactly_once(job, N, EPOCHS)
+    # Process 2 stood by after step 8 and was admitted again at step 12; 3 stood by to the end.
+    assert any(r["uid"] == 2 and r["epoch"] == 3 for r in job.records("world"))
+    finals = {r["uid"]: r for r in job.records("final")}
+    assert finals[3]["role"] == "finished" and finals[3]["step"] == 8
+    _final_members_identical(job, {0, 1, 2})
+
+
+def test_release_and_exit_gives_devices_back(tmp_path):
+    job = Job(tmp_path, 3, start_size=3, schedule={"5": 1}, release="exit", epochs=EPOCHS, dataset_size=N)
+    job.start_all()
+    codes = job.wait(240)
+    assert codes == {"r0": 0, "r1": 0, "r2": 0}
+    assert "exiting to give the device back" in job.output("r1") + job.output("r2")
+    finals = {r["uid"] for r in job.records("final")}
+    assert finals == {0}, "released processes exit inside dra.step, before the end of training"
+    assert [e["after"] for e in job.events()] == [3, 1]
+    check_exactly_once(job, N, EPOCHS)
+
+
+def test_late_joiner_admitted_and_mismatched_joiner_rejected(tmp_path):
+    job = Job(tmp_path, 2, start_size=2, schedule={"3": 3, "6": 4}, wait_candidates=2, epochs=EPOCHS, dataset_size=N)
+    job.start("late", DRA_JOIN=1)
+    job.start("bad", DRA_JOIN=1, DRA_TEST_MISMATCH=1)
+    job.start_all()
+    codes = job.wait(240)
+    assert codes["r0"] == 0 and codes["r1"] == 0 and codes["late"] == 0
+    assert codes["bad"] != 0
+    assert "admission refused" in job.output("bad") and "model mismatch" in job.output("bad")
+    kinds = [(e["event"], e.get("after")) for e in job.events()]
+    assert ("rejected", None) in kinds
+    resizes = [e for e in job.events() if e["event"] == "resize"]
+    # The bad joiner never entered a world: at step 6 no admissible candidate was left, so the
+    # scheduled grow to 4 held.
+    assert [(e["before"], e["after"]) for e in resizes] == [(2, 3)]
+    assert resizes[0]["joined"][0] >= 2  # a late uid
+    _digests_after_changes(job)
+    check_exactly_once(job, N, EPOCHS)
+
+
+@pytest.mark.parametrize(
+    "kills",
+    [
+        # (uid, step, point): before the forward, between forward and backward (the gradient
+        # all-reduce then fails for the others), after the all-reduce but before the optimizer
+        # step, after dra.step.
+        [(3, 3, "forward"), (2, 9, "optimizer"), (1, 15, "after_step")],
+        [(0, 5, "backward")],  # the leader itself (the store lives in its own process)
+    ],
+    ids=["three_points", "leader"],
+)
+def test_crash_mid_step_survivors_shrink_and_redo(tmp_path, kills):
+    job = Job(tmp_path, 4, start_size=4, epochs=EPOCHS, dataset_size=N, fault_timeout_s=1.5)
+    for i, (uid, step, point) in enumerate(kills):
+        job.cfg.setdefault("kills", []).append({"uid": uid, "step": step, "point": point})
+    job.cfg["kill"] = None
+    job.start_all()
+    codes = job.wait(240)
+    dead = {f"r{u}" for u, _, _ in kills}
+    assert all(codes[n] == -9 for n in dead), codes
+    assert all(codes[n] == 0 for n in codes if n not in dead), [job.output(n)[-3000:] for n in codes]
+    faults = [e for e in job.events() if e["event"] == "fault"]
+    assert [f["left"] for f in faults] == [[u] for u, _, _ in kills]
+    assert all(f["reason"].startswith("peer failure") for f in faults)
+    _digests_after_changes(job)
+    check_exactly_once(job, N, EPOCHS)
+    survivors = {0, 1, 2, 3} - {u for u, _, _ in kills}
+    _final_members_identical(job, survivors)
+
+
+def test_crash_during_resize(tmp_path):
+    # Process 1 dies while the world is being rebuilt to admit 2 and 3.
+    job = Job(tmp_path, 4, start_size=2, schedule={"4": 4}, epochs=EPOCHS, dataset_size=N, fault_timeout_s=1.5,
+              kill={"uid": 1, "epoch": 1, "point": "rebuild"})
+    job.start_all()
+    codes = job.wait(240)
+    assert codes["r1"] == -9 and codes["r0"] == codes["r2"] == codes["r3"] == 0, codes
+    faults = [e for e in job.events() if e["event"] == "fault"]
+    assert len(faults) == 1 and faults[0]["left"] == [1] and faults[0]["after"] == 3
+    _digests_after_changes(job)
+    check_exactly_once(job, N, EPOCHS)
+    _final_members_identical(job, {0, 2, 3})
+
+
+def test_hung_peer_is_treated_as_dead(tmp_path):
+    job = Job(tmp_path, 3, start_size=3, epochs=1, dataset_size=N, fault_timeout_s=1.5,
+              hang={"uid": 2, "step": 4, "point": "backward"})
+    job.start_all()
+    codes = job.wait(240, hung=("r2",))  # the hung process is killed by the harness at the end
+    assert codes["r0"] == 0 and codes["r1"] == 0
+    faults = [e for e in job.events() if e["event"] == "fault"]
+    assert len(faults) == 1 and faults[0]["left"] == [2]
+    assert "all_reduce" in faults[0]["reason"]
+    check_exactly_once(job, N, 1)
