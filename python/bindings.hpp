@@ -9,4 +9,5 @@ void bind_build(pybind11::module_& m);
 void bind_elastic(pybind11::module_& m);
 void bind_bench(pybind11::module_& m);
 void bind_sim(pybind11::module_& m);
+void bind_nccl(pybind11::module_& m);
 }  // namespace dra::python

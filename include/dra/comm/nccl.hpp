@@ -23,6 +23,7 @@
 
 #include "dra/comm/communicator.hpp"
 #include "dra/comm/nccl_plan.hpp"
+#include "dra/comm/nccl_runtime.hpp"
 
 namespace dra::comm {
 
@@ -92,10 +93,6 @@ class nccl_api {
 /// dra::comm_error saying what was tried when none loads. Loaded once per process.
 std::shared_ptr<nccl_api> load_nccl_api();
 
-/// Runtime version code of the loadable NCCL, or 0 when it cannot be loaded (never throws).
-int nccl_runtime_version() noexcept;
-/// Why NCCL could not be loaded ("" when it loaded).
-std::string nccl_load_error();
 
 /// One line of the decision log: a JSON object, no trailing newline.
 using nccl_log_sink = std::function<void(const std::string& json_line)>;

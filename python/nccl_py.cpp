@@ -1,0 +1,179 @@
+// Python access to the NCCL backend: the loaded library's version, and an NcclWorld that drives
+// dra::comm::nccl_backend (rebuild + collectives) for the GPU tests and benchmarks. torch's own
+// c10d Store type comes from another pybind11 build, so the store is created here from a host
+// and port (a client of torchrun's TCPStore works) or is an in-process HashStore.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+
+#ifdef DRA_WITH_NCCL
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <mutex>
+#include <optional>
+
+#include "dra/comm/nccl.hpp"
+#include "dra/error.hpp"
+#endif
+
+namespace py = pybind11;
+
+#ifdef DRA_WITH_NCCL
+namespace {
+using namespace dra::comm;
+
+std::chrono::milliseconds to_ms(double seconds, const char* field) {
+  if (!(seconds > 0.0)) throw std::invalid_argument(std::string(field) + ": must be a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
+}
+
+/// One process's NCCL world: a backend, the store, and the communicator of the current epoch.
+class nccl_world {
+ public:
+  nccl_world(int device, const std::string& store_host, int store_port, bool store_server, int store_workers,
+             double timeout_s, const std::string& prefix, bool capture_log)
+      : timeout_(to_ms(timeout_s, "timeout_s")) {
+    if (device < 0) throw std::invalid_argument("device: must be a CUDA device index >= 0");
+    if (store_host.empty()) {
+      store_ = c10::make_intrusive<c10d::HashStore>();
+    } else {
+      if (store_port <= 0 || store_port > 65535) throw std::invalid_argument("store_port: must be in 1..65535");
+      c10d::TCPStoreOptions opts;
+      opts.port = static_cast<std::uint16_t>(store_port);
+      opts.isServer = store_server;
+      if (store_workers > 0) opts.numWorkers = static_cast<std::size_t>(store_workers);
+      opts.waitWorkers = false;
+      opts.timeout = timeout_;
+      py::gil_scoped_release release;
+      store_ = c10::make_intrusive<c10d::TCPStore>(store_host, opts);
+    }
+    nccl_backend_options options;
+    options.device = device;
+    options.key_prefix = prefix;
+    if (capture_log) {
+      options.log = [this](const std::string& line) {
+        std::lock_guard<std::mutex> lock(log_mutex_);
+        log_.push_back(line);
+      };
+    }
+    backend_ = std::make_unique<nccl_backend>(load_nccl_api(), options);
+  }
+
+  std::string rebuild(std::uint64_t epoch, std::vector<int> old_members, std::vector<int> new_members, int self,
+                      bool abortive, std::optional<double> timeout_s) {
+    rebuild_request req;
+    req.epoch = epoch;
+    req.old_members = std::move(old_members);
+    req.new_members = std::move(new_members);
+    req.self = self;
+    req.abortive = abortive;
+    req.timeout = timeout_s ? to_ms(*timeout_s, "timeout_s") : timeout_;
+    {
+      py::gil_scoped_release release;
+      comm_ = backend_->rebuild(std::move(comm_), req, store_);
+    }
+    return to_string(backend_->last_path());
+  }
+
+  communicator& comm() {
+    if (!comm_) throw dra::comm_error("NcclWorld: no communicator (not built yet, aborted, or this rank left)");
+    return *comm_;
+  }
+
+  void all_reduce_sum(at::Tensor& t) {
+    py::gil_scoped_release release;
+    comm().all_reduce_sum(t);
+  }
+  void broadcast(at::Tensor& t, int root) {
+    py::gil_scoped_release release;
+    comm().broadcast(t, root);
+  }
+  void barrier() {
+    py::gil_scoped_release release;
+    comm().barrier();
+  }
+  void abort() {
+    if (comm_) comm_->abort();
+  }
+  void close() {
+    py::gil_scoped_release release;
+    comm_.reset();  // finalize -> destroy, abort on failure
+  }
+  bool active() const {
+    const auto* c = dynamic_cast<const nccl_communicator*>(comm_.get());
+    return c && c->handle() && !c->revoked();
+  }
+  int rank() const { return comm_ ? comm_->rank() : -1; }
+  int size() const { return comm_ ? comm_->size() : 0; }
+  std::uint64_t epoch() const { return comm_ ? comm_->epoch() : 0; }
+  py::dict last_plan() const {
+    const auto& p = backend_->last_plan();
+    py::dict d;
+    d["planned"] = to_string(p.path);
+    d["taken"] = to_string(backend_->last_path());
+    d["reason"] = p.reason;
+    d["abortive"] = p.abortive;
+    d["old_rank"] = p.old_rank;
+    d["new_rank"] = p.new_rank;
+    d["new_size"] = p.new_size;
+    d["exclude_ranks"] = p.exclude_ranks;
+    return d;
+  }
+  std::vector<std::string> log() const {
+    std::lock_guard<std::mutex> lock(log_mutex_);
+    return log_;
+  }
+  std::string runtime_version() const { return nccl_version_string(backend_->api().features().runtime_version); }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<nccl_backend> backend_;
+  std::unique_ptr<communicator> comm_;
+  mutable std::mutex log_mutex_;
+  std::vector<std::string> log_;
+};
+}  // namespace
+#endif
+
+void dra::python::bind_nccl(py::module_& m) {
+#ifdef DRA_WITH_NCCL
+  m.attr("_nccl_compiled") = true;
+  m.def(
+      "_nccl_runtime_version",
+      []() -> py::object {
+        const int v = dra::comm::nccl_runtime_version();
+        return v > 0 ? py::object(py::str(dra::comm::nccl_version_string(v))) : py::object(py::none());
+      },
+      "Version of the libnccl the NCCL backend loads (dlopen on first use), or None when none loads.");
+  m.def("_nccl_load_error", &dra::comm::nccl_load_error, "Why libnccl could not be loaded ('' when it loaded).");
+  py::class_<nccl_world>(m, "NcclWorld",
+                         "One process's NCCL world (dra's NCCL backend): rebuild() builds the communicator of an "
+                         "epoch; collectives run on the tensor's current CUDA stream.")
+      .def(py::init<int, const std::string&, int, bool, int, double, const std::string&, bool>(), py::arg("device"),
+           py::arg("store_host") = "", py::arg("store_port") = 0, py::arg("store_server") = false,
+           py::arg("store_workers") = 0, py::arg("timeout_s") = 60.0, py::arg("prefix") = "dra/nccl",
+           py::arg("capture_log") = false)
+      .def("rebuild", &nccl_world::rebuild, py::arg("epoch"), py::arg("old_members"), py::arg("new_members"),
+           py::arg("self_id"), py::arg("abortive") = false, py::arg("timeout_s") = py::none(),
+           "Builds the communicator of `new_members` for `epoch`; returns the path taken "
+           "('fresh_init', 'shrink', 'grow', 'keep' or 'leave').")
+      .def("all_reduce_sum", &nccl_world::all_reduce_sum, py::arg("tensor"))
+      .def("broadcast", &nccl_world::broadcast, py::arg("tensor"), py::arg("root"))
+      .def("barrier", &nccl_world::barrier)
+      .def("abort", &nccl_world::abort, "Abandons in-flight work (ncclCommAbort); never blocks.")
+      .def("close", &nccl_world::close, "Releases the communicator: finalize -> destroy, abort on failure.")
+      .def_property_readonly("active", &nccl_world::active)
+      .def_property_readonly("rank", &nccl_world::rank)
+      .def_property_readonly("size", &nccl_world::size)
+      .def_property_readonly("epoch", &nccl_world::epoch)
+      .def_property_readonly("last_plan", &nccl_world::last_plan)
+      .def_property_readonly("log", &nccl_world::log)
+      .def_property_readonly("runtime_version", &nccl_world::runtime_version);
+#else
+  m.attr("_nccl_compiled") = false;
+#endif
+}
