@@ -68,8 +68,11 @@ struct sim_config {
 
   // Cluster arbiter.
   policy::arbiter_config arbiter{};
-  /// Pollux's exploration rule: a job may get at most twice the most devices it has held.
-  bool arbiter_exploration_limit = true;
+  /// Pollux's exploration rule: a job may get at most twice the most devices it has held. Pollux
+  /// needs it because its throughput model is learned online and cannot extrapolate; here the
+  /// goodput curves come from the measured profile, so it is off by default (docs/simulator.md
+  /// reports both).
+  bool arbiter_exploration_limit = false;
   /// Batch sizes tried per device count when co-adapting the batch (reference: 50, geometric).
   int batch_candidates = 50;
 
@@ -647,8 +650,9 @@ class simulator {
   }
 
   // Each job runs its own constrained policy (the live-job code) against the devices it could get
-  // now: its own plus the free ones. Waiting jobs are admitted first, in arrival order, with what
-  // they requested or what is free; then running jobs decide in arrival order.
+  // now: its own plus the spare ones, up to its fair share. Waiting jobs are admitted first, in
+  // arrival order, with what they requested or what is free; then running jobs decide in arrival
+  // order.
   void schedule_per_job(double now) {
     std::vector<job_state*> act = active(now);
     for (job_state* j : act) {
@@ -656,6 +660,9 @@ class simulator {
       const int k = std::min({j->spec.replicas, j->max_devices, free_devices()});
       if (k >= 1) reallocate(*j, k, now);
     }
+    int waiting_demand = 0;
+    for (job_state* j : act)
+      if (j->devices == 0) waiting_demand += std::min(j->spec.replicas, j->max_devices);
     for (job_state* j : act) {
       if (j->devices == 0 || j->rescale_left > 0.0) continue;
       signals::convergence_signals sig = j->est->signals();
@@ -676,7 +683,11 @@ class simulator {
       const double gain = detail::adascale_gain_from_stats(sqr, var, batch / j->app->init_batch());
       const double remaining_progress = j->app->progress_at(j->app->max_epochs()) - j->progress;
       world.remaining_steps = static_cast<std::int64_t>(std::max(0.0, remaining_progress / std::max(gain, 1e-12)));
-      policy::capacity cap{j->devices + free_devices()};
+      // The pool lends spare devices (none while jobs wait) up to the job's fair share of the
+      // cluster, so one job's policy cannot starve the jobs arriving after it.
+      const int fair = std::max(j->spec.replicas, static_cast<int>(std::ceil(static_cast<double>(capacity_) / static_cast<double>(act.size()))));
+      const int spare = std::max(0, free_devices() - waiting_demand);
+      policy::capacity cap{std::max(j->devices, std::min(j->devices + spare, fair))};
       policy::cost_model costs{config_.reallocation_cost_s, std::max(1.0, config_.horizon_s / std::max(step_s, 1e-9))};
       const policy::decision d = j->policy->decide(sig, world, cap, costs, *j->predictor);
       if (d.kind != policy::action::hold && d.target_size != j->devices) reallocate(*j, d.target_size, now);

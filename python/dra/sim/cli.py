@@ -1,0 +1,157 @@
+"""``dra-sim``: replay job workloads on a simulated cluster, and run the static-vs-dynamic study.
+
+    dra-sim replay --workload data/pollux/workloads/workload-1.csv --json out.json
+    dra-sim replay --workload W1.csv --workload W2.csv --reallocation-cost inplace --plots plots/
+    dra-sim study --runs 1500 --seed 1 --json study.json
+    dra-sim profiles
+
+Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _clean(obj: Any) -> Any:
+    """JSON without NaN/inf (strict parsers reject them): non-finite floats become null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _write_json(doc: Any, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(_clean(doc), f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    import dra.sim as sim
+
+    parser = argparse.ArgumentParser(prog="dra-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, default_cost: str) -> None:
+        p.add_argument("--traces", help="profile folder (default: the copy dra ships, data/pollux/traces)")
+        p.add_argument(
+            "--policy",
+            action="append",
+            choices=list(sim.POLICIES),
+            help="policy to run (repeatable; default: all for replay, static/convergence/goodput for study)",
+        )
+        p.add_argument(
+            "--reallocation-cost",
+            default=default_cost,
+            help=f"seconds of no progress per reallocation; 'pollux' = 30, 'inplace' = {sim.IN_PLACE_RESIZE_COST_S:g} "
+            f"(stand-in for the measured in-place resize cost) (default: {default_cost})",
+        )
+        p.add_argument("--interval", type=float, default=60.0, help="seconds between allocation decisions (default 60)")
+        p.add_argument("--json", metavar="PATH", help="write results as JSON")
+        p.add_argument("--markdown", metavar="PATH", help="also write the markdown table to PATH")
+        p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+        p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    rp = sub.add_parser("replay", help="replay workload CSVs under each policy")
+    rp.add_argument("--workload", action="append", required=True, metavar="CSV", help="workload CSV (repeatable)")
+    rp.add_argument("--nodes", type=int, default=16)
+    rp.add_argument("--devices-per-node", type=int, default=4)
+    rp.add_argument(
+        "--exploration-limit",
+        action="store_true",
+        help="arbiter: Pollux's rule, at most twice the most devices a job has held (off: the profile is known)",
+    )
+    common(rp, "pollux")
+
+    st = sub.add_parser("study", help="the generated static-vs-dynamic study")
+    st.add_argument("--runs", type=int, default=1500)
+    st.add_argument("--seed", type=int, default=1)
+    st.add_argument("--quota-scale", type=float, default=2.0, help="dynamic jobs may hold up to this x their request (default 2)")
+    st.add_argument("--no-noise", action="store_true", help="no throughput/efficiency noise")
+    st.add_argument("--workloads", action="append", metavar="CSV", help="request pool (default: the shipped workloads)")
+    st.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for the CIs (default 2000)")
+    common(st, "inplace")
+
+    sub.add_parser("profiles", help="list the shipped profiles and their measured noise levels")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import dra.sim as sim
+
+    try:
+        if args.command == "profiles":
+            profiles = sim.load_profiles()
+            print(f"profiles in {sim.default_data_dir() / 'traces'}:")
+            for name in profiles.names():
+                print(f"  {name}: {profiles.info(name)}")
+            return 0
+        if args.command == "replay":
+            docs = []
+            for w in args.workload:
+                doc = sim.replay(
+                    w,
+                    policies=args.policy,
+                    reallocation_cost=args.reallocation_cost,
+                    traces=args.traces,
+                    interval_s=args.interval,
+                    nodes=args.nodes,
+                    devices_per_node=args.devices_per_node,
+                    exploration_limit=args.exploration_limit,
+                    quiet=args.quiet,
+                )
+                docs.append(doc)
+            text = "\n".join(sim.markdown_replay(d) for d in docs)
+            if args.json:
+                _write_json(docs[0] if len(docs) == 1 else {"workloads": {d["workload"]: d for d in docs}}, args.json)
+            if args.plots:
+                from dra.sim.plots import plot_replay
+
+                for d in docs:
+                    for path in plot_replay(d, args.plots):
+                        print(f"[dra-sim] wrote {path}", file=sys.stderr)
+        else:
+            doc = sim.study(
+                args.runs,
+                args.seed,
+                policies=args.policy,
+                reallocation_cost=args.reallocation_cost,
+                quota_scale=args.quota_scale,
+                interval_s=args.interval,
+                noise=not args.no_noise,
+                traces=args.traces,
+                workloads=args.workloads,
+                quiet=args.quiet,
+                resamples=args.resamples,
+            )
+            text = sim.markdown_study(doc)
+            if args.json:
+                _write_json(doc, args.json)
+            if args.plots:
+                from dra.sim.plots import plot_study
+
+                for path in plot_study(doc, args.plots):
+                    print(f"[dra-sim] wrote {path}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"dra-sim: error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

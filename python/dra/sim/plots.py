@@ -1,0 +1,109 @@
+"""PNG plots of simulator results (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
+    """JCT distribution (CDF), devices allocated over time, and utilisation over time, per policy."""
+    import numpy as np
+
+    plt = _pyplot()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = doc["workload"]
+    cost = doc["reallocation_cost_s"]
+    written: list[Path] = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in doc["policies"]:
+        jcts = np.sort([j["jct_s"] for j in doc["jobs"] if j["policy"] == p and j["jct_s"] is not None])
+        if len(jcts):
+            ax.plot(jcts / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts), label=f"{p} (avg {jcts.mean():.0f} s)")
+    for p, v in doc.get("published_avg_jct_s", {}).items():
+        ax.axvline(v / 3600.0, linestyle=":", linewidth=1, color="grey")
+        ax.text(v / 3600.0, 0.02, f" {p} avg", rotation=90, fontsize=7, color="grey")
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (h, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(f"{name}: JCT distribution (reallocation cost {cost:g} s)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    path = folder / f"{name}-cost{cost:g}-jct.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+
+    capacity = doc["cluster"]["nodes"] * doc["cluster"]["devices_per_node"]
+    for key, ylabel, suffix in (
+        ("allocated", "devices allocated", "devices"),
+        ("compute_fraction", "cluster utilisation (computing device-time / capacity)", "utilisation"),
+    ):
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for p, tl in doc["timelines"].items():
+            t = np.asarray(tl["time_s"]) / 3600.0
+            y = np.asarray(tl[key], dtype=float)
+            if key == "compute_fraction" and len(y) > 10:
+                y = np.convolve(y, np.ones(10) / 10, mode="same")  # 10-interval moving average
+            ax.plot(t, y, label=p, linewidth=1)
+        if key == "allocated":
+            ax.axhline(capacity, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("time (h)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{name}: {suffix} over time (reallocation cost {cost:g} s)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        path = folder / f"{name}-cost{cost:g}-{suffix}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_study(doc: dict[str, Any], folder: str | Path) -> list[Path]:
+    """Distribution of per-run training time and GPU-hours relative to static, per dynamic policy."""
+    import numpy as np
+
+    plt = _pyplot()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for j in doc["jobs"]:
+        by.setdefault(j["policy"], {})[j["run"]] = j
+    static = by["static"]
+    written: list[Path] = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for p, runs in by.items():
+        if p == "static":
+            continue
+        ratio_t = [runs[i]["training_time_s"] / static[i]["training_time_s"] for i in runs if runs[i]["training_time_s"] and static[i]["training_time_s"]]
+        ratio_g = [runs[i]["gpu_seconds"] / static[i]["gpu_seconds"] for i in runs if static[i]["gpu_seconds"]]
+        bins = np.linspace(0, 2.5, 51)
+        axes[0].hist(np.clip(ratio_t, 0, 2.5), bins=bins, alpha=0.5, label=f"{p} (mean {np.mean(ratio_t):.3f})")
+        axes[1].hist(np.clip(ratio_g, 0, 2.5), bins=bins, alpha=0.5, label=f"{p} (mean {np.mean(ratio_g):.3f})")
+    for ax, what in zip(axes, ("training time", "GPU-hours")):
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"{what} / static {what}")
+        ax.set_ylabel("runs")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Study: {doc['runs']} runs, seed {doc['seed']}, resize cost {doc['reallocation_cost_s']:g} s")
+    path = folder / f"study-{doc['runs']}-seed{doc['seed']}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+    return written

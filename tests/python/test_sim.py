@@ -1,0 +1,123 @@
+"""dra.sim and the dra-sim command: JSON shape, CSV errors, determinism, conservation, plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dra.sim as sim
+from dra.sim import cli
+
+DATA = sim.default_data_dir()
+W1 = DATA / "workloads" / "workload-1.csv"
+
+
+def _small_workload(tmp_path: Path, n: int = 25) -> Path:
+    lines = W1.read_text().splitlines()
+    path = tmp_path / "small.csv"
+    path.write_text("\n".join(lines[: n + 1]) + "\n")
+    return path
+
+
+def test_shipped_data_is_found_with_attribution():
+    assert (DATA / "traces" / "cifar10" / "placements.csv").is_file()
+    assert "Apache License" in (DATA / "NOTICE").read_text()
+    profiles = sim.load_profiles()
+    assert profiles.names() == ["bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"]
+    # Interpolation through the binding: halfway between the rows at local batch 32 and 45.
+    step, sync = profiles.throughput("cifar10", [1], 38.5)
+    assert step == pytest.approx((0.0427886962890625 + 0.05048525333404541) / 2, rel=1e-12)
+    assert sync == pytest.approx((0.0004995360016822816 + 0.000504022404551506) / 2, rel=1e-12)
+
+
+def test_malformed_workload_names_file_line_column(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,time,application,num_replicas,batch_size\nj0,1,cifar10,2,128\nj1,soon,cifar10,2,128\n")
+    with pytest.raises(ValueError, match=r"bad\.csv:3: column 'time' \(2\): 'soon'"):
+        sim.read_workload(bad, sim.load_profiles())
+    rc = cli.main(["replay", "--workload", str(bad), "--quiet"])
+    assert rc == 2
+
+
+def test_unknown_policy_and_cost_are_rejected():
+    with pytest.raises(ValueError, match="unknown 'fastest'"):
+        sim.replay(W1, policies=["fastest"])
+    with pytest.raises(ValueError, match="not a number of seconds"):
+        sim.parse_cost("soon")
+    assert sim.parse_cost("inplace") == sim.IN_PLACE_RESIZE_COST_S
+    assert sim.parse_cost("pollux") == 30.0
+
+
+def test_replay_json_interface(tmp_path):
+    workload = _small_workload(tmp_path)
+    out = tmp_path / "replay.json"
+    rc = cli.main(["replay", "--workload", str(workload), "--json", str(out), "--quiet", "--plots", str(tmp_path / "plots")])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == set(sim.POLICIES)
+    for name, agg in doc["policies"].items():
+        for key in ("avg_jct_s", "p99_jct_s", "makespan_s", "gpu_hours", "utilization", "final_metric", "wall_s"):
+            assert key in agg, (name, key)
+        assert agg["completed"] == 25
+        assert 0.0 < agg["utilization"] <= 1.0
+        assert agg["p99_jct_s"] >= agg["avg_jct_s"] > 0
+    jobs = [j for j in doc["jobs"] if j["policy"] == "static"]
+    assert len(jobs) == 25
+    # Static gives each job exactly what it asked for, for its whole life.
+    assert all(j["max_devices"] == j["requested_replicas"] and j["reallocations"] == 0 for j in jobs)
+    # Conservation at every decision, for every policy.
+    for name, tl in doc["timelines"].items():
+        assert max(tl["allocated"]) <= 64, name
+        assert tl["allocated"][-1] == 0, name
+    pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert pngs == ["small-cost30-devices.png", "small-cost30-jct.png", "small-cost30-utilisation.png"]
+
+
+def test_cheaper_reallocation_never_hurts_the_arbiter_much(tmp_path):
+    workload = _small_workload(tmp_path, 40)
+    slow = sim.replay(workload, policies=["arbiter"], reallocation_cost=30)
+    fast = sim.replay(workload, policies=["arbiter"], reallocation_cost="inplace")
+    assert fast["reallocation_cost_s"] == sim.IN_PLACE_RESIZE_COST_S
+    # Each reallocation is charged: cheaper ones show up as less held-but-idle device time per job.
+    assert fast["policies"]["arbiter"]["avg_jct_s"] < slow["policies"]["arbiter"]["avg_jct_s"]
+
+
+def test_study_is_deterministic_and_reports_cis(tmp_path):
+    a = sim.study(30, seed=7, resamples=200)
+    b = sim.study(30, seed=7, resamples=200)
+    assert a["specs"] == b["specs"]
+    assert [j["completion_s"] for j in a["jobs"]] == [j["completion_s"] for j in b["jobs"]]
+    c = sim.study(30, seed=8, resamples=200)
+    assert a["specs"] != c["specs"]
+    for name, agg in a["policies"].items():
+        for key in ("avg_jct_s", "p99_jct_s", "makespan_s", "gpu_hours", "utilization", "final_metric", "wall_s"):
+            assert key in agg
+        if name == "static":
+            continue
+        for key in ("training_time_reduction", "utilization_change"):
+            est, (lo, hi) = agg[key]["estimate"], agg[key]["ci95"]
+            assert lo <= est <= hi
+            assert math.isfinite(lo) and math.isfinite(hi)
+    # The per-job policies keep the user's batch, so each run reaches the same metric as static.
+    assert a["policies"]["convergence"]["final_metric"] == pytest.approx(a["policies"]["static"]["final_metric"], rel=1e-2)
+
+
+def test_cli_study_writes_json_and_markdown(tmp_path):
+    out, md = tmp_path / "s.json", tmp_path / "s.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra.sim.cli", "study", "--runs", "20", "--seed", "3", "--json", str(out), "--markdown", str(md), "--resamples", "100"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "study: 20/20 runs" in proc.stderr  # progress on stderr
+    doc = json.loads(out.read_text())
+    assert doc["runs"] == 20 and len(doc["specs"]) == 20
+    assert "training_time_reduction" in doc["policies"]["goodput"]
+    assert "| goodput |" in md.read_text()
