@@ -330,6 +330,16 @@ void nccl_communicator::barrier() {
 nccl_backend::nccl_backend(std::shared_ptr<nccl_api> api, nccl_backend_options options)
     : api_(std::move(api)), options_(std::move(options)) {
   if (!api_) throw std::invalid_argument("nccl_backend api: null; pass dra::comm::load_nccl_api()");
+  if (options_.device >= 0) {
+    // Fail here, before any NCCL call, rather than in the middle of a rebuild.
+    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA))
+      throw comm_error("nccl_backend: this process's PyTorch has no CUDA support; the NCCL backend needs a CUDA build "
+                       "of torch and a GPU (use Gloo on CPUs)");
+    const auto count = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount();
+    if (options_.device >= count)
+      throw comm_error("nccl_backend: device cuda:" + std::to_string(options_.device) + " does not exist (" +
+                       std::to_string(count) + " visible CUDA devices)");
+  }
   if (!options_.log) {
     options_.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   }
