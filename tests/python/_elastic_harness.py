@@ -24,15 +24,15 @@ def free_port() -> int:
 class Job:
     def __init__(self, tmp: Path, nproc: int, **cfg):
         self.tmp, self.nproc = Path(tmp), nproc
-        self.port = free_port()
         self.cfg = {"out": str(self.tmp), **cfg}
         self.procs: dict[str, subprocess.Popen] = {}
         self.store = subprocess.Popen(
-            [sys.executable, "-m", "dra.elastic", "store", "--port", str(self.port), "--host", "127.0.0.1"],
+            [sys.executable, "-m", "dra.elastic", "store", "--port", "0", "--host", "127.0.0.1"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
-        line = self.store.stdout.readline()  # "[dra] store listening ..." once it is up
-        assert "listening" in line, line
+        line = self.store.stdout.readline()  # "[dra] store listening on HOST:PORT" once it is up
+        assert "listening" in line, line + self.store.stdout.read()
+        self.port = int(line.rsplit(":", 1)[1])
 
     def env(self, **extra):
         env = dict(os.environ)

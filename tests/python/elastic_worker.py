@@ -61,11 +61,6 @@ def maybe_fault(point, ctl):
 
 
 de.controller._phase_hook = lambda c, phase: maybe_fault(phase, c)
-if cfg.get("wait_candidates", 0) and os.environ.get("DRA_JOIN") != "1":
-    # A test that admits late joiners first waits (on the store only) until they registered.
-    probe = de.StoreClient(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), prefix="dra/t/0/", timeout_s=30)
-    while len(set(probe.read_list("cands"))) < cfg["wait_candidates"]:
-        time.sleep(0.05)
 ctl = de.init(
     net, opt, sampler, scheduler=sched,
     start_size=cfg.get("start_size"), min_size=cfg.get("min_size", 1), max_size=cfg.get("max_size"),
@@ -75,6 +70,11 @@ ctl = de.init(
     events_path=os.path.join(out, "events.jsonl"),
 )
 log = open(os.path.join(out, f"log-{ctl.uid}.jsonl"), "a")
+if cfg.get("wait_candidates", 0) and os.environ.get("DRA_JOIN") != "1":
+    # A test that admits late joiners first waits (on the store only, outside any collective)
+    # until they registered.
+    while len(set(ctl.store.read_list("cands"))) < cfg["wait_candidates"]:
+        time.sleep(0.05)
 
 
 def record_world():

@@ -39,6 +39,7 @@ from dra.elastic._store import StoreClient, job_prefix, store_address_from_env
 from dra.elastic.sampler import ElasticSampler
 
 _NEVER = 1 << 62
+LATE_UID_BASE = 10000
 
 # Test hook: when set, called as hook(controller, phase) at "rebuild", "state_transfer" and
 # "reshard" of every world change, so tests can kill a process inside a resize for real.
@@ -169,12 +170,16 @@ class ElasticController:
             # Alone, without torchrun: a private store on a free port, a world of one.
             addr, host_store = ("127.0.0.1", 0), True
         elif not join and os.environ.get("RANK", "0") == "0":
-            # Under torchrun the agent hosts the store; processes started by hand ask rank 0 to.
-            host_store = os.environ.get("DRA_HOST_STORE", "0") == "1"
+            # Under torchrun the agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True);
+            # otherwise rank 0 hosts it, as init_process_group would. DRA_HOST_STORE=0/1 overrides.
+            default = "1" if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" else "0"
+            host_store = os.environ.get("DRA_HOST_STORE", default) == "1"
         self.store = StoreClient(addr[0], addr[1], prefix=job_prefix(), timeout_s=store_timeout_s, is_master=host_store)
         if join:
+            # Late joiners number themselves from LATE_UID_BASE up, so they never collide with
+            # the ranks torchrun handed out, whenever they arrive.
+            self.uid = LATE_UID_BASE + self.store.add("late_uid", 1) - 1
             self.universe_size = int(self.store.get("universe", timeout_s=store_timeout_s))
-            self.uid = self.universe_size + self.store.add("late_uid", 1) - 1
         else:
             self.uid = int(os.environ.get("RANK", "0"))
             self.universe_size = int(os.environ.get("WORLD_SIZE", "1"))
