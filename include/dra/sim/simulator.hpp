@@ -217,7 +217,9 @@ class simulator {
       if (!(spec.batch > 0.0)) dra::detail::throw_invalid("batch", "job '" + spec.name + "' has batch <= 0");
       j.spec = std::move(spec);
       j.fixed_batch = j.spec.batch;
-      if (config_.policy == "arbiter") j.fixed_batch = j.app->adaptive_fixed_batch();  // 0: adaptive
+      // The arbiter co-adapts the batch, except for applications the reference pins (ncf: its
+      // workloads all request 32768, the batch the reference forces), which keep the user's batch.
+      if (config_.policy == "arbiter" && j.app->adaptive_fixed_batch() <= 0.0) j.fixed_batch = 0.0;
       j.max_devices = job_cap(j);
       if (config_.policy == "static" || config_.policy == "tiresias") {
         j.spec.replicas = std::min(j.spec.replicas, capacity_);
@@ -651,14 +653,14 @@ class simulator {
 
   // Each job runs its own constrained policy (the live-job code) against the devices it could get
   // now: its own plus the spare ones, up to its fair share. Waiting jobs are admitted first, in
-  // arrival order, with what they requested or what is free; then running jobs decide in arrival
-  // order.
+  // arrival order, with what they requested when it is free (as static, with backfilling); then
+  // running jobs decide in arrival order.
   void schedule_per_job(double now) {
     std::vector<job_state*> act = active(now);
     for (job_state* j : act) {
       if (j->devices > 0) continue;
-      const int k = std::min({j->spec.replicas, j->max_devices, free_devices()});
-      if (k >= 1) reallocate(*j, k, now);
+      const int k = std::min(j->spec.replicas, j->max_devices);
+      if (k <= free_devices()) reallocate(*j, k, now);
     }
     int waiting_demand = 0;
     for (job_state* j : act)

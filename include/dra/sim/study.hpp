@@ -61,7 +61,7 @@ class portable_rng {
 struct study_config {
   int runs = 1500;
   std::uint64_t seed = 1;
-  std::vector<std::string> policies{"static", "convergence", "goodput"};
+  std::vector<std::string> policies{"static", "convergence", "goodput", "arbiter"};
   double reallocation_cost_s = in_place_resize_cost_stand_in_s;
   /// Dynamic policies may hold up to this multiple of the requested devices.
   double quota_scale = 2.0;

@@ -23,8 +23,9 @@ from typing import Any
 from dra import _core
 
 POLICIES: tuple[str, ...] = tuple(_core.sim_policy_names)
-#: Policies `dra-sim study` compares by default: the static request and the two per-job policies.
-STUDY_POLICIES: tuple[str, ...] = ("static", "convergence", "goodput")
+#: Policies `dra-sim study` compares by default: the static request, the two per-job policies, and
+#: the arbiter (alone on the cluster it co-adapts one job's size and batch, as Pollux does).
+STUDY_POLICIES: tuple[str, ...] = ("static", "convergence", "goodput", "arbiter")
 #: Stand-in for the measured in-place resize cost (seconds); `--reallocation-cost inplace`.
 IN_PLACE_RESIZE_COST_S: float = float(_core.sim_in_place_resize_cost_stand_in_s)
 #: The reference simulator's cost of one reallocation (checkpoint-restart), seconds.
@@ -374,6 +375,17 @@ def study(
                 lambda ix: float(np.mean((m["progress"][ix] / m["gpu_s"][ix]) / (base["progress"][ix] / base["gpu_s"][ix])) - 1.0), 6
             )
             agg["final_metric_change"] = paired(lambda ix: float(np.nanmean(m["metric"][ix]) - np.nanmean(base["metric"][ix])), 7)
+            apps = np.array([r["spec"]["application"] for r in rows])
+            agg["by_application"] = {
+                app: {
+                    "runs": int(np.sum(ok & (apps == app))),
+                    "training_time_change": float(np.mean(m["time"][ok & (apps == app)] / base["time"][ok & (apps == app)]) - 1.0),
+                    "gpu_hours_change": float(np.sum(m["gpu_s"][ok & (apps == app)]) / np.sum(base["gpu_s"][ok & (apps == app)]) - 1.0),
+                    "final_metric_change": float(np.nanmean(m["metric"][ok & (apps == app)]) - np.nanmean(base["metric"][ok & (apps == app)])),
+                }
+                for app in sorted(set(apps.tolist()))
+                if np.any(ok & (apps == app))
+            }
         aggregates[p] = agg
 
     jobs = []
@@ -460,4 +472,12 @@ def markdown_study(doc: dict[str, Any]) -> str:
             f"{ci(a['utilization_change'])} | {ci(a['utilization_change_pp'], pct=False)} | {ci(a['efficiency_change'])} | "
             f"{a['final_metric_change']['estimate']:+.4f} [{a['final_metric_change']['ci95'][0]:+.4f}, {a['final_metric_change']['ci95'][1]:+.4f}] |"
         )
+    apps = sorted({a for agg in doc["policies"].values() for a in agg.get("by_application", {})})
+    dyn = [p for p in doc["policies"] if p != "static"]
+    if apps and dyn:
+        lines += ["", "| training time vs static (mean of ratios) | runs | " + " | ".join(dyn) + " |", "|---|---:|" + "---:|" * len(dyn)]
+        for app in apps:
+            runs = doc["policies"][dyn[0]]["by_application"].get(app, {}).get("runs", 0)
+            cells = [f"{100.0 * doc['policies'][p]['by_application'][app]['training_time_change']:+.1f} %" for p in dyn]
+            lines.append(f"| {app} | {runs} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
