@@ -42,7 +42,45 @@ def build_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 
 
+def plain_worker(args: argparse.Namespace) -> int:
+    """The same job without dra: torch DDP over Gloo, static world (the overhead baseline)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    x_train, x_test, y_train, y_test = load_data(args.seed)
+    model = DDP(build_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    steps = 0
+    t_start = time.perf_counter()
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
+        for start in range(0, len(order), args.global_batch):
+            batch = order[start : start + args.global_batch]
+            share = batch.tensor_split(world)[rank]
+            loss = loss_fn(model(x_train[share]), y_train[share])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+    wall = time.perf_counter() - t_start
+    if rank == 0:
+        with torch.no_grad():
+            accuracy = float((model.module(x_test).argmax(1) == y_test).float().mean())
+        (out / "result.json").write_text(json.dumps({"mode": "plain", "accuracy": accuracy, "steps": steps,
+                                                     "wall_s": wall, "step_s": wall / max(steps, 1)}, indent=2))
+    dist.destroy_process_group()
+    return 0
+
+
 def worker(args: argparse.Namespace) -> int:
+    if args.mode == "plain":
+        return plain_worker(args)
     import dra
     import dra.elastic as de
 
@@ -95,7 +133,7 @@ def worker(args: argparse.Namespace) -> int:
             accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
         result = {
             "mode": args.mode, "accuracy": accuracy, "resizes": ctl.resizes, "rank_seconds": rank_seconds,
-            "wall_s": wall, "steps": ctl.step_index, "samples": ctl.step_index * args.global_batch,
+            "wall_s": wall, "step_s": wall / max(ctl.step_index, 1), "steps": ctl.step_index, "samples": ctl.step_index * args.global_batch,
             "final_world": ctl.members if ctl.members else None,
         }
         (out / "trace.json").write_text(json.dumps(trace))
@@ -152,7 +190,7 @@ def plot(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=["static", "dynamic"], default="dynamic")
+    parser.add_argument("--mode", choices=["static", "dynamic", "plain"], default="dynamic")
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--start-size", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=20)
