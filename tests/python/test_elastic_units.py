@@ -1,0 +1,155 @@
+"""In-process tests of the elastic pieces: membership bindings, sampler, state handoff, store errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import dra
+import dra.elastic as de
+from dra._core import elastic as m
+from dra.elastic import _state
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_membership_bindings_match_the_cpp_rules():
+    assert m.next_members([0, 1, 2, 3], [3, 1], [7]) == [0, 2, 7]
+    assert m.rank_mapping([0, 1, 2], [0, 2]) == [0, -1, 1]
+    assert m.survivors([4, 0, 2], [2, 4]) == [4, 2]
+    assert m.pick_leavers([0, 1, 2, 3], 2) == [3, 2]
+    assert m.pick_joiners([0, 1], [9, 5, 1], 4) == [5, 9]
+    with pytest.raises(ValueError, match="leave"):
+        m.next_members([0, 1], [5], [])
+    with pytest.raises(ValueError, match="rank"):
+        m.rank_share(0, 10, 2, 2)
+    order = m.epoch_order(1000, 5, 2)
+    assert order.dtype == np.int64 and sorted(order.tolist()) == list(range(1000))
+    assert not np.array_equal(order, m.epoch_order(1000, 5, 3))
+
+
+def test_sampler_reshards_remaining_samples_exactly_once():
+    s = de.ElasticSampler(203, 16, seed=1)
+    seen: list[int] = []
+    worlds = [4, 4, 2, 3, 1, 4, 2]
+    i = 0
+    while not s.exhausted:
+        w = worlds[i % len(worlds)]
+        shares = []
+        for r in range(w):
+            s.set_world(w, r)
+            shares.append(s.indices().tolist())
+        flat = [x for sh in shares for x in sh]
+        assert flat == s.step_indices().tolist()  # the shares tile the global batch in rank order
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+        seen += flat
+        s.commit()
+        i += 1
+    assert sorted(seen) == list(range(203))
+    s.next_epoch()
+    assert s.cursor == 0 and s.epoch == 1 and s.step_indices().tolist() != seen[:16]
+    with pytest.raises(ValueError, match="global_batch"):
+        de.ElasticSampler(10, 0)
+
+
+def test_sampler_state_roundtrip_rejects_other_seed():
+    a = de.ElasticSampler(50, 8, seed=3)
+    a.commit()
+    b = de.ElasticSampler(50, 8, seed=3)
+    b.load_state_dict(a.state_dict())
+    assert b.cursor == 8
+    with pytest.raises(ValueError, match="seed"):
+        de.ElasticSampler(50, 8, seed=4).load_state_dict(a.state_dict())
+
+
+def test_signature_mismatch_names_the_parameter():
+    a = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    b = torch.nn.Sequential(torch.nn.Linear(4, 9), torch.nn.Linear(9, 2))
+    c = torch.nn.Sequential(torch.nn.Linear(4, 8))
+    assert _state.signature_mismatch(_state.model_signature(a), _state.model_signature(a)) is None
+    assert "0.weight" in _state.signature_mismatch(_state.model_signature(a), _state.model_signature(b))
+    assert "lacks" in _state.signature_mismatch(_state.model_signature(a), _state.model_signature(c))
+
+
+def test_chunk_plan_covers_every_byte_once():
+    sizes = [5, 0, 40, 3, 17]
+    for chunk in (1, 4, 16, 64, 1000):
+        plan = _state._plan(sizes, chunk)
+        covered = {i: 0 for i in range(len(sizes))}
+        for c in plan:
+            assert 0 < sum(n for _, _, n in c) <= chunk
+            for i, off, n in c:
+                assert off == covered[i]
+                covered[i] += n
+        assert [covered[i] for i in range(len(sizes))] == sizes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_store_raises_timeout_naming_the_address():
+    port = _free_port()  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"127.0.0.1:{port}"):
+        de.StoreClient("127.0.0.1", port, prefix="x/", timeout_s=1.0)
+    assert time.monotonic() - t0 < 30
+
+
+def test_single_process_elastic_controller_trains_and_keeps_steps(monkeypatch):
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    sampler = de.ElasticSampler(40, 8, seed=0)
+    ctl = de.init(net, opt, sampler)
+    try:
+        x, y = torch.randn(40, 3), torch.randn(40, 1)
+        seen = []
+        for _ in ctl.epochs(2):
+            for idx in sampler:
+                idx_t = torch.as_tensor(idx)
+                seen += idx.tolist()
+                loss = torch.nn.functional.mse_loss(ctl.model(x[idx_t]), y[idx_t])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                st = dra.step(loss)
+                assert st.committed and st.world_size == 1
+        assert ctl.step_index == 10 and sorted(seen) == sorted(list(range(40)) * 2)
+    finally:
+        dra.reset()
+
+
+def test_bad_options_raise_value_error(monkeypatch):
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="release"):
+        de.ElasticController(net, opt, de.ElasticSampler(4, 2), release="keep")
+    with pytest.raises(ValueError, match="batch_mode"):
+        de.ElasticController(net, opt, de.ElasticSampler(4, 2), batch_mode="grow")
+
+
+def test_inconsistent_configs_are_refused_at_start(tmp_path):
+    from _elastic_harness import Job
+
+    job = Job(tmp_path, 2, start_size=2, epochs=1)
+    job.start("r0", RANK=0)
+    cfg = dict(job.cfg, global_batch=32)
+    job.start("r1", RANK=1, DRA_TEST_CFG=json.dumps(cfg))
+    codes = job.wait(120)
+    assert codes == {"r0": 1, "r1": 1}
+    text = job.output("r0") + job.output("r1")
+    assert "inconsistent configuration" in text and "global_batch" in text
