@@ -42,16 +42,25 @@ _SCHEDULE = {3: 2, 6: 4}  # shrink 4 -> 2 at step 3, grow 2 -> 4 at step 6
 # workers (one process of a measured job)
 # ---------------------------------------------------------------------------------------------
 def _model(mb: float):
+    """`mb` MB of float32 parameters in 4 MB tensors; forward(x) is a scalar touching them all."""
     import torch
 
+    class _Blob(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            n = max(1, int(round(mb / 4)))
+            per = int(mb * (1 << 20) / 4 / n)
+            self.blocks = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(per)) for _ in range(n)])
+
+        def forward(self, x):
+            return sum((p * x).sum() for p in self.blocks) * 1e-6
+
     torch.manual_seed(int(os.environ.get("RANK", "0")))
-    n = max(1, int(round(mb / 4)))
-    per = int(mb * (1 << 20) / 4 / n)
-    return torch.nn.ParameterList([torch.nn.Parameter(torch.randn(per)) for _ in range(n)])
+    return _Blob()
 
 
 def _loss(model, x):
-    return sum((p * x).sum() for p in model) * 1e-6
+    return model(x)
 
 
 def _worker_dra(args: argparse.Namespace) -> None:
