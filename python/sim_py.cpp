@@ -14,7 +14,9 @@ using namespace dra::sim;
 
 namespace {
 
-py::object num(double v) { return std::isfinite(v) ? py::object(py::float_(v)) : py::object(py::none()); }
+py::object num(double v) {
+  return std::isfinite(v) ? py::object(py::float_(v)) : py::object(py::none());
+}
 
 py::dict job_to_dict(const job_result& j) {
   py::dict d;
@@ -104,7 +106,8 @@ void dra::python::bind_sim(py::module_& m) {
   m.attr("sim_in_place_resize_cost_stand_in_s") = in_place_resize_cost_stand_in_s;
   m.attr("sim_policy_names") = policy_names();
 
-  py::class_<profile_library>(m, "SimProfiles", "Measured application profiles (a traces/ directory) for the simulator.")
+  py::class_<profile_library>(m, "SimProfiles",
+                              "Measured application profiles (a traces/ directory) for the simulator.")
       .def(py::init(&profile_library::load), py::arg("traces_dir"))
       .def("names", &profile_library::names)
       .def(
@@ -124,11 +127,14 @@ void dra::python::bind_sim(py::module_& m) {
           py::arg("application"), py::arg("batch"), py::arg("epoch"))
       .def(
           "best_metric",
-          [](const profile_library& lib, const std::string& app, double batch, int epochs) { return lib.at(app).best_metric(batch, epochs); },
+          [](const profile_library& lib, const std::string& app, double batch, int epochs) {
+            return lib.at(app).best_metric(batch, epochs);
+          },
           py::arg("application"), py::arg("batch"), py::arg("epochs"),
           "Best validation metric over the first `epochs` epochs at total batch `batch`.")
       .def(
-          "progress_at", [](const profile_library& lib, const std::string& app, int epoch) { return lib.at(app).progress_at(epoch); },
+          "progress_at",
+          [](const profile_library& lib, const std::string& app, int epoch) { return lib.at(app).progress_at(epoch); },
           py::arg("application"), py::arg("epoch"))
       .def(
           "info",
@@ -156,7 +162,8 @@ void dra::python::bind_sim(py::module_& m) {
         return out;
       },
       py::arg("path"), py::arg("profiles") = nullptr,
-      "Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.");
+      "Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, "
+      "column.");
 
   m.def(
       "sim_run",
@@ -177,8 +184,9 @@ void dra::python::bind_sim(py::module_& m) {
         return result_to_dict(simulate(profiles, specs, c, progress));
       },
       py::arg("profiles"), py::arg("jobs"), py::arg("policy"), py::arg("reallocation_cost_s") = 30.0,
-      py::arg("interval_s") = 60.0, py::arg("nodes") = 16, py::arg("devices_per_node") = 4, py::arg("quota_scale") = 0.0,
-      py::arg("record_timeline") = true, py::arg("exploration_limit") = false, py::arg("progress") = nullptr,
+      py::arg("interval_s") = 60.0, py::arg("nodes") = 16, py::arg("devices_per_node") = 4,
+      py::arg("quota_scale") = 0.0, py::arg("record_timeline") = true, py::arg("exploration_limit") = false,
+      py::arg("progress") = nullptr,
       "Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.");
 
   m.def(

@@ -3,11 +3,11 @@
 // devices, determinism of the study, and the cluster arbiter.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "dra/policy/cluster_arbiter.hpp"
 #include "dra/sim/study.hpp"
@@ -48,8 +48,8 @@ fs::path toy_traces() {
 }  // namespace
 
 TEST_CASE("sim.csv.malformed_row_names_file_line_column") {
-  const auto t = csv_table::parse_text("name,time,application,num_replicas,batch_size\nj0,10,cifar10,1,128\nj1,abc,cifar10,1,128\n",
-                                       "w.csv");
+  const auto t = csv_table::parse_text(
+      "name,time,application,num_replicas,batch_size\nj0,10,cifar10,1,128\nj1,abc,cifar10,1,128\n", "w.csv");
   CHECK(t.number(0, 1) == 10.0);
   try {
     (void)t.number(1, t.column("time"));
@@ -60,14 +60,16 @@ TEST_CASE("sim.csv.malformed_row_names_file_line_column") {
     CHECK(msg.find("column 'time' (2)") != std::string::npos);
     CHECK(msg.find("'abc'") != std::string::npos);
   }
-  CHECK_THROWS_WITH_AS(csv_table::parse_text("a,b\n1,2\n3\n", "x.csv"), doctest::Contains("x.csv:3: column 2"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(csv_table::parse_text("a,b\n1,2\n3\n", "x.csv"), doctest::Contains("x.csv:3: column 2"),
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS((void)t.column("nope"), doctest::Contains("missing column 'nope'"), std::invalid_argument);
 
   // Through the workload reader, with the profile checks.
   const fs::path bad = fs::temp_directory_path() / ("dra_sim_bad_" + std::to_string(::getpid()) + ".csv");
   write(bad, "name,time,application,num_replicas,batch_size\nj0,1,cifar10,2,128\nj1,2,cifar10,zero,128\n");
   const std::string where = bad.string() + ":3: column 'num_replicas' (4)";
-  CHECK_THROWS_WITH_AS(read_workload(bad.string(), &shipped()), doctest::Contains(where.c_str()), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_workload(bad.string(), &shipped()), doctest::Contains(where.c_str()),
+                       std::invalid_argument);
   write(bad, "name,time,application,num_replicas,batch_size\nj0,1,resnet9000,2,128\n");
   CHECK_THROWS_WITH_AS(read_workload(bad.string(), &shipped()), doctest::Contains(":2: column 'application' (3)"),
                        std::invalid_argument);

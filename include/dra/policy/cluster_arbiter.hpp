@@ -28,19 +28,20 @@ namespace dra::policy {
 struct arbiter_job {
   /// speedup[k] for k = 0..max devices; speedup[0] is taken as 0. Must be finite and >= 0.
   std::vector<double> speedup;
-  int current = 0;             ///< devices it holds now
-  double change_penalty = 1.0; ///< multiplier on its speedup at any allocation other than `current`
-  int min_devices = 0;         ///< devices it must keep when it has them (0: may be preempted)
+  int current = 0;              ///< devices it holds now
+  double change_penalty = 1.0;  ///< multiplier on its speedup at any allocation other than `current`
+  int min_devices = 0;          ///< devices it must keep when it has them (0: may be preempted)
 };
 
 struct arbiter_config {
-  double p = -1.0;         ///< power-mean exponent; 1 = utilitarian sum, -1 = Pollux, very negative = max-min
-  double epsilon = 1e-3;   ///< added to each speedup so a zero does not make the mean undefined (Pollux: 1e-3)
-  int max_moves = 256;     ///< bound on single-device moves in the local search
+  double p = -1.0;        ///< power-mean exponent; 1 = utilitarian sum, -1 = Pollux, very negative = max-min
+  double epsilon = 1e-3;  ///< added to each speedup so a zero does not make the mean undefined (Pollux: 1e-3)
+  int max_moves = 256;    ///< bound on single-device moves in the local search
 
   void validate() const {
     if (!std::isfinite(p) || p == 0.0)
-      dra::detail::throw_invalid("p", "must be finite and non-zero (use a small |p| for near-geometric mean), got " + std::to_string(p));
+      dra::detail::throw_invalid(
+          "p", "must be finite and non-zero (use a small |p| for near-geometric mean), got " + std::to_string(p));
     if (!(epsilon > 0.0)) dra::detail::throw_invalid("epsilon", "must be > 0, got " + std::to_string(epsilon));
     if (max_moves < 0) dra::detail::throw_invalid("max_moves", "must be >= 0");
   }

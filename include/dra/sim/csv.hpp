@@ -55,7 +55,8 @@ class csv_table {
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(begin, &end, 10);
-    if (cell.empty() || end == begin || *end != '\0' || errno == ERANGE) fail(row, col, "'" + cell + "' is not an integer");
+    if (cell.empty() || end == begin || *end != '\0' || errno == ERANGE)
+      fail(row, col, "'" + cell + "' is not an integer");
     return v;
   }
 
@@ -86,9 +87,9 @@ class csv_table {
       }
       if (cells.size() != t.header_.size()) {
         const std::size_t col = std::min(cells.size(), t.header_.size());
-        throw std::invalid_argument(source + ":" + std::to_string(line_no) + ": column " + std::to_string(col + 1) + ": expected " +
-                                    std::to_string(t.header_.size()) + " comma-separated fields like the header, got " +
-                                    std::to_string(cells.size()));
+        throw std::invalid_argument(source + ":" + std::to_string(line_no) + ": column " + std::to_string(col + 1) +
+                                    ": expected " + std::to_string(t.header_.size()) +
+                                    " comma-separated fields like the header, got " + std::to_string(cells.size()));
       }
       t.cells_.push_back(std::move(cells));
       t.lines_.push_back(line_no);

@@ -13,14 +13,14 @@
 //  - queries outside the measured range are clamped to its edge (the reference raises).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
-#include <cstdint>
-#include <cstdlib>
-#include <tuple>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -36,9 +36,9 @@ struct step_times {
 
 /// Per-application settings the reference simulator hard-codes (README of the data).
 struct application_options {
-  int max_epochs = 0;             ///< 0: the shortest validation file
-  double max_local_batch = 0.0;   ///< 0: the largest measured local batch
-  int max_replicas = 0;           ///< 0: no application limit
+  int max_epochs = 0;                 ///< 0: the shortest validation file
+  double max_local_batch = 0.0;       ///< 0: the largest measured local batch
+  int max_replicas = 0;               ///< 0: no application limit
   double adaptive_fixed_batch = 0.0;  ///< batch an adaptive scheduler must keep (reference: ncf 32768)
 };
 
@@ -145,7 +145,8 @@ class application_profile {
     p.name_ = name;
     const fs::path root(dir);
     if (!fs::is_directory(root))
-      throw std::invalid_argument(dir + ": not a directory; expected a trace folder with placements.csv and validation-*.csv");
+      throw std::invalid_argument(
+          dir + ": not a directory; expected a trace folder with placements.csv and validation-*.csv");
 
     const csv_table placements = csv_table::read((root / "placements.csv").string());
     {
@@ -156,7 +157,8 @@ class application_profile {
         const std::string& text = placements.text(r, c_pl);
         std::vector<int> counts;
         for (char ch : text) {
-          if (ch < '1' || ch > '9') placements.fail(r, c_pl, "'" + text + "' is not a placement (digits 1-9, one per node)");
+          if (ch < '1' || ch > '9')
+            placements.fail(r, c_pl, "'" + text + "' is not a placement (digits 1-9, one per node)");
           counts.push_back(ch - '0');
         }
         if (counts.empty()) placements.fail(r, c_pl, "empty placement");
@@ -238,7 +240,8 @@ class application_profile {
     for (int e = 0; e < p.max_epochs_; ++e) {
       std::vector<double> logs;
       for (const auto& [b, rows] : p.validation_)
-        if (rows[e].grad_sqr > 0.0 && rows[e].grad_var > 0.0) logs.push_back(std::log(rows[e].grad_var / rows[e].grad_sqr));
+        if (rows[e].grad_sqr > 0.0 && rows[e].grad_var > 0.0)
+          logs.push_back(std::log(rows[e].grad_var / rows[e].grad_sqr));
       if (logs.size() >= 2) spreads.push_back(detail::pstdev(logs));
     }
     p.gns_noise_ = detail::median(spreads);
@@ -259,7 +262,9 @@ class application_profile {
   double placement_noise() const noexcept { return placement_noise_; }
   /// Median spread (std of log grad_var/grad_sqr) across the batch-size runs at the same epoch.
   double gns_noise() const noexcept { return gns_noise_; }
-  bool has_placement(const std::vector<int>& placement) const { return placements_.count(placement_key(placement)) > 0; }
+  bool has_placement(const std::vector<int>& placement) const {
+    return placements_.count(placement_key(placement)) > 0;
+  }
 
   /// Step and sync time of one optimizer step (no accumulation) at a placement and local batch.
   step_times throughput(const std::vector<int>& placement, double local_bsz) const {
@@ -300,7 +305,8 @@ class application_profile {
   double progress_at(int epoch) const {
     if (epoch <= 0) return 0.0;
     double best = INFINITY;
-    for (const auto& [b, rows] : validation_) best = std::min(best, rows.at(std::min<std::size_t>(epoch, rows.size()) - 1).progress);
+    for (const auto& [b, rows] : validation_)
+      best = std::min(best, rows.at(std::min<std::size_t>(epoch, rows.size()) - 1).progress);
     return best;
   }
 
@@ -320,7 +326,8 @@ class application_profile {
     const auto& rows = validation_.at(batch);
     const int n = std::clamp(epochs, 1, static_cast<int>(rows.size()));
     double best = rows[0].metric;
-    for (int e = 1; e < n; ++e) best = metric_increases_ ? std::max(best, rows[e].metric) : std::min(best, rows[e].metric);
+    for (int e = 1; e < n; ++e)
+      best = metric_increases_ ? std::max(best, rows[e].metric) : std::min(best, rows[e].metric);
     return best;
   }
 
@@ -358,7 +365,8 @@ class profile_library {
   static profile_library load(const std::string& traces_dir) {
     namespace fs = std::filesystem;
     if (!fs::is_directory(traces_dir))
-      throw std::invalid_argument(traces_dir + ": traces directory not found; pass --traces DIR (folders <model>/placements.csv ...)");
+      throw std::invalid_argument(
+          traces_dir + ": traces directory not found; pass --traces DIR (folders <model>/placements.csv ...)");
     profile_library lib;
     std::vector<fs::path> dirs;
     for (const auto& e : fs::directory_iterator(traces_dir))

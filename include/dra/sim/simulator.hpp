@@ -47,8 +47,8 @@ inline const std::vector<std::string>& policy_names() {
 struct sim_config {
   int nodes = 16;
   int devices_per_node = 4;
-  double interval_s = 60.0;            ///< seconds between allocation decisions (reference: 60)
-  double reallocation_cost_s = 30.0;   ///< no-progress seconds per reallocation (reference: 30)
+  double interval_s = 60.0;           ///< seconds between allocation decisions (reference: 60)
+  double reallocation_cost_s = 30.0;  ///< no-progress seconds per reallocation (reference: 30)
   std::string policy = "static";
   /// Dynamic jobs may hold at most this multiple of the devices they requested (0: no quota).
   double quota_scale = 0.0;
@@ -122,25 +122,25 @@ struct job_result {
   double start_s = std::numeric_limits<double>::quiet_NaN();       ///< first allocation
   double completion_s = std::numeric_limits<double>::quiet_NaN();  ///< NaN: did not finish
   double jct_s = std::numeric_limits<double>::quiet_NaN();         ///< completion - submit
-  double gpu_seconds = 0.0;           ///< device time allocated (held, including resize time)
-  double compute_gpu_seconds = 0.0;   ///< device time spent computing gradients (not sync, not resizing)
-  double progress = 0.0;              ///< statistical progress (steps at the initial batch)
+  double gpu_seconds = 0.0;          ///< device time allocated (held, including resize time)
+  double compute_gpu_seconds = 0.0;  ///< device time spent computing gradients (not sync, not resizing)
+  double progress = 0.0;             ///< statistical progress (steps at the initial batch)
   int epochs = 0;
   int requested_replicas = 0;
   double requested_batch = 0.0;
   double final_batch = 0.0;
   double final_metric = std::numeric_limits<double>::quiet_NaN();
   bool reached_target = false;
-  int reallocations = 0;              ///< allocation changes after the first start
+  int reallocations = 0;  ///< allocation changes after the first start
   int max_devices = 0;
   double device_time_weighted_devices = 0.0;  ///< mean devices while allocated
 };
 
 struct timeline_point {
   double time_s = 0.0;
-  int allocated = 0;  ///< devices held by jobs
-  int running = 0;    ///< jobs holding devices
-  int waiting = 0;    ///< submitted jobs with no devices
+  int allocated = 0;              ///< devices held by jobs
+  int running = 0;                ///< jobs holding devices
+  int waiting = 0;                ///< submitted jobs with no devices
   double compute_fraction = 0.0;  ///< computing device-time / capacity over the last interval
 };
 
@@ -148,11 +148,11 @@ struct sim_result {
   std::string policy;
   int capacity = 0;
   double reallocation_cost_s = 0.0;
-  double makespan_s = 0.0;      ///< last completion (from t = 0)
+  double makespan_s = 0.0;  ///< last completion (from t = 0)
   double first_submit_s = 0.0;
   std::vector<job_result> jobs;
   std::vector<timeline_point> timeline;
-  double wall_s = 0.0;          ///< simulator run time
+  double wall_s = 0.0;  ///< simulator run time
   bool all_completed = true;
 };
 
@@ -233,13 +233,16 @@ class simulator {
           inner = std::make_shared<policy::goodput_policy>(config_.goodput);
         policy::constraints limits;
         limits.max_size = std::max(1, j.max_devices);
-        limits.min_size = config_.convergence_floor_at_request && config_.policy == "convergence" ? std::clamp(j.spec.replicas, 1, limits.max_size) : 1;
+        limits.min_size = config_.convergence_floor_at_request && config_.policy == "convergence"
+                              ? std::clamp(j.spec.replicas, 1, limits.max_size)
+                              : 1;
         j.policy = std::make_unique<policy::constrained_policy>(inner, limits);
         j.predictor = std::make_unique<profile_predictor>(*j.app, config_.devices_per_node, j.spec.throughput_scale);
       }
       jobs_.push_back(std::move(j));
     }
-    std::stable_sort(jobs_.begin(), jobs_.end(), [](const job_state& a, const job_state& b) { return a.spec.submit_s < b.spec.submit_s; });
+    std::stable_sort(jobs_.begin(), jobs_.end(),
+                     [](const job_state& a, const job_state& b) { return a.spec.submit_s < b.spec.submit_s; });
   }
 
   const sim_config& config() const noexcept { return config_; }
@@ -274,8 +277,10 @@ class simulator {
         double compute = 0.0;
         for (const auto& j : jobs_) {
           compute += j.compute_s;
-          if (j.devices > 0) ++p.running, p.allocated += j.devices;
-          else if (!j.done && j.spec.submit_s <= now) ++p.waiting;
+          if (j.devices > 0)
+            ++p.running, p.allocated += j.devices;
+          else if (!j.done && j.spec.submit_s <= now)
+            ++p.waiting;
         }
         p.compute_fraction = (compute - last_compute) / (config_.interval_s * capacity_);
         last_compute = compute;
@@ -304,8 +309,10 @@ class simulator {
       r.reallocations = std::max(0, j.restarts);
       r.max_devices = j.max_held;
       r.device_time_weighted_devices = j.held_s > 0.0 ? j.gpu_s / j.held_s : 0.0;
-      if (j.done) out.makespan_s = std::max(out.makespan_s, j.completion_s);
-      else out.all_completed = false;
+      if (j.done)
+        out.makespan_s = std::max(out.makespan_s, j.completion_s);
+      else
+        out.all_completed = false;
       out.jobs.push_back(std::move(r));
     }
     out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -318,7 +325,7 @@ class simulator {
     const application_profile* app = nullptr;
     double fixed_batch = 0.0;  ///< 0: the scheduler chooses the batch (arbiter)
     int max_devices = 1;
-    std::vector<int> alloc;    ///< devices per node (empty: none)
+    std::vector<int> alloc;  ///< devices per node (empty: none)
     int devices = 0;
     double atomic = 0.0;
     int accum = 0;
@@ -333,7 +340,7 @@ class simulator {
     double attained = 0.0;  ///< device-seconds held (Tiresias/Pollux priority)
     double gpu_s = 0.0, compute_s = 0.0, held_s = 0.0;
     double steps = 0.0, steps_at_resize = 0.0;
-    int restarts = -1;      ///< -1 until first started (the first start is not a restart)
+    int restarts = -1;  ///< -1 until first started (the first start is not a restart)
     int max_held = 0;
     double best_metric = std::numeric_limits<double>::quiet_NaN();
     // Tiresias bookkeeping.
@@ -494,10 +501,12 @@ class simulator {
     while (left > 0) {
       std::size_t best = free_per_node_.size();
       for (std::size_t n = 0; n < free_per_node_.size(); ++n)  // tightest node that fits the rest
-        if (free_per_node_[n] >= left && (best == free_per_node_.size() || free_per_node_[n] < free_per_node_[best])) best = n;
+        if (free_per_node_[n] >= left && (best == free_per_node_.size() || free_per_node_[n] < free_per_node_[best]))
+          best = n;
       if (best == free_per_node_.size()) {
         for (std::size_t n = 0; n < free_per_node_.size(); ++n)  // otherwise the node with most free
-          if (free_per_node_[n] > 0 && (best == free_per_node_.size() || free_per_node_[n] > free_per_node_[best])) best = n;
+          if (free_per_node_[n] > 0 && (best == free_per_node_.size() || free_per_node_[n] > free_per_node_[best]))
+            best = n;
       }
       if (best == free_per_node_.size()) throw std::logic_error("place: not enough free devices");
       const int take = std::min(left, free_per_node_[best]);
@@ -541,7 +550,8 @@ class simulator {
 
   /// Best goodput over batch sizes at a placement (the reference's GoodputFunction.optimize with
   /// accumulation), with the job's current gradient statistics.
-  config_goodput best_config(const job_state& j, const std::vector<int>& placement, int replicas, bool packed = false) const {
+  config_goodput best_config(const job_state& j, const std::vector<int>& placement, int replicas,
+                             bool packed = false) const {
     const application_profile& app = *j.app;
     const double ref_batch = j.last_batch > 0.0 ? j.last_batch : std::max(app.init_batch(), j.spec.batch);
     const auto [sqr, var] = stats(j, ref_batch, j.epoch);
@@ -550,7 +560,8 @@ class simulator {
     auto evaluate = [&](double atomic, int accum) {
       if (atomic < app.min_local_batch() - eps || atomic > app.max_local_batch() + eps) return;
       const double batch = replicas * atomic * (accum + 1);
-      const step_times st = packed ? measured_packed(j, replicas, atomic, accum) : measured(j, placement, atomic, accum);
+      const step_times st =
+          packed ? measured_packed(j, replicas, atomic, accum) : measured(j, placement, atomic, accum);
       const double scale = batch / app.init_batch();
       const double eff = detail::adascale_gain_from_stats(sqr, var, scale) / scale;
       const double g = batch / st.step_s * eff;
@@ -609,10 +620,14 @@ class simulator {
 
   void schedule(double now) {
     const std::string& p = config_.policy;
-    if (p == "static") schedule_static(now);
-    else if (p == "tiresias") schedule_tiresias(now);
-    else if (p == "arbiter") schedule_arbiter(now);
-    else schedule_per_job(now);
+    if (p == "static")
+      schedule_static(now);
+    else if (p == "tiresias")
+      schedule_tiresias(now);
+    else if (p == "arbiter")
+      schedule_arbiter(now);
+    else
+      schedule_per_job(now);
   }
 
   // First come, first served with backfilling: a job starts with exactly what it requested as soon
@@ -687,7 +702,9 @@ class simulator {
       world.remaining_steps = static_cast<std::int64_t>(std::max(0.0, remaining_progress / std::max(gain, 1e-12)));
       // The pool lends spare devices (none while jobs wait) up to the job's fair share of the
       // cluster, so one job's policy cannot starve the jobs arriving after it.
-      const int fair = std::max(j->spec.replicas, static_cast<int>(std::ceil(static_cast<double>(capacity_) / static_cast<double>(act.size()))));
+      const int fair =
+          std::max(j->spec.replicas,
+                   static_cast<int>(std::ceil(static_cast<double>(capacity_) / static_cast<double>(act.size()))));
       const int spare = std::max(0, free_devices() - waiting_demand);
       policy::capacity cap{std::max(j->devices, std::min(j->devices + spare, fair))};
       policy::cost_model costs{config_.reallocation_cost_s, std::max(1.0, config_.horizon_s / std::max(step_s, 1e-9))};
@@ -744,15 +761,17 @@ class simulator {
     for (const auto& j : jobs_) {
       int s = 0;
       for (int c : j.alloc) s += c;
-      if (s != j.devices) throw std::logic_error("simulator: job '" + j.spec.name + "' placement disagrees with its device count");
-      if (j.done && j.devices != 0) throw std::logic_error("simulator: finished job '" + j.spec.name + "' still holds devices");
+      if (s != j.devices)
+        throw std::logic_error("simulator: job '" + j.spec.name + "' placement disagrees with its device count");
+      if (j.done && j.devices != 0)
+        throw std::logic_error("simulator: finished job '" + j.spec.name + "' still holds devices");
       held += j.devices;
     }
     for (int f : free_per_node_)
       if (f < 0 || f > config_.devices_per_node) throw std::logic_error("simulator: node over-allocated");
     if (held + free_devices() != capacity_ || held > capacity_)
-      throw std::logic_error("simulator: " + std::to_string(held) + " devices held + " + std::to_string(free_devices()) +
-                             " free != capacity " + std::to_string(capacity_));
+      throw std::logic_error("simulator: " + std::to_string(held) + " devices held + " +
+                             std::to_string(free_devices()) + " free != capacity " + std::to_string(capacity_));
   }
 
   const profile_library* profiles_;

@@ -74,7 +74,8 @@ struct study_config {
   void validate() const {
     if (runs < 1) dra::detail::throw_invalid("runs", "must be >= 1, got " + std::to_string(runs));
     if (policies.empty()) dra::detail::throw_invalid("policies", "needs at least one policy");
-    if (!(max_target_slack >= 0.0 && max_target_slack < 1.0)) dra::detail::throw_invalid("max_target_slack", "must lie in [0, 1)");
+    if (!(max_target_slack >= 0.0 && max_target_slack < 1.0))
+      dra::detail::throw_invalid("max_target_slack", "must lie in [0, 1)");
   }
 };
 
@@ -85,9 +86,11 @@ struct study_run {
 };
 
 /// Run i of the study: one job drawn from `pool` (workload rows) and perturbed.
-inline job_spec generate_run(const profile_library& profiles, const std::vector<job_spec>& pool, const study_config& config, int index) {
+inline job_spec generate_run(const profile_library& profiles, const std::vector<job_spec>& pool,
+                             const study_config& config, int index) {
   if (pool.empty()) dra::detail::throw_invalid("pool", "needs at least one workload row to draw requests from");
-  detail::portable_rng rng(config.seed * 0x100000001B3ULL + static_cast<std::uint64_t>(index) * 0x9E3779B97F4A7C15ULL + 1);
+  detail::portable_rng rng(config.seed * 0x100000001B3ULL + static_cast<std::uint64_t>(index) * 0x9E3779B97F4A7C15ULL +
+                           1);
   rng.next();
   const job_spec& row = pool[rng.below(pool.size())];
   const application_profile& app = profiles.at(row.application);
@@ -114,7 +117,8 @@ inline job_spec generate_run(const profile_library& profiles, const std::vector<
 }
 
 /// Simulates every run under every policy. `progress(done, total)` is called after each run.
-inline std::vector<study_run> run_study(const profile_library& profiles, const std::vector<job_spec>& pool, const study_config& config,
+inline std::vector<study_run> run_study(const profile_library& profiles, const std::vector<job_spec>& pool,
+                                        const study_config& config,
                                         const std::function<void(int, int)>& progress = nullptr) {
   config.validate();
   std::vector<study_run> out;

@@ -13,10 +13,10 @@ namespace dra::sim {
 
 struct job_spec {
   std::string name;
-  double submit_s = 0.0;       ///< arrival, seconds from the start
-  std::string application;     ///< a profile folder name
-  int replicas = 1;            ///< devices the user requested (static allocation)
-  double batch = 0.0;          ///< total batch the user requested
+  double submit_s = 0.0;    ///< arrival, seconds from the start
+  std::string application;  ///< a profile folder name
+  int replicas = 1;         ///< devices the user requested (static allocation)
+  double batch = 0.0;       ///< total batch the user requested
   // Perturbations used by the generated study (1 / NaN: the measured profile as is).
   double throughput_scale = 1.0;  ///< multiplies step and sync time
   double gns_scale = 1.0;         ///< multiplies tr(Sigma), i.e. the gradient noise scale
@@ -50,9 +50,10 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
     if (profiles) {
       const auto& app = profiles->at(j.application);
       if (j.batch < app.init_batch() || j.batch > app.max_batch())
-        t.fail(r, c_bsz, "batch_size " + t.text(r, c_bsz) + " is outside the validated range [" +
-                             std::to_string(static_cast<long long>(app.init_batch())) + ", " +
-                             std::to_string(static_cast<long long>(app.max_batch())) + "] of '" + j.application + "'");
+        t.fail(r, c_bsz,
+               "batch_size " + t.text(r, c_bsz) + " is outside the validated range [" +
+                   std::to_string(static_cast<long long>(app.init_batch())) + ", " +
+                   std::to_string(static_cast<long long>(app.max_batch())) + "] of '" + j.application + "'");
     }
     jobs.push_back(std::move(j));
   }
