@@ -53,6 +53,29 @@ def test_unknown_policy_and_cost_are_rejected():
     assert sim.parse_cost("pollux") == 30.0
 
 
+def test_cost_from_a_resize_benchmark_report(tmp_path):
+    # The shape `python -m dra.bench resize --json PATH` writes: the slower of shrink and grow at the
+    # largest model state is the cost.
+    report = {
+        "suite": "resize",
+        "machine": {},
+        "results": [
+            {"name": "shrink_4to2_10MB", "value": 0.2, "unit": "s", "baseline": None, "ratio": None},
+            {"name": "grow_2to4_10MB", "value": 0.3, "unit": "s", "baseline": None, "ratio": None},
+            {"name": "shrink_4to2_100MB", "value": 0.9, "unit": "s", "baseline": None, "ratio": None},
+            {"name": "grow_2to4_100MB", "value": 1.4, "unit": "s", "baseline": None, "ratio": None},
+            {"name": "grow_2to4_100MB_rebuild", "value": 0.1, "unit": "s", "baseline": None, "ratio": None},
+        ],
+    }
+    path = tmp_path / "bench-resize.json"
+    path.write_text(json.dumps(report))
+    assert sim.parse_cost(str(path)) == 1.4
+    empty = tmp_path / "other.json"
+    empty.write_text(json.dumps({"suite": "overhead", "results": []}))
+    with pytest.raises(ValueError, match="no shrink_4to2"):
+        sim.parse_cost(str(empty))
+
+
 def test_replay_json_interface(tmp_path):
     workload = _small_workload(tmp_path)
     out = tmp_path / "replay.json"

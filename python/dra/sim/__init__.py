@@ -37,6 +37,7 @@ __all__ = [
     "POLLUX_REALLOCATION_COST_S",
     "STUDY_POLICIES",
     "bootstrap_ci",
+    "cost_from_resize_report",
     "default_data_dir",
     "load_profiles",
     "markdown_replay",
@@ -94,10 +95,35 @@ def published_jct(data_dir: Path | None = None) -> dict[str, dict[str, float]]:
         return {}
 
 
+def cost_from_resize_report(path: str | os.PathLike[str]) -> float:
+    """The in-place resize cost measured by ``python -m dra.bench resize --json PATH``: the slower of
+    dra's shrink (4->2) and grow (2->4), at the largest model state the report measured."""
+    import re
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"reallocation cost: cannot read resize report {path}: {exc}") from None
+    by_size: dict[float, list[float]] = {}
+    for r in doc.get("results", []) if isinstance(doc, dict) else []:
+        m = re.fullmatch(r"(shrink_4to2|grow_2to4)_([0-9.]+)MB", str(r.get("name", "")))
+        if m and isinstance(r.get("value"), (int, float)) and math.isfinite(r["value"]):
+            by_size.setdefault(float(m.group(2)), []).append(float(r["value"]))
+    if not by_size:
+        raise ValueError(
+            f"reallocation cost: {path} has no shrink_4to2_<N>MB / grow_2to4_<N>MB results; "
+            "expected the JSON of `python -m dra.bench resize --json PATH`"
+        )
+    return max(by_size[max(by_size)])
+
+
 def parse_cost(text: str | float) -> float:
-    """A reallocation cost in seconds; ``inplace`` means the in-place resize cost, ``pollux`` 30 s."""
+    """A reallocation cost in seconds; ``inplace`` means the in-place resize cost, ``pollux`` 30 s,
+    a path to a ``dra.bench resize`` JSON report the cost it measured (``cost_from_resize_report``)."""
     if isinstance(text, (int, float)):
         value = float(text)
+    elif text.strip().lower().endswith(".json"):
+        value = cost_from_resize_report(text.strip())
     elif text.strip().lower() in ("inplace", "in-place", "in_place"):
         value = IN_PLACE_RESIZE_COST_S
     elif text.strip().lower() == "pollux":

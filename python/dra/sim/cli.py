@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
             "--reallocation-cost",
             default=default_cost,
             help=f"seconds of no progress per reallocation; 'pollux' = 30, 'inplace' = {sim.IN_PLACE_RESIZE_COST_S:g} "
-            f"(stand-in for the measured in-place resize cost) (default: {default_cost})",
+            "(stand-in for the measured in-place resize cost), or the JSON report of `python -m dra.bench resize` "
+            f"(its measured shrink/grow time) (default: {default_cost})",
         )
         p.add_argument("--interval", type=float, default=60.0, help="seconds between allocation decisions (default 60)")
         p.add_argument("--json", metavar="PATH", help="write results as JSON")
