@@ -9,6 +9,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "dra's compiled core: convergence signals, resize policies, decision engine.";
   // dra::timeout_error must reach Python as TimeoutError; the rest of the hierarchy keeps its name.
   static py::exception<dra::error> error_type(m, "DraError", PyExc_RuntimeError);
+  error_type.doc() = "Base of every runtime failure raised by dra itself (a RuntimeError).";
   py::register_exception<dra::comm_error>(m, "CommError", error_type.ptr());
   py::register_exception<dra::membership_error>(m, "MembershipError", error_type.ptr());
   py::register_exception<dra::state_mismatch_error>(m, "StateMismatchError", error_type.ptr());

@@ -9,6 +9,59 @@ namespace py = pybind11;
 using namespace dra::policy;
 
 namespace {
+
+// ---- dra.step's fast path -------------------------------------------------------------------
+// dra.step is called once per training step, so its cost is measured against a bare binding call
+// (goal: < 3x). A pybind11 function with arguments costs more than that budget by itself, so
+// dra.step is a plain CPython vectorcall function. When the process-wide controller is a plain
+// dra.Controller and the call is `dra.step(<float>)`, it steps the C++ engine directly and returns
+// the controller's status object; anything else (tensors, keywords, an elastic controller, no
+// controller yet) goes to the Python implementation `dra._controller._step_slow` unchanged.
+struct fast_step_target {
+  PyObject* slow = nullptr;        // dra._controller._step_slow (strong)
+  PyObject* warn = nullptr;        // dra._controller._warn_nonfinite(loss, step) (strong)
+  PyObject* engine_obj = nullptr;  // keeps `engine` alive (strong), or null: no fast path
+  dra::resize_engine* engine = nullptr;
+  PyObject* status = nullptr;      // returned by every fast step (strong)
+};
+fast_step_target g_step;
+
+void replace(PyObject*& slot, PyObject* value) {
+  Py_XINCREF(value);
+  PyObject* old = slot;
+  slot = value;
+  Py_XDECREF(old);
+}
+
+PyObject* fast_step(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (g_step.engine != nullptr && PyVectorcall_NARGS(nargs) == 1 && kwnames == nullptr && PyFloat_CheckExact(args[0])) {
+    const double loss = PyFloat_AS_DOUBLE(args[0]);
+    dra::resize_engine& engine = *g_step.engine;
+    const std::int64_t index = engine.last_step() + 1;
+    engine.step(index, loss);
+    if (engine.signals().nonfinite_streak == 1) {
+      // Rare: a streak of non-finite losses starts. Warn from Python (once per streak).
+      PyObject* warned = PyObject_CallFunction(g_step.warn, "dL", loss, static_cast<long long>(index));
+      if (warned == nullptr) return nullptr;  // warnings turned into errors propagate
+      Py_DECREF(warned);
+    }
+    Py_INCREF(g_step.status);
+    return g_step.status;
+  }
+  if (g_step.slow == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "dra.step: the package is not initialised (import dra first)");
+    return nullptr;
+  }
+  return PyObject_Vectorcall(g_step.slow, args, nargs, kwnames);
+}
+
+PyMethodDef fast_step_def = {
+    "step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_step)), METH_FASTCALL | METH_KEYWORDS,
+    "step(loss, **signals) -> StepStatus\n\n"
+    "One training step: feeds the loss (a float or a 0-d tensor, read once) and optional signals to the\n"
+    "process-wide controller and returns its status object. A NaN/inf loss is counted and warned about\n"
+    "once per streak (RuntimeWarning), never raised. Unknown keywords raise ValueError."};
+
 py::dict decision_to_dict(const decision& d) {
   py::dict out;
   out["action"] = to_string(d.kind);
@@ -155,12 +208,12 @@ void dra::python::bind_policy(py::module_& m) {
       .def("step", &resize_engine::step, py::arg("step"), py::arg("loss"), py::return_value_policy::reference_internal)
       .def(
           "_advance",
-          [](resize_engine& engine, std::int64_t step, double loss) {
-            engine.step(step, loss);
+          [](resize_engine& engine, double loss) {
+            engine.step(engine.last_step() + 1, loss);
             return engine.signals().nonfinite_streak;
           },
-          py::arg("step"), py::arg("loss"),
-          "dra.step's fast path: one step, returning the non-finite streak (0: the loss was accepted; 1: a "
+          py::arg("loss"),
+          "One step at the next index, returning the non-finite streak (0: the loss was accepted; 1: a "
           "streak of non-finite losses starts, warn once). Returns a plain int, so no view object is built.")
       .def("decide", &resize_engine::decide, py::return_value_policy::reference_internal)
       .def("resized", &resize_engine::resized, py::arg("new_size"), py::arg("new_global_batch"))
@@ -171,5 +224,21 @@ void dra::python::bind_policy(py::module_& m) {
       .def_property_readonly("capacity", py::overload_cast<>(&resize_engine::capacity), py::return_value_policy::reference_internal)
       .def_property_readonly("costs", py::overload_cast<>(&resize_engine::costs), py::return_value_policy::reference_internal)
       .def_property_readonly("status", &resize_engine::status, py::return_value_policy::reference_internal)
-      .def_property_readonly("config", &resize_engine::config, py::return_value_policy::reference_internal);
+      .def_property_readonly("config", &resize_engine::config, py::return_value_policy::reference_internal)
+      .def_property_readonly("last_step", &resize_engine::last_step, "Step index of the latest step, -1 before the first.");
+
+  m.add_object("_step", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&fast_step_def, nullptr, nullptr)));
+  m.def(
+      "_set_step_target",
+      [](py::object slow, py::object warn, py::object engine, py::object status) {
+        // engine None: no fast path (an elastic or custom controller is installed).
+        resize_engine* raw = engine.is_none() ? nullptr : engine.cast<resize_engine*>();
+        replace(g_step.slow, slow.ptr());
+        replace(g_step.warn, warn.ptr());
+        replace(g_step.engine_obj, raw ? engine.ptr() : nullptr);
+        replace(g_step.status, raw ? status.ptr() : nullptr);
+        g_step.engine = raw;
+      },
+      py::arg("slow"), py::arg("warn"), py::arg("engine"), py::arg("status"),
+      "Internal: where dra.step goes (set by dra.reset / dra.default_controller).");
 }

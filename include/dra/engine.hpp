@@ -72,10 +72,13 @@ class resize_engine {
   policy::capacity& capacity() noexcept { return cap_; }
   policy::cost_model& costs() noexcept { return config_.costs; }
   const step_status& status() const noexcept { return status_; }
+  /// Step index of the latest step() call (accepted or not), -1 before the first.
+  std::int64_t last_step() const noexcept { return last_step_; }
 
   /// One training step's loss. Decides every `decide_every` steps. Never throws: a non-finite
   /// loss is counted in the signals and the step still advances.
   const step_status& step(std::int64_t step, double loss) {
+    last_step_ = step;
     estimator_.update_loss(step, loss);
     status_.step = step;
     world_.step = step;
@@ -112,6 +115,7 @@ class resize_engine {
   policy::capacity cap_;
   step_status status_;
   std::int64_t steps_since_decision_ = 0;
+  std::int64_t last_step_ = -1;
 };
 
 }  // namespace dra

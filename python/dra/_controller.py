@@ -8,7 +8,6 @@ installs an elastic controller that acts on the decisions.
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -116,9 +115,14 @@ class Controller:
         if config is not None and options:
             raise ValueError("pass either an EngineConfig or keyword options, not both")
         self.engine = _core.ResizeEngine(config if config is not None else make_engine_config(**options))
-        self.step_index = -1
         self._status = StepStatus(self)
-        self._warned_streak = False
+        # Bound once: the per-step call is then one attribute load and one C++ call.
+        self._advance = self.engine._advance
+
+    @property
+    def step_index(self) -> int:
+        """Index of the latest step (the n-th call to ``step`` has index n - 1); -1 before the first."""
+        return self.engine.last_step
 
     @property
     def world_size(self) -> int:
@@ -138,35 +142,33 @@ class Controller:
         """
         if type(loss) is not float:
             loss = _as_float(loss)
-        self.step_index += 1
-        self.engine.step(self.step_index, loss)
+        if signals:
+            self._check_signals(signals)
+        # One C++ call that returns the non-finite streak (0 when the loss counted).
+        if self._advance(loss) == 1:
+            _warn_nonfinite(loss, self.engine.last_step, stacklevel=4)
         if signals:
             self._extra(signals)
-        if loss - loss != 0.0:  # NaN or inf, without a function call on the hot path
-            if not self._warned_streak:
-                self._warned_streak = True
-                warnings.warn(
-                    f"dra.step: non-finite loss {loss!r} at step {self.step_index} ignored "
-                    f"(counted in signals.nonfinite_count; warned once per streak)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-        elif self._warned_streak:
-            self._warned_streak = False
         return self._status
 
-    def _extra(self, signals: dict[str, Any]) -> None:
-        known = {"small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch", "validation", "step_time_s", "sync_time_s"}
-        unknown = set(signals) - known
+    _KNOWN_SIGNALS = frozenset(
+        {"small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch", "validation", "step_time_s", "sync_time_s"}
+    )
+
+    def _check_signals(self, signals: dict[str, Any]) -> None:
+        # Checked before the step is taken, so a bad call changes nothing.
+        unknown = set(signals) - self._KNOWN_SIGNALS
         if unknown:
-            raise ValueError(f"dra.step: unknown signal(s) {sorted(unknown)}; valid: {sorted(known)}")
+            raise ValueError(f"dra.step: unknown signal(s) {sorted(unknown)}; valid: {sorted(self._KNOWN_SIGNALS)}")
         grads = [signals.get(k) for k in ("small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch")]
-        if any(g is not None for g in grads):
-            if any(g is None for g in grads):
-                raise ValueError(
-                    "dra.step: gradient statistics need all of small_sqr_norm, small_batch, big_sqr_norm, big_batch"
-                )
-            self.engine.estimator.update_gradients(*(_as_float(g) for g in grads))
+        if any(g is not None for g in grads) and any(g is None for g in grads):
+            raise ValueError("dra.step: gradient statistics need all of small_sqr_norm, small_batch, big_sqr_norm, big_batch")
+
+    def _extra(self, signals: dict[str, Any]) -> None:
+        grads = [signals.get(k) for k in ("small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch")]
+        if grads[0] is not None:
+            small, small_batch, big, big_batch = (_as_float(g) for g in grads)
+            self.engine.estimator.update_gradients(small, small_batch, big, big_batch)
         if signals.get("validation") is not None:
             self.engine.estimator.update_validation(_as_float(signals["validation"]))
         if signals.get("step_time_s") is not None:
@@ -183,14 +185,37 @@ def _as_float(value: Any) -> float:
     if isinstance(value, (int, float)):
         return float(value)
     item = getattr(value, "item", None)
-    if item is None:
+    shape = getattr(value, "shape", None)
+    if item is None or shape is None:
         raise ValueError(f"dra.step: expected a float or a 0-d tensor, got {type(value).__name__}")
-    if getattr(value, "numel", lambda: 1)() != 1:
-        raise ValueError(f"dra.step: expected a 0-d tensor, got shape {tuple(value.shape)}; pass loss.mean() or loss.sum()")
+    if len(shape) != 0:
+        raise ValueError(f"dra.step: expected a 0-d tensor, got shape {tuple(shape)}; pass loss.mean() or loss.sum()")
+    # One .item(): the only device synchronisation of the call.
     return float(item())
 
 
+def _warn_nonfinite(loss: float, index: int, stacklevel: int = 2) -> None:
+    """Warns about the first non-finite loss of a streak (the estimator counts every one)."""
+    warnings.warn(
+        f"dra.step: non-finite loss {loss!r} at step {index} ignored "
+        f"(counted in signals.nonfinite_count; warned once per streak)",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
+
+
 _default: Controller | None = None
+
+
+def _install(controller: Controller | None) -> None:
+    """Points dra.step at `controller`: straight into its C++ engine for a plain Controller."""
+    fast = controller is not None and type(controller).step is Controller.step
+    _core._set_step_target(
+        _step_slow,
+        _warn_nonfinite,
+        controller.engine if fast else None,  # type: ignore[union-attr]
+        controller._status if fast else None,  # type: ignore[union-attr]
+    )
 
 
 def default_controller() -> Controller:
@@ -198,20 +223,29 @@ def default_controller() -> Controller:
     global _default
     if _default is None:
         _default = Controller()
+        _install(_default)
     return _default
 
 
 def reset(controller: Controller | None = None) -> Controller:
-    """Replaces the process-wide controller (a fresh default one when None)."""
+    """Replaces the process-wide controller (a fresh default one when None) and returns it."""
     global _default
     _default = controller if controller is not None else Controller()
+    _install(_default)
     return _default
 
 
-def step(loss: Any, **signals: Any) -> StepStatus:
-    """One training step: feeds the loss (and optional signals) to the process-wide controller."""
-    controller = _default if _default is not None else default_controller()
-    return controller.step(loss, **signals)
+def _step_slow(loss: Any, **signals: Any) -> StepStatus:
+    """dra.step for everything the C++ fast path does not take (tensors, keywords, other controllers)."""
+    controller = _default
+    if controller is None:
+        controller = default_controller()
+    if signals:
+        return controller.step(loss, **signals)
+    return controller.step(loss)
 
 
-del math
+# dra.step: a C function. `dra.step(<float>)` on a plain Controller steps the C++ engine directly
+# (no Python frame); every other call runs _step_slow above. Both behave identically.
+step = _core._step
+_install(None)

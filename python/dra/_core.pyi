@@ -1,0 +1,465 @@
+"""Type stubs of dra._core, the compiled core: convergence signals, resize policies, the decision
+engine, the elastic world's pure decisions, the simulator and the NCCL backend.
+
+Config classes (EstimatorConfig, Constraints, ...) take keyword arguments only; unknown keywords
+and invalid values raise ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, overload
+
+import torch
+from numpy import int64
+from numpy.typing import NDArray
+
+
+class DraError(RuntimeError):
+    ...
+
+
+class CommError(DraError):
+    ...
+
+
+class MembershipError(DraError):
+    ...
+
+
+class StateMismatchError(DraError):
+    ...
+
+
+class EstimatorConfig:
+    """Settings of the convergence-signal estimator."""
+    divergence_factor: float
+    divergence_nonfinite_streak: int
+    fast_relative_improvement: float
+    gns_decay: float
+    loss_decay: float
+    plateau_exit_t_threshold: float
+    plateau_patience: int
+    plateau_relative_improvement: float
+    plateau_t_threshold: float
+    warmup_steps: int
+    window: int
+    def __init__(self, *, divergence_factor: float = ..., divergence_nonfinite_streak: int = ..., fast_relative_improvement: float = ..., gns_decay: float = ..., loss_decay: float = ..., plateau_exit_t_threshold: float = ..., plateau_patience: int = ..., plateau_relative_improvement: float = ..., plateau_t_threshold: float = ..., warmup_steps: int = ..., window: int = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class ConvergenceSignals:
+    """What the estimator knows after its latest update."""
+    @property
+    def accepted(self) -> int: ...
+    @property
+    def best_loss(self) -> float: ...
+    @property
+    def best_smoothed_loss(self) -> float: ...
+    @property
+    def diverging(self) -> bool: ...
+    @property
+    def flat_streak(self) -> int: ...
+    @property
+    def gns(self) -> float:
+        """Gradient noise scale B_simple = tr(Sigma)/|G|^2, in samples."""
+    @property
+    def gns_biased(self) -> bool: ...
+    @property
+    def gns_valid(self) -> bool: ...
+    @property
+    def grad_sqr(self) -> float: ...
+    @property
+    def grad_var(self) -> float: ...
+    @property
+    def has_validation(self) -> bool: ...
+    @property
+    def loss(self) -> float: ...
+    @property
+    def noise(self) -> float: ...
+    @property
+    def nonfinite_count(self) -> int: ...
+    @property
+    def nonfinite_streak(self) -> int: ...
+    @property
+    def nonpositive_count(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def plateau(self) -> bool: ...
+    @property
+    def progress_rate(self) -> float:
+        """Slope of log(loss) per step."""
+    @property
+    def progress_rate_stderr(self) -> float: ...
+    @property
+    def relative_improvement(self) -> float: ...
+    @property
+    def smoothed_loss(self) -> float: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def validation_metric(self) -> float: ...
+    def __repr__(self) -> str: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class ConvergenceEstimator:
+    """Streaming convergence-signal estimator: O(1), allocation-free per update."""
+    @property
+    def config(self) -> EstimatorConfig: ...
+    @property
+    def rejected_steps(self) -> int: ...
+    @property
+    def signals(self) -> ConvergenceSignals: ...
+    def __init__(self, config: EstimatorConfig = ...) -> None: ...
+    def update_gradients(self, small_sqr_norm: float, small_batch: float, big_sqr_norm: float, big_batch: float, biased: bool = False) -> bool:
+        """Two-batch-size gradient square norms of one step (per-rank mean and all-reduced)."""
+    def update_loss(self, step: int, loss: float) -> bool:
+        """
+        Feed the loss of `step`; returns False when the value was rejected (non-finite or step not increasing).
+        """
+    def update_validation(self, metric: float) -> bool: ...
+
+
+class WorldState:
+    """The job's world at a step boundary, as the leader sees it."""
+    active: list[int]
+    base_batch: float
+    candidates: list[int]
+    global_batch: float
+    remaining_steps: int
+    size: int
+    step: int
+    steps_since_resize: int
+    def __init__(self) -> None: ...
+
+
+class Capacity:
+    """Devices the job could have now."""
+    available: int
+    @overload
+    def __init__(self) -> None: ...
+    @overload
+    def __init__(self, available: int) -> None: ...
+
+
+class CostModel:
+    """Measured resize cost and the horizon a resize must pay back over."""
+    horizon_steps: float
+    resize_cost_s: float
+    @overload
+    def __init__(self) -> None: ...
+    @overload
+    def __init__(self, resize_cost_s: float, horizon_steps: float = 500.0) -> None: ...
+
+
+class Decision:
+    """A resize decision: target size, who leaves, who joins, batch/LR scale, reason."""
+    @property
+    def action(self) -> str: ...
+    @property
+    def batch_scale(self) -> float: ...
+    @property
+    def join(self) -> list[int]: ...
+    @property
+    def leave(self) -> list[int]: ...
+    @property
+    def lr_scale(self) -> float: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def predicted_speedup(self) -> float: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def target_size(self) -> int: ...
+    def __init__(self) -> None: ...
+    def __repr__(self) -> str: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class ThroughputPredictor:
+    """Predicts seconds per step for a world size and per-rank batch."""
+    def step_time_s(self, world_size: int, per_rank_batch: float) -> float: ...
+    def throughput(self, world_size: int, per_rank_batch: float) -> float: ...
+
+
+class ThroughputModelConfig:
+    """Priors and settings of the online throughput model."""
+    forgetting: float
+    gamma: float
+    prior_compute_fixed_s: float
+    prior_compute_per_sample_s: float
+    prior_sync_fixed_s: float
+    prior_sync_per_rank_s: float
+    prior_weight: float
+    def __init__(self, *, forgetting: float = ..., gamma: float = ..., prior_compute_fixed_s: float = ..., prior_compute_per_sample_s: float = ..., prior_sync_fixed_s: float = ..., prior_sync_per_rank_s: float = ..., prior_weight: float = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class ThroughputModel(ThroughputPredictor):
+    """Pollux throughput model fitted online from measured steps."""
+    @property
+    def observations(self) -> int: ...
+    def __init__(self, config: ThroughputModelConfig = ...) -> None: ...
+    def compute_time_s(self, per_rank_batch: float) -> float: ...
+    def observe(self, world_size: int, per_rank_batch: float, step_time_s: float, sync_time_s: float) -> bool: ...
+    def sync_time_s(self, world_size: int) -> float: ...
+
+
+class Policy:
+    """A resize policy (wrap it in ConstrainedPolicy to decide)."""
+    @property
+    def name(self) -> str: ...
+
+
+class GoodputConfig:
+    """Settings of the goodput policy."""
+    adapt_batch: bool
+    max_per_rank_batch: float
+    min_marginal_efficiency: float
+    min_per_rank_batch: float
+    def __init__(self, *, adapt_batch: bool = ..., max_per_rank_batch: float = ..., min_marginal_efficiency: float = ..., min_per_rank_batch: float = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class GoodputPolicy(Policy):
+    """Pollux-style: the size maximising throughput x statistical efficiency."""
+    def __init__(self, config: GoodputConfig = ...) -> None: ...
+
+
+class ConvergencePhaseConfig:
+    """Settings of the convergence-phase policy."""
+    grow_step: int
+    min_parallel_efficiency: float
+    plateau_size: int
+    def __init__(self, *, grow_step: int = ..., min_parallel_efficiency: float = ..., plateau_size: int = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class ConvergencePhasePolicy(Policy):
+    """Grow while learning is fast and scaling efficient; release on plateau; hold otherwise."""
+    def __init__(self, config: ConvergencePhaseConfig = ...) -> None: ...
+
+
+class Constraints:
+    """Limits around any policy: sizes, cooldown, hysteresis, amortisation."""
+    allowed_sizes: list[int]
+    amortise: bool
+    cooldown_steps: int
+    hysteresis_decisions: int
+    max_change: int
+    max_size: int
+    min_size: int
+    def __init__(self, *, allowed_sizes: list[int] = ..., amortise: bool = ..., cooldown_steps: int = ..., hysteresis_decisions: int = ..., max_change: int = ..., max_size: int = ..., min_size: int = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def allows(self, size: int) -> bool: ...
+    def validate(self) -> None: ...
+
+
+class ConstrainedPolicy:
+    """A policy inside constraints: the object that decides."""
+    def __init__(self, policy: Policy, constraints: Constraints = ...) -> None: ...
+    def decide(self, signals: ConvergenceSignals, world: WorldState, capacity: Capacity, costs: CostModel, throughput: ThroughputPredictor) -> Decision: ...
+
+
+class StepStatus:
+    """Result of one engine step (a view, valid until the next step)."""
+    @property
+    def decided(self) -> bool: ...
+    @property
+    def decisions(self) -> int: ...
+    @property
+    def last_decision(self) -> Decision: ...
+    @property
+    def step(self) -> int: ...
+
+
+class EngineConfig:
+    """Estimator, throughput model, policy and constraints of one job."""
+    convergence: ConvergencePhaseConfig
+    costs: CostModel
+    decide_every: int
+    estimator: EstimatorConfig
+    goodput: GoodputConfig
+    limits: Constraints
+    policy: str
+    throughput: ThroughputModelConfig
+    def __init__(self, *, convergence: ConvergencePhaseConfig = ..., costs: CostModel = ..., decide_every: int = ..., estimator: EstimatorConfig = ..., goodput: GoodputConfig = ..., limits: Constraints = ..., policy: str = ..., throughput: ThroughputModelConfig = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class ResizeEngine:
+    """Per-job decision engine fed once per step."""
+    @property
+    def capacity(self) -> Capacity: ...
+    @property
+    def config(self) -> EngineConfig: ...
+    @property
+    def costs(self) -> CostModel: ...
+    @property
+    def estimator(self) -> ConvergenceEstimator: ...
+    @property
+    def last_step(self) -> int:
+        """Step index of the latest step, -1 before the first."""
+    @property
+    def signals(self) -> ConvergenceSignals: ...
+    @property
+    def status(self) -> StepStatus: ...
+    @property
+    def throughput(self) -> ThroughputModel: ...
+    @property
+    def world(self) -> WorldState: ...
+    def __init__(self, config: EngineConfig) -> None: ...
+    def _advance(self, loss: float) -> int:
+        """
+        One step at the next index, returning the non-finite streak (0: the loss was accepted; 1: a streak of non-finite losses starts, warn once). Returns a plain int, so no view object is built.
+        """
+    def decide(self) -> Decision: ...
+    def resized(self, new_size: int, new_global_batch: float) -> None: ...
+    def step(self, step: int, loss: float) -> StepStatus: ...
+
+
+class SimProfiles:
+    """Measured application profiles (a traces/ directory) for the simulator."""
+    def __init__(self, traces_dir: str) -> None: ...
+    def best_metric(self, application: str, batch: float, epochs: int) -> float:
+        """Best validation metric over the first `epochs` epochs at total batch `batch`."""
+    def grad_stats(self, application: str, batch: float, epoch: int) -> tuple[float, float]: ...
+    def info(self, application: str) -> dict[str, Any]: ...
+    def names(self) -> list[str]: ...
+    def progress_at(self, application: str, epoch: int) -> float: ...
+    def throughput(self, application: str, placement: Sequence[int], local_bsz: float) -> tuple[float, float]:
+        """(step_time, sync_time) interpolated at a placement (devices per node) and local batch."""
+
+
+class NcclWorld:
+    """
+    One process's NCCL world (dra's NCCL backend): rebuild() builds the communicator of an epoch; collectives run on the tensor's current CUDA stream.
+    """
+    @property
+    def active(self) -> bool: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def last_plan(self) -> dict[str, Any]: ...
+    @property
+    def log(self) -> list[str]: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def runtime_version(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    def __init__(self, device: int, store_host: str = '', store_port: int = 0, store_server: bool = False, store_workers: int = 0, timeout_s: float = 60.0, prefix: str = 'dra/nccl', capture_log: bool = False) -> None: ...
+    def abort(self) -> None:
+        """Abandons in-flight work (ncclCommAbort); never blocks."""
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None: ...
+    def barrier(self) -> None: ...
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None: ...
+    def close(self) -> None:
+        """Releases the communicator: finalize -> destroy, abort on failure."""
+    def rebuild(self, epoch: int, old_members: Sequence[int], new_members: Sequence[int], self_id: int, abortive: bool = False, timeout_s: float | None = None) -> str:
+        """
+        Builds the communicator of `new_members` for `epoch`; returns the path taken ('fresh_init', 'shrink', 'grow', 'keep' or 'leave').
+        """
+
+
+def _bench_engine_step_ns(steps: int = 1000000, decide_every: int = 10) -> float:
+    """Nanoseconds per ResizeEngine.step, timed in C++ (benchmark helper)."""
+
+
+def _bench_estimator_update_ns(updates: int = 1000000, with_gradients: bool = False) -> float:
+    """Nanoseconds per ConvergenceEstimator update, timed in C++ (benchmark helper)."""
+
+
+def _bench_policy_decision_ns(policy: str = 'convergence', decisions: int = 100000) -> float:
+    """Nanoseconds per ConstrainedPolicy.decide, timed in C++ (benchmark helper)."""
+
+
+def _build_info() -> dict[str, Any]: ...
+
+
+def _nccl_load_error() -> str:
+    """Why libnccl could not be loaded ('' when it loaded)."""
+
+
+def _nccl_runtime_version() -> Any:
+    """Version of the libnccl the NCCL backend loads (dlopen on first use), or None when none loads."""
+
+
+def _noop() -> None:
+    """A bare binding call that does nothing: the benchmark baseline for dra.step."""
+
+
+def _set_step_target(
+    slow: Callable[..., Any], warn: Callable[[float, int], None], engine: ResizeEngine | None, status: Any
+) -> None:
+    """Internal: where dra.step goes (set by dra.reset / dra.default_controller)."""
+
+
+def _step(loss: float | torch.Tensor, **signals: Any) -> Any:
+    """The C function behind ``dra.step`` (returns ``dra.StepStatus``); see ``dra.step``."""
+
+
+def adascale_gain(noise_scale: float, valid: bool, global_batch: float, base_batch: float) -> float:
+    """AdaScale learning-rate gain for global batch M."""
+
+
+def sim_read_workload(path: str, profiles: SimProfiles | None = None) -> list[Any]:
+    """
+    Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.
+    """
+
+
+def sim_run(profiles: SimProfiles, jobs: list[Any], policy: str, reallocation_cost_s: float = 30.0, interval_s: float = 60.0, nodes: int = 16, devices_per_node: int = 4, quota_scale: float = 0.0, record_timeline: bool = True, exploration_limit: bool = False, progress: Callable[[float, int, int], bool] | None = None) -> dict[str, Any]:
+    """Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict."""
+
+
+def sim_study(profiles: SimProfiles, pool: list[Any], runs: int, seed: int, policies: Sequence[str], reallocation_cost_s: float = 1.0, quota_scale: float = 2.0, interval_s: float = 60.0, noise: bool = True, progress: Callable[[int, int], None] | None = None) -> list[Any]:
+    """Generates `runs` jobs from the request pool (seeded) and simulates each alone under every policy."""
+
+
+def statistical_efficiency(noise_scale: float, valid: bool, global_batch: float, base_batch: float) -> float:
+    """(B + M0) / (B + M): efficiency of global batch M relative to M0."""
+
+
+class _ElasticModule:
+    """Membership and data-partition decisions of the elastic world (the ``elastic`` submodule)."""
+    @staticmethod
+    def epoch_order(n: int, seed: int, epoch: int) -> NDArray[int64]:
+        """The deterministic sample order of a data epoch (int64 array)."""
+    @staticmethod
+    def leader_of(members: Sequence[int]) -> int: ...
+    @staticmethod
+    def next_members(current: Sequence[int], leave: Sequence[int], join: Sequence[int]) -> list[int]:
+        """Next epoch's members: stayers keep their order, joiners are appended."""
+    @staticmethod
+    def pick_joiners(members: Sequence[int], candidates: Sequence[int], target: int) -> list[int]: ...
+    @staticmethod
+    def pick_leavers(members: Sequence[int], target: int) -> list[int]: ...
+    @staticmethod
+    def rank_mapping(old_members: Sequence[int], new_members: Sequence[int]) -> list[int]: ...
+    @staticmethod
+    def rank_of(members: Sequence[int], uid: int) -> int:
+        """Rank of uid in members, or -1."""
+    @staticmethod
+    def rank_share(begin: int, end: int, world: int, rank: int) -> tuple[int, int]:
+        """(begin, end) of one rank's share of a batch."""
+    @staticmethod
+    def step_batch(cursor: int, global_batch: int, epoch_size: int) -> tuple[int, int]:
+        """(begin, end) of one step's samples."""
+    @staticmethod
+    def survivors(current: Sequence[int], alive: Sequence[int]) -> list[int]: ...
+
+
+elastic: _ElasticModule
+_nccl_compiled: bool
+sim_in_place_resize_cost_stand_in_s: float
+sim_policy_names: list[str]
