@@ -193,7 +193,7 @@ void dra::python::bind_sim(py::module_& m) {
       "sim_study",
       [](const profile_library& profiles, const py::list& pool, int runs, std::uint64_t seed,
          const std::vector<std::string>& policies, double reallocation_cost_s, double quota_scale, double interval_s,
-         bool noise, const std::function<void(int, int)>& progress) {
+         bool noise, bool reference_limits, const std::function<void(int, int)>& progress) {
         std::vector<job_spec> specs;
         for (auto o : pool) specs.push_back(spec_from(o));
         study_config c;
@@ -204,6 +204,7 @@ void dra::python::bind_sim(py::module_& m) {
         c.quota_scale = quota_scale;
         c.interval_s = interval_s;
         c.noise = noise;
+        c.reference_limits = reference_limits;
         py::list out;
         for (const auto& r : run_study(profiles, specs, c, progress)) {
           py::dict d;
@@ -218,6 +219,7 @@ void dra::python::bind_sim(py::module_& m) {
       },
       py::arg("profiles"), py::arg("pool"), py::arg("runs"), py::arg("seed"), py::arg("policies"),
       py::arg("reallocation_cost_s") = in_place_resize_cost_stand_in_s, py::arg("quota_scale") = 2.0,
-      py::arg("interval_s") = 60.0, py::arg("noise") = true, py::arg("progress") = nullptr,
+      py::arg("interval_s") = 60.0, py::arg("noise") = true, py::arg("reference_limits") = false,
+      py::arg("progress") = nullptr,
       "Generates `runs` jobs from the request pool (seeded) and simulates each alone under every policy.");
 }

@@ -275,3 +275,17 @@ TEST_CASE("sim.config.validation") {
   c.reallocation_cost_s = -1.0;
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("reallocation_cost_s"), std::invalid_argument);
 }
+
+TEST_CASE("sim.limits.reference_ncf_one_device") {
+  // The reference pins ncf to one device; the profiles measure it on up to 64. The replays keep
+  // the reference's limit, the study may lift it.
+  const std::vector<job_spec> jobs{{"ncf-0", 0.0, "ncf", 1, 32768.0}};
+  sim_config c;
+  c.policy = "arbiter";
+  CHECK(simulate(shipped(), jobs, c).jobs[0].max_devices == 1);
+  c.reference_limits = false;
+  c.quota_scale = 4.0;
+  const job_result free_run = simulate(shipped(), jobs, c).jobs[0];
+  CHECK(free_run.max_devices > 1);
+  CHECK(free_run.max_devices <= 4);  // the quota: 4 x the one device requested
+}

@@ -52,6 +52,10 @@ struct sim_config {
   std::string policy = "static";
   /// Dynamic jobs may hold at most this multiple of the devices they requested (0: no quota).
   double quota_scale = 0.0;
+  /// Apply the reference's per-application scheduling limits (ncf: one device). The replays keep
+  /// them (faithful to the reference); the study may lift them, since the profiles measure ncf on
+  /// up to 64 devices and the limit is a choice of the reference's Pollux policy.
+  bool reference_limits = true;
   /// Stop simulating after this much simulated time (jobs not done are reported incomplete).
   double max_time_s = 30.0 * 24 * 3600;
   bool record_timeline = true;
@@ -362,7 +366,7 @@ class simulator {
   // ---- limits -------------------------------------------------------------------------------
   int job_cap(const job_state& j) const {
     int cap = capacity_;
-    if (j.app->max_replicas() > 0) cap = std::min(cap, j.app->max_replicas());
+    if (config_.reference_limits && j.app->max_replicas() > 0) cap = std::min(cap, j.app->max_replicas());
     const double batch_for_cap = j.fixed_batch > 0.0 ? j.fixed_batch : j.app->max_batch();
     cap = std::min(cap, std::max(1, static_cast<int>(std::floor(batch_for_cap / j.app->min_local_batch() + 1e-9))));
     if (config_.quota_scale > 0.0 && config_.policy != "static" && config_.policy != "tiresias")

@@ -12,7 +12,8 @@
 //  - batch: the request's batch times 2^u, u uniform in {-1, 0, 1}, clamped to the validated
 //    batch range (the traces validate batches a factor 2 apart);
 //  - devices: the request's devices times 2^v, v uniform in {-1, 0, 1}, rounded, clamped to
-//    [1, min(cluster, batch / min local batch, application limit)];
+//    [1, min(cluster, batch / min local batch)] (and the reference's application limit when
+//    `reference_limits` is set);
 //  - throughput noise: step and sync time times exp(sigma_t z), sigma_t the application's median
 //    spread of log step time between placements with the same nodes, replicas and batch;
 //  - efficiency noise: tr(Sigma) times exp(sigma_g z), sigma_g the median spread of
@@ -69,6 +70,8 @@ struct study_config {
   int nodes = 16;
   int devices_per_node = 4;
   double max_target_slack = 0.02;
+  /// The reference's per-application limits (ncf: one device); off: what the profiles measure.
+  bool reference_limits = false;
   bool noise = true;
 
   void validate() const {
@@ -103,7 +106,7 @@ inline job_spec generate_run(const profile_library& profiles, const std::vector<
   const int v = static_cast<int>(rng.below(3)) - 1;
   int cap = config.nodes * config.devices_per_node;
   cap = std::min(cap, std::max(1, static_cast<int>(std::floor(j.batch / app.min_local_batch() + 1e-9))));
-  if (app.max_replicas() > 0) cap = std::min(cap, app.max_replicas());
+  if (config.reference_limits && app.max_replicas() > 0) cap = std::min(cap, app.max_replicas());
   j.replicas = std::clamp(static_cast<int>(std::lround(row.replicas * std::ldexp(1.0, v))), 1, cap);
   const double zt = rng.normal(), zg = rng.normal();
   if (config.noise) {
@@ -135,6 +138,7 @@ inline std::vector<study_run> run_study(const profile_library& profiles, const s
       sc.interval_s = config.interval_s;
       sc.reallocation_cost_s = config.reallocation_cost_s;
       sc.quota_scale = config.quota_scale;
+      sc.reference_limits = config.reference_limits;
       sc.record_timeline = false;
       simulator s(profiles, {run.spec}, sc);
       run.results[p] = s.run().jobs.at(0);

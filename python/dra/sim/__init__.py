@@ -299,6 +299,7 @@ def study(
     quota_scale: float = 2.0,
     interval_s: float = 60.0,
     noise: bool = True,
+    reference_limits: bool = False,
     traces: str | os.PathLike[str] | None = None,
     workloads: Iterable[str | os.PathLike[str]] | None = None,
     quiet: bool = True,
@@ -308,7 +309,9 @@ def study(
 
     Per run: training time (first allocation to completion), GPU-hours, utilisation (device time
     computing over device time allocated), final metric, efficiency (statistical progress per
-    GPU-hour). Aggregates carry 95 % bootstrap CIs of each dynamic policy against static, paired by run."""
+    GPU-hour). Aggregates carry 95 % bootstrap CIs of each dynamic policy against static, paired by run.
+    ``reference_limits`` applies the reference's per-application limit (ncf: one device) to the runs;
+    off, every application may use what its profile measures."""
     import sys
 
     import numpy as np
@@ -333,7 +336,7 @@ def study(
             sys.stderr.flush()
 
     start = time.perf_counter()
-    rows = _core.sim_study(profiles, pool, runs, seed, names, cost, quota_scale, interval_s, noise, progress)
+    rows = _core.sim_study(profiles, pool, runs, seed, names, cost, quota_scale, interval_s, noise, reference_limits, progress)
     wall = time.perf_counter() - start
 
     def column(policy: str, key: str) -> np.ndarray:
@@ -431,6 +434,7 @@ def study(
         "quota_scale": quota_scale,
         "interval_s": interval_s,
         "noise": noise,
+        "reference_limits": reference_limits,
         "policies": aggregates,
         "specs": [r["spec"] for r in rows],
         "jobs": jobs,
@@ -469,7 +473,8 @@ def markdown_replay(doc: dict[str, Any]) -> str:
 def markdown_study(doc: dict[str, Any]) -> str:
     lines = [
         f"### Study: {doc['runs']} runs, seed {doc['seed']}, resize cost {doc['reallocation_cost_s']:g} s, "
-        f"quota {doc['quota_scale']:g}x request (wall {doc['wall_s']:.1f} s)",
+        f"quota {doc['quota_scale']:g}x request, {'reference' if doc.get('reference_limits') else 'profile'} application limits "
+        f"(wall {doc['wall_s']:.1f} s)",
         "",
         "| policy | mean training time (s) | GPU-hours | utilisation | final metric | efficiency (progress/GPU-h) |",
         "|---|---:|---:|---:|---:|---:|",

@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--seed", type=int, default=1)
     st.add_argument("--quota-scale", type=float, default=2.0, help="dynamic jobs may hold up to this x their request (default 2)")
     st.add_argument("--no-noise", action="store_true", help="no throughput/efficiency noise")
+    st.add_argument(
+        "--reference-limits",
+        action="store_true",
+        help="apply the reference's per-application limits (ncf: one device); default: what the profiles measure",
+    )
     st.add_argument("--workloads", action="append", metavar="CSV", help="request pool (default: the shipped workloads)")
     st.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for the CIs (default 2000)")
     common(st, "inplace")
@@ -131,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 quota_scale=args.quota_scale,
                 interval_s=args.interval,
                 noise=not args.no_noise,
+                reference_limits=args.reference_limits,
                 traces=args.traces,
                 workloads=args.workloads,
                 quiet=args.quiet,
