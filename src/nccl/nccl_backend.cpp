@@ -381,6 +381,10 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
   const auto features = api_->features();
   nccl_plan plan =
       plan_rebuild(request.old_members, request.new_members, request.self, request.abortive, parent != nullptr, features);
+  if (plan.path == nccl_path::keep && parent->revoked()) {
+    // Revoked after a fault: still shrinkable, but no longer fit to keep.
+    plan = plan_rebuild(request.old_members, request.new_members, request.self, request.abortive, false, features);
+  }
   last_plan_ = plan;
 
   auto log = [&](const std::string& event, const std::string& fields) {

@@ -150,6 +150,8 @@ class nccl_communicator final : public communicator {
 };
 
 /// The NCCL backend: the rebuild routine (see src/nccl/nccl_backend.cpp for every case).
+/// Store keys live under <key_prefix>/<epoch>/: every rebuild call, retries included, needs an
+/// epoch not used before with the same prefix and store.
 class nccl_backend final : public backend {
  public:
   explicit nccl_backend(std::shared_ptr<nccl_api> api, nccl_backend_options options = {});
