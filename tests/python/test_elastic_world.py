@@ -37,7 +37,9 @@ def test_grow_shrink_grow_with_standby_readmission(tmp_path):
     codes = job.wait(240)
     assert codes == {"r0": 0, "r1": 0, "r2": 0, "r3": 0}, [job.output(n)[-2000:] for n in codes]
     sizes = [(e["event"], e["step"], e["before"], e["after"]) for e in job.events()]
-    assert sizes == [("start", 0, 0, 2), ("resize", 4, 2, 4), ("resize", 8, 4, 2), ("resize", 12, 2, 3)]
+    # Decided at steps 4, 8, 12; flagged in the next step's all-reduce and applied after it.
+    assert sizes == [("start", 0, 0, 2), ("resize", 5, 2, 4), ("resize", 9, 4, 2), ("resize", 13, 2, 3)]
+    assert [e.get("decided_step") for e in job.events()[1:]] == [4, 8, 12]
     ev = job.events()
     assert ev[1]["joined"] == [2, 3] and ev[2]["left"] == [3, 2] and ev[3]["joined"] == [2]
     assert set(ev[1]["cost_s"]) == {"agree", "rebuild", "state_transfer", "reshard"}
@@ -46,7 +48,7 @@ def test_grow_shrink_grow_with_standby_readmission(tmp_path):
     # Process 2 stood by after step 8 and was admitted again at step 12; 3 stood by to the end.
     assert any(r["uid"] == 2 and r["epoch"] == 3 for r in job.records("world"))
     finals = {r["uid"]: r for r in job.records("final")}
-    assert finals[3]["role"] == "finished" and finals[3]["step"] == 8
+    assert finals[3]["role"] == "finished" and finals[3]["step"] == 9
     _final_members_identical(job, {0, 1, 2})
 
 

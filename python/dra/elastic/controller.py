@@ -217,10 +217,13 @@ class ElasticController:
         self._synced = False
         self._flat: torch.Tensor | None = None
         self._pending_loss = (0.0, 0.0)
+        self._pending_dec: dict[str, Any] | None = None
+        self._dec_flag = False
         self._last_loss = float("nan")
         self.last_digest: int | None = None
         self.last_event: dict[str, Any] | None = None
         self.resizes = 0
+        self._decide_s = 0.0
         self._status = ElasticStepStatus()
         self._guard(optimizer, "step")
         if scheduler is not None:
@@ -310,8 +313,14 @@ class ElasticController:
         st.loss = self._last_loss
         if self.rank == 0:
             self.status_line.tick(self.step_index, self._last_loss, self.world_size, samples)
-        if self.step_index % self.decide_every == 0 or self.step_index in self.schedule:
-            self._decision_point()
+        if self._dec_flag:
+            # The leader flagged a decision in this step's all-reduce: everyone applies it now.
+            self._dec_flag = False
+            self._apply_decision()
+        elif self.rank == 0 and self._pending_dec is None and (
+            self.step_index % self.decide_every == 0 or self.step_index in self.schedule
+        ):
+            self._leader_decides()
         self._fill_status()
         return st
 
@@ -327,10 +336,16 @@ class ElasticController:
         self._synced = True
         if self.role != "member" or self.world is None or self._failed is not None:
             return
+        if self.world.size == 1:
+            # Alone: the gradient already is the global batch's mean; nothing to reduce.
+            count = self._pending_loss[1]
+            self._last_loss = self._pending_loss[0] / count if count > 0 else float("nan")
+            self._dec_flag = False
+            return
         sizes = [p.numel() for p in params]
         total = sum(sizes)
-        if self._flat is None or self._flat.numel() != total + 2:
-            self._flat = torch.empty(total + 2, dtype=torch.float32)
+        if self._flat is None or self._flat.numel() != total + 3:
+            self._flat = torch.empty(total + 3, dtype=torch.float32)
         flat = self._flat
         b, e = self.sampler.step_range()
         weight = self._share_size / max(e - b, 1)
@@ -343,12 +358,16 @@ class ElasticController:
             off += n
         flat[total] = self._pending_loss[0]
         flat[total + 1] = self._pending_loss[1]
+        # The leader's "a decision is published" flag rides on the gradient all-reduce, so the
+        # steps without a resize never touch the store.
+        flat[total + 2] = 1.0 if (self._pending_dec is not None and self.world.rank == 0) else 0.0
         try:
             self.world.all_reduce_sum(flat)
         except CommFailure as err:
             self._failed = str(err)
             self.world.abort()
             return
+        self._dec_flag = bool(flat[total + 2] > 0.5)
         off = 0
         for p, n in zip(params, sizes):
             if p.grad is None:
@@ -447,6 +466,7 @@ class ElasticController:
         before: int,
         t_agree: float,
         receivers: list[int] | None = None,
+        decided_step: int | None = None,
     ) -> None:
         """Builds the communicator of `epoch`, moves state to the ranks that need it, re-shards.
 
@@ -494,6 +514,8 @@ class ElasticController:
         self.sampler.set_world(world.size, world.rank)
         self._flat = None
         self._pending_loss = (0.0, 0.0)
+        self._pending_dec = None
+        self._dec_flag = False
         world.barrier()  # the first all-reduce of the new world
         identical = None
         if self.verify:
@@ -519,6 +541,7 @@ class ElasticController:
                 "left": list(left),
                 "joined": list(joined),
                 "reason": reason,
+                "decided_step": decided_step,
                 "cost_s": cost,
                 "total_s": sum(cost.values()),
                 "state_bytes": nbytes,
@@ -618,26 +641,43 @@ class ElasticController:
             "lr_scale": lr_scale,
         }
 
-    def _decision_point(self) -> None:
+    def _leader_decides(self) -> None:
+        """Leader, at a decision step: decide; a non-hold decision is published to the store at
+        once and flagged in the next gradient all-reduce, after which every member applies it."""
         t0 = time.perf_counter()
-        key = f"dec/{self.epoch}/{self.step_index}"
         try:
-            if self.rank == 0:
-                dec = self._decide()
-                for uid in dec.get("joined", []):
-                    self.store.delete(f"waiting/{uid}")
-                    self.store.set(f"admit/{uid}", {"epoch": dec["epoch"], "members": dec["members"]})
-                self.store.set(key, dec)
-            else:
-                dec = self.store.get(key, timeout_s=self.fault_timeout_s + 1.0)
+            dec = self._decide()
         except (TimeoutError, _core.MembershipError) as err:
-            if self.world is not None:
-                self.world.abort()
-            self._recover(f"decision at step {self.step_index} not received: {err}")
+            print(f"[dra] decision at step {self.step_index} skipped: {err}", flush=True)
             return
         if dec["action"] == "hold":
             return
-        t_agree = time.perf_counter() - t0
+        dec["decided_step"] = self.step_index
+        self.store.set(f"dec/{self.epoch}", dec)
+        self._pending_dec = dec
+        self._decide_s = time.perf_counter() - t0
+        if self.world is not None and self.world.size == 1:
+            self._apply_decision()  # no peers to tell: apply at this boundary
+
+    def _apply_decision(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self.rank == 0:
+                dec = self._pending_dec
+                assert dec is not None
+                for uid in dec.get("joined", []):
+                    self.store.delete(f"waiting/{uid}")
+                    self.store.set(f"admit/{uid}", {"epoch": dec["epoch"], "members": dec["members"]})
+            else:
+                dec = self.store.get(f"dec/{self.epoch}", timeout_s=self.fault_timeout_s + 1.0)
+        except (TimeoutError, _core.MembershipError) as err:
+            if self.world is not None:
+                self.world.abort()
+            self._recover(f"decision of epoch {self.epoch} not received: {err}")
+            return
+        self._pending_dec = None
+        self._dec_flag = False
+        t_agree = time.perf_counter() - t0 + (self._decide_s if self.rank == 0 else 0.0)
         if dec["batch_scale"] != 1.0:
             self.sampler.global_batch = max(1, int(round(self.sampler.global_batch * dec["batch_scale"])))
             for group in self.optimizer.param_groups:
@@ -650,6 +690,7 @@ class ElasticController:
             self._enter_world(
                 dec["epoch"], dec["members"], source="resize", joined=dec["joined"], left=dec["left"],
                 reason=dec["reason"], before=before, t_agree=t_agree, receivers=dec["joined"],
+                decided_step=dec.get("decided_step"),
             )
         except (CommFailure, TimeoutError, _core.MembershipError) as err:
             self._recover(f"resize to epoch {dec['epoch']} failed: {err}")
