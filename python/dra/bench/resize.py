@@ -204,11 +204,12 @@ def _torchrun_restart(mb: float, nproc: int, tmp: str, timeout: float) -> float:
 
 def _sink(port_queue, nbytes: int) -> None:
     srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     port_queue.put(srv.getsockname()[1])
     conn, _ = srv.accept()
-    buf = bytearray(8 << 20)
+    buf = bytearray(16 << 20)
     view = memoryview(buf)
     got = 0
     while got < nbytes:
@@ -221,24 +222,29 @@ def _sink(port_queue, nbytes: int) -> None:
     srv.close()
 
 
-def loopback_ceiling(nbytes: int = 1 << 30) -> float:
-    """GB/s of one TCP stream over loopback between two processes (sender timed to the ack)."""
+def loopback_ceiling(nbytes: int = 1 << 30, trials: int = 3) -> float:
+    """GB/s of one TCP stream over loopback between two processes (sender timed to the ack),
+    the best of `trials`: the transport ceiling a state transfer could reach on this machine."""
     ctx = get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_sink, args=(q, nbytes))
-    p.start()
-    port = q.get(timeout=60)
-    payload = memoryview(bytearray(8 << 20))
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        t0 = time.perf_counter()
-        sent = 0
-        while sent < nbytes:
-            s.sendall(payload)
-            sent += len(payload)
-        s.recv(1)
-        dt = time.perf_counter() - t0
-    p.join(timeout=30)
-    return sent / dt / 1e9
+    best = 0.0
+    for _ in range(trials):
+        q = ctx.Queue()
+        p = ctx.Process(target=_sink, args=(q, nbytes))
+        p.start()
+        port = q.get(timeout=60)
+        payload = memoryview(bytearray(16 << 20))
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            t0 = time.perf_counter()
+            sent = 0
+            while sent < nbytes:
+                s.sendall(payload)
+                sent += len(payload)
+            s.recv(1)
+            dt = time.perf_counter() - t0
+        p.join(timeout=30)
+        best = max(best, sent / dt / 1e9)
+    return best
 
 
 def _torchft_available() -> str | None:
