@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
             "--policy",
             action="append",
             choices=list(sim.POLICIES),
-            help="policy to run (repeatable; default: all for replay, static/convergence/goodput for study)",
+            help="policy to run (repeatable; default: all for replay, static/convergence/goodput/arbiter for study)",
         )
         p.add_argument(
             "--reallocation-cost",
