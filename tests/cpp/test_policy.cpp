@@ -76,7 +76,9 @@ constrained_policy goodput_of(constraints limits, goodput_config config = {}) {
   return constrained_policy(std::make_shared<goodput_policy>(config), std::move(limits));
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 template <class F>
 void expect_invalid(F&& make, const std::string& field) {
@@ -148,7 +150,8 @@ TEST_CASE("policy.convergence.holds_when_warming_steady_or_diverging") {
     CHECK_FALSE(d.reason.empty());
   }
   auto p = convergence(no_limits());
-  CHECK(contains(p.decide(signals_in(training_phase::diverging), world_of(4), capacity{6}, cost_model{}, tp).reason, "diverging"));
+  CHECK(contains(p.decide(signals_in(training_phase::diverging), world_of(4), capacity{6}, cost_model{}, tp).reason,
+                 "diverging"));
 }
 
 TEST_CASE("policy.convergence.no_room_to_grow_holds") {
@@ -230,8 +233,8 @@ TEST_CASE("policy.goodput.noise_scale_decides_growth_with_batch_adaptation") {
   CHECK(e.target_size == 4);
   CHECK(e.batch_scale > 1.0);
   // The LR follows the AdaScale gain of the new batch relative to the old one.
-  CHECK(e.lr_scale == doctest::Approx(adascale_gain(1e6, true, 64.0 * e.batch_scale, 64.0) /
-                                      adascale_gain(1e6, true, 64.0, 64.0)));
+  CHECK(e.lr_scale ==
+        doctest::Approx(adascale_gain(1e6, true, 64.0 * e.batch_scale, 64.0) / adascale_gain(1e6, true, 64.0, 64.0)));
   CHECK(e.lr_scale > 1.0);
 }
 
@@ -290,7 +293,8 @@ TEST_CASE("policy.constraints.allowed_sizes_and_max_change") {
   auto p = convergence(limits, convergence_phase_config{3, 0.6, 1});
   // Fast at 4: the next step (+3 = 7) is not allowed; the largest allowed size in (4, 7] is none,
   // so the world holds rather than take a forbidden size.
-  CHECK(p.decide(signals_in(training_phase::fast), world_of(4, {4, 5, 6}), capacity{7}, cost_model{}, tp).kind == action::hold);
+  CHECK(p.decide(signals_in(training_phase::fast), world_of(4, {4, 5, 6}), capacity{7}, cost_model{}, tp).kind ==
+        action::hold);
   // Fast at 2: +3 = 5 snaps down to 4.
   auto d = p.decide(signals_in(training_phase::fast), world_of(2, {2, 3, 4}), capacity{5}, cost_model{}, tp);
   CHECK(d.target_size == 4);
@@ -300,10 +304,12 @@ TEST_CASE("policy.constraints.allowed_sizes_and_max_change") {
   constraints limited = no_limits();
   limited.max_change = 3;
   auto q = convergence(limited);
-  CHECK(q.decide(signals_in(training_phase::plateau, 0.0), world_of(8), capacity{8}, cost_model{}, tp).target_size == 5);
+  CHECK(q.decide(signals_in(training_phase::plateau, 0.0), world_of(8), capacity{8}, cost_model{}, tp).target_size ==
+        5);
   limited.allowed_sizes = {1, 2, 4, 8};
   auto r = convergence(limited);
-  CHECK(r.decide(signals_in(training_phase::plateau, 0.0), world_of(8), capacity{8}, cost_model{}, tp).target_size == 8);
+  CHECK(r.decide(signals_in(training_phase::plateau, 0.0), world_of(8), capacity{8}, cost_model{}, tp).target_size ==
+        8);
   CHECK(limited.allows(4));
   CHECK_FALSE(limited.allows(5));
 }
@@ -483,7 +489,9 @@ TEST_CASE("policy.engine.decides_every_n_steps_and_never_throws_on_nan") {
 
 namespace {
 
-bool bit_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool bit_equal(double a, double b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
 
 bool same_decision(const decision& a, const decision& b) {
   return a.kind == b.kind && a.target_size == b.target_size && a.leave == b.leave && a.join == b.join &&
@@ -517,7 +525,8 @@ std::vector<decision> replay(const std::string& policy_name, std::uint64_t seed)
   world_state world = world_of(4, {4, 5, 6, 7, 8, 9, 10, 11}, 128.0);
   for (int i = 0; i < 400; ++i) {
     const int k = world.size;
-    tp.observe(k, world.global_batch / k, 0.01 + 0.001 * world.global_batch / k + 0.002 * k * uniform(), 0.002 * k * uniform());
+    tp.observe(k, world.global_batch / k, 0.01 + 0.001 * world.global_batch / k + 0.002 * k * uniform(),
+               0.002 * k * uniform());
     convergence_signals s = signals_in(static_cast<training_phase>(static_cast<int>(uniform() * 5.0)), uniform() * 0.3);
     s.gns_valid = uniform() < 0.7;
     s.gns = 1000.0 * uniform();

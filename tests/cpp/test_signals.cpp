@@ -37,10 +37,18 @@ void* operator new[](std::size_t size) {
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 using dra::signals::convergence_estimator;
 using dra::signals::convergence_signals;
@@ -159,7 +167,8 @@ TEST_CASE("signals.regression.sliding_matches_batch_least_squares") {
     ys.push_back(y);
     if (xs.size() < 3) continue;
     const std::size_t first = xs.size() > window ? xs.size() - window : 0;
-    const auto ref = batch_fit({xs.begin() + static_cast<long>(first), xs.end()}, {ys.begin() + static_cast<long>(first), ys.end()});
+    const auto ref =
+        batch_fit({xs.begin() + static_cast<long>(first), xs.end()}, {ys.begin() + static_cast<long>(first), ys.end()});
     const auto fit = reg.fit();
     REQUIRE(fit.valid);
     REQUIRE(fit.slope == doctest::Approx(ref.slope).epsilon(1e-6).scale(1e-6));
@@ -191,7 +200,7 @@ TEST_CASE("signals.smoothing.bias_corrected_ema") {
 TEST_CASE("signals.steps.gaps_allowed_backwards_rejected") {
   convergence_estimator est;
   CHECK(est.update_loss(10, 2.0));
-  CHECK(est.update_loss(25, 1.9));  // gap
+  CHECK(est.update_loss(25, 1.9));        // gap
   CHECK_FALSE(est.update_loss(25, 1.0));  // same step again
   CHECK_FALSE(est.update_loss(3, 1.0));   // backwards
   CHECK(est.rejected_steps() == 2);
@@ -386,10 +395,20 @@ TEST_CASE("signals.nonpositive_losses_kept_out_of_log_regression") {
 }
 
 TEST_CASE("signals.garbage.random_streams_never_crash_or_nan") {
-  const double specials[] = {std::nan(""), INFINITY, -INFINITY, 1e308, -1e308,
-                             std::numeric_limits<double>::max(), -std::numeric_limits<double>::max(),
-                             std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::min(),
-                             0.0, -0.0, -1.0, 1e-300, 1.0};
+  const double specials[] = {std::nan(""),
+                             INFINITY,
+                             -INFINITY,
+                             1e308,
+                             -1e308,
+                             std::numeric_limits<double>::max(),
+                             -std::numeric_limits<double>::max(),
+                             std::numeric_limits<double>::denorm_min(),
+                             std::numeric_limits<double>::min(),
+                             0.0,
+                             -0.0,
+                             -1.0,
+                             1e-300,
+                             1.0};
   const std::size_t nspecial = sizeof specials / sizeof specials[0];
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
     CAPTURE(seed);
@@ -606,7 +625,8 @@ TEST_CASE("signals.hot_path.no_allocation_per_update") {
   knee_curve curve;
   rng r(9);
   std::vector<double> losses(5000);
-  for (std::size_t i = 0; i < losses.size(); ++i) losses[i] = i % 97 == 0 ? std::nan("") : curve.noisy(static_cast<std::int64_t>(i), r);
+  for (std::size_t i = 0; i < losses.size(); ++i)
+    losses[i] = i % 97 == 0 ? std::nan("") : curve.noisy(static_cast<std::int64_t>(i), r);
   const std::uint64_t before = g_allocations.load();
   for (std::size_t i = 0; i < losses.size(); ++i) {
     est.update_loss(static_cast<std::int64_t>(i), losses[i]);

@@ -156,6 +156,81 @@ def test_reset_installs_a_controller() -> None:
     assert dra.default_controller().signals.accepted == 0
 
 
+def test_step_follows_reset_even_when_imported_by_name() -> None:
+    from dra import step as imported_step
+
+    first = dra.default_controller()
+    imported_step(1.0)
+    second = dra.reset(dra.Controller())
+    imported_step(2.0)
+    imported_step(3.0)
+    assert first.signals.accepted == 1
+    assert second.signals.accepted == 2
+    assert second.step_index == 1
+
+
+def test_step_dispatches_to_any_installed_controller() -> None:
+    """What dra.elastic does: install its own controller object; dra.step must call its step()."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[object, dict]] = []
+
+        def step(self, loss, **signals):
+            self.calls.append((loss, signals))
+            return "status"
+
+    rec = Recorder()
+    dra.reset(rec)  # type: ignore[arg-type]
+    assert dra.step(1.5) == "status"
+    assert dra.step(2.5, validation=0.1) == "status"
+    assert rec.calls == [(1.5, {}), (2.5, {"validation": 0.1})]
+
+
+def test_fast_and_python_paths_agree() -> None:
+    """A Controller subclass that overrides step() takes the Python path; results are identical."""
+
+    class Traced(dra.Controller):
+        calls = 0
+
+        def step(self, loss, **signals):
+            Traced.calls += 1
+            return super().step(loss, **signals)
+
+    losses = [power_law(t) for t in range(120)] + [float("nan")] + [power_law(t) for t in range(120, 200)]
+    with pytest.warns(RuntimeWarning):
+        for loss in losses:
+            dra.step(loss)
+    fast = dra.default_controller().signals.to_dict()
+    fast_decision = dra.default_controller().engine.status.last_decision.to_dict()
+    dra.reset(Traced())
+    with pytest.warns(RuntimeWarning):
+        for loss in losses:
+            dra.step(loss)
+    assert Traced.calls == len(losses)
+    assert dra.default_controller().signals.to_dict() == fast
+    assert dra.default_controller().engine.status.last_decision.to_dict() == fast_decision
+
+
+def test_nonfinite_warning_points_at_the_caller() -> None:
+    with pytest.warns(RuntimeWarning) as fast:
+        dra.step(float("nan"))  # C fast path
+    dra.step(1.0)
+    with pytest.warns(RuntimeWarning) as slow:
+        dra.step(torch.tensor(float("nan")))  # Python path
+    assert fast[0].filename == __file__
+    assert slow[0].filename == __file__
+
+
+def test_warnings_as_errors_propagate_from_the_fast_path() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning):
+            dra.step(float("inf"))
+    # The step was still counted before the warning was raised.
+    assert dra.default_controller().signals.nonfinite_count == 1
+
+
 # ---- configuration errors -------------------------------------------------------------------------
 
 
