@@ -68,6 +68,24 @@ def test_step_with_0d_tensor_matches_float() -> None:
     assert tensor_signals == float_signals
 
 
+def test_step_reads_a_tensor_once() -> None:
+    """One host read per call: the only device synchronisation dra.step may force."""
+    reads = []
+
+    class Counting(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.numpy):
+                reads.append(func.__name__)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    loss = torch.tensor(0.75).as_subclass(Counting)
+    dra.step(loss)
+    dra.step(loss, validation=loss, step_time_s=0.01)
+    assert reads == ["item"] * 3  # one per tensor passed: loss; then loss and validation
+    assert dra.default_controller().signals.loss == 0.75
+
+
 def test_step_accepts_ints_and_float_subclasses() -> None:
     import numpy as np
 
