@@ -17,6 +17,8 @@
 #                                [--skip-build] [--skip-tests] [--skip-bench]
 #        benchmarks/gpu/check.sh --prepare-deps   # copy Eigen/pybind11/nccl.h headers into
 #                                                 # build/gpu-deps, for a machine that lacks them
+# Environment: PYTHON (interpreter with torch), OUT (output folder), DRA_GPU_CHECK_BUILD
+# (auto|pip|gxx), DRA_GPU_CHECK_BUILD_CAP_S (build time cap, default 300), DRA_NCCL_LIBRARY.
 # Exit status: 0 all passed on a GPU; 1 a step failed; 2 bad usage; 3 no GPU (CPU steps passed).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -130,11 +130,13 @@ def bandwidth(nproc: int, byte_sizes: list[int], budget_s: float) -> tuple[list[
     procs = [ctx.Process(target=_bandwidth_worker, args=(r, nproc, port, byte_sizes, budget_s, queue)) for r in range(nproc)]
     for p in procs:
         p.start()
-    got = queue.get(timeout=budget_s + 180)
-    for p in procs:
-        p.join(timeout=60)
-        if p.is_alive():
-            p.kill()
+    try:
+        got = queue.get(timeout=budget_s + 180)
+    finally:  # never leave a worker holding a GPU
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
     if "error" in got:
         raise RuntimeError(got["error"])
     factor = 2.0 * (nproc - 1) / nproc if nproc > 1 else 1.0  # bus bandwidth (nccl-tests); algbw for one rank

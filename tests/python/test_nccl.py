@@ -255,9 +255,13 @@ def test_two_processes_shrink_and_grow():
     procs = [ctx.Process(target=_two_rank_worker, args=(uid, port, queue)) for uid in (0, 1)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=200) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    try:
+        results = dict(queue.get(timeout=200) for _ in procs)
+    finally:  # a hung worker must not outlive the test holding a GPU
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
     for uid in (0, 1):
         assert "error" not in results[uid], results[uid]
         assert results[uid]["init"] == "fresh_init"
