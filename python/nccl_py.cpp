@@ -8,12 +8,12 @@
 #include "bindings.hpp"
 
 #ifdef DRA_WITH_NCCL
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <mutex>
 #include <optional>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dra/comm/nccl.hpp"
 #include "dra/error.hpp"

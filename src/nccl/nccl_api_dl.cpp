@@ -53,15 +53,24 @@ using last_error_fn = const char* (*)(ncclComm_t);
 
 ncclDataType_t to_nccl(nccl_dtype t) {
   switch (t) {
-    case nccl_dtype::int8: return ncclInt8;
-    case nccl_dtype::uint8: return ncclUint8;
-    case nccl_dtype::int32: return ncclInt32;
-    case nccl_dtype::uint32: return ncclUint32;
-    case nccl_dtype::int64: return ncclInt64;
-    case nccl_dtype::uint64: return ncclUint64;
-    case nccl_dtype::float16: return ncclFloat16;
-    case nccl_dtype::float32: return ncclFloat32;
-    case nccl_dtype::float64: return ncclFloat64;
+    case nccl_dtype::int8:
+      return ncclInt8;
+    case nccl_dtype::uint8:
+      return ncclUint8;
+    case nccl_dtype::int32:
+      return ncclInt32;
+    case nccl_dtype::uint32:
+      return ncclUint32;
+    case nccl_dtype::int64:
+      return ncclInt64;
+    case nccl_dtype::uint64:
+      return ncclUint64;
+    case nccl_dtype::float16:
+      return ncclFloat16;
+    case nccl_dtype::float32:
+      return ncclFloat32;
+    case nccl_dtype::float64:
+      return ncclFloat64;
     case nccl_dtype::bfloat16:
 #if NCCL_VERSION_CODE >= 21000
       return ncclBfloat16;
@@ -78,7 +87,9 @@ ncclConfig_t to_nccl(const nccl_config& c) {
   return config;
 }
 
-nccl_result from_nccl(ncclResult_t r) { return static_cast<nccl_result>(static_cast<int>(r)); }
+nccl_result from_nccl(ncclResult_t r) {
+  return static_cast<nccl_result>(static_cast<int>(r));
+}
 
 class dl_nccl_api final : public nccl_api {
  public:
@@ -100,15 +111,24 @@ class dl_nccl_api final : public nccl_api {
     error_string_ = reinterpret_cast<error_string_fn>(sym("ncclGetErrorString"));
     last_error_ = reinterpret_cast<last_error_fn>(sym("ncclGetLastError"));
     const char* missing = nullptr;
-    if (!get_version_) missing = "ncclGetVersion";
-    else if (!get_unique_id_) missing = "ncclGetUniqueId";
-    else if (!init_rank_config_) missing = "ncclCommInitRankConfig";
-    else if (!get_async_error_) missing = "ncclCommGetAsyncError";
-    else if (!finalize_) missing = "ncclCommFinalize";
-    else if (!destroy_) missing = "ncclCommDestroy";
-    else if (!abort_) missing = "ncclCommAbort";
-    else if (!all_reduce_) missing = "ncclAllReduce";
-    else if (!broadcast_) missing = "ncclBroadcast";
+    if (!get_version_)
+      missing = "ncclGetVersion";
+    else if (!get_unique_id_)
+      missing = "ncclGetUniqueId";
+    else if (!init_rank_config_)
+      missing = "ncclCommInitRankConfig";
+    else if (!get_async_error_)
+      missing = "ncclCommGetAsyncError";
+    else if (!finalize_)
+      missing = "ncclCommFinalize";
+    else if (!destroy_)
+      missing = "ncclCommDestroy";
+    else if (!abort_)
+      missing = "ncclCommAbort";
+    else if (!all_reduce_)
+      missing = "ncclAllReduce";
+    else if (!broadcast_)
+      missing = "ncclBroadcast";
     if (missing) throw comm_error(std::string("NCCL library lacks ") + missing + " (dra needs NCCL >= 2.14)");
     int v = 0;
     if (get_version_(&v) != ncclSuccess) throw comm_error("ncclGetVersion failed");
@@ -157,8 +177,8 @@ class dl_nccl_api final : public nccl_api {
     std::vector<int> excluded = exclude_ranks;  // NCCL takes a non-const pointer
     ncclConfig_t c = to_nccl(config);
     ncclComm_t out = nullptr;
-    const auto r = shrink_(static_cast<ncclComm_t>(comm), excluded.data(), static_cast<int>(excluded.size()), &out,
-                           &c, abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    const auto r = shrink_(static_cast<ncclComm_t>(comm), excluded.data(), static_cast<int>(excluded.size()), &out, &c,
+                           abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
     *new_comm = out;
     return from_nccl(r);
   }
@@ -185,8 +205,8 @@ class dl_nccl_api final : public nccl_api {
     return from_nccl(all_reduce_(send, recv, count, to_nccl(dtype), ncclSum, static_cast<ncclComm_t>(comm),
                                  static_cast<cudaStream_t>(stream)));
   }
-  nccl_result broadcast(const void* send, void* recv, std::size_t count, nccl_dtype dtype, int root,
-                        nccl_handle comm, void* stream) override {
+  nccl_result broadcast(const void* send, void* recv, std::size_t count, nccl_dtype dtype, int root, nccl_handle comm,
+                        void* stream) override {
     return from_nccl(broadcast_(send, recv, count, to_nccl(dtype), root, static_cast<ncclComm_t>(comm),
                                 static_cast<cudaStream_t>(stream)));
   }

@@ -33,7 +33,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -41,6 +40,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "dra/comm/nccl.hpp"
 #include "dra/error.hpp"
@@ -187,15 +187,24 @@ class device_scope {
 
 nccl_dtype dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return nccl_dtype::float32;
-    case at::kDouble: return nccl_dtype::float64;
-    case at::kHalf: return nccl_dtype::float16;
-    case at::kBFloat16: return nccl_dtype::bfloat16;
-    case at::kInt: return nccl_dtype::int32;
-    case at::kLong: return nccl_dtype::int64;
-    case at::kChar: return nccl_dtype::int8;
-    case at::kByte: return nccl_dtype::uint8;
-    default: break;
+    case at::kFloat:
+      return nccl_dtype::float32;
+    case at::kDouble:
+      return nccl_dtype::float64;
+    case at::kHalf:
+      return nccl_dtype::float16;
+    case at::kBFloat16:
+      return nccl_dtype::bfloat16;
+    case at::kInt:
+      return nccl_dtype::int32;
+    case at::kLong:
+      return nccl_dtype::int64;
+    case at::kChar:
+      return nccl_dtype::int8;
+    case at::kByte:
+      return nccl_dtype::uint8;
+    default:
+      break;
   }
   throw std::invalid_argument(std::string("tensor dtype: ") + c10::toString(t.scalar_type()) +
                               " is not supported by the NCCL backend; use a float, half, bfloat16 or integer tensor");
@@ -227,7 +236,9 @@ nccl_communicator::~nccl_communicator() {
   release_handle(*api_, release(), revoked_, timeout_, poll_interval_);
 }
 
-nccl_handle nccl_communicator::release() noexcept { return std::exchange(handle_, nullptr); }
+nccl_handle nccl_communicator::release() noexcept {
+  return std::exchange(handle_, nullptr);
+}
 
 void nccl_communicator::abort() noexcept {
   if (auto h = release()) {
@@ -266,7 +277,8 @@ namespace {
 void check_usable(const nccl_communicator& c, const at::Tensor& t, const char* what) {
   if (!c.handle() || c.revoked())
     throw comm_error(std::string(what) + ": the NCCL communicator was aborted or revoked; rebuild it first");
-  if (!t.is_cuda()) throw std::invalid_argument(std::string(what) + " tensor: NCCL needs a CUDA tensor; move it with .cuda()");
+  if (!t.is_cuda())
+    throw std::invalid_argument(std::string(what) + " tensor: NCCL needs a CUDA tensor; move it with .cuda()");
   if (!t.is_contiguous())
     throw std::invalid_argument(std::string(what) + " tensor: must be contiguous; call .contiguous() first");
   if (c.device() >= 0 && t.get_device() != c.device())
@@ -293,14 +305,15 @@ void nccl_communicator::broadcast(at::Tensor& tensor, int root) {
   const auto dtype = dtype_of(tensor);
   device_scope scope(tensor.get_device());
   void* data = tensor.data_ptr();
-  check_enqueued(
-      api_->broadcast(data, data, static_cast<std::size_t>(tensor.numel()), dtype, root, handle_, current_stream(tensor)),
-      "ncclBroadcast");
+  check_enqueued(api_->broadcast(data, data, static_cast<std::size_t>(tensor.numel()), dtype, root, handle_,
+                                 current_stream(tensor)),
+                 "ncclBroadcast");
 }
 
 void nccl_communicator::barrier() {
   const int device = device_ >= 0 ? device_ : 0;
-  auto token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device))));
+  auto token = at::zeros(
+      {1}, at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device))));
   all_reduce_sum(token);
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   const auto stream = impl->getStream(token.device());
@@ -333,8 +346,9 @@ nccl_backend::nccl_backend(std::shared_ptr<nccl_api> api, nccl_backend_options o
   if (options_.device >= 0) {
     // Fail here, before any NCCL call, rather than in the middle of a rebuild.
     if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA))
-      throw comm_error("nccl_backend: this process's PyTorch has no CUDA support; the NCCL backend needs a CUDA build "
-                       "of torch and a GPU (use Gloo on CPUs)");
+      throw comm_error(
+          "nccl_backend: this process's PyTorch has no CUDA support; the NCCL backend needs a CUDA build "
+          "of torch and a GPU (use Gloo on CPUs)");
     const auto count = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount();
     if (options_.device >= count)
       throw comm_error("nccl_backend: device cuda:" + std::to_string(options_.device) + " does not exist (" +
@@ -379,8 +393,8 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
     }
   }
   const auto features = api_->features();
-  nccl_plan plan =
-      plan_rebuild(request.old_members, request.new_members, request.self, request.abortive, parent != nullptr, features);
+  nccl_plan plan = plan_rebuild(request.old_members, request.new_members, request.self, request.abortive,
+                                parent != nullptr, features);
   if (plan.path == nccl_path::keep && parent->revoked()) {
     // Revoked after a fault: still shrinkable, but no longer fit to keep.
     plan = plan_rebuild(request.old_members, request.new_members, request.self, request.abortive, false, features);
@@ -421,7 +435,8 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
   try {
     // ---- case 2: leaver ----
     if (plan.path == nccl_path::leave) {
-      if (parent) release_handle(*api_, parent->release(), plan.release_parent_with_abort || parent->revoked(), timeout, poll);
+      if (parent)
+        release_handle(*api_, parent->release(), plan.release_parent_with_abort || parent->revoked(), timeout, poll);
       return done(nccl_path::leave, nullptr);
     }
 
@@ -462,7 +477,8 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
           } else if (plan.grow_root) {
             nccl_unique_id id;
             r = api_->comm_get_grow_id(parent->handle(), &id);
-            if (r != nccl_result::success) throw comm_error("ncclCommGetUniqueId failed: " + describe(*api_, parent->handle(), r));
+            if (r != nccl_result::success)
+              throw comm_error("ncclCommGetUniqueId failed: " + describe(*api_, parent->handle(), r));
             store->set(key, to_bytes(id));
             r = api_->comm_grow(parent->handle(), plan.new_size, &id, -1, &building, config);
           } else {
@@ -484,7 +500,8 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
         failure = e.what();
       }
       // Case 9: everyone learns whether every member's fast path succeeded.
-      const bool all_ok = unanimous(*store, base + "/vote_done", plan.new_size, ok, clock_type::now() + timeout, timeout);
+      const bool all_ok =
+          unanimous(*store, base + "/vote_done", plan.new_size, ok, clock_type::now() + timeout, timeout);
       if (all_ok) {
         if (parent) {  // a joiner has none
           release_handle(*api_, parent->release(), plan.release_parent_with_abort || parent->revoked(), timeout, poll);

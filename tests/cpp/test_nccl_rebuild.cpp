@@ -157,9 +157,9 @@ class recording_nccl final : public nccl_api {
   explicit recording_nccl(int version, char tag) : tag_(tag) { features_ = features_at(version); }
 
   std::vector<std::string> calls;
-  int polls_until_ready = 2;   ///< in_progress answers before a new communicator is ready
-  bool never_ready = false;    ///< init/shrink/grow never complete (a peer that never comes)
-  bool fail_shrink = false;    ///< ncclCommShrink returns an error
+  int polls_until_ready = 2;  ///< in_progress answers before a new communicator is ready
+  bool never_ready = false;   ///< init/shrink/grow never complete (a peer that never comes)
+  bool fail_shrink = false;   ///< ncclCommShrink returns an error
   int polls = 0;
 
   nccl_features features() const override { return features_; }
@@ -313,7 +313,8 @@ struct world_sim {
 using strings = std::vector<std::string>;
 
 bool logged(const rank_ctx& r, const std::string& text) {
-  return std::any_of(r.log.begin(), r.log.end(), [&](const std::string& l) { return l.find(text) != std::string::npos; });
+  return std::any_of(r.log.begin(), r.log.end(),
+                     [&](const std::string& l) { return l.find(text) != std::string::npos; });
 }
 constexpr int v2_26 = nccl_version_code(2, 26, 2);
 constexpr int v2_27 = nccl_version_code(2, 27, 3);
@@ -419,7 +420,8 @@ TEST_CASE("nccl.rebuild.grow_unavailable_reinits") {
   start_world(w, {10, 11}, v2_28);
   w.add(12, v2_28);
   w.rebuild({10, 11, 12}, 2, {10, 11}, {10, 11, 12});
-  CHECK((w.calls(10) == strings{"finalize(c1)", "destroy(c1)", "get_unique_id", "init(n=3,rank=0,id=I0,blocking=0)->c2"}));
+  CHECK((w.calls(10) ==
+         strings{"finalize(c1)", "destroy(c1)", "get_unique_id", "init(n=3,rank=0,id=I0,blocking=0)->c2"}));
   CHECK((w.calls(11) == strings{"finalize(c1)", "destroy(c1)", "init(n=3,rank=1,id=I0,blocking=0)->c2"}));
   CHECK((w.calls(12) == strings{"init(n=3,rank=2,id=I0,blocking=0)->c1"}));
   CHECK(logged(w.ranks.at(12), "2.28.9 < 2.29"));
@@ -435,7 +437,8 @@ TEST_CASE("nccl.rebuild.shrink_unavailable_reinits_with_the_runtime_version") {
   world_sim w;
   start_world(w, {10, 11, 12}, v2_26);
   w.rebuild({10, 11, 12}, 2, {10, 11, 12}, {10, 12});
-  CHECK((w.calls(10) == strings{"finalize(c1)", "destroy(c1)", "get_unique_id", "init(n=2,rank=0,id=I0,blocking=0)->c2"}));
+  CHECK((w.calls(10) ==
+         strings{"finalize(c1)", "destroy(c1)", "get_unique_id", "init(n=2,rank=0,id=I0,blocking=0)->c2"}));
   CHECK((w.calls(12) == strings{"finalize(c1)", "destroy(c1)", "init(n=2,rank=1,id=I0,blocking=0)->c2"}));
   CHECK((w.calls(11) == strings{"finalize(c1)", "destroy(c1)"}));
   CHECK_FALSE(w.ranks.at(10).api->called("shrink"));
@@ -492,7 +495,8 @@ TEST_CASE("nccl.rebuild.disagreement_falls_back") {
   w.ranks.at(12).comm->abort();  // 12 lost its communicator (a fault it handled alone)
   w.clear_calls();
   w.rebuild({10, 11, 12}, 2, {10, 11, 12}, {10, 12});
-  CHECK((w.calls(10) == strings{"finalize(c1)", "destroy(c1)", "get_unique_id", "init(n=2,rank=0,id=I0,blocking=0)->c2"}));
+  CHECK((w.calls(10) ==
+         strings{"finalize(c1)", "destroy(c1)", "get_unique_id", "init(n=2,rank=0,id=I0,blocking=0)->c2"}));
   CHECK((w.calls(12) == strings{"init(n=2,rank=1,id=I0,blocking=0)->c2"}));
   CHECK(w.ranks.at(10).backend->last_plan().path == nccl_path::shrink);
   CHECK(w.ranks.at(10).backend->last_path() == nccl_path::fresh_init);

@@ -78,8 +78,8 @@ class nccl_api {
   virtual nccl_result comm_get_grow_id(nccl_handle comm, nccl_unique_id* id) = 0;
   /// ncclCommGrow (>= 2.29). Existing ranks: comm set, rank -1, id only on the root.
   /// Joiners: comm null, id set, rank = assigned new rank.
-  virtual nccl_result comm_grow(nccl_handle comm, int nranks, const nccl_unique_id* id, int rank,
-                                nccl_handle* new_comm, const nccl_config& config) = 0;
+  virtual nccl_result comm_grow(nccl_handle comm, int nranks, const nccl_unique_id* id, int rank, nccl_handle* new_comm,
+                                const nccl_config& config) = 0;
   virtual nccl_result all_reduce_sum(const void* send, void* recv, std::size_t count, nccl_dtype dtype,
                                      nccl_handle comm, void* stream) = 0;
   virtual nccl_result broadcast(const void* send, void* recv, std::size_t count, nccl_dtype dtype, int root,
@@ -92,7 +92,6 @@ class nccl_api {
 /// path (the copy torch already loaded, if any), else the library found at build time. Throws
 /// dra::comm_error saying what was tried when none loads. Loaded once per process.
 std::shared_ptr<nccl_api> load_nccl_api();
-
 
 /// One line of the decision log: a JSON object, no trailing newline.
 using nccl_log_sink = std::function<void(const std::string& json_line)>;

@@ -13,7 +13,9 @@ namespace dra::comm {
 
 /// NCCL's version code for 2.9 and later: major*10000 + minor*100 + patch (what ncclGetVersion
 /// reports and NCCL_VERSION_CODE holds).
-constexpr int nccl_version_code(int major, int minor, int patch) { return major * 10000 + minor * 100 + patch; }
+constexpr int nccl_version_code(int major, int minor, int patch) {
+  return major * 10000 + minor * 100 + patch;
+}
 
 /// "2.27.3" from 22703; "unknown" for codes that cannot be a 2.x version.
 inline std::string nccl_version_string(int code) {
@@ -52,11 +54,16 @@ enum class nccl_path {
 
 inline const char* to_string(nccl_path p) {
   switch (p) {
-    case nccl_path::leave: return "leave";
-    case nccl_path::keep: return "keep";
-    case nccl_path::fresh_init: return "fresh_init";
-    case nccl_path::shrink: return "shrink";
-    case nccl_path::grow: return "grow";
+    case nccl_path::leave:
+      return "leave";
+    case nccl_path::keep:
+      return "keep";
+    case nccl_path::fresh_init:
+      return "fresh_init";
+    case nccl_path::shrink:
+      return "shrink";
+    case nccl_path::grow:
+      return "grow";
   }
   return "?";
 }
@@ -64,15 +71,15 @@ inline const char* to_string(nccl_path p) {
 /// One rank's plan for one rebuild.
 struct nccl_plan {
   nccl_path path = nccl_path::fresh_init;
-  bool abortive = false;            ///< in-flight work must be aborted (NCCL_SHRINK_ABORT; parent released by abort)
-  int old_rank = -1;                ///< self's rank in the old world, -1 when not a member
-  int new_rank = -1;                ///< self's rank in the new world, -1 for a leaver
+  bool abortive = false;  ///< in-flight work must be aborted (NCCL_SHRINK_ABORT; parent released by abort)
+  int old_rank = -1;      ///< self's rank in the old world, -1 when not a member
+  int new_rank = -1;      ///< self's rank in the new world, -1 for a leaver
   int new_size = 0;
-  std::vector<int> exclude_ranks;   ///< shrink: old ranks that are not in the new world, ascending
-  bool grow_root = false;           ///< grow: old rank 0, which creates and publishes the single-use grow id
-  bool joiner = false;              ///< grow: self was not in the old world (joins without a parent)
+  std::vector<int> exclude_ranks;          ///< shrink: old ranks that are not in the new world, ascending
+  bool grow_root = false;                  ///< grow: old rank 0, which creates and publishes the single-use grow id
+  bool joiner = false;                     ///< grow: self was not in the old world (joins without a parent)
   bool release_parent_with_abort = false;  ///< teardown of the old communicator: abort (else finalize+destroy)
-  std::string reason;               ///< why this path, for the decision log
+  std::string reason;                      ///< why this path, for the decision log
 };
 
 /// Position of `id` in `members` (its rank), or -1.
@@ -168,7 +175,8 @@ inline nccl_plan plan_rebuild(const std::vector<int>& old_members, const std::ve
     }
     plan.path = nccl_path::shrink;
     plan.exclude_ranks = std::move(*excluded);
-    plan.reason = std::string(abortive ? "abortive shrink (NCCL_SHRINK_ABORT)" : "shrink") + ", " + version + " >= 2.27";
+    plan.reason =
+        std::string(abortive ? "abortive shrink (NCCL_SHRINK_ABORT)" : "shrink") + ", " + version + " >= 2.27";
     return plan;
   }
   if (is_prefix_grow(old_members, new_members)) {
