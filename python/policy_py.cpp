@@ -57,7 +57,7 @@ PyObject* fast_step(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
 
 PyMethodDef fast_step_def = {
     "step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_step)), METH_FASTCALL | METH_KEYWORDS,
-    "step(loss, **signals) -> StepStatus\n\n"
+    "step(loss, **signals)\n--\n\n"
     "One training step: feeds the loss (a float or a 0-d tensor, read once) and optional signals to the\n"
     "process-wide controller and returns its status object. A NaN/inf loss is counted and warned about\n"
     "once per streak (RuntimeWarning), never raised. Unknown keywords raise ValueError."};

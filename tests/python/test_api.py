@@ -427,6 +427,15 @@ def test_efficiency_helpers() -> None:
 # ---- package --------------------------------------------------------------------------------------
 
 
+def test_step_signature_and_doc() -> None:
+    import inspect
+
+    params = inspect.signature(dra.step).parameters
+    assert list(params) == ["loss", "signals"]
+    assert params["signals"].kind is inspect.Parameter.VAR_KEYWORD
+    assert "0-d tensor" in (dra.step.__doc__ or "")
+
+
 def test_build_info_keys() -> None:
     info = dra.build_info()
     assert set(info) >= {"version", "torch_version", "torch_version_compiled", "compiler", "backends"}
