@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             if "gloo_shrink_api_s" in pg:
                 results.append(result(f"gloo_shrink_api_4to2_{tag}", pg["gloo_shrink_api_s"], "s",
                                       ("dra_rebuild", shrink["cost_s"]["rebuild"])))
+            else:
+                results.append(result(f"gloo_shrink_api_4to2_{tag}", float("nan"), "s",
+                                      note=f"shrink_group on Gloo failed: {pg.get('gloo_shrink_api_error')}"))
             receivers = len(grow["joined"])
             aggregate = grow["state_bytes"] * receivers / grow["cost_s"]["state_transfer"] / 1e9
             results.append(result(f"state_transfer_{tag}", aggregate, "GB/s", ("loopback_ceiling", ceiling),
