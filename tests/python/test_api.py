@@ -452,3 +452,38 @@ def test_public_names_have_docstrings() -> None:
         obj = getattr(dra, name)
         assert obj.__doc__, name
     assert "B_simple" in (dra.ConvergenceSignals.gns.__doc__ or "")
+
+
+def test_type_stubs_cover_the_compiled_module() -> None:
+    """python/dra/_core.pyi must name every public function, class and member of dra._core."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    stub_path = Path(dra.__file__).with_name("_core.pyi")
+    tree = ast.parse(stub_path.read_text())
+    stub: dict[str, set[str] | None] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stub[node.name] = {
+                item.name if isinstance(item, ast.FunctionDef) else ast.unparse(item.target)
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AnnAssign))
+            }
+        elif isinstance(node, ast.FunctionDef):
+            stub[node.name] = None
+        elif isinstance(node, ast.AnnAssign):
+            stub[ast.unparse(node.target)] = None
+    missing = []
+    for name in dir(_core):
+        if name.startswith("__"):
+            continue
+        if name not in stub:
+            missing.append(name)
+            continue
+        obj = getattr(_core, name)
+        members = stub[name]
+        if inspect.isclass(obj) and members is not None:
+            missing += [f"{name}.{m}" for m in vars(obj) if not m.startswith("_") and m not in members]
+    missing += [f"elastic.{m}" for m in dir(_core.elastic) if not m.startswith("_") and m not in (stub["_ElasticModule"] or ())]
+    assert not missing, f"add to python/dra/_core.pyi: {missing}"
