@@ -546,4 +546,17 @@ TEST_CASE("nccl.runtime.load_reports_version_or_why_not") {
     CHECK(nccl_load_error().find("cannot load NCCL") != std::string::npos);
   }
 }
+
+TEST_CASE("nccl.runtime.real_library_resolves_the_fast_paths_of_its_version") {
+  // The real dlopen'd table: each fast path is on exactly when the loaded library's version has
+  // it (the entry points resolve), whatever header dra was compiled against. No GPU needed.
+  if (nccl_runtime_version() == 0) return;  // no libnccl here: nothing to check
+  const auto api = load_nccl_api();
+  const auto f = api->features();
+  CHECK(f.runtime_version == nccl_runtime_version());
+  CHECK(f.shrink_symbol == (f.runtime_version >= nccl_shrink_min));
+  CHECK(f.grow_symbols == (f.runtime_version >= nccl_grow_min));
+  CHECK(f.revoke_symbol == (f.runtime_version >= nccl_revoke_min));
+  CHECK(api->error_string(nccl_result::invalid_argument).size() > 0);
+}
 #endif
