@@ -49,6 +49,9 @@ def write(rec):
 
 
 def maybe_fault(point, ctl):
+    ks = cfg.get("kill_store") or {}
+    if ks and ks["uid"] == ctl.uid and ks["step"] == ctl.step_index and ks["point"] == point:
+        os.kill(cfg["store_pid"], signal.SIGKILL)
     specs = [(kill, "kill"), (hang, "hang")] + [(k, "kill") for k in cfg.get("kills") or []]
     for spec, act in specs:
         if spec and spec.get("uid") == ctl.uid and spec.get("point") == point and spec.get("step", ctl.step_index) == ctl.step_index:

@@ -138,3 +138,19 @@ def test_hung_peer_is_treated_as_dead(tmp_path):
     assert len(faults) == 1 and faults[0]["left"] == [2]
     assert "all_reduce" in faults[0]["reason"]
     check_exactly_once(job, N, 1)
+
+
+def test_store_host_going_away_is_a_clear_error_not_a_hang(tmp_path):
+    job = Job(tmp_path, 3, start_size=2, epochs=1, dataset_size=N, kill_store={"uid": 0, "step": 4, "point": "after_step"})
+    job.cfg["store_pid"] = job.store.pid
+    job.start_all()
+    codes = job.wait(240)  # bounded: every store operation has a timeout
+    assert job.store.returncode == -9
+    # Steps without a resize never touch the store, so the world trains to the end (the
+    # leader's end-of-job notice is a fire-and-forget set); the standby process, which polls the
+    # store for its admission, fails with an error naming the store instead of waiting forever.
+    assert codes["r0"] == 0 and codes["r1"] == 0 and codes["r2"] != 0, codes
+    text = job.output("r2")
+    assert f"the store at 127.0.0.1:{job.port} failed" in text, text[-2000:]
+    finals = {r["uid"]: r for r in job.records("final")}
+    assert finals[0]["step"] == finals[1]["step"] == N // 16 and finals[0]["digest"] == finals[1]["digest"]
