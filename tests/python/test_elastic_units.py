@@ -153,3 +153,37 @@ def test_inconsistent_configs_are_refused_at_start(tmp_path):
     assert codes == {"r0": 1, "r1": 1}
     text = job.output("r0") + job.output("r1")
     assert "inconsistent configuration" in text and "global_batch" in text
+
+
+def test_adascale_mode_applies_batch_and_lr_scale_and_keeps_exactly_once(monkeypatch):
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    sampler = de.ElasticSampler(300, 4, seed=0)
+    ctl = de.init(net, opt, sampler, policy="goodput", batch_mode="adascale", decide_every=5,
+                  goodput={"min_per_rank_batch": 4, "max_per_rank_batch": 64},
+                  estimator={"window": 8, "warmup_steps": 4})
+    try:
+        x, y = torch.randn(300, 3), torch.randn(300, 1)
+        seen, batches = [], set()
+        for _ in ctl.epochs(1):
+            for idx in sampler:
+                idx_t = torch.as_tensor(idx)
+                seen += idx.tolist()
+                batches.add(len(idx))
+                loss = torch.nn.functional.mse_loss(ctl.model(x[idx_t]), y[idx_t])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                dra.step(loss)
+        assert sorted(seen) == list(range(300))  # exactly once although the batch changed
+        rebatches = [e for e in ctl.events.events if e["event"] == "resize"]
+        assert rebatches, "goodput with adapt_batch picks a bigger batch for a cheap model"
+        assert len(batches) > 1 and sampler.global_batch > 4 and rebatches[0]["global_batch"] == sampler.global_batch
+        # No gradient statistics were fed, so there is no noise-scale estimate and the AdaScale
+        # gain is exactly 1: the learning rate stays.
+        assert not ctl.signals.gns_valid and opt.param_groups[0]["lr"] == 0.1
+    finally:
+        dra.reset()

@@ -307,6 +307,8 @@ class ElasticController:
         self.step_index += 1
         if self._last_loss == self._last_loss:  # the world's mean loss of the previous step
             self.engine.step(committed, self._last_loss)
+        if signals:  # gradient statistics, validation metric, timings: as dra.Controller takes them
+            _controller.Controller._extra(self, signals)  # type: ignore[arg-type]
         st.committed = True
         st.step = committed
         st.epoch = self.epoch
