@@ -143,7 +143,7 @@ class Controller:
         if type(loss) is not float:
             loss = _as_float(loss)
         if signals:
-            self._check_signals(signals)
+            signals = self._check_signals(signals)
         # One C++ call that returns the non-finite streak (0 when the loss counted).
         if self._advance(loss) == 1:
             _warn_nonfinite(loss, self.engine.last_step, stacklevel=4)
@@ -155,29 +155,30 @@ class Controller:
         {"small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch", "validation", "step_time_s", "sync_time_s"}
     )
 
-    def _check_signals(self, signals: dict[str, Any]) -> None:
-        # Checked before the step is taken, so a bad call changes nothing.
+    def _check_signals(self, signals: dict[str, Any]) -> dict[str, float]:
+        # Checked and converted before the step is taken, so a bad call changes nothing.
         unknown = set(signals) - self._KNOWN_SIGNALS
         if unknown:
             raise ValueError(f"dra.step: unknown signal(s) {sorted(unknown)}; valid: {sorted(self._KNOWN_SIGNALS)}")
         grads = [signals.get(k) for k in ("small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch")]
         if any(g is not None for g in grads) and any(g is None for g in grads):
             raise ValueError("dra.step: gradient statistics need all of small_sqr_norm, small_batch, big_sqr_norm, big_batch")
+        return {k: _as_float(v) for k, v in signals.items() if v is not None}
 
-    def _extra(self, signals: dict[str, Any]) -> None:
-        grads = [signals.get(k) for k in ("small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch")]
-        if grads[0] is not None:
-            small, small_batch, big, big_batch = (_as_float(g) for g in grads)
-            self.engine.estimator.update_gradients(small, small_batch, big, big_batch)
-        if signals.get("validation") is not None:
-            self.engine.estimator.update_validation(_as_float(signals["validation"]))
-        if signals.get("step_time_s") is not None:
+    def _extra(self, signals: dict[str, float]) -> None:
+        if "small_sqr_norm" in signals:
+            self.engine.estimator.update_gradients(
+                signals["small_sqr_norm"], signals["small_batch"], signals["big_sqr_norm"], signals["big_batch"]
+            )
+        if "validation" in signals:
+            self.engine.estimator.update_validation(signals["validation"])
+        if "step_time_s" in signals:
             world = self.engine.world
             self.engine.throughput.observe(
                 world.size,
                 world.global_batch / max(world.size, 1),
-                _as_float(signals["step_time_s"]),
-                _as_float(signals.get("sync_time_s") or 0.0),
+                signals["step_time_s"],
+                signals.get("sync_time_s", 0.0),
             )
 
 

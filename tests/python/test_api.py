@@ -157,6 +157,11 @@ def test_step_errors() -> None:
         dra.step(1.0, learning_rate=0.1)
     with pytest.raises(ValueError, match="gradient statistics need all"):
         dra.step(1.0, small_sqr_norm=1.0)
+    with pytest.raises(ValueError, match="0-d tensor"):
+        dra.step(1.0, validation=torch.ones(3))
+    # A rejected call changes nothing: no step was taken.
+    assert dra.default_controller().step_index == -1
+    assert dra.default_controller().signals.accepted == 0
 
 
 def test_reset_installs_a_controller() -> None:
