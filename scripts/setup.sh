@@ -6,9 +6,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 say() { printf '[setup] %s\n' "$*"; }
 
-# 1. Header-only C++ dependencies from Debian: Eigen (dra::core) and doctest (C++ tests).
+# 1. C++ dependencies from Debian: Eigen (dra::core), doctest (C++ tests), and the Gloo headers
+#    that torch's ProcessGroupGloo.hpp includes (the torch wheel ships the library, not the headers).
 missing=()
-for pkg in libeigen3-dev doctest-dev; do
+for pkg in libeigen3-dev doctest-dev libgloo-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
