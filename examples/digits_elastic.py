@@ -25,21 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-
-
-def load_data(seed: int):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
-    return x_train, x_test, y_train, y_test
-
-
-def build_model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+from digits_data import build_model, load_data  # examples/ is on sys.path when run as a script
 
 
 def plain_worker(args: argparse.Namespace) -> int:

@@ -12,22 +12,9 @@ import argparse
 import sys
 
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from digits_data import build_model, load_data  # examples/ is on sys.path when run as a script
 
 import dra
-
-
-def load_data(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
-    return x_train, x_test, y_train, y_test
-
-
-def build_model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 
 
 def grad_sqr_norm(model: torch.nn.Module) -> float:
