@@ -1,5 +1,3 @@
-#include "dra/comm/gloo.hpp"
-
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -12,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "dra/comm/gloo.hpp"
+
 // ProcessGroupGloo.hpp is compiled out unless USE_C10D_GLOO is defined; the torch wheels are
 // built with Gloo, and its Gloo headers come from libgloo-dev (scripts/setup.sh). Defined here,
 // not in CMake, so that only this translation unit sees the Gloo headers.
@@ -19,6 +19,7 @@
 #define USE_C10D_GLOO 1
 #endif
 #include <ATen/Functions.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -89,14 +90,16 @@ class gloo_reaper {
 namespace {
 
 bool mentions_timeout(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return text.find("timed out") != std::string::npos || text.find("timeout") != std::string::npos;
 }
 
 [[noreturn]] void rethrow_as_dra_error(const std::exception& e, const std::string& what, std::uint64_t epoch) {
   const std::string text = e.what();
   // c10 errors carry a C++ backtrace after the first line: keep the message readable.
-  const std::string msg = what + " in world epoch " + std::to_string(epoch) + " failed: " + text.substr(0, text.find('\n'));
+  const std::string msg =
+      what + " in world epoch " + std::to_string(epoch) + " failed: " + text.substr(0, text.find('\n'));
   if (mentions_timeout(text)) throw dra::timeout_error(msg);
   throw dra::comm_error(msg);
 }
@@ -124,16 +127,18 @@ void validate(const rebuild_request& r, const communicator* current, const c10::
                                            " is in neither old_members nor new_members; pass this process's id");
   if (current != nullptr) {
     if (old_rank < 0)
-      dra::detail::throw_invalid("current", "a communicator was passed but self is not in old_members; a joiner passes null");
+      dra::detail::throw_invalid("current",
+                                 "a communicator was passed but self is not in old_members; a joiner passes null");
     if (current->rank() != old_rank || current->size() != static_cast<int>(r.old_members.size()))
-      dra::detail::throw_invalid("old_members", "rank/size of the current communicator (" + std::to_string(current->rank()) +
-                                                    "/" + std::to_string(current->size()) +
-                                                    ") do not match self's position in old_members");
+      dra::detail::throw_invalid("old_members",
+                                 "rank/size of the current communicator (" + std::to_string(current->rank()) + "/" +
+                                     std::to_string(current->size()) + ") do not match self's position in old_members");
     if (r.epoch <= current->epoch())
       dra::detail::throw_invalid("epoch", "must exceed the current epoch " + std::to_string(current->epoch()) +
                                               " (each world needs its own rendezvous keys)");
   } else if (old_rank >= 0) {
-    dra::detail::throw_invalid("current", "self is a member of old_members but no communicator was passed; pass the old one");
+    dra::detail::throw_invalid("current",
+                               "self is a member of old_members but no communicator was passed; pass the old one");
   }
 }
 
@@ -147,7 +152,8 @@ std::shared_ptr<::gloo::transport::Device> make_device(const gloo_backend_option
 
 void check_cpu_tensor(const at::Tensor& t) {
   if (!t.defined()) dra::detail::throw_invalid("tensor", "is undefined");
-  if (!t.device().is_cpu()) dra::detail::throw_invalid("tensor", "the Gloo backend takes CPU tensors; move it with .cpu()");
+  if (!t.device().is_cpu())
+    dra::detail::throw_invalid("tensor", "the Gloo backend takes CPU tensors; move it with .cpu()");
   if (t.is_sparse()) dra::detail::throw_invalid("tensor", "must be dense");
 }
 
@@ -155,13 +161,19 @@ void check_cpu_tensor(const at::Tensor& t) {
 
 gloo_communicator::gloo_communicator(c10::intrusive_ptr<c10d::Backend> group, int rank, int size, std::uint64_t epoch,
                                      std::chrono::milliseconds timeout, std::shared_ptr<detail::gloo_reaper> reaper)
-    : group_(std::move(group)), rank_(rank), size_(size), epoch_(epoch), timeout_(timeout), reaper_(std::move(reaper)) {}
+    : group_(std::move(group)),
+      rank_(rank),
+      size_(size),
+      epoch_(epoch),
+      timeout_(timeout),
+      reaper_(std::move(reaper)) {}
 
 gloo_communicator::~gloo_communicator() = default;
 
 template <class Start>
 void gloo_communicator::run(const char* what, Start&& start) {
-  if (!group_) throw dra::comm_error(std::string(what) + ": the communicator of epoch " + std::to_string(epoch_) + " was aborted");
+  if (!group_)
+    throw dra::comm_error(std::string(what) + ": the communicator of epoch " + std::to_string(epoch_) + " was aborted");
   try {
     auto work = start();
     // Gloo's own timeout also ends the collective on the worker thread; this bounds the wait.
@@ -221,7 +233,8 @@ gloo_backend::gloo_backend(gloo_backend_options options)
 
 gloo_backend::~gloo_backend() = default;
 
-std::unique_ptr<communicator> gloo_backend::rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
+std::unique_ptr<communicator> gloo_backend::rebuild(std::unique_ptr<communicator> current,
+                                                    const rebuild_request& request,
                                                     const c10::intrusive_ptr<c10d::Store>& store) {
   // Cases handled (every one ends with a fresh group or null; Gloo has no grow, and its shrink
   // needs the parent alive and cannot admit joiners, so a new group per epoch covers them all):
@@ -250,7 +263,8 @@ std::unique_ptr<communicator> gloo_backend::rebuild(std::unique_ptr<communicator
   if (rank < 0) return nullptr;
   const int size = static_cast<int>(request.new_members.size());
   try {
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(options_.key_prefix + "/" + std::to_string(request.epoch), store);
+    auto prefixed =
+        c10::make_intrusive<c10d::PrefixStore>(options_.key_prefix + "/" + std::to_string(request.epoch), store);
     auto options = c10d::ProcessGroupGloo::Options::create(request.timeout);
     options->devices.push_back(make_device(options_));
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);

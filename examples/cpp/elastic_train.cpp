@@ -15,9 +15,6 @@
 // (no fault recovery, no optimizer-state handoff: plain SGD has none).
 #include <torch/torch.h>
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
@@ -28,6 +25,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "dra/comm/gloo.hpp"
@@ -61,20 +60,28 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(a + ": needs a value");
       return argv[++i];
     };
-    if (a == "--steps") o.steps = std::stoll(value());
-    else if (a == "--start-size") o.start_size = std::stoi(value());
-    else if (a == "--decide-every") o.decide_every = std::stoll(value());
-    else if (a == "--global-batch") o.global_batch = std::stoll(value());
-    else if (a == "--status-every") o.status_every = std::stoll(value());
-    else if (a == "--lr") o.lr = std::stod(value());
-    else if (a == "--timeout-ms") o.timeout = std::chrono::milliseconds(std::stoll(value()));
+    if (a == "--steps")
+      o.steps = std::stoll(value());
+    else if (a == "--start-size")
+      o.start_size = std::stoi(value());
+    else if (a == "--decide-every")
+      o.decide_every = std::stoll(value());
+    else if (a == "--global-batch")
+      o.global_batch = std::stoll(value());
+    else if (a == "--status-every")
+      o.status_every = std::stoll(value());
+    else if (a == "--lr")
+      o.lr = std::stod(value());
+    else if (a == "--timeout-ms")
+      o.timeout = std::chrono::milliseconds(std::stoll(value()));
     else if (a == "--schedule") {
       // "20:3,40:2": at the decision after 20 steps go to 3 ranks, after 40 steps to 2.
       std::stringstream ss(value());
       std::string item;
       while (std::getline(ss, item, ',')) {
         const auto colon = item.find(':');
-        if (colon == std::string::npos) throw std::invalid_argument("--schedule: expected step:size, got '" + item + "'");
+        if (colon == std::string::npos)
+          throw std::invalid_argument("--schedule: expected step:size, got '" + item + "'");
         o.schedule[std::stoll(item.substr(0, colon))] = std::stoi(item.substr(colon + 1));
       }
     } else {
@@ -92,7 +99,8 @@ options parse(int argc, char** argv) {
 }
 
 struct mlp : torch::nn::Module {
-  mlp() : fc1(register_module("fc1", torch::nn::Linear(8, 32))), fc2(register_module("fc2", torch::nn::Linear(32, 1))) {}
+  mlp()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 32))), fc2(register_module("fc2", torch::nn::Linear(32, 1))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
   torch::nn::Linear fc1, fc2;
 };
@@ -237,8 +245,8 @@ int main(int argc, char** argv) try {
       }
       std::vector<torch::Tensor> grads;
       for (const auto& p : params) grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
-      torch::Tensor packet =
-          torch::cat({flatten(grads), loss_sum.detach().reshape({1}), torch::full({1}, static_cast<double>(share.size()))});
+      torch::Tensor packet = torch::cat(
+          {flatten(grads), loss_sum.detach().reshape({1}), torch::full({1}, static_cast<double>(share.size()))});
       const auto t1 = std::chrono::steady_clock::now();
       comm->all_reduce_sum(packet);
       const auto t2 = std::chrono::steady_clock::now();
@@ -297,8 +305,8 @@ int main(int argc, char** argv) try {
       }
       if (!d.done && engine.status().decided)
         std::printf("[dra-cpp] engine after step %" PRId64 ": %s to %d (%s)\n", step,
-                    dra::policy::to_string(engine.status().last_decision.kind), engine.status().last_decision.target_size,
-                    engine.status().last_decision.reason.c_str());
+                    dra::policy::to_string(engine.status().last_decision.kind),
+                    engine.status().last_decision.target_size, engine.status().last_decision.reason.c_str());
       d.epoch = next == members ? epoch : epoch + 1;
       d.members = next;
       const std::string value = encode(d);
@@ -336,10 +344,9 @@ int main(int argc, char** argv) try {
       }
       const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (comm && comm->rank() == 0)
-        std::printf("[dra-cpp] resize after step %" PRId64 ": world %zu -> %zu members %s epoch %" PRIu64
-                    " (%.3f s; %s)\n",
-                    step, old_members.size(), d.members.size(), to_string(d.members).c_str(), d.epoch, took,
-                    d.reason.c_str());
+        std::printf(
+            "[dra-cpp] resize after step %" PRId64 ": world %zu -> %zu members %s epoch %" PRIu64 " (%.3f s; %s)\n",
+            step, old_members.size(), d.members.size(), to_string(d.members).c_str(), d.epoch, took, d.reason.c_str());
       if (!comm) std::printf("[dra-cpp] uid %d released after step %" PRId64 ", standing by\n", uid, step);
       if (joiner) std::printf("[dra-cpp] uid %d joined after step %" PRId64 " as rank %d\n", uid, step, comm->rank());
       std::fflush(stdout);
@@ -351,8 +358,8 @@ int main(int argc, char** argv) try {
   }
 
   if (comm)
-    std::printf("[dra-cpp] final uid %d rank %d world %d steps %" PRId64 " resizes %" PRId64 " hash %016" PRIx64 "\n", uid,
-                comm->rank(), comm->size(), step, resizes, params_hash(model));
+    std::printf("[dra-cpp] final uid %d rank %d world %d steps %" PRId64 " resizes %" PRId64 " hash %016" PRIx64 "\n",
+                uid, comm->rank(), comm->size(), step, resizes, params_hash(model));
   else
     std::printf("[dra-cpp] final uid %d standby steps %" PRId64 " resizes %" PRId64 "\n", uid, step, resizes);
   std::fflush(stdout);

@@ -1,6 +1,8 @@
 // Gloo backend: real c10d TCPStore on loopback, real ProcessGroupGloo, one thread per rank.
 // doctest assertions are not thread-safe, so rank threads only record what they saw and the
 // test thread asserts afterwards.
+#include <ATen/Functions.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -12,10 +14,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <vector>
-
-#include <ATen/Functions.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <vector>
 
 #include "dra/comm/gloo.hpp"
 #include "dra/error.hpp"
