@@ -77,8 +77,8 @@ class gloo_communicator final : public communicator {
 class gloo_backend final : public backend {
  public:
   explicit gloo_backend(gloo_backend_options options = {});
-  /// Waits for groups discarded by abortive rebuilds to finish their teardown (each bounded by
-  /// its Gloo timeout).
+  /// Groups discarded by abortive rebuilds finish their teardown (each bounded by its Gloo
+  /// timeout) in background threads, joined once this backend and its communicators are gone.
   ~gloo_backend() override;
   std::string name() const override { return "gloo"; }
   std::unique_ptr<communicator> rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
