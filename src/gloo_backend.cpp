@@ -215,6 +215,11 @@ void gloo_communicator::barrier() {
   run("barrier", [&] { return group_->barrier(opts); });
 }
 
+void gloo_communicator::set_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) dra::detail::throw_invalid("timeout", "must be > 0 ms");
+  timeout_ = timeout;
+}
+
 void gloo_communicator::abort() noexcept {
   if (!group_) return;
   try {

@@ -242,9 +242,11 @@ TEST_CASE("comm.gloo.abortive_rebuild_after_a_member_vanished") {
   auto errors = run_threads(3, [&](int i) {
     gloo_backend backend(loopback());
     auto store = make_client(port);
-    auto comm = backend.rebuild(nullptr, request(1, {}, uids, uids[i], false, kShort), store);
+    // A generous rendezvous (the machine may be loaded), then a short bound on collectives.
+    auto comm = backend.rebuild(nullptr, request(1, {}, uids, uids[i]), store);
     at::Tensor t = at::ones({1});
     comm->all_reduce_sum(t);
+    dynamic_cast<gloo_communicator&>(*comm).set_timeout(kShort);
     if (i == 2) {
       // This member hangs: its group stays open (so peers see no closed connection, only
       // silence) and it never takes part in another collective.
@@ -328,6 +330,7 @@ TEST_CASE("comm.gloo.bad_requests") {
   auto solo3 = backend.rebuild(nullptr, request(8, {}, {0}, 0), store);
   at::Tensor b = at::ones({1});
   CHECK_THROWS_AS(solo3->broadcast(b, 1), std::invalid_argument);
+  CHECK_THROWS_AS(dynamic_cast<gloo_communicator&>(*solo3).set_timeout(0ms), std::invalid_argument);
   // An aborted communicator refuses collectives with comm_error instead of crashing.
   solo3->abort();
   CHECK_THROWS_AS(solo3->all_reduce_sum(b), dra::comm_error);

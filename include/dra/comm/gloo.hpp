@@ -59,6 +59,11 @@ class gloo_communicator final : public communicator {
   void abort() noexcept override;
   c10::intrusive_ptr<c10d::Backend> c10d_backend() const override { return group_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Bound of every later collective (default: the rebuild request's timeout, which also bounds
+  /// the rendezvous). Lets a job rendezvous generously and still detect a hung peer fast. After a
+  /// timeout_error the group may still be busy: rebuild abortively. Throws std::invalid_argument
+  /// for a timeout <= 0.
+  void set_timeout(std::chrono::milliseconds timeout);
 
  private:
   template <class Start>
