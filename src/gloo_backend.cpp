@@ -215,6 +215,38 @@ void gloo_communicator::barrier() {
   run("barrier", [&] { return group_->barrier(opts); });
 }
 
+void gloo_communicator::send(const at::Tensor& tensor, const std::vector<int>& dsts, int tag) {
+  check_cpu_tensor(tensor);
+  for (int d : dsts)
+    if (d < 0 || d >= size_ || d == rank_)
+      dra::detail::throw_invalid("dsts", "ranks must lie in [0, " + std::to_string(size_) + ") and differ from self (" +
+                                             std::to_string(rank_) + "), got " + std::to_string(d));
+  if (!group_)
+    throw dra::comm_error("send: the communicator of epoch " + std::to_string(epoch_) + " was aborted");
+  std::vector<at::Tensor> v{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+  try {
+    // Every transfer is started before any is waited for: the receivers are served in parallel.
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    works.reserve(dsts.size());
+    for (int d : dsts) works.push_back(group_->send(v, d, tag));
+    for (auto& w : works) w->wait(timeout_);
+  } catch (const dra::error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow_as_dra_error(e, "send", epoch_);
+  }
+}
+
+void gloo_communicator::recv(at::Tensor& tensor, int src, int tag) {
+  if (src < 0 || src >= size_ || src == rank_)
+    dra::detail::throw_invalid("src", "must lie in [0, " + std::to_string(size_) + ") and differ from self, got " +
+                                          std::to_string(src));
+  check_cpu_tensor(tensor);
+  if (!tensor.is_contiguous()) dra::detail::throw_invalid("tensor", "recv needs a contiguous destination");
+  std::vector<at::Tensor> v{tensor};
+  run("recv", [&] { return group_->recv(v, src, tag); });
+}
+
 void gloo_communicator::set_timeout(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) dra::detail::throw_invalid("timeout", "must be > 0 ms");
   timeout_ = timeout;

@@ -10,10 +10,14 @@
 
 #include <ATen/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
+// c10d_backend() below is an inline virtual returning intrusive_ptr<c10d::Backend>: every
+// translation unit that emits the vtable needs the complete type.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "dra/error.hpp"
 
 namespace c10d {
 class Store;
-class Backend;
 }  // namespace c10d
 
 namespace dra::comm {
@@ -38,6 +42,12 @@ class communicator {
   virtual void all_reduce_sum(at::Tensor& tensor) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
+  /// Point-to-point (the state handoff to joiners uses it, so existing members receive
+  /// nothing). Sends `tensor` to every rank in `dsts` (all transfers in flight at once) and
+  /// returns when all finished; `tag` matches it with the receiver's recv. Backends without
+  /// point-to-point throw dra::comm_error.
+  virtual void send(const at::Tensor& tensor, const std::vector<int>& dsts, int tag);
+  virtual void recv(at::Tensor& tensor, int src, int tag);
   /// Abandons in-flight work; never blocks. The communicator is unusable afterwards.
   virtual void abort() noexcept = 0;
   /// The c10d backend behind it, when there is one (lets Python DDP use the same world).
@@ -54,5 +64,12 @@ class backend {
   virtual std::unique_ptr<communicator> rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
                                                 const c10::intrusive_ptr<c10d::Store>& store) = 0;
 };
+
+inline void communicator::send(const at::Tensor&, const std::vector<int>&, int) {
+  throw dra::comm_error("this backend has no point-to-point send; the state handoff needs one");
+}
+inline void communicator::recv(at::Tensor&, int, int) {
+  throw dra::comm_error("this backend has no point-to-point recv; the state handoff needs one");
+}
 
 }  // namespace dra::comm

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 // communicator.hpp returns intrusive_ptr<c10d::Backend> from an inline virtual, which needs the
 // complete type in every translation unit that defines a derived class.
@@ -54,6 +55,8 @@ class gloo_communicator final : public communicator {
   void all_reduce_sum(at::Tensor& tensor) override;
   void broadcast(at::Tensor& tensor, int root) override;
   void barrier() override;
+  void send(const at::Tensor& tensor, const std::vector<int>& dsts, int tag) override;
+  void recv(at::Tensor& tensor, int src, int tag) override;
   /// Hands the group to a background reaper (its teardown may wait for in-flight Gloo work to
   /// hit the Gloo timeout); returns at once. Collectives throw dra::comm_error afterwards.
   void abort() noexcept override;

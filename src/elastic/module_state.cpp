@@ -1,0 +1,135 @@
+// Model signatures and the LibTorch state provider (module parameters/buffers + optimizer).
+#include <map>
+#include <sstream>
+
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "dra/elastic/controller.hpp"
+#include "dra/error.hpp"
+
+namespace dra::elastic {
+
+namespace {
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string list_some(const std::vector<std::string>& names) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < names.size() && i < 3; ++i) s += (i ? ", '" : "'") + names[i] + "'";
+  return s + (names.size() > 3 ? ", ...]" : "]");
+}
+
+std::string dtype_name(const at::Tensor& t) {
+  // The same spelling as Python's str(tensor.dtype), so signatures read the same everywhere.
+  switch (t.scalar_type()) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(t.scalar_type());
+  }
+}
+}  // namespace
+
+std::string signature_mismatch(const std::vector<tensor_spec>& world, const std::vector<tensor_spec>& joiner) {
+  std::map<std::string, const tensor_spec*> a, b;
+  for (const auto& s : world) a[s.name] = &s;
+  for (const auto& s : joiner) b[s.name] = &s;
+  std::vector<std::string> missing, extra;
+  for (const auto& [n, _] : a)
+    if (!b.count(n)) missing.push_back(n);
+  for (const auto& [n, _] : b)
+    if (!a.count(n)) extra.push_back(n);
+  if (!missing.empty()) return "joiner's model lacks " + list_some(missing);
+  if (!extra.empty()) return "joiner's model has unexpected " + list_some(extra);
+  for (const auto& [n, s] : a) {
+    const tensor_spec* o = b[n];
+    if (s->shape != o->shape || s->dtype != o->dtype)
+      return "'" + n + "': world has shape " + shape_text(s->shape) + " " + s->dtype + ", joiner has " +
+             shape_text(o->shape) + " " + o->dtype;
+  }
+  return {};
+}
+
+module_state::module_state(torch::nn::Module& module, torch::optim::Optimizer* optimizer)
+    : module_(module), optimizer_(optimizer) {}
+
+std::vector<tensor_spec> module_state::signature() {
+  std::vector<tensor_spec> out;
+  for (const auto& p : module_.named_parameters())
+    out.push_back({p.key(), p.value().sizes().vec(), dtype_name(p.value())});
+  for (const auto& b : module_.named_buffers()) out.push_back({b.key(), b.value().sizes().vec(), dtype_name(b.value())});
+  return out;
+}
+
+state_provider::snapshot module_state::collect() {
+  snapshot s;
+  for (const auto& p : module_.named_parameters()) s.tensors.push_back(p.value().detach().contiguous());
+  for (const auto& b : module_.named_buffers()) s.tensors.push_back(b.value().detach().contiguous());
+  // The optimizer's state (momentum buffers, Adam moments, step counts) and options, plus the RNG:
+  // serialised with torch::serialize into the manifest (it is chunked on the wire like the rest).
+  torch::serialize::OutputArchive archive;
+  if (optimizer_ != nullptr) optimizer_->save(archive);
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("dra_rng_state", gen.get_state());
+  }
+  std::ostringstream os;
+  archive.save_to(os);
+  s.manifest = os.str();
+  return s;
+}
+
+std::vector<at::Tensor> module_state::prepare(const std::string&) {
+  std::vector<at::Tensor> out;
+  // Parameters are contiguous in LibTorch modules: bytes land straight in the model's storage.
+  for (const auto& p : module_.named_parameters())
+    out.push_back(p.value().is_contiguous() ? p.value().detach() : torch::empty_like(p.value()));
+  for (const auto& b : module_.named_buffers())
+    out.push_back(b.value().is_contiguous() ? b.value().detach() : torch::empty_like(b.value()));
+  return out;
+}
+
+void module_state::load(const std::string& manifest, const std::vector<at::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  std::size_t i = 0;
+  for (const auto& p : module_.named_parameters()) {
+    if (!tensors[i].is_same(p.value()) && tensors[i].data_ptr() != p.value().data_ptr()) p.value().copy_(tensors[i]);
+    ++i;
+  }
+  for (const auto& b : module_.named_buffers()) {
+    if (tensors[i].data_ptr() != b.value().data_ptr()) b.value().copy_(tensors[i]);
+    ++i;
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from(manifest.data(), manifest.size());
+  if (optimizer_ != nullptr) optimizer_->load(archive);
+  at::Tensor rng;
+  if (archive.try_read("dra_rng_state", rng)) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  }
+}
+
+void module_state::scale_learning_rate(double factor) {
+  if (optimizer_ == nullptr) return;
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(group.options().get_lr() * factor);
+}
+
+}  // namespace dra::elastic
