@@ -11,7 +11,9 @@ For model states of about 10 MB and 100 MB, on this machine, in one run:
 * ``torchrun_restart``: the TorchElastic way: save a checkpoint, start ``torchrun`` with the new
   size, every worker loads the checkpoint, joins the group, wraps DDP, first all-reduce;
 * ``gloo_shrink_api``: torch's ``shrink_group`` on a Gloo group (the reconfigure/shrink API);
-* ``torchft_reconfigure``: only when ``import torchft`` works with the installed torch;
+* ``torchft_reconfigure``: torchft's Lighthouse + one Manager per replica group shrinking 4->2 and
+  growing 2->4 (its ``ProcessGroupGloo.configure`` and HTTP checkpoint transport), from
+  ``dra.bench.torchft_baseline``; a NaN row saying how to install it when ``import torchft`` fails;
 * ``loopback_ceiling``: one TCP stream over loopback; state transfer GB/s is reported against it;
 * ``digits_step_overhead``: per-step time of the digits job under dra vs plain DDP, same size.
 """
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dra.bench._report import result, write_report
+from dra.bench.torchft_baseline import torchft_rows
 
 _STEPS = 9
 _SCHEDULE = {3: 2, 6: 4}  # shrink 4 -> 2 at step 3, grow 2 -> 4 at step 6
@@ -247,14 +250,6 @@ def loopback_ceiling(nbytes: int = 1 << 30, trials: int = 3) -> float:
     return best
 
 
-def _torchft_available() -> str | None:
-    try:
-        import torchft  # noqa: F401
-    except Exception as err:  # noqa: BLE001
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
 def _digits_overhead(tmp: str, nproc: int, epochs: int, timeout: float) -> dict[str, float]:
     """Per-step time of the digits job under dra (static world) vs plain torch DDP, same size."""
     example = Path(__file__).resolve().parents[3] / "examples" / "digits_elastic.py"
@@ -280,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--digits-epochs", type=int, default=10)
     parser.add_argument("--skip-digits", action="store_true")
+    parser.add_argument("--torchft-repeats", type=int, default=3, help="runs of the torchft baseline per size (median)")
     parser.add_argument("--worker", choices=["dra", "pg", "restart"], help=argparse.SUPPRESS)
     parser.add_argument("--mb", type=float, default=10.0, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -300,7 +296,6 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = loopback_ceiling()
     print(f"[resize] loopback ceiling {ceiling:.2f} GB/s", flush=True)
     results.append(result("loopback_ceiling", ceiling, "GB/s"))
-    torchft_problem = _torchft_available()
     with tempfile.TemporaryDirectory(prefix="dra-bench-resize-") as tmp:
         for mb in [float(s) for s in args.sizes_mb.split(",")]:
             tag = f"{mb:g}MB"
@@ -336,11 +331,9 @@ def main(argv: list[str] | None = None) -> int:
             aggregate = grow["state_bytes"] * receivers / grow["cost_s"]["state_transfer"] / 1e9
             results.append(result(f"state_transfer_{tag}", aggregate, "GB/s", ("loopback_ceiling", ceiling),
                                   note=f"bytes sent by the leader to {receivers} joiners / transfer time"))
-        # torchft 0.2.0 has a cp311 wheel that accepts torch 2.13 (it also needs the
-        # opentelemetry-* packages); driving its Lighthouse + Manager quorum here is not done yet.
-        note = (f"not measured: import torchft failed ({torchft_problem})" if torchft_problem is not None
-                else "not measured: torchft imports, but the Lighthouse/Manager reconfiguration run is not implemented")
-        results.append(result("torchft_reconfigure", float("nan"), "s", note=note))
+        # (c) torchft's reconfiguration (optional dependency: requirements-bench.txt)
+        results.extend(torchft_rows([float(s) for s in args.sizes_mb.split(",")], results,
+                                    repeats=args.torchft_repeats, timeout=args.timeout))
         if not args.skip_digits:
             print("[resize] digits per-step overhead (dra static world vs plain DDP, 4 processes)", flush=True)
             times = _digits_overhead(tmp, 4, args.digits_epochs, args.timeout)
