@@ -134,7 +134,7 @@ class _Replica:
         self.opt.load_state_dict(sd["optim"])
         self.loaded_s += time.perf_counter() - t0
 
-    def step(self, x: float) -> dict[str, Any]:
+    def step(self) -> dict[str, Any]:
         """One torchft step: quorum (+ reconfigure + heal), the all-reduce, commit, SGD step."""
         import torch
 
@@ -152,7 +152,9 @@ class _Replica:
         n = self.manager.num_participants()
         if not self.manager.should_commit():
             raise RuntimeError(f"torchft did not commit the step (participants {n})")
-        loss = self.model(torch.tensor(x))
+        # d loss / d p = torchft's step counter (the same on every replica, restored on a joiner
+        # from the transferred state): SGD moves every parameter, identically on all replicas.
+        loss = self.model(torch.tensor(1e6 * self.manager.current_step()))
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
@@ -175,7 +177,7 @@ def _digest(model) -> str:
     return h.hexdigest()
 
 
-def _until_four(rep: _Replica, step: int, t_decision: float, limit_s: float) -> dict[str, Any]:
+def _until_four(rep: _Replica, t_decision: float, limit_s: float) -> dict[str, Any]:
     """Steps until one has all 4 replica groups in it (the loop goes on while torchft admits the
     joiners at step boundaries, possibly one quorum at a time); that step's figures, plus the
     step in which this process healed (received the state), if it did."""
@@ -183,7 +185,7 @@ def _until_four(rep: _Replica, step: int, t_decision: float, limit_s: float) -> 
     healed: dict[str, Any] | None = None
     deadline = time.monotonic() + limit_s
     while True:
-        s = rep.step(float(step))
+        s = rep.step()
         sizes.append(s["participants"])
         if s["recv_s"] > 0:
             healed = s
@@ -208,15 +210,13 @@ def _worker(args: argparse.Namespace) -> None:
     _say("model built")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    out: dict[str, Any] = {"replica": r, "state_bytes": state_bytes, "steps": []}
+    out: dict[str, Any] = {"replica": r, "state_bytes": state_bytes}
     rep = _Replica(args, model, opt, generation=0)
     _say("manager up")
     coord.set(f"up/{r}", "1")
     coord.wait([f"up/{i}" for i in range(4)])
-    step = 0
     for _ in range(_WARM_STEPS):
-        s = rep.step(float(step))
-        step += 1
+        s = rep.step()
         if s["participants"] != 4:
             raise RuntimeError(f"expected 4 participants before the shrink, got {s['participants']}")
     # ---- shrink 4 -> 2: the decision is this step boundary -------------------------------
@@ -227,25 +227,26 @@ def _worker(args: argparse.Namespace) -> None:
         rep.shutdown(wait=False)
         del rep
         coord.wait(["shrunk"])  # standby until the survivors are done with the 2-member world
+        out["digest_before_grow"] = _digest(model)
         rep = _Replica(args, model, opt, generation=1)  # a new replica group (new id), heartbeating
         coord.set(f"ready/{r}", "1")
         coord.wait(["grow"])
-        out["grow"] = _until_four(rep, step, float(coord.get("grow").decode()), args.op_timeout)
+        out["grow"] = _until_four(rep, float(coord.get("grow").decode()), args.op_timeout)
     else:
-        s = rep.step(float(step))
+        s = rep.step()
         out["shrink"] = dict(s, t_decision=t_decision)
         if s["participants"] != 2:
             raise RuntimeError(f"expected 2 participants after the shrink, got {s['participants']}")
         for _ in range(_SMALL_STEPS - 1):
-            rep.step(float(step))
+            rep.step()
+        out["digest_before_grow"] = _digest(model)
         if r == 0:
             coord.set("shrunk", "1")
             coord.wait([f"ready/{i}" for i in _LEAVERS])
             coord.set("grow", repr(time.time()))  # ---- grow 2 -> 4: the decision ---------
         coord.wait(["grow"])
-        out["grow"] = _until_four(rep, step, float(coord.get("grow").decode()), args.op_timeout)
-    step += 1
-    s = rep.step(float(step))  # one more step in the 4-member world, then compare parameters
+        out["grow"] = _until_four(rep, float(coord.get("grow").decode()), args.op_timeout)
+    s = rep.step()  # one more step in the 4-member world, then compare parameters
     if s["participants"] != 4:
         raise RuntimeError(f"expected 4 participants after the grow, got {s['participants']}")
     out["digest"] = _digest(model)
@@ -361,11 +362,15 @@ def measure(mb: float, *, timeout: float = 300.0, heartbeat_timeout_ms: int = 10
                     lighthouse.join(10)
             here.close()
             there.close()
+    survivors = [x for x in reps if x["replica"] not in _LEAVERS]
+    joiners = [x for x in reps if x["replica"] in _LEAVERS]
+    # The survivors trained on without the leavers, so the joiners' parameters differed before
+    # the grow; equal parameters after it show that the state transfer really happened.
+    if {x["digest_before_grow"] for x in survivors} & {x["digest_before_grow"] for x in joiners}:
+        raise RuntimeError("torchft joiners already held the survivors' parameters: the check would prove nothing")
     digests = {x["digest"] for x in reps}
     if len(digests) != 1:
         raise RuntimeError(f"torchft replicas hold different parameters after the grow: {sorted(digests)}")
-    survivors = [x for x in reps if x["replica"] not in _LEAVERS]
-    joiners = [x for x in reps if x["replica"] in _LEAVERS]
     sh = [x["shrink"] for x in survivors]
     shrink = {
         "total_s": max(s["t_allreduce"] - s["t_decision"] for s in sh),
