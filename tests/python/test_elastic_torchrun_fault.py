@@ -212,3 +212,27 @@ def test_worker_killed_on_one_node_others_shrink_and_finish(tmp_path, layout, vi
         assert len({r["digest"] for r in finals.values()}) == 1, "survivors ended with different parameters"
     finally:
         job.close()
+
+
+def test_worker_killed_on_the_store_node_ends_the_job_with_a_clear_error(tmp_path):
+    # Node 0's agent hosts the workers' store (and here the rendezvous store): when one of its
+    # workers dies it stops the others and exits, and the store goes with it. The other node's
+    # workers cannot agree on survivors without a store: they fail with an error naming it
+    # (bounded by the store and fault timeouts), and their agent exits non-zero too.
+    job = TorchrunNodes(tmp_path, [2, 2], victim=1, kill_step=5, fault_timeout_s=2.0)
+    try:
+        job.start()
+        marker = tmp_path / "at-1-5"
+        job.wait_for("rank 1 to reach step 5", lambda: marker.exists() or any(a.poll() is not None for a in job.agents), 120)
+        assert all(a.poll() is None for a in job.agents), "an agent ended before the fault was injected"
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        job.wait_for("both agents to exit", lambda: all(a.poll() is not None for a in job.agents), 60)
+        assert job.agents[0].returncode != 0 and job.agents[1].returncode != 0
+        ports = {h["env"]["MASTER_PORT"] for h in job.records("hello")}
+        assert len(ports) == 1
+        address = f"127.0.0.1:{ports.pop()}"
+        store_errors = [l for l in job.output(1).splitlines() if f"store at {address}" in l]
+        assert store_errors, job.output(1)[-3000:]
+        assert not job.records("final"), "nobody can finish without the store"
+    finally:
+        job.close()
