@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m dra.bench <suite> [--json PATH] [options]\nsuites: {', '.join(available)}")
         return 0 if argv else 2
     name = argv.pop(0)
+    name = {"step": "step_overhead"}.get(name, name)  # short suite names
     if name not in available:
         print(f"dra.bench: unknown suite '{name}'; available: {', '.join(available)}", file=sys.stderr)
         return 2
