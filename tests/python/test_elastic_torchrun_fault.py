@@ -33,7 +33,7 @@ from _elastic_harness import check_exactly_once, free_port
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "elastic_workers" / "torchrun_fault_worker.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # what the `torchrun` entry point runs
 N, EPOCHS, GLOBAL_BATCH = 192, 2, 16
 STEPS = EPOCHS * N // GLOBAL_BATCH
 pytestmark = pytest.mark.timeout(180)
@@ -58,7 +58,7 @@ class TorchrunNodes:
     def start(self) -> None:
         for node, nproc in enumerate(self.layout):
             cmd = [
-                str(TORCHRUN), f"--nnodes={len(self.layout)}", f"--nproc-per-node={nproc}",
+                *TORCHRUN, f"--nnodes={len(self.layout)}", f"--nproc-per-node={nproc}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id=job-{self.token[:8]}",
                 f"--rdzv-conf=is_host={1 if node == 0 else 0}", f"--local-addr=127.0.0.{node + 1}",
                 "--max-restarts=0", str(WORKER),
