@@ -1,5 +1,10 @@
-"""The LibTorch example examples/cpp/elastic_train.cpp under torchrun: a grow and a shrink happen
-in place and every final member holds bit-identical parameters.
+"""The LibTorch example examples/cpp/elastic_train.cpp: a C++ trainer on dra::elastic::controller.
+
+Under ``torchrun --no-python`` (3 processes, the agent hosts the store) the world grows 2 -> 3 and
+shrinks 3 -> 2 in place; a released process stands by or exits 0. Started by hand (rank 0 hosts
+the store), a process killed with SIGKILL mid-step is survived. Every test checks what the
+processes logged: the leader's events.jsonl, each process's committed sample ids
+(``--log-samples``) and the final lines (parameter and momentum hashes).
 
 The binary is not built here: it comes from the C++ build (`cmake -S . -B build/cpp` with
 DRA_BUILD_EXAMPLES on, then `cmake --build build/cpp --target dra_elastic_train`).
@@ -8,11 +13,15 @@ DRA_CPP_EXAMPLE_DIR points at another build's examples/cpp folder.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,6 +29,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = Path(os.environ.get("DRA_CPP_EXAMPLE_DIR", ROOT / "build" / "cpp" / "examples" / "cpp"))
 BINARY = EXAMPLE_DIR / "dra_elastic_train"
+DATASET, BATCH = 640, 32
+STEPS_PER_EPOCH = DATASET // BATCH  # 20
+
+pytestmark = pytest.mark.skipif(
+    not BINARY.exists(),
+    reason=f"C++ example not built: {BINARY} is missing (cmake --build build/cpp --target dra_elastic_train)",
+)
+
+FINAL = re.compile(r"\[dra-cpp\] final uid (\d+) role (\w+) rank (-?\d+) world (\d+) steps (\d+) resizes (\d+) "
+                   r"hash ([0-9a-f]{16}) momentum ([0-9a-f]{16})")
 
 
 def _free_port() -> int:
@@ -28,37 +47,253 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
+class Processes:
+    """Processes of one test, each carrying a unique environment token so that ``close`` finds and
+    kills exactly these (torchrun starts its workers in their own sessions), whatever they do."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.token = uuid.uuid4().hex
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._files = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TORCHELASTIC_", "DRA_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env.update({"OMP_NUM_THREADS": "1", "DRA_CPP_TEST_TOKEN": self.token})
+        env.update(extra)
+        return env
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        out = open(self.tmp / f"out-{name}.txt", "w")
+        self._files.append(out)
+        self.procs[name] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        return {name: p.wait(timeout=max(0.1, deadline - time.monotonic())) for name, p in self.procs.items()}
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"out-{name}.txt").read_text()
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        for pid in self._tagged_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for f in self._files:
+            f.close()
+
+    def _tagged_pids(self) -> list[int]:
+        needle = f"DRA_CPP_TEST_TOKEN={self.token}".encode()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+        return pids
+
+
+@pytest.fixture
+def procs(tmp_path):
+    p = Processes(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _torchrun(p: Processes, *args: str, timeout: float = 150) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--no-python", "--nproc-per-node=3", "--max-restarts=0",
            "--master-addr=127.0.0.1", f"--master-port={_free_port()}", str(BINARY), *args]
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170)
+    p.start("torchrun", cmd, p.env())
+    try:
+        code = p.wait(timeout)["torchrun"]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"torchrun did not finish within {timeout} s:\n{p.output('torchrun')[-4000:]}")
+    return code, p.output("torchrun")
 
 
-@pytest.mark.skipif(not BINARY.exists(), reason=f"C++ example not built: {BINARY} is missing "
-                    "(cmake --build build/cpp --target dra_elastic_train)")
-@pytest.mark.timeout(180)
-def test_cpp_example_grows_and_shrinks_with_identical_final_parameters():
-    proc = _run("--steps", "60", "--start-size", "2", "--decide-every", "10", "--schedule", "20:3,40:2",
-                "--timeout-ms", "20000")
-    out = proc.stdout
-    assert proc.returncode == 0, out[-4000:]
-    resizes = re.findall(r"resize after step (\d+): world (\d+) -> (\d+) members \[([\d,]*)\]", out)
-    assert resizes == [("20", "2", "3", "0,1,2"), ("40", "3", "2", "0,1")], out[-4000:]
-    assert "uid 2 joined after step 20 as rank 2" in out
-    assert "uid 2 released after step 40, standing by" in out
-    # The world size is reported as it changes: 2, then 3, then 2 again.
-    worlds = [int(w) for _, w in re.findall(r"step (\d+) world (\d+) loss", out)]
-    assert worlds == [2, 2, 3, 3, 2, 2], out[-4000:]
-    finals = re.findall(r"final uid (\d+) rank (\d+) world (\d+) steps 60 resizes 2 hash ([0-9a-f]{16})", out)
-    assert sorted((uid, rank, world) for uid, rank, world, _ in finals) == [("0", "0", "2"), ("1", "1", "2")], out[-4000:]
-    assert len({h for *_, h in finals}) == 1, finals
-    assert "final uid 2 standby steps 60 resizes 2" in out
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.skipif(not BINARY.exists(), reason=f"C++ example not built: {BINARY} is missing")
-@pytest.mark.timeout(120)
-def test_cpp_example_rejects_a_schedule_off_the_decision_points():
-    proc = subprocess.run([str(BINARY), "--schedule", "15:3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=100, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+def _finals(out: str) -> dict[int, dict]:
+    finals = {}
+    for uid, role, rank, world, steps, resizes, h, m in FINAL.findall(out):
+        finals[int(uid)] = {"role": role, "rank": int(rank), "world": int(world), "steps": int(steps),
+                            "resizes": int(resizes), "hash": h, "momentum": m}
+    return finals
+
+
+def _commits(tmp: Path) -> list[dict]:
+    recs = []
+    for f in sorted(tmp.glob("samples-*.jsonl")):
+        recs += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return recs
+
+
+def _check_exactly_once(recs: list[dict], total_steps: int, epochs: int) -> None:
+    """Every sample of every data epoch consumed exactly once by the world's committed steps.
+
+    A rank may have committed a step that the world redid after a fault (it died in between);
+    the leader (uid 0, never leaves) says which world epoch committed each step, and only that
+    world's records count. Within a step the shares are disjoint and their count is the world size."""
+    leader = {r["step"]: r for r in recs if r["uid"] == 0}
+    assert sorted(leader) == list(range(total_steps)), "the leader did not commit every step exactly once"
+    per_epoch: dict[int, list[int]] = {}
+    for step, lead in sorted(leader.items()):
+        shares = [r for r in recs if r["step"] == step and r["world_epoch"] == lead["world_epoch"]]
+        assert sorted(r["rank"] for r in shares) == list(range(lead["world"])), f"step {step}: {shares}"
+        assert all(r["data_epoch"] == lead["data_epoch"] for r in shares)
+        ids = [i for r in sorted(shares, key=lambda r: r["rank"]) for i in r["ids"]]
+        assert len(ids) == BATCH, f"step {step}: {len(ids)} samples, the global batch is {BATCH}"
+        per_epoch.setdefault(lead["data_epoch"], []).extend(ids)
+    assert sorted(per_epoch) == list(range(epochs))
+    for e, ids in per_epoch.items():
+        assert sorted(ids) == list(range(DATASET)), f"data epoch {e}: a sample skipped or repeated"
+
+
+def _check_event_keys(ev: dict) -> None:
+    for key in ("event", "step", "epoch", "before", "after", "left", "joined", "reason", "cost_s"):
+        assert key in ev, (key, ev)
+    assert set(ev["cost_s"]) >= {"agree", "rebuild", "state_transfer", "reshard"}
+
+
+@pytest.mark.timeout(200)
+def test_grow_and_shrink_in_place_under_torchrun(procs, tmp_path):
+    events = tmp_path / "events.jsonl"
+    code, out = _torchrun(procs, "--epochs", "3", "--dataset", str(DATASET), "--global-batch", str(BATCH),
+                          "--start-size", "2", "--decide-every", "100000", "--schedule", "20:3,40:2", "--verify",
+                          "--events", str(events), "--log-samples", str(tmp_path), "--status-every", "10",
+                          "--fault-timeout-ms", "20000")
+    assert code == 0, out[-6000:]
+    evs = _events(events)
+    for ev in evs:
+        _check_event_keys(ev)
+    assert [e["event"] for e in evs] == ["start", "resize", "resize"], evs
+    start, grow, shrink = evs
+    assert (start["after"], start["params_identical"]) == (2, True)
+    assert (grow["before"], grow["after"], grow["joined"], grow["left"]) == (2, 3, [2], [])
+    assert (shrink["before"], shrink["after"], shrink["joined"], shrink["left"]) == (3, 2, [], [2])
+    assert grow["params_identical"] is True and shrink["params_identical"] is True
+    # The schedule asked after 20 and 40 committed steps; the change lands at the next boundary.
+    assert (grow["decided_step"], grow["step"]) == (20, 21)
+    assert (shrink["decided_step"], shrink["step"]) == (40, 41)
+    assert grow["state_bytes"] > 0
+
+    # The joiner continued at the world's step: it joined at the grow's step, and its first
+    # committed step is that one.
+    assert f"[dra-cpp] uid 2 joined at step {grow['step']} as rank 2 (world 3)" in out, out[-6000:]
+    recs = _commits(tmp_path)
+    assert min(r["step"] for r in recs if r["uid"] == 2) == grow["step"]
+    assert max(r["step"] for r in recs if r["uid"] == 2) == shrink["step"] - 1
+    _check_exactly_once(recs, total_steps=60, epochs=3)
+
+    # The status line on rank 0 reports the world size as it changes.
+    worlds = [int(w) for w in re.findall(r"\[dra\] step \d+ loss \S+ world (\d+)", out)]
+    assert worlds == [2, 2, 3, 3, 2, 2], out[-6000:]
+
+    finals = _finals(out)
+    assert sorted(finals) == [0, 1, 2], out[-6000:]
+    for uid in (0, 1):
+        f = finals[uid]
+        assert (f["role"], f["rank"], f["world"], f["steps"], f["resizes"]) == ("member", uid, 2, 60, 2), f
+    assert finals[0]["hash"] == finals[1]["hash"]
+    assert finals[0]["momentum"] == finals[1]["momentum"]  # the optimizer state is in step too
+    # The released process stood by until the job finished.
+    assert (finals[2]["role"], finals[2]["steps"]) == ("standby", shrink["step"]), finals[2]
+
+
+@pytest.mark.timeout(200)
+def test_release_exit_gives_the_process_back_while_the_others_continue(procs, tmp_path):
+    events = tmp_path / "events.jsonl"
+    code, out = _torchrun(procs, "--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH),
+                          "--start-size", "2", "--decide-every", "100000", "--schedule", "10:3,20:2", "--release",
+                          "exit", "--verify", "--events", str(events), "--log-samples", str(tmp_path),
+                          "--fault-timeout-ms", "20000")
+    assert code == 0, out[-6000:]  # torchrun saw every process exit 0, the released one included
+    evs = _events(events)
+    assert [e["event"] for e in evs] == ["start", "resize", "resize"], evs
+    assert evs[0]["release"] == "exit"
+    shrink = evs[2]
+    assert (shrink["before"], shrink["after"], shrink["left"]) == (3, 2, [2])
+    assert f"[dra] process 2 released at step {shrink['step']}: exiting to give the device back" in out
+    finals = _finals(out)
+    assert finals[2]["role"] == "released" and finals[2]["steps"] == shrink["step"], finals
+    for uid in (0, 1):
+        assert (finals[uid]["role"], finals[uid]["world"], finals[uid]["steps"]) == ("member", 2, 40), finals[uid]
+    assert finals[0]["hash"] == finals[1]["hash"] and finals[0]["momentum"] == finals[1]["momentum"]
+    _check_exactly_once(_commits(tmp_path), total_steps=40, epochs=2)
+
+
+@pytest.mark.timeout(200)
+def test_survives_a_killed_process_mid_step(procs, tmp_path):
+    """Three processes started by hand (rank 0 hosts the store); uid 1 kills itself with SIGKILL
+    at step 25 after backward, before the gradient all-reduce. The survivors detect it, shrink to
+    2, redo step 25 and finish with identical parameters, every sample consumed exactly once."""
+    events = tmp_path / "events.jsonl"
+    port = _free_port()
+    cmd = [str(BINARY), "--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH), "--decide-every",
+           "100000", "--verify", "--events", str(events), "--log-samples", str(tmp_path), "--fault-timeout-ms",
+           "3000", "--store-timeout-ms", "30000", "--die-at-step", "25"]
+    for uid in range(3):
+        env = procs.env(RANK=str(uid), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        DRA_JOB_ID=f"crash-{procs.token[:8]}", DRA_HOST_STORE="1" if uid == 0 else "0",
+                        DRA_TEST_DIE_UID="1")
+        procs.start(f"r{uid}", cmd, env)
+    try:
+        codes = procs.wait(150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job did not finish: " + "\n".join(procs.output(f"r{u}")[-2000:] for u in range(3)))
+    outs = {uid: procs.output(f"r{uid}") for uid in range(3)}
+    assert codes["r1"] == -signal.SIGKILL, outs[1][-3000:]
+    assert "test hook kills this process at step 25" in outs[1]
+    assert codes["r0"] == 0, outs[0][-3000:]
+    assert codes["r2"] == 0, outs[2][-3000:]
+
+    evs = _events(events)
+    for ev in evs:
+        _check_event_keys(ev)
+    assert [e["event"] for e in evs] == ["start", "fault"], evs
+    fault = evs[1]
+    assert (fault["before"], fault["after"], fault["left"], fault["joined"]) == (3, 2, [1], [])
+    assert fault["step"] == 25  # the interrupted step is redone in the new world
+    assert fault["params_identical"] is True
+    assert fault["reason"].startswith("peer failure")
+
+    finals = _finals(outs[0] + outs[2])
+    assert sorted(finals) == [0, 2]
+    for uid, rank in ((0, 0), (2, 1)):
+        assert (finals[uid]["role"], finals[uid]["rank"], finals[uid]["world"], finals[uid]["steps"]) == (
+            "member", rank, 2, 40), finals[uid]
+    assert finals[0]["hash"] == finals[2]["hash"] and finals[0]["momentum"] == finals[2]["momentum"]
+    recs = _commits(tmp_path)
+    assert max(r["step"] for r in recs if r["uid"] == 1) == 24  # it died before committing 25
+    _check_exactly_once(recs, total_steps=40, epochs=2)
+
+
+def test_rejects_bad_options():
+    proc = subprocess.run([str(BINARY), "--release", "later"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
     assert proc.returncode == 1
-    assert "--schedule: 15 is not a decision point" in proc.stdout
+    assert "--release: expected 'standby' or 'exit', got 'later'" in proc.stdout
+    proc = subprocess.run([str(BINARY), "--schedule", "0:2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+    assert proc.returncode == 1
+    assert "schedule: steps must be >= 1" in proc.stdout  # the controller's own validation
