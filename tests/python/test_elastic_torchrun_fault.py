@@ -142,6 +142,10 @@ def _gone(pid: int) -> bool:
     "layout, victim",
     [
         # 2 nodes x 2 workers: rank 3 (node 1's second worker) dies; node 1's agent stops rank 2.
+        # Known hole (reported to the lead): if rank 2 reaches the recovery first and claims
+        # fault/<epoch>/decider before its agent's SIGTERM lands, nobody publishes the result
+        # and the survivors fail with TimeoutError after 2 * fault_timeout_s + 5 s. Not seen in
+        # 9 runs here; forced by delaying ranks 0 and 1, it reproduces.
         ([2, 2], 3),
         # one agent per process (the finest grain): rank 2 dies alone; nodes 0, 1 and 3 go on.
         ([1, 1, 1, 1], 2),
