@@ -550,6 +550,49 @@ def _print_breakdown(model: str, nproc: int, a: dict[str, Any]) -> None:
           + f"; flat all-reduce of {a['grad_numel']} floats {1e3 * a['allreduce_flat_s']:.3f} ms", flush=True)
 
 
+def measure(
+    sizes: tuple[int, ...] | list[int] = (2, 4),
+    models: tuple[str, ...] | list[str] = ("digits", "wide"),
+    *,
+    repeats: int = 5,
+    rounds: int = 4,
+    steps: int | None = None,
+    warmup: int | None = None,
+    discard: int = 2,
+    seed: int = 0,
+    lr: float = 0.05,
+    timeout: float = 900.0,
+    profile: bool = False,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Runs the launches; returns the report rows (``_report.result`` dicts) and, with `profile`,
+    the cProfile text of rank 0's dra steps (first size, first model). Other suites may call this
+    (e.g. ``measure([4], ["digits"], repeats=3)``) and append the rows to their own report."""
+    args = argparse.Namespace(rounds=rounds, steps=steps, warmup=warmup, discard=discard, seed=seed, lr=lr, timeout=timeout)
+    results: list[dict[str, Any]] = []
+    profile_text = None
+    with tempfile.TemporaryDirectory(prefix="dra-bench-step-") as tmp:
+        for model in models:
+            for nproc in sizes:
+                launches = []
+                for rep in range(repeats):
+                    out = os.path.join(tmp, f"{model}-n{nproc}-r{rep}")
+                    t0 = time.perf_counter()
+                    launches.append(_launch(nproc, model, rep, out, args))
+                    r0 = launches[-1][0]
+                    p = statistics.median(_pooled(r0, "plain", "step_s"))
+                    d = statistics.median(_pooled(r0, "dra", "step_s"))
+                    print(f"[step] {model} n={nproc} launch {rep + 1}/{repeats}: plain {1e3 * p:.3f} ms, dra {1e3 * d:.3f} ms, "
+                          f"ratio {d / p:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+                a = _analyse(launches)
+                _print_breakdown(model, nproc, a)
+                results += _rows(model, nproc, a, MODELS[model])
+        if profile:
+            out = os.path.join(tmp, "profile")
+            _launch(sizes[0], models[0], 0, out, args, profile=True)
+            profile_text = Path(out, "profile.txt").read_text()
+    return results, profile_text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dra.bench step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -587,28 +630,10 @@ def main(argv: list[str] | None = None) -> int:
         if (args.steps or MODELS[m]["steps"]) <= args.discard:
             parser.error(f"--steps ({args.steps or MODELS[m]['steps']}) must exceed --discard ({args.discard})")
 
-    results: list[dict[str, Any]] = []
-    profile_text = None
-    with tempfile.TemporaryDirectory(prefix="dra-bench-step-") as tmp:
-        for model in models:
-            for nproc in sizes:
-                launches = []
-                for rep in range(args.repeats):
-                    out = os.path.join(tmp, f"{model}-n{nproc}-r{rep}")
-                    t0 = time.perf_counter()
-                    launches.append(_launch(nproc, model, rep, out, args))
-                    r0 = launches[-1][0]
-                    p = statistics.median(_pooled(r0, "plain", "step_s"))
-                    d = statistics.median(_pooled(r0, "dra", "step_s"))
-                    print(f"[step] {model} n={nproc} launch {rep + 1}/{args.repeats}: plain {1e3 * p:.3f} ms, dra {1e3 * d:.3f} ms, "
-                          f"ratio {d / p:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
-                a = _analyse(launches)
-                _print_breakdown(model, nproc, a)
-                results += _rows(model, nproc, a, MODELS[model])
-        if args.profile:
-            out = os.path.join(tmp, "profile")
-            _launch(sizes[0], models[0], 0, out, args, profile=True)
-            profile_text = Path(out, "profile.txt").read_text()
+    results, profile_text = measure(
+        sizes, models, repeats=args.repeats, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
+        discard=args.discard, seed=args.seed, lr=args.lr, timeout=args.timeout, profile=args.profile,
+    )
     write_report("step", results, args.json)
     if profile_text is not None:
         print(profile_text)
