@@ -325,9 +325,15 @@ void controller::wait_for_admission() {
     // Polled (not a blocking wait) so that the job's end is noticed too; 5 ms keeps the
     // admission latency small next to a rebuild.
     if (!store_->exists(key)) {
-      if (polls % 100 == 0 && store_->exists("done")) {
+      if (polls % 20 == 0 && store_->exists("done")) {
         role_ = role::finished;
         sampler_->finish();
+        // Withdraw: the leader waits for this before it leaves (it may host the store).
+        try {
+          store_->erase("waiting/" + std::to_string(uid_));
+        } catch (const dra::error&) {
+          // The store is already gone: the job is over anyway.
+        }
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -727,7 +733,24 @@ void controller::finish() {
   } catch (const dra::error&) {
     // A peer already gone at the very end changes nothing: training is over.
   }
-  if (comm_->rank() == 0) store_->set("done", 1);
+  if (comm_->rank() == 0) {
+    store_->set("done", 1);
+    // Standbys learn the end from the store. When this process hosts it (rank 0 outside the
+    // torchrun agent), leaving at once would take the store away before they read "done", and
+    // they would fail on a broken store: wait (bounded) until every waiting candidate withdrew.
+    try {
+      const auto deadline = clock_type::now() + options_.fault_timeout + std::chrono::seconds(1);
+      for (;;) {
+        bool waiting = false;
+        for (int uid : registered_candidates())
+          if (store_->exists("waiting/" + std::to_string(uid))) waiting = true;
+        if (!waiting || clock_type::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const dra::error&) {
+      // A store failure at the very end changes nothing: training is over.
+    }
+  }
   comm_.reset();
   role_ = role::finished;
 }
