@@ -248,15 +248,10 @@ def test_survives_a_killed_process_mid_step(procs, tmp_path):
     at step 25 after backward, before the gradient all-reduce. The survivors detect it, shrink to
     2, redo step 25 and finish with identical parameters, every sample consumed exactly once."""
     events = tmp_path / "events.jsonl"
-    port = _free_port()
-    cmd = [str(BINARY), "--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH), "--decide-every",
-           "100000", "--verify", "--events", str(events), "--log-samples", str(tmp_path), "--fault-timeout-ms",
-           "3000", "--store-timeout-ms", "30000", "--die-at-step", "25"]
-    for uid in range(3):
-        env = procs.env(RANK=str(uid), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                        DRA_JOB_ID=f"crash-{procs.token[:8]}", DRA_HOST_STORE="1" if uid == 0 else "0",
-                        DRA_TEST_DIE_UID="1")
-        procs.start(f"r{uid}", cmd, env)
+    _start_by_hand(procs, 3, ["--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH),
+                              "--decide-every", "100000", "--verify", "--events", str(events), "--log-samples",
+                              str(tmp_path), "--fault-timeout-ms", "3000", "--store-timeout-ms", "30000",
+                              "--die-at-step", "25"], DRA_TEST_DIE_UID="1")
     try:
         codes = procs.wait(150)
     except subprocess.TimeoutExpired:
@@ -286,6 +281,33 @@ def test_survives_a_killed_process_mid_step(procs, tmp_path):
     recs = _commits(tmp_path)
     assert max(r["step"] for r in recs if r["uid"] == 1) == 24  # it died before committing 25
     _check_exactly_once(recs, total_steps=40, epochs=2)
+
+
+def _start_by_hand(procs: Processes, n: int, args: list[str], **extra: str) -> None:
+    """n processes without torchrun; rank 0 hosts the store (DRA_HOST_STORE=1)."""
+    port = _free_port()
+    for uid in range(n):
+        env = procs.env(RANK=str(uid), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        DRA_JOB_ID=f"job-{procs.token[:8]}", DRA_HOST_STORE="1" if uid == 0 else "0", **extra)
+        procs.start(f"r{uid}", [str(BINARY), *args], env)
+
+
+@pytest.mark.timeout(200)
+def test_a_standby_ends_cleanly_when_rank0_hosts_the_store(procs, tmp_path):
+    """Outside torchrun the store lives in rank 0's process: the job's end must reach the standby
+    before rank 0 leaves and takes the store with it (the standby exits 0, not on a broken store)."""
+    _start_by_hand(procs, 3, ["--epochs", "1", "--dataset", str(DATASET), "--global-batch", str(BATCH), "--start-size",
+                              "2", "--decide-every", "100000", "--status-every", "0"])
+    try:
+        codes = procs.wait(150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job did not finish: " + "\n".join(procs.output(f"r{u}")[-2000:] for u in range(3)))
+    outs = {uid: procs.output(f"r{uid}") for uid in range(3)}
+    assert codes == {"r0": 0, "r1": 0, "r2": 0}, outs
+    finals = _finals("".join(outs.values()))
+    assert (finals[2]["role"], finals[2]["steps"]) == ("standby", 0), finals
+    assert finals[0]["steps"] == finals[1]["steps"] == STEPS_PER_EPOCH
+    assert finals[0]["hash"] == finals[1]["hash"]
 
 
 def test_rejects_bad_options():
