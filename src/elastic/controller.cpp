@@ -302,9 +302,9 @@ void controller::check_consistency() {
       std::string diff;
       for (const auto& [k, v] : fingerprint.items())
         if (!theirs.contains(k) || theirs.at(k) != v) diff += (diff.empty() ? "'" : ", '") + k + "'";
-      dra::detail::throw_invalid("configuration", "process " + std::to_string(uid_) + " and process " +
-                                                      std::to_string(other) + " differ in [" + diff +
-                                                      "]; every process of a job must pass the same options");
+      throw std::invalid_argument("dra: inconsistent configuration: process " + std::to_string(uid_) +
+                                  " and process " + std::to_string(other) + " differ in [" + diff +
+                                  "]; every process of a job must pass the same options");
     }
     if (!joined_late_) {
       const std::string problem =
@@ -362,7 +362,7 @@ void controller::wait_for_admission() {
 // the world of an epoch: rebuild, state handoff, reshard, first all-reduce
 // ---------------------------------------------------------------------------------------------
 void controller::hook(const char* phase) {
-  if (options_.phase_hook) options_.phase_hook(phase);
+  if (options_.phase_hook) options_.phase_hook(phase, *this);
 }
 
 void controller::enter_world(std::int64_t epoch, const std::vector<int>& members, const std::string& source,

@@ -56,10 +56,10 @@ std::string signature_mismatch(const std::vector<tensor_spec>& world, const std:
     if (!a.count(n)) extra.push_back(n);
   if (!missing.empty()) return "joiner's model lacks " + list_some(missing);
   if (!extra.empty()) return "joiner's model has unexpected " + list_some(extra);
-  for (const auto& [n, s] : a) {
-    const tensor_spec* o = b[n];
-    if (s->shape != o->shape || s->dtype != o->dtype)
-      return "'" + n + "': world has shape " + shape_text(s->shape) + " " + s->dtype + ", joiner has " +
+  for (const auto& s : world) {  // in the model's order: the first differing tensor is named
+    const tensor_spec* o = b[s.name];
+    if (s.shape != o->shape || s.dtype != o->dtype)
+      return "'" + s.name + "': world has shape " + shape_text(s.shape) + " " + s.dtype + ", joiner has " +
              shape_text(o->shape) + " " + o->dtype;
   }
   return {};

@@ -69,14 +69,14 @@ ctl = de.init(
     start_size=cfg.get("start_size"), min_size=cfg.get("min_size", 1), max_size=cfg.get("max_size"),
     release=cfg.get("release", "standby"), decide_every=cfg.get("decide_every", 1000),
     resize_schedule={int(k): v for k, v in cfg.get("schedule", {}).items()},
-    fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True,
+    fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True, chunk_mb=cfg.get("chunk_mb", 16.0),
     events_path=os.path.join(out, "events.jsonl"),
 )
 log = open(os.path.join(out, f"log-{ctl.uid}.jsonl"), "a")
 if cfg.get("wait_candidates", 0) and os.environ.get("DRA_JOIN") != "1":
     # A test that admits late joiners first waits (on the store only, outside any collective)
     # until they registered.
-    while len(set(ctl.store.read_list("cands"))) < cfg["wait_candidates"]:
+    while len(ctl.registered_candidates()) < cfg["wait_candidates"]:
         time.sleep(0.05)
 
 
@@ -110,7 +110,7 @@ for epoch in ctl.epochs(cfg.get("epochs", 2)):
             record_world()
         maybe_fault("after_step", ctl)
 final = {"kind": "final", "uid": ctl.uid, "role": ctl.role, "step": ctl.step_index}
-final["digest"] = de.controller._state.param_digest(net, opt)
+final["digest"] = ctl.state_digest()
 write(final)
 log.close()
 sys.exit(0)

@@ -1,4 +1,4 @@
-"""In-process tests of the elastic pieces: membership bindings, sampler, state handoff, store errors."""
+"""In-process tests of the elastic pieces: membership bindings, sampler, signatures, store errors."""
 
 from __future__ import annotations
 
@@ -80,19 +80,6 @@ def test_signature_mismatch_names_the_parameter():
     assert "lacks" in _state.signature_mismatch(_state.model_signature(a), _state.model_signature(c))
 
 
-def test_chunk_plan_covers_every_byte_once():
-    sizes = [5, 0, 40, 3, 17]
-    for chunk in (1, 4, 16, 64, 1000):
-        plan = _state._plan(sizes, chunk)
-        covered = {i: 0 for i in range(len(sizes))}
-        for c in plan:
-            assert 0 < sum(n for _, _, n in c) <= chunk
-            for i, off, n in c:
-                assert off == covered[i]
-                covered[i] += n
-        assert [covered[i] for i in range(len(sizes))] == sizes
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,8 +89,10 @@ def _free_port() -> int:
 def test_unreachable_store_raises_timeout_naming_the_address():
     port = _free_port()  # nothing listens there
     t0 = time.monotonic()
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
     with pytest.raises(TimeoutError, match=f"127.0.0.1:{port}"):
-        de.StoreClient("127.0.0.1", port, prefix="x/", timeout_s=1.0)
+        de.ElasticController(net, opt, de.ElasticSampler(4, 2), store_address=("127.0.0.1", port), store_timeout_s=1.0)
     assert time.monotonic() - t0 < 30
 
 

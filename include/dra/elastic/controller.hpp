@@ -122,6 +122,8 @@ struct launch_info {
 enum class release_mode { standby, exit };
 enum class batch_mode { fixed, adascale };
 
+class controller;
+
 struct controller_options {
   /// Policy, estimator, limits (min/max size, cooldown, ...), throughput model. Its
   /// decide_every is ignored: the controller decides every `decide_every` committed steps.
@@ -142,8 +144,9 @@ struct controller_options {
   int max_resize_retries = 3;
   /// Extra configuration every process must agree on (Python adds its own options here).
   std::string config_fingerprint;
-  /// Test hook: called at "rebuild", "state_transfer" and "reshard" of every world change.
-  std::function<void(const std::string& phase)> phase_hook;
+  /// Test hook: called at "rebuild", "state_transfer" and "reshard" of every world change (also
+  /// while the constructor forms the first world), so tests can kill a process inside a resize.
+  std::function<void(const std::string& phase, const controller& self)> phase_hook;
   /// Gloo device address when no backend is passed (empty: GLOO_SOCKET_IFNAME or c10d's default).
   std::string gloo_hostname;
 

@@ -12,12 +12,13 @@
             optimizer.zero_grad(); loss.backward(); optimizer.step(); sched.step()
             dra.step(loss)
 
-See docs/elastic.md.
+The protocol is the C++ ``dra::elastic::controller`` (the same one LibTorch trainers use);
+see docs/elastic.md.
 """
 
 from __future__ import annotations
 
-from dra.elastic._store import StoreClient, serve
+from dra.elastic._store import serve
 from dra.elastic.controller import ElasticController, ElasticDataParallel, ElasticStepStatus, init
 from dra.elastic.sampler import ElasticSampler
 
@@ -26,7 +27,6 @@ __all__ = [
     "ElasticDataParallel",
     "ElasticSampler",
     "ElasticStepStatus",
-    "StoreClient",
     "init",
     "serve",
 ]

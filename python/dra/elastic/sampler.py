@@ -1,11 +1,13 @@
 """ElasticSampler: exactly-once data over a world that changes size.
 
 Each data epoch has one deterministic global order of the dataset's indices (seeded, identical on
-every rank: ``dra._core.elastic.epoch_order``). An optimizer step consumes the next
-``global_batch`` positions of that order from the *cursor*; each rank takes its contiguous share
-of them (``rank_share``). The cursor moves only when a step commits (its gradients were reduced
-over the whole world), so after any resize or crash the samples not yet consumed are simply
-re-partitioned over the new world by the same two functions: nothing is skipped or repeated.
+every rank, in C++ and Python). An optimizer step consumes the next ``global_batch`` positions of
+that order from the *cursor*; each rank takes its contiguous share. The cursor moves only when a
+step commits (its gradients were reduced over the whole world), so after any resize or crash the
+samples not yet consumed are re-partitioned over the new world: nothing is skipped or repeated.
+
+The sampler is the C++ ``dra::elastic::elastic_sampler`` (include/dra/elastic/sampler.hpp) that
+the controller drives; this class adds Python iteration.
 """
 
 from __future__ import annotations
@@ -30,75 +32,67 @@ class ElasticSampler:
             raise ValueError(f"dataset_size: must be >= 1, got {dataset_size}")
         if global_batch < 1:
             raise ValueError(f"global_batch: must be >= 1, got {global_batch}")
-        self.dataset_size = int(dataset_size)
-        self.global_batch = int(global_batch)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self.epoch = 0
-        self.cursor = 0
-        self.world = 1
-        self.rank = 0
-        self._order_epoch = -1
-        self._order = np.empty(0, dtype=np.int64)
+        if seed < 0:
+            raise ValueError(f"seed: must be >= 0, got {seed}")
+        self._s = _m.Sampler(int(dataset_size), int(global_batch), int(seed), bool(drop_last))
 
     # -- geometry ---------------------------------------------------------------------------
+    dataset_size = property(lambda self: self._s.dataset_size)
+    seed = property(lambda self: self._s.seed)
+    drop_last = property(lambda self: self._s.drop_last)
+    epoch = property(lambda self: self._s.epoch)
+    cursor = property(lambda self: self._s.cursor)
+    world = property(lambda self: self._s.world)
+    rank = property(lambda self: self._s.rank)
+    epoch_size = property(lambda self: self._s.epoch_size)
+    exhausted = property(lambda self: self._s.exhausted)
+
     @property
-    def epoch_size(self) -> int:
-        if self.drop_last:
-            return self.dataset_size - self.dataset_size % self.global_batch
-        return self.dataset_size
+    def global_batch(self) -> int:
+        return self._s.global_batch
+
+    @global_batch.setter
+    def global_batch(self, value: int) -> None:
+        self._s.global_batch = int(value)
 
     def order(self) -> np.ndarray:
-        if self._order_epoch != self.epoch:
-            self._order = _m.epoch_order(self.dataset_size, self.seed, self.epoch)
-            self._order_epoch = self.epoch
-        return self._order
+        return self._s.order()
 
     def step_range(self) -> tuple[int, int]:
-        return _m.step_batch(self.cursor, self.global_batch, self.epoch_size)
+        return self._s.step_range()
 
     def share_range(self) -> tuple[int, int]:
-        begin, end = self.step_range()
-        return _m.rank_share(begin, end, self.world, self.rank)
+        return self._s.share_range()
 
     def indices(self) -> np.ndarray:
         """This rank's sample ids for the current step."""
-        b, e = self.share_range()
-        return self.order()[b:e]
+        return self._s.indices()
 
     def step_indices(self) -> np.ndarray:
         """All ranks' sample ids of the current step (the global batch)."""
-        b, e = self.step_range()
-        return self.order()[b:e]
-
-    @property
-    def exhausted(self) -> bool:
-        return self.cursor >= self.epoch_size
+        return self._s.step_indices()
 
     # -- transitions (driven by the controller) ---------------------------------------------
     def set_world(self, world: int, rank: int) -> None:
-        self.world, self.rank = int(world), int(rank)
+        self._s.set_world(int(world), int(rank))
 
     def commit(self) -> None:
         """The current step's samples are consumed."""
-        self.cursor = self.step_range()[1]
+        self._s.commit()
 
     def next_epoch(self) -> None:
-        self.epoch += 1
-        self.cursor = 0
+        self._s.next_epoch()
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "cursor": self.cursor, "global_batch": self.global_batch, "seed": self.seed}
+        return dict(self._s.position())
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if int(state["seed"]) != self.seed:
-            raise ValueError(f"sampler seed: world uses {state['seed']}, this process {self.seed}; pass the same seed")
-        self.epoch, self.cursor, self.global_batch = int(state["epoch"]), int(state["cursor"]), int(state["global_batch"])
+        self._s.set_position(int(state["epoch"]), int(state["cursor"]), int(state["global_batch"]), int(state["seed"]))
 
     def __iter__(self) -> Iterator[np.ndarray]:
         start_epoch = self.epoch
-        while self.epoch == start_epoch and not self.exhausted:
-            yield self.indices()
+        while self._s.epoch == start_epoch and not self._s.exhausted:
+            yield self._s.indices()
 
     def __len__(self) -> int:
-        return max(0, -(-(self.epoch_size - self.cursor) // self.global_batch))
+        return self._s.steps_left
