@@ -11,24 +11,35 @@ One measurement (``measure``), every process timed with the wall clock of this m
 
 * 4 replica groups form a quorum (Lighthouse ``min_replicas=2``, Manager ``min_replica_size=2``,
   ``use_async_quorum=False`` so that a joiner heals inside ``start_quorum``) and run a few steps;
-* **shrink 4->2**: after a committed step, replica groups 2 and 3 leave (``Manager.shutdown()``: the
-  graceful way, their heartbeats stop). The decision time is that step boundary. Groups 0 and 1
-  start their next step: ``start_quorum`` returns once the Lighthouse has a new quorum (torchft has
-  no "leave" message: it forms a quorum without the leavers only after their heartbeats expired,
-  ``heartbeat_timeout_ms``), torchft reconfigures its ``ProcessGroupGloo`` (``configure``: a new
-  store prefix, a new Gloo context), then the first all-reduce of the new world;
+* **shrink 4->2**: after a committed step, replica groups 2 and 3 leave (``Manager.shutdown(wait=False)``:
+  the graceful way, their heartbeats stop at once). The decision time is that step boundary
+  (the first of the 4 processes to reach it).
+  Groups 0 and 1 start their next step: ``start_quorum`` returns once the Lighthouse has a new
+  quorum (torchft has no "leave" message: its split-brain rule forms a 2-member quorum only after
+  the leavers' heartbeats expired, ``heartbeat_timeout_ms``, seen at the next ``quorum_tick_ms``),
+  torchft reconfigures its ``ProcessGroupGloo`` (``configure``: a new store prefix, a new Gloo
+  context), then the first all-reduce of the new world. The figure therefore moves with the
+  Lighthouse's heartbeat timeout: 1000 ms here (tuned down from the ``torchft_lighthouse`` CLI
+  default of 5000 ms; lower risks evicting live replicas on a loaded machine); the phases split
+  it into quorum (mostly that wait), configure and first all-reduce;
 * the 2 survivors train a few steps (real forward/backward/SGD step) so their state differs from
   the leavers' copy;
 * **grow 2->4**: the two processes that left come back as new replica groups: a fresh ``Manager``
   each (new replica id, heartbeating) is built *before* the decision (like dra's standby ranks,
   whose process and model exist already). Decision: the survivors' leader publishes it; the
-  joiners call ``start_quorum``, the survivors continue their loop. Measured until the first
+  joiners call ``start_quorum``, the survivors continue their loop (steps of quorum, all-reduce
+  and commit; the model's compute is left out, as in dra's figure). Measured until the first
   all-reduce in which all 4 take part (if the Lighthouse forms a 3-member quorum first, that step
   is inside the figure: it is how torchft admits joiners). That includes the quorum, the
   ``configure`` of the Gloo group on all 4, the state transfer to the joiners (HTTP: serialize,
   send, deserialize) and loading it into the model and optimizer.
 * after the grow, one more step, then every process hashes its parameters: they must be
-  identical (the state transfer really happened).
+  identical, while the joiners' hashes differed from the survivors' before the grow (so the
+  state transfer really happened).
+
+Configuration: Lighthouse ``min_replicas=2``, ``join_timeout_ms=60000`` (the CLI default; the
+Python binding's 100 ms default drops a replica that is 100 ms late to a quorum, which happens
+on a loaded 2-core machine), ``quorum_tick_ms=100``; Manager heartbeat every 100 ms (default).
 
 The first all-reduce is a 1-element ``Manager.allreduce`` (dra's is a barrier); the training
 steps do not all-reduce gradients (every replica sees the same input, so their gradients agree),
@@ -134,8 +145,9 @@ class _Replica:
         self.opt.load_state_dict(sd["optim"])
         self.loaded_s += time.perf_counter() - t0
 
-    def step(self) -> dict[str, Any]:
-        """One torchft step: quorum (+ reconfigure + heal), the all-reduce, commit, SGD step."""
+    def step(self, train: bool = True) -> dict[str, Any]:
+        """One torchft step: quorum (+ reconfigure + heal), the all-reduce, commit, and (`train`)
+        a forward/backward/SGD step of the model."""
         import torch
 
         self.pg.spent.clear()
@@ -152,15 +164,17 @@ class _Replica:
         n = self.manager.num_participants()
         if not self.manager.should_commit():
             raise RuntimeError(f"torchft did not commit the step (participants {n})")
-        # d loss / d p = torchft's step counter (the same on every replica, restored on a joiner
-        # from the transferred state): SGD moves every parameter, identically on all replicas.
-        loss = self.model(torch.tensor(1e6 * self.manager.current_step()))
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return {"participants": n, "t_start": t_start, "t_quorum": t_quorum, "t_allreduce": t_allreduce,
-                "configure_s": self.pg.spent.get("configure", 0.0), "recv_s": self.transport.spent.get("recv", 0.0),
-                "send_s": self.transport.spent.get("send", 0.0), "load_s": self.loaded_s}
+        figures = {"participants": n, "t_start": t_start, "t_quorum": t_quorum, "t_allreduce": t_allreduce,
+                   "configure_s": self.pg.spent.get("configure", 0.0), "recv_s": self.transport.spent.get("recv", 0.0),
+                   "send_s": self.transport.spent.get("send", 0.0), "load_s": self.loaded_s}
+        if train:
+            # d loss / d p = torchft's step counter (the same on every replica, restored on a joiner
+            # from the transferred state): SGD moves every parameter, identically on all replicas.
+            loss = self.model(torch.tensor(1e6 * self.manager.current_step()))
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        return figures
 
     def shutdown(self, wait: bool = True) -> None:
         self.manager.shutdown(wait=wait)
@@ -180,12 +194,14 @@ def _digest(model) -> str:
 def _until_four(rep: _Replica, t_decision: float, limit_s: float) -> dict[str, Any]:
     """Steps until one has all 4 replica groups in it (the loop goes on while torchft admits the
     joiners at step boundaries, possibly one quorum at a time); that step's figures, plus the
-    step in which this process healed (received the state), if it did."""
+    step in which this process healed (received the state), if it did. These steps leave out
+    the model's forward/backward/SGD (quorum, all-reduce and commit only): the compute of a step
+    is no part of a resize's cost, and dra's figure does not contain it either."""
     sizes: list[int] = []
     healed: dict[str, Any] | None = None
     deadline = time.monotonic() + limit_s
     while True:
-        s = rep.step()
+        s = rep.step(train=False)
         sizes.append(s["participants"])
         if s["recv_s"] > 0:
             healed = s
@@ -221,6 +237,7 @@ def _worker(args: argparse.Namespace) -> None:
             raise RuntimeError(f"expected 4 participants before the shrink, got {s['participants']}")
     # ---- shrink 4 -> 2: the decision is this step boundary -------------------------------
     t_decision = time.time()
+    out["t_shrink_boundary"] = t_decision
     if r in _LEAVERS:
         # Graceful leave, the quick way: wait=True would first join the checkpoint HTTP server
         # (up to its 0.5 s poll interval) while the Manager still heartbeats.
@@ -322,8 +339,8 @@ def measure(mb: float, *, timeout: float = 300.0, heartbeat_timeout_ms: int = 10
     with tempfile.TemporaryDirectory(prefix="dra-bench-torchft-") as tmp:
         here, there = ctx.Pipe()
         lh_log = os.path.join(tmp, "lighthouse.log")
-        lighthouse = ctx.Process(target=_lighthouse_main, args=(lh_log, there, heartbeat_timeout_ms, quorum_tick_ms, join_timeout_ms),
-                                 daemon=True)
+        lighthouse = ctx.Process(target=_lighthouse_main, daemon=True,
+                                 args=(lh_log, there, heartbeat_timeout_ms, quorum_tick_ms, join_timeout_ms))
         procs = []
         try:
             lighthouse.start()
@@ -372,9 +389,10 @@ def measure(mb: float, *, timeout: float = 300.0, heartbeat_timeout_ms: int = 10
     if len(digests) != 1:
         raise RuntimeError(f"torchft replicas hold different parameters after the grow: {sorted(digests)}")
     sh = [x["shrink"] for x in survivors]
+    t_shrink = min(x["t_shrink_boundary"] for x in reps)  # the first process to act on the decision
     shrink = {
-        "total_s": max(s["t_allreduce"] - s["t_decision"] for s in sh),
-        "quorum_s": max(s["t_quorum"] - s["t_decision"] - s["configure_s"] for s in sh),
+        "total_s": max(s["t_allreduce"] for s in sh) - t_shrink,
+        "quorum_s": max(s["t_quorum"] - s["configure_s"] for s in sh) - t_shrink,
         "configure_s": max(s["configure_s"] for s in sh),
         "first_allreduce_s": max(s["t_allreduce"] - s["t_quorum"] for s in sh),
     }
@@ -445,13 +463,14 @@ def torchft_rows(sizes_mb: list[float], results: list[dict[str, Any]] | None = N
                   f"{m['runs']} runs")
         notes = {
             "shrink_4to2": (f"{common} {[round(x, 4) for x in m['shrink']['all_total_s']]}; from the step boundary "
-                            "where 2 replica groups leave (Manager.shutdown, heartbeats stop) to the first "
+                            "(first process to reach it) where 2 replica groups leave (Manager.shutdown, heartbeats stop) to the first "
                             "all-reduce of the 2 survivors; quorum = until the Lighthouse drops the leavers "
                             "(heartbeat expiry: torchft has no leave message)"),
             "grow_2to4": (f"{common} {[round(x, 4) for x in m['grow']['all_total_s']]}; from the decision (the "
                           "joiners' Managers already up, like dra's standby) to the first all-reduce with all 4, "
                           "incl. quorum, configure, HTTP state transfer (params + optimizer) to 2 joiners and "
-                          f"load_state_dict; world sizes stepped through per run: {m['grow']['sizes']}"),
+                          "load_state_dict (steps in between: quorum + all-reduce + commit, no model compute); "
+                          f"world sizes stepped through per run: {m['grow']['sizes']}"),
         }
         for kind in ("shrink_4to2", "grow_2to4"):
             key = "shrink" if kind.startswith("shrink") else "grow"
@@ -488,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     for mb in sizes:
         if not mb > 0:
             raise ValueError(f"--sizes-mb: every size must be > 0 MB, got {mb}")
-    rows = torchft_rows(sizes, repeats=args.repeats, timeout=args.timeout, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    rows = torchft_rows(sizes, repeats=args.repeats, timeout=args.timeout,
+                        heartbeat_timeout_ms=args.heartbeat_timeout_ms)
     write_report("torchft_baseline", rows, args.json)
     return 0
 
