@@ -130,8 +130,21 @@ const char* to_string(role r) noexcept {
 launch_info launch_info::from_env() {
   launch_info l;
   l.join = env_or("DRA_JOIN", "0") == "1";
+  const std::string dedicated = env_or("DRA_STORE", "");
   const std::string host = env_or("MASTER_ADDR", ""), port = env_or("MASTER_PORT", "");
-  if (!host.empty() && !port.empty()) {
+  if (!dedicated.empty()) {
+    // A store that outlives every training process (python -m dra.elastic store): the job then
+    // survives the loss of any rank, rank 0 and torchrun's node 0 included.
+    const auto colon = dedicated.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      dra::detail::throw_invalid("DRA_STORE", "must be host:port, got '" + dedicated + "'");
+    l.store_host = dedicated.substr(0, colon);
+    try {
+      l.store_port = std::stoi(dedicated.substr(colon + 1));
+    } catch (const std::exception&) {
+      dra::detail::throw_invalid("DRA_STORE", "port must be an integer, got '" + dedicated + "'");
+    }
+  } else if (!host.empty() && !port.empty()) {
     l.store_host = host;
     l.store_port = env_int("MASTER_PORT", 0);
   }
@@ -141,7 +154,7 @@ launch_info launch_info::from_env() {
     // Alone, without torchrun: a private store on a free port, a world of one.
     l.store_host = "127.0.0.1";
     l.host_store = true;
-  } else if (!l.join && l.uid == 0) {
+  } else if (!l.join && l.uid == 0 && dedicated.empty()) {
     // Under torchrun the agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True); otherwise
     // rank 0 hosts it, as init_process_group would.
     const bool torchrun = !env_or("TORCHELASTIC_RUN_ID", "").empty();
@@ -428,6 +441,10 @@ void controller::enter_world(std::int64_t epoch, const std::vector<int>& members
   const double t_reshard = seconds_since(t2);
   role_ = role::member;
   failure_.clear();
+  // The status line's samples/s window starts with the world (it was started lazily at the first
+  // committed step, so a first window of one step divided by ~0 s).
+  status_t_ = std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
+  status_samples_ = 0;
   engine_.resized(comm_->size(), static_cast<double>(sampler_->global_batch()));
   engine_.world().active = members;
   if (source != "admit" && my_rank == 0) {
@@ -878,6 +895,10 @@ void controller::leave(bool exit) {
 // faults
 // ---------------------------------------------------------------------------------------------
 void controller::recover(std::string reason) {
+  // The event reports the change against the world that was running when the failure hit, even
+  // when a member dies again during the recovery and it takes several attempts.
+  const std::vector<int> world_before = members_;
+  const std::string first_reason = reason;
   for (int attempt = 0; attempt <= options_.max_resize_retries; ++attempt) {
     const auto t0 = clock_type::now();
     const std::int64_t failed_epoch = epoch_;
@@ -886,18 +907,26 @@ void controller::recover(std::string reason) {
     if (comm_) comm_->abort();
     const std::string base = "fault/" + std::to_string(failed_epoch);
     store_->set(base + "/alive/" + std::to_string(uid_), 1);
-    if (store_->claim(base + "/decider", std::to_string(uid_))) {
-      // The decider waits until every old member checked in, or the window closed.
-      const auto deadline = clock_type::now() + options_.fault_timeout + std::chrono::seconds(1);
-      std::vector<int> alive;
-      for (;;) {
-        alive.clear();
-        for (int u : old_members)
-          if (store_->exists(base + "/alive/" + std::to_string(u))) alive.push_back(u);
-        if (alive.size() == old_members.size() || clock_type::now() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // Every survivor waits until every old member checked in (or the window closed), then
+    // proposes the survivors; the first proposal stored wins and everyone adopts it. No single
+    // decider: a survivor that dies during the recovery cannot leave the others without a result.
+    const auto deadline = clock_type::now() + options_.fault_timeout + std::chrono::seconds(1);
+    std::vector<int> alive;
+    bool decided = false;
+    for (;;) {
+      if (store_->exists(base + "/result")) {
+        decided = true;
+        break;
       }
-      store_->set(base + "/result", {{"epoch", store_->add("epoch_seq", 1)}, {"members", survivors(old_members, alive)}});
+      alive.clear();
+      for (int u : old_members)
+        if (store_->exists(base + "/alive/" + std::to_string(u))) alive.push_back(u);
+      if (alive.size() == old_members.size() || clock_type::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!decided) {
+      const json proposal = {{"epoch", store_->add("epoch_seq", 1)}, {"members", survivors(old_members, alive)}};
+      store_->claim(base + "/result", proposal.dump());
     }
     const json result = store_->get(base + "/result", 2 * options_.fault_timeout + std::chrono::seconds(5));
     const double t_agree = seconds_since(t0);
@@ -912,11 +941,11 @@ void controller::recover(std::string reason) {
       return;
     }
     std::vector<int> dead;
-    for (int u : old_members)
+    for (int u : world_before)
       if (rank_of(members, u) < 0) dead.push_back(u);
     try {
-      enter_world(epoch, members, "fault", {}, dead, "peer failure: " + reason, static_cast<int>(old_members.size()),
-                  t_agree, {}, -1);
+      enter_world(epoch, members, "fault", {}, dead, "peer failure: " + first_reason,
+                  static_cast<int>(world_before.size()), t_agree, {}, -1);
       return;
     } catch (const dra::error& e) {
       reason = std::string("rebuild after fault failed: ") + e.what();

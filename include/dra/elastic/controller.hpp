@@ -113,6 +113,7 @@ struct launch_info {
   int uid = 0;                 ///< RANK
   int universe_size = 1;       ///< WORLD_SIZE: processes launched together
   std::string job_prefix = "dra/job/0/";
+  /// DRA_STORE=host:port (a dedicated store, which outlives every process) else
   /// MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, DRA_JOIN, DRA_JOB_ID (else TORCHELASTIC_RUN_ID),
   /// TORCHELASTIC_RESTART_COUNT; rank 0 hosts the store unless torchrun's agent does
   /// (TORCHELASTIC_USE_AGENT_STORE=True); DRA_HOST_STORE=0/1 overrides.
