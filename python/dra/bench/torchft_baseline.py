@@ -486,8 +486,9 @@ def torchft_rows(sizes_mb: list[float], results: list[dict[str, Any]] | None = N
         if m["grow"]["state_transfer_s"] > 0:
             gbps = m["state_bytes"] * 2 / m["grow"]["state_transfer_s"] / 1e9
             rows.append(result(f"torchft_state_transfer_{tag}", gbps, "GB/s",
-                               note="torchft HTTPTransport: bytes to 2 joiners (fetching in parallel) / the slower "
-                                    "joiner's fetch + deserialize + load_state_dict time (median)"))
+                               note="torchft HTTPTransport: bytes to 2 joiners (torchft gives each joiner its own "
+                                    "up-to-date source replica, the two fetch in parallel) / the slower joiner's "
+                                    "fetch + deserialize + load_state_dict time (median)"))
     return rows
 
 
