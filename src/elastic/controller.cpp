@@ -797,7 +797,17 @@ void controller::leader_decides() {
   const auto t0 = clock_type::now();
   decision d;
   try {
-    const auto cands = candidates();
+    // The candidate list is a store round trip (~1 ms on a loaded host): read at most once a
+    // second for the policy's view of capacity, and fresh only when the world grows (below), so a
+    // decision step that holds costs no store access most of the time.
+    const auto now = clock_type::now();
+    bool fresh = false;
+    if (now - candidates_read_ >= std::chrono::seconds(1) || options_.schedule.count(step_index_)) {
+      candidates_cache_ = candidates();
+      candidates_read_ = now;
+      fresh = true;
+    }
+    std::vector<int> cands = candidates_cache_;
     auto& w = engine_.world();
     w.size = static_cast<int>(members_.size());
     w.active = members_;
@@ -818,7 +828,13 @@ void controller::leader_decides() {
       }
     }
     const int current = static_cast<int>(members_.size());
-    if (target > current) d.joined = pick_joiners(members_, cands, target);
+    if (target > current) {
+      if (!fresh) {
+        cands = candidates_cache_ = candidates();
+        candidates_read_ = now;
+      }
+      d.joined = pick_joiners(members_, cands, target);
+    }
     if (target < current) d.left = pick_leavers(members_, std::max(target, 1));
     if (d.joined.empty() && d.left.empty() && d.batch_scale == 1.0) return;  // hold: costs nothing more
     d.members = next_members(members_, d.left, d.joined);

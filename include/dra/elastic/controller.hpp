@@ -272,6 +272,8 @@ class controller {
   std::vector<std::string> events_;
   std::string signature_json_;
   std::vector<tensor_spec> signature_;
+  std::vector<int> candidates_cache_;
+  std::chrono::steady_clock::time_point candidates_read_{};
   // status line
   double status_t_ = 0.0;
   std::int64_t status_samples_ = 0;
