@@ -445,6 +445,10 @@ void controller::enter_world(std::int64_t epoch, const std::vector<int>& members
   // committed step, so a first window of one step divided by ~0 s).
   status_t_ = std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
   status_samples_ = 0;
+  // The status line's samples/s window starts with the world (it was started lazily at the first
+  // committed step, so a first window of one step divided by ~0 s).
+  status_t_ = std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
+  status_samples_ = 0;
   engine_.resized(comm_->size(), static_cast<double>(sampler_->global_batch()));
   engine_.world().active = members;
   if (source != "admit" && my_rank == 0) {
