@@ -32,6 +32,8 @@ void dra::python::bind_elastic(py::module_& m) {
   e.def("rank_mapping", &rank_mapping, py::arg("old_members"), py::arg("new_members"));
   e.def("pick_joiners", &pick_joiners, py::arg("members"), py::arg("candidates"), py::arg("target"));
   e.def("pick_leavers", &pick_leavers, py::arg("members"), py::arg("target"));
+  e.def("handoff_sources", &handoff_sources, py::arg("new_members"), py::arg("joined"),
+        "New rank of the member that sends the state to each joiner (stayers share the work).");
   e.def(
       "step_batch",
       [](std::int64_t cursor, std::int64_t global_batch, std::int64_t epoch_size) {

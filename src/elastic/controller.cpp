@@ -360,7 +360,8 @@ void controller::wait_for_admission() {
     }
     const auto epoch = msg.at("epoch").get<std::int64_t>();
     try {
-      enter_world(epoch, msg.at("members").get<std::vector<int>>(), "admit", {}, {}, "", 0, 0.0, {}, -1);
+      enter_world(epoch, msg.at("members").get<std::vector<int>>(), "admit", {}, {}, "", 0, 0.0,
+                  msg.at("joined").get<std::vector<int>>(), -1);
     } catch (const dra::error& e) {
       // A peer died while this process joined: it is a member of that epoch now, so it takes
       // part in the recovery like everyone else.
@@ -403,20 +404,27 @@ void controller::enter_world(std::int64_t epoch, const std::vector<int>& members
   hook("state_transfer");
   std::uint64_t nbytes = 0;
   const int my_rank = comm_->rank();
-  if (source == "admit") {
-    recv_state(0, nbytes);
-  } else {
+  if (source == "start" || source == "fault") {
+    // Survivors may disagree on whether the interrupted step was applied: the leader's state wins.
     std::vector<int> dst_ranks;
-    if (source == "start" || source == "fault") {
-      // Survivors may disagree on whether the interrupted step was applied: the leader's state wins.
-      for (int r = 1; r < comm_->size(); ++r) dst_ranks.push_back(r);
-    } else {
-      for (int u : receivers) dst_ranks.push_back(rank_of(members, u));
-    }
+    for (int r = 1; r < comm_->size(); ++r) dst_ranks.push_back(r);
     if (my_rank == 0 && !dst_ranks.empty())
       send_state(dst_ranks, nbytes);
-    else if (std::find(dst_ranks.begin(), dst_ranks.end(), my_rank) != dst_ranks.end())
+    else if (my_rank != 0)
       recv_state(0, nbytes);
+  } else if (!receivers.empty()) {
+    // A grow: the members that stay share the sending (round-robin over the joiners), each
+    // joiner receives from one of them. Joiners learn the same list from their admission.
+    const auto sources = handoff_sources(members, receivers);
+    const auto mine = std::find(receivers.begin(), receivers.end(), uid_);
+    if (mine != receivers.end()) {
+      recv_state(sources[static_cast<std::size_t>(mine - receivers.begin())], nbytes);
+    } else {
+      std::vector<int> dst_ranks;
+      for (std::size_t i = 0; i < receivers.size(); ++i)
+        if (sources[i] == my_rank) dst_ranks.push_back(rank_of(members, receivers[i]));
+      if (!dst_ranks.empty()) send_state(dst_ranks, nbytes);
+    }
   }
   const double t_transfer = seconds_since(t1);
 
@@ -441,10 +449,6 @@ void controller::enter_world(std::int64_t epoch, const std::vector<int>& members
   const double t_reshard = seconds_since(t2);
   role_ = role::member;
   failure_.clear();
-  // The status line's samples/s window starts with the world (it was started lazily at the first
-  // committed step, so a first window of one step divided by ~0 s).
-  status_t_ = std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
-  status_samples_ = 0;
   // The status line's samples/s window starts with the world (it was started lazily at the first
   // committed step, so a first window of one step divided by ~0 s).
   status_t_ = std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
@@ -865,7 +869,7 @@ void controller::apply_decision() {
       d = *pending_;
       for (int uid : d.joined) {
         store_->erase("waiting/" + std::to_string(uid));
-        store_->set("admit/" + std::to_string(uid), {{"epoch", d.epoch}, {"members", d.members}});
+        store_->set("admit/" + std::to_string(uid), {{"epoch", d.epoch}, {"members", d.members}, {"joined", d.joined}});
       }
     } else {
       d = decision::from_json(store_->get("dec/" + std::to_string(epoch_), options_.fault_timeout + std::chrono::seconds(1)));

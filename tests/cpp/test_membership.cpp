@@ -93,3 +93,13 @@ TEST_CASE("membership.epoch_order.deterministic_permutation") {
   CHECK(epoch_order(0, 1, 0).empty());
   CHECK(a != iota);  // actually shuffled
 }
+
+TEST_CASE("membership.handoff_sources.stayers_share_the_sending") {
+  // Grow 2 -> 4: members 0 and 5 stay (ranks 0, 1), joiners 7 and 9 get one sender each.
+  CHECK(handoff_sources({0, 5, 7, 9}, {7, 9}) == std::vector<int>{0, 1});
+  // One stayer serves every joiner; more joiners than stayers wrap around.
+  CHECK(handoff_sources({3, 4, 6, 8}, {4, 6, 8}) == std::vector<int>{0, 0, 0});
+  CHECK(handoff_sources({0, 1, 2, 3, 4}, {2, 3, 4}) == std::vector<int>{0, 1, 0});
+  CHECK(handoff_sources({0, 1}, {}).empty());
+  CHECK_THROWS_AS(handoff_sources({7, 9}, {7, 9}), std::invalid_argument);
+}

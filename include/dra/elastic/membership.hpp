@@ -142,6 +142,21 @@ inline std::vector<int> pick_joiners(const std::vector<int>& members, std::vecto
   return out;
 }
 
+/// Who sends the state to each joiner of a grow: the members that stay share the work round-robin
+/// (they hold bit-identical state), so k joiners are served by up to k senders at once. Entry i
+/// is the new rank of the member that sends to joined[i]. Throws when nobody stays.
+inline std::vector<int> handoff_sources(const std::vector<int>& new_members, const std::vector<int>& joined) {
+  std::vector<int> stayers;
+  for (int r = 0; r < static_cast<int>(new_members.size()); ++r)
+    if (std::find(joined.begin(), joined.end(), new_members[static_cast<std::size_t>(r)]) == joined.end())
+      stayers.push_back(r);
+  if (stayers.empty()) dra::detail::throw_invalid("joined", "every member would be a joiner; nobody holds the state");
+  std::vector<int> out;
+  out.reserve(joined.size());
+  for (std::size_t i = 0; i < joined.size(); ++i) out.push_back(stayers[i % stayers.size()]);
+  return out;
+}
+
 /// Who leaves when shrinking to `target`: the newest ranks (highest rank numbers), never the leader.
 inline std::vector<int> pick_leavers(const std::vector<int>& members, int target) {
   if (target < 1) dra::detail::throw_invalid("target", "must be >= 1, got " + std::to_string(target));
