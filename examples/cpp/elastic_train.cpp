@@ -25,7 +25,8 @@
 // data can be checked from outside. --die-at-step K makes the process whose uid equals the
 // environment variable DRA_TEST_DIE_UID kill itself with SIGKILL at step K, after backward and
 // before the gradient all-reduce (a crash in the middle of a step); without that variable the
-// option does nothing.
+// option does nothing. --die-in-phase rebuild|state_transfer|reshard likewise kills that process
+// inside that phase of the first world change after the start (a crash during a resize).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -66,6 +67,7 @@ struct options {
   std::string events;
   std::string log_samples;
   std::int64_t die_at_step = -1;
+  std::string die_in_phase;
   std::int64_t fault_timeout_ms = 3000;
   std::int64_t store_timeout_ms = 30000;
   std::map<std::int64_t, int> schedule;  // committed steps -> size
@@ -74,7 +76,8 @@ struct options {
 const char* kUsage =
     "options: --epochs N --steps N --start-size N --min-size N --max-size N --decide-every N --global-batch N "
     "--dataset N --seed N --lr X --momentum X --schedule STEP:SIZE,... --release standby|exit --verify --events PATH "
-    "--fault-timeout-ms N --store-timeout-ms N --status-every N --log-samples DIR --die-at-step K";
+    "--fault-timeout-ms N --store-timeout-ms N --status-every N --log-samples DIR --die-at-step K "
+    "--die-in-phase PHASE";
 
 std::int64_t to_int(const std::string& flag, const std::string& v) {
   try {
@@ -139,6 +142,8 @@ options parse(int argc, char** argv) {
       o.log_samples = value();
     else if (a == "--die-at-step")
       o.die_at_step = integer();
+    else if (a == "--die-in-phase")
+      o.die_in_phase = value();
     else if (a == "--fault-timeout-ms")
       o.fault_timeout_ms = integer();
     else if (a == "--store-timeout-ms")
@@ -165,6 +170,10 @@ options parse(int argc, char** argv) {
     throw std::invalid_argument("--release: expected 'standby' or 'exit', got '" + o.release + "'");
   if (o.epochs < 1) throw std::invalid_argument("--epochs: must be >= 1");
   if (o.steps < 0) throw std::invalid_argument("--steps: must be >= 0 (0 = no limit)");
+  if (!o.die_in_phase.empty() && o.die_in_phase != "rebuild" && o.die_in_phase != "state_transfer" &&
+      o.die_in_phase != "reshard")
+    throw std::invalid_argument("--die-in-phase: expected rebuild, state_transfer or reshard, got '" + o.die_in_phase +
+                                "'");
   return o;
 }
 
@@ -239,6 +248,18 @@ int main(int argc, char** argv) try {
   co.store_timeout = std::chrono::milliseconds(opt.store_timeout_ms);
   // Gloo on loopback (one host); on several nodes DRA_GLOO_HOSTNAME names this host's address.
   co.gloo_hostname = env_or("DRA_GLOO_HOSTNAME", "127.0.0.1");
+  const std::string die_uid = env_or("DRA_TEST_DIE_UID", "");
+  if (!opt.die_in_phase.empty() && !die_uid.empty()) {
+    // Test hook: die inside the first world change after the start (a crash during a resize).
+    co.phase_hook = [&opt, die_uid](const std::string& phase, const dra::elastic::controller& self) {
+      if (phase == opt.die_in_phase && self.step_index() > 0 && std::to_string(self.uid()) == die_uid) {
+        std::printf("[dra-cpp] uid %d: test hook kills this process in phase %s at step %" PRId64 "\n", self.uid(),
+                    phase.c_str(), self.step_index());
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      }
+    };
+  }
 
   auto sampler = std::make_shared<dra::elastic::elastic_sampler>(opt.dataset, opt.global_batch, opt.seed);
   auto state = std::make_shared<dra::elastic::module_state>(model, &optimizer);
@@ -297,16 +318,23 @@ int main(int argc, char** argv) try {
         std::fflush(stdout);
         std::raise(SIGKILL);
       }
-      if (ctl.reduce_gradients(params)) optimizer.step();  // false: a peer failed, the step is redone
+      const bool reduced = ctl.reduce_gradients(params);  // false: a peer failed, the step is redone
+      if (reduced) {
+        optimizer.step();
+        // A successful reduction commits at step(): logged here, so that a process killed inside
+        // step() (in a world change) still has its committed share on record.
+        if (samples_log.is_open()) {
+          samples_log << "{\"uid\": " << uid << ", \"step\": " << step << ", \"data_epoch\": " << data_epoch
+                      << ", \"world_epoch\": " << world_epoch << ", \"rank\": " << rank << ", \"world\": " << world
+                      << ", \"ids\": [";
+          for (std::size_t i = 0; i < ids.size(); ++i) samples_log << (i ? ", " : "") << ids[i];
+          samples_log << "]}" << std::endl;  // flushed: a killed process keeps what it committed
+        }
+      }
       const bool was_member = ctl.is_member();
       const auto r = ctl.step(loss_value);
-      if (r.committed && samples_log.is_open()) {
-        samples_log << "{\"uid\": " << uid << ", \"step\": " << r.step << ", \"data_epoch\": " << data_epoch
-                    << ", \"world_epoch\": " << world_epoch << ", \"rank\": " << rank << ", \"world\": " << world
-                    << ", \"ids\": [";
-        for (std::size_t i = 0; i < ids.size(); ++i) samples_log << (i ? ", " : "") << ids[i];
-        samples_log << "]}" << std::endl;  // flushed: a killed process keeps what it committed
-      }
+      if (reduced && (!r.committed || r.step != step))
+        throw std::logic_error("a successfully reduced step was not committed as step " + std::to_string(step));
       if (r.exit_requested) {
         final_line("released");
         return 0;

@@ -283,6 +283,43 @@ def test_survives_a_killed_process_mid_step(procs, tmp_path):
     _check_exactly_once(recs, total_steps=40, epochs=2)
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("phase", ["rebuild", "state_transfer", "reshard"])
+def test_survives_a_process_killed_during_a_resize(procs, tmp_path, phase):
+    """Started by hand, 2 of 3 form the world; at the grow to 3 after 10 steps, uid 1 kills itself
+    inside a phase of the world change. The leader and the joiner recover into a world of 2 (the
+    joiner gets the whole state from the leader) and finish, every sample consumed exactly once."""
+    events = tmp_path / "events.jsonl"
+    _start_by_hand(procs, 3, ["--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH),
+                              "--start-size", "2", "--decide-every", "100000", "--schedule", "10:3", "--verify",
+                              "--events", str(events), "--log-samples", str(tmp_path), "--fault-timeout-ms", "3000",
+                              "--die-in-phase", phase], DRA_TEST_DIE_UID="1")
+    try:
+        codes = procs.wait(150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job did not finish: " + "\n".join(procs.output(f"r{u}")[-2000:] for u in range(3)))
+    outs = {uid: procs.output(f"r{uid}") for uid in range(3)}
+    assert codes["r1"] == -signal.SIGKILL, outs[1][-3000:]
+    assert f"test hook kills this process in phase {phase} at step 11" in outs[1]
+    assert codes["r0"] == 0, outs[0][-3000:]
+    assert codes["r2"] == 0, outs[2][-3000:]
+    evs = _events(events)
+    for ev in evs:
+        _check_event_keys(ev)
+    assert [e["event"] for e in evs] == ["start", "fault"], evs  # the grow never completed
+    fault = evs[1]
+    assert (fault["before"], fault["after"], fault["left"], fault["members"]) == (3, 2, [1], [0, 2]), fault
+    assert fault["step"] == 11 and fault["params_identical"] is True
+    finals = _finals(outs[0] + outs[2])
+    for uid, rank in ((0, 0), (2, 1)):
+        assert (finals[uid]["role"], finals[uid]["rank"], finals[uid]["world"], finals[uid]["steps"]) == (
+            "member", rank, 2, 40), finals[uid]
+    assert finals[0]["hash"] == finals[2]["hash"] and finals[0]["momentum"] == finals[2]["momentum"]
+    recs = _commits(tmp_path)
+    assert min(r["step"] for r in recs if r["uid"] == 2) == 11  # the joiner continued at the world's step
+    _check_exactly_once(recs, total_steps=40, epochs=2)
+
+
 def _start_by_hand(procs: Processes, n: int, args: list[str], **extra: str) -> None:
     """n processes without torchrun; rank 0 hosts the store (DRA_HOST_STORE=1)."""
     port = _free_port()
