@@ -155,8 +155,9 @@ launch_info launch_info::from_env() {
     l.store_host = "127.0.0.1";
     l.host_store = true;
   } else if (!l.join && l.uid == 0 && dedicated.empty()) {
-    // Under torchrun the agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True); otherwise
-    // rank 0 hosts it, as init_process_group would.
+    // Under torchrun the agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True), or rank 0 when
+    // the agent does not share its store. Processes started by hand use a dedicated store, or
+    // rank 0 hosts it when it sets DRA_HOST_STORE=1.
     const bool torchrun = !env_or("TORCHELASTIC_RUN_ID", "").empty();
     const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
     l.host_store = env_or("DRA_HOST_STORE", torchrun && !agent_store ? "1" : "0") == "1";

@@ -115,8 +115,8 @@ struct launch_info {
   std::string job_prefix = "dra/job/0/";
   /// DRA_STORE=host:port (a dedicated store, which outlives every process) else
   /// MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, DRA_JOIN, DRA_JOB_ID (else TORCHELASTIC_RUN_ID),
-  /// TORCHELASTIC_RESTART_COUNT; rank 0 hosts the store unless torchrun's agent does
-  /// (TORCHELASTIC_USE_AGENT_STORE=True); DRA_HOST_STORE=0/1 overrides.
+  /// TORCHELASTIC_RESTART_COUNT. Under torchrun the agent hosts the store (or rank 0 when the
+  /// agent does not share it); outside torchrun rank 0 hosts it only with DRA_HOST_STORE=1.
   static launch_info from_env();
 };
 
