@@ -247,6 +247,61 @@ void gloo_communicator::recv(at::Tensor& tensor, int src, int tag) {
   run("recv", [&] { return group_->recv(v, src, tag); });
 }
 
+void gloo_communicator::send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts,
+                                   int first_tag) {
+  for (int d : dsts)
+    if (d < 0 || d >= size_ || d == rank_)
+      dra::detail::throw_invalid("dsts", "ranks must lie in [0, " + std::to_string(size_) + ") and differ from self (" +
+                                             std::to_string(rank_) + "), got " + std::to_string(d));
+  for (const auto& t : tensors) {
+    check_cpu_tensor(t);
+    if (!t.is_contiguous()) dra::detail::throw_invalid("tensors", "send_batch needs contiguous tensors");
+  }
+  if (!group_)
+    throw dra::comm_error("send_batch: the communicator of epoch " + std::to_string(epoch_) + " was aborted");
+  try {
+    // Everything is posted before anything is waited for: the pieces stream back to back.
+    std::vector<std::vector<at::Tensor>> holders;
+    holders.reserve(tensors.size());
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      holders.push_back({tensors[i]});
+      for (int d : dsts) works.push_back(group_->send(holders.back(), d, first_tag + static_cast<int>(i)));
+    }
+    for (auto& w : works) w->wait(timeout_);
+  } catch (const dra::error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow_as_dra_error(e, "send_batch", epoch_);
+  }
+}
+
+void gloo_communicator::recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag) {
+  if (src < 0 || src >= size_ || src == rank_)
+    dra::detail::throw_invalid("src", "must lie in [0, " + std::to_string(size_) + ") and differ from self, got " +
+                                          std::to_string(src));
+  for (const auto& t : tensors) {
+    check_cpu_tensor(t);
+    if (!t.is_contiguous()) dra::detail::throw_invalid("tensors", "recv_batch needs contiguous destinations");
+  }
+  if (!group_)
+    throw dra::comm_error("recv_batch: the communicator of epoch " + std::to_string(epoch_) + " was aborted");
+  try {
+    std::vector<std::vector<at::Tensor>> holders;
+    holders.reserve(tensors.size());
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      holders.push_back({tensors[i]});
+      works.push_back(group_->recv(holders.back(), src, first_tag + static_cast<int>(i)));
+    }
+    for (auto& w : works) w->wait(timeout_);
+  } catch (const dra::error&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow_as_dra_error(e, "recv_batch", epoch_);
+  }
+}
+
 void gloo_communicator::set_timeout(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) dra::detail::throw_invalid("timeout", "must be > 0 ms");
   timeout_ = timeout;

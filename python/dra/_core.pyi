@@ -430,8 +430,95 @@ def statistical_efficiency(noise_scale: float, valid: bool, global_batch: float,
     """(B + M0) / (B + M): efficiency of global batch M relative to M0."""
 
 
+class _ElasticSampler:
+    """Exactly-once sample order over a changing world (C++ ``elastic_sampler``)."""
+    def __init__(self, dataset_size: int, global_batch: int, seed: int = 0, drop_last: bool = False) -> None: ...
+    dataset_size: int
+    global_batch: int
+    seed: int
+    drop_last: bool
+    epoch: int
+    cursor: int
+    world: int
+    rank: int
+    epoch_size: int
+    exhausted: bool
+    steps_left: int
+    def step_range(self) -> tuple[int, int]: ...
+    def share_range(self) -> tuple[int, int]: ...
+    def order(self) -> NDArray[int64]: ...
+    def indices(self) -> NDArray[int64]: ...
+    def step_indices(self) -> NDArray[int64]: ...
+    def set_world(self, world: int, rank: int) -> None: ...
+    def commit(self) -> None: ...
+    def next_epoch(self) -> None: ...
+    def position(self) -> dict[str, int]: ...
+    def set_position(self, epoch: int, cursor: int, global_batch: int, seed: int) -> None: ...
+
+
+class _ElasticStateProvider:
+    """Base of a state provider written in Python: subclasses implement signature(), collect(),
+    prepare(manifest), load(manifest, tensors) and scale_learning_rate(factor)."""
+    def __init__(self) -> None: ...
+
+
+class _ElasticStepResult:
+    committed: bool
+    step: int
+    loss: float
+    event: str
+    exit_requested: bool
+
+
+class _ElasticController:
+    """The elastic controller (C++ ``dra::elastic::controller``): the whole protocol of an elastic world."""
+    def __init__(self, engine: EngineConfig, state: _ElasticStateProvider, sampler: _ElasticSampler, *,
+                 start_size: int = -1, release: str = "standby", batch_mode: str = "fixed", decide_every: int = 10,
+                 schedule: dict[int, int] = ..., fault_timeout_s: float = 3.0, store_timeout_s: float = 30.0,
+                 chunk_mb: float = 16.0, verify: bool = False, events_path: str = "", status_every: int = 0,
+                 max_resize_retries: int = 3, config_fingerprint: str = "",
+                 phase_hook: Callable[[Any, str], None] | None = None, store_host: str | None = None,
+                 store_port: int | None = None, join: bool | None = None, host_store: bool | None = None) -> None: ...
+    def reduce_gradients(self, params: Sequence[Any]) -> bool: ...
+    def step(self, loss: float) -> _ElasticStepResult: ...
+    def next_epoch(self, num_epochs: int) -> bool: ...
+    def finish(self) -> None: ...
+    def registered_candidates(self) -> list[int]: ...
+    def state_digest(self) -> int: ...
+    role: str
+    is_member: bool
+    failed: bool
+    uid: int
+    rank: int
+    world_size: int
+    epoch: int
+    step_index: int
+    resizes: int
+    universe_size: int
+    start_size: int
+    members: list[int]
+    last_digest: int | None
+    last_event: str
+    events: list[str]
+    last_loss: float
+    store_address: str
+    num_epochs: int
+    engine: ResizeEngine
+
+
 class _ElasticModule:
-    """Membership and data-partition decisions of the elastic world (the ``elastic`` submodule)."""
+    """Membership and data-partition decisions of the elastic world (the ``elastic`` submodule),
+    and the elastic controller itself."""
+    Sampler: type[_ElasticSampler]
+    StateProvider: type[_ElasticStateProvider]
+    StepResult: type[_ElasticStepResult]
+    Controller: type[_ElasticController]
+    @staticmethod
+    def handoff_sources(new_members: Sequence[int], joined: Sequence[int]) -> list[int]:
+        """New rank of the member that sends the state to each joiner (stayers share the work)."""
+    @staticmethod
+    def signature_mismatch(world: Sequence[Any], joiner: Sequence[Any]) -> str | None:
+        """First difference between two model signatures, or None."""
     @staticmethod
     def epoch_order(n: int, seed: int, epoch: int) -> NDArray[int64]:
         """The deterministic sample order of a data epoch (int64 array)."""

@@ -27,7 +27,6 @@ namespace {
 
 constexpr int kLateUidBase = 10000;
 constexpr int kTagHeader = 71;
-constexpr int kTagChunk = 72;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -516,23 +515,30 @@ std::uint64_t controller::state_digest() {
 // one tensor goes straight from / into that tensor's storage; smaller tensors share a staging
 // buffer. Memory beyond the state itself: one chunk.
 namespace {
+// Pieces of at least this size travel straight from / into their tensor; smaller ones are packed
+// into the chunk's staging buffer. A chunk's transfers are all in flight at once.
+constexpr std::int64_t kDirectPiece = 256 << 10;
+constexpr int kTagPiece = 1000;
+
 void stream_out(comm::communicator& c, const std::vector<at::Tensor>& views, const std::vector<int>& dsts,
                 std::int64_t chunk_bytes) {
   std::vector<std::int64_t> sizes;
   for (const auto& v : views) sizes.push_back(v.numel());
   at::Tensor staging;
   for (const auto& chunk : plan_chunks(sizes, chunk_bytes)) {
-    if (chunk.size() == 1) {
-      c.send(views[chunk[0].tensor].narrow(0, chunk[0].offset, chunk[0].count), dsts, kTagChunk);
-      continue;
-    }
-    if (!staging.defined()) staging = at::empty({chunk_bytes}, at::kByte);
-    std::int64_t pos = 0;
+    std::vector<at::Tensor> batch;
+    std::int64_t packed = 0;
     for (const auto& p : chunk) {
-      staging.narrow(0, pos, p.count).copy_(views[p.tensor].narrow(0, p.offset, p.count));
-      pos += p.count;
+      if (p.count >= kDirectPiece || chunk.size() == 1) {
+        batch.push_back(views[p.tensor].narrow(0, p.offset, p.count));
+      } else {
+        if (!staging.defined()) staging = at::empty({chunk_bytes}, at::kByte);
+        staging.narrow(0, packed, p.count).copy_(views[p.tensor].narrow(0, p.offset, p.count));
+        packed += p.count;
+      }
     }
-    c.send(staging.narrow(0, 0, pos), dsts, kTagChunk);
+    if (packed > 0) batch.push_back(staging.narrow(0, 0, packed));
+    c.send_batch(batch, dsts, kTagPiece);
   }
 }
 
@@ -541,20 +547,27 @@ void stream_in(comm::communicator& c, const std::vector<at::Tensor>& views, int 
   for (const auto& v : views) sizes.push_back(v.numel());
   at::Tensor staging;
   for (const auto& chunk : plan_chunks(sizes, chunk_bytes)) {
-    if (chunk.size() == 1) {
-      at::Tensor dst = views[chunk[0].tensor].narrow(0, chunk[0].offset, chunk[0].count);
-      c.recv(dst, src, kTagChunk);
-      continue;
-    }
-    std::int64_t total = 0;
-    for (const auto& p : chunk) total += p.count;
-    if (!staging.defined()) staging = at::empty({chunk_bytes}, at::kByte);
-    at::Tensor buf = staging.narrow(0, 0, total);
-    c.recv(buf, src, kTagChunk);
-    std::int64_t pos = 0;
+    // The same classification as the sender's, from the same plan.
+    std::vector<at::Tensor> batch;
+    std::vector<const piece*> small;
+    std::int64_t packed = 0;
     for (const auto& p : chunk) {
-      views[p.tensor].narrow(0, p.offset, p.count).copy_(buf.narrow(0, pos, p.count));
-      pos += p.count;
+      if (p.count >= kDirectPiece || chunk.size() == 1) {
+        batch.push_back(views[p.tensor].narrow(0, p.offset, p.count));
+      } else {
+        small.push_back(&p);
+        packed += p.count;
+      }
+    }
+    if (packed > 0) {
+      if (!staging.defined()) staging = at::empty({chunk_bytes}, at::kByte);
+      batch.push_back(staging.narrow(0, 0, packed));
+    }
+    c.recv_batch(batch, src, kTagPiece);
+    std::int64_t pos = 0;
+    for (const piece* p : small) {
+      views[p->tensor].narrow(0, p->offset, p->count).copy_(staging.narrow(0, pos, p->count));
+      pos += p->count;
     }
   }
 }

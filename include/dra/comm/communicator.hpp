@@ -48,6 +48,10 @@ class communicator {
   /// point-to-point throw dra::comm_error.
   virtual void send(const at::Tensor& tensor, const std::vector<int>& dsts, int tag);
   virtual void recv(at::Tensor& tensor, int src, int tag);
+  /// Several transfers in flight at once (the state handoff pipelines the pieces of a chunk):
+  /// tensor i travels with tag `first_tag + i`. Returns when all finished. Default: one by one.
+  virtual void send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts, int first_tag);
+  virtual void recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag);
   /// Abandons in-flight work; never blocks. The communicator is unusable afterwards.
   virtual void abort() noexcept = 0;
   /// The c10d backend behind it, when there is one (lets Python DDP use the same world).
@@ -70,6 +74,16 @@ inline void communicator::send(const at::Tensor&, const std::vector<int>&, int) 
 }
 inline void communicator::recv(at::Tensor&, int, int) {
   throw dra::comm_error("this backend has no point-to-point recv; the state handoff needs one");
+}
+inline void communicator::send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts,
+                                      int first_tag) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) send(tensors[i], dsts, first_tag + static_cast<int>(i));
+}
+inline void communicator::recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    at::Tensor t = tensors[i];
+    recv(t, src, first_tag + static_cast<int>(i));
+  }
 }
 
 }  // namespace dra::comm

@@ -57,6 +57,8 @@ class gloo_communicator final : public communicator {
   void barrier() override;
   void send(const at::Tensor& tensor, const std::vector<int>& dsts, int tag) override;
   void recv(at::Tensor& tensor, int src, int tag) override;
+  void send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts, int first_tag) override;
+  void recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag) override;
   /// Hands the group to a background reaper (its teardown may wait for in-flight Gloo work to
   /// hit the Gloo timeout); returns at once. Collectives throw dra::comm_error afterwards.
   void abort() noexcept override;
