@@ -8,6 +8,7 @@
 
 #include "dra/error.hpp"
 #include "dra/policy/constraints.hpp"
+#include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/policies.hpp"
 #include "dra/policy/throughput_model.hpp"
 #include "dra/signals/convergence_estimator.hpp"
@@ -19,10 +20,12 @@ struct engine_config {
   policy::throughput_model_config throughput;
   policy::constraints limits;
   policy::cost_model costs;
-  /// "convergence" (DRA framework rule) or "goodput" (Pollux-style).
+  /// "convergence" (DRA framework rule), "goodput" (Pollux-style) or "convergence_aware" (goodput
+  /// over size and batch with a price per device; include/dra/policy/convergence_aware.hpp).
   std::string policy = "convergence";
   policy::convergence_phase_config convergence;
   policy::goodput_config goodput;
+  policy::convergence_aware_config convergence_aware;
   /// Steps between decisions (a decision is cheap, but resizing more often than this is noise).
   std::int64_t decide_every = 10;
 
@@ -32,8 +35,10 @@ struct engine_config {
     limits.validate();
     convergence.validate();
     goodput.validate();
-    if (policy != "convergence" && policy != "goodput")
-      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use 'convergence' or 'goodput'");
+    convergence_aware.validate();
+    if (policy != "convergence" && policy != "goodput" && policy != "convergence_aware")
+      dra::detail::throw_invalid("policy",
+                                 "unknown policy '" + policy + "'; use 'convergence', 'goodput' or 'convergence_aware'");
     if (decide_every < 1) dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
     if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
@@ -42,6 +47,8 @@ struct engine_config {
 
 inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
   if (config.policy == "goodput") return std::make_shared<policy::goodput_policy>(config.goodput);
+  if (config.policy == "convergence_aware")
+    return std::make_shared<policy::convergence_aware_policy>(config.convergence_aware);
   return std::make_shared<policy::convergence_phase_policy>(config.convergence);
 }
 
