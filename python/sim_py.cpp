@@ -109,7 +109,8 @@ void dra::python::bind_sim(py::module_& m) {
   m.attr("sim_in_place_resize_cost_stand_in_s") = in_place_resize_cost_stand_in_s;
   m.attr("sim_policy_names") = policy_names();
   m.attr("sim_study_baselines") = study_baselines();
-  m.attr("sim_default_price_floor") = dra::policy::convergence_aware_config{}.price_floor;
+  m.attr("sim_default_price_floor") = sim_config{}.cluster_price_floor;
+  m.attr("sim_default_job_price_floor") = dra::policy::convergence_aware_config{}.price_floor;
 
   py::class_<profile_library>(m, "SimProfiles",
                               "Measured application profiles (a traces/ directory) for the simulator.")
@@ -187,14 +188,13 @@ void dra::python::bind_sim(py::module_& m) {
         c.quota_scale = quota_scale;
         c.record_timeline = record_timeline;
         c.remaining_work_from_budget = remaining_work_from_budget;
-        c.convergence_aware.price_floor = price_floor;
-        c.convergence_aware.plateau_price = std::max(c.convergence_aware.plateau_price, price_floor);
+        c.cluster_price_floor = price_floor;
         return result_to_dict(simulate(profiles, specs, c, progress));
       },
       py::arg("profiles"), py::arg("jobs"), py::arg("policy"), py::arg("reallocation_cost_s") = 30.0,
       py::arg("interval_s") = 60.0, py::arg("nodes") = 16, py::arg("devices_per_node") = 4,
       py::arg("quota_scale") = 0.0, py::arg("record_timeline") = true, py::arg("remaining_work_from_budget") = true,
-      py::arg("price_floor") = dra::policy::convergence_aware_config{}.price_floor, py::arg("progress") = nullptr,
+      py::arg("price_floor") = sim_config{}.cluster_price_floor, py::arg("progress") = nullptr,
       "Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.");
 
   m.def(
@@ -202,7 +202,7 @@ void dra::python::bind_sim(py::module_& m) {
       [](const profile_library& profiles, const py::list& pool, int runs, std::uint64_t seed,
          const std::vector<std::string>& policies, double reallocation_cost_s, double quota_scale, double interval_s,
          bool noise, bool reference_limits, bool perturb, bool shared_cluster, int jobs_per_cluster, bool hindsight,
-         const std::function<void(int, int)>& progress) {
+         double price_floor, const std::function<void(int, int)>& progress) {
         std::vector<job_spec> specs;
         for (auto o : pool) specs.push_back(spec_from(o));
         study_config c;
@@ -218,6 +218,9 @@ void dra::python::bind_sim(py::module_& m) {
         c.shared_cluster = shared_cluster;
         c.jobs_per_cluster = jobs_per_cluster;
         c.hindsight = hindsight && !shared_cluster;
+        c.convergence_aware.price_floor = price_floor;
+        c.convergence_aware.plateau_price = std::max(c.convergence_aware.plateau_price, price_floor);
+        c.convergence_aware.validate();
         std::vector<study_run> rows;
         {
           py::gil_scoped_release release;
@@ -246,7 +249,8 @@ void dra::python::bind_sim(py::module_& m) {
       py::arg("reallocation_cost_s") = in_place_resize_cost_stand_in_s, py::arg("quota_scale") = 1.0,
       py::arg("interval_s") = 60.0, py::arg("noise") = true, py::arg("reference_limits") = false,
       py::arg("perturb") = false, py::arg("shared_cluster") = false, py::arg("jobs_per_cluster") = 160,
-      py::arg("hindsight") = true, py::arg("progress") = nullptr,
+      py::arg("hindsight") = true, py::arg("price_floor") = dra::policy::convergence_aware_config{}.price_floor,
+      py::arg("progress") = nullptr,
       "Generates `runs` jobs from the request pool (seeded) and simulates each under the static baselines and every "
       "dynamic policy, alone or (shared_cluster) in groups contending for one cluster.");
 }

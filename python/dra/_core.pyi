@@ -39,12 +39,14 @@ class EstimatorConfig:
     gns_decay: float
     loss_decay: float
     plateau_exit_t_threshold: float
+    plateau_history_fraction: float
+    plateau_history_improvement: float
     plateau_patience: int
     plateau_relative_improvement: float
     plateau_t_threshold: float
     warmup_steps: int
     window: int
-    def __init__(self, *, divergence_factor: float = ..., divergence_nonfinite_streak: int = ..., fast_relative_improvement: float = ..., gns_decay: float = ..., loss_decay: float = ..., plateau_exit_t_threshold: float = ..., plateau_patience: int = ..., plateau_relative_improvement: float = ..., plateau_t_threshold: float = ..., warmup_steps: int = ..., window: int = ...) -> None:
+    def __init__(self, *, divergence_factor: float = ..., divergence_nonfinite_streak: int = ..., fast_relative_improvement: float = ..., gns_decay: float = ..., loss_decay: float = ..., plateau_exit_t_threshold: float = ..., plateau_history_fraction: float = ..., plateau_history_improvement: float = ..., plateau_patience: int = ..., plateau_relative_improvement: float = ..., plateau_t_threshold: float = ..., warmup_steps: int = ..., window: int = ...) -> None:
         """Keyword construction; unknown keywords and invalid values raise ValueError."""
     def validate(self) -> None: ...
 
@@ -139,6 +141,7 @@ class WorldState:
 class Capacity:
     """Devices the job could have now."""
     available: int
+    device_price: float
     @overload
     def __init__(self) -> None: ...
     @overload
@@ -283,6 +286,7 @@ class StepStatus:
 class EngineConfig:
     """Estimator, throughput model, policy and constraints of one job."""
     convergence: ConvergencePhaseConfig
+    convergence_aware: ConvergenceAwareConfig
     costs: CostModel
     decide_every: int
     estimator: EstimatorConfig
@@ -290,7 +294,7 @@ class EngineConfig:
     limits: Constraints
     policy: str
     throughput: ThroughputModelConfig
-    def __init__(self, *, convergence: ConvergencePhaseConfig = ..., costs: CostModel = ..., decide_every: int = ..., estimator: EstimatorConfig = ..., goodput: GoodputConfig = ..., limits: Constraints = ..., policy: str = ..., throughput: ThroughputModelConfig = ...) -> None:
+    def __init__(self, *, convergence: ConvergencePhaseConfig = ..., convergence_aware: ConvergenceAwareConfig = ..., costs: CostModel = ..., decide_every: int = ..., estimator: EstimatorConfig = ..., goodput: GoodputConfig = ..., limits: Constraints = ..., policy: str = ..., throughput: ThroughputModelConfig = ...) -> None:
         """Keyword construction; unknown keywords and invalid values raise ValueError."""
     def validate(self) -> None: ...
 
@@ -418,12 +422,11 @@ def sim_read_workload(path: str, profiles: SimProfiles | None = None) -> list[An
     """
 
 
-def sim_run(profiles: SimProfiles, jobs: list[Any], policy: str, reallocation_cost_s: float = 30.0, interval_s: float = 60.0, nodes: int = 16, devices_per_node: int = 4, quota_scale: float = 0.0, record_timeline: bool = True, exploration_limit: bool = False, progress: Callable[[float, int, int], bool] | None = None) -> dict[str, Any]:
+def sim_run(profiles: SimProfiles, jobs: list[Any], policy: str, reallocation_cost_s: float = 30.0, interval_s: float = 60.0, nodes: int = 16, devices_per_node: int = 4, quota_scale: float = 0.0, record_timeline: bool = True, remaining_work_from_budget: bool = True, price_floor: float = 0.0, progress: Callable[[float, int, int], bool] | None = None) -> dict[str, Any]:
     """Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict."""
 
 
-def sim_study(profiles: SimProfiles, pool: list[Any], runs: int, seed: int, policies: Sequence[str], reallocation_cost_s: float = 1.0, quota_scale: float = 2.0, interval_s: float = 60.0, noise: bool = True, progress: Callable[[int, int], None] | None = None) -> list[Any]:
-    """Generates `runs` jobs from the request pool (seeded) and simulates each alone under every policy."""
+def sim_study(profiles: SimProfiles, pool: list[Any], runs: int, seed: int, policies: Sequence[str], reallocation_cost_s: float = 1.0, quota_scale: float = 1.0, interval_s: float = 60.0, noise: bool = True, reference_limits: bool = False, perturb: bool = False, shared_cluster: bool = False, jobs_per_cluster: int = 160, hindsight: bool = True, price_floor: float = 0.1, progress: Callable[[int, int], None] | None = None) -> list[Any]:
 
 
 def statistical_efficiency(noise_scale: float, valid: bool, global_batch: float, base_batch: float) -> float:
@@ -550,3 +553,27 @@ elastic: _ElasticModule
 _nccl_compiled: bool
 sim_in_place_resize_cost_stand_in_s: float
 sim_policy_names: list[str]
+
+# ---- issue 14: convergence-aware policy and simulator constants (hand-written; keep at the end) ----
+class ConvergenceAwareConfig:
+    """Settings of the convergence-aware policy."""
+    batch_candidates: int
+    max_global_batch: float
+    min_gain: float
+    min_per_rank_batch: float
+    plateau_price: float
+    price_floor: float
+    def __init__(self, *, batch_candidates: int = ..., max_global_batch: float = ..., min_gain: float = ..., min_per_rank_batch: float = ..., plateau_price: float = ..., price_floor: float = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class ConvergenceAwarePolicy(Policy):
+    """Goodput over size and batch together, with a price per device."""
+    def __init__(self, config: ConvergenceAwareConfig = ...) -> None: ...
+
+
+sim_study_baselines: list[str]
+sim_default_price_floor: float
+sim_default_job_price_floor: float
+# ---- end issue 14 ----

@@ -8,8 +8,11 @@
 //    and grows as the noise scale rises, and co-adapts the batch (with the AdaScale LR gain).
 //  - A device is held only while it earns its price: going from k to k' devices must add at least
 //    `price x (k' - k)` single-device goodputs. The price is the larger of a floor (the device's
-//    opportunity cost: 0.5 = each device must bring half of what one device alone brings) and the
+//    opportunity cost: 0.1 = each device must bring a tenth of what one device alone brings) and the
 //    price set by whoever lends the devices (capacity::device_price), which rises with contention.
+//    The floor is the job's trade between time and device-hours: 0 minimises time; the default
+//    0.1 keeps a device only if it adds a tenth of what one device alone does (docs/simulator.md
+//    reports the trade-off measured at 0, 0.1 and 0.25).
 //  - A change happens only when its predicted gain clears `min_gain`; a grow is therefore always a
 //    predicted speedup (> 1 + min_gain), and constrained_policy's amortisation then charges its cost.
 //  - The loss curve is used for what it is good at: on a plateau (estimator_config's scale-free
@@ -29,7 +32,7 @@ namespace dra::policy {
 struct convergence_aware_config {
   /// Price floor per device, in single-device goodputs (see above). 0 keeps every device that adds
   /// any goodput; 1 keeps only devices that scale perfectly.
-  double price_floor = 0.5;
+  double price_floor = 0.1;
   /// Price while the job is on a plateau and the lender reports contention (device_price > 0).
   double plateau_price = 0.9;
   /// A change must raise the job's net value (goodput - price x devices) by at least this fraction

@@ -22,6 +22,9 @@
 // Efficiency: with |G|^2 = sqr and tr(Sigma) = var measured at the initial batch M0, a global batch
 // M = scale * M0 makes (var + sqr) / (var/scale + sqr) steps' worth of progress per step (AdaScale);
 // goodput = throughput * that gain / scale.
+#if !__has_include(<LBFGS.h>)
+#error "dra/policy/perf_model.hpp needs the header-only LBFGSpp library (Debian/Ubuntu: apt-get install liblbfgspp-dev)"
+#endif
 #include <LBFGS.h>
 
 #include <Eigen/Core>

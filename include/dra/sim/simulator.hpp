@@ -86,6 +86,14 @@ struct sim_config {
   /// minus its progress. false: predicted from the loss curve only (Optimus-style fit of the
   /// per-epoch loss proxy), capped by nothing.
   bool remaining_work_from_budget = true;
+  /// convergence_aware on a shared cluster: power-mean exponent over the jobs' completion rates
+  /// goodput(k) / remaining work. 1 maximises their sum (shortest remaining work first, which starves
+  /// long jobs that scale well); towards 0 the remaining work stops mattering (proportional
+  /// fairness); 0.5, chosen on workloads 1-4 at load 1.0 among {1, 0.5, 0.2, -1}, sits between.
+  double remaining_work_power = 0.5;
+  /// convergence_aware on a shared cluster: price floor per device. 0: a device the arbiter leaves
+  /// idle costs nothing, so the contention price is what the arbiter's marginal values imply.
+  double cluster_price_floor = 0.0;
 
   // Cluster arbiter (dra's policy over goodput curves) and Pollux.
   policy::arbiter_config arbiter{};
@@ -415,6 +423,7 @@ class simulator {
     int max_held = 0;
     double best_metric = std::numeric_limits<double>::quiet_NaN();
     std::vector<std::pair<double, double>> loss_history;  ///< (epoch, loss proxy) for remaining-work fits
+    double log_batch_sum = 0.0;                           ///< sum over finished epochs of log(batch)
     // Tiresias bookkeeping.
     double executed_s = 0.0;
     int queue = 0;
@@ -531,8 +540,13 @@ class simulator {
       t += dt;
       seconds -= dt;
       ++j.epoch;
-      j.best_metric = j.app->best_metric(batch, j.epoch);
-      const double loss = loss_proxy(j, batch, j.epoch - 1);
+      // The traces give the metric of runs at one batch size. A run whose batch changed gets the
+      // metric of the epoch-weighted geometric mean of its batches (not of its latest batch, which
+      // would forget the epochs trained at the others).
+      j.log_batch_sum += std::log(batch);
+      const double metric_batch = std::exp(j.log_batch_sum / j.epoch);
+      j.best_metric = j.app->best_metric(metric_batch, j.epoch);
+      const double loss = loss_proxy(j, metric_batch, j.epoch - 1);
       j.est->update_loss(j.epoch, loss);
       j.loss_history.emplace_back(static_cast<double>(j.epoch), loss);
       j.reached_target = target_reached(j);
@@ -543,6 +557,9 @@ class simulator {
       }
       if (j.fixed_batch <= 0.0) choose_batch(j);  // re-optimise between epochs, as the reference does
     }
+    // The reference also re-optimises the batch at the end of every interval, with the model as
+    // refitted from what the job measured in it.
+    if (!j.done && j.fixed_batch <= 0.0) choose_batch(j);
   }
 
   // ---- placement ----------------------------------------------------------------------------
@@ -567,72 +584,104 @@ class simulator {
   /// most free devices, repeatedly (the reference's). Cluster policies: packed, but at most one
   /// distributed job per node (Pollux's rule); returns fewer than k devices when that rule leaves
   /// no room. Returns devices per node.
-  std::vector<int> place(int k) {
-    std::vector<int> alloc(free_per_node_.size(), 0);
+  std::vector<int> place(int k) { return place_on(k, free_per_node_, distributed_on_node_); }
+
+  /// place() on explicit free-device and distributed-job counts (so a plan can be tried first).
+  std::vector<int> place_on(int k, std::vector<int>& free, std::vector<int>& distributed) const {
+    std::vector<int> alloc(free.size(), 0);
     const int per = config_.devices_per_node;
-    const std::size_t none = free_per_node_.size();
+    const std::size_t none = free.size();
     int left = k;
     if (config_.policy == "tiresias") {
       while (left > 0) {
         std::size_t best = none;
-        for (std::size_t n = 0; n < free_per_node_.size(); ++n)
-          if (free_per_node_[n] > 0 && (best == none || free_per_node_[n] > free_per_node_[best])) best = n;
+        for (std::size_t n = 0; n < free.size(); ++n)
+          if (free[n] > 0 && (best == none || free[n] > free[best])) best = n;
         if (best == none) throw std::logic_error("place: not enough free devices");
-        const int take = std::min(left, free_per_node_[best]);
-        alloc[best] += take, free_per_node_[best] -= take, left -= take;
+        const int take = std::min(left, free[best]);
+        alloc[best] += take, free[best] -= take, left -= take;
       }
       return alloc;
     }
     if (cluster_) {
       // One node if it fits, tightest first.
       std::size_t fit = none;
-      for (std::size_t n = 0; n < free_per_node_.size() && k <= per; ++n)
-        if (free_per_node_[n] >= k && (fit == none || free_per_node_[n] < free_per_node_[fit])) fit = n;
+      for (std::size_t n = 0; n < free.size() && k <= per; ++n)
+        if (free[n] >= k && (fit == none || free[n] < free[fit])) fit = n;
       if (fit != none) {
-        alloc[fit] = k, free_per_node_[fit] -= k;
+        alloc[fit] = k, free[fit] -= k;
         return alloc;
       }
       // Distributed: only nodes without another distributed job; whole free nodes first, then the
       // tightest node that fits the rest, then the most free.
-      for (std::size_t n = 0; n < free_per_node_.size() && left >= per; ++n)
-        if (free_per_node_[n] == per && distributed_on_node_[n] == 0) alloc[n] = per, free_per_node_[n] = 0, left -= per;
+      for (std::size_t n = 0; n < free.size() && left >= per; ++n)
+        if (free[n] == per && distributed[n] == 0) alloc[n] = per, free[n] = 0, left -= per;
       while (left > 0) {
         std::size_t best = none;
-        for (std::size_t n = 0; n < free_per_node_.size(); ++n)
-          if (alloc[n] == 0 && distributed_on_node_[n] == 0 && free_per_node_[n] >= left &&
-              (best == none || free_per_node_[n] < free_per_node_[best]))
-            best = n;
+        for (std::size_t n = 0; n < free.size(); ++n)
+          if (alloc[n] == 0 && distributed[n] == 0 && free[n] >= left && (best == none || free[n] < free[best])) best = n;
         if (best == none)
-          for (std::size_t n = 0; n < free_per_node_.size(); ++n)
-            if (alloc[n] == 0 && distributed_on_node_[n] == 0 && free_per_node_[n] > 0 &&
-                (best == none || free_per_node_[n] > free_per_node_[best]))
-              best = n;
+          for (std::size_t n = 0; n < free.size(); ++n)
+            if (alloc[n] == 0 && distributed[n] == 0 && free[n] > 0 && (best == none || free[n] > free[best])) best = n;
         if (best == none) break;
-        const int take = std::min(left, free_per_node_[best]);
-        alloc[best] += take, free_per_node_[best] -= take, left -= take;
+        const int take = std::min(left, free[best]);
+        alloc[best] += take, free[best] -= take, left -= take;
       }
       if (compact(alloc).size() > 1)
         for (std::size_t n = 0; n < alloc.size(); ++n)
-          if (alloc[n] > 0) ++distributed_on_node_[n];
+          if (alloc[n] > 0) ++distributed[n];
       return alloc;
     }
-    for (std::size_t n = 0; n < free_per_node_.size() && left >= per; ++n)
-      if (free_per_node_[n] == per) alloc[n] = per, free_per_node_[n] = 0, left -= per;
+    for (std::size_t n = 0; n < free.size() && left >= per; ++n)
+      if (free[n] == per) alloc[n] = per, free[n] = 0, left -= per;
     while (left > 0) {
       std::size_t best = none;
-      for (std::size_t n = 0; n < free_per_node_.size(); ++n)  // tightest node that fits the rest
-        if (free_per_node_[n] >= left && (best == none || free_per_node_[n] < free_per_node_[best])) best = n;
+      for (std::size_t n = 0; n < free.size(); ++n)  // tightest node that fits the rest
+        if (free[n] >= left && (best == none || free[n] < free[best])) best = n;
       if (best == none) {
-        for (std::size_t n = 0; n < free_per_node_.size(); ++n)  // otherwise the node with most free
-          if (free_per_node_[n] > 0 && (best == none || free_per_node_[n] > free_per_node_[best])) best = n;
+        for (std::size_t n = 0; n < free.size(); ++n)  // otherwise the node with most free
+          if (free[n] > 0 && (best == none || free[n] > free[best])) best = n;
       }
       if (best == none) throw std::logic_error("place: not enough free devices");
-      const int take = std::min(left, free_per_node_[best]);
+      const int take = std::min(left, free[best]);
       alloc[best] += take;
-      free_per_node_[best] -= take;
+      free[best] -= take;
       left -= take;
     }
     return alloc;
+  }
+
+  /// Devices each job would end up with if `alloc` were applied in apply_allocation's order (a dry
+  /// run of the placement rule).
+  std::vector<int> plan(const std::vector<job_state*>& act, const std::vector<int>& alloc) const {
+    std::vector<int> free = free_per_node_, distributed = distributed_on_node_;
+    std::vector<int> got(act.size());
+    auto drop = [&](const job_state& j) {
+      const bool dist = compact(j.alloc).size() > 1;
+      for (std::size_t n = 0; n < j.alloc.size(); ++n) {
+        free[n] += j.alloc[n];
+        if (dist && j.alloc[n] > 0) --distributed[n];
+      }
+    };
+    for (std::size_t i = 0; i < act.size(); ++i) {
+      got[i] = act[i]->devices;
+      if (alloc[i] != act[i]->devices) drop(*act[i]), got[i] = 0;
+    }
+    // Shrinks are placed before grows (they fit where they were), grows biggest first.
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < act.size(); ++i)
+      if (alloc[i] != act[i]->devices && alloc[i] > 0 && alloc[i] < act[i]->devices) order.push_back(i);
+    std::vector<std::size_t> grows;
+    for (std::size_t i = 0; i < act.size(); ++i)
+      if (alloc[i] > act[i]->devices) grows.push_back(i);
+    std::stable_sort(grows.begin(), grows.end(), [&](std::size_t a, std::size_t b) { return alloc[a] > alloc[b]; });
+    order.insert(order.end(), grows.begin(), grows.end());
+    for (std::size_t i : order) {
+      int sum = 0;
+      for (int c : place_on(alloc[i], free, distributed)) sum += c;
+      got[i] = sum;
+    }
+    return got;
   }
 
   /// Gives a job k devices (k = 0 releases). A change costs reallocation_cost_s of no progress.
@@ -894,6 +943,19 @@ class simulator {
     work = std::move(sorted_work);
     const int fair = static_cast<int>(std::ceil(static_cast<double>(capacity_) / static_cast<double>(act.size())));
     const double scale = static_cast<double>(config_.nodes) / static_cast<double>(capacity_);
+    // convergence_aware: a job's value at k devices is the rate at which it completes its remaining
+    // work, goodput(k) / remaining work (1/s), normalised by the largest one-device rate. A job that
+    // has not measured anything yet is taken to be as close to done as the closest job (new jobs
+    // first, as least-attained-service does), at linear speedup.
+    std::vector<double> rate_one(act.size(), 0.0);
+    double top_rate = 0.0;
+    if (ca)
+      for (std::size_t i = 0; i < act.size(); ++i)
+        if (act[i]->model->fitted()) {
+          rate_one[i] = curve_at(*act[i], 1) * policy::remaining_work_weight(work[i]);
+          top_rate = std::max(top_rate, rate_one[i]);
+        }
+    if (!(top_rate > 0.0)) top_rate = 1.0;
     std::vector<policy::arbiter_job> in;
     in.reserve(act.size());
     for (std::size_t i = 0; i < act.size(); ++i) {
@@ -901,19 +963,16 @@ class simulator {
       const int most = explore_cap(*j);
       policy::arbiter_job a;
       a.speedup.assign(static_cast<std::size_t>(most) + 1, 0.0);
-      // convergence_aware: weight by remaining work, normalised so the shortest job weighs 1.
-      const double w = ca ? policy::remaining_work_weight(work[i]) * work.front() : 1.0;
       if (!j->model->fitted()) {
         // Pollux's prior before any measurement: linear speedup.
         for (int k = 1; k <= most; ++k)
-          a.speedup[static_cast<std::size_t>(k)] = (ca ? w : scale / fair) * static_cast<double>(k);
+          a.speedup[static_cast<std::size_t>(k)] = (ca ? 1.0 : scale / fair) * static_cast<double>(k);
       } else if (ca) {
         std::vector<double> g(static_cast<std::size_t>(most) + 1, 0.0);
         for (int k = 1; k <= most; ++k) g[static_cast<std::size_t>(k)] = curve_at(*j, k);
-        const int cut = policy::priced_size(g, config_.convergence_aware.price_floor);
-        const double one = g[1] > 0.0 ? g[1] : 1.0;
-        for (int k = 1; k <= most; ++k)
-          a.speedup[static_cast<std::size_t>(k)] = w * g[static_cast<std::size_t>(std::min(k, cut))] / one;
+        const int cut = policy::priced_size(g, config_.cluster_price_floor);
+        const double w = policy::remaining_work_weight(work[i]) / top_rate;
+        for (int k = 1; k <= most; ++k) a.speedup[static_cast<std::size_t>(k)] = w * g[static_cast<std::size_t>(std::min(k, cut))];
       } else {
         const int fair_k = std::clamp(fair, 1, j->max_devices);
         double base = p == "pollux" ? predicted_best(*j, 1, fair_k).goodput : curve_at(*j, fair_k);
@@ -929,9 +988,25 @@ class simulator {
       in.push_back(std::move(a));
     }
     policy::arbiter_config ac = config_.arbiter;
-    if (ca) ac.p = 1.0;
+    if (ca) ac.p = config_.remaining_work_power;
     const policy::cluster_arbiter arbiter(ac);
-    const std::vector<int> alloc = arbiter.allocate(in, capacity_);
+    // The arbiter divides device counts; the placement rule (one distributed job per node) may not
+    // fit them all. Try the plan, cap each job that would get fewer devices at what it would get,
+    // and divide again, so the search only returns allocations that can be placed (as Pollux's
+    // genetic search only keeps repaired, placeable states).
+    std::vector<int> alloc = arbiter.allocate(in, capacity_);
+    for (int round = 0; round < 8; ++round) {
+      const std::vector<int> got = plan(act, alloc);
+      bool short_any = false;
+      for (std::size_t i = 0; i < act.size(); ++i)
+        if (got[i] < alloc[i]) {
+          short_any = true;
+          const auto keep = static_cast<std::size_t>(std::max(got[i], 0)) + 1;
+          if (in[i].speedup.size() > keep) in[i].speedup.resize(keep);
+        }
+      if (!short_any) break;
+      alloc = arbiter.allocate(in, capacity_);
+    }
     // Shrinks first (they free devices), then grows, biggest first so they find whole nodes.
     std::vector<std::size_t> idx(act.size());
     for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;

@@ -83,6 +83,8 @@ struct study_config {
   /// Static baselines in hindsight (alone only): best fixed size at the user's batch, and best
   /// fixed size and batch (validated batches and the user's), within the quota.
   bool hindsight = true;
+  /// Settings of the convergence-aware policy (per job alone, and its cluster form when shared).
+  policy::convergence_aware_config convergence_aware{};
 
   void validate() const {
     if (runs < 1) dra::detail::throw_invalid("runs", "must be >= 1, got " + std::to_string(runs));
@@ -162,6 +164,7 @@ inline sim_config study_sim_config(const study_config& config, const std::string
   sc.quota_scale = config.quota_scale;
   sc.reference_limits = config.reference_limits;
   sc.record_timeline = false;
+  sc.convergence_aware = config.convergence_aware;
   // Alone on the cluster there is nothing to arbitrate: the job's own policy decides (the live path).
   sc.cluster_arbitration = !alone;
   return sc;

@@ -338,7 +338,7 @@ def replay(
         "interval_s": interval_s,
         "rules": "pollux: online-fitted model, exploration limit, one distributed job per node, batch cap",
         "remaining_work": "epoch budget" if remaining_work_from_budget else "loss-curve fit",
-        "price_floor": floor,
+        "cluster_price_floor": floor,
         "policies": {},
         "jobs": [],
         "timelines": {},
@@ -398,6 +398,7 @@ def study(
     quiet: bool = True,
     resamples: int = 2000,
     jobs_detail: bool = True,
+    price_floor: float | None = None,
 ) -> dict[str, Any]:
     """The generated static-vs-dynamic study: ``runs`` jobs from tuned requests, each simulated under
     the static baselines (``static_request``, ``static_best_size``, ``static_best_hindsight``) and
@@ -423,6 +424,7 @@ def study(
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
     names = [p for p in names if p != "static"]
     pool = [j for w in workloads for j in read_workload(w, profiles)] if workloads else _default_pool(profiles)
+    floor = float(_core.sim_default_job_price_floor) if price_floor is None else float(price_floor)
 
     def progress(done: int, total: int) -> None:
         if not quiet and (done % 50 == 0 or done == total or shared_cluster):
@@ -434,7 +436,7 @@ def study(
     start = time.perf_counter()
     rows = _core.sim_study(
         profiles, pool, runs, seed, names, cost, quota_scale, interval_s, noise, reference_limits, perturb,
-        shared_cluster, jobs_per_cluster, True, progress,
+        shared_cluster, jobs_per_cluster, True, floor, progress,
     )
     wall = time.perf_counter() - start
     baselines = [b for b in STUDY_BASELINES if b in rows[0]["results"]]
@@ -570,6 +572,7 @@ def study(
             "target": "fixed per application: the worst validated batch size's final best metric",
             "cluster": f"shared: groups of {jobs_per_cluster} runs at the workload rows' arrival times" if shared_cluster else "each run alone",
             "utilization": "busy (computing and synchronising) device time / held device time",
+            "price_floor": floor,
             "rules": "online-fitted throughput model for every dynamic policy; the cluster policies also get "
             "Pollux's exploration limit, one distributed job per node and the batch cap",
         },

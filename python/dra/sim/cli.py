@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         default="budget",
         help="convergence_aware: rank jobs by their epoch budget left (default) or by an Optimus-style loss-curve fit",
     )
-    rp.add_argument("--price-floor", type=float, help="convergence_aware: the price floor per device (default 0.5)")
+    rp.add_argument("--price-floor", type=float, help="convergence_aware on the cluster: price floor per device (default 0: idle devices cost nothing)")
     common(rp, "pollux")
 
     st = sub.add_parser("study", help="the generated static-vs-dynamic study")
@@ -97,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--perturb", action="store_true", help="untuned requests: batch and devices x 2^{-1,0,1} (default: as made)")
     st.add_argument("--shared-cluster", action="store_true", help="runs contend for one cluster in groups (default: each alone)")
     st.add_argument("--jobs-per-cluster", type=int, default=160, help="runs per shared cluster (default 160)")
+    st.add_argument(
+        "--price-floor",
+        type=float,
+        help="convergence_aware per job: price floor per device in single-device goodputs (default 0.1; 0 minimises time)",
+    )
     st.add_argument(
         "--reference-limits",
         action="store_true",
@@ -173,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 quiet=args.quiet,
                 resamples=args.resamples,
                 jobs_detail=not args.no_jobs,
+                price_floor=args.price_floor,
             )
             text = sim.markdown_study(doc)
             if args.json:
