@@ -427,6 +427,7 @@ def sim_run(profiles: SimProfiles, jobs: list[Any], policy: str, reallocation_co
 
 
 def sim_study(profiles: SimProfiles, pool: list[Any], runs: int, seed: int, policies: Sequence[str], reallocation_cost_s: float = 1.0, quota_scale: float = 1.0, interval_s: float = 60.0, noise: bool = True, reference_limits: bool = False, perturb: bool = False, shared_cluster: bool = False, jobs_per_cluster: int = 160, hindsight: bool = True, price_floor: float = 0.1, progress: Callable[[int, int], None] | None = None) -> list[Any]:
+    """Generates `runs` jobs from the request pool (seeded) and simulates each under the static baselines and every dynamic policy, alone or (shared_cluster) in groups contending for one cluster."""
 
 
 def statistical_efficiency(noise_scale: float, valid: bool, global_batch: float, base_batch: float) -> float:

@@ -35,7 +35,7 @@ def _digits_losses(seed: int) -> list[float]:
             loss = loss_fn(model(x_train[idx]), y_train[idx])
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.detach().item())
             if len(losses) == STEPS:
                 break
     return losses

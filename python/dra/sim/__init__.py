@@ -346,13 +346,13 @@ def replay(
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for p in names:
         result = _core.sim_run(
-            profiles, jobs, p, cost, interval_s, nodes, devices_per_node, 0.0, True, remaining_work_from_budget, floor,
+            profiles, jobs, p, cost, interval_s, nodes, devices_per_node, 0.0, jobs_detail, remaining_work_from_budget, floor,
             _stderr_progress(f"{name} {p}", quiet),
         )
         out["policies"][p] = summarize(result, profiles)
-        out["timelines"][p] = result["timeline"]
         by_policy[p] = sorted(result["jobs"], key=lambda j: j["name"])
         if jobs_detail:
+            out["timelines"][p] = result["timeline"]
             out["jobs"] += [dict(j, policy=p) for j in result["jobs"]]
     baselines = [b for b in ("static", "pollux") if b in by_policy]
     out["baselines"] = baselines
@@ -546,7 +546,7 @@ def study(
             }
             vs[b] = entry
         agg["vs"] = vs
-        if vs:
+        if "static_request" in vs:
             # The headline baseline's changes at the top level (the JSON shape).
             agg.update({k: vs["static_request"][k] for k in ("training_time_change", "gpu_hours_change", "utilization_change")})
         aggregates[p] = agg

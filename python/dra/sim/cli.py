@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--markdown", metavar="PATH", help="also write the markdown table to PATH")
         p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-        p.add_argument("--no-jobs", action="store_true", help="leave per-job records out of the JSON (aggregates only)")
+        p.add_argument("--no-jobs", action="store_true", help="aggregates only: leave per-job records and timelines out of the JSON (no plots)")
 
     rp = sub.add_parser("replay", help="replay workload CSVs under each policy")
     rp.add_argument("--workload", action="append", metavar="CSV", help="workload CSV (repeatable)")
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in profiles.names():
                 print(f"  {name}: {profiles.info(name)}")
             return 0
+        if getattr(args, "plots", None) and getattr(args, "no_jobs", False):
+            raise ValueError("--plots needs the per-job records and timelines; drop --no-jobs")
         if args.command == "replay":
             workloads = list(args.workload or [])
             if args.all_loads:
