@@ -677,7 +677,7 @@ TEST_CASE("policy.convergence_aware.priced_size_and_remaining_work") {
   CHECK(priced_size({0.0, 1.0, 1.6, 2.0, 2.2}, 0.5) == 2);
   CHECK(remaining_work_weight(10.0) > remaining_work_weight(100.0));
   expect_invalid([] { convergence_aware_config c; c.price_floor = 2.0; c.validate(); }, "price_floor");
-  expect_invalid([] { convergence_aware_config c; c.plateau_price = 0.1; c.validate(); }, "plateau_price");
+  expect_invalid([] { convergence_aware_config c; c.plateau_price = 0.05; c.validate(); }, "plateau_price");
   expect_invalid([] { convergence_aware_config c; c.batch_candidates = 0; c.validate(); }, "batch_candidates");
 }
 

@@ -238,6 +238,7 @@ class perf_model {
 
   // Pollux's objective in transformed coordinates, remembering the best point it was evaluated at.
   struct transformed {
+    explicit transformed(const objective* o) : obj(o) {}
     const objective* obj;
     mutable double best_f = INFINITY;
     mutable Eigen::VectorXd best_x;
@@ -315,7 +316,7 @@ class perf_model {
       param.epsilon = 1e-8;
       param.max_linesearch = 60;
       LBFGSpp::LBFGSSolver<double> solver(param);
-      transformed fn{&obj};
+      transformed fn(&obj);
       // A line search that cannot progress (curvature near a perfect fit makes the quasi-Newton
       // direction unreliable) ends a round; the next round restarts from the best point with fresh
       // curvature memory, until a round no longer improves.
