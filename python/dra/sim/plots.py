@@ -33,11 +33,11 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
             ax.plot(jcts / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts), label=f"{p} (avg {jcts.mean():.0f} s)")
     for p, v in doc.get("published_avg_jct_s", {}).items():
         ax.axvline(v / 3600.0, linestyle=":", linewidth=1, color="grey")
-        ax.text(v / 3600.0, 0.02, f" {p} avg", rotation=90, fontsize=7, color="grey")
+        ax.text(v / 3600.0, 0.02, f" {p} published avg", rotation=90, fontsize=7, color="grey")
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log scale)")
     ax.set_ylabel("fraction of jobs")
-    ax.set_title(f"{name}: JCT distribution (reallocation cost {cost:g} s)")
+    ax.set_title(f"{name}: JCT distribution (simulated, reallocation cost {cost:g} s)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     path = folder / f"{name}-cost{cost:g}-jct.png"
@@ -62,7 +62,7 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
             ax.axhline(capacity, color="black", linewidth=0.8, linestyle="--")
         ax.set_xlabel("time (h)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{name}: {suffix} over time (reallocation cost {cost:g} s)")
+        ax.set_title(f"{name}: {suffix} over time (simulated, reallocation cost {cost:g} s)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         path = folder / f"{name}-cost{cost:g}-{suffix}.png"
