@@ -406,3 +406,19 @@ TEST_CASE("sim.arbiter.greedy_search_finds_the_exhaustive_optimum") {
   MESSAGE("greedy + local search optimal in " << optimal << " of " << total << " instances");
   CHECK(optimal * 10 >= total * 9);
 }
+
+TEST_CASE("sim.remaining_work.optimus_fit_of_the_loss_curve") {
+  // loss(e) = 1 / (0.2 e + 1) + 0.05: the fit recovers the curve and predicts convergence where a
+  // further 10 % of epochs improves it by less than 1 %, well beyond the observed epochs.
+  std::vector<std::pair<double, double>> history;
+  for (int e = 1; e <= 10; ++e) history.emplace_back(e, 1.0 / (0.2 * e + 1.0) + 0.05);
+  const double converge = detail::optimus_epochs(history);
+  CHECK(converge > 10.0);
+  auto loss = [](double e) { return 1.0 / (0.2 * e + 1.0) + 0.05; };
+  CHECK(loss(converge) - loss(1.1 * converge) < 0.02 * loss(converge));  // c is fitted on a grid
+  CHECK(loss(0.9 * converge) - loss(0.99 * converge) > 0.005 * loss(converge));
+  // A flat curve has converged already: the next epoch.
+  std::vector<std::pair<double, double>> flat{{1, 0.3}, {2, 0.3}, {3, 0.3}, {4, 0.3}};
+  CHECK(detail::optimus_epochs(flat) == doctest::Approx(5.0));
+  CHECK(detail::optimus_epochs({{1, 0.5}}) == doctest::Approx(2.0));
+}
