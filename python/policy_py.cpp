@@ -40,7 +40,8 @@ void dra::python::bind_policy(py::module_& m) {
   py::class_<capacity>(m, "Capacity", "Devices the job could have now.")
       .def(py::init<>())
       .def(py::init([](int available) { return capacity{available}; }), py::arg("available"))
-      .def_readwrite("available", &capacity::available);
+      .def_readwrite("available", &capacity::available)
+      .def_readwrite("device_price", &capacity::device_price);
   py::class_<cost_model>(m, "CostModel", "Measured resize cost and the horizon a resize must pay back over.")
       .def(py::init<>())
       .def(py::init([](double resize_cost_s, double horizon_steps) { return cost_model{resize_cost_s, horizon_steps}; }),
@@ -115,6 +116,19 @@ void dra::python::bind_policy(py::module_& m) {
       m, "ConvergencePhasePolicy", "Grow while learning is fast and scaling efficient; release on plateau; hold otherwise.")
       .def(py::init<convergence_phase_config>(), py::arg_v("config", convergence_phase_config{}, "ConvergencePhaseConfig()"));
 
+  py::class_<convergence_aware_config> acfg(m, "ConvergenceAwareConfig", "Settings of the convergence-aware policy.");
+  def_kwargs_init<convergence_aware_config>(acfg);
+  acfg.def_readwrite("price_floor", &convergence_aware_config::price_floor)
+      .def_readwrite("plateau_price", &convergence_aware_config::plateau_price)
+      .def_readwrite("min_gain", &convergence_aware_config::min_gain)
+      .def_readwrite("max_global_batch", &convergence_aware_config::max_global_batch)
+      .def_readwrite("min_per_rank_batch", &convergence_aware_config::min_per_rank_batch)
+      .def_readwrite("batch_candidates", &convergence_aware_config::batch_candidates)
+      .def("validate", &convergence_aware_config::validate);
+  py::class_<convergence_aware_policy, dra::policy::policy, std::shared_ptr<convergence_aware_policy>>(
+      m, "ConvergenceAwarePolicy", "Goodput over size and batch together, with a price per device.")
+      .def(py::init<convergence_aware_config>(), py::arg_v("config", convergence_aware_config{}, "ConvergenceAwareConfig()"));
+
   py::class_<constraints> lim(m, "Constraints", "Limits around any policy: sizes, cooldown, hysteresis, amortisation.");
   def_kwargs_init<constraints>(lim);
   lim.def_readwrite("min_size", &constraints::min_size)
@@ -151,6 +165,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("policy", &engine_config::policy)
       .def_readwrite("convergence", &engine_config::convergence)
       .def_readwrite("goodput", &engine_config::goodput)
+      .def_readwrite("convergence_aware", &engine_config::convergence_aware)
       .def_readwrite("decide_every", &engine_config::decide_every)
       .def("validate", &engine_config::validate);
   py::class_<resize_engine>(m, "ResizeEngine", "Per-job decision engine fed once per step.")

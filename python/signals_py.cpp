@@ -62,6 +62,11 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readwrite("outlier_factor", &estimator_config::outlier_factor,
                      "A loss above this multiple of the smoothed loss enters the state clipped to it (robust update).")
       .def_readwrite("gns_decay", &estimator_config::gns_decay, "EMA decay of the gradient-noise-scale moments.")
+      .def_readwrite("plateau_history_fraction", &estimator_config::plateau_history_fraction,
+                     "Plateau also needs the loss to have improved by less than plateau_history_improvement since "
+                     "this fraction of the current step (0: off).")
+      .def_readwrite("plateau_history_improvement", &estimator_config::plateau_history_improvement,
+                     "Relative improvement since plateau_history_fraction x step below which learning has stalled.")
       .def("validate", &estimator_config::validate);
 
   py::class_<convergence_signals>(m, "ConvergenceSignals", "What the estimator knows after its latest update.")

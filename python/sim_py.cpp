@@ -28,6 +28,7 @@ py::dict job_to_dict(const job_result& j) {
   d["jct_s"] = num(j.jct_s);
   d["gpu_seconds"] = j.gpu_seconds;
   d["compute_gpu_seconds"] = j.compute_gpu_seconds;
+  d["busy_gpu_seconds"] = j.busy_gpu_seconds;
   d["progress"] = j.progress;
   d["epochs"] = j.epochs;
   d["requested_replicas"] = j.requested_replicas;
@@ -54,7 +55,7 @@ py::dict result_to_dict(const sim_result& r) {
   for (const auto& j : r.jobs) jobs.append(job_to_dict(j));
   d["jobs"] = jobs;
   // Timeline as columns: compact and ready for plotting.
-  std::vector<double> t, frac;
+  std::vector<double> t, frac, busy;
   std::vector<int> alloc, running, waiting;
   for (const auto& p : r.timeline) {
     t.push_back(p.time_s);
@@ -62,6 +63,7 @@ py::dict result_to_dict(const sim_result& r) {
     running.push_back(p.running);
     waiting.push_back(p.waiting);
     frac.push_back(p.compute_fraction);
+    busy.push_back(p.busy_fraction);
   }
   py::dict tl;
   tl["time_s"] = t;
@@ -69,6 +71,7 @@ py::dict result_to_dict(const sim_result& r) {
   tl["running"] = running;
   tl["waiting"] = waiting;
   tl["compute_fraction"] = frac;
+  tl["busy_fraction"] = busy;
   d["timeline"] = tl;
   return d;
 }
@@ -105,6 +108,9 @@ py::dict spec_to_dict(const job_spec& j) {
 void dra::python::bind_sim(py::module_& m) {
   m.attr("sim_in_place_resize_cost_stand_in_s") = in_place_resize_cost_stand_in_s;
   m.attr("sim_policy_names") = policy_names();
+  m.attr("sim_study_baselines") = study_baselines();
+  m.attr("sim_default_price_floor") = sim_config{}.cluster_price_floor;
+  m.attr("sim_default_job_price_floor") = dra::policy::convergence_aware_config{}.price_floor;
 
   py::class_<profile_library>(m, "SimProfiles",
                               "Measured application profiles (a traces/ directory) for the simulator.")
@@ -169,7 +175,8 @@ void dra::python::bind_sim(py::module_& m) {
       "sim_run",
       [](const profile_library& profiles, const py::list& jobs, const std::string& policy, double reallocation_cost_s,
          double interval_s, int nodes, int devices_per_node, double quota_scale, bool record_timeline,
-         bool exploration_limit, const std::function<bool(double, std::size_t, std::size_t)>& progress) {
+         bool remaining_work_from_budget, double price_floor,
+         const std::function<bool(double, std::size_t, std::size_t)>& progress) {
         std::vector<job_spec> specs;
         for (auto o : jobs) specs.push_back(spec_from(o));
         sim_config c;
@@ -180,20 +187,22 @@ void dra::python::bind_sim(py::module_& m) {
         c.devices_per_node = devices_per_node;
         c.quota_scale = quota_scale;
         c.record_timeline = record_timeline;
-        c.arbiter_exploration_limit = exploration_limit;
+        c.remaining_work_from_budget = remaining_work_from_budget;
+        c.cluster_price_floor = price_floor;
         return result_to_dict(simulate(profiles, specs, c, progress));
       },
       py::arg("profiles"), py::arg("jobs"), py::arg("policy"), py::arg("reallocation_cost_s") = 30.0,
       py::arg("interval_s") = 60.0, py::arg("nodes") = 16, py::arg("devices_per_node") = 4,
-      py::arg("quota_scale") = 0.0, py::arg("record_timeline") = true, py::arg("exploration_limit") = false,
-      py::arg("progress") = nullptr,
+      py::arg("quota_scale") = 0.0, py::arg("record_timeline") = true, py::arg("remaining_work_from_budget") = true,
+      py::arg("price_floor") = sim_config{}.cluster_price_floor, py::arg("progress") = nullptr,
       "Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.");
 
   m.def(
       "sim_study",
       [](const profile_library& profiles, const py::list& pool, int runs, std::uint64_t seed,
          const std::vector<std::string>& policies, double reallocation_cost_s, double quota_scale, double interval_s,
-         bool noise, bool reference_limits, const std::function<void(int, int)>& progress) {
+         bool noise, bool reference_limits, bool perturb, bool shared_cluster, int jobs_per_cluster, bool hindsight,
+         double price_floor, const std::function<void(int, int)>& progress) {
         std::vector<job_spec> specs;
         for (auto o : pool) specs.push_back(spec_from(o));
         study_config c;
@@ -205,11 +214,30 @@ void dra::python::bind_sim(py::module_& m) {
         c.interval_s = interval_s;
         c.noise = noise;
         c.reference_limits = reference_limits;
+        c.perturb = perturb;
+        c.shared_cluster = shared_cluster;
+        c.jobs_per_cluster = jobs_per_cluster;
+        c.hindsight = hindsight && !shared_cluster;
+        c.convergence_aware.price_floor = price_floor;
+        c.convergence_aware.plateau_price = std::max(c.convergence_aware.plateau_price, price_floor);
+        c.convergence_aware.validate();
+        std::vector<study_run> rows;
+        {
+          py::gil_scoped_release release;
+          rows = run_study(profiles, specs, c, progress ? [&](int d, int t) {
+            py::gil_scoped_acquire acquire;
+            progress(d, t);
+          } : std::function<void(int, int)>());
+        }
         py::list out;
-        for (const auto& r : run_study(profiles, specs, c, progress)) {
+        for (const auto& r : rows) {
           py::dict d;
           d["index"] = r.index;
+          d["cluster"] = r.cluster;
           d["spec"] = spec_to_dict(r.spec);
+          d["best_size_devices"] = r.best_size_devices;
+          d["hindsight_devices"] = r.hindsight_devices;
+          d["hindsight_batch"] = r.hindsight_batch;
           py::dict res;
           for (const auto& [p, j] : r.results) res[py::str(p)] = job_to_dict(j);
           d["results"] = res;
@@ -218,8 +246,11 @@ void dra::python::bind_sim(py::module_& m) {
         return out;
       },
       py::arg("profiles"), py::arg("pool"), py::arg("runs"), py::arg("seed"), py::arg("policies"),
-      py::arg("reallocation_cost_s") = in_place_resize_cost_stand_in_s, py::arg("quota_scale") = 2.0,
+      py::arg("reallocation_cost_s") = in_place_resize_cost_stand_in_s, py::arg("quota_scale") = 1.0,
       py::arg("interval_s") = 60.0, py::arg("noise") = true, py::arg("reference_limits") = false,
+      py::arg("perturb") = false, py::arg("shared_cluster") = false, py::arg("jobs_per_cluster") = 160,
+      py::arg("hindsight") = true, py::arg("price_floor") = dra::policy::convergence_aware_config{}.price_floor,
       py::arg("progress") = nullptr,
-      "Generates `runs` jobs from the request pool (seeded) and simulates each alone under every policy.");
+      "Generates `runs` jobs from the request pool (seeded) and simulates each under the static baselines and every "
+      "dynamic policy, alone or (shared_cluster) in groups contending for one cluster.");
 }

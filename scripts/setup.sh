@@ -8,8 +8,9 @@ say() { printf '[setup] %s\n' "$*"; }
 
 # 1. C++ dependencies from Debian: Eigen (dra::core), doctest (C++ tests), and the Gloo headers
 #    that torch's ProcessGroupGloo.hpp includes (the torch wheel ships the library, not the headers).
+#    LBFGSpp (header-only): fits Pollux's throughput model online (include/dra/policy/perf_model.hpp).
 missing=()
-for pkg in libeigen3-dev doctest-dev libgloo-dev nlohmann-json3-dev; do
+for pkg in libeigen3-dev doctest-dev libgloo-dev nlohmann-json3-dev liblbfgspp-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

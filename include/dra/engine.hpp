@@ -6,25 +6,33 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dra/error.hpp"
 #include "dra/policy/constraints.hpp"
+#include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/policies.hpp"
 #include "dra/policy/throughput_model.hpp"
 #include "dra/signals/convergence_estimator.hpp"
 
 namespace dra {
 
+/// The policies an engine can run, by the name engine_config::policy takes.
+inline std::vector<const char*> policy_names() { return {"convergence", "goodput", "convergence_aware", "none"}; }
+
 struct engine_config {
   signals::estimator_config estimator;
   policy::throughput_model_config throughput;
   policy::constraints limits;
   policy::cost_model costs;
-  /// "convergence" (DRA framework rule), "goodput" (Pollux-style) or "none" (resizes only when
-  /// asked: a schedule, a device pool).
+  /// One of policy_names(): "convergence" (the DRA framework's rule), "goodput" (Pollux-style),
+  /// "convergence_aware" (goodput over size and batch with a price per device;
+  /// include/dra/policy/convergence_aware.hpp) or "none" (resizes only when asked: a schedule, an
+  /// outside limit).
   std::string policy = "convergence";
   policy::convergence_phase_config convergence;
   policy::goodput_config goodput;
+  policy::convergence_aware_config convergence_aware;
   /// Steps between decisions (a decision is cheap, but resizing more often than this is noise).
   std::int64_t decide_every = 10;
 
@@ -34,8 +42,13 @@ struct engine_config {
     limits.validate();
     convergence.validate();
     goodput.validate();
-    if (policy != "convergence" && policy != "goodput" && policy != "none")
-      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use 'convergence', 'goodput' or 'none'");
+    convergence_aware.validate();
+    const auto names = policy_names();
+    if (std::find(names.begin(), names.end(), policy) == names.end()) {
+      std::string known;
+      for (const char* n : names) known += (known.empty() ? "'" : ", '") + std::string(n) + "'";
+      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use one of " + known);
+    }
     if (decide_every < 1) dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
     if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
@@ -44,6 +57,8 @@ struct engine_config {
 
 inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
   if (config.policy == "goodput") return std::make_shared<policy::goodput_policy>(config.goodput);
+  if (config.policy == "convergence_aware")
+    return std::make_shared<policy::convergence_aware_policy>(config.convergence_aware);
   if (config.policy == "none") return std::make_shared<policy::hold_policy>();
   return std::make_shared<policy::convergence_phase_policy>(config.convergence);
 }

@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,8 @@
 #include "dra/engine.hpp"
 #include "dra/policy/constraints.hpp"
 #include "dra/policy/policies.hpp"
+#include "dra/policy/convergence_aware.hpp"
+#include "dra/policy/perf_model.hpp"
 #include "dra/policy/throughput_model.hpp"
 
 using namespace dra::policy;
@@ -602,4 +605,173 @@ TEST_CASE("policy.plan_resize.one_decision_with_its_members") {
   CHECK(held.kind == dra::policy::action::hold);
   CHECK(held.members == w.active);
   CHECK(std::string(held.policy) == "none");
+}
+
+// ---- convergence-aware policy (include/dra/policy/convergence_aware.hpp) -----------------------
+
+namespace {
+constrained_policy aware_of(constraints limits, convergence_aware_config config = {}) {
+  return constrained_policy(std::make_shared<convergence_aware_policy>(config), std::move(limits));
+}
+convergence_signals with_noise_scale(convergence_signals s, double gns) {
+  s.gns = gns;
+  s.gns_valid = true;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("policy.convergence_aware.grows_late_as_the_noise_scale_rises") {
+  // Sync costs make small worlds cheaper per sample; a small noise scale makes big batches
+  // inefficient. Early in training (B = 10 samples) one device at a small batch has the best net
+  // value; late (B = 1e5) the policy grows and raises the batch together.
+  linear_predictor t;
+  t.compute_fixed_s = 0.01;
+  t.sync_fixed_s = 0.02;
+  convergence_aware_config cfg;
+  cfg.max_global_batch = 4096.0;
+  cfg.min_per_rank_batch = 16.0;
+  constraints limits = no_limits();
+  limits.max_size = 8;
+  world_state w = world_of(4, {4, 5, 6, 7}, 256.0);
+  w.base_batch = 32.0;
+  const cost_model costs{};
+  auto early = aware_of(limits, cfg);
+  const decision d_early = early.decide(with_noise_scale(signals_in(training_phase::fast), 10.0), w, capacity{8}, costs, t);
+  CHECK(d_early.kind == action::shrink);
+  CHECK(d_early.target_size < 4);
+  CHECK(d_early.batch_scale < 1.0);  // smaller batch: large ones waste samples at this noise scale
+  auto late = aware_of(limits, cfg);
+  const decision d_late = late.decide(with_noise_scale(signals_in(training_phase::steady), 1e5), w, capacity{8}, costs, t);
+  CHECK(d_late.kind == action::grow);
+  CHECK(d_late.target_size == 8);
+  CHECK(d_late.batch_scale > 1.0);
+  CHECK(d_late.lr_scale > 1.0);  // AdaScale gain for the bigger batch
+  CHECK(d_late.predicted_speedup > 1.0);
+  CHECK(contains(d_late.reason, "convergence_aware: size 8"));
+}
+
+TEST_CASE("policy.convergence_aware.grows_only_on_a_predicted_speedup_that_earns_the_price") {
+  linear_predictor t;  // perfect scaling at a fixed batch
+  constraints limits = no_limits();
+  limits.max_size = 8;
+  const world_state w = world_of(2, {2, 3, 4, 5, 6, 7});
+  const auto sig = signals_in(training_phase::fast);  // no noise scale: the batch is kept
+  SUBCASE("perfect scaling: every device earns more than the floor, grow to the most") {
+    auto p = aware_of(limits);
+    const decision d = p.decide(sig, w, capacity{8}, cost_model{}, t);
+    CHECK(d.target_size == 8);
+    CHECK(d.batch_scale == 1.0);
+  }
+  SUBCASE("a sync cost that makes each added device bring less than half: hold or shrink, never grow") {
+    t.compute_per_sample_s = 1e-4;
+    t.sync_fixed_s = 0.05;
+    t.sync_per_rank_s = 0.05;
+    auto p = aware_of(limits);
+    const decision d = p.decide(sig, w, capacity{8}, cost_model{}, t);
+    CHECK(d.target_size <= 2);
+  }
+  SUBCASE("a contention price of 1 keeps only devices that scale perfectly") {
+    t.sync_fixed_s = 0.001;
+    capacity cap{8};
+    cap.device_price = 1.0;
+    auto p = aware_of(limits);
+    CHECK(p.decide(sig, w, cap, cost_model{}, t).target_size <= 2);
+  }
+  SUBCASE("a gain below min_gain holds") {
+    convergence_aware_config cfg;
+    cfg.min_gain = 10.0;
+    auto p = aware_of(limits, cfg);
+    const decision d = p.decide(sig, w, capacity{8}, cost_model{}, t);
+    CHECK(d.kind == action::hold);
+    CHECK(contains(d.reason, "hold"));
+  }
+}
+
+TEST_CASE("policy.convergence_aware.plateau_releases_devices_only_under_contention") {
+  linear_predictor t;
+  t.sync_fixed_s = 0.02;  // each device beyond one brings ~70 % of a device
+  constraints limits = no_limits();
+  limits.max_size = 4;
+  const world_state w = world_of(4);
+  const auto plateau = signals_in(training_phase::plateau, 0.0);
+  auto free_pool = aware_of(limits);
+  CHECK(free_pool.decide(plateau, w, capacity{4}, cost_model{}, t).target_size == 4);
+  capacity contended{4};
+  contended.device_price = 0.3;
+  auto busy_pool = aware_of(limits);
+  const decision d = busy_pool.decide(plateau, w, contended, cost_model{}, t);
+  CHECK(d.kind == action::shrink);
+  CHECK(contains(d.reason, "plateau under contention"));
+}
+
+TEST_CASE("policy.convergence_aware.priced_size_and_remaining_work") {
+  CHECK(priced_size({0.0, 1.0, 2.0, 3.0, 4.0}, 0.5) == 4);
+  CHECK(priced_size({0.0, 1.0, 1.4, 1.6, 1.7}, 0.5) == 1);
+  CHECK(priced_size({0.0, 1.0, 1.6, 2.0, 2.2}, 0.5) == 2);
+  CHECK(remaining_work_weight(10.0) > remaining_work_weight(100.0));
+  expect_invalid([] { convergence_aware_config c; c.price_floor = 2.0; c.validate(); }, "price_floor");
+  expect_invalid([] { convergence_aware_config c; c.plateau_price = 0.05; c.validate(); }, "plateau_price");
+  expect_invalid([] { convergence_aware_config c; c.batch_candidates = 0; c.validate(); }, "batch_candidates");
+}
+
+TEST_CASE("policy.engine.convergence_aware_selectable_by_name") {
+  dra::engine_config c;
+  c.policy = "convergence_aware";
+  c.decide_every = 1;
+  dra::resize_engine engine(c);
+  CHECK(engine.step(0, 1.0).last_decision.policy == "convergence_aware");
+  c.policy = "fastest";
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("convergence_aware"), std::invalid_argument);
+}
+
+// ---- Pollux's throughput model, fitted online (include/dra/policy/perf_model.hpp) --------------
+
+TEST_CASE("policy.perf_model.recovers_a_pollux_model_from_measurements") {
+  perf_params truth;
+  truth.alpha_c = 0.02, truth.beta_c = 0.001, truth.alpha_n = 0.05, truth.beta_n = 0.004;
+  truth.alpha_r = 0.01, truth.beta_r = 0.002, truth.gamma = 1.5;
+  perf_model m;
+  CHECK_FALSE(m.fitted());
+  const int configs[][3] = {{1, 1, 32}, {1, 2, 32}, {1, 4, 64}, {2, 8, 32}, {4, 16, 64}, {1, 4, 128}, {3, 12, 16}};
+  for (const auto& c : configs) {
+    const double a = truth.accum_time(c[2]);
+    const double step = truth.optim_time(a, truth.network_time(c[0], c[1]));
+    // sync is step - compute, as the profiles record it
+    CHECK(m.observe(c[0], c[1], c[2], step, step - a));
+  }
+  CHECK_FALSE(m.observe(1, 1, 32, 1.0, 0.5));  // a configuration already measured does not refit
+  CHECK(m.fitted());
+  CHECK(m.max_profiled_replicas() == 16);
+  for (const auto& c : {std::array<int, 3>{1, 3, 48}, std::array<int, 3>{2, 6, 96}, std::array<int, 3>{8, 32, 32}}) {
+    const double want = truth.step_time(c[0], c[1], c[2], 0);
+    CHECK(m.step_time(c[0], c[1], c[2], 0) == doctest::Approx(want).epsilon(0.05));
+  }
+}
+
+TEST_CASE("policy.perf_model.one_measurement_is_optimistic_about_scaling") {
+  // Pollux's rules for unidentifiable parameters: with one configuration the network terms sit at
+  // their lower bounds, so more replicas are predicted to scale almost perfectly (its exploration
+  // limit then keeps a job within twice what it has run on).
+  perf_model m;
+  m.observe(1, 2, 64, 0.2, 0.05);
+  REQUIRE(m.fitted());
+  const double t2 = m.step_time(1, 2, 64, 0);
+  CHECK(t2 == doctest::Approx(0.2).epsilon(0.05));
+  CHECK(m.step_time(1, 4, 64, 0) <= t2 * 1.05);
+  CHECK(m.step_time(1, 2, 64, 1) > t2);  // accumulation adds a pass
+}
+
+TEST_CASE("policy.perf_model.best_batch_respects_the_cap") {
+  perf_params p;
+  p.alpha_c = 0.01, p.beta_c = 0.001;
+  batch_limits lim;
+  lim.init_batch = 128, lim.max_batch = 4096, lim.min_atomic = 16, lim.max_atomic = 256;
+  auto step = [&](double atomic, int accum) { return p.step_time(1, 3, atomic, accum); };
+  const batch_choice big_noise = best_batch(step, grad_stats{1.0, 1e6}, 3, lim);
+  CHECK(big_noise.goodput > 0.0);
+  CHECK(3 * big_noise.atomic * (big_noise.accum + 1) <= 4096.0);
+  const batch_choice small_noise = best_batch(step, grad_stats{1.0, 0.01}, 3, lim);
+  CHECK(3 * small_noise.atomic * (small_noise.accum + 1) < 3 * big_noise.atomic * (big_noise.accum + 1));
+  const batch_split s = split_total_batch(4096, 3, lim);
+  CHECK(3 * s.atomic * (s.accum + 1) <= 4096.0);
 }

@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 
@@ -181,6 +183,7 @@ TEST_CASE("sim.conservation.every_policy") {
       CHECK(j.start_s >= j.submit_s);
       CHECK(j.max_devices <= r.capacity);
       if (policy == "static" || policy == "tiresias") CHECK(j.max_devices == j.requested_replicas);
+      CHECK(j.busy_gpu_seconds <= j.gpu_seconds + 1e-6);
     }
     // After the last completion the next decision frees everything.
     CHECK(r.timeline.back().allocated == 0);
@@ -288,4 +291,134 @@ TEST_CASE("sim.limits.reference_ncf_one_device") {
   const job_result free_run = simulate(shipped(), jobs, c).jobs[0];
   CHECK(free_run.max_devices > 1);
   CHECK(free_run.max_devices <= 4);  // the quota: 4 x the one device requested
+}
+
+TEST_CASE("sim.study.baselines_share_the_budget_and_hindsight_is_no_worse") {
+  const auto pool = read_workload((data_dir() / "workloads" / "workload-1.csv").string(), &shipped());
+  study_config c;
+  c.runs = 8;
+  c.seed = 5;
+  const auto runs = run_study(shipped(), pool, c);
+  for (const auto& r : runs) {
+    CAPTURE(r.spec.application);
+    auto time = [&](const std::string& p) { return r.results.at(p).completion_s - r.results.at(p).start_s; };
+    CHECK(time("static_best_size") <= time("static_request") + 1e-6);
+    CHECK(time("static_best_hindsight") <= time("static_best_size") + 1e-6);
+    CHECK(r.best_size_devices <= r.spec.replicas);
+    CHECK(r.hindsight_devices <= r.spec.replicas);
+    // The same target for every policy: fixed per application, not derived from static's run.
+    CHECK(r.spec.target_metric == fixed_target(shipped().at(r.spec.application)));
+    for (const auto& p : c.policies) CHECK(r.results.at(p).max_devices <= r.spec.replicas);  // quota 1
+  }
+}
+
+TEST_CASE("sim.per_job.batch_decisions_are_applied") {
+  // A lone cifar10 job under convergence_aware: its policy changes the batch as the noise scale
+  // grows, and the simulator trains at the batch it chose.
+  const std::vector<job_spec> jobs{{"c", 0.0, "cifar10", 4, 512.0}};
+  sim_config c;
+  c.policy = "convergence_aware";
+  c.cluster_arbitration = false;
+  c.quota_scale = 1.0;
+  c.reallocation_cost_s = 1.0;
+  const job_result r = simulate(shipped(), jobs, c).jobs.at(0);
+  CHECK(r.max_devices <= 4);
+  CHECK(r.final_batch != 512.0);
+  CHECK(r.busy_gpu_seconds <= r.gpu_seconds);
+  CHECK(r.compute_gpu_seconds <= r.busy_gpu_seconds);
+}
+
+TEST_CASE("sim.signals.no_plateau_before_half_of_a_run_on_the_traces") {
+  // The simulator's estimator (fed once per epoch with the validation error) must not report a
+  // plateau before half of any shipped run: a plateau there would release devices too early.
+  int runs = 0, fired = 0, windowed_early = 0;
+  for (const auto& name : shipped().names()) {
+    const auto& app = shipped().at(name);
+    for (double batch : app.validated_batches()) {
+      CAPTURE(name);
+      CAPTURE(batch);
+      auto first_plateau = [&](const dra::signals::estimator_config& config) {
+        dra::signals::convergence_estimator est(config);
+        for (int e = 0; e < app.max_epochs(); ++e) {
+          const double m = app.metric(batch, e);
+          const double loss = app.metric_increases() ? std::max((m <= 1.0 ? 1.0 : 100.0) - m, 1e-6) : m;
+          est.update_loss(e + 1, loss);
+          if (est.signals().plateau) return e + 1;
+        }
+        return -1;
+      };
+      const int first = first_plateau(sim_config::epoch_estimator_config());
+      auto windowed_only = sim_config::epoch_estimator_config();
+      windowed_only.plateau_history_fraction = 0.0;
+      const int w = first_plateau(windowed_only);
+      windowed_early += w >= 0 && w * 2 < app.max_epochs();
+      ++runs;
+      if (first >= 0) {
+        ++fired;
+        CHECK(first * 2 >= app.max_epochs());
+      }
+    }
+  }
+  CHECK(runs == 40);
+  MESSAGE("plateau fired in " << fired << " of " << runs << " traced runs; without the history guard it fires before "
+                              "half of the run in " << windowed_early);
+}
+
+TEST_CASE("sim.arbiter.greedy_search_finds_the_exhaustive_optimum") {
+  // The cluster search (greedy + single-device moves) over Pollux's objective, checked against
+  // exhaustive enumeration on small random instances: concave speedup curves with restart penalties.
+  detail::portable_rng rng(11);
+  const dra::policy::cluster_arbiter arbiter;
+  int optimal = 0, total = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 2 + static_cast<int>(rng.below(3));
+    const int capacity = 2 + static_cast<int>(rng.below(7));
+    std::vector<dra::policy::arbiter_job> jobs(static_cast<std::size_t>(n));
+    for (auto& j : jobs) {
+      const int most = 1 + static_cast<int>(rng.below(6));
+      const double rate = 0.3 + rng.uniform();
+      const double sat = 0.05 + 0.5 * rng.uniform();
+      j.speedup.push_back(0.0);
+      for (int k = 1; k <= most; ++k) j.speedup.push_back(rate * k / (1.0 + sat * (k - 1)));
+      j.current = static_cast<int>(rng.below(static_cast<std::uint64_t>(most) + 1));
+      j.change_penalty = 0.7 + 0.3 * rng.uniform();
+    }
+    const auto alloc = arbiter.allocate(jobs, capacity);
+    double best = 0.0;
+    std::vector<int> a(static_cast<std::size_t>(n), 0);
+    std::function<void(std::size_t, int)> search = [&](std::size_t j, int left) {
+      if (j == a.size()) {
+        best = std::max(best, arbiter.objective(jobs, a));
+        return;
+      }
+      for (int k = 0; k < static_cast<int>(jobs[j].speedup.size()) && k <= left; ++k) {
+        a[j] = k;
+        search(j + 1, left - k);
+      }
+      a[j] = 0;
+    };
+    search(0, capacity);
+    ++total;
+    const double got = arbiter.objective(jobs, alloc);
+    CHECK(got >= best * 0.98);
+    optimal += got >= best * (1.0 - 1e-9);
+  }
+  MESSAGE("greedy + local search optimal in " << optimal << " of " << total << " instances");
+  CHECK(optimal * 10 >= total * 9);
+}
+
+TEST_CASE("sim.remaining_work.optimus_fit_of_the_loss_curve") {
+  // loss(e) = 1 / (0.2 e + 1) + 0.05: the fit recovers the curve and predicts convergence where a
+  // further 10 % of epochs improves it by less than 1 %, well beyond the observed epochs.
+  std::vector<std::pair<double, double>> history;
+  for (int e = 1; e <= 10; ++e) history.emplace_back(e, 1.0 / (0.2 * e + 1.0) + 0.05);
+  const double converge = detail::optimus_epochs(history);
+  CHECK(converge > 10.0);
+  auto loss = [](double e) { return 1.0 / (0.2 * e + 1.0) + 0.05; };
+  CHECK(loss(converge) - loss(1.1 * converge) < 0.02 * loss(converge));  // c is fitted on a grid
+  CHECK(loss(0.9 * converge) - loss(0.99 * converge) > 0.005 * loss(converge));
+  // A flat curve has converged already: the next epoch.
+  std::vector<std::pair<double, double>> flat{{1, 0.3}, {2, 0.3}, {3, 0.3}, {4, 0.3}};
+  CHECK(detail::optimus_epochs(flat) == doctest::Approx(5.0));
+  CHECK(detail::optimus_epochs({{1, 0.5}}) == doctest::Approx(2.0));
 }

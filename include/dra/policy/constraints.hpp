@@ -158,7 +158,8 @@ class constrained_policy {
     const double g_now = goodput(in, current, world.global_batch);
     const double g_new = goodput(in, target, new_batch);
     const double speedup = g_now > 0.0 ? g_new / g_now : 1.0;
-    if (limits_.amortise && costs.resize_cost_s > 0.0) {
+    // A batch-only change (same size) resizes nothing, so it has no resize cost to pay back.
+    if (limits_.amortise && costs.resize_cost_s > 0.0 && target != current) {
       double horizon = costs.horizon_steps;
       if (world.remaining_steps >= 0) horizon = std::min(horizon, static_cast<double>(world.remaining_steps));
       const double step_now = throughput.step_time_s(current, world.global_batch / current);

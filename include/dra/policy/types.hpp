@@ -21,6 +21,10 @@ struct world_state {
 /// Devices the job may have right now.
 struct capacity {
   int available = 1;  ///< active + admissible candidates (the most the job could grow to now)
+  /// Price of one device set by whoever lends them (a pool, a cluster), in units of one device's
+  /// goodput: a device is worth holding only if it adds at least this fraction of what one device
+  /// alone achieves. 0: no contention (a policy applies its own floor).
+  double device_price = 0.0;
 };
 
 /// What a resize costs and how far ahead a gain is counted.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dra/error.hpp"
@@ -49,6 +50,15 @@ struct estimator_config {
   /// the flag from flickering on the chance runs of "significant" slopes that pure noise produces
   /// (with t = 2, about one window in 40).
   double plateau_exit_t_threshold = 4.0;
+  /// Scale-free guard on the plateau flag (0: off). When > 0, plateau also needs the smoothed loss
+  /// to have improved by less than `plateau_history_improvement` since step
+  /// `plateau_history_fraction` x the current step (0.25: over the last two doublings of training).
+  /// A windowed test alone fires on any slow stretch, e.g. 19 % into a run or at a constant-LR stage
+  /// before a decay; a power-law loss keeps improving by a constant fraction per doubling, so this
+  /// test fires only once learning has truly stalled. On the shipped Pollux traces (40 runs, fed
+  /// once per epoch) it never fires before half of a run (tests/cpp/test_signals.cpp).
+  double plateau_history_fraction = 0.0;
+  double plateau_history_improvement = 0.02;
   /// Learning counts as "fast" when the log-loss improves by at least this fraction per window.
   double fast_relative_improvement = 0.10;
   /// Diverging: smoothed loss above divergence_factor x the best smoothed loss, or this many
@@ -84,6 +94,12 @@ struct estimator_config {
     if (!(outlier_factor > divergence_factor))
       dra::detail::throw_invalid("outlier_factor", "must exceed divergence_factor (" + std::to_string(divergence_factor) +
                                                        "), got " + std::to_string(outlier_factor));
+    if (!(plateau_history_fraction >= 0.0 && plateau_history_fraction < 1.0))
+      dra::detail::throw_invalid("plateau_history_fraction",
+                                 "must lie in [0, 1) (0: off), got " + std::to_string(plateau_history_fraction));
+    if (!(plateau_history_improvement >= 0.0 && plateau_history_improvement < 1.0))
+      dra::detail::throw_invalid("plateau_history_improvement",
+                                 "must lie in [0, 1), got " + std::to_string(plateau_history_improvement));
   }
 };
 
@@ -122,7 +138,9 @@ struct convergence_signals {
 class convergence_estimator {
  public:
   explicit convergence_estimator(estimator_config config = {})
-      : config_((config.validate(), config)), regression_(config.window), gns_(config.gns_decay) {}
+      : config_((config.validate(), config)), regression_(config.window), gns_(config.gns_decay) {
+    if (config_.plateau_history_fraction > 0.0) history_.reserve(history_capacity);
+  }
 
   const estimator_config& config() const noexcept { return config_; }
   const convergence_signals& signals() const noexcept { return signals_; }
@@ -194,7 +212,8 @@ class convergence_estimator {
                                  s.relative_improvement >= config_.plateau_relative_improvement;
 
     const bool warm = s.accepted >= config_.warmup_steps && regression_.full();
-    s.plateau = warm && (s.flat_streak >= config_.plateau_patience || (s.plateau && !strong_progress));
+    const bool stalled = record_history(step, s.smoothed_loss);
+    s.plateau = warm && stalled && (s.flat_streak >= config_.plateau_patience || (s.plateau && !strong_progress));
     s.diverging = warm && s.smoothed_loss > 0.0 && s.best_smoothed_loss > 0.0 &&
                   s.smoothed_loss > config_.divergence_factor * s.best_smoothed_loss;
     if (!warm) {
@@ -243,6 +262,33 @@ class convergence_estimator {
   std::uint64_t rejected_steps() const noexcept { return rejected_steps_; }
 
  private:
+  static constexpr std::size_t history_capacity = 256;
+
+  // Smoothed loss at geometrically spaced steps (each >= 1.05 x the previous one), so the loss at
+  // any fraction of the current step is at hand in O(1) amortised, allocation-free after the
+  // constructor's reserve. When full, every other point is dropped (spacing doubles). Returns
+  // whether learning has stalled over the configured share of history (always true when off).
+  bool record_history(std::int64_t step, double smoothed) noexcept {
+    if (config_.plateau_history_fraction <= 0.0) return true;
+    const double t = static_cast<double>(step);
+    if (history_.empty() || t >= history_.back().first * 1.05 + 1.0) {
+      if (history_.size() == history_capacity) {
+        std::size_t w = 0;
+        for (std::size_t r = 0; r < history_.size(); r += 2) history_[w++] = history_[r];
+        history_.resize(w);
+        history_cursor_ = 0;
+      }
+      history_.emplace_back(t, smoothed);
+    }
+    const double at = config_.plateau_history_fraction * t;
+    while (history_cursor_ + 1 < history_.size() && history_[history_cursor_ + 1].first <= at) ++history_cursor_;
+    const auto& [then_step, then_loss] = history_[history_cursor_];
+    if (then_step > at || !(then_loss > 0.0)) return false;  // not enough history yet
+    return 1.0 - smoothed / then_loss < config_.plateau_history_improvement;
+  }
+
+  std::vector<std::pair<double, double>> history_;
+  std::size_t history_cursor_ = 0;
   estimator_config config_;
   detail::windowed_regression regression_;
   gradient_noise_scale gns_;

@@ -6,9 +6,14 @@
 // which it crosses each epoch boundary (and completes) is computed, not sampled.
 //
 // The per-job dynamic policies are dra::policy::constrained_policy around the same
-// convergence_phase_policy / goodput_policy a live job runs, fed a throughput_predictor backed by
-// the measured profile and convergence_signals derived from the trace. The cluster-level policy
-// is dra::policy::cluster_arbiter over goodput curves from the profile.
+// convergence_phase_policy / goodput_policy / convergence_aware_policy a live job runs, fed a
+// throughput model fitted online from what the job has measured (Pollux's model, from a
+// linear-speedup prior) and convergence_signals derived from the trace. The cluster-level policies
+// (arbiter, convergence_aware under contention, and Pollux itself) are dra::policy::cluster_arbiter
+// over goodput curves from the same online-fitted model, under the same rules as Pollux: at most
+// twice the most devices a job has run on (exploration), at most one distributed job per node, the
+// total batch capped at the largest measured one, and every change of a job's set of nodes charged
+// as a reallocation.
 //
 // Reference semantics (petuum/adaptdl osdi21-artifact simulator) and every deviation from them are
 // documented in docs/guide/simulator.md.
@@ -26,6 +31,8 @@
 #include "dra/error.hpp"
 #include "dra/policy/cluster_arbiter.hpp"
 #include "dra/policy/constraints.hpp"
+#include "dra/policy/convergence_aware.hpp"
+#include "dra/policy/perf_model.hpp"
 #include "dra/policy/policies.hpp"
 #include "dra/policy/throughput_model.hpp"
 #include "dra/signals/convergence_estimator.hpp"
@@ -40,7 +47,8 @@ inline constexpr double in_place_resize_cost_stand_in_s = 1.0;
 
 /// The policies the simulator knows, in the order reports list them.
 inline const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names{"static", "tiresias", "convergence", "goodput", "arbiter"};
+  static const std::vector<std::string> names{"static",  "tiresias", "convergence", "goodput",
+                                              "convergence_aware", "arbiter", "pollux"};
   return names;
 }
 
@@ -63,20 +71,32 @@ struct sim_config {
   // Per-job policies (live-job code, unchanged).
   policy::convergence_phase_config convergence{};
   policy::goodput_config goodput{};
+  policy::convergence_aware_config convergence_aware{};
   /// The convergence policy never goes below the devices the job requested: it grows beyond the
   /// request while learning is fast and releases the extra on plateau. false: down to one device.
   bool convergence_floor_at_request = true;
   /// Amortisation horizon of the per-job policies in seconds of training at the current size.
   double horizon_s = 1800.0;
   signals::estimator_config estimator = epoch_estimator_config();
+  /// convergence_aware on a shared cluster: the cluster arbitrates (jobs ranked by remaining work,
+  /// curves cut at the price floor). false: each job's own constrained policy decides against the
+  /// devices it may use (what a lone job does; the study's runs are alone).
+  bool cluster_arbitration = true;
+  /// A job's remaining work for ranking: its declared epoch budget (the training script's epochs)
+  /// minus its progress. false: predicted from the loss curve only (Optimus-style fit of the
+  /// per-epoch loss proxy), capped by nothing.
+  bool remaining_work_from_budget = true;
+  /// convergence_aware on a shared cluster: power-mean exponent over the jobs' completion rates
+  /// goodput(k) / remaining work. 1 maximises their sum (shortest remaining work first, which starves
+  /// long jobs that scale well); towards 0 the remaining work stops mattering (proportional
+  /// fairness); 0.5, chosen on workloads 1-4 at load 1.0 among {1, 0.5, 0.2, -1}, sits between.
+  double remaining_work_power = 0.5;
+  /// convergence_aware on a shared cluster: price floor per device. 0: a device the arbiter leaves
+  /// idle costs nothing, so the contention price is what the arbiter's marginal values imply.
+  double cluster_price_floor = 0.0;
 
-  // Cluster arbiter.
+  // Cluster arbiter (dra's policy over goodput curves) and Pollux.
   policy::arbiter_config arbiter{};
-  /// Pollux's exploration rule: a job may get at most twice the most devices it has held. Pollux
-  /// needs it because its throughput model is learned online and cannot extrapolate; here the
-  /// goodput curves come from the measured profile, so it is off by default (docs/guide/simulator.md
-  /// reports both).
-  bool arbiter_exploration_limit = false;
   /// Batch sizes tried per device count when co-adapting the batch (reference: 50, geometric).
   int batch_candidates = 50;
 
@@ -93,6 +113,10 @@ struct sim_config {
     c.plateau_relative_improvement = 0.01;
     c.fast_relative_improvement = 0.10;
     c.loss_decay = 0.5;
+    // Plateau only once learning stalled over the last two doublings of training: on the shipped
+    // traces this never fires before half of a run (tests/cpp/test_signals.cpp).
+    c.plateau_history_fraction = 0.25;
+    c.plateau_history_improvement = 0.02;
     return c;
   }
 
@@ -115,6 +139,7 @@ struct sim_config {
     if (batch_candidates < 1) dra::detail::throw_invalid("batch_candidates", "must be >= 1");
     convergence.validate();
     goodput.validate();
+    convergence_aware.validate();
     estimator.validate();
     arbiter.validate();
   }
@@ -128,6 +153,7 @@ struct job_result {
   double jct_s = std::numeric_limits<double>::quiet_NaN();         ///< completion - submit
   double gpu_seconds = 0.0;          ///< device time allocated (held, including resize time)
   double compute_gpu_seconds = 0.0;  ///< device time spent computing gradients (not sync, not resizing)
+  double busy_gpu_seconds = 0.0;     ///< device time spent running steps (compute and sync; not resizing)
   double progress = 0.0;             ///< statistical progress (steps at the initial batch)
   int epochs = 0;
   int requested_replicas = 0;
@@ -143,6 +169,7 @@ struct job_result {
 struct timeline_point {
   double time_s = 0.0;
   int allocated = 0;              ///< devices held by jobs
+  double busy_fraction = 0.0;     ///< busy device-time / capacity over the last interval
   int running = 0;                ///< jobs holding devices
   int waiting = 0;                ///< submitted jobs with no devices
   double compute_fraction = 0.0;  ///< computing device-time / capacity over the last interval
@@ -160,24 +187,25 @@ struct sim_result {
   bool all_completed = true;
 };
 
-/// A throughput_predictor backed by the measured profile: a world of `size` devices packed on
-/// nodes of `devices_per_node`, per-rank batch split into atomic batches with accumulation when it
-/// exceeds the largest measured local batch, as the reference does.
-class profile_predictor final : public policy::throughput_predictor {
+/// A throughput_predictor backed by a job's online-fitted Pollux model: a world of `size` devices
+/// packed on nodes of `devices_per_node`, the per-rank batch split into micro-batches with
+/// accumulation above the largest measured one. Before the first measurement it predicts nothing
+/// (0), and the policies hold.
+class fitted_predictor final : public policy::throughput_predictor {
  public:
-  profile_predictor(const application_profile& app, int devices_per_node, double throughput_scale = 1.0)
-      : app_(&app), per_node_(devices_per_node), scale_(throughput_scale) {}
+  fitted_predictor(const policy::perf_model& model, int devices_per_node, double max_atomic)
+      : model_(&model), per_node_(devices_per_node), max_atomic_(max_atomic) {}
   double step_time_s(int world_size, double per_rank_batch) const override {
-    if (world_size < 1 || !(per_rank_batch > 0.0)) return 0.0;
-    const int accum = std::max(0, static_cast<int>(std::ceil(per_rank_batch / app_->max_local_batch() - 1e-8)) - 1);
-    const double atomic = per_rank_batch / (accum + 1);
-    return scale_ * app_->accumulated(packed_placement(world_size, per_node_), atomic, accum).step_s;
+    if (!model_->fitted() || world_size < 1 || !(per_rank_batch > 0.0)) return 0.0;
+    const int accum = std::max(0, static_cast<int>(std::ceil(per_rank_batch / max_atomic_ - 1e-8)) - 1);
+    const int nodes = (world_size + per_node_ - 1) / per_node_;
+    return model_->step_time(nodes, world_size, per_rank_batch / (accum + 1), accum);
   }
 
  private:
-  const application_profile* app_;
+  const policy::perf_model* model_;
   int per_node_;
-  double scale_;
+  double max_atomic_;
 };
 
 namespace detail {
@@ -188,21 +216,55 @@ inline double adascale_gain_from_stats(double sqr, double var, double scale) {
   return denom > 0.0 ? (var + sqr) / denom : 1.0;
 }
 
-/// Batch split of the reference for a fixed total batch on `replicas` devices.
-struct batch_split {
-  double atomic = 0.0;
-  int accum = 0;
-};
-inline batch_split split_batch(const application_profile& app, double batch, int replicas) {
-  const double eps = 1e-8;
-  const double local = std::ceil(batch / replicas - eps);
-  int accum = static_cast<int>(std::ceil(local / app.max_local_batch() - eps)) - 1;
-  if (replicas == 1 && batch > app.init_batch()) accum = std::max(1, accum);
-  accum = std::max(accum, 0);
-  double atomic = std::ceil(local / (accum + 1) - eps);
-  const double count = static_cast<double>(replicas) * (accum + 1);
-  atomic = std::min(atomic, std::floor(app.max_batch() / count));
-  return {std::max(atomic, 1.0), accum};
+inline policy::batch_limits limits_of(const application_profile& app, int candidates) {
+  policy::batch_limits l;
+  l.init_batch = app.init_batch();
+  l.max_batch = app.max_batch();
+  l.min_atomic = app.min_local_batch();
+  l.max_atomic = app.max_local_batch();
+  l.candidates = candidates;
+  return l;
+}
+
+/// Batch split of the reference for a fixed total batch on `replicas` devices (with its batch cap).
+inline policy::batch_split split_batch(const application_profile& app, double batch, int replicas) {
+  return policy::split_total_batch(batch, replicas, limits_of(app, 1));
+}
+
+/// Optimus-style prediction of the epoch a run converges at, from its per-epoch loss: fits
+/// loss(e) = 1 / (a e + b) + c (c on a grid below the lowest loss, a and b by least squares on
+/// 1 / (loss - c)), then returns the first epoch from which a further 10 % of epochs would improve
+/// the fitted loss by less than 1 %. Returns the last observed epoch + 1 when no fit descends.
+inline double optimus_epochs(const std::vector<std::pair<double, double>>& history) {
+  const double last = history.empty() ? 0.0 : history.back().first;
+  if (history.size() < 3) return last + 1.0;
+  double lowest = INFINITY;
+  for (const auto& h : history) lowest = std::min(lowest, h.second);
+  double best_err = INFINITY, best_a = 0.0, best_b = 0.0, best_c = 0.0;
+  for (int g = 0; g < 20; ++g) {
+    const double c = lowest * 0.05 * g;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    const double n = static_cast<double>(history.size());
+    for (const auto& [e, l] : history) {
+      const double y = 1.0 / std::max(l - c, 1e-12);
+      sx += e, sy += y, sxx += e * e, sxy += e * y;
+    }
+    const double den = n * sxx - sx * sx;
+    if (!(std::abs(den) > 0.0)) continue;
+    const double a = (n * sxy - sx * sy) / den, b = (sy - a * sx) / n;
+    if (!(a > 0.0)) continue;
+    double err = 0.0;
+    for (const auto& [e, l] : history) {
+      const double pred = 1.0 / std::max(a * e + b, 1e-12) + c;
+      err += (pred - l) * (pred - l);
+    }
+    if (err < best_err) best_err = err, best_a = a, best_b = b, best_c = c;
+  }
+  if (!std::isfinite(best_err)) return last + 1.0;
+  auto loss = [&](double e) { return 1.0 / std::max(best_a * e + best_b, 1e-12) + best_c; };
+  for (double e = std::max(last, 1.0); e < 1e5; e *= 1.02)
+    if (loss(e) - loss(1.1 * e) < 0.01 * loss(e)) return std::max(e, last + 1.0);
+  return 1e5;
 }
 
 }  // namespace detail
@@ -213,6 +275,9 @@ class simulator {
       : profiles_(&profiles), config_((config.validate(), std::move(config))) {
     capacity_ = config_.nodes * config_.devices_per_node;
     free_per_node_.assign(static_cast<std::size_t>(config_.nodes), config_.devices_per_node);
+    distributed_on_node_.assign(static_cast<std::size_t>(config_.nodes), 0);
+    const std::string& p = config_.policy;
+    cluster_ = p == "arbiter" || p == "pollux" || (p == "convergence_aware" && config_.cluster_arbitration);
     jobs_.reserve(jobs.size());
     for (auto& spec : jobs) {
       job_state j;
@@ -221,27 +286,33 @@ class simulator {
       if (!(spec.batch > 0.0)) dra::detail::throw_invalid("batch", "job '" + spec.name + "' has batch <= 0");
       j.spec = std::move(spec);
       j.fixed_batch = j.spec.batch;
-      // The arbiter co-adapts the batch, except for applications the reference pins (ncf: its
+      // Cluster policies co-adapt the batch, except for applications the reference pins (ncf: its
       // workloads all request 32768, the batch the reference forces), which keep the user's batch.
-      if (config_.policy == "arbiter" && j.app->adaptive_fixed_batch() <= 0.0) j.fixed_batch = 0.0;
+      if (cluster_ && j.app->adaptive_fixed_batch() <= 0.0) j.fixed_batch = 0.0;
       j.max_devices = job_cap(j);
-      if (config_.policy == "static" || config_.policy == "tiresias") {
-        j.spec.replicas = std::min(j.spec.replicas, capacity_);
-      }
+      if (p == "static" || p == "tiresias") j.spec.replicas = std::min(j.spec.replicas, capacity_);
       j.est = std::make_unique<signals::convergence_estimator>(config_.estimator);
-      if (config_.policy == "convergence" || config_.policy == "goodput") {
+      j.model = std::make_unique<policy::perf_model>();
+      if (!cluster_ && (p == "convergence" || p == "goodput" || p == "convergence_aware")) {
         std::shared_ptr<const policy::policy> inner;
-        if (config_.policy == "convergence")
+        if (p == "convergence") {
           inner = std::make_shared<policy::convergence_phase_policy>(config_.convergence);
-        else
+        } else if (p == "goodput") {
           inner = std::make_shared<policy::goodput_policy>(config_.goodput);
+        } else {
+          policy::convergence_aware_config c = config_.convergence_aware;
+          c.min_per_rank_batch = j.app->min_local_batch();
+          // The batch cap: the largest measured batch (ncf keeps the user's batch, as above).
+          c.max_global_batch = j.app->adaptive_fixed_batch() > 0.0 ? 0.0 : j.app->max_batch();
+          inner = std::make_shared<policy::convergence_aware_policy>(c);
+        }
         policy::constraints limits;
         limits.max_size = std::max(1, j.max_devices);
-        limits.min_size = config_.convergence_floor_at_request && config_.policy == "convergence"
+        limits.min_size = config_.convergence_floor_at_request && p == "convergence"
                               ? std::clamp(j.spec.replicas, 1, limits.max_size)
                               : 1;
         j.policy = std::make_unique<policy::constrained_policy>(inner, limits);
-        j.predictor = std::make_unique<profile_predictor>(*j.app, config_.devices_per_node, j.spec.throughput_scale);
+        j.predictor = std::make_unique<fitted_predictor>(*j.model, config_.devices_per_node, j.app->max_local_batch());
       }
       jobs_.push_back(std::move(j));
     }
@@ -262,7 +333,7 @@ class simulator {
     out.reallocation_cost_s = config_.reallocation_cost_s;
     double now = 0.0;
     std::size_t done = 0;
-    double last_compute = 0.0;
+    double last_compute = 0.0, last_busy = 0.0;
     while (done < jobs_.size() && now < config_.max_time_s) {
       // Advance every job by one interval, then decide at the new time (as the reference does).
       for (auto& j : jobs_) advance(j, now, config_.interval_s);
@@ -278,16 +349,19 @@ class simulator {
       if (config_.record_timeline) {
         timeline_point p;
         p.time_s = now;
-        double compute = 0.0;
+        double compute = 0.0, busy = 0.0;
         for (const auto& j : jobs_) {
           compute += j.compute_s;
+          busy += j.busy_s;
           if (j.devices > 0)
             ++p.running, p.allocated += j.devices;
           else if (!j.done && j.spec.submit_s <= now)
             ++p.waiting;
         }
         p.compute_fraction = (compute - last_compute) / (config_.interval_s * capacity_);
+        p.busy_fraction = (busy - last_busy) / (config_.interval_s * capacity_);
         last_compute = compute;
+        last_busy = busy;
         out.timeline.push_back(p);
       }
       if (progress && !progress(now, done, jobs_.size())) break;
@@ -303,6 +377,7 @@ class simulator {
       r.jct_s = j.done ? j.completion_s - j.spec.submit_s : std::numeric_limits<double>::quiet_NaN();
       r.gpu_seconds = j.gpu_s;
       r.compute_gpu_seconds = j.compute_s;
+      r.busy_gpu_seconds = j.busy_s;
       r.progress = j.progress;
       r.epochs = j.epoch;
       r.requested_replicas = j.spec.replicas;
@@ -327,7 +402,7 @@ class simulator {
   struct job_state {
     job_spec spec;
     const application_profile* app = nullptr;
-    double fixed_batch = 0.0;  ///< 0: the scheduler chooses the batch (arbiter)
+    double fixed_batch = 0.0;  ///< 0: the scheduler chooses the batch (cluster policies)
     int max_devices = 1;
     std::vector<int> alloc;  ///< devices per node (empty: none)
     int devices = 0;
@@ -342,22 +417,26 @@ class simulator {
     double completion_s = 0.0;
     double start_s = std::numeric_limits<double>::quiet_NaN();
     double attained = 0.0;  ///< device-seconds held (Tiresias/Pollux priority)
-    double gpu_s = 0.0, compute_s = 0.0, held_s = 0.0;
+    double gpu_s = 0.0, compute_s = 0.0, busy_s = 0.0, held_s = 0.0;
     double steps = 0.0, steps_at_resize = 0.0;
     int restarts = -1;  ///< -1 until first started (the first start is not a restart)
     int max_held = 0;
     double best_metric = std::numeric_limits<double>::quiet_NaN();
+    std::vector<std::pair<double, double>> loss_history;  ///< (epoch, loss proxy) for remaining-work fits
+    double log_batch_sum = 0.0;                           ///< sum over finished epochs of log(batch)
     // Tiresias bookkeeping.
     double executed_s = 0.0;
     int queue = 0;
     double demoted_at = 0.0;
-    // Per-job policy.
+    // What the job has measured (Pollux's throughput model, fitted online) and its policy.
+    std::unique_ptr<policy::perf_model> model;
     std::unique_ptr<signals::convergence_estimator> est;
     std::unique_ptr<policy::constrained_policy> policy;
-    std::unique_ptr<profile_predictor> predictor;
-    // Arbiter goodput curve cache (per epoch).
+    std::unique_ptr<fitted_predictor> predictor;
+    // Goodput curve cache (per epoch and model version).
     int curve_epoch = -1;
-    std::vector<double> curve;  ///< best goodput at k devices, k = 0..cap
+    std::size_t curve_model = 0;
+    std::vector<double> curve;  ///< best predicted goodput at k packed devices, k = 0..cap
     // Step time at the current placement and batch split (valid until either changes).
     bool step_cached = false;
     step_times step_cache;
@@ -374,8 +453,15 @@ class simulator {
     return std::max(cap, 1);
   }
 
+  /// Most devices a cluster policy may give a job now: Pollux's exploration rule (twice the most it
+  /// has run on; one before it ran) within its cap and 16 nodes' worth.
+  int explore_cap(const job_state& j) const {
+    const int seen = j.model->max_profiled_replicas();
+    return std::min(j.max_devices, std::max(2 * seen, 1));
+  }
+
   // ---- physics ------------------------------------------------------------------------------
-  std::vector<int> compact(const std::vector<int>& alloc) const {
+  static std::vector<int> compact(const std::vector<int>& alloc) {
     std::vector<int> p;
     for (int c : alloc)
       if (c > 0) p.push_back(c);
@@ -389,36 +475,16 @@ class simulator {
     return t;
   }
 
-  /// measured() for k devices packed on nodes, memoised: the arbiter evaluates the same
-  /// (application, devices, atomic batch) many times per decision.
-  step_times measured_packed(const job_state& j, int k, double atomic, int accum) const {
-    auto& cache = packed_cache_[j.app];
-    // Atomic batches are whole numbers (the reference rounds them up); fractional ones bypass the cache.
-    const bool whole = atomic == std::floor(atomic) && atomic < 4.0e9;
-    const std::uint64_t key = (static_cast<std::uint64_t>(k) << 32) | (whole ? static_cast<std::uint64_t>(atomic) : 0u);
-    auto it = whole ? cache.find(key) : cache.end();
-    if (it == cache.end()) {
-      const step_times raw = j.app->throughput(packed_placement(k, config_.devices_per_node), atomic);
-      if (!whole) {
-        const double step = raw.step_s + (raw.step_s - raw.sync_s) * accum;
-        return {step * j.spec.throughput_scale, raw.sync_s * j.spec.throughput_scale};
-      }
-      it = cache.emplace(key, raw).first;
-    }
-    const step_times raw = it->second;
-    const double step = raw.step_s + (raw.step_s - raw.sync_s) * accum;
-    return {step * j.spec.throughput_scale, raw.sync_s * j.spec.throughput_scale};
-  }
-
   std::pair<double, double> stats(const job_state& j, double batch, int epoch) const {
     auto [sqr, var] = j.app->grad_stats(batch, epoch);
     return {sqr, var * j.spec.gns_scale};
   }
 
-  void account(job_state& j, double dt, double compute_fraction) {
+  void account(job_state& j, double dt, double compute_fraction, bool stepping) {
     j.gpu_s += dt * j.devices;
     j.attained += dt * j.devices;
     j.compute_s += dt * j.devices * compute_fraction;
+    if (stepping) j.busy_s += dt * j.devices;
     j.held_s += dt;
   }
 
@@ -436,18 +502,23 @@ class simulator {
     return std::max(top - m, 1e-6);
   }
 
-  /// Advances one job from `now` by `seconds`.
+  /// Advances one job from `now` by `seconds`. While it trains, the job measures its step time at
+  /// its configuration (the reference's update_params): a new configuration refits its model.
   void advance(job_state& j, double now, double seconds) {
     if (j.done || j.devices == 0) return;
     const double delay = std::min(j.rescale_left, seconds);
-    account(j, delay, 0.0);
+    account(j, delay, 0.0, false);
     j.rescale_left -= delay;
     seconds -= delay;
     double t = now + delay;
     while (seconds > 0.0 && !j.done) {
       const double batch = j.devices * j.atomic * (j.accum + 1);
       j.last_batch = batch;
-      if (!j.step_cached) j.step_cache = measured(j, compact(j.alloc), j.atomic, j.accum), j.step_cached = true;
+      if (!j.step_cached) {
+        j.step_cache = measured(j, compact(j.alloc), j.atomic, j.accum), j.step_cached = true;
+        const step_times one = measured(j, compact(j.alloc), j.atomic, 0);
+        j.model->observe(static_cast<int>(compact(j.alloc).size()), j.devices, j.atomic, one.step_s, one.sync_s);
+      }
       const step_times st = j.step_cache;
       const double total = st.step_s;  // includes accumulation passes
       const double compute_fraction = total > 0.0 ? (total - st.sync_s) / total : 0.0;
@@ -458,19 +529,26 @@ class simulator {
       if (j.progress + rate * seconds < next) {
         j.progress += rate * seconds;
         j.steps += seconds / total;
-        account(j, seconds, compute_fraction);
+        account(j, seconds, compute_fraction, true);
         seconds = 0.0;
         break;
       }
       const double dt = std::max(0.0, (next - j.progress) / rate);
-      account(j, dt, compute_fraction);
+      account(j, dt, compute_fraction, true);
       j.steps += dt / total;
       j.progress = next;
       t += dt;
       seconds -= dt;
       ++j.epoch;
-      j.best_metric = j.app->best_metric(batch, j.epoch);
-      j.est->update_loss(j.epoch, loss_proxy(j, batch, j.epoch - 1));
+      // The traces give the metric of runs at one batch size. A run whose batch changed gets the
+      // metric of the epoch-weighted geometric mean of its batches (not of its latest batch, which
+      // would forget the epochs trained at the others).
+      j.log_batch_sum += std::log(batch);
+      const double metric_batch = std::exp(j.log_batch_sum / j.epoch);
+      j.best_metric = j.app->best_metric(metric_batch, j.epoch);
+      const double loss = loss_proxy(j, metric_batch, j.epoch - 1);
+      j.est->update_loss(j.epoch, loss);
+      j.loss_history.emplace_back(static_cast<double>(j.epoch), loss);
       j.reached_target = target_reached(j);
       if (j.epoch >= j.app->max_epochs() || j.reached_target) {
         j.done = true;
@@ -479,11 +557,18 @@ class simulator {
       }
       if (j.fixed_batch <= 0.0) choose_batch(j);  // re-optimise between epochs, as the reference does
     }
+    // The reference also re-optimises the batch at the end of every interval, with the model as
+    // refitted from what the job measured in it.
+    if (!j.done && j.fixed_batch <= 0.0) choose_batch(j);
   }
 
   // ---- placement ----------------------------------------------------------------------------
   void release(job_state& j) {
-    for (std::size_t n = 0; n < j.alloc.size(); ++n) free_per_node_[n] += j.alloc[n];
+    const bool distributed = compact(j.alloc).size() > 1;
+    for (std::size_t n = 0; n < j.alloc.size(); ++n) {
+      free_per_node_[n] += j.alloc[n];
+      if (distributed && j.alloc[n] > 0) --distributed_on_node_[n];
+    }
     j.alloc.clear();
     j.devices = 0;
   }
@@ -494,106 +579,188 @@ class simulator {
     return f;
   }
 
-  /// Places k devices: whole free nodes first, then the node that fits the rest most tightly,
-  /// then whatever is left on the fullest-free nodes. Returns devices per node.
-  std::vector<int> place(int k) {
-    std::vector<int> alloc(free_per_node_.size(), 0);
+  /// Places k devices. Packed (static, per-job policies): whole free nodes first, then the node
+  /// that fits the rest most tightly, then the fullest-free nodes. Tiresias: the node with the
+  /// most free devices, repeatedly (the reference's). Cluster policies: packed, but at most one
+  /// distributed job per node (Pollux's rule); returns fewer than k devices when that rule leaves
+  /// no room. Returns devices per node.
+  std::vector<int> place(int k) { return place_on(k, free_per_node_, distributed_on_node_); }
+
+  /// place() on explicit free-device and distributed-job counts (so a plan can be tried first).
+  std::vector<int> place_on(int k, std::vector<int>& free, std::vector<int>& distributed) const {
+    std::vector<int> alloc(free.size(), 0);
     const int per = config_.devices_per_node;
+    const std::size_t none = free.size();
     int left = k;
-    for (std::size_t n = 0; n < free_per_node_.size() && left >= per; ++n)
-      if (free_per_node_[n] == per) alloc[n] = per, free_per_node_[n] = 0, left -= per;
-    while (left > 0) {
-      std::size_t best = free_per_node_.size();
-      for (std::size_t n = 0; n < free_per_node_.size(); ++n)  // tightest node that fits the rest
-        if (free_per_node_[n] >= left && (best == free_per_node_.size() || free_per_node_[n] < free_per_node_[best]))
-          best = n;
-      if (best == free_per_node_.size()) {
-        for (std::size_t n = 0; n < free_per_node_.size(); ++n)  // otherwise the node with most free
-          if (free_per_node_[n] > 0 && (best == free_per_node_.size() || free_per_node_[n] > free_per_node_[best]))
-            best = n;
+    if (config_.policy == "tiresias") {
+      while (left > 0) {
+        std::size_t best = none;
+        for (std::size_t n = 0; n < free.size(); ++n)
+          if (free[n] > 0 && (best == none || free[n] > free[best])) best = n;
+        if (best == none) throw std::logic_error("place: not enough free devices");
+        const int take = std::min(left, free[best]);
+        alloc[best] += take, free[best] -= take, left -= take;
       }
-      if (best == free_per_node_.size()) throw std::logic_error("place: not enough free devices");
-      const int take = std::min(left, free_per_node_[best]);
+      return alloc;
+    }
+    if (cluster_) {
+      // One node if it fits, tightest first.
+      std::size_t fit = none;
+      for (std::size_t n = 0; n < free.size() && k <= per; ++n)
+        if (free[n] >= k && (fit == none || free[n] < free[fit])) fit = n;
+      if (fit != none) {
+        alloc[fit] = k, free[fit] -= k;
+        return alloc;
+      }
+      // Distributed: only nodes without another distributed job; whole free nodes first, then the
+      // tightest node that fits the rest, then the most free.
+      for (std::size_t n = 0; n < free.size() && left >= per; ++n)
+        if (free[n] == per && distributed[n] == 0) alloc[n] = per, free[n] = 0, left -= per;
+      while (left > 0) {
+        std::size_t best = none;
+        for (std::size_t n = 0; n < free.size(); ++n)
+          if (alloc[n] == 0 && distributed[n] == 0 && free[n] >= left && (best == none || free[n] < free[best])) best = n;
+        if (best == none)
+          for (std::size_t n = 0; n < free.size(); ++n)
+            if (alloc[n] == 0 && distributed[n] == 0 && free[n] > 0 && (best == none || free[n] > free[best])) best = n;
+        if (best == none) break;
+        const int take = std::min(left, free[best]);
+        alloc[best] += take, free[best] -= take, left -= take;
+      }
+      if (compact(alloc).size() > 1)
+        for (std::size_t n = 0; n < alloc.size(); ++n)
+          if (alloc[n] > 0) ++distributed[n];
+      return alloc;
+    }
+    for (std::size_t n = 0; n < free.size() && left >= per; ++n)
+      if (free[n] == per) alloc[n] = per, free[n] = 0, left -= per;
+    while (left > 0) {
+      std::size_t best = none;
+      for (std::size_t n = 0; n < free.size(); ++n)  // tightest node that fits the rest
+        if (free[n] >= left && (best == none || free[n] < free[best])) best = n;
+      if (best == none) {
+        for (std::size_t n = 0; n < free.size(); ++n)  // otherwise the node with most free
+          if (free[n] > 0 && (best == none || free[n] > free[best])) best = n;
+      }
+      if (best == none) throw std::logic_error("place: not enough free devices");
+      const int take = std::min(left, free[best]);
       alloc[best] += take;
-      free_per_node_[best] -= take;
+      free[best] -= take;
       left -= take;
     }
     return alloc;
   }
 
+  /// Devices each job would end up with if `alloc` were applied in apply_allocation's order (a dry
+  /// run of the placement rule).
+  std::vector<int> plan(const std::vector<job_state*>& act, const std::vector<int>& alloc) const {
+    std::vector<int> free = free_per_node_, distributed = distributed_on_node_;
+    std::vector<int> got(act.size());
+    auto drop = [&](const job_state& j) {
+      const bool dist = compact(j.alloc).size() > 1;
+      for (std::size_t n = 0; n < j.alloc.size(); ++n) {
+        free[n] += j.alloc[n];
+        if (dist && j.alloc[n] > 0) --distributed[n];
+      }
+    };
+    for (std::size_t i = 0; i < act.size(); ++i) {
+      got[i] = act[i]->devices;
+      if (alloc[i] != act[i]->devices) drop(*act[i]), got[i] = 0;
+    }
+    // Shrinks are placed before grows (they fit where they were), grows biggest first.
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < act.size(); ++i)
+      if (alloc[i] != act[i]->devices && alloc[i] > 0 && alloc[i] < act[i]->devices) order.push_back(i);
+    std::vector<std::size_t> grows;
+    for (std::size_t i = 0; i < act.size(); ++i)
+      if (alloc[i] > act[i]->devices) grows.push_back(i);
+    std::stable_sort(grows.begin(), grows.end(), [&](std::size_t a, std::size_t b) { return alloc[a] > alloc[b]; });
+    order.insert(order.end(), grows.begin(), grows.end());
+    for (std::size_t i : order) {
+      int sum = 0;
+      for (int c : place_on(alloc[i], free, distributed)) sum += c;
+      got[i] = sum;
+    }
+    return got;
+  }
+
   /// Gives a job k devices (k = 0 releases). A change costs reallocation_cost_s of no progress.
-  void reallocate(job_state& j, int k, double now) {
-    if (k == j.devices) return;
+  /// Returns the devices it got (cluster policies may get fewer under the placement rule).
+  int reallocate(job_state& j, int k, double now) {
+    if (k == j.devices) return k;
     release(j);
     j.step_cached = false;
     if (k <= 0) {
       j.atomic = 0.0;
-      return;
+      return 0;
     }
     j.alloc = place(k);
-    j.devices = k;
-    j.max_held = std::max(j.max_held, k);
+    int got = 0;
+    for (int c : j.alloc) got += c;
+    j.devices = got;
+    if (got == 0) {
+      j.alloc.clear();
+      j.atomic = 0.0;
+      return 0;
+    }
+    j.max_held = std::max(j.max_held, got);
     j.rescale_left = config_.reallocation_cost_s;
     if (j.restarts < 0) j.start_s = now;
     ++j.restarts;
     j.steps_at_resize = j.steps;
     if (j.fixed_batch > 0.0) {
-      const auto s = detail::split_batch(*j.app, j.fixed_batch, k);
+      const auto s = detail::split_batch(*j.app, j.fixed_batch, got);
       j.atomic = s.atomic, j.accum = s.accum;
     } else {
       choose_batch(j);
     }
     j.last_batch = j.devices * j.atomic * (j.accum + 1);
+    return got;
   }
 
-  // ---- goodput (arbiter) --------------------------------------------------------------------
-  struct config_goodput {
-    double goodput = 0.0, atomic = 0.0;
-    int accum = 0;
-  };
+  /// Sets a new total batch at the same devices (no resize, no cost): the simulator applies the
+  /// per-job policies' batch decisions.
+  void set_batch(job_state& j, double batch) {
+    const auto s = detail::split_batch(*j.app, std::clamp(batch, j.app->init_batch(), j.app->max_batch()), j.devices);
+    if (s.atomic == j.atomic && s.accum == j.accum) return;
+    j.atomic = s.atomic, j.accum = s.accum;
+    j.step_cached = false;
+    j.last_batch = j.devices * j.atomic * (j.accum + 1);
+  }
 
-  /// Best goodput over batch sizes at a placement (the reference's GoodputFunction.optimize with
-  /// accumulation), with the job's current gradient statistics.
-  config_goodput best_config(const job_state& j, const std::vector<int>& placement, int replicas,
-                             bool packed = false) const {
-    const application_profile& app = *j.app;
-    const double ref_batch = j.last_batch > 0.0 ? j.last_batch : std::max(app.init_batch(), j.spec.batch);
+  // ---- goodput from the job's fitted model ---------------------------------------------------
+  policy::grad_stats job_stats(const job_state& j) const {
+    const double ref_batch = j.last_batch > 0.0 ? j.last_batch : std::max(j.app->init_batch(), j.spec.batch);
     const auto [sqr, var] = stats(j, ref_batch, j.epoch);
-    const double eps = 1e-8;
-    config_goodput best;
-    auto evaluate = [&](double atomic, int accum) {
-      if (atomic < app.min_local_batch() - eps || atomic > app.max_local_batch() + eps) return;
-      const double batch = replicas * atomic * (accum + 1);
-      const step_times st =
-          packed ? measured_packed(j, replicas, atomic, accum) : measured(j, placement, atomic, accum);
-      const double scale = batch / app.init_batch();
-      const double eff = detail::adascale_gain_from_stats(sqr, var, scale) / scale;
-      const double g = batch / st.step_s * eff;
-      if (g > best.goodput) best = {g, atomic, accum};
-    };
+    return {sqr, var};
+  }
+
+  /// Predicted best goodput at (nodes, replicas) over batch sizes (Pollux's GoodputFunction.optimize
+  /// with accumulation), from the job's fitted model and current gradient statistics.
+  policy::batch_choice predicted_best(const job_state& j, int nodes, int replicas) const {
+    const policy::batch_limits lim = detail::limits_of(*j.app, config_.batch_candidates);
+    const policy::grad_stats g = job_stats(j);
+    auto step = [&](double atomic, int accum) { return j.model->step_time(nodes, replicas, atomic, accum); };
     if (j.fixed_batch > 0.0) {
-      const auto s = detail::split_batch(app, j.fixed_batch, replicas);
-      evaluate(s.atomic, s.accum);
-      return best;
+      const auto s = detail::split_batch(*j.app, j.fixed_batch, replicas);
+      const double total = replicas * s.atomic * (s.accum + 1);
+      const double t = step(s.atomic, s.accum);
+      return {t > 0.0 ? policy::adascale_progress_gain(g, total / lim.init_batch) / t : 0.0, s.atomic, s.accum};
     }
-    const double lo = std::max(app.init_batch(), app.min_local_batch() * replicas);
-    const double hi = app.max_batch();
-    if (lo > hi + eps) return best;
-    const int n = config_.batch_candidates;
-    for (int i = 0; i < n; ++i) {
-      const double batch = n == 1 ? lo : lo * std::pow(hi / lo, static_cast<double>(i) / (n - 1));
-      const double local = batch / replicas;
-      int accum = static_cast<int>(std::ceil(local / app.max_local_batch() - eps)) - 1;
-      if (replicas == 1 && local > app.init_batch() + eps) accum = std::max(accum, 1);
-      accum = std::max(accum, 0);
-      evaluate(std::ceil(local / (accum + 1) - eps), accum);
-    }
-    return best;
+    return policy::best_batch(step, g, replicas, lim);
   }
 
   void choose_batch(job_state& j) const {
     j.step_cached = false;
-    const config_goodput c = best_config(j, compact(j.alloc), j.devices);
+    policy::batch_choice c;
+    const int nodes = static_cast<int>(compact(j.alloc).size());
+    if (j.model->fitted()) {
+      c = predicted_best(j, nodes, j.devices);
+    } else {  // no model yet: the reference's default, max(M0, min micro-batch x replicas)
+      const double b = std::max(j.app->init_batch(), j.app->min_local_batch() * j.devices);
+      const auto s = detail::split_batch(*j.app, b, j.devices);
+      c = {1.0, s.atomic, s.accum};
+    }
     if (c.goodput > 0.0) {
       j.atomic = c.atomic, j.accum = c.accum;
     } else {  // no valid batch at this size: fall back to the fixed split of the request
@@ -602,16 +769,29 @@ class simulator {
     }
   }
 
-  /// Best goodput at k packed devices, cached per epoch (gradient statistics change per epoch).
+  /// Predicted best goodput at k packed devices, cached per epoch and model fit.
   double curve_at(job_state& j, int k) const {
-    if (k <= 0) return 0.0;
-    if (j.curve_epoch != j.epoch || j.curve.empty()) {
+    if (k <= 0 || !j.model->fitted()) return 0.0;
+    if (j.curve_epoch != j.epoch || j.curve_model != j.model->configurations() || j.curve.empty()) {
       j.curve.assign(static_cast<std::size_t>(j.max_devices) + 1, -1.0);
       j.curve_epoch = j.epoch;
+      j.curve_model = j.model->configurations();
     }
-    double& g = j.curve[static_cast<std::size_t>(std::min(k, j.max_devices))];
-    if (g < 0.0) g = best_config(j, {}, std::min(k, j.max_devices), true).goodput;
+    const int kk = std::min(k, j.max_devices);
+    double& g = j.curve[static_cast<std::size_t>(kk)];
+    if (g < 0.0) g = predicted_best(j, (kk + config_.devices_per_node - 1) / config_.devices_per_node, kk).goodput;
     return g;
+  }
+
+  /// Remaining work (statistical progress) the job expects: its epoch budget left, or, without
+  /// the budget, an Optimus-style fit of its per-epoch loss proxy, loss(e) = 1 / (a e + b) + c,
+  /// extrapolated to where it improves by less than 1 % over a further 10 % of its epochs.
+  double remaining_work(const job_state& j) const {
+    const double total = j.app->progress_at(j.app->max_epochs());
+    if (config_.remaining_work_from_budget || j.epoch < 3) return std::max(total - j.progress, 1.0);
+    const double per_epoch = j.progress / std::max(1, j.epoch);
+    const double epochs = detail::optimus_epochs(j.loss_history);
+    return std::max((epochs - j.epoch) * per_epoch, per_epoch);
   }
 
   // ---- policies -----------------------------------------------------------------------------
@@ -628,8 +808,8 @@ class simulator {
       schedule_static(now);
     else if (p == "tiresias")
       schedule_tiresias(now);
-    else if (p == "arbiter")
-      schedule_arbiter(now);
+    else if (cluster_)
+      schedule_cluster(now);
     else
       schedule_per_job(now);
   }
@@ -643,7 +823,8 @@ class simulator {
 
   // Tiresias-style two-queue least-attained-service, preemptive, no resizing (as the reference's
   // baseline): a job is demoted after `threshold` GPU-seconds of service; queue 0 before queue 1,
-  // arrival (or demotion) order within a queue; jobs that do not fit are preempted.
+  // arrival (or demotion) order within a queue; jobs that do not fit are preempted. Placement: the
+  // node with the most free devices first, as the reference.
   void schedule_tiresias(double now) {
     std::vector<job_state*> act = active(now);
     for (job_state* j : act) {
@@ -670,10 +851,16 @@ class simulator {
       if (j->devices == 0) reallocate(*j, j->spec.replicas, now);
   }
 
+  /// Device price the cluster quotes to per-job policies: 0 while nothing waits, rising to 1 as the
+  /// devices waiting jobs ask for approach the whole cluster.
+  double contention_price(int waiting_demand) const {
+    return std::clamp(static_cast<double>(waiting_demand) / static_cast<double>(capacity_), 0.0, 1.0);
+  }
+
   // Each job runs its own constrained policy (the live-job code) against the devices it could get
   // now: its own plus the spare ones, up to its fair share. Waiting jobs are admitted first, in
   // arrival order, with what they requested when it is free (as static, with backfilling); then
-  // running jobs decide in arrival order.
+  // running jobs decide in arrival order. Size and batch decisions are both applied.
   void schedule_per_job(double now) {
     std::vector<job_state*> act = active(now);
     for (job_state* j : act) {
@@ -710,35 +897,89 @@ class simulator {
           std::max(j->spec.replicas,
                    static_cast<int>(std::ceil(static_cast<double>(capacity_) / static_cast<double>(act.size()))));
       const int spare = std::max(0, free_devices() - waiting_demand);
-      policy::capacity cap{std::max(j->devices, std::min(j->devices + spare, fair))};
-      policy::cost_model costs{config_.reallocation_cost_s, std::max(1.0, config_.horizon_s / std::max(step_s, 1e-9))};
+      policy::capacity cap;
+      cap.available = std::max(j->devices, std::min(j->devices + spare, fair));
+      cap.device_price = contention_price(waiting_demand);
+      policy::cost_model costs{config_.reallocation_cost_s,
+                               std::max(1.0, config_.horizon_s / std::max(step_s > 0.0 ? step_s : 1.0, 1e-9))};
       const policy::decision d = j->policy->decide(sig, world, cap, costs, *j->predictor);
-      if (d.kind != policy::action::hold && d.target_size != j->devices) reallocate(*j, d.target_size, now);
+      if (d.kind != policy::action::hold && d.target_size != j->devices) {
+        const double new_batch = batch * d.batch_scale;
+        reallocate(*j, d.target_size, now);
+        if (j->devices > 0 && d.batch_scale != 1.0) set_batch(*j, new_batch);
+      } else if (d.batch_scale != 1.0) {
+        set_batch(*j, batch * d.batch_scale);
+      }
     }
   }
 
-  // The cluster arbiter over goodput curves, with Pollux's restart penalty, exploration rule and
-  // least-attained-service order.
-  void schedule_arbiter(double now) {
+  // Cluster policies: dra::policy::cluster_arbiter over per-job curves from each job's fitted
+  // model, with Pollux's restart penalty, exploration rule and placement rule.
+  //  - pollux: Pollux's objective: power mean (p = -1) of speedups over the goodput at the fair
+  //    share (ceil(capacity / jobs) replicas on one node), scaled by 16/64 as its code does; jobs
+  //    without a model get the linear prior k / fair; jobs in least-attained-service order.
+  //  - arbiter: the same objective with the fair share packed on nodes (dra's arbiter).
+  //  - convergence_aware: sum (p = 1) of goodput / remaining work (shortest remaining work first,
+  //    for malleable jobs), each curve cut where devices stop earning the price floor; jobs in
+  //    order of remaining work.
+  void schedule_cluster(double now) {
     std::vector<job_state*> act = active(now);
     if (act.empty()) return;
-    std::stable_sort(act.begin(), act.end(), [](const job_state* a, const job_state* b) {
-      if (a->attained != b->attained) return a->attained < b->attained;
-      return a->spec.submit_s < b->spec.submit_s;
+    const std::string& p = config_.policy;
+    const bool ca = p == "convergence_aware";
+    std::vector<double> work(act.size());
+    for (std::size_t i = 0; i < act.size(); ++i) work[i] = ca ? remaining_work(*act[i]) : 0.0;
+    std::vector<std::size_t> order(act.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      if (ca && work[a] != work[b]) return work[a] < work[b];
+      if (act[a]->attained != act[b]->attained) return act[a]->attained < act[b]->attained;
+      return act[a]->spec.submit_s < act[b]->spec.submit_s;
     });
+    std::vector<job_state*> sorted;
+    std::vector<double> sorted_work;
+    for (std::size_t i : order) sorted.push_back(act[i]), sorted_work.push_back(work[i]);
+    act = std::move(sorted);
+    work = std::move(sorted_work);
     const int fair = static_cast<int>(std::ceil(static_cast<double>(capacity_) / static_cast<double>(act.size())));
+    const double scale = static_cast<double>(config_.nodes) / static_cast<double>(capacity_);
+    // convergence_aware: a job's value at k devices is the rate at which it completes its remaining
+    // work, goodput(k) / remaining work (1/s), normalised by the largest one-device rate. A job that
+    // has not measured anything yet is taken to be as close to done as the closest job (new jobs
+    // first, as least-attained-service does), at linear speedup.
+    std::vector<double> rate_one(act.size(), 0.0);
+    double top_rate = 0.0;
+    if (ca)
+      for (std::size_t i = 0; i < act.size(); ++i)
+        if (act[i]->model->fitted()) {
+          rate_one[i] = curve_at(*act[i], 1) * policy::remaining_work_weight(work[i]);
+          top_rate = std::max(top_rate, rate_one[i]);
+        }
+    if (!(top_rate > 0.0)) top_rate = 1.0;
     std::vector<policy::arbiter_job> in;
     in.reserve(act.size());
-    for (job_state* j : act) {
-      int most = j->max_devices;
-      if (config_.arbiter_exploration_limit) most = std::min(most, std::max(2 * j->max_held, 1));
-      const int fair_k = std::clamp(fair, 1, j->max_devices);
-      double base = curve_at(*j, fair_k);
-      if (!(base > 0.0)) base = curve_at(*j, 1);
+    for (std::size_t i = 0; i < act.size(); ++i) {
+      job_state* j = act[i];
+      const int most = explore_cap(*j);
       policy::arbiter_job a;
       a.speedup.assign(static_cast<std::size_t>(most) + 1, 0.0);
-      for (int k = 1; k <= most; ++k)
-        a.speedup[static_cast<std::size_t>(k)] = base > 0.0 ? curve_at(*j, k) / base : 0.0;
+      if (!j->model->fitted()) {
+        // Pollux's prior before any measurement: linear speedup.
+        for (int k = 1; k <= most; ++k)
+          a.speedup[static_cast<std::size_t>(k)] = (ca ? 1.0 : scale / fair) * static_cast<double>(k);
+      } else if (ca) {
+        std::vector<double> g(static_cast<std::size_t>(most) + 1, 0.0);
+        for (int k = 1; k <= most; ++k) g[static_cast<std::size_t>(k)] = curve_at(*j, k);
+        const int cut = policy::priced_size(g, config_.cluster_price_floor);
+        const double w = policy::remaining_work_weight(work[i]) / top_rate;
+        for (int k = 1; k <= most; ++k) a.speedup[static_cast<std::size_t>(k)] = w * g[static_cast<std::size_t>(std::min(k, cut))];
+      } else {
+        const int fair_k = std::clamp(fair, 1, j->max_devices);
+        double base = p == "pollux" ? predicted_best(*j, 1, fair_k).goodput : curve_at(*j, fair_k);
+        if (!(base > 0.0)) base = curve_at(*j, 1);
+        for (int k = 1; k <= most; ++k)
+          a.speedup[static_cast<std::size_t>(k)] = base > 0.0 ? scale * curve_at(*j, k) / base : 0.0;
+      }
       a.current = j->devices;
       const double age = now - j->spec.submit_s;
       const double cost = config_.reallocation_cost_s;
@@ -746,17 +987,35 @@ class simulator {
       a.change_penalty = cost > 0.0 ? std::clamp(std::max(age - restarts * cost, 0.0) / (age + cost), 0.0, 1.0) : 1.0;
       in.push_back(std::move(a));
     }
-    const policy::cluster_arbiter arbiter(config_.arbiter);
-    const std::vector<int> alloc = arbiter.allocate(in, capacity_);
+    policy::arbiter_config ac = config_.arbiter;
+    if (ca) ac.p = config_.remaining_work_power;
+    const policy::cluster_arbiter arbiter(ac);
+    // The arbiter divides device counts; the placement rule (one distributed job per node) may not
+    // fit them all. Try the plan, cap each job that would get fewer devices at what it would get,
+    // and divide again, so the search only returns allocations that can be placed (as Pollux's
+    // genetic search only keeps repaired, placeable states).
+    std::vector<int> alloc = arbiter.allocate(in, capacity_);
+    for (int round = 0; round < 8; ++round) {
+      const std::vector<int> got = plan(act, alloc);
+      bool short_any = false;
+      for (std::size_t i = 0; i < act.size(); ++i)
+        if (got[i] < alloc[i]) {
+          short_any = true;
+          const auto keep = static_cast<std::size_t>(std::max(got[i], 0)) + 1;
+          if (in[i].speedup.size() > keep) in[i].speedup.resize(keep);
+        }
+      if (!short_any) break;
+      alloc = arbiter.allocate(in, capacity_);
+    }
     // Shrinks first (they free devices), then grows, biggest first so they find whole nodes.
-    std::vector<std::size_t> order(act.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    for (std::size_t i : order)
-      if (alloc[i] != act[i]->devices && alloc[i] < act[i]->devices) reallocate(*act[i], alloc[i], now);
-    for (std::size_t i : order)
+    std::vector<std::size_t> idx(act.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    for (std::size_t i : idx)
+      if (alloc[i] < act[i]->devices) reallocate(*act[i], alloc[i], now);
+    for (std::size_t i : idx)
       if (alloc[i] > act[i]->devices) release(*act[i]);
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return alloc[a] > alloc[b]; });
-    for (std::size_t i : order)
+    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return alloc[a] > alloc[b]; });
+    for (std::size_t i : idx)
       if (alloc[i] > act[i]->devices) reallocate(*act[i], alloc[i], now);
   }
 
@@ -773,16 +1032,20 @@ class simulator {
     }
     for (int f : free_per_node_)
       if (f < 0 || f > config_.devices_per_node) throw std::logic_error("simulator: node over-allocated");
+    if (cluster_)
+      for (int d : distributed_on_node_)
+        if (d > 1) throw std::logic_error("simulator: two distributed jobs on one node (Pollux's placement rule)");
     if (held + free_devices() != capacity_ || held > capacity_)
       throw std::logic_error("simulator: " + std::to_string(held) + " devices held + " +
                              std::to_string(free_devices()) + " free != capacity " + std::to_string(capacity_));
   }
 
   const profile_library* profiles_;
-  mutable std::unordered_map<const application_profile*, std::unordered_map<std::uint64_t, step_times>> packed_cache_;
   sim_config config_;
+  bool cluster_ = false;
   int capacity_ = 0;
   std::vector<int> free_per_node_;
+  std::vector<int> distributed_on_node_;  ///< distributed jobs with devices on each node (rule: <= 1)
   std::vector<job_state> jobs_;
 };
 

@@ -1,26 +1,28 @@
 #pragma once
 // The generated static-vs-dynamic study (the DRA framework's 1,500-run evaluation, whose logs are
-// not public). Each run is one training job drawn from the measured profiles with documented
-// perturbations, simulated alone on the cluster under its requested static allocation and under
-// each dynamic policy. Seeded and reproducible: run i depends only on (seed, i), through a
-// portable generator (splitmix64 + Box-Muller), never on the standard library's distributions,
-// whose output differs between implementations.
+// not public). Each run is one training job drawn from the measured profiles, simulated under its
+// requested static allocation, under the best static configuration in hindsight, and under each
+// dynamic policy. Seeded and reproducible: run i depends only on (seed, i), through a portable
+// generator (splitmix64 + Box-Muller), never on the standard library's distributions, whose output
+// differs between implementations.
 //
-// Distributions (justified in docs/guide/simulator.md):
+// Honest by default (docs/guide/simulator.md justifies each choice):
 //  - request: a row (application, num_replicas, batch_size) drawn uniformly from the workload
-//    CSVs, so the application mix and the requests are the ones users made in the traces;
-//  - batch: the request's batch times 2^u, u uniform in {-1, 0, 1}, clamped to the validated
-//    batch range (the traces validate batches a factor 2 apart);
-//  - devices: the request's devices times 2^v, v uniform in {-1, 0, 1}, rounded, clamped to
-//    [1, min(cluster, batch / min local batch)] (and the reference's application limit when
-//    `reference_limits` is set);
+//    CSVs, as is: the Pollux workloads' requests are tuned (each a configuration at 50-80 % parallel
+//    efficiency). `perturb` multiplies batch and devices by 2^{-1,0,1} (labelled, not the default);
+//  - budget: a dynamic policy may hold at most `quota_scale` (default 1) x the request; the static
+//    baselines in hindsight search sizes within the same budget;
+//  - target: a fixed metric per application, the final best metric the worst validated batch size
+//    reaches (every configuration can reach it), the same for every policy; a run stops at the first
+//    epoch that reaches it, or at its last epoch;
 //  - throughput noise: step and sync time times exp(sigma_t z), sigma_t the application's median
 //    spread of log step time between placements with the same nodes, replicas and batch;
 //  - efficiency noise: tr(Sigma) times exp(sigma_g z), sigma_g the median spread of
 //    log(grad_var/grad_sqr) across the batch-size runs at the same epoch;
-//  - target metric: the best metric the run would reach at its batch by the last epoch, relaxed by
-//    delta uniform in [0, 2 %] (lower for rising metrics, higher for falling ones); the run stops at
-//    the first epoch that reaches it, or at the last epoch.
+//  - alone or shared: each run alone on the cluster, or (`shared_cluster`) groups of
+//    `jobs_per_cluster` runs submitted to one cluster at the arrival times of the workload rows,
+//    so that releasing devices can pay off.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -62,33 +64,66 @@ class portable_rng {
 struct study_config {
   int runs = 1500;
   std::uint64_t seed = 1;
-  std::vector<std::string> policies{"static", "convergence", "goodput", "arbiter"};
+  /// Dynamic policies (the static baselines are always run).
+  std::vector<std::string> policies{"convergence", "goodput", "convergence_aware"};
   double reallocation_cost_s = in_place_resize_cost_stand_in_s;
-  /// Dynamic policies may hold up to this multiple of the requested devices.
-  double quota_scale = 2.0;
+  /// Dynamic policies may hold up to this multiple of the requested devices (1: the same budget).
+  double quota_scale = 1.0;
   double interval_s = 60.0;
   int nodes = 16;
   int devices_per_node = 4;
-  double max_target_slack = 0.02;
+  /// Perturb the drawn request (batch and devices x 2^{-1,0,1}): an untuned request.
+  bool perturb = false;
   /// The reference's per-application limits (ncf: one device); off: what the profiles measure.
   bool reference_limits = false;
   bool noise = true;
+  /// Runs contend for one cluster in groups of jobs_per_cluster (arrival times of the workload rows).
+  bool shared_cluster = false;
+  int jobs_per_cluster = 160;
+  /// Static baselines in hindsight (alone only): best fixed size at the user's batch, and best
+  /// fixed size and batch (validated batches and the user's), within the quota.
+  bool hindsight = true;
+  /// Settings of the convergence-aware policy (per job alone, and its cluster form when shared).
+  policy::convergence_aware_config convergence_aware{};
 
   void validate() const {
     if (runs < 1) dra::detail::throw_invalid("runs", "must be >= 1, got " + std::to_string(runs));
-    if (policies.empty()) dra::detail::throw_invalid("policies", "needs at least one policy");
-    if (!(max_target_slack >= 0.0 && max_target_slack < 1.0))
-      dra::detail::throw_invalid("max_target_slack", "must lie in [0, 1)");
+    if (!(quota_scale > 0.0)) dra::detail::throw_invalid("quota_scale", "must be > 0, got " + std::to_string(quota_scale));
+    if (jobs_per_cluster < 1) dra::detail::throw_invalid("jobs_per_cluster", "must be >= 1");
+    for (const auto& p : policies)
+      if (std::find(policy_names().begin(), policy_names().end(), p) == policy_names().end())
+        dra::detail::throw_invalid("policies", "unknown policy '" + p + "'");
   }
 };
+
+/// Names of the static baselines a study reports, in order.
+inline const std::vector<std::string>& study_baselines() {
+  static const std::vector<std::string> names{"static_request", "static_best_size", "static_best_hindsight"};
+  return names;
+}
 
 struct study_run {
   int index = 0;
   job_spec spec;
-  std::map<std::string, job_result> results;  ///< by policy
+  int cluster = -1;  ///< shared-cluster group (-1: alone)
+  std::map<std::string, job_result> results;  ///< by policy (and static baselines)
+  int best_size_devices = 0;                  ///< the configuration static_best_size chose
+  int hindsight_devices = 0;                  ///< the configuration static_best_hindsight chose
+  double hindsight_batch = 0.0;
 };
 
-/// Run i of the study: one job drawn from `pool` (workload rows) and perturbed.
+/// The fixed target of an application: the lowest final best metric over its validated batch sizes
+/// (the highest for falling metrics), a quality every batch size reaches by its last epoch.
+inline double fixed_target(const application_profile& app) {
+  double target = app.metric_increases() ? INFINITY : -INFINITY;
+  for (double b : app.validated_batches()) {
+    const double m = app.best_metric(b, app.max_epochs());
+    target = app.metric_increases() ? std::min(target, m) : std::max(target, m);
+  }
+  return target;
+}
+
+/// Run i of the study: one job drawn from `pool` (workload rows).
 inline job_spec generate_run(const profile_library& profiles, const std::vector<job_spec>& pool,
                              const study_config& config, int index) {
   if (pool.empty()) dra::detail::throw_invalid("pool", "needs at least one workload row to draw requests from");
@@ -102,24 +137,75 @@ inline job_spec generate_run(const profile_library& profiles, const std::vector<
   j.application = row.application;
   j.submit_s = 0.0;
   const int u = static_cast<int>(rng.below(3)) - 1;
-  j.batch = std::clamp(row.batch * std::ldexp(1.0, u), app.init_batch(), app.max_batch());
   const int v = static_cast<int>(rng.below(3)) - 1;
+  j.batch = config.perturb ? std::clamp(row.batch * std::ldexp(1.0, u), app.init_batch(), app.max_batch()) : row.batch;
   int cap = config.nodes * config.devices_per_node;
   cap = std::min(cap, std::max(1, static_cast<int>(std::floor(j.batch / app.min_local_batch() + 1e-9))));
   if (config.reference_limits && app.max_replicas() > 0) cap = std::min(cap, app.max_replicas());
-  j.replicas = std::clamp(static_cast<int>(std::lround(row.replicas * std::ldexp(1.0, v))), 1, cap);
+  j.replicas = std::clamp(
+      config.perturb ? static_cast<int>(std::lround(row.replicas * std::ldexp(1.0, v))) : row.replicas, 1, cap);
   const double zt = rng.normal(), zg = rng.normal();
   if (config.noise) {
     j.throughput_scale = std::exp(app.placement_noise() * zt);
     j.gns_scale = std::exp(app.gns_noise() * zg);
   }
-  const double slack = config.max_target_slack * rng.uniform();
-  const double final_metric = app.best_metric(j.batch, app.max_epochs());
-  j.target_metric = app.metric_increases() ? final_metric * (1.0 - slack) : final_metric * (1.0 + slack);
+  j.target_metric = fixed_target(app);
   return j;
 }
 
-/// Simulates every run under every policy. `progress(done, total)` is called after each run.
+namespace detail {
+inline sim_config study_sim_config(const study_config& config, const std::string& policy, bool alone) {
+  sim_config sc;
+  sc.policy = policy;
+  sc.nodes = config.nodes;
+  sc.devices_per_node = config.devices_per_node;
+  sc.interval_s = config.interval_s;
+  sc.reallocation_cost_s = config.reallocation_cost_s;
+  sc.quota_scale = config.quota_scale;
+  sc.reference_limits = config.reference_limits;
+  sc.record_timeline = false;
+  sc.convergence_aware = config.convergence_aware;
+  // Alone on the cluster there is nothing to arbitrate: the job's own policy decides (the live path).
+  sc.cluster_arbitration = !alone;
+  return sc;
+}
+
+/// Best static configuration in hindsight for one run: every size 1..budget at the user's batch
+/// (and, with batches, every validated batch too); the shortest training time wins, ties to fewer
+/// GPU-hours.
+inline job_result best_static(const profile_library& profiles, const job_spec& spec, const study_config& config,
+                              bool batches, int& devices, double& batch) {
+  const application_profile& app = profiles.at(spec.application);
+  std::vector<double> candidates{spec.batch};
+  if (batches)
+    for (double b : app.validated_batches())
+      if (b != spec.batch) candidates.push_back(b);
+  const int budget = std::max(1, static_cast<int>(std::floor(config.quota_scale * spec.replicas + 1e-9)));
+  job_result best;
+  bool have = false;
+  for (double b : candidates) {
+    const int most = std::min({budget, config.nodes * config.devices_per_node,
+                               std::max(1, static_cast<int>(std::floor(b / app.min_local_batch() + 1e-9)))});
+    for (int k = 1; k <= most; ++k) {
+      job_spec s = spec;
+      s.batch = b;
+      s.replicas = k;
+      simulator sim(profiles, {s}, study_sim_config(config, "static", true));
+      job_result r = sim.run().jobs.at(0);
+      const double t = r.completion_s - r.start_s;
+      const double bt = best.completion_s - best.start_s;
+      if (!std::isfinite(t)) continue;
+      if (!have || t < bt - 1e-9 || (std::abs(t - bt) <= 1e-9 && r.gpu_seconds < best.gpu_seconds)) {
+        best = r, have = true, devices = k, batch = b;
+      }
+    }
+  }
+  return best;
+}
+}  // namespace detail
+
+/// Simulates every run under the static baselines and every dynamic policy. `progress(done, total)`
+/// is called after each run (alone) or each cluster (shared).
 inline std::vector<study_run> run_study(const profile_library& profiles, const std::vector<job_spec>& pool,
                                         const study_config& config,
                                         const std::function<void(int, int)>& progress = nullptr) {
@@ -130,21 +216,52 @@ inline std::vector<study_run> run_study(const profile_library& profiles, const s
     study_run run;
     run.index = i;
     run.spec = generate_run(profiles, pool, config, i);
-    for (const auto& p : config.policies) {
-      sim_config sc;
-      sc.policy = p;
-      sc.nodes = config.nodes;
-      sc.devices_per_node = config.devices_per_node;
-      sc.interval_s = config.interval_s;
-      sc.reallocation_cost_s = config.reallocation_cost_s;
-      sc.quota_scale = config.quota_scale;
-      sc.reference_limits = config.reference_limits;
-      sc.record_timeline = false;
-      simulator s(profiles, {run.spec}, sc);
-      run.results[p] = s.run().jobs.at(0);
-    }
     out.push_back(std::move(run));
-    if (progress) progress(i + 1, config.runs);
+  }
+  if (!config.shared_cluster) {
+    for (auto& run : out) {
+      simulator s(profiles, {run.spec}, detail::study_sim_config(config, "static", true));
+      run.results["static_request"] = s.run().jobs.at(0);
+      if (config.hindsight) {
+        double b = 0.0;
+        run.results["static_best_size"] = detail::best_static(profiles, run.spec, config, false, run.best_size_devices, b);
+        run.results["static_best_hindsight"] =
+            detail::best_static(profiles, run.spec, config, true, run.hindsight_devices, run.hindsight_batch);
+      }
+      for (const auto& p : config.policies) {
+        simulator d(profiles, {run.spec}, detail::study_sim_config(config, p, true));
+        run.results[p] = d.run().jobs.at(0);
+      }
+      if (progress) progress(run.index + 1, config.runs);
+    }
+    return out;
+  }
+  // Shared cluster: groups of jobs_per_cluster runs, arriving at the times of consecutive workload
+  // rows (group g uses rows g x jobs_per_cluster ..., wrapping around the pool).
+  const int groups = (config.runs + config.jobs_per_cluster - 1) / config.jobs_per_cluster;
+  std::vector<std::string> policies{"static"};
+  for (const auto& p : config.policies)
+    if (p != "static") policies.push_back(p);
+  for (int g = 0; g < groups; ++g) {
+    const int first = g * config.jobs_per_cluster;
+    const int last = std::min(config.runs, first + config.jobs_per_cluster);
+    std::vector<job_spec> specs;
+    for (int i = first; i < last; ++i) {
+      job_spec s = out[static_cast<std::size_t>(i)].spec;
+      s.submit_s = pool[static_cast<std::size_t>(i) % pool.size()].submit_s;
+      out[static_cast<std::size_t>(i)].spec.submit_s = s.submit_s;
+      out[static_cast<std::size_t>(i)].cluster = g;
+      specs.push_back(std::move(s));
+    }
+    for (const auto& p : policies) {
+      simulator sim(profiles, specs, detail::study_sim_config(config, p, false));
+      const sim_result r = sim.run();
+      for (const auto& j : r.jobs) {
+        const int i = std::stoi(j.name.substr(4));  // "run-<i>"
+        out[static_cast<std::size_t>(i)].results[p == "static" ? "static_request" : p] = j;
+      }
+    }
+    if (progress) progress(g + 1, groups);
   }
   return out;
 }

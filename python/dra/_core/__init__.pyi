@@ -8,7 +8,7 @@ import typing
 from . import elastic
 from . import comm
 from . import _testing
-__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GoodputConfig', 'GoodputPolicy', 'MembershipError', 'Options', 'Policy', 'ResizeEngine', 'SimProfiles', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'comm', 'elastic', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'statistical_efficiency', 'step']
+__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GoodputConfig', 'GoodputPolicy', 'MembershipError', 'Options', 'Policy', 'ResizeEngine', 'SimProfiles', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'comm', 'elastic', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
 class DraError(RuntimeError):
     """
     Base of every runtime failure raised by dra itself (a RuntimeError).
@@ -84,6 +84,22 @@ class EstimatorConfig:
         """
     @plateau_exit_t_threshold.setter
     def plateau_exit_t_threshold(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_history_fraction(self) -> float:
+        """
+        Plateau also needs the loss to have improved by less than plateau_history_improvement since this fraction of the current step (0: off).
+        """
+    @plateau_history_fraction.setter
+    def plateau_history_fraction(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_history_improvement(self) -> float:
+        """
+        Relative improvement since plateau_history_fraction x step below which learning has stalled.
+        """
+    @plateau_history_improvement.setter
+    def plateau_history_improvement(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def plateau_patience(self) -> int:
@@ -309,6 +325,12 @@ class Capacity:
     @available.setter
     def available(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+    @property
+    def device_price(self) -> float:
+        ...
+    @device_price.setter
+    def device_price(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
 class CostModel:
     """
     Measured resize cost and the horizon a resize must pay back over.
@@ -522,6 +544,58 @@ class ConvergencePhasePolicy(Policy):
     """
     def __init__(self, config: ConvergencePhaseConfig = ...) -> None:
         ...
+class ConvergenceAwareConfig:
+    """
+    Settings of the convergence-aware policy.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def batch_candidates(self) -> int:
+        ...
+    @batch_candidates.setter
+    def batch_candidates(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_global_batch(self) -> float:
+        ...
+    @max_global_batch.setter
+    def max_global_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_gain(self) -> float:
+        ...
+    @min_gain.setter
+    def min_gain(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_per_rank_batch(self) -> float:
+        ...
+    @min_per_rank_batch.setter
+    def min_per_rank_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_price(self) -> float:
+        ...
+    @plateau_price.setter
+    def plateau_price(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def price_floor(self) -> float:
+        ...
+    @price_floor.setter
+    def price_floor(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class ConvergenceAwarePolicy(Policy):
+    """
+    Goodput over size and batch together, with a price per device.
+    """
+    def __init__(self, config: ConvergenceAwareConfig = ...) -> None:
+        ...
 class Constraints:
     """
     Limits around any policy: sizes, cooldown, hysteresis, amortisation.
@@ -600,6 +674,7 @@ class EngineConfig:
     Estimator, throughput model, policy and constraints of one job.
     """
     convergence: ConvergencePhaseConfig
+    convergence_aware: ConvergenceAwareConfig
     costs: CostModel
     estimator: EstimatorConfig
     goodput: GoodputConfig
@@ -943,13 +1018,13 @@ def sim_read_workload(path: str, profiles: SimProfiles = None) -> list:
     """
     Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.
     """
-def sim_run(profiles: SimProfiles, jobs: list, policy: str, reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, nodes: typing.SupportsInt | typing.SupportsIndex = 16, devices_per_node: typing.SupportsInt | typing.SupportsIndex = 4, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, record_timeline: bool = True, exploration_limit: bool = False, progress: collections.abc.Callable[[float, int, int], bool] = None) -> dict:
+def sim_run(profiles: SimProfiles, jobs: list, policy: str, reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, nodes: typing.SupportsInt | typing.SupportsIndex = 16, devices_per_node: typing.SupportsInt | typing.SupportsIndex = 4, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, record_timeline: bool = True, remaining_work_from_budget: bool = True, price_floor: typing.SupportsFloat | typing.SupportsIndex = 0.0, progress: collections.abc.Callable[[float, int, int], bool] = None) -> dict:
     """
     Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.
     """
-def sim_study(profiles: SimProfiles, pool: list, runs: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, policies: collections.abc.Sequence[str], reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 1.0, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 2.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, noise: bool = True, reference_limits: bool = False, progress: collections.abc.Callable[[int, int], None] = None) -> list:
+def sim_study(profiles: SimProfiles, pool: list, runs: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, policies: collections.abc.Sequence[str], reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 1.0, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 1.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, noise: bool = True, reference_limits: bool = False, perturb: bool = False, shared_cluster: bool = False, jobs_per_cluster: typing.SupportsInt | typing.SupportsIndex = 160, hindsight: bool = True, price_floor: typing.SupportsFloat | typing.SupportsIndex = 0.1, progress: collections.abc.Callable[[int, int], None] = None) -> list:
     """
-    Generates `runs` jobs from the request pool (seeded) and simulates each alone under every policy.
+    Generates `runs` jobs from the request pool (seeded) and simulates each under the static baselines and every dynamic policy, alone or (shared_cluster) in groups contending for one cluster.
     """
 def statistical_efficiency(noise_scale: typing.SupportsFloat | typing.SupportsIndex, valid: bool, global_batch: typing.SupportsFloat | typing.SupportsIndex, base_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
     """
@@ -962,5 +1037,8 @@ def step(loss, **signals):
     counted and warned about once per streak (RuntimeWarning), never raised. Bad values and unknown
     keywords raise ValueError naming dra.step and the value.
     """
+sim_default_job_price_floor: float = 0.1
+sim_default_price_floor: float = 0.0
 sim_in_place_resize_cost_stand_in_s: float = 1.0
-sim_policy_names: list = ['static', 'tiresias', 'convergence', 'goodput', 'arbiter']
+sim_policy_names: list = ['static', 'tiresias', 'convergence', 'goodput', 'convergence_aware', 'arbiter', 'pollux']
+sim_study_baselines: list = ['static_request', 'static_best_size', 'static_best_hindsight']

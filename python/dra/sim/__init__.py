@@ -23,9 +23,14 @@ from typing import Any
 from dra import _core
 
 POLICIES: tuple[str, ...] = tuple(_core.sim_policy_names)
-#: Policies `dra-sim study` compares by default: the static request, the two per-job policies, and
-#: the arbiter (alone on the cluster it co-adapts one job's size and batch, as Pollux does).
-STUDY_POLICIES: tuple[str, ...] = ("static", "convergence", "goodput", "arbiter")
+#: Dynamic policies `dra-sim study` compares by default with the static baselines: the DRA
+#: framework's rule, the Pollux size rule per job, and dra's convergence-aware policy.
+STUDY_POLICIES: tuple[str, ...] = ("convergence", "goodput", "convergence_aware")
+#: Policies of the shared-cluster study (runs contend for one cluster).
+SHARED_POLICIES: tuple[str, ...] = ("tiresias", "pollux", "arbiter", "convergence_aware")
+#: The static baselines of a study: the request as made, the best fixed size in hindsight at the
+#: user's batch, and the best fixed size and batch in hindsight (all within the same budget).
+STUDY_BASELINES: tuple[str, ...] = tuple(_core.sim_study_baselines)
 #: Stand-in for the measured in-place resize cost (seconds); `--reallocation-cost inplace`.
 IN_PLACE_RESIZE_COST_S: float = float(_core.sim_in_place_resize_cost_stand_in_s)
 #: The reference simulator's cost of one reallocation (checkpoint-restart), seconds.
@@ -35,6 +40,8 @@ __all__ = [
     "IN_PLACE_RESIZE_COST_S",
     "POLICIES",
     "POLLUX_REALLOCATION_COST_S",
+    "SHARED_POLICIES",
+    "STUDY_BASELINES",
     "STUDY_POLICIES",
     "bootstrap_ci",
     "cost_from_resize_report",
@@ -43,6 +50,7 @@ __all__ = [
     "markdown_replay",
     "markdown_study",
     "parse_cost",
+    "published_for",
     "published_jct",
     "read_workload",
     "replay",
@@ -86,13 +94,33 @@ def read_workload(path: str | os.PathLike[str], profiles: Any = None) -> list[di
     return list(_core.sim_read_workload(str(path), profiles))
 
 
-def published_jct(data_dir: Path | None = None) -> dict[str, dict[str, float]]:
-    """Published average JCT per scheduler and workload (Pollux artifact), {} when absent."""
+def published_jct(data_dir: Path | None = None) -> dict[str, Any]:
+    """The Pollux artifact's published average JCTs: ``{"loads": {load: {"avg_jct_s": {scheduler:
+    {workload: s}}}}, "workload_sha256": {sha256: {"workload", "load"}}}``, {} when absent."""
     try:
         path = (data_dir or default_data_dir()) / "published_jct.json"
-        return json.loads(path.read_text())["avg_jct_s"]
-    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+def published_for(workload: str | os.PathLike[str], data_dir: Path | None = None) -> dict[str, Any]:
+    """Published figures for a workload CSV, matched by the SHA-256 of its bytes (never by file
+    name: the 0.5x and 2.0x variants share names with the 1.0x ones). ``{}`` for any other CSV;
+    otherwise ``{"workload", "load", "avg_jct_s": {scheduler: s}}``."""
+    import hashlib
+
+    doc = published_jct(data_dir)
+    digest = hashlib.sha256(Path(workload).read_bytes()).hexdigest()
+    match = doc.get("workload_sha256", {}).get(digest)
+    if not match:
+        return {}
+    figures = doc["loads"][match["load"]]["avg_jct_s"]
+    return {
+        "workload": match["workload"],
+        "load": match["load"],
+        "avg_jct_s": {k: v[match["workload"]] for k, v in figures.items() if match["workload"] in v},
+    }
 
 
 def cost_from_resize_report(path: str | os.PathLike[str]) -> float:
@@ -180,15 +208,18 @@ def _metric_attainment(profiles: Any, job: dict[str, Any]) -> float | None:
 def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
     """Aggregates of one simulation (one workload, one policy).
 
-    - ``utilization``: devices allocated over devices existing, integrated from the first arrival to
-      the last completion (cluster level).
-    - ``compute_utilization``: device time spent computing gradients over device time allocated
-      (excludes synchronisation, resize/restart time).
+    - ``utilization``: busy device time over held device time, summed over jobs. Busy: running
+      training steps (gradient computation and synchronisation); held but not busy: waiting out a
+      reallocation (restart or resize).
+    - ``cluster_utilization``: busy device time over the devices that exist, from the first arrival to
+      the last completion; ``allocated_fraction``: held device time over the same.
+    - ``compute_utilization``: device time computing gradients over device time held.
     - ``final_metric``: mean metric attainment (see ``_metric_attainment``)."""
     jobs = result["jobs"]
     done = [j for j in jobs if j["jct_s"] is not None]
     jcts = [j["jct_s"] for j in done]
     gpu_s = sum(j["gpu_seconds"] for j in jobs)
+    busy_s = sum(j["busy_gpu_seconds"] for j in jobs)
     compute_s = sum(j["compute_gpu_seconds"] for j in jobs)
     span = max(result["makespan_s"] - result["first_submit_s"], 1e-9)
     attain = [a for a in (_metric_attainment(profiles, j) for j in done) if a is not None]
@@ -202,7 +233,9 @@ def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
         "median_jct_s": _percentile(jcts, 50) if jcts else None,
         "makespan_s": result["makespan_s"],
         "gpu_hours": gpu_s / 3600.0,
-        "utilization": gpu_s / (result["capacity"] * span),
+        "utilization": busy_s / gpu_s if gpu_s else None,
+        "cluster_utilization": busy_s / (result["capacity"] * span),
+        "allocated_fraction": gpu_s / (result["capacity"] * span),
         "compute_utilization": compute_s / gpu_s if gpu_s else None,
         "final_metric": sum(attain) / len(attain) if attain else None,
         "final_metric_by_application": {k: sum(v) / len(v) for k, v in sorted(by_app.items())},
@@ -211,6 +244,41 @@ def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
         "reallocations": sum(j["reallocations"] for j in jobs),
         "reallocation_cost_s": result["reallocation_cost_s"],
         "wall_s": result["wall_s"],
+    }
+
+
+def _paired_changes(
+    jobs: dict[str, list[dict[str, Any]]], policy: str, baseline: str, *, resamples: int, seed: int
+) -> dict[str, Any]:
+    """Changes of `policy` against `baseline` over the same jobs, paired by job, with 95 % bootstrap
+    CIs: mean JCT, mean training time, GPU-hours (relative, negative is less) and utilisation
+    (busy / held, in points of fraction, negative is less)."""
+    import numpy as np
+
+    a, b = jobs[policy], jobs[baseline]
+
+    def col(rows: list[dict[str, Any]], key: str) -> Any:
+        return np.array([r[key] if r[key] is not None else np.nan for r in rows], dtype=float)
+
+    jct_a, jct_b = col(a, "jct_s"), col(b, "jct_s")
+    tt_a = col(a, "completion_s") - col(a, "start_s")
+    tt_b = col(b, "completion_s") - col(b, "start_s")
+    gpu_a, gpu_b = col(a, "gpu_seconds"), col(b, "gpu_seconds")
+    busy_a, busy_b = col(a, "busy_gpu_seconds"), col(b, "busy_gpu_seconds")
+    ok = np.flatnonzero(np.isfinite(jct_a) & np.isfinite(jct_b))
+
+    def ci(f: Callable[[Any], float], salt: int) -> dict[str, Any]:
+        est, lo, hi = bootstrap_ci(lambda idx: f(ok[idx]), len(ok), resamples=resamples, seed=seed + salt)
+        return {"estimate": est, "ci95": [lo, hi]}
+
+    return {
+        "jct_change": ci(lambda i: float(np.mean(jct_a[i]) / np.mean(jct_b[i]) - 1.0), 1),
+        "training_time_change": ci(lambda i: float(np.mean(tt_a[i]) / np.mean(tt_b[i]) - 1.0), 2),
+        "gpu_hours_change": ci(lambda i: float(np.sum(gpu_a[i]) / np.sum(gpu_b[i]) - 1.0), 3),
+        "utilization_change": ci(
+            lambda i: float(np.sum(busy_a[i]) / np.sum(gpu_a[i]) - np.sum(busy_b[i]) / np.sum(gpu_b[i])), 4
+        ),
+        "jobs": int(len(ok)),
     }
 
 
@@ -240,12 +308,17 @@ def replay(
     interval_s: float = 60.0,
     nodes: int = 16,
     devices_per_node: int = 4,
-    exploration_limit: bool = False,
+    remaining_work_from_budget: bool = True,
+    price_floor: float | None = None,
     quiet: bool = True,
+    resamples: int = 1000,
+    jobs_detail: bool = True,
 ) -> dict[str, Any]:
-    """Replays one workload under each policy. ``exploration_limit`` applies Pollux's rule to the
-    arbiter (a job gets at most twice the most devices it has held). Returns the ``--json`` document:
-    ``{"workload", "policies": {name: aggregates}, "jobs": [...], "timelines": {...}, "published_avg_jct_s"}``."""
+    """Replays one workload under each policy. Every dynamic policy runs under the same rules as
+    Pollux (online-fitted throughput model from a linear-speedup prior, exploration limit, one
+    distributed job per node, batch cap, the reallocation cost on every change). Returns the
+    ``--json`` document: ``{"workload", "load", "policies": {name: aggregates + "vs": {baseline:
+    changes}}, "baselines", "jobs": [...], "timelines": {...}, "published_avg_jct_s"}``."""
     profiles = load_profiles(traces)
     cost = parse_cost(reallocation_cost)
     jobs = read_workload(workload, profiles)
@@ -253,27 +326,41 @@ def replay(
     for p in names:
         if p not in POLICIES:
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
-    name = Path(workload).stem
+    floor = float(_core.sim_default_price_floor) if price_floor is None else float(price_floor)
+    published = published_for(workload)
+    name = published.get("workload", Path(workload).stem)
     out: dict[str, Any] = {
         "workload": name,
+        "file": str(workload),
+        "load": published.get("load"),
         "reallocation_cost_s": cost,
         "cluster": {"nodes": nodes, "devices_per_node": devices_per_node},
         "interval_s": interval_s,
-        "exploration_limit": exploration_limit,
+        "rules": "pollux: online-fitted model, exploration limit, one distributed job per node, batch cap",
+        "remaining_work": "epoch budget" if remaining_work_from_budget else "loss-curve fit",
+        "cluster_price_floor": floor,
         "policies": {},
         "jobs": [],
         "timelines": {},
     }
+    by_policy: dict[str, list[dict[str, Any]]] = {}
     for p in names:
         result = _core.sim_run(
-            profiles, jobs, p, cost, interval_s, nodes, devices_per_node, 0.0, True, exploration_limit,
+            profiles, jobs, p, cost, interval_s, nodes, devices_per_node, 0.0, jobs_detail, remaining_work_from_budget, floor,
             _stderr_progress(f"{name} {p}", quiet),
         )
         out["policies"][p] = summarize(result, profiles)
-        out["timelines"][p] = result["timeline"]
-        out["jobs"] += [dict(j, policy=p) for j in result["jobs"]]
-    published = published_jct()
-    out["published_avg_jct_s"] = {k: v[name] for k, v in published.items() if name in v}
+        by_policy[p] = sorted(result["jobs"], key=lambda j: j["name"])
+        if jobs_detail:
+            out["timelines"][p] = result["timeline"]
+            out["jobs"] += [dict(j, policy=p) for j in result["jobs"]]
+    baselines = [b for b in ("static", "pollux") if b in by_policy]
+    out["baselines"] = baselines
+    for p in names:
+        out["policies"][p]["vs"] = {
+            b: _paired_changes(by_policy, p, b, resamples=resamples, seed=17) for b in baselines if b != p
+        }
+    out["published_avg_jct_s"] = published.get("avg_jct_s", {})
     return out
 
 
@@ -281,12 +368,15 @@ def replay(
 
 
 def _default_pool(profiles: Any) -> list[dict[str, Any]]:
+    """The study's request pool: workloads 1-4 at load 1.0 (640 tuned requests), in order."""
     folder = default_data_dir() / "workloads"
     pool: list[dict[str, Any]] = []
-    for path in sorted(folder.glob("workload-*.csv")):
-        pool += read_workload(path, profiles)
+    for i in range(1, 5):
+        path = folder / f"workload-{i}.csv"
+        if path.is_file():
+            pool += read_workload(path, profiles)
     if not pool:
-        raise FileNotFoundError(f"dra.sim: no workload-*.csv in {folder} to draw study requests from")
+        raise FileNotFoundError(f"dra.sim: no workload-1..4.csv in {folder} to draw study requests from")
     return pool
 
 
@@ -296,22 +386,30 @@ def study(
     *,
     policies: Iterable[str] | None = None,
     reallocation_cost: float | str = "inplace",
-    quota_scale: float = 2.0,
+    quota_scale: float = 1.0,
     interval_s: float = 60.0,
     noise: bool = True,
     reference_limits: bool = False,
+    perturb: bool = False,
+    shared_cluster: bool = False,
+    jobs_per_cluster: int = 160,
     traces: str | os.PathLike[str] | None = None,
     workloads: Iterable[str | os.PathLike[str]] | None = None,
     quiet: bool = True,
     resamples: int = 2000,
+    jobs_detail: bool = True,
+    price_floor: float | None = None,
 ) -> dict[str, Any]:
-    """The generated static-vs-dynamic study: ``runs`` jobs, each simulated alone under every policy.
+    """The generated static-vs-dynamic study: ``runs`` jobs from tuned requests, each simulated under
+    the static baselines (``static_request``, ``static_best_size``, ``static_best_hindsight``) and
+    every dynamic policy, alone on the cluster or (``shared_cluster``) contending in groups.
 
-    Per run: training time (first allocation to completion), GPU-hours, utilisation (device time
-    computing over device time allocated), final metric, efficiency (statistical progress per
-    GPU-hour). Aggregates carry 95 % bootstrap CIs of each dynamic policy against static, paired by run.
-    ``reference_limits`` applies the reference's per-application limit (ncf: one device) to the runs;
-    off, every application may use what its profile measures."""
+    Per run: training time (first allocation to completion), JCT (submission to completion),
+    GPU-hours, utilisation (busy device time over held device time), final metric against the
+    application's fixed target. Each policy's ``vs`` holds, per baseline, ``training_time_change``
+    (mean training time, relative), ``gpu_hours_change`` (relative), ``utilization_change`` (points
+    of busy/held) and ``final_metric_change``, each ``{"estimate", "ci95"}`` from a paired bootstrap
+    over runs (negative is less)."""
     import sys
 
     import numpy as np
@@ -320,121 +418,169 @@ def study(
         raise ValueError(f"runs: must be >= 1, got {runs}")
     profiles = load_profiles(traces)
     cost = parse_cost(reallocation_cost)
-    names = list(policies) if policies else list(STUDY_POLICIES)
+    names = list(policies) if policies else list(SHARED_POLICIES if shared_cluster else STUDY_POLICIES)
     for p in names:
         if p not in POLICIES:
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
-    if "static" not in names:
-        names.insert(0, "static")
+    names = [p for p in names if p != "static"]
     pool = [j for w in workloads for j in read_workload(w, profiles)] if workloads else _default_pool(profiles)
+    floor = float(_core.sim_default_job_price_floor) if price_floor is None else float(price_floor)
 
     def progress(done: int, total: int) -> None:
-        if not quiet and (done % 50 == 0 or done == total):
-            sys.stderr.write(f"\r[dra-sim] study: {done}/{total} runs ")
+        if not quiet and (done % 50 == 0 or done == total or shared_cluster):
+            sys.stderr.write(f"\r[dra-sim] study: {done}/{total} {'clusters' if shared_cluster else 'runs'} ")
             if done == total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
 
     start = time.perf_counter()
-    rows = _core.sim_study(profiles, pool, runs, seed, names, cost, quota_scale, interval_s, noise, reference_limits, progress)
+    rows = _core.sim_study(
+        profiles, pool, runs, seed, names, cost, quota_scale, interval_s, noise, reference_limits, perturb,
+        shared_cluster, jobs_per_cluster, True, floor, progress,
+    )
     wall = time.perf_counter() - start
+    baselines = [b for b in STUDY_BASELINES if b in rows[0]["results"]]
+    everyone = baselines + names
 
     def column(policy: str, key: str) -> np.ndarray:
         return np.array([r["results"][policy][key] if r["results"][policy][key] is not None else np.nan for r in rows], dtype=float)
 
     metrics: dict[str, dict[str, np.ndarray]] = {}
-    for p in names:
+    for p in everyone:
         start_s, end_s = column(p, "start_s"), column(p, "completion_s")
-        gpu_s, compute_s, progress_ = column(p, "gpu_seconds"), column(p, "compute_gpu_seconds"), column(p, "progress")
-        attain = np.array(
-            [_metric_attainment(profiles, dict(r["results"][p], requested_batch=r["spec"]["batch"])) or np.nan for r in rows]
-        )
         metrics[p] = {
             "time": end_s - start_s,
-            "gpu_s": gpu_s,
-            "compute_s": compute_s,
-            "progress": progress_,
-            "metric": attain,
+            "jct": column(p, "jct_s"),
+            "gpu_s": column(p, "gpu_seconds"),
+            "busy_s": column(p, "busy_gpu_seconds"),
+            "compute_s": column(p, "compute_gpu_seconds"),
             "final_metric": column(p, "final_metric"),
+            "reached": np.array([bool(r["results"][p]["reached_target"]) for r in rows]),
             "done": np.isfinite(end_s),
         }
+    apps = np.array([r["spec"]["application"] for r in rows])
+    increases = {a: bool(profiles.info(a)["metric_increases"]) for a in set(apps.tolist())}
+    # Final metric as attainment of the application's fixed target (1.0 = reached exactly; higher is
+    # better for every application).
+    target = np.array([r["spec"]["target_metric"] for r in rows], dtype=float)
+    sign = np.array([1.0 if increases[a] else -1.0 for a in apps])
+    for p in everyone:
+        fm = metrics[p]["final_metric"]
+        metrics[p]["attain"] = np.where(sign > 0, fm / target, target / fm)
 
+    clusters = np.array([r["cluster"] for r in rows])
     aggregates: dict[str, Any] = {}
-    base = metrics["static"]
-    for i, p in enumerate(names):
+    for i, p in enumerate(everyone):
         m = metrics[p]
         agg: dict[str, Any] = {
-            "avg_jct_s": float(np.nanmean(m["time"])),
-            "avg_training_time_s": float(np.nanmean(m["time"])),
-            "p99_jct_s": float(np.nanpercentile(m["time"], 99)),
-            "makespan_s": float(np.nanmax(m["time"])),
-            "gpu_hours": float(np.sum(m["gpu_s"]) / 3600.0),
-            "gpu_hours_per_run": float(np.mean(m["gpu_s"]) / 3600.0),
-            "utilization": float(np.sum(m["compute_s"]) / np.sum(m["gpu_s"])),
-            "final_metric": float(np.nanmean(m["metric"])),
-            "efficiency": float(np.sum(m["progress"]) / (np.sum(m["gpu_s"]) / 3600.0)),
+            "mean_training_time_s": float(np.nanmean(m["time"])),
+            "mean_jct_s": float(np.nanmean(m["jct"])),
+            "p99_training_time_s": float(np.nanpercentile(m["time"], 99)),
+            "gpu_hours": float(np.nansum(m["gpu_s"]) / 3600.0),
+            "utilization": float(np.nansum(m["busy_s"]) / np.nansum(m["gpu_s"])),
+            "compute_utilization": float(np.nansum(m["compute_s"]) / np.nansum(m["gpu_s"])),
+            "final_metric_attainment": float(np.nanmean(m["attain"])),
+            "reached_target": float(np.mean(m["reached"])),
             "completed": int(np.sum(m["done"])),
             "runs": runs,
-            "wall_s": wall,
         }
-        if p != "static":
-            ok = np.isfinite(m["time"]) & np.isfinite(base["time"])
-            idx_ok = np.flatnonzero(ok)
+        if shared_cluster:
+            # Cluster utilisation: busy device time over capacity x (last completion - first arrival),
+            # per cluster, averaged over clusters.
+            cap = 16 * 4
+            utils = []
+            for g in sorted(set(clusters.tolist())):
+                sel = clusters == g
+                arrive = np.array([r["spec"]["submit_s"] for r in rows])[sel]
+                end = (np.array([r["results"][p]["completion_s"] or np.nan for r in rows], dtype=float))[sel]
+                span = float(np.nanmax(end) - np.min(arrive))
+                utils.append(float(np.nansum(m["busy_s"][sel]) / (cap * span)))
+            agg["cluster_utilization"] = float(np.mean(utils))
+            agg["cluster_utilization_by_cluster"] = utils
+        if p == "static_best_size":
+            agg["chosen_devices_vs_request"] = float(np.mean([r["best_size_devices"] / r["spec"]["replicas"] for r in rows]))
+        if p == "static_best_hindsight":
+            agg["chosen_devices_vs_request"] = float(np.mean([r["hindsight_devices"] / r["spec"]["replicas"] for r in rows]))
+            agg["chosen_batch_vs_request"] = float(np.mean([r["hindsight_batch"] / r["spec"]["batch"] for r in rows]))
+        vs: dict[str, Any] = {}
+        for bi, b in enumerate(baselines):
+            if b == p:
+                continue
+            base = metrics[b]
+            ok = np.flatnonzero(np.isfinite(m["time"]) & np.isfinite(base["time"]))
 
-            def paired(f: Callable[[np.ndarray], float], salt: int) -> dict[str, float]:
-                est, lo, hi = bootstrap_ci(lambda idx: f(idx_ok[idx]), len(idx_ok), resamples=resamples, seed=seed * 7919 + i * 31 + salt)
+            def paired(f: Callable[[np.ndarray], float], salt: int) -> dict[str, Any]:
+                est, lo, hi = bootstrap_ci(
+                    lambda idx: f(ok[idx]), len(ok), resamples=resamples, seed=seed * 7919 + i * 31 + bi * 7 + salt
+                )
                 return {"estimate": est, "ci95": [lo, hi]}
 
-            agg["training_time_reduction"] = paired(lambda ix: float(np.mean(m["time"][ix] / base["time"][ix]) - 1.0), 1)
-            agg["training_time_reduction_total"] = paired(lambda ix: float(np.sum(m["time"][ix]) / np.sum(base["time"][ix]) - 1.0), 2)
-            agg["gpu_hours_change"] = paired(lambda ix: float(np.sum(m["gpu_s"][ix]) / np.sum(base["gpu_s"][ix]) - 1.0), 3)
-            agg["utilization_change"] = paired(
-                lambda ix: float(
-                    (np.sum(m["compute_s"][ix]) / np.sum(m["gpu_s"][ix])) / (np.sum(base["compute_s"][ix]) / np.sum(base["gpu_s"][ix])) - 1.0
+            entry = {
+                "training_time_change": paired(lambda ix: float(np.mean(m["time"][ix]) / np.mean(base["time"][ix]) - 1.0), 1),
+                "training_time_change_per_run": paired(lambda ix: float(np.mean(m["time"][ix] / base["time"][ix]) - 1.0), 2),
+                "jct_change": paired(lambda ix: float(np.mean(m["jct"][ix]) / np.mean(base["jct"][ix]) - 1.0), 3),
+                "gpu_hours_change": paired(lambda ix: float(np.sum(m["gpu_s"][ix]) / np.sum(base["gpu_s"][ix]) - 1.0), 4),
+                "utilization_change": paired(
+                    lambda ix: float(
+                        np.sum(m["busy_s"][ix]) / np.sum(m["gpu_s"][ix]) - np.sum(base["busy_s"][ix]) / np.sum(base["gpu_s"][ix])
+                    ),
+                    5,
                 ),
-                4,
-            )
-            agg["utilization_change_pp"] = paired(
-                lambda ix: float(
-                    100.0 * (np.sum(m["compute_s"][ix]) / np.sum(m["gpu_s"][ix]) - np.sum(base["compute_s"][ix]) / np.sum(base["gpu_s"][ix]))
-                ),
-                5,
-            )
-            agg["efficiency_change"] = paired(
-                lambda ix: float(np.mean((m["progress"][ix] / m["gpu_s"][ix]) / (base["progress"][ix] / base["gpu_s"][ix])) - 1.0), 6
-            )
-            agg["final_metric_change"] = paired(lambda ix: float(np.nanmean(m["metric"][ix]) - np.nanmean(base["metric"][ix])), 7)
-            apps = np.array([r["spec"]["application"] for r in rows])
-            agg["by_application"] = {
+                "final_metric_change": paired(lambda ix: float(np.nanmean(m["attain"][ix]) - np.nanmean(base["attain"][ix])), 6),
+                "runs": int(len(ok)),
+            }
+            if shared_cluster and "cluster_utilization" in aggregates.get(b, {}):
+                entry["cluster_utilization_change"] = {
+                    "estimate": agg["cluster_utilization"] - aggregates[b]["cluster_utilization"],
+                    "ci95": None,
+                }
+            entry["by_application"] = {
                 app: {
-                    "runs": int(np.sum(ok & (apps == app))),
-                    "training_time_change": float(np.mean(m["time"][ok & (apps == app)] / base["time"][ok & (apps == app)]) - 1.0),
-                    "gpu_hours_change": float(np.sum(m["gpu_s"][ok & (apps == app)]) / np.sum(base["gpu_s"][ok & (apps == app)]) - 1.0),
-                    "final_metric_change": float(np.nanmean(m["metric"][ok & (apps == app)]) - np.nanmean(base["metric"][ok & (apps == app)])),
+                    "runs": int(np.sum(sel)),
+                    "training_time_change": float(np.mean(m["time"][sel]) / np.mean(base["time"][sel]) - 1.0),
+                    "gpu_hours_change": float(np.sum(m["gpu_s"][sel]) / np.sum(base["gpu_s"][sel]) - 1.0),
                 }
                 for app in sorted(set(apps.tolist()))
-                if np.any(ok & (apps == app))
+                for sel in [np.isfinite(m["time"]) & np.isfinite(base["time"]) & (apps == app)]
+                if np.any(sel)
             }
+            vs[b] = entry
+        agg["vs"] = vs
+        if "static_request" in vs:
+            # The headline baseline's changes at the top level (the issue's JSON shape).
+            agg.update({k: vs["static_request"][k] for k in ("training_time_change", "gpu_hours_change", "utilization_change")})
         aggregates[p] = agg
 
     jobs = []
-    for r in rows:
-        for p in names:
-            j = dict(r["results"][p])
-            j["policy"] = p
-            j["run"] = r["index"]
-            j["training_time_s"] = (
-                j["completion_s"] - j["start_s"] if j["completion_s"] is not None and j["start_s"] is not None else None
-            )
-            jobs.append(j)
+    if jobs_detail:
+        for r in rows:
+            for p in everyone:
+                j = dict(r["results"][p])
+                j["policy"] = p
+                j["run"] = r["index"]
+                jobs.append(j)
     return {
         "runs": runs,
         "seed": seed,
+        "conditions": {
+            "requests": "perturbed x 2^{-1,0,1} (untuned)" if perturb else "tuned (workload rows as made)",
+            "quota_scale": quota_scale,
+            "reallocation_cost_s": cost,
+            "interval_s": interval_s,
+            "noise": noise,
+            "reference_limits": reference_limits,
+            "target": "fixed per application: the worst validated batch size's final best metric",
+            "cluster": f"shared: groups of {jobs_per_cluster} runs at the workload rows' arrival times" if shared_cluster else "each run alone",
+            "utilization": "busy (computing and synchronising) device time / held device time",
+            "price_floor": floor,
+            "rules": "online-fitted throughput model for every dynamic policy; the cluster policies also get "
+            "Pollux's exploration limit, one distributed job per node and the batch cap",
+        },
+        "baseline": "static_request",
+        "baselines": baselines,
         "reallocation_cost_s": cost,
         "quota_scale": quota_scale,
-        "interval_s": interval_s,
-        "noise": noise,
-        "reference_limits": reference_limits,
+        "shared_cluster": shared_cluster,
         "policies": aggregates,
         "specs": [r["spec"] for r in rows],
         "jobs": jobs,
@@ -451,64 +597,68 @@ def _fmt(v: Any, spec: str = ".0f") -> str:
     return format(v, spec)
 
 
+def _pct(d: dict[str, Any] | None, pct: bool = True) -> str:
+    if not d:
+        return "-"
+    k = 100.0
+    unit = " %" if pct else " pt"
+    est = d["estimate"]
+    if d.get("ci95") is None:
+        return f"{est * k:+.1f}{unit}"
+    return f"{est * k:+.1f}{unit} [{d['ci95'][0] * k:+.1f}, {d['ci95'][1] * k:+.1f}]"
+
+
 def markdown_replay(doc: dict[str, Any]) -> str:
     published = doc.get("published_avg_jct_s", {})
+    load = f", load {doc['load']}x" if doc.get("load") else ""
     lines = [
-        f"### {doc['workload']} (reallocation cost {doc['reallocation_cost_s']:g} s)",
+        f"### {doc['workload']}{load} (reallocation cost {doc['reallocation_cost_s']:g} s; simulated)",
         "",
-        "| policy | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation | compute util. | final metric | reallocations | wall (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation (busy/held) | cluster util. | final metric | reallocations | JCT vs pollux | wall (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, a in doc["policies"].items():
+        vs = a.get("vs", {}).get("pollux", {}).get("jct_change")
         lines.append(
             f"| {p} | {_fmt(a['avg_jct_s'])} | {_fmt(a['p99_jct_s'])} | {_fmt(a['makespan_s'])} | {_fmt(a['gpu_hours'], '.1f')} | "
-            f"{_fmt(a['utilization'], '.3f')} | {_fmt(a['compute_utilization'], '.3f')} | {_fmt(a['final_metric'], '.4f')} | "
-            f"{a['reallocations']} | {_fmt(a['wall_s'], '.2f')} |"
+            f"{_fmt(a['utilization'], '.3f')} | {_fmt(a['cluster_utilization'], '.3f')} | {_fmt(a['final_metric'], '.4f')} | "
+            f"{a['reallocations']} | {_pct(vs)} | {_fmt(a['wall_s'], '.2f')} |"
         )
     for p, v in published.items():
-        lines.append(f"| {p} (published) | {_fmt(v)} | | | | | | | | |")
+        lines.append(f"| {p} (published) | {_fmt(v)} | | | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
 def markdown_study(doc: dict[str, Any]) -> str:
+    c = doc["conditions"]
     lines = [
-        f"### Study: {doc['runs']} runs, seed {doc['seed']}, resize cost {doc['reallocation_cost_s']:g} s, "
-        f"quota {doc['quota_scale']:g}x request, {'reference' if doc.get('reference_limits') else 'profile'} application limits "
-        f"(wall {doc['wall_s']:.1f} s)",
+        f"### Study: {doc['runs']} runs, seed {doc['seed']} (simulated): {c['requests']} requests, quota {c['quota_scale']:g}x "
+        f"request, resize cost {c['reallocation_cost_s']:g} s, {c['cluster']}, target {c['target']} (wall {doc['wall_s']:.1f} s)",
         "",
-        "| policy | mean training time (s) | GPU-hours | utilisation | final metric | efficiency (progress/GPU-h) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| policy | mean training time (s) | mean JCT (s) | GPU-hours | utilisation (busy/held) | "
+        + ("cluster util. | " if doc.get("shared_cluster") else "")
+        + "target reached | final metric (attainment) |",
+        "|---|---:|---:|---:|---:|" + ("---:|" if doc.get("shared_cluster") else "") + "---:|---:|",
     ]
     for p, a in doc["policies"].items():
+        cu = f"{_fmt(a.get('cluster_utilization'), '.3f')} | " if doc.get("shared_cluster") else ""
         lines.append(
-            f"| {p} | {_fmt(a['avg_training_time_s'])} | {_fmt(a['gpu_hours'], '.0f')} | {_fmt(a['utilization'], '.3f')} | "
-            f"{_fmt(a['final_metric'], '.4f')} | {_fmt(a['efficiency'], '.4g')} |"
+            f"| {p} | {_fmt(a['mean_training_time_s'])} | {_fmt(a['mean_jct_s'])} | {_fmt(a['gpu_hours'], '.0f')} | "
+            f"{_fmt(a['utilization'], '.3f')} | {cu}{_fmt(a['reached_target'], '.3f')} | {_fmt(a['final_metric_attainment'], '.4f')} |"
         )
-    lines += [
-        "",
-        "| policy vs static | training time (mean of ratios) | training time (total) | GPU-hours | utilisation (relative) | utilisation (pp) | efficiency | final metric |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-
-    def ci(d: dict[str, Any], pct: bool = True) -> str:
-        k = 100.0 if pct else 1.0
-        unit = " %" if pct else ""
-        return f"{d['estimate'] * k:+.1f}{unit} [{d['ci95'][0] * k:+.1f}, {d['ci95'][1] * k:+.1f}]"
-
-    for p, a in doc["policies"].items():
-        if p == "static":
+    for b in doc["baselines"]:
+        rows = [(p, a["vs"][b]) for p, a in doc["policies"].items() if b in a.get("vs", {})]
+        if not rows:
             continue
-        lines.append(
-            f"| {p} | {ci(a['training_time_reduction'])} | {ci(a['training_time_reduction_total'])} | {ci(a['gpu_hours_change'])} | "
-            f"{ci(a['utilization_change'])} | {ci(a['utilization_change_pp'], pct=False)} | {ci(a['efficiency_change'])} | "
-            f"{a['final_metric_change']['estimate']:+.4f} [{a['final_metric_change']['ci95'][0]:+.4f}, {a['final_metric_change']['ci95'][1]:+.4f}] |"
-        )
-    apps = sorted({a for agg in doc["policies"].values() for a in agg.get("by_application", {})})
-    dyn = [p for p in doc["policies"] if p != "static"]
-    if apps and dyn:
-        lines += ["", "| training time vs static (mean of ratios) | runs | " + " | ".join(dyn) + " |", "|---|---:|" + "---:|" * len(dyn)]
-        for app in apps:
-            runs = doc["policies"][dyn[0]]["by_application"].get(app, {}).get("runs", 0)
-            cells = [f"{100.0 * doc['policies'][p]['by_application'][app]['training_time_change']:+.1f} %" for p in dyn]
-            lines.append(f"| {app} | {runs} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            f"| vs {b} | training time (mean) | training time (mean of per-run ratios) | JCT (mean) | GPU-hours | utilisation (points) | final metric |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p, v in rows:
+            lines.append(
+                f"| {p} | {_pct(v['training_time_change'])} | {_pct(v['training_time_change_per_run'])} | {_pct(v['jct_change'])} | "
+                f"{_pct(v['gpu_hours_change'])} | {_pct(v['utilization_change'], pct=False)} | "
+                f"{v['final_metric_change']['estimate']:+.4f} |"
+            )
     return "\n".join(lines) + "\n"

@@ -2,7 +2,9 @@
 
     dra-sim replay --workload data/pollux/workloads/workload-1.csv --json out.json
     dra-sim replay --workload W1.csv --workload W2.csv --reallocation-cost inplace --plots plots/
+    dra-sim replay --all-loads --policy static --policy pollux --policy convergence_aware --json all.json
     dra-sim study --runs 1500 --seed 1 --json study.json
+    dra-sim study --runs 1500 --seed 1 --shared-cluster --json shared.json
     dra-sim profiles
 
 Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
@@ -30,9 +32,11 @@ def _clean(obj: Any) -> Any:
 
 
 def _write_json(doc: Any, path: str) -> None:
+    # Compact separators: the per-job records and timelines are most of a replay's bytes, and
+    # indenting them made writing the JSON a large part of a replay's run time.
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
-        json.dump(_clean(doc), f, indent=1, allow_nan=False)
+        json.dump(_clean(doc), f, separators=(",", ":"), allow_nan=False)
         f.write("\n")
 
 
@@ -48,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
             "--policy",
             action="append",
             choices=list(sim.POLICIES),
-            help="policy to run (repeatable; default: all for replay, static/convergence/goodput/arbiter for study)",
+            help="policy to run (repeatable; default: all for replay; convergence/goodput/convergence_aware for the study, "
+            "tiresias/pollux/arbiter/convergence_aware for the shared-cluster study; the static baselines always run)",
         )
         p.add_argument(
             "--reallocation-cost",
@@ -62,23 +67,41 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--markdown", metavar="PATH", help="also write the markdown table to PATH")
         p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+        p.add_argument("--no-jobs", action="store_true", help="aggregates only: leave per-job records and timelines out of the JSON (no plots)")
 
     rp = sub.add_parser("replay", help="replay workload CSVs under each policy")
-    rp.add_argument("--workload", action="append", required=True, metavar="CSV", help="workload CSV (repeatable)")
+    rp.add_argument("--workload", action="append", metavar="CSV", help="workload CSV (repeatable)")
+    rp.add_argument(
+        "--all-loads",
+        action="store_true",
+        help="every shipped workload (1-8) at every relative load (0.5, 1.0, 1.5, 2.0x): 32 replays",
+    )
     rp.add_argument("--nodes", type=int, default=16)
     rp.add_argument("--devices-per-node", type=int, default=4)
     rp.add_argument(
-        "--exploration-limit",
-        action="store_true",
-        help="arbiter: Pollux's rule, at most twice the most devices a job has held (off: the profile is known)",
+        "--remaining-work",
+        choices=["budget", "loss-curve"],
+        default="budget",
+        help="convergence_aware: rank jobs by their epoch budget left (default) or by an Optimus-style loss-curve fit",
     )
+    rp.add_argument("--price-floor", type=float, help="convergence_aware on the cluster: price floor per device (default 0: idle devices cost nothing)")
     common(rp, "pollux")
 
     st = sub.add_parser("study", help="the generated static-vs-dynamic study")
     st.add_argument("--runs", type=int, default=1500)
     st.add_argument("--seed", type=int, default=1)
-    st.add_argument("--quota-scale", type=float, default=2.0, help="dynamic jobs may hold up to this x their request (default 2)")
+    st.add_argument(
+        "--quota-scale", type=float, default=1.0, help="dynamic jobs may hold up to this x their request (default 1: the same budget)"
+    )
     st.add_argument("--no-noise", action="store_true", help="no throughput/efficiency noise")
+    st.add_argument("--perturb", action="store_true", help="untuned requests: batch and devices x 2^{-1,0,1} (default: as made)")
+    st.add_argument("--shared-cluster", action="store_true", help="runs contend for one cluster in groups (default: each alone)")
+    st.add_argument("--jobs-per-cluster", type=int, default=160, help="runs per shared cluster (default 160)")
+    st.add_argument(
+        "--price-floor",
+        type=float,
+        help="convergence_aware per job: price floor per device in single-device goodputs (default 0.1; 0 minimises time)",
+    )
     st.add_argument(
         "--reference-limits",
         action="store_true",
@@ -103,9 +126,18 @@ def main(argv: list[str] | None = None) -> int:
             for name in profiles.names():
                 print(f"  {name}: {profiles.info(name)}")
             return 0
+        if getattr(args, "plots", None) and getattr(args, "no_jobs", False):
+            raise ValueError("--plots needs the per-job records and timelines; drop --no-jobs")
         if args.command == "replay":
+            workloads = list(args.workload or [])
+            if args.all_loads:
+                root = sim.default_data_dir()
+                for folder in ("workloads-0.5", "workloads", "workloads-1.5", "workloads-2.0"):
+                    workloads += [str(root / folder / f"workload-{i}.csv") for i in range(1, 9)]
+            if not workloads:
+                raise ValueError("replay: give --workload CSV (repeatable) or --all-loads")
             docs = []
-            for w in args.workload:
+            for w in workloads:
                 doc = sim.replay(
                     w,
                     policies=args.policy,
@@ -114,13 +146,16 @@ def main(argv: list[str] | None = None) -> int:
                     interval_s=args.interval,
                     nodes=args.nodes,
                     devices_per_node=args.devices_per_node,
-                    exploration_limit=args.exploration_limit,
+                    remaining_work_from_budget=args.remaining_work == "budget",
+                    price_floor=args.price_floor,
                     quiet=args.quiet,
+                    jobs_detail=not args.no_jobs,
                 )
                 docs.append(doc)
             text = "\n".join(sim.markdown_replay(d) for d in docs)
             if args.json:
-                _write_json(docs[0] if len(docs) == 1 else {"workloads": {d["workload"]: d for d in docs}}, args.json)
+                key = lambda d: f"{d['workload']}@{d['load']}x" if d.get("load") else d["file"]  # noqa: E731
+                _write_json(docs[0] if len(docs) == 1 else {"workloads": {key(d): d for d in docs}}, args.json)
             if args.plots:
                 from dra.sim.plots import plot_replay
 
@@ -137,10 +172,15 @@ def main(argv: list[str] | None = None) -> int:
                 interval_s=args.interval,
                 noise=not args.no_noise,
                 reference_limits=args.reference_limits,
+                perturb=args.perturb,
+                shared_cluster=args.shared_cluster,
+                jobs_per_cluster=args.jobs_per_cluster,
                 traces=args.traces,
                 workloads=args.workloads,
                 quiet=args.quiet,
                 resamples=args.resamples,
+                jobs_detail=not args.no_jobs,
+                price_floor=args.price_floor,
             )
             text = sim.markdown_study(doc)
             if args.json:

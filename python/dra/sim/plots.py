@@ -33,11 +33,11 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
             ax.plot(jcts / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts), label=f"{p} (avg {jcts.mean():.0f} s)")
     for p, v in doc.get("published_avg_jct_s", {}).items():
         ax.axvline(v / 3600.0, linestyle=":", linewidth=1, color="grey")
-        ax.text(v / 3600.0, 0.02, f" {p} avg", rotation=90, fontsize=7, color="grey")
+        ax.text(v / 3600.0, 0.02, f" {p} published avg", rotation=90, fontsize=7, color="grey")
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log scale)")
     ax.set_ylabel("fraction of jobs")
-    ax.set_title(f"{name}: JCT distribution (reallocation cost {cost:g} s)")
+    ax.set_title(f"{name}: JCT distribution (simulated, reallocation cost {cost:g} s)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     path = folder / f"{name}-cost{cost:g}-jct.png"
@@ -62,7 +62,7 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
             ax.axhline(capacity, color="black", linewidth=0.8, linestyle="--")
         ax.set_xlabel("time (h)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{name}: {suffix} over time (reallocation cost {cost:g} s)")
+        ax.set_title(f"{name}: {suffix} over time (simulated, reallocation cost {cost:g} s)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         path = folder / f"{name}-cost{cost:g}-{suffix}.png"
@@ -74,7 +74,8 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
 
 
 def plot_study(doc: dict[str, Any], folder: str | Path) -> list[Path]:
-    """Distribution of per-run training time and GPU-hours relative to static, per dynamic policy."""
+    """Distribution of per-run training time and GPU-hours relative to the static request, per policy
+    (the static baselines in hindsight included). Needs the per-job records (not ``--no-jobs``)."""
     import numpy as np
 
     plt = _pyplot()
@@ -82,12 +83,17 @@ def plot_study(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     by: dict[str, dict[int, dict[str, Any]]] = {}
     for j in doc["jobs"]:
+        j = dict(j)
+        s, c = j.get("start_s"), j.get("completion_s")
+        j["training_time_s"] = c - s if s is not None and c is not None else None
         by.setdefault(j["policy"], {})[j["run"]] = j
-    static = by["static"]
+    if not by:
+        return []
+    static = by["static_request"]
     written: list[Path] = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for p, runs in by.items():
-        if p == "static":
+        if p == "static_request":
             continue
         ratio_t = [runs[i]["training_time_s"] / static[i]["training_time_s"] for i in runs if runs[i]["training_time_s"] and static[i]["training_time_s"]]
         ratio_g = [runs[i]["gpu_seconds"] / static[i]["gpu_seconds"] for i in runs if static[i]["gpu_seconds"]]
@@ -96,12 +102,17 @@ def plot_study(doc: dict[str, Any], folder: str | Path) -> list[Path]:
         axes[1].hist(np.clip(ratio_g, 0, 2.5), bins=bins, alpha=0.5, label=f"{p} (mean {np.mean(ratio_g):.3f})")
     for ax, what in zip(axes, ("training time", "GPU-hours")):
         ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel(f"{what} / static {what}")
+        ax.set_xlabel(f"{what} / static_request {what}")
         ax.set_ylabel("runs")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Study: {doc['runs']} runs, seed {doc['seed']}, resize cost {doc['reallocation_cost_s']:g} s")
-    path = folder / f"study-{doc['runs']}-seed{doc['seed']}.png"
+    shared = "shared cluster" if doc.get("shared_cluster") else "each run alone"
+    fig.suptitle(
+        f"Study (simulated): {doc['runs']} runs, seed {doc['seed']}, quota {doc['quota_scale']:g}x, "
+        f"resize cost {doc['reallocation_cost_s']:g} s, {shared}"
+    )
+    tag = "-shared" if doc.get("shared_cluster") else ""
+    path = folder / f"study-{doc['runs']}-seed{doc['seed']}{tag}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
