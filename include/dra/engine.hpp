@@ -8,6 +8,7 @@
 
 #include "dra/error.hpp"
 #include "dra/policy/constraints.hpp"
+#include "dra/policy/energy_policies.hpp"
 #include "dra/policy/policies.hpp"
 #include "dra/policy/throughput_model.hpp"
 #include "dra/signals/convergence_estimator.hpp"
@@ -19,10 +20,12 @@ struct engine_config {
   policy::throughput_model_config throughput;
   policy::constraints limits;
   policy::cost_model costs;
-  /// "convergence" (DRA framework rule) or "goodput" (Pollux-style).
+  /// "convergence" (DRA framework rule), "goodput" (Pollux-style), or an energy objective:
+  /// "min_energy_deadline", "energy_delay", "zeus_cost", "energy_budget" (settings in `energy`).
   std::string policy = "convergence";
   policy::convergence_phase_config convergence;
   policy::goodput_config goodput;
+  policy::energy_policy_config energy;
   /// Steps between decisions (a decision is cheap, but resizing more often than this is noise).
   std::int64_t decide_every = 10;
 
@@ -32,16 +35,36 @@ struct engine_config {
     limits.validate();
     convergence.validate();
     goodput.validate();
-    if (policy != "convergence" && policy != "goodput")
-      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use 'convergence' or 'goodput'");
+    energy.validate();
+    if (policy != "convergence" && policy != "goodput" && !energy_objective_named(policy))
+      dra::detail::throw_invalid("policy", "unknown policy '" + policy +
+                                               "'; use 'convergence', 'goodput', 'min_energy_deadline', 'energy_delay', "
+                                               "'zeus_cost' or 'energy_budget'");
     if (decide_every < 1) dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
     if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
+  }
+
+  /// The energy objective a policy name selects, if it names one.
+  static bool energy_objective_named(const std::string& name, policy::energy_objective_kind* kind = nullptr) {
+    using k = policy::energy_objective_kind;
+    for (k candidate : {k::min_energy_deadline, k::energy_delay, k::zeus_cost, k::energy_budget}) {
+      if (name == policy::to_string(candidate)) {
+        if (kind) *kind = candidate;
+        return true;
+      }
+    }
+    return false;
   }
 };
 
 inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
   if (config.policy == "goodput") return std::make_shared<policy::goodput_policy>(config.goodput);
+  if (policy::energy_objective_kind kind; engine_config::energy_objective_named(config.policy, &kind)) {
+    policy::energy_policy_config energy = config.energy;
+    energy.objective.kind = kind;
+    return std::make_shared<policy::energy_policy>(energy);
+  }
   return std::make_shared<policy::convergence_phase_policy>(config.convergence);
 }
 
