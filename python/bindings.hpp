@@ -10,4 +10,6 @@ void bind_elastic(pybind11::module_& m);
 void bind_bench(pybind11::module_& m);
 void bind_sim(pybind11::module_& m);
 void bind_nccl(pybind11::module_& m);
+void bind_energy(pybind11::module_& m);    // issue 13
+void bind_compress(pybind11::module_& m);  // issue 13
 }  // namespace dra::python

@@ -28,4 +28,6 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_bench(m);
   dra::python::bind_sim(m);
   dra::python::bind_nccl(m);
+  dra::python::bind_energy(m);    // issue 13
+  dra::python::bind_compress(m);  // issue 13
 }

@@ -201,6 +201,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("policy", &engine_config::policy)
       .def_readwrite("convergence", &engine_config::convergence)
       .def_readwrite("goodput", &engine_config::goodput)
+      .def_readwrite("energy", &engine_config::energy)  // issue 13: EnergyPolicyConfig, bound in energy_py.cpp
       .def_readwrite("decide_every", &engine_config::decide_every)
       .def("validate", &engine_config::validate);
   py::class_<resize_engine>(m, "ResizeEngine", "Per-job decision engine fed once per step.")

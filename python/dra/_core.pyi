@@ -285,12 +285,13 @@ class EngineConfig:
     convergence: ConvergencePhaseConfig
     costs: CostModel
     decide_every: int
+    energy: EnergyPolicyConfig  # issue 13
     estimator: EstimatorConfig
     goodput: GoodputConfig
     limits: Constraints
     policy: str
     throughput: ThroughputModelConfig
-    def __init__(self, *, convergence: ConvergencePhaseConfig = ..., costs: CostModel = ..., decide_every: int = ..., estimator: EstimatorConfig = ..., goodput: GoodputConfig = ..., limits: Constraints = ..., policy: str = ..., throughput: ThroughputModelConfig = ...) -> None:
+    def __init__(self, *, convergence: ConvergencePhaseConfig = ..., costs: CostModel = ..., decide_every: int = ..., energy: EnergyPolicyConfig = ..., estimator: EstimatorConfig = ..., goodput: GoodputConfig = ..., limits: Constraints = ..., policy: str = ..., throughput: ThroughputModelConfig = ...) -> None:
         """Keyword construction; unknown keywords and invalid values raise ValueError."""
     def validate(self) -> None: ...
 
@@ -550,3 +551,132 @@ elastic: _ElasticModule
 _nccl_compiled: bool
 sim_in_place_resize_cost_stand_in_s: float
 sim_policy_names: list[str]
+
+
+# ---- issue 13 (SAGE): energy, energy objectives, gradient codecs, dynamic sparsity -------------------
+from numpy import float32, uint8  # noqa: E402
+
+
+class EnergyInterval:
+    """Energy of one step or of the whole job, with its source."""
+    @property
+    def joules(self) -> float: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def source(self) -> str:
+        """'measured', 'estimated' or 'replayed'."""
+    @property
+    def watts(self) -> float: ...
+
+
+class EnergyMeter:
+    """Per-step and per-job energy: NVML, else RAPL, else CPU-seconds x watts_per_core (estimated)."""
+    def __init__(self, nvml_library: str = ..., rapl_root: str = ..., watts_per_core: float = ..., try_nvml: bool = ..., try_rapl: bool = ...) -> None: ...
+    def mark(self) -> EnergyInterval:
+        """Closes the current step now and returns its energy."""
+    def restart(self) -> None: ...
+    @property
+    def last_step(self) -> EnergyInterval: ...
+    @property
+    def job(self) -> EnergyInterval: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def source(self) -> str: ...
+    reader: str
+    scope: str
+    notes: list[str]
+
+
+def process_cpu_seconds() -> float:
+    """Busy CPU seconds of this process and its waited-for children."""
+
+
+class KnobSetting:
+    """A point of the energy policies' knob space."""
+    world_size: int
+    global_batch: float
+    sparsity: float
+    compression_rank: int
+    power_limit_w: float
+    def __init__(self, world_size: int = ..., global_batch: float = ..., sparsity: float = ..., compression_rank: int = ..., power_limit_w: float = ...) -> None: ...
+
+
+class EnergyObjective:
+    """kind: 'min_energy_deadline', 'energy_delay', 'zeus_cost' or 'energy_budget'."""
+    def __init__(self, kind: str = ..., eta: float = ..., deadline_s: float = ..., budget_j: float = ...) -> None: ...
+    @property
+    def kind(self) -> str: ...
+    eta: float
+    deadline_s: float
+    budget_j: float
+    def zeus_cost(self, energy_j: float, time_s: float, max_power_w: float) -> float: ...
+
+
+class EnergyPolicyConfig:
+    """Settings of the energy policies (EngineConfig.energy)."""
+    objective: EnergyObjective
+    watts_per_device: float
+    max_watts_per_device: float
+    adapt_batch: bool
+    min_per_rank_batch: float
+    max_per_rank_batch: float
+    job_deadline_s: float
+    job_budget_j: float
+    def __init__(self, **kwargs: Any) -> None: ...
+    def validate(self) -> None: ...
+
+
+class EnergyChoice:
+    setting: KnobSetting
+    index: int
+    constraint_met: bool
+    reason: str
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def energy_j(self) -> float: ...
+
+
+def choose_setting(objective: EnergyObjective, candidates: Sequence[KnobSetting], time_s: Sequence[float], energy_j: Sequence[float], max_power_w: Sequence[float]) -> EnergyChoice:
+    """dra's energy chooser over predicted candidates."""
+
+
+class GradientCodec:
+    """A gradient compression codec (make one with make_codec)."""
+    @property
+    def name(self) -> str: ...
+    def reduce(self, grads: Sequence[NDArray[float32]], world: Any) -> None: ...
+    @property
+    def bytes_sent(self) -> int: ...
+    @property
+    def bytes_dense(self) -> int: ...
+    def reset_bytes(self) -> None: ...
+    @property
+    def steps(self) -> int: ...
+    def save_state(self) -> bytes: ...
+    def load_state(self, state: bytes) -> None: ...
+    def clear_error_feedback(self) -> None: ...
+    def set_masks(self, masks: Sequence[NDArray[uint8]]) -> None: ...
+    def set_rank(self, rank: int) -> None: ...
+    @property
+    def rank(self) -> int: ...
+
+
+def make_codec(spec: str, seed: int = ...) -> GradientCodec:
+    """fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction>, masked."""
+
+
+def rigl_update(mask: NDArray[uint8], weights: NDArray[float32], grads: NDArray[float32], sparsity: float, update_fraction: float) -> tuple[int, int, int]:
+    """RigL's mask update in place; returns (dropped, regrown, active)."""
+
+
+def rigl_update_fraction(alpha: float, step: int, end_step: int) -> float: ...
+
+
+def next_sparsity(current: float, phase: str, max_sparsity: float = ..., step_up: float = ..., step_down: float = ...) -> float: ...
+
+
+def rank_for_noise_scale(gns: float, valid: bool, global_batch: float, min_rank: int = ..., max_rank: int = ...) -> int: ...
+# ---- end issue 13 ---------------------------------------------------------------------------------------

@@ -100,13 +100,14 @@ struct energy_choice {
   std::string reason;
 };
 
-/// The one chooser: scores every valid candidate and returns the best. Throws when none is valid.
+/// The one chooser: scores every valid candidate (its prediction at the same index) and returns
+/// the best. Throws when none is valid.
 inline energy_choice choose_setting(const energy_objective& obj, const std::vector<knob_setting>& candidates,
-                                    const energy_predictor& predictor) {
+                                    const std::vector<energy_prediction>& preds) {
   obj.validate();
-  std::vector<energy_prediction> preds;
-  preds.reserve(candidates.size());
-  for (const auto& c : candidates) preds.push_back(predictor.predict(c));
+  if (preds.size() != candidates.size())
+    dra::detail::throw_invalid("predictions", std::to_string(preds.size()) + " predictions for " +
+                                                  std::to_string(candidates.size()) + " candidates; give one per candidate");
   auto usable = [&](std::size_t i) {
     const auto& p = preds[i];
     return p.valid && std::isfinite(p.time_s) && std::isfinite(p.energy_j) && p.time_s >= 0.0 && p.energy_j >= 0.0;
@@ -160,6 +161,14 @@ inline energy_choice choose_setting(const energy_objective& obj, const std::vect
   energy_choice out{candidates[best], preds[best], best, met, {}};
   out.reason = why + detail::fmt(": %.4g J, %.4g s", out.prediction.energy_j, out.prediction.time_s);
   return out;
+}
+
+inline energy_choice choose_setting(const energy_objective& obj, const std::vector<knob_setting>& candidates,
+                                    const energy_predictor& predictor) {
+  std::vector<energy_prediction> preds;
+  preds.reserve(candidates.size());
+  for (const auto& c : candidates) preds.push_back(predictor.predict(c));
+  return choose_setting(obj, candidates, preds);
 }
 
 struct energy_policy_config {
