@@ -27,11 +27,11 @@ struct py_meter {
 };
 
 energy_objective_kind objective_from(const std::string& name) {
-  for (auto k : {energy_objective_kind::min_energy_deadline, energy_objective_kind::energy_delay,
-                 energy_objective_kind::zeus_cost, energy_objective_kind::energy_budget})
-    if (name == to_string(k)) return k;
-  dra::detail::throw_invalid("kind", "unknown objective '" + name +
-                                         "'; use 'min_energy_deadline', 'energy_delay', 'zeus_cost' or 'energy_budget'");
+  energy_objective_kind kind{};
+  if (!energy_objective_named(name, &kind))
+    dra::detail::throw_invalid("kind", "unknown objective '" + name +
+                                           "'; use 'min_energy_deadline', 'energy_delay', 'zeus_cost' or 'energy_budget'");
+  return kind;
 }
 }  // namespace
 

@@ -36,7 +36,7 @@ struct engine_config {
     convergence.validate();
     goodput.validate();
     energy.validate();
-    if (policy != "convergence" && policy != "goodput" && !energy_objective_named(policy))
+    if (policy != "convergence" && policy != "goodput" && !dra::policy::energy_objective_named(policy))
       dra::detail::throw_invalid("policy", "unknown policy '" + policy +
                                                "'; use 'convergence', 'goodput', 'min_energy_deadline', 'energy_delay', "
                                                "'zeus_cost' or 'energy_budget'");
@@ -44,23 +44,11 @@ struct engine_config {
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
     if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
   }
-
-  /// The energy objective a policy name selects, if it names one.
-  static bool energy_objective_named(const std::string& name, policy::energy_objective_kind* kind = nullptr) {
-    using k = policy::energy_objective_kind;
-    for (k candidate : {k::min_energy_deadline, k::energy_delay, k::zeus_cost, k::energy_budget}) {
-      if (name == policy::to_string(candidate)) {
-        if (kind) *kind = candidate;
-        return true;
-      }
-    }
-    return false;
-  }
 };
 
 inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
   if (config.policy == "goodput") return std::make_shared<policy::goodput_policy>(config.goodput);
-  if (policy::energy_objective_kind kind; engine_config::energy_objective_named(config.policy, &kind)) {
+  if (policy::energy_objective_kind kind; dra::policy::energy_objective_named(config.policy, &kind)) {
     policy::energy_policy_config energy = config.energy;
     energy.objective.kind = kind;
     return std::make_shared<policy::energy_policy>(energy);

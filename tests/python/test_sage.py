@@ -213,3 +213,20 @@ def test_zeus_side_by_side_runs():
     recs = zr.run_zeus(t, 0.5, 2.0, 10, seed=0)
     assert len(recs) == 10 and all(r[-1].reached for r in recs)
     assert math.isfinite(zr.summarise(recs, 0.5, t.max_power, 3)["energy_j_last"])
+
+
+def test_energy_policy_selectable_in_engine_config():
+    import dra
+
+    cfg = dra.EngineConfig(policy="energy_delay")
+    cfg.energy = dra._core.EnergyPolicyConfig(watts_per_device=200.0, max_watts_per_device=250.0)
+    cfg.validate()
+    engine = dra.ResizeEngine(cfg)
+    for i in range(30):
+        engine.step(i, 1.0 / (i + 1))
+    assert engine.status.decisions >= 1
+    assert engine.status.last_decision.policy == "energy_delay"
+    with pytest.raises(ValueError, match="zeus_cost"):
+        dra.EngineConfig(policy="greenest")
+    with pytest.raises(ValueError, match="max_watts_per_device"):
+        dra._core.EnergyPolicyConfig(watts_per_device=400.0, max_watts_per_device=300.0)

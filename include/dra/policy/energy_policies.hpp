@@ -76,6 +76,18 @@ inline const char* to_string(energy_objective_kind k) noexcept {
   return "unknown";
 }
 
+/// The objective a name selects ("zeus_cost", ...), if it names one.
+inline bool energy_objective_named(const std::string& name, energy_objective_kind* kind = nullptr) {
+  using k = energy_objective_kind;
+  for (k candidate : {k::min_energy_deadline, k::energy_delay, k::zeus_cost, k::energy_budget}) {
+    if (name == to_string(candidate)) {
+      if (kind) *kind = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
 struct energy_objective {
   energy_objective_kind kind = energy_objective_kind::zeus_cost;
   double eta = 0.5;  ///< zeus_cost: weight of energy against time, in [0, 1]

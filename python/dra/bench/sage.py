@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -54,6 +55,7 @@ def run_method(lan, method: str, args, seed: int, workdir: Path) -> list[dict]:
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(lan.ranks), MASTER_ADDR=lan.addresses[0],
                    MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
         argv = [sys.executable, "-m", "dra.bench._sage_worker", "--method", method, "--steps", str(args.steps),
+                "--ramp-start", str(args.ramp_start), "--ramp-steps", str(args.ramp_steps),
                 "--seed", str(seed), "--hidden", str(args.hidden), "--rank-psgd", str(args.rank),
                 "--eval-every", str(args.eval_every), "--out", str(out)]
         procs.append(subprocess.Popen(["nice", "-n", "10", *lan.command(r, ["env", *[f"{k}={v}" for k, v in env.items()
@@ -82,8 +84,11 @@ def time_to(points: list[dict], target: float) -> float | None:
     return None
 
 
-def per_step(points: list[dict], key: str, steps: int) -> float:
-    return points[-1][key] / steps
+def per_step(points: list[dict], key: str, steps: int, since: int = 0) -> float:
+    """Bytes per step over steps (since, last]: the whole run, or the window where every method is
+    in its steady regime (PowerSGD past its dense warm-up, sparsity at 90 %)."""
+    start = next((p[key] for p in points if p["step"] == since), 0) if since else 0
+    return (points[-1][key] - start) / (points[-1]["step"] - since)
 
 
 def run_measured(args, progress) -> dict:
@@ -114,25 +119,29 @@ def summarise_measured(runs, args) -> tuple[list[dict], dict]:
     first = args.rates[0]
     med = statistics.median
 
-    def wire(method, rate=first):
-        return med(per_step(p, "wire_tx_bytes", args.steps) for p in runs[rate][method])
+    window = args.ramp_start + args.ramp_steps  # from here on every method is in its steady regime
 
-    def payload(method, rate=first):
-        return med(per_step(p, "payload_bytes", args.steps) for p in runs[rate][method])
+    def wire(method, rate=first, since=window):
+        return med(per_step(p, "wire_tx_bytes", args.steps, since) for p in runs[rate][method])
+
+    def payload(method, rate=first, since=window):
+        return med(per_step(p, "payload_bytes", args.steps, since) for p in runs[rate][method])
 
     def final_acc(method, rate=first):
         return med(p[-1]["acc"] for p in runs[rate][method])
 
     fp32_wire = wire("fp32_allreduce")
     fp32_payload = payload("fp32_allreduce")
-    for row, method in (("bytes_powersgd", "dra_powersgd"), ("bytes_sparse90", "dra_sparse90")):
+    for row, method in (("bytes_powersgd", "dra_powersgd"), ("bytes_sparse90", "dra_sparse90"), ("bytes_sage", "dra_sage")):
         rows.append(result(row, wire(method), "B/step", ("fp32_allreduce", fp32_wire), label="measured",
                            reduction_wire=fp32_wire / wire(method), reduction_payload=fp32_payload / payload(method),
-                           payload_bytes_per_step=payload(method), rate=first,
-                           note="wire: bytes out of rank 0's eth0 per step (TCP/IP + Gloo framing included); "
-                                "payload: bytes handed to the collective"))
+                           payload_bytes_per_step=payload(method), rate=first, window_steps=[window, args.steps],
+                           reduction_wire_whole_run=wire("fp32_allreduce", since=0) / wire(method, since=0),
+                           note="steps after the dense warm-up / sparsity ramp; wire: bytes out of rank 0's eth0 per "
+                                "step (TCP/IP + Gloo framing included); payload: bytes handed to the collective"))
     rows.append(result("bytes_torch_powersgd_hook", wire("torch_powersgd_hook"), "B/step", ("fp32_allreduce", fp32_wire),
-                       label="measured", reduction_wire=fp32_wire / wire("torch_powersgd_hook"), rate=first))
+                       label="measured", reduction_wire=fp32_wire / wire("torch_powersgd_hook"), rate=first,
+                       window_steps=[window, args.steps]))
     for rate in args.rates:
         tta = {}
         for method in METHODS_TTA:
@@ -147,8 +156,10 @@ def summarise_measured(runs, args) -> tuple[list[dict], dict]:
             v = tta[method]["median_s"]
             b = tta[best_base]["median_s"]
             if v is None or b is None:
-                rows.append({"name": name, "value": None, "unit": "s", "baseline": None, "ratio": None, "label": "measured",
-                             "note": f"target accuracy {args.target} not reached in every seed", "per_method": tta})
+                full = med(p[-1]["time_s"] for p in runs[rate][method])
+                rows.append(result(name, full, "s", None, label="measured", reached=False, per_method=tta,
+                                   note=f"target accuracy {args.target} not reached in every seed by {method} or the "
+                                        "best baseline; value: the method's whole training time (a lower bound)"))
                 continue
             rows.append(result(name, v, "s", (best_base, b), label="measured", target_accuracy=args.target,
                                baselines={m: tta[m]["median_s"] for m in ("fp32_allreduce", "torch_powersgd_hook")},
@@ -160,7 +171,12 @@ def summarise_measured(runs, args) -> tuple[list[dict], dict]:
         name = "accuracy_delta_points" + ("" if method == "dra_powersgd" else f"_{method}")
         deltas = [100 * (a[-1]["acc"] - b[-1]["acc"]) for a, b in zip(runs[first][method], runs[first]["fp32_allreduce"])]
         rows.append(result(name, med(deltas), "points", None, label="measured", final_accuracy=final_acc(method),
-                           fp32_final_accuracy=base_acc, per_seed=deltas, steps=args.steps))
+                           fp32_final_accuracy=base_acc, per_seed=deltas, steps=args.steps,
+                           note="final test accuracy minus fp32_allreduce's, same seed; median over seeds"))
+    ao_deltas = [100 * (a[-1]["acc"] - b[-1]["acc"]) for a, b in zip(runs[first]["dra_sparse90"], runs[first]["ao_pruning90"])]
+    rows.append(result("accuracy_sparse90_vs_torch_ao_points", med(ao_deltas), "points", None, label="measured",
+                       per_seed=ao_deltas, note="dra's RigL masks minus torch.ao.pruning's magnitude sparsifier, same "
+                                                "cubic ramp to 90 %, same seed"))
     energy = {m: med(p[-1]["energy_j"] for p in runs[args.rates[-1]][m]) for m in METHODS_TTA}
     rows.append(result(f"energy_rank0_{args.rates[-1]}_dra_powersgd", energy["dra_powersgd"], "J",
                        ("fp32_allreduce", energy["fp32_allreduce"]), label="estimated",
@@ -215,6 +231,11 @@ def plot(runs, args, path: Path) -> None:
         p = seeds[0]
         ax.plot([max(x["wire_tx_bytes"], 1) / 1e6 for x in p], [x["acc"] for x in p], label=method, color=colors.get(method))
     ax.set_xscale("log")
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    ax.xaxis.set_major_locator(LogLocator(base=10))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_title("accuracy vs bytes sent by rank 0 (measured)")
     ax.set_xlabel("MB out of rank 0's eth0")
     ax.set_ylim(0.5, 1.0)
@@ -229,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--plot", default="docs/img/sage/accuracy.png")
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--ramp-start", type=int, default=50, help="sparsity ramp (dra_sparse90, ao_pruning90) start")
+    ap.add_argument("--ramp-steps", type=int, default=200, help="sparsity ramp length; bytes are compared after it")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--rank", type=int, default=2, help="PowerSGD rank (dra and the torch hook)")
@@ -244,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-measured", action="store_true")
     ap.add_argument("--skip-replay", action="store_true")
     args = ap.parse_args(argv)
+    # SIGTERM ends the run through the normal exit path, so the namespaces are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.rates = [r for r in args.rates.split(",") if r]
     for r in args.rates:
         if r not in RATES:

@@ -78,13 +78,14 @@ class DynamicSparsifier:
 
     def __init__(self, model: torch.nn.Module, every: int = 200, max_sparsity: float = 0.9, step_up: float = 0.2,
                  step_down: float = 0.3, alpha: float = 0.3, end_step: int = 10_000, initial_sparsity: float = 0.0,
-                 follow_phase: bool = True) -> None:
+                 follow_phase: bool = True, schedule=None) -> None:
         if every < 1:
             raise ValueError(f"every: must be >= 1, got {every}")
         self.params = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
         self.masks = [np.ones(p.numel(), dtype=np.uint8) for p in self.params]
         self.every, self.max_sparsity, self.step_up, self.step_down = every, max_sparsity, step_up, step_down
         self.alpha, self.end_step, self.follow_phase = alpha, end_step, follow_phase
+        self.schedule = schedule  # step -> target sparsity; replaces the phase rule when given
         self.sparsity = 0.0
         self.history: list[tuple[int, float, str]] = []
         if initial_sparsity > 0:
@@ -121,8 +122,12 @@ class DynamicSparsifier:
         Returns True when the masks were updated at this step."""
         if step == 0 or step % self.every:
             return False
-        target = (next_sparsity(self.sparsity, phase, self.max_sparsity, self.step_up, self.step_down)
-                  if self.follow_phase else self.max_sparsity)
+        if self.schedule is not None:
+            target = float(self.schedule(step))
+        elif self.follow_phase:
+            target = next_sparsity(self.sparsity, phase, self.max_sparsity, self.step_up, self.step_down)
+        else:
+            target = self.max_sparsity
         self._update(step, target, rigl_update_fraction(self.alpha, step, self.end_step))
         self.history.append((step, target, phase))
         return True
