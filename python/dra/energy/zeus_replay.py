@@ -20,7 +20,7 @@ Approaches, each over the same recurrences of a job, at the same eta, on the sam
 - ``dra_knobs``: dra's learner's batch size, then world size and sparsity added as knobs through
   the stated models below (they are models, not measurements, and say so).
 
-Extra-knob models (stated assumptions; see docs/sage.md):
+Extra-knob models (stated assumptions; see docs/guide/sage.md):
 - World size N at global batch B: each GPU runs batch B/N (its epoch time and power from the trace
   at B/N), an epoch takes tpe(B/N)/N plus a ring all-reduce per step of 2(N-1)/N x 4 x params bytes
   over a 100 Gbit/s link, the N GPUs draw their traced power throughout (sync included), Zeus's
