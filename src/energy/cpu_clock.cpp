@@ -22,26 +22,22 @@ double process_cpu_seconds() {
 detected_reader detect_energy_reader(const detect_options& options) {
   options.model.validate();
   detected_reader out;
-  if (options.try_nvml) {
-    try {
-      out.reader = std::make_unique<nvml_reader>(options.nvml_library);
-      return out;
-    } catch (const dra::error& e) {
-      out.notes.push_back(std::string("nvml: ") + e.what());
+  // Each counter in order of preference; a failure is recorded in notes and the next one is tried.
+  auto attempt = [&](bool enabled, const char* name, auto make) {
+    if (!enabled) {
+      out.notes.push_back(std::string(name) + ": not tried (disabled)");
+      return false;
     }
-  } else {
-    out.notes.push_back("nvml: not tried (disabled)");
-  }
-  if (options.try_rapl) {
     try {
-      out.reader = std::make_unique<rapl_reader>(options.rapl_root);
-      return out;
+      out.reader = make();
+      return true;
     } catch (const dra::error& e) {
-      out.notes.push_back(std::string("rapl: ") + e.what());
+      out.notes.push_back(std::string(name) + ": " + e.what());
+      return false;
     }
-  } else {
-    out.notes.push_back("rapl: not tried (disabled)");
-  }
+  };
+  if (attempt(options.try_nvml, "nvml", [&] { return std::make_unique<nvml_reader>(options.nvml_library); })) return out;
+  if (attempt(options.try_rapl, "rapl", [&] { return std::make_unique<rapl_reader>(options.rapl_root); })) return out;
   out.reader = std::make_unique<cpu_model_reader>(&process_cpu_seconds, options.model);
   return out;
 }
