@@ -14,4 +14,6 @@ void bind_sim(pybind11::module_& m);
 void bind_testing(pybind11::module_& m);             // dra._core._testing
 void bind_bench(pybind11::module_& testing);         // into dra._core._testing
 void bind_nccl_testing(pybind11::module_& testing);  // into dra._core._testing
+void bind_energy(pybind11::module_& m);
+void bind_compress(pybind11::module_& m);
 }  // namespace dra::python

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <functional>
@@ -91,6 +92,8 @@ const std::map<std::string, setter>& option_table() {
       {"limits", [](controller_options& o, py::handle v) { o.engine.limits = as_section<dra::policy::constraints>(v, "limits", "Constraints"); }},
       {"convergence", [](controller_options& o, py::handle v) { o.engine.convergence = as_section<dra::policy::convergence_phase_config>(v, "convergence", "ConvergencePhaseConfig"); }},
       {"goodput", [](controller_options& o, py::handle v) { o.engine.goodput = as_section<dra::policy::goodput_config>(v, "goodput", "GoodputConfig"); }},
+      {"convergence_aware", [](controller_options& o, py::handle v) { o.engine.convergence_aware = as_section<dra::policy::convergence_aware_config>(v, "convergence_aware", "ConvergenceAwareConfig"); }},
+      {"energy", [](controller_options& o, py::handle v) { o.engine.energy = as_section<dra::policy::energy_policy_config>(v, "energy", "EnergyPolicyConfig"); }},
       {"start_size", [](controller_options& o, py::handle v) { o.start_size = static_cast<int>(as_int(v, "start_size", 1)); }},
       {"release", [](controller_options& o, py::handle v) {
          const auto s = as_str(v, "release");
@@ -131,7 +134,9 @@ controller_options parse_options(const py::kwargs& kwargs) {
   const auto& table = option_table();
   controller_options o;
   // Sections first, then the flat names that reach into them: `limits=` with `min_size=` is ambiguous.
-  for (const char* section : {"estimator", "throughput", "limits", "convergence", "goodput"})
+  static const char* const sections[] = {"estimator", "throughput", "limits", "convergence", "goodput",
+                                         "convergence_aware", "energy"};
+  for (const char* section : sections)
     if (kwargs.contains(section) && !kwargs[section].is_none()) table.at(section)(o, kwargs[section]);
   if (kwargs.contains("limits") && !kwargs["limits"].is_none())
     for (const char* flat : {"min_size", "max_size"})
@@ -147,7 +152,7 @@ controller_options parse_options(const py::kwargs& kwargs) {
       throw py::value_error("unknown option '" + name + "'; valid options: " + valid);
     }
     if (item.second.is_none()) continue;
-    if (name == "estimator" || name == "throughput" || name == "limits" || name == "convergence" || name == "goodput") continue;
+    if (std::find(std::begin(sections), std::end(sections), name) != std::end(sections)) continue;
     it->second(o, item.second);
   }
   o.validate();

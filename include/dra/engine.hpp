@@ -11,6 +11,7 @@
 #include "dra/error.hpp"
 #include "dra/policy/constraints.hpp"
 #include "dra/policy/convergence_aware.hpp"
+#include "dra/policy/energy_policies.hpp"
 #include "dra/policy/policies.hpp"
 #include "dra/policy/throughput_model.hpp"
 #include "dra/signals/convergence_estimator.hpp"
@@ -18,7 +19,10 @@
 namespace dra {
 
 /// The policies an engine can run, by the name engine_config::policy takes.
-inline std::vector<const char*> policy_names() { return {"convergence", "goodput", "convergence_aware", "none"}; }
+inline std::vector<const char*> policy_names() {
+  return {"convergence", "goodput", "convergence_aware", "min_energy_deadline", "energy_delay", "zeus_cost",
+          "energy_budget", "none"};
+}
 
 struct engine_config {
   signals::estimator_config estimator;
@@ -27,12 +31,15 @@ struct engine_config {
   policy::cost_model costs;
   /// One of policy_names(): "convergence" (the DRA framework's rule), "goodput" (Pollux-style),
   /// "convergence_aware" (goodput over size and batch with a price per device;
-  /// include/dra/policy/convergence_aware.hpp) or "none" (resizes only when asked: a schedule, an
+  /// include/dra/policy/convergence_aware.hpp), an energy objective ("min_energy_deadline",
+  /// "energy_delay", "zeus_cost", "energy_budget"; settings in `energy`,
+  /// include/dra/policy/energy_policies.hpp) or "none" (resizes only when asked: a schedule, an
   /// outside limit).
   std::string policy = "convergence";
   policy::convergence_phase_config convergence;
   policy::goodput_config goodput;
   policy::convergence_aware_config convergence_aware;
+  policy::energy_policy_config energy;
   /// Steps between decisions (a decision is cheap, but resizing more often than this is noise).
   std::int64_t decide_every = 10;
 
@@ -43,6 +50,7 @@ struct engine_config {
     convergence.validate();
     goodput.validate();
     convergence_aware.validate();
+    energy.validate();
     const auto names = policy_names();
     if (std::find(names.begin(), names.end(), policy) == names.end()) {
       std::string known;
@@ -60,6 +68,11 @@ inline std::shared_ptr<const policy::policy> make_policy(const engine_config& co
   if (config.policy == "convergence_aware")
     return std::make_shared<policy::convergence_aware_policy>(config.convergence_aware);
   if (config.policy == "none") return std::make_shared<policy::hold_policy>();
+  if (policy::energy_objective_kind kind; dra::policy::energy_objective_named(config.policy, &kind)) {
+    policy::energy_policy_config energy = config.energy;
+    energy.objective.kind = kind;
+    return std::make_shared<policy::energy_policy>(energy);
+  }
   return std::make_shared<policy::convergence_phase_policy>(config.convergence);
 }
 

@@ -16,6 +16,8 @@ struct world_state {
   std::int64_t remaining_steps = -1;  ///< steps left in the job, -1 when unknown
   double global_batch = 1.0;          ///< samples per optimizer step over the whole world
   double base_batch = 1.0;            ///< batch at which the gradient noise scale is expressed (M0)
+  double elapsed_s = 0.0;             ///< wall time the job has run (energy policies: deadline)
+  double energy_spent_j = 0.0;        ///< energy the job has used so far (energy policies: budget)
 };
 
 /// Devices the job may have right now.

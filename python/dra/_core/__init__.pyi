@@ -3,12 +3,14 @@ dra's compiled core: signals, policies, the decision engine, the controller, the
 """
 from __future__ import annotations
 import collections.abc
+import numpy
+import numpy.typing
 import torch
 import typing
 from . import elastic
 from . import comm
 from . import _testing
-__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GoodputConfig', 'GoodputPolicy', 'MembershipError', 'Options', 'Policy', 'ResizeEngine', 'SimProfiles', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'comm', 'elastic', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
+__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EnergyChoice', 'EnergyInterval', 'EnergyMeter', 'EnergyObjective', 'EnergyPolicyConfig', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GoodputConfig', 'GoodputPolicy', 'GradientCodec', 'KnobSetting', 'MembershipError', 'Options', 'Policy', 'ResizeEngine', 'SimProfiles', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'choose_setting', 'comm', 'elastic', 'make_codec', 'next_sparsity', 'process_cpu_seconds', 'rank_for_noise_scale', 'rigl_update', 'rigl_update_fraction', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
 class DraError(RuntimeError):
     """
     Base of every runtime failure raised by dra itself (a RuntimeError).
@@ -693,6 +695,14 @@ class EngineConfig:
     @decide_every.setter
     def decide_every(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+    @property
+    def energy(self) -> EnergyPolicyConfig:
+        """
+        Settings of the energy policies.
+        """
+    @energy.setter
+    def energy(self, arg0: EnergyPolicyConfig) -> None:
+        ...
 class ResizeEngine:
     """
     Per-job decision engine fed once per step.
@@ -1004,6 +1014,217 @@ class SimProfiles:
         """
         (step_time, sync_time) interpolated at a placement (devices per node) and local batch.
         """
+class EnergyInterval:
+    """
+    Energy of one step or of the whole job, with its source.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def joules(self) -> float:
+        ...
+    @property
+    def seconds(self) -> float:
+        ...
+    @property
+    def source(self) -> str:
+        ...
+    @property
+    def watts(self) -> float:
+        ...
+class EnergyMeter:
+    """
+    Per-step and per-job energy: NVML where a GPU counter can be read, RAPL where present, else CPU-seconds x watts_per_core (estimated). `notes` says why a better reader was not used.
+    """
+    def __init__(self, nvml_library: str = 'libnvidia-ml.so.1', rapl_root: str = '/sys/class/powercap', watts_per_core: typing.SupportsFloat | typing.SupportsIndex = 10.0, try_nvml: bool = True, try_rapl: bool = True) -> None:
+        ...
+    def mark(self) -> EnergyInterval:
+        """
+        Closes the current step now and returns its energy.
+        """
+    def restart(self) -> None:
+        ...
+    @property
+    def job(self) -> EnergyInterval:
+        ...
+    @property
+    def last_step(self) -> EnergyInterval:
+        ...
+    @property
+    def notes(self) -> list[str]:
+        ...
+    @property
+    def reader(self) -> str:
+        ...
+    @property
+    def scope(self) -> str:
+        ...
+    @property
+    def source(self) -> str:
+        ...
+    @property
+    def steps(self) -> int:
+        ...
+class KnobSetting:
+    """
+    A point of the energy policies' knob space.
+    """
+    def __init__(self, world_size: typing.SupportsInt | typing.SupportsIndex = 1, global_batch: typing.SupportsFloat | typing.SupportsIndex = 0.0, sparsity: typing.SupportsFloat | typing.SupportsIndex = 0.0, compression_rank: typing.SupportsInt | typing.SupportsIndex = 0, power_limit_w: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+        ...
+    @property
+    def compression_rank(self) -> int:
+        ...
+    @compression_rank.setter
+    def compression_rank(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def global_batch(self) -> float:
+        ...
+    @global_batch.setter
+    def global_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def power_limit_w(self) -> float:
+        ...
+    @power_limit_w.setter
+    def power_limit_w(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def sparsity(self) -> float:
+        ...
+    @sparsity.setter
+    def sparsity(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def world_size(self) -> int:
+        ...
+    @world_size.setter
+    def world_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class EnergyObjective:
+    """
+    kind: 'min_energy_deadline', 'energy_delay', 'zeus_cost' or 'energy_budget'.
+    """
+    def __init__(self, kind: str = 'zeus_cost', eta: typing.SupportsFloat | typing.SupportsIndex = 0.5, deadline_s: typing.SupportsFloat | typing.SupportsIndex = ..., budget_j: typing.SupportsFloat | typing.SupportsIndex = ...) -> None:
+        ...
+    def zeus_cost(self, energy_j: typing.SupportsFloat | typing.SupportsIndex, time_s: typing.SupportsFloat | typing.SupportsIndex, max_power_w: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        ...
+    @property
+    def budget_j(self) -> float:
+        ...
+    @property
+    def deadline_s(self) -> float:
+        ...
+    @property
+    def eta(self) -> float:
+        ...
+    @property
+    def kind(self) -> str:
+        ...
+class EnergyPolicyConfig:
+    """
+    Settings of the energy policies (EngineConfig.energy); the objective's kind comes from EngineConfig.policy.
+    """
+    adapt_batch: bool
+    objective: EnergyObjective
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def job_budget_j(self) -> float:
+        ...
+    @job_budget_j.setter
+    def job_budget_j(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def job_deadline_s(self) -> float:
+        ...
+    @job_deadline_s.setter
+    def job_deadline_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_per_rank_batch(self) -> float:
+        ...
+    @max_per_rank_batch.setter
+    def max_per_rank_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_watts_per_device(self) -> float:
+        ...
+    @max_watts_per_device.setter
+    def max_watts_per_device(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_per_rank_batch(self) -> float:
+        ...
+    @min_per_rank_batch.setter
+    def min_per_rank_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def watts_per_device(self) -> float:
+        ...
+    @watts_per_device.setter
+    def watts_per_device(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class EnergyChoice:
+    @property
+    def constraint_met(self) -> bool:
+        ...
+    @property
+    def energy_j(self) -> float:
+        ...
+    @property
+    def index(self) -> int:
+        ...
+    @property
+    def reason(self) -> str:
+        ...
+    @property
+    def setting(self) -> KnobSetting:
+        ...
+    @property
+    def time_s(self) -> float:
+        ...
+class GradientCodec:
+    """
+    A gradient compression codec (make one with make_codec). reduce() turns a list of float32 arrays into their (approximate) mean over the world, in place.
+    """
+    def clear_error_feedback(self) -> None:
+        ...
+    def load_state(self, arg0: bytes) -> None:
+        ...
+    def reduce(self, grads: collections.abc.Sequence[numpy.ndarray], world: typing.Any) -> None:
+        ...
+    def reset_bytes(self) -> None:
+        ...
+    def save_state(self) -> bytes:
+        ...
+    def set_masks(self, arg0: collections.abc.Sequence[typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]]) -> None:
+        ...
+    def set_rank(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def bytes_dense(self) -> int:
+        """
+        Bytes an fp32 all-reduce of the same tensors would have handed over.
+        """
+    @property
+    def bytes_sent(self) -> int:
+        """
+        Bytes this rank handed to the collective (payload, before the transport's own framing).
+        """
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def steps(self) -> int:
+        ...
 def _build_info() -> dict:
     ...
 def _set_step_target(slow: typing.Any, warn: typing.Any, controller: typing.Any) -> None:
@@ -1014,6 +1235,28 @@ def adascale_gain(noise_scale: typing.SupportsFloat | typing.SupportsIndex, vali
     """
     AdaScale learning-rate gain for global batch M.
     """
+def choose_setting(objective: EnergyObjective, candidates: collections.abc.Sequence[KnobSetting], time_s: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], energy_j: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], max_power_w: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]) -> EnergyChoice:
+    """
+    dra's energy chooser (the one the live energy policies use) over predicted candidates. Non-finite predictions are skipped.
+    """
+def make_codec(spec: str, seed: typing.SupportsInt | typing.SupportsIndex = 0) -> GradientCodec:
+    """
+    fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction>, masked.
+    """
+def next_sparsity(current: typing.SupportsFloat | typing.SupportsIndex, phase: str, max_sparsity: typing.SupportsFloat | typing.SupportsIndex = 0.9, step_up: typing.SupportsFloat | typing.SupportsIndex = 0.2, step_down: typing.SupportsFloat | typing.SupportsIndex = 0.3) -> float:
+    ...
+def process_cpu_seconds() -> float:
+    """
+    Busy CPU seconds of this process and its waited-for children.
+    """
+def rank_for_noise_scale(gns: typing.SupportsFloat | typing.SupportsIndex, valid: bool, global_batch: typing.SupportsFloat | typing.SupportsIndex, min_rank: typing.SupportsInt | typing.SupportsIndex = 1, max_rank: typing.SupportsInt | typing.SupportsIndex = 8) -> int:
+    ...
+def rigl_update(mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], weights: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], grads: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], sparsity: typing.SupportsFloat | typing.SupportsIndex, update_fraction: typing.SupportsFloat | typing.SupportsIndex) -> tuple[int, int, int]:
+    """
+    RigL's mask update in place (uint8 mask); returns (dropped, regrown, active). Deterministic.
+    """
+def rigl_update_fraction(alpha: typing.SupportsFloat | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, end_step: typing.SupportsInt | typing.SupportsIndex) -> float:
+    ...
 def sim_read_workload(path: str, profiles: SimProfiles = None) -> list:
     """
     Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.

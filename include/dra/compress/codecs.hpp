@@ -1,0 +1,241 @@
+#pragma once
+// Gradient compression codecs (DESIGN.md §3.7), torch-free, on float spans with Eigen.
+//
+//   codec            wire payload per rank per step            all-reduce compatible
+//   fp32             4 n bytes                                  yes
+//   powersgd(r)      4 r (rows + cols) per matrix (+ 4 n small)  yes (two all-reduces: P, then Q)
+//   masked(mask)     4 k bytes (k kept entries, same on all)     yes: equals the masked dense all-reduce
+//   topk(f)          8 k bytes (index + value), all-gathered      no (ranks pick different indices)
+//   half(fp16|bf16)  2 n bytes                                  yes (summed in fp32 after decoding)
+//
+// Every lossy codec has error feedback: what a step did not send is added to the next step's
+// gradient on that rank, so nothing is lost, only delayed (Seide et al. 2014; Karimireddy et al.
+// 2019; PowerSGD, Vogels et al. 2019). A codec reduces a list of gradient tensors in place to
+// (approximately) their mean over the world, through a `collective` passed in: dra's communicator
+// in a job, threads in tests.
+//
+// State (error feedback, PowerSGD's warm-start Q, the step counter) serialises to bytes so it can
+// travel in a resize's state handoff. The rule on a world change (docs/sage.md): Q and the step
+// counter are the same on every rank and go to joiners from the leader; error feedback is a
+// rank's own residual: survivors keep theirs, joiners start at zero, a leaver's (or a crashed
+// rank's) residual is dropped: at most one step's unsent gradient of that rank, scaled by 1/world.
+#include "dra/compress/codec.hpp"
+#include "dra/compress/powersgd.hpp"
+
+namespace dra::compress {
+
+/// Uncompressed: one fp32 all-reduce of everything (the baseline).
+class fp32_codec final : public gradient_codec {
+ public:
+  std::string name() const override { return "fp32"; }
+  void reduce(std::vector<tensor_ref>& grads, collective& world) override {
+    check_world(world);
+    const float inv = 1.0f / static_cast<float>(world.world_size());
+    for (auto& g : grads) {
+      const std::size_t n = g.size();
+      world.allreduce_sum(g.data, n);
+      for (std::size_t i = 0; i < n; ++i) g.data[i] *= inv;
+      bytes_.sent += 4 * n;
+      bytes_.dense += 4 * n;
+    }
+    ++steps_;
+  }
+};
+
+/// Reduced precision: (gradient + error) rounded to fp16 or bf16 on the wire. The collective sums
+/// fp32 values (Gloo has no bf16 sum everywhere), so the wire format is emulated: what is summed is
+/// exactly the rounded values, and the bytes counted are 2 per element.
+class half_codec final : public gradient_codec {
+ public:
+  enum class format { fp16, bf16 };
+  explicit half_codec(format f) : format_(f) {}
+  std::string name() const override { return format_ == format::fp16 ? "fp16" : "bf16"; }
+  void reduce(std::vector<tensor_ref>& grads, collective& world) override {
+    check_world(world);
+    const float inv = 1.0f / static_cast<float>(world.world_size());
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      auto& g = grads[t];
+      const std::size_t n = g.size();
+      auto& err = error_for(t, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float want = g.data[i] + err[i];
+        const float sent = round(want);
+        err[i] = want - sent;
+        g.data[i] = sent;
+      }
+      world.allreduce_sum(g.data, n);
+      for (std::size_t i = 0; i < n; ++i) g.data[i] *= inv;
+      bytes_.sent += 2 * n;
+      bytes_.dense += 4 * n;
+    }
+    ++steps_;
+  }
+  float round(float x) const {
+    return format_ == format::fp16 ? detail::from_fp16(detail::to_fp16(x)) : detail::from_bf16(detail::to_bf16(x));
+  }
+
+ private:
+  format format_;
+};
+
+/// Sparse with a mask every rank agrees on: only the kept entries travel, packed; the result on
+/// kept entries is exactly the masked dense all-reduce; dropped entries are zero in the output and
+/// (with error feedback) carried to later steps. The mask is set from outside (dynamic
+/// sparsification derives it from all-reduced values), or drawn each step from a seed shared by all
+/// ranks (random-k) when `keep_fraction` is given.
+class masked_codec final : public gradient_codec {
+ public:
+  /// keep_fraction in (0, 1]: a fresh random mask per step from (seed, step); 0: use set_mask().
+  explicit masked_codec(double keep_fraction = 0.0, std::uint64_t seed = 0, bool error_feedback = true)
+      : keep_(keep_fraction), seed_(seed), feedback_(error_feedback) {
+    if (!(keep_fraction >= 0.0 && keep_fraction <= 1.0))
+      dra::detail::throw_invalid("keep_fraction", "must lie in [0, 1] (0: masks set with set_mask), got " + std::to_string(keep_fraction));
+  }
+  std::string name() const override { return "masked"; }
+  /// Masks per tensor (1 keep, 0 drop); every rank must set the same ones.
+  void set_masks(std::vector<std::vector<std::uint8_t>> masks) { masks_ = std::move(masks); }
+  const std::vector<std::vector<std::uint8_t>>& masks() const noexcept { return masks_; }
+
+  void reduce(std::vector<tensor_ref>& grads, collective& world) override {
+    check_world(world);
+    if (keep_ == 0.0 && masks_.size() != grads.size())
+      dra::detail::throw_invalid("masks", std::to_string(masks_.size()) + " masks for " + std::to_string(grads.size()) +
+                                              " tensors; call set_masks with one mask per tensor first");
+    std::size_t total = 0;
+    for (auto& g : grads) total += g.size();
+    std::vector<float> packed;
+    packed.reserve(total);
+    std::vector<std::vector<std::uint8_t>> step_masks;
+    if (keep_ > 0.0) step_masks = random_masks(grads);
+    const auto& masks = keep_ > 0.0 ? step_masks : masks_;
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      const std::size_t n = grads[t].size();
+      if (masks[t].size() != n)
+        dra::detail::throw_invalid("masks", "mask " + std::to_string(t) + " has " + std::to_string(masks[t].size()) +
+                                                " entries for a tensor of " + std::to_string(n));
+      float* g = grads[t].data;
+      std::vector<float>* err = feedback_ ? &error_for(t, n) : nullptr;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float v = g[i] + (err ? (*err)[i] : 0.0f);
+        if (masks[t][i]) {
+          packed.push_back(v);
+          if (err) (*err)[i] = 0.0f;
+        } else if (err) {
+          (*err)[i] = v;
+        }
+      }
+      bytes_.dense += 4 * n;
+    }
+    if (!packed.empty()) world.allreduce_sum(packed.data(), packed.size());
+    bytes_.sent += 4 * packed.size();
+    const float inv = 1.0f / static_cast<float>(world.world_size());
+    std::size_t k = 0;
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      float* g = grads[t].data;
+      for (std::size_t i = 0; i < grads[t].size(); ++i) g[i] = masks[t][i] ? packed[k++] * inv : 0.0f;
+    }
+    ++steps_;
+  }
+
+ private:
+  std::vector<std::vector<std::uint8_t>> random_masks(const std::vector<tensor_ref>& grads) const {
+    std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(steps_));
+    std::vector<std::vector<std::uint8_t>> out;
+    for (const auto& g : grads) {
+      const std::size_t n = g.size();
+      const std::size_t k = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(keep_ * static_cast<double>(n))));
+      std::vector<std::uint32_t> idx(n);
+      std::iota(idx.begin(), idx.end(), 0u);
+      for (std::size_t i = 0; i < k; ++i) {  // partial Fisher-Yates: the same k indices on every rank
+        std::uniform_int_distribution<std::size_t> pick(i, n - 1);
+        std::swap(idx[i], idx[pick(rng)]);
+      }
+      std::vector<std::uint8_t> m(n, 0);
+      for (std::size_t i = 0; i < k; ++i) m[idx[i]] = 1;
+      out.push_back(std::move(m));
+    }
+    return out;
+  }
+  double keep_;
+  std::uint64_t seed_;
+  bool feedback_;
+  std::vector<std::vector<std::uint8_t>> masks_;
+};
+
+/// Top-k by magnitude of (gradient + error) per tensor; ranks pick different indices, so the
+/// (index, value) pairs are all-gathered and summed.
+class topk_codec final : public gradient_codec {
+ public:
+  explicit topk_codec(double fraction) : fraction_(fraction) {
+    if (!(fraction > 0.0 && fraction <= 1.0)) dra::detail::throw_invalid("fraction", "must lie in (0, 1], got " + std::to_string(fraction));
+  }
+  std::string name() const override { return "topk"; }
+  void reduce(std::vector<tensor_ref>& grads, collective& world) override {
+    check_world(world);
+    const int w = world.world_size();
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      auto& g = grads[t];
+      const std::size_t n = g.size();
+      auto& err = error_for(t, n);
+      for (std::size_t i = 0; i < n; ++i) err[i] += g.data[i];
+      const std::size_t k = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(fraction_ * static_cast<double>(n))));
+      std::vector<std::uint32_t> idx(n);
+      std::iota(idx.begin(), idx.end(), 0u);
+      std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k - 1), idx.end(), [&](std::uint32_t a, std::uint32_t b) {
+        const float fa = std::fabs(err[a]), fb = std::fabs(err[b]);
+        return fa > fb || (fa == fb && a < b);
+      });
+      struct pair {
+        std::uint32_t index;
+        float value;
+      };
+      std::vector<pair> mine(k);
+      for (std::size_t i = 0; i < k; ++i) {
+        mine[i] = {idx[i], err[idx[i]]};
+        err[idx[i]] = 0.0f;
+      }
+      std::vector<pair> all(k * static_cast<std::size_t>(w));
+      world.allgather(mine.data(), k * sizeof(pair), all.data());
+      std::fill(g.data, g.data + n, 0.0f);
+      for (const auto& p : all) g.data[p.index] += p.value;
+      const float inv = 1.0f / static_cast<float>(w);
+      for (std::size_t i = 0; i < n; ++i) g.data[i] *= inv;
+      bytes_.sent += k * sizeof(pair);
+      bytes_.dense += 4 * n;
+    }
+    ++steps_;
+  }
+
+ private:
+  double fraction_;
+};
+
+/// Builds a codec from a spec string: "fp32", "fp16", "bf16", "powersgd:4", "topk:0.01",
+/// "random:0.1" (masked, random-k from a shared seed), "masked" (masks from set_masks).
+inline std::unique_ptr<gradient_codec> make_codec(const std::string& spec, std::uint64_t seed = 0) {
+  const auto colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  auto number = [&](double fallback) {
+    if (arg.empty()) return fallback;
+    try {
+      std::size_t used = 0;
+      const double v = std::stod(arg, &used);
+      if (used != arg.size()) throw std::invalid_argument(arg);
+      return v;
+    } catch (const std::exception&) {
+      dra::detail::throw_invalid("codec", "'" + spec + "': '" + arg + "' is not a number");
+    }
+  };
+  if (kind == "fp32") return std::make_unique<fp32_codec>();
+  if (kind == "fp16") return std::make_unique<half_codec>(half_codec::format::fp16);
+  if (kind == "bf16") return std::make_unique<half_codec>(half_codec::format::bf16);
+  if (kind == "powersgd") return std::make_unique<powersgd_codec>(static_cast<int>(number(4.0)), seed);
+  if (kind == "topk") return std::make_unique<topk_codec>(number(0.01));
+  if (kind == "random") return std::make_unique<masked_codec>(number(0.1), seed);
+  if (kind == "masked") return std::make_unique<masked_codec>(0.0, seed);
+  dra::detail::throw_invalid("codec", "unknown codec '" + spec +
+                                          "'; use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction> or masked");
+}
+
+}  // namespace dra::compress

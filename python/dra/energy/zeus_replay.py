@@ -1,0 +1,370 @@
+"""Zeus's measured traces replayed by dra's energy chooser and, side by side, by Zeus's own
+trace-driven simulator (``zeus._legacy.simulate`` from the ``zeus`` package).
+
+Everything here is ``replayed``: epochs to target come from Zeus's ``summary_train.csv`` (several
+seeds per batch size), epoch time and average power from ``summary_power_<gpu>.csv``, both measured
+by the Zeus authors (Apache-2.0, shipped in ``data/zeus/`` with attribution).
+
+Approaches, each over the same recurrences of a job, at the same eta, on the same traces:
+
+- ``default``: the user's batch size b0 at the maximum power limit (Zeus's baseline).
+- ``zeus``: Zeus's simulator (pruning Gaussian-Thompson-sampling batch size optimizer, JIT power
+  limit profiling, early stopping at beta x the best cost seen).
+- ``dra``: dra's learner over the same knobs under the same rules: a batch size's first run
+  profiles the power limits during its first epoch (the cost Zeus's simulator charges), runs are
+  stopped at beta x the best cost seen, and a stopped run is retried; it explores the untried
+  neighbours of the best batch size so far (b0 first), then exploits dra's chooser
+  (``choose_setting`` with the Zeus cost) on the mean observed epochs to target.
+- ``dra_hindsight``: dra's chooser given the trace means for every setting (the best static choice
+  in hindsight: a bound no learner beats on average).
+- ``dra_knobs``: dra's learner's batch size, then world size and sparsity added as knobs through
+  the stated models below (they are models, not measurements, and say so).
+
+Extra-knob models (stated assumptions; see docs/guide/sage.md):
+- World size N at global batch B: each GPU runs batch B/N (its epoch time and power from the trace
+  at B/N), an epoch takes tpe(B/N)/N plus a ring all-reduce per step of 2(N-1)/N x 4 x params bytes
+  over a 100 Gbit/s link, the N GPUs draw their traced power throughout (sync included), Zeus's
+  time price is N x MAXPOWER, and epochs to target are those of global batch B.
+- Sparsity s: the traced GPUs (V100, A40, P100, RTX6000) run unstructured-sparse weights with
+  the same dense kernels, so epoch time and power are unchanged; no trace says how sparsity moves
+  epochs to target, so it is taken as unchanged. The knob can then never win: it is listed so the
+  result says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dra._core import EnergyObjective, KnobSetting, choose_setting
+
+GPUS = ("v100", "a40", "p100", "rtx6000")
+
+
+@dataclass(frozen=True)
+class ZeusJob:
+    """A recurring job as in Zeus's paper (Table 3): target metric, epoch cap, default batch b0."""
+
+    dataset: str
+    network: str
+    optimizer: str
+    target_metric: float
+    max_epochs: int
+    default_bs: int
+    params_millions: float  # model size: only the world-size model uses it (stated, approximate)
+    train_samples: int  # samples per epoch: only the world-size model uses it (stated, approximate)
+
+    @property
+    def name(self) -> str:
+        return f"{self.dataset}/{self.network}"
+
+
+JOBS = (
+    ZeusJob("cifar100", "shufflenetv2", "adadelta", 0.6, 100, 1024, 1.4, 50_000),
+    ZeusJob("imagenet", "resnet50", "adadelta", 0.65, 100, 256, 25.6, 1_281_167),
+    ZeusJob("librispeech", "deepspeech2", "adamw", 40.0, 16, 192, 26.0, 28_539),
+    ZeusJob("movielens-1m", "ncf", "adam", 0.41, 100, 1024, 1.0, 994_169),
+    ZeusJob("squad", "bert_base_uncased", "adamw", 84.0, 6, 32, 110.0, 88_641),
+    ZeusJob("sentiment140", "bert_base_uncased", "adamw", 0.84, 10, 128, 110.0, 1_600_000),
+)
+LINK_BYTES_PER_S = 100e9 / 8  # world-size model: a 100 Gbit/s link between GPUs (stated)
+
+
+def data_dir() -> Path:
+    """The shipped traces: ``data/zeus`` next to the package (wheel) or in the source tree."""
+    here = Path(__file__).resolve()
+    for candidate in (here.parent / "data" / "zeus", here.parents[3] / "data" / "zeus"):
+        if (candidate / "summary_train.csv").exists():
+            return candidate
+    raise FileNotFoundError("Zeus traces not found: expected data/zeus/summary_train.csv in the source tree or package")
+
+
+@dataclass
+class Trace:
+    """One job's slice of the traces on one GPU."""
+
+    job: ZeusJob
+    gpu: str
+    epochs: dict[int, list[float]]  # batch size -> target_epoch per seed (nan: never reached)
+    power: dict[tuple[int, int], tuple[float, float]]  # (batch, power limit) -> (time_per_epoch, avg power)
+    batch_sizes: list[int] = field(default_factory=list)
+    power_limits: list[int] = field(default_factory=list)
+
+    @property
+    def max_power(self) -> float:
+        return float(max(self.power_limits))
+
+    def epoch_cost(self, eta: float, bs: int, pl: int, n: int = 1) -> float:
+        tpe, watts = self.power[(bs, pl)]
+        return eta * tpe * watts * n + (1 - eta) * n * self.max_power * tpe
+
+
+def load_trace(job: ZeusJob, gpu: str = "v100", root: Path | None = None) -> Trace:
+    if gpu not in GPUS:
+        raise ValueError(f"gpu '{gpu}': use one of {', '.join(GPUS)}")
+    root = root or data_dir()
+    epochs: dict[int, list[float]] = {}
+    with open(root / "summary_train.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if (row["dataset"], row["network"], row["optimizer"]) != (job.dataset, job.network, job.optimizer):
+                continue
+            if not math.isclose(float(row["target_metric"]), job.target_metric):
+                continue
+            e = float(row["target_epoch"]) if row["target_epoch"] else math.nan
+            epochs.setdefault(int(row["batch_size"]), []).append(e)
+    power: dict[tuple[int, int], tuple[float, float]] = {}
+    with open(root / f"summary_power_{gpu}.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if (row["dataset"], row["network"], row["optimizer"]) != (job.dataset, job.network, job.optimizer):
+                continue
+            power[(int(row["batch_size"]), int(row["power_limit"]))] = (float(row["time_per_epoch"]), float(row["average_power"]))
+    batches = sorted(b for b in epochs if any((b, pl) in power for pl in {p for _, p in power}))
+    limits = sorted({p for _, p in power})
+    if job.default_bs not in batches:
+        raise ValueError(f"{job.name} on {gpu}: default batch {job.default_bs} missing from the traces")
+    return Trace(job, gpu, epochs, power, batches, limits)
+
+
+@dataclass
+class Run:
+    bs: int
+    pl: int
+    energy_j: float
+    time_s: float
+    reached: bool
+    n: int = 1
+    sparsity: float = 0.0
+
+
+def _mean_epochs(trace: Trace, bs: int) -> float:
+    vals = trace.epochs.get(bs, [])
+    if not vals or any(math.isnan(v) or v > trace.job.max_epochs for v in vals):
+        return math.inf  # some seed never reaches the target within the cap
+    return statistics.fmean(vals)
+
+
+def _world_epoch(trace: Trace, bs: int, pl: int, n: int) -> tuple[float, float] | None:
+    """(time per epoch, total average power) at global batch bs over n GPUs (the world-size model)."""
+    if n == 1:
+        return trace.power.get((bs, pl))
+    if bs % n or (bs // n, pl) not in trace.power:
+        return None
+    tpe, watts = trace.power[(bs // n, pl)]
+    steps = math.ceil(trace.job.train_samples / bs)
+    sync = steps * 2 * (n - 1) / n * 4 * trace.job.params_millions * 1e6 / LINK_BYTES_PER_S
+    return tpe / n + sync, n * watts
+
+
+def hindsight(trace: Trace, eta: float, worlds=(1,), sparsities=(0.0,)):
+    """dra's chooser over every setting, given the trace's mean epochs to target (a bound)."""
+    cands, times, energies, maxp = [], [], [], []
+    for n in worlds:
+        for bs in trace.batch_sizes:
+            ep = _mean_epochs(trace, bs)
+            for s in sparsities:
+                for pl in trace.power_limits:
+                    w = _world_epoch(trace, bs, pl, n)
+                    if w is None or math.isinf(ep):
+                        continue
+                    tpe, watts = w
+                    cands.append(KnobSetting(world_size=n, global_batch=bs, sparsity=s, power_limit_w=pl))
+                    times.append(ep * tpe)
+                    energies.append(ep * tpe * watts)
+                    maxp.append(n * trace.max_power)
+    return choose_setting(EnergyObjective("zeus_cost", eta=eta), cands, times, energies, maxp)
+
+
+def default_expected(trace: Trace, eta: float) -> Run:
+    """b0 at the maximum power limit, expected over the seeds."""
+    pl = max(trace.power_limits)
+    tpe, watts = trace.power[(trace.job.default_bs, pl)]
+    ep = _mean_epochs(trace, trace.job.default_bs)
+    return Run(trace.job.default_bs, pl, ep * tpe * watts, ep * tpe, True)
+
+
+class DraLearner:
+    """dra over recurrences: local exploration from b0, then dra's chooser on what it has seen."""
+
+    def __init__(self, trace: Trace, eta: float, beta: float, rng: np.random.Generator, worlds=(1,), sparsities=(0.0,)):
+        self.t, self.eta, self.beta, self.rng = trace, eta, beta, rng
+        self.worlds, self.sparsities = worlds, sparsities
+        self.seen: dict[int, list[float]] = {}  # batch -> epochs observed (inf when stopped early)
+        self.profiled: set[int] = set()
+        self.min_cost = math.inf
+        self.objective = EnergyObjective("zeus_cost", eta=eta)
+
+    def _best_pl(self, bs: int) -> int:
+        return min(self.t.power_limits, key=lambda pl: (self.t.epoch_cost(self.eta, bs, pl), -pl))
+
+    def _choose(self) -> KnobSetting:
+        order = self.t.batch_sizes
+        reached = {b: v for b, v in self.seen.items() if any(math.isfinite(e) for e in v)}
+        if not reached:
+            return KnobSetting(global_batch=self.t.job.default_bs, power_limit_w=self._best_pl(self.t.job.default_bs))
+        best = min(reached, key=lambda b: statistics.fmean(reached[b]) * self.t.epoch_cost(self.eta, b, self._best_pl(b)))
+        i = order.index(best)
+        for j in (i - 1, i + 1):  # untried neighbours of the best, smaller first
+            if 0 <= j < len(order) and order[j] not in self.seen:
+                return KnobSetting(global_batch=order[j], power_limit_w=self._best_pl(order[j]))
+        cands, times, energies, maxp = [], [], [], []
+        for bs, obs in sorted(reached.items()):
+            ep = statistics.fmean(obs)
+            for n in self.worlds:
+                for s in self.sparsities:
+                    for pl in self.t.power_limits:
+                        w = _world_epoch(self.t, bs, pl, n)
+                        if w is None:
+                            continue
+                        cands.append(KnobSetting(world_size=n, global_batch=bs, sparsity=s, power_limit_w=pl))
+                        times.append(ep * w[0])
+                        energies.append(ep * w[0] * w[1])
+                        maxp.append(n * self.t.max_power)
+        return choose_setting(self.objective, cands, times, energies, maxp).setting
+
+    def recur(self) -> list[Run]:
+        """One recurrence: runs (a stopped run is retried) until the target is reached."""
+        runs: list[Run] = []
+        acc = 0.0
+        for _ in range(20):
+            k = self._choose()
+            bs, pl, n = int(k.global_batch), int(k.power_limit_w), k.world_size
+            seeds = self.t.epochs[bs]
+            target = seeds[int(self.rng.integers(len(seeds)))]
+            tpe, watts = _world_epoch(self.t, bs, pl, n)
+            profile = bs not in self.profiled
+            # The first epoch of a new batch size profiles every power limit (Zeus's JIT rule).
+            first_t = statistics.fmean(self.t.power[(bs, p)][0] for p in self.t.power_limits) if profile else tpe
+            first_e = statistics.fmean(self.t.power[(bs, p)][0] * self.t.power[(bs, p)][1] for p in self.t.power_limits) if profile else tpe * watts
+            self.profiled.add(bs)
+            cap = self.t.job.max_epochs
+            if math.isfinite(self.min_cost):
+                per_epoch = self.eta * tpe * watts + (1 - self.eta) * n * self.t.max_power * tpe
+                cap = min(cap, int(self.beta * self.min_cost // per_epoch))
+            if cap <= 0:
+                self.seen.setdefault(bs, []).append(math.inf)
+                continue
+            reached = not math.isnan(target) and target <= cap
+            epochs = int(target) if reached else cap
+            time_s = first_t + (epochs - 1) * tpe
+            energy = first_e + (epochs - 1) * tpe * watts
+            runs.append(Run(bs, pl, energy, time_s, reached, n, k.sparsity))
+            acc += self.eta * energy + (1 - self.eta) * n * self.t.max_power * time_s
+            self.seen.setdefault(bs, []).append(float(epochs) if reached else math.inf)
+            if reached:
+                self.min_cost = min(self.min_cost, acc)
+                return runs
+        raise RuntimeError(f"{self.t.job.name}: no run reached the target in 20 tries")
+
+
+def run_dra(trace: Trace, eta: float, beta: float, recurrences: int, seed: int, worlds=(1,), sparsities=(0.0,)) -> list[list[Run]]:
+    learner = DraLearner(trace, eta, beta, np.random.default_rng(seed), worlds, sparsities)
+    return [learner.recur() for _ in range(recurrences)]
+
+
+def zeus_available() -> tuple[bool, str]:
+    try:
+        import zeus._legacy.simulate  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - report precisely why the side-by-side run is missing
+        return False, f"{type(e).__name__}: {e}"
+    import zeus
+
+    return True, getattr(zeus, "__version__", "unknown")
+
+
+def run_zeus(trace: Trace, eta: float, beta: float, recurrences: int, seed: int) -> list[list[Run]]:
+    """Zeus's own simulator on the same traces (its pruning GTS batch size optimizer, JIT power)."""
+    import pandas as pd
+    from zeus._legacy.job import Job
+    from zeus._legacy.policy.optimizer import JITPowerLimitOptimizer, PruningGTSBatchSizeOptimizer
+    from zeus._legacy.simulate import Simulator
+
+    root = data_dir()
+    train = pd.read_csv(root / "summary_train.csv")
+    power = pd.read_csv(root / f"summary_power_{trace.gpu}.csv")
+    j = trace.job
+    job = Job(j.dataset, j.network, j.optimizer, j.target_metric, j.max_epochs, j.default_bs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        sim = Simulator(train, power, PruningGTSBatchSizeOptimizer(seed=seed, verbose=False),
+                        JITPowerLimitOptimizer(verbose=False), seed=seed, verbose=False)
+        history = sim.simulate_one_job(job, recurrences, beta, eta)
+    out: list[list[Run]] = [[]]
+    for h in history:
+        out[-1].append(Run(int(h.bs), int(h.pl), float(h.energy), float(h.time), bool(h.reached)))
+        if h.reached:
+            out.append([])
+    return [r for r in out if r]
+
+
+def recurrence_totals(recs: list[list[Run]], eta: float, max_power: float) -> list[tuple[float, float, float]]:
+    """(energy, time, Zeus cost) of each recurrence, retries included."""
+    out = []
+    for runs in recs:
+        e = sum(r.energy_j for r in runs)
+        t = sum(r.time_s for r in runs)
+        c = sum(eta * r.energy_j + (1 - eta) * r.n * max_power * r.time_s for r in runs)
+        out.append((e, t, c))
+    return out
+
+
+def summarise(recs, eta, max_power, last: int) -> dict:
+    tot = recurrence_totals(recs, eta, max_power)
+    tail = tot[-last:]
+    return {
+        "energy_j_all": statistics.fmean(x[0] for x in tot),
+        "time_s_all": statistics.fmean(x[1] for x in tot),
+        "cost_all": statistics.fmean(x[2] for x in tot),
+        "energy_j_last": statistics.fmean(x[0] for x in tail),
+        "time_s_last": statistics.fmean(x[1] for x in tail),
+        "cost_last": statistics.fmean(x[2] for x in tail),
+        "final_bs": recs[-1][-1].bs,
+        "final_pl": recs[-1][-1].pl,
+        "final_world": recs[-1][-1].n,
+    }
+
+
+def replay_job(job: ZeusJob, gpu: str, eta: float, beta: float, seeds: list[int], with_zeus: bool, progress=None) -> dict:
+    """All approaches on one job; energies averaged over seeds. Every figure is `replayed`."""
+    trace = load_trace(job, gpu)
+    recurrences = 2 * len(trace.batch_sizes) * len(trace.power_limits)  # as in Zeus's paper
+    last = max(1, recurrences // 10)
+    d = default_expected(trace, eta)
+    default_cost = eta * d.energy_j + (1 - eta) * trace.max_power * d.time_s
+    hs = hindsight(trace, eta)
+    hk = hindsight(trace, eta, worlds=(1, 2, 4, 8), sparsities=(0.0, 0.5, 0.9))
+    rows: dict[str, list[dict]] = {"dra": [], "dra_knobs": []}
+    if with_zeus:
+        rows["zeus"] = []
+    for seed in seeds:
+        rows["dra"].append(summarise(run_dra(trace, eta, beta, recurrences, seed), eta, trace.max_power, last))
+        rows["dra_knobs"].append(summarise(run_dra(trace, eta, beta, recurrences, seed, (1, 2, 4, 8), (0.0, 0.5, 0.9)),
+                                           eta, trace.max_power, last))
+        if with_zeus:
+            rows["zeus"].append(summarise(run_zeus(trace, eta, beta, recurrences, seed), eta, trace.max_power, last))
+        if progress:
+            progress(f"{job.name} {gpu} eta={eta} seed {seed} done")
+    out = {
+        "job": job.name, "gpu": gpu, "eta": eta, "beta": beta, "recurrences": recurrences, "last": last,
+        "seeds": seeds, "source": "replayed",
+        "default": {"bs": d.bs, "pl": d.pl, "energy_j": d.energy_j, "time_s": d.time_s, "cost": default_cost},
+        "dra_hindsight": {"bs": hs.setting.global_batch, "pl": hs.setting.power_limit_w, "energy_j": hs.energy_j,
+                          "time_s": hs.time_s},
+        "dra_hindsight_knobs": {"bs": hk.setting.global_batch, "pl": hk.setting.power_limit_w,
+                                "world": hk.setting.world_size, "sparsity": hk.setting.sparsity,
+                                "energy_j": hk.energy_j, "time_s": hk.time_s},
+    }
+    for name, per_seed in rows.items():
+        agg = {k: statistics.fmean(r[k] for r in per_seed) for k in per_seed[0] if not k.startswith("final")}
+        agg["final"] = [(r["final_bs"], r["final_pl"], r["final_world"]) for r in per_seed]
+        agg["energy_saving_last"] = 1 - agg["energy_j_last"] / d.energy_j
+        agg["energy_saving_all"] = 1 - agg["energy_j_all"] / d.energy_j
+        agg["cost_saving_last"] = 1 - agg["cost_last"] / default_cost
+        out[name] = agg
+    out["dra_hindsight"]["energy_saving"] = 1 - hs.energy_j / d.energy_j
+    out["dra_hindsight_knobs"]["energy_saving"] = 1 - hk.energy_j / d.energy_j
+    return out

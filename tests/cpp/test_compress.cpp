@@ -1,0 +1,312 @@
+// Compression codecs: the maths of each codec over a real multi-threaded world (ranks are threads
+// exchanging buffers), error feedback, byte counting and state serialisation.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "dra/compress/codecs.hpp"
+
+using namespace dra::compress;
+
+namespace {
+// Ranks as threads: each exchange deposits a rank's bytes, waits for all, reads everyone's.
+// Sums are taken in rank order on every rank, so results are bit-identical across ranks.
+class thread_world {
+ public:
+  explicit thread_world(int n) : n_(n), slots_(static_cast<std::size_t>(n)) {}
+  int size() const { return n_; }
+  std::vector<std::vector<std::uint8_t>> exchange(int rank, const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    slots_[static_cast<std::size_t>(rank)].assign(p, p + bytes);
+    barrier();
+    auto all = slots_;
+    barrier();
+    return all;
+  }
+
+ private:
+  void barrier() {
+    std::unique_lock<std::mutex> lock(m_);
+    const int gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return gen != generation_; });
+    }
+  }
+  int n_;
+  std::vector<std::vector<std::uint8_t>> slots_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0, generation_ = 0;
+};
+
+class thread_collective final : public collective {
+ public:
+  thread_collective(thread_world& w, int rank) : w_(w), rank_(rank) {}
+  int world_size() const override { return w_.size(); }
+  void allreduce_sum(float* data, std::size_t n) override {
+    auto all = w_.exchange(rank_, data, n * sizeof(float));
+    for (std::size_t i = 0; i < n; ++i) {
+      float s = 0.0f;
+      for (const auto& slot : all) s += reinterpret_cast<const float*>(slot.data())[i];
+      data[i] = s;
+    }
+  }
+  void allgather(const void* in, std::size_t bytes, void* out) override {
+    auto all = w_.exchange(rank_, in, bytes);
+    auto* o = static_cast<std::uint8_t*>(out);
+    for (const auto& slot : all) o = std::copy(slot.begin(), slot.end(), o);
+  }
+
+ private:
+  thread_world& w_;
+  int rank_;
+};
+
+// Runs body(rank, collective) on `world` threads.
+void run_world(int world, const std::function<void(int, collective&)>& body) {
+  thread_world w(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      thread_collective c(w, r);
+      body(r, c);
+    });
+  for (auto& t : threads) t.join();
+}
+
+std::vector<float> random_vec(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("compress.fp32.is_the_exact_mean") {
+  const int world = 3;
+  std::vector<std::vector<float>> out(world);
+  run_world(world, [&](int r, collective& c) {
+    auto g = random_vec(10, static_cast<unsigned>(r));
+    std::vector<tensor_ref> t{{g.data(), {10}}};
+    fp32_codec codec;
+    codec.reduce(t, c);
+    out[static_cast<std::size_t>(r)] = g;
+    CHECK(codec.bytes().sent == 40);
+  });
+  for (std::size_t i = 0; i < 10; ++i) {
+    float s = 0;
+    for (int r = 0; r < world; ++r) s += random_vec(10, static_cast<unsigned>(r))[i];
+    CHECK(out[0][i] == doctest::Approx(s / 3));
+    CHECK(out[1][i] == out[0][i]);
+  }
+}
+
+TEST_CASE("compress.masked.equals_the_masked_dense_allreduce_bit_for_bit") {
+  const int world = 4;
+  const std::size_t n = 1000;
+  std::vector<std::uint8_t> mask(n);
+  std::mt19937 rng(7);
+  for (auto& m : mask) m = (rng() % 10) == 0;  // keep about 10 %
+  std::size_t kept = 0;
+  for (auto m : mask) kept += m;
+  std::vector<std::vector<float>> sparse(world), dense(world);
+  run_world(world, [&](int r, collective& c) {
+    auto g = random_vec(n, 100u + static_cast<unsigned>(r));
+    auto d = g;
+    for (std::size_t i = 0; i < n; ++i) d[i] = mask[i] ? d[i] : 0.0f;
+    std::vector<tensor_ref> ts{{g.data(), {20, 50}}}, td{{d.data(), {20, 50}}};
+    masked_codec codec(0.0, 0, /*error_feedback=*/true);
+    codec.set_masks({mask});
+    codec.reduce(ts, c);
+    fp32_codec().reduce(td, c);
+    sparse[static_cast<std::size_t>(r)] = g;
+    dense[static_cast<std::size_t>(r)] = d;
+    CHECK(codec.bytes().sent == 4 * kept);
+    CHECK(codec.bytes().ratio() == doctest::Approx(static_cast<double>(n) / static_cast<double>(kept)));
+  });
+  for (int r = 0; r < world; ++r)
+    for (std::size_t i = 0; i < n; ++i) CHECK(sparse[static_cast<std::size_t>(r)][i] == dense[static_cast<std::size_t>(r)][i]);
+}
+
+TEST_CASE("compress.masked.error_feedback_delivers_dropped_entries_later") {
+  run_world(2, [&](int, collective& c) {
+    masked_codec codec(0.0, 0, true);
+    std::vector<float> g{1.0f, 2.0f};
+    std::vector<tensor_ref> t{{g.data(), {2}}};
+    codec.set_masks({{1, 0}});
+    codec.reduce(t, c);
+    CHECK(g[0] == doctest::Approx(1.0f));
+    CHECK(g[1] == 0.0f);
+    g = {0.0f, 0.0f};
+    codec.set_masks({{0, 1}});
+    codec.reduce(t, c);
+    CHECK(g[1] == doctest::Approx(2.0f));  // the entry dropped last step arrives now
+  });
+}
+
+TEST_CASE("compress.random_k.every_rank_draws_the_same_mask") {
+  const int world = 3;
+  std::vector<std::vector<float>> out(world);
+  run_world(world, [&](int r, collective& c) {
+    masked_codec codec(0.1, 42);
+    for (int step = 0; step < 3; ++step) {
+      auto g = random_vec(500, static_cast<unsigned>(r * 10 + step));
+      std::vector<tensor_ref> t{{g.data(), {500}}};
+      codec.reduce(t, c);
+      out[static_cast<std::size_t>(r)] = g;
+    }
+    CHECK(codec.bytes().ratio() == doctest::Approx(10.0));
+  });
+  for (std::size_t i = 0; i < 500; ++i) CHECK((out[0][i] == 0.0f) == (out[2][i] == 0.0f));
+}
+
+TEST_CASE("compress.topk.sends_the_largest_and_keeps_the_rest") {
+  run_world(2, [&](int r, collective& c) {
+    topk_codec codec(0.25);
+    std::vector<float> g = r == 0 ? std::vector<float>{5, -1, 0.5, 0} : std::vector<float>{0, 0, -7, 1};
+    std::vector<tensor_ref> t{{g.data(), {4}}};
+    codec.reduce(t, c);
+    // rank 0 sends index 0 (5), rank 1 index 2 (-7); mean over 2 ranks.
+    CHECK(g == std::vector<float>{2.5f, 0.0f, -3.5f, 0.0f});
+    CHECK(codec.bytes().sent == 8);
+    CHECK(codec.bytes().dense == 16);
+    // Next step with zero gradient: the residuals come out, largest first.
+    std::vector<float> z{0, 0, 0, 0};
+    std::vector<tensor_ref> tz{{z.data(), {4}}};
+    codec.reduce(tz, c);
+    if (r == 0) CHECK(z[1] == doctest::Approx(-0.5f));  // rank 0's next largest: -1 at index 1, rank 1's: 1 at 3
+    CHECK(z[3] == doctest::Approx(0.5f));
+  });
+}
+
+TEST_CASE("compress.half.rounds_like_ieee_and_feeds_back_the_rounding") {
+  using dra::compress::detail::from_bf16;
+  using dra::compress::detail::from_fp16;
+  using dra::compress::detail::to_bf16;
+  using dra::compress::detail::to_fp16;
+  CHECK(to_fp16(1.0f) == 0x3c00);
+  CHECK(to_fp16(-2.0f) == 0xc000);
+  CHECK(to_fp16(65504.0f) == 0x7bff);
+  CHECK(to_fp16(70000.0f) == 0x7c00);  // overflow to inf
+  CHECK(from_fp16(to_fp16(1.0f / 3.0f)) == doctest::Approx(0.333251953125f).epsilon(1e-9));
+  CHECK(from_fp16(to_fp16(5.96046448e-8f)) == 5.96046448e-8f);  // smallest subnormal
+  CHECK(from_fp16(to_fp16(1e-9f)) == 0.0f);
+  CHECK(to_bf16(1.0f) == 0x3f80);
+  CHECK(from_bf16(to_bf16(1.00390625f)) == 1.0f);  // ties to even
+  CHECK(from_bf16(to_bf16(3.14159265f)) == doctest::Approx(3.140625f));
+  CHECK(std::isnan(from_bf16(to_bf16(NAN))));
+  run_world(1, [&](int, collective& c) {
+    half_codec codec(half_codec::format::bf16);
+    double sent = 0.0;
+    for (int step = 0; step < 100; ++step) {
+      std::vector<float> g{1.001f};
+      std::vector<tensor_ref> t{{g.data(), {1}}};
+      codec.reduce(t, c);
+      sent += g[0];
+    }
+    CHECK(sent == doctest::Approx(100.1).epsilon(1e-4));  // error feedback: nothing lost over time
+    CHECK(codec.bytes().ratio() == doctest::Approx(2.0));
+  });
+}
+
+TEST_CASE("compress.powersgd.recovers_a_low_rank_mean_and_compresses") {
+  const int world = 2;
+  const Eigen::Index rows = 64, cols = 32;
+  std::vector<std::vector<float>> out(world);
+  run_world(world, [&](int r, collective& c) {
+    // Rank-1 gradients sharing u: the mean is rank 1, so rank 2 recovers it in one step.
+    auto u = random_vec(rows, 1);
+    auto v = random_vec(cols, 10u + static_cast<unsigned>(r));
+    std::vector<float> g(static_cast<std::size_t>(rows * cols));
+    for (Eigen::Index i = 0; i < rows; ++i)
+      for (Eigen::Index j = 0; j < cols; ++j) g[static_cast<std::size_t>(i * cols + j)] = u[static_cast<std::size_t>(i)] * v[static_cast<std::size_t>(j)];
+    std::vector<float> bias{static_cast<float>(r), 1.0f};
+    std::vector<tensor_ref> t{{g.data(), {rows, cols}}, {bias.data(), {2}}};
+    powersgd_codec codec(2, 5);
+    codec.reduce(t, c);
+    out[static_cast<std::size_t>(r)] = g;
+    CHECK(bias[0] == doctest::Approx(0.5f));  // 1-D tensors go uncompressed
+    CHECK(codec.bytes().sent == 4 * (2 * (rows + cols)) + 4 * 2);
+    CHECK(codec.bytes().dense == 4 * (rows * cols + 2));
+  });
+  auto u = random_vec(rows, 1);
+  auto v0 = random_vec(cols, 10), v1 = random_vec(cols, 11);
+  for (Eigen::Index i = 0; i < rows; ++i)
+    for (Eigen::Index j = 0; j < cols; ++j) {
+      const float want = u[static_cast<std::size_t>(i)] * 0.5f * (v0[static_cast<std::size_t>(j)] + v1[static_cast<std::size_t>(j)]);
+      CHECK(out[0][static_cast<std::size_t>(i * cols + j)] == doctest::Approx(want).epsilon(1e-3));
+      CHECK(out[1][static_cast<std::size_t>(i * cols + j)] == out[0][static_cast<std::size_t>(i * cols + j)]);
+    }
+}
+
+TEST_CASE("compress.powersgd.error_feedback_makes_the_average_output_unbiased") {
+  run_world(2, [&](int r, collective& c) {
+    const auto base = random_vec(48 * 48, 50u + static_cast<unsigned>(r));  // full rank
+    powersgd_codec codec(1, 3);
+    std::vector<double> total(base.size(), 0.0);
+    const int steps = 400;
+    for (int s = 0; s < steps; ++s) {
+      auto g = base;
+      std::vector<tensor_ref> t{{g.data(), {48, 48}}};
+      codec.reduce(t, c);
+      for (std::size_t i = 0; i < g.size(); ++i) total[i] += g[i];
+    }
+    const auto b0 = random_vec(48 * 48, 50), b1 = random_vec(48 * 48, 51);
+    double err = 0.0, norm = 0.0;
+    for (std::size_t i = 0; i < base.size(); ++i) {
+      const double want = 0.5 * (b0[i] + b1[i]);
+      err += (total[i] / steps - want) * (total[i] / steps - want);
+      norm += want * want;
+    }
+    CHECK(std::sqrt(err / norm) < 0.1);  // rank 1 of a 48x48 matrix, yet the time average converges
+  });
+}
+
+TEST_CASE("compress.state.round_trips_and_rejects_mismatches_unchanged") {
+  run_world(1, [&](int, collective& c) {
+    powersgd_codec a(2, 9);
+    auto g = random_vec(32 * 16, 3);
+    std::vector<tensor_ref> t{{g.data(), {32, 16}}};
+    a.reduce(t, c);
+    const auto bytes = a.save_state();
+    powersgd_codec b(2, 1234);  // another seed: its Q comes from the state
+    b.load_state(bytes);
+    CHECK(b.steps() == 1);
+    auto g1 = random_vec(32 * 16, 4), g2 = g1;
+    std::vector<tensor_ref> t1{{g1.data(), {32, 16}}}, t2{{g2.data(), {32, 16}}};
+    a.reduce(t1, c);
+    b.reduce(t2, c);
+    CHECK(g1 == g2);
+    powersgd_codec wrong_rank(3);
+    CHECK_THROWS_WITH_AS(wrong_rank.load_state(bytes), doctest::Contains("rank 2"), std::invalid_argument);
+    CHECK(wrong_rank.steps() == 0);
+    topk_codec other(0.1);
+    CHECK_THROWS_WITH_AS(other.load_state(bytes), doctest::Contains("'powersgd'"), std::invalid_argument);
+    auto cut = bytes;
+    cut.resize(cut.size() / 2);
+    CHECK_THROWS_WITH_AS(b.load_state(cut), doctest::Contains("truncated"), std::invalid_argument);
+    b.clear_error_feedback();
+    CHECK(b.steps() == 2);
+  });
+}
+
+TEST_CASE("compress.make_codec.parses_specs_and_names_bad_ones") {
+  CHECK(make_codec("powersgd:4")->name() == "powersgd");
+  CHECK(make_codec("topk:0.01")->name() == "topk");
+  CHECK(make_codec("bf16")->name() == "bf16");
+  CHECK(make_codec("random:0.1")->name() == "masked");
+  CHECK_THROWS_WITH_AS(make_codec("zip"), doctest::Contains("unknown codec 'zip'"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(make_codec("topk:lots"), doctest::Contains("not a number"), std::invalid_argument);
+  CHECK_THROWS_AS(make_codec("topk:0"), std::invalid_argument);
+  CHECK_THROWS_AS(make_codec("powersgd:0"), std::invalid_argument);
+}
