@@ -3,6 +3,7 @@
 - ``store --port P [--host H]``: host a dedicated c10d TCPStore for elastic jobs (same as
   ``python -m dra.elastic store``); it must outlive every process of the job.
 - ``info``: print ``dra.build_info()`` as JSON.
+- ``pool ...`` and ``run ...``: the device pool and the launcher (the ``dra`` command; docs/pool.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = ["python -m dra", *argv]
         elastic_main()
         return 0
+    if command in ("pool", "run"):
+        from dra.pool.cli import main as pool_main
+
+        return pool_main(argv)
     if command == "info":
         import dra
 
