@@ -82,7 +82,7 @@ class PoolService:
 
     def __init__(self, devices: list[Any], state_dir: str | Path, *, mode: str = "dynamic",
                  slots: _cgroup.Slots | None = None, tick_s: float = 0.05, scale_every_s: float = 2.0,
-                 heartbeat_timeout_s: float = 3.0, aging_s: float = 120.0, name: str = "pool",
+                 heartbeat_timeout_s: float = 3.0, start_grace_s: float = 60.0, aging_s: float = 120.0, name: str = "pool",
                  launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         if mode not in ("dynamic", "static"):
             raise ValueError(f"mode: must be 'dynamic' or 'static', got '{mode}'")
@@ -97,6 +97,7 @@ class PoolService:
         self.tick_s = tick_s
         self.scale_every_s = scale_every_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.start_grace_s = start_grace_s  # a new lease's worker may take this long to check in first
         self.launch_jobs = launch_jobs
         self.on_event = on_event
         self.scheduler = _p.Scheduler(_p.SchedulerConfig(aging_s=aging_s if mode == "dynamic" else 0.0,
@@ -116,6 +117,7 @@ class PoolService:
         self.counters = {"grants": 0, "releases": 0, "preemptions": 0, "reclaims": 0, "moves": 0}
         self.launchers: dict[str, Any] = {}
         self._last_scale = 0.0
+        self._planned: dict[str, tuple[int, int]] = {}  # last plan event per job (no repeats)
         self._restore()
 
     # ------------------------------------------------------------------------------------------
@@ -330,6 +332,11 @@ class PoolService:
 
     def close(self, remove_slots: bool = True) -> None:
         self.stop()
+        for p in self.launchers.values():  # they end with their jobs; a live one is left running
+            try:
+                p.wait(timeout=10)
+            except Exception:  # noqa: BLE001
+                p.returncode = p.returncode if p.returncode is not None else -1  # detached: not ours to wait for
         self.db.close()
         if remove_slots and self.slots is not None:
             self.slots.close()
@@ -382,14 +389,18 @@ class PoolService:
                 changed += self._scale(now)
             if changed or removed:
                 self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
+            # A job's launcher starts at submission, so it is warm (store, fork server with torch
+            # imported) by the time the job is granted devices.
             for name, j in self.jobs.items():
-                if j["state"] == "waiting" and self.launch_jobs and j["spec"].get("command") and self.book.count(name):
+                if j["state"] == "waiting" and self.launch_jobs and j["spec"].get("command"):
                     self._launch(name)
 
     def _apply(self, plan: Any, now: float) -> list[Any]:
         changed = []
         for g in plan.grants:
             l = self.book.grant(self.inventory, g.job, g.device, g.share, now)
+            self.book.heartbeat(l.id, now + max(0.0, self.start_grace_s - self.heartbeat_timeout_s))
+            l = self.book.at(l.id)
             if self.slots is not None:
                 self.slots.make_lease(l.device, l.id, l.share)
             changed.append(l)
@@ -447,8 +458,10 @@ class PoolService:
         plan = self.scheduler.resize(self.inventory, self._entries(("running",)), targets, self.book, now)
         for name in running:
             cur = self.book.count(name, False)
-            if targets.get(name, cur) != cur and self.jobs[name]["spec"]["elastic"]:
-                self._event({"event": "plan", "job": name, "from": cur, "to": targets[name]})
+            want = targets.get(name, cur)
+            if want != cur and self.jobs[name]["spec"]["elastic"] and self._planned.get(name) != (cur, want):
+                self._planned[name] = (cur, want)
+                self._event({"event": "plan", "job": name, "from": cur, "to": want})
         return self._apply(plan, now)
 
     # ------------------------------------------------------------------------------------------
@@ -464,7 +477,7 @@ class PoolService:
         logs = self.state_dir / "logs"
         logs.mkdir(exist_ok=True)
         log = open(logs / f"{name}.launcher.log", "ab")
-        cmd = [sys.executable, "-m", "dra.pool.launcher", "--pool", self.url, "--job", name]
+        cmd = [sys.executable, "-m", "dra", "run", "--pool", self.url, "--job", name]
         self.launchers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 start_new_session=True, cwd=self.jobs[name]["spec"].get("cwd") or None)
         log.close()
