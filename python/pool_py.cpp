@@ -147,7 +147,7 @@ void bind_pool(py::module_& root) {
   py::class_<replica_autoscaler>(m, "ReplicaAutoscaler")
       .def(py::init<autoscaler_config>(), py::arg("config"))
       .def("update", &replica_autoscaler::update, py::arg("now"), py::arg("rate_rps"), py::arg("queue"),
-           py::arg("current"));
+           py::arg("current"), py::arg("replica_rps") = 0.0);
 
   py::class_<scale_job> sj(m, "ScaleJob", "A running job as the scaler sees it.");
   sj.def(py::init<>())

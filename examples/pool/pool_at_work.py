@@ -75,6 +75,7 @@ class Frontend:
         self.queue: deque[dict[str, Any]] = deque()
         self.cv = threading.Condition()
         self.latencies: list[float] = []
+        self.compute: deque[float] = deque(maxlen=100)  # replicas' compute time per request (measured)
         self.arrivals: deque[float] = deque()
         self.replicas = 0
         self.stopping = False
@@ -107,7 +108,7 @@ class Frontend:
                     req = self.queue.popleft()
                 try:
                     conn.send({"id": req["id"], "ctx": req["ctx"], "gen": req["gen"]})
-                    conn.recv()
+                    answer = conn.recv()
                 except (EOFError, OSError):
                     with self.cv:
                         self.queue.appendleft(req)
@@ -115,6 +116,7 @@ class Frontend:
                     return
                 with self.cv:
                     self.latencies.append(time.time() - req["arrival"])
+                    self.compute.append(float(answer["compute_s"]))
         finally:
             with self.cv:
                 self.replicas -= 1
@@ -138,8 +140,11 @@ class Frontend:
                 while self.arrivals and self.arrivals[0] < now - 2.0:
                     self.arrivals.popleft()
                 rate, queue = len(self.arrivals) / 2.0, len(self.queue)
+                # What one replica really serves now (slot quota and the machine's load included).
+                per = len(self.compute) / sum(self.compute) if len(self.compute) >= 20 and sum(self.compute) > 0 else 0.0
             try:
-                self.pool.report(self.job, {"rate_rps": rate, "queue": queue, "replicas_connected": self.replicas})
+                self.pool.report(self.job, {"rate_rps": rate, "queue": queue, "replicas_connected": self.replicas,
+                                            "replica_rps": per})
             except Exception:  # noqa: BLE001
                 pass
             time.sleep(0.25)
@@ -216,14 +221,19 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
     serve_spec = {"name": "serve", "kind": "inference", "min_size": 1, "max_size": args.peak_replicas,
                   "priority": "high", "env": {"DRA_SERVICE": frontend.address}, "zygote": True,
                   "preload": ["torch"], "command": [py, str(HERE / "replica.py")],
-                  "autoscale": {"replica_rps": replica_rps, "up_utilisation": 0.7, "target_utilisation": 0.5,
-                                "down_utilisation": 0.25, "down_delay_s": 6.0, "queue_per_replica": 8.0},
+                  "autoscale": {"replica_rps": replica_rps, "up_utilisation": 0.5, "target_utilisation": 0.4,
+                                "down_utilisation": 0.15, "down_delay_s": 15.0, "queue_per_replica": 4.0},
                   "cwd": str(ROOT), "log": str(state / "logs")}
     if mode == "static":
         serve_spec["min_size"] = args.peak_replicas  # sized for the peak, all the time
-    usage0 = svc.slots.usage_all() if svc.slots else {}
-    t0 = time.time()
     client.submit(serve_spec)
+    # The clock starts when the service is up (its replicas connected), in both modes alike.
+    ready_by = time.time() + 120
+    while frontend.replicas < serve_spec["min_size"] and time.time() < ready_by:
+        time.sleep(0.1)
+    usage0 = svc.slots.usage_all() if svc.slots else {}
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
     threading.Thread(target=frontend.report_loop, daemon=True).start()
     replay = threading.Thread(target=frontend.replay, args=(t0,), daemon=True)
     replay.start()
@@ -288,6 +298,7 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
                       "slo_attainment": sum(1 for x in lat if x <= args.slo_s) / max(1, len(trace)),
                       "replica_seconds": replica_s, "state": serve["state"]},
         "moves": moves, "gantt": str(png),
+        "machine_load_1min": [load0, os.getloadavg()[0]],  # the host's load average at start and end (shared)
     }
 
 
@@ -296,16 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="outputs/pool")
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--duration-s", type=float, default=100.0, help="the trace's hour compressed into this")
-    p.add_argument("--thin", type=int, default=4, help="every thin-th request of the trace")
-    p.add_argument("--ctx-div", type=int, default=8)
+    p.add_argument("--thin", type=int, default=8, help="every thin-th request of the trace")
+    p.add_argument("--ctx-div", type=int, default=16)
     p.add_argument("--gen-cap", type=int, default=256)
-    p.add_argument("--slo-s", type=float, default=0.5)
+    p.add_argument("--slo-s", type=float, default=1.0)
     p.add_argument("--peak-replicas", type=int, default=2)
     p.add_argument("--cnn-request", type=int, default=2)
     p.add_argument("--gap-s", type=float, default=12.0, help="between training job arrivals")
-    p.add_argument("--epochs-cnn", type=int, default=6)
-    p.add_argument("--epochs-mlp", type=int, default=30)
-    p.add_argument("--epochs-small", type=int, default=60)
+    p.add_argument("--epochs-cnn", type=int, default=120)
+    p.add_argument("--epochs-mlp", type=int, default=150)
+    p.add_argument("--epochs-small", type=int, default=400)
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--modes", default="static,dynamic")
     args = p.parse_args(argv)
@@ -317,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[pool] {len(trace)} inference requests over {args.duration_s:g} s (Azure code trace, every "
           f"{args.thin}th); one replica on a slot serves ~{replica_rps:.0f} req/s (estimated)", flush=True)
     results = {m: run_mode(m, args, trace, replica_rps, out) for m in args.modes.split(",")}
+    for m, r in results.items():
+        print(f"[pool {m}] machine load average (1 min) at start/end: {r['machine_load_1min'][0]:.1f} / "
+              f"{r['machine_load_1min'][1]:.1f} on {os.cpu_count()} cores (other processes share them)")
     summary: dict[str, Any] = {"label": "measured (real processes, cgroup CPU accounting), one run per mode",
                                "config": vars(args), "replica_rps_estimate": replica_rps, **results}
     if "static" in results and "dynamic" in results:

@@ -358,6 +358,8 @@ TEST_CASE("pool.autoscaler.hysteresis") {
   CHECK(a.update(9.0, 10.0, 0.0, 3) == 3);   // the next step waits another delay
   CHECK(a.update(14.0, 10.0, 0.0, 3) == 2);
   CHECK(a.update(15.0, 0.0, 9.0, 2) == 4);   // a queue adds replicas at once
+  CHECK(a.update(16.0, 30.0, 0.0, 4, 5.0) == 4);   // a measured capacity of 5 req/s: 30 req/s needs more
+  CHECK(a.update(17.0, 30.0, 0.0, 4, 50.0) == 4);  // 50 req/s each: 15 % load, low only after the delay
   c.down_utilisation = 0.7;
   CHECK_THROWS_AS(replica_autoscaler{c}, std::invalid_argument);
 }

@@ -50,10 +50,12 @@ class replica_autoscaler {
   const autoscaler_config& config() const noexcept { return config_; }
 
   /// Replicas wanted now, given the arrival rate (requests/s), the queue length and the replicas
-  /// running. Deterministic in its inputs and the time it last saw a low load.
-  int update(double now, double rate_rps, double queue, int current) {
+  /// running; `replica_rps` > 0 is a measured capacity per replica that replaces the configured
+  /// one. Deterministic in its inputs and the time it last saw a low load.
+  int update(double now, double rate_rps, double queue, int current, double replica_rps = 0.0) {
     const auto& c = config_;
-    const double load = std::max(0.0, rate_rps) / c.replica_rps;  // replicas' worth of work
+    const double per = replica_rps > 0.0 && std::isfinite(replica_rps) ? replica_rps : c.replica_rps;
+    const double load = std::max(0.0, rate_rps) / per;  // replicas' worth of work
     const int backlog = static_cast<int>(std::floor(std::max(0.0, queue) / c.queue_per_replica));
     const int aim = static_cast<int>(std::ceil(load / c.target_utilisation - 1e-9)) + backlog;
     int want = current;

@@ -83,7 +83,7 @@ class Reporter:
         try:
             store = self._connect()
             if store is not None:
-                store.set(f"dra/{self.job}/0/report", json.dumps(report))
+                store.set(f"dra/{self.job}/0/report", json.dumps(report))  # the contract's spelling
         except Exception:  # noqa: BLE001 - a report is best effort
             pass
 

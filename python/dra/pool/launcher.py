@@ -170,17 +170,30 @@ class Launcher:
         print("[dra run] " + json.dumps(ev), flush=True)
 
     # -- store keys (the contract with the running job) -----------------------------------------
+    # The controller's c10d PrefixStore joins its prefix "dra/<job>/0/" and a key with another
+    # "/", so its keys read "dra/<job>/0//done"; both spellings are read and written.
+    def _keys(self, key: str) -> list[str]:
+        return [self.prefix + key, self.prefix + "/" + key]
+
     def _get(self, key: str) -> Any:
-        try:
-            if self.store.check([self.prefix + key]):
-                return json.loads(self.store.get(self.prefix + key))
-        except Exception:  # noqa: BLE001 - a half-written or odd value is not fatal
-            return None
+        for k in self._keys(key):
+            try:
+                if self.store.check([k]):
+                    return json.loads(self.store.get(k))
+            except Exception:  # noqa: BLE001 - a half-written or odd value is not fatal
+                return None
         return None
+
+    def _set(self, key: str, value: Any) -> None:
+        for k in self._keys(key):
+            try:
+                self.store.set(k, json.dumps(value))
+            except Exception:  # noqa: BLE001
+                pass
 
     def _done(self) -> bool:
         try:
-            return bool(self.store.check([self.prefix + "done"]))
+            return any(self.store.check([k]) for k in self._keys("done"))
         except Exception:  # noqa: BLE001
             return False
 
@@ -229,10 +242,7 @@ class Launcher:
         self.handled |= set(asked)
         live = sum(1 for w in self.workers.values() if w["kill_at"] is None)
         target = max(self.min_size, live - len(asked))
-        try:
-            self.store.set(self.prefix + "capacity", json.dumps({"max_size": target, "min_size": self.min_size}))
-        except Exception:  # noqa: BLE001
-            pass
+        self._set("capacity", {"max_size": target, "min_size": self.min_size})
         grace = self.shrink_grace_s
         if grace is None:  # a controller that reports desired_size reads the capacity key (contract)
             grace = 5.0 if report and "desired_size" in report else 0.0
@@ -283,6 +293,13 @@ class Launcher:
             codes += c
             report = self._get("report")
             done = self._done() or (self.started_world and not self.workers and any(x == 0 for x in codes))
+            if done:  # the job finished: its workers end by themselves (the leader writes results)
+                deadline = time.time() + 60
+                while self.workers and time.time() < deadline:
+                    freed, c = self._reap()
+                    released += freed
+                    codes += c
+                    time.sleep(self.poll_s)
             failed = self.started_world and not self.workers and not done
             try:
                 answer = self.client.sync(self.job, list(self.workers), released, report, done=done, failed=failed)

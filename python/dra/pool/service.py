@@ -34,10 +34,11 @@ AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down
 
 def request_from_spec(spec: dict[str, Any]) -> Any:
     unknown = set(spec) - set(REQUEST_FIELDS) - {"name", "command", "env", "cwd", "autoscale", "resize_cost_s",
-                                                  "zygote", "preload", "shrink_grace_s", "log"}
+                                                  "zygote", "preload", "shrink_grace_s", "log", "resize_cooldown_s"}
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]}: unknown job field; valid: name, command, env, cwd, "
-                         f"{', '.join(REQUEST_FIELDS)}, autoscale, resize_cost_s, zygote, preload, shrink_grace_s, log")
+                         f"{', '.join(REQUEST_FIELDS)}, autoscale, resize_cost_s, resize_cooldown_s, zygote, preload, "
+                         "shrink_grace_s, log")
     if not isinstance(spec.get("name"), str):
         raise ValueError("name: a job needs a name (a string)")
     r = _p.Request()
@@ -118,6 +119,7 @@ class PoolService:
         self.launchers: dict[str, Any] = {}
         self._last_scale = 0.0
         self._planned: dict[str, tuple[int, int]] = {}  # last plan event per job (no repeats)
+        self._resized_at: dict[str, float] = {}  # when the scaler last grew or shrank a job
         self._restore()
 
     # ------------------------------------------------------------------------------------------
@@ -446,10 +448,16 @@ class PoolService:
                     a = self.autoscalers[name] = _p.ReplicaAutoscaler(_p.AutoscalerConfig(**cfg))
                 if report:
                     sj.replicas_wanted = a.update(now, float(report.get("rate_rps", 0.0)),
-                                                  float(report.get("queue", 0.0)), sj.current)
+                                                  float(report.get("queue", 0.0)), sj.current,
+                                                  float(report.get("replica_rps", 0.0)))
                     report["replicas_wanted"] = sj.replicas_wanted
             else:
                 sj.speedup = speedup_curve(report, spec["max_size"])
+                # Cooldown: a training job resized in the last resize_cooldown_s is not grown again
+                # (its curve is flat above its size); it can still give devices back.
+                if name in running and now - self._resized_at.get(name, -1e9) < float(spec.get("resize_cooldown_s", 10.0)):
+                    k = max(sj.current, 1)
+                    sj.speedup = sj.speedup[: k + 1] + [sj.speedup[k]] * (len(sj.speedup) - k - 1)
             jobs.append(sj)
         capacity = len(self.inventory)
         # The arbiter divides identical devices: the whole inventory is its capacity (a pool of
@@ -462,6 +470,10 @@ class PoolService:
             if want != cur and self.jobs[name]["spec"]["elastic"] and self._planned.get(name) != (cur, want):
                 self._planned[name] = (cur, want)
                 self._event({"event": "plan", "job": name, "from": cur, "to": want})
+        for g in plan.grants:
+            self._resized_at[g.job] = now
+        for r in plan.releases:
+            self._resized_at[r.job] = now
         return self._apply(plan, now)
 
     # ------------------------------------------------------------------------------------------
