@@ -68,9 +68,22 @@ def _child(msg: dict, out_fd: int) -> None:
         os._exit(code)
 
 
+def _warm_torch() -> None:
+    """torch imports much lazily: the first optimizer pulls in torch._dynamo (seconds). Done here
+    once, single-threaded (no intra-op pool is started, so forking stays safe)."""
+    torch = sys.modules["torch"]
+    torch.set_num_threads(1)
+    p = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(p.parameters(), lr=0.1, momentum=0.9)
+    p(torch.zeros(1, 2)).sum().backward()
+    opt.step()
+
+
 def main() -> None:
     for name in (sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []):
         importlib.import_module(name)
+    if "torch" in sys.modules:
+        _warm_torch()
     out = sys.stdout.fileno()
     ids: dict[int, str] = {}
 
