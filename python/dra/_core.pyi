@@ -550,3 +550,37 @@ elastic: _ElasticModule
 _nccl_compiled: bool
 sim_in_place_resize_cost_stand_in_s: float
 sim_policy_names: list[str]
+
+
+# ---- dra._core.pool (issue 11: python/pool_py.cpp; the device pool's core) ----------------------
+class _PoolModule:
+    """The device pool's core: inventory, requests, scheduler, leases, scaling (include/dra/pool/)."""
+
+    Device: type[Any]
+    Inventory: type[Any]
+    Request: type[Any]
+    Lease: type[Any]
+    LeaseBook: type[Any]
+    JobEntry: type[Any]
+    GrantOrder: type[Any]
+    ReleaseOrder: type[Any]
+    Plan: type[Any]
+    SchedulerConfig: type[Any]
+    Scheduler: type[Any]
+    AutoscalerConfig: type[Any]
+    ReplicaAutoscaler: type[Any]
+    ScaleJob: type[Any]
+    ArbiterConfig: type[Any]
+    ArbiterJob: type[Any]
+    ClusterArbiter: type[Any]
+    @staticmethod
+    def plan_sizes(jobs: Sequence[Any], capacity: int, arbiter: Any) -> dict[str, int]:
+        """Wanted sizes per job: rigid jobs keep theirs, inference replicas first, the arbiter divides the rest."""
+    @staticmethod
+    def priority_names() -> list[str]: ...
+    @staticmethod
+    def priority_weight(priority: str) -> float: ...
+
+
+pool: _PoolModule
+# ---- end of the pool block ------------------------------------------------------------------------

@@ -133,7 +133,8 @@ class Launcher:
     def __init__(self, command: list[str] | None, *, job: str, pool: str | None = None, nproc: int = 1,
                  store_host: str = "127.0.0.1", advertise: str | None = None, log_dir: str | Path = ".",
                  zygote: bool = True, preload: list[str] | None = None, shrink_grace_s: float | None = None,
-                 poll_s: float = 0.05, cwd: str | None = None, env: dict[str, str] | None = None) -> None:
+                 poll_s: float = 0.05, cwd: str | None = None, env: dict[str, str] | None = None,
+                 ray: str | None = None) -> None:
         from dra.pool.server import PoolClient
 
         self.job = job
@@ -157,7 +158,13 @@ class Launcher:
         self.store = dist.TCPStore(store_host, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
         self.store_addr = f"{advertise or store_host}:{self.store.port}"
         self.prefix = f"dra/{job}/0/"
-        self.spawner = _Spawner(use_zygote, preload, self.log_dir / f"{job}.zygote.log")
+        ray = ray or spec.get("ray")
+        if ray:  # workers on the lease's Ray node (a placement group per lease)
+            from dra.pool.ray_cluster import RaySpawner
+
+            self.spawner: Any = RaySpawner(ray)
+        else:
+            self.spawner = _Spawner(use_zygote, preload, self.log_dir / f"{job}.zygote.log")
         self.workers: dict[int, dict[str, Any]] = {}  # lease id -> worker
         self.ended: set[int] = set()
         self.handled: set[int] = set()  # leases the pool asked back that a worker is leaving for
@@ -345,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-zygote", action="store_true", help="start plain processes instead of forking a warm one")
     p.add_argument("--preload", default=None, help="modules the fork server imports (default torch,dra,dra.elastic)")
     p.add_argument("--shrink-grace-s", type=float, default=None)
+    p.add_argument("--ray", default=None, help="start workers on a Ray cluster (address, or 'auto')")
     args = p.parse_args(argv)
     if args.pool and not args.job:
         p.error("--job is required with --pool")
@@ -355,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     launcher = Launcher(command or None, job=args.job or "job", pool=args.pool, nproc=args.nproc,
                         store_host=args.store_host, advertise=args.advertise, log_dir=args.log_dir,
                         zygote=not args.no_zygote, preload=args.preload.split(",") if args.preload else None,
-                        shrink_grace_s=args.shrink_grace_s)
+                        shrink_grace_s=args.shrink_grace_s, ray=args.ray)
     return launcher.run()
 
 

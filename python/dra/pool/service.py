@@ -34,11 +34,11 @@ AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down
 
 def request_from_spec(spec: dict[str, Any]) -> Any:
     unknown = set(spec) - set(REQUEST_FIELDS) - {"name", "command", "env", "cwd", "autoscale", "resize_cost_s",
-                                                  "zygote", "preload", "shrink_grace_s", "log", "resize_cooldown_s"}
+                                                  "zygote", "preload", "shrink_grace_s", "log", "resize_cooldown_s", "ray"}
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]}: unknown job field; valid: name, command, env, cwd, "
                          f"{', '.join(REQUEST_FIELDS)}, autoscale, resize_cost_s, resize_cooldown_s, zygote, preload, "
-                         "shrink_grace_s, log")
+                         "shrink_grace_s, log, ray")
     if not isinstance(spec.get("name"), str):
         raise ValueError("name: a job needs a name (a string)")
     r = _p.Request()
@@ -220,6 +220,20 @@ class PoolService:
         return {"draining": True, "running": [n for n, j in self.jobs.items() if j["state"] == "running"],
                 "waiting": waiting}
 
+    def remove_node(self, node: str, reason: str = "node lost") -> list[str]:
+        """A node left the cluster: its devices go, its leases are released (their workers went
+        with the node; the jobs' other workers shrink in place)."""
+        with self._lock:
+            removed: list[int] = []
+            for l in self.book.all():
+                if self.inventory.contains(l.device) and self.inventory.at(l.device).node == node:
+                    self._release(l.id, reason, removed)
+            gone = self.inventory.remove_node(node)
+            self._save_leases([], removed)
+            self._event({"event": "node_removed", "node": node, "devices": gone, "leases": removed})
+        self._wake.set()
+        return gone
+
     def set_report(self, name: str, report: dict[str, Any]) -> dict[str, Any]:
         """A report from outside the job's store (an inference frontend's rate and queue)."""
         with self._lock:
@@ -240,7 +254,7 @@ class PoolService:
         """What a worker on this lease is told (and, where the platform can, held to)."""
         d = self.inventory.at(l.device)
         env = {"DRA_LEASE_ID": str(l.id), "DRA_DEVICE": l.device, "DRA_DEVICE_SHARE": f"{l.share:g}",
-               "DRA_ENFORCEMENT": d.enforcement}
+               "DRA_ENFORCEMENT": d.enforcement, "DRA_NODE": d.node}
         if d.enforcement == "cgroup" and self.slots is not None:
             env["DRA_CGROUPS"] = ":".join(self.slots.paths(l.device, l.id))
             env["OMP_NUM_THREADS"] = str(max(1, math.ceil(d.compute * l.share)))
@@ -386,7 +400,7 @@ class PoolService:
             plan = self.scheduler.admit(self.inventory, self._entries(live), self.book, now)
             changed += self._apply(plan, now)
             # 3. Scaling (dynamic): inference follows its load, the arbiter divides the rest.
-            if self.mode == "dynamic" and now - self._last_scale >= self.scale_every_s:
+            if self.mode == "dynamic" and (now - self._last_scale >= self.scale_every_s or self._inference_short(now)):
                 self._last_scale = now
                 changed += self._scale(now)
             if changed or removed:
@@ -420,6 +434,29 @@ class PoolService:
                          "reason": r.reason, "for_job": r.for_job})
         return changed
 
+    def _autoscaler(self, name: str) -> Any:
+        a = self.autoscalers.get(name)
+        if a is None:
+            spec = self.jobs[name]["spec"]
+            cfg = dict(spec.get("autoscale", {}))
+            cfg.update(min_replicas=spec["min_size"], max_replicas=spec["max_size"])
+            a = self.autoscalers[name] = _p.ReplicaAutoscaler(_p.AutoscalerConfig(**cfg))
+        return a
+
+    def _inference_short(self, now: float) -> bool:
+        """An inference service that needs more replicas now is served at once (every tick), not at
+        the next re-plan: its peaks do not wait."""
+        for name, j in self.jobs.items():
+            report = self.reports.get(name)
+            if j["state"] != "running" or j["spec"]["kind"] != "inference" or not report:
+                continue
+            current = self.book.count(name, False)
+            want = self._autoscaler(name).update(now, float(report.get("rate_rps", 0.0)), float(report.get("queue", 0.0)),
+                                                 current, float(report.get("replica_rps", 0.0)))
+            if want > current and self.book.count(name) == current:  # none on its way already
+                return True
+        return False
+
     def _scale(self, now: float) -> list[Any]:
         running = [n for n, j in self.jobs.items() if j["state"] == "running"]
         # Elastic jobs still waiting take part too (holding nothing): the arbiter's fairness then
@@ -441,11 +478,7 @@ class PoolService:
             cost = float(spec.get("resize_cost_s", 3.0))
             sj.change_penalty = min(1.0, max(0.0, age / (age + cost))) if cost > 0 and name in running else 1.0
             if spec["kind"] == "inference":
-                a = self.autoscalers.get(name)
-                if a is None:
-                    cfg = dict(spec.get("autoscale", {}))
-                    cfg.update(min_replicas=spec["min_size"], max_replicas=spec["max_size"])
-                    a = self.autoscalers[name] = _p.ReplicaAutoscaler(_p.AutoscalerConfig(**cfg))
+                a = self._autoscaler(name)
                 if report:
                     sj.replicas_wanted = a.update(now, float(report.get("rate_rps", 0.0)),
                                                   float(report.get("queue", 0.0)), sj.current,
@@ -553,7 +586,15 @@ class PoolService:
 
 def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic", name: str = "pool",
                  memory_gb: float = 2.0, **options: Any) -> PoolService:
-    """A pool from an inventory spec (see dra.pool._inventory.discover); CPU slots get cgroups."""
+    """A pool from an inventory spec (see dra.pool._inventory.discover; ``ray`` or ``ray:ADDRESS``:
+    a Ray cluster's devices, watched for nodes that leave); CPU slots get cgroups."""
+    if inventory == "ray" or inventory.startswith("ray:"):
+        from dra.pool.ray_cluster import RayCluster
+
+        cluster = RayCluster(inventory.split(":", 1)[1] if ":" in inventory else "auto")
+        service = PoolService(cluster.devices(), state_dir, mode=mode, name=name, **options)
+        service.ray_watch = cluster.watch(service.remove_node)
+        return service
     devices, specs = _inventory.discover(inventory, memory_gb=memory_gb)
     slots = _cgroup.Slots(name, specs) if specs else None
     try:
