@@ -227,3 +227,35 @@ def test_cli_serve_submit_status_cancel_drain(tmp_path: Path) -> None:
         serve.terminate()
         serve.wait(timeout=10)
         serve.stdout.close()
+
+
+def test_daemon_restart_mid_job_keeps_leases_and_the_job_carries_on(tmp_path: Path) -> None:
+    """A real job runs under its launcher; the daemon stops and a new one starts on the same state
+    and port: the lease is the same, the launcher reconnects, the job finishes."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    state = tmp_path / "state"
+    svc = PoolService(declared(1), state, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc, port=port).start()
+    client = PoolClient(server.url)
+    client.submit({"name": "j", "cwd": str(ROOT), "log": str(tmp_path / "logs"),
+                   "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
+                   "command": [sys.executable, str(TRAIN), "--model", "mlp", "--data", "digits", "--epochs", "60",
+                               "--max-size", "1", "--out", str(tmp_path / "out")]})
+    deadline = time.time() + 90
+    while time.time() < deadline and not (tmp_path / "out" / "first_steps.jsonl").exists():
+        time.sleep(0.2)
+    before = [(l["id"], l["device"]) for l in client.status()["leases"]]
+    assert before and not (tmp_path / "out" / "result.json").exists()
+    server.close(remove_slots=False)  # the daemon goes away mid-job
+    time.sleep(1.0)
+    again = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=5.0), port=port).start()
+    try:
+        assert [(l["id"], l["device"]) for l in again.service.status()["leases"]] == before
+        assert PoolClient(again.url).wait(["j"], timeout_s=120) == {"j": "finished"}
+    finally:
+        again.close()
+    assert json.loads((tmp_path / "out" / "result.json").read_text())["accuracy"] > 0.9
+    kinds = [json.loads(x)["event"] for x in (state / "events.jsonl").read_text().splitlines()]
+    assert "restore" in kinds and kinds.count("grant") == 1  # the same lease throughout
