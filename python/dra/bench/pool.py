@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--handover-repeats", type=int, default=3)
     p.add_argument("--skip-main", action="store_true", help="only the handover and decision rows")
     p.add_argument("--main-args", default="", help="extra arguments for the main job (space separated)")
+    p.add_argument("--main-out", default=None, help="keep the main job's outputs (Gantt PNGs, events, summary) here")
     args = p.parse_args(argv)
     results = []
     ms = decision_ms()
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result("pool_handover_s", statistics.median(hs), "s", ("goal", 1.0), samples=hs,
                               label=f"measured, median of {len(hs)}"))
         if not args.skip_main:
-            out = tmp / "main"
+            out = Path(args.main_out).resolve() if args.main_out else tmp / "main"
             cmd = [sys.executable, str(EXAMPLES / "pool_at_work.py"), "--out", str(out), *args.main_args.split()]
             proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
             sys.stdout.write(proc.stdout[-3000:])

@@ -1,6 +1,6 @@
 """``dra``: the command line of the pool and the launcher.
 
-    dra pool serve  [--inventory slots:4|nvml|auto|FILE] [--state DIR] [--port P] [--mode dynamic|static]
+    dra pool serve  [--inventory slots:4|nvml|auto|ray:ADDRESS|FILE] [--state DIR] [--port P] [--mode dynamic|static]
     dra pool submit [--pool URL] (--spec FILE.json | --name N [--min-size ...] -- COMMAND...)
     dra pool status [--pool URL] [--json]
     dra pool cancel [--pool URL] NAME
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = sub.add_parser("pool", help="the device pool").add_subparsers(dest="command", required=True)
     url = os.environ.get("DRA_POOL", DEFAULT_URL)
     s = pool.add_parser("serve", help="run the pool daemon")
-    s.add_argument("--inventory", default="auto", help="slots:N, nvml, auto or a JSON file")
+    s.add_argument("--inventory", default="auto", help="slots:N, nvml, auto, ray[:ADDRESS] or a JSON file")
     s.add_argument("--state", default="dra-pool", help="state directory (SQLite, events.jsonl, logs)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8470)

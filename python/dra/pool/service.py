@@ -168,9 +168,10 @@ class PoolService:
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         req = request_from_spec(spec)
         req.validate(self.inventory)
-        if self.mode == "static":  # the baseline holds what it asked for: rigid at its request
+        if self.mode == "static":  # the baseline: its request, rigid, for life; first come first served
             req.min_size = req.max_size
             req.elastic = False
+            req.priority = "normal"
         if "autoscale" in spec:
             bad = set(spec["autoscale"]) - set(AUTOSCALE_FIELDS)
             if bad:
