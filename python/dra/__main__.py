@@ -3,7 +3,7 @@
 - ``store --port P [--host H]``: host a dedicated c10d TCPStore for elastic jobs (same as
   ``python -m dra.elastic store``); it must outlive every process of the job.
 - ``info``: print ``dra.build_info()`` as JSON.
-- ``pool ...`` and ``run ...``: the device pool and the launcher (the ``dra`` command; docs/pool.md).
+- ``pool ...`` and ``run ...``: the device pool and the launcher (the ``dra`` command; docs/guide/pool.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 - ``job``: what a worker reads from its lease, and the report a job gives the pool.
 - ``gantt``: devices over time, coloured by job (PNG).
 
-CLI: ``dra pool serve | submit | status | cancel | drain`` and ``dra run``; see docs/pool.md.
+CLI: ``dra pool serve | submit | status | cancel | drain`` and ``dra run``; see docs/guide/pool.md.
 """
 
 from __future__ import annotations

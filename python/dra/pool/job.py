@@ -1,7 +1,7 @@
 """Inside a worker started by ``dra run`` or a pool: what the lease says, and the job's report.
 
 ``lease()`` reads the lease's environment. ``Reporter`` writes the job's ``report`` key (the
-contract between a running elastic job and the pool, docs/pool.md) from the leader at most once a
+contract between a running elastic job and the pool, docs/guide/pool.md) from the leader at most once a
 second: the world size, samples/s, and the samples/s measured at every size the job ran (the
 pool fits its speedup curve to them). Once the elastic controller writes the report itself
 (announced by the lead), a job needs no Reporter.

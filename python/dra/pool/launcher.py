@@ -12,7 +12,7 @@ shrink in place and redo the step), unlike a one-node torchrun whose agent stops
 lease goes back to the pool at once.
 
 When the pool wants a lease back, the launcher writes the job's ``capacity`` key (the contract of
-docs/pool.md) and gives the job ``shrink_grace_s`` to let a member go (it exits 0); a job whose
+docs/guide/pool.md) and gives the job ``shrink_grace_s`` to let a member go (it exits 0); a job whose
 controller does not read that key yet has one worker stopped instead, which its survivors handle
 as a fault (shrink in place, redo the step).
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
 import threading
@@ -25,57 +24,11 @@ from typing import Any, Callable
 
 from dra._core import pool as _p
 from dra.pool import _cgroup, _inventory
+from dra.pool._metrics import prometheus
+from dra.pool._spec import AUTOSCALE_FIELDS, REQUEST_FIELDS, request_from_spec, speedup_curve
 from dra.pool._state import StateDB
 
-REQUEST_FIELDS = ("kind", "device_type", "memory_gb", "fraction", "min_size", "max_size", "priority", "elastic", "gang")
-AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down_utilisation", "down_delay_s",
-                    "queue_per_replica")
-
-
-def request_from_spec(spec: dict[str, Any]) -> Any:
-    unknown = set(spec) - set(REQUEST_FIELDS) - {"name", "command", "env", "cwd", "autoscale", "resize_cost_s",
-                                                  "zygote", "preload", "shrink_grace_s", "log", "resize_cooldown_s", "ray"}
-    if unknown:
-        raise ValueError(f"{sorted(unknown)[0]}: unknown job field; valid: name, command, env, cwd, "
-                         f"{', '.join(REQUEST_FIELDS)}, autoscale, resize_cost_s, resize_cooldown_s, zygote, preload, "
-                         "shrink_grace_s, log, ray")
-    if not isinstance(spec.get("name"), str):
-        raise ValueError("name: a job needs a name (a string)")
-    r = _p.Request()
-    r.job = spec["name"]
-    for k in REQUEST_FIELDS:
-        if k in spec:
-            setattr(r, k, spec[k])
-    return r
-
-
-def speedup_curve(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.1) -> list[float]:
-    """Speedup over one worker for k = 0..max_size, from the throughput a job reported at the sizes
-    it ran (``rates``: {size: samples/s}) fitted to k / (1 + sigma (k - 1)) (Amdahl-like; least
-    squares of k/rate = a + b (k - 1)); ``sigma0`` before two sizes were measured (an estimate).
-    A job whose own policy wants fewer workers (``desired_size``) gains nothing past that size."""
-    rates = {}
-    for k, v in ((report or {}).get("rates") or {}).items():
-        if float(v) > 0:
-            rates[int(k)] = float(v)
-    sigma = sigma0
-    if len(rates) >= 2:
-        xs = [k - 1.0 for k in rates]
-        ys = [k / v for k, v in rates.items()]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        if sxx > 0:
-            b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-            a = my - b * mx
-            if a > 0:
-                sigma = min(max(b / a, 0.0), 1.0)
-    curve = [0.0] + [k / (1.0 + sigma * (k - 1)) for k in range(1, max_size + 1)]
-    desired = (report or {}).get("desired_size")
-    if isinstance(desired, int) and 1 <= desired < max_size:
-        for k in range(desired + 1, max_size + 1):
-            curve[k] = curve[desired]
-    return curve
-
+__all__ = ["PoolService", "make_service", "request_from_spec", "speedup_curve"]
 
 class PoolService:
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
@@ -556,33 +509,7 @@ class PoolService:
 
     def metrics(self) -> str:
         """Prometheus text exposition (format 0.0.4)."""
-        st = self.status()
-        lines = [
-            "# HELP dra_pool_devices Devices in the pool.", "# TYPE dra_pool_devices gauge",
-            f'dra_pool_devices{{pool="{self.name}"}} {len(st["devices"])}',
-            "# HELP dra_pool_devices_leased Device shares held by leases.", "# TYPE dra_pool_devices_leased gauge",
-            f'dra_pool_devices_leased{{pool="{self.name}"}} {sum(1 - d["free"] for d in st["devices"]):g}',
-            "# HELP dra_pool_job_workers Workers (active leases) per job.", "# TYPE dra_pool_job_workers gauge",
-        ]
-        for j in st["jobs"]:
-            if j["state"] in ("waiting", "running"):
-                lines.append(f'dra_pool_job_workers{{pool="{self.name}",job="{j["name"]}",state="{j["state"]}"}} {j["workers"]}')
-        lines += ["# HELP dra_pool_jobs Jobs per state.", "# TYPE dra_pool_jobs gauge"]
-        states: dict[str, int] = {}
-        for j in st["jobs"]:
-            states[j["state"]] = states.get(j["state"], 0) + 1
-        for s, n in sorted(states.items()):
-            lines.append(f'dra_pool_jobs{{pool="{self.name}",state="{s}"}} {n}')
-        lines += ["# HELP dra_pool_events_total Grants, releases, preemptions, reclaims and moves.",
-                  "# TYPE dra_pool_events_total counter"]
-        for k, v in sorted(st["counters"].items()):
-            lines.append(f'dra_pool_events_total{{pool="{self.name}",kind="{k}"}} {v}')
-        if st["cpu_usage_s"]:
-            lines += ["# HELP dra_pool_slot_cpu_seconds_total CPU seconds used in each slot (cgroup cpuacct).",
-                      "# TYPE dra_pool_slot_cpu_seconds_total counter"]
-            for s, v in sorted(st["cpu_usage_s"].items()):
-                lines.append(f'dra_pool_slot_cpu_seconds_total{{pool="{self.name}",slot="{s}"}} {v:.6f}')
-        return "\n".join(lines) + "\n"
+        return prometheus(self.status())
 
 
 def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic", name: str = "pool",
@@ -604,13 +531,3 @@ def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic"
         if slots is not None:
             slots.close()
         raise
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
