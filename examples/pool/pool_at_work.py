@@ -253,6 +253,10 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
             workers = " ".join(f"{j['name']}={j['workers']}" for j in st["jobs"] if j["state"] in ("waiting", "running"))
             print(f"[pool {mode}] t={now:5.0f}s {workers} inference p99 so far "
                   f"{percentile(frontend.latencies, 0.99):.3f}s", flush=True)
+        if frontend.drained() and not frontend.stopping:
+            # The service ends with its traffic (in both modes): its replicas exit, its slots
+            # return to the pool, and its replica-seconds cover the same trace in both modes.
+            frontend.stop()
         if not pending and all(states.get(n) in ("finished", "failed", "cancelled") for n in names) and frontend.drained():
             break
         if now > args.timeout_s:
@@ -261,7 +265,8 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
         time.sleep(0.5)
     end = time.time()
     usage1 = svc.slots.usage_all() if svc.slots else {}
-    frontend.stop()
+    if not frontend.stopping:
+        frontend.stop()
     try:
         client.wait(["serve"], timeout_s=20)
     except TimeoutError:
