@@ -184,7 +184,11 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     pre = next(e for e in events if e["event"] == "preempt")
     assert pre["job"] == "low" and pre["for_job"] == "high"
     low = json.loads((tmp_path / "low" / "result.json").read_text())
-    assert low["accuracy"] > 0.9 and low["final_world"] == 1 and low["resizes"] >= 2  # grew, then shrank in place
+    # It grew, then shrank in place (and may have grown again once the high job ended).
+    assert low["accuracy"] > 0.9 and low["resizes"] >= 2
+    shrinks = [json.loads(x[len("[dra run] "):]) for x in (tmp_path / "state" / "logs" / "low.launcher.log").read_text().splitlines()
+               if x.startswith("[dra run] ") and '"shrink"' in x]
+    assert shrinks and shrinks[0]["target"] == 1
     assert json.loads((tmp_path / "high" / "result.json").read_text())["accuracy"] > 0.9
     png = plot(tmp_path / "state" / "events.jsonl", tmp_path / "gantt.png")
     assert png.stat().st_size > 5000
