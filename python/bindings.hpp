@@ -16,4 +16,5 @@ void bind_bench(pybind11::module_& testing);         // into dra._core._testing
 void bind_nccl_testing(pybind11::module_& testing);  // into dra._core._testing
 void bind_energy(pybind11::module_& m);
 void bind_compress(pybind11::module_& m);
+void bind_pool(pybind11::module_& m);
 }  // namespace dra::python

@@ -133,15 +133,11 @@ const std::map<std::string, setter>& option_table() {
 controller_options parse_options(const py::kwargs& kwargs) {
   const auto& table = option_table();
   controller_options o;
-  // Sections first, then the flat names that reach into them: `limits=` with `min_size=` is ambiguous.
+  // Sections first, then the flat names that reach into them: `min_size=` wins over `limits=`'s.
   static const char* const sections[] = {"estimator", "throughput", "limits", "convergence", "goodput",
                                          "convergence_aware", "energy"};
   for (const char* section : sections)
     if (kwargs.contains(section) && !kwargs[section].is_none()) table.at(section)(o, kwargs[section]);
-  if (kwargs.contains("limits") && !kwargs["limits"].is_none())
-    for (const char* flat : {"min_size", "max_size"})
-      if (kwargs.contains(flat) && !kwargs[flat].is_none())
-        bad(flat, "given twice (as an option and inside limits); pass it once");
   for (auto item : kwargs) {
     const auto name = item.first.cast<std::string>();
     const auto it = table.find(name);

@@ -30,4 +30,5 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_testing(m);
   dra::python::bind_energy(m);
   dra::python::bind_compress(m);
+  dra::python::bind_pool(m);
 }

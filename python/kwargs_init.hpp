@@ -8,7 +8,9 @@
 
 namespace dra::python {
 
-template <class Config, class Class>
+// Validate = false for types validated against something else later (a pool request against the
+// pool's inventory).
+template <class Config, bool Validate = true, class Class>
 void def_kwargs_init(Class& cls) {
   namespace py = pybind11;
   cls.def(py::init([](const py::kwargs& kwargs) {
@@ -28,7 +30,7 @@ void def_kwargs_init(Class& cls) {
               }
               py::setattr(self, key.c_str(), item.second);
             }
-            config->validate();
+            if constexpr (Validate) config->validate();
             return config;
           }),
           "Keyword construction; unknown keywords and invalid values raise ValueError.");

@@ -4,7 +4,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 "$root/scripts/setup.sh"
-# The main job: elastic training on the digits data under torchrun (4 processes), resized in place
-# by the convergence policy, compared with a static 4-process run. Extra arguments go to it
-# (e.g. --out DIR, --nproc N, --epochs N). The single-process tour is examples/digits_single.py.
-exec .venv/bin/python examples/digits_elastic.py "$@"
+# The main job: the device pool at work on this machine (needs root for the cgroup CPU slots):
+# three training jobs arriving over time and an inference service replaying the Azure LLM
+# inference trace share 4 CPU slots, run static (requested slots for life, FCFS; inference sized
+# for its peak) and dynamic (dra's pool). Extra arguments go to it (e.g. --out DIR). The digits
+# elastic example is examples/digits_elastic.py; the single-process tour examples/digits_single.py.
+exec .venv/bin/python examples/pool/pool_at_work.py "$@"

@@ -33,6 +33,10 @@ if [ "$(cat .venv/.req-stamp 2>/dev/null)" != "$req_hash" ]; then
   say "installing Python requirements (torch pinned to the CPU wheel)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-dev.txt
+  # zeus pulls in amdsmi, whose import fails without ROCm (libamd_smi.so) and then breaks Ray's
+  # accelerator detection at import; dra uses only zeus's trace-driven simulator, which needs none
+  # of it.
+  .venv/bin/python -m pip uninstall -q -y amdsmi 2>/dev/null || true
   echo "$req_hash" > .venv/.req-stamp
 fi
 

@@ -1,0 +1,145 @@
+#pragma once
+// Scaling (DESIGN.md §3.5): how many workers each running job should have now.
+//
+//  - An inference service's replicas follow its request rate and queue, with hysteresis
+//    (replica_autoscaler): up at once when the load per replica passes `up_utilisation`, down one
+//    replica at a time only after the load stayed under `down_utilisation` for `down_delay_s`.
+//  - Training jobs divide what is left with the cluster arbiter (policy/cluster_arbiter.hpp, the
+//    code the simulator evaluates): each elastic job's speedup curve (from its live throughput
+//    report), weighted by its priority class, a change penalty for moving it, never below its
+//    min_size. Inference replicas are served first, so training yields devices to its peaks
+//    in place; rigid jobs keep what they hold.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dra/error.hpp"
+#include "dra/policy/cluster_arbiter.hpp"
+#include "dra/pool/request.hpp"
+
+namespace dra::pool {
+
+struct autoscaler_config {
+  double replica_rps = 1.0;         ///< requests per second one replica serves at full load
+  double up_utilisation = 0.75;     ///< scale up when load / (replicas x replica_rps) exceeds this
+  double target_utilisation = 0.6;  ///< the size a change aims at
+  double down_utilisation = 0.35;   ///< scale down only below this ...
+  double down_delay_s = 10.0;       ///< ... held for this long
+  double queue_per_replica = 4.0;   ///< queued requests one more replica is added for
+  int min_replicas = 1;
+  int max_replicas = 1;
+
+  void validate() const {
+    using dra::detail::throw_invalid;
+    if (!(replica_rps > 0.0)) throw_invalid("replica_rps", "must be > 0, got " + std::to_string(replica_rps));
+    if (!(down_utilisation > 0.0 && down_utilisation < target_utilisation && target_utilisation <= up_utilisation))
+      throw_invalid("down_utilisation", "need 0 < down_utilisation < target_utilisation <= up_utilisation (hysteresis band)");
+    if (!(down_delay_s >= 0.0)) throw_invalid("down_delay_s", "must be >= 0");
+    if (!(queue_per_replica > 0.0)) throw_invalid("queue_per_replica", "must be > 0");
+    if (min_replicas < 0 || max_replicas < min_replicas)
+      throw_invalid("max_replicas", "need 0 <= min_replicas <= max_replicas, got " + std::to_string(min_replicas) +
+                                        " and " + std::to_string(max_replicas));
+  }
+};
+
+class replica_autoscaler {
+ public:
+  explicit replica_autoscaler(autoscaler_config config) : config_((config.validate(), config)) {}
+  const autoscaler_config& config() const noexcept { return config_; }
+
+  /// Replicas wanted now, given the arrival rate (requests/s), the queue length and the replicas
+  /// running; `replica_rps` > 0 is a measured capacity per replica that replaces the configured
+  /// one. Deterministic in its inputs and the time it last saw a low load.
+  int update(double now, double rate_rps, double queue, int current, double replica_rps = 0.0) {
+    const auto& c = config_;
+    const double per = replica_rps > 0.0 && std::isfinite(replica_rps) ? replica_rps : c.replica_rps;
+    const double load = std::max(0.0, rate_rps) / per;  // replicas' worth of work
+    const int backlog = static_cast<int>(std::floor(std::max(0.0, queue) / c.queue_per_replica));
+    const int aim = static_cast<int>(std::ceil(load / c.target_utilisation - 1e-9)) + backlog;
+    int want = current;
+    if (current < c.min_replicas || load > c.up_utilisation * current || queue >= c.queue_per_replica) {
+      want = std::max({current, aim, current + backlog});  // a backlog means the replicas are saturated
+      low_since_ = -1.0;
+    } else if (load < c.down_utilisation * current) {
+      if (low_since_ < 0.0) low_since_ = now;
+      if (now - low_since_ >= c.down_delay_s) {
+        want = std::max(aim, current - 1);
+        low_since_ = now;  // the next step down waits another delay
+      }
+    } else {
+      low_since_ = -1.0;
+    }
+    return std::clamp(want, c.min_replicas, c.max_replicas);
+  }
+
+ private:
+  autoscaler_config config_;
+  double low_since_ = -1.0;
+};
+
+/// A running job as the scaler sees it.
+struct scale_job {
+  std::string job;
+  std::string kind = "training";
+  std::string priority = "normal";
+  bool elastic = true;
+  int min_size = 1, max_size = 1;
+  int current = 0;                 ///< workers it holds now
+  std::vector<double> speedup;     ///< speedup[k], k = 0..max_size (training; empty: linear)
+  double change_penalty = 1.0;     ///< arbiter's penalty for moving it (resize cost over its age)
+  int replicas_wanted = -1;        ///< inference: the autoscaler's answer (-1: keep current)
+};
+
+/// Priority weight on a job's speedup in the arbiter's objective: 0.5, 1, 2, 4 for low..critical.
+inline double priority_weight(const std::string& priority) {
+  return std::pow(2.0, static_cast<double>(priority_level(priority)) - 1.0);
+}
+
+/// Wanted sizes per job for `capacity` workers' worth of devices (identical devices).
+inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs, int capacity,
+                                             const policy::cluster_arbiter& arbiter) {
+  if (capacity < 0) dra::detail::throw_invalid("capacity", "must be >= 0, got " + std::to_string(capacity));
+  std::map<std::string, int> out;
+  int left = capacity;
+  // Rigid jobs keep what they hold; inference replicas come next (highest priority first).
+  for (const auto& j : jobs)
+    if (!j.elastic) out[j.job] = j.current, left -= j.current;
+  std::vector<const scale_job*> inference, training;
+  for (const auto& j : jobs)
+    if (j.elastic) (j.kind == "inference" ? inference : training).push_back(&j);
+  std::stable_sort(inference.begin(), inference.end(),
+                   [](const scale_job* a, const scale_job* b) { return priority_level(a->priority) > priority_level(b->priority); });
+  int training_min = 0;
+  for (const auto* j : training) training_min += std::min(j->min_size, j->current);
+  for (const auto* j : inference) {
+    const int want = std::clamp(j->replicas_wanted < 0 ? j->current : j->replicas_wanted, j->min_size, j->max_size);
+    const int k = std::max(std::min(want, left - training_min), std::min(j->min_size, std::max(left, 0)));
+    out[j->job] = std::max(k, 0);
+    left -= out[j->job];
+  }
+  left = std::max(left, 0);
+  std::stable_sort(training.begin(), training.end(),
+                   [](const scale_job* a, const scale_job* b) { return priority_level(a->priority) > priority_level(b->priority); });
+  std::vector<policy::arbiter_job> in;
+  for (const auto* j : training) {
+    policy::arbiter_job a;
+    const double w = priority_weight(j->priority);
+    a.speedup.assign(static_cast<std::size_t>(j->max_size) + 1, 0.0);
+    for (int k = 1; k <= j->max_size; ++k) {
+      const auto ku = static_cast<std::size_t>(k);
+      const double s = j->speedup.size() > ku ? j->speedup[ku] : static_cast<double>(k);
+      a.speedup[ku] = w * std::max(0.0, std::isfinite(s) ? s : 0.0);
+    }
+    a.current = j->current;
+    a.change_penalty = std::clamp(j->change_penalty, 0.0, 1.0);
+    a.min_devices = j->min_size;
+    in.push_back(std::move(a));
+  }
+  const std::vector<int> alloc = arbiter.allocate(in, left);
+  for (std::size_t i = 0; i < training.size(); ++i) out[training[i]->job] = std::max(alloc[i], std::min(training[i]->min_size, training[i]->current));
+  return out;
+}
+
+}  // namespace dra::pool

@@ -1,0 +1,343 @@
+#pragma once
+// The pool's scheduler (DESIGN.md §3.5): which devices a job gets, deterministic (the same
+// inventory, jobs, leases and clock give the same plan). It plans; the service carries the plan
+// out (grants leases, asks jobs to give leases back) and calls it again.
+//
+//   admit():  jobs holding fewer than min_size workers, highest effective priority first (base
+//             priority plus one level per `aging_s` waited, so nothing starves; ties by arrival),
+//             get their missing workers all at once (gang) or wait. A job that cannot be placed
+//             may shrink elastic jobs of a lower priority class in place, never below their
+//             min_size, never touching a rigid job; the freed devices come back as those jobs
+//             release leases, and are kept for the job that asked (they count as planned).
+//   resize(): sizes wanted per job (from the arbiter and the inference autoscaler, scaler.hpp)
+//             become releases (newest leases first) and grants (placed near the job's devices).
+//   place():  suitable devices only (type, memory, free share); for a fraction the device left
+//             with the least free share after it (least fragmentation: partly used devices fill
+//             first); a multi-device job in one locality group when one holds it (the smallest
+//             such group, keeping big islands whole), else on as few groups and nodes as it can.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "dra/error.hpp"
+#include "dra/pool/inventory.hpp"
+#include "dra/pool/lease.hpp"
+#include "dra/pool/request.hpp"
+
+namespace dra::pool {
+
+/// A job as the scheduler sees it.
+struct job_entry {
+  request req;
+  double submitted_at = 0.0;  ///< pool clock when it was submitted
+  std::int64_t order = 0;     ///< arrival sequence number (ties)
+};
+
+struct grant_order {
+  std::string job;
+  std::string device;
+  double share = 1.0;
+  std::string reason;
+};
+
+struct release_order {
+  std::string job;
+  std::int64_t lease = 0;
+  std::string reason;
+  bool preemption = false;  ///< asked for by a higher-priority job (else a rebalance)
+  std::string for_job;      ///< the job it makes room for (preemption)
+};
+
+struct plan {
+  std::vector<grant_order> grants;
+  std::vector<release_order> releases;
+  std::vector<std::string> waiting;  ///< jobs still below min_size after this plan, in priority order
+  bool empty() const noexcept { return grants.empty() && releases.empty(); }
+};
+
+struct scheduler_config {
+  double aging_s = 120.0;  ///< a waiting job gains one priority level per aging_s waited (<= 0: no aging)
+  bool preemption = true;
+
+  void validate() const {
+    if (!std::isfinite(aging_s)) dra::detail::throw_invalid("aging_s", "must be finite (<= 0 turns aging off)");
+  }
+};
+
+class scheduler {
+ public:
+  explicit scheduler(scheduler_config config = {}) : config_((config.validate(), config)) {}
+  const scheduler_config& config() const noexcept { return config_; }
+
+  /// Base priority level plus aging while the job waits below its minimum.
+  double effective_priority(const job_entry& j, const lease_book& book, double now) const {
+    double p = j.req.priority_level();
+    if (config_.aging_s > 0.0 && book.count(j.req.job) < j.req.min_size)
+      p += std::floor(std::max(0.0, now - j.submitted_at) / config_.aging_s);
+    return p;
+  }
+
+  /// Admission: places the missing workers of jobs below their min_size; see the file comment.
+  plan admit(const inventory& inv, const std::vector<job_entry>& jobs, const lease_book& book, double now) const {
+    plan out;
+    std::vector<double> free = free_shares(inv, book);
+    // Devices that leases being released will give back; reserved for the jobs that asked.
+    std::vector<double> incoming(inv.size(), 0.0);
+    std::map<std::string, int> releasing_of;  // victim job -> leases it is already giving back
+    for (const auto& l : book.all())
+      if (l.state == lease_state::releasing && inv.contains(l.device)) {
+        incoming[inv.index_of(l.device)] += l.share;
+        ++releasing_of[l.job];
+      }
+    const std::vector<const job_entry*> order = by_priority(jobs, book, now);
+    std::map<std::string, const job_entry*> by_name;
+    for (const auto& j : jobs) by_name[j.req.job] = &j;
+
+    for (const job_entry* j : order) {
+      const int held = book.count(j->req.job);
+      const int need = j->req.min_size - held;
+      if (need <= 0) continue;
+      const std::vector<std::string> near = devices_of(book, j->req.job);
+      std::vector<std::size_t> got = place_indices(inv, j->req, need, free, near);
+      if (static_cast<int>(got.size()) == need || (!j->req.gang && !got.empty())) {
+        for (std::size_t i : got) {
+          free[i] -= j->req.fraction;
+          out.grants.push_back({j->req.job, inv.devices()[i].id, j->req.fraction, "admit"});
+        }
+        if (static_cast<int>(got.size()) < need) out.waiting.push_back(j->req.job);
+        continue;
+      }
+      out.waiting.push_back(j->req.job);
+      // Would the leases already coming back make room? Then wait for them (and keep them).
+      std::vector<double> with_incoming = free;
+      for (std::size_t i = 0; i < free.size(); ++i) with_incoming[i] += incoming[i];
+      got = place_indices(inv, j->req, need, with_incoming, near);
+      if (static_cast<int>(got.size()) == need) {
+        reserve(free, incoming, got, j->req.fraction);
+        continue;
+      }
+      if (!config_.preemption) continue;
+      // Preemption: shrink elastic jobs of a lower priority class in place, lowest class and
+      // newest job first, newest lease first; only if that makes the job fit (else nothing).
+      std::vector<lease> victims;
+      for (const auto& l : book.all()) {
+        if (l.state != lease_state::active || !inv.contains(l.device)) continue;
+        const auto it = by_name.find(l.job);
+        if (it == by_name.end() || !it->second->req.elastic) continue;
+        if (it->second->req.priority_level() >= j->req.priority_level()) continue;
+        if (!j->req.suits(inv.at(l.device))) continue;
+        victims.push_back(l);
+      }
+      std::stable_sort(victims.begin(), victims.end(), [&](const lease& a, const lease& b) {
+        const job_entry* ja = by_name.at(a.job);
+        const job_entry* jb = by_name.at(b.job);
+        return std::make_tuple(ja->req.priority_level(), -ja->order, -a.id) <
+               std::make_tuple(jb->req.priority_level(), -jb->order, -b.id);
+      });
+      std::vector<double> trial = with_incoming;
+      std::map<std::string, int> taken;
+      std::vector<const lease*> chosen;
+      bool fits = false;
+      for (const auto& v : victims) {
+        const job_entry* vj = by_name.at(v.job);
+        const int keeps = book.count(v.job) - releasing_of[v.job] - taken[v.job];
+        if (keeps <= vj->req.min_size) continue;  // never below its minimum
+        ++taken[v.job];
+        trial[inv.index_of(v.device)] += v.share;
+        chosen.push_back(&v);
+        got = place_indices(inv, j->req, need, trial, near);
+        if (static_cast<int>(got.size()) == need) {
+          fits = true;
+          break;
+        }
+      }
+      if (!fits) continue;
+      for (const lease* v : chosen) {
+        out.releases.push_back({v->job, v->id, "preempted for " + j->req.job, true, j->req.job});
+        ++releasing_of[v->job];
+        incoming[inv.index_of(v->device)] += v->share;
+      }
+      reserve(free, incoming, got, j->req.fraction);
+    }
+    return out;
+  }
+
+  /// Resizing running jobs to wanted sizes (clamped to [min_size, max_size]; rigid jobs and jobs
+  /// without a target are left alone). Shrinks release the newest leases; grows take free devices
+  /// near the job's own, higher priority first; a grow that finds too few devices is partial.
+  plan resize(const inventory& inv, const std::vector<job_entry>& jobs, const std::map<std::string, int>& targets,
+              const lease_book& book, double now) const {
+    plan out;
+    std::vector<double> free = free_shares(inv, book);
+    for (const job_entry* j : by_priority(jobs, book, now)) {
+      const auto it = targets.find(j->req.job);
+      if (it == targets.end() || !j->req.elastic) continue;
+      const int active = book.count(j->req.job, false);
+      if (active < j->req.min_size && book.count(j->req.job) < j->req.min_size) continue;  // not admitted yet
+      const int target = std::clamp(it->second, j->req.min_size, j->req.max_size);
+      if (target < active) {
+        std::vector<lease> mine;
+        for (const auto& l : book.of_job(j->req.job))
+          if (l.state == lease_state::active) mine.push_back(l);
+        std::sort(mine.begin(), mine.end(), [](const lease& a, const lease& b) { return a.id > b.id; });
+        for (int k = 0; k < active - target; ++k)
+          out.releases.push_back({j->req.job, mine[static_cast<std::size_t>(k)].id,
+                                  "resize " + std::to_string(active) + " -> " + std::to_string(target), false, ""});
+      }
+    }
+    for (const job_entry* j : by_priority(jobs, book, now)) {
+      const auto it = targets.find(j->req.job);
+      if (it == targets.end() || !j->req.elastic) continue;
+      const int held = book.count(j->req.job);
+      const int active = book.count(j->req.job, false);
+      if (held < j->req.min_size) continue;
+      const int target = std::clamp(it->second, j->req.min_size, j->req.max_size);
+      if (target <= held) continue;
+      const auto got = place_indices(inv, j->req, target - held, free, devices_of(book, j->req.job));
+      for (std::size_t i : got) {
+        free[i] -= j->req.fraction;
+        out.grants.push_back({j->req.job, inv.devices()[i].id, j->req.fraction,
+                              "resize " + std::to_string(active) + " -> " + std::to_string(target)});
+      }
+    }
+    return out;
+  }
+
+  /// Devices for n more workers of a request given free shares per device (inventory order) and
+  /// the devices the job holds already; fewer than n when fewer fit.
+  std::vector<std::string> place(const inventory& inv, const request& req, int n, const std::vector<double>& free,
+                                 const std::vector<std::string>& near) const {
+    if (free.size() != inv.size())
+      dra::detail::throw_invalid("free", "needs one share per device (" + std::to_string(inv.size()) + "), got " +
+                                             std::to_string(free.size()));
+    std::vector<std::string> ids;
+    for (std::size_t i : place_indices(inv, req, n, free, near)) ids.push_back(inv.devices()[i].id);
+    return ids;
+  }
+
+  /// Free share of every device (inventory order) given the leases.
+  static std::vector<double> free_shares(const inventory& inv, const lease_book& book) {
+    std::vector<double> free(inv.size(), 1.0);
+    for (const auto& l : book.all())
+      if (inv.contains(l.device)) free[inv.index_of(l.device)] -= l.share;
+    for (double& f : free) f = std::max(0.0, f);
+    return free;
+  }
+
+ private:
+  static constexpr double eps = 1e-9;
+
+  std::vector<const job_entry*> by_priority(const std::vector<job_entry>& jobs, const lease_book& book,
+                                            double now) const {
+    std::vector<const job_entry*> order;
+    for (const auto& j : jobs) order.push_back(&j);
+    std::stable_sort(order.begin(), order.end(), [&](const job_entry* a, const job_entry* b) {
+      const double pa = effective_priority(*a, book, now), pb = effective_priority(*b, book, now);
+      if (pa != pb) return pa > pb;
+      return a->order < b->order;
+    });
+    return order;
+  }
+
+  static std::vector<std::string> devices_of(const lease_book& book, const std::string& job) {
+    std::vector<std::string> d;
+    for (const auto& l : book.of_job(job)) d.push_back(l.device);
+    return d;
+  }
+
+  // The devices planned for a waiting job come out of `incoming` (and `free`, when the planned
+  // placement used free share), so later jobs of this round cannot take them.
+  static void reserve(std::vector<double>& free, std::vector<double>& incoming, const std::vector<std::size_t>& got,
+                      double fraction) {
+    for (std::size_t i : got) {
+      double f = fraction;
+      const double from_incoming = std::min(incoming[i], f);
+      incoming[i] -= from_incoming;
+      f -= from_incoming;
+      free[i] = std::max(0.0, free[i] - f);
+    }
+  }
+
+  std::vector<std::size_t> place_indices(const inventory& inv, const request& req, int n, std::vector<double> free,
+                                         const std::vector<std::string>& near) const {
+    const auto& devs = inv.devices();
+    const double frac = req.fraction;
+    auto fits = [&](std::size_t i) { return req.suits(devs[i]) && free[i] + eps >= frac; };
+    std::set<std::pair<std::string, int>> groups;
+    std::set<std::string> nodes;
+    for (const auto& id : near)
+      if (inv.contains(id)) {
+        const auto& d = inv.at(id);
+        groups.insert({d.node, d.group});
+        nodes.insert(d.node);
+      }
+    std::vector<std::size_t> got;
+    if (n <= 0) return got;
+    if (groups.empty()) {
+      // Where to start: the smallest locality group that holds all n; else the smallest node that
+      // holds all n (from its largest group); else the largest node. Map order breaks ties.
+      std::map<std::pair<std::string, int>, int> group_room;
+      std::map<std::string, int> node_room;
+      for (std::size_t i = 0; i < devs.size(); ++i)
+        if (req.suits(devs[i])) {
+          const int r = static_cast<int>(std::floor(free[i] / frac + eps));
+          group_room[{devs[i].node, devs[i].group}] += r;
+          node_room[devs[i].node] += r;
+        }
+      auto pick = [n](const auto& room, auto& best) {  // smallest that holds n, else largest
+        int best_room = -1;
+        bool best_holds = false;
+        for (const auto& [key, r] : room) {
+          if (r <= 0) continue;
+          const bool holds = r >= n;
+          if (best_room < 0 || (holds && !best_holds) || (holds && best_holds && r < best_room) ||
+              (!holds && !best_holds && r > best_room))
+            best = key, best_room = r, best_holds = holds;
+        }
+        return best_room < 0 ? 0 : (best_holds ? 2 : 1);
+      };
+      std::pair<std::string, int> g;
+      if (pick(group_room, g) == 2) {
+        groups.insert(g);
+        nodes.insert(g.first);
+      } else {
+        std::string node;
+        if (pick(node_room, node) == 0) return got;
+        nodes.insert(node);
+        std::map<std::pair<std::string, int>, int> inside;  // its largest group first
+        for (const auto& [key, r] : group_room)
+          if (key.first == node) inside[key] = r;
+        int most = 0;
+        for (const auto& [key, r] : inside)
+          if (r > most) most = r, g = key;
+        groups.insert(g);
+      }
+    }
+    for (int w = 0; w < n; ++w) {
+      std::size_t best = devs.size();
+      std::tuple<int, double, std::size_t> best_key{3, 2.0, 0};
+      for (std::size_t i = 0; i < devs.size(); ++i) {
+        if (!fits(i)) continue;
+        const int where = groups.count({devs[i].node, devs[i].group}) ? 0 : (nodes.count(devs[i].node) ? 1 : 2);
+        const std::tuple<int, double, std::size_t> key{where, free[i] - frac, i};
+        if (best == devs.size() || key < best_key) best = i, best_key = key;
+      }
+      if (best == devs.size()) break;
+      free[best] -= frac;
+      got.push_back(best);
+      groups.insert({devs[best].node, devs[best].group});
+      nodes.insert(devs[best].node);
+    }
+    return got;
+  }
+
+  scheduler_config config_;
+};
+
+}  // namespace dra::pool

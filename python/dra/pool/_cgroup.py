@@ -1,0 +1,164 @@
+"""Device slots of CPU cores, enforced with cgroups v1 (cpu quota, cpuset affinity, memory limit).
+
+A slot is a cgroup per controller at ``/sys/fs/cgroup/<controller>/dra/<pool>/<slot>``: a hard CPU
+quota (``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), the CPU cores it may run on
+(``cpuset.cpus``), and a memory limit (``memory.limit_in_bytes``). A lease on a slot is a child
+cgroup ``lease-<id>`` with its share of the quota and memory, so a fraction is enforced too. The
+slot's compute used is read from ``cpuacct.usage`` (nanoseconds, its leases included): utilisation
+is measured, not modelled. Slots are created and removed by the pool.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(os.environ.get("DRA_CGROUP_ROOT", "/sys/fs/cgroup"))
+CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
+PERIOD_US = 100_000
+
+
+def available() -> str | None:
+    """None when cgroups v1 slots can be made here, else the reason they cannot."""
+    for c in CONTROLLERS:
+        base = ROOT / c
+        if not base.is_dir():
+            return f"cgroup v1 controller '{c}' is not mounted at {base}"
+        if not os.access(base, os.W_OK):
+            return f"{base} is not writable (the pool needs root to create CPU slots)"
+    return None
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read(path: Path) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+@dataclass
+class SlotSpec:
+    """One CPU slot: ``cpus`` cores of quota on the cores in ``cpuset``, ``memory_gb`` of memory."""
+
+    id: str
+    cpus: float
+    cpuset: str
+    memory_gb: float
+
+
+def plan_slots(n: int, cores: list[int] | None = None, memory_gb: float = 2.0) -> list[SlotSpec]:
+    """n slots dividing the machine's cores evenly: slot i runs on core i mod cores with a quota
+    of cores/n CPUs (4 slots on 2 cores: 0.5 CPU each, two per core)."""
+    if n < 1:
+        raise ValueError(f"slots: must be >= 1, got {n}")
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+    share = len(cores) / n
+    out = []
+    for i in range(n):
+        if share >= 1.0:  # a slot of whole cores: its own cores
+            per = int(share)
+            own = cores[i * per:(i + 1) * per] or [cores[i % len(cores)]]
+        else:
+            own = [cores[i % len(cores)]]
+        out.append(SlotSpec(f"slot{i}", share, ",".join(str(c) for c in own), memory_gb))
+    return out
+
+
+class Slots:
+    """Creates, enforces and removes the cgroups of a pool's CPU slots."""
+
+    def __init__(self, pool: str, specs: list[SlotSpec]) -> None:
+        why = available()
+        if why:
+            raise RuntimeError(f"CPU slots are not possible here: {why}")
+        self.pool = pool
+        self.specs = {s.id: s for s in specs}
+        self.mems = _read(ROOT / "cpuset" / "cpuset.mems") or "0"
+        for c in CONTROLLERS:
+            self._mkdir(ROOT / c / "dra")
+            self._mkdir(ROOT / c / "dra" / pool)
+        for s in specs:
+            self._make(self._rel(s.id), s.cpus, s.cpuset, s.memory_gb)
+
+    # -- paths -----------------------------------------------------------------------------------
+    def _rel(self, slot: str, lease: int | None = None) -> str:
+        rel = f"dra/{self.pool}/{slot}"
+        return rel if lease is None else f"{rel}/lease-{lease}"
+
+    def paths(self, slot: str, lease: int | None = None) -> list[str]:
+        """The cgroup directories (one per controller) a worker on this slot/lease joins."""
+        rel = self._rel(slot, lease)
+        return [str(ROOT / c / rel) for c in CONTROLLERS]
+
+    def _mkdir(self, path: Path) -> None:
+        path.mkdir(exist_ok=True)
+        if path.is_relative_to(ROOT / "cpuset"):  # a cpuset takes no task before it has cpus and mems
+            for key in ("cpuset.cpus", "cpuset.mems"):
+                if not _read(path / key):
+                    _write(path / key, _read(path.parent / key))
+
+    def _make(self, rel: str, cpus: float, cpuset: str, memory_gb: float) -> None:
+        for c in CONTROLLERS:
+            (ROOT / c / rel).mkdir(exist_ok=True)
+        _write(ROOT / "cpuset" / rel / "cpuset.cpus", cpuset)
+        _write(ROOT / "cpuset" / rel / "cpuset.mems", self.mems)
+        _write(ROOT / "cpu" / rel / "cpu.cfs_period_us", str(PERIOD_US))
+        _write(ROOT / "cpu" / rel / "cpu.cfs_quota_us", str(max(1000, int(cpus * PERIOD_US))))
+        _write(ROOT / "memory" / rel / "memory.limit_in_bytes", str(int(memory_gb * 2**30)))
+
+    # -- leases ----------------------------------------------------------------------------------
+    def make_lease(self, slot: str, lease: int, share: float) -> list[str]:
+        """A child cgroup for one lease with its share of the slot's quota and memory."""
+        s = self.specs[slot]
+        self._make(self._rel(slot, lease), s.cpus * share, s.cpuset, s.memory_gb * share)
+        return self.paths(slot, lease)
+
+    def remove_lease(self, slot: str, lease: int) -> None:
+        self._remove(self._rel(slot, lease))
+
+    # -- accounting ------------------------------------------------------------------------------
+    def usage_s(self, slot: str) -> float:
+        """CPU seconds the slot (its leases included) has used since it was made."""
+        return int(_read(ROOT / "cpuacct" / self._rel(slot) / "cpuacct.usage")) / 1e9
+
+    def usage_all(self) -> dict[str, float]:
+        return {s: self.usage_s(s) for s in self.specs}
+
+    # -- teardown --------------------------------------------------------------------------------
+    def _remove(self, rel: str) -> None:
+        for c in CONTROLLERS:
+            d = ROOT / c / rel
+            if not d.is_dir():
+                continue
+            for child in sorted(p for p in d.iterdir() if p.is_dir()):
+                self._remove(str(child.relative_to(ROOT / c)))
+            # Processes still inside move to the root cgroup; then the directory can go.
+            for _ in range(50):
+                pids = _read(d / "cgroup.procs").split()
+                for pid in pids:
+                    try:
+                        _write(ROOT / c / "cgroup.procs", pid)
+                    except OSError:
+                        pass
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+    def close(self) -> None:
+        for s in self.specs:
+            self._remove(self._rel(s))
+        self._remove(f"dra/{self.pool}")
+
+
+def join(paths: list[str], pid: int | None = None) -> None:
+    """Moves a process (default: this one) into the given cgroups (one per controller)."""
+    pid = os.getpid() if pid is None else pid
+    for p in paths:
+        _write(Path(p) / "cgroup.procs", str(pid))

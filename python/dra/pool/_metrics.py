@@ -1,0 +1,35 @@
+"""The pool's metrics in the Prometheus text exposition format (0.0.4), from its status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def prometheus(st: dict[str, Any]) -> str:
+    name = st["pool"]
+    lines = [
+        "# HELP dra_pool_devices Devices in the pool.", "# TYPE dra_pool_devices gauge",
+        f'dra_pool_devices{{pool="{name}"}} {len(st["devices"])}',
+        "# HELP dra_pool_devices_leased Device shares held by leases.", "# TYPE dra_pool_devices_leased gauge",
+        f'dra_pool_devices_leased{{pool="{name}"}} {sum(1 - d["free"] for d in st["devices"]):g}',
+        "# HELP dra_pool_job_workers Workers (active leases) per job.", "# TYPE dra_pool_job_workers gauge",
+    ]
+    for j in st["jobs"]:
+        if j["state"] in ("waiting", "running"):
+            lines.append(f'dra_pool_job_workers{{pool="{name}",job="{j["name"]}",state="{j["state"]}"}} {j["workers"]}')
+    lines += ["# HELP dra_pool_jobs Jobs per state.", "# TYPE dra_pool_jobs gauge"]
+    states: dict[str, int] = {}
+    for j in st["jobs"]:
+        states[j["state"]] = states.get(j["state"], 0) + 1
+    for s, n in sorted(states.items()):
+        lines.append(f'dra_pool_jobs{{pool="{name}",state="{s}"}} {n}')
+    lines += ["# HELP dra_pool_events_total Grants, releases, preemptions, reclaims and moves.",
+              "# TYPE dra_pool_events_total counter"]
+    for k, v in sorted(st["counters"].items()):
+        lines.append(f'dra_pool_events_total{{pool="{name}",kind="{k}"}} {v}')
+    if st["cpu_usage_s"]:
+        lines += ["# HELP dra_pool_slot_cpu_seconds_total CPU seconds used in each slot (cgroup cpuacct).",
+                  "# TYPE dra_pool_slot_cpu_seconds_total counter"]
+        for s, v in sorted(st["cpu_usage_s"].items()):
+            lines.append(f'dra_pool_slot_cpu_seconds_total{{pool="{name}",slot="{s}"}} {v:.6f}')
+    return "\n".join(lines) + "\n"

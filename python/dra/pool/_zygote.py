@@ -1,0 +1,124 @@
+"""A fork server for Python workers: imports torch (and whatever else is named) once, then forks a
+worker per request, so a worker on a new lease starts in tens of milliseconds rather than the
+seconds an interpreter takes to import torch. The handover goal (a lease released by one job, a
+step of another on it, in under a second) needs this.
+
+Protocol (JSON lines): the launcher writes ``{"op": "spawn", "id", "argv", "env", "cwd",
+"cgroups", "log"}`` to stdin; the zygote answers ``{"spawned": id, "pid": pid}`` and, when a
+worker ends, ``{"exited": id, "code": code}`` (a negative code: killed by that signal). It forks
+only from this single thread, before any torch operation has started a thread pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import sys
+
+
+def _child(msg: dict, out_fd: int) -> None:
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # stdout/stderr become the worker's log and stdin /dev/null (dup2 closes the zygote's pipes
+    # in this process); opened above 2 first, so dup2 never closes what it just opened.
+    log = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.dup2(devnull, 0)
+    for fd in {log, devnull} - {0, 1, 2}:
+        os.close(fd)
+    if out_fd not in (0, 1, 2):
+        os.close(out_fd)
+    code = 0
+    try:
+        for path in msg.get("cgroups") or []:
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        os.environ.clear()
+        os.environ.update(msg["env"])
+        if msg.get("cwd"):
+            os.chdir(msg["cwd"])
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(threads))
+        argv = list(msg["argv"])
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - report like an interpreter would
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _warm_torch() -> None:
+    """torch imports much lazily: the first optimizer pulls in torch._dynamo (seconds). Done here
+    once, single-threaded (no intra-op pool is started, so forking stays safe)."""
+    torch = sys.modules["torch"]
+    torch.set_num_threads(1)
+    p = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(p.parameters(), lr=0.1, momentum=0.9)
+    p(torch.zeros(1, 2)).sum().backward()
+    opt.step()
+
+
+def main() -> None:
+    for name in (sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []):
+        importlib.import_module(name)
+    if "torch" in sys.modules:
+        _warm_torch()
+    out = sys.stdout.fileno()
+    ids: dict[int, str] = {}
+
+    def say(obj: dict) -> None:
+        os.write(out, (json.dumps(obj) + "\n").encode())
+
+    say({"ready": True, "pid": os.getpid()})
+    buf = b""
+    inp = sys.stdin.fileno()
+    while True:
+        ready, _, _ = select.select([inp], [], [], 0.02)
+        if ready:
+            chunk = os.read(inp, 65536)
+            if not chunk:  # the launcher went away: the zygote ends; workers live on
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if msg.get("op") == "spawn":
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(msg, out)
+                    ids[pid] = msg["id"]
+                    say({"spawned": msg["id"], "pid": pid})
+        while ids:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            code = os.waitstatus_to_exitcode(status)
+            say({"exited": ids.pop(pid, "?"), "code": code})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+// Tests of the device pool's core (include/dra/pool/): inventory and request validation (the
+// field and the fix named, nothing changed), the deterministic scheduler (suitable devices, least
+// fragmentation, locality, priority with aging, preemption that shrinks elastic jobs in place and
+// never breaks a rigid gang), leases, the replica autoscaler's hysteresis, and the scaler on the
+// cluster arbiter (whose fast path must give the allocations of the straightforward search).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <functional>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dra/policy/cluster_arbiter.hpp"
+#include "dra/pool/inventory.hpp"
+#include "dra/pool/lease.hpp"
+#include "dra/pool/request.hpp"
+#include "dra/pool/scaler.hpp"
+#include "dra/pool/scheduler.hpp"
+
+using namespace dra::pool;
+
+namespace {
+
+// Two nodes, two NVLink-like groups of two GPUs each per node, 80 GB; plus 4 CPU slots.
+inventory mixed_pool() {
+  inventory inv;
+  for (int node = 0; node < 2; ++node)
+    for (int g = 0; g < 4; ++g) {
+      device d;
+      d.id = "n" + std::to_string(node) + "/gpu" + std::to_string(g);
+      d.type = "gpu-80gb";
+      d.node = "n" + std::to_string(node);
+      d.group = g / 2;
+      d.memory_gb = 80;
+      d.enforcement = "cuda_visible_devices";
+      inv.add(d);
+    }
+  for (int s = 0; s < 4; ++s) {
+    device d;
+    d.id = "slot" + std::to_string(s);
+    d.type = "cpu-slot";
+    d.node = "local";
+    d.memory_gb = 2;
+    d.compute = 0.5;
+    d.enforcement = "cgroup";
+    inv.add(d);
+  }
+  return inv;
+}
+
+inventory slots(int n) {
+  inventory inv;
+  for (int s = 0; s < n; ++s) {
+    device d;
+    d.id = "slot" + std::to_string(s);
+    d.type = "cpu-slot";
+    d.memory_gb = 2;
+    d.enforcement = "cgroup";
+    inv.add(d);
+  }
+  return inv;
+}
+
+request req(const std::string& job, int min_size, int max_size, const std::string& priority = "normal",
+            bool elastic = true, const std::string& type = "cpu-slot") {
+  request r;
+  r.job = job, r.min_size = min_size, r.max_size = max_size, r.priority = priority, r.elastic = elastic;
+  r.device_type = type;
+  return r;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void apply(const inventory& inv, lease_book& book, const plan& p, double now) {
+  for (const auto& g : p.grants) book.grant(inv, g.job, g.device, g.share, now);
+  for (const auto& r : p.releases) book.mark_releasing(r.lease);
+}
+
+// The arbiter's search as first written (every (job, increment) pair per device; every pair of
+// jobs per move): the fast path must give the same allocations.
+std::vector<int> reference_allocate(const dra::policy::cluster_arbiter& arb,
+                                     const std::vector<dra::policy::arbiter_job>& jobs, int capacity) {
+  const double p = arb.config().p, eps = arb.config().epsilon;
+  const std::size_t n = jobs.size();
+  auto term = [&](double s) { return std::pow(s + eps, p); };
+  std::vector<std::vector<double>> terms(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    const int most = std::max(0, static_cast<int>(jobs[j].speedup.size()) - 1);
+    terms[j].resize(static_cast<std::size_t>(most) + 1);
+    for (int k = 0; k <= most; ++k) terms[j][static_cast<std::size_t>(k)] = term(dra::policy::cluster_arbiter::effective(jobs[j], k));
+  }
+  std::vector<int> alloc(n, 0);
+  int free = capacity;
+  for (std::size_t j = 0; j < n; ++j) {
+    const int keep = std::min({jobs[j].min_devices, jobs[j].current, static_cast<int>(terms[j].size()) - 1});
+    if (keep > 0 && keep <= free) alloc[j] = keep, free -= keep;
+  }
+  const double sign = p < 0.0 ? -1.0 : 1.0;
+  while (free > 0) {
+    double best_rate = 0.0;
+    std::size_t best_j = n;
+    int best_k = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const auto& t = terms[j];
+      const double now = t[static_cast<std::size_t>(alloc[j])];
+      const int most = std::min(static_cast<int>(t.size()) - 1, alloc[j] + free);
+      for (int k = alloc[j] + 1; k <= most; ++k) {
+        const double rate = sign * (t[static_cast<std::size_t>(k)] - now) / (k - alloc[j]);
+        if (rate > best_rate * (1.0 + 1e-12) && rate > 0.0) best_rate = rate, best_j = j, best_k = k;
+      }
+    }
+    if (best_j == n) break;
+    free -= best_k - alloc[best_j];
+    alloc[best_j] = best_k;
+  }
+  for (int move = 0; move < arb.config().max_moves; ++move) {
+    double best = 0.0;
+    std::size_t from = n, to = n;
+    for (std::size_t a = 0; a < n; ++a) {
+      if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current)) continue;
+      const auto ka = static_cast<std::size_t>(alloc[a]);
+      const double lose = terms[a][ka - 1] - terms[a][ka];
+      for (std::size_t b = 0; b < n; ++b) {
+        const auto kb = static_cast<std::size_t>(alloc[b]);
+        if (b == a || kb + 1 >= terms[b].size()) continue;
+        const double delta = sign * (lose + terms[b][kb + 1] - terms[b][kb]);
+        if (delta > best + 1e-12) best = delta, from = a, to = b;
+      }
+    }
+    if (from == n) break;
+    --alloc[from];
+    ++alloc[to];
+  }
+  return alloc;
+}
+
+}  // namespace
+
+TEST_CASE("pool.inventory.validation") {
+  inventory inv = slots(2);
+  device dup;
+  dup.id = "slot0", dup.type = "cpu-slot";
+  CHECK(message_of([&] { inv.add(dup); }).find("already") != std::string::npos);
+  device bad;
+  bad.id = "x", bad.type = "cpu-slot", bad.enforcement = "magic";
+  CHECK(message_of([&] { inv.add(bad); }).rfind("enforcement:", 0) == 0);
+  bad.enforcement = "soft", bad.compute = 0;
+  CHECK(message_of([&] { inv.add(bad); }).rfind("compute:", 0) == 0);
+  CHECK(inv.size() == 2);  // nothing half-added
+  CHECK(inv.types() == std::vector<std::string>{"cpu-slot"});
+}
+
+TEST_CASE("pool.request.validation_names_field_and_fix") {
+  const inventory inv = mixed_pool();
+  request ok = req("a", 1, 2);
+  CHECK_NOTHROW(ok.validate(inv));
+  request r = ok;
+  r.device_type = "tpu";
+  auto m = message_of([&] { r.validate(inv); });
+  CHECK(m.rfind("device_type:", 0) == 0);
+  CHECK(m.find("cpu-slot, gpu-80gb") != std::string::npos);
+  r = ok, r.memory_gb = 64;  // slots have 2 GB
+  m = message_of([&] { r.validate(inv); });
+  CHECK(m.rfind("memory_gb:", 0) == 0);
+  CHECK(m.find("at most") != std::string::npos);
+  r = ok, r.fraction = 1.5;
+  CHECK(message_of([&] { r.validate(inv); }).rfind("fraction:", 0) == 0);
+  r = ok, r.fraction = 0.0;
+  CHECK(message_of([&] { r.validate(inv); }).rfind("fraction:", 0) == 0);
+  r = ok, r.min_size = 3, r.max_size = 2;
+  m = message_of([&] { r.validate(inv); });
+  CHECK(m.rfind("min_size:", 0) == 0);
+  CHECK(m.find("min_size <= max_size") != std::string::npos);
+  r = ok, r.priority = "urgent";
+  m = message_of([&] { r.validate(inv); });
+  CHECK(m.rfind("priority:", 0) == 0);
+  CHECK(m.find("low, normal, high, critical") != std::string::npos);
+  r = ok, r.elastic = false;
+  CHECK(message_of([&] { r.validate(inv); }).rfind("max_size:", 0) == 0);
+  r = ok, r.min_size = 5, r.max_size = 5;  // only 4 slots
+  CHECK(message_of([&] { r.validate(inv); }).rfind("min_size:", 0) == 0);
+  r = ok, r.job = "a b";
+  CHECK(message_of([&] { r.validate(inv); }).rfind("job:", 0) == 0);
+  r = ok, r.kind = "batch";
+  CHECK(message_of([&] { r.validate(inv); }).rfind("kind:", 0) == 0);
+}
+
+TEST_CASE("pool.lease.ids_free_share_heartbeat_restore") {
+  const inventory inv = slots(2);
+  lease_book book;
+  const auto a = book.grant(inv, "j", "slot0", 0.5, 0.0).id;
+  const auto b = book.grant(inv, "k", "slot0", 0.5, 0.0).id;
+  CHECK(a != b);
+  CHECK(book.free_share("slot0") == doctest::Approx(0.0));
+  CHECK(message_of([&] { book.grant(inv, "m", "slot0", 0.25, 0.0); }).rfind("device:", 0) == 0);
+  CHECK(book.size() == 2);
+  book.heartbeat(a, 10.0);
+  CHECK(book.expired(12.0, 5.0) == std::vector<std::int64_t>{b});
+  book.release(b);
+  // A restored book continues ids above the highest restored id.
+  lease_book restored;
+  lease l = book.at(a);
+  l.id = 41;
+  restored.restore(l);
+  CHECK(restored.grant(inv, "j", "slot1", 1.0, 0.0).id == 42);
+  CHECK(message_of([&] { restored.release(7); }).rfind("lease:", 0) == 0);
+}
+
+TEST_CASE("pool.scheduler.suitable_devices_and_locality") {
+  const inventory inv = mixed_pool();
+  lease_book book;
+  const scheduler s;
+  // A 2-GPU job lands inside one NVLink group of one node.
+  std::vector<job_entry> jobs{{req("g2", 2, 2, "normal", false, "gpu-80gb"), 0.0, 0}};
+  plan p = s.admit(inv, jobs, book, 0.0);
+  REQUIRE(p.grants.size() == 2);
+  const auto& d0 = inv.at(p.grants[0].device);
+  const auto& d1 = inv.at(p.grants[1].device);
+  CHECK(d0.type == "gpu-80gb");
+  CHECK((d0.node == d1.node && d0.group == d1.group));
+  apply(inv, book, p, 0.0);
+  // A 3-GPU job then prefers the other node's two groups (4 free there) over splitting nodes.
+  jobs.push_back({req("g3", 3, 3, "normal", false, "gpu-80gb"), 1.0, 1});
+  p = s.admit(inv, jobs, book, 1.0);
+  REQUIRE(p.grants.size() == 3);
+  std::set<std::string> nodes;
+  for (const auto& g : p.grants) nodes.insert(inv.at(g.device).node);
+  CHECK(nodes.size() == 1);
+  CHECK(*nodes.begin() != d0.node);
+  // Growth of g2 would go next to its own devices: same node first.
+  apply(inv, book, p, 1.0);
+  jobs[0].req.elastic = true, jobs[0].req.max_size = 4;
+  p = s.resize(inv, jobs, {{"g2", 4}}, book, 2.0);
+  REQUIRE(p.grants.size() == 2);
+  for (const auto& g : p.grants) CHECK(inv.at(g.device).node == d0.node);
+}
+
+TEST_CASE("pool.scheduler.fractions_least_fragmentation") {
+  const inventory inv = slots(3);
+  lease_book book;
+  const scheduler s;
+  book.grant(inv, "x", "slot1", 0.5, 0.0);  // slot1 half used
+  request r = req("half", 1, 1);
+  r.fraction = 0.5;
+  plan p = s.admit(inv, {{r, 0.0, 0}}, book, 0.0);
+  REQUIRE(p.grants.size() == 1);
+  CHECK(p.grants[0].device == "slot1");  // fills the partly used slot, keeps whole slots whole
+  r.fraction = 0.75;
+  p = s.admit(inv, {{r, 0.0, 0}}, book, 0.0);
+  REQUIRE(p.grants.size() == 1);
+  CHECK(p.grants[0].device == "slot0");
+}
+
+TEST_CASE("pool.scheduler.priority_and_aging") {
+  const inventory inv = slots(1);
+  lease_book book;
+  scheduler_config c;
+  c.aging_s = 10.0;
+  c.preemption = false;
+  const scheduler s(c);
+  std::vector<job_entry> jobs{{req("low", 1, 1, "low"), 0.0, 0}, {req("high", 1, 1, "high"), 5.0, 1}};
+  plan p = s.admit(inv, jobs, book, 6.0);
+  REQUIRE(p.grants.size() == 1);
+  CHECK(p.grants[0].job == "high");
+  CHECK(p.waiting == std::vector<std::string>{"low"});
+  // After waiting 25 s the low job has aged two levels (low + 2 = high) and arrived first.
+  jobs[1].submitted_at = 24.0;
+  p = s.admit(inv, jobs, book, 25.0);
+  REQUIRE(p.grants.size() == 1);
+  CHECK(p.grants[0].job == "low");
+  // Deterministic: the same inputs give the same plan.
+  const plan q = s.admit(inv, jobs, book, 25.0);
+  CHECK(q.grants[0].device == p.grants[0].device);
+}
+
+TEST_CASE("pool.scheduler.preemption_shrinks_elastic_in_place_never_rigid") {
+  const inventory inv = slots(4);
+  lease_book book;
+  const scheduler s;
+  std::vector<job_entry> jobs{{req("elastic-low", 1, 3, "low"), 0.0, 0}, {req("rigid-low", 1, 1, "low", false), 0.0, 1}};
+  plan p = s.admit(inv, jobs, book, 0.0);
+  apply(inv, book, p, 0.0);
+  p = s.resize(inv, jobs, {{"elastic-low", 3}}, book, 0.0);
+  apply(inv, book, p, 0.0);
+  CHECK(book.count("elastic-low") == 3);
+  CHECK(book.count("rigid-low") == 1);
+  // A high-priority gang of 2 arrives: two of the elastic job's leases are asked back (it keeps
+  // its minimum of 1), the rigid job is untouched, nothing is granted until they come back.
+  jobs.push_back({req("gang-high", 2, 2, "high", false), 1.0, 2});
+  p = s.admit(inv, jobs, book, 1.0);
+  CHECK(p.grants.empty());
+  REQUIRE(p.releases.size() == 2);
+  for (const auto& r : p.releases) {
+    CHECK(r.job == "elastic-low");
+    CHECK(r.preemption);
+    CHECK(r.for_job == "gang-high");
+  }
+  apply(inv, book, p, 1.0);
+  // Asking again does not preempt twice while those leases are on their way back.
+  p = s.admit(inv, jobs, book, 1.5);
+  CHECK(p.releases.empty());
+  CHECK(p.grants.empty());
+  for (const auto& l : book.all())
+    if (l.state == lease_state::releasing) book.release(l.id);
+  p = s.admit(inv, jobs, book, 2.0);
+  REQUIRE(p.grants.size() == 2);
+  for (const auto& g : p.grants) CHECK(g.job == "gang-high");
+  apply(inv, book, p, 2.0);
+  // A critical gang of 3 cannot fit without breaking the rigid job or the elastic job's minimum:
+  // nothing is preempted at all.
+  jobs.push_back({req("gang-critical", 3, 3, "critical", false), 3.0, 3});
+  p = s.admit(inv, jobs, book, 3.0);
+  CHECK(p.releases.empty());
+  CHECK(p.grants.empty());
+}
+
+TEST_CASE("pool.scheduler.resize_releases_newest_and_grows_partially") {
+  const inventory inv = slots(4);
+  lease_book book;
+  const scheduler s;
+  std::vector<job_entry> jobs{{req("a", 1, 4), 0.0, 0}, {req("b", 1, 4), 0.0, 1}};
+  apply(inv, book, s.admit(inv, jobs, book, 0.0), 0.0);
+  plan p = s.resize(inv, jobs, {{"a", 4}, {"b", 1}}, book, 0.0);
+  CHECK(p.grants.size() == 2);  // only 2 free: a partial grow
+  apply(inv, book, p, 0.0);
+  p = s.resize(inv, jobs, {{"a", 2}, {"b", 2}}, book, 1.0);
+  REQUIRE(p.releases.size() == 1);
+  CHECK(p.releases[0].job == "a");
+  std::int64_t newest = 0;
+  for (const auto& l : book.of_job("a")) newest = std::max(newest, l.id);
+  CHECK(p.releases[0].lease == newest);
+  CHECK(p.grants.empty());  // b's grow waits for the lease to come back
+}
+
+TEST_CASE("pool.autoscaler.hysteresis") {
+  autoscaler_config c;
+  c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0;
+  replica_autoscaler a(c);
+  CHECK(a.update(0.0, 5.0, 0.0, 1) == 1);    // 50 % load: inside the band
+  CHECK(a.update(1.0, 20.0, 0.0, 1) == 4);   // 2 replicas' worth at 60 % target -> 4
+  CHECK(a.update(2.0, 20.0, 0.0, 4) == 4);
+  CHECK(a.update(3.0, 10.0, 0.0, 4) == 4);   // 25 % per replica: low, but not for long yet
+  CHECK(a.update(7.0, 10.0, 0.0, 4) == 4);
+  CHECK(a.update(8.5, 10.0, 0.0, 4) == 3);   // low for 5.5 s: one step down
+  CHECK(a.update(9.0, 10.0, 0.0, 3) == 3);   // the next step waits another delay
+  CHECK(a.update(14.0, 10.0, 0.0, 3) == 2);
+  CHECK(a.update(15.0, 0.0, 9.0, 2) == 4);   // a queue adds replicas at once
+  CHECK(a.update(16.0, 30.0, 0.0, 4, 5.0) == 4);   // a measured capacity of 5 req/s: 30 req/s needs more
+  CHECK(a.update(17.0, 30.0, 0.0, 4, 50.0) == 4);  // 50 req/s each: 15 % load, low only after the delay
+  c.down_utilisation = 0.7;
+  CHECK_THROWS_AS(replica_autoscaler{c}, std::invalid_argument);
+}
+
+TEST_CASE("pool.scaler.inference_first_then_arbiter") {
+  const dra::policy::cluster_arbiter arb;
+  scale_job inf;
+  inf.job = "serve", inf.kind = "inference", inf.priority = "high", inf.min_size = 1, inf.max_size = 3;
+  inf.current = 1, inf.replicas_wanted = 3;
+  scale_job fast;
+  fast.job = "fast", fast.min_size = 1, fast.max_size = 4, fast.current = 2;
+  fast.speedup = {0, 1, 2, 3, 4};
+  scale_job flat;
+  flat.job = "flat", flat.min_size = 1, flat.max_size = 4, flat.current = 2;
+  flat.speedup = {0, 1, 1.05, 1.1, 1.1};
+  scale_job rigid;
+  rigid.job = "rigid", rigid.elastic = false, rigid.min_size = 1, rigid.max_size = 1, rigid.current = 1;
+  auto sizes = plan_sizes({inf, fast, flat, rigid}, 8, arb);
+  CHECK(sizes["rigid"] == 1);
+  CHECK(sizes["serve"] == 3);
+  CHECK(sizes["fast"] + sizes["flat"] == 4);
+  CHECK(sizes["fast"] > sizes["flat"]);
+  // A peak that would need every device: training keeps its minimum, inference gets the rest.
+  inf.replicas_wanted = 3, inf.max_size = 8;
+  sizes = plan_sizes({inf, fast, flat, rigid}, 5, arb);
+  CHECK(sizes["fast"] == 1);
+  CHECK(sizes["flat"] == 1);
+  CHECK(sizes["serve"] == 2);
+}
+
+TEST_CASE("pool.arbiter.fast_path_matches_reference") {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    dra::policy::arbiter_config cfg;
+    cfg.p = trial % 3 == 0 ? 1.0 : -1.0;
+    const dra::policy::cluster_arbiter arb(cfg);
+    const int n = 1 + static_cast<int>(u(rng) * 12);
+    std::vector<dra::policy::arbiter_job> jobs(static_cast<std::size_t>(n));
+    for (auto& j : jobs) {
+      const int most = 1 + static_cast<int>(u(rng) * 10);
+      const double sigma = u(rng) * 0.3;
+      j.speedup.assign(static_cast<std::size_t>(most) + 1, 0.0);
+      for (int k = 1; k <= most; ++k)
+        j.speedup[static_cast<std::size_t>(k)] = (trial % 5 == 0 ? 1.0 : (0.5 + u(rng))) * k / (1.0 + sigma * (k - 1));
+      j.current = static_cast<int>(u(rng) * most);
+      j.change_penalty = trial % 2 ? 1.0 : 0.7 + 0.3 * u(rng);
+      j.min_devices = u(rng) < 0.3 ? 1 : 0;
+    }
+    const int capacity = static_cast<int>(u(rng) * 40);
+    CAPTURE(trial);
+    CHECK(arb.allocate(jobs, capacity) == reference_allocate(arb, jobs, capacity));
+  }
+}

@@ -1,0 +1,265 @@
+"""The device pool with real parts: cgroup slots (CPU quota, affinity, accounting), SQLite state
+across a daemon restart, heartbeat reclaim and handover, the launcher supervising real elastic
+workers (a crash does not take the others down), preemption that shrinks a running job in place,
+the HTTP interface, the CLI, events and the Gantt plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dra._core import pool as P
+from dra.pool import _cgroup
+from dra.pool.gantt import plot
+from dra.pool.server import PoolClient, PoolServer
+from dra.pool.service import PoolService, make_service, speedup_curve
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "pool" / "train.py"
+NO_CGROUPS = _cgroup.available()
+
+
+def declared(n: int) -> list:
+    return [P.Device(id=f"d{i}", type="cpu-slot", memory_gb=2.0) for i in range(n)]
+
+
+def test_request_errors_name_the_field_and_nothing_is_allocated(tmp_path: Path) -> None:
+    svc = PoolService(declared(2), tmp_path, launch_jobs=False)
+    try:
+        for spec, field in [({"name": "a", "device_type": "tpu"}, "device_type"),
+                            ({"name": "a", "memory_gb": 64}, "memory_gb"),
+                            ({"name": "a", "fraction": 1.5}, "fraction"),
+                            ({"name": "a", "min_size": 3, "max_size": 2}, "min_size"),
+                            ({"name": "a", "priority": "urgent"}, "priority"),
+                            ({"name": "a", "colour": "red"}, "colour")]:
+            with pytest.raises(ValueError, match=f"^{field}"):
+                svc.submit(spec)
+        svc.tick()
+        assert len(svc.book) == 0 and not svc.jobs
+    finally:
+        svc.close()
+
+
+@pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
+def test_slot_quota_affinity_and_accounting_are_real(tmp_path: Path) -> None:
+    spec = _cgroup.SlotSpec("slot0", 0.25, "0", 0.5)
+    slots = _cgroup.Slots(f"t{os.getpid()}", [spec])
+    try:
+        paths = slots.make_lease("slot0", 7, 1.0)
+        code = ("import os,time\nt=time.time()\nwhile time.time()-t<1.5: pass\n"
+                "print(sorted(os.sched_getaffinity(0)))")
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: _cgroup.join(paths))
+        out, _ = p.communicate(timeout=30)
+        used = slots.usage_s("slot0")
+        assert out.strip() == "[0]"  # cpuset affinity
+        assert 0.1 < used < 0.25 * 1.5 + 0.15, used  # a busy loop held to a quarter of a core
+        assert Path(paths[3], "memory.limit_in_bytes").read_text().strip() == str(int(0.5 * 2**30))
+    finally:
+        slots.close()
+    assert not Path(_cgroup.ROOT, "cpu", "dra", f"t{os.getpid()}").exists()
+
+
+def test_restart_keeps_every_lease_and_ids_continue(tmp_path: Path) -> None:
+    svc = PoolService(declared(3), tmp_path, launch_jobs=False)
+    svc.submit({"name": "a", "min_size": 2, "max_size": 2})
+    svc.tick()
+    got = svc.sync("a", [], [], None)
+    ids = sorted(l["id"] for l in got["leases"])
+    assert len(ids) == 2 and got["state"] == "running"
+    svc.close()
+    again = PoolService(declared(3), tmp_path, launch_jobs=False)
+    try:
+        answer = again.sync("a", ids, [], None)
+        assert sorted(l["id"] for l in answer["leases"]) == ids and answer["state"] == "running"
+        again.submit({"name": "b"})
+        again.tick()
+        b = again.sync("b", [], [], None)["leases"]
+        assert b and b[0]["id"] > max(ids)  # lease ids never repeat
+        assert any(json.loads(x)["event"] == "restore" for x in (tmp_path / "events.jsonl").read_text().splitlines())
+    finally:
+        again.close()
+
+
+def test_dead_worker_lease_reclaimed_and_next_job_served_within_a_second(tmp_path: Path) -> None:
+    svc = PoolService(declared(1), tmp_path, launch_jobs=False, heartbeat_timeout_s=0.6, start_grace_s=0.6,
+                      tick_s=0.02)
+    svc.start()
+    try:
+        svc.submit({"name": "a"})
+        svc.submit({"name": "b"})
+        deadline = time.time() + 5
+        while not svc.book.of_job("a") and time.time() < deadline:
+            time.sleep(0.01)
+        assert svc.book.of_job("a") and not svc.book.of_job("b")
+        # a's worker never heartbeats: its lease is reclaimed after the timeout, b gets it.
+        while not svc.book.of_job("b") and time.time() < deadline:
+            time.sleep(0.01)
+        events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+        reclaim = next(e for e in events if e["event"] == "release" and e["job"] == "a")
+        grant_b = next(e for e in events if e["event"] == "grant" and e["job"] == "b")
+        assert "heartbeat" in reclaim["reason"]
+        assert 0 <= grant_b["time"] - reclaim["time"] < 1.0
+    finally:
+        svc.close()
+
+
+def test_speedup_curve_fits_measured_rates() -> None:
+    flat = speedup_curve(None, 4)
+    assert flat[0] == 0 and flat[1] == 1 and flat[4] > flat[2]
+    perfect = speedup_curve({"rates": {"1": 100, "2": 200, "4": 400}}, 4)
+    assert perfect[4] == pytest.approx(4.0, rel=1e-6)
+    poor = speedup_curve({"rates": {"1": 100, "2": 110}}, 4)
+    assert poor[4] < 1.5
+    assert speedup_curve({"rates": {"1": 100}, "desired_size": 2}, 4)[4] == speedup_curve({"rates": {"1": 100}}, 4)[2]
+
+
+def _launch(args: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "dra", "run", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, cwd=ROOT)
+
+
+def test_launcher_survives_a_crash_and_the_job_finishes(tmp_path: Path) -> None:
+    """dra run --nproc 3 without a pool: uid 1 dies mid-run (exit 9); the launcher reports it,
+    the other two shrink in place, finish, and the launcher exits 0."""
+    out = tmp_path / "out"
+    log = tmp_path / "launcher.log"
+    p = _launch(["--nproc", "3", "--job", "crash", "--log-dir", str(tmp_path / "logs"), "--",
+                 sys.executable, str(TRAIN), "--model", "logreg", "--data", "wine", "--epochs", "30",
+                 "--global-batch", "16", "--max-size", "3", "--out", str(out), "--die-at-step", "20", "--die-uid", "1"],
+                log)
+    assert p.wait(timeout=150) == 0, log.read_text()[-3000:]
+    lines = [json.loads(x[len("[dra run] "):]) for x in log.read_text().splitlines() if x.startswith("[dra run] ")]
+    exits = sorted(e["code"] for e in lines if e["event"] == "worker_exit")
+    assert exits == [0, 0, 9]
+    result = json.loads((out / "result.json").read_text())
+    assert result["accuracy"] > 0.85 and result["final_world"] == 2
+
+
+@pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
+def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
+    """Two CPU slots. A low-priority elastic job grows onto both; a high-priority rigid job
+    arrives: the low job gives one slot back in place (its survivors carry on), the high job runs
+    on it, both finish with their accuracy; events, status, metrics and the Gantt plot show it."""
+    svc = make_service("slots:2", tmp_path / "state", name=f"t{os.getpid()}", scale_every_s=0.5,
+                       heartbeat_timeout_s=3.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    try:
+        common = {"cwd": str(ROOT), "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
+                  "log": str(tmp_path / "logs")}
+        client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", **common,
+                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "40",
+                                   "--global-batch", "128", "--max-size", "2", "--out", str(tmp_path / "low")]})
+        deadline = time.time() + 90
+        while time.time() < deadline:  # the arbiter grows the only job onto both slots, in place
+            report = next(j for j in client.status()["jobs"] if j["name"] == "low")["report"] or {}
+            if report.get("world") == 2:
+                break
+            time.sleep(0.2)
+        assert report.get("world") == 2, report
+        with pytest.raises(ValueError, match="^min_size"):
+            client.submit({"name": "toobig", "min_size": 3, "max_size": 3})
+        client.submit({"name": "high", "min_size": 1, "max_size": 1, "elastic": False, "priority": "high", **common,
+                       "command": [sys.executable, str(TRAIN), "--model", "logreg", "--data", "breast_cancer",
+                                   "--epochs", "20", "--max-size", "1", "--out", str(tmp_path / "high")]})
+        states = client.wait(["low", "high"], timeout_s=150)
+        assert states == {"low": "finished", "high": "finished"}, (tmp_path / "state" / "events.jsonl").read_text()[-3000:]
+        metrics = client.metrics()
+        assert 'dra_pool_events_total{pool="' in metrics and "dra_pool_slot_cpu_seconds_total" in metrics
+    finally:
+        server.close()
+    events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert "preempt" in kinds and kinds.count("finish") == 2
+    pre = next(e for e in events if e["event"] == "preempt")
+    assert pre["job"] == "low" and pre["for_job"] == "high"
+    low = json.loads((tmp_path / "low" / "result.json").read_text())
+    # It grew, then shrank in place (and may have grown again once the high job ended).
+    assert low["accuracy"] > 0.9 and low["resizes"] >= 2
+    shrinks = [json.loads(x[len("[dra run] "):]) for x in (tmp_path / "state" / "logs" / "low.launcher.log").read_text().splitlines()
+               if x.startswith("[dra run] ") and '"shrink"' in x]
+    assert shrinks and shrinks[0]["target"] == 1
+    assert json.loads((tmp_path / "high" / "result.json").read_text())["accuracy"] > 0.9
+    png = plot(tmp_path / "state" / "events.jsonl", tmp_path / "gantt.png")
+    assert png.stat().st_size > 5000
+
+
+def test_cli_serve_submit_status_cancel_drain(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"devices": [{"id": "g0", "type": "gpu-80gb", "memory_gb": 80,
+                                            "enforcement": "cuda_visible_devices"}]}))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    serve = subprocess.Popen([sys.executable, "-m", "dra", "pool", "serve", "--inventory", str(inv), "--state",
+                              str(tmp_path / "state"), "--port", str(port), "--heartbeat-timeout-s", "120"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "serving" in serve.stdout.readline()
+
+        def dra(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "dra", "pool", *args, "--pool", url], capture_output=True,
+                                  text=True, timeout=60)
+
+        r = dra("submit", "--name", "big", "--device-type", "gpu-80gb", "--memory-gb", "100")
+        assert r.returncode == 2 and "memory_gb" in r.stderr
+        r = dra("submit", "--name", "inf", "--kind", "inference", "--device-type", "gpu-80gb", "--fraction", "0.5")
+        assert r.returncode == 0, r.stderr
+        time.sleep(0.5)
+        st = json.loads(dra("status", "--json").stdout)
+        lease = next(l for l in st["leases"] if l["job"] == "inf")
+        assert lease["device"] == "g0" and lease["share"] == 0.5
+        assert "inf#" in dra("status").stdout
+        env = PoolClient(url).sync("inf", [lease["id"]], [], None)["leases"][0]["env"]
+        assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["DRA_ENFORCEMENT"] == "soft"  # a fraction is soft here
+        assert json.loads(dra("cancel", "inf").stdout)["state"] == "cancelled"
+        assert json.loads(dra("drain").stdout)["draining"] is True
+        r = dra("submit", "--name", "late")
+        assert r.returncode == 2 and "draining" in r.stderr
+    finally:
+        serve.terminate()
+        serve.wait(timeout=10)
+        serve.stdout.close()
+
+
+def test_daemon_restart_mid_job_keeps_leases_and_the_job_carries_on(tmp_path: Path) -> None:
+    """A real job runs under its launcher; the daemon stops and a new one starts on the same state
+    and port: the lease is the same, the launcher reconnects, the job finishes."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    state = tmp_path / "state"
+    svc = PoolService(declared(1), state, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc, port=port).start()
+    client = PoolClient(server.url)
+    client.submit({"name": "j", "cwd": str(ROOT), "log": str(tmp_path / "logs"),
+                   "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
+                   "command": [sys.executable, str(TRAIN), "--model", "mlp", "--data", "digits", "--epochs", "60",
+                               "--max-size", "1", "--out", str(tmp_path / "out")]})
+    deadline = time.time() + 90
+    while time.time() < deadline and not (tmp_path / "out" / "first_steps.jsonl").exists():
+        time.sleep(0.2)
+    before = [(l["id"], l["device"]) for l in client.status()["leases"]]
+    assert before and not (tmp_path / "out" / "result.json").exists()
+    server.close(remove_slots=False)  # the daemon goes away mid-job
+    time.sleep(1.0)
+    again = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=5.0), port=port).start()
+    try:
+        assert [(l["id"], l["device"]) for l in again.service.status()["leases"]] == before
+        assert PoolClient(again.url).wait(["j"], timeout_s=120) == {"j": "finished"}
+    finally:
+        again.close()
+    assert json.loads((tmp_path / "out" / "result.json").read_text())["accuracy"] > 0.9
+    kinds = [json.loads(x)["event"] for x in (state / "events.jsonl").read_text().splitlines()]
+    assert "restore" in kinds and kinds.count("grant") == 1  # the same lease throughout

@@ -1,0 +1,72 @@
+"""The pool on a real local Ray cluster of two nodes (two raylets, ray.cluster_utils.Cluster):
+devices from Ray's resources, a placement group per lease, workers started on their lease's node;
+the second node is removed while the job trains on both: its lease is released, the job shrinks in
+place and finishes. Skipped when Ray is not installed (pip install -r requirements-ray.txt)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -r requirements-ray.txt")
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::ResourceWarning"),
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "pool" / "train.py"
+
+
+def test_ray_two_nodes_node_removed_while_training(tmp_path: Path) -> None:
+    from ray.cluster_utils import Cluster
+
+    from dra.pool.server import PoolClient, PoolServer
+    from dra.pool.service import make_service
+
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 1, "resources": {"dra_slot": 1, "dra_node_a": 1},
+                                      "include_dashboard": False})
+    node_b = cluster.add_node(num_cpus=1, resources={"dra_slot": 1, "dra_node_b": 1})
+    cluster.wait_for_nodes()
+    server = None
+    try:
+        svc = make_service(f"ray:{cluster.address}", tmp_path / "state", scale_every_s=0.5, heartbeat_timeout_s=5.0)
+        assert sorted(d.id for d in svc.inventory.devices) == ["a/slot0", "b/slot0"]
+        server = PoolServer(svc).start()
+        client = PoolClient(server.url)
+        client.submit({"name": "j", "min_size": 1, "max_size": 2, "ray": cluster.address, "cwd": str(ROOT),
+                       "log": str(tmp_path / "logs"),
+                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "60",
+                                   "--global-batch", "128", "--max-size", "2", "--out", str(tmp_path / "out")]})
+        deadline = time.time() + 150
+        report: dict = {}
+        while time.time() < deadline:
+            report = next(j for j in client.status()["jobs"] if j["name"] == "j")["report"] or {}
+            if report.get("world") == 2:
+                break
+            time.sleep(0.3)
+        assert report.get("world") == 2, report  # one worker on each node, one world
+        cluster.remove_node(node_b)
+        states = client.wait(["j"], timeout_s=180)
+        assert states == {"j": "finished"}
+    finally:
+        if server is not None:
+            server.close()
+        ray.shutdown()
+        cluster.shutdown()
+    events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+    lost = next(e for e in events if e["event"] == "node_removed")
+    assert lost["node"] == "b" and lost["devices"] == ["b/slot0"]
+    # The lease on b came back: from the launcher (its worker died with the node) or, if the pool
+    # saw the node go first, from the pool ("node lost"); either way once, and nothing holds b now.
+    on_b = [e for e in events if e["event"] == "release" and e["device"] == "b/slot0"]
+    assert len(on_b) >= 1 and on_b[-1]["reason"] in ("worker exited", "node lost")
+    grants_b = [e for e in events if e["event"] == "grant" and e["device"] == "b/slot0"]
+    assert len(grants_b) == len(on_b)
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["final_world"] == 1 and result["accuracy"] > 0.9  # shrank in place and finished
