@@ -379,3 +379,7 @@ def test_rejects_bad_options():
                           text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
     assert proc.returncode == 1
     assert "resize_schedule: steps must be >= 1" in proc.stdout  # the controller's own validation
+    proc = subprocess.run([str(BINARY), "--test-fault", "kill:forward:3"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+    assert proc.returncode == 1
+    assert "--test-fault: expected ACTION:WHERE:INDEX[:SECONDS]" in proc.stdout and "'kill:forward:3'" in proc.stdout

@@ -181,6 +181,27 @@ def test_adascale_mode_applies_batch_and_lr_scale_and_keeps_exactly_once(monkeyp
         dra.reset()
 
 
+@pytest.fixture
+def one_process(monkeypatch):
+    """No launcher's environment: dra.step and de.init run as one process."""
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "DRA_STORE", "DRA_OPTIONS"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def _tiny_job():
+    net = torch.nn.Linear(3, 1)
+    sampler = de.ElasticSampler(16, 4, seed=0)
+    return de.init(net, torch.optim.SGD(net.parameters(), lr=0.1), sampler), sampler, torch.randn(16, 3)
+
+
+def _train_step(ctl, x, idx):
+    loss = ctl.model(x[torch.as_tensor(idx)]).pow(2).mean()
+    ctl.optimizer.zero_grad()
+    loss.backward()
+    ctl.optimizer.step()
+    return loss
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
@@ -195,9 +216,7 @@ def test_adascale_mode_applies_batch_and_lr_scale_and_keeps_exactly_once(monkeyp
     ids=["max_size_huge", "chunk_mb_tiny", "min_size_above_processes", "schedule_beyond_processes",
          "start_size_negative", "min_size_fractional", "adascale_with_convergence"],
 )
-def test_elastic_options_the_fault_campaign_found_are_refused_naming_the_option(monkeypatch, options, named):
-    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "DRA_STORE", "DRA_OPTIONS"):
-        monkeypatch.delenv(k, raising=False)
+def test_elastic_options_the_fault_campaign_found_are_refused_naming_the_option(one_process, options, named):
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     with pytest.raises(ValueError, match=rf"^{named}\b") as info:
@@ -210,25 +229,16 @@ def test_elastic_options_the_fault_campaign_found_are_refused_naming_the_option(
     ["1.5", "abc", None, torch.ones(1), torch.ones(3), [1.0]],
     ids=["numeric-string", "string", "none", "one-element-1d", "three-elements", "list"],
 )
-def test_elastic_controller_validates_the_loss_as_one_process_does(monkeypatch, bad):
+def test_elastic_controller_validates_the_loss_as_one_process_does(one_process, bad):
     """dra.step under an elastic controller takes what it takes alone: a float or a 0-d tensor;
     anything else raises the same ValueError naming dra.step, and changes nothing."""
-    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "DRA_STORE", "DRA_OPTIONS"):
-        monkeypatch.delenv(k, raising=False)
     with pytest.raises(ValueError) as alone:
         dra.step(bad)
-    net = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    sampler = de.ElasticSampler(16, 4, seed=0)
-    ctl = de.init(net, opt, sampler)
+    ctl, sampler, x = _tiny_job()
     try:
-        x = torch.randn(16, 3)
         for _ in ctl.epochs(1):
             for idx in sampler:
-                loss = ctl.model(x[torch.as_tensor(idx)]).pow(2).mean()
-                ctl.optimizer.zero_grad()
-                loss.backward()
-                ctl.optimizer.step()
+                _train_step(ctl, x, idx)
                 with pytest.raises(ValueError, match=r"^dra\.step: ") as elastic:
                     dra.step(bad)
                 assert str(elastic.value) == str(alone.value)
@@ -239,22 +249,13 @@ def test_elastic_controller_validates_the_loss_as_one_process_does(monkeypatch, 
         dra.reset()
 
 
-def test_elastic_controller_warns_about_a_non_finite_loss_as_one_process_does(monkeypatch):
-    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "DRA_STORE", "DRA_OPTIONS"):
-        monkeypatch.delenv(k, raising=False)
-    net = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    sampler = de.ElasticSampler(16, 4, seed=0)
-    ctl = de.init(net, opt, sampler)
+def test_elastic_controller_warns_about_a_non_finite_loss_as_one_process_does(one_process):
+    ctl, sampler, x = _tiny_job()
     try:
-        x = torch.randn(16, 3)
         warned = []
         for _ in ctl.epochs(1):
             for i, idx in enumerate(sampler):
-                loss = ctl.model(x[torch.as_tensor(idx)]).pow(2).mean()
-                ctl.optimizer.zero_grad()
-                loss.backward()
-                ctl.optimizer.step()
+                loss = _train_step(ctl, x, idx)
                 value = torch.tensor(float("nan")) if i in (1, 2) else loss
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
