@@ -150,7 +150,8 @@ def summarise(results: list[tuple[TrialSpec, Verdict, float]], args: argparse.Na
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dra.bench faults", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="PATH")
-    p.add_argument("--trials", type=int, default=12, help="number of trials (default 12: a few minutes here)")
+    p.add_argument("--trials", type=int, default=18,
+                   help="number of trials (default 18: every kind in both languages once, a few minutes here)")
     p.add_argument("--seed", type=int, default=1, help="seed of the first trial (trial i has seed + i)")
     p.add_argument("--kinds", default="", help=f"comma-separated fault kinds (default all: {', '.join(sorted(KINDS))})")
     p.add_argument("--langs", default="py,cpp", help="worker languages, taken in turn (cpp needs the example built)")

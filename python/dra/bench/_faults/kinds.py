@@ -96,7 +96,8 @@ def _kill_two(rng: random.Random, job: JobSpec) -> Fault:
     job.nproc = job.start_size = job.max_size = 4
     step, d = _step(rng, job), _in_step_delay(rng, job)
     first = "leader" if rng.random() < 0.5 else "member"
-    return Fault("kill_two", f"kill -9 of the {first} and a member within 100 ms at step {step}",
+    other = "a member" if first == "leader" else "another member"
+    return Fault("kill_two", f"kill -9 of the {first} and {other} within 100 ms at step {step}",
                  actions=[Action(first, step, d), Action("member", step, d + rng.uniform(0.0, 0.1))],
                  measure_resume=True)
 
