@@ -10,4 +10,5 @@ void bind_elastic(pybind11::module_& m);
 void bind_bench(pybind11::module_& m);
 void bind_sim(pybind11::module_& m);
 void bind_nccl(pybind11::module_& m);
+void bind_rl(pybind11::module_& m);  // issue 12: RL stage balance and simulator
 }  // namespace dra::python

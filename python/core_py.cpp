@@ -28,4 +28,5 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_bench(m);
   dra::python::bind_sim(m);
   dra::python::bind_nccl(m);
+  dra::python::bind_rl(m);
 }

@@ -550,3 +550,146 @@ elastic: _ElasticModule
 _nccl_compiled: bool
 sim_in_place_resize_cost_stand_in_s: float
 sim_policy_names: list[str]
+
+
+# ---- issue 12: RL stage balance and pipeline simulator (python/rl_py.cpp) -----------------------
+
+class QuantileSketchConfig:
+    """Relative accuracy, value range and half-life of a quantile sketch."""
+    half_life: float
+    max_value: float
+    min_value: float
+    relative_accuracy: float
+    def __init__(self, *, half_life: float = ..., max_value: float = ..., min_value: float = ..., relative_accuracy: float = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class QuantileSketch:
+    """Streaming quantiles with exponential forgetting (log-spaced bins, DDSketch-style)."""
+    def __init__(self, config: QuantileSketchConfig = ...) -> None: ...
+    def add(self, value: float) -> None: ...
+    def quantile(self, q: float) -> float: ...
+    def expected_max_of(self, n: float) -> float:
+        """Median of the longest of n draws: the quantile 0.5^(1/n)."""
+    @property
+    def mean(self) -> float: ...
+    @property
+    def second_moment(self) -> float: ...
+    @property
+    def effective_count(self) -> float: ...
+    @property
+    def observations(self) -> int: ...
+    @property
+    def rejected(self) -> int: ...
+    @property
+    def clamped(self) -> int: ...
+
+
+class GenerationModelConfig:
+    """Decode slots and priors of the generation model."""
+    forgetting: float
+    max_concurrency: int
+    prior_iteration_fixed_s: float
+    prior_iteration_per_kilotoken_s: float
+    prior_iteration_per_sequence_s: float
+    prior_weight: float
+    def __init__(self, *, forgetting: float = ..., max_concurrency: int = ..., prior_iteration_fixed_s: float = ..., prior_iteration_per_kilotoken_s: float = ..., prior_iteration_per_sequence_s: float = ..., prior_weight: float = ...) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class StageBalanceConfig:
+    """Devices, role minimums, pipeline, cooldown, hysteresis and payback of the stage-balance policy."""
+    cooldown_steps: int
+    devices: int
+    generation: GenerationModelConfig
+    hysteresis_decisions: int
+    lengths: QuantileSketchConfig
+    max_move: int
+    max_payback_steps: float
+    min_relative_gain: float
+    min_rollout: int
+    min_train: int
+    pipeline: str
+    prior_switch_cost_s: float
+    switch_cost_smoothing: float
+    training: ThroughputModelConfig
+    weight_sync_smoothing: float
+    def __init__(self, **options: Any) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class StageBalancePolicy:
+    """How many devices generate and how many train, and when moving one pays (RL post-training)."""
+    def __init__(self, config: StageBalanceConfig = ...) -> None: ...
+    @property
+    def config(self) -> StageBalanceConfig: ...
+    def observe_generation(self, prompt_tokens: float, generated_tokens: float) -> None:
+        """One finished generation."""
+    def observe_decode(self, concurrency: int, context_tokens: float, iterations: float, seconds: float) -> bool:
+        """Measured decode iterations of one rollout device; False when ignored."""
+    def observe_train(self, devices: int, tokens_per_device: float, step_s: float, sync_s: float) -> bool:
+        """One measured training step; False when ignored."""
+    def observe_weight_sync(self, seconds: float) -> None: ...
+    def observe_switch(self, direction: str, exposed_s: float) -> None:
+        """A measured switch: the seconds it lengthened its step."""
+    def switch_cost_s(self, direction: str) -> float: ...
+    def predict(self, rollout: int, sequences: int) -> dict[str, Any]: ...
+    def predict_all(self, sequences: int) -> list[dict[str, Any]]: ...
+    def decide(self, rollout: int, train: int, step: int, steps_since_switch: int, remaining_steps: int = ..., sequences_per_step: int = ...) -> dict[str, Any]:
+        """One decision at a step boundary (feed every one, in order)."""
+    @property
+    def lengths(self) -> QuantileSketch: ...
+    @property
+    def weight_sync_s(self) -> float: ...
+    @property
+    def generation_fit(self) -> dict[str, float]: ...
+
+
+class RlWorkload:
+    """Steps, batch, prompt tokens, length scale/drift/limit and seed of a simulated RL run."""
+    drift_final_scale: float
+    group_size: int
+    length_scale: float
+    max_generation_tokens: float
+    prompt_tokens: float
+    prompts_per_step: int
+    seed: int
+    steps: int
+    def __init__(self, **options: Any) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+class RlCostModel:
+    """The RL simulator's ground-truth costs (seconds)."""
+    colocated_switch_s: float
+    decode_fixed_s: float
+    decode_per_kilotoken_s: float
+    decode_per_sequence_s: float
+    max_concurrency: int
+    rollout_start_s: float
+    switch_agree_s: float
+    switch_optimizer_s: float
+    switch_rebuild_s: float
+    switch_weights_s: float
+    sync_fixed_s: float
+    sync_per_rank_s: float
+    train_fixed_s: float
+    train_per_token_s: float
+    weight_sync_s: float
+    def __init__(self, **options: Any) -> None:
+        """Keyword construction; unknown keywords and invalid values raise ValueError."""
+    def validate(self) -> None: ...
+
+
+def rl_read_lengths(path: str, column: str = ...) -> list[float]:
+    """One numeric column of a CSV (default: the Azure trace's GeneratedTokens); errors name file, line and column."""
+
+
+def rl_sim_sweep(lengths: Sequence[float], source: str, devices: int = ..., pipeline: str = ..., workload: RlWorkload = ..., costs: RlCostModel = ..., policy: StageBalanceConfig = ..., initial_rollout: int = ..., progress: Callable[[int, int], None] | None = ...) -> dict[str, Any]:
+    """Every static split, the stage-balance policy, the per-phase oracle and colocated time sharing on the same lengths."""
+
+# ---- end issue 12 -----------------------------------------------------------------------------------

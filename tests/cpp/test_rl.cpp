@@ -342,6 +342,12 @@ TEST_CASE("rl.policy.holds_until_something_was_observed") {
   const auto d = p.decide(state_of(4, 8, 512));
   CHECK(d.kind == stage_action::hold);
   CHECK(contains(d.reason, "no generation observed"));
+  // Lengths and decode times but no training step yet (the one-step-off warm-up): still hold.
+  for (int i = 0; i < 64; ++i) p.observe_generation(100.0, 2000.0);
+  p.observe_decode(64, 64 * 1100.0, 10.0, 0.2);
+  const auto e = p.decide(state_of(4, 8, 512));
+  CHECK(e.kind == stage_action::hold);
+  CHECK(contains(e.reason, "no training step observed"));
 }
 
 TEST_CASE("rl.policy.invalid_configuration_and_state_named") {
@@ -395,4 +401,265 @@ TEST_CASE("rl.policy.same_observations_same_decisions_bit_for_bit") {
     ra_split = x.rollout;
     rb_split = y.rollout;
   }
+}
+
+// ---- RL pipeline simulator ----------------------------------------------------------------------
+
+#include <cstdio>
+#include <fstream>
+
+#include "dra/sim/rl_pipeline.hpp"
+
+using namespace dra::sim;
+
+namespace {
+
+// Iteration by iteration, the obvious way: the reference the closed-form event simulation must match.
+double brute_force_rollout(const std::vector<double>& lengths, int devices, double prompt, const rl_cost_model& c) {
+  struct active_seq {
+    double left, context;
+  };
+  std::vector<std::vector<active_seq>> dev(static_cast<std::size_t>(devices));
+  std::vector<double> t(static_cast<std::size_t>(devices), 0.0);
+  std::size_t next = 0;
+  const auto slots = static_cast<std::size_t>(c.max_concurrency);
+  const auto iteration_s = [&](const std::vector<active_seq>& d) {
+    double ctx = 0.0;
+    for (const auto& s : d) ctx += s.context;
+    return c.decode_fixed_s + c.decode_per_sequence_s * static_cast<double>(d.size()) + c.decode_per_kilotoken_s * ctx / 1000.0;
+  };
+  // The device whose current iteration ends first goes next, so slots free up (and the shared
+  // queue is pulled) in time order.
+  for (auto& d : dev)
+    while (d.size() < slots && next < lengths.size()) d.push_back({lengths[next++], prompt});
+  for (;;) {
+    std::size_t pick = dev.size();
+    double end = 0.0;
+    for (std::size_t d = 0; d < dev.size(); ++d) {
+      if (dev[d].empty()) continue;
+      const double e = t[d] + iteration_s(dev[d]);
+      if (pick == dev.size() || e < end) pick = d, end = e;
+    }
+    if (pick == dev.size()) break;
+    auto& d = dev[pick];
+    t[pick] = end;
+    for (auto& s : d) s.left -= 1.0, s.context += 1.0;
+    d.erase(std::remove_if(d.begin(), d.end(), [](const active_seq& s) { return s.left <= 0.0; }), d.end());
+    while (d.size() < slots && next < lengths.size()) d.push_back({lengths[next++], prompt});
+  }
+  return *std::max_element(t.begin(), t.end());
+}
+
+rl_sim_config small_sim(int steps = 40) {
+  rl_sim_config c;
+  c.devices = 8;
+  c.workload.steps = steps;
+  c.workload.prompts_per_step = 16;
+  c.workload.group_size = 8;
+  c.workload.prompt_tokens = 128;
+  c.policy.cooldown_steps = 3;
+  c.policy.hysteresis_decisions = 2;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("rl.sim.rollout_matches_hand_computation") {
+  rl_cost_model c;
+  c.decode_fixed_s = 1.0;
+  c.decode_per_sequence_s = 0.0;
+  c.decode_per_kilotoken_s = 0.0;
+  c.max_concurrency = 2;
+  CHECK(simulate_rollout({3, 5}, 1, 0.0, c).makespan_s == doctest::Approx(5.0));
+  c.decode_per_sequence_s = 1.0;  // iterations 1-3: 2 active (3 s each), 4-5: 1 active (2 s each)
+  CHECK(simulate_rollout({3, 5}, 1, 0.0, c).makespan_s == doctest::Approx(13.0));
+  c.max_concurrency = 1;  // one slot: one after the other, 8 iterations of 2 s
+  CHECK(simulate_rollout({3, 5}, 1, 0.0, c).makespan_s == doctest::Approx(16.0));
+  // Shared queue: the free device takes the short ones while the other decodes the long one.
+  c.decode_per_sequence_s = 0.0;
+  const auto two = simulate_rollout({10, 1, 1, 1}, 2, 0.0, c);
+  CHECK(two.makespan_s == doctest::Approx(10.0));
+  CHECK(two.busy_device_s == doctest::Approx(13.0));
+  // A device that starts late (a new rollout worker warming up) leaves the queue to the other.
+  const auto late = simulate_rollout({4, 4}, 2, 0.0, c, {0.0, 100.0});
+  CHECK(late.makespan_s == doctest::Approx(8.0));
+  CHECK(late.busy_device_s == doctest::Approx(8.0));
+}
+
+TEST_CASE("rl.sim.event_simulation_equals_iteration_by_iteration") {
+  std::mt19937_64 rng(21);
+  std::lognormal_distribution<double> dist(3.5, 1.0);
+  rl_cost_model c;
+  c.max_concurrency = 7;
+  c.decode_fixed_s = 0.01;
+  c.decode_per_sequence_s = 0.002;
+  c.decode_per_kilotoken_s = 0.05;
+  for (int trial = 0; trial < 5; ++trial) {
+    std::vector<double> lengths(60);
+    for (auto& l : lengths) l = std::max(1.0, std::round(dist(rng)));
+    for (int devices : {1, 2, 3}) {
+      CAPTURE(trial);
+      CAPTURE(devices);
+      double observed = 0.0;
+      const auto out = simulate_rollout(lengths, devices, 50.0, c, {},
+                                        [&](int, double, double, double s) { observed += s; });
+      CHECK(out.makespan_s == doctest::Approx(brute_force_rollout(lengths, devices, 50.0, c)).epsilon(1e-9));
+      CHECK(observed == doctest::Approx(out.busy_device_s).epsilon(1e-9));  // the sink sees every decode second
+    }
+  }
+}
+
+TEST_CASE("rl.sim.pipelines_and_accounting") {
+  auto config = small_sim(10);
+  const auto lengths = length_distribution::constant(200.0);
+  for (auto pipe : {dra::policy::rl_pipeline::one_step_off, dra::policy::rl_pipeline::synchronous}) {
+    config.pipeline = pipe;
+    rl_pipeline_sim sim(lengths, config);
+    const auto r = sim.run_static(3);
+    const bool one_off = pipe == dra::policy::rl_pipeline::one_step_off;
+    CHECK(r.phases.size() == (one_off ? 11u : 10u));
+    double total = 0.0, idle = 0.0;
+    int trained = 0;
+    for (const auto& p : r.phases) {
+      CHECK(p.start_s == doctest::Approx(total));
+      total += p.duration_s;
+      idle += p.idle_device_s;
+      trained += p.trained_sequences;
+      const double stages = one_off ? std::max(p.rollout_s, p.train_s) : p.rollout_s + p.train_s;
+      CHECK(p.duration_s == doctest::Approx(stages + (p.trained_sequences > 0 ? config.costs.weight_sync_s : 0.0)));
+      CHECK(p.idle_device_s >= -1e-9);
+    }
+    CHECK(trained == 10 * 128);
+    CHECK(r.total_s == doctest::Approx(total));
+    CHECK(r.samples_per_s == doctest::Approx(1280.0 / total));
+    CHECK(r.bubble_fraction == doctest::Approx(idle / (8.0 * total)));
+    CHECK(r.mean_rollout_devices == doctest::Approx(3.0));
+    // Training time follows the cost model: 128 sequences x (128 + 200) tokens over 5 ranks.
+    const auto& mid = r.phases[5];
+    CHECK(mid.train_s == doctest::Approx(config.costs.train_s(5, 128.0 * 328.0)));
+  }
+}
+
+TEST_CASE("rl.sim.every_schedule_sees_the_same_lengths_and_the_oracle_bounds_them") {
+  auto config = small_sim(30);
+  config.workload.drift_final_scale = 4.0;
+  std::mt19937_64 rng(2);
+  std::lognormal_distribution<double> dist(5.0, 1.0);
+  length_distribution lengths;
+  for (int i = 0; i < 5000; ++i) lengths.values.push_back(std::max(1.0, std::round(dist(rng))));
+  rl_pipeline_sim sim(lengths, config);
+  const auto sweep = sim.sweep();
+  REQUIRE(sweep.statics.size() == 7);
+  for (const auto& s : sweep.statics) {
+    CHECK(sweep.oracle.total_s <= s.total_s + 1e-9);
+    CHECK(s.phases[4].mean_length == sweep.statics[0].phases[4].mean_length);
+  }
+  CHECK(sweep.dynamic.phases[4].mean_length == sweep.statics[0].phases[4].mean_length);
+  for (std::size_t i = 0; i < sweep.statics.size(); ++i)
+    CHECK(sweep.statics[sweep.best_static].total_s <= sweep.statics[i].total_s);
+  // The drift shows in the batches: late batches are about 4x longer than early ones.
+  const auto& b = sim.batches();
+  CHECK(dra::sim::detail::sum_of(b.back()) / dra::sim::detail::sum_of(b.front()) == doctest::Approx(4.0).epsilon(0.35));
+  // Same seed, same result; another seed, other lengths.
+  rl_pipeline_sim again(lengths, config);
+  CHECK(again.run_static(3).total_s == sweep.statics[2].total_s);
+  config.workload.seed = 99;
+  CHECK(rl_pipeline_sim(lengths, config).run_static(3).total_s != sweep.statics[2].total_s);
+}
+
+TEST_CASE("rl.sim.dynamic_finds_the_best_static_split_without_a_tail") {
+  // Constant lengths, training-heavy: nothing changes during the run, so the policy should
+  // move once to the best split and stay; it cannot beat the best static split.
+  auto config = small_sim(60);
+  config.costs.train_per_token_s = 2e-3;
+  config.initial_rollout = 7;
+  rl_pipeline_sim sim(length_distribution::constant(300.0), config);
+  const auto sweep = sim.sweep();
+  const auto& best = sweep.statics[sweep.best_static];
+  CHECK(sweep.dynamic.phases.back().rollout == best.rollout);
+  CHECK(sweep.dynamic.switches <= 2);
+  CHECK(sweep.dynamic.total_s >= best.total_s - 1e-9);
+  REQUIRE(!sweep.dynamic.switch_log.empty());
+  const auto& s = sweep.dynamic.switch_log.front();
+  CHECK(s.direction == "to_train");
+  CHECK(s.total_s == doctest::Approx(config.costs.switch_agree_s + config.costs.switch_rebuild_s + config.costs.switch_weights_s +
+                                     config.costs.switch_optimizer_s));
+  CHECK(s.exposed_s <= s.total_s);
+  CHECK(s.hidden_s == doctest::Approx(s.total_s - s.exposed_s));
+  CHECK(std::isfinite(s.payback_steps));
+  CHECK(sweep.dynamic.hidden_fraction == doctest::Approx(1.0 - sweep.dynamic.switch_exposed_s / sweep.dynamic.switch_total_s));
+}
+
+TEST_CASE("rl.sim.dynamic_follows_a_drift_towards_rollout") {
+  auto config = small_sim(80);
+  config.workload.drift_final_scale = 8.0;
+  config.costs.train_per_token_s = 1e-4;
+  config.initial_rollout = 1;
+  std::mt19937_64 rng(4);
+  std::lognormal_distribution<double> dist(4.5, 1.0);
+  length_distribution lengths;
+  for (int i = 0; i < 5000; ++i) lengths.values.push_back(std::max(1.0, std::round(dist(rng))));
+  rl_pipeline_sim sim(lengths, config);
+  const auto d = sim.run_dynamic();
+  CHECK(d.switches >= 1);
+  CHECK(d.phases.back().rollout > d.phases.front().rollout);
+  for (const auto& s : d.switch_log) CHECK(s.direction == "to_rollout");
+}
+
+TEST_CASE("rl.sim.colocated_runs_both_stages_on_every_device") {
+  auto config = small_sim(5);
+  rl_pipeline_sim sim(length_distribution::constant(100.0), config);
+  const auto c = sim.run_colocated();
+  REQUIRE(c.phases.size() == 5);
+  const auto& p = c.phases[2];
+  CHECK(p.rollout == 8);
+  CHECK(p.train == 8);
+  CHECK(p.duration_s == doctest::Approx(p.rollout_s + p.train_s + config.costs.weight_sync_s + config.costs.colocated_switch_s));
+  CHECK(p.train_s == doctest::Approx(config.costs.train_s(8, 128.0 * 228.0)));
+}
+
+TEST_CASE("rl.sim.inputs_checked") {
+  expect_invalid([] { length_distribution::constant(0.0); }, "tokens");
+  auto bad = [](auto edit) {
+    return [edit] {
+      rl_sim_config c;
+      edit(c);
+      rl_pipeline_sim(length_distribution::constant(10.0), c);
+    };
+  };
+  expect_invalid(bad([](auto& c) { c.devices = 1; }), "devices");
+  expect_invalid(bad([](auto& c) { c.initial_rollout = 8; }), "initial_rollout");
+  expect_invalid(bad([](auto& c) { c.workload.steps = 0; }), "steps");
+  expect_invalid(bad([](auto& c) { c.workload.group_size = 0; }), "group_size");
+  expect_invalid(bad([](auto& c) { c.workload.drift_final_scale = 0.0; }), "drift_final_scale");
+  expect_invalid(bad([](auto& c) { c.costs.switch_weights_s = -1.0; }), "switch_weights_s");
+  expect_invalid(bad([](auto& c) { c.costs.max_concurrency = 0; }), "max_concurrency");
+  expect_invalid(bad([](auto& c) { c.policy.min_train = 8; }), "min_rollout");
+  rl_pipeline_sim ok(length_distribution::constant(10.0), small_sim(2));
+  expect_invalid([&] { ok.run_static(8); }, "rollout");
+  expect_invalid([] { simulate_rollout({1.0}, 0, 0.0, rl_cost_model{}); }, "devices");
+
+  const std::string path = "test_rl_lengths.csv";
+  {
+    std::ofstream f(path);
+    f << "TIMESTAMP,ContextTokens,GeneratedTokens\nx,10,5\nx,10,abc\n";
+  }
+  try {
+    length_distribution::from_csv(path);
+    FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    CHECK(contains(e.what(), ":3: column 'GeneratedTokens'"));
+  }
+  try {
+    length_distribution::from_csv(path, "Tokens");
+    FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    CHECK(contains(e.what(), "missing column 'Tokens'"));
+  }
+  {
+    std::ofstream f(path);
+    f << "GeneratedTokens\n5\n7\n";
+  }
+  CHECK(length_distribution::from_csv(path).values == std::vector<double>{5.0, 7.0});
+  std::remove(path.c_str());
 }

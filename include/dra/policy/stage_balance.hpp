@@ -9,8 +9,9 @@
 //               sketch with forgetting): the busiest device holds m = ceil(n / R) of the n
 //               sequences, so
 //                 rollout(R) = a * iterations + b * m E[L] + k * m (P E[L] + E[L^2] / 2) / 1000,
-//               where iterations = L_max (one wave, m <= C slots) or m E[L] / C + L_max / 2
-//               (queued), and L_max = the median of the longest of n draws (the tail quantile
+//               where iterations = max(m E[L] / C, L_max + (1 - C / m)^2 m E[L] / (2 C)) (the
+//               second term only when queued, m > C slots: the longest sequence starts on average
+//               that late), and L_max = the median of the longest of n draws (the tail quantile
 //               0.5^(1/n) of the sketch);
 //   train(T)    from the Pollux throughput model (throughput_model.hpp) in tokens: the step time
 //               of T ranks at n (P + E[L]) / T tokens each;
@@ -250,7 +251,12 @@ class stage_balance_policy {
     const double prompt = prompts_.mean();
     const double per_device = std::ceil(n / rollout);
     const double slots = config_.generation.max_concurrency;
-    const double iterations = per_device <= slots ? longest : per_device * mean / slots + 0.5 * longest;
+    // Queued (more sequences than slots): the bulk keeps every slot busy for m E[L] / C
+    // iterations while admissions continue; the longest sequence starts at a random admission
+    // (with probability C / m at once, else uniformly while the queue drains) and runs L_max.
+    const double bulk = per_device * mean / slots;
+    const double late = per_device <= slots ? 0.0 : 1.0 - slots / per_device;
+    const double iterations = std::max(bulk, longest + 0.5 * late * late * bulk);
     p.rollout_s = generation_.fixed_s() * iterations + generation_.per_sequence_s() * per_device * mean +
                   generation_.per_kilotoken_s() * per_device * (prompt * mean + 0.5 * second) / 1000.0;
     p.train_s = training_.step_time_s(p.train, n * (prompt + mean) / p.train);
@@ -281,8 +287,10 @@ class stage_balance_policy {
     out.train = now.train;
     out.current = predict(now.rollout, now.sequences_per_step);
     out.target = out.current;
-    if (lengths_.observations() == 0) {
-      out.reason = "hold: no generation observed yet";
+    if (lengths_.observations() == 0 || generation_.observations() == 0 || training_.observations() == 0) {
+      out.reason = std::string("hold: no ") +
+                   (lengths_.observations() == 0 ? "generation" : generation_.observations() == 0 ? "decode iteration" : "training step") +
+                   " observed yet";
       return out;
     }
     // Best split; ties go to the split nearest the current one (no move without a gain).

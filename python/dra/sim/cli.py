@@ -4,6 +4,7 @@
     dra-sim replay --workload W1.csv --workload W2.csv --reallocation-cost inplace --plots plots/
     dra-sim study --runs 1500 --seed 1 --json study.json
     dra-sim profiles
+    dra-sim rl --scenario long_tail --json out.json --plots plots/   (RL pipeline: docs/rl.md)
 
 Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
 """
@@ -89,11 +90,18 @@ def _parser() -> argparse.ArgumentParser:
     common(st, "inplace")
 
     sub.add_parser("profiles", help="list the shipped profiles and their measured noise levels")
+    from dra.rl.cli import add_parser as add_rl_parser  # issue 12: dra-sim rl
+
+    add_rl_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "rl":
+        from dra.rl.cli import run as run_rl
+
+        return run_rl(args)
     import dra.sim as sim
 
     try:
