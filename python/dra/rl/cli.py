@@ -12,20 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
-
-
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def _assignments(items: list[str] | None, flag: str) -> dict[str, Any]:
@@ -100,11 +89,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     text = "\n".join(rl.markdown(d) for d in docs)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        out = docs[0] if len(docs) == 1 else {"scenarios": {d["settings"]["scenario"]: d for d in docs}}
-        with open(args.json, "w") as f:
-            json.dump(_clean(out), f, indent=1, allow_nan=False)
-            f.write("\n")
+        from dra.sim.cli import _write_json
+
+        _write_json(docs[0] if len(docs) == 1 else {"scenarios": {d["settings"]["scenario"]: d for d in docs}}, args.json)
     if args.plots:
         from dra.rl.plots import plot_simulation
 

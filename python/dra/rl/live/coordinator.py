@@ -55,7 +55,7 @@ class LiveConfig:
     prompts_per_step: int = 8
     group_size: int = 4
     rollout_slots: int = 32  # sequences one rollout engine decodes at once
-    lr: float = 1e-4
+    lr: float = 2e-4
     clip: float = 0.2
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -255,6 +255,7 @@ class LiveRL:
         batches: dict[int, list[dict[str, Any]]] = {}
         record: dict[str, Any] = {"name": name, "rollout": split if not dynamic else None, "phases": [], "switch_log": [], "steps": c.steps}
         usage0 = self.cpu_usage()
+        load0 = os.getloadavg()[0]
         t_run = time.perf_counter()
         phases = c.steps + 1
         for p in range(phases):
@@ -340,6 +341,8 @@ class LiveRL:
         record["wall_s"] = time.perf_counter() - t_run
         usage1 = self.cpu_usage()
         record["cpu_s"] = {s: usage1[s] - usage0.get(s, 0.0) for s in usage1}
+        # The machine is shared: the load around the run says how much of the quota it could get.
+        record["load_average"] = [load0, os.getloadavg()[0]]
         states = set(ledger.values())
         record["ledger"] = {"sequences": len(ledger), "states": sorted(states), "exactly_once": states == {"trained"},
                             "in_flight_at_switch": 0, "requeued": 0}

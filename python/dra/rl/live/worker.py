@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from dra.rl.live.model import ModelConfig, PolicyModel, RolloutEngine, Sequence, answer_logprobs
-from dra.rl.live.task import PROMPT_TOKENS, Prompt, reward
+from dra.rl.live.task import Prompt, reward
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
