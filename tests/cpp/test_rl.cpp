@@ -428,10 +428,13 @@ double brute_force_rollout(const std::vector<double>& lengths, int devices, doub
     for (const auto& s : d) ctx += s.context;
     return c.decode_fixed_s + c.decode_per_sequence_s * static_cast<double>(d.size()) + c.decode_per_kilotoken_s * ctx / 1000.0;
   };
-  // The device whose current iteration ends first goes next, so slots free up (and the shared
-  // queue is pulled) in time order.
-  for (auto& d : dev)
-    while (d.size() < slots && next < lengths.size()) d.push_back({lengths[next++], prompt});
+  // The router fills the devices round robin; the device whose current iteration ends first goes
+  // next, so slots free up (and the shared queue is pulled) in time order.
+  for (bool any = true; any && next < lengths.size();) {
+    any = false;
+    for (auto& d : dev)
+      if (d.size() < slots && next < lengths.size()) d.push_back({lengths[next++], prompt}), any = true;
+  }
   for (;;) {
     std::size_t pick = dev.size();
     double end = 0.0;
@@ -475,11 +478,18 @@ TEST_CASE("rl.sim.rollout_matches_hand_computation") {
   CHECK(simulate_rollout({3, 5}, 1, 0.0, c).makespan_s == doctest::Approx(13.0));
   c.max_concurrency = 1;  // one slot: one after the other, 8 iterations of 2 s
   CHECK(simulate_rollout({3, 5}, 1, 0.0, c).makespan_s == doctest::Approx(16.0));
-  // Shared queue: the free device takes the short ones while the other decodes the long one.
+  // Round robin first, then the shared queue: the free device takes the short ones while the
+  // other decodes the long one.
   c.decode_per_sequence_s = 0.0;
   const auto two = simulate_rollout({10, 1, 1, 1}, 2, 0.0, c);
   CHECK(two.makespan_s == doctest::Approx(10.0));
   CHECK(two.busy_device_s == doctest::Approx(13.0));
+  // The router spreads a batch that fits: 4 sequences on 4 devices run at once, not on one.
+  c.max_concurrency = 8;
+  const auto spread = simulate_rollout({5, 5, 5, 5}, 4, 0.0, c);
+  CHECK(spread.makespan_s == doctest::Approx(5.0));
+  CHECK(spread.busy_device_s == doctest::Approx(20.0));
+  c.max_concurrency = 1;
   // A device that starts late (a new rollout worker warming up) leaves the queue to the other.
   const auto late = simulate_rollout({4, 4}, 2, 0.0, c, {0.0, 100.0});
   CHECK(late.makespan_s == doctest::Approx(8.0));

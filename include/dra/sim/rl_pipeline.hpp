@@ -8,8 +8,9 @@
 // - Rollout: each device decodes with continuous batching, at most `max_concurrency` sequences
 //   at once, one token per active sequence per iteration; an iteration costs
 //   decode_fixed_s + decode_per_sequence_s * c + decode_per_kilotoken_s * S / 1000 (c active
-//   sequences holding S tokens of context). Sequences come from one queue shared by all rollout
-//   devices (a device pulls when a slot frees), in order. Exact event simulation: between two
+//   sequences holding S tokens of context). A router spreads the batch over the rollout devices
+//   (round robin up to the slots: least-loaded dispatch); what does not fit waits in one shared
+//   queue and is pulled, in order, as slots free. Exact event simulation: between two
 //   completions on a device the iteration cost is an arithmetic series, summed in closed form.
 // - Training: train_fixed_s + train_per_token_s * tokens / T, plus sync_fixed_s +
 //   sync_per_rank_s (T - 2) for T >= 2 ranks (the Pollux form the policy's model fits).
@@ -259,6 +260,22 @@ inline rollout_outcome simulate_rollout(const std::vector<double>& lengths, int 
     return d.t + m * (c.decode_fixed_s + c.decode_per_sequence_s * cc + c.decode_per_kilotoken_s * s0 / 1000.0) +
            c.decode_per_kilotoken_s * cc * m * (m - 1.0) / 2.0 / 1000.0;
   };
+  // A router spreads the batch over the devices that are up at the start (round robin, at most
+  // `slots` each: least-loaded dispatch); what does not fit waits in the shared queue and is
+  // pulled as slots free. A device that starts later pulls from that queue when it comes up.
+  std::vector<std::size_t> up;
+  for (std::size_t d = 0; d < dev.size(); ++d)
+    if (dev[d].t <= 0.0) up.push_back(d), dev[d].started = true;
+  for (bool any = true; any && next < lengths.size();) {
+    any = false;
+    for (std::size_t d : up) {
+      device& dv = dev[d];
+      if (dv.active.size() >= slots || next >= lengths.size()) continue;
+      dv.active.push_back({std::max(1.0, std::round(lengths[next++])), 0.0});
+      std::push_heap(dv.active.begin(), dv.active.end(), std::greater<>());
+      any = true;
+    }
+  }
   rollout_outcome out;
   for (;;) {
     std::size_t pick = dev.size();

@@ -55,7 +55,7 @@ def realised_payback(dynamic: dict[str, Any], statics: dict[int, dict[str, Any]]
 
 
 def live_rows(*, steps: int = 30, seeds: int = 1, plots: str | None = None, out_dir: str = "out/rl-live",
-              config: LiveConfig | None = None, quiet: bool = False) -> list[dict[str, Any]]:
+              config: LiveConfig | None = None, quiet: bool = False, reward_steps: int = 0) -> list[dict[str, Any]]:
     cfg = config or LiveConfig(steps=steps)
     cfg.steps = steps
     out = Path(out_dir)
@@ -66,6 +66,10 @@ def live_rows(*, steps: int = 30, seeds: int = 1, plots: str | None = None, out_
         for r in range(1, cfg.slots):
             runs[f"static-{r}"] = live.run(f"static-{r}", r)
         runs["dynamic"] = live.run("dynamic", None)
+        long_run = None
+        if reward_steps > 0:  # does the reward rise? one longer run of the best split
+            best_r = max((r for r in runs.values() if r["rollout"] is not None), key=lambda r: r["samples_per_s"])["rollout"]
+            long_run = live.run(f"static-{best_r}-long", best_r, steps=reward_steps)
         params, quota = live.parameters, cfg.cpus_per_slot if live.slot_manager else None
         weights_group_s = live.weights_group_s
     statics = {run["rollout"]: run for run in runs.values() if run["rollout"] is not None}
@@ -73,8 +77,8 @@ def live_rows(*, steps: int = 30, seeds: int = 1, plots: str | None = None, out_
     dyn = runs["dynamic"]
     # Seed noise: the best split again under other seeds (other prompts and sampling noise).
     for s in range(1, seeds):
-        seed_cfg = LiveConfig(**{**cfg.__dict__, "seed": cfg.seed + s, "pretrain_steps": cfg.pretrain_steps})
-        with LiveRL(seed_cfg, out / f"seed{s}", quiet=quiet) as live:
+        seed_cfg = LiveConfig(**{**cfg.__dict__, "seed": cfg.seed + s})
+        with LiveRL(seed_cfg, out, quiet=quiet) as live:  # the same pretrained start (cached in out/cache)
             live.run_warmup()
             seed_runs.append(live.run(f"static-{best['rollout']}-seed{s}", best["rollout"]))
     reward_gap = max(abs(a - b) for a, b in zip(dyn["rewards"], best["rewards"]))
@@ -106,7 +110,13 @@ def live_rows(*, steps: int = 30, seeds: int = 1, plots: str | None = None, out_
     rows.append(result("rl_payback_steps", statistics.median(paybacks) if paybacks else float("nan"), "steps",
                        goal="<= 11", per_switch=[p if math.isfinite(p) else None for p in paybacks],
                        paid_back=f"{len(finite)} of {len(paybacks)}", **common))
-    (out / "runs.json").write_text(json.dumps({"runs": runs, "seed_runs": seed_runs}, indent=1, default=str))
+    if long_run is not None:
+        rw = long_run["rewards"]
+        k = max(1, len(rw) // 5)
+        rows.append(result("rl_live_reward_trend", statistics.fmean(rw[-k:]), "reward", ("first_fifth", statistics.fmean(rw[:k])),
+                           exact_first_last=[statistics.fmean(long_run["exact"][:k]), statistics.fmean(long_run["exact"][-k:])],
+                           steps=len(rw), rollout=long_run["rollout"], rewards=rw, label="measured"))
+    (out / "runs.json").write_text(json.dumps({"runs": runs, "seed_runs": seed_runs, "long_run": long_run}, indent=1, default=str))
     if plots:
         from dra.rl.plots import plot_roles
 

@@ -65,6 +65,7 @@ class LiveConfig:
     pretrain_steps: int = 400
     pretrain_batch: int = 16
     pretrain_lr: float = 2e-3
+    pretrain_seed: int = 0  # the warm-up (the "pretrained model") does not change with the RL seed
     model: ModelConfig = field(default_factory=ModelConfig)
     policy: dict[str, Any] = field(default_factory=dict)  # StageBalanceConfig options (dynamic runs)
     timeout_s: float = 300.0
@@ -94,7 +95,7 @@ class LiveRL:
         self.stream = PromptStream(rl.trace_lengths(config.trace), length_scale=config.length_scale, seed=config.seed)
         self.log("pretraining the policy (cached)")
         model = pretrain(self.stream, steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
-                         seed=config.seed, config=config.model, cache_dir=self.out / "cache", quiet=quiet)
+                         seed=config.pretrain_seed, config=config.model, cache_dir=self.out / "cache", quiet=quiet)
         import torch
 
         self.weights = self.out / "cache" / f"rl-live-start-{os.getpid()}.pt"  # what every run starts from
@@ -376,8 +377,17 @@ class LiveRL:
                gen_batch: int | None) -> dict[str, Any]:
         t0 = time.perf_counter()
         gen_version = version
+        # The router spreads the batch over the rollout engines (round robin, at most an engine's
+        # slots each); what does not fit stays queued and is pulled as slots free.
+        first: dict[int, list[dict[str, Any]]] = {s: [] for s in rollout_slots}
+        while queue and any(len(first[s]) < self.config.rollout_slots for s in rollout_slots):
+            for s in rollout_slots:
+                if queue and len(first[s]) < self.config.rollout_slots:
+                    g = queue.popleft()
+                    ledger[g["prompt"]["pid"] * 64 + g["sample"]] = "generating"
+                    first[s].append(g)
         for s in rollout_slots:
-            self.conns[s].send({"cmd": "phase", "role": "rollout", "version": gen_version})
+            self.conns[s].send({"cmd": "phase", "role": "rollout", "version": gen_version, "seqs": first[s], "more": bool(queue)})
         for s in trainers:
             self.conns[s].send({"cmd": "phase", "role": "train", "trainers": trainers, "epoch": epoch, "joiners": joiners,
                                 "shard": shards.get(s), "digest": self._digests})
@@ -406,10 +416,11 @@ class LiveRL:
                         ledger[t["key"]] = "generated"
                         generated.append(t)
                         rollout_end = now
-                    give = [queue.popleft() for _ in range(min(msg["want"], len(queue)))]
-                    for g in give:
-                        ledger[g["prompt"]["pid"] * 64 + g["sample"]] = "generating"
-                    conn.send({"seqs": give, "more": bool(queue)})
+                    if msg["want"] > 0:  # a worker that asks waits for the answer; one that only reports does not
+                        give = [queue.popleft() for _ in range(min(msg["want"], len(queue)))]
+                        for g in give:
+                            ledger[g["prompt"]["pid"] * 64 + g["sample"]] = "generating"
+                        conn.send({"seqs": give, "more": bool(queue)})
                 elif "rollout_done" in msg:
                     rollout_stats[slot] = msg["rollout_done"]
                     waiting.remove(conn)

@@ -204,20 +204,26 @@ class SlotWorker:
         eng = self.engine
         eng.iterations.clear()
         version = msg["version"]
-        finished: list[dict[str, Any]] = []
-        more = True
         busy = 0.0
+
+        def admit(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            nonlocal busy
+            t0 = time.perf_counter()
+            done = [self._trajectory(s) for s in eng.admit([Sequence(Prompt(**x["prompt"]), x["sample"], version) for x in items])]
+            busy += time.perf_counter() - t0
+            return done
+
+        finished = admit(msg["seqs"])  # the router's first share
+        more = msg["more"]
         while True:
-            if (more and eng.free_slots() > 0) or finished:
-                self.conn.send({"gen": self.slot, "finished": finished, "want": eng.free_slots() if more else 0})
+            want = eng.free_slots() if more else 0
+            if want > 0 or finished:
+                self.conn.send({"gen": self.slot, "finished": finished, "want": want})
                 finished = []
-                reply = self.conn.recv()
-                more = reply["more"]
-                if reply["seqs"]:
-                    t0 = time.perf_counter()
-                    seqs = [Sequence(Prompt(**s["prompt"]), s["sample"], version) for s in reply["seqs"]]
-                    finished += [self._trajectory(s) for s in eng.admit(seqs)]
-                    busy += time.perf_counter() - t0
+                if want > 0:
+                    reply = self.conn.recv()
+                    more = reply["more"]
+                    finished += admit(reply["seqs"])
             if not eng.active:
                 if not more and not finished:
                     break
