@@ -141,3 +141,16 @@ def test_bad_options_are_named(live) -> None:
         live.run("bad", 2, schedule={9: 1})
     with pytest.raises(ValueError, match="group_size"):
         LiveConfig(group_size=1).validate()
+
+
+def test_bench_rows_from_rotating_rounds(tmp_path) -> None:
+    from dra.rl.live.bench import live_rows
+
+    rows = {r["name"]: r for r in live_rows(steps=2, rounds=2, config=tiny(slots=3), out_dir=str(tmp_path), quiet=True)}
+    thr = rows["rl_live_throughput"]
+    assert thr["baseline"]["name"] == "best_static_split" and thr["label"] == "measured"
+    assert set(thr["median_samples_per_s"]) == {"static-1", "static-2", "dynamic"}
+    assert thr["baseline"]["value"] == max(thr["median_samples_per_s"][n] for n in ("static-1", "static-2"))
+    assert len(thr["per_round"]) == 2 and thr["exactly_once"] and thr["final_weights_identical"]
+    assert rows["rl_switch_hidden_fraction"]["unit"] == "%" and "rl_payback_steps" in rows
+    assert (tmp_path / "runs.json").is_file()

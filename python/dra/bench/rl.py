@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-drifts", nargs="*", type=float, default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--plots", metavar="DIR", help="write the role/throughput plots of each scenario into DIR")
     parser.add_argument("--live", action="store_true", help="also run the live GRPO benchmark (measured; minutes)")
-    parser.add_argument("--live-steps", type=int, default=30, help="training steps per live run (default 30)")
+    parser.add_argument("--live-steps", type=int, default=12, help="training steps per live run (default 12)")
+    parser.add_argument("--live-rounds", type=int, default=3, help="rounds of every live schedule, order rotating (default 3)")
     parser.add_argument("--live-seeds", type=int, default=1, help="runs of the best split under other seeds, for the reward noise (default 1: none)")
     parser.add_argument("--live-reward-steps", type=int, default=0, help="one longer run of the best split: does the reward rise? (default 0: none)")
     args = parser.parse_args(argv)
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.live:
         from dra.rl.live.bench import live_rows
 
-        results += live_rows(steps=args.live_steps, seeds=args.live_seeds, plots=args.plots, reward_steps=args.live_reward_steps)
+        results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
+                             reward_steps=args.live_reward_steps)
     write_report("rl", results, args.json)
     return 0
 

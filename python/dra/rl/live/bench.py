@@ -1,8 +1,9 @@
 """The live rows of ``python -m dra.bench rl --live`` (measured on this machine's quota-capped slots).
 
 Every static split and the stage-balance policy run in the same benchmark run, on the same slot
-processes, the same prompts and the same sampling noise (a hash of each sequence's identity), one
-after the other, after a discarded warm-up run:
+processes, the same prompts and the same sampling noise (a hash of each sequence's identity),
+after a discarded warm-up run, in rounds whose order rotates; each schedule's figure is the
+median over the rounds:
 
 - ``rl_live_throughput``: the dynamic run's trained sequences per second against the best static
   split's (``best_static_split``: every split was run); extra fields give every split's figure,
@@ -54,58 +55,76 @@ def realised_payback(dynamic: dict[str, Any], statics: dict[int, dict[str, Any]]
     return out
 
 
-def live_rows(*, steps: int = 30, seeds: int = 1, plots: str | None = None, out_dir: str = "out/rl-live",
+def live_rows(*, steps: int = 12, rounds: int = 3, seeds: int = 1, plots: str | None = None, out_dir: str = "out/rl-live",
               config: LiveConfig | None = None, quiet: bool = False, reward_steps: int = 0) -> list[dict[str, Any]]:
+    """Every static split and the dynamic policy, `rounds` times each, in rounds whose order
+    rotates (the machine is shared: its load drifts over minutes, so a schedule's figure is the
+    median of its rounds, and each round compares the schedules side by side)."""
     cfg = config or LiveConfig(steps=steps)
     cfg.steps = steps
     out = Path(out_dir)
-    runs: dict[str, dict[str, Any]] = {}
+    schedules: list[tuple[str, int | None]] = [(f"static-{r}", r) for r in range(1, cfg.slots)] + [("dynamic", None)]
+    rounds_runs: list[dict[str, dict[str, Any]]] = []
     seed_runs: list[dict[str, Any]] = []
+    long_run = None
     with LiveRL(cfg, out, quiet=quiet) as live:
         warm = live.run_warmup()
-        for r in range(1, cfg.slots):
-            runs[f"static-{r}"] = live.run(f"static-{r}", r)
-        runs["dynamic"] = live.run("dynamic", None)
-        long_run = None
+        for k in range(rounds):
+            shift = (k * len(schedules)) // max(1, rounds)
+            order = schedules[shift:] + schedules[:shift]
+            this: dict[str, dict[str, Any]] = {}
+            for name, r in order:
+                run = live.run(name, r)
+                run["round"] = k
+                this[name] = run
+            rounds_runs.append(this)
+        medians = {name: statistics.median(rr[name]["samples_per_s"] for rr in rounds_runs) for name, _ in schedules}
+        best_name = max((n for n, r in schedules if r is not None), key=lambda n: medians[n])
+        best_r = int(best_name.split("-")[1])
         if reward_steps > 0:  # does the reward rise? one longer run of the best split
-            best_r = max((r for r in runs.values() if r["rollout"] is not None), key=lambda r: r["samples_per_s"])["rollout"]
-            long_run = live.run(f"static-{best_r}-long", best_r, steps=reward_steps)
+            long_run = live.run(f"{best_name}-long", best_r, steps=reward_steps)
         params, quota = live.parameters, cfg.cpus_per_slot if live.slot_manager else None
         weights_group_s = live.weights_group_s
-    statics = {run["rollout"]: run for run in runs.values() if run["rollout"] is not None}
-    best = max(statics.values(), key=lambda r: r["samples_per_s"])
-    dyn = runs["dynamic"]
     # Seed noise: the best split again under other seeds (other prompts and sampling noise).
     for s in range(1, seeds):
         seed_cfg = LiveConfig(**{**cfg.__dict__, "seed": cfg.seed + s})
         with LiveRL(seed_cfg, out, quiet=quiet) as live:  # the same pretrained start (cached in out/cache)
             live.run_warmup()
-            seed_runs.append(live.run(f"static-{best['rollout']}-seed{s}", best["rollout"]))
-    reward_gap = max(abs(a - b) for a, b in zip(dyn["rewards"], best["rewards"]))
-    seed_gap = max((abs(a - b) for r in seed_runs for a, b in zip(r["rewards"], best["rewards"])), default=None)
-    paybacks = realised_payback(dyn, statics)
+            seed_runs.append(live.run(f"{best_name}-seed{s}", best_r))
+    first = rounds_runs[0]
+    dyn0, best0 = first["dynamic"], first[best_name]
+    reward_gap = max(abs(a - b) for a, b in zip(dyn0["rewards"], best0["rewards"]))
+    seed_gap = max((abs(a - b) for r in seed_runs for a, b in zip(r["rewards"], best0["rewards"])), default=None)
+    dyn_runs = [rr["dynamic"] for rr in rounds_runs]
+    paybacks = [p for rr in rounds_runs
+                for p in realised_payback(rr["dynamic"], {r["rollout"]: r for r in rr.values() if r["rollout"] is not None})]
+    per_round_ratio = [rr["dynamic"]["samples_per_s"] / rr[best_name]["samples_per_s"] for rr in rounds_runs]
     common = {
         "label": "measured",
-        "setting": {"slots": cfg.slots, "cpus_per_slot": quota, "steps": steps, "prompts_per_step": cfg.prompts_per_step,
+        "setting": {"slots": cfg.slots, "cpus_per_slot": quota, "steps": steps, "rounds": rounds, "prompts_per_step": cfg.prompts_per_step,
                     "group_size": cfg.group_size, "parameters": params, "length_scale": cfg.length_scale, "drift": cfg.drift,
                     "trace": cfg.trace, "weights_group_s": weights_group_s, "warmup_s": warm["total_s"]},
-        "static_samples_per_s": {str(r): statics[r]["samples_per_s"] for r in sorted(statics)},
-        "best_static_rollout": best["rollout"],
+        "median_samples_per_s": medians,
+        "per_round": [{n: {"samples_per_s": r["samples_per_s"], "load_average": r.get("load_average")} for n, r in rr.items()}
+                      for rr in rounds_runs],
+        "best_static": best_name,
     }
-    beat_all = all(dyn["samples_per_s"] > r["samples_per_s"] for r in statics.values())
+    total = sum(r["switch_total_s"] for r in dyn_runs)
+    exposed = sum(r["switch_exposed_s"] for r in dyn_runs)
     rows = [
-        result("rl_live_throughput", dyn["samples_per_s"], "samples/s", ("best_static_split", best["samples_per_s"]),
-               beats_every_static=beat_all, dynamic_switches=dyn["switches"],
-               dynamic_mean_rollout=dyn["mean_rollout_devices"],
-               reward_first_last={"dynamic": [dyn["rewards"][0], dyn["rewards"][-1]], "best_static": [best["rewards"][0], best["rewards"][-1]]},
+        result("rl_live_throughput", medians["dynamic"], "samples/s", ("best_static_split", medians[best_name]),
+               beats_every_static=all(medians["dynamic"] > medians[n] for n, r in schedules if r is not None),
+               dynamic_over_best_static_per_round=per_round_ratio,
+               dynamic_switches=[r["switches"] for r in dyn_runs],
+               dynamic_mean_rollout=[r["mean_rollout_devices"] for r in dyn_runs],
+               reward_first_last={"dynamic": [dyn0["rewards"][0], dyn0["rewards"][-1]], best_name: [best0["rewards"][0], best0["rewards"][-1]]},
                reward_curve_max_gap_vs_best_static=reward_gap, reward_curve_max_gap_other_seed=seed_gap,
-               exactly_once=all(r["ledger"]["exactly_once"] for r in runs.values()),
-               final_weights_identical=all(r.get("final_weights_identical", False) for r in runs.values()),
+               exactly_once=all(r["ledger"]["exactly_once"] for rr in rounds_runs for r in rr.values()),
+               final_weights_identical=all(r.get("final_weights_identical", False) for rr in rounds_runs for r in rr.values()),
                goal="gain over every static split with the same reward curve", **common),
+        result("rl_switch_hidden_fraction", 100.0 * (1.0 - exposed / total) if total > 0 else float("nan"), "%",
+               goal=">= 27 %", switches=[s for r in dyn_runs for s in r["switch_log"]], **common),
     ]
-    hidden = dyn["hidden_fraction"]
-    rows.append(result("rl_switch_hidden_fraction", 100.0 * hidden if hidden is not None else float("nan"), "%",
-                       goal=">= 27 %", switches=dyn["switch_log"], **common))
     finite = [p for p in paybacks if math.isfinite(p)]
     rows.append(result("rl_payback_steps", statistics.median(paybacks) if paybacks else float("nan"), "steps",
                        goal="<= 11", per_switch=[p if math.isfinite(p) else None for p in paybacks],
@@ -116,14 +135,14 @@ def live_rows(*, steps: int = 30, seeds: int = 1, plots: str | None = None, out_
         rows.append(result("rl_live_reward_trend", statistics.fmean(rw[-k:]), "reward", ("first_fifth", statistics.fmean(rw[:k])),
                            exact_first_last=[statistics.fmean(long_run["exact"][:k]), statistics.fmean(long_run["exact"][-k:])],
                            steps=len(rw), rollout=long_run["rollout"], rewards=rw, label="measured"))
-    (out / "runs.json").write_text(json.dumps({"runs": runs, "seed_runs": seed_runs, "long_run": long_run}, indent=1, default=str))
+    (out / "runs.json").write_text(json.dumps({"rounds": rounds_runs, "seed_runs": seed_runs, "long_run": long_run}, indent=1, default=str))
     if plots:
         from dra.rl.plots import plot_roles
 
         title = f"live RL, {cfg.slots} slots x {quota} CPU" if quota else f"live RL, {cfg.slots} slots (no quota)"
-        plot_roles({"dynamic (stage balance)": columns(dyn), f"best static ({best['rollout']} rollout)": columns(best)},
-                   Path(plots) / "rl-live-roles.png", title=title, label="measured", devices=cfg.slots)
-        plot_rewards(runs, seed_runs, Path(plots) / "rl-live-rewards.png")
+        plot_roles({"dynamic (stage balance)": columns(dyn0), f"best static ({best_r} rollout)": columns(best0)},
+                   Path(plots) / "rl-live-roles.png", title=title + " (round 1)", label="measured", devices=cfg.slots)
+        plot_rewards(first, seed_runs + ([long_run] if long_run else []), Path(plots) / "rl-live-rewards.png")
     return rows
 
 
