@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -85,6 +86,16 @@ class WorkerError(RuntimeError):
     pass
 
 
+def _child_setup(cgroup_paths: list[str] | None) -> None:
+    """In the worker before exec: into its slot's cgroups, and killed if the coordinator dies
+    (Linux PR_SET_PDEATHSIG), so no worker outlives an interrupted run."""
+    import ctypes
+
+    if cgroup_paths:
+        cg.join(cgroup_paths)
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+
 class LiveRL:
     """Slots, their worker processes and the store; `run` executes one schedule on them."""
 
@@ -111,6 +122,9 @@ class LiveRL:
         self._runs = 0
         self._digests = False
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=config.timeout_s))
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            # A terminated benchmark still stops its workers and removes its cgroups (close()).
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             self._start_workers()
         except BaseException:
@@ -147,7 +161,7 @@ class LiveRL:
             paths = self.slot_manager.paths(f"slot{i}") if self.slot_manager else None
             with open(self.out / f"worker-{i}.log", "ab") as log:  # the child keeps its own descriptor
                 self.procs.append(subprocess.Popen([sys.executable, "-m", "dra.rl.live.worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                   preexec_fn=(lambda p=paths: cg.join(p)) if paths else None, start_new_session=True))
+                                                   preexec_fn=lambda p=paths: _child_setup(p), start_new_session=True))
         deadline = time.monotonic() + c.timeout_s
         while len(accepted) < c.slots:
             for i, p in enumerate(self.procs):
