@@ -146,18 +146,21 @@ def live_rows(*, steps: int = 12, rounds: int = 3, seeds: int = 1, plots: str | 
     return rows
 
 
-def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]], path: Path) -> Path:
-    """Mean reward per step of every run (measured): the curves should lie on each other."""
-    from dra.rl.plots import _pyplot
+def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]], path: Path, window: int = 1) -> Path:
+    """Mean reward per step of every run (measured), averaged over `window` steps: the schedules'
+    curves should lie on each other."""
+    from dra.rl.plots import _pyplot, _smoothed
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, r in [*runs.items(), *((r["name"], r) for r in seed_runs)]:
         style = {"linewidth": 2.2, "color": "black"} if name == "dynamic" else {"linewidth": 0.9, "alpha": 0.7}
-        ax.plot(range(len(r["rewards"])), r["rewards"], label=name, **style)
+        ax.plot(range(len(r["rewards"])), _smoothed(r["rewards"], window), label=name, **style)
+        if window > 1 and "exact" in r:
+            ax.plot(range(len(r["exact"])), _smoothed(r["exact"], window), label=f"{name}: exact answers", linestyle="--", **style)
     ax.set_xlabel("step (batch generated)")
-    ax.set_ylabel("mean reward of the batch")
-    ax.set_title("live GRPO: reward per step, every schedule [measured]")
+    ax.set_ylabel("mean reward of the batch" + (f" ({window}-step mean)" if window > 1 else ""))
+    ax.set_title("live GRPO: reward per step [measured]")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

@@ -547,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cgroups", action="store_true")
     parser.add_argument("--cpus-per-slot", type=float, default=0.2)
     parser.add_argument("--pretrain-steps", type=int, default=400)
+    parser.add_argument("--plots", metavar="DIR", help="write the runs' reward curves (rl-live-rewards-<steps>.png) into DIR")
     args = parser.parse_args(argv)
     cfg = LiveConfig(steps=args.steps, use_cgroups=not args.no_cgroups, cpus_per_slot=args.cpus_per_slot, pretrain_steps=args.pretrain_steps)
     runs = []
@@ -557,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(live.run("dynamic", None))
     with open(Path(args.out) / "runs.json", "w") as f:
         json.dump(runs, f, indent=1, default=str)
+    if args.plots:
+        from dra.rl.live.bench import plot_rewards
+
+        plot_rewards({r["name"]: r for r in runs}, [], Path(args.plots) / f"rl-live-rewards-{args.steps}.png", window=10)
     for r in runs:
         print(f"{r['name']}: {r['samples_per_s']:.3f} samples/s, {r['total_s']:.1f} s, switches {r['switches']}, "
               f"exactly once {r['ledger']['exactly_once']}, rewards {r['rewards'][0]:.3f} -> {r['rewards'][-1]:.3f}")
