@@ -82,8 +82,6 @@ def worker(args: argparse.Namespace) -> int:
     ctl = de.init(
         model, optimizer, sampler,
         policy="convergence",
-        min_size=nproc if static else 1,
-        max_size=nproc,
         start_size=nproc if static else args.start_size,
         decide_every=args.decide_every,
         release="standby",
@@ -103,9 +101,9 @@ def worker(args: argparse.Namespace) -> int:
         for idx in sampler:
             idx_t = torch.as_tensor(idx)
             loss = loss_fn(ctl.model(x_train[idx_t]), y_train[idx_t])
-            optimizer.zero_grad()
+            ctl.optimizer.zero_grad()
             loss.backward()
-            optimizer.step()
+            ctl.optimizer.step()
             world = ctl.world_size
             st = dra.step(loss)
             if ctl.rank == 0 and st.committed:

@@ -117,11 +117,11 @@ double engine_step_ns(std::int64_t steps, std::int64_t decide_every) {
 }  // namespace
 
 void dra::python::bind_bench(py::module_& m) {
-  m.def("_bench_estimator_update_ns", &estimator_update_ns, py::arg("updates") = 1000000,
+  m.def("bench_estimator_update_ns", &estimator_update_ns, py::arg("updates") = 1000000,
         py::arg("with_gradients") = false,
         "Nanoseconds per ConvergenceEstimator update, timed in C++ (benchmark helper).");
-  m.def("_bench_policy_decision_ns", &policy_decision_ns, py::arg("policy") = "convergence",
+  m.def("bench_policy_decision_ns", &policy_decision_ns, py::arg("policy") = "convergence",
         py::arg("decisions") = 100000, "Nanoseconds per ConstrainedPolicy.decide, timed in C++ (benchmark helper).");
-  m.def("_bench_engine_step_ns", &engine_step_ns, py::arg("steps") = 1000000, py::arg("decide_every") = 10,
+  m.def("bench_engine_step_ns", &engine_step_ns, py::arg("steps") = 1000000, py::arg("decide_every") = 10,
         "Nanoseconds per ResizeEngine.step, timed in C++ (benchmark helper).");
 }

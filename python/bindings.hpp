@@ -6,9 +6,13 @@ namespace dra::python {
 void bind_signals(pybind11::module_& m);
 void bind_policy(pybind11::module_& m);
 void bind_build(pybind11::module_& m);
+void bind_controller(pybind11::module_& m);
 void bind_elastic(pybind11::module_& m);
-void bind_bench(pybind11::module_& m);
+void bind_comm(pybind11::module_& m);
+void bind_nccl(pybind11::module_& comm);             // into dra._core.comm
 void bind_sim(pybind11::module_& m);
-void bind_nccl(pybind11::module_& m);
+void bind_testing(pybind11::module_& m);             // dra._core._testing
+void bind_bench(pybind11::module_& testing);         // into dra._core._testing
+void bind_nccl_testing(pybind11::module_& testing);  // into dra._core._testing
 void bind_rl(pybind11::module_& m);  // issue 12: RL stage balance and simulator
 }  // namespace dra::python

@@ -1,7 +1,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings.hpp"
-#include "dra/build_info.hpp"
+#include "dra/torch/build_info.hpp"
 
 namespace py = pybind11;
 

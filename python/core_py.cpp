@@ -6,7 +6,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "dra's compiled core: convergence signals, resize policies, decision engine.";
+  m.doc() = "dra's compiled core: signals, policies, the decision engine, the controller, the simulator.";
   // dra::timeout_error must reach Python as TimeoutError; the rest of the hierarchy keeps its name.
   static py::exception<dra::error> error_type(m, "DraError", PyExc_RuntimeError);
   error_type.doc() = "Base of every runtime failure raised by dra itself (a RuntimeError).";
@@ -20,13 +20,13 @@ PYBIND11_MODULE(_core, m) {
       PyErr_SetString(PyExc_TimeoutError, e.what());
     }
   });
-  m.def("_noop", []() {}, "A bare binding call that does nothing: the benchmark baseline for dra.step.");
   dra::python::bind_signals(m);
   dra::python::bind_policy(m);
   dra::python::bind_build(m);
-  dra::python::bind_elastic(m);
-  dra::python::bind_bench(m);
+  dra::python::bind_elastic(m);  // before the controller: its signature names these types
+  dra::python::bind_controller(m);
+  dra::python::bind_comm(m);
   dra::python::bind_sim(m);
-  dra::python::bind_nccl(m);
   dra::python::bind_rl(m);
+  dra::python::bind_testing(m);
 }

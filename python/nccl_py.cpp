@@ -15,7 +15,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "dra/comm/nccl.hpp"
+#include "dra/torch/comm/nccl.hpp"
 #include "dra/error.hpp"
 #endif
 
@@ -141,15 +141,22 @@ class nccl_world {
 
 void dra::python::bind_nccl(py::module_& m) {
 #ifdef DRA_WITH_NCCL
-  m.attr("_nccl_compiled") = true;
+  m.attr("nccl_compiled") = true;
   m.def(
-      "_nccl_runtime_version",
+      "nccl_runtime_version",
       []() -> py::object {
         const int v = dra::comm::nccl_runtime_version();
         return v > 0 ? py::object(py::str(dra::comm::nccl_version_string(v))) : py::object(py::none());
       },
       "Version of the libnccl the NCCL backend loads (dlopen on first use), or None when none loads.");
-  m.def("_nccl_load_error", &dra::comm::nccl_load_error, "Why libnccl could not be loaded ('' when it loaded).");
+  m.def("nccl_load_error", &dra::comm::nccl_load_error, "Why libnccl could not be loaded ('' when it loaded).");
+#else
+  m.attr("nccl_compiled") = false;
+#endif
+}
+
+void dra::python::bind_nccl_testing(py::module_& m) {
+#ifdef DRA_WITH_NCCL
   py::class_<nccl_world>(m, "NcclWorld",
                          "One process's NCCL world (dra's NCCL backend): rebuild() builds the communicator of an "
                          "epoch; collectives run on the tensor's current CUDA stream.")
@@ -174,6 +181,6 @@ void dra::python::bind_nccl(py::module_& m) {
       .def_property_readonly("log", &nccl_world::log)
       .def_property_readonly("runtime_version", &nccl_world::runtime_version);
 #else
-  m.attr("_nccl_compiled") = false;
+  (void)m;
 #endif
 }

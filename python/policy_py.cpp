@@ -10,62 +10,11 @@ using namespace dra::policy;
 
 namespace {
 
-// ---- dra.step's fast path -------------------------------------------------------------------
-// dra.step is called once per training step, so its cost is measured against a bare binding call
-// (goal: < 3x). A pybind11 function with arguments costs more than that budget by itself, so
-// dra.step is a plain CPython vectorcall function. When the process-wide controller is a plain
-// dra.Controller and the call is `dra.step(<float>)`, it steps the C++ engine directly and returns
-// the controller's status object; anything else (tensors, keywords, an elastic controller, no
-// controller yet) goes to the Python implementation `dra._controller._step_slow` unchanged.
-struct fast_step_target {
-  PyObject* slow = nullptr;        // dra._controller._step_slow (strong)
-  PyObject* warn = nullptr;        // dra._controller._warn_nonfinite(loss, step) (strong)
-  PyObject* engine_obj = nullptr;  // keeps `engine` alive (strong), or null: no fast path
-  dra::resize_engine* engine = nullptr;
-  PyObject* status = nullptr;      // returned by every fast step (strong)
-};
-fast_step_target g_step;
-
-void replace(PyObject*& slot, PyObject* value) {
-  Py_XINCREF(value);
-  PyObject* old = slot;
-  slot = value;
-  Py_XDECREF(old);
-}
-
-PyObject* fast_step(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  if (g_step.engine != nullptr && PyVectorcall_NARGS(nargs) == 1 && kwnames == nullptr && PyFloat_CheckExact(args[0])) {
-    const double loss = PyFloat_AS_DOUBLE(args[0]);
-    dra::resize_engine& engine = *g_step.engine;
-    const std::int64_t index = engine.last_step() + 1;
-    engine.step(index, loss);
-    if (engine.signals().nonfinite_streak == 1) {
-      // Rare: a streak of non-finite losses starts. Warn from Python (once per streak).
-      PyObject* warned = PyObject_CallFunction(g_step.warn, "dL", loss, static_cast<long long>(index));
-      if (warned == nullptr) return nullptr;  // warnings turned into errors propagate
-      Py_DECREF(warned);
-    }
-    Py_INCREF(g_step.status);
-    return g_step.status;
-  }
-  if (g_step.slow == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "dra.step: the package is not initialised (import dra first)");
-    return nullptr;
-  }
-  return PyObject_Vectorcall(g_step.slow, args, nargs, kwnames);
-}
-
-PyMethodDef fast_step_def = {
-    "step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_step)), METH_FASTCALL | METH_KEYWORDS,
-    "step(loss, **signals)\n--\n\n"
-    "One training step: feeds the loss (a float or a 0-d tensor, read once) and optional signals to the\n"
-    "process-wide controller and returns its status object. A NaN/inf loss is counted and warned about\n"
-    "once per streak (RuntimeWarning), never raised. Unknown keywords raise ValueError."};
-
 py::dict decision_to_dict(const decision& d) {
   py::dict out;
   out["action"] = to_string(d.kind);
   out["target_size"] = d.target_size;
+  out["members"] = d.members;
   out["leave"] = d.leave;
   out["join"] = d.join;
   out["batch_scale"] = d.batch_scale;
@@ -103,6 +52,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def(py::init<>())
       .def_property_readonly("action", [](const decision& d) { return to_string(d.kind); })
       .def_readonly("target_size", &decision::target_size)
+      .def_readonly("members", &decision::members)
       .def_readonly("leave", &decision::leave)
       .def_readonly("join", &decision::join)
       .def_readonly("batch_scale", &decision::batch_scale)
@@ -131,7 +81,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def("validate", &throughput_model_config::validate);
   py::class_<throughput_model, throughput_predictor>(m, "ThroughputModel",
                                                      "Pollux throughput model fitted online from measured steps.")
-      .def(py::init<throughput_model_config>(), py::arg("config") = throughput_model_config{})
+      .def(py::init<throughput_model_config>(), py::arg_v("config", throughput_model_config{}, "ThroughputModelConfig()"))
       .def("observe", &throughput_model::observe, py::arg("world_size"), py::arg("per_rank_batch"), py::arg("step_time_s"),
            py::arg("sync_time_s"))
       .def("compute_time_s", &throughput_model::compute_time_s, py::arg("per_rank_batch"))
@@ -154,7 +104,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def("validate", &goodput_config::validate);
   py::class_<goodput_policy, dra::policy::policy, std::shared_ptr<goodput_policy>>(
       m, "GoodputPolicy", "Pollux-style: the size maximising throughput x statistical efficiency.")
-      .def(py::init<goodput_config>(), py::arg("config") = goodput_config{});
+      .def(py::init<goodput_config>(), py::arg_v("config", goodput_config{}, "GoodputConfig()"));
   py::class_<convergence_phase_config> ccfg(m, "ConvergencePhaseConfig", "Settings of the convergence-phase policy.");
   def_kwargs_init<convergence_phase_config>(ccfg);
   ccfg.def_readwrite("grow_step", &convergence_phase_config::grow_step)
@@ -163,7 +113,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def("validate", &convergence_phase_config::validate);
   py::class_<convergence_phase_policy, dra::policy::policy, std::shared_ptr<convergence_phase_policy>>(
       m, "ConvergencePhasePolicy", "Grow while learning is fast and scaling efficient; release on plateau; hold otherwise.")
-      .def(py::init<convergence_phase_config>(), py::arg("config") = convergence_phase_config{});
+      .def(py::init<convergence_phase_config>(), py::arg_v("config", convergence_phase_config{}, "ConvergencePhaseConfig()"));
 
   py::class_<constraints> lim(m, "Constraints", "Limits around any policy: sizes, cooldown, hysteresis, amortisation.");
   def_kwargs_init<constraints>(lim);
@@ -180,18 +130,18 @@ void dra::python::bind_policy(py::module_& m) {
       .def(py::init([](std::shared_ptr<dra::policy::policy> inner, constraints limits) {
              return constrained_policy(std::move(inner), std::move(limits));
            }),
-           py::arg("policy"), py::arg("constraints") = constraints{})
+           py::arg("policy"), py::arg_v("constraints", constraints{}, "Constraints()"))
       .def("decide", &constrained_policy::decide, py::arg("signals"), py::arg("world"), py::arg("capacity"),
            py::arg("costs"), py::arg("throughput"));
 
   using dra::engine_config;
   using dra::resize_engine;
-  using dra::step_status;
-  py::class_<step_status>(m, "StepStatus", "Result of one engine step (a view, valid until the next step).")
-      .def_readonly("step", &step_status::step)
-      .def_readonly("decided", &step_status::decided)
-      .def_readonly("last_decision", &step_status::last_decision)
-      .def_readonly("decisions", &step_status::decisions);
+  using dra::engine_status;
+  py::class_<engine_status>(m, "EngineStatus", "Result of one engine step (a view, valid until the next step).")
+      .def_readonly("step", &engine_status::step)
+      .def_readonly("decided", &engine_status::decided)
+      .def_readonly("last_decision", &engine_status::last_decision)
+      .def_readonly("decisions", &engine_status::decisions);
   py::class_<engine_config> ecfg(m, "EngineConfig", "Estimator, throughput model, policy and constraints of one job.");
   def_kwargs_init<engine_config>(ecfg);
   ecfg.def_readwrite("estimator", &engine_config::estimator)
@@ -206,15 +156,8 @@ void dra::python::bind_policy(py::module_& m) {
   py::class_<resize_engine>(m, "ResizeEngine", "Per-job decision engine fed once per step.")
       .def(py::init<engine_config>(), py::arg("config"))
       .def("step", &resize_engine::step, py::arg("step"), py::arg("loss"), py::return_value_policy::reference_internal)
-      .def(
-          "_advance",
-          [](resize_engine& engine, double loss) {
-            engine.step(engine.last_step() + 1, loss);
-            return engine.signals().nonfinite_streak;
-          },
-          py::arg("loss"),
-          "One step at the next index, returning the non-finite streak (0: the loss was accepted; 1: a "
-          "streak of non-finite losses starts, warn once). Returns a plain int, so no view object is built.")
+      .def("observe", &resize_engine::observe, py::arg("step"), py::arg("loss"),
+           "Feeds a step's loss without deciding (the members of a live world that are not the leader).")
       .def("decide", &resize_engine::decide, py::return_value_policy::reference_internal)
       .def("resized", &resize_engine::resized, py::arg("new_size"), py::arg("new_global_batch"))
       .def_property_readonly("signals", &resize_engine::signals, py::return_value_policy::reference_internal)
@@ -225,20 +168,8 @@ void dra::python::bind_policy(py::module_& m) {
       .def_property_readonly("costs", py::overload_cast<>(&resize_engine::costs), py::return_value_policy::reference_internal)
       .def_property_readonly("status", &resize_engine::status, py::return_value_policy::reference_internal)
       .def_property_readonly("config", &resize_engine::config, py::return_value_policy::reference_internal)
-      .def_property_readonly("last_step", &resize_engine::last_step, "Step index of the latest step, -1 before the first.");
+      .def_property_readonly("last_step", &resize_engine::last_step, "Step index of the latest step, -1 before the first.")
+      .def("desired_size", &resize_engine::desired_size,
+           "The size the policy would choose if every device it might want were free (what a job asks a pool for).");
 
-  m.add_object("_step", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&fast_step_def, nullptr, nullptr)));
-  m.def(
-      "_set_step_target",
-      [](py::object slow, py::object warn, py::object engine, py::object status) {
-        // engine None: no fast path (an elastic or custom controller is installed).
-        resize_engine* raw = engine.is_none() ? nullptr : engine.cast<resize_engine*>();
-        replace(g_step.slow, slow.ptr());
-        replace(g_step.warn, warn.ptr());
-        replace(g_step.engine_obj, raw ? engine.ptr() : nullptr);
-        replace(g_step.status, raw ? status.ptr() : nullptr);
-        g_step.engine = raw;
-      },
-      py::arg("slow"), py::arg("warn"), py::arg("engine"), py::arg("status"),
-      "Internal: where dra.step goes (set by dra.reset / dra.default_controller).");
 }

@@ -35,6 +35,7 @@ py::dict signals_to_dict(const convergence_signals& s) {
   d["nonfinite_count"] = s.nonfinite_count;
   d["nonfinite_streak"] = s.nonfinite_streak;
   d["nonpositive_count"] = s.nonpositive_count;
+  d["outlier_count"] = s.outlier_count;
   return d;
 }
 }  // namespace
@@ -58,6 +59,8 @@ void dra::python::bind_signals(py::module_& m) {
                      "Smoothed loss above this multiple of the best means diverging.")
       .def_readwrite("divergence_nonfinite_streak", &estimator_config::divergence_nonfinite_streak,
                      "Non-finite losses in a row that mean diverging.")
+      .def_readwrite("outlier_factor", &estimator_config::outlier_factor,
+                     "A loss above this multiple of the smoothed loss enters the state clipped to it (robust update).")
       .def_readwrite("gns_decay", &estimator_config::gns_decay, "EMA decay of the gradient-noise-scale moments.")
       .def("validate", &estimator_config::validate);
 
@@ -86,6 +89,8 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readonly("nonfinite_count", &convergence_signals::nonfinite_count)
       .def_readonly("nonfinite_streak", &convergence_signals::nonfinite_streak)
       .def_readonly("nonpositive_count", &convergence_signals::nonpositive_count)
+      .def_readonly("outlier_count", &convergence_signals::outlier_count,
+                    "Losses clipped to outlier_factor x the smoothed loss by the robust update.")
       .def("to_dict", &signals_to_dict)
       .def("__repr__", [](const convergence_signals& s) {
         return "<ConvergenceSignals step=" + std::to_string(s.step) + " phase=" + to_string(s.phase) +
@@ -94,7 +99,7 @@ void dra::python::bind_signals(py::module_& m) {
 
   py::class_<convergence_estimator>(m, "ConvergenceEstimator",
                                     "Streaming convergence-signal estimator: O(1), allocation-free per update.")
-      .def(py::init<estimator_config>(), py::arg("config") = estimator_config{})
+      .def(py::init<estimator_config>(), py::arg_v("config", estimator_config{}, "EstimatorConfig()"))
       .def("update_loss", &convergence_estimator::update_loss, py::arg("step"), py::arg("loss"),
            "Feed the loss of `step`; returns False when the value was rejected (non-finite or step not increasing).")
       .def("update_gradients", &convergence_estimator::update_gradients, py::arg("small_sqr_norm"), py::arg("small_batch"),

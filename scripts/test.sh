@@ -23,5 +23,16 @@ cmake --build build/consumer -j "$jobs"
 ./build/consumer/dra_consumer
 [ -x build/consumer/dra_consumer_compiled ] && ./build/consumer/dra_consumer_compiled
 
+echo "== C++: a core-only install (no torch) and a consumer that includes every core header =="
+cmake -S . -B build/core -G Ninja -DCMAKE_BUILD_TYPE=Release -DDRA_WITH_TORCH=OFF -DDRA_BUILD_TESTS=OFF \
+  -DDRA_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$root/build/install-core" >/dev/null
+cmake --build build/core -j "$jobs" >/dev/null
+cmake --install build/core >/dev/null
+cmake -S tests/consumer -B build/consumer-core -G Ninja -DDRA_CONSUMER_CORE_ONLY=ON \
+  -DCMAKE_PREFIX_PATH="$root/build/install-core" >/dev/null
+cmake --build build/consumer-core -j "$jobs"
+./build/consumer-core/dra_consumer
+./build/consumer-core/dra_all_core_headers
+
 echo "== Python: pytest =="
 .venv/bin/python -m pytest -q "$@"

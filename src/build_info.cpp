@@ -1,4 +1,5 @@
-#include "dra/build_info.hpp"
+#include "dra/torch/build_info.hpp"
+#include "dra/version.hpp"
 
 #include <torch/version.h>
 
@@ -10,7 +11,7 @@ namespace dra {
 
 build_info get_build_info() {
   build_info info;
-  info.version = DRA_VERSION_STRING;
+  info.version = dra::version;
   info.compiler = DRA_COMPILER_STRING;
   info.torch_version = TORCH_VERSION;
   info.gloo = true;

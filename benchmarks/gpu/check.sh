@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check of dra's NCCL backend (docs/nccl.md). On a machine with an NVIDIA GPU,
+# One-shot GPU check of dra's NCCL backend (docs/design/nccl.md). On a machine with an NVIDIA GPU,
 # PyTorch with CUDA and NCCL (no network needed) it
 #   1. builds dra against the torch there, into a private folder (nothing is installed),
 #   2. runs the NCCL tests (tests/python/test_nccl.py: one-rank init, all-reduce, broadcast,

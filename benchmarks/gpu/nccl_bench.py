@@ -1,7 +1,7 @@
 """GPU measurements of dra's NCCL backend, each against its baseline in the same run.
 
 1. All-reduce bandwidth, 1 KiB .. 1 GiB (powers of 4), through dra's NCCL communicator
-   (_core.NcclWorld) against torch.distributed's own NCCL all-reduce, one process per GPU.
+   (_core._testing.NcclWorld) against torch.distributed's own NCCL all-reduce, one process per GPU.
 2. dra's NCCL communicator init (fresh init, non-blocking + polled) against
    torch.distributed.init_process_group + first all-reduce.
 3. dra.step overhead on a real training step (a small transformer on random data): the same loop
@@ -74,7 +74,7 @@ def _bandwidth_worker(rank: int, world: int, port: int, byte_sizes: list[int], b
         torch.cuda.set_device(rank)
         store = dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
         t0 = time.perf_counter()
-        ours = _core.NcclWorld(device=rank, store_host="127.0.0.1", store_port=port, timeout_s=120, prefix="bench/dra")
+        ours = _core._testing.NcclWorld(device=rank, store_host="127.0.0.1", store_port=port, timeout_s=120, prefix="bench/dra")
         path = ours.rebuild(1, [], list(range(world)), rank)
         probe = torch.ones(1, device="cuda")
         ours.all_reduce_sum(probe)

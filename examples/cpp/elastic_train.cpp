@@ -20,9 +20,10 @@
 //       hash H momentum M
 // H hashes the parameters, M the momentum buffers (FNV-1a over their bytes).
 //
-// Test hooks: --log-samples DIR appends one JSON line per committed step to DIR/samples-<uid>.jsonl
-// (the step's data epoch, index, world epoch, rank and this rank's sample ids), so exactly-once
-// data can be checked from outside. --die-at-step K makes the process whose uid equals the
+// Test hooks: --log-samples DIR appends one JSON line per step attempt to DIR/samples-<uid>.jsonl
+// (the step's data epoch, index, world epoch, rank and this rank's sample ids), written before the
+// step's reduction, so exactly-once data can be checked from outside (the latest world epoch of a
+// step is the one that committed it). --die-at-step K makes the process whose uid equals the
 // environment variable DRA_TEST_DIE_UID kill itself with SIGKILL at step K, after backward and
 // before the gradient all-reduce (a crash in the middle of a step); without that variable the
 // option does nothing. --die-in-phase rebuild|state_transfer|reshard likewise kills that process
@@ -43,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "dra/elastic/controller.hpp"
+#include "dra/torch/elastic/controller.hpp"
 #include "dra/elastic/membership.hpp"
 #include "dra/elastic/sampler.hpp"
 
@@ -52,7 +53,7 @@ namespace {
 struct options {
   std::int64_t epochs = 3;
   std::int64_t steps = 0;  // 0: no limit (the epochs decide)
-  int start_size = -1;     // -1: every process
+  int start_size = 0;      // 0: every process
   int min_size = 1;
   int max_size = 1 << 20;
   std::int64_t decide_every = 10;
@@ -236,22 +237,23 @@ int main(int argc, char** argv) try {
 
   dra::elastic::controller_options co;
   co.start_size = opt.start_size;
-  co.decide_every = opt.decide_every;
+  co.engine.decide_every = opt.decide_every;
   co.engine.limits.min_size = opt.min_size;
   co.engine.limits.max_size = opt.max_size;
-  co.schedule = opt.schedule;
+  co.resize_schedule = opt.schedule;
   co.release = opt.release == "exit" ? dra::elastic::release_mode::exit : dra::elastic::release_mode::standby;
   co.verify = opt.verify;
   co.events_path = opt.events;
   co.status_every = opt.status_every;
-  co.fault_timeout = std::chrono::milliseconds(opt.fault_timeout_ms);
-  co.store_timeout = std::chrono::milliseconds(opt.store_timeout_ms);
+  co.fault_timeout_s = static_cast<double>(opt.fault_timeout_ms) / 1000.0;
+  co.store_timeout_s = static_cast<double>(opt.store_timeout_ms) / 1000.0;
   // Gloo on loopback (one host); on several nodes DRA_GLOO_HOSTNAME names this host's address.
-  co.gloo_hostname = env_or("DRA_GLOO_HOSTNAME", "127.0.0.1");
+  co.backend_address = env_or("DRA_GLOO_HOSTNAME", "127.0.0.1");
   const std::string die_uid = env_or("DRA_TEST_DIE_UID", "");
   if (!opt.die_in_phase.empty() && !die_uid.empty()) {
     // Test hook: die inside the first world change after the start (a crash during a resize).
-    co.phase_hook = [&opt, die_uid](const std::string& phase, const dra::elastic::controller& self) {
+    co.phase_hook = [&opt, die_uid](dra::elastic::change_phase p, const dra::elastic::controller& self) {
+      const std::string phase = dra::elastic::to_string(p);
       if (phase == opt.die_in_phase && self.step_index() > 0 && std::to_string(self.uid()) == die_uid) {
         std::printf("[dra-cpp] uid %d: test hook kills this process in phase %s at step %" PRId64 "\n", self.uid(),
                     phase.c_str(), self.step_index());
@@ -318,19 +320,18 @@ int main(int argc, char** argv) try {
         std::fflush(stdout);
         std::raise(SIGKILL);
       }
-      const bool reduced = ctl.reduce_gradients(params);  // false: a peer failed, the step is redone
-      if (reduced) {
-        optimizer.step();
-        // A successful reduction commits at step(): logged here, so that a process killed inside
-        // step() (in a world change) still has its committed share on record.
-        if (samples_log.is_open()) {
-          samples_log << "{\"uid\": " << uid << ", \"step\": " << step << ", \"data_epoch\": " << data_epoch
-                      << ", \"world_epoch\": " << world_epoch << ", \"rank\": " << rank << ", \"world\": " << world
-                      << ", \"ids\": [";
-          for (std::size_t i = 0; i < ids.size(); ++i) samples_log << (i ? ", " : "") << ids[i];
-          samples_log << "]}" << std::endl;  // flushed: a killed process keeps what it committed
-        }
+      // The share is logged before the reduction, tagged with the world epoch: whether this process
+      // then dies or the step fails and is redone in a later world, the record of the world that
+      // committed the step is complete (a checker keeps the latest world epoch of each step).
+      if (samples_log.is_open()) {
+        samples_log << "{\"uid\": " << uid << ", \"step\": " << step << ", \"data_epoch\": " << data_epoch
+                    << ", \"world_epoch\": " << world_epoch << ", \"rank\": " << rank << ", \"world\": " << world
+                    << ", \"ids\": [";
+        for (std::size_t i = 0; i < ids.size(); ++i) samples_log << (i ? ", " : "") << ids[i];
+        samples_log << "]}" << std::endl;  // flushed before the reduction
       }
+      const bool reduced = ctl.reduce_gradients(params);  // false: a peer failed, the step is redone
+      if (reduced) optimizer.step();
       const bool was_member = ctl.is_member();
       const auto r = ctl.step(loss_value);
       if (reduced && (!r.committed || r.step != step))

@@ -1,6 +1,8 @@
 #pragma once
-// Umbrella header. The header-only core (dra::core) needs only Eigen; the compiled part's headers
-// (dra::dra, LibTorch) are included when DRA_WITH_TORCH is defined by linking dra::dra.
+// Umbrella header of the header-only core (dra::core): signals, policies, the decision engine,
+// and the elastic world's membership and exactly-once data functions. No torch, no NCCL, no
+// Python. The simulator has its own umbrella (dra/sim.hpp, target dra::sim); the compiled part
+// (dra::dra, LibTorch) has dra/torch.hpp.
 #include "dra/error.hpp"
 #include "dra/version.hpp"
 #include "dra/signals/convergence_estimator.hpp"
@@ -10,6 +12,5 @@
 #include "dra/policy/policies.hpp"
 #include "dra/policy/constraints.hpp"
 #include "dra/engine.hpp"
-#if __has_include("dra/sim/simulator.hpp")
-#include "dra/sim/simulator.hpp"
-#endif
+#include "dra/elastic/membership.hpp"
+#include "dra/elastic/sampler.hpp"

@@ -2,6 +2,7 @@
 // The per-job decision engine: estimator + throughput model + constrained policy, fed once per
 // step. It is what dra.step() drives in one process, what the elastic controller runs on the
 // leader, and what the simulator runs per job. No torch, no I/O.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,7 +20,8 @@ struct engine_config {
   policy::throughput_model_config throughput;
   policy::constraints limits;
   policy::cost_model costs;
-  /// "convergence" (DRA framework rule) or "goodput" (Pollux-style).
+  /// "convergence" (DRA framework rule), "goodput" (Pollux-style) or "none" (resizes only when
+  /// asked: a schedule, a device pool).
   std::string policy = "convergence";
   policy::convergence_phase_config convergence;
   policy::goodput_config goodput;
@@ -32,8 +34,8 @@ struct engine_config {
     limits.validate();
     convergence.validate();
     goodput.validate();
-    if (policy != "convergence" && policy != "goodput")
-      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use 'convergence' or 'goodput'");
+    if (policy != "convergence" && policy != "goodput" && policy != "none")
+      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use 'convergence', 'goodput' or 'none'");
     if (decide_every < 1) dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
     if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
@@ -42,11 +44,12 @@ struct engine_config {
 
 inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
   if (config.policy == "goodput") return std::make_shared<policy::goodput_policy>(config.goodput);
+  if (config.policy == "none") return std::make_shared<policy::hold_policy>();
   return std::make_shared<policy::convergence_phase_policy>(config.convergence);
 }
 
 /// What one step returns: a view into the engine, valid until the next call.
-struct step_status {
+struct engine_status {
   std::int64_t step = 0;
   bool decided = false;  ///< a decision was taken at this step
   policy::decision last_decision;
@@ -71,24 +74,35 @@ class resize_engine {
   policy::world_state& world() noexcept { return world_; }
   policy::capacity& capacity() noexcept { return cap_; }
   policy::cost_model& costs() noexcept { return config_.costs; }
-  const step_status& status() const noexcept { return status_; }
+  const engine_status& status() const noexcept { return status_; }
   /// Step index of the latest step() call (accepted or not), -1 before the first.
   std::int64_t last_step() const noexcept { return last_step_; }
 
   /// One training step's loss. Decides every `decide_every` steps. Never throws: a non-finite
   /// loss is counted in the signals and the step still advances.
-  const step_status& step(std::int64_t step, double loss) {
+  const engine_status& step(std::int64_t step, double loss) {
+    observe(step, loss);
+    if (++steps_since_decision_ >= config_.decide_every) {
+      steps_since_decision_ = 0;
+      decide();
+    }
+    return status_;
+  }
+
+  /// One training step's loss, without deciding: the members of a live world that are not the
+  /// leader keep their signals current this way (the leader decides for all).
+  void observe(std::int64_t step, double loss) {
     last_step_ = step;
     estimator_.update_loss(step, loss);
     status_.step = step;
     world_.step = step;
     ++world_.steps_since_resize;
     status_.decided = false;
-    if (++steps_since_decision_ >= config_.decide_every) {
-      steps_since_decision_ = 0;
-      decide();
-    }
-    return status_;
+  }
+
+  /// Whether the leader of a live world decides after `committed_steps` steps.
+  bool decision_due(std::int64_t committed_steps) const noexcept {
+    return committed_steps > 0 && committed_steps % config_.decide_every == 0;
   }
 
   /// Takes a decision now from the current signals and world.
@@ -97,6 +111,18 @@ class resize_engine {
     status_.decided = true;
     ++status_.decisions;
     return status_.last_decision;
+  }
+
+  /// The size the policy would choose if every device it might want were free (capacity up to
+  /// max_size): what a job asks a device pool for. No side effects (hysteresis untouched).
+  int desired_size() const {
+    const auto& limits = policy_.limits();
+    policy::capacity unlimited;
+    unlimited.available = limits.max_size;
+    const policy::decision_inputs in{estimator_.signals(), world_, unlimited, config_.costs, throughput_};
+    const int lo = std::max(limits.min_size, 1);
+    return std::clamp(policy_.inner().propose(in, lo, std::max(lo, limits.max_size)).target_size, lo,
+                      std::max(lo, limits.max_size));
   }
 
   /// Tells the engine a resize happened (resets the cooldown clock).
@@ -113,7 +139,7 @@ class resize_engine {
   policy::constrained_policy policy_;
   policy::world_state world_;
   policy::capacity cap_;
-  step_status status_;
+  engine_status status_;
   std::int64_t steps_since_decision_ = 0;
   std::int64_t last_step_ = -1;
 };

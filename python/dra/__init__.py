@@ -1,13 +1,14 @@
 """dra: grow and shrink a data-parallel training job in place, driven by how the model learns.
 
-Single process::
+One process::
 
     import dra
-    for step, batch in enumerate(loader):
+    for batch in loader:
         loss = train_step(batch)
-        status = dra.step(loss)
+        status = dra.step(loss)          # a StepStatus: signals, decision, world
 
-Under torchrun the same call drives the elastic world (see dra.elastic).
+Under torchrun the same call drives the elastic world (``dra.elastic.init``); ``dra.step``
+returns the same StepStatus there.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch  # noqa: F401  (loads libtorch before the extension that links it)
 
 from dra import _core
+from dra._controller import Controller, StepStatus, default_controller, reset, step
 from dra._core import (
     Capacity,
     ConstrainedPolicy,
@@ -30,6 +32,7 @@ from dra._core import (
     EstimatorConfig,
     GoodputConfig,
     GoodputPolicy,
+    Options,
     ResizeEngine,
     ThroughputModel,
     ThroughputModelConfig,
@@ -37,10 +40,9 @@ from dra._core import (
     adascale_gain,
     statistical_efficiency,
 )
-from dra._controller import Controller, StepStatus, default_controller, reset, step
 from dra._info import build_info
 
-__version__ = _core._build_info()["version"]
+__version__: str = _core._build_info()["version"]
 
 __all__ = [
     "Capacity",
@@ -58,6 +60,7 @@ __all__ = [
     "EstimatorConfig",
     "GoodputConfig",
     "GoodputPolicy",
+    "Options",
     "ResizeEngine",
     "StepStatus",
     "ThroughputModel",

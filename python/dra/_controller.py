@@ -1,198 +1,215 @@
-"""The per-process controller behind ``dra.step``.
+"""``dra.Controller`` and ``dra.step``: the controller of one process.
 
-In a plain process (no torch.distributed) the controller runs the decision engine on its own:
-signals are estimated and the policy decides, but the world is this one process, so every
-decision is "hold" unless a capacity above one is declared. Under torchrun, ``dra.elastic``
-installs an elastic controller that acts on the decisions.
+The controller is the C++ ``dra::elastic::controller`` (include/dra/torch/elastic/controller.hpp);
+this module adds only what needs Python: the model, optimizer and scheduler wrappers of an elastic
+job, the loss's validation, and the warnings.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import sys
 import warnings
-from typing import Any
+import weakref
+from typing import Any, Iterator
 
 from dra import _core
 
-_FIELDS = {
-    "estimator": _core.EstimatorConfig,
-    "throughput": _core.ThroughputModelConfig,
-    "limits": _core.Constraints,
-    "convergence": _core.ConvergencePhaseConfig,
-    "goodput": _core.GoodputConfig,
-}
+StepStatus = _core.StepStatus
 
 
-def make_engine_config(
-    *,
-    policy: str = "convergence",
-    min_size: int = 1,
-    max_size: int | None = None,
-    decide_every: int = 10,
-    resize_cost_s: float = 0.0,
-    horizon_steps: float = 500.0,
-    **sections: Any,
-) -> _core.EngineConfig:
-    """Builds an EngineConfig from keywords.
+class Controller(_core.Controller):
+    """The controller of one process: ``dra.step`` feeds it, its policy decides, and in an elastic
+    job it resizes the data-parallel world in place.
 
-    ``sections`` may hold ``estimator``, ``throughput``, ``limits``, ``convergence`` and
-    ``goodput``, each a config object or a dict of its keywords. Raises ValueError naming the
-    offending option; nothing is built on error.
-    """
-    config = _core.EngineConfig()
-    for name, value in sections.items():
-        if name not in _FIELDS:
-            raise ValueError(f"unknown option '{name}'; valid sections: {', '.join(sorted(_FIELDS))}")
-        if isinstance(value, dict):
-            value = _FIELDS[name](**value)
-        setattr(config, name, value)
-    limits = config.limits
-    if "limits" not in sections or not isinstance(sections["limits"], _core.Constraints):
-        limits.min_size = int(min_size)
-        if max_size is not None:
-            limits.max_size = int(max_size)
-        config.limits = limits
-    config.policy = policy
-    config.decide_every = int(decide_every)
-    costs = _core.CostModel(float(resize_cost_s), float(horizon_steps))
-    config.costs = costs
-    config.validate()
-    return config
+    Alone, ``dra.Controller(**options)`` estimates signals and takes decisions; the world is this
+    one process. In an elastic job (``dra.elastic.init(model, optimizer, sampler, **options)``, the
+    same as ``dra.Controller(model=model, optimizer=optimizer, sampler=sampler, **options)``)
+    it forms the world, hands state to joiners, and recovers from failures; train with
+    ``ctl.model``, ``ctl.optimizer`` (and ``ctl.scheduler``), which apply a step only when its
+    gradient reduction succeeded. ``dra.Options.names()`` lists the options; a bad one raises
+    ValueError naming it.
 
-
-class StepStatus:
-    """What ``dra.step`` returns: a live view of the controller after the step.
-
-    The same object is returned every step (no allocation on the hot path); read it before the
-    next call or copy what you need with ``to_dict()``.
+    ``rank`` is this process's rank in the world *now*; ``uid`` its id for the job's life (the
+    environment's ``RANK`` is only the launch id: after a resize, "save on rank 0" must test
+    ``ctl.rank == 0``).
     """
 
-    __slots__ = ("_controller",)
+    def __init__(
+        self,
+        config: _core.EngineConfig | None = None,
+        /,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        sampler: Any = None,
+        scheduler: Any = None,
+        store_address: tuple[str, int] | None = None,
+        join: bool | None = None,
+        **options: Any,
+    ) -> None:
+        if config is not None:
+            if not isinstance(config, _core.EngineConfig):
+                raise ValueError(f"config: expected a dra.EngineConfig, got {type(config).__name__}")
+            engine_keys = set(_engine_options(config)) | {"min_size", "max_size"}
+            if engine_keys & set(options):
+                raise ValueError("pass either an EngineConfig or keyword options for the engine, not both")
+            options = {**_engine_options(config), **options}
+        if model is None:
+            given = [n for n, v in (("optimizer", optimizer), ("sampler", sampler), ("scheduler", scheduler)) if v is not None]
+            if given:
+                raise ValueError(f"{given[0]}: an elastic controller needs model= as well (dra.elastic.init)")
+            super().__init__(_core.Options(**options))
+            self.model = self.optimizer = self.scheduler = self.sampler = None
+            return
+        from dra.elastic import _state, _wrappers
+        from dra.elastic.sampler import ElasticSampler
 
-    def __init__(self, controller: Controller) -> None:
-        self._controller = controller
+        options = {**_environment_options(), **options}
 
-    @property
-    def step(self) -> int:
-        return self._controller.step_index
-
-    @property
-    def signals(self) -> _core.ConvergenceSignals:
-        return self._controller.engine.signals
-
-    @property
-    def decision(self) -> _core.Decision:
-        return self._controller.engine.status.last_decision
-
-    @property
-    def decided(self) -> bool:
-        return self._controller.engine.status.decided
-
-    @property
-    def world_size(self) -> int:
-        return self._controller.world_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "world_size": self.world_size,
-            "decided": self.decided,
-            "signals": self.signals.to_dict(),
-            "decision": self.decision.to_dict(),
-        }
-
-    def __repr__(self) -> str:
-        s = self.signals
-        return (
-            f"<StepStatus step={self.step} world={self.world_size} phase={s.phase} "
-            f"loss~{s.smoothed_loss:.4g} decision={self.decision.action}>"
+        if not isinstance(sampler, ElasticSampler):
+            raise ValueError(
+                f"sampler: expected a dra.elastic.DistributedSampler or ElasticSampler, got {type(sampler).__name__}"
+            )
+        opts = _core.Options(**options)  # parsed and validated before anything is built
+        if opts.events_path:
+            os.makedirs(os.path.dirname(os.path.abspath(opts.events_path)), exist_ok=True)
+        self._skipping = False
+        # The C++ side holds the provider; the Python object behind its overrides must live as long.
+        self._state = _state.TorchState(model, optimizer, scheduler)
+        super().__init__(
+            opts,
+            self._state,
+            sampler._native,
+            store_address=store_address,
+            join=join,
+            phase_hook=_testing_phase_hook(),
         )
-
-
-class Controller:
-    """Single-process controller: estimator + throughput model + constrained policy."""
-
-    def __init__(self, config: _core.EngineConfig | None = None, **options: Any) -> None:
-        if config is not None and options:
-            raise ValueError("pass either an EngineConfig or keyword options, not both")
-        self.engine = _core.ResizeEngine(config if config is not None else make_engine_config(**options))
-        self._status = StepStatus(self)
-        # Bound once: the per-step call is then one attribute load and one C++ call.
-        self._advance = self.engine._advance
-
-    @property
-    def step_index(self) -> int:
-        """Index of the latest step (the n-th call to ``step`` has index n - 1); -1 before the first."""
-        return self.engine.last_step
-
-    @property
-    def world_size(self) -> int:
-        return self.engine.world.size
-
-    @property
-    def signals(self) -> _core.ConvergenceSignals:
-        return self.engine.signals
+        sampler._follow(self)
+        self.sampler = sampler
+        # The end of a script that never calls finish() (a ported DDP loop): members meet once more
+        # and the leader tells standbys to go, when the interpreter exits.
+        atexit.register(_finish_at_exit, weakref.ref(self))
+        self.model = _wrappers.ElasticDataParallel(model, self)
+        self.optimizer = _wrappers.ElasticOptimizer(optimizer, self)
+        self.scheduler = _wrappers.ElasticScheduler(scheduler, self) if scheduler is not None else None
 
     def step(self, loss: Any, **signals: Any) -> StepStatus:
-        """Feeds one training step. ``loss`` is a float or a 0-d tensor (read once, one sync).
+        """One training step (what ``dra.step`` calls): commits it when its gradient reduction
+        succeeded, feeds the policy, and resizes at decision steps. After a failure the
+        survivors shrink and the step is redone by the next loop iteration."""
+        return self._step_checked(_as_float(loss), signals, stacklevel=3)
 
-        Optional keywords: ``small_sqr_norm``, ``small_batch``, ``big_sqr_norm``, ``big_batch``
-        (two-batch gradient statistics), ``validation`` (a metric), ``step_time_s`` and
-        ``sync_time_s`` (measured timing for the throughput model). A NaN/inf loss is counted and
-        warned about once per streak; it never raises.
-        """
-        if type(loss) is not float:
-            loss = _as_float(loss)
-        if signals:
-            signals = self._check_signals(signals)
-        # One C++ call that returns the non-finite streak (0 when the loss counted).
-        if self._advance(loss) == 1:
-            _warn_nonfinite(loss, self.engine.last_step, stacklevel=4)
-        if signals:
-            self._extra(signals)
-        return self._status
+    def _step_checked(self, value: float, signals: dict[str, Any], stacklevel: int) -> StepStatus:
+        if self.sampler is not None and self._skipping:
+            # A stale prefetched batch was trained on locally: neither reduced nor committed.
+            self._skipping = False
+            self.sampler._consumed()
+            return self._skip_step()
+        status = self._step(value, **{k: _as_float(v, k) for k, v in signals.items() if v is not None})
+        if self.sampler is not None:
+            self.sampler._consumed()
+        if self.nonfinite_streak == 1:
+            _warn_nonfinite(value, status.step, stacklevel=stacklevel + 1)
+        if status.exit_requested:
+            raise SystemExit(0)
+        return status
 
-    _KNOWN_SIGNALS = frozenset(
-        {"small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch", "validation", "step_time_s", "sync_time_s"}
-    )
+    def _skip_update(self) -> bool:
+        """Whether the current step's update must not be applied (failed or stale)."""
+        return self.failed or self._skipping or not self.is_member
 
-    def _check_signals(self, signals: dict[str, Any]) -> dict[str, float]:
-        # Checked and converted before the step is taken, so a bad call changes nothing.
-        unknown = set(signals) - self._KNOWN_SIGNALS
-        if unknown:
-            raise ValueError(f"dra.step: unknown signal(s) {sorted(unknown)}; valid: {sorted(self._KNOWN_SIGNALS)}")
-        grads = [signals.get(k) for k in ("small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch")]
-        if any(g is not None for g in grads) and any(g is None for g in grads):
-            raise ValueError("dra.step: gradient statistics need all of small_sqr_norm, small_batch, big_sqr_norm, big_batch")
-        return {k: _as_float(v) for k, v in signals.items() if v is not None}
+    def epochs(self, num_epochs: int, start: int = 0) -> Iterator[int]:
+        """Data epochs ``start, start+1, ... num_epochs-1``, from wherever the world stands (a
+        joiner starts mid-run); the end of the last one ends training for this process
+        (``finish()``). ``start`` restarts a whole job from an epoch-granular checkpoint."""
+        if self.sampler is None:
+            raise ValueError("epochs: a controller without a sampler has no data epochs (use dra.elastic.init)")
+        self.sampler._start_at(int(start))
+        while self.next_epoch(int(num_epochs)):
+            yield self.sampler.epoch
 
-    def _extra(self, signals: dict[str, float]) -> None:
-        if "small_sqr_norm" in signals:
-            self.engine.estimator.update_gradients(
-                signals["small_sqr_norm"], signals["small_batch"], signals["big_sqr_norm"], signals["big_batch"]
-            )
-        if "validation" in signals:
-            self.engine.estimator.update_validation(signals["validation"])
-        if "step_time_s" in signals:
-            world = self.engine.world
-            self.engine.throughput.observe(
-                world.size,
-                world.global_batch / max(world.size, 1),
-                signals["step_time_s"],
-                signals.get("sync_time_s", 0.0),
-            )
+    def state_dict(self) -> dict[str, Any]:
+        """Where the job stands (committed steps and the sampler's position): save it with the model
+        and optimizer to restart the whole job later (docs/guide/elastic.md, "Checkpoint and restart")."""
+        out: dict[str, Any] = {"step_index": self.step_index}
+        if self.sampler is not None:
+            out["sampler"] = self.sampler.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores ``state_dict()`` on every process, right after the controller is made."""
+        if self.sampler is not None and "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+        self.resume_at(int(state["step_index"]))
+
+    def __repr__(self) -> str:
+        return f"<dra.Controller {self.role} uid={self.uid} rank={self.rank} world={self.world_size} step={self.step_index}>"
 
 
-def _as_float(value: Any) -> float:
-    if isinstance(value, (int, float)):
+def _environment_options() -> dict[str, Any]:
+    """Options a launcher gives an elastic job without touching its code: DRA_OPTIONS, a JSON
+    object (the script's own keywords win)."""
+    text = os.environ.get("DRA_OPTIONS", "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"DRA_OPTIONS: not JSON ({e}); expected an object such as '{{\"policy\": \"none\"}}'") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"DRA_OPTIONS: expected a JSON object of options, got {type(value).__name__}")
+    return value
+
+
+def _finish_at_exit(ref: weakref.ref[Controller]) -> None:
+    controller = ref()
+    if controller is not None:
+        controller.finish()
+
+
+def _engine_options(config: _core.EngineConfig) -> dict[str, Any]:
+    """An EngineConfig as options (dra.Controller(config) keeps working)."""
+    return {
+        "policy": config.policy,
+        "decide_every": config.decide_every,
+        "resize_cost_s": config.costs.resize_cost_s,
+        "horizon_steps": config.costs.horizon_steps,
+        "estimator": config.estimator,
+        "throughput": config.throughput,
+        "limits": config.limits,
+        "convergence": config.convergence,
+        "goodput": config.goodput,
+    }
+
+
+def _testing_phase_hook() -> Any:
+    """The hook dra.testing.set_phase_hook installed (tests kill processes inside a resize with
+    it), or None: dra.testing is not imported by user code."""
+    testing = sys.modules.get("dra.testing")
+    return getattr(testing, "_phase_hook", None)
+
+
+def _as_float(value: Any, what: str = "the loss") -> float:
+    """A value dra.step takes (the loss, a signal): a real number or a 0-d tensor; anything else
+    raises ValueError naming dra.step and the value (the same rule alone and in an elastic job)."""
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     item = getattr(value, "item", None)
     shape = getattr(value, "shape", None)
-    if item is None or shape is None:
-        raise ValueError(f"dra.step: expected a float or a 0-d tensor, got {type(value).__name__}")
+    if item is None or shape is None or isinstance(value, (str, bytes)):
+        shown = repr(value)[:80]
+        raise ValueError(f"dra.step: expected a float or a 0-d tensor as {what}, got {type(value).__name__} {shown}")
     if len(shape) != 0:
-        raise ValueError(f"dra.step: expected a 0-d tensor, got shape {tuple(shape)}; pass loss.mean() or loss.sum()")
-    # One .item(): the only device synchronisation of the call.
-    return float(item())
+        raise ValueError(f"dra.step: expected a 0-d tensor as {what}, got shape {tuple(shape)}; pass loss.mean() or loss.sum()")
+    number = item()
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise ValueError(f"dra.step: {what} holds {type(number).__name__} {number!r}, expected a real number")
+    return float(number)
 
 
 def _warn_nonfinite(loss: float, index: int, stacklevel: int = 2) -> None:
@@ -209,14 +226,10 @@ _default: Controller | None = None
 
 
 def _install(controller: Controller | None) -> None:
-    """Points dra.step at `controller`: straight into its C++ engine for a plain Controller."""
-    fast = controller is not None and type(controller).step is Controller.step
-    _core._set_step_target(
-        _step_slow,
-        _warn_nonfinite,
-        controller.engine if fast else None,  # type: ignore[union-attr]
-        controller._status if fast else None,  # type: ignore[union-attr]
-    )
+    """Points dra.step at `controller` (straight into C++ for a controller without a world whose
+    class keeps Controller.step)."""
+    fast = controller if controller is not None and type(controller).step is Controller.step else None
+    _core._set_step_target(_step_slow, _warn_nonfinite, fast)
 
 
 def default_controller() -> Controller:
@@ -231,22 +244,23 @@ def default_controller() -> Controller:
 def reset(controller: Controller | None = None) -> Controller:
     """Replaces the process-wide controller (a fresh default one when None) and returns it."""
     global _default
+    if controller is not None and not isinstance(controller, Controller):
+        raise ValueError(f"controller: expected a dra.Controller, got {type(controller).__name__}")
     _default = controller if controller is not None else Controller()
     _install(_default)
     return _default
 
 
 def _step_slow(loss: Any, **signals: Any) -> StepStatus:
-    """dra.step for everything the C++ fast path does not take (tensors, keywords, other controllers)."""
-    controller = _default
-    if controller is None:
-        controller = default_controller()
-    if signals:
+    """dra.step for everything the C++ fast path does not take (elastic worlds, keywords, device
+    tensors, values to check, a subclass's own step())."""
+    controller = _default if _default is not None else default_controller()
+    if type(controller).step is not Controller.step:
         return controller.step(loss, **signals)
-    return controller.step(loss)
+    return controller._step_checked(_as_float(loss), signals, stacklevel=3)
 
 
-# dra.step: a C function. `dra.step(<float>)` on a plain Controller steps the C++ engine directly
-# (no Python frame); every other call runs _step_slow above. Both behave identically.
-step = _core._step
+# dra.step: a C function. `dra.step(<float or 0-d CPU tensor>)` on a controller without a world steps
+# the C++ controller directly (no Python frame); every other call runs _step_slow above.
+step = _core.step
 _install(None)

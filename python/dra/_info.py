@@ -24,11 +24,12 @@ def build_info() -> dict[str, Any]:
         "torch_version_compiled": raw["torch_version_compiled"],
         "compiler": raw["compiler"],
         "backends": {"gloo": bool(raw["gloo"]), "nccl": raw["nccl"], "nccl_runtime": _nccl_runtime()},
+        "registered_backends": list(_core.comm.backends()),
     }
 
 
 def _nccl_runtime() -> str | None:
     # Loads libnccl on first use (dlopen), which is why it is not part of _build_info: that one
     # runs at import.
-    probe = getattr(_core, "_nccl_runtime_version", None)
+    probe = getattr(_core.comm, "nccl_runtime_version", None)
     return probe() if probe is not None else None

@@ -7,7 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "dra/elastic/controller.hpp"
+#include "dra/torch/elastic/state.hpp"
 #include "dra/error.hpp"
 
 namespace dra::elastic {

@@ -4,12 +4,21 @@
 #include <cctype>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dra/error.hpp"
 
-namespace dra::elastic {
+namespace dra::elastic::detail {
 
 namespace {
 
@@ -25,49 +34,103 @@ bool mentions_timeout(std::string text) {
 }
 
 std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Polls until something accepts a TCP connection at host:port, or throws dra::timeout_error at
+// the deadline. Each attempt is a non-blocking connect bounded by the time left.
+void wait_until_listening(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
+  std::string last = "nothing accepted a connection";
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+    if (rc != 0) {
+      last = std::string("cannot resolve the host: ") + ::gai_strerror(rc);
+    } else {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) continue;
+        bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        if (!ok && errno == EINPROGRESS) {
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+          pollfd p{fd, POLLOUT, 0};
+          if (::poll(&p, 1, static_cast<int>(std::clamp<std::int64_t>(left.count(), 1, 1000))) == 1) {
+            int err = 0;
+            socklen_t len = sizeof err;
+            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+            ok = err == 0;
+            if (!ok) last = std::strerror(err);
+          }
+        } else if (!ok) {
+          last = std::strerror(errno);
+        }
+        if (ok) {
+          // A connect to a free local port in the ephemeral range can connect the socket to itself
+          // (TCP simultaneous open): that is no listener.
+          sockaddr_storage mine{}, peer{};
+          socklen_t ml = sizeof mine, pl = sizeof peer;
+          if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &ml) == 0 &&
+              ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0 && ml == pl &&
+              std::memcmp(&mine, &peer, ml) == 0) {
+            ok = false;
+            last = "nothing listens there";
+          }
+        }
+        ::close(fd);
+        if (ok) {
+          ::freeaddrinfo(found);
+          return;
+        }
+      }
+      ::freeaddrinfo(found);
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw dra::timeout_error("dra: the store at " + host + ":" + std::to_string(port) + " could not be reached (" + last +
+                               "); check MASTER_ADDR/MASTER_PORT or DRA_STORE (or the address given to dra) and that the "
+                               "store process runs");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
 std::string text(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
 
 }  // namespace
 
-controller::store_client::store_client(const std::string& host, int port, bool host_store, const std::string& prefix,
+store_client::store_client(const std::string& host, int port, bool host_store, const std::string& prefix,
                                        std::chrono::milliseconds timeout)
     : timeout_(timeout) {
   if (port < 0 || port > 65535)
     dra::detail::throw_invalid("store_port", "must lie in [0, 65535], got " + std::to_string(port));
   if (timeout.count() <= 0) dra::detail::throw_invalid("store_timeout", "must be > 0");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string last;
-  // TCPStore's own connect loop honours its timeout, but a refused connection can fail at once:
-  // retry until the deadline so that a store starting a moment later is still found.
-  for (;;) {
+  // c10d's own connect loop overruns the timeout it is given (it measured about twice a 30 s
+  // timeout) and logs a stack trace per attempt: a client first waits, with its own bounded
+  // loop, until the port accepts a connection, so that an absent store is reported at the
+  // deadline dra promises, and a store that starts a moment later is still found.
+  if (!host_store) wait_until_listening(host, port, deadline);
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(port);
+    o.isServer = host_store;
+    o.waitWorkers = false;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    try {
-      c10d::TCPStoreOptions o;
-      o.port = static_cast<std::uint16_t>(port);
-      o.isServer = host_store;
-      o.waitWorkers = false;
-      o.timeout = std::max(std::chrono::milliseconds(500), std::min(timeout, left));
-      tcp_ = c10::make_intrusive<c10d::TCPStore>(host, o);
-      break;
-    } catch (const std::exception& e) {
-      last = first_line(e);
-      if (host_store || std::chrono::steady_clock::now() >= deadline)
-        throw dra::timeout_error("dra: the store at " + host + ":" + std::to_string(port) + " could not be " +
-                                 (host_store ? "started" : "reached within " + std::to_string(timeout.count()) + " ms") +
-                                 " (" + last + "); check MASTER_ADDR/MASTER_PORT (or the address given to dra) " +
-                                 "and that the store process runs");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    o.timeout = host_store ? timeout : std::max(std::chrono::milliseconds(1000), left);
+    tcp_ = c10::make_intrusive<c10d::TCPStore>(host, o);
+  } catch (const std::exception& e) {
+    throw dra::timeout_error("dra: the store at " + host + ":" + std::to_string(port) + " could not be " +
+                             (host_store ? "started" : "reached within " + std::to_string(timeout.count()) + " ms") +
+                             " (" + first_line(e) + "); check MASTER_ADDR/MASTER_PORT (or the address given to dra) " +
+                             "and that the store process runs");
   }
   address_ = host + ":" + std::to_string(tcp_->getPort());
   tcp_->setTimeout(timeout);
   store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp_);
 }
 
-controller::store_client::~store_client() = default;
+store_client::~store_client() = default;
 
 template <class F>
-auto controller::store_client::guarded(const std::string& key, F&& f) -> decltype(f()) {
+auto store_client::guarded(const std::string& key, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const dra::error&) {
@@ -80,51 +143,51 @@ auto controller::store_client::guarded(const std::string& key, F&& f) -> decltyp
   }
 }
 
-void controller::store_client::set(const std::string& key, const nlohmann::json& value) {
+void store_client::set(const std::string& key, const nlohmann::json& value) {
   guarded(key, [&] {
     store_->set(key, bytes(value.dump()));
     return 0;
   });
 }
 
-nlohmann::json controller::store_client::get(const std::string& key, std::optional<std::chrono::milliseconds> timeout) {
+nlohmann::json store_client::get(const std::string& key, std::optional<std::chrono::milliseconds> timeout) {
   return guarded(key, [&] {
     store_->wait({key}, timeout.value_or(timeout_));
     return nlohmann::json::parse(text(store_->get(key)));
   });
 }
 
-std::optional<nlohmann::json> controller::store_client::try_get(const std::string& key) {
+std::optional<nlohmann::json> store_client::try_get(const std::string& key) {
   return guarded(key, [&]() -> std::optional<nlohmann::json> {
     if (!store_->check({key})) return std::nullopt;
     return nlohmann::json::parse(text(store_->get(key)));
   });
 }
 
-bool controller::store_client::exists(const std::string& key) {
+bool store_client::exists(const std::string& key) {
   return guarded(key, [&] { return store_->check({key}); });
 }
 
-std::int64_t controller::store_client::add(const std::string& key, std::int64_t amount) {
+std::int64_t store_client::add(const std::string& key, std::int64_t amount) {
   return guarded(key, [&] { return store_->add(key, amount); });
 }
 
-bool controller::store_client::claim(const std::string& key, const std::string& value) {
+bool store_client::claim(const std::string& key, const std::string& value) {
   return guarded(key, [&] { return text(store_->compareSet(key, {}, bytes(value))) == value; });
 }
 
-void controller::store_client::erase(const std::string& key) {
+void store_client::erase(const std::string& key) {
   guarded(key, [&] { return store_->deleteKey(key); });
 }
 
-void controller::store_client::append_list(const std::string& key, int item) {
+void store_client::append_list(const std::string& key, int item) {
   guarded(key, [&] {
     store_->append(key, bytes(std::to_string(item) + ","));
     return 0;
   });
 }
 
-std::vector<int> controller::store_client::read_list(const std::string& key) {
+std::vector<int> store_client::read_list(const std::string& key) {
   const std::string raw = guarded(key, [&]() -> std::string {
     if (!store_->check({key})) return {};
     return text(store_->get(key));
@@ -141,4 +204,4 @@ std::vector<int> controller::store_client::read_list(const std::string& key) {
   return out;
 }
 
-}  // namespace dra::elastic
+}  // namespace dra::elastic::detail

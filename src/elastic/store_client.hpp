@@ -11,16 +11,15 @@
 #include <c10/util/intrusive_ptr.h>
 #include <nlohmann/json.hpp>
 
-#include "dra/elastic/controller.hpp"
 
 namespace c10d {
 class Store;
 class TCPStore;
 }  // namespace c10d
 
-namespace dra::elastic {
+namespace dra::elastic::detail {
 
-class controller::store_client {
+class store_client {
  public:
   /// Connects (retrying until `timeout`), or hosts the store when `host_store` (port 0: a free
   /// port). Keys live under `prefix`.
@@ -55,4 +54,4 @@ class controller::store_client {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-}  // namespace dra::elastic
+}  // namespace dra::elastic::detail

@@ -1,5 +1,5 @@
 // Links the compiled part (dra::dra, LibTorch) from the installed package.
-#include <dra/build_info.hpp>
+#include <dra/torch/build_info.hpp>
 
 #include <cstdio>
 

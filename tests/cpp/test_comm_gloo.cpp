@@ -17,7 +17,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
-#include "dra/comm/gloo.hpp"
+#include "dra/torch/comm/gloo.hpp"
 #include "dra/error.hpp"
 
 // c10's logging defines a one-argument CHECK; doctest's must win in this file.

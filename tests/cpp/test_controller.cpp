@@ -24,7 +24,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
-#include "dra/elastic/controller.hpp"
+#include "dra/torch/elastic/controller.hpp"
 #include "dra/error.hpp"
 
 // c10's logging defines a one-argument CHECK; doctest's must win in this file.
@@ -74,7 +74,7 @@ launch_info launch(int port, int uid, int universe, const std::string& job, bool
   l.join = join;
   l.uid = uid;
   l.universe_size = universe;
-  l.job_prefix = "dra/test-" + job + "/0/";
+  l.job_prefix = "dra/test-" + job + "/0";
   return l;
 }
 
@@ -83,12 +83,12 @@ launch_info launch(int port, int uid, int universe, const std::string& job, bool
 // are bounded by the store timeout.
 controller_options healthy_options() {
   controller_options o;
-  o.fault_timeout = 8000ms;
-  o.store_timeout = 10000ms;
-  o.decide_every = 1000000;  // only the schedule resizes: the test knows when
+  o.fault_timeout_s = 8.0;
+  o.store_timeout_s = 10.0;
+  o.engine.decide_every = 1000000;  // only the schedule resizes: the test knows when
   o.verify = true;
-  o.gloo_hostname = "127.0.0.1";
-  o.chunk_bytes = 1024;  // several chunks even for a tiny model
+  o.backend_address = "127.0.0.1";
+  o.chunk_mb = 1024.0 / 1048576.0;  // 1 KiB: several chunks even for a tiny model
   return o;
 }
 
@@ -152,7 +152,7 @@ std::uint64_t hash_of(trainer& t) {
   return h;
 }
 
-// The training loop of include/dra/elastic/controller.hpp, recording what it saw.
+// The training loop of include/dra/torch/elastic/controller.hpp, recording what it saw.
 // `vanish_at` >= 0: return at that step, before its gradient all-reduce (the caller then drops the
 // controller, as a killed process would).
 void train(trainer& t, const dataset& d, std::int64_t epochs, const std::function<void()>& before_step = {},
@@ -256,7 +256,7 @@ TEST_CASE("controller.world.grow_then_shrink") {
   run_threads(trainers, [&](int i) {
     auto o = healthy_options();
     o.start_size = 2;
-    o.schedule = {{4, 3}, {8, 2}};  // grow after 4 committed steps, shrink after 8
+    o.resize_schedule = {{4, 3}, {8, 2}};  // grow after 4 committed steps, shrink after 8
     trainer& t = *trainers[static_cast<std::size_t>(i)];
     // uid 0 hosts the store; its controller lives until every thread is done (below).
     t.ctl = std::make_unique<controller>(o, launch(port, i, 3, "grow-shrink", i == 0), t.state, t.sampler);
@@ -333,25 +333,28 @@ TEST_CASE("controller.options.validate_names_the_field") {
   };
   const controller_options defaults;
   CHECK_NOTHROW(defaults.validate());
-  bad([](controller_options& o) { o.decide_every = 0; }, "decide_every");
-  bad([](controller_options& o) { o.fault_timeout = 0ms; }, "fault_timeout");
-  bad([](controller_options& o) { o.store_timeout = -1ms; }, "store_timeout");
-  bad([](controller_options& o) { o.chunk_bytes = 100; }, "chunk_bytes");
+  bad([](controller_options& o) { o.engine.decide_every = 0; }, "decide_every");
+  bad([](controller_options& o) { o.fault_timeout_s = 0.0; }, "fault_timeout_s");
+  bad([](controller_options& o) { o.store_timeout_s = -1.0; }, "store_timeout_s");
+  bad([](controller_options& o) { o.chunk_mb = 1e-4; }, "chunk_mb");
+  bad([](controller_options& o) { o.start_size = -1; }, "start_size");
+  bad([](controller_options& o) { o.batch = batch_mode::adascale; }, "batch_mode");
+  bad([](controller_options& o) { o.resize_schedule = {{3, 5}}, o.engine.limits.max_size = 4; }, "resize_schedule");
   bad([](controller_options& o) { o.max_resize_retries = -1; }, "max_resize_retries");
   bad([](controller_options& o) { o.status_every = -1; }, "status_every");
-  bad([](controller_options& o) { o.schedule = {{0, 2}}; }, "schedule");
-  bad([](controller_options& o) { o.schedule = {{5, 0}}; }, "schedule");
+  bad([](controller_options& o) { o.resize_schedule = {{0, 2}}; }, "resize_schedule");
+  bad([](controller_options& o) { o.resize_schedule = {{5, 0}}; }, "resize_schedule");
   bad([](controller_options& o) { o.engine.limits.min_size = 0; }, "min_size");
   bad([](controller_options& o) { o.engine.policy = "fastest"; }, "policy");
 
   // The constructor checks its other inputs before it touches a store.
   trainer t(0);
   auto o = healthy_options();
-  CHECK_THROWS_WITH_AS(controller(o, launch(1, 3, 2, "bad"), t.state, t.sampler), doctest::Contains("uid:"),
+  CHECK_THROWS_WITH_AS(controller(o, launch(1, 3, 2, "bad"), t.state, t.sampler), doctest::Contains("RANK:"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(controller(o, launch(1, 0, 2, "bad"), t.state, nullptr), doctest::Contains("sampler:"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(controller(o, launch(1, 0, 0, "bad"), t.state, t.sampler), doctest::Contains("universe_size:"),
+  CHECK_THROWS_WITH_AS(controller(o, launch(1, 0, 0, "bad"), t.state, t.sampler), doctest::Contains("WORLD_SIZE:"),
                        std::invalid_argument);
   // start_size beyond the processes launched (a world of one with a private store).
   o.start_size = 2;
@@ -367,7 +370,7 @@ TEST_CASE("controller.start.config_mismatch_is_refused") {
   for (int i = 0; i < 2; ++i) trainers.push_back(std::make_unique<trainer>(i));
   run_threads(trainers, [&](int i) {
     auto o = healthy_options();
-    o.decide_every = i == 0 ? 10 : 20;  // process 1 was started with other options
+    o.engine.decide_every = i == 0 ? 10 : 20;  // process 1 was started with other options
     trainer& t = *trainers[static_cast<std::size_t>(i)];
     t.ctl = std::make_unique<controller>(o, launch(port, i, 2, "cfg-mismatch"), t.state, t.sampler);
   });
@@ -410,7 +413,8 @@ TEST_CASE("controller.admission.mismatched_joiner_is_rejected") {
   bool saw_candidate[2] = {false, false};
   run_threads(trainers, [&](int i) {
     auto o = healthy_options();
-    o.schedule = {{2, 3}};  // the leader looks at the candidates after 2 steps and asks for 3
+    o.resize_schedule = {{2, 3}};  // the leader looks at the candidates after 2 steps and asks for 3
+    o.engine.limits.max_size = 3;  // beyond the 2 launched: a late joiner is expected
     trainer& t = *trainers[static_cast<std::size_t>(i)];
     if (i == 2) {
       t.ctl = std::make_unique<controller>(o, launch(port, 0, 1, "reject", false, true), t.state, t.sampler);
@@ -451,7 +455,7 @@ TEST_CASE("controller.admission.mismatched_joiner_is_rejected") {
 TEST_CASE("controller.store.unreachable_names_the_address") {
   trainer t(0);
   auto o = healthy_options();
-  o.store_timeout = 1500ms;
+  o.store_timeout_s = 1.5;
   const int port = free_port();  // nothing listens there
   try {
     controller c(o, launch(port, 0, 2, "unreachable"), t.state, t.sampler);
@@ -474,7 +478,8 @@ TEST_CASE("controller.world.late_joiner_and_standby_readmission") {
   std::atomic<bool> joiner_wait_timed_out{false};
   run_threads(trainers, [&](int i) {
     auto o = healthy_options();
-    o.schedule = {{3, 3}, {6, 2}, {9, 3}};  // admit the late joiner, release it, admit it again
+    o.resize_schedule = {{3, 3}, {6, 2}, {9, 3}};  // admit the late joiner, release it, admit it again
+    o.engine.limits.max_size = 3;
     trainer& t = *trainers[static_cast<std::size_t>(i)];
     if (i == 2) {
       // Started later with the job's store address (DRA_JOIN=1): a candidate with a uid >= 10000.
@@ -492,7 +497,7 @@ TEST_CASE("controller.world.late_joiner_and_standby_readmission") {
         {
           std::lock_guard<std::mutex> lock(server_mutex);
           // c10d's PrefixStore joins prefix and key with a '/'.
-          if (server->check({"dra/test-late/0//waiting/10000"})) return;
+          if (server->check({"dra/test-late/0/waiting/10000"})) return;
         }
         if (std::chrono::steady_clock::now() >= deadline) {
           joiner_wait_timed_out = true;
@@ -540,8 +545,7 @@ TEST_CASE("controller.fault.a_vanished_peer_is_survived") {
   for (int i = 0; i < 3; ++i) trainers.push_back(std::make_unique<trainer>(i));
   run_threads(trainers, [&](int i) {
     auto o = healthy_options();
-    o.fault_timeout =
-        3000ms;  // bounds the survivors' wait for the vanished peer (short, yet no spurious fault under load)
+    o.fault_timeout_s = 3.0;  // bounds the survivors' wait for the vanished peer (short, yet no spurious fault under load)
     trainer& t = *trainers[static_cast<std::size_t>(i)];
     t.ctl = std::make_unique<controller>(o, launch(port, i, 3, "fault"), t.state, t.sampler);
     if (i != 1) {

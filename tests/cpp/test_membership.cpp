@@ -34,7 +34,7 @@ TEST_CASE("membership.survivors.keep_rank_order") {
 TEST_CASE("membership.pick.joiners_and_leavers") {
   CHECK(pick_joiners({0, 1}, {9, 4, 1, 6}, 4) == std::vector<int>{4, 6});
   CHECK(pick_joiners({0, 1}, {9}, 4) == std::vector<int>{9});
-  CHECK(pick_leavers({0, 1, 2, 3}, 2) == std::vector<int>{3, 2});
+  CHECK(pick_leavers({0, 1, 2, 3}, 2) == std::vector<int>{2, 3});
   CHECK(pick_leavers({0, 1}, 2).empty());
   CHECK_THROWS_AS(pick_leavers({0, 1}, 0), std::invalid_argument);
 }
@@ -102,4 +102,12 @@ TEST_CASE("membership.handoff_sources.stayers_share_the_sending") {
   CHECK(handoff_sources({0, 1, 2, 3, 4}, {2, 3, 4}) == std::vector<int>{0, 1, 0});
   CHECK(handoff_sources({0, 1}, {}).empty());
   CHECK_THROWS_AS(handoff_sources({7, 9}, {7, 9}), std::invalid_argument);
+}
+
+TEST_CASE("membership.pick_leavers.prefers_the_named_members_never_the_leader") {
+  CHECK(pick_leavers({0, 1, 2, 3}, 3, {1}) == std::vector<int>{1});
+  CHECK(pick_leavers({0, 1, 2, 3}, 2, {1}) == std::vector<int>{1, 3});
+  CHECK(pick_leavers({0, 1, 2, 3}, 3, {0}) == std::vector<int>{3});  // the leader stays
+  CHECK(pick_leavers({0, 1, 2, 3}, 3, {7}) == std::vector<int>{3});  // not a member: ignored
+  CHECK(pick_leavers({5, 1, 2}, 1, {2, 1}) == std::vector<int>{1, 2});
 }

@@ -16,8 +16,8 @@
 #ifdef DRA_WITH_NCCL
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "dra/build_info.hpp"
-#include "dra/comm/nccl.hpp"
+#include "dra/torch/build_info.hpp"
+#include "dra/torch/comm/nccl.hpp"
 #include "dra/error.hpp"
 #endif
 

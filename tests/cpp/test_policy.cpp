@@ -570,3 +570,36 @@ TEST_CASE("policy.determinism.same_inputs_same_decisions_bit_for_bit") {
     CHECK(differs);
   }
 }
+
+TEST_CASE("policy.plan_resize.one_decision_with_its_members") {
+  dra::policy::world_state w;
+  w.size = 3;
+  w.active = {0, 4, 2};
+  w.candidates = {9, 7, 4};  // 4 is already a member: never admitted twice
+  const auto grow = dra::policy::plan_resize(w, 5, 1.0, 1.0, "grow");
+  CHECK(grow.kind == dra::policy::action::grow);
+  CHECK(grow.join == std::vector<int>{7, 9});
+  CHECK(grow.members == std::vector<int>{0, 4, 2, 7, 9});
+  const auto shrink = dra::policy::plan_resize(w, 1, 1.0, 1.0, "shrink");
+  CHECK(shrink.kind == dra::policy::action::shrink);
+  CHECK(shrink.leave == std::vector<int>{4, 2});  // the newest ranks; the leader stays
+  CHECK(shrink.members == std::vector<int>{0});
+  // Not enough candidates: those there are; none named (the simulator): the target alone.
+  w.candidates = {8};
+  CHECK(dra::policy::plan_resize(w, 6, 1.0, 1.0, "").members == std::vector<int>{0, 4, 2, 8});
+  dra::policy::world_state sim;
+  sim.size = 2;
+  const auto unnamed = dra::policy::plan_resize(sim, 4, 1.0, 1.0, "");
+  CHECK(unnamed.target_size == 4);
+  CHECK(unnamed.join.empty());
+  CHECK(unnamed.members == std::vector<int>{0, 1});
+  CHECK_THROWS_AS(dra::policy::plan_resize(sim, 0, 1.0, 1.0, ""), std::invalid_argument);
+  // The constrained policy's decision carries the same member list.
+  dra::policy::constrained_policy p(std::make_shared<dra::policy::hold_policy>(), dra::policy::constraints{});
+  dra::signals::convergence_estimator est;
+  dra::policy::throughput_model tp;
+  const auto held = p.decide(est.signals(), w, dra::policy::capacity{4}, {}, tp);
+  CHECK(held.kind == dra::policy::action::hold);
+  CHECK(held.members == w.active);
+  CHECK(std::string(held.policy) == "none");
+}

@@ -260,7 +260,7 @@ TEST_CASE("signals.phase.warmup_then_fast") {
 }
 
 TEST_CASE("signals.plateau.power_law_knee") {
-  // Documented bound (estimator_config::plateau_patience, docs/signals.md): the plateau flag rises
+  // Documented bound (estimator_config::plateau_patience, docs/guide/signals.md): the plateau flag rises
   // between `plateau_patience` and `window + plateau_patience` steps after the knee, and never
   // while the loss still falls measurably. Checked over many seeds, noise levels and knees.
   estimator_config config;
@@ -343,6 +343,38 @@ TEST_CASE("signals.divergence.loss_far_above_best") {
   for (; t < 260 && !est.signals().diverging; ++t) est.update_loss(t, 10.0 * best);
   CHECK(est.signals().diverging);
   CHECK(est.signals().phase == training_phase::diverging);
+  CHECK(est.signals().smoothed_loss > est.config().divergence_factor * best);
+}
+
+TEST_CASE("signals.outlier.one_wild_loss_is_forgotten_within_the_window") {
+  // One finite outlier (1e308) must not keep the run "diverging": the robust update clips it, and
+  // the estimator is back to its former phase within one regression window.
+  convergence_estimator est;
+  std::int64_t t = 0;
+  auto curve = [](std::int64_t k) { return 4.0 * std::pow(1.0 + static_cast<double>(k) / 20.0, -0.7); };
+  for (; t < 300; ++t) est.update_loss(t, curve(t));
+  const auto before = est.signals().phase;
+  const double smoothed = est.signals().smoothed_loss;
+  REQUIRE(before != training_phase::diverging);
+  est.update_loss(t++, 1e308);
+  CHECK(est.signals().outlier_count == 1);
+  CHECK(est.signals().loss == 1e308);  // reported as it came
+  CHECK(est.signals().smoothed_loss < est.config().outlier_factor * smoothed);
+  std::int64_t recovered_at = -1;
+  for (std::int64_t k = 0; k < static_cast<std::int64_t>(est.config().window) + 1; ++k, ++t) {
+    est.update_loss(t, curve(t));
+    if (recovered_at < 0 && est.signals().phase == before) recovered_at = k;
+  }
+  CHECK(recovered_at >= 0);
+  CHECK(est.signals().phase == before);
+  CHECK(est.signals().smoothed_loss < 1.05 * smoothed);
+  CHECK(all_finite(est.signals()));
+  // A real divergence keeps exceeding the bound and is still reported within a few steps.
+  const double best = est.signals().best_smoothed_loss;
+  std::int64_t steps = 0;
+  for (double x = curve(t); steps < 20 && !est.signals().diverging; ++steps, ++t, x *= 30.0) est.update_loss(t, x);
+  CHECK(est.signals().diverging);
+  CHECK(steps <= 6);
   CHECK(est.signals().smoothed_loss > est.config().divergence_factor * best);
 }
 

@@ -27,7 +27,7 @@ class Job:
         self.cfg = {"out": str(self.tmp), **cfg}
         self.procs: dict[str, subprocess.Popen] = {}
         self.store = subprocess.Popen(
-            [sys.executable, "-m", "dra.elastic", "store", "--port", "0", "--host", "127.0.0.1"],
+            [sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         line = self.store.stdout.readline()  # "[dra] store listening on HOST:PORT" once it is up
@@ -41,9 +41,10 @@ class Job:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def start(self, name: str, **env):
+    def start(self, name: str, worker: Path = WORKER, **env):
         with open(self.tmp / f"out-{name}.txt", "w") as out:
-            self.procs[name] = subprocess.Popen([sys.executable, str(WORKER)], env=self.env(**env), stdout=out, stderr=subprocess.STDOUT)
+            self.procs[name] = subprocess.Popen([sys.executable, str(worker)], env=self.env(**env), stdout=out,
+                                                stderr=subprocess.STDOUT)
 
     def start_all(self):
         for r in range(self.nproc):

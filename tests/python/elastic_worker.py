@@ -18,6 +18,7 @@ import torch
 
 import dra
 import dra.elastic as de
+import dra.testing
 
 cfg = json.loads(os.environ["DRA_TEST_CFG"])
 out = cfg["out"]
@@ -63,10 +64,11 @@ def maybe_fault(point, ctl):
                 time.sleep(3600)
 
 
-de.controller._phase_hook = lambda c, phase: maybe_fault(phase, c)
+dra.testing.set_phase_hook(lambda c, phase: maybe_fault(phase, c))
 ctl = de.init(
     net, opt, sampler, scheduler=sched,
     start_size=cfg.get("start_size"), min_size=cfg.get("min_size", 1), max_size=cfg.get("max_size"),
+    max_resize_retries=cfg.get("max_resize_retries", 3),
     release=cfg.get("release", "standby"), decide_every=cfg.get("decide_every", 1000),
     resize_schedule={int(k): v for k, v in cfg.get("schedule", {}).items()},
     fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True, chunk_mb=cfg.get("chunk_mb", 16.0),
@@ -95,12 +97,12 @@ for epoch in ctl.epochs(cfg.get("epochs", 2)):
         step, wepoch, rank, depoch = ctl.step_index, ctl.epoch, ctl.rank, sampler.epoch
         maybe_fault("forward", ctl)
         loss = loss_fn(ctl.model(X[idx_t]), Y[idx_t])
-        opt.zero_grad()
+        ctl.optimizer.zero_grad()
         maybe_fault("backward", ctl)
         loss.backward()
         maybe_fault("optimizer", ctl)
-        opt.step()
-        sched.step()
+        ctl.optimizer.step()
+        ctl.scheduler.step()
         before_epoch = ctl.epoch
         st = dra.step(loss)
         if st.committed:

@@ -151,10 +151,11 @@ def _commits(tmp: Path) -> list[dict]:
 def _check_exactly_once(recs: list[dict], total_steps: int, epochs: int) -> None:
     """Every sample of every data epoch consumed exactly once by the world's committed steps.
 
-    A rank may have committed a step that the world redid after a fault (it died in between);
-    the leader (uid 0, never leaves) says which world epoch committed each step, and only that
-    world's records count. Within a step the shares are disjoint and their count is the world size."""
-    leader = {r["step"]: r for r in recs if r["uid"] == 0}
+    Every rank logs its share before the step's reduction; a step that failed is redone in a later
+    world epoch, and the leader's (uid 0, never leaves) latest record of a step says which world
+    committed it: only that world's records count, and they are complete even when a rank died
+    after the reduction. Within a step the shares are disjoint and their count is the world size."""
+    leader = {r["step"]: r for r in recs if r["uid"] == 0}  # file order: the latest record wins
     assert sorted(leader) == list(range(total_steps)), "the leader did not commit every step exactly once"
     per_epoch: dict[int, list[int]] = {}
     for step, lead in sorted(leader.items()):
@@ -308,7 +309,9 @@ def test_survives_a_process_killed_during_a_resize(procs, tmp_path, phase):
         _check_event_keys(ev)
     assert [e["event"] for e in evs] == ["start", "fault"], evs  # the grow never completed
     fault = evs[1]
-    assert (fault["before"], fault["after"], fault["left"], fault["members"]) == (3, 2, [1], [0, 2]), fault
+    # Against the world that was running (0, 1): 1 is gone, the joiner 2 is kept in the recovered world.
+    assert (fault["before"], fault["after"], fault["left"], fault["members"], fault["joined"]) == (
+        2, 2, [1], [0, 2], [2]), fault
     assert fault["step"] == 11 and fault["params_identical"] is True
     finals = _finals(outs[0] + outs[2])
     for uid, rank in ((0, 0), (2, 1)):
@@ -355,4 +358,4 @@ def test_rejects_bad_options():
     proc = subprocess.run([str(BINARY), "--schedule", "0:2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
     assert proc.returncode == 1
-    assert "schedule: steps must be >= 1" in proc.stdout  # the controller's own validation
+    assert "resize_schedule: steps must be >= 1" in proc.stdout  # the controller's own validation

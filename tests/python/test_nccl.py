@@ -18,7 +18,7 @@ import torch
 import dra
 from dra import _core
 
-nccl_compiled = bool(getattr(_core, "_nccl_compiled", False))
+nccl_compiled = bool(getattr(_core.comm, "nccl_compiled", False))
 has_cuda = torch.cuda.is_available()
 needs_nccl = pytest.mark.skipif(not nccl_compiled, reason="dra built without the NCCL backend (DRA_WITH_NCCL=OFF or no nccl.h)")
 needs_gpu = pytest.mark.skipif(not (nccl_compiled and has_cuda), reason="needs a CUDA GPU, torch with CUDA and the NCCL backend")
@@ -64,11 +64,11 @@ def test_build_info_reports_nccl_backend():
 
 @needs_nccl
 def test_runtime_version_is_the_loaded_library():
-    runtime = _core._nccl_runtime_version()
+    runtime = _core.comm.nccl_runtime_version()
     if runtime is None:
-        assert "cannot load NCCL" in _core._nccl_load_error()
+        assert "cannot load NCCL" in _core.comm.nccl_load_error()
         return
-    assert _core._nccl_load_error() == ""
+    assert _core.comm.nccl_load_error() == ""
     assert dra.build_info()["backends"]["nccl_runtime"] == runtime
     # Cross-check against the library itself, read without dra: the copy the loader resolves
     # (DRA_NCCL_LIBRARY, libnccl.so.2 on the search path, or the wheel's) reports the same.
@@ -91,9 +91,9 @@ def test_runtime_version_is_the_loaded_library():
 @needs_nccl
 def test_bad_arguments_raise_value_error():
     with pytest.raises(ValueError, match="device"):
-        _core.NcclWorld(device=-1)
+        _core._testing.NcclWorld(device=-1)
     with pytest.raises(ValueError, match="timeout_s"):
-        _core.NcclWorld(device=0, timeout_s=0.0)
+        _core._testing.NcclWorld(device=0, timeout_s=0.0)
 
 
 @needs_nccl
@@ -101,14 +101,14 @@ def test_bad_arguments_raise_value_error():
 def test_without_cuda_fails_before_any_nccl_call():
     # Either the CUDA check or, where no libnccl is reachable at all, the library loader says why.
     with pytest.raises(dra.DraError, match="CUDA|cannot load NCCL"):
-        _core.NcclWorld(device=0)
+        _core._testing.NcclWorld(device=0)
 
 
 # ---- one GPU ---------------------------------------------------------------------------------
 
 
-def _one_rank_world(**kwargs) -> _core.NcclWorld:
-    world = _core.NcclWorld(device=0, capture_log=True, **kwargs)
+def _one_rank_world(**kwargs) -> _core._testing.NcclWorld:
+    world = _core._testing.NcclWorld(device=0, capture_log=True, **kwargs)
     assert world.rebuild(1, [], [0], 0) == "fresh_init"
     return world
 
@@ -195,7 +195,7 @@ def test_abort_makes_the_communicator_unusable():
 def test_init_timeout_aborts_instead_of_hanging():
     # A two-rank world whose second rank never comes: the non-blocking init cannot finish, the
     # routine aborts it after the timeout and raises TimeoutError.
-    world = _core.NcclWorld(device=0, timeout_s=3.0, capture_log=True)
+    world = _core._testing.NcclWorld(device=0, timeout_s=3.0, capture_log=True)
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="ncclCommInitRankConfig"):
         world.rebuild(1, [], [0, 1], 0)
@@ -220,7 +220,7 @@ def _two_rank_worker(uid: int, port: int, queue) -> None:  # runs in a spawned p
 
     try:
         torch.cuda.set_device(uid)
-        world = _core.NcclWorld(device=uid, store_host="127.0.0.1", store_port=port, store_server=uid == 0, timeout_s=60)
+        world = _core._testing.NcclWorld(device=uid, store_host="127.0.0.1", store_port=port, store_server=uid == 0, timeout_s=60)
         out = {"init": world.rebuild(1, [], [0, 1], uid)}
         t = torch.full((1000,), float(uid + 1), device=f"cuda:{uid}")
         world.all_reduce_sum(t)
@@ -268,7 +268,7 @@ def test_two_processes_shrink_and_grow():
         assert results[uid]["sum"] == 3.0
         assert results[uid]["sum_after_grow"] == 3.0
         assert results[uid]["rank_after_grow"] == uid
-    runtime = tuple(int(x) for x in _core._nccl_runtime_version().split("."))
+    runtime = tuple(int(x) for x in _core.comm.nccl_runtime_version().split("."))
     assert results[0]["shrink"] == ("shrink" if runtime >= (2, 27, 0) else "fresh_init")
     assert results[1]["shrink"] == "leave"
     assert results[0]["size_after_shrink"] == 1

@@ -157,11 +157,21 @@ inline std::vector<int> handoff_sources(const std::vector<int>& new_members, con
   return out;
 }
 
-/// Who leaves when shrinking to `target`: the newest ranks (highest rank numbers), never the leader.
-inline std::vector<int> pick_leavers(const std::vector<int>& members, int target) {
+/// Who leaves when shrinking to `target`: the members named in `prefer` first (an outside actor's
+/// choice, e.g. the slot that becomes a rollout worker), then the newest ranks; never the leader.
+/// Listed in rank order.
+inline std::vector<int> pick_leavers(const std::vector<int>& members, int target, const std::vector<int>& prefer = {}) {
   if (target < 1) dra::detail::throw_invalid("target", "must be >= 1, got " + std::to_string(target));
+  if (static_cast<std::size_t>(target) >= members.size()) return {};
+  std::size_t leaving = members.size() - static_cast<std::size_t>(target);
+  std::vector<bool> leaves(members.size(), false);
+  for (std::size_t r = 1; r < members.size() && leaving > 0; ++r)
+    if (std::find(prefer.begin(), prefer.end(), members[r]) != prefer.end()) leaves[r] = true, --leaving;
+  for (std::size_t r = members.size() - 1; r >= 1 && leaving > 0; --r)
+    if (!leaves[r]) leaves[r] = true, --leaving;
   std::vector<int> out;
-  for (auto i = members.size(); i > static_cast<std::size_t>(target); --i) out.push_back(members[i - 1]);
+  for (std::size_t r = 0; r < members.size(); ++r)
+    if (leaves[r]) out.push_back(members[r]);
   return out;
 }
 

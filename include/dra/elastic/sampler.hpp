@@ -27,8 +27,11 @@ struct sampler_position {
 
 class elastic_sampler {
  public:
-  elastic_sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed = 0, bool drop_last = false)
-      : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed), drop_last_(drop_last) {
+  /// `shuffle` false: every epoch takes the samples in index order (the order then depends on
+  /// nothing, and the seed only has to match).
+  elastic_sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed = 0, bool drop_last = false,
+                  bool shuffle = true)
+      : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed), drop_last_(drop_last), shuffle_(shuffle) {
     if (dataset_size < 1)
       dra::detail::throw_invalid("dataset_size", "must be >= 1 (the number of samples), got " + std::to_string(dataset_size));
     if (global_batch < 1)
@@ -40,6 +43,7 @@ class elastic_sampler {
   std::int64_t global_batch() const noexcept { return global_batch_; }
   std::uint64_t seed() const noexcept { return seed_; }
   bool drop_last() const noexcept { return drop_last_; }
+  bool shuffle() const noexcept { return shuffle_; }
   std::int64_t epoch() const noexcept { return epoch_; }
   std::int64_t cursor() const noexcept { return cursor_; }
   int world() const noexcept { return world_; }
@@ -69,7 +73,12 @@ class elastic_sampler {
   /// The epoch's global order (cached per epoch).
   const std::vector<std::int64_t>& order() {
     if (order_epoch_ != epoch_) {
-      order_ = epoch_order(dataset_size_, seed_, epoch_);
+      if (shuffle_) {
+        order_ = epoch_order(dataset_size_, seed_, epoch_);
+      } else {
+        order_.resize(static_cast<std::size_t>(dataset_size_));
+        for (std::int64_t i = 0; i < dataset_size_; ++i) order_[static_cast<std::size_t>(i)] = i;
+      }
       order_epoch_ = epoch_;
     }
     return order_;
@@ -77,6 +86,13 @@ class elastic_sampler {
   /// This rank's sample ids for the current step.
   std::vector<std::int64_t> indices() {
     const auto r = share_range();
+    const auto& o = order();
+    return {o.begin() + r.begin, o.begin() + r.end};
+  }
+  /// A rank's sample ids for the step that starts at `cursor` in a world of `world` ranks (what a
+  /// data loader prefetching ahead asks for: the steps before it are assumed to commit).
+  std::vector<std::int64_t> indices_at(std::int64_t cursor, int world, int rank) {
+    const auto r = rank_share(step_batch(cursor, global_batch_, epoch_size()), world, rank);
     const auto& o = order();
     return {o.begin() + r.begin, o.begin() + r.end};
   }
@@ -132,6 +148,7 @@ class elastic_sampler {
   std::int64_t global_batch_;
   std::uint64_t seed_;
   bool drop_last_;
+  bool shuffle_;
   std::int64_t epoch_ = 0;
   std::int64_t cursor_ = 0;
   int world_ = 1;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dra/elastic/membership.hpp"
 #include "dra/error.hpp"
 #include "dra/policy/policies.hpp"
 #include "dra/policy/types.hpp"
@@ -60,6 +61,41 @@ struct constraints {
   }
 };
 
+/// The active ids of a world in rank order (0..size-1 when the world names none, as in the
+/// simulator).
+inline std::vector<int> active_ids(const world_state& world) {
+  if (!world.active.empty()) return world.active;
+  std::vector<int> ids;
+  for (int i = 0; i < world.size; ++i) ids.push_back(i);
+  return ids;
+}
+
+/// The decision that takes `world` to `target` members: the first candidates (ascending ids)
+/// join; the members in `prefer_leave`, then the newest, leave (never the leader). Used by constrained_policy and for changes
+/// the policy does not choose (a resize schedule, a pool lowering the job's limit). A grow with
+/// fewer candidates than asked admits those there are; a world without named candidates (the
+/// simulator, a pool that starts workers later) keeps the target alone.
+inline decision plan_resize(const world_state& world, int target, double batch_scale, double lr_scale, std::string reason,
+                            const std::vector<int>& prefer_leave = {}) {
+  if (target < 1) dra::detail::throw_invalid("target", "must be >= 1, got " + std::to_string(target));
+  decision out;
+  out.target_size = target;
+  out.batch_scale = batch_scale > 0.0 ? batch_scale : 1.0;
+  out.lr_scale = lr_scale;
+  out.reason = std::move(reason);
+  const std::vector<int> active = active_ids(world);
+  const int current = static_cast<int>(active.size());
+  if (target > current) {
+    out.kind = action::grow;
+    out.join = elastic::pick_joiners(active, world.candidates, target);
+  } else if (target < current) {
+    out.kind = action::shrink;
+    out.leave = elastic::pick_leavers(active, target, prefer_leave);
+  }
+  out.members = elastic::next_members(active, out.leave, out.join);
+  return out;
+}
+
 /// A policy wrapped in constraints. Holds the hysteresis counter, so feed it every decision
 /// point in order (the leader does; every rank then reads the leader's decision).
 class constrained_policy {
@@ -78,6 +114,7 @@ class constrained_policy {
     decision out;
     out.policy = inner_->name();
     out.target_size = world.size;
+    out.members = active_ids(world);
     const int current = world.size;
     const int most = std::min(limits_.max_size, std::max(cap.available, current));
 
@@ -177,27 +214,10 @@ class constrained_policy {
 
   static decision finish(decision out, const world_state& world, int target, double batch_scale, double lr_scale,
                          std::string reason) {
-    const int current = world.size;
-    out.target_size = target;
-    out.batch_scale = batch_scale > 0.0 ? batch_scale : 1.0;
-    out.lr_scale = lr_scale;
-    out.reason = std::move(reason);
-    std::vector<int> active = world.active;
-    if (active.empty())
-      for (int i = 0; i < current; ++i) active.push_back(i);
-    if (target > current) {
-      out.kind = action::grow;
-      const auto n = static_cast<std::size_t>(target - current);
-      out.join.assign(world.candidates.begin(), world.candidates.begin() + std::min(n, world.candidates.size()));
-      // Simulated or pooled worlds may have no named candidates: the target alone is the decision.
-    } else if (target < current) {
-      out.kind = action::shrink;
-      // The newest members leave first; the first active id (the leader) always stays.
-      out.leave.assign(active.end() - (current - target), active.end());
-    } else {
-      out.kind = action::hold;
-    }
-    return out;
+    decision planned = plan_resize(world, target, batch_scale, lr_scale, std::move(reason));
+    planned.policy = std::move(out.policy);
+    planned.predicted_speedup = out.predicted_speedup;
+    return planned;
   }
 
   std::shared_ptr<const policy> inner_;

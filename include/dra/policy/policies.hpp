@@ -242,4 +242,16 @@ class convergence_phase_policy final : public policy {
   convergence_phase_config config_;
 };
 
+/// No policy: the world changes only when asked (a resize schedule, a device pool's limit).
+class hold_policy final : public policy {
+ public:
+  const char* name() const noexcept override { return "none"; }
+  proposal propose(const decision_inputs& in, int lo, int hi) const override {
+    proposal out;
+    out.target_size = std::clamp(in.world.size, lo, hi);
+    out.reason = "none: no policy, hold (resizes come from the schedule or the pool)";
+    return out;
+  }
+};
+
 }  // namespace dra::policy

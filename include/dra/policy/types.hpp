@@ -40,11 +40,16 @@ inline const char* to_string(action a) noexcept {
   return "unknown";
 }
 
+/// One resize decision: made once by the policy layer (constrained_policy::decide, or
+/// plan_resize for a schedule or a pool's limit), published once by a live job's leader, and
+/// applied as is by every member. The member lists come from the membership functions
+/// (dra/elastic/membership.hpp), so nobody computes who joins or leaves a second time.
 struct decision {
   action kind = action::hold;
   int target_size = 1;
-  std::vector<int> leave;  ///< active ids that leave the world
-  std::vector<int> join;   ///< candidate ids admitted
+  std::vector<int> members;  ///< the world after the decision, in rank order (the current one on hold)
+  std::vector<int> leave;    ///< active ids that leave the world (rank order)
+  std::vector<int> join;     ///< candidate ids admitted (ascending)
   double batch_scale = 1.0;  ///< new global batch / current global batch
   double lr_scale = 1.0;     ///< new learning rate / current learning rate
   double predicted_speedup = 1.0;  ///< goodput(target) / goodput(current), as the model sees it

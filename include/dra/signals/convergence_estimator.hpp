@@ -55,6 +55,12 @@ struct estimator_config {
   /// non-finite losses in a row.
   double divergence_factor = 2.0;
   std::size_t divergence_nonfinite_streak = 3;
+  /// Robust update: a finite loss above outlier_factor x the smoothed loss enters the smoothed
+  /// loss and the regression clipped to that bound (and is counted in `outlier_count`). One wild
+  /// value (1e308) then moves the smoothed loss by a bounded step and leaves the regression window
+  /// after `window` steps, while a real divergence, which keeps exceeding the bound, still drives
+  /// the smoothed loss up by a factor of about 1 + (1 - loss_decay)(outlier_factor - 1) per step.
+  double outlier_factor = 10.0;
   /// EMA decay for the two gradient-noise-scale moments (|G|^2 and tr(Sigma)), smoothed apart.
   double gns_decay = 0.95;
 
@@ -75,6 +81,9 @@ struct estimator_config {
                                                              std::to_string(plateau_relative_improvement) + ")");
     if (!(divergence_factor > 1.0)) dra::detail::throw_invalid("divergence_factor", "must be > 1, got " + std::to_string(divergence_factor));
     if (divergence_nonfinite_streak < 1) dra::detail::throw_invalid("divergence_nonfinite_streak", "must be >= 1");
+    if (!(outlier_factor > divergence_factor))
+      dra::detail::throw_invalid("outlier_factor", "must exceed divergence_factor (" + std::to_string(divergence_factor) +
+                                                       "), got " + std::to_string(outlier_factor));
   }
 };
 
@@ -107,6 +116,7 @@ struct convergence_signals {
   std::uint64_t nonfinite_count = 0;   ///< NaN/inf losses or gradient norms ignored
   std::uint64_t nonfinite_streak = 0;  ///< consecutive non-finite losses
   std::uint64_t nonpositive_count = 0; ///< finite losses <= 0 (kept out of the log regression)
+  std::uint64_t outlier_count = 0;     ///< losses clipped to outlier_factor x the smoothed loss
 };
 
 class convergence_estimator {
@@ -136,9 +146,16 @@ class convergence_estimator {
       ++rejected_steps_;
       return false;
     }
+    // Robust update: an outlier enters the state clipped to a bound relative to the smoothed loss
+    // (the raw value is still reported as `loss`).
+    double value = loss;
+    if (s.accepted >= 3 && s.smoothed_loss > 0.0 && loss > config_.outlier_factor * s.smoothed_loss) {
+      value = config_.outlier_factor * s.smoothed_loss;
+      ++s.outlier_count;
+    }
     // A finite loss so close to the largest double that the EMA would overflow is as useless as
     // an inf, and an inf in the EMA would never leave it: treat it as non-finite.
-    const double ema = config_.loss_decay * ema_ + (1.0 - config_.loss_decay) * loss;
+    const double ema = config_.loss_decay * ema_ + (1.0 - config_.loss_decay) * value;
     const double decay_power = decay_power_ * config_.loss_decay;
     const double smoothed = ema / (1.0 - decay_power);
     if (!std::isfinite(smoothed)) return update_loss(step, NAN);
@@ -158,8 +175,8 @@ class convergence_estimator {
       s.best_smoothed_loss = std::min(s.best_smoothed_loss, s.smoothed_loss);
     }
 
-    if (loss > 0.0) {
-      regression_.push(static_cast<double>(step), std::log(loss));
+    if (value > 0.0) {
+      regression_.push(static_cast<double>(step), std::log(value));
     } else {
       ++s.nonpositive_count;
     }

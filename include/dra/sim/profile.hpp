@@ -3,7 +3,7 @@
 // data/pollux/README.md): step time over placement and per-device batch, and per-epoch gradient
 // statistics and validation metric at several total batch sizes.
 //
-// Semantics follow the reference simulator; the deviations are listed in docs/simulator.md:
+// Semantics follow the reference simulator; the deviations are listed in docs/guide/simulator.md:
 //  - a placement present in placements.csv (after rotating to the lexicographically smallest
 //    order) is interpolated linearly in local batch, exactly as the reference does;
 //  - any other placement (more than 4 nodes, or none of the listed ones) is interpolated over

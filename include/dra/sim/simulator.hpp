@@ -11,7 +11,7 @@
 // is dra::policy::cluster_arbiter over goodput curves from the profile.
 //
 // Reference semantics (petuum/adaptdl osdi21-artifact simulator) and every deviation from them are
-// documented in docs/simulator.md.
+// documented in docs/guide/simulator.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -74,7 +74,7 @@ struct sim_config {
   policy::arbiter_config arbiter{};
   /// Pollux's exploration rule: a job may get at most twice the most devices it has held. Pollux
   /// needs it because its throughput model is learned online and cannot extrapolate; here the
-  /// goodput curves come from the measured profile, so it is off by default (docs/simulator.md
+  /// goodput curves come from the measured profile, so it is off by default (docs/guide/simulator.md
   /// reports both).
   bool arbiter_exploration_limit = false;
   /// Batch sizes tried per device count when co-adapting the batch (reference: 50, geometric).

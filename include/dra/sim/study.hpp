@@ -6,7 +6,7 @@
 // portable generator (splitmix64 + Box-Muller), never on the standard library's distributions,
 // whose output differs between implementations.
 //
-// Distributions (justified in docs/simulator.md):
+// Distributions (justified in docs/guide/simulator.md):
 //  - request: a row (application, num_replicas, batch_size) drawn uniformly from the workload
 //    CSVs, so the application mix and the requests are the ones users made in the traces;
 //  - batch: the request's batch times 2^u, u uniform in {-1, 0, 1}, clamped to the validated

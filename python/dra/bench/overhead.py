@@ -7,7 +7,7 @@ Figures (medians over repeats, each measured in this run):
 - ns per policy decision (``ConstrainedPolicy.decide``, convergence and goodput policies) and per
   ``ResizeEngine.step`` (an update plus a decision every ``decide_every`` steps), timed in C++;
 - µs per Python ``dra.step(float)`` call, against the same loop over a bare no-op pybind11 call
-  (``dra._core._noop()``) as the baseline; and ``dra.step(0-d tensor)``.
+  (``dra.testing.noop()``) as the baseline; and ``dra.step(0-d tensor)``.
 
 Two clocks: the thread's CPU time (the cost of the code itself, robust on a shared machine where
 other processes take turns on the cores) is the headline value; wall-clock time is given beside it
@@ -94,7 +94,7 @@ def run(*, quick: bool = False, repeats: int | None = None) -> list[dict[str, An
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
     # ---- C++ hot paths ----------------------------------------------------------------------
-    cpu, wall = _median_pair(_cpp_figure(_core._bench_estimator_update_ns, updates, updates, False), repeats)
+    cpu, wall = _median_pair(_cpp_figure(_core._testing.bench_estimator_update_ns, updates, updates, False), repeats)
     rows.append(
         result(
             "estimator update (C++)",
@@ -106,12 +106,12 @@ def run(*, quick: bool = False, repeats: int | None = None) -> list[dict[str, An
             clock="thread cpu time",
         )
     )
-    cpu, wall = _median_pair(_cpp_figure(_core._bench_estimator_update_ns, updates, updates, True), repeats)
+    cpu, wall = _median_pair(_cpp_figure(_core._testing.bench_estimator_update_ns, updates, updates, True), repeats)
     rows.append(result("estimator update + gradient stats (C++)", cpu, "ns", wall=wall, clock="thread cpu time"))
     for policy in ("convergence", "goodput"):
-        cpu, wall = _median_pair(_cpp_figure(_core._bench_policy_decision_ns, decisions, policy, decisions), repeats)
+        cpu, wall = _median_pair(_cpp_figure(_core._testing.bench_policy_decision_ns, decisions, policy, decisions), repeats)
         rows.append(result(f"policy decision, {policy} (C++)", cpu, "ns", wall=wall, clock="thread cpu time"))
-    cpu, wall = _median_pair(_cpp_figure(_core._bench_engine_step_ns, updates // 2, updates // 2, 10), repeats)
+    cpu, wall = _median_pair(_cpp_figure(_core._testing.bench_engine_step_ns, updates // 2, updates // 2, 10), repeats)
     rows.append(
         result("engine step, decide every 10 (C++)", cpu, "ns", wall=wall, clock="thread cpu time")
     )
@@ -123,7 +123,7 @@ def run(*, quick: bool = False, repeats: int | None = None) -> list[dict[str, An
     # Interleave baseline and subject so drifts in machine load hit both alike.
     base_cpu, base_wall, step_cpu, step_wall = [], [], [], []
     for _ in range(repeats):
-        c, w = _timed(_noop_loop(_core._noop), steps)()
+        c, w = _timed(_noop_loop(_core._testing.noop), steps)()
         base_cpu.append(c)
         base_wall.append(w)
         c, w = _timed(_step_loop(dra.step, 1.0), steps)()

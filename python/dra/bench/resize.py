@@ -82,9 +82,9 @@ def _worker_dra(args: argparse.Namespace) -> None:
     for _ in ctl.epochs(1):
         for idx in sampler:
             loss = _loss(ctl.model, torch.tensor(float(len(idx))))
-            opt.zero_grad()
+            ctl.optimizer.zero_grad()
             loss.backward()
-            opt.step()
+            ctl.optimizer.step()
             dra.step(loss)
 
 
@@ -161,7 +161,7 @@ def _worker_restart(args: argparse.Namespace) -> None:
 # the parent: launches the jobs and measures
 # ---------------------------------------------------------------------------------------------
 def _spawn_store() -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "dra.elastic", "store", "--port", "0", "--host", "127.0.0.1"],
+    proc = subprocess.Popen([sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
     if "listening" not in line:

@@ -157,11 +157,10 @@ def _worker(args: argparse.Namespace) -> int:
     sampler = de.ElasticSampler(len(x), args.global_batch, seed=args.seed)
     ctl = de.init(
         dra_model, dra_opt, sampler,
-        policy="convergence", min_size=world, max_size=world, start_size=world,
-        release="standby", status_every=0,
+        policy="convergence", start_size=world, release="standby", status_every=0,
         limits={"min_size": world, "max_size": world},
     )
-    decide_every = getattr(ctl, "decide_every", None)
+    decide_every = ctl.options.engine.decide_every
 
     # -- by hand: one flat all-reduce; and the no-communication floor -------------------------
     bare_model, bare_opt = make()
@@ -172,9 +171,9 @@ def _worker(args: argparse.Namespace) -> int:
     local_model, local_opt = make()
 
     # The plain loop's shares: the very samples dra's sampler hands this rank, precomputed.
-    ref = de.ElasticSampler(len(x), args.global_batch, seed=args.seed)
+    ref = de.ElasticSampler(len(x), args.global_batch, seed=args.seed)._native  # driven by hand here
     ref.set_world(world, rank)
-    steps_per_epoch = len(ref)
+    steps_per_epoch = ref.steps_left
     total_steps = args.warmup + args.rounds * args.steps
     num_epochs = total_steps // steps_per_epoch + 1
     plain_epochs = []
@@ -231,10 +230,10 @@ def _worker(args: argparse.Namespace) -> int:
         t1 = pc()
         loss = loss_fn(model(xb), yb)
         t2 = pc()
-        dra_opt.zero_grad()
+        ctl.optimizer.zero_grad()
         loss.backward()
         t3 = pc()
-        dra_opt.step()
+        ctl.optimizer.step()
         t4 = pc()
         step(loss)
         t5 = pc()

@@ -66,7 +66,7 @@ class TorchState(_m.StateProvider):
         manifest = {
             "entries": entries,
             "optimizer": opt_meta,
-            # The controller guards scheduler.step with an instance attribute: not state.
+            # Callables (a scheduler's lr_lambda) are code, not state.
             "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
             if self.scheduler is not None
             else None,

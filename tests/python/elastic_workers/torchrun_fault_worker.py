@@ -82,10 +82,10 @@ for epoch in ctl.epochs(cfg.get("epochs", 2)):
             sys.exit(3)
         idx_t = torch.as_tensor(idx)
         loss = loss_fn(ctl.model(X[idx_t]), Y[idx_t])
-        opt.zero_grad()
+        ctl.optimizer.zero_grad()
         loss.backward()
-        opt.step()
-        sched.step()
+        ctl.optimizer.step()
+        ctl.scheduler.step()
         st = dra.step(loss)
         if st.committed:
             write({"kind": "commit", "uid": ctl.uid, "epoch": wepoch, "rank": rank, "step": step,

@@ -1,9 +1,11 @@
 #pragma once
 // Communicator interface of the compiled part (dra::dra; needs LibTorch). Backends (Gloo, NCCL)
-// implement it and are passed in to the elastic world, so membership and rebuild logic can be
-// tested on the CPU with any backend.
+// implement it, register by name (make_backend), and are passed to the elastic world, so
+// membership and rebuild logic can be tested on the CPU with any backend. The elastic protocol
+// never asks which backend it holds: everything it needs is on these interfaces.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +31,11 @@ struct rebuild_request {
   std::vector<int> new_members;  ///< universe ids of the new world, in rank order
   int self = -1;                 ///< this process's universe id
   bool abortive = false;         ///< a member died or hung: in-flight work must be aborted
+  /// Bound of the rendezvous (joiners may be slower to arrive than a step).
   std::chrono::milliseconds timeout{30000};
+  /// Bound of every collective and transfer afterwards (a dead or hung peer is detected within
+  /// it); 0: the rendezvous timeout.
+  std::chrono::milliseconds collective_timeout{0};
 };
 
 class communicator {
@@ -58,6 +64,23 @@ class communicator {
   virtual c10::intrusive_ptr<c10d::Backend> c10d_backend() const { return {}; }
 };
 
+/// Moves the bytes of a list of tensors from one rank to others over a communicator's
+/// point-to-point, in bounded chunks (the state handoff to joiners). Sender and receivers pass
+/// tensors of the same byte sizes in the same order. Each backend supplies the one that suits its
+/// memory (CPU staging for Gloo; a CUDA stream for NCCL).
+class tensor_transfer {
+ public:
+  virtual ~tensor_transfer() = default;
+  virtual void send(communicator& comm, const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts) = 0;
+  virtual void recv(communicator& comm, const std::vector<at::Tensor>& tensors, int src) = 0;
+};
+
+/// Chunked point-to-point transfer of CPU tensors: pieces of at least 256 KiB go straight from
+/// and into tensor storage, smaller ones are packed into one staging buffer; all pieces of a
+/// chunk are in flight at once (send_batch/recv_batch). Memory beyond the tensors: one chunk.
+/// Throws std::invalid_argument for chunk_bytes < 1024.
+std::unique_ptr<tensor_transfer> make_chunked_transfer(std::size_t chunk_bytes);
+
 class backend {
  public:
   virtual ~backend() = default;
@@ -67,7 +90,31 @@ class backend {
   /// `self` is not in `new_members` (a leaver). Throws dra::comm_error / dra::timeout_error.
   virtual std::unique_ptr<communicator> rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
                                                 const c10::intrusive_ptr<c10d::Store>& store) = 0;
+  /// The transfer the state handoff uses on this backend's communicators, or null when the
+  /// backend cannot hand state over yet (then an elastic world refuses it at start).
+  virtual std::unique_ptr<tensor_transfer> make_transfer(std::size_t chunk_bytes) const {
+    return make_chunked_transfer(chunk_bytes);
+  }
 };
+
+/// How an elastic job picks its backend: by name, with the few settings every backend reads.
+struct backend_config {
+  /// Address the backend binds to and announces to peers (e.g. "127.0.0.1" on one host); empty:
+  /// the backend's default (Gloo: GLOO_SOCKET_IFNAME, else the hostname).
+  std::string address;
+  /// Store keys of an epoch's rendezvous live under <key_prefix>/<epoch>/.
+  std::string key_prefix = "pg";
+};
+
+using backend_factory = std::function<std::shared_ptr<backend>(const backend_config&)>;
+
+/// Registers a backend under `name` (replacing one of that name). Built-in backends ("gloo", and
+/// "nccl" when compiled in) are registered before the first lookup.
+void register_backend(const std::string& name, backend_factory factory);
+/// The backend registered as `name`. Throws std::invalid_argument listing the known names.
+std::shared_ptr<backend> make_backend(const std::string& name, const backend_config& config = {});
+/// Names of the registered backends, sorted.
+std::vector<std::string> backend_names();
 
 inline void communicator::send(const at::Tensor&, const std::vector<int>&, int) {
   throw dra::comm_error("this backend has no point-to-point send; the state handoff needs one");

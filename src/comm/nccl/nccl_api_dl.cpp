@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dra/comm/nccl.hpp"
+#include "dra/torch/comm/nccl.hpp"
 #include "dra/error.hpp"
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < 21400

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "dra/comm/gloo.hpp"
+#include "dra/torch/comm/gloo.hpp"
 
 // ProcessGroupGloo.hpp is compiled out unless USE_C10D_GLOO is defined; the torch wheels are
 // built with Gloo, and its Gloo headers come from libgloo-dev (scripts/setup.sh). Defined here,
@@ -120,6 +120,8 @@ void validate(const rebuild_request& r, const communicator* current, const c10::
   if (r.new_members.empty()) dra::detail::throw_invalid("new_members", "the new world must have at least one member");
   if (r.self < 0) dra::detail::throw_invalid("self", "must be this process's universe id (>= 0)");
   if (r.timeout.count() <= 0) dra::detail::throw_invalid("timeout", "must be > 0 ms");
+  if (r.collective_timeout.count() < 0)
+    dra::detail::throw_invalid("collective_timeout", "must be >= 0 ms (0: the rendezvous timeout)");
   const int old_rank = dra::elastic::rank_of(r.old_members, r.self);
   const int new_rank = dra::elastic::rank_of(r.new_members, r.self);
   if (old_rank < 0 && new_rank < 0)
@@ -217,89 +219,56 @@ void gloo_communicator::barrier() {
 
 void gloo_communicator::send(const at::Tensor& tensor, const std::vector<int>& dsts, int tag) {
   check_cpu_tensor(tensor);
-  for (int d : dsts)
-    if (d < 0 || d >= size_ || d == rank_)
-      dra::detail::throw_invalid("dsts", "ranks must lie in [0, " + std::to_string(size_) + ") and differ from self (" +
-                                             std::to_string(rank_) + "), got " + std::to_string(d));
+  send_batch({tensor.is_contiguous() ? tensor : tensor.contiguous()}, dsts, tag);
+}
+
+void gloo_communicator::recv(at::Tensor& tensor, int src, int tag) { recv_batch({tensor}, src, tag); }
+
+void gloo_communicator::check_peer(int peer, const char* field) const {
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    dra::detail::throw_invalid(field, "ranks must lie in [0, " + std::to_string(size_) + ") and differ from self (" +
+                                          std::to_string(rank_) + "), got " + std::to_string(peer));
+}
+
+template <class Post>
+void gloo_communicator::post_all(const char* what, const std::vector<at::Tensor>& tensors, Post&& post) {
+  for (const auto& t : tensors) {
+    check_cpu_tensor(t);
+    if (!t.is_contiguous()) dra::detail::throw_invalid("tensors", std::string(what) + " needs contiguous tensors");
+  }
   if (!group_)
-    throw dra::comm_error("send: the communicator of epoch " + std::to_string(epoch_) + " was aborted");
-  std::vector<at::Tensor> v{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+    throw dra::comm_error(std::string(what) + ": the communicator of epoch " + std::to_string(epoch_) + " was aborted");
   try {
-    // Every transfer is started before any is waited for: the receivers are served in parallel.
+    // Everything is posted before anything is waited for: the pieces stream back to back, and
+    // several receivers are served in parallel.
+    std::vector<std::vector<at::Tensor>> holders;
+    holders.reserve(tensors.size());
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    works.reserve(dsts.size());
-    for (int d : dsts) works.push_back(group_->send(v, d, tag));
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      holders.push_back({tensors[i]});
+      post(holders.back(), static_cast<int>(i), works);
+    }
     for (auto& w : works) w->wait(timeout_);
   } catch (const dra::error&) {
     throw;
   } catch (const std::exception& e) {
-    rethrow_as_dra_error(e, "send", epoch_);
+    rethrow_as_dra_error(e, what, epoch_);
   }
-}
-
-void gloo_communicator::recv(at::Tensor& tensor, int src, int tag) {
-  if (src < 0 || src >= size_ || src == rank_)
-    dra::detail::throw_invalid("src", "must lie in [0, " + std::to_string(size_) + ") and differ from self, got " +
-                                          std::to_string(src));
-  check_cpu_tensor(tensor);
-  if (!tensor.is_contiguous()) dra::detail::throw_invalid("tensor", "recv needs a contiguous destination");
-  std::vector<at::Tensor> v{tensor};
-  run("recv", [&] { return group_->recv(v, src, tag); });
 }
 
 void gloo_communicator::send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts,
                                    int first_tag) {
-  for (int d : dsts)
-    if (d < 0 || d >= size_ || d == rank_)
-      dra::detail::throw_invalid("dsts", "ranks must lie in [0, " + std::to_string(size_) + ") and differ from self (" +
-                                             std::to_string(rank_) + "), got " + std::to_string(d));
-  for (const auto& t : tensors) {
-    check_cpu_tensor(t);
-    if (!t.is_contiguous()) dra::detail::throw_invalid("tensors", "send_batch needs contiguous tensors");
-  }
-  if (!group_)
-    throw dra::comm_error("send_batch: the communicator of epoch " + std::to_string(epoch_) + " was aborted");
-  try {
-    // Everything is posted before anything is waited for: the pieces stream back to back.
-    std::vector<std::vector<at::Tensor>> holders;
-    holders.reserve(tensors.size());
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      holders.push_back({tensors[i]});
-      for (int d : dsts) works.push_back(group_->send(holders.back(), d, first_tag + static_cast<int>(i)));
-    }
-    for (auto& w : works) w->wait(timeout_);
-  } catch (const dra::error&) {
-    throw;
-  } catch (const std::exception& e) {
-    rethrow_as_dra_error(e, "send_batch", epoch_);
-  }
+  for (int d : dsts) check_peer(d, "dsts");
+  post_all("send", tensors, [&](std::vector<at::Tensor>& t, int i, std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+    for (int d : dsts) works.push_back(group_->send(t, d, first_tag + i));
+  });
 }
 
 void gloo_communicator::recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag) {
-  if (src < 0 || src >= size_ || src == rank_)
-    dra::detail::throw_invalid("src", "must lie in [0, " + std::to_string(size_) + ") and differ from self, got " +
-                                          std::to_string(src));
-  for (const auto& t : tensors) {
-    check_cpu_tensor(t);
-    if (!t.is_contiguous()) dra::detail::throw_invalid("tensors", "recv_batch needs contiguous destinations");
-  }
-  if (!group_)
-    throw dra::comm_error("recv_batch: the communicator of epoch " + std::to_string(epoch_) + " was aborted");
-  try {
-    std::vector<std::vector<at::Tensor>> holders;
-    holders.reserve(tensors.size());
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      holders.push_back({tensors[i]});
-      works.push_back(group_->recv(holders.back(), src, first_tag + static_cast<int>(i)));
-    }
-    for (auto& w : works) w->wait(timeout_);
-  } catch (const dra::error&) {
-    throw;
-  } catch (const std::exception& e) {
-    rethrow_as_dra_error(e, "recv_batch", epoch_);
-  }
+  check_peer(src, "src");
+  post_all("recv", tensors, [&](std::vector<at::Tensor>& t, int i, std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+    works.push_back(group_->recv(t, src, first_tag + i));
+  });
 }
 
 void gloo_communicator::set_timeout(std::chrono::milliseconds timeout) {
@@ -360,12 +329,23 @@ std::unique_ptr<communicator> gloo_backend::rebuild(std::unique_ptr<communicator
     auto options = c10d::ProcessGroupGloo::Options::create(request.timeout);
     options->devices.push_back(make_device(options_));
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
-    return std::make_unique<gloo_communicator>(std::move(group), rank, size, request.epoch, request.timeout, reaper_);
+    // The rendezvous had the generous timeout; every collective afterwards gets the short one.
+    const auto collective = request.collective_timeout.count() > 0 ? request.collective_timeout : request.timeout;
+    return std::make_unique<gloo_communicator>(std::move(group), rank, size, request.epoch, collective, reaper_);
   } catch (const dra::error&) {
     throw;
   } catch (const std::exception& e) {
     rethrow_as_dra_error(e, "building the Gloo world of " + std::to_string(size) + " ranks", request.epoch);
   }
+}
+
+void register_gloo_backend() {
+  register_backend("gloo", [](const backend_config& config) {
+    gloo_backend_options o;
+    o.hostname = config.address;
+    o.key_prefix = config.key_prefix;
+    return std::make_shared<gloo_backend>(o);
+  });
 }
 
 }  // namespace dra::comm

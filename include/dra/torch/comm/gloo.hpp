@@ -18,7 +18,7 @@
 // complete type in every translation unit that defines a derived class.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "dra/comm/communicator.hpp"
+#include "dra/torch/comm/communicator.hpp"
 
 namespace dra::comm {
 
@@ -38,7 +38,7 @@ struct gloo_backend_options {
 };
 
 /// A communicator of one epoch: synchronous collectives on CPU tensors, each bounded by the
-/// epoch's timeout.
+/// request's collective timeout.
 class gloo_communicator final : public communicator {
  public:
   gloo_communicator(c10::intrusive_ptr<c10d::Backend> group, int rank, int size, std::uint64_t epoch,
@@ -64,15 +64,18 @@ class gloo_communicator final : public communicator {
   void abort() noexcept override;
   c10::intrusive_ptr<c10d::Backend> c10d_backend() const override { return group_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  /// Bound of every later collective (default: the rebuild request's timeout, which also bounds
-  /// the rendezvous). Lets a job rendezvous generously and still detect a hung peer fast. After a
-  /// timeout_error the group may still be busy: rebuild abortively. Throws std::invalid_argument
-  /// for a timeout <= 0.
+  /// Bound of every later collective (set from the rebuild request's collective_timeout, which
+  /// lets a job rendezvous generously and still detect a hung peer fast). After a timeout_error
+  /// the group may still be busy: rebuild abortively. Throws std::invalid_argument for a
+  /// timeout <= 0.
   void set_timeout(std::chrono::milliseconds timeout);
 
  private:
   template <class Start>
   void run(const char* what, Start&& start);
+  template <class Post>
+  void post_all(const char* what, const std::vector<at::Tensor>& tensors, Post&& post);
+  void check_peer(int peer, const char* field) const;
 
   c10::intrusive_ptr<c10d::Backend> group_;
   int rank_;

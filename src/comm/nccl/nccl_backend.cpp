@@ -42,7 +42,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "dra/comm/nccl.hpp"
+#include "dra/torch/comm/nccl.hpp"
 #include "dra/error.hpp"
 
 namespace dra::comm {
@@ -551,6 +551,14 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
     abort_all();
     throw;
   }
+}
+
+void register_nccl_backend() {
+  register_backend("nccl", [](const backend_config& config) {
+    nccl_backend_options o;
+    o.key_prefix = config.key_prefix + "/nccl";
+    return std::make_shared<nccl_backend>(load_nccl_api(), o);
+  });
 }
 
 }  // namespace dra::comm

@@ -21,9 +21,9 @@
 // complete type in every translation unit that defines a derived class.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "dra/comm/communicator.hpp"
+#include "dra/torch/comm/communicator.hpp"
 #include "dra/comm/nccl_plan.hpp"
-#include "dra/comm/nccl_runtime.hpp"
+#include "dra/torch/comm/nccl_runtime.hpp"
 
 namespace dra::comm {
 
@@ -157,6 +157,9 @@ class nccl_backend final : public backend {
   std::string name() const override { return "nccl"; }
   std::unique_ptr<communicator> rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
                                         const c10::intrusive_ptr<c10d::Store>& store) override;
+  /// No point-to-point on NCCL communicators yet: an elastic world cannot hand state over on
+  /// this backend, and refuses it at start.
+  std::unique_ptr<tensor_transfer> make_transfer(std::size_t) const override { return nullptr; }
   /// The plan of the last rebuild on this rank, and the path it finally took (after votes and
   /// fallbacks).
   const nccl_plan& last_plan() const { return last_plan_; }

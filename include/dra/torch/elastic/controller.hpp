@@ -1,0 +1,297 @@
+#pragma once
+// The controller of one process (DESIGN.md §3.3), part of dra::dra (needs LibTorch). It turns
+// each training step into signals for the decision engine and applies the decisions:
+//   * alone (controller(options)): signals and decisions only, no world: what dra.step drives
+//     in a plain process;
+//   * in an elastic job (controller(options, launch, state, sampler)): the world of processes
+//     that grows and shrinks in place: membership over the job's c10d store, the leader's
+//     decisions (the same resize_engine and policies the simulator evaluates), one communicator
+//     per world epoch from a backend registered by name, the state handoff to joiners,
+//     exactly-once data through the elastic_sampler, and crash recovery.
+// Python's dra.Controller is this class; a LibTorch trainer uses it directly
+// (examples/cpp/elastic_train.cpp).
+//
+// A training step in an elastic job, as the trainer sees it:
+//   1. take sampler.indices(), forward, backward;
+//   2. ok = controller.reduce_gradients(params)  (one all-reduce: gradients averaged over the
+//      step's global batch, as DDP does; false when a peer failed);
+//   3. if ok: optimizer.step() (and scheduler), else skip them: the step is redone;
+//   4. controller.step(loss)  (commits, decides, resizes or recovers at this step boundary).
+// The loss of a step travels in the next step's gradient all-reduce (it is only known to the
+// controller at step()), so the engine sees the world-mean loss one step late: no extra
+// collective per step.
+//
+// The collaborators (src/elastic/): store_protocol (the key schema and every agreement over the
+// store), tensor_transfer + handoff (the state to joiners), gradient_reducer (the per-step
+// all-reduce), event_log (events and the status line). The controller itself is the state
+// machine that sequences them: candidate -> member <-> (resize | recovery) -> released |
+// finished | rejected.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "dra/elastic/sampler.hpp"
+#include "dra/engine.hpp"
+#include "dra/torch/comm/communicator.hpp"
+#include "dra/torch/elastic/state.hpp"
+
+namespace dra::elastic {
+
+/// Where this process stands.
+enum class role { local, candidate, member, released, finished, rejected };
+const char* to_string(role r) noexcept;
+
+/// How the process learns its place in the job: by default from torchrun's environment.
+struct launch_info {
+  std::string store_host;      ///< empty: a private store on a free port, a world of one
+  int store_port = 0;
+  bool host_store = false;     ///< this process hosts the TCPStore (rank 0 outside torchrun)
+  bool join = false;           ///< a late joiner (DRA_JOIN=1): takes a uid from 10000 up
+  int uid = 0;                 ///< RANK: the process's launch id (not its rank in the world)
+  int universe_size = 1;       ///< WORLD_SIZE: processes launched together
+  std::string job_prefix = "dra/job/0";  ///< keys live under <job_prefix>/ (c10d's PrefixStore adds the "/")
+  /// DRA_STORE=host:port (a dedicated store, which outlives every process) else
+  /// MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, DRA_JOIN, DRA_JOB_ID (else TORCHELASTIC_RUN_ID),
+  /// TORCHELASTIC_RESTART_COUNT. Under torchrun the agent hosts the store (or rank 0 when the
+  /// agent does not share it); outside torchrun rank 0 hosts it only with DRA_HOST_STORE=1.
+  static launch_info from_env();
+  /// Throws std::invalid_argument (naming RANK / WORLD_SIZE) for ids that cannot be right.
+  void validate() const;
+};
+
+/// What a member released by a shrink does: stand by inside step() until admitted again; exit
+/// (step() asks the process to exit 0, giving its device back); or return to the caller, who may
+/// use the process for other work and later rejoin() (an RL slot moving between roles).
+enum class release_mode { standby, exit, to_caller };
+/// "standby", "exit" or "return" (the option's spelling in Python and in events).
+const char* to_string(release_mode m) noexcept;
+enum class batch_mode { fixed, adascale };
+
+class controller;
+
+/// A phase of a world change, for the test hook.
+enum class change_phase { rebuild, state_transfer, reshard };
+const char* to_string(change_phase p) noexcept;
+
+/// Everything a controller is configured with. The names are the option names in Python
+/// (dra.Controller(**options)); validate() names the option and the fix.
+struct controller_options {
+  /// Policy, estimator, limits (min/max size, cooldown, ...), throughput model, decide_every.
+  engine_config engine;
+  int start_size = 0;  ///< processes in the first world; 0: every process launched
+  release_mode release = release_mode::standby;
+  batch_mode batch = batch_mode::fixed;
+  std::map<std::int64_t, int> resize_schedule;  ///< {committed steps: size}: a resize asked for at a step
+  /// Collective timeout and the survivors' check-in window; a new world's rendezvous gets twice
+  /// this (joiners may be slower to arrive than a step).
+  double fault_timeout_s = 3.0;
+  double store_timeout_s = 30.0;  ///< connecting to the store, and every bounded wait on it
+  double chunk_mb = 16.0;         ///< state handoff chunk: memory bound beyond the state
+  bool verify = false;            ///< after every world change, compare a digest of every state tensor
+  std::string events_path;        ///< JSON lines, written by the leader ("" = none)
+  std::int64_t status_every = 0;  ///< a status line on rank 0 every N steps (0 = never)
+  int max_resize_retries = 3;
+  std::string backend = "gloo";   ///< a name registered with comm::register_backend
+  std::string backend_address;    ///< address the backend binds to ("" = its default)
+  /// Extra configuration every process must agree on (Python adds its own options here).
+  std::string config_fingerprint;
+  /// Test hook: called at each phase of every world change (also while the constructor forms the
+  /// first world), so tests can kill a process inside a resize.
+  std::function<void(change_phase, const controller&)> phase_hook;
+
+  /// Throws std::invalid_argument naming the option and the fix; checks against the job's size
+  /// (min_size, start_size, schedule) happen when the controller knows it.
+  void validate() const;
+  /// The options for a job of `universe_size` launched processes: checks what needs the job's size
+  /// (start_size, min_size, the schedule), sets max_size to the processes launched unless it was
+  /// given (raise it for late joiners), lets the goodput policy adapt the batch under adascale.
+  /// Returns the first world's size.
+  int fit_to_job(int universe_size);
+  std::chrono::milliseconds fault_timeout() const;
+  std::chrono::milliseconds store_timeout() const;
+  std::size_t chunk_bytes() const;
+};
+
+/// Optional per-step inputs beyond the loss (NaN: not given).
+struct step_signals {
+  double small_sqr_norm = std::numeric_limits<double>::quiet_NaN();  ///< two-batch gradient statistics
+  double small_batch = std::numeric_limits<double>::quiet_NaN();
+  double big_sqr_norm = std::numeric_limits<double>::quiet_NaN();
+  double big_batch = std::numeric_limits<double>::quiet_NaN();
+  double validation = std::numeric_limits<double>::quiet_NaN();  ///< a validation metric (lower is better)
+  double step_time_s = std::numeric_limits<double>::quiet_NaN();  ///< measured step time (throughput model)
+  double sync_time_s = std::numeric_limits<double>::quiet_NaN();
+  /// Throws std::invalid_argument when the gradient statistics are incomplete or not positive.
+  void validate() const;
+};
+
+/// What step() reports: one object per controller, updated in place (valid until the next step).
+struct step_status {
+  std::int64_t step = -1;  ///< index of the latest committed step (-1 before the first)
+  bool committed = false;  ///< this call committed a step (its update applied everywhere)
+  double loss = std::numeric_limits<double>::quiet_NaN();  ///< the world's mean loss of the latest step
+  int world_size = 0;
+  int rank = -1;
+  std::int64_t epoch = -1;  ///< world epoch (-1 outside a world)
+  bool decided = false;     ///< a decision was taken at this step
+  policy::decision decision;  ///< the latest decision
+  std::string event;        ///< the JSON line of a world change at this boundary ("" when none)
+  bool exit_requested = false;  ///< released with release_mode::exit: the process should exit 0
+  bool released = false;        ///< released with release_mode::to_caller: out of the world until rejoin()
+  const signals::convergence_signals* signals = nullptr;  ///< the controller's current signals
+};
+
+namespace detail {
+class store_protocol;
+class gradient_reducer;
+struct reduction_tail;
+class event_log;
+class leader;
+struct world_change;
+struct published_decision;
+struct admission_result;
+}  // namespace detail
+
+class controller {
+ public:
+  /// A process alone: signals and decisions, no world, no store.
+  explicit controller(controller_options options);
+  /// A process of an elastic job: connects to the store, checks that every process has the same
+  /// configuration and model, then forms the first world (uids < start_size) or waits as a
+  /// candidate until admitted (or the job ends). Throws std::invalid_argument for bad options,
+  /// dra::timeout_error naming the address when the store cannot be reached,
+  /// dra::state_mismatch_error for a different model.
+  controller(controller_options options, launch_info launch, std::shared_ptr<state_provider> state,
+             std::shared_ptr<elastic_sampler> sampler);
+  ~controller();
+  controller(const controller&) = delete;
+  controller& operator=(const controller&) = delete;
+
+  /// After backward: averages the gradients over the step's global batch (each rank's gradient
+  /// weighted by its share of the samples; a parameter without a gradient counts as zero) in one
+  /// all-reduce that also carries the previous step's loss and the leader's decision flag.
+  /// Returns false when the reduction failed (a peer died or hung): the trainer must not apply
+  /// this step; step() then recovers and the step is redone.
+  bool reduce_gradients(const std::vector<at::Tensor>& params);
+  /// The step boundary: commits the step, feeds the engine, applies a decision (resize) or
+  /// recovers from a failure. `loss` is this rank's mean loss over its share of the step. A
+  /// released process waits here (standby) until admitted again. In an elastic job, throws
+  /// std::logic_error when no gradient reduction ran since the last step (the model was not
+  /// wrapped).
+  const step_status& step(double loss, const step_signals& extra = {});
+  /// A step whose batch was stale (a data loader prefetched it for a world that has changed since):
+  /// this process trained on it locally but must not reduce or commit it. Clears the step's status.
+  const step_status& skip_step() noexcept;
+  /// Restarting a whole job from a checkpoint: the committed steps it had (every process passes the
+  /// same value, before the first step). Throws std::logic_error after a step was taken.
+  void resume_at(std::int64_t step_index);
+  /// Training loop helper: true while this process is a member and `num_epochs` are not done;
+  /// moves the sampler to the next epoch when the current one is exhausted. When it returns
+  /// false the job is finished for this process (finish() was called).
+  bool next_epoch(std::int64_t num_epochs);
+  /// A process released with release_mode::to_caller asks to be admitted again and waits until it
+  /// is (true), or the job ends (false). Throws dra::state_mismatch_error when refused.
+  bool rejoin();
+  /// The same without waiting: registers as a candidate on the first call, and returns true once
+  /// admitted (the world is then entered, which blocks for the rendezvous), false while waiting
+  /// or when the job has ended (current_role() tells which).
+  bool try_join();
+  /// End of training: members meet once more; the leader tells the standby processes to go. A
+  /// store or peer already gone at this point changes nothing (training is over): never throws.
+  void finish() noexcept;
+
+  role current_role() const noexcept { return role_; }
+  bool is_local() const noexcept { return role_ == role::local; }
+  bool is_member() const noexcept { return role_ == role::member || role_ == role::local; }
+  bool failed() const noexcept { return !failure_.empty(); }
+  int uid() const noexcept { return uid_; }
+  int rank() const noexcept;
+  int world_size() const noexcept;
+  std::int64_t epoch() const noexcept { return epoch_; }
+  std::int64_t step_index() const noexcept { return step_index_; }
+  std::int64_t resizes() const noexcept { return resizes_; }
+  int universe_size() const noexcept { return universe_size_; }
+  int start_size() const noexcept { return start_size_; }
+  const std::vector<int>& members() const noexcept { return members_; }
+  std::optional<std::uint64_t> last_digest() const noexcept { return last_digest_; }
+  const step_status& status() const noexcept { return status_; }
+  /// Consecutive non-finite losses passed to step() (1: a streak starts; callers warn once).
+  std::uint64_t nonfinite_streak() const noexcept { return input_nonfinite_streak_; }
+  const controller_options& options() const noexcept { return options_; }
+  /// The JSON line of the latest event this process emitted ("" when none).
+  const std::string& last_event() const noexcept;
+  /// Every event this process emitted (JSON lines), oldest first.
+  const std::vector<std::string>& events() const noexcept;
+  /// Candidates registered on the store (standby and late joiners), read now.
+  std::vector<int> registered_candidates();
+  std::string store_address() const;
+  resize_engine& engine() noexcept { return engine_; }
+  elastic_sampler* sampler() noexcept { return sampler_.get(); }
+  comm::communicator* communicator() noexcept { return comm_.get(); }
+  /// Digest (62 bits) of the state tensors the provider hands over: equal on every rank after a
+  /// world change (checked when options.verify).
+  std::uint64_t state_digest();
+
+ private:
+  void wait_for_admission();
+  bool admitted(const struct detail::admission_result& r);
+  void enter_world(const detail::world_change& change);
+  void hand_over_state(const detail::world_change& change, std::uint64_t& nbytes);
+  void commit(double loss, const step_signals& extra);
+  void apply_signals(const step_signals& extra);
+  void leader_decides();
+  void apply_decision();
+  void leave(bool exit);
+  void recover(std::string reason);
+  void hook(change_phase phase);
+
+  controller_options options_;
+  resize_engine engine_;
+  std::shared_ptr<state_provider> state_;
+  std::shared_ptr<elastic_sampler> sampler_;
+  std::unique_ptr<detail::store_protocol> store_;
+  std::shared_ptr<comm::backend> backend_;
+  std::unique_ptr<comm::tensor_transfer> transfer_;
+  std::unique_ptr<comm::communicator> comm_;
+  std::unique_ptr<detail::gradient_reducer> reducer_;
+  std::unique_ptr<detail::event_log> log_;
+  std::unique_ptr<detail::leader> leader_;
+  std::unique_ptr<detail::published_decision> pending_;  ///< the leader's decision, not yet applied
+  std::unique_ptr<detail::reduction_tail> pending_loss_;  ///< this rank's loss, sent with the next reduction
+
+  int uid_ = 0;
+  int universe_size_ = 1;
+  int start_size_ = 1;
+  bool joined_late_ = false;
+  role role_ = role::local;
+  bool holds_state_ = false;      ///< holds the world's training state (a joiner: once received)
+  bool registered_ = false;       ///< registered as a candidate (release_mode::to_caller, try_join)
+  std::vector<int> members_;      ///< the world being entered or running
+  std::vector<int> running_members_;  ///< the world that last completed its entry
+  std::int64_t epoch_ = -1;
+  std::int64_t step_index_ = 0;
+  std::int64_t resizes_ = 0;
+  std::int64_t num_epochs_ = -1;
+  std::int64_t samples_ = 0;      ///< samples committed by the world since this process joined
+  std::string failure_;
+  bool reduced_ = false;
+  bool decision_flag_ = false;
+  bool exit_requested_ = false;
+  double decide_s_ = 0.0;
+  double world_loss_ = std::numeric_limits<double>::quiet_NaN();
+  bool world_loss_known_ = false;
+  std::uint64_t input_nonfinite_streak_ = 0;
+  std::optional<std::uint64_t> last_digest_;
+  std::vector<tensor_spec> signature_;
+  step_status status_;
+};
+
+}  // namespace dra::elastic

@@ -1,0 +1,77 @@
+#pragma once
+// What an elastic world hands over to joiners (part of dra::dra: needs LibTorch). The controller
+// moves the bytes; a state provider says what the trainer's state is and loads it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace dra::elastic {
+
+/// Name, shape and dtype of one tensor of the model: what a joiner must match.
+struct tensor_spec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::string dtype;
+  bool operator==(const tensor_spec& o) const { return name == o.name && shape == o.shape && dtype == o.dtype; }
+};
+
+/// A readable description of the first difference between two model signatures ("" when equal).
+std::string signature_mismatch(const std::vector<tensor_spec>& world, const std::vector<tensor_spec>& joiner);
+
+/// The trainer's state, as the controller hands it over: the controller moves the bytes
+/// (manifest, then the tensors in bounded chunks) and adds its own part (step counter, sampler
+/// position); the provider says what the state is and loads it.
+class state_provider {
+ public:
+  virtual ~state_provider() = default;
+  /// The model's parameters and buffers (name, shape, dtype), compared at start and admission.
+  virtual std::vector<tensor_spec> signature() = 0;
+  /// Sender: every tensor to hand over (contiguous tensors) and an opaque manifest that
+  /// describes them and carries the non-tensor state.
+  struct snapshot {
+    std::vector<at::Tensor> tensors;
+    std::string manifest;
+  };
+  virtual snapshot collect() = 0;
+  /// Receiver: the destinations for a manifest (contiguous tensors of the sender's shapes and
+  /// dtypes; may alias the model's own storage, so bytes land in place).
+  virtual std::vector<at::Tensor> prepare(const std::string& manifest) = 0;
+  /// Receiver: every byte arrived in `tensors`; load them (and the manifest's other state).
+  virtual void load(const std::string& manifest, const std::vector<at::Tensor>& tensors) = 0;
+  /// AdaScale-style batch change (batch_mode::adascale): multiply the learning rate by `factor`.
+  /// Called on every member at the same step boundary, before state goes to joiners.
+  virtual void scale_learning_rate(double factor) = 0;
+};
+
+/// State provider of a LibTorch trainer: the module's parameters and buffers (received in place)
+/// and the optimizer's state (serialised with torch::serialize into the manifest), plus the torch
+/// CPU RNG state.
+class module_state final : public state_provider {
+ public:
+  /// Both must outlive the controller. `optimizer` may be null (plain parameter updates).
+  module_state(torch::nn::Module& module, torch::optim::Optimizer* optimizer);
+  std::vector<tensor_spec> signature() override;
+  snapshot collect() override;
+  std::vector<at::Tensor> prepare(const std::string& manifest) override;
+  void load(const std::string& manifest, const std::vector<at::Tensor>& tensors) override;
+  void scale_learning_rate(double factor) override;
+
+ private:
+  torch::nn::Module& module_;
+  torch::optim::Optimizer* optimizer_;
+};
+
+/// Digest (62 bits) of the tensors a provider hands over: equal on every rank of a world after a
+/// change (the controller compares it when options.verify).
+std::uint64_t state_digest(state_provider& state);
+
+}  // namespace dra::elastic

@@ -1,0 +1,428 @@
+// dra.Controller and dra.step: the controller of one process (include/dra/torch/elastic/
+// controller.hpp), its options (parsed once, here, with errors that name the option), the step
+// status every dra.step returns, and dra.step's fast path.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <climits>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.hpp"
+#include "dra/torch/elastic/controller.hpp"
+
+namespace py = pybind11;
+using namespace dra::elastic;
+
+namespace {
+
+// ---- options -------------------------------------------------------------------------------------
+[[noreturn]] void bad(const std::string& option, const std::string& problem) {
+  throw py::value_error(option + ": " + problem);
+}
+
+std::string shown(py::handle v) { return py::repr(v).cast<std::string>() + " (" + std::string(py::str(py::type::handle_of(v).attr("__name__"))) + ")"; }
+
+long long as_int(py::handle v, const std::string& name, long long lo = 0, long long hi = INT_MAX) {
+  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
+    bad(name, "expected an integer, got " + shown(v));
+  long long out = 0;
+  try {
+    out = v.cast<long long>();
+  } catch (const py::cast_error&) {
+    bad(name, "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + shown(v));
+  }
+  if (out < lo || out > hi)
+    bad(name, "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(out));
+  return out;
+}
+
+double as_float(py::handle v, const std::string& name) {
+  if ((!py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v)) || py::isinstance<py::bool_>(v))
+    bad(name, "expected a number, got " + shown(v));
+  return v.cast<double>();
+}
+
+bool as_bool(py::handle v, const std::string& name) {
+  if (!py::isinstance<py::bool_>(v)) bad(name, "expected True or False, got " + shown(v));
+  return v.cast<bool>();
+}
+
+std::string as_str(py::handle v, const std::string& name) {
+  if (!py::isinstance<py::str>(v)) bad(name, "expected a string, got " + shown(v));
+  return v.cast<std::string>();
+}
+
+// A config section: an object of its class, or a dict of its keywords.
+template <class Config>
+Config as_section(py::handle v, const std::string& name, const char* class_name) {
+  if (py::isinstance<Config>(v)) return v.cast<Config>();
+  if (py::isinstance<py::dict>(v)) {
+    try {
+      return py::module_::import("dra._core").attr(class_name)(**v.cast<py::dict>()).cast<Config>();
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_ValueError)) throw;
+      bad(name, py::str(e.value()).cast<std::string>());
+    }
+  }
+  bad(name, std::string("expected a dra.") + class_name + " or a dict of its options, got " + shown(v));
+}
+
+using setter = std::function<void(controller_options&, py::handle)>;
+
+// Every option dra.Controller takes, by its Python name. None keeps the default.
+const std::map<std::string, setter>& option_table() {
+  static const std::map<std::string, setter> table = {
+      {"policy", [](controller_options& o, py::handle v) { o.engine.policy = as_str(v, "policy"); }},
+      {"min_size", [](controller_options& o, py::handle v) { o.engine.limits.min_size = static_cast<int>(as_int(v, "min_size", 1)); }},
+      {"max_size", [](controller_options& o, py::handle v) { o.engine.limits.max_size = static_cast<int>(as_int(v, "max_size", 1)); }},
+      {"decide_every", [](controller_options& o, py::handle v) { o.engine.decide_every = as_int(v, "decide_every", 1, LLONG_MAX / 4); }},
+      {"resize_cost_s", [](controller_options& o, py::handle v) { o.engine.costs.resize_cost_s = as_float(v, "resize_cost_s"); }},
+      {"horizon_steps", [](controller_options& o, py::handle v) { o.engine.costs.horizon_steps = as_float(v, "horizon_steps"); }},
+      {"estimator", [](controller_options& o, py::handle v) { o.engine.estimator = as_section<dra::signals::estimator_config>(v, "estimator", "EstimatorConfig"); }},
+      {"throughput", [](controller_options& o, py::handle v) { o.engine.throughput = as_section<dra::policy::throughput_model_config>(v, "throughput", "ThroughputModelConfig"); }},
+      {"limits", [](controller_options& o, py::handle v) { o.engine.limits = as_section<dra::policy::constraints>(v, "limits", "Constraints"); }},
+      {"convergence", [](controller_options& o, py::handle v) { o.engine.convergence = as_section<dra::policy::convergence_phase_config>(v, "convergence", "ConvergencePhaseConfig"); }},
+      {"goodput", [](controller_options& o, py::handle v) { o.engine.goodput = as_section<dra::policy::goodput_config>(v, "goodput", "GoodputConfig"); }},
+      {"start_size", [](controller_options& o, py::handle v) { o.start_size = static_cast<int>(as_int(v, "start_size", 1)); }},
+      {"release", [](controller_options& o, py::handle v) {
+         const auto s = as_str(v, "release");
+         if (s != "standby" && s != "exit" && s != "return")
+           bad("release", "must be 'standby', 'exit' or 'return', got '" + s + "'");
+         o.release = s == "exit" ? release_mode::exit : s == "return" ? release_mode::to_caller : release_mode::standby;
+       }},
+      {"batch_mode", [](controller_options& o, py::handle v) {
+         const auto s = as_str(v, "batch_mode");
+         if (s != "fixed" && s != "adascale") bad("batch_mode", "must be 'fixed' (global batch kept) or 'adascale', got '" + s + "'");
+         o.batch = s == "adascale" ? batch_mode::adascale : batch_mode::fixed;
+       }},
+      {"resize_schedule", [](controller_options& o, py::handle v) {
+         if (!py::isinstance<py::dict>(v)) bad("resize_schedule", "expected a dict {step: size}, got " + shown(v));
+         o.resize_schedule.clear();
+         for (auto item : v.cast<py::dict>()) {
+           // Keys may come from JSON as strings of digits.
+           py::object step = py::reinterpret_borrow<py::object>(item.first);
+           if (py::isinstance<py::str>(step)) step = py::module_::import("builtins").attr("int")(step);
+           o.resize_schedule[as_int(step, "resize_schedule", 1, LLONG_MAX / 4)] = static_cast<int>(as_int(item.second, "resize_schedule", 1));
+         }
+       }},
+      {"fault_timeout_s", [](controller_options& o, py::handle v) { o.fault_timeout_s = as_float(v, "fault_timeout_s"); }},
+      {"store_timeout_s", [](controller_options& o, py::handle v) { o.store_timeout_s = as_float(v, "store_timeout_s"); }},
+      {"chunk_mb", [](controller_options& o, py::handle v) { o.chunk_mb = as_float(v, "chunk_mb"); }},
+      {"verify", [](controller_options& o, py::handle v) { o.verify = as_bool(v, "verify"); }},
+      {"events_path", [](controller_options& o, py::handle v) { o.events_path = py::str(py::module_::import("os").attr("fspath")(v)); }},
+      {"status_every", [](controller_options& o, py::handle v) { o.status_every = as_int(v, "status_every", 0, LLONG_MAX / 4); }},
+      {"max_resize_retries", [](controller_options& o, py::handle v) { o.max_resize_retries = static_cast<int>(as_int(v, "max_resize_retries", 0, 1000)); }},
+      {"backend", [](controller_options& o, py::handle v) { o.backend = as_str(v, "backend"); }},
+      {"backend_address", [](controller_options& o, py::handle v) { o.backend_address = as_str(v, "backend_address"); }},
+      {"config_fingerprint", [](controller_options& o, py::handle v) { o.config_fingerprint = as_str(v, "config_fingerprint"); }},
+  };
+  return table;
+}
+
+controller_options parse_options(const py::kwargs& kwargs) {
+  const auto& table = option_table();
+  controller_options o;
+  // Sections first, then the flat names that reach into them: `limits=` with `min_size=` is ambiguous.
+  for (const char* section : {"estimator", "throughput", "limits", "convergence", "goodput"})
+    if (kwargs.contains(section) && !kwargs[section].is_none()) table.at(section)(o, kwargs[section]);
+  if (kwargs.contains("limits") && !kwargs["limits"].is_none())
+    for (const char* flat : {"min_size", "max_size"})
+      if (kwargs.contains(flat) && !kwargs[flat].is_none())
+        bad(flat, "given twice (as an option and inside limits); pass it once");
+  for (auto item : kwargs) {
+    const auto name = item.first.cast<std::string>();
+    const auto it = table.find(name);
+    if (it == table.end()) {
+      std::string valid;
+      for (const auto& [n, _] : table)
+        if (n != "config_fingerprint") valid += (valid.empty() ? "" : ", ") + n;
+      throw py::value_error("unknown option '" + name + "'; valid options: " + valid);
+    }
+    if (item.second.is_none()) continue;
+    if (name == "estimator" || name == "throughput" || name == "limits" || name == "convergence" || name == "goodput") continue;
+    it->second(o, item.second);
+  }
+  o.validate();
+  return o;
+}
+
+// ---- the controller --------------------------------------------------------------------------------
+// Destroys a controller without the GIL (its communicator's teardown waits for Gloo threads that
+// may need the GIL).
+struct delete_without_gil {
+  void operator()(controller* c) const {
+    py::gil_scoped_release nogil;
+    delete c;
+  }
+};
+using controller_ptr = std::unique_ptr<controller, delete_without_gil>;
+
+step_signals parse_signals(const py::kwargs& kwargs) {
+  static const std::map<std::string, double step_signals::*> fields = {
+      {"small_sqr_norm", &step_signals::small_sqr_norm}, {"small_batch", &step_signals::small_batch},
+      {"big_sqr_norm", &step_signals::big_sqr_norm},     {"big_batch", &step_signals::big_batch},
+      {"validation", &step_signals::validation},         {"step_time_s", &step_signals::step_time_s},
+      {"sync_time_s", &step_signals::sync_time_s}};
+  step_signals s;
+  for (auto item : kwargs) {
+    const auto name = item.first.cast<std::string>();
+    const auto it = fields.find(name);
+    if (it == fields.end()) {
+      std::string valid;
+      for (const auto& [n, _] : fields) valid += (valid.empty() ? "" : ", ") + n;
+      throw py::value_error("dra.step: unknown signal '" + name + "'; valid: " + valid);
+    }
+    if (item.second.is_none()) continue;
+    s.*(it->second) = as_float(item.second, "dra.step: " + name);
+  }
+  return s;
+}
+
+py::object event_dict(const std::string& line) {
+  if (line.empty()) return py::none();
+  return py::module_::import("json").attr("loads")(line);
+}
+
+// ---- dra.step's fast path ---------------------------------------------------------------------------
+// dra.step is called once per training step, so its cost is measured against a bare binding call
+// (goal: < 3x). A pybind11 function with arguments costs more than that budget by itself, so
+// dra.step is a plain CPython vectorcall function. For the process's local controller (no world)
+// and a float or a 0-d CPU tensor, it steps the C++ controller directly and returns its status
+// object; everything else (elastic worlds, keywords, device tensors, bad values) goes to the Python
+// implementation dra._controller._step_slow, which behaves identically.
+struct fast_step_target {
+  PyObject* slow = nullptr;      // dra._controller._step_slow (strong)
+  PyObject* warn = nullptr;      // dra._controller._warn_nonfinite(loss, step) (strong)
+  PyObject* owner = nullptr;     // keeps `ctl` alive (strong), or null: no fast path
+  controller* ctl = nullptr;
+  PyObject* status = nullptr;    // returned by every fast step (strong)
+};
+fast_step_target g_step;
+
+void replace(PyObject*& slot, PyObject* value) {
+  Py_XINCREF(value);
+  PyObject* old = slot;
+  slot = value;
+  Py_XDECREF(old);
+}
+
+bool read_loss(PyObject* arg, double& loss) {
+  if (PyFloat_CheckExact(arg)) {
+    loss = PyFloat_AS_DOUBLE(arg);
+    return true;
+  }
+  if (THPVariable_CheckExact(arg)) {  // a subclass may watch its reads (__torch_function__): Python path
+    const at::Tensor& t = THPVariable_Unpack(arg);
+    if (t.dim() == 0 && t.device().is_cpu() && at::isFloatingType(t.scalar_type())) {
+      loss = t.item<double>();  // a CPU read: no device synchronisation
+      return true;
+    }
+  }
+  return false;
+}
+
+PyObject* fast_step(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  double loss = 0.0;
+  if (g_step.ctl != nullptr && PyVectorcall_NARGS(nargs) == 1 && kwnames == nullptr && read_loss(args[0], loss)) {
+    const auto& status = g_step.ctl->step(loss);
+    if (g_step.ctl->nonfinite_streak() == 1) {
+      // Rare: a streak of non-finite losses starts. Warn from Python (once per streak).
+      PyObject* warned = PyObject_CallFunction(g_step.warn, "dL", loss, static_cast<long long>(status.step));
+      if (warned == nullptr) return nullptr;  // warnings turned into errors propagate
+      Py_DECREF(warned);
+    }
+    Py_INCREF(g_step.status);
+    return g_step.status;
+  }
+  if (g_step.slow == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "dra.step: the package is not initialised (import dra first)");
+    return nullptr;
+  }
+  return PyObject_Vectorcall(g_step.slow, args, nargs, kwnames);
+}
+
+PyMethodDef fast_step_def = {
+    "step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_step)), METH_FASTCALL | METH_KEYWORDS,
+    "step(loss, **signals)\n--\n\n"
+    "One training step: feeds the loss (a float or a 0-d tensor) and optional signals to the\n"
+    "process's controller and returns its StepStatus (the same object every step). A NaN/inf loss is\n"
+    "counted and warned about once per streak (RuntimeWarning), never raised. Bad values and unknown\n"
+    "keywords raise ValueError naming dra.step and the value."};
+
+}  // namespace
+
+void dra::python::bind_controller(py::module_& m) {
+  py::class_<controller_options>(m, "Options",
+                                 "The options of a dra.Controller, parsed and validated once (ValueError names the option).")
+      .def(py::init(&parse_options), "Options(**options): unknown names and bad values raise ValueError.")
+      .def_static("names", [] {
+        std::vector<std::string> out;
+        for (const auto& [n, _] : option_table())
+          if (n != "config_fingerprint") out.push_back(n);
+        return out;
+      }, "The option names dra.Controller takes.")
+      .def_readonly("engine", &controller_options::engine)
+      .def_readonly("start_size", &controller_options::start_size)
+      .def_property_readonly("release", [](const controller_options& o) { return to_string(o.release); })
+      .def_property_readonly("batch_mode", [](const controller_options& o) { return o.batch == batch_mode::adascale ? "adascale" : "fixed"; })
+      .def_readonly("resize_schedule", &controller_options::resize_schedule)
+      .def_readonly("fault_timeout_s", &controller_options::fault_timeout_s)
+      .def_readonly("store_timeout_s", &controller_options::store_timeout_s)
+      .def_readonly("chunk_mb", &controller_options::chunk_mb)
+      .def_readonly("verify", &controller_options::verify)
+      .def_readonly("events_path", &controller_options::events_path)
+      .def_readonly("status_every", &controller_options::status_every)
+      .def_readonly("max_resize_retries", &controller_options::max_resize_retries)
+      .def_readonly("backend", &controller_options::backend)
+      .def_readonly("backend_address", &controller_options::backend_address);
+
+  py::class_<dra::elastic::step_status>(m, "StepStatus",
+                          "What dra.step returns, in one process and in an elastic world alike: the controller's "
+                          "status after the step (the same object every step: copy with to_dict()).")
+      .def_readonly("step", &dra::elastic::step_status::step, "Index of the latest committed step (-1 before the first).")
+      .def_readonly("committed", &dra::elastic::step_status::committed, "This call committed a step (its update applied everywhere).")
+      .def_readonly("loss", &dra::elastic::step_status::loss, "The world's mean loss of the latest step (an elastic world learns it one step late).")
+      .def_readonly("world_size", &dra::elastic::step_status::world_size)
+      .def_readonly("rank", &dra::elastic::step_status::rank, "This process's rank in the world now (-1 outside it).")
+      .def_readonly("epoch", &dra::elastic::step_status::epoch, "The world epoch (-1 outside a world).")
+      .def_readonly("decided", &dra::elastic::step_status::decided, "A decision was taken at this step.")
+      .def_readonly("decision", &dra::elastic::step_status::decision, "The latest decision.")
+      .def_property_readonly("signals", [](const dra::elastic::step_status& s) -> const dra::signals::convergence_signals& { return *s.signals; },
+                             py::return_value_policy::reference_internal, "The controller's convergence signals now.")
+      .def_property_readonly("event", [](const dra::elastic::step_status& s) { return event_dict(s.event); },
+                             "The world change at this step boundary (a dict), or None.")
+      .def_readonly("exit_requested", &dra::elastic::step_status::exit_requested)
+      .def_readonly("released", &dra::elastic::step_status::released,
+                    "Released with release='return': out of the world until Controller.rejoin().")
+      .def("to_dict", [](const dra::elastic::step_status& s) {
+        py::dict d;
+        d["step"] = s.step;
+        d["committed"] = s.committed;
+        d["loss"] = s.loss;
+        d["world_size"] = s.world_size;
+        d["rank"] = s.rank;
+        d["epoch"] = s.epoch;
+        d["decided"] = s.decided;
+        d["decision"] = py::cast(s.decision).attr("to_dict")();
+        d["signals"] = py::cast(*s.signals).attr("to_dict")();
+        d["event"] = event_dict(s.event);
+        return d;
+      })
+      .def("__repr__", [](const dra::elastic::step_status& s) {
+        return "<StepStatus step=" + std::to_string(s.step) + " world=" + std::to_string(s.world_size) + " phase=" +
+               dra::signals::to_string(s.signals->phase) + " decision=" + dra::policy::to_string(s.decision.kind) + ">";
+      });
+
+  // Every call that may block on the store or a collective, or tear a process group down, runs
+  // without the GIL: c10d's Gloo threads take the GIL when they release tensors, so holding it
+  // there deadlocks (~ProcessGroupGloo waits for them). Callbacks into Python re-acquire it.
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  py::class_<controller, controller_ptr>(m, "Controller", "The controller of one process (C++); dra.Controller extends it.")
+      .def(py::init([](const controller_options& o) { return controller_ptr(new controller(o)); }), py::arg("options"))
+      .def(py::init([](controller_options o, std::shared_ptr<state_provider> state, std::shared_ptr<elastic_sampler> sampler,
+                       py::object store_address, py::object join, py::object phase_hook) {
+             if (!phase_hook.is_none()) {
+               // Held by the options (the controller's lifetime), called with the GIL; the
+               // controller may be destroyed without it, so the reference is dropped under it.
+               std::shared_ptr<py::object> hook(new py::object(phase_hook), [](py::object* h) {
+                 py::gil_scoped_acquire gil;
+                 delete h;
+               });
+               o.phase_hook = [hook](change_phase phase, const controller& self) {
+                 py::gil_scoped_acquire gil;
+                 (*hook)(py::cast(const_cast<controller*>(&self), py::return_value_policy::reference), to_string(phase));
+               };
+             }
+             launch_info l = launch_info::from_env();
+             if (!join.is_none()) l.join = as_bool(join, "join");
+             if (!store_address.is_none()) {
+               const auto addr = store_address.cast<py::tuple>();
+               if (addr.size() != 2) bad("store_address", "expected (host, port), got " + shown(store_address));
+               l.store_host = as_str(addr[0], "store_address");
+               l.store_port = static_cast<int>(as_int(addr[1], "store_address", 0, 65535));
+               l.host_store = false;
+             }
+             // Without the GIL: the constructor blocks on the store and on Gloo, whose worker
+             // threads take the GIL when they drop tensors (a held GIL would deadlock them).
+             py::gil_scoped_release nogil;
+             return controller_ptr(new controller(std::move(o), std::move(l), std::move(state), std::move(sampler)));
+           }),
+           py::arg("options"), py::arg("state"), py::arg("sampler"), py::kw_only(), py::arg("store_address") = py::none(),
+           py::arg("join") = py::none(), py::arg("phase_hook") = py::none())
+      .def("reduce_gradients", &controller::reduce_gradients, py::arg("params"), nogil())
+      .def(
+          "_step",
+          [](controller& c, double loss, const py::kwargs& signals) -> const dra::elastic::step_status& {
+            const step_signals extra = parse_signals(signals);
+            if (c.is_local()) return c.step(loss, extra);
+            py::gil_scoped_release nogil;
+            return c.step(loss, extra);
+          },
+          py::arg("loss"), py::return_value_policy::reference_internal,
+          "The C++ step (dra.Controller.step validates the loss first).")
+      .def("_skip_step", &controller::skip_step, py::return_value_policy::reference_internal,
+           "A stale batch's step: neither reduced nor committed.")
+      .def("resume_at", &controller::resume_at, py::arg("step_index"),
+           "Restarting a whole job from a checkpoint: the committed steps it had (every process, before the first step).")
+      .def("rejoin", &controller::rejoin, nogil(),
+           "A process released with release='return' asks to be admitted again; waits until it is (True) or the "
+           "job ends (False).")
+      .def("try_join", &controller::try_join, nogil(),
+           "rejoin() without waiting: True once admitted, False while waiting or when the job has ended.")
+      .def("next_epoch", &controller::next_epoch, py::arg("num_epochs"), nogil())
+      .def("finish", &controller::finish, nogil(), "End of training: members meet once more, the leader tells standbys to go.")
+      .def_property_readonly("role", [](const controller& c) { return std::string(to_string(c.current_role())); },
+                             "'local', 'candidate', 'member', 'released', 'finished' or 'rejected'.")
+      .def_property_readonly("is_member", &controller::is_member, "Takes part in training now (always true alone).")
+      .def_property_readonly("failed", &controller::failed, "The current step's reduction failed: it will be redone.")
+      .def_property_readonly("uid", &controller::uid, "The process's id for the job's life (RANK at launch, 10000+ for late joiners).")
+      .def_property_readonly("rank", &controller::rank, "The rank in the world now (changes with resizes; -1 outside it).")
+      .def_property_readonly("world_size", &controller::world_size)
+      .def_property_readonly("epoch", &controller::epoch, "The world epoch (a new one after every change).")
+      .def_property_readonly("step_index", &controller::step_index, "Committed steps so far.")
+      .def_property_readonly("resizes", &controller::resizes)
+      .def_property_readonly("universe_size", &controller::universe_size)
+      .def_property_readonly("start_size", &controller::start_size)
+      .def_property_readonly("members", &controller::members)
+      .def_property_readonly("last_digest", &controller::last_digest)
+      .def_property_readonly("nonfinite_streak", &controller::nonfinite_streak)
+      .def_property_readonly("status", &controller::status, py::return_value_policy::reference_internal)
+      .def_property_readonly("options", &controller::options, py::return_value_policy::reference_internal)
+      .def_property_readonly("last_event", [](const controller& c) { return event_dict(c.last_event()); })
+      .def_property_readonly("events", [](const controller& c) {
+        py::list out;
+        for (const auto& line : c.events()) out.append(event_dict(line));
+        return out;
+      }, "Every event this process emitted (dicts), oldest first.")
+      .def_property_readonly("store_address", &controller::store_address)
+      .def("registered_candidates", &controller::registered_candidates, nogil())
+      .def("state_digest", &controller::state_digest, nogil())
+      .def_property_readonly("engine", &controller::engine, py::return_value_policy::reference_internal)
+      .def_property_readonly("signals", [](controller& c) -> const dra::signals::convergence_signals& { return c.engine().signals(); },
+                             py::return_value_policy::reference_internal);
+
+  m.add_object("step", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&fast_step_def, nullptr, m.attr("__name__").ptr())));
+  m.def(
+      "_set_step_target",
+      [](py::object slow, py::object warn, py::object ctl) {
+        controller* raw = ctl.is_none() ? nullptr : ctl.cast<controller*>();
+        const bool fast = raw != nullptr && raw->is_local();
+        replace(g_step.slow, slow.ptr());
+        replace(g_step.warn, warn.ptr());
+        replace(g_step.owner, fast ? ctl.ptr() : nullptr);
+        py::object status;
+        if (fast) status = ctl.attr("status");
+        replace(g_step.status, fast ? status.ptr() : nullptr);
+        g_step.ctl = fast ? raw : nullptr;
+      },
+      py::arg("slow"), py::arg("warn"), py::arg("controller"),
+      "Internal: where dra.step goes (set by dra.reset / dra.default_controller).");
+}

@@ -1,0 +1,966 @@
+"""
+dra's compiled core: signals, policies, the decision engine, the controller, the simulator.
+"""
+from __future__ import annotations
+import collections.abc
+import torch
+import typing
+from . import elastic
+from . import comm
+from . import _testing
+__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GoodputConfig', 'GoodputPolicy', 'MembershipError', 'Options', 'Policy', 'ResizeEngine', 'SimProfiles', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'comm', 'elastic', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'statistical_efficiency', 'step']
+class DraError(RuntimeError):
+    """
+    Base of every runtime failure raised by dra itself (a RuntimeError).
+    """
+class CommError(DraError):
+    pass
+class MembershipError(DraError):
+    pass
+class StateMismatchError(DraError):
+    pass
+class EstimatorConfig:
+    """
+    Settings of the convergence-signal estimator.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def divergence_factor(self) -> float:
+        """
+        Smoothed loss above this multiple of the best means diverging.
+        """
+    @divergence_factor.setter
+    def divergence_factor(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def divergence_nonfinite_streak(self) -> int:
+        """
+        Non-finite losses in a row that mean diverging.
+        """
+    @divergence_nonfinite_streak.setter
+    def divergence_nonfinite_streak(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def fast_relative_improvement(self) -> float:
+        """
+        Improvement per window at or above which learning is 'fast'.
+        """
+    @fast_relative_improvement.setter
+    def fast_relative_improvement(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def gns_decay(self) -> float:
+        """
+        EMA decay of the gradient-noise-scale moments.
+        """
+    @gns_decay.setter
+    def gns_decay(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def loss_decay(self) -> float:
+        """
+        EMA decay of the smoothed loss, in [0, 1).
+        """
+    @loss_decay.setter
+    def loss_decay(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def outlier_factor(self) -> float:
+        """
+        A loss above this multiple of the smoothed loss enters the state clipped to it (robust update).
+        """
+    @outlier_factor.setter
+    def outlier_factor(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_exit_t_threshold(self) -> float:
+        """
+        Once on a plateau, it clears only when the slope is below -t * stderr (stricter than entry).
+        """
+    @plateau_exit_t_threshold.setter
+    def plateau_exit_t_threshold(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_patience(self) -> int:
+        """
+        Flat updates in a row before plateau.
+        """
+    @plateau_patience.setter
+    def plateau_patience(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_relative_improvement(self) -> float:
+        """
+        A window improving log-loss by less than this fraction counts as flat.
+        """
+    @plateau_relative_improvement.setter
+    def plateau_relative_improvement(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_t_threshold(self) -> float:
+        """
+        A slope not below -t * stderr counts as flat.
+        """
+    @plateau_t_threshold.setter
+    def plateau_t_threshold(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def warmup_steps(self) -> int:
+        """
+        Updates reported as warm-up.
+        """
+    @warmup_steps.setter
+    def warmup_steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def window(self) -> int:
+        """
+        Steps in the least-squares window of the progress rate.
+        """
+    @window.setter
+    def window(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class ConvergenceSignals:
+    """
+    What the estimator knows after its latest update.
+    """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def accepted(self) -> int:
+        ...
+    @property
+    def best_loss(self) -> float:
+        ...
+    @property
+    def best_smoothed_loss(self) -> float:
+        ...
+    @property
+    def diverging(self) -> bool:
+        ...
+    @property
+    def flat_streak(self) -> int:
+        ...
+    @property
+    def gns(self) -> float:
+        """
+        Gradient noise scale B_simple = tr(Sigma)/|G|^2, in samples.
+        """
+    @property
+    def gns_biased(self) -> bool:
+        ...
+    @property
+    def gns_valid(self) -> bool:
+        ...
+    @property
+    def grad_sqr(self) -> float:
+        ...
+    @property
+    def grad_var(self) -> float:
+        ...
+    @property
+    def has_validation(self) -> bool:
+        ...
+    @property
+    def loss(self) -> float:
+        ...
+    @property
+    def noise(self) -> float:
+        ...
+    @property
+    def nonfinite_count(self) -> int:
+        ...
+    @property
+    def nonfinite_streak(self) -> int:
+        ...
+    @property
+    def nonpositive_count(self) -> int:
+        ...
+    @property
+    def outlier_count(self) -> int:
+        """
+        Losses clipped to outlier_factor x the smoothed loss by the robust update.
+        """
+    @property
+    def phase(self) -> str:
+        ...
+    @property
+    def plateau(self) -> bool:
+        ...
+    @property
+    def progress_rate(self) -> float:
+        """
+        Slope of log(loss) per step.
+        """
+    @property
+    def progress_rate_stderr(self) -> float:
+        ...
+    @property
+    def relative_improvement(self) -> float:
+        ...
+    @property
+    def smoothed_loss(self) -> float:
+        ...
+    @property
+    def step(self) -> int:
+        ...
+    @property
+    def validation_metric(self) -> float:
+        ...
+class ConvergenceEstimator:
+    """
+    Streaming convergence-signal estimator: O(1), allocation-free per update.
+    """
+    def __init__(self, config: EstimatorConfig = ...) -> None:
+        ...
+    def update_gradients(self, small_sqr_norm: typing.SupportsFloat | typing.SupportsIndex, small_batch: typing.SupportsFloat | typing.SupportsIndex, big_sqr_norm: typing.SupportsFloat | typing.SupportsIndex, big_batch: typing.SupportsFloat | typing.SupportsIndex, biased: bool = False) -> bool:
+        """
+        Two-batch-size gradient square norms of one step (per-rank mean and all-reduced).
+        """
+    def update_loss(self, step: typing.SupportsInt | typing.SupportsIndex, loss: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        """
+        Feed the loss of `step`; returns False when the value was rejected (non-finite or step not increasing).
+        """
+    def update_validation(self, metric: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        ...
+    @property
+    def config(self) -> EstimatorConfig:
+        ...
+    @property
+    def rejected_steps(self) -> int:
+        ...
+    @property
+    def signals(self) -> ConvergenceSignals:
+        ...
+class WorldState:
+    """
+    The job's world at a step boundary, as the leader sees it.
+    """
+    def __init__(self) -> None:
+        ...
+    @property
+    def active(self) -> list[int]:
+        ...
+    @active.setter
+    def active(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def base_batch(self) -> float:
+        ...
+    @base_batch.setter
+    def base_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def candidates(self) -> list[int]:
+        ...
+    @candidates.setter
+    def candidates(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def global_batch(self) -> float:
+        ...
+    @global_batch.setter
+    def global_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def remaining_steps(self) -> int:
+        ...
+    @remaining_steps.setter
+    def remaining_steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def size(self) -> int:
+        ...
+    @size.setter
+    def size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def step(self) -> int:
+        ...
+    @step.setter
+    def step(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def steps_since_resize(self) -> int:
+        ...
+    @steps_since_resize.setter
+    def steps_since_resize(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class Capacity:
+    """
+    Devices the job could have now.
+    """
+    @typing.overload
+    def __init__(self) -> None:
+        ...
+    @typing.overload
+    def __init__(self, available: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def available(self) -> int:
+        ...
+    @available.setter
+    def available(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class CostModel:
+    """
+    Measured resize cost and the horizon a resize must pay back over.
+    """
+    @typing.overload
+    def __init__(self) -> None:
+        ...
+    @typing.overload
+    def __init__(self, resize_cost_s: typing.SupportsFloat | typing.SupportsIndex, horizon_steps: typing.SupportsFloat | typing.SupportsIndex = 500.0) -> None:
+        ...
+    @property
+    def horizon_steps(self) -> float:
+        ...
+    @horizon_steps.setter
+    def horizon_steps(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def resize_cost_s(self) -> float:
+        ...
+    @resize_cost_s.setter
+    def resize_cost_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class Decision:
+    """
+    A resize decision: target size, who leaves, who joins, batch/LR scale, reason.
+    """
+    def __init__(self) -> None:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def action(self) -> str:
+        ...
+    @property
+    def batch_scale(self) -> float:
+        ...
+    @property
+    def join(self) -> list[int]:
+        ...
+    @property
+    def leave(self) -> list[int]:
+        ...
+    @property
+    def lr_scale(self) -> float:
+        ...
+    @property
+    def members(self) -> list[int]:
+        ...
+    @property
+    def policy(self) -> str:
+        ...
+    @property
+    def predicted_speedup(self) -> float:
+        ...
+    @property
+    def reason(self) -> str:
+        ...
+    @property
+    def target_size(self) -> int:
+        ...
+class ThroughputPredictor:
+    """
+    Predicts seconds per step for a world size and per-rank batch.
+    """
+    def step_time_s(self, world_size: typing.SupportsInt | typing.SupportsIndex, per_rank_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        ...
+    def throughput(self, world_size: typing.SupportsInt | typing.SupportsIndex, per_rank_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        ...
+class ThroughputModelConfig:
+    """
+    Priors and settings of the online throughput model.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def forgetting(self) -> float:
+        ...
+    @forgetting.setter
+    def forgetting(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def gamma(self) -> float:
+        ...
+    @gamma.setter
+    def gamma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_compute_fixed_s(self) -> float:
+        ...
+    @prior_compute_fixed_s.setter
+    def prior_compute_fixed_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_compute_per_sample_s(self) -> float:
+        ...
+    @prior_compute_per_sample_s.setter
+    def prior_compute_per_sample_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_sync_fixed_s(self) -> float:
+        ...
+    @prior_sync_fixed_s.setter
+    def prior_sync_fixed_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_sync_per_rank_s(self) -> float:
+        ...
+    @prior_sync_per_rank_s.setter
+    def prior_sync_per_rank_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_weight(self) -> float:
+        ...
+    @prior_weight.setter
+    def prior_weight(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class ThroughputModel(ThroughputPredictor):
+    """
+    Pollux throughput model fitted online from measured steps.
+    """
+    def __init__(self, config: ThroughputModelConfig = ...) -> None:
+        ...
+    def compute_time_s(self, per_rank_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        ...
+    def observe(self, world_size: typing.SupportsInt | typing.SupportsIndex, per_rank_batch: typing.SupportsFloat | typing.SupportsIndex, step_time_s: typing.SupportsFloat | typing.SupportsIndex, sync_time_s: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        ...
+    def sync_time_s(self, world_size: typing.SupportsInt | typing.SupportsIndex) -> float:
+        ...
+    @property
+    def observations(self) -> int:
+        ...
+class Policy:
+    """
+    A resize policy (wrap it in ConstrainedPolicy to decide).
+    """
+    @property
+    def name(self) -> str:
+        ...
+class GoodputConfig:
+    """
+    Settings of the goodput policy.
+    """
+    adapt_batch: bool
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def max_per_rank_batch(self) -> float:
+        ...
+    @max_per_rank_batch.setter
+    def max_per_rank_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_marginal_efficiency(self) -> float:
+        ...
+    @min_marginal_efficiency.setter
+    def min_marginal_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_per_rank_batch(self) -> float:
+        ...
+    @min_per_rank_batch.setter
+    def min_per_rank_batch(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class GoodputPolicy(Policy):
+    """
+    Pollux-style: the size maximising throughput x statistical efficiency.
+    """
+    def __init__(self, config: GoodputConfig = ...) -> None:
+        ...
+class ConvergencePhaseConfig:
+    """
+    Settings of the convergence-phase policy.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def grow_step(self) -> int:
+        ...
+    @grow_step.setter
+    def grow_step(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_parallel_efficiency(self) -> float:
+        ...
+    @min_parallel_efficiency.setter
+    def min_parallel_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def plateau_size(self) -> int:
+        ...
+    @plateau_size.setter
+    def plateau_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class ConvergencePhasePolicy(Policy):
+    """
+    Grow while learning is fast and scaling efficient; release on plateau; hold otherwise.
+    """
+    def __init__(self, config: ConvergencePhaseConfig = ...) -> None:
+        ...
+class Constraints:
+    """
+    Limits around any policy: sizes, cooldown, hysteresis, amortisation.
+    """
+    amortise: bool
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def allows(self, size: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        ...
+    def validate(self) -> None:
+        ...
+    @property
+    def allowed_sizes(self) -> list[int]:
+        ...
+    @allowed_sizes.setter
+    def allowed_sizes(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def cooldown_steps(self) -> int:
+        ...
+    @cooldown_steps.setter
+    def cooldown_steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def hysteresis_decisions(self) -> int:
+        ...
+    @hysteresis_decisions.setter
+    def hysteresis_decisions(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_change(self) -> int:
+        ...
+    @max_change.setter
+    def max_change(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_size(self) -> int:
+        ...
+    @max_size.setter
+    def max_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_size(self) -> int:
+        ...
+    @min_size.setter
+    def min_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class ConstrainedPolicy:
+    """
+    A policy inside constraints: the object that decides.
+    """
+    def __init__(self, policy: Policy, constraints: Constraints = ...) -> None:
+        ...
+    def decide(self, signals: ConvergenceSignals, world: WorldState, capacity: Capacity, costs: CostModel, throughput: ThroughputPredictor) -> Decision:
+        ...
+class EngineStatus:
+    """
+    Result of one engine step (a view, valid until the next step).
+    """
+    @property
+    def decided(self) -> bool:
+        ...
+    @property
+    def decisions(self) -> int:
+        ...
+    @property
+    def last_decision(self) -> Decision:
+        ...
+    @property
+    def step(self) -> int:
+        ...
+class EngineConfig:
+    """
+    Estimator, throughput model, policy and constraints of one job.
+    """
+    convergence: ConvergencePhaseConfig
+    costs: CostModel
+    estimator: EstimatorConfig
+    goodput: GoodputConfig
+    limits: Constraints
+    policy: str
+    throughput: ThroughputModelConfig
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def decide_every(self) -> int:
+        ...
+    @decide_every.setter
+    def decide_every(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class ResizeEngine:
+    """
+    Per-job decision engine fed once per step.
+    """
+    def __init__(self, config: EngineConfig) -> None:
+        ...
+    def decide(self) -> Decision:
+        ...
+    def desired_size(self) -> int:
+        """
+        The size the policy would choose if every device it might want were free (what a job asks a pool for).
+        """
+    def observe(self, step: typing.SupportsInt | typing.SupportsIndex, loss: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        """
+        Feeds a step's loss without deciding (the members of a live world that are not the leader).
+        """
+    def resized(self, new_size: typing.SupportsInt | typing.SupportsIndex, new_global_batch: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    def step(self, step: typing.SupportsInt | typing.SupportsIndex, loss: typing.SupportsFloat | typing.SupportsIndex) -> EngineStatus:
+        ...
+    @property
+    def capacity(self) -> Capacity:
+        ...
+    @property
+    def config(self) -> EngineConfig:
+        ...
+    @property
+    def costs(self) -> CostModel:
+        ...
+    @property
+    def estimator(self) -> ConvergenceEstimator:
+        ...
+    @property
+    def last_step(self) -> int:
+        """
+        Step index of the latest step, -1 before the first.
+        """
+    @property
+    def signals(self) -> ConvergenceSignals:
+        ...
+    @property
+    def status(self) -> EngineStatus:
+        ...
+    @property
+    def throughput(self) -> ThroughputModel:
+        ...
+    @property
+    def world(self) -> WorldState:
+        ...
+class Options:
+    """
+    The options of a dra.Controller, parsed and validated once (ValueError names the option).
+    """
+    @staticmethod
+    def names() -> list[str]:
+        """
+        The option names dra.Controller takes.
+        """
+    def __init__(self, **kwargs) -> None:
+        """
+        Options(**options): unknown names and bad values raise ValueError.
+        """
+    @property
+    def backend(self) -> str:
+        ...
+    @property
+    def backend_address(self) -> str:
+        ...
+    @property
+    def batch_mode(self) -> str:
+        ...
+    @property
+    def chunk_mb(self) -> float:
+        ...
+    @property
+    def engine(self) -> EngineConfig:
+        ...
+    @property
+    def events_path(self) -> str:
+        ...
+    @property
+    def fault_timeout_s(self) -> float:
+        ...
+    @property
+    def max_resize_retries(self) -> int:
+        ...
+    @property
+    def release(self) -> str:
+        ...
+    @property
+    def resize_schedule(self) -> dict[int, int]:
+        ...
+    @property
+    def start_size(self) -> int:
+        ...
+    @property
+    def status_every(self) -> int:
+        ...
+    @property
+    def store_timeout_s(self) -> float:
+        ...
+    @property
+    def verify(self) -> bool:
+        ...
+class StepStatus:
+    """
+    What dra.step returns, in one process and in an elastic world alike: the controller's status after the step (the same object every step: copy with to_dict()).
+    """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def committed(self) -> bool:
+        """
+        This call committed a step (its update applied everywhere).
+        """
+    @property
+    def decided(self) -> bool:
+        """
+        A decision was taken at this step.
+        """
+    @property
+    def decision(self) -> Decision:
+        """
+        The latest decision.
+        """
+    @property
+    def epoch(self) -> int:
+        """
+        The world epoch (-1 outside a world).
+        """
+    @property
+    def event(self) -> typing.Any:
+        """
+        The world change at this step boundary (a dict), or None.
+        """
+    @property
+    def exit_requested(self) -> bool:
+        ...
+    @property
+    def loss(self) -> float:
+        """
+        The world's mean loss of the latest step (an elastic world learns it one step late).
+        """
+    @property
+    def rank(self) -> int:
+        """
+        This process's rank in the world now (-1 outside it).
+        """
+    @property
+    def released(self) -> bool:
+        """
+        Released with release='return': out of the world until Controller.rejoin().
+        """
+    @property
+    def signals(self) -> ConvergenceSignals:
+        """
+        The controller's convergence signals now.
+        """
+    @property
+    def step(self) -> int:
+        """
+        Index of the latest committed step (-1 before the first).
+        """
+    @property
+    def world_size(self) -> int:
+        ...
+class Controller:
+    """
+    The controller of one process (C++); dra.Controller extends it.
+    """
+    @typing.overload
+    def __init__(self, options: Options) -> None:
+        ...
+    @typing.overload
+    def __init__(self, options: Options, state: elastic.StateProvider, sampler: elastic.Sampler, *, store_address: typing.Any = None, join: typing.Any = None, phase_hook: typing.Any = None) -> None:
+        ...
+    def _skip_step(self) -> StepStatus:
+        """
+        A stale batch's step: neither reduced nor committed.
+        """
+    def _step(self, loss: typing.SupportsFloat | typing.SupportsIndex, **kwargs) -> StepStatus:
+        """
+        The C++ step (dra.Controller.step validates the loss first).
+        """
+    def finish(self) -> None:
+        """
+        End of training: members meet once more, the leader tells standbys to go.
+        """
+    def next_epoch(self, num_epochs: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        ...
+    def reduce_gradients(self, params: collections.abc.Sequence[torch.Tensor]) -> bool:
+        ...
+    def registered_candidates(self) -> list[int]:
+        ...
+    def rejoin(self) -> bool:
+        """
+        A process released with release='return' asks to be admitted again; waits until it is (True) or the job ends (False).
+        """
+    def resume_at(self, step_index: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Restarting a whole job from a checkpoint: the committed steps it had (every process, before the first step).
+        """
+    def state_digest(self) -> int:
+        ...
+    def try_join(self) -> bool:
+        """
+        rejoin() without waiting: True once admitted, False while waiting or when the job has ended.
+        """
+    @property
+    def engine(self) -> ResizeEngine:
+        ...
+    @property
+    def epoch(self) -> int:
+        """
+        The world epoch (a new one after every change).
+        """
+    @property
+    def events(self) -> list:
+        """
+        Every event this process emitted (dicts), oldest first.
+        """
+    @property
+    def failed(self) -> bool:
+        """
+        The current step's reduction failed: it will be redone.
+        """
+    @property
+    def is_member(self) -> bool:
+        """
+        Takes part in training now (always true alone).
+        """
+    @property
+    def last_digest(self) -> int | None:
+        ...
+    @property
+    def last_event(self) -> typing.Any:
+        ...
+    @property
+    def members(self) -> list[int]:
+        ...
+    @property
+    def nonfinite_streak(self) -> int:
+        ...
+    @property
+    def options(self) -> Options:
+        ...
+    @property
+    def rank(self) -> int:
+        """
+        The rank in the world now (changes with resizes; -1 outside it).
+        """
+    @property
+    def resizes(self) -> int:
+        ...
+    @property
+    def role(self) -> str:
+        """
+        'local', 'candidate', 'member', 'released', 'finished' or 'rejected'.
+        """
+    @property
+    def signals(self) -> ConvergenceSignals:
+        ...
+    @property
+    def start_size(self) -> int:
+        ...
+    @property
+    def status(self) -> StepStatus:
+        ...
+    @property
+    def step_index(self) -> int:
+        """
+        Committed steps so far.
+        """
+    @property
+    def store_address(self) -> str:
+        ...
+    @property
+    def uid(self) -> int:
+        """
+        The process's id for the job's life (RANK at launch, 10000+ for late joiners).
+        """
+    @property
+    def universe_size(self) -> int:
+        ...
+    @property
+    def world_size(self) -> int:
+        ...
+class SimProfiles:
+    """
+    Measured application profiles (a traces/ directory) for the simulator.
+    """
+    def __init__(self, traces_dir: str) -> None:
+        ...
+    def best_metric(self, application: str, batch: typing.SupportsFloat | typing.SupportsIndex, epochs: typing.SupportsInt | typing.SupportsIndex) -> float:
+        """
+        Best validation metric over the first `epochs` epochs at total batch `batch`.
+        """
+    def grad_stats(self, application: str, batch: typing.SupportsFloat | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex) -> tuple[float, float]:
+        ...
+    def info(self, application: str) -> dict:
+        ...
+    def names(self) -> list[str]:
+        ...
+    def progress_at(self, application: str, epoch: typing.SupportsInt | typing.SupportsIndex) -> float:
+        ...
+    def throughput(self, application: str, placement: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], local_bsz: typing.SupportsFloat | typing.SupportsIndex) -> tuple[float, float]:
+        """
+        (step_time, sync_time) interpolated at a placement (devices per node) and local batch.
+        """
+def _build_info() -> dict:
+    ...
+def _set_step_target(slow: typing.Any, warn: typing.Any, controller: typing.Any) -> None:
+    """
+    Internal: where dra.step goes (set by dra.reset / dra.default_controller).
+    """
+def adascale_gain(noise_scale: typing.SupportsFloat | typing.SupportsIndex, valid: bool, global_batch: typing.SupportsFloat | typing.SupportsIndex, base_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
+    """
+    AdaScale learning-rate gain for global batch M.
+    """
+def sim_read_workload(path: str, profiles: SimProfiles = None) -> list:
+    """
+    Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.
+    """
+def sim_run(profiles: SimProfiles, jobs: list, policy: str, reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, nodes: typing.SupportsInt | typing.SupportsIndex = 16, devices_per_node: typing.SupportsInt | typing.SupportsIndex = 4, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, record_timeline: bool = True, exploration_limit: bool = False, progress: collections.abc.Callable[[float, int, int], bool] = None) -> dict:
+    """
+    Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.
+    """
+def sim_study(profiles: SimProfiles, pool: list, runs: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, policies: collections.abc.Sequence[str], reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 1.0, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 2.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, noise: bool = True, reference_limits: bool = False, progress: collections.abc.Callable[[int, int], None] = None) -> list:
+    """
+    Generates `runs` jobs from the request pool (seeded) and simulates each alone under every policy.
+    """
+def statistical_efficiency(noise_scale: typing.SupportsFloat | typing.SupportsIndex, valid: bool, global_batch: typing.SupportsFloat | typing.SupportsIndex, base_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
+    """
+    (B + M0) / (B + M): efficiency of global batch M relative to M0.
+    """
+def step(loss, **signals):
+    """
+    One training step: feeds the loss (a float or a 0-d tensor) and optional signals to the
+    process's controller and returns its StepStatus (the same object every step). A NaN/inf loss is
+    counted and warned about once per streak (RuntimeWarning), never raised. Bad values and unknown
+    keywords raise ValueError naming dra.step and the value.
+    """
+sim_in_place_resize_cost_stand_in_s: float = 1.0
+sim_policy_names: list = ['static', 'tiresias', 'convergence', 'goodput', 'arbiter']

@@ -1,0 +1,94 @@
+"""What an elastic job trains with: the model, optimizer and scheduler of the user, wrapped.
+
+``ctl.model`` reduces the gradients over the current world at the end of backward (DDP's
+semantics); ``ctl.optimizer`` and ``ctl.scheduler`` apply a step only when that reduction
+succeeded, so a step interrupted by a failure is redone without having been applied anywhere.
+Nothing of the user's objects is patched: the wrappers hold them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class ElasticDataParallel(torch.nn.Module):
+    """DDP semantics over the current elastic world (``ctl.model``, or
+    ``dra.elastic.DistributedDataParallel``): after ``backward`` every parameter's
+    gradient is the mean over the global batch (each rank's gradient weighted by its share of
+    the step's samples; equal shares make this the plain average over ranks, as DDP does).
+    Parameters that received no gradient count as zero. The reduction is one flat all-reduce at
+    the end of backward, done by the C++ controller. A batch that a data loader prefetched for a
+    world that has changed since is trained on locally and then dropped (no reduction). As with
+    DDP, ``.module`` is the model; ``.controller`` is the process's dra.Controller."""
+
+    def __init__(self, module: torch.nn.Module, controller: Any) -> None:
+        super().__init__()
+        self.module = module
+        self.controller = controller
+        self._queued = False
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def _on_grad(self, _param: torch.Tensor) -> None:
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._sync)
+
+    def _sync(self) -> None:
+        self._queued = False
+        ctl = self.controller
+        if ctl.sampler is not None and not ctl.sampler._current_is_fresh():
+            ctl._skipping = True
+            ok = False
+        else:
+            ok = ctl.reduce_gradients(self._params)
+        if not ok:
+            # The step will not be applied: without gradients, torch's optimizers skip every
+            # parameter, so even an unwrapped optimizer.step() changes nothing (ctl.optimizer
+            # skips the call altogether).
+            for p in self._params:
+                p.grad = None
+
+
+class _Guarded:
+    """Holds a torch object; ``step`` runs only when the current step's reduction succeeded."""
+
+    def __init__(self, inner: Any, controller: Any) -> None:
+        self._inner = inner
+        self._controller = controller
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._controller._skip_update():
+            return None
+        return self._inner.step(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __repr__(self) -> str:
+        return f"<dra {type(self).__name__} of {self._inner!r}>"
+
+
+class ElasticOptimizer(_Guarded):
+    """The user's optimizer: ``step()`` is applied only when the step's gradient reduction
+    succeeded; everything else (``zero_grad``, ``param_groups``, ``state_dict``...) is the
+    optimizer's own."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._inner
+
+
+class ElasticScheduler(_Guarded):
+    """The user's LR scheduler: ``step()`` is applied only when the step's gradient reduction
+    succeeded (a redone step must not advance the schedule twice)."""
+
+    @property
+    def scheduler(self) -> Any:
+        return self._inner

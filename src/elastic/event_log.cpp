@@ -1,0 +1,96 @@
+#include "event_log.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace dra::elastic::detail {
+
+using json = nlohmann::json;
+
+const char* to_string(change_cause c) noexcept {
+  switch (c) {
+    case change_cause::start: return "start";
+    case change_cause::admit: return "admit";
+    case change_cause::resize: return "resize";
+    case change_cause::fault: return "fault";
+  }
+  return "?";
+}
+
+namespace {
+json optional_json(double v, bool present) { return present ? json(v) : json(nullptr); }
+}  // namespace
+
+void event_log::world(const world_event& e) {
+  const auto& c = e.change;
+  const double total = c.agree_s + e.rebuild_s + e.transfer_s + e.reshard_s;
+  json ev = {
+      {"event", to_string(c.cause)},
+      {"step", e.step},
+      {"epoch", c.epoch},
+      {"data_epoch", e.data_epoch},
+      {"before", c.before},
+      {"after", e.after},
+      {"members", c.members},
+      {"left", c.left},
+      {"joined", c.joined},
+      {"reason", c.reason},
+      {"decided_step", c.decided_step >= 0 ? json(c.decided_step) : json(nullptr)},
+      {"cost_s", {{"agree", c.agree_s}, {"rebuild", e.rebuild_s}, {"state_transfer", e.transfer_s}, {"reshard", e.reshard_s}}},
+      {"total_s", total},
+      {"state_bytes", e.state_bytes},
+      {"state_gbps", optional_json(static_cast<double>(e.state_bytes) / e.transfer_s / 1e9,
+                                   e.state_bytes > 0 && e.transfer_s > 0)},
+      {"global_batch", e.global_batch},
+      {"batch_mode", e.batch_mode},
+      {"params_identical", e.params_identical ? json(*e.params_identical) : json(nullptr)},
+      {"backend", e.backend},
+  };
+  if (!e.release.empty()) ev["release"] = e.release;
+  write(ev);
+}
+
+void event_log::rejected(std::int64_t step, std::int64_t epoch, int uid, const std::string& reason) {
+  json ev = {{"event", "rejected"}, {"step", step}, {"epoch", epoch}, {"uid", uid}, {"reason", reason}};
+  write(ev);
+}
+
+const std::string& event_log::last() const noexcept {
+  static const std::string none;
+  return lines_.empty() ? none : lines_.back();
+}
+
+template <class Json>
+void event_log::write(Json& ev) {
+  ev["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  lines_.push_back(ev.dump());
+  const std::string& line = lines_.back();
+  if (!path_.empty()) {
+    std::ofstream f(path_, std::ios::app);
+    if (!f) throw std::runtime_error("dra: cannot append to events_path '" + path_ + "'");
+    f << line << '\n';
+  }
+  std::fprintf(stderr, "[dra] %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+void status_line::restart() noexcept {
+  since_ = std::chrono::steady_clock::now();
+  samples_ = 0;
+}
+
+void status_line::maybe_print(std::int64_t steps, std::int64_t every, double loss, int world) noexcept {
+  if (every <= 0 || steps % every != 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(now - since_).count();
+  std::printf("[dra] step %lld loss %.4f world %d samples/s %.0f\n", static_cast<long long>(steps), loss, world,
+              static_cast<double>(samples_) / std::max(dt, 1e-9));
+  std::fflush(stdout);
+  since_ = now;
+  samples_ = 0;
+}
+
+}  // namespace dra::elastic::detail

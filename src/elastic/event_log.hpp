@@ -1,0 +1,60 @@
+#pragma once
+// Events of an elastic world and the leader's status line (internal to dra::dra). An event is a
+// struct, serialised once into a JSON line: kept in memory (the controller's events()), appended
+// to the events file, and printed on stderr.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "world_change.hpp"
+
+namespace dra::elastic::detail {
+
+/// What the leader reports once a world change is done.
+struct world_event {
+  world_change change;
+  std::int64_t step = 0;
+  std::int64_t data_epoch = 0;
+  int after = 0;
+  double rebuild_s = 0.0, transfer_s = 0.0, reshard_s = 0.0;
+  std::uint64_t state_bytes = 0;
+  std::int64_t global_batch = 0;
+  std::string batch_mode;
+  std::optional<bool> params_identical;
+  std::string backend;
+  std::string release;  ///< on the start event only
+};
+
+/// "[dra] step N loss L world W samples/s S" on the leader every N steps; the rate's window
+/// starts when the world is entered.
+class status_line {
+ public:
+  void restart() noexcept;
+  void committed(std::int64_t samples) noexcept { samples_ += samples; }
+  void maybe_print(std::int64_t steps, std::int64_t every, double loss, int world) noexcept;
+
+ private:
+  std::chrono::steady_clock::time_point since_{};
+  std::int64_t samples_ = 0;
+};
+
+class event_log {
+ public:
+  explicit event_log(std::string path) : path_(std::move(path)) {}
+  void world(const world_event& e);
+  void rejected(std::int64_t step, std::int64_t epoch, int uid, const std::string& reason);
+  const std::vector<std::string>& lines() const noexcept { return lines_; }
+  const std::string& last() const noexcept;
+  status_line status;
+
+ private:
+  template <class Json>
+  void write(Json& ev);
+
+  std::string path_;
+  std::vector<std::string> lines_;
+};
+
+}  // namespace dra::elastic::detail

@@ -1,0 +1,128 @@
+#include "leader.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "dra/policy/constraints.hpp"
+
+namespace dra::elastic::detail {
+
+using clock_type = std::chrono::steady_clock;
+
+std::optional<published_decision> leader::decide(const world_view& view) {
+  decided_ = false;
+  const auto t0 = clock_type::now();
+  const bool scheduled = options_.resize_schedule.count(view.step) > 0;
+  try {
+    // The candidates and the pool's limit are store round trips (~1 ms on a loaded host): read
+    // at most once a second, so that a step that decides nothing costs no store access.
+    look_outside(view, scheduled);
+    const int current = static_cast<int>(view.members.size());
+    const int cands = static_cast<int>(candidates_.size());
+    const bool above = limit_ && limit_->max_size > 0 && current > limit_->max_size;
+    const bool below = limit_ && limit_->min_size > current && cands > 0;
+    if (!above && !below && !scheduled && !engine_.decision_due(view.step)) return std::nullopt;
+    auto& w = engine_.world();
+    w.size = current;
+    w.active = view.members;
+    w.candidates = candidates_;
+    w.global_batch = static_cast<double>(view.global_batch);
+    int available = current + cands;
+    if (limit_ && limit_->max_size > 0) available = std::min(available, limit_->max_size);
+    engine_.capacity().available = available;
+    policy::decision d;
+    if (above) {
+      d = policy::plan_resize(w, limit_->max_size, 1.0, 1.0, "limit: the job may use " + std::to_string(limit_->max_size),
+                              limit_->leave);
+    } else if (below) {
+      const int target = std::min(limit_->min_size, current + cands);
+      d = policy::plan_resize(w, target, 1.0, 1.0, "limit: the job is granted " + std::to_string(limit_->min_size));
+    } else if (scheduled) {
+      const int target = options_.resize_schedule.at(view.step);
+      d = policy::plan_resize(w, target, 1.0, 1.0,
+                              "schedule: size " + std::to_string(target) + " at step " + std::to_string(view.step));
+    } else {
+      d = engine_.decide();
+      if (d.kind == policy::action::grow) {
+        // The policy saw candidates up to a second old: admit from a fresh list.
+        look_outside(view, true);
+        w.candidates = candidates_;
+        auto fresh = policy::plan_resize(w, d.target_size, d.batch_scale, d.lr_scale, d.reason);
+        fresh.policy = d.policy;
+        fresh.predicted_speedup = d.predicted_speedup;
+        d = std::move(fresh);
+      }
+    }
+    if (options_.batch != batch_mode::adascale) d.batch_scale = d.lr_scale = 1.0;
+    if (d.kind == policy::action::grow && d.join.empty()) d.kind = policy::action::hold;  // nobody to admit yet
+    last_ = d;
+    decided_ = true;
+    if (d.join.empty() && d.leave.empty() && d.batch_scale == 1.0) return std::nullopt;  // hold: costs nothing more
+    published_decision p{std::move(d), store_.next_epoch(), view.step};
+    store_.publish_decision(view.epoch, p);
+    (void)t0;
+    return p;
+  } catch (const dra::error& e) {
+    std::fprintf(stderr, "[dra] decision at step %lld skipped: %s\n", static_cast<long long>(view.step), e.what());
+    return std::nullopt;
+  }
+}
+
+void leader::look_outside(const world_view& view, bool force) {
+  const auto now = clock_type::now();
+  if (!force && now - outside_read_ < std::chrono::seconds(1)) return;
+  outside_read_ = now;
+  candidates_ = store_.admissible_candidates(view.members, view.signature, [&](int uid, const std::string& why) {
+    log_.rejected(view.step, view.epoch, uid, why);
+  });
+  limit_ = store_.limit();
+  publish_report(view);
+}
+
+nlohmann::json leader::rates_json() const {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [size, rate] : rates_) out[std::to_string(size)] = rate;
+  return out;
+}
+
+void leader::publish_report(const world_view& view) {
+  const auto now = clock_type::now();
+  const double dt = std::chrono::duration<double>(now - report_time_).count();
+  const double rate = report_samples_ > 0 && dt > 0 ? static_cast<double>(view.samples - report_samples_) / dt : 0.0;
+  report_time_ = now;
+  report_samples_ = view.samples;
+  if (rate > 0) {
+    // Samples/s measured at each world size the job ran at (an EMA per size): what a pool fits a
+    // job's speedup curve to.
+    auto& r = rates_[static_cast<int>(view.members.size())];
+    r = r > 0 ? 0.7 * r + 0.3 * rate : rate;
+  }
+  const auto& s = engine_.signals();
+  const auto& tp = engine_.throughput();
+  const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  store_.publish_report({
+      {"time", wall},
+      {"step", view.step},
+      {"epoch", view.epoch},
+      {"world", view.members.size()},
+      {"members", view.members},
+      {"candidates", candidates_.size()},
+      {"samples_per_s", rate},
+      {"global_batch", view.global_batch},
+      {"loss", s.smoothed_loss},
+      {"phase", signals::to_string(s.phase)},
+      {"gns", s.gns_valid ? nlohmann::json(s.gns) : nlohmann::json(nullptr)},
+      {"desired_size", engine_.desired_size()},
+      {"rates", rates_json()},
+      {"throughput",
+       {{"compute_fixed_s", tp.compute_time_s(0.0)},
+        {"compute_per_sample_s", tp.compute_time_s(1.0) - tp.compute_time_s(0.0)},
+        {"sync_fixed_s", tp.sync_time_s(2)},
+        {"sync_per_rank_s", tp.sync_time_s(3) - tp.sync_time_s(2)},
+        {"observations", tp.observations()}}},
+  });
+}
+
+}  // namespace dra::elastic::detail

@@ -1,0 +1,244 @@
+// The controller's world changes (include/dra/torch/elastic/controller.hpp): a world change of any
+// cause (start, admission, resize, recovery) is one world_change value carried through the same
+// phases of enter_world: rebuild (the backend builds the epoch's communicator), state transfer
+// (along detail::route_handoff), reshard (the sampler's world and rank, the first collective, the
+// optional digest check). Also: a candidate's wait and admission, leaving, and the recovery.
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include <ATen/Functions.h>
+
+#include "dra/error.hpp"
+#include "dra/torch/elastic/controller.hpp"
+#include "event_log.hpp"
+#include "gradient_reducer.hpp"
+#include "handoff.hpp"
+#include "store_protocol.hpp"
+
+namespace dra::elastic {
+
+using clock_type = std::chrono::steady_clock;
+using detail::change_cause;
+using detail::world_change;
+
+namespace {
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+}  // namespace
+
+// ---- admission and world changes --------------------------------------------------------------
+void controller::wait_for_admission() {
+  for (;;) {
+    role_ = role::candidate;
+    holds_state_ = false;
+    store_->register_candidate(uid_, signature_);
+    if (admitted(store_->wait_for_admission(uid_))) return;
+  }
+}
+
+// Acts on how a candidate's wait ended; false when it must register and wait again.
+bool controller::admitted(const detail::admission_result& r) {
+  registered_ = false;
+  if (r.what == detail::admission_result::outcome::done) {
+    role_ = role::finished;
+    sampler_->finish();
+    return true;
+  }
+  if (r.what == detail::admission_result::outcome::rejected) {
+    role_ = role::rejected;
+    throw dra::state_mismatch_error("dra: admission refused by the world: " + r.why);
+  }
+  // Admitted into a recovery's world: like the survivors, it takes the state from rank 0.
+  world_change admit(r.admitted.recovery ? change_cause::fault : change_cause::admit, r.admitted.epoch,
+                     r.admitted.members);
+  admit.joined = r.admitted.joined;
+  try {
+    enter_world(admit);
+  } catch (const dra::error& e) {
+    // A peer died while this process joined: it is in the world being formed, so it takes part
+    // in the recovery, as one that holds no state yet unless its handoff completed (the agreed
+    // world is then led by a process that holds it, and hands it over).
+    recover(std::string("joining epoch ") + std::to_string(admit.epoch) + " failed: " + e.what());
+  }
+  return true;
+}
+
+bool controller::rejoin() {
+  if (role_ != role::released)
+    throw std::logic_error(std::string("dra: rejoin() is for a released process; this one is ") + to_string(role_));
+  wait_for_admission();
+  return role_ == role::member;
+}
+
+bool controller::try_join() {
+  if (role_ == role::member) return true;
+  if (role_ != role::released && role_ != role::candidate) return false;
+  if (!registered_) {
+    role_ = role::candidate;
+    holds_state_ = false;
+    store_->register_candidate(uid_, signature_);
+    registered_ = true;
+  }
+  const auto r = store_->poll_admission(uid_, true);
+  if (!r) return false;
+  admitted(*r);
+  return role_ == role::member;
+}
+
+void controller::enter_world(const world_change& change) {
+  const auto t0 = clock_type::now();
+  // Members and epoch first: when the build fails, the recovery runs for this new epoch.
+  const std::vector<int> old_members = members_;
+  members_ = change.members;
+  epoch_ = change.epoch;
+  hook(change_phase::rebuild);
+  comm::rebuild_request request;
+  request.epoch = static_cast<std::uint64_t>(change.epoch);
+  request.new_members = change.members;
+  request.self = uid_;
+  request.abortive = change.cause == change_cause::fault;
+  request.timeout = 2 * options_.fault_timeout();
+  request.collective_timeout = options_.fault_timeout();
+  if (comm_) request.old_members = old_members;  // a communicator is passed with its members
+  comm_ = backend_->rebuild(std::move(comm_), request, store_->store());
+  if (!comm_)
+    throw dra::membership_error("dra: process " + std::to_string(uid_) + " is not in epoch " + std::to_string(change.epoch));
+  const double rebuild_s = seconds_since(t0);
+
+  const auto t1 = clock_type::now();
+  hook(change_phase::state_transfer);
+  std::uint64_t nbytes = 0;
+  hand_over_state(change, nbytes);
+  const double transfer_s = seconds_since(t1);
+
+  const auto t2 = clock_type::now();
+  hook(change_phase::reshard);
+  sampler_->set_world(comm_->size(), comm_->rank());
+  pending_.reset();
+  decision_flag_ = false;
+  *pending_loss_ = {};
+  world_loss_ = std::numeric_limits<double>::quiet_NaN();
+  world_loss_known_ = false;
+  comm_->barrier();  // the first collective of the new world
+  std::optional<bool> identical;
+  if (options_.verify) {
+    const std::uint64_t mine = state_digest();
+    last_digest_ = mine;
+    at::Tensor leader = at::full({1}, static_cast<std::int64_t>(mine), at::kLong);
+    comm_->broadcast(leader, 0);
+    at::Tensor differs = at::full({1}, leader.item<std::int64_t>() == static_cast<std::int64_t>(mine) ? 0.0 : 1.0);
+    comm_->all_reduce_sum(differs);
+    identical = differs.item<double>() == 0.0;
+  }
+  const double reshard_s = seconds_since(t2);
+  role_ = role::member;
+  holds_state_ = true;
+  failure_.clear();
+  running_members_ = members_;
+  log_->status.restart();
+  engine_.resized(comm_->size(), static_cast<double>(sampler_->global_batch()));
+  engine_.world().active = members_;
+  if (change.cause != change_cause::start) ++resizes_;
+  if (change.cause == change_cause::admit || comm_->rank() != 0) return;
+  detail::world_event ev;
+  ev.change = change;
+  ev.step = step_index_;
+  ev.data_epoch = sampler_->epoch();
+  ev.after = comm_->size();
+  ev.rebuild_s = rebuild_s;
+  ev.transfer_s = transfer_s;
+  ev.reshard_s = reshard_s;
+  ev.state_bytes = nbytes;
+  ev.global_batch = sampler_->global_batch();
+  ev.batch_mode = options_.batch == batch_mode::adascale ? "adascale" : "fixed";
+  ev.params_identical = identical;
+  ev.backend = backend_->name();
+  if (change.cause == change_cause::start) ev.release = to_string(options_.release);
+  log_->world(ev);
+}
+
+void controller::hand_over_state(const world_change& change, std::uint64_t& nbytes) {
+  const auto route = detail::route_handoff(change, comm_->rank(), comm_->size(), uid_);
+  if (route.receive_from >= 0) {
+    detail::handoff_header h;
+    nbytes = detail::recv_state(*comm_, *transfer_, route.receive_from, *state_, h);
+    step_index_ = h.step_index;
+    sampler_->set_position(h.sampler);
+    if (h.num_epochs >= 0) num_epochs_ = h.num_epochs;
+    resizes_ = h.resizes;
+    holds_state_ = true;
+  }
+  if (!route.send_to.empty()) {
+    const detail::handoff_header h{step_index_, sampler_->position(), num_epochs_, resizes_};
+    nbytes = detail::send_state(*comm_, *transfer_, route.send_to, *state_, h);
+  }
+}
+
+void controller::leave(bool exit) {
+  comm_.reset();  // a voluntary change: the old world is idle at this step boundary
+  role_ = role::released;
+  members_.clear();
+  running_members_.clear();
+  if (exit) {
+    std::printf("[dra] process %d released at step %lld: exiting to give the device back\n", uid_,
+                static_cast<long long>(step_index_));
+    std::fflush(stdout);
+    exit_requested_ = true;
+    sampler_->finish();
+    return;
+  }
+  if (options_.release == release_mode::to_caller) {
+    status_.released = true;  // back to the caller, who may rejoin() later
+    return;
+  }
+  wait_for_admission();
+}
+
+// ---- faults -------------------------------------------------------------------------------------
+void controller::recover(std::string reason) {
+  // The event reports the change against the world that was running when the failure hit, even
+  // when a member dies again during the recovery and it takes several attempts.
+  const std::vector<int> running = running_members_;
+  const std::string first_reason = reason;
+  for (int attempt = 0; attempt <= options_.max_resize_retries; ++attempt) {
+    const auto t0 = clock_type::now();
+    if (comm_) comm_->abort();  // close this rank's connections: peers still blocked on it fail at once
+    // Survivors converge on the latest world that was decided: a member that failed before it
+    // learnt of a decision follows it into the decided world (whose joiners may be waiting in it).
+    const auto decided = store_->latest_decided_world(epoch_, members_);
+    if (!contains(decided.members, uid_)) {
+      leave(options_.release == release_mode::exit);  // a decision released it: it was leaving anyway
+      return;
+    }
+    const auto& world = decided.members;
+    const auto agreed = store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
+                                                   options_.fault_timeout() + std::chrono::seconds(1), decided.joiners);
+    if (!contains(agreed.members, uid_)) {
+      std::printf("[dra] process %d was left out of epoch %lld (arrived late); %s\n", uid_,
+                  static_cast<long long>(agreed.epoch),
+                  options_.release == release_mode::exit ? "exiting" : options_.release == release_mode::standby ? "standing by" : "returning to the caller");
+      std::fflush(stdout);
+      leave(options_.release == release_mode::exit);
+      return;
+    }
+    world_change c(change_cause::fault, agreed.epoch, agreed.members);
+    for (int u : world)
+      if (!contains(agreed.members, u)) c.left.push_back(u);  // only the dead (or unreachable)
+    for (int u : agreed.members)
+      if (!contains(running, u)) c.joined.push_back(u);  // joiners of an interrupted grow, kept
+    c.reason = "peer failure: " + first_reason;
+    c.before = static_cast<int>(running.size());
+    c.agree_s = seconds_since(t0);
+    try {
+      enter_world(c);
+      return;
+    } catch (const dra::error& e) {
+      reason = std::string("rebuild after fault failed: ") + e.what();
+    }
+  }
+  throw dra::membership_error("dra: could not re-form the world after " + std::to_string(options_.max_resize_retries + 1) +
+                              " attempts: " + reason);
+}
+
+}  // namespace dra::elastic

@@ -1,0 +1,404 @@
+// The elastic controller's collaborators, each alone (src/elastic/): the store protocol over a
+// real c10d TCPStore, the chunked tensor transfer and the state handoff over real Gloo, the
+// gradient reducer over real Gloo, and the event log. One std::thread per simulated process;
+// doctest assertions only on the test thread.
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <vector>
+
+#include "dra/error.hpp"
+#include "dra/torch/comm/gloo.hpp"
+#include "event_log.hpp"
+#include "gradient_reducer.hpp"
+#include "handoff.hpp"
+#include "store_protocol.hpp"
+#include "world_change.hpp"
+
+#undef CHECK
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+using namespace dra::elastic;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+namespace ed = dra::elastic::detail;
+
+namespace {
+
+c10::intrusive_ptr<c10d::TCPStore> make_server() {
+  c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = 10s;
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+}
+
+launch_info client_of(int port, const std::string& job) {
+  launch_info l;
+  l.store_host = "127.0.0.1";
+  l.store_port = port;
+  l.job_prefix = "dra/parts-" + job + "/0";
+  return l;
+}
+
+void run_threads(int n, const std::function<void(int)>& fn, std::vector<std::string>& errors) {
+  errors.assign(static_cast<std::size_t>(n), "");
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        fn(i);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+// A Gloo world of n threads on loopback: fn(rank, communicator).
+void in_gloo_world(int n, const std::string& job, const std::function<void(int, dra::comm::communicator&)>& fn,
+                   std::vector<std::string>& errors) {
+  auto server = make_server();
+  const int port = server->getPort();
+  run_threads(n, [&](int rank) {
+    ed::store_protocol store(client_of(port, job), 10s);
+    dra::comm::gloo_backend_options o;
+    o.hostname = "127.0.0.1";
+    dra::comm::gloo_backend backend(o);
+    dra::comm::rebuild_request r;
+    r.epoch = 1;
+    for (int i = 0; i < n; ++i) r.new_members.push_back(i);
+    r.self = rank;
+    r.timeout = 20s;
+    auto comm = backend.rebuild(nullptr, r, store.store());
+    fn(rank, *comm);
+  }, errors);
+}
+
+// A state provider holding plain tensors (and a manifest string), for the handoff alone.
+class tensors_state final : public state_provider {
+ public:
+  std::vector<at::Tensor> tensors;
+  std::string manifest = "manifest-v1";
+  std::string loaded_manifest;
+  std::vector<tensor_spec> signature() override { return {}; }
+  snapshot collect() override { return {tensors, manifest}; }
+  std::vector<at::Tensor> prepare(const std::string&) override {
+    std::vector<at::Tensor> out;
+    for (const auto& t : tensors) out.push_back(torch::empty_like(t));
+    return out;
+  }
+  void load(const std::string& m, const std::vector<at::Tensor>& received) override {
+    loaded_manifest = m;
+    tensors = received;
+  }
+  void scale_learning_rate(double) override {}
+};
+
+}  // namespace
+
+TEST_CASE("elastic.store_protocol.consistency_names_what_differs") {
+  auto server = make_server();
+  const int port = server->getPort();
+  const json mine = {{"policy", "convergence"}, {"decide_every", 10}};
+  const std::vector<tensor_spec> sig = {{"w", {2, 3}, "torch.float32"}};
+  std::vector<std::string> errors;
+  run_threads(2, [&](int uid) {
+    ed::store_protocol store(client_of(port, "cfg"), 10s);
+    json cfg = mine;
+    if (uid == 1) cfg["decide_every"] = 20;
+    store.check_consistency(uid, cfg, sig, {0, 1}, true);
+  }, errors);
+  for (const auto& e : errors) {
+    CHECK(e.find("inconsistent configuration") != std::string::npos);
+    CHECK(e.find("'decide_every'") != std::string::npos);
+    CHECK(e.find("'policy'") == std::string::npos);
+  }
+  run_threads(2, [&](int uid) {
+    ed::store_protocol store(client_of(port, "sig"), 10s);
+    auto s = sig;
+    if (uid == 1) s[0].shape = {2, 4};
+    store.check_consistency(uid, mine, s, {0, 1}, true);
+  }, errors);
+  for (const auto& e : errors) {
+    CHECK(e.find("'w': world has shape") != std::string::npos);
+    CHECK(e.find("[2, 3]") != std::string::npos);
+    CHECK(e.find("[2, 4]") != std::string::npos);
+  }
+}
+
+TEST_CASE("elastic.store_protocol.admission_rejection_and_the_end") {
+  auto server = make_server();
+  const int port = server->getPort();
+  const std::vector<tensor_spec> world_sig = {{"w", {4}, "torch.float32"}};
+  ed::store_protocol leader(client_of(port, "admit"), 10s);
+  std::vector<std::string> errors;
+  std::vector<ed::store_protocol::wait_result> results(3);
+  std::atomic<int> registered{0};
+  std::thread leader_thread([&] {
+    while (registered.load() < 3) std::this_thread::sleep_for(5ms);
+    std::vector<std::pair<int, std::string>> rejected;
+    const auto cands = leader.admissible_candidates({0}, world_sig, [&](int uid, const std::string& why) {
+      rejected.emplace_back(uid, why);
+    });
+    // 11 has another model: rejected on the spot; 10 is admitted; 12 waits until the job is done.
+    if (cands == std::vector<int>{10, 12} && rejected.size() == 1 && rejected[0].first == 11) {
+      leader.admit({10}, {5, {0, 10}, {10}});
+      std::this_thread::sleep_for(50ms);
+      leader.mark_done();
+    }
+  });
+  run_threads(3, [&](int i) {
+    ed::store_protocol me(client_of(port, "admit"), 10s);
+    auto sig = world_sig;
+    if (i == 1) sig[0].shape = {5};
+    me.register_candidate(10 + i, sig);
+    ++registered;
+    results[static_cast<std::size_t>(i)] = me.wait_for_admission(10 + i);
+  }, errors);
+  leader_thread.join();
+  for (const auto& e : errors) CHECK(e.empty());
+  using outcome = ed::store_protocol::outcome;
+  CHECK(results[0].what == outcome::admitted);
+  CHECK(results[0].admitted.epoch == 5);
+  CHECK(results[0].admitted.members == std::vector<int>{0, 10});
+  CHECK(results[1].what == outcome::rejected);
+  CHECK(results[1].why.find("model mismatch") != std::string::npos);
+  CHECK(results[2].what == outcome::done);
+  CHECK_FALSE(leader.any_waiting());  // the one left over withdrew when it saw the end
+}
+
+TEST_CASE("elastic.store_protocol.decision_roundtrip") {
+  auto server = make_server();
+  ed::store_protocol store(client_of(server->getPort(), "dec"), 10s);
+  dra::policy::world_state w;
+  w.size = 3;
+  w.active = {0, 1, 5};
+  w.candidates = {7, 9};
+  ed::published_decision d{dra::policy::plan_resize(w, 5, 2.0, 1.5, "grow to 5"), store.next_epoch(), 42};
+  d.decision.policy = "goodput";
+  CHECK_FALSE(store.try_read_decision(3).has_value());
+  store.publish_decision(3, d);
+  const auto back = store.read_decision(3, 1s);
+  CHECK(back.epoch == d.epoch);
+  CHECK(back.decided_step == 42);
+  CHECK(back.decision.kind == dra::policy::action::grow);
+  CHECK(back.decision.members == std::vector<int>{0, 1, 5, 7, 9});
+  CHECK(back.decision.join == std::vector<int>{7, 9});
+  CHECK(back.decision.batch_scale == 2.0);
+  CHECK(back.decision.lr_scale == 1.5);
+  CHECK(back.decision.reason == "grow to 5");
+  CHECK(back.decision.policy == "goodput");
+  CHECK(store.try_read_decision(3).has_value());
+  CHECK_THROWS_AS(store.read_decision(4, 200ms), dra::timeout_error);
+}
+
+TEST_CASE("elastic.store_protocol.survivors_agree_without_a_single_decider") {
+  auto server = make_server();
+  const int port = server->getPort();
+  std::vector<ed::agreement> agreed(3);
+  std::vector<std::string> errors;
+  // Old world {0, 1, 2, 3}: 2 is dead (never checks in); 3 is a joiner whose handoff was cut off
+  // (it holds no state), so the agreed world starts with the state holders.
+  run_threads(3, [&](int i) {
+    const int uid = i == 2 ? 3 : i;
+    ed::store_protocol store(client_of(port, "fault"), 10s);
+    agreed[static_cast<std::size_t>(i)] = store.agree_on_survivors(7, {3, 0, 1, 2}, uid, uid != 3, 600ms);
+  }, errors);
+  for (const auto& e : errors) CHECK(e.empty());
+  for (const auto& a : agreed) {
+    CHECK(a.members == std::vector<int>{0, 1, 3});
+    CHECK(a.epoch == agreed[0].epoch);
+  }
+  // Nobody who holds the state survived: the job cannot go on, and says so.
+  run_threads(1, [&](int) {
+    ed::store_protocol store(client_of(port, "lost"), 10s);
+    store.agree_on_survivors(2, {0, 4}, 4, false, 200ms);
+  }, errors);
+  CHECK(errors[0].find("training state is lost") != std::string::npos);
+}
+
+TEST_CASE("elastic.store_protocol.pool_limit_and_report") {
+  auto server = make_server();
+  ed::store_protocol store(client_of(server->getPort(), "pool"), 10s);
+  CHECK_FALSE(store.limit().has_value());
+  server->set("dra/parts-pool/0/capacity", [] {
+    const std::string v = R"({"max_size": 2, "min_size": 1})";
+    return std::vector<std::uint8_t>(v.begin(), v.end());
+  }());
+  server->get("dra/parts-pool/0/capacity");  // c10d's set is not acknowledged: wait until it landed
+  const auto l = store.limit();
+  REQUIRE(l.has_value());
+  CHECK(l->max_size == 2);
+  CHECK(l->min_size == 1);
+  store.publish_report({{"step", 12}, {"desired_size", 4}});
+  const auto raw = server->get("dra/parts-pool/0/report");
+  CHECK(json::parse(std::string(raw.begin(), raw.end()))["desired_size"] == 4);
+}
+
+TEST_CASE("elastic.transfer.chunked_pieces_arrive_bit_identical") {
+  at::set_num_threads(1);
+  for (const std::size_t chunk : {std::size_t{1024}, std::size_t{16} << 20}) {
+    CAPTURE(chunk);
+    std::vector<at::Tensor> sent, received;
+    std::vector<std::string> errors;
+    in_gloo_world(3, "xfer-" + std::to_string(chunk), [&](int rank, dra::comm::communicator& comm) {
+      auto transfer = dra::comm::make_chunked_transfer(chunk);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+      // Big tensors go straight from/into storage, small ones are packed, an empty one is fine.
+      std::vector<at::Tensor> t = {at::randn({300000}, gen), at::randn({7}, gen), at::empty({0}),
+                                   at::randint(0, 100, {33}, gen).to(at::kLong), at::randn({64, 65}, gen)};
+      if (rank == 0) {
+        transfer->send(comm, t, {1, 2});
+        sent = t;
+      } else {
+        std::vector<at::Tensor> dst;
+        for (const auto& x : t) dst.push_back(at::zeros_like(x));
+        transfer->recv(comm, dst, 0);
+        if (rank == 2) received = dst;
+      }
+    }, errors);
+    for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+    REQUIRE(sent.size() == received.size());
+    for (std::size_t i = 0; i < sent.size(); ++i) CHECK(at::equal(sent[i], received[i]));
+  }
+  CHECK_THROWS_AS(dra::comm::make_chunked_transfer(100), std::invalid_argument);
+}
+
+TEST_CASE("elastic.handoff.state_and_position_reach_the_joiner") {
+  at::set_num_threads(1);
+  tensors_state src, dst;
+  ed::handoff_header got;
+  std::uint64_t sent_bytes = 0, got_bytes = 0;
+  std::vector<std::string> errors;
+  in_gloo_world(2, "handoff", [&](int rank, dra::comm::communicator& comm) {
+    auto transfer = dra::comm::make_chunked_transfer(4096);
+    if (rank == 0) {
+      src.tensors = {at::arange(5000, at::kFloat), at::ones({3}, at::kDouble)};
+      ed::handoff_header h{17, {2, 48, 16, 9}, 5, 3};
+      sent_bytes = ed::send_state(comm, *transfer, {1}, src, h);
+    } else {
+      dst.tensors = {at::zeros({5000}, at::kFloat), at::zeros({3}, at::kDouble)};
+      got_bytes = ed::recv_state(comm, *transfer, 0, dst, got);
+    }
+  }, errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  CHECK(sent_bytes == 5000 * 4 + 3 * 8);
+  CHECK(got_bytes == sent_bytes);
+  CHECK(dst.loaded_manifest == "manifest-v1");
+  CHECK(at::equal(dst.tensors[0], at::arange(5000, at::kFloat)));
+  CHECK(got.step_index == 17);
+  CHECK(got.sampler.epoch == 2);
+  CHECK(got.sampler.cursor == 48);
+  CHECK(got.sampler.global_batch == 16);
+  CHECK(got.sampler.seed == 9);
+  CHECK(got.num_epochs == 5);
+  CHECK(got.resizes == 3);
+  CHECK(state_digest(src) == state_digest(dst));
+}
+
+TEST_CASE("elastic.reducer.weighted_mean_with_the_tail") {
+  at::set_num_threads(1);
+  std::vector<at::Tensor> grads(2), loners(2);
+  std::vector<ed::reduction_tail> tails(2);
+  std::vector<std::string> errors;
+  in_gloo_world(2, "reduce", [&](int rank, dra::comm::communicator& comm) {
+    auto w = at::full({4}, 1.0).set_requires_grad(true);
+    auto unused = at::zeros({2}).set_requires_grad(true);  // no gradient this step: counts as zero
+    w.mutable_grad() = at::full({4}, rank == 0 ? 2.0 : 6.0);
+    ed::gradient_reducer reducer;
+    // Rank 0 holds a quarter of the step's samples, rank 1 three quarters.
+    const ed::reduction_tail mine{rank == 0 ? 1.0 : 9.0, rank == 0 ? 1.0 : 3.0, rank == 0};
+    tails[static_cast<std::size_t>(rank)] = reducer.reduce(comm, {w, unused}, rank == 0 ? 0.25 : 0.75, mine);
+    grads[static_cast<std::size_t>(rank)] = w.grad().clone();
+    loners[static_cast<std::size_t>(rank)] = unused.grad().clone();
+  }, errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(at::allclose(grads[static_cast<std::size_t>(r)], at::full({4}, 0.25 * 2.0 + 0.75 * 6.0)));
+    CHECK(at::equal(loners[static_cast<std::size_t>(r)], at::zeros({2})));
+    CHECK(tails[static_cast<std::size_t>(r)].loss_sum == 10.0);
+    CHECK(tails[static_cast<std::size_t>(r)].count == 4.0);
+    CHECK(tails[static_cast<std::size_t>(r)].decision_flag);
+  }
+}
+
+TEST_CASE("elastic.event_log.one_json_line_per_event") {
+  const std::string path = "test_elastic_parts_events.jsonl";
+  std::remove(path.c_str());
+  ed::event_log log(path);
+  ed::world_event e;
+  e.change.cause = ed::change_cause::resize;
+  e.change.epoch = 4;
+  e.change.members = {0, 1, 2};
+  e.change.joined = {2};
+  e.change.reason = "schedule: size 3 at step 8";
+  e.change.before = 2;
+  e.change.agree_s = 0.5;
+  e.change.decided_step = 8;
+  e.step = 9;
+  e.after = 3;
+  e.rebuild_s = 0.25;
+  e.transfer_s = 0.125;
+  e.reshard_s = 0.125;
+  e.state_bytes = 1000000;
+  e.global_batch = 16;
+  e.batch_mode = "fixed";
+  e.params_identical = true;
+  e.backend = "gloo";
+  log.world(e);
+  log.rejected(9, 4, 10000, "model mismatch");
+  REQUIRE(log.lines().size() == 2);
+  const auto ev = json::parse(log.lines()[0]);
+  CHECK(ev["event"] == "resize");
+  CHECK(ev["joined"] == std::vector<int>{2});
+  CHECK(ev["decided_step"] == 8);
+  CHECK(ev["total_s"] == 1.0);
+  CHECK(ev["state_gbps"] == doctest::Approx(0.008));
+  CHECK(ev["params_identical"] == true);
+  CHECK(ev.contains("time"));
+  CHECK(json::parse(log.last())["event"] == "rejected");
+  std::ifstream f(path);
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) CHECK(line == log.lines()[static_cast<std::size_t>(n++)]);
+  CHECK(n == 2);
+  ed::event_log broken("/nonexistent-dir/events.jsonl");
+  CHECK_THROWS_WITH(broken.rejected(0, 0, 1, "x"), doctest::Contains("events_path"));
+}
+
+TEST_CASE("elastic.handoff.route_of_each_cause") {
+  ed::world_change start;
+  start.members = {0, 1, 2};
+  CHECK(ed::route_handoff(start, 0, 3, 0).send_to == std::vector<int>{1, 2});
+  CHECK(ed::route_handoff(start, 2, 3, 2).receive_from == 0);
+  ed::world_change grow;
+  grow.cause = ed::change_cause::resize;
+  grow.joined = {7, 9, 5};  // 5 rejoins: it holds stale state and receives like the others
+  grow.members = {0, 1, 7, 9, 5};
+  // The members that stay (ranks 0, 1) share the sending round-robin over the joiners.
+  CHECK(ed::route_handoff(grow, 0, 5, 0).send_to == std::vector<int>{2, 4});
+  CHECK(ed::route_handoff(grow, 1, 5, 1).send_to == std::vector<int>{3});
+  CHECK(ed::route_handoff(grow, 2, 5, 7).receive_from == 0);
+  CHECK(ed::route_handoff(grow, 3, 5, 9).receive_from == 1);
+  CHECK(ed::route_handoff(grow, 4, 5, 5).receive_from == 0);
+  CHECK(ed::route_handoff(grow, 2, 5, 7).send_to.empty());
+  ed::world_change shrink;
+  shrink.cause = ed::change_cause::resize;
+  shrink.members = {0, 1};
+  CHECK(ed::route_handoff(shrink, 0, 2, 0).send_to.empty());
+  CHECK(ed::route_handoff(shrink, 1, 2, 1).receive_from == -1);
+  ed::world_change fault = start;
+  fault.cause = ed::change_cause::fault;
+  CHECK(ed::route_handoff(fault, 1, 3, 1).receive_from == 0);
+}
