@@ -1,4 +1,4 @@
-"""``python -m dra.bench rl``: RL post-training, rollout vs training devices (docs/rl.md).
+"""``python -m dra.bench rl``: RL post-training, rollout vs training devices (docs/guide/rl.md).
 
 Simulated rows (every schedule on the same generation lengths, drawn from the Azure trace):
 - ``rl_sim_throughput``: the stage-balance policy's samples/s against ``best_static_split`` (the
@@ -9,7 +9,7 @@ Simulated rows (every schedule on the same generation lengths, drawn from the Az
   policy) against the same baseline. The other scenarios get the same rows with a
   ``.<scenario>`` suffix. ``rl_sim_sweep.<trace>.drift<d>``: the same comparison over a grid of
   traces and length drifts (``oracle_ratio`` is the bound).
-Measured rows (``--live``): see ``dra.rl.live`` (docs/rl.md).
+Measured rows (``--live``): see ``dra.rl.live`` (docs/guide/rl.md).
 """
 
 from __future__ import annotations

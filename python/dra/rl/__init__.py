@@ -1,4 +1,4 @@
-"""RL post-training: move devices between rollout and training (DESIGN.md §3.6, docs/rl.md).
+"""RL post-training: move devices between rollout and training (DESIGN.md §3.6, docs/guide/rl.md).
 
 The stage-balance policy and the pipeline simulator are C++ (``include/dra/policy/stage_balance.hpp``,
 ``include/dra/sim/rl_pipeline.hpp``), bound as ``dra._core.StageBalancePolicy`` and
@@ -29,7 +29,7 @@ QuantileSketchConfig = _core.QuantileSketchConfig
 TRACES: dict[str, str] = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
 
 #: Named settings. Each is a dict of `simulate` options; the values were fixed before any result
-#: was looked at and are explained in docs/rl.md.
+#: was looked at and are explained in docs/guide/rl.md.
 SCENARIOS: dict[str, dict[str, Any]] = {
     # The DynaResize setting as the issue states it: 8 devices, a long tail (the code service's
     # lengths: median 13, max 1899 tokens), one-step-off pipeline, no drift.

@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     import dra.rl as rl
 
     p = sub.add_parser("rl", help="RL post-training: static splits vs stage balance vs colocated (simulated)")
-    p.add_argument("--scenario", choices=list(rl.SCENARIOS), help="a named setting (docs/rl.md); other options override it")
+    p.add_argument("--scenario", choices=list(rl.SCENARIOS), help="a named setting (docs/guide/rl.md); other options override it")
     p.add_argument("--all-scenarios", action="store_true", help="run every named scenario")
     p.add_argument("--trace", help=f"length trace: {', '.join(rl.TRACES)} or a CSV path with a GeneratedTokens column")
     p.add_argument("--constant-length", type=float, help="every generation this many tokens (no tail)")

@@ -4,7 +4,7 @@
     dra-sim replay --workload W1.csv --workload W2.csv --reallocation-cost inplace --plots plots/
     dra-sim study --runs 1500 --seed 1 --json study.json
     dra-sim profiles
-    dra-sim rl --scenario long_tail --json out.json --plots plots/   (RL pipeline: docs/rl.md)
+    dra-sim rl --scenario long_tail --json out.json --plots plots/   (RL pipeline: docs/guide/rl.md)
 
 Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
 """

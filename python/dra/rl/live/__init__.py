@@ -1,4 +1,4 @@
-"""The live RL loop (docs/rl.md, "Live"): real GRPO post-training on device slots with hard CPU
+"""The live RL loop (docs/guide/rl.md, "Live"): real GRPO post-training on device slots with hard CPU
 quotas, rollout and trainer roles switched in place at step boundaries.
 
 - ``task``: the verifiable task (answer length set by the prompt, heavy-tailed from the Azure trace)
