@@ -152,7 +152,7 @@ void dra::python::bind_rl(py::module_& m) {
 
   py::class_<dra::signals::quantile_sketch>(m, "QuantileSketch",
                                             "Streaming quantiles with exponential forgetting (log-spaced bins, DDSketch-style).")
-      .def(py::init<dra::signals::quantile_sketch_config>(), py::arg("config") = dra::signals::quantile_sketch_config{})
+      .def(py::init<dra::signals::quantile_sketch_config>(), py::arg_v("config", dra::signals::quantile_sketch_config{}, "QuantileSketchConfig()"))
       .def("add", &dra::signals::quantile_sketch::add, py::arg("value"))
       .def("quantile", &dra::signals::quantile_sketch::quantile, py::arg("q"))
       .def("expected_max_of", &dra::signals::quantile_sketch::expected_max_of, py::arg("n"),
@@ -199,7 +199,7 @@ void dra::python::bind_rl(py::module_& m) {
 
   py::class_<stage_balance_policy>(m, "StageBalancePolicy",
                                    "How many devices generate and how many train, and when moving one pays (RL post-training).")
-      .def(py::init<stage_balance_config>(), py::arg("config") = stage_balance_config{})
+      .def(py::init<stage_balance_config>(), py::arg_v("config", stage_balance_config{}, "StageBalanceConfig()"))
       .def_property_readonly("config", &stage_balance_policy::config)
       .def("observe_generation", &stage_balance_policy::observe_generation, py::arg("prompt_tokens"), py::arg("generated_tokens"),
            "One finished generation.")
@@ -328,7 +328,8 @@ void dra::python::bind_rl(py::module_& m) {
         return d;
       },
       py::arg("lengths"), py::arg("source"), py::arg("devices") = 8, py::arg("pipeline") = "one_step_off",
-      py::arg("workload") = rl_workload{}, py::arg("costs") = rl_cost_model{}, py::arg("policy") = stage_balance_config{},
+      py::arg_v("workload", rl_workload{}, "RlWorkload()"), py::arg_v("costs", rl_cost_model{}, "RlCostModel()"),
+      py::arg_v("policy", stage_balance_config{}, "StageBalanceConfig()"),
       py::arg("initial_rollout") = 0, py::arg("progress") = nullptr,
       "Every static split, the stage-balance policy, the per-phase oracle and colocated time sharing on the same lengths.");
 }
