@@ -21,8 +21,16 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def _attempt(step, epoch, rank, world, ids, data_epoch=0):
-    return {"kind": "attempt", "step": step, "world_epoch": epoch, "rank": rank, "world": world, "ids": ids,
-            "data_epoch": data_epoch, "uid": rank}
+    return {
+        "kind": "attempt",
+        "step": step,
+        "world_epoch": epoch,
+        "rank": rank,
+        "world": world,
+        "ids": ids,
+        "data_epoch": data_epoch,
+        "uid": rank,
+    }
 
 
 def _commit(step, epoch, t=0.0, data_epoch=0):
@@ -32,17 +40,28 @@ def _commit(step, epoch, t=0.0, data_epoch=0):
 def test_exactly_once_counts_the_committing_world_only():
     # 8 samples, 2 steps of 4. Step 1 failed in epoch 1 (rank 1 wrote its share, nobody committed)
     # and was redone in epoch 2 by a world of one.
-    recs = [_attempt(0, 1, 0, 2, [0, 1]), _attempt(0, 1, 1, 2, [2, 3]), _commit(0, 1),
-            _attempt(1, 1, 0, 2, [4, 5]), _attempt(1, 1, 1, 2, [6, 7]),
-            _attempt(1, 2, 0, 1, [4, 5, 6, 7]), _commit(1, 2)]
+    recs = [
+        _attempt(0, 1, 0, 2, [0, 1]),
+        _attempt(0, 1, 1, 2, [2, 3]),
+        _commit(0, 1),
+        _attempt(1, 1, 0, 2, [4, 5]),
+        _attempt(1, 1, 1, 2, [6, 7]),
+        _attempt(1, 2, 0, 1, [4, 5, 6, 7]),
+        _commit(1, 2),
+    ]
     assert exactly_once(recs, 8, 1) == (0, 0, [])
 
 
 def test_exactly_once_reports_a_missing_share_and_repeats():
     # Rank 1's share of the committed step 0 is not in the records (a log written after the
     # step, by a process killed right after the reduction): its samples count as lost.
-    recs = [_attempt(0, 1, 0, 2, [0, 1]), _commit(0, 1), _attempt(1, 1, 0, 2, [4, 5]),
-            _attempt(1, 1, 1, 2, [6, 7, 0]), _commit(1, 1)]
+    recs = [
+        _attempt(0, 1, 0, 2, [0, 1]),
+        _commit(0, 1),
+        _attempt(1, 1, 0, 2, [4, 5]),
+        _attempt(1, 1, 1, 2, [6, 7, 0]),
+        _commit(1, 1),
+    ]
     lost, repeated, problems = exactly_once(recs, 8, 1)
     assert (lost, repeated) == (2, 1)
     assert any("ranks [1] missing" in p for p in problems) and any("2 samples lost, 1 repeated" in p for p in problems)
@@ -67,14 +86,28 @@ def test_trials_reproduce_from_their_seed():
     a, b = make_trial(41, "kill_in_resize", "py"), make_trial(41, "kill_in_resize", "py")
     assert a.job == b.job and a.fault.description == b.fault.description
     assert {make_trial(s, "kill_leader", "py").fault.description for s in range(10)} != {a.fault.description}
-    assert set(KINDS) >= {"kill_member", "kill_leader", "kill_two", "kill_in_resize", "kill_joiner", "kill_standby",
-                          "stop_past_timeout", "kill_store", "slow_peer"}
+    assert set(KINDS) >= {
+        "kill_member",
+        "kill_leader",
+        "kill_two",
+        "kill_in_resize",
+        "kill_joiner",
+        "kill_standby",
+        "stop_past_timeout",
+        "kill_store",
+        "slow_peer",
+    }
 
 
 def _campaign(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "faults.json"
-    proc = subprocess.run([sys.executable, "-m", "dra.bench", "faults", "--no-churn", "--json", str(out), *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=380)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra.bench", "faults", "--no-churn", "--json", str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=380,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:]
     report = json.loads(out.read_text())
     assert report["suite"] == "faults"
@@ -101,8 +134,9 @@ def test_a_fixed_seed_subset_survives_with_cpp_workers(tmp_path):
     # C++ workers: a member killed, a joiner killed, two kills within 100 ms, a slow peer that
     # nobody may declare dead.
     kinds = "kill_member,kill_joiner,kill_two,slow_peer"
-    rows = _campaign(tmp_path, "--trials", "4", "--seed", "3", "--kinds", kinds, "--langs", "cpp",
-                     "--cpp-binary", str(CPP_BINARY))
+    rows = _campaign(
+        tmp_path, "--trials", "4", "--seed", "3", "--kinds", kinds, "--langs", "cpp", "--cpp-binary", str(CPP_BINARY)
+    )
     survived = rows["faults_survived"]
     assert (survived["value"], survived["not_fired"]) == (1.0, 0), survived["failures"]
     assert sorted(survived["by_kind"]) == sorted(f"{k}/cpp" for k in kinds.split(","))

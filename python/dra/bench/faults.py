@@ -88,10 +88,19 @@ def churn(args: argparse.Namespace, launcher: LocalLauncher, store: StoreProcess
     `--churn-resizes` resizes between 2 and 4 processes, 4 steps apart; no fault."""
     n = args.churn_resizes
     sizes = [4, 2, 3, 2, 4, 3, 2, 4, 2, 3, 4, 2]
-    job = JobSpec(language="py", nproc=4, start_size=2, max_size=4, epochs=1, global_batch=16,
-                  dataset=16 * (4 * n + 6), compute_ms=0.0, ballast_mb=args.churn_model_mb,
-                  fault_timeout_s=max(args.fault_timeout_s, 10.0),
-                  schedule={4 * (i + 1): sizes[i % len(sizes)] for i in range(n)})
+    job = JobSpec(
+        language="py",
+        nproc=4,
+        start_size=2,
+        max_size=4,
+        epochs=1,
+        global_batch=16,
+        dataset=16 * (4 * n + 6),
+        compute_ms=0.0,
+        ballast_mb=args.churn_model_mb,
+        fault_timeout_s=max(args.fault_timeout_s, 10.0),
+        schedule={4 * (i + 1): sizes[i % len(sizes)] for i in range(n)},
+    )
     spec = TrialSpec(args.seed, "churn", job, Fault("churn", f"{n} resizes, {args.churn_model_mb} MB of state"))
     run = run_trial(spec, tmp / "churn", launcher, store, args.trial_timeout_s * 3)
     v = judge(run)
@@ -102,56 +111,121 @@ def churn(args: argparse.Namespace, launcher: LocalLauncher, store: StoreProcess
         final = next((r for r in mine if r["kind"] == "final"), None)
         if worlds and final and final["resizes"] > 0:
             growth[str(uid)] = (final["rss_mb"] - worlds[0]["rss_mb"]) / final["resizes"]
-    return {"survived": v.survived, "problems": v.problems, "growth_mb_per_resize": growth, "resizes": n,
-            "state_mb": args.churn_model_mb}
+    return {
+        "survived": v.survived,
+        "problems": v.problems,
+        "growth_mb_per_resize": growth,
+        "resizes": n,
+        "state_mb": args.churn_model_mb,
+    }
 
 
-def summarise(results: list[tuple[TrialSpec, Verdict, float]], args: argparse.Namespace,
-              churned: dict[str, Any] | None) -> list[dict[str, Any]]:
+def summarise(
+    results: list[tuple[TrialSpec, Verdict, float]], args: argparse.Namespace, churned: dict[str, Any] | None
+) -> list[dict[str, Any]]:
     n = len(results)
     survived = sum(v.survived for _, v, _ in results)
     label = f"measured, {n} trials, seeds {args.seed}..{args.seed + n - 1}" if not args.trial else "measured, one trial"
     by_kind: dict[str, dict[str, Any]] = {}
-    for spec, v, wall in results:
-        k = by_kind.setdefault(f"{spec.kind}/{spec.job.language}", {"trials": 0, "survived": 0, "not_fired": 0, "resume_s": []})
+    for spec, v, _ in results:
+        k = by_kind.setdefault(
+            f"{spec.kind}/{spec.job.language}", {"trials": 0, "survived": 0, "not_fired": 0, "resume_s": []}
+        )
         k["trials"] += 1
         k["survived"] += v.survived
         k["not_fired"] += not v.fired
         if v.resume_s is not None:
             k["resume_s"].append(round(v.resume_s, 3))
-    failures = [{"seed": s.seed, "kind": s.kind, "language": s.job.language, "fault": s.fault.description,
-                 "problems": v.problems[:6], "repro": s.repro()} for s, v, _ in results if not v.survived]
+    failures = [
+        {
+            "seed": s.seed,
+            "kind": s.kind,
+            "language": s.job.language,
+            "fault": s.fault.description,
+            "problems": v.problems[:6],
+            "repro": s.repro(),
+        }
+        for s, v, _ in results
+        if not v.survived
+    ]
     mid = [v.resume_s for s, v, _ in results if v.resume_s is not None and s.kind != "stop_past_timeout"]
     stop = [v.resume_s for s, v, _ in results if v.resume_s is not None and s.kind == "stop_past_timeout"]
     goal = args.fault_timeout_s + 1.5
     rows = [
-        result("faults_survived", survived / n if n else math.nan, "fraction", ("trials", n), label=label,
-               survived=survived, not_fired=sum(not v.fired for _, v, _ in results), by_kind=by_kind,
-               failures=failures, fault_timeout_s=args.fault_timeout_s,
-               wall_s=round(sum(w for _, _, w in results), 1)),
+        result(
+            "faults_survived",
+            survived / n if n else math.nan,
+            "fraction",
+            ("trials", n),
+            label=label,
+            survived=survived,
+            not_fired=sum(not v.fired for _, v, _ in results),
+            by_kind=by_kind,
+            failures=failures,
+            fault_timeout_s=args.fault_timeout_s,
+            wall_s=round(sum(w for _, _, w in results), 1),
+        ),
         result("samples_lost", sum(v.samples_lost for _, v, _ in results), "samples", None, label=label),
         result("samples_repeated", sum(v.samples_repeated for _, v, _ in results), "samples", None, label=label),
-        result("hung", sum(bool(v.hung) for _, v, _ in results), "trials", None, label=label,
-               processes=sum(len(v.hung) for _, v, _ in results)),
-        result("resume_s_p50", percentile(mid, 50), "s", ("goal: fault_timeout_s + 1.5 s", goal), label=label,
-               samples=len(mid)),
-        result("resume_s_p99", percentile(mid, 99), "s", ("goal: fault_timeout_s + 1.5 s", goal), label=label,
-               samples=len(mid), max=max(mid, default=math.nan)),
-        result("resume_stop_s_p50", percentile(stop, 50), "s", None, label=label, samples=len(stop),
-               p99=percentile(stop, 99)),
+        result(
+            "hung",
+            sum(bool(v.hung) for _, v, _ in results),
+            "trials",
+            None,
+            label=label,
+            processes=sum(len(v.hung) for _, v, _ in results),
+        ),
+        result(
+            "resume_s_p50",
+            percentile(mid, 50),
+            "s",
+            ("goal: fault_timeout_s + 1.5 s", goal),
+            label=label,
+            samples=len(mid),
+        ),
+        result(
+            "resume_s_p99",
+            percentile(mid, 99),
+            "s",
+            ("goal: fault_timeout_s + 1.5 s", goal),
+            label=label,
+            samples=len(mid),
+            max=max(mid, default=math.nan),
+        ),
+        result(
+            "resume_stop_s_p50",
+            percentile(stop, 50),
+            "s",
+            None,
+            label=label,
+            samples=len(stop),
+            p99=percentile(stop, 99),
+        ),
     ]
     if churned is not None:
         growth = list(churned["growth_mb_per_resize"].values())
-        rows.append(result("rss_growth_mb_per_resize", max(growth, default=math.nan), "MB", None,
-                           label="measured, one run, the largest over its processes", **churned))
+        rows.append(
+            result(
+                "rss_growth_mb_per_resize",
+                max(growth, default=math.nan),
+                "MB",
+                None,
+                label="measured, one run, the largest over its processes",
+                **churned,
+            )
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dra.bench faults", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="PATH")
-    p.add_argument("--trials", type=int, default=18,
-                   help="number of trials (default 18: every kind in both languages once, a few minutes here)")
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=18,
+        help="number of trials (default 18: every kind in both languages once, a few minutes here)",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the first trial (trial i has seed + i)")
     p.add_argument("--kinds", default="", help=f"comma-separated fault kinds (default all: {', '.join(sorted(KINDS))})")
     p.add_argument("--langs", default="py,cpp", help="worker languages, taken in turn (cpp needs the example built)")
@@ -172,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     binary = find_cpp_binary(args.cpp_binary)
     languages = [lang for lang in args.langs.split(",") if lang]
     if "cpp" in languages and binary is None:
-        print("[faults] C++ example not built (cmake --build build/cpp --target dra_elastic_train): Python workers only",
-              file=sys.stderr)
+        print(
+            "[faults] C++ example not built (cmake --build build/cpp --target dra_elastic_train): Python workers only",
+            file=sys.stderr,
+        )
         languages = [lang for lang in languages if lang != "cpp"]
     if not languages or any(lang not in ("py", "cpp") for lang in languages):
         p.error(f"--langs: expected py and/or cpp, got '{args.langs}'")
@@ -188,15 +264,19 @@ def main(argv: list[str] | None = None) -> int:
             if not store.alive():  # a trial's defect must not spill into the next ones
                 store.close()
                 store = StoreProcess()
-            run = run_trial(spec, tmp / f"trial-{spec.seed}-{spec.kind}-{spec.job.language}", launcher, store,
-                            args.trial_timeout_s)
+            run = run_trial(
+                spec, tmp / f"trial-{spec.seed}-{spec.kind}-{spec.job.language}", launcher, store, args.trial_timeout_s
+            )
             v = judge(run)
             results.append((spec, v, run.wall_s))
             state = "survived" if v.survived else "FAILED"
             extra = f" resume {v.resume_s:.2f} s" if v.resume_s is not None else ""
             extra += "" if v.fired else " (fault did not fire)"
-            print(f"[faults] {i + 1}/{len(specs)} seed {spec.seed} {spec.job.language} {spec.kind}: "
-                  f"{spec.fault.description}: {state}{extra} ({run.wall_s:.1f} s)", flush=True)
+            print(
+                f"[faults] {i + 1}/{len(specs)} seed {spec.seed} {spec.job.language} {spec.kind}: "
+                f"{spec.fault.description}: {state}{extra} ({run.wall_s:.1f} s)",
+                flush=True,
+            )
             for problem in v.problems[:4]:
                 print(f"           {problem[:300]}", flush=True)
             if not v.survived:

@@ -41,9 +41,15 @@ class Verdict:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"survived": self.survived, "problems": self.problems, "samples_lost": self.samples_lost,
-                "samples_repeated": self.samples_repeated, "hung": self.hung, "fired": self.fired,
-                "resume_s": self.resume_s}
+        return {
+            "survived": self.survived,
+            "problems": self.problems,
+            "samples_lost": self.samples_lost,
+            "samples_repeated": self.samples_repeated,
+            "hung": self.hung,
+            "fired": self.fired,
+            "resume_s": self.resume_s,
+        }
 
 
 def load_records(out: Path) -> list[dict[str, Any]]:
@@ -70,7 +76,9 @@ def exactly_once(recs: list[dict[str, Any]], dataset: int, epochs: int) -> tuple
     problems: list[str] = []
     committing: dict[int, dict[str, Any]] = {}
     for r in recs:
-        if r["kind"] == "commit" and (r["step"] not in committing or r["world_epoch"] > committing[r["step"]]["world_epoch"]):
+        if r["kind"] == "commit" and (
+            r["step"] not in committing or r["world_epoch"] > committing[r["step"]]["world_epoch"]
+        ):
             committing[r["step"]] = r
     shares: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for r in recs:
@@ -81,12 +89,16 @@ def exactly_once(recs: list[dict[str, Any]], dataset: int, epochs: int) -> tuple
         by_rank = shares.get((step, c["world_epoch"]), {})
         world = next(iter(by_rank.values()))["world"] if by_rank else 0
         if not by_rank or sorted(by_rank) != list(range(world)):
-            problems.append(f"step {step} (world epoch {c['world_epoch']}): shares of ranks "
-                            f"{sorted(set(range(max(world, 1))) - set(by_rank))} missing from the records")
+            problems.append(
+                f"step {step} (world epoch {c['world_epoch']}): shares of ranks "
+                f"{sorted(set(range(max(world, 1))) - set(by_rank))} missing from the records"
+            )
         for r in by_rank.values():
             if r["data_epoch"] != c["data_epoch"]:
-                problems.append(f"step {step}: rank {r['rank']} took data epoch {r['data_epoch']}, the commit says "
-                                f"{c['data_epoch']}")
+                problems.append(
+                    f"step {step}: rank {r['rank']} took data epoch {r['data_epoch']}, the commit says "
+                    f"{c['data_epoch']}"
+                )
             seen.setdefault(r["data_epoch"], Counter()).update(r["ids"])
     lost = repeated = 0
     for e, counts in sorted(seen.items()):
@@ -153,10 +165,14 @@ def judge(run: TrialRun) -> Verdict:
     if not members:
         v.problems.append("no process finished training as a member")
     elif any(r["step"] != job.total_steps for r in members):
-        v.problems.append(f"training incomplete: members ended at steps {sorted({r['step'] for r in members})}, "
-                          f"expected {job.total_steps}")
+        v.problems.append(
+            f"training incomplete: members ended at steps {sorted({r['step'] for r in members})}, "
+            f"expected {job.total_steps}"
+        )
     if len({r["digest"] for r in members}) > 1:
-        v.problems.append(f"state differs between the final members: {sorted((r['uid'], r['digest']) for r in members)}")
+        v.problems.append(
+            f"state differs between the final members: {sorted((r['uid'], r['digest']) for r in members)}"
+        )
     for name, code in run.codes.items():
         uid = run.uid_of.get(name)
         if code == 0 and uid is not None and not any(r["uid"] == uid for r in finals):
@@ -167,7 +183,9 @@ def judge(run: TrialRun) -> Verdict:
         if ev.get("event") != "fault":
             continue
         if spec.fault.expect_no_fault_event:
-            v.problems.append(f"a fault was declared at step {ev['step']} (left {ev['left']}): {ev.get('reason', '')[:200]}")
+            v.problems.append(
+                f"a fault was declared at step {ev['step']} (left {ev['left']}): {ev.get('reason', '')[:200]}"
+            )
         wrong = sorted(set(ev["left"]) & alive_uids)
         if wrong:
             v.problems.append(f"fault event at step {ev['step']} lists live processes {wrong} among those who left")

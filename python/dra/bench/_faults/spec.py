@@ -37,8 +37,10 @@ def parse_specs(text: str) -> list[FaultSpec]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         parts = item.split(":")
         if len(parts) not in (3, 4) or parts[0] not in ACTIONS or parts[1] not in WHERE:
-            raise ValueError(f"fault spec: expected ACTION:WHERE:INDEX[:SECONDS] with ACTION in {ACTIONS} and WHERE in "
-                             f"{WHERE}, got '{item}'")
+            raise ValueError(
+                f"fault spec: expected ACTION:WHERE:INDEX[:SECONDS] with ACTION in {ACTIONS} and WHERE in "
+                f"{WHERE}, got '{item}'"
+            )
         seconds = float(parts[3]) if len(parts) == 4 else 0.0
         if parts[0] == "sleep" and not seconds > 0:
             raise ValueError(f"fault spec: 'sleep' needs SECONDS > 0 (ACTION:WHERE:INDEX:SECONDS), got '{item}'")

@@ -85,7 +85,9 @@ class StoreProcess:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         line = self.proc.stdout.readline()  # "[dra] store listening on HOST:PORT" once it is up
         if "listening" not in line:
@@ -118,23 +120,51 @@ class LocalLauncher:
         if job.language == "py":
             return [sys.executable, "-m", "dra.bench._faults.worker"]
         if self.cpp_binary is None:
-            raise RuntimeError("a C++ trial needs the example binary (cmake --build build/cpp --target dra_elastic_train)")
-        cmd = [str(self.cpp_binary), "--epochs", str(job.epochs), "--dataset", str(job.dataset), "--global-batch",
-               str(job.global_batch), "--start-size", str(job.start_size), "--max-size", str(job.max_size),
-               "--decide-every", str(job.decide_every), "--verify", "--events", str(out / "events.jsonl"),
-               "--log-samples", str(out), "--fault-timeout-ms", str(int(job.fault_timeout_s * 1000)),
-               "--status-every", "0", "--compute-ms", str(int(job.compute_ms)), "--wait-candidates",
-               str(job.wait_candidates)]
+            raise RuntimeError(
+                "a C++ trial needs the example binary (cmake --build build/cpp --target dra_elastic_train)"
+            )
+        cmd = [
+            str(self.cpp_binary),
+            "--epochs",
+            str(job.epochs),
+            "--dataset",
+            str(job.dataset),
+            "--global-batch",
+            str(job.global_batch),
+            "--start-size",
+            str(job.start_size),
+            "--max-size",
+            str(job.max_size),
+            "--decide-every",
+            str(job.decide_every),
+            "--verify",
+            "--events",
+            str(out / "events.jsonl"),
+            "--log-samples",
+            str(out),
+            "--fault-timeout-ms",
+            str(int(job.fault_timeout_s * 1000)),
+            "--status-every",
+            "0",
+            "--compute-ms",
+            str(int(job.compute_ms)),
+            "--wait-candidates",
+            str(job.wait_candidates),
+        ]
         if job.schedule:
             cmd += ["--schedule", ",".join(f"{s}:{n}" for s, n in sorted(job.schedule.items()))]
         if specs:
             cmd += ["--test-fault", ",".join(str(s) for s in specs)]
         return cmd
 
-    def start(self, name: str, job: JobSpec, out: Path, store: str, job_id: str,
-              specs: list[FaultSpec]) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TORCHELASTIC_", "DRA_", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    def start(
+        self, name: str, job: JobSpec, out: Path, store: str, job_id: str, specs: list[FaultSpec]
+    ) -> subprocess.Popen:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("TORCHELASTIC_", "DRA_", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+        }
         env.update(DRA_STORE=store, DRA_JOB_ID=job_id, WORLD_SIZE=str(job.nproc), OMP_NUM_THREADS="1")
         if name.startswith("r"):
             env["RANK"] = name[1:]
@@ -146,8 +176,9 @@ class LocalLauncher:
             env["DRA_FAULT_JOB"] = json.dumps(cfg)
             env["DRA_FAULT_SPEC"] = ",".join(str(s) for s in specs)
         with open(out / f"out-{name}.txt", "w") as fh:
-            return subprocess.Popen(self.command(job, out, specs), env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            return subprocess.Popen(
+                self.command(job, out, specs), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
 
 class View:
@@ -276,8 +307,9 @@ class TrialRun:
     wall_s: float
 
 
-def run_trial(spec: TrialSpec, out: Path, launcher: LocalLauncher, shared_store: StoreProcess | None,
-              timeout_s: float) -> TrialRun:
+def run_trial(
+    spec: TrialSpec, out: Path, launcher: LocalLauncher, shared_store: StoreProcess | None, timeout_s: float
+) -> TrialRun:
     out.mkdir(parents=True, exist_ok=True)
     job = spec.job
     store = StoreProcess() if job.private_store or shared_store is None else shared_store

@@ -66,8 +66,9 @@ world_changes = 0
 
 
 def act(spec: FaultSpec, ctl, where: str) -> None:
-    records.write(ctl.uid, {"kind": "fault", "action": spec.action, "where": where, "step": ctl.step_index,
-                            "epoch": ctl.epoch})
+    records.write(
+        ctl.uid, {"kind": "fault", "action": spec.action, "where": where, "step": ctl.step_index, "epoch": ctl.epoch}
+    )
     if spec.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.action == "sleep":
@@ -86,16 +87,33 @@ def on_phase(ctl, phase: str) -> None:
 
 def record_world(ctl) -> None:
     if ctl.is_member:
-        records.write(ctl.uid, {"kind": "world", "epoch": ctl.epoch, "rank": ctl.rank, "size": ctl.world_size,
-                                "members": list(ctl.members), "step": ctl.step_index, "rss_mb": rss_mb()})
+        records.write(
+            ctl.uid,
+            {
+                "kind": "world",
+                "epoch": ctl.epoch,
+                "rank": ctl.rank,
+                "size": ctl.world_size,
+                "members": list(ctl.members),
+                "step": ctl.step_index,
+                "rss_mb": rss_mb(),
+            },
+        )
 
 
 dra.testing.set_phase_hook(on_phase)
 ctl = de.init(
-    net, opt, sampler,
-    start_size=job["start_size"], max_size=job["max_size"], release="standby",
-    decide_every=job.get("decide_every", 1000), resize_schedule={int(k): v for k, v in job["schedule"].items()},
-    fault_timeout_s=job["fault_timeout_s"], verify=True, events_path=os.path.join(out, "events.jsonl"),
+    net,
+    opt,
+    sampler,
+    start_size=job["start_size"],
+    max_size=job["max_size"],
+    release="standby",
+    decide_every=job.get("decide_every", 1000),
+    resize_schedule={int(k): v for k, v in job["schedule"].items()},
+    fault_timeout_s=job["fault_timeout_s"],
+    verify=True,
+    events_path=os.path.join(out, "events.jsonl"),
 )
 if ctl.is_member and ctl.uid < job["start_size"]:
     # The first world trains once the expected candidates registered, so that a scheduled grow
@@ -117,8 +135,18 @@ for _ in ctl.epochs(job["epochs"]):
         idx_t = torch.as_tensor(idx)
         loss = loss_fn(ctl.model(X[idx_t]), Y[idx_t])
         ctl.optimizer.zero_grad()
-        records.write(ctl.uid, {"kind": "attempt", "step": step, "data_epoch": depoch, "world_epoch": wepoch,
-                                "rank": ctl.rank, "world": ctl.world_size, "ids": [int(i) for i in idx]})
+        records.write(
+            ctl.uid,
+            {
+                "kind": "attempt",
+                "step": step,
+                "data_epoch": depoch,
+                "world_epoch": wepoch,
+                "rank": ctl.rank,
+                "world": ctl.world_size,
+                "ids": [int(i) for i in idx],
+            },
+        )
         loss.backward()  # the reduction runs at the end of backward
         for spec in specs:
             if spec.where == "after_reduce" and spec.index == step and not spec.fired:
@@ -132,7 +160,15 @@ for _ in ctl.epochs(job["epochs"]):
             record_world(ctl)
 # The code after the loop (a final checkpoint in a real job) must run whatever happened to the
 # store or to other processes.
-records.write(ctl.uid, {"kind": "final", "member": ctl.uid in ctl.members, "step": ctl.step_index,
-                        "digest": ctl.state_digest(),
-                        "resizes": ctl.resizes, "rss_mb": rss_mb()})
+records.write(
+    ctl.uid,
+    {
+        "kind": "final",
+        "member": ctl.uid in ctl.members,
+        "step": ctl.step_index,
+        "digest": ctl.state_digest(),
+        "resizes": ctl.resizes,
+        "rss_mb": rss_mb(),
+    },
+)
 sys.exit(0)
