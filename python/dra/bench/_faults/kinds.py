@@ -77,26 +77,25 @@ def _add_joiner(rng: random.Random, job: JobSpec) -> str:
     return "j0"
 
 
-@register("kill_member", "kill -9 of a member other than the leader, at a random moment of a random step")
-def _kill_member(rng: random.Random, job: JobSpec) -> Fault:
+def _kill_one(kind: str, who: str, rng: random.Random, job: JobSpec) -> Fault:
     step = _step(rng, job)
+    article = "the" if who == "leader" else "a"
     return Fault(
-        "kill_member",
-        f"kill -9 of a member at step {step}",
-        actions=[Action("member", step, _in_step_delay(rng, job))],
+        kind,
+        f"kill -9 of {article} {who} at step {step}",
+        actions=[Action(who, step, _in_step_delay(rng, job))],
         measure_resume=True,
     )
+
+
+@register("kill_member", "kill -9 of a member other than the leader, at a random moment of a random step")
+def _kill_member(rng: random.Random, job: JobSpec) -> Fault:
+    return _kill_one("kill_member", "member", rng, job)
 
 
 @register("kill_leader", "kill -9 of the leader (rank 0 now), at a random moment of a random step")
 def _kill_leader(rng: random.Random, job: JobSpec) -> Fault:
-    step = _step(rng, job)
-    return Fault(
-        "kill_leader",
-        f"kill -9 of the leader at step {step}",
-        actions=[Action("leader", step, _in_step_delay(rng, job))],
-        measure_resume=True,
-    )
+    return _kill_one("kill_leader", "leader", rng, job)
 
 
 @register("kill_two", "kill -9 of two members (the leader among them half the time) within 100 ms")
