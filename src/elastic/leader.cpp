@@ -21,7 +21,15 @@ std::optional<published_decision> leader::decide(const world_view& view) {
     look_outside(view, scheduled);
     const int current = static_cast<int>(view.members.size());
     const int cands = static_cast<int>(candidates_.size());
-    const bool above = limit_ && limit_->max_size > 0 && current > limit_->max_size;
+    // Members the outside actor names in `leave` go now (their devices are taken back), and the
+    // world above max_size shrinks to it. The leader (members[0]) never leaves.
+    int named = 0;
+    if (limit_)
+      for (std::size_t r = 1; r < view.members.size(); ++r)
+        named += std::count(limit_->leave.begin(), limit_->leave.end(), view.members[r]) > 0 ? 1 : 0;
+    int most = current - named;
+    if (limit_ && limit_->max_size > 0) most = std::min(most, limit_->max_size);
+    const bool above = limit_ && most < current;
     const bool below = limit_ && limit_->min_size > current && cands > 0;
     if (!above && !below && !scheduled && !engine_.decision_due(view.step)) return std::nullopt;
     auto& w = engine_.world();
@@ -34,8 +42,8 @@ std::optional<published_decision> leader::decide(const world_view& view) {
     engine_.capacity().available = available;
     policy::decision d;
     if (above) {
-      d = policy::plan_resize(w, limit_->max_size, 1.0, 1.0, "limit: the job may use " + std::to_string(limit_->max_size),
-                              limit_->leave);
+      d = policy::plan_resize(w, std::max(most, 1), 1.0, 1.0,
+                              "limit: the job may use " + std::to_string(std::max(most, 1)), limit_->leave);
     } else if (below) {
       const int target = std::min(limit_->min_size, current + cands);
       d = policy::plan_resize(w, target, 1.0, 1.0, "limit: the job is granted " + std::to_string(limit_->min_size));
@@ -78,6 +86,15 @@ void leader::look_outside(const world_view& view, bool force) {
     log_.rejected(view.step, view.epoch, uid, why);
   });
   limit_ = store_.limit();
+  if (limit_ && !limit_->leave.empty()) {
+    // A candidate the outside actor names in `leave` is never admitted, nor waited for at the end
+    // (its device is being taken back; its launcher stops it once a report shows it was seen).
+    const auto& leave = limit_->leave;
+    const auto named = [&](int uid) { return std::find(leave.begin(), leave.end(), uid) != leave.end(); };
+    for (int uid : candidates_)
+      if (named(uid)) store_.withdraw(uid);
+    candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(), named), candidates_.end());
+  }
   publish_report(view);
 }
 
@@ -114,6 +131,7 @@ void leader::publish_report(const world_view& view) {
       {"loss", s.smoothed_loss},
       {"phase", signals::to_string(s.phase)},
       {"gns", s.gns_valid ? nlohmann::json(s.gns) : nlohmann::json(nullptr)},
+      {"policy", engine_.config().policy},
       {"desired_size", engine_.desired_size()},
       {"rates", rates_json()},
       {"throughput",

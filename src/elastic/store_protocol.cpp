@@ -13,8 +13,6 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kLateUidBase = 10000;
-
 json signature_json(const std::vector<tensor_spec>& sig) {
   json out = json::array();
   for (const auto& s : sig) out.push_back({s.name, s.shape, s.dtype});

@@ -14,7 +14,7 @@
 //   fault/<epoch>/result        the first stored proposal of the next world (everyone adopts it)
 //   done                        the job finished
 //   capacity                    written by an outside actor (a device pool, an RL coordinator):
-//                               {"max_size", "min_size", "leave": [uids to release first]}
+//                               {"max_size", "min_size", "leave": [uids that must go now]}
 //   report                      written by the leader at most once a second: the job's live state
 #include <chrono>
 #include <cstdint>
@@ -31,6 +31,9 @@
 #include "store_client.hpp"
 
 namespace dra::elastic::detail {
+
+/// Late joiners' uids are kLateUidBase + n, n from the store's "late_uid" counter.
+constexpr int kLateUidBase = 10000;
 
 /// The leader's decision as every member reads it: the decision value object and where it applies.
 struct published_decision {
@@ -63,7 +66,8 @@ struct agreement {
 
 /// An outside actor's limit on the job's size (a device pool, an RL coordinator), when one is set:
 /// the world is grown to min_size as soon as candidates allow and shrunk to max_size at once (the
-/// members in `leave` first); the policy decides within. 0: no bound.
+/// members in `leave` first); members named in `leave` go at once even within max_size (the actor
+/// takes their devices back); the policy decides within. 0: no bound.
 struct size_limit {
   int max_size = 0;
   int min_size = 0;
