@@ -160,7 +160,7 @@ def _launcher_events(path: Path) -> list[dict]:
 
 
 @pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
-def test_pool_takes_a_lease_back_by_leave_and_grants_one_by_join(tmp_path: Path) -> None:
+def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     """Two CPU slots. A low-priority elastic job is admitted on its request (both slots). A
     high-priority rigid job arrives: the pool takes one lease back through the job's capacity key,
     the member on it leaves and exits 0 (no fault), the high job runs there; when it ends, the
@@ -174,9 +174,11 @@ def test_pool_takes_a_lease_back_by_leave_and_grants_one_by_join(tmp_path: Path)
     try:
         common = {"cwd": str(ROOT), "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
                   "log": str(tmp_path / "logs")}
-        client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", "resize_cooldown_s": 0, **common,
-                       "options": {"events_path": str(low_events)},  # to the job through DRA_OPTIONS
-                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "100",
+        # The pool admits the only job on its request (both slots); resize_cooldown_s and 150
+        # epochs let it outlast admission, preemption and the grant back on a quiet machine too.
+        client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", "resize_cooldown_s": 1.0,
+                       **common, "options": {"events_path": str(low_events)},  # to the job through DRA_OPTIONS
+                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "150",
                                    "--global-batch", "128", "--out", str(tmp_path / "low")]})
         deadline = time.time() + 90
         report: dict = {}
