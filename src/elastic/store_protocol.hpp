@@ -52,10 +52,11 @@ struct admission {
 
 /// How a candidate's wait ended.
 struct admission_result {
-  enum class outcome { admitted, rejected, done };
+  /// dismissed: the outside actor named it in capacity's "leave" before it was admitted.
+  enum class outcome { admitted, rejected, done, dismissed };
   outcome what = outcome::done;
   admission admitted;
-  std::string why;  ///< the rejection's reason
+  std::string why;  ///< the rejection's or dismissal's reason
 };
 
 /// The next world after a failure, as the survivors agreed on it.
@@ -99,6 +100,8 @@ class store_protocol {
   void register_candidate(int uid, const std::vector<tensor_spec>& signature);
   /// Withdraws a waiting candidate; a store already gone is ignored (the job is over anyway).
   void withdraw(int uid) noexcept;
+  /// Ends a waiting candidate's wait without admitting it (its device is being taken back).
+  void dismiss(int uid, const std::string& why);
   std::vector<int> registered_candidates();
   /// The registered candidates that are waiting and not in `members`, ascending. A candidate
   /// whose model differs from `signature` is rejected on the spot and reported to `rejected`.

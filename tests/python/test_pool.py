@@ -126,6 +126,10 @@ def test_speedup_curve_fits_the_controllers_report() -> None:
     curve, source = fit_speedup({"rates": {"1": 900}, "throughput": tp, "global_batch": 128}, 4)
     step = lambda k: 0.001 + 1e-4 * 128 / k + (0.005 if k > 1 else 0.0)  # noqa: E731
     assert source == "throughput" and curve[4] == pytest.approx(step(1) / step(4))
+    # A size measured for a second only (rate_s) does not count: the step-time fit decides.
+    brief = {"rates": {"1": 900, "2": 800}, "rate_s": {"1": 30.0, "2": 1.0}, "throughput": tp, "global_batch": 128}
+    assert fit_speedup(brief, 4)[1] == "throughput"
+    assert fit_speedup({**brief, "rate_s": {"1": 30.0, "2": 5.0}}, 4)[1] == "rates"
     # The job's own policy caps what more devices are worth; policy "none" leaves it to the pool.
     capped = speedup_curve({"rates": {"1": 100}, "desired_size": 2, "policy": "convergence"}, 4)
     assert capped[4] == speedup_curve({"rates": {"1": 100}}, 4)[2]

@@ -30,11 +30,17 @@ def request_from_spec(spec: dict[str, Any]) -> Any:
     return r
 
 
+#: A size's measured samples/s counts once the job ran at that size this long (seconds, ``rate_s``):
+#: a second's measurement at a size the job just reached (or soon left) is mostly noise.
+MIN_RATE_S = 3.0
+
+
 def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.1) -> tuple[list[float], str]:
     """Speedup over one worker for k = 0..max_size from a training job's report (the elastic
     controller's, docs/guide/elastic.md), and where it came from:
 
-    - ``"rates"``: the samples/s the job measured at two or more sizes (``rates``: {size: samples/s}),
+    - ``"rates"``: the samples/s the job measured at two or more sizes (``rates``: {size: samples/s},
+      each measured for at least ``MIN_RATE_S`` according to ``rate_s``, when the report has it),
       fitted to k / (1 + sigma (k - 1)) (Amdahl-like; least squares of k/rate = a + b (k - 1));
     - ``"throughput"``: else the controller's step-time fit (``throughput``: compute time per step
       a + b * per-rank batch, all-reduce time c + d * (k - 2) from two workers on), at the job's
@@ -45,8 +51,9 @@ def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.
     the pool alone decides its size) gains nothing past that size."""
     report = report or {}
     rates = {}
+    seconds = report.get("rate_s")
     for k, v in (report.get("rates") or {}).items():
-        if float(v) > 0:
+        if float(v) > 0 and (seconds is None or float(seconds.get(k, 0.0)) >= MIN_RATE_S):
             rates[int(k)] = float(v)
     curve: list[float] | None = None
     source = "prior"

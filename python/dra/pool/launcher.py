@@ -16,7 +16,8 @@ The pool drives a training job through its store (docs/guide/elastic.md, "Drivin
 outside"): the launcher keeps ``capacity`` = ``{"min_size": k, "max_size": k, "leave": [uids]}``,
 k the leases the job holds. A grant is a worker started with ``DRA_JOIN=1`` that the leader admits
 because the world is below ``min_size``; a lease the pool takes back names its worker in
-``leave``, and that member leaves and exits 0 (``release="exit"``). An inference replica is asked
+``leave``, and that member leaves and exits 0 (``release="exit"``; a joiner not admitted yet is
+dismissed and exits 0 too). An inference replica is asked
 to stop with SIGTERM (it finishes its request and exits 0). The launcher reads the leader's
 ``report`` (the pool fits the job's speedup curve to its ``rates``) and ``done``.
 
@@ -180,10 +181,12 @@ class Launcher:
             w = self.workers.get(x)
             if w is None:
                 continue  # its worker already exited; the pool learns it at the next sync
-            if self.kind == "training" and w["uid"] == leader:
-                # The leader never leaves (it may hold the only copy of the state mid-change): the
-                # newest other worker goes, and the pool takes its lease instead.
-                others = [v for v in self.workers.values() if v["uid"] != leader and v["asked"] is None]
+            if w["asked"] is not None or (self.kind == "training" and w["uid"] == leader):
+                # The leader never leaves (it may hold the only copy of the state mid-change), and a
+                # worker already leaving for another lease counts once: the newest other worker
+                # goes, and the pool takes its lease instead.
+                others = [v for v in self.workers.values()
+                          if v["asked"] is None and (self.kind != "training" or v["uid"] != leader)]
                 if not others:
                     continue
                 w = max(others, key=lambda v: v["started"])
@@ -202,14 +205,9 @@ class Launcher:
                 self._say(event="capacity", **cap)
         now = time.time()
         for w in self.workers.values():
-            if w["asked"] is None:
-                continue
-            seen = report is not None and float(report.get("time", 0.0)) > w["asked"] + 0.2
-            if self.kind == "training" and w["signals"] == 0 and seen and w["uid"] not in members:
-                # A candidate the leader has seen named in "leave" (so it is never admitted): it
-                # holds no part of the world, and stops.
-                self._signal(w, signal.SIGTERM)
-            elif now - w["asked"] > self.shrink_grace_s + 5.0 * w["signals"] and w["signals"] < 2:
+            # A member named in "leave" leaves at the leader's next look and exits 0, a joiner not
+            # yet admitted is dismissed and exits 0: a signal only for a job that ignores the contract.
+            if w["asked"] is not None and now - w["asked"] > self.shrink_grace_s + 5.0 * w["signals"] and w["signals"] < 2:
                 self._say(event="leave_timeout", lease=w["lease"], uid=w["uid"], after_s=now - w["asked"])
                 self._signal(w, signal.SIGTERM if w["signals"] == 0 else signal.SIGKILL)
 
