@@ -249,12 +249,23 @@ class Launcher:
             report = self.store.get("report")
             done = self.store.done() or (self.started_world and not self.workers and any(x == 0 for x in codes))
             if done:  # the job finished: its workers end by themselves (the leader writes results)
-                deadline = time.time() + 60
-                while self.workers and time.time() < deadline:
+                t_done = time.time()
+                leader = ((report or {}).get("members") or [0])[0]
+                while self.workers and time.time() < t_done + 60:
+                    time.sleep(self.poll_s)
+                    for w in self.workers.values():  # the others have nothing left to do: one stuck
+                        # (a joiner on a lost node never started) is stopped after 10 s
+                        if w["uid"] != leader and w["signals"] == 0 and time.time() > t_done + 10:
+                            self._say(event="stuck_after_done", lease=w["lease"], uid=w["uid"])
+                            self._signal(w, signal.SIGKILL)
                     freed, c = self._reap()
                     released += freed
                     codes += c
-                    time.sleep(self.poll_s)
+                    try:  # the job keeps its leases alive until it ends (a worker on a lost node may
+                        # linger); freed now, they would be granted to it again
+                        self.client.sync(self.job, list(self.workers) + released, [], None)
+                    except ConnectionError:
+                        pass
             failed = self.started_world and not self.workers and not done
             try:
                 answer = self.client.sync(self.job, list(self.workers), released, report, done=done, failed=failed)
