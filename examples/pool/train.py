@@ -75,7 +75,8 @@ def main() -> int:
     model = model_for(args.model, x_tr.shape[1], classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = de.ElasticSampler(len(x_tr), args.global_batch, seed=args.seed)
-    ctl = de.init(model, optimizer, sampler, policy=args.policy, fault_timeout_s=1.0)
+    # Other options (fault_timeout_s, events_path...) come from the job spec's "options" (DRA_OPTIONS).
+    ctl = de.init(model, optimizer, sampler, policy=args.policy)
     loss_fn = torch.nn.CrossEntropyLoss()
     first, leader, world = True, False, 0
     t_train = time.time()

@@ -9,7 +9,8 @@
 //   dec/<epoch>                 the leader's decision for the world of <epoch> (its members learn
 //                               that one exists from a flag in the next gradient all-reduce)
 //   cands, waiting/<uid>        registered candidates; a waiting one's model signature
-//   admit/<uid>                 a candidate's admission (epoch, members, joined) or rejection
+//   admit/<uid>                 a candidate's admission (epoch, members, joined), rejection, or
+//                               dismissal (named in capacity's "leave" before it was admitted)
 //   fault/<epoch>/alive/<uid>   survivors' check-in after a failure in the world of <epoch>
 //   fault/<epoch>/result        the first stored proposal of the next world (everyone adopts it)
 //   done                        the job finished
