@@ -17,9 +17,9 @@ import pytest
 
 from dra._core import pool as P
 from dra.pool import _cgroup
+from dra.pool._spec import fit_speedup
 from dra.pool.gantt import plot
 from dra.pool.server import PoolClient, PoolServer
-from dra.pool._spec import fit_speedup
 from dra.pool.service import PoolService, make_service, speedup_curve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,8 +167,9 @@ def test_a_joiner_named_in_leave_is_dismissed_and_exits_0(tmp_path: Path) -> Non
     """The contract's dismissal, with a real store and real workers: a joiner whose uid the
     outside actor names in capacity's leave before it is admitted is never admitted (even with
     the world below min_size), exits 0, and the job carries on at its size."""
-    import torch.distributed as dist
     from datetime import timedelta
+
+    import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
     store.set("dra/dis/0/capacity", json.dumps({"min_size": 2, "max_size": 2, "leave": [10000]}))

@@ -124,7 +124,7 @@ class Launcher:
 
     def _options(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The controller options a pool job gets through DRA_OPTIONS (the script's keywords win)."""
-        env_options = json.loads((self.extra_env.get("DRA_OPTIONS") or os.environ.get("DRA_OPTIONS") or "{}"))
+        env_options = json.loads(self.extra_env.get("DRA_OPTIONS") or os.environ.get("DRA_OPTIONS") or "{}")
         return {"release": "exit", "max_size": int(spec.get("max_size", 1)), **env_options, **(spec.get("options") or {})}
 
     def _say(self, **ev: Any) -> None:

@@ -22,7 +22,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 NODE_PREFIX = "dra_node_"
 
@@ -152,7 +153,7 @@ class RaySpawner:
     def poll(self) -> list[tuple[str, int]]:
         ray = self.cluster.ray
         out, self.cancelled = self.cancelled, []
-        for wid, (host, pg) in list(self.hosts.items()):
+        for wid, (host, _pg) in list(self.hosts.items()):
             try:
                 ref = self.starting.get(wid)
                 if ref is not None:
