@@ -20,14 +20,15 @@
 //       hash H momentum M
 // H hashes the parameters, M the momentum buffers (FNV-1a over their bytes).
 //
-// Test hooks: --log-samples DIR appends one JSON line per step attempt to DIR/samples-<uid>.jsonl
-// (the step's data epoch, index, world epoch, rank and this rank's sample ids), written before the
-// step's reduction, so exactly-once data can be checked from outside (the latest world epoch of a
-// step is the one that committed it). --die-at-step K makes the process whose uid equals the
-// environment variable DRA_TEST_DIE_UID kill itself with SIGKILL at step K, after backward and
-// before the gradient all-reduce (a crash in the middle of a step); without that variable the
-// option does nothing. --die-in-phase rebuild|state_transfer|reshard likewise kills that process
-// inside that phase of the first world change after the start (a crash during a resize).
+// Test hooks (test_hooks.hpp): --log-samples DIR writes the records the tests and the fault
+// campaign (python -m dra.bench faults) check from outside: each rank's share of every step attempt,
+// written before the step's gradient reduction, tagged with the world epoch (the latest world
+// epoch that committed a step is the one whose shares count), the commits, the world changes, the
+// final state digest. --test-fault ACTION:WHERE:INDEX[:SECONDS] makes this process kill itself or
+// stall inside a phase of a world change, at the start of a step, or between a step's reduction and
+// its step boundary. --compute-ms N stands for a model's compute (each step lasts N ms longer);
+// --wait-candidates N makes the first world wait until N candidates registered (so that a scheduled
+// grow finds them).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -42,11 +43,13 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dra/torch/elastic/controller.hpp"
 #include "dra/elastic/membership.hpp"
 #include "dra/elastic/sampler.hpp"
+#include "test_hooks.hpp"
 
 namespace {
 
@@ -67,8 +70,9 @@ struct options {
   std::string release = "standby";
   std::string events;
   std::string log_samples;
-  std::int64_t die_at_step = -1;
-  std::string die_in_phase;
+  std::string test_fault;
+  std::int64_t compute_ms = 0;
+  std::int64_t wait_candidates = 0;
   std::int64_t fault_timeout_ms = 3000;
   std::int64_t store_timeout_ms = 30000;
   std::map<std::int64_t, int> schedule;  // committed steps -> size
@@ -77,8 +81,8 @@ struct options {
 const char* kUsage =
     "options: --epochs N --steps N --start-size N --min-size N --max-size N --decide-every N --global-batch N "
     "--dataset N --seed N --lr X --momentum X --schedule STEP:SIZE,... --release standby|exit --verify --events PATH "
-    "--fault-timeout-ms N --store-timeout-ms N --status-every N --log-samples DIR --die-at-step K "
-    "--die-in-phase PHASE";
+    "--fault-timeout-ms N --store-timeout-ms N --status-every N --log-samples DIR --test-fault SPEC "
+    "--compute-ms N --wait-candidates N";
 
 std::int64_t to_int(const std::string& flag, const std::string& v) {
   try {
@@ -141,10 +145,12 @@ options parse(int argc, char** argv) {
       o.events = value();
     else if (a == "--log-samples")
       o.log_samples = value();
-    else if (a == "--die-at-step")
-      o.die_at_step = integer();
-    else if (a == "--die-in-phase")
-      o.die_in_phase = value();
+    else if (a == "--test-fault")
+      o.test_fault = value();
+    else if (a == "--compute-ms")
+      o.compute_ms = integer();
+    else if (a == "--wait-candidates")
+      o.wait_candidates = integer();
     else if (a == "--fault-timeout-ms")
       o.fault_timeout_ms = integer();
     else if (a == "--store-timeout-ms")
@@ -171,10 +177,7 @@ options parse(int argc, char** argv) {
     throw std::invalid_argument("--release: expected 'standby' or 'exit', got '" + o.release + "'");
   if (o.epochs < 1) throw std::invalid_argument("--epochs: must be >= 1");
   if (o.steps < 0) throw std::invalid_argument("--steps: must be >= 0 (0 = no limit)");
-  if (!o.die_in_phase.empty() && o.die_in_phase != "rebuild" && o.die_in_phase != "state_transfer" &&
-      o.die_in_phase != "reshard")
-    throw std::invalid_argument("--die-in-phase: expected rebuild, state_transfer or reshard, got '" + o.die_in_phase +
-                                "'");
+  if (o.compute_ms < 0) throw std::invalid_argument("--compute-ms: must be >= 0");
   return o;
 }
 
@@ -221,6 +224,11 @@ std::string env_or(const char* name, const std::string& fallback) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // A peer that died or was declared dead closes its sockets; writing to one (Gloo, the store)
+  // must fail with EPIPE, which the controller handles, not kill this process with SIGPIPE.
+  // Python ignores SIGPIPE by default; a C++ trainer has to say so (found by the fault campaign:
+  // a member stopped past the timeout died of SIGPIPE when continued).
+  std::signal(SIGPIPE, SIG_IGN);
   const options opt = parse(argc, argv);
   const dra::elastic::launch_info launch = dra::elastic::launch_info::from_env();
 
@@ -249,17 +257,13 @@ int main(int argc, char** argv) try {
   co.store_timeout_s = static_cast<double>(opt.store_timeout_ms) / 1000.0;
   // Gloo on loopback (one host); on several nodes DRA_GLOO_HOSTNAME names this host's address.
   co.backend_address = env_or("DRA_GLOO_HOSTNAME", "127.0.0.1");
-  const std::string die_uid = env_or("DRA_TEST_DIE_UID", "");
-  if (!opt.die_in_phase.empty() && !die_uid.empty()) {
-    // Test hook: die inside the first world change after the start (a crash during a resize).
-    co.phase_hook = [&opt, die_uid](dra::elastic::change_phase p, const dra::elastic::controller& self) {
-      const std::string phase = dra::elastic::to_string(p);
-      if (phase == opt.die_in_phase && self.step_index() > 0 && std::to_string(self.uid()) == die_uid) {
-        std::printf("[dra-cpp] uid %d: test hook kills this process in phase %s at step %" PRId64 "\n", self.uid(),
-                    phase.c_str(), self.step_index());
-        std::fflush(stdout);
-        std::raise(SIGKILL);
-      }
+  example::record_log records(opt.log_samples);
+  example::fault_plan faults(example::parse_fault_specs(opt.test_fault), records);
+  std::int64_t world_changes = 0;  // world changes this process went through (the hook's INDEX)
+  if (!faults.empty()) {
+    co.phase_hook = [&](dra::elastic::change_phase p, const dra::elastic::controller& self) {
+      if (p == dra::elastic::change_phase::rebuild) ++world_changes;
+      faults.fire(dra::elastic::to_string(p), world_changes - 1, self.uid(), self.step_index(), self.epoch());
     };
   }
 
@@ -268,14 +272,22 @@ int main(int argc, char** argv) try {
   // Blocks until this process is in the world (a candidate waits here to be admitted).
   dra::elastic::controller ctl(co, launch, state, sampler);
   const int uid = ctl.uid();
-  const bool die_here = opt.die_at_step >= 0 && env_or("DRA_TEST_DIE_UID", "") == std::to_string(uid);
-
-  std::ofstream samples_log;
-  if (!opt.log_samples.empty()) {
-    const std::string path = opt.log_samples + "/samples-" + std::to_string(uid) + ".jsonl";
-    samples_log.open(path, std::ios::app);
-    if (!samples_log) throw std::runtime_error("--log-samples: cannot append to '" + path + "'");
+  if (opt.wait_candidates > 0 && ctl.is_member() && !launch.join && uid < ctl.start_size()) {
+    // Test hook: the first world trains once the expected candidates registered (on the store only,
+    // outside any collective), so that a scheduled grow finds them.
+    while (static_cast<std::int64_t>(ctl.registered_candidates().size()) < opt.wait_candidates)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  auto record_world = [&] {
+    if (!ctl.is_member()) return;
+    char rss[32];
+    std::snprintf(rss, sizeof rss, "%.3f", example::rss_mb());
+    records.write(uid, "\"kind\": \"world\", \"epoch\": " + std::to_string(ctl.epoch()) + ", \"rank\": " +
+                           std::to_string(ctl.rank()) + ", \"size\": " + std::to_string(ctl.world_size()) +
+                           ", \"members\": " + example::json_list(ctl.members()) + ", \"step\": " +
+                           std::to_string(ctl.step_index()) + ", \"rss_mb\": " + rss);
+  };
+  record_world();
   auto report_membership = [&](bool was_member) {
     if (ctl.is_member() && !was_member)
       std::printf("[dra-cpp] uid %d joined at step %" PRId64 " as rank %d (world %d)\n", uid, ctl.step_index(),
@@ -293,6 +305,12 @@ int main(int argc, char** argv) try {
 
   auto final_line = [&](const char* role) {
     const auto& members = ctl.members();
+    char rss[32];
+    std::snprintf(rss, sizeof rss, "%.3f", example::rss_mb());
+    records.write(uid, std::string("\"kind\": \"final\", \"member\": ") + (role == std::string("member") ? "true" : "false") +
+                           ", \"step\": " + std::to_string(ctl.step_index()) + ", \"digest\": " +
+                           std::to_string(ctl.state_digest()) + ", \"resizes\": " + std::to_string(ctl.resizes()) +
+                           ", \"rss_mb\": " + rss);
     std::printf("[dra-cpp] final uid %d role %s rank %d world %zu steps %" PRId64 " resizes %" PRId64
                 " hash %016" PRIx64 " momentum %016" PRIx64 "\n",
                 uid, role, dra::elastic::rank_of(members, uid), members.size(), ctl.step_index(), ctl.resizes(),
@@ -306,6 +324,8 @@ int main(int argc, char** argv) try {
       const std::vector<std::int64_t> ids = sampler->indices();
       const std::int64_t data_epoch = sampler->epoch(), world_epoch = ctl.epoch(), step = ctl.step_index();
       const int rank = ctl.rank(), world = ctl.world_size();
+      faults.fire("step", step, uid, step, world_epoch);
+      if (opt.compute_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.compute_ms));
       optimizer.zero_grad();
       double loss_value = 0.0;
       if (!ids.empty()) {
@@ -315,27 +335,24 @@ int main(int argc, char** argv) try {
         loss.backward();
         loss_value = loss.item<double>();
       }
-      if (die_here && step == opt.die_at_step) {
-        std::printf("[dra-cpp] uid %d: test hook kills this process at step %" PRId64 "\n", uid, step);
-        std::fflush(stdout);
-        std::raise(SIGKILL);
-      }
       // The share is logged before the reduction, tagged with the world epoch: whether this process
       // then dies or the step fails and is redone in a later world, the record of the world that
       // committed the step is complete (a checker keeps the latest world epoch of each step).
-      if (samples_log.is_open()) {
-        samples_log << "{\"uid\": " << uid << ", \"step\": " << step << ", \"data_epoch\": " << data_epoch
-                    << ", \"world_epoch\": " << world_epoch << ", \"rank\": " << rank << ", \"world\": " << world
-                    << ", \"ids\": [";
-        for (std::size_t i = 0; i < ids.size(); ++i) samples_log << (i ? ", " : "") << ids[i];
-        samples_log << "]}" << std::endl;  // flushed before the reduction
-      }
+      records.write(uid, "\"kind\": \"attempt\", \"step\": " + std::to_string(step) + ", \"data_epoch\": " +
+                             std::to_string(data_epoch) + ", \"world_epoch\": " + std::to_string(world_epoch) +
+                             ", \"rank\": " + std::to_string(rank) + ", \"world\": " + std::to_string(world) +
+                             ", \"ids\": " + example::json_list(ids));
       const bool reduced = ctl.reduce_gradients(params);  // false: a peer failed, the step is redone
+      faults.fire("after_reduce", step, uid, step, world_epoch);
       if (reduced) optimizer.step();
       const bool was_member = ctl.is_member();
       const auto r = ctl.step(loss_value);
       if (reduced && (!r.committed || r.step != step))
         throw std::logic_error("a successfully reduced step was not committed as step " + std::to_string(step));
+      if (r.committed)
+        records.write(uid, "\"kind\": \"commit\", \"step\": " + std::to_string(step) + ", \"data_epoch\": " +
+                               std::to_string(data_epoch) + ", \"world_epoch\": " + std::to_string(world_epoch));
+      if (ctl.epoch() != world_epoch) record_world();
       if (r.exit_requested) {
         final_line("released");
         return 0;

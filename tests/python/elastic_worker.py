@@ -96,6 +96,8 @@ for epoch in ctl.epochs(cfg.get("epochs", 2)):
         share, batch = [int(i) for i in idx], [int(i) for i in sampler.step_indices()]
         step, wepoch, rank, depoch = ctl.step_index, ctl.epoch, ctl.rank, sampler.epoch
         maybe_fault("forward", ctl)
+        if cfg.get("step_sleep_s"):
+            time.sleep(cfg["step_sleep_s"])  # a step as long as a real model's
         loss = loss_fn(ctl.model(X[idx_t]), Y[idx_t])
         ctl.optimizer.zero_grad()
         maybe_fault("backward", ctl)

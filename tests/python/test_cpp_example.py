@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from dra.bench._faults.check import exactly_once, load_records
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = Path(os.environ.get("DRA_CPP_EXAMPLE_DIR", ROOT / "build" / "cpp" / "examples" / "cpp"))
 BINARY = EXAMPLE_DIR / "dra_elastic_train"
@@ -142,32 +144,22 @@ def _finals(out: str) -> dict[int, dict]:
 
 
 def _commits(tmp: Path) -> list[dict]:
-    recs = []
-    for f in sorted(tmp.glob("samples-*.jsonl")):
-        recs += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return recs
+    """Every record the processes wrote with --log-samples (attempts, commits, world changes, finals)."""
+    return load_records(tmp)
 
 
 def _check_exactly_once(recs: list[dict], total_steps: int, epochs: int) -> None:
-    """Every sample of every data epoch consumed exactly once by the world's committed steps.
-
-    Every rank logs its share before the step's reduction; a step that failed is redone in a later
-    world epoch, and the leader's (uid 0, never leaves) latest record of a step says which world
-    committed it: only that world's records count, and they are complete even when a rank died
-    after the reduction. Within a step the shares are disjoint and their count is the world size."""
-    leader = {r["step"]: r for r in recs if r["uid"] == 0}  # file order: the latest record wins
-    assert sorted(leader) == list(range(total_steps)), "the leader did not commit every step exactly once"
-    per_epoch: dict[int, list[int]] = {}
-    for step, lead in sorted(leader.items()):
-        shares = [r for r in recs if r["step"] == step and r["world_epoch"] == lead["world_epoch"]]
-        assert sorted(r["rank"] for r in shares) == list(range(lead["world"])), f"step {step}: {shares}"
-        assert all(r["data_epoch"] == lead["data_epoch"] for r in shares)
-        ids = [i for r in sorted(shares, key=lambda r: r["rank"]) for i in r["ids"]]
-        assert len(ids) == BATCH, f"step {step}: {len(ids)} samples, the global batch is {BATCH}"
-        per_epoch.setdefault(lead["data_epoch"], []).extend(ids)
-    assert sorted(per_epoch) == list(range(epochs))
-    for e, ids in per_epoch.items():
-        assert sorted(ids) == list(range(DATASET)), f"data epoch {e}: a sample skipped or repeated"
+    """Every sample of every data epoch consumed exactly once by the world's committed steps: the
+    checker of the fault campaign (dra.bench._faults.check.exactly_once). Every rank logs its share
+    before the step's reduction, so the shares of the world that committed a step (the latest world
+    epoch of its commit records) are complete even when a rank died after the reduction."""
+    committed = sorted({r["step"] for r in recs if r["kind"] == "commit"})
+    assert committed == list(range(total_steps)), "not every step was committed"
+    lost, repeated, problems = exactly_once(recs, DATASET, epochs)
+    assert (lost, repeated, problems) == (0, 0, []), problems
+    for r in recs:
+        if r["kind"] == "attempt":
+            assert len(r["ids"]) in (BATCH // r["world"], -(-BATCH // r["world"])), r
 
 
 def _check_event_keys(ev: dict) -> None:
@@ -202,8 +194,8 @@ def test_grow_and_shrink_in_place_under_torchrun(procs, tmp_path):
     # committed step is that one.
     assert f"[dra-cpp] uid 2 joined at step {grow['step']} as rank 2 (world 3)" in out, out[-6000:]
     recs = _commits(tmp_path)
-    assert min(r["step"] for r in recs if r["uid"] == 2) == grow["step"]
-    assert max(r["step"] for r in recs if r["uid"] == 2) == shrink["step"] - 1
+    assert min(r["step"] for r in recs if r["uid"] == 2 and r["kind"] == "attempt") == grow["step"]
+    assert max(r["step"] for r in recs if r["uid"] == 2 and r["kind"] == "attempt") == shrink["step"] - 1
     _check_exactly_once(recs, total_steps=60, epochs=3)
 
     # The status line on rank 0 reports the world size as it changes.
@@ -252,14 +244,14 @@ def test_survives_a_killed_process_mid_step(procs, tmp_path):
     _start_by_hand(procs, 3, ["--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH),
                               "--decide-every", "100000", "--verify", "--events", str(events), "--log-samples",
                               str(tmp_path), "--fault-timeout-ms", "3000", "--store-timeout-ms", "30000",
-                              "--die-at-step", "25"], DRA_TEST_DIE_UID="1")
+                              ], faults={1: "kill:step:25"})
     try:
         codes = procs.wait(150)
     except subprocess.TimeoutExpired:
         pytest.fail("the job did not finish: " + "\n".join(procs.output(f"r{u}")[-2000:] for u in range(3)))
     outs = {uid: procs.output(f"r{uid}") for uid in range(3)}
     assert codes["r1"] == -signal.SIGKILL, outs[1][-3000:]
-    assert "test hook kills this process at step 25" in outs[1]
+    assert "test hook: kill in step at step 25" in outs[1]
     assert codes["r0"] == 0, outs[0][-3000:]
     assert codes["r2"] == 0, outs[2][-3000:]
 
@@ -280,7 +272,33 @@ def test_survives_a_killed_process_mid_step(procs, tmp_path):
             "member", rank, 2, 40), finals[uid]
     assert finals[0]["hash"] == finals[2]["hash"] and finals[0]["momentum"] == finals[2]["momentum"]
     recs = _commits(tmp_path)
-    assert max(r["step"] for r in recs if r["uid"] == 1) == 24  # it died before committing 25
+    assert max(r["step"] for r in recs if r["uid"] == 1 and r["kind"] == "attempt") == 24  # it died before committing 25
+    _check_exactly_once(recs, total_steps=40, epochs=2)
+
+
+@pytest.mark.timeout(200)
+def test_a_process_killed_between_the_reduction_and_the_step_boundary_loses_no_sample(procs, tmp_path):
+    """uid 1 dies after step 25's gradient reduction succeeded everywhere and before its step():
+    the others commit step 25 with uid 1's share in it, then fail at step 26 and shrink. The
+    record of step 25 must hold uid 1's share (it was written before the reduction), so the
+    exactly-once checker counts every sample once and reports no loss."""
+    _start_by_hand(procs, 3, ["--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH),
+                              "--decide-every", "100000", "--verify", "--events", str(tmp_path / "events.jsonl"),
+                              "--log-samples", str(tmp_path), "--fault-timeout-ms", "3000"],
+                   faults={1: "kill:after_reduce:25"})
+    try:
+        codes = procs.wait(150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job did not finish: " + "\n".join(procs.output(f"r{u}")[-2000:] for u in range(3)))
+    assert codes == {"r0": 0, "r1": -signal.SIGKILL, "r2": 0}, [procs.output(f"r{u}")[-2000:] for u in range(3)]
+    assert "test hook: kill in after_reduce at step 25" in procs.output("r1")
+    fault = [e for e in _events(tmp_path / "events.jsonl") if e["event"] == "fault"]
+    # Step 26's reduction fails (25's, when uid 1's last bytes did not reach a peer: it is redone).
+    assert [(e["left"], e["after"]) for e in fault] == [([1], 2)] and fault[0]["step"] in (25, 26), fault
+    recs = _commits(tmp_path)
+    committing = max(r["world_epoch"] for r in recs if r["kind"] == "commit" and r["step"] == 25)
+    shares = [r for r in recs if r["kind"] == "attempt" and r["step"] == 25 and r["world_epoch"] == committing]
+    assert sorted(r["uid"] for r in shares) == ([0, 1, 2] if fault[0]["step"] == 26 else [0, 2])
     _check_exactly_once(recs, total_steps=40, epochs=2)
 
 
@@ -294,14 +312,14 @@ def test_survives_a_process_killed_during_a_resize(procs, tmp_path, phase):
     _start_by_hand(procs, 3, ["--epochs", "2", "--dataset", str(DATASET), "--global-batch", str(BATCH),
                               "--start-size", "2", "--decide-every", "100000", "--schedule", "10:3", "--verify",
                               "--events", str(events), "--log-samples", str(tmp_path), "--fault-timeout-ms", "3000",
-                              "--die-in-phase", phase], DRA_TEST_DIE_UID="1")
+                              ], faults={1: f"kill:{phase}:1"})  # its second world change: the grow
     try:
         codes = procs.wait(150)
     except subprocess.TimeoutExpired:
         pytest.fail("the job did not finish: " + "\n".join(procs.output(f"r{u}")[-2000:] for u in range(3)))
     outs = {uid: procs.output(f"r{uid}") for uid in range(3)}
     assert codes["r1"] == -signal.SIGKILL, outs[1][-3000:]
-    assert f"test hook kills this process in phase {phase} at step 11" in outs[1]
+    assert f"test hook: kill in {phase} at step 11" in outs[1]
     assert codes["r0"] == 0, outs[0][-3000:]
     assert codes["r2"] == 0, outs[2][-3000:]
     evs = _events(events)
@@ -319,17 +337,19 @@ def test_survives_a_process_killed_during_a_resize(procs, tmp_path, phase):
             "member", rank, 2, 40), finals[uid]
     assert finals[0]["hash"] == finals[2]["hash"] and finals[0]["momentum"] == finals[2]["momentum"]
     recs = _commits(tmp_path)
-    assert min(r["step"] for r in recs if r["uid"] == 2) == 11  # the joiner continued at the world's step
+    assert min(r["step"] for r in recs if r["uid"] == 2 and r["kind"] == "attempt") == 11  # the joiner continued at the world's step
     _check_exactly_once(recs, total_steps=40, epochs=2)
 
 
-def _start_by_hand(procs: Processes, n: int, args: list[str], **extra: str) -> None:
-    """n processes without torchrun; rank 0 hosts the store (DRA_HOST_STORE=1)."""
+def _start_by_hand(procs: Processes, n: int, args: list[str], faults: dict[int, str] | None = None) -> None:
+    """n processes without torchrun; rank 0 hosts the store (DRA_HOST_STORE=1); `faults` gives a
+    process its --test-fault specs."""
     port = _free_port()
     for uid in range(n):
         env = procs.env(RANK=str(uid), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                        DRA_JOB_ID=f"job-{procs.token[:8]}", DRA_HOST_STORE="1" if uid == 0 else "0", **extra)
-        procs.start(f"r{uid}", [str(BINARY), *args], env)
+                        DRA_JOB_ID=f"job-{procs.token[:8]}", DRA_HOST_STORE="1" if uid == 0 else "0")
+        hooks = ["--test-fault", faults[uid]] if faults and uid in faults else []
+        procs.start(f"r{uid}", [str(BINARY), *args, *hooks], env)
 
 
 @pytest.mark.timeout(200)
@@ -359,3 +379,7 @@ def test_rejects_bad_options():
                           text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
     assert proc.returncode == 1
     assert "resize_schedule: steps must be >= 1" in proc.stdout  # the controller's own validation
+    proc = subprocess.run([str(BINARY), "--test-fault", "kill:forward:3"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+    assert proc.returncode == 1
+    assert "--test-fault: expected ACTION:WHERE:INDEX[:SECONDS]" in proc.stdout and "'kill:forward:3'" in proc.stdout

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -176,5 +177,91 @@ def test_adascale_mode_applies_batch_and_lr_scale_and_keeps_exactly_once(monkeyp
         # No gradient statistics were fed, so there is no noise-scale estimate and the AdaScale
         # gain is exactly 1: the learning rate stays.
         assert not ctl.signals.gns_valid and opt.param_groups[0]["lr"] == 0.1
+    finally:
+        dra.reset()
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    """No launcher's environment: dra.step and de.init run as one process."""
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "DRA_STORE", "DRA_OPTIONS"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def _tiny_job():
+    net = torch.nn.Linear(3, 1)
+    sampler = de.ElasticSampler(16, 4, seed=0)
+    return de.init(net, torch.optim.SGD(net.parameters(), lr=0.1), sampler), sampler, torch.randn(16, 3)
+
+
+def _train_step(ctl, x, idx):
+    loss = ctl.model(x[torch.as_tensor(idx)]).pow(2).mean()
+    ctl.optimizer.zero_grad()
+    loss.backward()
+    ctl.optimizer.step()
+    return loss
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"max_size": 10**12}, "max_size"),  # was a binding TypeError not naming the option
+        ({"chunk_mb": 1e-9}, "chunk_mb"),  # was reported as 'chunk_bytes'
+        ({"min_size": 2}, "min_size"),  # more than the one process launched
+        ({"resize_schedule": {2: 100}}, "resize_schedule"),  # a size beyond the processes
+        ({"start_size": -1}, "start_size"),
+        ({"min_size": 1.5}, "min_size"),
+        ({"batch_mode": "adascale", "policy": "convergence"}, "batch_mode"),  # only goodput adapts the batch
+    ],
+    ids=["max_size_huge", "chunk_mb_tiny", "min_size_above_processes", "schedule_beyond_processes",
+         "start_size_negative", "min_size_fractional", "adascale_with_convergence"],
+)
+def test_elastic_options_the_fault_campaign_found_are_refused_naming_the_option(one_process, options, named):
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=rf"^{named}\b") as info:
+        de.init(net, opt, de.ElasticSampler(8, 2), **options)
+    assert "chunk_bytes" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["1.5", "abc", None, torch.ones(1), torch.ones(3), [1.0]],
+    ids=["numeric-string", "string", "none", "one-element-1d", "three-elements", "list"],
+)
+def test_elastic_controller_validates_the_loss_as_one_process_does(one_process, bad):
+    """dra.step under an elastic controller takes what it takes alone: a float or a 0-d tensor;
+    anything else raises the same ValueError naming dra.step, and changes nothing."""
+    with pytest.raises(ValueError) as alone:
+        dra.step(bad)
+    ctl, sampler, x = _tiny_job()
+    try:
+        for _ in ctl.epochs(1):
+            for idx in sampler:
+                _train_step(ctl, x, idx)
+                with pytest.raises(ValueError, match=r"^dra\.step: ") as elastic:
+                    dra.step(bad)
+                assert str(elastic.value) == str(alone.value)
+                assert ctl.step_index == 0  # nothing was committed
+                break
+            break
+    finally:
+        dra.reset()
+
+
+def test_elastic_controller_warns_about_a_non_finite_loss_as_one_process_does(one_process):
+    ctl, sampler, x = _tiny_job()
+    try:
+        warned = []
+        for _ in ctl.epochs(1):
+            for i, idx in enumerate(sampler):
+                loss = _train_step(ctl, x, idx)
+                value = torch.tensor(float("nan")) if i in (1, 2) else loss
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    assert dra.step(value).committed
+                warned += [(i, str(w.message)) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(warned) == 1 and warned[0][0] == 1 and "dra.step: non-finite loss nan" in warned[0][1], warned
+        assert ctl.step_index == 4
     finally:
         dra.reset()

@@ -173,3 +173,26 @@ def test_store_host_going_away_is_a_clear_error_not_a_hang(tmp_path):
     assert f"the store at 127.0.0.1:{job.port} failed" in text, text[-2000:]
     finals = {r["uid"]: r for r in job.records("final")}
     assert finals[0]["step"] == finals[1]["step"] == N // 16 and finals[0]["digest"] == finals[1]["digest"]
+
+
+def test_store_dying_mid_training_leaves_the_end_of_training_and_the_code_after_it_intact(tmp_path):
+    # The dedicated store dies after step 2. The leader keeps touching it: a scheduled shrink is
+    # due at step 6 (the decision reads candidates and would publish it), and the outside limit,
+    # candidates and report are read and written once a second while the world trains on for
+    # about 2.5 s. Training completes, the end of the job (its 'done' key) cannot be announced, and
+    # yet ctl.epochs() ends normally and rank 0's code after the loop (its final record: a final
+    # checkpoint in a real job) runs; every process exits 0.
+    job = Job(tmp_path, 2, start_size=2, epochs=1, dataset_size=N, schedule={"6": 1}, step_sleep_s=0.25,
+              kill_store={"uid": 0, "step": 2, "point": "after_step"})
+    job.cfg["store_pid"] = job.store.pid
+    job.start_all()
+    codes = job.wait(240)
+    assert job.store.returncode == -9
+    assert codes == {"r0": 0, "r1": 0}, [job.output(n)[-2000:] for n in codes]
+    leader = job.output("r0")
+    assert "decision at step 6 skipped" in leader, leader[-3000:]  # a decision touched the dead store
+    assert "the job's end could not be announced" in leader, leader[-3000:]
+    finals = {r["uid"]: r for r in job.records("final")}
+    assert sorted(finals) == [0, 1] and finals[0]["step"] == finals[1]["step"] == N // 16
+    assert finals[0]["digest"] == finals[1]["digest"]
+    check_exactly_once(job, N, 1)
