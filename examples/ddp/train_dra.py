@@ -12,8 +12,9 @@ import os
 import torch
 import torch.distributed as dist
 from sklearn.datasets import load_digits
-import dra.elastic
 from torch.utils.data import DataLoader, TensorDataset
+
+import dra.elastic
 from dra.elastic import DistributedSampler
 
 

@@ -68,7 +68,7 @@ class Frontend:
         self.trace = trace
         self.pool, self.job, self.slo_s = pool, job, slo_s
         self.listener = Listener(("127.0.0.1", 0), authkey=b"dra")
-        self.address = "%s:%d" % self.listener.address
+        self.address = "{}:{}".format(*self.listener.address)
         self.queue: deque[dict[str, Any]] = deque()
         self.cv = threading.Condition()
         self.latencies: list[float] = []

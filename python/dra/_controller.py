@@ -13,7 +13,8 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from dra import _core
 

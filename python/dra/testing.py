@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dra._core._testing import (
     epoch_order,

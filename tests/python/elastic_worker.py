@@ -90,7 +90,7 @@ def record_world():
 
 record_world()
 loss_fn = torch.nn.MSELoss()
-for epoch in ctl.epochs(cfg.get("epochs", 2)):
+for _epoch in ctl.epochs(cfg.get("epochs", 2)):
     for idx in sampler:
         idx_t = torch.as_tensor(idx)
         share, batch = [int(i) for i in idx], [int(i) for i in sampler.step_indices()]

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import dra
-from dra import _core
 
 
 @pytest.fixture(autouse=True)

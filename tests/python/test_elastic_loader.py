@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _elastic_harness import Job, check_exactly_once
 
 import dra.elastic as de
-from _elastic_harness import Job, check_exactly_once
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADER_WORKER = Path(__file__).resolve().parent / "elastic_workers" / "loader_worker.py"

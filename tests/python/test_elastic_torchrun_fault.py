@@ -28,7 +28,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from _elastic_harness import check_exactly_once, free_port
 
 HERE = Path(__file__).resolve().parent

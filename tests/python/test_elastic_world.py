@@ -7,7 +7,6 @@ logged: world events, parameter digests after every world change, every committe
 from __future__ import annotations
 
 import pytest
-
 from _elastic_harness import Job, check_exactly_once
 
 N, EPOCHS = 192, 2
@@ -100,7 +99,7 @@ def test_late_joiner_admitted_and_mismatched_joiner_rejected(tmp_path):
 )
 def test_crash_mid_step_survivors_shrink_and_redo(tmp_path, kills):
     job = Job(tmp_path, 4, start_size=4, epochs=EPOCHS, dataset_size=N, fault_timeout_s=1.5)
-    for i, (uid, step, point) in enumerate(kills):
+    for uid, step, point in kills:
         job.cfg.setdefault("kills", []).append({"uid": uid, "step": step, "point": point})
     job.cfg["kill"] = None
     job.start_all()

@@ -17,7 +17,7 @@ import pytest
 from dra.rl.live import slots as cg
 from dra.rl.live.bench import realised_payback
 from dra.rl.live.coordinator import LiveConfig, LiveRL
-from dra.rl.live.model import ModelConfig, PolicyModel, RolloutEngine, Sequence, gumbel_noise, init_model
+from dra.rl.live.model import ModelConfig, RolloutEngine, Sequence, gumbel_noise, init_model
 from dra.rl.live.task import EOS, MAX_ANSWER, PromptStream, encode, reward
 
 CGROUPS = cg.available() is None

@@ -146,7 +146,7 @@ def test_study_is_deterministic_and_reports_cis(tmp_path):
         for key in ("mean_training_time_s", "gpu_hours", "utilization", "final_metric_attainment"):
             assert key in agg
         assert 0.0 < agg["utilization"] <= 1.0
-        for base, changes in agg["vs"].items():
+        for changes in agg["vs"].values():
             for key in ("training_time_change", "gpu_hours_change", "utilization_change"):
                 est, (lo, hi) = changes[key]["estimate"], changes[key]["ci95"]
                 assert lo <= est <= hi

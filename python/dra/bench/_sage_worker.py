@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import numpy as np
@@ -78,9 +77,7 @@ def main() -> None:
         if a.method == "ao_pruning90":
             # torch.ao.pruning's magnitude (weight-norm) sparsifier at 90 % from the start, masks
             # refreshed every sparsify_every steps; gradients still travel dense through DDP.
-            from torch.ao.pruning import WeightNormSparsifier
-
-            from torch.ao.pruning import CubicSL
+            from torch.ao.pruning import CubicSL, WeightNormSparsifier
 
             ao = WeightNormSparsifier(sparsity_level=0.9, sparse_block_shape=(1, 1), zeros_per_block=1)
             ao.prepare(model, [{"tensor_fqn": f"{i}.weight"} for i in (0, 2, 4)])

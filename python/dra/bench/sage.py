@@ -71,7 +71,7 @@ def run_method(lan, method: str, args, seed: int, workdir: Path) -> list[dict]:
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise RuntimeError(f"{method} at {lan.rate} seed {seed}: ranks did not finish in {args.run_timeout} s")
+            raise RuntimeError(f"{method} at {lan.rate} seed {seed}: ranks did not finish in {args.run_timeout} s") from None
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{method} at {lan.rate} seed {seed} failed:\n" + "\n".join(l[-3000:] for l in logs))
     return [json.loads(line) for line in out.read_text().splitlines()]

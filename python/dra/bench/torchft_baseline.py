@@ -53,7 +53,6 @@ import hashlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from datetime import timedelta

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

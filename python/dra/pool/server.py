@@ -99,7 +99,7 @@ class PoolServer:
         service.url = self.url
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="dra-pool-http", daemon=True)
 
-    def start(self) -> "PoolServer":
+    def start(self) -> PoolServer:
         self._thread.start()
         self.service.start()
         return self

@@ -69,7 +69,7 @@ env_keys = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "MASTER_ADDR", "MA
 write({"kind": "hello", "uid": ctl.uid, "pid": os.getpid(), "env": {k: os.environ.get(k) for k in env_keys}})
 
 loss_fn = torch.nn.MSELoss()
-for epoch in ctl.epochs(cfg.get("epochs", 2)):
+for _epoch in ctl.epochs(cfg.get("epochs", 2)):
     for idx in sampler:
         step, wepoch, rank, depoch = ctl.step_index, ctl.epoch, ctl.rank, sampler.epoch
         share, batch = [int(i) for i in idx], [int(i) for i in sampler.step_indices()]

@@ -180,7 +180,7 @@ class LiveRL:
         for conn in self.conns.values():
             conn.send(init)
         self.weights_group_s = max(self._recv(s)["weights_group_s"] for s in self.conns)
-        self.log(f"{c.slots} slots ready ({'cgroups: %.2f CPU each' % c.cpus_per_slot if self.slot_manager else 'no cgroups'}; "
+        self.log(f"{c.slots} slots ready ({f'cgroups: {c.cpus_per_slot:.2f} CPU each' if self.slot_manager else 'no cgroups'}; "
                  f"weights group built once in {self.weights_group_s:.3f} s)")
 
     def _recv(self, slot: int) -> dict[str, Any]:
@@ -209,7 +209,7 @@ class LiveRL:
             self.slot_manager.close()
             self.slot_manager = None
 
-    def __enter__(self) -> "LiveRL":
+    def __enter__(self) -> LiveRL:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -240,7 +240,7 @@ class LiveRL:
             c = replace(c, steps=steps)
         n_slots = c.slots
         self._runs += 1  # the trainers' store prefix is unique per run, even for a repeated name
-        for s, conn in self.conns.items():
+        for conn in self.conns.values():
             conn.send({"cmd": "reset", "weights": str(self.weights), "run": f"{self._runs}-{name}"})
         for s in self.conns:
             self._recv(s)
@@ -304,7 +304,7 @@ class LiveRL:
             # Weight sync (after a training step): the trainers' leader to every slot.
             if phase["trained_sequences"]:
                 t0 = time.perf_counter()
-                for s, conn in self.conns.items():
+                for conn in self.conns.values():
                     conn.send({"cmd": "sync", "source": trainers[0], "version": version + 1, "digest": p == phases - 1})
                 acks = [self._recv(s) for s in self.conns]
                 phase["weight_sync_s"] = time.perf_counter() - t0
