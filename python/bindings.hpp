@@ -17,4 +17,5 @@ void bind_nccl_testing(pybind11::module_& testing);  // into dra._core._testing
 void bind_energy(pybind11::module_& m);
 void bind_compress(pybind11::module_& m);
 void bind_pool(pybind11::module_& m);
+void bind_rl(pybind11::module_& m);  // issue 12: RL stage balance and simulator
 }  // namespace dra::python

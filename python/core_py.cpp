@@ -27,6 +27,7 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_controller(m);
   dra::python::bind_comm(m);
   dra::python::bind_sim(m);
+  dra::python::bind_rl(m);
   dra::python::bind_testing(m);
   dra::python::bind_energy(m);
   dra::python::bind_compress(m);

@@ -4,3 +4,4 @@
 #include "dra/dra.hpp"
 #include "dra/sim/simulator.hpp"
 #include "dra/sim/study.hpp"
+#include "dra/sim/rl_pipeline.hpp"  // RL post-training: rollout vs training devices (issue 12)

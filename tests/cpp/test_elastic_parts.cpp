@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -334,7 +335,7 @@ TEST_CASE("elastic.reducer.weighted_mean_with_the_tail") {
 }
 
 TEST_CASE("elastic.event_log.one_json_line_per_event") {
-  const std::string path = "test_elastic_parts_events.jsonl";
+  const std::string path = (std::filesystem::temp_directory_path() / "test_elastic_parts_events.jsonl").string();
   std::remove(path.c_str());
   ed::event_log log(path);
   ed::world_event e;

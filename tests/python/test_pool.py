@@ -157,8 +157,11 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     try:
         common = {"cwd": str(ROOT), "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
                   "log": str(tmp_path / "logs")}
-        client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", **common,
-                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "40",
+        # The pool measures a job for resize_cooldown_s after admitting it before it grows it; the
+        # job must outlast that and the preemption that follows on a quiet machine too.
+        client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", "resize_cooldown_s": 1.0,
+                       **common,
+                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "150",
                                    "--global-batch", "128", "--max-size", "2", "--out", str(tmp_path / "low")]})
         deadline = time.time() + 90
         while time.time() < deadline:  # the arbiter grows the only job onto both slots, in place

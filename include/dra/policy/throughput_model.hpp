@@ -16,6 +16,7 @@
 #include <string>
 
 #include "dra/error.hpp"
+#include "dra/policy/online_ridge.hpp"
 
 namespace dra::policy {
 
@@ -109,34 +110,12 @@ class throughput_model final : public throughput_predictor {
   const throughput_model_config& config() const noexcept { return config_; }
 
  private:
-  // y = a + b x by ridge regression towards the prior (a0, b0): minimises
-  // sum w_i (y_i - a - b x_i)^2 + w0 ((a - a0)^2 + (b - b0)^2).
+  // y = a + b x by ridge regression towards the prior (a0, b0).
   struct line {
-    Eigen::Matrix2d gram = Eigen::Matrix2d::Zero();
-    Eigen::Vector2d moment = Eigen::Vector2d::Zero();
-    Eigen::Vector2d prior = Eigen::Vector2d::Zero();
-    double prior_weight = 1.0;
-    Eigen::Vector2d coef = Eigen::Vector2d::Zero();
-
-    void reset(double a0, double b0, double w0) {
-      prior << a0, b0;
-      prior_weight = w0;
-      gram.setZero();
-      moment.setZero();
-      coef = prior;
-    }
-    void add(double x, double y, double forgetting) {
-      gram *= forgetting;
-      moment *= forgetting;
-      const Eigen::Vector2d f(1.0, x);
-      gram.noalias() += f * f.transpose();
-      moment.noalias() += f * y;
-      const Eigen::Matrix2d a = gram + prior_weight * Eigen::Matrix2d::Identity();
-      const Eigen::Vector2d b = moment + prior_weight * prior;
-      const Eigen::Vector2d solved = a.ldlt().solve(b);
-      if (solved.allFinite()) coef = solved;
-    }
-    double predict(double x) const { return coef(0) + coef(1) * x; }
+    detail::online_ridge<2> fit;
+    void reset(double a0, double b0, double w0) { fit.reset(Eigen::Vector2d(a0, b0), w0); }
+    void add(double x, double y, double forgetting) { fit.add(Eigen::Vector2d(1.0, x), y, forgetting); }
+    double predict(double x) const { return fit.predict(Eigen::Vector2d(1.0, x)); }
   };
 
   throughput_model_config config_;

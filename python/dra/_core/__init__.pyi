@@ -11,7 +11,7 @@ from . import elastic
 from . import comm
 from . import _testing
 from . import pool
-__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EnergyChoice', 'EnergyInterval', 'EnergyMeter', 'EnergyObjective', 'EnergyPolicyConfig', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GoodputConfig', 'GoodputPolicy', 'GradientCodec', 'KnobSetting', 'MembershipError', 'Options', 'Policy', 'ResizeEngine', 'SimProfiles', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'choose_setting', 'comm', 'elastic', 'make_codec', 'next_sparsity', 'pool', 'process_cpu_seconds', 'rank_for_noise_scale', 'rigl_update', 'rigl_update_fraction', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
+__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EnergyChoice', 'EnergyInterval', 'EnergyMeter', 'EnergyObjective', 'EnergyPolicyConfig', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GenerationModelConfig', 'GoodputConfig', 'GoodputPolicy', 'GradientCodec', 'KnobSetting', 'MembershipError', 'Options', 'Policy', 'QuantileSketch', 'QuantileSketchConfig', 'ResizeEngine', 'RlCostModel', 'RlWorkload', 'SimProfiles', 'StageBalanceConfig', 'StageBalancePolicy', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'choose_setting', 'comm', 'elastic', 'make_codec', 'next_sparsity', 'pool', 'process_cpu_seconds', 'rank_for_noise_scale', 'rigl_update', 'rigl_update_fraction', 'rl_read_lengths', 'rl_sim_sweep', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
 class DraError(RuntimeError):
     """
     Base of every runtime failure raised by dra itself (a RuntimeError).
@@ -1015,6 +1015,411 @@ class SimProfiles:
         """
         (step_time, sync_time) interpolated at a placement (devices per node) and local batch.
         """
+class QuantileSketchConfig:
+    """
+    Relative accuracy, value range and half-life of a quantile sketch.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def half_life(self) -> float:
+        """
+        Observations after which an observation's weight has halved; 0: no forgetting.
+        """
+    @half_life.setter
+    def half_life(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_value(self) -> float:
+        ...
+    @max_value.setter
+    def max_value(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_value(self) -> float:
+        ...
+    @min_value.setter
+    def min_value(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def relative_accuracy(self) -> float:
+        ...
+    @relative_accuracy.setter
+    def relative_accuracy(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class QuantileSketch:
+    """
+    Streaming quantiles with exponential forgetting (log-spaced bins, DDSketch-style).
+    """
+    def __init__(self, config: QuantileSketchConfig = ...) -> None:
+        ...
+    def add(self, value: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    def expected_max_of(self, n: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        """
+        Median of the longest of n draws: the quantile 0.5^(1/n).
+        """
+    def quantile(self, q: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        ...
+    @property
+    def clamped(self) -> int:
+        ...
+    @property
+    def effective_count(self) -> float:
+        ...
+    @property
+    def mean(self) -> float:
+        ...
+    @property
+    def observations(self) -> int:
+        ...
+    @property
+    def rejected(self) -> int:
+        ...
+    @property
+    def second_moment(self) -> float:
+        ...
+class GenerationModelConfig:
+    """
+    Decode slots and priors of the generation model.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def forgetting(self) -> float:
+        ...
+    @forgetting.setter
+    def forgetting(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_concurrency(self) -> int:
+        ...
+    @max_concurrency.setter
+    def max_concurrency(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_iteration_fixed_s(self) -> float:
+        ...
+    @prior_iteration_fixed_s.setter
+    def prior_iteration_fixed_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_iteration_per_kilotoken_s(self) -> float:
+        ...
+    @prior_iteration_per_kilotoken_s.setter
+    def prior_iteration_per_kilotoken_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_iteration_per_sequence_s(self) -> float:
+        ...
+    @prior_iteration_per_sequence_s.setter
+    def prior_iteration_per_sequence_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_weight(self) -> float:
+        ...
+    @prior_weight.setter
+    def prior_weight(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class StageBalanceConfig:
+    """
+    Devices, role minimums, pipeline, cooldown, hysteresis and payback of the stage-balance policy.
+    """
+    generation: GenerationModelConfig
+    lengths: QuantileSketchConfig
+    training: ThroughputModelConfig
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def cooldown_steps(self) -> int:
+        ...
+    @cooldown_steps.setter
+    def cooldown_steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def devices(self) -> int:
+        ...
+    @devices.setter
+    def devices(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def hysteresis_decisions(self) -> int:
+        ...
+    @hysteresis_decisions.setter
+    def hysteresis_decisions(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_move(self) -> int:
+        ...
+    @max_move.setter
+    def max_move(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_payback_steps(self) -> float:
+        ...
+    @max_payback_steps.setter
+    def max_payback_steps(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_relative_gain(self) -> float:
+        ...
+    @min_relative_gain.setter
+    def min_relative_gain(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_rollout(self) -> int:
+        ...
+    @min_rollout.setter
+    def min_rollout(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_train(self) -> int:
+        ...
+    @min_train.setter
+    def min_train(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def pipeline(self) -> str:
+        """
+        'one_step_off' (max of the stages) or 'synchronous' (their sum).
+        """
+    @pipeline.setter
+    def pipeline(self, arg1: str) -> None:
+        ...
+    @property
+    def prior_switch_cost_s(self) -> float:
+        ...
+    @prior_switch_cost_s.setter
+    def prior_switch_cost_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def switch_cost_smoothing(self) -> float:
+        ...
+    @switch_cost_smoothing.setter
+    def switch_cost_smoothing(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def weight_sync_smoothing(self) -> float:
+        ...
+    @weight_sync_smoothing.setter
+    def weight_sync_smoothing(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class StageBalancePolicy:
+    """
+    How many devices generate and how many train, and when moving one pays (RL post-training).
+    """
+    def __init__(self, config: StageBalanceConfig = ...) -> None:
+        ...
+    def decide(self, rollout: typing.SupportsInt | typing.SupportsIndex, train: typing.SupportsInt | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, steps_since_switch: typing.SupportsInt | typing.SupportsIndex, remaining_steps: typing.SupportsInt | typing.SupportsIndex = -1, sequences_per_step: typing.SupportsInt | typing.SupportsIndex = 1) -> dict:
+        """
+        One decision at a step boundary (feed every one, in order).
+        """
+    def observe_decode(self, concurrency: typing.SupportsInt | typing.SupportsIndex, context_tokens: typing.SupportsFloat | typing.SupportsIndex, iterations: typing.SupportsFloat | typing.SupportsIndex, seconds: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        """
+        Measured decode iterations of one rollout device; False when ignored.
+        """
+    def observe_generation(self, prompt_tokens: typing.SupportsFloat | typing.SupportsIndex, generated_tokens: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        """
+        One finished generation.
+        """
+    def observe_switch(self, direction: str, exposed_s: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        """
+        A measured switch: the seconds it lengthened its step.
+        """
+    def observe_train(self, devices: typing.SupportsInt | typing.SupportsIndex, tokens_per_device: typing.SupportsFloat | typing.SupportsIndex, step_s: typing.SupportsFloat | typing.SupportsIndex, sync_s: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        """
+        One measured training step; False when ignored.
+        """
+    def observe_weight_sync(self, seconds: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    def predict(self, rollout: typing.SupportsInt | typing.SupportsIndex, sequences: typing.SupportsInt | typing.SupportsIndex) -> dict:
+        ...
+    def predict_all(self, sequences: typing.SupportsInt | typing.SupportsIndex) -> list:
+        ...
+    def switch_cost_s(self, direction: str) -> float:
+        ...
+    @property
+    def config(self) -> StageBalanceConfig:
+        ...
+    @property
+    def generation_fit(self) -> dict:
+        ...
+    @property
+    def lengths(self) -> QuantileSketch:
+        ...
+    @property
+    def weight_sync_s(self) -> float:
+        ...
+class RlWorkload:
+    """
+    Steps, batch, prompt tokens, length scale/drift/limit and seed of a simulated RL run.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def drift_final_scale(self) -> float:
+        ...
+    @drift_final_scale.setter
+    def drift_final_scale(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def group_size(self) -> int:
+        ...
+    @group_size.setter
+    def group_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def length_scale(self) -> float:
+        ...
+    @length_scale.setter
+    def length_scale(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_generation_tokens(self) -> float:
+        ...
+    @max_generation_tokens.setter
+    def max_generation_tokens(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prompt_tokens(self) -> float:
+        ...
+    @prompt_tokens.setter
+    def prompt_tokens(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prompts_per_step(self) -> int:
+        ...
+    @prompts_per_step.setter
+    def prompts_per_step(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def seed(self) -> int:
+        ...
+    @seed.setter
+    def seed(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def steps(self) -> int:
+        ...
+    @steps.setter
+    def steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class RlCostModel:
+    """
+    The RL simulator's ground-truth costs (seconds).
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def colocated_switch_s(self) -> float:
+        ...
+    @colocated_switch_s.setter
+    def colocated_switch_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def decode_fixed_s(self) -> float:
+        ...
+    @decode_fixed_s.setter
+    def decode_fixed_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def decode_per_kilotoken_s(self) -> float:
+        ...
+    @decode_per_kilotoken_s.setter
+    def decode_per_kilotoken_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def decode_per_sequence_s(self) -> float:
+        ...
+    @decode_per_sequence_s.setter
+    def decode_per_sequence_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_concurrency(self) -> int:
+        ...
+    @max_concurrency.setter
+    def max_concurrency(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def rollout_start_s(self) -> float:
+        ...
+    @rollout_start_s.setter
+    def rollout_start_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def switch_agree_s(self) -> float:
+        ...
+    @switch_agree_s.setter
+    def switch_agree_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def switch_optimizer_s(self) -> float:
+        ...
+    @switch_optimizer_s.setter
+    def switch_optimizer_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def switch_rebuild_s(self) -> float:
+        ...
+    @switch_rebuild_s.setter
+    def switch_rebuild_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def switch_weights_s(self) -> float:
+        ...
+    @switch_weights_s.setter
+    def switch_weights_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def sync_fixed_s(self) -> float:
+        ...
+    @sync_fixed_s.setter
+    def sync_fixed_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def sync_per_rank_s(self) -> float:
+        ...
+    @sync_per_rank_s.setter
+    def sync_per_rank_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def train_fixed_s(self) -> float:
+        ...
+    @train_fixed_s.setter
+    def train_fixed_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def train_per_token_s(self) -> float:
+        ...
+    @train_per_token_s.setter
+    def train_per_token_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def weight_sync_s(self) -> float:
+        ...
+    @weight_sync_s.setter
+    def weight_sync_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
 class EnergyInterval:
     """
     Energy of one step or of the whole job, with its source.
@@ -1258,6 +1663,14 @@ def rigl_update(mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], wei
     """
 def rigl_update_fraction(alpha: typing.SupportsFloat | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, end_step: typing.SupportsInt | typing.SupportsIndex) -> float:
     ...
+def rl_read_lengths(path: str, column: str = 'GeneratedTokens') -> list[float]:
+    """
+    One numeric column of a CSV (default: the Azure trace's GeneratedTokens); errors name file, line and column.
+    """
+def rl_sim_sweep(lengths: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], source: str, devices: typing.SupportsInt | typing.SupportsIndex = 8, pipeline: str = 'one_step_off', workload: RlWorkload = ..., costs: RlCostModel = ..., policy: StageBalanceConfig = ..., initial_rollout: typing.SupportsInt | typing.SupportsIndex = 0, progress: collections.abc.Callable[[int, int], None] = None) -> dict:
+    """
+    Every static split, the stage-balance policy, the per-phase oracle and colocated time sharing on the same lengths.
+    """
 def sim_read_workload(path: str, profiles: SimProfiles = None) -> list:
     """
     Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.

@@ -43,12 +43,13 @@ def _read(path: Path) -> str:
 
 @dataclass
 class SlotSpec:
-    """One CPU slot: ``cpus`` cores of quota on the cores in ``cpuset``, ``memory_gb`` of memory."""
+    """One CPU slot: ``cpus`` cores of quota on the cores in ``cpuset``, ``memory_gb`` of memory
+    (None: no memory limit)."""
 
     id: str
     cpus: float
     cpuset: str
-    memory_gb: float
+    memory_gb: float | None = None
 
 
 def plan_slots(n: int, cores: list[int] | None = None, memory_gb: float = 2.0) -> list[SlotSpec]:
@@ -102,20 +103,22 @@ class Slots:
                 if not _read(path / key):
                     _write(path / key, _read(path.parent / key))
 
-    def _make(self, rel: str, cpus: float, cpuset: str, memory_gb: float) -> None:
+    def _make(self, rel: str, cpus: float, cpuset: str, memory_gb: float | None) -> None:
         for c in CONTROLLERS:
             (ROOT / c / rel).mkdir(exist_ok=True)
         _write(ROOT / "cpuset" / rel / "cpuset.cpus", cpuset)
         _write(ROOT / "cpuset" / rel / "cpuset.mems", self.mems)
         _write(ROOT / "cpu" / rel / "cpu.cfs_period_us", str(PERIOD_US))
         _write(ROOT / "cpu" / rel / "cpu.cfs_quota_us", str(max(1000, int(cpus * PERIOD_US))))
-        _write(ROOT / "memory" / rel / "memory.limit_in_bytes", str(int(memory_gb * 2**30)))
+        if memory_gb is not None:
+            _write(ROOT / "memory" / rel / "memory.limit_in_bytes", str(int(memory_gb * 2**30)))
 
     # -- leases ----------------------------------------------------------------------------------
     def make_lease(self, slot: str, lease: int, share: float) -> list[str]:
         """A child cgroup for one lease with its share of the slot's quota and memory."""
         s = self.specs[slot]
-        self._make(self._rel(slot, lease), s.cpus * share, s.cpuset, s.memory_gb * share)
+        memory = None if s.memory_gb is None else s.memory_gb * share
+        self._make(self._rel(slot, lease), s.cpus * share, s.cpuset, memory)
         return self.paths(slot, lease)
 
     def remove_lease(self, slot: str, lease: int) -> None:
@@ -125,6 +128,19 @@ class Slots:
     def usage_s(self, slot: str) -> float:
         """CPU seconds the slot (its leases included) has used since it was made."""
         return int(_read(ROOT / "cpuacct" / self._rel(slot) / "cpuacct.usage")) / 1e9
+
+    def quota_cpus(self, slot: str) -> float:
+        """The slot's hard CPU quota in cores (``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``)."""
+        rel = self._rel(slot)
+        return int(_read(ROOT / "cpu" / rel / "cpu.cfs_quota_us")) / int(_read(ROOT / "cpu" / rel / "cpu.cfs_period_us"))
+
+    def throttled_s(self, slot: str) -> float:
+        """Seconds the slot's processes were held back by the quota (``cpu.stat`` throttled_time)."""
+        for line in _read(ROOT / "cpu" / self._rel(slot) / "cpu.stat").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "throttled_time":
+                return int(value) / 1e9
+        return 0.0
 
     def usage_all(self) -> dict[str, float]:
         return {s: self.usage_s(s) for s in self.specs}

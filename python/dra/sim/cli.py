@@ -6,6 +6,7 @@
     dra-sim study --runs 1500 --seed 1 --json study.json
     dra-sim study --runs 1500 --seed 1 --shared-cluster --json shared.json
     dra-sim profiles
+    dra-sim rl --scenario long_tail --json out.json --plots plots/   (RL pipeline: docs/guide/rl.md)
 
 Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
 """
@@ -112,11 +113,18 @@ def _parser() -> argparse.ArgumentParser:
     common(st, "inplace")
 
     sub.add_parser("profiles", help="list the shipped profiles and their measured noise levels")
+    from dra.rl.cli import add_parser as add_rl_parser  # issue 12: dra-sim rl
+
+    add_rl_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "rl":
+        from dra.rl.cli import run as run_rl
+
+        return run_rl(args)
     import dra.sim as sim
 
     try:

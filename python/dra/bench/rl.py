@@ -1,0 +1,107 @@
+"""``python -m dra.bench rl``: RL post-training, rollout vs training devices (docs/guide/rl.md).
+
+Simulated rows (every schedule on the same generation lengths, drawn from the Azure trace):
+- ``rl_sim_throughput``: the stage-balance policy's samples/s against ``best_static_split`` (the
+  best of every static split, found by running each), at the DynaResize setting (scenario
+  ``long_tail``: 8 devices, long-tailed lengths, one-step-off); ``rl_sim_time``: its time to the
+  same number of steps; ``rl_sim_throughput_vs_colocated``: against ``colocated_time_sharing``.
+  ``rl_sim_oracle``: the per-phase best split with free switches (a bound on any stage-balance
+  policy) against the same baseline. The other scenarios get the same rows with a
+  ``.<scenario>`` suffix. ``rl_sim_sweep.<trace>.drift<d>``: the same comparison over a grid of
+  traces and length drifts (``oracle_ratio`` is the bound).
+Measured rows (``--live``): see ``dra.rl.live`` (docs/guide/rl.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from dra.bench._report import result, write_report
+
+#: The scenario the un-suffixed rows report: the DynaResize setting (8 devices, long tail).
+HEADLINE = "long_tail"
+
+
+def sim_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
+    best = doc["statics"][doc["best_static"]]
+    dyn, oracle, colo = doc["dynamic"], doc["oracle"], doc["colocated"]
+    st = doc["settings"]
+    common = {
+        "label": "simulated",
+        "scenario": st["scenario"],
+        "length_source": st["length_source"],
+        "drift": st["workload"]["drift_final_scale"],
+        "devices": st["devices"],
+        "pipeline": st["pipeline"],
+        "steps": st["workload"]["steps"],
+        "best_static_rollout": best["rollout"],
+        "static_samples_per_s": {str(r["rollout"]): r["samples_per_s"] for r in doc["statics"]},
+        "dynamic_switches": dyn["switches"],
+        "dynamic_hidden_fraction": dyn["hidden_fraction"],
+        "bubble": {"dynamic": dyn["bubble_fraction"], "best_static": best["bubble_fraction"], "colocated": colo["bubble_fraction"]},
+        "prediction_error_median": doc["summary"]["prediction_error"],
+    }
+    return [
+        result(f"rl_sim_throughput{suffix}", dyn["samples_per_s"], "samples/s", ("best_static_split", best["samples_per_s"]),
+               goal_ratio=">= 1.665 (DynaResize)", **common),
+        result(f"rl_sim_time{suffix}", dyn["total_s"], "s", ("best_static_split", best["total_s"]),
+               goal_ratio="<= 0.67 (DynaResize)", **common),
+        result(f"rl_sim_throughput_vs_colocated{suffix}", dyn["samples_per_s"], "samples/s",
+               ("colocated_time_sharing", colo["samples_per_s"]), **common),
+        result(f"rl_sim_oracle{suffix}", oracle["samples_per_s"], "samples/s", ("best_static_split", best["samples_per_s"]),
+               note="per-phase best split with free switches: the most any stage-balance policy can gain", **common),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import dra.rl as rl
+
+    parser = argparse.ArgumentParser(prog="python -m dra.bench rl")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--steps", type=int, default=200, help="simulated training steps per run (default 200)")
+    parser.add_argument("--scenarios", nargs="*", default=list(rl.SCENARIOS), choices=list(rl.SCENARIOS))
+    parser.add_argument("--sweep-traces", nargs="*", default=["conv", "code"], help="traces of the drift sweep (none: skip it)")
+    parser.add_argument("--sweep-drifts", nargs="*", type=float, default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--plots", metavar="DIR", help="write the role/throughput plots of each scenario into DIR")
+    parser.add_argument("--live", action="store_true", help="also run the live GRPO benchmark (measured; minutes)")
+    parser.add_argument("--live-steps", type=int, default=12, help="training steps per live run (default 12)")
+    parser.add_argument("--live-rounds", type=int, default=3, help="rounds of every live schedule, order rotating (default 3)")
+    parser.add_argument("--live-seeds", type=int, default=1, help="runs of the best split under other seeds, for the reward noise (default 1: none)")
+    parser.add_argument("--live-reward-steps", type=int, default=0, help="one longer run of the best split: does the reward rise? (default 0: none)")
+    args = parser.parse_args(argv)
+
+    results: list[dict[str, Any]] = []
+    for name in args.scenarios:
+        print(f"[bench rl] simulating {name}", file=sys.stderr, flush=True)
+        doc = rl.simulate(name, steps=args.steps)
+        results += sim_rows(doc, "" if name == HEADLINE else f".{name}")
+        if args.plots:
+            from dra.rl.plots import plot_simulation
+
+            for path in plot_simulation(doc, args.plots):
+                print(f"[bench rl] wrote {path}", file=sys.stderr)
+    for trace in args.sweep_traces:
+        for drift in args.sweep_drifts:
+            print(f"[bench rl] sweep {trace} drift x{drift:g}", file=sys.stderr, flush=True)
+            doc = rl.simulate(trace=trace, drift=drift, steps=args.steps)
+            best = doc["statics"][doc["best_static"]]
+            results.append(
+                result(f"rl_sim_sweep.{trace}.drift{drift:g}", doc["dynamic"]["samples_per_s"], "samples/s",
+                       ("best_static_split", best["samples_per_s"]), label="simulated", trace=trace, drift=drift,
+                       best_static_rollout=best["rollout"], oracle_ratio=doc["oracle"]["samples_per_s"] / best["samples_per_s"],
+                       colocated_ratio=doc["dynamic"]["samples_per_s"] / doc["colocated"]["samples_per_s"],
+                       dynamic_switches=doc["dynamic"]["switches"])
+            )
+    if args.live:
+        from dra.rl.live.bench import live_rows
+
+        results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
+                             reward_steps=args.live_reward_steps)
+    write_report("rl", results, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

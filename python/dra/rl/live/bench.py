@@ -1,0 +1,170 @@
+"""The live rows of ``python -m dra.bench rl --live`` (measured on this machine's quota-capped slots).
+
+Every static split and the stage-balance policy run in the same benchmark run, on the same slot
+processes, the same prompts and the same sampling noise (a hash of each sequence's identity),
+after a discarded warm-up run, in rounds whose order rotates; each schedule's figure is the
+median over the rounds:
+
+- ``rl_live_throughput``: the dynamic run's trained sequences per second against the best static
+  split's (``best_static_split``: every split was run); extra fields give every split's figure,
+  whether the dynamic run beat every one, and how far the reward curves differ;
+- ``rl_switch_hidden_fraction``: the part of the dynamic run's switch costs that was hidden
+  behind the other role's work (percent);
+- ``rl_payback_steps``: the median over switches of the steps until the time saved, against the
+  static run at the split the switch left (measured in the same benchmark run), covered the
+  switch's exposed cost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from dra.bench._report import result
+from dra.rl.live.coordinator import LiveConfig, LiveRL, columns
+
+
+def realised_payback(dynamic: dict[str, Any], statics: dict[int, dict[str, Any]]) -> list[float]:
+    """Per switch: phases until the time saved against the static run at the split it left
+    covers its exposed cost (inf: never, before the next switch or the end)."""
+    out = []
+    ph = dynamic["phases"]
+    log = dynamic["switch_log"]
+    for i, s in enumerate(log):
+        first = s["phase"]
+        end = log[i + 1]["phase"] if i + 1 < len(log) else len(ph)
+        old = ph[first]["rollout"] - s["moved"] if s["direction"] == "to_rollout" else ph[first]["rollout"] + s["moved"]
+        stay = statics.get(old)
+        if stay is None:
+            out.append(math.inf)
+            continue
+        saved = -s["exposed_s"]
+        payback = math.inf
+        for q in range(first, end):
+            before = saved
+            clean = ph[q]["duration_s"] - (s["exposed_s"] if q == first else 0.0)
+            saved += stay["phases"][q]["duration_s"] - clean
+            if saved >= 0.0:
+                gain = saved - before
+                payback = (q - first) + ((0.0 - before) / gain if gain > 0 else 1.0)
+                break
+        out.append(payback)
+    return out
+
+
+def live_rows(*, steps: int = 12, rounds: int = 3, seeds: int = 1, plots: str | None = None, out_dir: str = "out/rl-live",
+              config: LiveConfig | None = None, quiet: bool = False, reward_steps: int = 0) -> list[dict[str, Any]]:
+    """Every static split and the dynamic policy, `rounds` times each, in rounds whose order
+    rotates (the machine is shared: its load drifts over minutes, so a schedule's figure is the
+    median of its rounds, and each round compares the schedules side by side)."""
+    cfg = config or LiveConfig(steps=steps)
+    cfg.steps = steps
+    out = Path(out_dir)
+    schedules: list[tuple[str, int | None]] = [(f"static-{r}", r) for r in range(1, cfg.slots)] + [("dynamic", None)]
+    rounds_runs: list[dict[str, dict[str, Any]]] = []
+    seed_runs: list[dict[str, Any]] = []
+    long_run = None
+    with LiveRL(cfg, out, quiet=quiet) as live:
+        warm = live.run_warmup()
+        for k in range(rounds):
+            shift = (k * len(schedules)) // max(1, rounds)
+            order = schedules[shift:] + schedules[:shift]
+            this: dict[str, dict[str, Any]] = {}
+            for name, r in order:
+                run = live.run(name, r)
+                run["round"] = k
+                this[name] = run
+            rounds_runs.append(this)
+        medians = {name: statistics.median(rr[name]["samples_per_s"] for rr in rounds_runs) for name, _ in schedules}
+        best_name = max((n for n, r in schedules if r is not None), key=lambda n: medians[n])
+        best_r = int(best_name.split("-")[1])
+        if reward_steps > 0:  # does the reward rise? one longer run of the best split
+            long_run = live.run(f"{best_name}-long", best_r, steps=reward_steps)
+        params, quota = live.parameters, cfg.cpus_per_slot if live.slot_manager else None
+        weights_group_s = live.weights_group_s
+    # Seed noise: the best split again under other seeds (other prompts and sampling noise).
+    for s in range(1, seeds):
+        seed_cfg = LiveConfig(**{**cfg.__dict__, "seed": cfg.seed + s})
+        with LiveRL(seed_cfg, out, quiet=quiet) as live:  # the same pretrained start (cached in out/cache)
+            live.run_warmup()
+            seed_runs.append(live.run(f"{best_name}-seed{s}", best_r))
+    first = rounds_runs[0]
+    dyn0, best0 = first["dynamic"], first[best_name]
+    reward_gap = max(abs(a - b) for a, b in zip(dyn0["rewards"], best0["rewards"]))
+    seed_gap = max((abs(a - b) for r in seed_runs for a, b in zip(r["rewards"], best0["rewards"])), default=None)
+    dyn_runs = [rr["dynamic"] for rr in rounds_runs]
+    paybacks = [p for rr in rounds_runs
+                for p in realised_payback(rr["dynamic"], {r["rollout"]: r for r in rr.values() if r["rollout"] is not None})]
+    per_round_ratio = [rr["dynamic"]["samples_per_s"] / rr[best_name]["samples_per_s"] for rr in rounds_runs]
+    common = {
+        "label": "measured",
+        "setting": {"slots": cfg.slots, "cpus_per_slot": quota, "steps": steps, "rounds": rounds, "prompts_per_step": cfg.prompts_per_step,
+                    "group_size": cfg.group_size, "parameters": params, "length_scale": cfg.length_scale, "drift": cfg.drift,
+                    "trace": cfg.trace, "weights_group_s": weights_group_s, "warmup_s": warm["total_s"]},
+        "median_samples_per_s": medians,
+        "per_round": [{n: {"samples_per_s": r["samples_per_s"], "load_average": r.get("load_average")} for n, r in rr.items()}
+                      for rr in rounds_runs],
+        "best_static": best_name,
+    }
+    total = sum(r["switch_total_s"] for r in dyn_runs)
+    exposed = sum(r["switch_exposed_s"] for r in dyn_runs)
+    rows = [
+        result("rl_live_throughput", medians["dynamic"], "samples/s", ("best_static_split", medians[best_name]),
+               beats_every_static=all(medians["dynamic"] > medians[n] for n, r in schedules if r is not None),
+               dynamic_over_best_static_per_round=per_round_ratio,
+               dynamic_switches=[r["switches"] for r in dyn_runs],
+               dynamic_mean_rollout=[r["mean_rollout_devices"] for r in dyn_runs],
+               reward_first_last={"dynamic": [dyn0["rewards"][0], dyn0["rewards"][-1]], best_name: [best0["rewards"][0], best0["rewards"][-1]]},
+               reward_curve_max_gap_vs_best_static=reward_gap, reward_curve_max_gap_other_seed=seed_gap,
+               exactly_once=all(r["ledger"]["exactly_once"] for rr in rounds_runs for r in rr.values()),
+               final_weights_identical=all(r.get("final_weights_identical", False) for rr in rounds_runs for r in rr.values()),
+               goal="gain over every static split with the same reward curve", **common),
+        result("rl_switch_hidden_fraction", 100.0 * (1.0 - exposed / total) if total > 0 else float("nan"), "%",
+               goal=">= 27 %", switches=[s for r in dyn_runs for s in r["switch_log"]], **common),
+    ]
+    finite = [p for p in paybacks if math.isfinite(p)]
+    rows.append(result("rl_payback_steps", statistics.median(paybacks) if paybacks else float("nan"), "steps",
+                       goal="<= 11", per_switch=[p if math.isfinite(p) else None for p in paybacks],
+                       paid_back=f"{len(finite)} of {len(paybacks)}", **common))
+    if long_run is not None:
+        rw = long_run["rewards"]
+        k = max(1, len(rw) // 5)
+        rows.append(result("rl_live_reward_trend", statistics.fmean(rw[-k:]), "reward", ("first_fifth", statistics.fmean(rw[:k])),
+                           exact_first_last=[statistics.fmean(long_run["exact"][:k]), statistics.fmean(long_run["exact"][-k:])],
+                           steps=len(rw), rollout=long_run["rollout"], rewards=rw, label="measured"))
+    (out / "runs.json").write_text(json.dumps({"rounds": rounds_runs, "seed_runs": seed_runs, "long_run": long_run}, indent=1, default=str))
+    if plots:
+        from dra.rl.plots import plot_roles
+
+        title = f"live RL, {cfg.slots} slots x {quota} CPU" if quota else f"live RL, {cfg.slots} slots (no quota)"
+        plot_roles({"dynamic (stage balance)": columns(dyn0), f"best static ({best_r} rollout)": columns(best0)},
+                   Path(plots) / "rl-live-roles.png", title=title + " (round 1)", label="measured", devices=cfg.slots)
+        plot_rewards(first, seed_runs + ([long_run] if long_run else []), Path(plots) / "rl-live-rewards.png")
+    return rows
+
+
+def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]], path: Path, window: int = 1) -> Path:
+    """Mean reward per step of every run (measured), averaged over `window` steps: the schedules'
+    curves should lie on each other."""
+    from dra.rl.plots import _pyplot, _smoothed
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, r in [*runs.items(), *((r["name"], r) for r in seed_runs)]:
+        style = {"linewidth": 2.2, "color": "black"} if name == "dynamic" else {"linewidth": 0.9, "alpha": 0.7}
+        ax.plot(range(len(r["rewards"])), _smoothed(r["rewards"], window), label=name, **style)
+        if window > 1 and "exact" in r:
+            ax.plot(range(len(r["exact"])), _smoothed(r["exact"], window), label=f"{name}: exact answers", linestyle="--", **style)
+    ax.set_xlabel("step (batch generated)")
+    ax.set_ylabel("mean reward of the batch" + (f" ({window}-step mean)" if window > 1 else ""))
+    ax.set_title("live GRPO: reward per step [measured]")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,572 @@
+"""The live RL loop's coordinator: device slots, the one-step-off GRPO pipeline, role switches.
+
+One process per slot (``dra.rl.live.worker``), each inside its slot's cgroups (hard CPU quota),
+started once and reused by every run. The coordinator (this process, outside the slots) owns the
+prompt stream and the pipeline:
+
+- phase p: the rollout slots generate batch p (prompts x group samples, pulled from one queue as
+  engine slots free up) with policy version max(p - 1, 0) while the trainers train on batch p - 1
+  (GRPO, group-normalised advantages, clipped ratio against the behaviour log-probs the rollout
+  recorded); then the trainers' leader broadcasts the new weights to every slot over the group
+  built once. Staleness is therefore exactly one step (zero for batch 0), checked per trajectory.
+- Every sequence is accounted for in a ledger (queued -> generating -> generated -> trained);
+  a run ends with every sequence generated exactly once and trained exactly once. Switches
+  happen at phase boundaries, where no generation is in flight, so an in-flight generation is
+  never cut: it finishes within its phase.
+- Static runs keep a split; the dynamic run asks ``StageBalancePolicy`` (the class the simulator
+  evaluates) at every boundary, feeding it what the run measured. A switch moves whole slots:
+  trainer -> rollout (the trainers rebuild their group without it: an in-place shrink) or
+  rollout -> trainer (an in-place grow: the joiner holds the current weights from the weight sync
+  and gets the optimizer state during its first step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Listener, wait
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+import dra.rl as rl
+from dra.rl.live import slots as cg
+from dra.rl.live.model import ModelConfig
+from dra.rl.live.pretrain import pretrain
+from dra.rl.live.task import PROMPT_TOKENS, PromptStream
+
+
+@dataclass
+class LiveConfig:
+    slots: int = 8
+    cpus_per_slot: float = 0.2
+    use_cgroups: bool = True
+    steps: int = 30
+    prompts_per_step: int = 8
+    group_size: int = 4
+    rollout_slots: int = 32  # sequences one rollout engine decodes at once
+    lr: float = 2e-4
+    clip: float = 0.2
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    length_scale: float = 0.125
+    drift: float = 1.0  # target lengths grow to this multiple by the last step (a length curriculum)
+    trace: str = "conv"
+    pretrain_steps: int = 400
+    pretrain_batch: int = 16
+    pretrain_lr: float = 2e-3
+    pretrain_seed: int = 0  # the warm-up (the "pretrained model") does not change with the RL seed
+    model: ModelConfig = field(default_factory=ModelConfig)
+    policy: dict[str, Any] = field(default_factory=dict)  # StageBalanceConfig options (dynamic runs)
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        if self.slots < 2:
+            raise ValueError(f"slots: must be >= 2 (one per role), got {self.slots}")
+        if self.steps < 1:
+            raise ValueError(f"steps: must be >= 1, got {self.steps}")
+        if self.prompts_per_step < 1 or self.group_size < 2:
+            raise ValueError("prompts_per_step must be >= 1 and group_size >= 2 (GRPO compares samples of a prompt)")
+        if not self.drift > 0:
+            raise ValueError(f"drift: must be > 0 (1: none), got {self.drift}")
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def _child_setup(cgroup_paths: list[str] | None) -> None:
+    """In the worker before exec: into its slot's cgroups, and killed if the coordinator dies
+    (Linux PR_SET_PDEATHSIG), so no worker outlives an interrupted run."""
+    import ctypes
+
+    if cgroup_paths:
+        cg.join(cgroup_paths)
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+
+class LiveRL:
+    """Slots, their worker processes and the store; `run` executes one schedule on them."""
+
+    def __init__(self, config: LiveConfig, out_dir: str | Path, *, quiet: bool = False) -> None:
+        config.validate()
+        self.config, self.out, self.quiet = config, Path(out_dir), quiet
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.stream = PromptStream(rl.trace_lengths(config.trace), length_scale=config.length_scale, seed=config.seed)
+        self.log("pretraining the policy (cached)")
+        model = pretrain(self.stream, steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
+                         seed=config.pretrain_seed, config=config.model, cache_dir=self.out / "cache", quiet=quiet)
+        import torch
+
+        self.weights = self.out / "cache" / f"rl-live-start-{os.getpid()}.pt"  # what every run starts from
+        self.weights.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), self.weights)
+        from dra.rl.live.model import parameter_count
+
+        self.parameters = parameter_count(model)
+        self.slot_manager: cg.Slots | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.conns: dict[int, Any] = {}
+        self.job = f"rl-{os.getpid()}"
+        self._runs = 0
+        self._digests = False
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=config.timeout_s))
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            # A terminated benchmark still stops its workers and removes its cgroups (close()).
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            self._start_workers()
+        except BaseException:
+            self.close()
+            raise
+
+    def log(self, text: str) -> None:
+        if not self.quiet:
+            print(f"[dra.rl live] {text}", file=sys.stderr, flush=True)
+
+    # ---- processes ------------------------------------------------------------------------------
+    def _start_workers(self) -> None:
+        c = self.config
+        if c.use_cgroups:
+            why = cg.available()
+            if why:
+                raise RuntimeError(f"use_cgroups: {why}; run as root on a machine with cgroups v1, or pass use_cgroups=False")
+            self.slot_manager = cg.Slots(self.job, cg.plan_slots(c.slots, c.cpus_per_slot))
+        auth = secrets.token_bytes(16)
+        listener = Listener(("127.0.0.1", 0), authkey=auth)
+        accepted: list[Any] = []
+
+        def accept() -> None:
+            for _ in range(c.slots):
+                try:
+                    accepted.append(listener.accept())
+                except OSError:
+                    return
+
+        threading.Thread(target=accept, daemon=True).start()
+        for i in range(c.slots):
+            env = dict(os.environ, DRA_RL_COORD=f"127.0.0.1:{listener.address[1]}", DRA_RL_SLOT=str(i), DRA_RL_AUTH=auth.hex(),
+                       OMP_NUM_THREADS="1")
+            paths = self.slot_manager.paths(f"slot{i}") if self.slot_manager else None
+            with open(self.out / f"worker-{i}.log", "ab") as log:  # the child keeps its own descriptor
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "dra.rl.live.worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                   preexec_fn=lambda p=paths: _child_setup(p), start_new_session=True))
+        deadline = time.monotonic() + c.timeout_s
+        while len(accepted) < c.slots:
+            for i, p in enumerate(self.procs):
+                if p.poll() is not None:
+                    raise WorkerError(f"slot {i}: worker exited with {p.returncode} at start (see {self.out / f'worker-{i}.log'})")
+            if time.monotonic() > deadline:
+                raise WorkerError(f"only {len(accepted)} of {c.slots} workers connected within {c.timeout_s:g} s")
+            time.sleep(0.05)
+        listener.close()
+        for conn in accepted:
+            hello = conn.recv()
+            self.conns[hello["hello"]] = conn
+        init = {"model": asdict(c.model), "store_host": "127.0.0.1", "store_port": self.store.port, "slots": c.slots, "job": self.job,
+                "lr": c.lr, "clip": c.clip, "max_grad_norm": c.max_grad_norm, "seed": c.seed, "rollout_slots": c.rollout_slots,
+                "timeout_s": c.timeout_s}
+        for conn in self.conns.values():
+            conn.send(init)
+        self.weights_group_s = max(self._recv(s)["weights_group_s"] for s in self.conns)
+        self.log(f"{c.slots} slots ready ({'cgroups: %.2f CPU each' % c.cpus_per_slot if self.slot_manager else 'no cgroups'}; "
+                 f"weights group built once in {self.weights_group_s:.3f} s)")
+
+    def _recv(self, slot: int) -> dict[str, Any]:
+        conn = self.conns[slot]
+        if not conn.poll(self.config.timeout_s):
+            raise WorkerError(f"slot {slot}: no answer within {self.config.timeout_s:g} s (see {self.out / f'worker-{slot}.log'})")
+        try:
+            return conn.recv()
+        except EOFError:
+            raise WorkerError(f"slot {slot}: worker died (see {self.out / f'worker-{slot}.log'})") from None
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            try:
+                conn.send({"cmd": "stop"})
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+        if self.slot_manager is not None:
+            self.slot_manager.close()
+            self.slot_manager = None
+
+    def __enter__(self) -> "LiveRL":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def cpu_usage(self) -> dict[str, float]:
+        if self.slot_manager is None:
+            return {}
+        return {s: self.slot_manager.usage_s(s) for s in self.slot_manager.specs}
+
+    # ---- one run ----------------------------------------------------------------------------------
+    def run_warmup(self, steps: int = 2) -> dict[str, Any]:
+        """A short run to discard: first-time costs (the first Gloo groups, allocator, op
+        dispatch caches) land here, not on the first measured schedule."""
+        return self.run("warmup", self.config.slots // 2, steps=steps)
+
+    def run(self, name: str, rollout: int | None, *, steps: int | None = None, schedule: dict[int, int] | None = None,
+            digests: bool = False) -> dict[str, Any]:
+        """One training run: `rollout` slots generate throughout (static), or None: the
+        stage-balance policy decides (dynamic, starting at half). `schedule` ({phase: rollout
+        slots}) asks for switches at given phases through the same path (tests, experiments);
+        `digests` records every trainer's parameter and optimizer-state digest after each step."""
+        c = self.config
+        self._digests = digests
+        if steps is not None:
+            from dataclasses import replace
+
+            c = replace(c, steps=steps)
+        n_slots = c.slots
+        self._runs += 1  # the trainers' store prefix is unique per run, even for a repeated name
+        for s, conn in self.conns.items():
+            conn.send({"cmd": "reset", "weights": str(self.weights), "run": f"{self._runs}-{name}"})
+        for s in self.conns:
+            self._recv(s)
+        dynamic = rollout is None
+        split = n_slots // 2 if dynamic else int(rollout)
+        for q, r in (schedule or {}).items():
+            if not (1 <= q <= c.steps and 1 <= r < n_slots):
+                raise ValueError(f"schedule: phase {q} -> {r} rollout slots is outside phases [1, {c.steps}] or splits [1, {n_slots - 1}]")
+        if not 1 <= split < n_slots:
+            raise ValueError(f"rollout: must lie in [1, {n_slots - 1}], got {rollout}")
+        policy = None
+        if dynamic:
+            opts = {"devices": n_slots, "cooldown_steps": 4, "hysteresis_decisions": 2, "min_relative_gain": 0.05,
+                    "prior_switch_cost_s": 0.5, **c.policy}
+            cfg = rl.StageBalanceConfig(**opts)
+            cfg.generation.max_concurrency = c.rollout_slots
+            cfg.lengths.half_life = 4.0 * c.prompts_per_step * c.group_size
+            policy = rl.StageBalancePolicy(cfg)
+        rollout_slots = list(range(split))  # slots 0..split-1 generate, the rest train
+        trainers = list(range(split, n_slots))
+        epoch = 0
+        joiners: list[int] = []
+        pending_switch: dict[str, Any] | None = None
+        version = 0
+        since_switch = 10**9
+        ledger: dict[int, str] = {}
+        batches: dict[int, list[dict[str, Any]]] = {}
+        record: dict[str, Any] = {"name": name, "rollout": split if not dynamic else None, "phases": [], "switch_log": [], "steps": c.steps}
+        usage0 = self.cpu_usage()
+        load0 = os.getloadavg()[0]
+        t_run = time.perf_counter()
+        phases = c.steps + 1
+        for p in range(phases):
+            gen_batch = p if p < c.steps else None
+            train_batch = p - 1 if p >= 1 else None
+            scale = 1.0 + (c.drift - 1.0) * (gen_batch / max(1, c.steps - 1)) if gen_batch is not None else 1.0
+            queue: deque[dict[str, Any]] = deque()
+            if gen_batch is not None:
+                for prompt in self.stream.prompts(gen_batch, c.prompts_per_step, scale):
+                    for j in range(c.group_size):
+                        key = prompt.pid * 64 + j
+                        if key in ledger:
+                            raise AssertionError(f"ledger: sequence {key} queued twice")
+                        ledger[key] = "queued"
+                        queue.append({"prompt": {"pid": prompt.pid, "symbol": prompt.symbol, "target": prompt.target, "tokens": prompt.tokens},
+                                      "sample": j})
+            shards = self._shards(batches.pop(train_batch), trainers, version) if train_batch is not None else {}
+            for key in (t["key"] for sh in shards.values() for t in sh["trajectories"]):
+                if ledger.get(key) != "generated":
+                    raise AssertionError(f"ledger: sequence {key} trained while {ledger.get(key)}")
+                ledger[key] = "trained"
+            phase = self._phase(p, rollout_slots, trainers, epoch, joiners, queue, shards, version, ledger, batches, gen_batch)
+            if pending_switch is not None:
+                sw = self._switch_cost(pending_switch, phase)
+                record["switch_log"].append(sw)
+                phase["action"] = sw["direction"]
+                phase["switch_total_s"], phase["switch_exposed_s"] = sw["total_s"], sw["exposed_s"]
+                if policy is not None:
+                    policy.observe_switch(sw["direction"], sw["exposed_s"])
+                pending_switch = None
+            # Weight sync (after a training step): the trainers' leader to every slot.
+            if phase["trained_sequences"]:
+                t0 = time.perf_counter()
+                for s, conn in self.conns.items():
+                    conn.send({"cmd": "sync", "source": trainers[0], "version": version + 1, "digest": p == phases - 1})
+                acks = [self._recv(s) for s in self.conns]
+                phase["weight_sync_s"] = time.perf_counter() - t0
+                version += 1
+                if p == phases - 1:
+                    digests = {a["digest"] for a in acks}
+                    record["final_weights_identical"] = len(digests) == 1
+            else:
+                phase["weight_sync_s"] = 0.0
+            phase["duration_s"] = phase["stages_s"] + phase["weight_sync_s"]
+            phase["start_s"] = sum(x["duration_s"] for x in record["phases"])
+            record["phases"].append(phase)
+            joiners = []
+            since_switch += 1
+            want: dict[str, Any] | None = None
+            t0 = time.perf_counter()
+            if policy is not None:
+                self._observe(policy, phase, len(trainers))
+                if p + 1 < phases:
+                    d = policy.decide(len(rollout_slots), len(trainers), p, since_switch, phases - 1 - p, c.prompts_per_step * c.group_size)
+                    phase["predicted_next_s"] = d["target"]["step_s"]
+                    phase["reason"] = d["reason"]
+                    if d["action"] != "hold":
+                        want = d
+            if schedule and schedule.get(p + 1, len(rollout_slots)) != len(rollout_slots):
+                target = schedule[p + 1]
+                want = {"action": "to_rollout" if target > len(rollout_slots) else "to_train", "moved": abs(target - len(rollout_slots)),
+                        "reason": f"schedule: {target} rollout slots at phase {p + 1}", "payback_steps": None}
+            agree_s = time.perf_counter() - t0
+            if want is not None:
+                moved = want["moved"]
+                if want["action"] == "to_rollout":
+                    slots_moved = trainers[-moved:]  # the newest trainers leave; the leader stays
+                    trainers = trainers[:-moved]
+                    rollout_slots = sorted(rollout_slots + slots_moved)
+                else:
+                    slots_moved = rollout_slots[-moved:]
+                    rollout_slots = rollout_slots[:-moved]
+                    trainers = trainers + slots_moved
+                    joiners = slots_moved
+                epoch += 1
+                since_switch = 0
+                pending_switch = {"phase": p + 1, "direction": want["action"], "moved": moved, "slots": slots_moved, "agree_s": agree_s,
+                                  "reason": want["reason"], "predicted_payback_steps": want["payback_steps"]}
+            if not self.quiet:
+                self.log(f"{name} phase {p}/{phases - 1}: {len(rollout_slots)}R/{len(trainers)}T {phase['duration_s']:.2f} s "
+                         f"(rollout {phase['rollout_s']:.2f}, train {phase['train_s']:.2f}) reward {phase.get('mean_reward', float('nan')):.3f}"
+                         + (f" -> {pending_switch['direction']}" if pending_switch else ""))
+        record["wall_s"] = time.perf_counter() - t_run
+        usage1 = self.cpu_usage()
+        record["cpu_s"] = {s: usage1[s] - usage0.get(s, 0.0) for s in usage1}
+        # The machine is shared: the load around the run says how much of the quota it could get.
+        record["load_average"] = [load0, os.getloadavg()[0]]
+        states = set(ledger.values())
+        record["ledger"] = {"sequences": len(ledger), "states": sorted(states), "exactly_once": states == {"trained"},
+                            "in_flight_at_switch": 0, "requeued": 0}
+        return self._finish(record)
+
+    def _shards(self, trajs: list[dict[str, Any]], trainers: list[int], version: int) -> dict[int, dict[str, Any]]:
+        """GRPO advantages per prompt group, then the batch split over the trainers by tokens
+        (longest first onto the least loaded): the gradient is the same for any split."""
+        groups: dict[int, list[dict[str, Any]]] = {}
+        for t in trajs:
+            if version - t["version"] > 1:
+                raise AssertionError(f"staleness: sequence {t['key']} of version {t['version']} trained at version {version}")
+            groups.setdefault(t["pid"], []).append(t)
+        for g in groups.values():
+            rewards = [t["reward"] for t in g]
+            mean = statistics.fmean(rewards)
+            std = statistics.pstdev(rewards)
+            for t in g:
+                t["advantage"] = (t["reward"] - mean) / (std + 1e-6) if std > 1e-9 else 0.0
+        total = sum(len(t["tokens"]) for t in trajs)
+        load = {s: 0 for s in trainers}
+        out = {s: {"trajectories": [], "global_tokens": total} for s in trainers}
+        for t in sorted(trajs, key=lambda t: (-len(t["tokens"]), t["key"])):
+            s = min(trainers, key=lambda x: (load[x], x))
+            out[s]["trajectories"].append(t)
+            load[s] += len(t["tokens"])
+        return out
+
+    def _phase(self, p: int, rollout_slots: list[int], trainers: list[int], epoch: int, joiners: list[int], queue: deque[dict[str, Any]],
+               shards: dict[int, dict[str, Any]], version: int, ledger: dict[int, str], batches: dict[int, list[dict[str, Any]]],
+               gen_batch: int | None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        gen_version = version
+        # The router spreads the batch over the rollout engines (round robin, at most an engine's
+        # slots each); what does not fit stays queued and is pulled as slots free.
+        first: dict[int, list[dict[str, Any]]] = {s: [] for s in rollout_slots}
+        while queue and any(len(first[s]) < self.config.rollout_slots for s in rollout_slots):
+            for s in rollout_slots:
+                if queue and len(first[s]) < self.config.rollout_slots:
+                    g = queue.popleft()
+                    ledger[g["prompt"]["pid"] * 64 + g["sample"]] = "generating"
+                    first[s].append(g)
+        for s in rollout_slots:
+            self.conns[s].send({"cmd": "phase", "role": "rollout", "version": gen_version, "seqs": first[s], "more": bool(queue)})
+        for s in trainers:
+            self.conns[s].send({"cmd": "phase", "role": "train", "trainers": trainers, "epoch": epoch, "joiners": joiners,
+                                "shard": shards.get(s), "digest": self._digests})
+        generated: list[dict[str, Any]] = []
+        rollout_stats: dict[int, dict[str, Any]] = {}
+        train_stats: dict[int, dict[str, Any]] = {}
+        rollout_end = t0
+        train_end = t0
+        by_conn = {id(self.conns[s]): s for s in self.conns}
+        waiting = [self.conns[s] for s in rollout_slots + trainers]
+        while waiting:
+            ready = wait(waiting, timeout=self.config.timeout_s)
+            if not ready:
+                raise WorkerError(f"phase {p}: no worker answered within {self.config.timeout_s:g} s")
+            for conn in ready:
+                slot = by_conn[id(conn)]
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    raise WorkerError(f"slot {slot}: worker died in phase {p} (see {self.out / f'worker-{slot}.log'})") from None
+                now = time.perf_counter()
+                if "gen" in msg:
+                    for t in msg["finished"]:
+                        if ledger.get(t["key"]) != "generating":
+                            raise AssertionError(f"ledger: sequence {t['key']} finished while {ledger.get(t['key'])}")
+                        ledger[t["key"]] = "generated"
+                        generated.append(t)
+                        rollout_end = now
+                    if msg["want"] > 0:  # a worker that asks waits for the answer; one that only reports does not
+                        give = [queue.popleft() for _ in range(min(msg["want"], len(queue)))]
+                        for g in give:
+                            ledger[g["prompt"]["pid"] * 64 + g["sample"]] = "generating"
+                        conn.send({"seqs": give, "more": bool(queue)})
+                elif "rollout_done" in msg:
+                    rollout_stats[slot] = msg["rollout_done"]
+                    waiting.remove(conn)
+                elif "train_done" in msg:
+                    train_stats[slot] = msg["train_done"]
+                    train_end = now
+                    waiting.remove(conn)
+                else:
+                    raise WorkerError(f"slot {slot}: unexpected message {sorted(msg)}")
+        if queue:
+            raise AssertionError(f"phase {p}: {len(queue)} sequences never handed out")
+        if gen_batch is not None:
+            batches[gen_batch] = generated
+        rollout_s = (rollout_end - t0) if generated else 0.0
+        train_s = (train_end - t0) if train_stats else 0.0
+        trained = sum(len(sh["trajectories"]) for sh in shards.values())
+        phase: dict[str, Any] = {
+            "phase": p, "rollout": len(rollout_slots), "train": len(trainers), "rollout_s": rollout_s, "train_s": train_s,
+            "stages_s": max(rollout_s, train_s), "trained_sequences": trained, "action": "hold", "switch_total_s": 0.0,
+            "switch_exposed_s": 0.0, "version": version, "rollout_stats": rollout_stats, "train_stats": train_stats,
+        }
+        if generated:
+            phase["mean_reward"] = statistics.fmean(t["reward"] for t in generated)
+            phase["exact"] = statistics.fmean(1.0 if t["exact"] else 0.0 for t in generated)
+            phase["mean_length"] = statistics.fmean(len(t["tokens"]) for t in generated)
+            phase["longest"] = max(len(t["tokens"]) for t in generated)
+            phase["generated_version"] = gen_version
+            phase["lengths"] = [len(t["tokens"]) for t in generated]
+        if train_stats:
+            lead = train_stats[trainers[0]]
+            phase["loss"] = lead.get("loss")
+            if self._digests:
+                phase["digests"] = {s: (st.get("param_digest"), st.get("optimizer_digest")) for s, st in train_stats.items()}
+        return phase
+
+    def _switch_cost(self, sw: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
+        """The cost split of a switch in the phase it took effect, and how much of it the phase
+        hid: exposed = this phase's stage time minus what it would have been without the
+        switch's blocking parts (rebuild and the optimizer wait on the trainers, the engine start
+        of a new rollout worker)."""
+        ts = phase["train_stats"]
+        rs = phase["rollout_stats"]
+        rebuild = max((s.get("rebuild_s", 0.0) for s in ts.values()), default=0.0)
+        transfer = max((s.get("optimizer_transfer_s", 0.0) for s in ts.values()), default=0.0)
+        wait_s = max((s.get("optimizer_wait_s", 0.0) for s in ts.values() if s.get("joined")), default=0.0)
+        engine = max((rs[s].get("engine_start_s", 0.0) for s in sw["slots"] if s in rs), default=0.0)
+        clean_train = max(0.0, phase["train_s"] - rebuild - wait_s) if phase["train_s"] else 0.0
+        clean_rollout = max(0.0, phase["rollout_s"] - engine) if phase["rollout_s"] else 0.0
+        exposed = max(0.0, phase["stages_s"] - max(clean_rollout, clean_train)) + sw["agree_s"]
+        total = sw["agree_s"] + rebuild + transfer + engine
+        return {
+            "phase": sw["phase"], "direction": sw["direction"], "moved": sw["moved"], "slots": sw["slots"],
+            "cost_split": {"agree_s": sw["agree_s"], "rebuild_s": rebuild, "weights_s": 0.0, "optimizer_s": transfer,
+                           "rollout_start_s": engine},
+            "weights_note": "a joiner already holds the current weights from the step's weight sync",
+            "total_s": total, "exposed_s": min(exposed, total), "hidden_s": max(0.0, total - exposed),
+            "optimizer_wait_s": wait_s, "reason": sw["reason"], "predicted_payback_steps": sw["predicted_payback_steps"],
+        }
+
+    def _observe(self, policy: Any, phase: dict[str, Any], trainers: int) -> None:
+        for length in phase.get("lengths", []):
+            policy.observe_generation(float(PROMPT_TOKENS), float(length))
+        for st in phase["rollout_stats"].values():
+            for c, ctx, iters, secs in st["segments"]:
+                policy.observe_decode(int(c), float(ctx), float(iters), float(secs))
+        ts = phase["train_stats"]
+        if ts and phase["trained_sequences"]:
+            tokens = sum(s["tokens"] for s in ts.values())
+            step = max(s["compute_s"] + s["sync_s"] + s.get("optimizer_step_s", 0.0) for s in ts.values())
+            sync = statistics.fmean(s["sync_s"] for s in ts.values())
+            policy.observe_train(trainers, tokens / trainers, step, min(sync, step))
+        if phase["weight_sync_s"]:
+            policy.observe_weight_sync(phase["weight_sync_s"])
+
+    def _finish(self, r: dict[str, Any]) -> dict[str, Any]:
+        ph = r["phases"]
+        total = sum(p["duration_s"] for p in ph)
+        trained = sum(p["trained_sequences"] for p in ph)
+        r["total_s"] = total
+        r["samples_per_s"] = trained / total if total else 0.0
+        r["switches"] = len(r["switch_log"])
+        tot = sum(s["total_s"] for s in r["switch_log"])
+        r["switch_total_s"] = tot
+        r["switch_exposed_s"] = sum(s["exposed_s"] for s in r["switch_log"])
+        r["hidden_fraction"] = 1.0 - r["switch_exposed_s"] / tot if tot > 0 else None
+        r["mean_rollout_devices"] = sum(p["rollout"] * p["duration_s"] for p in ph) / total if total else 0.0
+        r["rewards"] = [p.get("mean_reward") for p in ph if "mean_reward" in p]
+        r["exact"] = [p.get("exact") for p in ph if "exact" in p]
+        for p in ph:  # columns for plots and JSON; the per-slot details stay in the events file
+            p.pop("rollout_stats", None)
+            p.pop("train_stats", None)
+            p.pop("lengths", None)
+        return r
+
+
+def columns(run: dict[str, Any]) -> dict[str, Any]:
+    """The run's phases as columns (the shape ``dra.rl.plots.plot_roles`` reads)."""
+    keys = ("phase", "rollout", "train", "start_s", "duration_s", "rollout_s", "train_s", "trained_sequences", "action")
+    return {**run, "phases": {k: [p[k] for p in run["phases"]] for k in keys}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dra.rl.live.coordinator", description="One live RL run (or several).")
+    parser.add_argument("--out", default="out/rl-live")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rollout", type=int, action="append", help="static split(s) to run (rollout slots)")
+    parser.add_argument("--dynamic", action="store_true", help="also run the stage-balance policy")
+    parser.add_argument("--no-cgroups", action="store_true")
+    parser.add_argument("--cpus-per-slot", type=float, default=0.2)
+    parser.add_argument("--pretrain-steps", type=int, default=400)
+    parser.add_argument("--plots", metavar="DIR", help="write the runs' reward curves (rl-live-rewards-<steps>.png) into DIR")
+    args = parser.parse_args(argv)
+    cfg = LiveConfig(steps=args.steps, use_cgroups=not args.no_cgroups, cpus_per_slot=args.cpus_per_slot, pretrain_steps=args.pretrain_steps)
+    runs = []
+    with LiveRL(cfg, args.out) as live:
+        for r in args.rollout or []:
+            runs.append(live.run(f"static-{r}", r))
+        if args.dynamic:
+            runs.append(live.run("dynamic", None))
+    with open(Path(args.out) / "runs.json", "w") as f:
+        json.dump(runs, f, indent=1, default=str)
+    if args.plots:
+        from dra.rl.live.bench import plot_rewards
+
+        plot_rewards({r["name"]: r for r in runs}, [], Path(args.plots) / f"rl-live-rewards-{args.steps}.png", window=10)
+    for r in runs:
+        print(f"{r['name']}: {r['samples_per_s']:.3f} samples/s, {r['total_s']:.1f} s, switches {r['switches']}, "
+              f"exactly once {r['ledger']['exactly_once']}, rewards {r['rewards'][0]:.3f} -> {r['rewards'][-1]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

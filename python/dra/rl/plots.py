@@ -1,0 +1,84 @@
+"""PNG plots of RL pipeline runs: role sizes and throughput over time (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _smoothed(values: Sequence[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def plot_roles(
+    runs: dict[str, dict[str, Any]],
+    path: str | Path,
+    *,
+    title: str,
+    label: str,
+    devices: int,
+    window: int = 5,
+) -> Path:
+    """Two panels over time: rollout devices of each run (trainers = devices - rollout), and its
+    throughput (trained sequences per second over the last `window` phases). ``runs`` maps a
+    legend name to a run dict (``phases`` columns as from ``dra.rl.simulate`` or the live loop);
+    ``label`` says what the figures are (simulated, measured)."""
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    for name, run in runs.items():
+        ph = run["phases"]
+        t = [s + d for s, d in zip(ph["start_s"], ph["duration_s"])]
+        top.step([0.0] + t, [ph["rollout"][0]] + list(ph["rollout"]), where="pre", label=name, linewidth=1.4)
+        done = _smoothed([float(n) for n in ph["trained_sequences"]], window)
+        spent = _smoothed(list(ph["duration_s"]), window)
+        bottom.plot(t, [a / b if b > 0 else 0.0 for a, b in zip(done, spent)], label=name, linewidth=1.2)
+        for i, a in enumerate(ph["action"]):
+            if a != "hold":
+                top.axvline(ph["start_s"][i], color="grey", linewidth=0.6, linestyle=":")
+    top.set_ylabel(f"rollout devices (of {devices})")
+    top.set_ylim(0, devices)
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="best")
+    bottom.set_ylabel(f"samples/s ({window}-phase window)")
+    bottom.set_xlabel("time (s)")
+    bottom.grid(alpha=0.3)
+    fig.suptitle(f"{title} [{label}]")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_simulation(doc: dict[str, Any], folder: str | Path) -> list[Path]:
+    """Role sizes and throughput over time of the dynamic run next to the best static split,
+    the oracle and colocated time sharing, for one ``dra.rl.simulate`` result."""
+    st = doc["settings"]
+    best = doc["statics"][doc["best_static"]]
+    runs = {
+        "dynamic (stage balance)": doc["dynamic"],
+        f"best static ({best['rollout']} rollout)": best,
+        "oracle (per-phase best)": doc["oracle"],
+    }
+    name = st["scenario"] or "custom"
+    source = st["length_source"].replace("AzureLLMInferenceTrace_", "azure ").replace(".csv:GeneratedTokens", "")
+    title = f"RL pipeline {name}: {source}, drift x{st['workload']['drift_final_scale']:g}, {st['pipeline']}"
+    path = Path(folder) / f"rl-{name}-roles.png"
+    return [plot_roles(runs, path, title=title, label="simulated", devices=st["devices"])]

@@ -1,0 +1,134 @@
+"""What a simulation starts from: the policy names and reallocation costs, the shipped profiles and
+workloads, the published figures to compare with, and the reallocation cost a user asks for."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from dra import _core
+
+POLICIES: tuple[str, ...] = tuple(_core.sim_policy_names)
+#: Dynamic policies `dra-sim study` compares by default with the static baselines: the DRA
+#: framework's rule, the Pollux size rule per job, and dra's convergence-aware policy.
+STUDY_POLICIES: tuple[str, ...] = ("convergence", "goodput", "convergence_aware")
+#: Policies of the shared-cluster study (runs contend for one cluster).
+SHARED_POLICIES: tuple[str, ...] = ("tiresias", "pollux", "arbiter", "convergence_aware")
+#: The static baselines of a study: the request as made, the best fixed size in hindsight at the
+#: user's batch, and the best fixed size and batch in hindsight (all within the same budget).
+STUDY_BASELINES: tuple[str, ...] = tuple(_core.sim_study_baselines)
+#: Stand-in for the measured in-place resize cost (seconds); `--reallocation-cost inplace`.
+IN_PLACE_RESIZE_COST_S: float = float(_core.sim_in_place_resize_cost_stand_in_s)
+#: The reference simulator's cost of one reallocation (checkpoint-restart), seconds.
+POLLUX_REALLOCATION_COST_S: float = 30.0
+
+
+def default_data_dir() -> Path:
+    """The profiles and workloads dra ships (``data/pollux``), or ``$DRA_SIM_DATA`` when set.
+
+    The editable install in ``.venv`` resolves it relative to the repository
+    (``python/dra/sim/`` -> ``data/pollux``)."""
+    env = os.environ.get("DRA_SIM_DATA")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve()
+    candidates += [here.parent / "data" / "pollux", here.parents[3] / "data" / "pollux"]
+    for c in candidates:
+        if (c / "traces").is_dir():
+            return c
+    raise FileNotFoundError(
+        "dra.sim: no profiles found (looked in "
+        + ", ".join(str(c) for c in candidates)
+        + "); set DRA_SIM_DATA to a folder holding traces/ and workloads/, or pass --traces DIR"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _profiles_cached(traces: str) -> Any:
+    return _core.SimProfiles(traces)
+
+
+def load_profiles(traces: str | os.PathLike[str] | None = None) -> Any:
+    """The measured profiles under ``traces`` (default: the shipped copy), loaded once per path."""
+    path = Path(traces) if traces is not None else default_data_dir() / "traces"
+    return _profiles_cached(str(Path(path).resolve()))
+
+
+def read_workload(path: str | os.PathLike[str], profiles: Any = None) -> list[dict[str, Any]]:
+    """Jobs of a workload CSV; a malformed row raises ValueError naming file, line and column."""
+    return list(_core.sim_read_workload(str(path), profiles))
+
+
+def published_jct(data_dir: Path | None = None) -> dict[str, Any]:
+    """The Pollux artifact's published average JCTs: ``{"loads": {load: {"avg_jct_s": {scheduler:
+    {workload: s}}}}, "workload_sha256": {sha256: {"workload", "load"}}}``, {} when absent."""
+    try:
+        path = (data_dir or default_data_dir()) / "published_jct.json"
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def published_for(workload: str | os.PathLike[str], data_dir: Path | None = None) -> dict[str, Any]:
+    """Published figures for a workload CSV, matched by the SHA-256 of its bytes (never by file
+    name: the 0.5x and 2.0x variants share names with the 1.0x ones). ``{}`` for any other CSV;
+    otherwise ``{"workload", "load", "avg_jct_s": {scheduler: s}}``."""
+    import hashlib
+
+    doc = published_jct(data_dir)
+    digest = hashlib.sha256(Path(workload).read_bytes()).hexdigest()
+    match = doc.get("workload_sha256", {}).get(digest)
+    if not match:
+        return {}
+    figures = doc["loads"][match["load"]]["avg_jct_s"]
+    return {
+        "workload": match["workload"],
+        "load": match["load"],
+        "avg_jct_s": {k: v[match["workload"]] for k, v in figures.items() if match["workload"] in v},
+    }
+
+
+def cost_from_resize_report(path: str | os.PathLike[str]) -> float:
+    """The in-place resize cost measured by ``python -m dra.bench resize --json PATH``: the slower of
+    dra's shrink (4->2) and grow (2->4), at the largest model state the report measured."""
+    import re
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"reallocation cost: cannot read resize report {path}: {exc}") from None
+    by_size: dict[float, list[float]] = {}
+    for r in doc.get("results", []) if isinstance(doc, dict) else []:
+        m = re.fullmatch(r"(shrink_4to2|grow_2to4)_([0-9.]+)MB", str(r.get("name", "")))
+        if m and isinstance(r.get("value"), (int, float)) and math.isfinite(r["value"]):
+            by_size.setdefault(float(m.group(2)), []).append(float(r["value"]))
+    if not by_size:
+        raise ValueError(
+            f"reallocation cost: {path} has no shrink_4to2_<N>MB / grow_2to4_<N>MB results; "
+            "expected the JSON of `python -m dra.bench resize --json PATH`"
+        )
+    return max(by_size[max(by_size)])
+
+
+def parse_cost(text: str | float) -> float:
+    """A reallocation cost in seconds; ``inplace`` means the in-place resize cost, ``pollux`` 30 s,
+    a path to a ``dra.bench resize`` JSON report the cost it measured (``cost_from_resize_report``)."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    elif text.strip().lower().endswith(".json"):
+        value = cost_from_resize_report(text.strip())
+    elif text.strip().lower() in ("inplace", "in-place", "in_place"):
+        value = IN_PLACE_RESIZE_COST_S
+    elif text.strip().lower() == "pollux":
+        value = POLLUX_REALLOCATION_COST_S
+    else:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"reallocation cost: '{text}' is not a number of seconds, 'inplace' or 'pollux'") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"reallocation cost: must be a finite number of seconds >= 0, got {text}")
+    return value

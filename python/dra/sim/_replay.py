@@ -1,0 +1,192 @@
+"""Replays of a workload under each policy, with aggregates and paired changes against baselines."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from dra import _core
+from dra.sim._inputs import (
+    POLICIES,
+    POLLUX_REALLOCATION_COST_S,
+    load_profiles,
+    parse_cost,
+    published_for,
+    read_workload,
+)
+from dra.sim._stats import _percentile, bootstrap_ci
+
+
+def _metric_attainment(profiles: Any, job: dict[str, Any]) -> float | None:
+    """Final metric relative to what the trace reaches at the requested batch after its last epoch:
+    1.0 is the same quality, below 1 is worse (inverted for falling metrics such as WER)."""
+    final = job.get("final_metric")
+    if final is None:
+        return None
+    info = profiles.info(job["application"])
+    ref = profiles.best_metric(job["application"], job["requested_batch"], info["max_epochs"])
+    if info["metric_increases"]:
+        return final / ref if ref else None
+    return ref / final if final else None
+
+
+def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
+    """Aggregates of one simulation (one workload, one policy).
+
+    - ``utilization``: busy device time over held device time, summed over jobs. Busy: running
+      training steps (gradient computation and synchronisation); held but not busy: waiting out a
+      reallocation (restart or resize).
+    - ``cluster_utilization``: busy device time over the devices that exist, from the first arrival to
+      the last completion; ``allocated_fraction``: held device time over the same.
+    - ``compute_utilization``: device time computing gradients over device time held.
+    - ``final_metric``: mean metric attainment (see ``_metric_attainment``)."""
+    jobs = result["jobs"]
+    done = [j for j in jobs if j["jct_s"] is not None]
+    jcts = [j["jct_s"] for j in done]
+    gpu_s = sum(j["gpu_seconds"] for j in jobs)
+    busy_s = sum(j["busy_gpu_seconds"] for j in jobs)
+    compute_s = sum(j["compute_gpu_seconds"] for j in jobs)
+    span = max(result["makespan_s"] - result["first_submit_s"], 1e-9)
+    attain = [a for a in (_metric_attainment(profiles, j) for j in done) if a is not None]
+    by_app: dict[str, list[float]] = {}
+    for j in done:
+        if j["final_metric"] is not None:
+            by_app.setdefault(j["application"], []).append(j["final_metric"])
+    return {
+        "avg_jct_s": sum(jcts) / len(jcts) if jcts else None,
+        "p99_jct_s": _percentile(jcts, 99) if jcts else None,
+        "median_jct_s": _percentile(jcts, 50) if jcts else None,
+        "makespan_s": result["makespan_s"],
+        "gpu_hours": gpu_s / 3600.0,
+        "utilization": busy_s / gpu_s if gpu_s else None,
+        "cluster_utilization": busy_s / (result["capacity"] * span),
+        "allocated_fraction": gpu_s / (result["capacity"] * span),
+        "compute_utilization": compute_s / gpu_s if gpu_s else None,
+        "final_metric": sum(attain) / len(attain) if attain else None,
+        "final_metric_by_application": {k: sum(v) / len(v) for k, v in sorted(by_app.items())},
+        "completed": len(done),
+        "jobs": len(jobs),
+        "reallocations": sum(j["reallocations"] for j in jobs),
+        "reallocation_cost_s": result["reallocation_cost_s"],
+        "wall_s": result["wall_s"],
+    }
+
+
+def _paired_changes(
+    jobs: dict[str, list[dict[str, Any]]], policy: str, baseline: str, *, resamples: int, seed: int
+) -> dict[str, Any]:
+    """Changes of `policy` against `baseline` over the same jobs, paired by job, with 95 % bootstrap
+    CIs: mean JCT, mean training time, GPU-hours (relative, negative is less) and utilisation
+    (busy / held, in points of fraction, negative is less)."""
+    import numpy as np
+
+    a, b = jobs[policy], jobs[baseline]
+
+    def col(rows: list[dict[str, Any]], key: str) -> Any:
+        return np.array([r[key] if r[key] is not None else np.nan for r in rows], dtype=float)
+
+    jct_a, jct_b = col(a, "jct_s"), col(b, "jct_s")
+    tt_a = col(a, "completion_s") - col(a, "start_s")
+    tt_b = col(b, "completion_s") - col(b, "start_s")
+    gpu_a, gpu_b = col(a, "gpu_seconds"), col(b, "gpu_seconds")
+    busy_a, busy_b = col(a, "busy_gpu_seconds"), col(b, "busy_gpu_seconds")
+    ok = np.flatnonzero(np.isfinite(jct_a) & np.isfinite(jct_b))
+
+    def ci(f: Callable[[Any], float], salt: int) -> dict[str, Any]:
+        est, lo, hi = bootstrap_ci(lambda idx: f(ok[idx]), len(ok), resamples=resamples, seed=seed + salt)
+        return {"estimate": est, "ci95": [lo, hi]}
+
+    return {
+        "jct_change": ci(lambda i: float(np.mean(jct_a[i]) / np.mean(jct_b[i]) - 1.0), 1),
+        "training_time_change": ci(lambda i: float(np.mean(tt_a[i]) / np.mean(tt_b[i]) - 1.0), 2),
+        "gpu_hours_change": ci(lambda i: float(np.sum(gpu_a[i]) / np.sum(gpu_b[i]) - 1.0), 3),
+        "utilization_change": ci(
+            lambda i: float(np.sum(busy_a[i]) / np.sum(gpu_a[i]) - np.sum(busy_b[i]) / np.sum(gpu_b[i])), 4
+        ),
+        "jobs": int(len(ok)),
+    }
+
+
+def _stderr_progress(label: str, quiet: bool) -> Callable[[float, int, int], bool]:
+    import sys
+
+    last = [0.0]
+
+    def report(now: float, done: int, total: int) -> bool:
+        if not quiet and (time.monotonic() - last[0] > 0.5 or done == total):
+            last[0] = time.monotonic()
+            sys.stderr.write(f"\r[dra-sim] {label}: t={now / 3600:7.2f} h, {done}/{total} jobs done ")
+            if done == total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+        return True
+
+    return report
+
+
+def replay(
+    workload: str | os.PathLike[str],
+    *,
+    policies: Iterable[str] | None = None,
+    reallocation_cost: float | str = POLLUX_REALLOCATION_COST_S,
+    traces: str | os.PathLike[str] | None = None,
+    interval_s: float = 60.0,
+    nodes: int = 16,
+    devices_per_node: int = 4,
+    remaining_work_from_budget: bool = True,
+    price_floor: float | None = None,
+    quiet: bool = True,
+    resamples: int = 1000,
+    jobs_detail: bool = True,
+) -> dict[str, Any]:
+    """Replays one workload under each policy. Every dynamic policy runs under the same rules as
+    Pollux (online-fitted throughput model from a linear-speedup prior, exploration limit, one
+    distributed job per node, batch cap, the reallocation cost on every change). Returns the
+    ``--json`` document: ``{"workload", "load", "policies": {name: aggregates + "vs": {baseline:
+    changes}}, "baselines", "jobs": [...], "timelines": {...}, "published_avg_jct_s"}``."""
+    profiles = load_profiles(traces)
+    cost = parse_cost(reallocation_cost)
+    jobs = read_workload(workload, profiles)
+    names = list(policies) if policies else list(POLICIES)
+    for p in names:
+        if p not in POLICIES:
+            raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
+    floor = float(_core.sim_default_price_floor) if price_floor is None else float(price_floor)
+    published = published_for(workload)
+    name = published.get("workload", Path(workload).stem)
+    out: dict[str, Any] = {
+        "workload": name,
+        "file": str(workload),
+        "load": published.get("load"),
+        "reallocation_cost_s": cost,
+        "cluster": {"nodes": nodes, "devices_per_node": devices_per_node},
+        "interval_s": interval_s,
+        "rules": "pollux: online-fitted model, exploration limit, one distributed job per node, batch cap",
+        "remaining_work": "epoch budget" if remaining_work_from_budget else "loss-curve fit",
+        "cluster_price_floor": floor,
+        "policies": {},
+        "jobs": [],
+        "timelines": {},
+    }
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for p in names:
+        result = _core.sim_run(
+            profiles, jobs, p, cost, interval_s, nodes, devices_per_node, 0.0, jobs_detail, remaining_work_from_budget, floor,
+            _stderr_progress(f"{name} {p}", quiet),
+        )
+        out["policies"][p] = summarize(result, profiles)
+        by_policy[p] = sorted(result["jobs"], key=lambda j: j["name"])
+        if jobs_detail:
+            out["timelines"][p] = result["timeline"]
+            out["jobs"] += [dict(j, policy=p) for j in result["jobs"]]
+    baselines = [b for b in ("static", "pollux") if b in by_policy]
+    out["baselines"] = baselines
+    for p in names:
+        out["policies"][p]["vs"] = {
+            b: _paired_changes(by_policy, p, b, resamples=resamples, seed=17) for b in baselines if b != p
+        }
+    out["published_avg_jct_s"] = published.get("avg_jct_s", {})
+    return out

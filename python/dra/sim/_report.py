@@ -1,0 +1,79 @@
+"""Markdown tables of a replay and of a study."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _fmt(v: Any, spec: str = ".0f") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return format(v, spec)
+
+
+def _pct(d: dict[str, Any] | None, pct: bool = True) -> str:
+    if not d:
+        return "-"
+    k = 100.0
+    unit = " %" if pct else " pt"
+    est = d["estimate"]
+    if d.get("ci95") is None:
+        return f"{est * k:+.1f}{unit}"
+    return f"{est * k:+.1f}{unit} [{d['ci95'][0] * k:+.1f}, {d['ci95'][1] * k:+.1f}]"
+
+
+def markdown_replay(doc: dict[str, Any]) -> str:
+    published = doc.get("published_avg_jct_s", {})
+    load = f", load {doc['load']}x" if doc.get("load") else ""
+    lines = [
+        f"### {doc['workload']}{load} (reallocation cost {doc['reallocation_cost_s']:g} s; simulated)",
+        "",
+        "| policy | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation (busy/held) | cluster util. | final metric | reallocations | JCT vs pollux | wall (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p, a in doc["policies"].items():
+        vs = a.get("vs", {}).get("pollux", {}).get("jct_change")
+        lines.append(
+            f"| {p} | {_fmt(a['avg_jct_s'])} | {_fmt(a['p99_jct_s'])} | {_fmt(a['makespan_s'])} | {_fmt(a['gpu_hours'], '.1f')} | "
+            f"{_fmt(a['utilization'], '.3f')} | {_fmt(a['cluster_utilization'], '.3f')} | {_fmt(a['final_metric'], '.4f')} | "
+            f"{a['reallocations']} | {_pct(vs)} | {_fmt(a['wall_s'], '.2f')} |"
+        )
+    for p, v in published.items():
+        lines.append(f"| {p} (published) | {_fmt(v)} | | | | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_study(doc: dict[str, Any]) -> str:
+    c = doc["conditions"]
+    lines = [
+        f"### Study: {doc['runs']} runs, seed {doc['seed']} (simulated): {c['requests']} requests, quota {c['quota_scale']:g}x "
+        f"request, resize cost {c['reallocation_cost_s']:g} s, {c['cluster']}, target {c['target']} (wall {doc['wall_s']:.1f} s)",
+        "",
+        "| policy | mean training time (s) | mean JCT (s) | GPU-hours | utilisation (busy/held) | "
+        + ("cluster util. | " if doc.get("shared_cluster") else "")
+        + "target reached | final metric (attainment) |",
+        "|---|---:|---:|---:|---:|" + ("---:|" if doc.get("shared_cluster") else "") + "---:|---:|",
+    ]
+    for p, a in doc["policies"].items():
+        cu = f"{_fmt(a.get('cluster_utilization'), '.3f')} | " if doc.get("shared_cluster") else ""
+        lines.append(
+            f"| {p} | {_fmt(a['mean_training_time_s'])} | {_fmt(a['mean_jct_s'])} | {_fmt(a['gpu_hours'], '.0f')} | "
+            f"{_fmt(a['utilization'], '.3f')} | {cu}{_fmt(a['reached_target'], '.3f')} | {_fmt(a['final_metric_attainment'], '.4f')} |"
+        )
+    for b in doc["baselines"]:
+        rows = [(p, a["vs"][b]) for p, a in doc["policies"].items() if b in a.get("vs", {})]
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"| vs {b} | training time (mean) | training time (mean of per-run ratios) | JCT (mean) | GPU-hours | utilisation (points) | final metric |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p, v in rows:
+            lines.append(
+                f"| {p} | {_pct(v['training_time_change'])} | {_pct(v['training_time_change_per_run'])} | {_pct(v['jct_change'])} | "
+                f"{_pct(v['gpu_hours_change'])} | {_pct(v['utilization_change'], pct=False)} | "
+                f"{v['final_metric_change']['estimate']:+.4f} |"
+            )
+    return "\n".join(lines) + "\n"

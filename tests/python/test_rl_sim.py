@@ -1,0 +1,137 @@
+"""The RL stage-balance policy and pipeline simulator from Python (dra.rl, dra-sim rl, dra.bench rl)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import dra.rl as rl
+from dra import _core
+
+
+def test_shipped_trace_is_the_azure_generated_tokens() -> None:
+    conv = rl.trace_lengths("conv")
+    code = rl.trace_lengths("code")
+    assert len(conv) == 19366 and len(code) == 8819
+    assert max(conv) == 1000 and max(code) == 1899
+    assert sorted(conv)[len(conv) // 2] == 129
+    assert (rl.data_dir() / "LICENSE").is_file() and (rl.data_dir() / "NOTICE").is_file()
+
+
+def test_simulate_sweeps_every_split_on_the_same_lengths() -> None:
+    doc = rl.simulate(trace="conv", drift=3.0, steps=15)
+    statics = doc["statics"]
+    assert [r["rollout"] for r in statics] == list(range(1, 8))
+    best = statics[doc["best_static"]]
+    assert best["total_s"] == min(r["total_s"] for r in statics)
+    assert doc["oracle"]["total_s"] <= best["total_s"] + 1e-9
+    # Common random numbers: every schedule generated the same batches.
+    for r in [*statics, doc["dynamic"], doc["oracle"]]:
+        assert r["phases"]["mean_length"][:15] == statics[0]["phases"]["mean_length"][:15]
+        assert sum(r["phases"]["trained_sequences"]) == 15 * 512
+    s = doc["summary"]
+    assert s["label"] == "simulated"
+    assert s["dynamic_vs_best_static"] == pytest.approx(doc["dynamic"]["samples_per_s"] / best["samples_per_s"] - 1)
+    assert s["dynamic_time_vs_best_static"] == pytest.approx(doc["dynamic"]["total_s"] / best["total_s"] - 1)
+    assert doc["colocated"]["phases"]["rollout"][0] == 8
+    text = rl.markdown(doc)
+    assert "| static (best) |" in text and "colocated time sharing" in text
+
+
+def test_training_bound_without_tail_gains_nothing() -> None:
+    doc = rl.simulate("training_bound", steps=40)
+    best = doc["statics"][doc["best_static"]]
+    # Nothing to rebalance: the dynamic run ends on the best static split and cannot beat it.
+    assert doc["dynamic"]["phases"]["rollout"][-1] == best["rollout"]
+    assert doc["dynamic"]["samples_per_s"] <= best["samples_per_s"] * (1 + 1e-9)
+    # Even free per-phase switching gains only on the pipeline's fill and drain phases (rollout
+    # only, training only); in between the oracle keeps the best static split.
+    assert doc["oracle"]["phases"]["rollout"][1:-1] == [best["rollout"]] * 39
+    assert 0.0 <= doc["summary"]["oracle_vs_best_static"] < 0.02
+
+
+def test_options_are_checked_with_named_errors(tmp_path) -> None:
+    with pytest.raises(ValueError, match="scenario: unknown scenario 'nope'"):
+        rl.simulate("nope")
+    with pytest.raises(ValueError, match="give one source"):
+        rl.simulate(trace="conv", constant_length=10.0)
+    with pytest.raises(ValueError, match="unknown option 'stepz'"):
+        rl.simulate(workload={"stepz": 3})
+    with pytest.raises(ValueError, match="switch_weights_s"):
+        rl.simulate(costs={"switch_weights_s": -1.0}, steps=2)
+    with pytest.raises(ValueError, match="pipeline: unknown pipeline"):
+        rl.simulate(pipeline="fast", steps=2)
+    with pytest.raises(ValueError, match="initial_rollout"):
+        rl.simulate(initial_rollout=9, steps=2)
+    other = tmp_path / "other.csv"
+    other.write_text("TIMESTAMP,Tokens\nx,5\n")
+    with pytest.raises(ValueError, match="missing column 'GeneratedTokens'"):
+        rl.trace_lengths(other)
+    other.write_text("GeneratedTokens\n5\n0\n")
+    with pytest.raises(ValueError, match=":3: column 'GeneratedTokens'.*>= 1 token"):
+        _core.rl_read_lengths(str(other))
+
+
+def test_policy_binding_decides_and_names_bad_input() -> None:
+    policy = rl.StageBalancePolicy(rl.StageBalanceConfig(devices=4, cooldown_steps=0, hysteresis_decisions=1, prior_switch_cost_s=0.0))
+    assert policy.decide(2, 2, 0, 100, -1, 64)["reason"].startswith("hold: no generation observed")
+    for _ in range(5):
+        for _ in range(64):
+            policy.observe_generation(50.0, 3000.0)
+        for c in (64, 32, 8, 1):
+            policy.observe_decode(c, c * 1500.0, 10.0, 10.0 * (0.01 + 1e-4 * c))
+        policy.observe_train(2, 64 * 3050 / 2, 0.2 + 1e-5 * 64 * 3050 / 2 + 0.05, 0.05)
+    d = policy.decide(1, 3, 5, 100, -1, 64)
+    assert d["action"] == "to_rollout" and d["rollout"] > 1 and d["rollout"] + d["train"] == 4
+    assert d["target"]["step_s"] < d["current"]["step_s"]
+    assert len(policy.predict_all(64)) == 3
+    assert policy.lengths.quantile(0.5) == pytest.approx(3000.0, rel=0.011)
+    with pytest.raises(ValueError, match="direction: unknown direction 'sideways'"):
+        policy.observe_switch("sideways", 1.0)
+    with pytest.raises(ValueError, match="stage_state"):
+        policy.decide(3, 3, 0, 0)
+    with pytest.raises(ValueError, match="min_rollout"):
+        rl.StageBalanceConfig(devices=2, min_rollout=2)
+    sketch = rl.QuantileSketch(rl.QuantileSketchConfig(half_life=10.0))
+    for v in (1.0, 2.0, 3.0):
+        sketch.add(v)
+    assert sketch.observations == 3 and sketch.quantile(1.0) == pytest.approx(3.0, rel=0.011)
+
+
+def test_cli_writes_json_markdown_and_plot(tmp_path) -> None:
+    out = tmp_path / "rl.json"
+    md = tmp_path / "rl.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra.sim.cli", "rl", "--scenario", "long_tail", "--steps", "12", "--json", str(out),
+         "--markdown", str(md), "--plots", str(tmp_path / "plots"), "--policy", "cooldown_steps=2"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["scenario"] == "long_tail" and doc["settings"]["policy"] == {"cooldown_steps": 2}
+    assert "AzureLLMInferenceTrace_code.csv" in doc["settings"]["length_source"]
+    assert md.read_text().startswith("### RL pipeline, simulated: long_tail")
+    assert (tmp_path / "plots" / "rl-long_tail-roles.png").stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, "-m", "dra.sim.cli", "rl", "--cost", "nonsense"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--cost: expected NAME=VALUE" in bad.stderr
+
+
+def test_bench_rl_rows(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra.bench", "rl", "--steps", "10", "--scenarios", "long_tail", "training_bound", "--json", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    for name in ("rl_sim_throughput", "rl_sim_time", "rl_sim_throughput_vs_colocated", "rl_sim_oracle",
+                 "rl_sim_throughput.training_bound"):
+        assert name in rows, name
+    assert rows["rl_sim_throughput"]["baseline"]["name"] == "best_static_split"
+    assert rows["rl_sim_throughput_vs_colocated"]["baseline"]["name"] == "colocated_time_sharing"
+    assert rows["rl_sim_throughput"]["label"] == "simulated"
+    best = max(rows["rl_sim_throughput"]["static_samples_per_s"].values())
+    assert rows["rl_sim_throughput"]["baseline"]["value"] == pytest.approx(best)
