@@ -35,8 +35,12 @@ SUITE = "elastic_gpu"
 
 
 def start_store() -> tuple[subprocess.Popen, int]:
-    store = subprocess.Popen([sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    store = subprocess.Popen(
+        [sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     line = store.stdout.readline()
     if "listening" not in line:
         store.kill()
@@ -59,8 +63,17 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
     model = make_model(args.quick)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sampler = de.ElasticSampler(batch * steps_total, batch, seed=0)
-    ctl = de.init(model, opt, sampler, backend="nccl", policy="none", min_size=1, max_size=1,
-                  decide_every=args.decide_every, fault_timeout_s=30.0)
+    ctl = de.init(
+        model,
+        opt,
+        sampler,
+        backend="nccl",
+        policy="none",
+        min_size=1,
+        max_size=1,
+        decide_every=args.decide_every,
+        fault_timeout_s=30.0,
+    )
     tokens = torch.randint(0, vocab, (batch, seq), device="cuda")
     targets = torch.randint(0, vocab, (batch, seq), device="cuda")
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -70,7 +83,9 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
 
     if not dist.is_initialized():
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-    ddp_model = torch.nn.parallel.DistributedDataParallel(make_model(args.quick), device_ids=[torch.cuda.current_device()])
+    ddp_model = torch.nn.parallel.DistributedDataParallel(
+        make_model(args.quick), device_ids=[torch.cuda.current_device()]
+    )
     ddp_opt = torch.optim.AdamW(ddp_model.parameters(), lr=1e-4)
 
     it = iter(sampler)
@@ -115,7 +130,7 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
     fns = {"dra": dra_step, "ddp": ddp_step}
     joules = {"dra": 0.0, "ddp": 0.0}
     for r in range(args.rounds):
-        for name in (("dra", "ddp") if r % 2 == 0 else ("ddp", "dra")):
+        for name in ("dra", "ddp") if r % 2 == 0 else ("ddp", "dra"):
             torch.cuda.synchronize()
             meter.mark()
             start = time.perf_counter()
@@ -125,11 +140,15 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
             times[name].append((time.perf_counter() - start) / args.steps)
             joules[name] += meter.mark().joules
     reads = dict(ctl.device_reads)
-    energy = {"source": meter.source, "reader": meter.reader, "joules_dra": joules["dra"], "joules_ddp": joules["ddp"],
-              "notes": list(meter.notes)}
+    energy = {
+        "source": meter.source,
+        "reader": meter.reader,
+        "joules_dra": joules["dra"],
+        "joules_ddp": joules["ddp"],
+        "notes": list(meter.notes),
+    }
     params = sum(p.numel() for p in model.parameters())
-    return times["dra"], times["ddp"], {"reads": reads, "energy": energy, "params": params,
-                                         "steps": ctl.step_index}
+    return times["dra"], times["ddp"], {"reads": reads, "energy": energy, "params": params, "steps": ctl.step_index}
 
 
 def comm_lifecycle(checks: dict[str, Any]) -> None:
@@ -164,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     from dra.bench._report import result, write_report  # noqa: PLC0415
 
     store, port = start_store()
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "1", "RANK": "0",
-                       "DRA_JOB_ID": "gpucheck"})
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "1", "RANK": "0", "DRA_JOB_ID": "gpucheck"}
+    )
     checks: dict[str, Any] = {}
     try:
         torch.cuda.set_device(0)
@@ -177,24 +197,53 @@ def main(argv: list[str] | None = None) -> int:
     med_dra, med_ddp = statistics.median(dra_t), statistics.median(ddp_t)
     reads = info["reads"]
     results = [
-        result("elastic_step_ms_one_rank", med_dra * 1e3, "ms",
-               ("plain DDP, one-rank NCCL group (DDP all-reduces, dra skips a world of one)", med_ddp * 1e3),
-               label="measured", params=info["params"], steps=args.steps * args.rounds,
-               overhead_pct=(med_dra / med_ddp - 1.0) * 100.0),
-        result("synchronising_steps", float(checks["synchronising_steps"]), "steps", None, label="measured",
-               checked=checks["synchronising_steps_checked"], first=checks["first_sync"],
-               goal="0 (torch.cuda.set_sync_debug_mode('error') raised nothing)",
-               goal_met=checks["synchronising_steps"] == 0),
-        result("device_reads", float(reads["reads"]), "reads", None, label="measured",
-               blocking_waits=reads["blocking_waits"], steps=info["steps"]),
-        result("energy_j_dra_blocks", info["energy"]["joules_dra"], "J", ("DDP blocks", info["energy"]["joules_ddp"]),
-               label=info["energy"]["source"], reader=info["energy"]["reader"], notes=info["energy"]["notes"]),
+        result(
+            "elastic_step_ms_one_rank",
+            med_dra * 1e3,
+            "ms",
+            ("plain DDP, one-rank NCCL group (DDP all-reduces, dra skips a world of one)", med_ddp * 1e3),
+            label="measured",
+            params=info["params"],
+            steps=args.steps * args.rounds,
+            overhead_pct=(med_dra / med_ddp - 1.0) * 100.0,
+        ),
+        result(
+            "synchronising_steps",
+            float(checks["synchronising_steps"]),
+            "steps",
+            None,
+            label="measured",
+            checked=checks["synchronising_steps_checked"],
+            first=checks["first_sync"],
+            goal="0 (torch.cuda.set_sync_debug_mode('error') raised nothing)",
+            goal_met=checks["synchronising_steps"] == 0,
+        ),
+        result(
+            "device_reads",
+            float(reads["reads"]),
+            "reads",
+            None,
+            label="measured",
+            blocking_waits=reads["blocking_waits"],
+            steps=info["steps"],
+        ),
+        result(
+            "energy_j_dra_blocks",
+            info["energy"]["joules_dra"],
+            "J",
+            ("DDP blocks", info["energy"]["joules_ddp"]),
+            label=info["energy"]["source"],
+            reader=info["energy"]["reader"],
+            notes=info["energy"]["notes"],
+        ),
     ]
     write_report(SUITE, results, args.json)
     ok = checks["synchronising_steps"] == 0 and checks["comm_lifecycle_ok"]
-    print(f"elastic_gpu: comm paths {checks['comm_paths']}, synchronising steps {checks['synchronising_steps']}"
-          f"{' (' + checks['first_sync'] + ')' if checks['first_sync'] else ''}, device reads {reads}, "
-          f"step {med_dra * 1e3:.2f} ms vs DDP {med_ddp * 1e3:.2f} ms, energy {info['energy']}")
+    print(
+        f"elastic_gpu: comm paths {checks['comm_paths']}, synchronising steps {checks['synchronising_steps']}"
+        f"{' (' + checks['first_sync'] + ')' if checks['first_sync'] else ''}, device reads {reads}, "
+        f"step {med_dra * 1e3:.2f} ms vs DDP {med_ddp * 1e3:.2f} ms, energy {info['energy']}"
+    )
     return 0 if ok else 1
 
 

@@ -1,10 +1,10 @@
 #pragma once
 // The chunked transfer with its staging chunk on a chosen device (internal to dra::dra): the NCCL
 // transfer packs small pieces into a device chunk; Gloo's (make_chunked_transfer) into a CPU one.
+#include <c10/core/Device.h>
+
 #include <cstddef>
 #include <memory>
-
-#include <c10/core/Device.h>
 
 #include "dra/torch/comm/communicator.hpp"
 

@@ -1,11 +1,11 @@
 // Values read on the host only where needed (deferred_reads.hpp).
 #include "deferred_reads.hpp"
 
-#include <algorithm>
-#include <thread>
-
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+#include <thread>
 
 #include "dra/error.hpp"
 
@@ -34,7 +34,8 @@ void deferred_reads::push(std::int64_t step, const at::Tensor& values) {
   if (!ring_.defined() || ring_.device() != flat.device() || used == ring_.size(0)) {
     at::Tensor grown = at::zeros({std::max<std::int64_t>(16, 2 * used), kWidth},
                                  at::TensorOptions().dtype(at::kFloat).device(flat.device()));
-    if (used > 0 && ring_.defined() && ring_.device() == flat.device()) grown.narrow(0, 0, used).copy_(ring_.narrow(0, 0, used));
+    if (used > 0 && ring_.defined() && ring_.device() == flat.device())
+      grown.narrow(0, 0, used).copy_(ring_.narrow(0, 0, used));
     ring_ = grown;
   }
   ring_.select(0, used).narrow(0, 0, n).copy_(flat.narrow(0, 0, n));  // device to device: no wait
@@ -84,7 +85,8 @@ std::vector<deferred_reads::row> deferred_reads::take(std::int64_t before, std::
   for (std::size_t i = 0; i < wanted; ++i) {
     row r;
     r.step = device_steps_[i];
-    for (std::int64_t k = 0; k < kWidth; ++k) r.values[static_cast<std::size_t>(k)] = p[i * kWidth + static_cast<std::size_t>(k)];
+    for (std::int64_t k = 0; k < kWidth; ++k)
+      r.values[static_cast<std::size_t>(k)] = p[i * kWidth + static_cast<std::size_t>(k)];
     out.push_back(r);
   }
   // The rows not taken (the newest steps) move to the front of the ring, in stream order.

@@ -8,15 +8,15 @@
 // unread row to pinned memory (non-blocking) and records an event; take() waits on that event,
 // which by then has normally completed (the device is at most one step behind). Values on the CPU
 // (Gloo, the emulated NCCL) are read at once and only queued.
+#include <ATen/Tensor.h>
+#include <c10/core/Event.h>
+
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <vector>
-
-#include <ATen/Tensor.h>
-#include <c10/core/Event.h>
 
 namespace dra::elastic::detail {
 
@@ -44,12 +44,12 @@ class deferred_reads {
   std::uint64_t reads() const noexcept { return reads_; }
 
  private:
-  std::vector<row> host_rows_;            // CPU values, read at push
+  std::vector<row> host_rows_;              // CPU values, read at push
   std::vector<std::int64_t> device_steps_;  // steps of ring_[0 .. n)
-  at::Tensor ring_;                       // [capacity, kWidth] float32 on the device
-  at::Tensor pinned_;                     // host copy of the prefetched rows
+  at::Tensor ring_;                         // [capacity, kWidth] float32 on the device
+  at::Tensor pinned_;                       // host copy of the prefetched rows
   std::optional<c10::Event> copied_;
-  std::size_t prefetched_ = 0;            // rows of ring_ covered by pinned_
+  std::size_t prefetched_ = 0;  // rows of ring_ covered by pinned_
   std::uint64_t blocking_waits_ = 0;
   std::uint64_t reads_ = 0;
 };

@@ -12,11 +12,11 @@
 //   taken at s rides with the reductions from s + 1 on; it is read one step later, at s + 2, by
 //   every member, which then applies it). Both are functions of the step index only, so every
 //   member reads, and applies, at the same boundary. Other steps never wait for the device.
+#include <ATen/Functions.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include <ATen/Functions.h>
 
 #include "deferred_reads.hpp"
 #include "dra/error.hpp"
@@ -39,7 +39,8 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params) {
   if (comm_->size() == 1) {
     // Alone in the world: the gradient already is the global batch's mean; only the loss is queued.
     if (!solo_tail_.defined() || solo_tail_.device() != comm_->device())
-      solo_tail_ = at::zeros({detail::gradient_reducer::kTail}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
+      solo_tail_ =
+          at::zeros({detail::gradient_reducer::kTail}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
     pending_loss_->decision_flag = false;
     detail::write_tail(solo_tail_, *pending_loss_);
     reads_->push(step_index_, solo_tail_);
@@ -84,14 +85,16 @@ device_read_stats controller::device_reads() const noexcept {
 }
 
 // ---- the step boundary ------------------------------------------------------------------------------
-const step_status& controller::step(double loss, const step_signals& extra) { return step_impl(nullptr, loss, extra); }
+const step_status& controller::step(double loss, const step_signals& extra) {
+  return step_impl(nullptr, loss, extra);
+}
 
 const step_status& controller::step(const at::Tensor& loss, const step_signals& extra) {
   if (!loss.defined() || loss.numel() != 1)
     dra::detail::throw_invalid("loss", "expected a 0-d tensor (loss.mean() or loss.sum())");
   if (!at::isFloatingType(loss.scalar_type()))
-    dra::detail::throw_invalid("loss", std::string("expected a floating-point tensor, got ") +
-                                           c10::toString(loss.scalar_type()));
+    dra::detail::throw_invalid(
+        "loss", std::string("expected a floating-point tensor, got ") + c10::toString(loss.scalar_type()));
   if (loss.device().is_cpu()) return step_impl(nullptr, loss.item<double>(), extra);
   return step_impl(&loss, kNaN, extra);
 }
@@ -191,8 +194,7 @@ const step_status& controller::step_local(const at::Tensor* device_loss, double 
 }
 
 bool controller::decision_point(std::int64_t committed) const {
-  return committed >= 0 &&
-         (engine_.decision_due(committed + 1) || options_.resize_schedule.count(committed + 1) > 0);
+  return committed >= 0 && (engine_.decision_due(committed + 1) || options_.resize_schedule.count(committed + 1) > 0);
 }
 
 bool controller::read_due(std::int64_t committed) const {
@@ -204,8 +206,7 @@ void controller::read_reductions(std::int64_t committed) {
   if (deferred && !read_due(committed)) return;
   // Synchronous: everything up to this step's reduction. Asynchronous: up to the previous step's.
   const auto rows = reads_->take(deferred ? committed : committed + 1, options_.fault_timeout());
-  if (!comm_->healthy())
-    throw dra::comm_error("the communicator failed while this step's reduction was in flight");
+  if (!comm_->healthy()) throw dra::comm_error("the communicator failed while this step's reduction was in flight");
   for (const auto& r : rows) {
     const double count = r.values[1];
     world_loss_known_ = count > 0;
@@ -241,7 +242,8 @@ void controller::commit(const at::Tensor* device_loss, double loss, const step_s
   status_.committed = true;
   status_.step = committed;
   status_.loss = world_loss_;
-  if (comm_ && comm_->rank() == 0) log_->status.maybe_print(step_index_, options_.status_every, world_loss_, world_size());
+  if (comm_ && comm_->rank() == 0)
+    log_->status.maybe_print(step_index_, options_.status_every, world_loss_, world_size());
 }
 
 void controller::resume_at(std::int64_t step_index) {

@@ -16,6 +16,7 @@
 
 #ifdef DRA_WITH_NCCL
 #include <ATen/ATen.h>
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "dra/error.hpp"
@@ -83,7 +84,8 @@ TEST_CASE("nccl.emulation.all_reduce_and_broadcast_are_bit_identical") {
   const std::size_t count = 600000;
   std::vector<std::vector<float>> data(n, std::vector<float>(count));
   for (int r = 0; r < n; ++r)
-    for (std::size_t i = 0; i < count; ++i) data[r][i] = 0.1f * static_cast<float>(r + 1) + 1e-7f * static_cast<float>(i);
+    for (std::size_t i = 0; i < count; ++i)
+      data[r][i] = 0.1f * static_cast<float>(r + 1) + 1e-7f * static_cast<float>(i);
   std::vector<std::vector<std::int64_t>> ints(n, std::vector<std::int64_t>(5));
   for (int r = 0; r < n; ++r)
     for (std::size_t i = 0; i < 5; ++i) ints[r][i] = (r + 1) * 1000 + static_cast<std::int64_t>(i);
@@ -91,9 +93,12 @@ TEST_CASE("nccl.emulation.all_reduce_and_broadcast_are_bit_identical") {
   for (std::size_t i = 0; i < 7; ++i) bcast[1][i] = 3.5 + static_cast<double>(i);
   on_ranks(n, [&](int r) {
     auto h = comms[static_cast<std::size_t>(r)];
-    CHECK(api->all_reduce_sum(data[r].data(), data[r].data(), count, nccl_dtype::float32, h, nullptr) == nccl_result::success);
-    CHECK(api->all_reduce_sum(ints[r].data(), ints[r].data(), 5, nccl_dtype::int64, h, nullptr) == nccl_result::success);
-    CHECK(api->broadcast(bcast[r].data(), bcast[r].data(), 7, nccl_dtype::float64, 1, h, nullptr) == nccl_result::success);
+    CHECK(api->all_reduce_sum(data[r].data(), data[r].data(), count, nccl_dtype::float32, h, nullptr) ==
+          nccl_result::success);
+    CHECK(api->all_reduce_sum(ints[r].data(), ints[r].data(), 5, nccl_dtype::int64, h, nullptr) ==
+          nccl_result::success);
+    CHECK(api->broadcast(bcast[r].data(), bcast[r].data(), 7, nccl_dtype::float64, 1, h, nullptr) ==
+          nccl_result::success);
   });
   const float expect0 = (0.1f * 1 + 0.1f * 2) + 0.1f * 3;  // summed in rank order on every rank
   CHECK(data[0][0] == expect0);
@@ -112,7 +117,8 @@ TEST_CASE("nccl.emulation.grouped_send_recv_to_and_from_one_peer") {
   const int n = 2;
   auto comms = init_world(*api, n);
   const std::size_t count = 1 << 20;  // 4 MiB of int32: 8x the pair's ring, so the group must interleave
-  std::vector<std::vector<std::int32_t>> out(n, std::vector<std::int32_t>(count)), in(n, std::vector<std::int32_t>(count));
+  std::vector<std::vector<std::int32_t>> out(n, std::vector<std::int32_t>(count)),
+      in(n, std::vector<std::int32_t>(count));
   for (int r = 0; r < n; ++r)
     for (std::size_t i = 0; i < count; ++i) out[r][i] = static_cast<std::int32_t>(r * 7 + static_cast<int>(i % 1000));
   on_ranks(n, [&](int r) {
@@ -237,8 +243,9 @@ struct world {
     }
   }
   /// Rebuilds on the given ranks (universe ids = indices) concurrently; returns the errors.
-  std::vector<std::string> rebuild(const std::vector<int>& who, std::uint64_t epoch, const std::vector<int>& old_members,
-                                   const std::vector<int>& new_members, bool abortive = false) {
+  std::vector<std::string> rebuild(const std::vector<int>& who, std::uint64_t epoch,
+                                   const std::vector<int>& old_members, const std::vector<int>& new_members,
+                                   bool abortive = false) {
     std::vector<std::string> errors(comms.size());
     std::vector<std::thread> threads;
     for (int id : who) {

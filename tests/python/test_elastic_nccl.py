@@ -12,7 +12,6 @@ and bit-identical state, on the asynchronous-communicator path (decisions read t
 from __future__ import annotations
 
 import pytest
-
 from _elastic_harness import Job, check_exactly_once
 from test_elastic_world import _digests_after_changes, _final_members_identical
 
@@ -41,8 +40,17 @@ def _nccl_logs(job: Job, n: int) -> str:
 
 
 def test_grow_shrink_grow_with_standby_readmission_on_nccl(tmp_path):
-    job = Job(tmp_path, 4, start_size=2, schedule={"4": 4, "8": 2, "12": 3}, epochs=EPOCHS, dataset_size=N,
-              chunk_mb=0.001, backend="nccl", release="standby")
+    job = Job(
+        tmp_path,
+        4,
+        start_size=2,
+        schedule={"4": 4, "8": 2, "12": 3},
+        epochs=EPOCHS,
+        dataset_size=N,
+        chunk_mb=0.001,
+        backend="nccl",
+        release="standby",
+    )
     job.start_all()
     codes = job.wait(240)
     assert codes == {"r0": 0, "r1": 0, "r2": 0, "r3": 0}, [job.output(n)[-2000:] for n in codes]
@@ -61,8 +69,17 @@ def test_grow_shrink_grow_with_standby_readmission_on_nccl(tmp_path):
 
 
 def test_late_joiner_admitted_on_nccl(tmp_path):
-    job = Job(tmp_path, 2, start_size=2, max_size=3, schedule={"3": 3}, wait_candidates=1, epochs=EPOCHS,
-              dataset_size=N, backend="nccl")
+    job = Job(
+        tmp_path,
+        2,
+        start_size=2,
+        max_size=3,
+        schedule={"3": 3},
+        wait_candidates=1,
+        epochs=EPOCHS,
+        dataset_size=N,
+        backend="nccl",
+    )
     job.start("late", DRA_JOIN=1)
     job.start_all()
     codes = job.wait(240)
@@ -75,8 +92,16 @@ def test_late_joiner_admitted_on_nccl(tmp_path):
 
 def test_crash_mid_step_survivors_shrink_abortively_on_nccl(tmp_path):
     kills = [(3, 3, "forward"), (2, 9, "optimizer"), (0, 15, "backward")]
-    job = Job(tmp_path, 4, start_size=4, epochs=EPOCHS, dataset_size=N, fault_timeout_s=1.5, backend="nccl",
-              kills=[{"uid": u, "step": s, "point": p} for u, s, p in kills])
+    job = Job(
+        tmp_path,
+        4,
+        start_size=4,
+        epochs=EPOCHS,
+        dataset_size=N,
+        fault_timeout_s=1.5,
+        backend="nccl",
+        kills=[{"uid": u, "step": s, "point": p} for u, s, p in kills],
+    )
     job.start_all()
     codes = job.wait(240)
     dead = {f"r{u}" for u, _, _ in kills}
@@ -93,8 +118,17 @@ def test_crash_mid_step_survivors_shrink_abortively_on_nccl(tmp_path):
 
 
 def test_crash_during_resize_on_nccl(tmp_path):
-    job = Job(tmp_path, 4, start_size=2, schedule={"4": 4}, epochs=EPOCHS, dataset_size=N, fault_timeout_s=1.5,
-              backend="nccl", kill={"uid": 1, "epoch": 1, "point": "rebuild"})
+    job = Job(
+        tmp_path,
+        4,
+        start_size=2,
+        schedule={"4": 4},
+        epochs=EPOCHS,
+        dataset_size=N,
+        fault_timeout_s=1.5,
+        backend="nccl",
+        kill={"uid": 1, "epoch": 1, "point": "rebuild"},
+    )
     job.start_all()
     codes = job.wait(240)
     assert codes["r1"] == -9 and codes["r0"] == codes["r2"] == codes["r3"] == 0, [job.output(n)[-2000:] for n in codes]
@@ -106,8 +140,16 @@ def test_crash_during_resize_on_nccl(tmp_path):
 
 
 def test_hung_peer_is_revoked_by_the_watchdog_on_nccl(tmp_path):
-    job = Job(tmp_path, 3, start_size=3, epochs=1, dataset_size=N, fault_timeout_s=1.5, backend="nccl",
-              hang={"uid": 2, "step": 4, "point": "backward"})
+    job = Job(
+        tmp_path,
+        3,
+        start_size=3,
+        epochs=1,
+        dataset_size=N,
+        fault_timeout_s=1.5,
+        backend="nccl",
+        hang={"uid": 2, "step": 4, "point": "backward"},
+    )
     job.start_all()
     codes = job.wait(240, hung=("r2",))
     assert codes["r0"] == 0 and codes["r1"] == 0, [job.output(n)[-2000:] for n in ("r0", "r1")]

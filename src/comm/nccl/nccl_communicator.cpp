@@ -54,7 +54,8 @@ nccl_handle nccl_communicator::release() noexcept {
 
 void nccl_communicator::abort() noexcept {
   std::lock_guard<std::mutex> lock(handle_mutex_);
-  if (auto h = handle_.exchange(nullptr)) detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
+  if (auto h = handle_.exchange(nullptr))
+    detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
 }
 
 void nccl_communicator::fault() noexcept {
@@ -70,9 +71,13 @@ void nccl_communicator::fault() noexcept {
   detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
 }
 
-void nccl_communicator::revoke() noexcept { fault(); }
+void nccl_communicator::revoke() noexcept {
+  fault();
+}
 
-bool nccl_communicator::faulted() const { return watchdog_->fired(); }
+bool nccl_communicator::faulted() const {
+  return watchdog_->fired();
+}
 
 void nccl_communicator::set_timeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
@@ -89,8 +94,8 @@ at::Device nccl_communicator::device() const {
 void nccl_communicator::check_usable(const char* what) const {
   if (handle_.load() && !revoked_.load()) return;
   if (watchdog_->fired())
-    throw comm_error(std::string(what) + ": the communicator was revoked/aborted by its watchdog: " +
-                     watchdog_->reason());
+    throw comm_error(std::string(what) +
+                     ": the communicator was revoked/aborted by its watchdog: " + watchdog_->reason());
   throw comm_error(std::string(what) + ": the NCCL communicator was aborted or revoked; rebuild it first");
 }
 
@@ -231,7 +236,9 @@ void nccl_communicator::send(const at::Tensor& tensor, const std::vector<int>& d
   send_batch({tensor}, dsts, tag);
 }
 
-void nccl_communicator::recv(at::Tensor& tensor, int src, int tag) { recv_batch({tensor}, src, tag); }
+void nccl_communicator::recv(at::Tensor& tensor, int src, int tag) {
+  recv_batch({tensor}, src, tag);
+}
 
 void nccl_communicator::send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts, int) {
   for (int d : dsts) check_peer(d, size_, rank_, "send dst");

@@ -97,7 +97,9 @@ class emulated_nccl final : public nccl_api {
     return nccl_result::success;
   }
 
-  nccl_result comm_finalize(nccl_handle h) override { return as_comm(h) ? nccl_result::success : nccl_result::invalid_argument; }
+  nccl_result comm_finalize(nccl_handle h) override {
+    return as_comm(h) ? nccl_result::success : nccl_result::invalid_argument;
+  }
 
   nccl_result comm_destroy(nccl_handle h) override {
     auto* c = as_comm(h);
@@ -298,7 +300,7 @@ class emulated_nccl final : public nccl_api {
     for (std::size_t off = 0; off < count || (count == 0 && off == 0); off += per_piece) {
       const std::size_t n = std::min(per_piece, count - off);
       const std::uint64_t piece = ++c->pieces;
-      auto all_at = [c](std::atomic<std::uint64_t> rank_ctl::*field, std::uint64_t target) {
+      auto all_at = [c](std::atomic<std::uint64_t> rank_ctl::* field, std::uint64_t target) {
         for (int r = 0; r < c->nranks; ++r)
           if ((c->ranks[r].*field).load(std::memory_order_acquire) < target) return false;
         return true;
@@ -306,7 +308,8 @@ class emulated_nccl final : public nccl_api {
       // My slot is free once every rank is done with the previous piece.
       if (auto r = wait(*c, [&] { return all_at(&rank_ctl::leave, piece - 1); }, peers); r != nccl_result::success)
         return r;
-      if (root < 0 || root == c->rank) std::memcpy(c->slot(c->rank), static_cast<const char*>(send) + off * esize, n * esize);
+      if (root < 0 || root == c->rank)
+        std::memcpy(c->slot(c->rank), static_cast<const char*>(send) + off * esize, n * esize);
       c->ranks[c->rank].arrive.store(piece, std::memory_order_release);
       if (auto r = wait(*c, [&] { return all_at(&rank_ctl::arrive, piece); }, peers); r != nccl_result::success)
         return r;
@@ -393,7 +396,7 @@ std::shared_ptr<nccl_api> make_emulated_nccl_api(nccl_emulation_options options)
   if (options.version < nccl_nonblocking_min)
     dra::detail::throw_invalid("version", "the emulation starts at NCCL 2.14 (non-blocking init), got " +
                                               nccl_version_string(options.version));
-  struct stat st {};
+  struct stat st{};
   if (::stat(options.directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     dra::detail::throw_invalid("directory", "'" + options.directory + "' is not a directory");
   return std::make_shared<emulated_nccl>(std::move(options));

@@ -1,6 +1,8 @@
 // The shared memory of the emulated NCCL library (nccl_emulation_shm.hpp).
 #include "nccl_emulation_shm.hpp"
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,9 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
-
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
 namespace dra::comm::emulation {
 
@@ -122,7 +121,7 @@ nccl_result map_segment(emu_comm& c, const std::string& directory) {
     c.last_error = "open " + c.path + ": " + std::strerror(errno);
     return nccl_result::system_error;
   }
-  struct stat st {};
+  struct stat st{};
   bool ok = ::fstat(fd, &st) == 0;
   if (ok && static_cast<std::size_t>(st.st_size) < c.bytes) ok = ::ftruncate(fd, static_cast<off_t>(c.bytes)) == 0;
   void* base = ok ? ::mmap(nullptr, c.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
@@ -166,10 +165,12 @@ bool progress(p2p_op& op) {
   const int dst = op.is_send ? op.peer : c.rank;
   channel_ctl& ch = c.channel(src, dst);
   char* ring = c.ring(src, dst);
-  const std::uint64_t head = op.is_send ? ch.head.load(std::memory_order_relaxed) : ch.head.load(std::memory_order_acquire);
-  const std::uint64_t tail = op.is_send ? ch.tail.load(std::memory_order_acquire) : ch.tail.load(std::memory_order_relaxed);
-  const std::size_t ready = op.is_send ? kChannelBytes - static_cast<std::size_t>(head - tail)
-                                       : static_cast<std::size_t>(head - tail);
+  const std::uint64_t head =
+      op.is_send ? ch.head.load(std::memory_order_relaxed) : ch.head.load(std::memory_order_acquire);
+  const std::uint64_t tail =
+      op.is_send ? ch.tail.load(std::memory_order_acquire) : ch.tail.load(std::memory_order_relaxed);
+  const std::size_t ready =
+      op.is_send ? kChannelBytes - static_cast<std::size_t>(head - tail) : static_cast<std::size_t>(head - tail);
   const std::size_t n = std::min(ready, op.total - op.done);
   if (n == 0) return false;
   const std::uint64_t pos = op.is_send ? head : tail;

@@ -102,5 +102,4 @@ void* current_stream(const at::Tensor& t) {
   return impl->getStream(t.device()).native_handle();
 }
 
-
 }  // namespace dra::comm::nccl_detail

@@ -1,12 +1,12 @@
 #pragma once
 // Helpers shared by the NCCL backend's parts (internal to dra::dra): bounded waits on a
 // communicator, the teardown order, error text, the device and stream of a call, dtypes.
+#include <ATen/Tensor.h>
+#include <c10/core/DeviceGuard.h>
+
 #include <chrono>
 #include <optional>
 #include <string>
-
-#include <ATen/Tensor.h>
-#include <c10/core/DeviceGuard.h>
 
 #include "dra/torch/comm/nccl.hpp"
 

@@ -104,8 +104,8 @@ void nccl_watchdog::run() {
       }
       device_work = device_work || it->event.has_value();
       if (overdue.empty() && now >= it->deadline)
-        overdue = it->what + " did not complete within " + std::to_string(timeout_.count()) +
-                  " ms (a peer is gone or hung)";
+        overdue =
+            it->what + " did not complete within " + std::to_string(timeout_.count()) + " ms (a peer is gone or hung)";
       ++it;
     }
     if (!overdue.empty()) {

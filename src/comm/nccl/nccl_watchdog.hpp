@@ -10,17 +10,17 @@
 // revoke on NCCL >= 2.28, else abort), which ends the hung work; the owner learns it at its next
 // call (fired()) and hands over to the elastic world's recovery. The thread starts with the first
 // tracked operation and sleeps when nothing is outstanding.
+#include <c10/core/Event.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <list>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
-
-#include <c10/core/Event.h>
 
 #include "dra/torch/comm/nccl.hpp"
 

@@ -2,9 +2,9 @@
 // How one gradient bucket travels in an elastic world's per-step reduction (part of dra::dra): the
 // hook point for gradient codecs (the torch-free codecs of include/dra/compress/: PowerSGD, masked,
 // top-k, fp16). Without a hook a bucket is all-reduced as is.
-#include <cstddef>
-
 #include <ATen/Tensor.h>
+
+#include <cstddef>
 
 #include "dra/torch/comm/communicator.hpp"
 
