@@ -3,7 +3,7 @@ NCCL cannot run here; they run on the emulated library, tests/python/test_elasti
 
 1. A one-rank elastic world (dra.elastic.init, backend="nccl", a real c10d store from
    ``python -m dra store``) trains a small transformer with ``ctl.model`` and ``dra.step(loss)`` on a
-   CUDA loss, under ``torch.cuda.set_sync_debug_mode("error")``: any device synchronisation in a
+   CUDA loss, under ``set_sync_debug_mode("error")``: any device synchronisation in a
    step raises, so "0 synchronising steps" is checked, not assumed. ``ctl.device_reads`` says how
    often the host read device values (decision steps) and how often such a read had to wait.
 2. Step time of that loop against plain DDP over a one-rank NCCL process group on the same model
@@ -32,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nccl_bench import TinyLM  # noqa: E402
 
 SUITE = "elastic_gpu"
+DEVICE = "cuda"  # --device cpu: the same script over Gloo on the CPU (to check the script itself)
+BACKEND = "nccl"
 
 
 def start_store() -> tuple[subprocess.Popen, int]:
@@ -48,9 +50,19 @@ def start_store() -> tuple[subprocess.Popen, int]:
     return store, int(line.rsplit(":", 1)[1])
 
 
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def set_sync_debug_mode(mode: str) -> None:
+    if DEVICE == "cuda":
+        torch.cuda.set_sync_debug_mode(mode)
+
+
 def make_model(small: bool) -> torch.nn.Module:
     torch.manual_seed(0)
-    return (TinyLM(vocab=512, d_model=64, layers=2, heads=4, seq=32) if small else TinyLM()).cuda()
+    return (TinyLM(vocab=512, d_model=64, layers=2, heads=4, seq=32) if small else TinyLM()).to(DEVICE)
 
 
 def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list[float], list[float], dict]:
@@ -67,24 +79,24 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
         model,
         opt,
         sampler,
-        backend="nccl",
+        backend=BACKEND,
         policy="none",
         min_size=1,
         max_size=1,
         decide_every=args.decide_every,
         fault_timeout_s=30.0,
     )
-    tokens = torch.randint(0, vocab, (batch, seq), device="cuda")
-    targets = torch.randint(0, vocab, (batch, seq), device="cuda")
+    tokens = torch.randint(0, vocab, (batch, seq), device=DEVICE)
+    targets = torch.randint(0, vocab, (batch, seq), device=DEVICE)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     # The baseline: DDP over a one-rank NCCL process group, its own copy of the model.
     import torch.distributed as dist  # noqa: PLC0415
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(BACKEND, store=dist.HashStore(), rank=0, world_size=1)
     ddp_model = torch.nn.parallel.DistributedDataParallel(
-        make_model(args.quick), device_ids=[torch.cuda.current_device()]
+        make_model(args.quick), device_ids=[torch.cuda.current_device()] if DEVICE == "cuda" else None
     )
     ddp_opt = torch.optim.AdamW(ddp_model.parameters(), lr=1e-4)
 
@@ -109,9 +121,9 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
         ddp_step()
     # 1. No synchronisation: any synchronising call in a step raises under "error".
     sync_steps, first_sync = 0, ""
-    torch.cuda.synchronize()
+    sync()
     for step in range(args.steps * 2):
-        torch.cuda.set_sync_debug_mode("error")
+        set_sync_debug_mode("error")
         try:
             dra_step()
         except RuntimeError as exc:
@@ -119,7 +131,7 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
             first_sync = first_sync or f"step {step}: {str(exc).splitlines()[0]}"
             break
         finally:
-            torch.cuda.set_sync_debug_mode("default")
+            set_sync_debug_mode("default")
     checks["synchronising_steps"] = sync_steps
     checks["synchronising_steps_checked"] = args.steps * 2
     checks["first_sync"] = first_sync
@@ -131,15 +143,16 @@ def elastic_loop(args: argparse.Namespace, checks: dict[str, Any]) -> tuple[list
     joules = {"dra": 0.0, "ddp": 0.0}
     for r in range(args.rounds):
         for name in ("dra", "ddp") if r % 2 == 0 else ("ddp", "dra"):
-            torch.cuda.synchronize()
+            sync()
             meter.mark()
             start = time.perf_counter()
             for _ in range(args.steps):
                 fns[name]()
-            torch.cuda.synchronize()
+            sync()
             times[name].append((time.perf_counter() - start) / args.steps)
             joules[name] += meter.mark().joules
     reads = dict(ctl.device_reads)
+    ctl.finish()  # while the store is up: the job's end is announced
     energy = {
         "source": meter.source,
         "reader": meter.reader,
@@ -156,13 +169,13 @@ def comm_lifecycle(checks: dict[str, Any]) -> None:
 
     world = _core._testing.NcclWorld(device=torch.cuda.current_device(), capture_log=True, timeout_s=60)
     paths = [world.rebuild(1, [], [0], 0)]
-    t = torch.ones(1 << 20, device="cuda")
+    t = torch.ones(1 << 20, device=DEVICE)
     world.all_reduce_sum(t)
     paths.append(world.rebuild(2, [0], [0], 0))
     world.abort()
     paths.append(world.rebuild(3, [0], [0], 0, abortive=True))
     world.all_reduce_sum(t)
-    torch.cuda.synchronize()
+    sync()
     ok = bool(torch.all(t == 1.0))
     world.close()
     checks["comm_paths"] = paths
@@ -176,9 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6, help="timed blocks per variant (median taken)")
     p.add_argument("--decide-every", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="a small model (for tests)")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the same script over Gloo on the CPU, to check the script where there is no GPU",
+    )
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("elastic_gpu: no CUDA GPU visible to torch", file=sys.stderr)
+    global DEVICE, BACKEND  # noqa: PLW0603
+    DEVICE, BACKEND = args.device, "nccl" if args.device == "cuda" else "gloo"
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("elastic_gpu: no CUDA GPU visible to torch (--device cpu checks the script on the CPU)", file=sys.stderr)
         return 3
     from dra.bench._report import result, write_report  # noqa: PLC0415
 
@@ -188,8 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     checks: dict[str, Any] = {}
     try:
-        torch.cuda.set_device(0)
-        comm_lifecycle(checks)
+        if DEVICE == "cuda":
+            torch.cuda.set_device(0)
+            comm_lifecycle(checks)
+        else:
+            checks.update(comm_paths=[], comm_lifecycle_ok=True)  # NCCL's communicator needs a GPU
         dra_t, ddp_t, info = elastic_loop(args, checks)
     finally:
         store.kill()
@@ -201,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             "elastic_step_ms_one_rank",
             med_dra * 1e3,
             "ms",
-            ("plain DDP, one-rank NCCL group (DDP all-reduces, dra skips a world of one)", med_ddp * 1e3),
+            (f"plain DDP, one-rank {BACKEND} group (DDP all-reduces, dra skips a world of one)", med_ddp * 1e3),
             label="measured",
             params=info["params"],
             steps=args.steps * args.rounds,

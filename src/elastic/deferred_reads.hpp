@@ -39,6 +39,7 @@ class deferred_reads {
   std::vector<row> take(std::int64_t before, std::chrono::milliseconds timeout,
                         const std::function<void()>& check = {});
   std::size_t size() const noexcept { return host_rows_.size() + device_steps_.size(); }
+  bool empty() const noexcept { return host_rows_.empty() && device_steps_.empty(); }
   /// Device reads that had to wait for the device (the event was not complete when taken).
   std::uint64_t blocking_waits() const noexcept { return blocking_waits_; }
   std::uint64_t reads() const noexcept { return reads_; }

@@ -107,7 +107,7 @@ void controller::note_loss(double loss) {
 const step_status& controller::step_impl(const at::Tensor* device_loss, double loss, const step_signals& extra) {
   extra.validate();
   nonfinite_started_ = false;
-  if (!device_loss) note_loss(loss);
+  if (!device_loss && role_ != role::local) note_loss(loss);  // alone: noted where fed to the engine
   status_.committed = false;
   status_.decided = false;
   status_.event.clear();
@@ -174,7 +174,7 @@ const step_status& controller::step_local(const at::Tensor* device_loss, double 
   status_.committed = true;
   status_.step = index;
   if (!device_loss) {
-    if (reads_->size() > 0) feed_rows(index);  // device losses still queued go first, in order
+    if (!reads_->empty()) feed_rows(index);  // device losses still queued go first, in order
     local_take_due_ = false;
     feed(index, loss);
     return status_;

@@ -284,18 +284,30 @@ def test_two_processes_shrink_and_grow():
     assert results[0]["grow"] == results[1]["grow"] == ("grow" if runtime >= (2, 29, 0) else "fresh_init")
 
 
+def _elastic_gpu_script(tmp_path: Path, *args: str) -> dict[str, dict]:
+    out = tmp_path / "elastic.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu" / "elastic_gpu.py"), "--quick", "--steps", "5", "--rounds", "2",
+         "--decide-every", "3", "--json", str(out), *args],
+        capture_output=True, text=True, timeout=280, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {r["name"]: r for r in json.loads(out.read_text())["results"]}
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_elastic_script_runs_on_the_cpu(tmp_path):
+    # The same script over Gloo on the CPU, so that the GPU check's script itself is checked in CI.
+    rows = _elastic_gpu_script(tmp_path, "--device", "cpu")
+    assert rows["synchronising_steps"]["value"] == 0
+    assert rows["elastic_step_ms_one_rank"]["value"] > 0 and rows["elastic_step_ms_one_rank"]["baseline"]
+
+
 @needs_gpu
 @pytest.mark.timeout(300)
 def test_elastic_controller_on_real_nccl_never_synchronises_the_device(tmp_path):
     # benchmarks/gpu/elastic_gpu.py, small: a one-rank elastic world on real NCCL trains with
     # dra.step(cuda loss) under torch.cuda.set_sync_debug_mode("error"), then abort and re-init.
-    out = tmp_path / "elastic.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu" / "elastic_gpu.py"), "--quick", "--steps", "5", "--rounds", "2",
-         "--decide-every", "3", "--json", str(out)],
-        capture_output=True, text=True, timeout=280, cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    rows = _elastic_gpu_script(tmp_path)
     assert rows["synchronising_steps"]["value"] == 0, rows["synchronising_steps"]
     assert rows["device_reads"]["value"] > 0  # decision steps read what rode with the reductions
