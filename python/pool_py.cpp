@@ -122,7 +122,9 @@ void bind_pool(py::module_& root) {
 
   py::class_<scheduler_config> sc(m, "SchedulerConfig");
   def_kwargs_init<scheduler_config>(sc);
-  sc.def_readwrite("aging_s", &scheduler_config::aging_s).def_readwrite("preemption", &scheduler_config::preemption);
+  sc.def_readwrite("aging_s", &scheduler_config::aging_s)
+      .def_readwrite("preemption", &scheduler_config::preemption)
+      .def_readwrite("admit_to_request", &scheduler_config::admit_to_request);
 
   py::class_<scheduler>(m, "Scheduler", "Deterministic placement, admission with priority/aging/preemption, resizing.")
       .def(py::init<scheduler_config>(), py::arg_v("config", scheduler_config{}, "SchedulerConfig()"))

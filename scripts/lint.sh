@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Checks the house style: ruff (lint rules and formatting, settings in pyproject.toml) over the
-# Python code and clang-format (settings in .clang-format) over the C++ code. Read-only; run
-# `scripts/lint.sh --fix` to rewrite files in place. Called by scripts/test.sh.
+# Checks the house style: ruff's lint rules (settings in pyproject.toml) over the Python code and
+# clang-format (settings in .clang-format) over the C++ code. Python layout is not machine
+# formatted: ruff format would re-wrap most files (many lines run to 120-160 characters by design).
+# Read-only; `scripts/lint.sh --fix` rewrites the files in place. Called by scripts/test.sh.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -18,14 +19,12 @@ for tool in ruff clang-format; do
 done
 mapfile -t cxx < <(git ls-files '*.cpp' '*.hpp' '*.h' ':!:data/*')
 if [[ $fix == 1 ]]; then
-  "$venv/bin/ruff" check --fix .
-  "$venv/bin/ruff" format .
+  "$venv/bin/ruff" check --fix . || true  # what it cannot fix is listed, then fixed by hand
   "$venv/bin/clang-format" -i "${cxx[@]}"
   exit 0
 fi
 status=0
 echo "lint: ruff check"; "$venv/bin/ruff" check . || status=1
-echo "lint: ruff format --check"; "$venv/bin/ruff" format --check . || status=1
 echo "lint: clang-format (${#cxx[@]} files)"
 if ! "$venv/bin/clang-format" --dry-run -Werror "${cxx[@]}" 2>/tmp/dra-clang-format.$$; then
   grep -o '^[^:]*:' /tmp/dra-clang-format.$$ | sort -u | head -20 | sed 's/:$/: not clang-formatted/' >&2

@@ -46,20 +46,17 @@ ROOT = HERE.parents[1]
 TRACE = ROOT / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_code.csv"
 
 
-def load_trace(path: Path, duration_s: float, thin: int, ctx_div: int, gen_cap: int) -> list[tuple[float, int, int]]:
-    """(arrival s, prompt tokens / ctx_div, generated tokens) of every thin-th request, the trace's
-    hour compressed into duration_s."""
+def load_trace(path: Path, duration_s: float, thin: int, ctx_div: int, gen_cap: int, minutes: float = 60.0,
+               start_min: float = 0.0) -> list[tuple[float, int, int]]:
+    """(arrival s, prompt tokens / ctx_div, generated tokens) of every thin-th request in the
+    trace's window [start_min, start_min + minutes), that window compressed into duration_s."""
     rows = list(csv.DictReader(open(path)))
     stamp = lambda s: datetime.fromisoformat(s[:26])  # noqa: E731 - microseconds: the first 26 characters
     t0 = stamp(rows[0]["TIMESTAMP"])
-    times = [(stamp(r["TIMESTAMP"]) - t0).total_seconds() for r in rows]
-    span = times[-1]
-    out = []
-    for i in range(0, len(rows), thin):
-        r = rows[i]
-        out.append((times[i] / span * duration_s, max(1, int(r["ContextTokens"]) // ctx_div),
-                    min(gen_cap, int(r["GeneratedTokens"]))))
-    return out
+    lo, span = 60.0 * start_min, 60.0 * minutes
+    window = [(t, r) for t, r in (((stamp(r["TIMESTAMP"]) - t0).total_seconds() - lo, r) for r in rows) if 0 <= t < span]
+    return [(t / span * duration_s, max(1, int(r["ContextTokens"]) // ctx_div), min(gen_cap, int(r["GeneratedTokens"])))
+            for t, r in window[::thin]]
 
 
 class Frontend:
@@ -206,13 +203,13 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
     jobs = [  # (arrival s, spec): requests as a user would write them; static holds max_size (the request)
         (0.0, {"name": "cnn-digits", "min_size": 1, "max_size": 3, "priority": "normal",
                "command": [py, train, "--model", "cnn", "--data", "digits", "--epochs", str(args.epochs_cnn),
-                           "--global-batch", "128", "--lr", "0.05", "--max-size", "3", "--out", str(state / "cnn-digits")]}),
+                           "--global-batch", "128", "--lr", "0.05", "--out", str(state / "cnn-digits")]}),
         (args.gap_s, {"name": "mlp-digits", "min_size": 1, "max_size": 2, "priority": "normal",
                       "command": [py, train, "--model", "mlp", "--data", "digits", "--epochs", str(args.epochs_mlp),
-                                  "--global-batch", "128", "--lr", "0.05", "--max-size", "2", "--out", str(state / "mlp-digits")]}),
+                                  "--global-batch", "128", "--lr", "0.05", "--out", str(state / "mlp-digits")]}),
         (2 * args.gap_s, {"name": "mlp-cancer", "min_size": 1, "max_size": 1, "elastic": False, "priority": "high",
                           "command": [py, train, "--model", "mlp", "--data", "breast_cancer", "--epochs",
-                                      str(args.epochs_small), "--global-batch", "64", "--lr", "0.02", "--max-size", "1",
+                                      str(args.epochs_small), "--global-batch", "64", "--lr", "0.02",
                                       "--out", str(state / "mlp-cancer")]}),
     ]
     if mode == "static":  # the request is what static holds for life
@@ -311,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="outputs/pool")
     p.add_argument("--slots", type=int, default=4)
-    p.add_argument("--duration-s", type=float, default=100.0, help="the trace's hour compressed into this")
+    p.add_argument("--trace-start-min", type=float, default=0.0, help="the trace window's start (minutes)")
+    p.add_argument("--trace-minutes", type=float, default=60.0, help="the trace window's length (minutes)")
+    p.add_argument("--duration-s", type=float, default=100.0, help="the trace window compressed into this")
     p.add_argument("--thin", type=int, default=8, help="every thin-th request of the trace")
     p.add_argument("--ctx-div", type=int, default=16)
     p.add_argument("--gen-cap", type=int, default=256)
@@ -327,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    trace = load_trace(TRACE, args.duration_s, args.thin, args.ctx_div, args.gen_cap)
+    trace = load_trace(TRACE, args.duration_s, args.thin, args.ctx_div, args.gen_cap, args.trace_minutes,
+                       args.trace_start_min)
     slot_cpus = len(os.sched_getaffinity(0)) / args.slots
     replica_rps = calibrate(args.ctx_div, trace, slot_cpus)
     print(f"[pool] {len(trace)} inference requests over {args.duration_s:g} s (Azure code trace, every "

@@ -1,12 +1,14 @@
 """A training job for the device pool: elastic data parallel on scikit-learn's bundled data.
 
 Started by ``dra run`` (one process per lease; ``DRA_STORE``, ``DRA_JOB_ID``, ``RANK``/``DRA_JOIN``
-come from the launcher). The job trains a fixed sample budget (``--epochs`` over the data, global
-batch fixed), so its result does not depend on how many workers it had; the pool decides the
-size: workers on new leases join in place (the job's convergence policy admits the candidates it
-is given), workers the pool takes back leave. The leader at the end writes ``result.json``
-(accuracy, steps, training time) into ``--out``; every process appends its first step's wall time
-to ``first_steps.jsonl`` (the handover measurement).
+and ``DRA_OPTIONS`` come from the launcher). The job trains a fixed sample budget (``--epochs`` over
+the data, global batch fixed), so its result does not depend on how many workers it had. The pool
+decides the size (``--policy none``, the default: the job has no resize policy of its own): a
+worker on a new lease joins in place when the leader sees the job below its granted size, a worker
+whose lease the pool takes back leaves and exits 0. The leader publishes the job's report (its
+samples/s at every size it ran); at the end it writes ``result.json`` (accuracy, steps, training
+time) into ``--out``; every process appends its first step's wall time to ``first_steps.jsonl``
+(the handover measurement).
 
     --model mlp|cnn|logreg   --data digits|wine|breast_cancer
 """
@@ -55,7 +57,7 @@ def main() -> int:
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-size", type=int, default=4)
+    p.add_argument("--policy", default="none", help="the job's own resize policy (dra.Options: policy)")
     p.add_argument("--out", required=True)
     p.add_argument("--die-at-step", type=int, default=-1, help="test hook: the worker of --die-uid dies (exit 9) at this step")
     p.add_argument("--die-uid", type=int, default=1)
@@ -63,36 +65,30 @@ def main() -> int:
     t_begin = time.time()
     import dra
     import dra.elastic as de
-    from dra.pool import job
+    from dra.pool.job import lease as lease_info
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lease = job.lease()
+    lease = lease_info()
     torch.manual_seed(args.seed)
     x_tr, x_te, y_tr, y_te, classes = load(args.data, args.seed)
     model = model_for(args.model, x_tr.shape[1], classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = de.ElasticSampler(len(x_tr), args.global_batch, seed=args.seed)
-    # The pool decides the size: the convergence policy admits every candidate it is given while
-    # the loss improves (grow_step large, no efficiency bar) and never shrinks on its own.
-    ctl = de.init(model, optimizer, sampler, policy="convergence", min_size=1, max_size=args.max_size,
-                  release="exit", decide_every=2, fault_timeout_s=1.0,
-                  limits={"min_size": 1, "max_size": args.max_size, "cooldown_steps": 2, "amortise": False},
-                  estimator={"window": 8, "warmup_steps": 4, "plateau_patience": 1000000,
-                             "plateau_relative_improvement": 0.0, "fast_relative_improvement": 1e-9},
-                  convergence={"grow_step": 8, "plateau_size": args.max_size, "min_parallel_efficiency": 0.0})
-    reporter = job.Reporter(ctl, kind="training", model=args.model, data=args.data)
+    # Other options (fault_timeout_s, events_path...) come from the job spec's "options" (DRA_OPTIONS).
+    ctl = de.init(model, optimizer, sampler, policy=args.policy)
     loss_fn = torch.nn.CrossEntropyLoss()
     first, leader, world = True, False, 0
     t_train = time.time()
     for _ in ctl.epochs(args.epochs):
         for idx in sampler:
+            t_step = time.perf_counter()
             idx_t = torch.as_tensor(idx)
             loss = loss_fn(ctl.model(x_tr[idx_t]), y_tr[idx_t])
-            optimizer.zero_grad()
+            ctl.optimizer.zero_grad()
             loss.backward()
-            optimizer.step()
-            st = dra.step(loss)
+            ctl.optimizer.step()
+            st = dra.step(loss, step_time_s=time.perf_counter() - t_step)
             if st.committed and st.step == args.die_at_step and ctl.uid == args.die_uid:
                 os._exit(9)  # a crash, not a leave: no goodbye to the others
             if st.committed:
@@ -102,7 +98,6 @@ def main() -> int:
                     with open(out / "first_steps.jsonl", "a") as f:
                         f.write(json.dumps({"time": time.time(), "lease": lease.get("id"), "device": lease.get("device"),
                                             "uid": ctl.uid, "started": t_begin}) + "\n")
-                reporter.step(args.global_batch)
     ctl.finish()  # (the epochs loop has already finished the world; the leader is who led it last)
     if leader:
         with torch.no_grad():

@@ -69,7 +69,8 @@ controller::controller(controller_options options, launch_info launch, std::shar
   role_ = role::candidate;
   joined_late_ = launch.join;
   if (launch.join) {
-    uid_ = store_->claim_late_uid();  // from 10000 up: never a rank torchrun handed out
+    // From 10000 up: never a rank torchrun handed out. A launcher may have claimed it already.
+    uid_ = launch.join_uid >= 0 ? launch.join_uid : store_->claim_late_uid();
     universe_size_ = store_->universe();
   } else {
     uid_ = launch.uid;

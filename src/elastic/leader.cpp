@@ -21,7 +21,15 @@ std::optional<published_decision> leader::decide(const world_view& view) {
     look_outside(view, scheduled);
     const int current = static_cast<int>(view.members.size());
     const int cands = static_cast<int>(candidates_.size());
-    const bool above = limit_ && limit_->max_size > 0 && current > limit_->max_size;
+    // Members the outside actor names in `leave` go now (their devices are taken back), and the
+    // world above max_size shrinks to it. The leader (members[0]) never leaves.
+    int named = 0;
+    if (limit_)
+      for (std::size_t r = 1; r < view.members.size(); ++r)
+        named += std::count(limit_->leave.begin(), limit_->leave.end(), view.members[r]) > 0 ? 1 : 0;
+    int most = current - named;
+    if (limit_ && limit_->max_size > 0) most = std::min(most, limit_->max_size);
+    const bool above = limit_ && most < current;
     const bool below = limit_ && limit_->min_size > current && cands > 0;
     if (!above && !below && !scheduled && !engine_.decision_due(view.step)) return std::nullopt;
     auto& w = engine_.world();
@@ -34,8 +42,8 @@ std::optional<published_decision> leader::decide(const world_view& view) {
     engine_.capacity().available = available;
     policy::decision d;
     if (above) {
-      d = policy::plan_resize(w, limit_->max_size, 1.0, 1.0, "limit: the job may use " + std::to_string(limit_->max_size),
-                              limit_->leave);
+      d = policy::plan_resize(w, std::max(most, 1), 1.0, 1.0,
+                              "limit: the job may use " + std::to_string(std::max(most, 1)), limit_->leave);
     } else if (below) {
       const int target = std::min(limit_->min_size, current + cands);
       d = policy::plan_resize(w, target, 1.0, 1.0, "limit: the job is granted " + std::to_string(limit_->min_size));
@@ -78,13 +86,25 @@ void leader::look_outside(const world_view& view, bool force) {
     log_.rejected(view.step, view.epoch, uid, why);
   });
   limit_ = store_.limit();
+  if (limit_ && !limit_->leave.empty()) {
+    // A candidate the outside actor names in `leave` is never admitted: it is dismissed, and
+    // leaves as a released member would (release="exit": it exits 0, its device goes back).
+    const auto& leave = limit_->leave;
+    const auto named = [&](int uid) { return std::find(leave.begin(), leave.end(), uid) != leave.end(); };
+    for (int uid : candidates_)
+      if (named(uid)) store_.dismiss(uid, "named in capacity's leave (its device is being taken back)");
+    candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(), named), candidates_.end());
+  }
   publish_report(view);
 }
 
 nlohmann::json leader::rates_json() const {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [size, rate] : rates_) out[std::to_string(size)] = rate;
-  return out;
+  nlohmann::json rates = nlohmann::json::object(), seconds = nlohmann::json::object();
+  for (const auto& [size, r] : rates_) {
+    rates[std::to_string(size)] = r.samples_per_s;
+    seconds[std::to_string(size)] = r.seconds;
+  }
+  return {{"rates", rates}, {"rate_s", seconds}};
 }
 
 void leader::publish_report(const world_view& view) {
@@ -93,12 +113,17 @@ void leader::publish_report(const world_view& view) {
   const double rate = report_samples_ > 0 && dt > 0 ? static_cast<double>(view.samples - report_samples_) / dt : 0.0;
   report_time_ = now;
   report_samples_ = view.samples;
-  if (rate > 0) {
-    // Samples/s measured at each world size the job ran at (an EMA per size): what a pool fits a
-    // job's speedup curve to.
-    auto& r = rates_[static_cast<int>(view.members.size())];
-    r = r > 0 ? 0.7 * r + 0.3 * rate : rate;
+  const int size = static_cast<int>(view.members.size());
+  if (rate > 0 && size == report_world_) {
+    // Samples/s measured at each world size the job ran at (an EMA per size, and for how long):
+    // what a pool fits a job's speedup curve to. An interval that spans a world change (the
+    // handoff's pause, two sizes) measures neither size.
+    auto& r = rates_[size];
+    r.samples_per_s = r.samples_per_s > 0 ? 0.7 * r.samples_per_s + 0.3 * rate : rate;
+    r.seconds += dt;
   }
+  report_world_ = size;
+  const auto rates = rates_json();
   const auto& s = engine_.signals();
   const auto& tp = engine_.throughput();
   const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -114,8 +139,10 @@ void leader::publish_report(const world_view& view) {
       {"loss", s.smoothed_loss},
       {"phase", signals::to_string(s.phase)},
       {"gns", s.gns_valid ? nlohmann::json(s.gns) : nlohmann::json(nullptr)},
+      {"policy", engine_.config().policy},
       {"desired_size", engine_.desired_size()},
-      {"rates", rates_json()},
+      {"rates", rates.at("rates")},
+      {"rate_s", rates.at("rate_s")},
       {"throughput",
        {{"compute_fixed_s", tp.compute_time_s(0.0)},
         {"compute_per_sample_s", tp.compute_time_s(1.0) - tp.compute_time_s(0.0)},

@@ -45,6 +45,7 @@ class leader {
  private:
   void look_outside(const world_view& view, bool force);
   void publish_report(const world_view& view);
+  /// {"rates": {size: samples/s}, "rate_s": {size: seconds measured}}.
   nlohmann::json rates_json() const;
 
   store_protocol& store_;
@@ -56,7 +57,12 @@ class leader {
   std::chrono::steady_clock::time_point outside_read_{};
   std::chrono::steady_clock::time_point report_time_{};
   std::int64_t report_samples_ = 0;
-  std::map<int, double> rates_;
+  int report_world_ = 0;  ///< the world size at the last report
+  struct measured_rate {
+    double samples_per_s = 0.0;  ///< an EMA over the report intervals spent at that size
+    double seconds = 0.0;        ///< how long it was measured
+  };
+  std::map<int, measured_rate> rates_;
   policy::decision last_;
   bool decided_ = false;
 };

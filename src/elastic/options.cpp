@@ -78,6 +78,7 @@ const char* to_string(change_phase p) noexcept {
 launch_info launch_info::from_env() {
   launch_info l;
   l.join = env_or("DRA_JOIN", "0") == "1";
+  if (l.join) l.join_uid = env_int("DRA_JOIN_UID", -1);
   const std::string dedicated = env_or("DRA_STORE", "");
   const std::string host = env_or("MASTER_ADDR", ""), port = env_or("MASTER_PORT", "");
   if (!dedicated.empty()) {
@@ -117,6 +118,10 @@ launch_info launch_info::from_env() {
 }
 
 void launch_info::validate() const {
+  if (join && join_uid != -1 && join_uid < detail::kLateUidBase)
+    dra::detail::throw_invalid("DRA_JOIN_UID", "must be >= " + std::to_string(detail::kLateUidBase) +
+                                                   " (claimed from the job's late_uid counter), got " +
+                                                   std::to_string(join_uid));
   if (universe_size < 1) dra::detail::throw_invalid("WORLD_SIZE", "must be >= 1, got " + std::to_string(universe_size));
   if (!join && (uid < 0 || uid >= universe_size))
     dra::detail::throw_invalid("RANK", "must lie in [0, WORLD_SIZE=" + std::to_string(universe_size) + "), got " +

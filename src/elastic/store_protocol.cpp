@@ -13,8 +13,6 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kLateUidBase = 10000;
-
 json signature_json(const std::vector<tensor_spec>& sig) {
   json out = json::array();
   for (const auto& s : sig) out.push_back({s.name, s.shape, s.dtype});
@@ -102,6 +100,11 @@ void store_protocol::withdraw(int uid) noexcept {
   }
 }
 
+void store_protocol::dismiss(int uid, const std::string& why) {
+  client_->erase(key("waiting/", uid));
+  client_->set(key("admit/", uid), {{"dismissed", why}});
+}
+
 std::vector<int> store_protocol::registered_candidates() {
   auto ids = client_->read_list("cands");
   std::sort(ids.begin(), ids.end());
@@ -163,9 +166,10 @@ std::optional<admission_result> store_protocol::poll_admission(int uid, bool che
   const json msg = client_->get(admit_key);
   client_->erase(admit_key);
   admission_result r;
-  if (msg.contains("rejected")) {
-    r.what = admission_result::outcome::rejected;
-    r.why = msg.at("rejected").get<std::string>();
+  if (msg.contains("rejected") || msg.contains("dismissed")) {
+    const bool rejected = msg.contains("rejected");
+    r.what = rejected ? admission_result::outcome::rejected : admission_result::outcome::dismissed;
+    r.why = msg.at(rejected ? "rejected" : "dismissed").get<std::string>();
     return r;
   }
   r.what = admission_result::outcome::admitted;

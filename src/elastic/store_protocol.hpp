@@ -9,12 +9,13 @@
 //   dec/<epoch>                 the leader's decision for the world of <epoch> (its members learn
 //                               that one exists from a flag in the next gradient all-reduce)
 //   cands, waiting/<uid>        registered candidates; a waiting one's model signature
-//   admit/<uid>                 a candidate's admission (epoch, members, joined) or rejection
+//   admit/<uid>                 a candidate's admission (epoch, members, joined), rejection, or
+//                               dismissal (named in capacity's "leave" before it was admitted)
 //   fault/<epoch>/alive/<uid>   survivors' check-in after a failure in the world of <epoch>
 //   fault/<epoch>/result        the first stored proposal of the next world (everyone adopts it)
 //   done                        the job finished
 //   capacity                    written by an outside actor (a device pool, an RL coordinator):
-//                               {"max_size", "min_size", "leave": [uids to release first]}
+//                               {"max_size", "min_size", "leave": [uids that must go now]}
 //   report                      written by the leader at most once a second: the job's live state
 #include <chrono>
 #include <cstdint>
@@ -31,6 +32,9 @@
 #include "store_client.hpp"
 
 namespace dra::elastic::detail {
+
+/// Late joiners' uids are kLateUidBase + n, n from the store's "late_uid" counter.
+constexpr int kLateUidBase = 10000;
 
 /// The leader's decision as every member reads it: the decision value object and where it applies.
 struct published_decision {
@@ -49,10 +53,11 @@ struct admission {
 
 /// How a candidate's wait ended.
 struct admission_result {
-  enum class outcome { admitted, rejected, done };
+  /// dismissed: the outside actor named it in capacity's "leave" before it was admitted.
+  enum class outcome { admitted, rejected, done, dismissed };
   outcome what = outcome::done;
   admission admitted;
-  std::string why;  ///< the rejection's reason
+  std::string why;  ///< the rejection's or dismissal's reason
 };
 
 /// The next world after a failure, as the survivors agreed on it.
@@ -63,7 +68,8 @@ struct agreement {
 
 /// An outside actor's limit on the job's size (a device pool, an RL coordinator), when one is set:
 /// the world is grown to min_size as soon as candidates allow and shrunk to max_size at once (the
-/// members in `leave` first); the policy decides within. 0: no bound.
+/// members in `leave` first); members named in `leave` go at once even within max_size (the actor
+/// takes their devices back); the policy decides within. 0: no bound.
 struct size_limit {
   int max_size = 0;
   int min_size = 0;
@@ -95,6 +101,8 @@ class store_protocol {
   void register_candidate(int uid, const std::vector<tensor_spec>& signature);
   /// Withdraws a waiting candidate; a store already gone is ignored (the job is over anyway).
   void withdraw(int uid) noexcept;
+  /// Ends a waiting candidate's wait without admitting it (its device is being taken back).
+  void dismiss(int uid, const std::string& why);
   std::vector<int> registered_candidates();
   /// The registered candidates that are waiting and not in `members`, ascending. A candidate
   /// whose model differs from `signature` is rejected on the spot and reported to `rejected`.

@@ -50,6 +50,15 @@ bool controller::admitted(const detail::admission_result& r) {
     role_ = role::rejected;
     throw dra::state_mismatch_error("dra: admission refused by the world: " + r.why);
   }
+  if (r.what == detail::admission_result::outcome::dismissed) {
+    // Its device is being taken back before it was admitted: it leaves as a released member
+    // would (release="exit": exits 0); a standby registers and waits again.
+    std::printf("[dra] process %d dismissed before admission: %s\n", uid_, r.why.c_str());
+    std::fflush(stdout);
+    if (options_.release == release_mode::standby) return false;
+    leave(options_.release == release_mode::exit);
+    return true;
+  }
   // Admitted into a recovery's world: like the survivors, it takes the state from rank 0.
   world_change admit(r.admitted.recovery ? change_cause::fault : change_cause::admit, r.admitted.epoch,
                      r.admitted.members);

@@ -234,7 +234,7 @@ TEST_CASE("elastic.store_protocol.pool_limit_and_report") {
   ed::store_protocol store(client_of(server->getPort(), "pool"), 10s);
   CHECK_FALSE(store.limit().has_value());
   server->set("dra/parts-pool/0/capacity", [] {
-    const std::string v = R"({"max_size": 2, "min_size": 1})";
+    const std::string v = R"({"max_size": 2, "min_size": 1, "leave": [10001]})";
     return std::vector<std::uint8_t>(v.begin(), v.end());
   }());
   server->get("dra/parts-pool/0/capacity");  // c10d's set is not acknowledged: wait until it landed
@@ -242,6 +242,14 @@ TEST_CASE("elastic.store_protocol.pool_limit_and_report") {
   REQUIRE(l.has_value());
   CHECK(l->max_size == 2);
   CHECK(l->min_size == 1);
+  CHECK(l->leave == std::vector<int>{10001});
+  // A candidate named in "leave" is dismissed: its wait ends with the reason, not an admission.
+  store.register_candidate(10001, {});
+  store.dismiss(10001, "its device is being taken back");
+  const auto r = store.wait_for_admission(10001);
+  CHECK(r.what == ed::store_protocol::outcome::dismissed);
+  CHECK(r.why == "its device is being taken back");
+  CHECK_FALSE(store.any_waiting());
   store.publish_report({{"step", 12}, {"desired_size", 4}});
   const auto raw = server->get("dra/parts-pool/0/report");
   CHECK(json::parse(std::string(raw.begin(), raw.end()))["desired_size"] == 4);

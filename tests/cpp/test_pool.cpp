@@ -1,7 +1,7 @@
 // Tests of the device pool's core (include/dra/pool/): inventory and request validation (the
 // field and the fix named, nothing changed), the deterministic scheduler (suitable devices, least
 // fragmentation, locality, priority with aging, preemption that shrinks elastic jobs in place and
-// never breaks a rigid gang), leases, the replica autoscaler's hysteresis, and the scaler on the
+// never breaks a rigid gang), leases, the replica autoscaler's hysteresis (scale-down on the window's mean load), admission to the request, and the scaler on the
 // cluster arbiter (whose fast path must give the allocations of the straightforward search).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -327,10 +327,43 @@ TEST_CASE("pool.scheduler.preemption_shrinks_elastic_in_place_never_rigid") {
   CHECK(p.grants.empty());
 }
 
-TEST_CASE("pool.scheduler.resize_releases_newest_and_grows_partially") {
+TEST_CASE("pool.scheduler.admission_to_the_request_when_nobody_waits") {
   const inventory inv = slots(4);
   lease_book book;
   const scheduler s;
+  // Alone, an elastic training job starts on its request (max_size), not its minimum.
+  std::vector<job_entry> jobs{{req("a", 1, 3), 0.0, 0}};
+  plan p = s.admit(inv, jobs, book, 0.0);
+  REQUIRE(p.grants.size() == 3);
+  CHECK(p.grants[0].reason == "admit");
+  CHECK(p.grants[2].reason == "admit to request");
+  apply(inv, book, p, 0.0);
+  // The next one finds one free slot: its minimum, nothing more.
+  jobs.push_back({req("b", 1, 2), 1.0, 1});
+  p = s.admit(inv, jobs, book, 1.0);
+  REQUIRE(p.grants.size() == 1);
+  CHECK(p.grants[0].job == "b");
+  apply(inv, book, p, 1.0);
+  // A rigid job, an inference service and a job while another waits get no more than they need.
+  lease_book empty;
+  request inf = req("inf", 1, 3);
+  inf.kind = "inference";
+  p = s.admit(inv, {{req("rigid", 2, 2, "normal", false), 0.0, 0}, {inf, 0.0, 1}}, empty, 0.0);
+  CHECK(p.grants.size() == 3);
+  p = s.admit(inv, {{req("c", 1, 4), 0.0, 0}, {req("gang", 4, 4, "normal", false), 0.0, 1}}, empty, 0.0);
+  CHECK(p.grants.size() == 1);
+  CHECK(p.waiting == std::vector<std::string>{"gang"});
+  scheduler_config off;
+  off.admit_to_request = false;
+  CHECK(scheduler(off).admit(inv, {{req("a", 1, 3), 0.0, 0}}, empty, 0.0).grants.size() == 1);
+}
+
+TEST_CASE("pool.scheduler.resize_releases_newest_and_grows_partially") {
+  const inventory inv = slots(4);
+  lease_book book;
+  scheduler_config c;
+  c.admit_to_request = false;  // admitted at their minimum: the resizes below do the rest
+  const scheduler s(c);
   std::vector<job_entry> jobs{{req("a", 1, 4), 0.0, 0}, {req("b", 1, 4), 0.0, 1}};
   apply(inv, book, s.admit(inv, jobs, book, 0.0), 0.0);
   plan p = s.resize(inv, jobs, {{"a", 4}, {"b", 1}}, book, 0.0);
@@ -348,18 +381,26 @@ TEST_CASE("pool.scheduler.resize_releases_newest_and_grows_partially") {
 TEST_CASE("pool.autoscaler.hysteresis") {
   autoscaler_config c;
   c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0;
+  c.up_utilisation = 0.75, c.target_utilisation = 0.6, c.down_utilisation = 0.35;
   replica_autoscaler a(c);
   CHECK(a.update(0.0, 5.0, 0.0, 1) == 1);    // 50 % load: inside the band
-  CHECK(a.update(1.0, 20.0, 0.0, 1) == 4);   // 2 replicas' worth at 60 % target -> 4
-  CHECK(a.update(2.0, 20.0, 0.0, 4) == 4);
-  CHECK(a.update(3.0, 10.0, 0.0, 4) == 4);   // 25 % per replica: low, but not for long yet
-  CHECK(a.update(7.0, 10.0, 0.0, 4) == 4);
-  CHECK(a.update(8.5, 10.0, 0.0, 4) == 3);   // low for 5.5 s: one step down
-  CHECK(a.update(9.0, 10.0, 0.0, 3) == 3);   // the next step waits another delay
-  CHECK(a.update(14.0, 10.0, 0.0, 3) == 2);
-  CHECK(a.update(15.0, 0.0, 9.0, 2) == 4);   // a queue adds replicas at once
-  CHECK(a.update(16.0, 30.0, 0.0, 4, 5.0) == 4);   // a measured capacity of 5 req/s: 30 req/s needs more
-  CHECK(a.update(17.0, 30.0, 0.0, 4, 50.0) == 4);  // 50 req/s each: 15 % load, low only after the delay
+  CHECK(a.update(0.5, 20.0, 0.0, 1) == 4);   // 2 replicas' worth at 60 % target -> 4, at once
+  CHECK(a.update(1.0, 20.0, 0.0, 4) == 4);   // a change starts the window
+  CHECK(a.update(2.0, 5.0, 0.0, 4) == 4);    // low, but the window is 1 s long
+  CHECK(a.update(4.0, 25.0, 0.0, 4) == 4);   // a short burst inside the band ...
+  CHECK(a.update(4.5, 5.0, 0.0, 4) == 4);
+  // ... does not pin 4 replicas: the window's mean load (2x1 + 0.5x2 + 2.5x0.5 + 0.5x1.5) / 5 =
+  // 1.0 replica's worth is under 35 % of 4: one step down.
+  CHECK(a.mean_load(6.0) == doctest::Approx(1.0));
+  CHECK(a.update(6.0, 5.0, 0.0, 4) == 3);
+  CHECK(a.update(7.0, 5.0, 0.0, 3) == 3);    // the next step waits another window
+  CHECK(a.update(11.0, 5.0, 0.0, 3) == 3);
+  CHECK(a.update(12.0, 5.0, 0.0, 3) == 2);
+  CHECK(a.update(12.5, 0.0, 9.0, 2) == 4);   // a queue adds replicas at once
+  CHECK(a.update(13.0, 20.0, 0.0, 4) == 4);  // a sustained load keeps them
+  CHECK(a.update(20.0, 20.0, 0.0, 4) == 4);
+  CHECK(a.update(21.0, 30.0, 0.0, 4, 5.0) == 4);   // a measured capacity of 5 req/s: 30 req/s needs more
+  CHECK(a.update(22.0, 30.0, 0.0, 4, 50.0) == 4);  // 50 req/s each: 15 % load, low only after a window
   c.down_utilisation = 0.7;
   CHECK_THROWS_AS(replica_autoscaler{c}, std::invalid_argument);
 }

@@ -42,7 +42,7 @@ def test_ray_two_nodes_node_removed_while_training(tmp_path: Path) -> None:
         client.submit({"name": "j", "min_size": 1, "max_size": 2, "ray": cluster.address, "cwd": str(ROOT),
                        "log": str(tmp_path / "logs"),
                        "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "60",
-                                   "--global-batch", "128", "--max-size", "2", "--out", str(tmp_path / "out")]})
+                                   "--global-batch", "128", "--out", str(tmp_path / "out")]})
         deadline = time.time() + 150
         report: dict = {}
         while time.time() < deadline:

@@ -3,7 +3,9 @@
 //
 //  - An inference service's replicas follow its request rate and queue, with hysteresis
 //    (replica_autoscaler): up at once when the load per replica passes `up_utilisation`, down one
-//    replica at a time only after the load stayed under `down_utilisation` for `down_delay_s`.
+//    replica at a time when the load's time-weighted mean over the last `down_delay_s` (none of
+//    it before the last change) is under `down_utilisation`: a short burst inside the window does
+//    not pin the replicas its peak needed, and a sustained load keeps them.
 //  - Training jobs divide what is left with the cluster arbiter (policy/cluster_arbiter.hpp, the
 //    code the simulator evaluates): each elastic job's speedup curve (from its live throughput
 //    report), weighted by its priority class, a change penalty for moving it, never below its
@@ -11,6 +13,7 @@
 //    in place; rigid jobs keep what they hold.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,32 +54,50 @@ class replica_autoscaler {
 
   /// Replicas wanted now, given the arrival rate (requests/s), the queue length and the replicas
   /// running; `replica_rps` > 0 is a measured capacity per replica that replaces the configured
-  /// one. Deterministic in its inputs and the time it last saw a low load.
+  /// one. Deterministic in its inputs and the load it saw since the last change.
   int update(double now, double rate_rps, double queue, int current, double replica_rps = 0.0) {
     const auto& c = config_;
     const double per = replica_rps > 0.0 && std::isfinite(replica_rps) ? replica_rps : c.replica_rps;
     const double load = std::max(0.0, rate_rps) / per;  // replicas' worth of work
     const int backlog = static_cast<int>(std::floor(std::max(0.0, queue) / c.queue_per_replica));
     const int aim = static_cast<int>(std::ceil(load / c.target_utilisation - 1e-9)) + backlog;
+    if (current != seen_current_) {  // a change (ours or anyone's) starts a new window
+      seen_current_ = current;
+      window_.clear();
+    }
+    window_.push_back({now, load});
+    while (window_.size() > 1 && window_[1].first <= now - c.down_delay_s) window_.pop_front();
     int want = current;
     if (current < c.min_replicas || load > c.up_utilisation * current || queue >= c.queue_per_replica) {
       want = std::max({current, aim, current + backlog});  // a backlog means the replicas are saturated
-      low_since_ = -1.0;
-    } else if (load < c.down_utilisation * current) {
-      if (low_since_ < 0.0) low_since_ = now;
-      if (now - low_since_ >= c.down_delay_s) {
-        want = std::max(aim, current - 1);
-        low_since_ = now;  // the next step down waits another delay
+    } else if (now - window_.front().first >= c.down_delay_s - 1e-9) {
+      const double mean = mean_load(now);
+      if (mean < c.down_utilisation * current) {
+        want = std::max(static_cast<int>(std::ceil(mean / c.target_utilisation - 1e-9)), current - 1);
+        window_.clear();  // the next step down waits another window
       }
-    } else {
-      low_since_ = -1.0;
     }
     return std::clamp(want, c.min_replicas, c.max_replicas);
   }
 
+  /// Time-weighted mean of the load over the window (each sample holds until the next; the
+  /// oldest one stands for the part of the window before it).
+  double mean_load(double now) const {
+    if (window_.empty()) return 0.0;
+    const double start = now - config_.down_delay_s;
+    double area = 0.0, span = 0.0;
+    for (std::size_t i = 0; i < window_.size(); ++i) {
+      const double from = std::max(i == 0 ? start : window_[i].first, start);
+      const double to = i + 1 < window_.size() ? window_[i + 1].first : now;
+      if (to > from) area += window_[i].second * (to - from), span += to - from;
+    }
+    return span > 0.0 ? area / span : window_.back().second;
+  }
+
  private:
   autoscaler_config config_;
-  double low_since_ = -1.0;
+  std::deque<std::pair<double, double>> window_;  ///< (time, load) since the last change, down_delay_s at most
+  int seen_current_ = -1;
 };
 
 /// A running job as the scaler sees it.

@@ -5,7 +5,10 @@
 //
 //   admit():  jobs holding fewer than min_size workers, highest effective priority first (base
 //             priority plus one level per `aging_s` waited, so nothing starves; ties by arrival),
-//             get their missing workers all at once (gang) or wait. A job that cannot be placed
+//             get their missing workers all at once (gang) or wait. When no job is left waiting,
+//             an elastic training job admitted now also takes free devices up to its request
+//             (max_size): devices nobody asks for are not left idle until the next re-plan (the
+//             arbiter rebalances when others arrive). A job that cannot be placed
 //             may shrink elastic jobs of a lower priority class in place, never below their
 //             min_size, never touching a rigid job; the freed devices come back as those jobs
 //             release leases, and are kept for the job that asked (they count as planned).
@@ -64,6 +67,7 @@ struct plan {
 struct scheduler_config {
   double aging_s = 120.0;  ///< a waiting job gains one priority level per aging_s waited (<= 0: no aging)
   bool preemption = true;
+  bool admit_to_request = true;  ///< admission also grants free devices up to max_size (elastic training)
 
   void validate() const {
     if (!std::isfinite(aging_s)) dra::detail::throw_invalid("aging_s", "must be finite (<= 0 turns aging off)");
@@ -165,6 +169,7 @@ class scheduler {
       }
       reserve(free, incoming, got, j->req.fraction);
     }
+    if (config_.admit_to_request && out.waiting.empty()) to_request(inv, order, book, free, out);
     return out;
   }
 
@@ -243,6 +248,24 @@ class scheduler {
       return a->order < b->order;
     });
     return order;
+  }
+
+  // Admission to the request: every elastic training job admitted in `out` gets free devices up
+  // to its max_size (priority order), placed near the ones it was just granted.
+  void to_request(const inventory& inv, const std::vector<const job_entry*>& order, const lease_book& book,
+                  std::vector<double>& free, plan& out) const {
+    for (const job_entry* j : order) {
+      if (!j->req.elastic || j->req.kind != "training" || book.count(j->req.job) > 0) continue;
+      std::vector<std::string> near;
+      for (const auto& g : out.grants)
+        if (g.job == j->req.job) near.push_back(g.device);
+      const int more = j->req.max_size - static_cast<int>(near.size());
+      if (near.empty() || more <= 0) continue;
+      for (std::size_t i : place_indices(inv, j->req, more, free, near)) {
+        free[i] -= j->req.fraction;
+        out.grants.push_back({j->req.job, inv.devices()[i].id, j->req.fraction, "admit to request"});
+      }
+    }
   }
 
   static std::vector<std::string> devices_of(const lease_book& book, const std::string& job) {

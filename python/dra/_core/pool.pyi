@@ -253,6 +253,7 @@ class Plan:
     def waiting(self) -> list[str]:
         ...
 class SchedulerConfig:
+    admit_to_request: bool
     preemption: bool
     def __init__(self, **kwargs) -> None:
         """

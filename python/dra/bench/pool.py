@@ -64,7 +64,7 @@ def handover_s(repeats: int, tmp: Path) -> list[float]:
             common = {"cwd": str(ROOT), "log": str(state / "logs"),
                       "preload": ["torch", "dra", "dra.elastic", "dra.pool.job", "sklearn.datasets",
                                   "sklearn.model_selection", "sklearn.preprocessing"]}
-            cmd = [sys.executable, str(EXAMPLES / "train.py"), "--model", "logreg", "--data", "wine", "--max-size", "1"]
+            cmd = [sys.executable, str(EXAMPLES / "train.py"), "--model", "logreg", "--data", "wine"]
             client.submit({"name": "a", **common, "command": cmd + ["--epochs", "20", "--out", str(state / "a")]})
             time.sleep(0.5)
             client.submit({"name": "b", **common, "command": cmd + ["--epochs", "2", "--out", str(state / "b")]})

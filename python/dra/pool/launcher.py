@@ -5,16 +5,21 @@
 
 The launcher hosts the job's c10d store (``DRA_STORE=host:port``, so the job survives the loss of
 any worker, rank 0 included) and starts each worker with ``DRA_JOB_ID``, ``RANK``/``WORLD_SIZE``
-(the first world) or ``DRA_JOIN=1`` (a worker on a lease granted later joins the running world in
-place), the lease's environment (``DRA_LEASE_ID``, its cgroups, ``CUDA_VISIBLE_DEVICES``...). A
-worker that crashes is just reported: the others carry on (the elastic controller's survivors
-shrink in place and redo the step), unlike a one-node torchrun whose agent stops every worker. Its
-lease goes back to the pool at once.
+(the first world) or ``DRA_JOIN=1`` and ``DRA_JOIN_UID`` (a worker on a lease granted later joins
+the running world in place), the lease's environment (``DRA_LEASE_ID``, its cgroups,
+``CUDA_VISIBLE_DEVICES``...) and, for a pool job, ``DRA_OPTIONS`` (``release="exit"``, the job's
+``max_size`` and its ``options``). A worker that crashes is just reported: the others carry on (the
+elastic controller's survivors shrink in place and redo the step), unlike a one-node torchrun
+whose agent stops every worker. Its lease goes back to the pool at once.
 
-When the pool wants a lease back, the launcher writes the job's ``capacity`` key (the contract of
-docs/guide/pool.md) and gives the job ``shrink_grace_s`` to let a member go (it exits 0); a job whose
-controller does not read that key yet has one worker stopped instead, which its survivors handle
-as a fault (shrink in place, redo the step).
+The pool drives a training job through its store (docs/guide/elastic.md, "Driving a job from
+outside"): the launcher keeps ``capacity`` = ``{"min_size": k, "max_size": k, "leave": [uids]}``,
+k the leases the job holds. A grant is a worker started with ``DRA_JOIN=1`` that the leader admits
+because the world is below ``min_size``; a lease the pool takes back names its worker in
+``leave``, and that member leaves and exits 0 (``release="exit"``; a joiner not admitted yet is
+dismissed and exits 0 too). An inference replica is asked
+to stop with SIGTERM (it finishes its request and exits 0). The launcher reads the leader's
+``report`` (the pool fits the job's speedup curve to its ``rates``) and ``done``.
 
 Python workers start from a fork server that imported torch once (``_zygote``), so a new lease
 runs a worker within tens of milliseconds; ``--no-zygote`` starts plain processes.
@@ -26,107 +31,51 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from dra.pool._spawner import Spawner, is_python
 
-def _is_python(cmd: list[str]) -> bool:
-    return bool(cmd) and (os.path.basename(cmd[0]).startswith("python") or cmd[0] == sys.executable)
+#: The first late joiner's uid (the controller's numbering: 10000 + the store's ``late_uid`` count).
+LATE_UID_BASE = 10000
 
 
-class _Spawner:
-    """Starts worker processes, from the zygote (Python commands) or as plain processes."""
+class JobStore:
+    """The job's c10d store, hosted here, and the keys of the contract with the running job."""
 
-    def __init__(self, use_zygote: bool, preload: list[str], log: Path) -> None:
-        self.zygote: subprocess.Popen[bytes] | None = None
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.exits: list[tuple[str, int]] = []
-        self.pids: dict[str, int] = {}
-        self._pending: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-        if use_zygote:
-            self.zygote = subprocess.Popen([sys.executable, "-m", "dra.pool._zygote", ",".join(preload)],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=open(log, "ab"), start_new_session=True)
-            assert self.zygote.stdout is not None
-            first = json.loads(self.zygote.stdout.readline() or b"{}")
-            if not first.get("ready"):
-                raise RuntimeError(f"the worker fork server did not start (see {log})")
-            threading.Thread(target=self._read, daemon=True).start()
+    def __init__(self, job: str, host: str, advertise: str | None) -> None:
+        import torch.distributed as dist
 
-    def _read(self) -> None:
-        assert self.zygote is not None and self.zygote.stdout is not None
-        for line in self.zygote.stdout:
-            msg = json.loads(line)
-            with self._lock:
-                if "spawned" in msg:
-                    self.pids[msg["spawned"]] = msg["pid"]
-                    self._pending.pop(msg["spawned"], threading.Event()).set()
-                elif "exited" in msg:
-                    self.exits.append((msg["exited"], int(msg["code"])))
+        self.store = dist.TCPStore(host, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+        self.address = f"{advertise or host}:{self.store.port}"
+        self.prefix = f"dra/{job}/0"  # TORCHELASTIC_RESTART_COUNT is 0 under dra run
 
-    def spawn(self, wid: str, cmd: list[str], env: dict[str, str], cgroups: list[str], log: Path,
-              cwd: str | None) -> int:
-        if self.zygote is not None and _is_python(cmd):
-            ev = threading.Event()
-            with self._lock:
-                self._pending[wid] = ev
-            msg = {"op": "spawn", "id": wid, "argv": cmd[1:], "env": env, "cwd": cwd, "cgroups": cgroups,
-                   "log": str(log)}
-            assert self.zygote.stdin is not None
-            self.zygote.stdin.write((json.dumps(msg) + "\n").encode())
-            self.zygote.stdin.flush()
-            if not ev.wait(10):
-                raise RuntimeError(f"the fork server did not start worker {wid}")
-            return self.pids[wid]
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
 
-        def enter() -> None:  # in the child, before exec: into the lease's cgroups
-            for p in cgroups:
-                with open(os.path.join(p, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
+    def get(self, name: str) -> Any:
+        try:
+            if self.store.check([self.key(name)]):
+                return json.loads(self.store.get(self.key(name)))
+        except Exception:  # noqa: BLE001 - a half-written or odd value is not fatal
+            return None
+        return None
 
-        out = open(log, "ab")
-        p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             preexec_fn=enter if cgroups else None, start_new_session=True)
-        out.close()
-        self.procs[wid] = p
-        self.pids[wid] = p.pid
-        return p.pid
+    def set(self, name: str, value: Any) -> None:
+        self.store.set(self.key(name), json.dumps(value))
 
-    def poll(self) -> list[tuple[str, int]]:
-        with self._lock:
-            out, self.exits = self.exits, []
-        for wid, p in list(self.procs.items()):
-            code = p.poll()
-            if code is not None:
-                out.append((wid, code))
-                del self.procs[wid]
-        return out
+    def done(self) -> bool:
+        try:
+            return bool(self.store.check([self.key("done")]))
+        except Exception:  # noqa: BLE001
+            return False
 
-    def kill(self, wid: str, sig: int = signal.SIGKILL) -> None:
-        pid = self.pids.get(wid)
-        if pid:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def close(self) -> None:
-        if self.zygote is not None:
-            try:
-                assert self.zygote.stdin is not None
-                self.zygote.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.zygote.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.zygote.kill()
+    def claim_uid(self) -> int:
+        """A late joiner's uid, taken from the counter the controller takes it from."""
+        return LATE_UID_BASE + int(self.store.add(self.key("late_uid"), 1)) - 1
 
 
 class Launcher:
@@ -144,86 +93,66 @@ class Launcher:
         if not self.command:
             raise ValueError("command: nothing to run; give one after '--' or submit the job with a command")
         self.cwd = cwd or spec.get("cwd")
+        self.kind = spec.get("kind", "training")
         self.extra_env = {**(spec.get("env") or {}), **(env or {})}
+        if self.client and self.kind == "training":
+            self.extra_env["DRA_OPTIONS"] = json.dumps(self._options(spec))
         self.nproc = nproc
-        self.min_size = int(spec.get("min_size", 1))
-        self.shrink_grace_s = shrink_grace_s if shrink_grace_s is not None else spec.get("shrink_grace_s")
+        # A member the pool asked to leave that is still there after this long is stopped
+        # (SIGTERM, then SIGKILL 5 s later): only for a job that does not follow the contract.
+        self.shrink_grace_s = float(shrink_grace_s if shrink_grace_s is not None else spec.get("shrink_grace_s", 30.0))
         self.poll_s = poll_s
         self.log_dir = Path(spec.get("log") or log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        use_zygote = zygote and spec.get("zygote", True) and _is_python(self.command)
+        use_zygote = zygote and spec.get("zygote", True) and is_python(self.command)
         preload = preload if preload is not None else spec.get("preload", ["torch", "dra", "dra.elastic"])
-        import torch.distributed as dist
-
-        self.store = dist.TCPStore(store_host, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
-        self.store_addr = f"{advertise or store_host}:{self.store.port}"
-        self.prefix = f"dra/{job}/0/"
+        self.store = JobStore(job, store_host, advertise)
         ray = ray or spec.get("ray")
         if ray:  # workers on the lease's Ray node (a placement group per lease)
             from dra.pool.ray_cluster import RaySpawner
 
             self.spawner: Any = RaySpawner(ray)
         else:
-            self.spawner = _Spawner(use_zygote, preload, self.log_dir / f"{job}.zygote.log")
+            self.spawner = Spawner(use_zygote, preload, self.log_dir / f"{job}.zygote.log")
         self.workers: dict[int, dict[str, Any]] = {}  # lease id -> worker
         self.ended: set[int] = set()
-        self.handled: set[int] = set()  # leases the pool asked back that a worker is leaving for
+        self.leaving: dict[int, int] = {}  # lease the pool asked back -> lease of the worker leaving for it
+        self.leave_uids: set[int] = set()  # every uid asked to go (never reused, so never admitted again)
+        self.capacity: dict[str, Any] | None = None
         self.started_world = False
         self.events: list[dict[str, Any]] = []
+
+    def _options(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The controller options a pool job gets through DRA_OPTIONS (the script's keywords win)."""
+        env_options = json.loads(self.extra_env.get("DRA_OPTIONS") or os.environ.get("DRA_OPTIONS") or "{}")
+        return {"release": "exit", "max_size": int(spec.get("max_size", 1)), **env_options, **(spec.get("options") or {})}
 
     def _say(self, **ev: Any) -> None:
         ev = {"time": time.time(), "job": self.job, **ev}
         self.events.append(ev)
         print("[dra run] " + json.dumps(ev), flush=True)
 
-    # -- store keys (the contract with the running job) -----------------------------------------
-    # The controller's c10d PrefixStore joins its prefix "dra/<job>/0/" and a key with another
-    # "/", so its keys read "dra/<job>/0//done"; both spellings are read and written.
-    def _keys(self, key: str) -> list[str]:
-        return [self.prefix + key, self.prefix + "/" + key]
-
-    def _get(self, key: str) -> Any:
-        for k in self._keys(key):
-            try:
-                if self.store.check([k]):
-                    return json.loads(self.store.get(k))
-            except Exception:  # noqa: BLE001 - a half-written or odd value is not fatal
-                return None
-        return None
-
-    def _set(self, key: str, value: Any) -> None:
-        for k in self._keys(key):
-            try:
-                self.store.set(k, json.dumps(value))
-            except Exception:  # noqa: BLE001
-                pass
-
-    def _done(self) -> bool:
-        try:
-            return any(self.store.check([k]) for k in self._keys("done"))
-        except Exception:  # noqa: BLE001
-            return False
-
     # -- workers ---------------------------------------------------------------------------------
     def _start(self, lease: dict[str, Any], rank: int, world: int, join: bool) -> None:
         env = dict(os.environ)
         env.update(self.extra_env)
         env.update(lease.get("env", {}))
-        env.update({"DRA_STORE": self.store_addr, "DRA_JOB_ID": self.job, "RANK": str(rank),
+        env.update({"DRA_STORE": self.store.address, "DRA_JOB_ID": self.job, "RANK": str(rank),
                     "WORLD_SIZE": str(world), "PYTHONUNBUFFERED": "1"})
         env.setdefault("OMP_NUM_THREADS", "1")
+        uid = rank
+        env.pop("DRA_JOIN", None)
+        env.pop("DRA_JOIN_UID", None)
         if join:
-            env["DRA_JOIN"] = "1"
-        else:
-            env.pop("DRA_JOIN", None)
+            uid = self.store.claim_uid()
+            env.update({"DRA_JOIN": "1", "DRA_JOIN_UID": str(uid)})
         cgroups = [p for p in env.get("DRA_CGROUPS", "").split(":") if p]
         wid = f"{self.job}.{lease['id']}"
         log = self.log_dir / f"{wid}.log"
         pid = self.spawner.spawn(wid, list(self.command), env, cgroups, log, self.cwd)
         self.workers[lease["id"]] = {"wid": wid, "pid": pid, "lease": lease["id"], "device": lease.get("device"),
-                                     "started": time.time(), "kill_at": None, "join": join}
-        self._say(event="worker_start", lease=lease["id"], device=lease.get("device"), pid=pid, join=join,
-                  rank=None if join else rank)
+                                     "uid": uid, "started": time.time(), "asked": None, "signals": 0, "join": join}
+        self._say(event="worker_start", lease=lease["id"], device=lease.get("device"), pid=pid, join=join, uid=uid)
 
     def _reap(self) -> tuple[list[int], list[int]]:
         """Exited workers: (leases freed, exit codes)."""
@@ -237,35 +166,54 @@ class Launcher:
             self.ended.add(lid)
             freed.append(lid)
             codes.append(code)
-            self._say(event="worker_exit", lease=lid, code=code, ran_s=time.time() - w["started"],
-                      asked=w["kill_at"] is not None)
+            self._say(event="worker_exit", lease=lid, uid=w["uid"], code=code, ran_s=time.time() - w["started"],
+                      asked=w["asked"] is not None)
         return freed, codes
 
-    def _shrink(self, lids: list[int], report: dict[str, Any] | None) -> None:
-        self.handled &= set(lids)  # a lease no longer asked for (swapped, or given back) is forgotten
-        asked = [lid for lid in lids if lid not in self.handled]
-        if not asked:
-            return
-        self.handled |= set(asked)
-        live = sum(1 for w in self.workers.values() if w["kill_at"] is None)
-        target = max(self.min_size, live - len(asked))
-        self._set("capacity", {"max_size": target, "min_size": self.min_size})
-        grace = self.shrink_grace_s
-        if grace is None:  # a controller that reports desired_size reads the capacity key (contract)
-            grace = 5.0 if report and "desired_size" in report else 0.0
-        # The newest workers go first (the scheduler asks back the newest leases; this keeps the
-        # first world's ranks, rank 0 among them, in place).
-        newest = sorted((w for w in self.workers.values() if w["kill_at"] is None), key=lambda w: -w["started"])
-        for w in newest[: len(asked)]:
-            w["kill_at"] = time.time() + grace
-            self._say(event="shrink", lease=w["lease"], target=target, grace_s=grace)
-
-    def _enforce_kills(self) -> None:
+    # -- giving leases back ----------------------------------------------------------------------
+    def _give_back(self, answer: dict[str, Any], report: dict[str, Any] | None) -> None:
+        """Follows the pool's answer: the job's size bounds in ``capacity`` and who leaves."""
+        asked = set(answer["release"])
+        self.leaving = {x: lid for x, lid in self.leaving.items() if x in asked and lid in self.workers}
+        members = (report or {}).get("members") or []
+        leader = members[0] if members else 0
+        for x in sorted(asked - set(self.leaving)):
+            w = self.workers.get(x)
+            if w is None:
+                continue  # its worker already exited; the pool learns it at the next sync
+            if w["asked"] is not None or (self.kind == "training" and w["uid"] == leader):
+                # The leader never leaves (it may hold the only copy of the state mid-change), and a
+                # worker already leaving for another lease counts once: the newest other worker
+                # goes, and the pool takes its lease instead.
+                others = [v for v in self.workers.values()
+                          if v["asked"] is None and (self.kind != "training" or v["uid"] != leader)]
+                if not others:
+                    continue
+                w = max(others, key=lambda v: v["started"])
+            w["asked"] = time.time()
+            self.leaving[x] = w["lease"]
+            self.leave_uids.add(w["uid"])
+            self._say(event="leave", lease=w["lease"], uid=w["uid"], asked_for=x)
+            if self.kind != "training":
+                self._signal(w, signal.SIGTERM)  # a replica finishes its request and exits 0
+        if self.kind == "training" and self.started_world:
+            k = sum(1 for l in answer["leases"] if l["state"] == "active")
+            cap = {"min_size": k, "max_size": k, "leave": sorted(self.leave_uids)}
+            if cap != self.capacity:
+                self.store.set("capacity", cap)
+                self.capacity = cap
+                self._say(event="capacity", **cap)
         now = time.time()
         for w in self.workers.values():
-            if w["kill_at"] is not None and now >= w["kill_at"] and not w.get("killed"):
-                w["killed"] = True
-                self.spawner.kill(w["wid"], signal.SIGKILL)
+            # A member named in "leave" leaves at the leader's next look and exits 0, a joiner not
+            # yet admitted is dismissed and exits 0: a signal only for a job that ignores the contract.
+            if w["asked"] is not None and now - w["asked"] > self.shrink_grace_s + 5.0 * w["signals"] and w["signals"] < 2:
+                self._say(event="leave_timeout", lease=w["lease"], uid=w["uid"], after_s=now - w["asked"])
+                self._signal(w, signal.SIGTERM if w["signals"] == 0 else signal.SIGKILL)
+
+    def _signal(self, w: dict[str, Any], sig: int) -> None:
+        w["signals"] += 1
+        self.spawner.kill(w["wid"], sig)
 
     # -- main loop -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -286,7 +234,7 @@ class Launcher:
             time.sleep(self.poll_s)
         _, c = self._reap()
         codes += c
-        ok = self._done() or any(code == 0 for code in codes)
+        ok = self.store.done() or any(code == 0 for code in codes)
         self._say(event="job_end", ok=ok, codes=codes)
         return 0 if ok else (next((c for c in codes if c != 0), 1) & 0xFF or 1)
 
@@ -298,15 +246,26 @@ class Launcher:
             freed, c = self._reap()
             released += freed
             codes += c
-            report = self._get("report")
-            done = self._done() or (self.started_world and not self.workers and any(x == 0 for x in codes))
+            report = self.store.get("report")
+            done = self.store.done() or (self.started_world and not self.workers and any(x == 0 for x in codes))
             if done:  # the job finished: its workers end by themselves (the leader writes results)
-                deadline = time.time() + 60
-                while self.workers and time.time() < deadline:
+                t_done = time.time()
+                leader = ((report or {}).get("members") or [0])[0]
+                while self.workers and time.time() < t_done + 60:
+                    time.sleep(self.poll_s)
+                    for w in self.workers.values():  # the others have nothing left to do: one stuck
+                        # (a joiner on a lost node never started) is stopped after 10 s
+                        if w["uid"] != leader and w["signals"] == 0 and time.time() > t_done + 10:
+                            self._say(event="stuck_after_done", lease=w["lease"], uid=w["uid"])
+                            self._signal(w, signal.SIGKILL)
                     freed, c = self._reap()
                     released += freed
                     codes += c
-                    time.sleep(self.poll_s)
+                    try:  # the job keeps its leases alive until it ends (a worker on a lost node may
+                        # linger); freed now, they would be granted to it again
+                        self.client.sync(self.job, list(self.workers) + released, [], None)
+                    except ConnectionError:
+                        pass
             failed = self.started_world and not self.workers and not done
             try:
                 answer = self.client.sync(self.job, list(self.workers), released, report, done=done, failed=failed)
@@ -330,9 +289,7 @@ class Launcher:
             else:
                 for lease in new:
                     self._start(lease, 0, 1, join=True)
-            if answer["release"]:
-                self._shrink(answer["release"], report)
-            self._enforce_kills()
+            self._give_back(answer, report)
             time.sleep(self.poll_s)
 
 
@@ -351,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", default="dra-logs")
     p.add_argument("--no-zygote", action="store_true", help="start plain processes instead of forking a warm one")
     p.add_argument("--preload", default=None, help="modules the fork server imports (default torch,dra,dra.elastic)")
-    p.add_argument("--shrink-grace-s", type=float, default=None)
+    p.add_argument("--shrink-grace-s", type=float, default=None,
+                   help="stop a worker the pool asked back that has not left after this long (default 30)")
     p.add_argument("--ray", default=None, help="start workers on a Ray cluster (address, or 'auto')")
     args = p.parse_args(argv)
     if args.pool and not args.job:

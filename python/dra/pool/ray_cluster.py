@@ -22,7 +22,8 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 NODE_PREFIX = "dra_node_"
 
@@ -129,6 +130,7 @@ class RaySpawner:
         self.pids: dict[str, int] = {}
         self.starting: dict[str, Any] = {}  # wid -> the start call's ObjectRef, until it answered
         self.polling: dict[str, Any] = {}  # wid -> a poll call's ObjectRef, until it answered
+        self.cancelled: list[tuple[str, int]] = []  # killed before Ray placed them (their exits)
 
     def spawn(self, wid: str, cmd: list[str], env: dict[str, str], cgroups: list[str], log: Any,
               cwd: str | None) -> int:
@@ -150,8 +152,8 @@ class RaySpawner:
 
     def poll(self) -> list[tuple[str, int]]:
         ray = self.cluster.ray
-        out = []
-        for wid, (host, pg) in list(self.hosts.items()):
+        out, self.cancelled = self.cancelled, []
+        for wid, (host, _pg) in list(self.hosts.items()):
             try:
                 ref = self.starting.get(wid)
                 if ref is not None:
@@ -179,6 +181,11 @@ class RaySpawner:
         return out
 
     def kill(self, wid: str, sig: int = signal.SIGKILL) -> None:
+        if wid in self.starting and sig == signal.SIGKILL:
+            # Not started yet (its placement group may wait for a node that is gone): cancelled.
+            self.cancelled.append((wid, -int(sig)))
+            self._drop(wid)
+            return
         if wid in self.hosts:
             try:
                 self.hosts[wid][0].kill.remote(int(sig))

@@ -19,13 +19,15 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from dra import _core
 from dra._core import pool as _p
 from dra.pool import _cgroup, _inventory
 from dra.pool._metrics import prometheus
-from dra.pool._spec import AUTOSCALE_FIELDS, REQUEST_FIELDS, request_from_spec, speedup_curve
+from dra.pool._spec import AUTOSCALE_FIELDS, REQUEST_FIELDS, fit_speedup, request_from_spec, speedup_curve
 from dra.pool._state import StateDB
 
 __all__ = ["PoolService", "make_service", "request_from_spec", "speedup_curve"]
@@ -55,7 +57,8 @@ class PoolService:
         self.launch_jobs = launch_jobs
         self.on_event = on_event
         self.scheduler = _p.Scheduler(_p.SchedulerConfig(aging_s=aging_s if mode == "dynamic" else 0.0,
-                                                          preemption=mode == "dynamic"))
+                                                          preemption=mode == "dynamic",
+                                                          admit_to_request=mode == "dynamic"))
         self.arbiter = _p.ClusterArbiter()
         self.book = _p.LeaseBook()
         self.db = StateDB(self.state_dir / "pool.sqlite")
@@ -67,6 +70,7 @@ class PoolService:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.reports: dict[str, dict[str, Any]] = {}
         self.autoscalers: dict[str, Any] = {}
+        self.replicas_wanted: dict[str, int] = {}  # inference: the autoscaler's latest answer
         self.draining = bool(self.db.get_meta("draining", False))
         self.counters = {"grants": 0, "releases": 0, "preemptions": 0, "reclaims": 0, "moves": 0}
         self.launchers: dict[str, Any] = {}
@@ -125,6 +129,13 @@ class PoolService:
             req.min_size = req.max_size
             req.elastic = False
             req.priority = "normal"
+        if "options" in spec:
+            if not isinstance(spec["options"], dict):
+                raise ValueError("options: must be an object of the job's controller options (dra.Options.names())")
+            try:
+                _core.Options(**spec["options"])
+            except ValueError as e:
+                raise ValueError(f"options: {e}") from None
         if "autoscale" in spec:
             bad = set(spec["autoscale"]) - set(AUTOSCALE_FIELDS)
             if bad:
@@ -354,7 +365,8 @@ class PoolService:
             plan = self.scheduler.admit(self.inventory, self._entries(live), self.book, now)
             changed += self._apply(plan, now)
             # 3. Scaling (dynamic): inference follows its load, the arbiter divides the rest.
-            if self.mode == "dynamic" and (now - self._last_scale >= self.scale_every_s or self._inference_short(now)):
+            short = self.mode == "dynamic" and self._inference_short(now)
+            if self.mode == "dynamic" and (short or now - self._last_scale >= self.scale_every_s):
                 self._last_scale = now
                 changed += self._scale(now)
             if changed or removed:
@@ -398,8 +410,10 @@ class PoolService:
         return a
 
     def _inference_short(self, now: float) -> bool:
-        """An inference service that needs more replicas now is served at once (every tick), not at
-        the next re-plan: its peaks do not wait."""
+        """Feeds every running inference service's load to its autoscaler (once per tick) and says
+        whether one needs more replicas now: it is served at once, not at the next re-plan (its
+        peaks do not wait)."""
+        short = False
         for name, j in self.jobs.items():
             report = self.reports.get(name)
             if j["state"] != "running" or j["spec"]["kind"] != "inference" or not report:
@@ -407,9 +421,11 @@ class PoolService:
             current = self.book.count(name, False)
             want = self._autoscaler(name).update(now, float(report.get("rate_rps", 0.0)), float(report.get("queue", 0.0)),
                                                  current, float(report.get("replica_rps", 0.0)))
+            self.replicas_wanted[name] = want
+            report["replicas_wanted"] = want
             if want > current and self.book.count(name) == current:  # none on its way already
-                return True
-        return False
+                short = True
+        return short
 
     def _scale(self, now: float) -> list[Any]:
         running = [n for n, j in self.jobs.items() if j["state"] == "running"]
@@ -421,6 +437,7 @@ class PoolService:
         if not running:
             return []
         jobs = []
+        curves: dict[str, str] = {}  # where each training job's speedup curve came from
         for name in running + waiting:
             spec = self.jobs[name]["spec"]
             sj = _p.ScaleJob()
@@ -432,14 +449,10 @@ class PoolService:
             cost = float(spec.get("resize_cost_s", 3.0))
             sj.change_penalty = min(1.0, max(0.0, age / (age + cost))) if cost > 0 and name in running else 1.0
             if spec["kind"] == "inference":
-                a = self._autoscaler(name)
-                if report:
-                    sj.replicas_wanted = a.update(now, float(report.get("rate_rps", 0.0)),
-                                                  float(report.get("queue", 0.0)), sj.current,
-                                                  float(report.get("replica_rps", 0.0)))
-                    report["replicas_wanted"] = sj.replicas_wanted
+                sj.replicas_wanted = self.replicas_wanted.get(name, -1)
             else:
-                sj.speedup = speedup_curve(report, spec["max_size"])
+                sj.speedup, source = fit_speedup(report, spec["max_size"])
+                curves[name] = source
                 # Cooldown: a training job resized in the last resize_cooldown_s is not grown again
                 # (its curve is flat above its size); it can still give devices back.
                 if name in running and now - self._resized_at.get(name, -1e9) < float(spec.get("resize_cooldown_s", 10.0)):
@@ -456,7 +469,8 @@ class PoolService:
             want = targets.get(name, cur)
             if want != cur and self.jobs[name]["spec"]["elastic"] and self._planned.get(name) != (cur, want):
                 self._planned[name] = (cur, want)
-                self._event({"event": "plan", "job": name, "from": cur, "to": want})
+                self._event({"event": "plan", "job": name, "from": cur, "to": want, "curve": curves.get(name),
+                             "speedup": [round(x, 3) for x in jobs[(running + waiting).index(name)].speedup]})
         for g in plan.grants:
             self._resized_at[g.job] = now
         for r in plan.releases:

@@ -62,11 +62,14 @@ struct launch_info {
   int store_port = 0;
   bool host_store = false;     ///< this process hosts the TCPStore (rank 0 outside torchrun)
   bool join = false;           ///< a late joiner (DRA_JOIN=1): takes a uid from 10000 up
+  int join_uid = -1;           ///< DRA_JOIN_UID: a joiner's uid its launcher claimed (-1: claim one)
   int uid = 0;                 ///< RANK: the process's launch id (not its rank in the world)
   int universe_size = 1;       ///< WORLD_SIZE: processes launched together
   std::string job_prefix = "dra/job/0";  ///< keys live under <job_prefix>/ (c10d's PrefixStore adds the "/")
   /// DRA_STORE=host:port (a dedicated store, which outlives every process) else
-  /// MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, DRA_JOIN, DRA_JOB_ID (else TORCHELASTIC_RUN_ID),
+  /// MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, DRA_JOIN (DRA_JOIN_UID: the uid a launcher claimed
+  /// for it from the job's "late_uid" counter, so that it can name it in "capacity"'s "leave"),
+  /// DRA_JOB_ID (else TORCHELASTIC_RUN_ID),
   /// TORCHELASTIC_RESTART_COUNT. Under torchrun the agent hosts the store (or rank 0 when the
   /// agent does not share it); outside torchrun rank 0 hosts it only with DRA_HOST_STORE=1.
   static launch_info from_env();
