@@ -16,6 +16,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include "bindings.hpp"
 #include "dra/torch/elastic/controller.hpp"
 
@@ -196,9 +199,10 @@ py::object event_dict(const std::string& line) {
 // dra.step is called once per training step, so its cost is measured against a bare binding call
 // (goal: < 3x). A pybind11 function with arguments costs more than that budget by itself, so
 // dra.step is a plain CPython vectorcall function. For the process's local controller (no world)
-// and a float or a 0-d CPU tensor, it steps the C++ controller directly and returns its status
-// object; everything else (elastic worlds, keywords, device tensors, bad values) goes to the Python
-// implementation dra._controller._step_slow, which behaves identically.
+// and a float or a 0-d tensor (CPU: read from its storage; CUDA: handed over unread, no device
+// synchronisation), it steps the C++ controller directly and returns its status object; everything
+// else (elastic worlds, keywords, bad values) goes to the Python implementation
+// dra._controller._step_slow, which behaves identically.
 struct fast_step_target {
   PyObject* slow = nullptr;      // dra._controller._step_slow (strong)
   PyObject* warn = nullptr;      // dra._controller._warn_nonfinite(loss, step) (strong)
@@ -215,15 +219,42 @@ void replace(PyObject*& slot, PyObject* value) {
   Py_XDECREF(old);
 }
 
-bool read_loss(PyObject* arg, double& loss) {
+// A 0-d floating-point CPU tensor, read straight from its storage (no dispatch: an item() call
+// costs several times the whole step).
+bool read_cpu_scalar(const at::Tensor& t, double& loss) {
+  const void* p = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      loss = *static_cast<const float*>(p);
+      return true;
+    case at::kDouble:
+      loss = *static_cast<const double*>(p);
+      return true;
+    case at::kHalf:
+      loss = static_cast<float>(*static_cast<const c10::Half*>(p));
+      return true;
+    case at::kBFloat16:
+      loss = static_cast<float>(*static_cast<const c10::BFloat16*>(p));
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The loss of a fast step: a float, a 0-d CPU tensor (read here), or a 0-d device tensor (handed to
+// the controller, which never reads it at a step without a decision). False: the Python path.
+bool read_loss(PyObject* arg, double& loss, const at::Tensor*& device_loss) {
+  device_loss = nullptr;
   if (PyFloat_CheckExact(arg)) {
     loss = PyFloat_AS_DOUBLE(arg);
     return true;
   }
   if (THPVariable_CheckExact(arg)) {  // a subclass may watch its reads (__torch_function__): Python path
     const at::Tensor& t = THPVariable_Unpack(arg);
-    if (t.dim() == 0 && t.device().is_cpu() && at::isFloatingType(t.scalar_type())) {
-      loss = t.item<double>();  // a CPU read: no device synchronisation
+    if (t.dim() != 0) return false;
+    if (t.device().is_cpu()) return !t.is_conj() && !t.is_neg() && read_cpu_scalar(t, loss);
+    if (t.is_cuda() && at::isFloatingType(t.scalar_type())) {
+      device_loss = &t;
       return true;
     }
   }
@@ -232,11 +263,14 @@ bool read_loss(PyObject* arg, double& loss) {
 
 PyObject* fast_step(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   double loss = 0.0;
-  if (g_step.ctl != nullptr && PyVectorcall_NARGS(nargs) == 1 && kwnames == nullptr && read_loss(args[0], loss)) {
-    const auto& status = g_step.ctl->step(loss);
-    if (g_step.ctl->nonfinite_streak() == 1) {
+  const at::Tensor* device_loss = nullptr;
+  if (g_step.ctl != nullptr && PyVectorcall_NARGS(nargs) == 1 && kwnames == nullptr &&
+      read_loss(args[0], loss, device_loss)) {
+    const auto& status = device_loss ? g_step.ctl->step(*device_loss) : g_step.ctl->step(loss);
+    if (g_step.ctl->nonfinite_started()) {
       // Rare: a streak of non-finite losses starts. Warn from Python (once per streak).
-      PyObject* warned = PyObject_CallFunction(g_step.warn, "dL", loss, static_cast<long long>(status.step));
+      PyObject* warned = PyObject_CallFunction(g_step.warn, "dL", device_loss ? status.loss : loss,
+                                               static_cast<long long>(status.step));
       if (warned == nullptr) return nullptr;  // warnings turned into errors propagate
       Py_DECREF(warned);
     }
@@ -272,7 +306,9 @@ void dra::python::bind_controller(py::module_& m) {
       }, "The option names dra.Controller takes.")
       .def_readonly("engine", &controller_options::engine)
       .def_readonly("start_size", &controller_options::start_size)
-      .def_property_readonly("release", [](const controller_options& o) { return to_string(o.release); })
+      .def_property_readonly("release", [](const controller_options& o) -> py::object {
+        return o.release ? py::object(py::str(to_string(*o.release))) : py::object(py::none());
+      }, "'standby', 'exit' or 'return'; None: exit on a GPU backend (NCCL), else standby.")
       .def_property_readonly("batch_mode", [](const controller_options& o) { return o.batch == batch_mode::adascale ? "adascale" : "fixed"; })
       .def_readonly("resize_schedule", &controller_options::resize_schedule)
       .def_readonly("fault_timeout_s", &controller_options::fault_timeout_s)
@@ -358,7 +394,33 @@ void dra::python::bind_controller(py::module_& m) {
            }),
            py::arg("options"), py::arg("state"), py::arg("sampler"), py::kw_only(), py::arg("store_address") = py::none(),
            py::arg("join") = py::none(), py::arg("phase_hook") = py::none())
-      .def("reduce_gradients", &controller::reduce_gradients, py::arg("params"), nogil())
+      .def("reduce_gradients", &controller::reduce_gradients, py::arg("params"), nogil(),
+           "After backward: averages the gradients over the step's global batch (False: the step failed).")
+      .def("_begin_reduction", &controller::begin_reduction, py::arg("params"), nogil(),
+           "Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now).")
+      .def("_gradient_ready", &controller::gradient_ready, py::arg("index"), nogil(),
+           "params[index]'s gradient is accumulated: its bucket is all-reduced once complete.")
+      .def("_finish_reduction", &controller::finish_reduction, nogil(),
+           "End of backward: the remaining buckets, the gradients written back (False: the step failed).")
+      .def(
+          "_step_tensor",
+          [](controller& c, const at::Tensor& loss, const py::kwargs& signals) -> const dra::elastic::step_status& {
+            const step_signals extra = parse_signals(signals);
+            if (c.is_local()) return c.step(loss, extra);
+            py::gil_scoped_release nogil;
+            return c.step(loss, extra);
+          },
+          py::arg("loss"), py::return_value_policy::reference_internal,
+          "The C++ step with a 0-d tensor loss (a CUDA loss is read only where a decision needs it).")
+      .def_property_readonly("nonfinite_started", &controller::nonfinite_started,
+                             "A streak of non-finite losses started in the latest step (device losses: when read).")
+      .def_property_readonly("device_reads", [](const controller& c) {
+        const auto r = c.device_reads();
+        py::dict d;
+        d["reads"] = r.reads;
+        d["blocking_waits"] = r.blocking_waits;
+        return d;
+      }, "Host reads of device values (decision steps only) and how many had to wait for the device.")
       .def(
           "_step",
           [](controller& c, double loss, const py::kwargs& signals) -> const dra::elastic::step_status& {

@@ -49,8 +49,16 @@ class py_state_provider final : public state_provider {
     py::gil_scoped_acquire gil;
     call("scale_learning_rate")(factor);
   }
+  // Optional in Python: a provider without them keeps its state where it is.
+  void release_device() override { call_optional("release_device"); }
+  void restore_device() override { call_optional("restore_device"); }
 
  private:
+  void call_optional(const char* name) {
+    py::gil_scoped_acquire gil;
+    if (py::function f = py::get_override(static_cast<const state_provider*>(this), name)) f();
+  }
+
   py::function call(const char* name) {
     py::function f = py::get_override(static_cast<const state_provider*>(this), name);
     if (!f) throw std::logic_error(std::string("StateProvider subclass must implement ") + name);

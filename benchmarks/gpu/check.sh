@@ -4,11 +4,15 @@
 #   1. builds dra against the torch there, into a private folder (nothing is installed),
 #   2. runs the NCCL tests (tests/python/test_nccl.py: one-rank init, all-reduce, broadcast,
 #      stream order, abort, init timeout; shrink/grow across two processes when 2+ GPUs),
-#   3. measures NCCL all-reduce bandwidth 1 KiB .. 1 GiB through dra against torch.distributed,
+#   3. runs the elastic controller on real NCCL, one rank (benchmarks/gpu/elastic_gpu.py): a
+#      transformer trained with dra.step(cuda loss) under set_sync_debug_mode("error") (zero
+#      synchronising steps is checked), its step time against plain DDP, the NVML energy counter,
+#      and dra's communicator through init, keep, abort and re-init,
+#   4. measures NCCL all-reduce bandwidth 1 KiB .. 1 GiB through dra against torch.distributed,
 #      dra's NCCL init against torch's, and dra.step overhead on a real training step,
-# and writes summary.json, summary.txt, nccl_gpu.json (the common benchmark report) and the test
-# log under the output folder. Bounded: the whole run stays within DRA_GPU_CHECK_BUDGET_S
-# (default 470 s, under 8 minutes).
+# and writes summary.json, summary.txt, nccl_gpu.json and elastic_gpu.json (the common benchmark
+# report) and the logs under the output folder. Bounded: the whole run stays within
+# DRA_GPU_CHECK_BUDGET_S (default 470 s, under 8 minutes).
 #
 # Without a GPU it still builds, runs the tests (GPU tests skip) and the CPU-only part of the
 # benchmark, then exits 3: the CPU-side steps are checked anywhere.
@@ -33,7 +37,7 @@ budget="${DRA_GPU_CHECK_BUDGET_S:-470}"
 build_cap="${DRA_GPU_CHECK_BUILD_CAP_S:-300}"  # 16 cores build in about 2 minutes
 deps="$root/build/gpu-deps"
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
@@ -74,6 +78,11 @@ if [ "$prepare" = 1 ]; then
   rm -rf "$deps/include/eigen3" && cp -r "$eigen" "$deps/include/eigen3"
   pyb="$("$py" -c 'import pybind11; print(pybind11.get_include())' 2>/dev/null || true)"
   [ -n "$pyb" ] && rm -rf "$deps/include/pybind11" && cp -r "$pyb/pybind11" "$deps/include/pybind11"
+  # Debian's header-only libraries dra's compiled part uses (nlohmann/json, LBFGSpp) and the Gloo
+  # headers torch's ProcessGroupGloo.hpp includes (the torch wheel ships the library only).
+  for h in nlohmann LBFGSpp gloo LBFGS.h LBFGSB.h; do
+    [ -e "/usr/include/$h" ] && rm -rf "$deps/include/$h" && cp -r "/usr/include/$h" "$deps/include/$h"
+  done
   nccl_h="$("$py" -c 'import nvidia, os; print(next(p for r in nvidia.__path__ for p in [os.path.join(r, "nccl", "include", "nccl.h")] if os.path.exists(p)))' 2>/dev/null || true)"
   [ -n "$nccl_h" ] && mkdir -p "$deps/nccl/include" && cp "$nccl_h" "$deps/nccl/include/"
   say "headers copied into ${deps#$root/} ($(du -sh "$deps" | cut -f1)); carry that path to the GPU machine"
@@ -148,25 +157,34 @@ print(f"ABI='{int(torch._C._GLIBCXX_USE_CXX11_ABI)}'")
 print(f"EXT='{sysconfig.get_config_var('EXT_SUFFIX')}'")
 nlib = first([os.path.join(os.path.dirname(nccl), "lib")] if nccl else [], "libnccl.so.2")
 print(f"NCCLLIB='{os.path.join(nlib, 'libnccl.so.2') if nlib else ''}'")
+json = first([env("NLOHMANN_JSON_INCLUDE_DIR"), "/usr/include", "/usr/local/include", os.path.join(deps, "include")], "nlohmann/json.hpp")
+lbfgs = first(["/usr/include", "/usr/local/include", os.path.join(deps, "include")], "LBFGSpp/Param.h")
+gloo = first(["/usr/include", "/usr/local/include", os.path.join(deps, "include"), *tinc], "gloo/algorithm.h")
 print(f"NCCLINC='{nccl}'"); print(f"CUDAINC='{cuda}'"); print(f"EIGENINC='{eigen}'"); print(f"PYBINC='{pyb}'")
+print(f"JSONINC='{json}'"); print(f"LBFGSINC='{lbfgs}'"); print(f"GLOOINC='{gloo}'")
 EOF
 )" || return 1
   eval "$vars"
   [ -n "$EIGENINC" ] || { echo "check.sh: Eigen headers not found (set EIGEN3_INCLUDE_DIR, or run --prepare-deps where they exist and carry build/gpu-deps)" >&2; return 1; }
   [ -n "$PYBINC" ] || { echo "check.sh: pybind11 headers not found" >&2; return 1; }
+  for v in JSONINC:nlohmann/json LBFGSINC:LBFGSpp GLOOINC:gloo; do
+    [ -n "${!v%%:*}" ] || { echo "check.sh: ${v#*:} headers not found (run --prepare-deps where they exist and carry build/gpu-deps)" >&2; return 1; }
+  done
   local nccl_flags="" sources
-  sources=$(ls src/*.cpp python/*_py.cpp)
+  # What CMake builds into _core: dra::dra (src/, src/elastic, src/comm, src/comm/gloo), dra::energy,
+  # the bindings; the NCCL backend below when its headers are here.
+  sources=$(ls src/*.cpp src/elastic/*.cpp src/comm/*.cpp src/comm/gloo/*.cpp src/energy/*.cpp python/*_py.cpp)
   if [ -n "$NCCLINC" ] && [ -n "$CUDAINC" ]; then
     nccl_flags="-DDRA_WITH_NCCL=1 -isystem $NCCLINC -isystem $CUDAINC"
     # The last dlopen candidate, as CMake does (torch's own copy is found first when loaded).
     [ -n "$NCCLLIB" ] && nccl_flags="$nccl_flags '-DDRA_NCCL_LIBRARY_HINT=\"$NCCLLIB\"'"
-    sources="$sources $(ls src/nccl/*.cpp)"
+    sources="$sources $(ls src/comm/nccl/*.cpp)"
   else
     echo "check.sh: nccl.h or CUDA headers not found: building without the NCCL backend" >&2
   fi
   local version; version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
   local cxx="${CXX:-c++}"
-  local flags="-O2 -std=c++17 -fPIC -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=$ABI -DDRA_WITH_TORCH=1 -DUSE_DISTRIBUTED -DUSE_C10D_GLOO $nccl_flags '-DDRA_VERSION_STRING=\"$version\"' '-DDRA_COMPILER_STRING=\"$($cxx -dumpfullversion 2>/dev/null | sed 's/^/GNU /')\"' -Iinclude -Ipython -isystem $PYBINC -isystem $PYINC -isystem $EIGENINC $TINC"
+  local flags="-O2 -std=c++17 -fPIC -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=$ABI -DDRA_WITH_TORCH=1 -DUSE_DISTRIBUTED -DUSE_C10D_GLOO $nccl_flags '-DDRA_VERSION_STRING=\"$version\"' '-DDRA_COMPILER_STRING=\"$($cxx -dumpfullversion 2>/dev/null | sed 's/^/GNU /')\"' -Iinclude -Ipython -isystem $PYBINC -isystem $PYINC -isystem $EIGENINC -isystem $JSONINC -isystem $LBFGSINC -isystem $GLOOINC $TINC"
   local jobs; jobs=$(nproc 2>/dev/null || echo 4)
   # shellcheck disable=SC2086
   printf '%s\n' $sources | xargs -P "$jobs" -I{} sh -c 'o="$1/$(echo "$2" | tr / _).o"; eval "$3 -c $2 -o $o" || exit 255' _ "$bdir" {} "$cxx $flags" || return 1
@@ -256,7 +274,18 @@ if [ "$skip_tests" = 0 ] && [ "$imported" = 1 ]; then
   fi
 fi
 
-# ---- 3. benchmark ----------------------------------------------------------------------------
+# ---- 3. the elastic controller on real NCCL (one rank), DDP beside it, syncs, energy ----------
+if [ "$skip_bench" = 0 ] && [ "$imported" = 1 ]; then
+  t0=$(date +%s)
+  # Without a GPU the same script runs over Gloo on the CPU, small (the script itself is checked).
+  eargs=(--json "$out/elastic_gpu.json"); [ "$gpu" = 1 ] || eargs+=(--device cpu --quick --steps 5 --rounds 2)
+  (cd /tmp && bounded 120 "$py" "$root/benchmarks/gpu/elastic_gpu.py" "${eargs[@]}") > "$out/elastic.log" 2>&1
+  rc=$?
+  record elastic "$([ $rc = 0 ] && echo ok || echo failed)" $(( $(date +%s) - t0 )) "$(tail -1 "$out/elastic.log" | cut -c1-160)"
+  cat "$out/elastic.log"
+fi
+
+# ---- 4. benchmark ----------------------------------------------------------------------------
 if [ "$skip_bench" = 0 ] && [ "$imported" = 1 ]; then
   t0=$(date +%s)
   if [ "$gpu" = 1 ]; then
@@ -284,16 +313,18 @@ def load(name):
     path = os.path.join(out, name)
     return json.load(open(path)) if os.path.exists(path) else None
 summary = {"gpu": gpu, "seconds": seconds, "steps": steps, "preflight": load("preflight.json"),
-           "build_info": load("build_info.json"), "bench": load("nccl_gpu.json")}
+           "build_info": load("build_info.json"), "bench": load("nccl_gpu.json"), "elastic": load("elastic_gpu.json")}
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
 lines = [f"dra GPU check: {'GPU' if gpu else 'NO GPU (CPU-side steps only)'}, {seconds} s"]
 lines += [f"  {s['step']:<8} {s['status']:<7} {s['seconds']:>4} s  {s['note']}" for s in steps]
-if summary["bench"]:
-    lines.append("  benchmark (value vs baseline):")
-    for r in summary["bench"]["results"]:
+for part in ("elastic", "bench"):
+    if not summary[part]:
+        continue
+    lines.append(f"  {part} (value vs baseline):")
+    for r in summary[part]["results"]:
         base = r.get("baseline")
         tail = f"   vs {base['value']:.4g} ({base['name']})" if base else ""
-        lines.append(f"    {r['name']:<36} {r['value']:>10.4g} {r['unit']:<5}{tail}")
+        lines.append(f"    {r['name']:<36} {r['value']:>10.4g} {r['unit']:<6}{tail}")
 text = "\n".join(lines)
 open(os.path.join(out, "summary.txt"), "w").write(text + "\n")
 print(text)

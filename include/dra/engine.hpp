@@ -128,6 +128,9 @@ class resize_engine {
     status_.decided = false;
   }
 
+  /// How many more step() calls until the engine decides (1: at the next one).
+  std::int64_t steps_to_decision() const noexcept { return config_.decide_every - steps_since_decision_; }
+
   /// Whether the leader of a live world decides after `committed_steps` steps.
   bool decision_due(std::int64_t committed_steps) const noexcept {
     return committed_steps > 0 && committed_steps % config_.decide_every == 0;

@@ -101,19 +101,21 @@ class Controller(_core.Controller):
         """One training step (what ``dra.step`` calls): commits it when its gradient reduction
         succeeded, feeds the policy, and resizes at decision steps. After a failure the
         survivors shrink and the step is redone by the next loop iteration."""
-        return self._step_checked(_as_float(loss), signals, stacklevel=3)
+        return self._step_checked(_loss_value(loss), signals, stacklevel=3)
 
-    def _step_checked(self, value: float, signals: dict[str, Any], stacklevel: int) -> StepStatus:
+    def _step_checked(self, value: Any, signals: dict[str, Any], stacklevel: int) -> StepStatus:
         if self.sampler is not None and self._skipping:
             # A stale prefetched batch was trained on locally: neither reduced nor committed.
             self._skipping = False
             self.sampler._consumed()
             return self._skip_step()
-        status = self._step(value, **{k: _as_float(v, k) for k, v in signals.items() if v is not None})
+        extra = {k: _as_float(v, k) for k, v in signals.items() if v is not None}
+        # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
+        status = self._step(value, **extra) if isinstance(value, float) else self._step_tensor(value, **extra)
         if self.sampler is not None:
             self.sampler._consumed()
-        if self.nonfinite_streak == 1:
-            _warn_nonfinite(value, status.step, stacklevel=stacklevel + 1)
+        if self.nonfinite_started:
+            _warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1)
         if status.exit_requested:
             raise SystemExit(0)
         return status
@@ -258,10 +260,26 @@ def _step_slow(loss: Any, **signals: Any) -> StepStatus:
     controller = _default if _default is not None else default_controller()
     if type(controller).step is not Controller.step:
         return controller.step(loss, **signals)
-    return controller._step_checked(_as_float(loss), signals, stacklevel=3)
+    return controller._step_checked(_loss_value(loss), signals, stacklevel=3)
 
 
-# dra.step: a C function. `dra.step(<float or 0-d CPU tensor>)` on a controller without a world steps
-# the C++ controller directly (no Python frame); every other call runs _step_slow above.
+def _loss_value(value: Any) -> Any:
+    """The loss as dra.step takes it: a float, or a 0-d floating-point tensor on a device (kept
+    unread: reading it would synchronise the device); anything else as _as_float reads it."""
+    is_tensor = getattr(value, "is_cuda", False) and getattr(value, "shape", None) is not None
+    if is_tensor and type(value).__module__.startswith("torch"):
+        if len(value.shape) != 0:
+            raise ValueError(
+                f"dra.step: expected a 0-d tensor as the loss, got shape {tuple(value.shape)}; pass loss.mean() or loss.sum()"
+            )
+        if not value.is_floating_point():
+            raise ValueError(f"dra.step: the loss holds {value.dtype}, expected a floating-point tensor")
+        return value.detach()
+    return _as_float(value)
+
+
+# dra.step: a C function. `dra.step(<float or 0-d tensor>)` on a controller without a world steps
+# the C++ controller directly (no Python frame; a CUDA loss is not read); every other call runs
+# _step_slow above.
 step = _core.step
 _install(None)

@@ -1,4 +1,5 @@
-// Chunked point-to-point transfer of CPU tensors (include/dra/torch/comm/communicator.hpp).
+// Chunked point-to-point transfer (include/dra/torch/comm/communicator.hpp): CPU tensors with a
+// CPU staging chunk (Gloo), or any tensors with a device staging chunk (NCCL, chunked_transfer.hpp).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -6,6 +7,7 @@
 #include <ATen/Functions.h>
 
 #include "dra/error.hpp"
+#include "chunked_transfer.hpp"
 #include "dra/torch/comm/communicator.hpp"
 
 namespace dra::comm {
@@ -47,25 +49,21 @@ std::vector<std::vector<piece>> plan_chunks(const std::vector<at::Tensor>& views
   return chunks;
 }
 
+// The classification depends on byte sizes only, so sender and receiver agree on every message
+// even when their tensors live on different devices (the communicator stages what it must).
 bool direct(const piece& p, const std::vector<piece>& chunk) { return p.count >= kDirectPiece || chunk.size() == 1; }
 
-at::Tensor byte_view(const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous())
-    dra::detail::throw_invalid("tensors", "the chunked transfer takes contiguous CPU tensors");
-  if (t.numel() == 0) return at::empty({0}, at::kByte);
+at::Tensor byte_view(const at::Tensor& t, const at::Device& staging) {
+  if (!t.defined() || !t.is_contiguous() || (!t.device().is_cpu() && t.device() != staging))
+    dra::detail::throw_invalid("tensors", "the chunked transfer takes contiguous tensors on the CPU or on " +
+                                              staging.str());
+  if (t.numel() == 0) return at::empty({0}, t.options().dtype(at::kByte));
   return t.reshape({-1}).view(at::kByte);
-}
-
-std::vector<at::Tensor> byte_views(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> views;
-  views.reserve(tensors.size());
-  for (const auto& t : tensors) views.push_back(byte_view(t));
-  return views;
 }
 
 class chunked_transfer final : public tensor_transfer {
  public:
-  explicit chunked_transfer(std::int64_t chunk_bytes) : chunk_(chunk_bytes) {}
+  chunked_transfer(std::int64_t chunk_bytes, at::Device staging) : chunk_(chunk_bytes), device_(staging) {}
 
   void send(communicator& comm, const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts) override {
     const auto views = byte_views(tensors);
@@ -112,21 +110,33 @@ class chunked_transfer final : public tensor_transfer {
   }
 
  private:
+  std::vector<at::Tensor> byte_views(const std::vector<at::Tensor>& tensors) const {
+    std::vector<at::Tensor> views;
+    views.reserve(tensors.size());
+    for (const auto& t : tensors) views.push_back(byte_view(t, device_));
+    return views;
+  }
+
   at::Tensor& staging() {
-    if (!staging_.defined()) staging_ = at::empty({chunk_}, at::kByte);
+    if (!staging_.defined()) staging_ = at::empty({chunk_}, at::TensorOptions().dtype(at::kByte).device(device_));
     return staging_;
   }
 
   std::int64_t chunk_;
+  at::Device device_;
   at::Tensor staging_;
 };
 
 }  // namespace
 
-std::unique_ptr<tensor_transfer> make_chunked_transfer(std::size_t chunk_bytes) {
+std::unique_ptr<tensor_transfer> make_chunked_transfer_on(std::size_t chunk_bytes, at::Device staging) {
   if (chunk_bytes < 1024)
     dra::detail::throw_invalid("chunk_bytes", "must be >= 1024 (1 KiB), got " + std::to_string(chunk_bytes));
-  return std::make_unique<chunked_transfer>(static_cast<std::int64_t>(chunk_bytes));
+  return std::make_unique<chunked_transfer>(static_cast<std::int64_t>(chunk_bytes), staging);
+}
+
+std::unique_ptr<tensor_transfer> make_chunked_transfer(std::size_t chunk_bytes) {
+  return make_chunked_transfer_on(chunk_bytes, at::Device(at::kCPU));
 }
 
 }  // namespace dra::comm

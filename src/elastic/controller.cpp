@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "dra/error.hpp"
+#include "deferred_reads.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "leader.hpp"
@@ -29,7 +30,6 @@ using detail::change_cause;
 using detail::world_change;
 
 namespace {
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 }  // namespace
@@ -38,6 +38,7 @@ controller::controller(controller_options options)
     : options_((options.validate(), std::move(options))),
       engine_(options_.engine),
       log_(std::make_unique<detail::event_log>("")) {
+  reads_ = std::make_unique<detail::deferred_reads>();
   members_ = {0};
   status_.world_size = 1;
   status_.rank = 0;
@@ -52,11 +53,13 @@ controller::controller(controller_options options, launch_info launch, std::shar
       sampler_(std::move(sampler)),
       reducer_(std::make_unique<detail::gradient_reducer>()),
       log_(std::make_unique<detail::event_log>(options_.events_path)) {
-  pending_loss_ = std::make_unique<detail::gradient_reducer::tail>();
+  pending_loss_ = std::make_unique<detail::tail_input>();
+  reads_ = std::make_unique<detail::deferred_reads>();
   if (!state_) dra::detail::throw_invalid("state", "a state_provider is required (module_state for LibTorch models)");
   if (!sampler_) dra::detail::throw_invalid("sampler", "an elastic_sampler is required");
   launch.validate();
   backend_ = comm::make_backend(options_.backend, {options_.backend_address, "pg"});
+  if (!options_.release) options_.release = backend_->uses_device() ? release_mode::exit : release_mode::standby;
   transfer_ = backend_->make_transfer(options_.chunk_bytes());
   if (!transfer_)
     dra::detail::throw_invalid("backend", "'" + options_.backend +
@@ -109,127 +112,6 @@ std::vector<int> controller::registered_candidates() {
 std::uint64_t controller::state_digest() { return state_ ? elastic::state_digest(*state_) : 0; }
 void controller::hook(change_phase phase) {
   if (options_.phase_hook) options_.phase_hook(phase, *this);
-}
-
-// ---- steps ----------------------------------------------------------------------------------------
-bool controller::reduce_gradients(const std::vector<at::Tensor>& params) {
-  reduced_ = true;
-  if (role_ == role::local) return true;
-  if (role_ != role::member || !comm_ || !failure_.empty()) return failure_.empty() && role_ == role::member;
-  if (comm_->size() == 1) {
-    // Alone: the gradient already is the global batch's mean; nothing to reduce.
-    world_loss_known_ = pending_loss_->count > 0;
-    world_loss_ = world_loss_known_ ? pending_loss_->loss_sum / pending_loss_->count : kNaN;
-    decision_flag_ = false;
-    return true;
-  }
-  // The leader's "a decision is published" flag rides on the all-reduce, so that steps without a
-  // resize never touch the store.
-  pending_loss_->decision_flag = pending_ != nullptr && comm_->rank() == 0;
-  try {
-    const auto world = reducer_->reduce(*comm_, params, sampler_->share_weight(), *pending_loss_);
-    decision_flag_ = world.decision_flag;
-    world_loss_known_ = world.count > 0;
-    world_loss_ = world_loss_known_ ? world.loss_sum / world.count : kNaN;
-  } catch (const dra::error& e) {
-    failure_ = e.what();
-    comm_->abort();
-    return false;
-  }
-  return true;
-}
-
-const step_status& controller::step(double loss, const step_signals& extra) {
-  extra.validate();
-  input_nonfinite_streak_ = std::isfinite(loss) ? 0 : input_nonfinite_streak_ + 1;
-  status_.committed = false;
-  status_.decided = false;
-  status_.event.clear();
-  if (role_ == role::local) {
-    engine_.step(step_index_, loss);
-    apply_signals(extra);
-    status_.committed = true;
-    status_.step = step_index_++;
-    status_.loss = loss;
-    if (engine_.status().decided) {
-      status_.decided = true;
-      status_.decision = engine_.status().last_decision;
-    }
-    return status_;
-  }
-  if (role_ == role::member) {
-    if (!reduced_ && failure_.empty())
-      throw std::logic_error(
-          "dra: step() without a gradient reduction this step; call reduce_gradients() after backward (Python: call "
-          "backward() on the output of controller.model)");
-    reduced_ = false;
-    const std::size_t events_before = log_->lines().size();
-    if (!failure_.empty()) {
-      std::string reason = failure_;
-      failure_.clear();
-      recover(reason);
-    } else {
-      commit(loss, extra);
-      if (decision_flag_) {
-        decision_flag_ = false;  // the leader flagged a decision in this step's all-reduce: apply it now
-        apply_decision();
-      } else if (comm_ && comm_->rank() == 0 && !pending_) {
-        leader_decides();
-      }
-    }
-    if (log_->lines().size() > events_before) status_.event = log_->last();
-  }
-  status_.world_size = world_size();
-  status_.rank = rank();
-  status_.epoch = epoch_;
-  status_.exit_requested = exit_requested_;
-  if (role_ == role::member) status_.released = false;
-  return status_;
-}
-
-const step_status& controller::skip_step() noexcept {
-  reduced_ = false;
-  status_.committed = false;
-  status_.decided = false;
-  status_.event.clear();
-  return status_;
-}
-
-void controller::resume_at(std::int64_t step_index) {
-  if (step_index < 0) dra::detail::throw_invalid("step_index", "must be >= 0, got " + std::to_string(step_index));
-  if (step_index_ != 0 && step_index_ != step_index)
-    throw std::logic_error("dra: resume_at() after training started (step " + std::to_string(step_index_) +
-                           "); call it right after the controller is made, on every process");
-  step_index_ = step_index;
-}
-
-void controller::commit(double loss, const step_signals& extra) {
-  const auto share = static_cast<double>(sampler_->share_range().size());
-  // A non-finite loss travels as such: the world's mean is then non-finite and the engine counts it.
-  pending_loss_->loss_sum = share > 0 ? loss * share : 0.0;
-  pending_loss_->count = share;
-  const auto samples = sampler_->step_range().size();
-  sampler_->commit();
-  const std::int64_t committed = step_index_++;
-  if (world_loss_known_) engine_.observe(committed, world_loss_);
-  apply_signals(extra);
-  samples_ += samples;
-  log_->status.committed(samples);
-  status_.committed = true;
-  status_.step = committed;
-  status_.loss = world_loss_;
-  if (comm_ && comm_->rank() == 0) log_->status.maybe_print(step_index_, options_.status_every, world_loss_, world_size());
-}
-
-void controller::apply_signals(const step_signals& x) {
-  auto& est = engine_.estimator();
-  if (!std::isnan(x.small_sqr_norm)) est.update_gradients(x.small_sqr_norm, x.small_batch, x.big_sqr_norm, x.big_batch);
-  if (!std::isnan(x.validation)) est.update_validation(x.validation);
-  if (!std::isnan(x.step_time_s)) {
-    const auto& w = engine_.world();
-    engine_.throughput().observe(w.size, w.global_batch / std::max(w.size, 1), x.step_time_s,
-                                 std::isnan(x.sync_time_s) ? 0.0 : x.sync_time_s);
-  }
 }
 
 bool controller::next_epoch(std::int64_t num_epochs) {

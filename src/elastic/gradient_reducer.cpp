@@ -1,46 +1,185 @@
 #include "gradient_reducer.hpp"
 
+#include <limits>
+
 #include <ATen/Functions.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "dra/error.hpp"
 
 namespace dra::elastic::detail {
 
-gradient_reducer::tail gradient_reducer::reduce(comm::communicator& comm, const std::vector<at::Tensor>& params,
-                                                double weight, const tail& mine) {
-  constexpr std::int64_t kTail = 3;
-  std::int64_t total = 0;
-  for (const auto& p : params) total += p.numel();
-  if (!flat_.defined() || flat_.numel() != total + kTail) flat_ = at::empty({total + kTail}, at::kFloat);
-  std::int64_t off = 0;
-  for (const auto& p : params) {
-    const auto n = p.numel();
-    at::Tensor dst = flat_.narrow(0, off, n);
-    const at::Tensor& g = p.grad();
-    if (!g.defined() || weight == 0.0)
-      dst.zero_();
-    else
-      at::mul_out(dst, g.reshape({-1}), weight);
-    off += n;
-  }
-  float* t = flat_.data_ptr<float>() + total;
-  t[0] = static_cast<float>(mine.loss_sum);
-  t[1] = static_cast<float>(mine.count);
-  t[2] = mine.decision_flag ? 1.0f : 0.0f;
-  comm.all_reduce_sum(flat_);
-  t = flat_.data_ptr<float>() + total;
-  const tail world{t[0], t[1], t[2] > 0.5f};
-  off = 0;
-  for (const auto& p : params) {
-    const auto n = p.numel();
-    at::Tensor src = flat_.narrow(0, off, n).view(p.sizes());
-    if (!p.grad().defined()) {
-      auto& grad = const_cast<at::Tensor&>(p).mutable_grad();
-      grad = src.to(p.dtype()).clone();
-    } else {
-      p.grad().copy_(src);
-    }
-    off += n;
-  }
-  return world;
+reduction_tail read_tail(const at::Tensor& tail) {
+  const at::Tensor t = tail.to(at::kCPU, at::kDouble);  // a CUDA tail would synchronise: the controller defers those
+  const double* p = t.data_ptr<double>();
+  return {p[0], p[1], p[2] > 0.5};
 }
+
+void write_tail(at::Tensor& dst, const tail_input& in) {
+  if (dst.device().is_cpu()) {
+    float* p = dst.data_ptr<float>();
+    const double loss = in.loss.defined() ? in.loss.item<double>() : in.loss_value;
+    p[0] = in.count > 0 ? static_cast<float>(loss * in.count) : 0.0f;
+    p[1] = static_cast<float>(in.count);
+    p[2] = in.decision_flag ? 1.0f : 0.0f;
+    return;
+  }
+  at::Tensor slot = dst.narrow(0, 0, 1);
+  if (in.loss.defined() && in.count > 0 && !in.loss.device().is_cpu()) {
+    // The loss stays on the device: never read here.
+    at::mul_out(slot, in.loss.detach().reshape({1}).to(dst.device(), at::kFloat), in.count);
+  } else {
+    const double loss = in.loss.defined() ? in.loss.item<double>() : in.loss_value;  // a CPU value
+    slot.fill_(in.count > 0 ? loss * in.count : 0.0);
+  }
+  dst.narrow(0, 1, 1).fill_(in.count);
+  dst.narrow(0, 2, 1).fill_(in.decision_flag ? 1.0 : 0.0);
+}
+
+gradient_reducer::gradient_reducer(std::size_t bucket_bytes, std::size_t first_bucket_bytes)
+    : bucket_bytes_(std::max<std::size_t>(bucket_bytes, 4)), first_bucket_bytes_(std::max<std::size_t>(first_bucket_bytes, 4)) {}
+
+void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::Device& device, bool single) {
+  bool same = !buckets_.empty() && params.size() == params_.size() && buckets_.back().flat.device() == device &&
+              single_ == single;
+  for (std::size_t i = 0; same && i < params.size(); ++i)
+    same = params[i].unsafeGetTensorImpl() == params_[i].unsafeGetTensorImpl() && params[i].numel() == params_[i].numel();
+  params_ = params;
+  if (same) return;
+  buckets_.clear();
+  bucket_of_.assign(params.size(), 0);
+  single_ = single;
+  // Reverse order: backward produces the last layers' gradients first.
+  constexpr auto unbounded = std::numeric_limits<std::int64_t>::max() / 2;
+  auto cap = single ? unbounded : static_cast<std::int64_t>(first_bucket_bytes_ / sizeof(float));
+  bucket current;
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const auto n = params[k].numel();
+    if (!current.params.empty() && current.numel + n > cap) {
+      buckets_.push_back(std::move(current));
+      current = bucket{};
+      cap = single ? unbounded : static_cast<std::int64_t>(bucket_bytes_ / sizeof(float));
+    }
+    bucket_of_[k] = buckets_.size();
+    current.params.push_back(k);
+    current.offsets.push_back(current.numel);
+    current.numel += n;
+  }
+  buckets_.push_back(std::move(current));  // the last one (possibly without gradients) carries the tail
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    auto& bk = buckets_[b];
+    const auto extra = b + 1 == buckets_.size() ? kTail : 0;
+    bk.flat = at::zeros({bk.numel + extra}, at::TensorOptions().dtype(at::kFloat).device(device));
+  }
+}
+
+void gradient_reducer::begin(comm::communicator& comm, const std::vector<at::Tensor>& params, double weight,
+                             const tail_input& tail) {
+  comm_ = nullptr;
+  // A synchronous communicator (Gloo) blocks backward for each bucket: nothing overlaps, so one
+  // bucket (one all-reduce per step, as before buckets) is the cheapest there.
+  layout(params, comm.device(), !comm.asynchronous());
+  comm_ = &comm;
+  weight_ = weight;
+  failure_.clear();
+  next_launch_ = 0;
+  reported_.assign(params.size(), 0);
+  for (auto& b : buckets_) b.waiting = b.params.size();
+  auto& last = buckets_.back();
+  at::Tensor slot = last.flat.narrow(0, last.numel, kTail);
+  write_tail(slot, tail);
+  launch_ready();  // a bucket without parameters (a model without any) goes at once
+}
+
+void gradient_reducer::ready(std::size_t index) {
+  if (!comm_ || index >= reported_.size() || reported_[index]) return;  // a second hook (accumulation): first wins
+  reported_[index] = 1;
+  auto& b = buckets_[bucket_of_[index]];
+  std::size_t pos = 0;
+  while (b.params[pos] != index) ++pos;
+  const auto& p = params_[index];
+  at::Tensor dst = b.flat.narrow(0, b.offsets[pos], p.numel());
+  const at::Tensor& g = p.grad();
+  if (!g.defined() || weight_ == 0.0) {
+    dst.zero_();
+  } else if (g.device() == dst.device() && g.scalar_type() == at::kFloat) {
+    at::mul_out(dst, g.reshape({-1}), weight_);
+  } else {
+    dst.copy_(g.reshape({-1}));
+    dst.mul_(weight_);
+  }
+  --b.waiting;
+  launch_ready();
+}
+
+void gradient_reducer::launch_ready() {
+  while (failure_.empty() && next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0)
+    launch(next_launch_++);
+}
+
+void gradient_reducer::launch(std::size_t b) {
+  auto& bk = buckets_[b];
+  auto reduce = [&] {
+    if (hook_) {
+      at::Tensor grads = bk.flat.narrow(0, 0, bk.numel);
+      at::Tensor exact = bk.flat.narrow(0, bk.numel, bk.flat.numel() - bk.numel);
+      hook_->reduce(*comm_, b, grads, exact);
+    } else {
+      comm_->all_reduce_sum(bk.flat);
+    }
+  };
+  try {
+    if (!bk.flat.is_cuda()) {
+      reduce();
+      return;
+    }
+    // CUDA: on the reductions' own stream, after the bucket's gradients, while backward goes on.
+    const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    const auto dev = bk.flat.device();
+    if (!stream_ || stream_->device() != dev) stream_ = impl->getStreamFromGlobalPool(dev, /*isHighPriority=*/true);
+    c10::Event filled(c10::DeviceType::CUDA);
+    filled.record(impl->getStream(dev));
+    filled.block(*stream_);
+    impl->recordDataPtrOnStream(bk.flat.storage().data_ptr(), *stream_);
+    c10::StreamGuard guard(*stream_);
+    reduce();
+  } catch (const dra::error& e) {
+    failure_ = e.what();
+  }
+}
+
+at::Tensor gradient_reducer::finish() {
+  if (!comm_) throw std::logic_error("gradient_reducer::finish without begin");
+  for (std::size_t i = 0; i < reported_.size() && failure_.empty(); ++i)
+    if (!reported_[i]) ready(i);  // never reported: no gradient on this rank, counts as zero
+  launch_ready();
+  comm_ = nullptr;
+  if (!failure_.empty()) throw dra::comm_error(failure_);
+  const auto dev = buckets_.back().flat.device();
+  if (dev.is_cuda() && stream_) {
+    const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    c10::Event reduced(c10::DeviceType::CUDA);
+    reduced.record(*stream_);
+    reduced.block(impl->getStream(dev));  // the caller's stream waits for the reductions, the host does not
+  }
+  for (const auto& b : buckets_) {
+    for (std::size_t k = 0; k < b.params.size(); ++k) {
+      const auto& p = params_[b.params[k]];
+      at::Tensor src = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+      if (!p.grad().defined()) {
+        auto& grad = const_cast<at::Tensor&>(p).mutable_grad();
+        grad = src.to(p.device(), p.scalar_type()).clone();
+      } else {
+        p.grad().copy_(src);
+      }
+    }
+  }
+  auto& last = buckets_.back();
+  return last.flat.narrow(0, last.numel, kTail);
+}
+
+void gradient_reducer::cancel() noexcept { comm_ = nullptr; }
 
 }  // namespace dra::elastic::detail

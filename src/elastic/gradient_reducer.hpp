@@ -1,33 +1,101 @@
 #pragma once
-// The per-step gradient all-reduce of an elastic world (internal to dra::dra). One flat buffer:
-// every parameter's gradient weighted by this rank's share of the step's samples, then a short
-// tail that rides along so that steps need no other collective: the previous step's loss (sum and
-// sample count) and the leader's "a decision is published" flag.
+// The per-step gradient reduction of an elastic world (internal to dra::dra), bucketed as DDP's:
+// the parameters are laid out in reverse order into float32 buckets (the first one small, so that
+// communication starts early in backward, then ~25 MiB each); backward reports each gradient as it
+// is ready (ready()), and a bucket is all-reduced as soon as all of its gradients are in and every
+// earlier bucket was launched, so every rank launches the same buckets in the same order. On CUDA
+// the all-reduces run on a stream of their own, ordered after the gradients and overlapping the
+// rest of backward; finish() makes the caller's stream wait for them. A synchronous communicator
+// (Gloo) would block backward for each bucket, so there every gradient goes into one bucket (one
+// all-reduce per step). The last bucket carries a
+// short tail that rides along so that steps need no other collective: the previous step's loss
+// (sum and sample count) and the leader's "a decision is published" flag. A bucket_hook (gradient
+// codecs) may transform buckets around their all-reduce.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/Tensor.h>
+#include <c10/core/Stream.h>
 
 #include "dra/torch/comm/communicator.hpp"
+#include "dra/torch/elastic/bucket_hook.hpp"
 
 namespace dra::elastic::detail {
 
-/// What rides with the gradients: summed over the world by the all-reduce.
+/// What rides with the gradients, read on the host: summed over the world by the all-reduce.
 struct reduction_tail {
   double loss_sum = 0.0;
   double count = 0.0;
   bool decision_flag = false;
 };
 
+/// This rank's contribution to the tail: the loss as a 0-d tensor (any device: a device loss is
+/// never read on the host here) or, when undefined, `loss_value`.
+struct tail_input {
+  at::Tensor loss;
+  double loss_value = 0.0;
+  double count = 0.0;
+  bool decision_flag = false;
+};
+
+/// The tail as three floats [loss sum, count, flag] in a tensor, read on the host.
+reduction_tail read_tail(const at::Tensor& tail);
+/// Writes `in` into `dst` (three floats [loss sum, count, flag], on any device) without reading a
+/// device loss on the host.
+void write_tail(at::Tensor& dst, const tail_input& in);
+
 class gradient_reducer {
  public:
-  using tail = reduction_tail;
-  /// Averages the gradients of `params` over the world in place (a parameter without a gradient
-  /// counts as zero and receives one), weighting this rank's by `weight`. Returns the world's
-  /// tail. Throws dra::error when the communicator fails (a peer died or hung).
-  tail reduce(comm::communicator& comm, const std::vector<at::Tensor>& params, double weight, const tail& mine);
+  static constexpr std::int64_t kTail = 3;
+  explicit gradient_reducer(std::size_t bucket_bytes = std::size_t{25} << 20, std::size_t first_bucket_bytes = std::size_t{1} << 20);
+
+  /// Starts a step: every parameter of `params` will be reported once, by ready() or finish().
+  /// `weight`: this rank's share of the step's samples. Lays the buckets out again only when the
+  /// parameter list changed.
+  void begin(comm::communicator& comm, const std::vector<at::Tensor>& params, double weight, const tail_input& tail);
+  /// params[index]'s gradient is ready: copied (weighted) into its bucket; every bucket now
+  /// complete is launched, in order. Never throws a dra::error (a failed bucket fails the step at
+  /// finish(); the remaining buckets are not launched).
+  void ready(std::size_t index);
+  /// End of backward: the parameters never reported count as zero; the remaining buckets are
+  /// launched; the averaged gradients are written back (a parameter without a gradient receives
+  /// one). Returns the world's tail as three floats on the communicator's device (a view valid
+  /// until the next begin()). Throws dra::error when a bucket failed (a peer died or hung).
+  at::Tensor finish();
+  /// Abandons the step (the gradients are left as they are).
+  void cancel() noexcept;
+  bool active() const noexcept { return comm_ != nullptr; }
+  std::size_t buckets() const noexcept { return buckets_.size(); }
+  void set_hook(std::shared_ptr<bucket_hook> hook) { hook_ = std::move(hook); }
 
  private:
-  at::Tensor flat_;
+  struct bucket {
+    std::vector<std::size_t> params;  // indices into params_, in layout order
+    std::vector<std::int64_t> offsets;
+    std::int64_t numel = 0;           // gradient elements (the tail comes after them)
+    at::Tensor flat;
+    std::size_t waiting = 0;
+  };
+  void layout(const std::vector<at::Tensor>& params, const at::Device& device, bool single);
+  void launch_ready();
+  void launch(std::size_t b);
+
+  std::size_t bucket_bytes_;
+  std::size_t first_bucket_bytes_;
+  bool single_ = false;  // one bucket for all gradients (synchronous communicators)
+  comm::communicator* comm_ = nullptr;
+  std::vector<at::Tensor> params_;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;
+  std::vector<char> reported_;
+  double weight_ = 1.0;
+  std::size_t next_launch_ = 0;
+  std::string failure_;
+  std::optional<c10::Stream> stream_;  // CUDA: the reductions' own stream
+  std::shared_ptr<bucket_hook> hook_;
 };
 
 }  // namespace dra::elastic::detail

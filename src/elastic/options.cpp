@@ -217,7 +217,7 @@ nlohmann::json config_fingerprint(const controller_options& o, const elastic_sam
       {"max_size", e.limits.max_size},
       {"decide_every", e.decide_every},
       {"start_size", start_size},
-      {"release", to_string(o.release)},
+      {"release", o.release ? to_string(*o.release) : "auto"},
       {"batch_mode", o.batch == batch_mode::adascale ? "adascale" : "fixed"},
       {"resize_schedule", schedule},
       {"verify", o.verify},

@@ -11,6 +11,7 @@
 
 #include "dra/error.hpp"
 #include "dra/torch/elastic/controller.hpp"
+#include "deferred_reads.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "handoff.hpp"
@@ -101,6 +102,12 @@ void controller::enter_world(const world_change& change) {
   const std::vector<int> old_members = members_;
   members_ = change.members;
   epoch_ = change.epoch;
+  if (device_released_) {
+    state_->restore_device();  // a standby admitted again: its state comes back to the device
+    device_released_ = false;
+  }
+  reducer_->cancel();
+  reads_->reset();
   hook(change_phase::rebuild);
   comm::rebuild_request request;
   request.epoch = static_cast<std::uint64_t>(change.epoch);
@@ -109,7 +116,17 @@ void controller::enter_world(const world_change& change) {
   request.abortive = change.cause == change_cause::fault;
   request.timeout = 2 * options_.fault_timeout();
   request.collective_timeout = options_.fault_timeout();
-  if (comm_) request.old_members = old_members;  // a communicator is passed with its members
+  if (comm_) {
+    request.old_members = old_members;  // a communicator is passed with its members
+  } else if (change.cause != change_cause::start &&
+             std::find(change.joined.begin(), change.joined.end(), uid_) != change.joined.end()) {
+    // A joiner: the world it joins, as far as the change tells (its members without the joiners).
+    // NCCL's rebuild needs every new member to see a previous world: they all vote on the fast path
+    // (a grow) or all fall back to a fresh init.
+    for (int uid : change.members)
+      if (std::find(change.joined.begin(), change.joined.end(), uid) == change.joined.end())
+        request.old_members.push_back(uid);
+  }
   comm_ = backend_->rebuild(std::move(comm_), request, store_->store());
   if (!comm_)
     throw dra::membership_error("dra: process " + std::to_string(uid_) + " is not in epoch " + std::to_string(change.epoch));
@@ -163,7 +180,7 @@ void controller::enter_world(const world_change& change) {
   ev.batch_mode = options_.batch == batch_mode::adascale ? "adascale" : "fixed";
   ev.params_identical = identical;
   ev.backend = backend_->name();
-  if (change.cause == change_cause::start) ev.release = to_string(options_.release);
+  if (change.cause == change_cause::start) ev.release = to_string(options_.release.value_or(release_mode::standby));
   log_->world(ev);
 }
 
@@ -189,6 +206,7 @@ void controller::leave(bool exit) {
   role_ = role::released;
   members_.clear();
   running_members_.clear();
+  reads_->reset();
   if (exit) {
     std::printf("[dra] process %d released at step %lld: exiting to give the device back\n", uid_,
                 static_cast<long long>(step_index_));
@@ -197,6 +215,10 @@ void controller::leave(bool exit) {
     sampler_->finish();
     return;
   }
+  // Standing by or back to the caller: the device's memory goes back (a standby never holds a device
+  // another job could use).
+  state_->release_device();
+  device_released_ = true;
   if (options_.release == release_mode::to_caller) {
     status_.released = true;  // back to the caller, who may rejoin() later
     return;
@@ -212,7 +234,9 @@ void controller::recover(std::string reason) {
   const std::string first_reason = reason;
   for (int attempt = 0; attempt <= options_.max_resize_retries; ++attempt) {
     const auto t0 = clock_type::now();
-    if (comm_) comm_->abort();  // close this rank's connections: peers still blocked on it fail at once
+    // Stop in-flight work: Gloo closes its connections (peers still blocked on it fail at once);
+    // NCCL >= 2.28 revokes, which keeps the communicator shrinkable for the abortive shrink.
+    if (comm_) comm_->revoke();
     // Survivors converge on the latest world that was decided: a member that failed before it
     // learnt of a decision follows it into the decided world (whose joiners may be waiting in it).
     const auto decided = store_->latest_decided_world(epoch_, members_);

@@ -326,9 +326,17 @@ TEST_CASE("elastic.reducer.weighted_mean_with_the_tail") {
     auto unused = at::zeros({2}).set_requires_grad(true);  // no gradient this step: counts as zero
     w.mutable_grad() = at::full({4}, rank == 0 ? 2.0 : 6.0);
     ed::gradient_reducer reducer;
-    // Rank 0 holds a quarter of the step's samples, rank 1 three quarters.
-    const ed::reduction_tail mine{rank == 0 ? 1.0 : 9.0, rank == 0 ? 1.0 : 3.0, rank == 0};
-    tails[static_cast<std::size_t>(rank)] = reducer.reduce(comm, {w, unused}, rank == 0 ? 0.25 : 0.75, mine);
+    // Rank 0 holds a quarter of the step's samples, rank 1 three quarters; its loss (mean over its
+    // share) rides along as loss x count.
+    ed::tail_input mine;
+    mine.loss_value = rank == 0 ? 1.0 : 3.0;
+    mine.count = rank == 0 ? 1.0 : 3.0;
+    mine.decision_flag = rank == 0;
+    reducer.begin(comm, {w, unused}, rank == 0 ? 0.25 : 0.75, mine);
+    CHECK(reducer.buckets() == 1);  // a synchronous communicator (Gloo): one bucket, one all-reduce
+    reducer.ready(0);               // `unused` is never reported: finish() counts it as zero
+    tails[static_cast<std::size_t>(rank)] = ed::read_tail(reducer.finish());
+    CHECK_FALSE(reducer.active());
     grads[static_cast<std::size_t>(rank)] = w.grad().clone();
     loners[static_cast<std::size_t>(rank)] = unused.grad().clone();
   }, errors);

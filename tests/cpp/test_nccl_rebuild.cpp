@@ -220,6 +220,14 @@ class recording_nccl final : public nccl_api {
   nccl_result broadcast(const void*, void*, std::size_t, nccl_dtype, int, nccl_handle, void*) override {
     return nccl_result::invalid_usage;
   }
+  nccl_result group_start() override { return nccl_result::success; }
+  nccl_result group_end() override { return nccl_result::success; }
+  nccl_result send(const void*, std::size_t, nccl_dtype, int, nccl_handle, void*) override {
+    return nccl_result::invalid_usage;  // point-to-point is proven on the emulated library
+  }
+  nccl_result recv(void*, std::size_t, nccl_dtype, int, nccl_handle, void*) override {
+    return nccl_result::invalid_usage;
+  }
   std::string error_string(nccl_result r) const override { return "recorded error " + std::to_string(int(r)); }
   std::string last_error(nccl_handle) const override { return ""; }
 

@@ -72,6 +72,7 @@ ctl = de.init(
     release=cfg.get("release", "standby"), decide_every=cfg.get("decide_every", 1000),
     resize_schedule={int(k): v for k, v in cfg.get("schedule", {}).items()},
     fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True, chunk_mb=cfg.get("chunk_mb", 16.0),
+    backend=cfg.get("backend", "gloo"),
     events_path=os.path.join(out, "events.jsonl"),
 )
 log = open(os.path.join(out, f"log-{ctl.uid}.jsonl"), "a")

@@ -1,14 +1,18 @@
 """NCCL backend from Python: build information, clean failures without a GPU, and (only on a
-machine with a CUDA GPU) one-rank init, all-reduce, broadcast, abort and timeout handling, plus a
-two-process shrink/grow when two GPUs are visible. GPU tests skip cleanly elsewhere; the call
+machine with a CUDA GPU) one-rank init, all-reduce, broadcast, abort and timeout handling, the
+elastic controller on one rank without device synchronisations, plus a two-process shrink/grow
+when two GPUs are visible. GPU tests skip cleanly elsewhere; the call
 sequences of every rebuild case are tested on the CPU in tests/cpp/test_nccl_rebuild.cpp."""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +26,7 @@ nccl_compiled = bool(getattr(_core.comm, "nccl_compiled", False))
 has_cuda = torch.cuda.is_available()
 needs_nccl = pytest.mark.skipif(not nccl_compiled, reason="dra built without the NCCL backend (DRA_WITH_NCCL=OFF or no nccl.h)")
 needs_gpu = pytest.mark.skipif(not (nccl_compiled and has_cuda), reason="needs a CUDA GPU, torch with CUDA and the NCCL backend")
+ROOT = Path(__file__).resolve().parents[2]
 needs_two_gpus = pytest.mark.skipif(
     not (nccl_compiled and has_cuda and torch.cuda.device_count() >= 2), reason="needs two CUDA GPUs"
 )
@@ -162,10 +167,14 @@ def test_collectives_follow_the_current_stream():
 
 @needs_gpu
 @pytest.mark.timeout(120)
-def test_bad_tensors_are_rejected():
+def test_bad_tensors_are_rejected_and_cpu_tensors_are_staged():
     world = _one_rank_world()
-    with pytest.raises(ValueError, match="CUDA tensor"):
-        world.all_reduce_sum(torch.ones(4))
+    # A CPU tensor travels through a device copy (the state handoff's small CPU pieces).
+    cpu = torch.ones(4)
+    world.all_reduce_sum(cpu)
+    assert torch.equal(cpu, torch.ones(4))
+    with pytest.raises(ValueError, match="dtype"):
+        world.all_reduce_sum(torch.ones(4, device="cuda", dtype=torch.complex64))
     with pytest.raises(ValueError, match="contiguous"):
         world.all_reduce_sum(torch.ones(4, 4, device="cuda").t())
     world.close()
@@ -273,3 +282,32 @@ def test_two_processes_shrink_and_grow():
     assert results[1]["shrink"] == "leave"
     assert results[0]["size_after_shrink"] == 1
     assert results[0]["grow"] == results[1]["grow"] == ("grow" if runtime >= (2, 29, 0) else "fresh_init")
+
+
+def _elastic_gpu_script(tmp_path: Path, *args: str) -> dict[str, dict]:
+    out = tmp_path / "elastic.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu" / "elastic_gpu.py"), "--quick", "--steps", "5", "--rounds", "2",
+         "--decide-every", "3", "--json", str(out), *args],
+        capture_output=True, text=True, timeout=280, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {r["name"]: r for r in json.loads(out.read_text())["results"]}
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_elastic_script_runs_on_the_cpu(tmp_path):
+    # The same script over Gloo on the CPU, so that the GPU check's script itself is checked in CI.
+    rows = _elastic_gpu_script(tmp_path, "--device", "cpu")
+    assert rows["synchronising_steps"]["value"] == 0
+    assert rows["elastic_step_ms_one_rank"]["value"] > 0 and rows["elastic_step_ms_one_rank"]["baseline"]
+
+
+@needs_gpu
+@pytest.mark.timeout(300)
+def test_elastic_controller_on_real_nccl_never_synchronises_the_device(tmp_path):
+    # benchmarks/gpu/elastic_gpu.py, small: a one-rank elastic world on real NCCL trains with
+    # dra.step(cuda loss) under torch.cuda.set_sync_debug_mode("error"), then abort and re-init.
+    rows = _elastic_gpu_script(tmp_path)
+    assert rows["synchronising_steps"]["value"] == 0, rows["synchronising_steps"]
+    assert rows["device_reads"]["value"] > 0  # decision steps read what rode with the reductions

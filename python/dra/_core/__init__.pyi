@@ -791,8 +791,10 @@ class Options:
     def max_resize_retries(self) -> int:
         ...
     @property
-    def release(self) -> str:
-        ...
+    def release(self) -> typing.Any:
+        """
+        'standby', 'exit' or 'return'; None: exit on a GPU backend (NCCL), else standby.
+        """
     @property
     def resize_schedule(self) -> dict[int, int]:
         ...
@@ -882,6 +884,18 @@ class Controller:
     @typing.overload
     def __init__(self, options: Options, state: elastic.StateProvider, sampler: elastic.Sampler, *, store_address: typing.Any = None, join: typing.Any = None, phase_hook: typing.Any = None) -> None:
         ...
+    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor]) -> bool:
+        """
+        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now).
+        """
+    def _finish_reduction(self) -> bool:
+        """
+        End of backward: the remaining buckets, the gradients written back (False: the step failed).
+        """
+    def _gradient_ready(self, index: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        params[index]'s gradient is accumulated: its bucket is all-reduced once complete.
+        """
     def _skip_step(self) -> StepStatus:
         """
         A stale batch's step: neither reduced nor committed.
@@ -890,6 +904,10 @@ class Controller:
         """
         The C++ step (dra.Controller.step validates the loss first).
         """
+    def _step_tensor(self, loss: torch.Tensor, **kwargs) -> StepStatus:
+        """
+        The C++ step with a 0-d tensor loss (a CUDA loss is read only where a decision needs it).
+        """
     def finish(self) -> None:
         """
         End of training: members meet once more, the leader tells standbys to go.
@@ -897,7 +915,9 @@ class Controller:
     def next_epoch(self, num_epochs: typing.SupportsInt | typing.SupportsIndex) -> bool:
         ...
     def reduce_gradients(self, params: collections.abc.Sequence[torch.Tensor]) -> bool:
-        ...
+        """
+        After backward: averages the gradients over the step's global batch (False: the step failed).
+        """
     def registered_candidates(self) -> list[int]:
         ...
     def rejoin(self) -> bool:
@@ -913,6 +933,11 @@ class Controller:
     def try_join(self) -> bool:
         """
         rejoin() without waiting: True once admitted, False while waiting or when the job has ended.
+        """
+    @property
+    def device_reads(self) -> dict:
+        """
+        Host reads of device values (decision steps only) and how many had to wait for the device.
         """
     @property
     def engine(self) -> ResizeEngine:
@@ -946,6 +971,11 @@ class Controller:
     @property
     def members(self) -> list[int]:
         ...
+    @property
+    def nonfinite_started(self) -> bool:
+        """
+        A streak of non-finite losses started in the latest step (device losses: when read).
+        """
     @property
     def nonfinite_streak(self) -> int:
         ...

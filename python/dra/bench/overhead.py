@@ -6,12 +6,14 @@ Figures (medians over repeats, each measured in this run):
   statistics as well), timed by a loop in C++;
 - ns per policy decision (``ConstrainedPolicy.decide``, convergence and goodput policies) and per
   ``ResizeEngine.step`` (an update plus a decision every ``decide_every`` steps), timed in C++;
-- µs per Python ``dra.step(float)`` call, against the same loop over a bare no-op pybind11 call
-  (``dra.testing.noop()``) as the baseline; and ``dra.step(0-d tensor)``.
+- µs per Python ``dra.step(float)`` and ``dra.step(0-d tensor)`` call, against the same loop over
+  a bare no-op pybind11 call (``dra.testing.noop()``) as the baseline (interleaved repeats); on a
+  machine with CUDA, ``dra.step(0-d CUDA tensor)`` as well (never read at a step without a decision).
 
 Two clocks: the thread's CPU time (the cost of the code itself, robust on a shared machine where
 other processes take turns on the cores) is the headline value; wall-clock time is given beside it
-(``wall``). Goals (DESIGN/issue 2): estimator update < 200 ns; ``dra.step`` < 3x the no-op call.
+(``wall``). Goals (DESIGN/issue 2, issue 10): estimator update < 200 ns; ``dra.step`` with a float
+and with a 0-d tensor < 3x the no-op call.
 """
 
 from __future__ import annotations
@@ -121,7 +123,9 @@ def run(*, quick: bool = False, repeats: int | None = None) -> list[dict[str, An
     for t in range(500):  # past warm-up, so the loop measures the steady state
         dra.step(4.0 * (1.0 + t / 50.0) ** -0.5)
     # Interleave baseline and subject so drifts in machine load hit both alike.
-    base_cpu, base_wall, step_cpu, step_wall = [], [], [], []
+    # A 0-d tensor (what `loss` is) is read straight from its storage, never through item().
+    tensor = torch.tensor(1.0)
+    base_cpu, base_wall, step_cpu, step_wall, tensor_cpu, tensor_wall = [], [], [], [], [], []
     for _ in range(repeats):
         c, w = _timed(_noop_loop(_core._testing.noop), steps)()
         base_cpu.append(c)
@@ -129,6 +133,9 @@ def run(*, quick: bool = False, repeats: int | None = None) -> list[dict[str, An
         c, w = _timed(_step_loop(dra.step, 1.0), steps)()
         step_cpu.append(c)
         step_wall.append(w)
+        c, w = _timed(_step_loop(dra.step, tensor), steps)()
+        tensor_cpu.append(c)
+        tensor_wall.append(w)
     bc, bw = statistics.median(base_cpu), statistics.median(base_wall)
     sc, sw = statistics.median(step_cpu), statistics.median(step_wall)
     baseline_name = "no-op pybind11 call, same loop"
@@ -146,18 +153,30 @@ def run(*, quick: bool = False, repeats: int | None = None) -> list[dict[str, An
             clock="thread cpu time",
         )
     )
-    tensor = torch.tensor(1.0)
-    tc, tw = _median_pair(_timed(_step_loop(dra.step, tensor), steps // 4), repeats)
+    tc, tw = statistics.median(tensor_cpu), statistics.median(tensor_wall)
     rows.append(
         result(
             "python dra.step(0-d tensor)",
             tc / 1000.0,
             "us",
             baseline=(baseline_name, bc / 1000.0),
+            goal=f"ratio < {STEP_GOAL_RATIO:g}",
+            goal_met=tc / bc < STEP_GOAL_RATIO,
             wall=tw / 1000.0,
+            wall_ratio=tw / bw,
             clock="thread cpu time",
         )
     )
+    if torch.cuda.is_available():
+        # A CUDA loss is never read at a step without a decision: no device synchronisation here.
+        cuda_loss = torch.tensor(1.0, device="cuda")
+        torch.cuda.synchronize()
+        cc, cw = _median_pair(_timed(_step_loop(dra.step, cuda_loss), steps // 4), repeats)
+        torch.cuda.synchronize()
+        rows.append(
+            result("python dra.step(0-d CUDA tensor)", cc / 1000.0, "us", baseline=(baseline_name, bc / 1000.0),
+                   wall=cw / 1000.0, clock="thread cpu time")
+        )
     dra.reset()
     for row in rows:
         row["load_average_1min"] = load

@@ -120,3 +120,40 @@ class TorchState(_m.StateProvider):
         if self.optimizer is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] *= factor
+
+    def _device_tensors(self) -> list[tuple[Any, Any, torch.Tensor]]:
+        """(container, key, tensor) of every state tensor on a device: parameters and buffers
+        (their .data is moved, so the optimizer's references stay valid) and optimizer state."""
+        out: list[tuple[Any, Any, torch.Tensor]] = []
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            if t.device.type != "cpu":
+                out.append((t, None, t.data))
+        if self.optimizer is not None:
+            for st in self.optimizer.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v) and v.device.type != "cpu":
+                        out.append((st, k, v))
+        return out
+
+    def release_device(self) -> None:
+        """Released to standby: the state moves to the CPU and the allocator's cached blocks go back,
+        so that the device is free for another job (the CUDA context itself stays)."""
+        self._released = []
+        for owner, key, t in self._device_tensors():
+            self._released.append((owner, key, t.device))
+            if key is None:
+                owner.data = t.to("cpu")
+                owner.grad = None
+            else:
+                owner[key] = t.to("cpu")
+        if self._released and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def restore_device(self) -> None:
+        """Admitted again: the state returns to its device before the world's state arrives."""
+        for owner, key, device in getattr(self, "_released", []):
+            if key is None:
+                owner.data = owner.data.to(device)
+            else:
+                owner[key] = owner[key].to(device)
+        self._released = []

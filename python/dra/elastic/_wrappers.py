@@ -8,6 +8,7 @@ Nothing of the user's objects is patched: the wrappers hold them.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -18,36 +19,46 @@ class ElasticDataParallel(torch.nn.Module):
     ``dra.elastic.DistributedDataParallel``): after ``backward`` every parameter's
     gradient is the mean over the global batch (each rank's gradient weighted by its share of
     the step's samples; equal shares make this the plain average over ranks, as DDP does).
-    Parameters that received no gradient count as zero. The reduction is one flat all-reduce at
-    the end of backward, done by the C++ controller. A batch that a data loader prefetched for a
-    world that has changed since is trained on locally and then dropped (no reduction). As with
-    DDP, ``.module`` is the model; ``.controller`` is the process's dra.Controller."""
+    Parameters that received no gradient count as zero. As DDP does, the reduction is bucketed
+    and overlapped with backward: each parameter reports its gradient to the C++ controller as
+    soon as it is accumulated, and a bucket (~25 MiB, in reverse parameter order) is all-reduced
+    once complete (on CUDA on a stream of its own) while backward goes on; the end of backward
+    waits for the rest. A batch that a data loader prefetched for a world that has changed since
+    is trained on locally and then dropped (no reduction). As with DDP, ``.module`` is the model;
+    ``.controller`` is the process's dra.Controller."""
 
     def __init__(self, module: torch.nn.Module, controller: Any) -> None:
         super().__init__()
         self.module = module
         self.controller = controller
         self._queued = False
+        self._active = False
         self._params = [p for p in module.parameters() if p.requires_grad]
-        for p in self._params:
-            p.register_post_accumulate_grad_hook(self._on_grad)
+        for index, p in enumerate(self._params):
+            p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, index))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
-    def _on_grad(self, _param: torch.Tensor) -> None:
+    def _on_grad(self, index: int, _param: torch.Tensor) -> None:
+        ctl = self.controller
         if not self._queued:
+            # The first gradient of this backward: the reduction starts (unless the batch is stale).
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._sync)
+            if ctl.sampler is not None and not ctl.sampler._current_is_fresh():
+                ctl._skipping = True
+                self._active = False
+            else:
+                self._active = ctl._begin_reduction(self._params)
+        if self._active:
+            ctl._gradient_ready(index)
 
     def _sync(self) -> None:
         self._queued = False
         ctl = self.controller
-        if ctl.sampler is not None and not ctl.sampler._current_is_fresh():
-            ctl._skipping = True
-            ok = False
-        else:
-            ok = ctl.reduce_gradients(self._params)
+        ok = False if ctl._skipping else ctl._finish_reduction()
+        self._active = False
         if not ok:
             # The step will not be applied: without gradients, torch's optimizers skip every
             # parameter, so even an unwrapped optimizer.step() changes nothing (ctl.optimizer

@@ -48,6 +48,9 @@ using grow_fn = ncclResult_t (*)(ncclComm_t, int, const ncclUniqueId*, int, nccl
 using all_reduce_fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                                        cudaStream_t);
 using broadcast_fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+using group_fn = ncclResult_t (*)();
+using send_fn = ncclResult_t (*)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+using recv_fn = ncclResult_t (*)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 using error_string_fn = const char* (*)(ncclResult_t);
 using last_error_fn = const char* (*)(ncclComm_t);
 
@@ -108,6 +111,10 @@ class dl_nccl_api final : public nccl_api {
     grow_ = reinterpret_cast<grow_fn>(sym("ncclCommGrow"));
     all_reduce_ = reinterpret_cast<all_reduce_fn>(sym("ncclAllReduce"));
     broadcast_ = reinterpret_cast<broadcast_fn>(sym("ncclBroadcast"));
+    group_start_ = reinterpret_cast<group_fn>(sym("ncclGroupStart"));
+    group_end_ = reinterpret_cast<group_fn>(sym("ncclGroupEnd"));
+    send_ = reinterpret_cast<send_fn>(sym("ncclSend"));
+    recv_ = reinterpret_cast<recv_fn>(sym("ncclRecv"));
     error_string_ = reinterpret_cast<error_string_fn>(sym("ncclGetErrorString"));
     last_error_ = reinterpret_cast<last_error_fn>(sym("ncclGetLastError"));
     const char* missing = nullptr;
@@ -129,6 +136,10 @@ class dl_nccl_api final : public nccl_api {
       missing = "ncclAllReduce";
     else if (!broadcast_)
       missing = "ncclBroadcast";
+    else if (!group_start_ || !group_end_)
+      missing = "ncclGroupStart/ncclGroupEnd";
+    else if (!send_ || !recv_)
+      missing = "ncclSend/ncclRecv";
     if (missing) throw comm_error(std::string("NCCL library lacks ") + missing + " (dra needs NCCL >= 2.14)");
     int v = 0;
     if (get_version_(&v) != ncclSuccess) throw comm_error("ncclGetVersion failed");
@@ -210,6 +221,17 @@ class dl_nccl_api final : public nccl_api {
     return from_nccl(broadcast_(send, recv, count, to_nccl(dtype), root, static_cast<ncclComm_t>(comm),
                                 static_cast<cudaStream_t>(stream)));
   }
+  nccl_result group_start() override { return from_nccl(group_start_()); }
+  nccl_result group_end() override { return from_nccl(group_end_()); }
+  nccl_result send(const void* buf, std::size_t count, nccl_dtype dtype, int peer, nccl_handle comm,
+                   void* stream) override {
+    return from_nccl(
+        send_(buf, count, to_nccl(dtype), peer, static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(stream)));
+  }
+  nccl_result recv(void* buf, std::size_t count, nccl_dtype dtype, int peer, nccl_handle comm, void* stream) override {
+    return from_nccl(
+        recv_(buf, count, to_nccl(dtype), peer, static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(stream)));
+  }
   std::string error_string(nccl_result result) const override {
     const char* s = error_string_ ? error_string_(static_cast<ncclResult_t>(static_cast<int>(result))) : nullptr;
     return s ? s : "NCCL error " + std::to_string(static_cast<int>(result));
@@ -234,6 +256,10 @@ class dl_nccl_api final : public nccl_api {
   grow_fn grow_ = nullptr;
   all_reduce_fn all_reduce_ = nullptr;
   broadcast_fn broadcast_ = nullptr;
+  group_fn group_start_ = nullptr;
+  group_fn group_end_ = nullptr;
+  send_fn send_ = nullptr;
+  recv_fn recv_ = nullptr;
   error_string_fn error_string_ = nullptr;
   last_error_fn last_error_ = nullptr;
 };
@@ -252,6 +278,15 @@ loaded_state& state() {
 // Tries each candidate in order; the library stays loaded for the life of the process (no
 // dlclose: communicators may outlive any owner we could tie it to).
 void load_once(loaded_state& s) {
+  if (const char* emulate = std::getenv("DRA_NCCL_EMULATION"); emulate && *emulate && std::string(emulate) != "0") {
+    // The emulated library (a proof of the protocol on CPUs, not of NCCL): explicit, never a fallback.
+    try {
+      s.api = make_emulated_nccl_api(nccl_emulation_options::from_env());
+    } catch (const std::exception& e) {
+      s.error = std::string("cannot start the emulated NCCL (DRA_NCCL_EMULATION): ") + e.what();
+    }
+    return;
+  }
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("DRA_NCCL_LIBRARY"); env && *env) candidates.emplace_back(env);
   candidates.emplace_back("libnccl.so.2");

@@ -42,84 +42,19 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "dra/torch/comm/nccl.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/comm/nccl.hpp"
+#include "nccl_internal.hpp"
 
 namespace dra::comm {
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-enum class wait_outcome { ready, failed, timed_out };
+using namespace nccl_detail;
 
 std::chrono::milliseconds remaining(clock_type::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
   // c10d treats a zero timeout as "wait forever": never pass one.
   return std::max(left, std::chrono::milliseconds(1));
-}
-
-/// Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress, or the deadline.
-wait_outcome wait_ready(nccl_api& api, nccl_handle comm, clock_type::time_point deadline,
-                        std::chrono::milliseconds poll, nccl_result* error) {
-  auto sleep = std::max(poll, std::chrono::milliseconds(1));
-  const auto max_sleep = sleep * 16;
-  for (;;) {
-    nccl_result state = nccl_result::success;
-    const auto r = api.comm_get_async_error(comm, &state);
-    if (r != nccl_result::success) state = r;
-    if (state == nccl_result::success) return wait_outcome::ready;
-    if (state != nccl_result::in_progress) {
-      if (error) *error = state;
-      return wait_outcome::failed;
-    }
-    const auto now = clock_type::now();
-    if (now >= deadline) return wait_outcome::timed_out;
-    std::this_thread::sleep_for(std::min<clock_type::duration>(sleep, deadline - now));
-    sleep = std::min(sleep * 2, max_sleep);
-  }
-}
-
-std::string describe(const nccl_api& api, nccl_handle comm, nccl_result r) {
-  std::string s = api.error_string(r);
-  if (comm) {
-    const auto last = api.last_error(comm);
-    if (!last.empty()) s += " (" + last + ")";
-  }
-  return s;
-}
-
-/// Waits for a communicator being built; on failure aborts it and throws.
-void finish_or_abort(nccl_api& api, nccl_handle comm, clock_type::time_point deadline, std::chrono::milliseconds poll,
-                     std::chrono::milliseconds timeout, const std::string& what) {
-  nccl_result error = nccl_result::success;
-  const auto outcome = wait_ready(api, comm, deadline, poll, &error);
-  if (outcome == wait_outcome::ready) return;
-  const auto message = outcome == wait_outcome::failed ? describe(api, comm, error) : std::string();
-  api.comm_abort(comm);
-  if (outcome == wait_outcome::timed_out)
-    throw timeout_error(what + " did not complete within " + std::to_string(timeout.count()) +
-                        " ms; the communicator was aborted");
-  throw comm_error(what + " failed: " + message + "; the communicator was aborted");
-}
-
-/// Fixed teardown order: finalize (bounded) -> destroy; failure or timeout -> abort. With
-/// `with_abort` (after a fault or an abortive shrink) only abort.
-void release_handle(nccl_api& api, nccl_handle comm, bool with_abort, std::chrono::milliseconds timeout,
-                    std::chrono::milliseconds poll) noexcept {
-  if (!comm) return;
-  try {
-    if (!with_abort) {
-      const auto r = api.comm_finalize(comm);
-      if ((r == nccl_result::success || r == nccl_result::in_progress) &&
-          wait_ready(api, comm, clock_type::now() + timeout, poll, nullptr) == wait_outcome::ready) {
-        detail::log_check(api.comm_destroy(comm) == nccl_result::success, "ncclCommDestroy");
-        return;
-      }
-    }
-    api.comm_abort(comm);
-  } catch (...) {
-    detail::log_check(false, "NCCL communicator teardown threw");
-  }
 }
 
 std::vector<std::uint8_t> to_bytes(const nccl_unique_id& id) {
@@ -173,170 +108,7 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-/// Sets the CUDA device for the NCCL calls of a scope (NCCL binds a communicator to the current
-/// device at creation), through torch's device guard so dra needs no CUDA runtime of its own.
-class device_scope {
- public:
-  explicit device_scope(int device) {
-    if (device >= 0) guard_.emplace(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
-  }
-
- private:
-  std::optional<c10::DeviceGuard> guard_;
-};
-
-nccl_dtype dtype_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return nccl_dtype::float32;
-    case at::kDouble:
-      return nccl_dtype::float64;
-    case at::kHalf:
-      return nccl_dtype::float16;
-    case at::kBFloat16:
-      return nccl_dtype::bfloat16;
-    case at::kInt:
-      return nccl_dtype::int32;
-    case at::kLong:
-      return nccl_dtype::int64;
-    case at::kChar:
-      return nccl_dtype::int8;
-    case at::kByte:
-      return nccl_dtype::uint8;
-    default:
-      break;
-  }
-  throw std::invalid_argument(std::string("tensor dtype: ") + c10::toString(t.scalar_type()) +
-                              " is not supported by the NCCL backend; use a float, half, bfloat16 or integer tensor");
-}
-
-void* current_stream(const at::Tensor& t) {
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  return impl->getStream(t.device()).native_handle();
-}
-
 }  // namespace
-
-// ---- communicator -----------------------------------------------------------------------------
-
-nccl_communicator::nccl_communicator(std::shared_ptr<nccl_api> api, nccl_handle handle, int rank, int size,
-                                     std::uint64_t epoch, int device, std::chrono::milliseconds timeout,
-                                     std::chrono::milliseconds poll_interval)
-    : api_(std::move(api)),
-      handle_(handle),
-      rank_(rank),
-      size_(size),
-      epoch_(epoch),
-      device_(device),
-      timeout_(timeout),
-      poll_interval_(poll_interval) {}
-
-nccl_communicator::~nccl_communicator() {
-  // A revoked communicator may not be finalized (NCCL): abort it.
-  release_handle(*api_, release(), revoked_, timeout_, poll_interval_);
-}
-
-nccl_handle nccl_communicator::release() noexcept {
-  return std::exchange(handle_, nullptr);
-}
-
-void nccl_communicator::abort() noexcept {
-  if (auto h = release()) {
-    detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
-  }
-}
-
-void nccl_communicator::fault() noexcept {
-  // Revoke keeps the communicator shrinkable (an abortive shrink can follow); without it, abort.
-  if (handle_ && !revoked_ && api_->features().revoke() && api_->comm_revoke(handle_) == nccl_result::success) {
-    revoked_ = true;
-    return;
-  }
-  abort();
-}
-
-void nccl_communicator::check_enqueued(nccl_result result, const char* what) {
-  if (result == nccl_result::success) return;
-  nccl_result error = result;
-  if (result == nccl_result::in_progress) {
-    // Non-blocking communicators may return while the enqueue is still in progress.
-    const auto outcome = wait_ready(*api_, handle_, clock_type::now() + timeout_, poll_interval_, &error);
-    if (outcome == wait_outcome::ready) return;
-    if (outcome == wait_outcome::timed_out) {
-      fault();
-      throw timeout_error(std::string(what) + " was not enqueued within " + std::to_string(timeout_.count()) +
-                          " ms; the communicator was revoked/aborted");
-    }
-  }
-  const auto message = describe(*api_, handle_, error);
-  fault();
-  throw comm_error(std::string(what) + " failed: " + message + "; the communicator was revoked/aborted");
-}
-
-namespace {
-void check_usable(const nccl_communicator& c, const at::Tensor& t, const char* what) {
-  if (!c.handle() || c.revoked())
-    throw comm_error(std::string(what) + ": the NCCL communicator was aborted or revoked; rebuild it first");
-  if (!t.is_cuda())
-    throw std::invalid_argument(std::string(what) + " tensor: NCCL needs a CUDA tensor; move it with .cuda()");
-  if (!t.is_contiguous())
-    throw std::invalid_argument(std::string(what) + " tensor: must be contiguous; call .contiguous() first");
-  if (c.device() >= 0 && t.get_device() != c.device())
-    throw std::invalid_argument(std::string(what) + " tensor: on cuda:" + std::to_string(t.get_device()) +
-                                " but the communicator is on cuda:" + std::to_string(c.device()));
-}
-}  // namespace
-
-void nccl_communicator::all_reduce_sum(at::Tensor& tensor) {
-  check_usable(*this, tensor, "all_reduce_sum");
-  const auto dtype = dtype_of(tensor);
-  device_scope scope(tensor.get_device());
-  void* data = tensor.data_ptr();
-  check_enqueued(api_->all_reduce_sum(data, data, static_cast<std::size_t>(tensor.numel()), dtype, handle_,
-                                      current_stream(tensor)),
-                 "ncclAllReduce");
-}
-
-void nccl_communicator::broadcast(at::Tensor& tensor, int root) {
-  if (root < 0 || root >= size_)
-    throw std::invalid_argument("broadcast root: " + std::to_string(root) + " is not a rank of this world of " +
-                                std::to_string(size_));
-  check_usable(*this, tensor, "broadcast");
-  const auto dtype = dtype_of(tensor);
-  device_scope scope(tensor.get_device());
-  void* data = tensor.data_ptr();
-  check_enqueued(api_->broadcast(data, data, static_cast<std::size_t>(tensor.numel()), dtype, root, handle_,
-                                 current_stream(tensor)),
-                 "ncclBroadcast");
-}
-
-void nccl_communicator::barrier() {
-  const int device = device_ >= 0 ? device_ : 0;
-  auto token = at::zeros(
-      {1}, at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device))));
-  all_reduce_sum(token);
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  const auto stream = impl->getStream(token.device());
-  const auto deadline = clock_type::now() + timeout_;
-  auto sleep = std::max(poll_interval_, std::chrono::milliseconds(1));
-  // Poll instead of synchronising: a peer that never arrives must end in a timeout, not a hang.
-  while (!impl->queryStream(stream)) {
-    nccl_result state = nccl_result::success;
-    api_->comm_get_async_error(handle_, &state);
-    if (state != nccl_result::success && state != nccl_result::in_progress) {
-      const auto message = describe(*api_, handle_, state);
-      fault();
-      throw comm_error("barrier failed: " + message + "; the communicator was revoked/aborted");
-    }
-    if (clock_type::now() >= deadline) {
-      fault();
-      throw timeout_error("barrier did not complete within " + std::to_string(timeout_.count()) +
-                          " ms; the communicator was revoked/aborted");
-    }
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::milliseconds(16));
-  }
-}
 
 // ---- backend ----------------------------------------------------------------------------------
 
@@ -378,6 +150,7 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
 
   const auto started = clock_type::now();
   const auto timeout = request.timeout;
+  const auto collective_timeout = request.collective_timeout.count() > 0 ? request.collective_timeout : timeout;
   const auto poll = options_.poll_interval;
   const std::string base = options_.key_prefix + "/" + std::to_string(request.epoch);
 
@@ -427,8 +200,8 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
     return result;
   };
   auto make = [&](nccl_handle h, std::uint64_t epoch) {
-    return std::make_unique<nccl_communicator>(api_, h, plan.new_rank, plan.new_size, epoch, options_.device, timeout,
-                                               poll);
+    return std::make_unique<nccl_communicator>(api_, h, plan.new_rank, plan.new_size, epoch, options_.device,
+                                               collective_timeout, poll);
   };
 
   int attempt = 0;  // store keys of a fresh init after a failed fast path differ from the first
@@ -443,16 +216,16 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
     // ---- cases 3-6 and 8: fast paths, after a unanimous vote of the new world ----
     auto deadline = clock_type::now() + timeout;
     bool fast = needs_agreement(plan);
-    // A first init needs no vote: every member plans it from the request alone.
-    const bool vote = !request.old_members.empty();
-    if (vote && !unanimous(*store, base + "/vote_fast", plan.new_size, fast, deadline, timeout) && fast) {
+    // Every member votes, a first init too: whether a rank knows a previous world is its own
+    // knowledge (a joiner, a member whose last build failed), so whether to vote must not depend on it.
+    if (!unanimous(*store, base + "/vote_fast", plan.new_size, fast, deadline, timeout) && fast) {
       log("nccl_rebuild_fallback", ",\"from\":\"" + std::string(to_string(plan.path)) +
                                        "\",\"reason\":\"another member cannot take this path\"");
       fast = false;
     }
     if (fast && plan.path == nccl_path::keep) {
       parent->epoch_ = request.epoch;
-      parent->timeout_ = timeout;
+      parent->set_timeout(collective_timeout);
       std::unique_ptr<communicator> kept = std::move(parent);
       return done(nccl_path::keep, std::move(kept));
     }
@@ -557,7 +330,18 @@ void register_nccl_backend() {
   register_backend("nccl", [](const backend_config& config) {
     nccl_backend_options o;
     o.key_prefix = config.key_prefix + "/nccl";
-    return std::make_shared<nccl_backend>(load_nccl_api(), o);
+    auto api = load_nccl_api();
+    if (!api->host_memory()) {
+      // The process's current CUDA device (torch.cuda.set_device(local_rank) before the controller).
+      const bool cuda = c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) &&
+                        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() > 0;
+      if (!cuda)
+        throw comm_error(
+            "backend 'nccl' needs a CUDA GPU and a CUDA build of torch (none here); use 'gloo' on CPUs, or set "
+            "DRA_NCCL_EMULATION=1 to run the protocol on the emulated NCCL library (CPU tensors)");
+      o.device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();
+    }
+    return std::make_shared<nccl_backend>(std::move(api), o);
   });
 }
 

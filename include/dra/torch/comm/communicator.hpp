@@ -60,6 +60,19 @@ class communicator {
   virtual void recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag);
   /// Abandons in-flight work; never blocks. The communicator is unusable afterwards.
   virtual void abort() noexcept = 0;
+  /// After a failure: stops in-flight work but keeps what an abortive rebuild can still use
+  /// (NCCL >= 2.28: ncclCommRevoke, so the survivors shrink it); never blocks. Default: abort().
+  virtual void revoke() noexcept { abort(); }
+  /// Where collective buffers live for this communicator (CPU: Gloo and the emulated NCCL; the
+  /// CUDA device: NCCL). A CPU tensor given to a device communicator travels through a copy.
+  virtual at::Device device() const { return at::Device(at::kCPU); }
+  /// Whether collectives may complete after they return (NCCL: ordered on the device's stream).
+  /// The elastic controller then reads what rides with the gradient reduction (the loss, the
+  /// decision flag) only at decision steps, so that other steps never wait for the device.
+  virtual bool asynchronous() const { return false; }
+  /// False once a failure was detected in the background (NCCL: its watchdog revoked or aborted
+  /// it); the next call would throw.
+  virtual bool healthy() const noexcept { return true; }
   /// The c10d backend behind it, when there is one (lets Python DDP use the same world).
   virtual c10::intrusive_ptr<c10d::Backend> c10d_backend() const { return {}; }
 };
@@ -90,6 +103,9 @@ class backend {
   /// `self` is not in `new_members` (a leaver). Throws dra::comm_error / dra::timeout_error.
   virtual std::unique_ptr<communicator> rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
                                                 const c10::intrusive_ptr<c10d::Store>& store) = 0;
+  /// Whether its communicators use a device (NCCL on a GPU): a process released from such a world
+  /// exits by default, so that it does not keep the device from another job.
+  virtual bool uses_device() const { return false; }
   /// The transfer the state handoff uses on this backend's communicators, or null when the
   /// backend cannot hand state over yet (then an elastic world refuses it at start).
   virtual std::unique_ptr<tensor_transfer> make_transfer(std::size_t chunk_bytes) const {

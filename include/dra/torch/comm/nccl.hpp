@@ -9,11 +9,13 @@
 // This header needs neither nccl.h nor the CUDA headers: the few NCCL types appear here as
 // dra's own equivalents, translated in src/nccl/.
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -84,14 +86,53 @@ class nccl_api {
                                      nccl_handle comm, void* stream) = 0;
   virtual nccl_result broadcast(const void* send, void* recv, std::size_t count, nccl_dtype dtype, int root,
                                 nccl_handle comm, void* stream) = 0;
+  /// ncclGroupStart / ncclGroupEnd: the point-to-point calls between them progress together (a
+  /// rank may send to and receive from the same peer in one group without deadlock).
+  virtual nccl_result group_start() = 0;
+  virtual nccl_result group_end() = 0;
+  /// ncclSend / ncclRecv (NCCL >= 2.7): matched in call order per pair of ranks (no tags), the
+  /// counts of a matching pair must be equal.
+  virtual nccl_result send(const void* buf, std::size_t count, nccl_dtype dtype, int peer, nccl_handle comm,
+                           void* stream) = 0;
+  virtual nccl_result recv(void* buf, std::size_t count, nccl_dtype dtype, int peer, nccl_handle comm,
+                           void* stream) = 0;
   virtual std::string error_string(nccl_result result) const = 0;
   virtual std::string last_error(nccl_handle comm) const = 0;
+  /// Where this library's buffers live: device memory (NCCL) or host memory (the emulation, whose
+  /// operations complete in the calling thread and take CPU tensors).
+  virtual bool host_memory() const { return false; }
+  /// A label for logs and build information ("" for the real library).
+  virtual std::string label() const { return ""; }
 };
 
 /// Loads NCCL with dlopen: `DRA_NCCL_LIBRARY` if set, else libnccl.so.2 from the loader's search
 /// path (the copy torch already loaded, if any), else the library found at build time. Throws
 /// dra::comm_error saying what was tried when none loads. Loaded once per process.
+/// With `DRA_NCCL_EMULATION` set ("1", or a version such as "2.27.0") it returns the emulated
+/// library instead (make_emulated_nccl_api): a proof of the protocol on CPUs, never of NCCL.
 std::shared_ptr<nccl_api> load_nccl_api();
+
+/// Settings of the emulated NCCL library.
+struct nccl_emulation_options {
+  int version = nccl_version_code(2, 29, 0);  ///< what ncclGetVersion answers (drives the gates)
+  std::string directory = "/dev/shm";         ///< where communicators' shared segments are created
+  /// A peer process that is gone: false (default) hangs like NCCL over shared memory or NVLink
+  /// until the communicator is revoked or aborted; true reports ncclRemoteError asynchronously, like
+  /// NCCL over sockets when the peer's connection closes.
+  bool peer_death_error = false;
+  /// From DRA_NCCL_EMULATION ("1" or a version "2.27.0"), DRA_NCCL_EMULATION_DIR and
+  /// DRA_NCCL_EMULATION_PEER_DEATH ("hang" or "error"). Throws std::invalid_argument for bad values.
+  static nccl_emulation_options from_env();
+};
+
+/// An emulated NCCL library behind the same API table: communicators of processes on one host over
+/// shared memory (a segment per communicator in `directory`), host buffers (CPU tensors), and the
+/// semantics the elastic protocol relies on: init from a unique id (non-blocking, polled), grouped
+/// send/recv matched in order, all-reduce and broadcast (bit-identical results on every rank),
+/// shrink with renumbering (and NCCL_SHRINK_ABORT), grow with a single-use id, revoke and abort
+/// from another thread, asynchronous errors, and an operation that hangs while a peer is gone.
+/// Operations run in the calling thread (there is no device); see docs/design/nccl.md.
+std::shared_ptr<nccl_api> make_emulated_nccl_api(nccl_emulation_options options = {});
 
 /// One line of the decision log: a JSON object, no trailing newline.
 using nccl_log_sink = std::function<void(const std::string& json_line)>;
@@ -104,9 +145,16 @@ struct nccl_backend_options {
 };
 
 class nccl_backend;
+namespace nccl_detail {
+class nccl_watchdog;
+}
 
-/// A communicator of one epoch. Collectives run on the tensor's current CUDA stream and return
-/// once enqueued (like torch.distributed); a fault aborts (or, NCCL >= 2.28, revokes) it.
+/// A communicator of one epoch. Collectives and point-to-point calls run on the tensor's current
+/// CUDA stream and return once enqueued (like torch.distributed); with the emulated library they
+/// take CPU tensors and complete in the calling thread. Every operation is bounded by a watchdog:
+/// past the timeout, or on an asynchronous error, the communicator is revoked (NCCL >= 2.28) or
+/// aborted, and the next call throws. A CPU tensor given to a device communicator travels
+/// through a device copy (synchronously): the state handoff's small CPU pieces, never the steps.
 class nccl_communicator final : public communicator {
  public:
   nccl_communicator(std::shared_ptr<nccl_api> api, nccl_handle handle, int rank, int size, std::uint64_t epoch,
@@ -122,31 +170,61 @@ class nccl_communicator final : public communicator {
   void broadcast(at::Tensor& tensor, int root) override;
   /// All-reduces one element and waits (bounded by the timeout) for it to complete.
   void barrier() override;
+  /// Point-to-point: ncclSend/ncclRecv in one group per call (all destinations, or all tensors
+  /// of a batch, in flight at once). NCCL matches calls in order: tags are not sent.
+  void send(const at::Tensor& tensor, const std::vector<int>& dsts, int tag) override;
+  void recv(at::Tensor& tensor, int src, int tag) override;
+  void send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts, int first_tag) override;
+  void recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag) override;
   void abort() noexcept override;
+  /// Revokes (NCCL >= 2.28: in-flight work stops, the communicator stays shrinkable) or aborts.
+  void revoke() noexcept override;
+  at::Device device() const override;
+  bool asynchronous() const override { return true; }
+  bool healthy() const noexcept override { return handle_.load() && !revoked_.load(); }
+  /// Waits until all work enqueued on this communicator completed, bounded by the timeout
+  /// (dra::timeout_error; the communicator is then revoked or aborted).
+  void synchronize();
 
   /// The ncclComm_t, null once aborted or released.
-  nccl_handle handle() const { return handle_; }
+  nccl_handle handle() const { return handle_.load(); }
   /// After a fault on NCCL >= 2.28 the communicator is revoked: no more collectives, but it can
   /// still be shrunk (abortively).
-  bool revoked() const { return revoked_; }
-  int device() const { return device_; }
+  bool revoked() const { return revoked_.load(); }
+  /// The watchdog faulted it (a peer gone or hung, or an asynchronous error).
+  bool faulted() const;
+  int device_index() const { return device_; }
+  bool host_memory() const { return host_memory_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   friend class nccl_backend;
-  void check_enqueued(nccl_result result, const char* what);
+  template <class Call>
+  void run(const char* what, const at::Tensor* sample, Call&& call);
+  void check_usable(const char* what) const;
   void fault() noexcept;
+  void set_timeout(std::chrono::milliseconds timeout);
   nccl_handle release() noexcept;  ///< gives up ownership of the handle
 
   std::shared_ptr<nccl_api> api_;
-  nccl_handle handle_ = nullptr;
+  std::atomic<nccl_handle> handle_{nullptr};
+  mutable std::mutex handle_mutex_;  ///< the owner's teardown against the watchdog's probe and fault
   int rank_ = 0;
   int size_ = 0;
   std::uint64_t epoch_ = 0;
   int device_ = -1;
-  bool revoked_ = false;
+  bool host_memory_ = false;
+  std::atomic<bool> revoked_{false};
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds poll_interval_;
+  std::unique_ptr<nccl_detail::nccl_watchdog> watchdog_;
 };
+
+/// The transfer of the state handoff over NCCL communicators: chunked and pipelined on a stream of
+/// its own, straight from and into device tensors (large pieces), small pieces and CPU tensors
+/// packed into a device staging chunk; host memory under the emulated library. Waits (bounded) for
+/// the transfer to finish before returning. Throws std::invalid_argument for chunk_bytes < 1024.
+std::unique_ptr<tensor_transfer> make_nccl_transfer(std::size_t chunk_bytes);
 
 /// The NCCL backend: the rebuild routine (see src/nccl/nccl_backend.cpp for every case).
 /// Store keys live under <key_prefix>/<epoch>/: every rebuild call, retries included, needs an
@@ -157,14 +235,16 @@ class nccl_backend final : public backend {
   std::string name() const override { return "nccl"; }
   std::unique_ptr<communicator> rebuild(std::unique_ptr<communicator> current, const rebuild_request& request,
                                         const c10::intrusive_ptr<c10d::Store>& store) override;
-  /// No point-to-point on NCCL communicators yet: an elastic world cannot hand state over on
-  /// this backend, and refuses it at start.
-  std::unique_ptr<tensor_transfer> make_transfer(std::size_t) const override { return nullptr; }
+  /// The NCCL transfer (make_nccl_transfer).
+  std::unique_ptr<tensor_transfer> make_transfer(std::size_t chunk_bytes) const override {
+    return make_nccl_transfer(chunk_bytes);
+  }
   /// The plan of the last rebuild on this rank, and the path it finally took (after votes and
   /// fallbacks).
   const nccl_plan& last_plan() const { return last_plan_; }
   nccl_path last_path() const { return last_path_; }
   const nccl_api& api() const { return *api_; }
+  bool uses_device() const override { return !api_->host_memory(); }
 
  private:
   std::shared_ptr<nccl_api> api_;

@@ -13,13 +13,19 @@
 //
 // A training step in an elastic job, as the trainer sees it:
 //   1. take sampler.indices(), forward, backward;
-//   2. ok = controller.reduce_gradients(params)  (one all-reduce: gradients averaged over the
-//      step's global batch, as DDP does; false when a peer failed);
+//   2. ok = controller.reduce_gradients(params)  (gradients averaged over the step's global batch,
+//      as DDP does; false when a peer failed). A trainer that overlaps communication with backward
+//      calls begin_reduction(params) at the first gradient, gradient_ready(i) as each parameter's
+//      gradient is accumulated, and finish_reduction() at the end of backward instead: buckets are
+//      all-reduced while backward goes on (Python's ctl.model does this);
 //   3. if ok: optimizer.step() (and scheduler), else skip them: the step is redone;
 //   4. controller.step(loss)  (commits, decides, resizes or recovers at this step boundary).
 // The loss of a step travels in the next step's gradient all-reduce (it is only known to the
 // controller at step()), so the engine sees the world-mean loss one step late: no extra
-// collective per step.
+// collective per step. On an asynchronous communicator (NCCL) the loss may stay on the device:
+// what rides with the reductions is read on the host only at decision steps (one step after it
+// was copied out, so the read normally waits for nothing), and a decision lands two steps after
+// it was taken instead of one.
 //
 // The collaborators (src/elastic/): store_protocol (the key schema and every agreement over the
 // store), tensor_transfer + handoff (the state to joiners), gradient_reducer (the per-step
@@ -41,6 +47,7 @@
 #include "dra/elastic/sampler.hpp"
 #include "dra/engine.hpp"
 #include "dra/torch/comm/communicator.hpp"
+#include "dra/torch/elastic/bucket_hook.hpp"
 #include "dra/torch/elastic/state.hpp"
 
 namespace dra::elastic {
@@ -90,7 +97,9 @@ struct controller_options {
   /// Policy, estimator, limits (min/max size, cooldown, ...), throughput model, decide_every.
   engine_config engine;
   int start_size = 0;  ///< processes in the first world; 0: every process launched
-  release_mode release = release_mode::standby;
+  /// What a member released by a shrink does. Unset: exit on a backend whose communicators use a
+  /// device (NCCL on a GPU: a standby would keep the device from another job), else standby.
+  std::optional<release_mode> release;
   batch_mode batch = batch_mode::fixed;
   std::map<std::int64_t, int> resize_schedule;  ///< {committed steps: size}: a resize asked for at a step
   /// Collective timeout and the survivors' check-in window; a new world's rendezvous gets twice
@@ -152,10 +161,18 @@ struct step_status {
   const signals::convergence_signals* signals = nullptr;  ///< the controller's current signals
 };
 
+/// How often the host read values the device produced (the loss, what rides with the reductions)
+/// and how often such a read had to wait for the device: what "no synchronisation per step" means.
+struct device_read_stats {
+  std::uint64_t reads = 0;           ///< reads of device values (decision steps only)
+  std::uint64_t blocking_waits = 0;  ///< of which the device had not finished when read
+};
+
 namespace detail {
 class store_protocol;
 class gradient_reducer;
-struct reduction_tail;
+class deferred_reads;
+struct tail_input;
 class event_log;
 class leader;
 struct world_change;
@@ -184,12 +201,27 @@ class controller {
   /// Returns false when the reduction failed (a peer died or hung): the trainer must not apply
   /// this step; step() then recovers and the step is redone.
   bool reduce_gradients(const std::vector<at::Tensor>& params);
+  /// The same, bucketed and overlapped with backward: begin_reduction at the first gradient of a
+  /// step (false: nothing to reduce on this rank now, e.g. a failed step); gradient_ready(i) when
+  /// params[i]'s gradient is accumulated (buckets are all-reduced as they fill, on CUDA on a stream
+  /// of their own); finish_reduction at the end of backward (false: the step failed).
+  bool begin_reduction(const std::vector<at::Tensor>& params);
+  void gradient_ready(std::size_t index);
+  bool finish_reduction();
+  /// Transforms gradient buckets around their all-reduce (the hook point for gradient codecs);
+  /// null: plain all-reduce. Every process of the world must install the same hook.
+  void set_bucket_hook(std::shared_ptr<bucket_hook> hook);
   /// The step boundary: commits the step, feeds the engine, applies a decision (resize) or
   /// recovers from a failure. `loss` is this rank's mean loss over its share of the step. A
   /// released process waits here (standby) until admitted again. In an elastic job, throws
   /// std::logic_error when no gradient reduction ran since the last step (the model was not
   /// wrapped).
   const step_status& step(double loss, const step_signals& extra = {});
+  /// The same with the loss as a 0-d tensor. A CUDA loss is never read on the host at a step
+  /// without a decision: it rides with the next reduction on the device (in a world) or waits in a
+  /// ring on the device (alone), and is read, one step late, where a decision needs it; status().loss
+  /// is then the latest value read. A CPU tensor is read at once.
+  const step_status& step(const at::Tensor& loss, const step_signals& extra = {});
   /// A step whose batch was stale (a data loader prefetched it for a world that has changed since):
   /// this process trained on it locally but must not reduce or commit it. Clears the step's status.
   const step_status& skip_step() noexcept;
@@ -228,6 +260,11 @@ class controller {
   const step_status& status() const noexcept { return status_; }
   /// Consecutive non-finite losses passed to step() (1: a streak starts; callers warn once).
   std::uint64_t nonfinite_streak() const noexcept { return input_nonfinite_streak_; }
+  /// A streak of non-finite losses started during the latest step() (device losses are seen when
+  /// read), and the value that started it.
+  bool nonfinite_started() const noexcept { return nonfinite_started_; }
+  /// Reads of device values so far and how many had to wait for the device.
+  device_read_stats device_reads() const noexcept;
   const controller_options& options() const noexcept { return options_; }
   /// The JSON line of the latest event this process emitted ("" when none).
   const std::string& last_event() const noexcept;
@@ -248,7 +285,13 @@ class controller {
   bool admitted(const struct detail::admission_result& r);
   void enter_world(const detail::world_change& change);
   void hand_over_state(const detail::world_change& change, std::uint64_t& nbytes);
-  void commit(double loss, const step_signals& extra);
+  const step_status& step_impl(const at::Tensor* device_loss, double loss, const step_signals& extra);
+  const step_status& step_local(const at::Tensor* device_loss, double loss);
+  void commit(const at::Tensor* device_loss, double loss, const step_signals& extra);
+  void read_reductions(std::int64_t committed);
+  bool decision_point(std::int64_t committed) const;
+  bool read_due(std::int64_t committed) const;
+  void note_loss(double loss);
   void apply_signals(const step_signals& extra);
   void leader_decides();
   void apply_decision();
@@ -268,7 +311,10 @@ class controller {
   std::unique_ptr<detail::event_log> log_;
   std::unique_ptr<detail::leader> leader_;
   std::unique_ptr<detail::published_decision> pending_;  ///< the leader's decision, not yet applied
-  std::unique_ptr<detail::reduction_tail> pending_loss_;  ///< this rank's loss, sent with the next reduction
+  std::unique_ptr<detail::tail_input> pending_loss_;  ///< this rank's loss, sent with the next reduction
+  std::unique_ptr<detail::deferred_reads> reads_;    ///< what rode with the reductions (alone: device losses)
+  at::Tensor solo_tail_;                             ///< a world of one: its own tail, on the device
+  bool local_take_due_ = false;                      ///< alone: device losses prefetched, fed at the next step
 
   int uid_ = 0;
   int universe_size_ = 1;
@@ -288,10 +334,12 @@ class controller {
   bool reduced_ = false;
   bool decision_flag_ = false;
   bool exit_requested_ = false;
+  bool device_released_ = false;  ///< the state provider gave the device's memory back (standby)
   double decide_s_ = 0.0;
   double world_loss_ = std::numeric_limits<double>::quiet_NaN();
   bool world_loss_known_ = false;
   std::uint64_t input_nonfinite_streak_ = 0;
+  bool nonfinite_started_ = false;
   std::optional<std::uint64_t> last_digest_;
   std::vector<tensor_spec> signature_;
   step_status status_;

@@ -50,6 +50,13 @@ class state_provider {
   /// AdaScale-style batch change (batch_mode::adascale): multiply the learning rate by `factor`.
   /// Called on every member at the same step boundary, before state goes to joiners.
   virtual void scale_learning_rate(double factor) = 0;
+  /// The process left the world and waits (standby, or back to the caller): give the device's
+  /// memory back (move the state to the CPU, release the allocator's cached blocks), so that a
+  /// standby never holds a device another job could use. Default: nothing.
+  virtual void release_device() {}
+  /// Before the process enters a world again (its state is received right after): move the state
+  /// back where release_device() found it.
+  virtual void restore_device() {}
 };
 
 /// State provider of a LibTorch trainer: the module's parameters and buffers (received in place)

@@ -1,0 +1,268 @@
+// The controller's steps (include/dra/torch/elastic/controller.hpp): the gradient reduction
+// (bucketed, over the gradient_reducer), the step boundary (commit, what rode with the reduction,
+// then a decision or a recovery), and a device loss's deferred read. The decisions and world
+// changes themselves are in controller.cpp and world.cpp.
+//
+// When the host reads what the device produced. A synchronous communicator (Gloo, CPU tensors)
+// returns the reduced tail at once: it is read at every boundary (the loss one step late, a
+// decision one step after it was taken). An asynchronous one (NCCL) leaves it on the device; the
+// host reads it only at "read steps", one step after it was copied out (deferred_reads):
+//   decision point s: the leader may decide at boundary s (the engine's cadence, a scheduled resize);
+//   read steps: every decision point s (the leader's losses) and s + 2 (the flag of the decision
+//   taken at s rides with the reductions from s + 1 on; it is read one step later, at s + 2, by
+//   every member, which then applies it). Both are functions of the step index only, so every
+//   member reads, and applies, at the same boundary. Other steps never wait for the device.
+#include <ATen/Functions.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "deferred_reads.hpp"
+#include "dra/error.hpp"
+#include "dra/torch/elastic/controller.hpp"
+#include "event_log.hpp"
+#include "gradient_reducer.hpp"
+#include "leader.hpp"
+#include "store_protocol.hpp"
+
+namespace dra::elastic {
+
+namespace {
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+}  // namespace
+
+// ---- the reduction --------------------------------------------------------------------------------
+bool controller::begin_reduction(const std::vector<at::Tensor>& params) {
+  reduced_ = true;
+  if (role_ != role::member || !comm_ || !failure_.empty()) return false;
+  if (comm_->size() == 1) {
+    // Alone in the world: the gradient already is the global batch's mean; only the loss is queued.
+    if (!solo_tail_.defined() || solo_tail_.device() != comm_->device())
+      solo_tail_ =
+          at::zeros({detail::gradient_reducer::kTail}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
+    pending_loss_->decision_flag = false;
+    detail::write_tail(solo_tail_, *pending_loss_);
+    reads_->push(step_index_, solo_tail_);
+    return false;
+  }
+  // The leader's "a decision is published" flag rides with the reduction, so that steps without a
+  // resize never touch the store.
+  pending_loss_->decision_flag = pending_ != nullptr && comm_->rank() == 0;
+  reducer_->begin(*comm_, params, sampler_->share_weight(), *pending_loss_);
+  return true;
+}
+
+void controller::gradient_ready(std::size_t index) {
+  if (reducer_ && reducer_->active()) reducer_->ready(index);
+}
+
+bool controller::finish_reduction() {
+  if (role_ == role::local) return true;
+  if (!reducer_->active()) return failure_.empty() && role_ == role::member;
+  try {
+    reads_->push(step_index_, reducer_->finish());
+  } catch (const dra::error& e) {
+    failure_ = e.what();
+    comm_->revoke();  // in-flight work stops; NCCL >= 2.28 keeps it shrinkable for the survivors
+    return false;
+  }
+  return true;
+}
+
+bool controller::reduce_gradients(const std::vector<at::Tensor>& params) {
+  if (begin_reduction(params))
+    for (std::size_t i = 0; i < params.size(); ++i) gradient_ready(i);
+  return finish_reduction();
+}
+
+void controller::set_bucket_hook(std::shared_ptr<bucket_hook> hook) {
+  if (reducer_) reducer_->set_hook(std::move(hook));
+}
+
+device_read_stats controller::device_reads() const noexcept {
+  return reads_ ? device_read_stats{reads_->reads(), reads_->blocking_waits()} : device_read_stats{};
+}
+
+// ---- the step boundary ------------------------------------------------------------------------------
+const step_status& controller::step(double loss, const step_signals& extra) {
+  return step_impl(nullptr, loss, extra);
+}
+
+const step_status& controller::step(const at::Tensor& loss, const step_signals& extra) {
+  if (!loss.defined() || loss.numel() != 1)
+    dra::detail::throw_invalid("loss", "expected a 0-d tensor (loss.mean() or loss.sum())");
+  if (!at::isFloatingType(loss.scalar_type()))
+    dra::detail::throw_invalid(
+        "loss", std::string("expected a floating-point tensor, got ") + c10::toString(loss.scalar_type()));
+  if (loss.device().is_cpu()) return step_impl(nullptr, loss.item<double>(), extra);
+  return step_impl(&loss, kNaN, extra);
+}
+
+void controller::note_loss(double loss) {
+  input_nonfinite_streak_ = std::isfinite(loss) ? 0 : input_nonfinite_streak_ + 1;
+  if (input_nonfinite_streak_ == 1) nonfinite_started_ = true;
+}
+
+const step_status& controller::step_impl(const at::Tensor* device_loss, double loss, const step_signals& extra) {
+  extra.validate();
+  nonfinite_started_ = false;
+  if (!device_loss && role_ != role::local) note_loss(loss);  // alone: noted where fed to the engine
+  status_.committed = false;
+  status_.decided = false;
+  status_.event.clear();
+  if (role_ == role::local) {
+    step_local(device_loss, loss);
+    apply_signals(extra);
+    return status_;
+  }
+  if (role_ == role::member) {
+    if (!reduced_ && failure_.empty())
+      throw std::logic_error(
+          "dra: step() without a gradient reduction this step; call reduce_gradients() after backward (Python: call "
+          "backward() on the output of controller.model)");
+    reduced_ = false;
+    const std::size_t events_before = log_->lines().size();
+    if (!failure_.empty()) {
+      std::string reason = failure_;
+      failure_.clear();
+      recover(reason);
+    } else {
+      commit(device_loss, loss, extra);
+      const std::int64_t committed = step_index_ - 1;
+      const bool deferred = comm_->asynchronous();
+      try {
+        read_reductions(committed);
+      } catch (const dra::error& e) {
+        // An asynchronous world learns of a dead or hung peer here (its watchdog revoked the
+        // communicator): the committed step's update may have used partial sums (docs/design/nccl.md).
+        comm_->revoke();
+        recover(std::string("reduction failed: ") + e.what());
+      }
+      if (role_ == role::member && decision_flag_) {
+        decision_flag_ = false;  // the leader flagged a decision in a reduction read now: apply it
+        apply_decision();
+      } else if (role_ == role::member && comm_ && comm_->rank() == 0 && !pending_ &&
+                 (!deferred || decision_point(committed))) {
+        leader_decides();
+      }
+      if (deferred && role_ == role::member && comm_ && read_due(step_index_)) reads_->prefetch();
+    }
+    if (log_->lines().size() > events_before) status_.event = log_->last();
+  }
+  status_.world_size = world_size();
+  status_.rank = rank();
+  status_.epoch = epoch_;
+  status_.exit_requested = exit_requested_;
+  if (role_ == role::member) status_.released = false;
+  return status_;
+}
+
+const step_status& controller::step_local(const at::Tensor* device_loss, double loss) {
+  auto feed = [this](std::int64_t step, double value) {
+    note_loss(value);
+    status_.loss = value;
+    if (engine_.step(step, value).decided) {
+      status_.decided = true;
+      status_.decision = engine_.status().last_decision;
+    }
+  };
+  auto feed_rows = [&](std::int64_t before) {
+    for (const auto& r : reads_->take(before, std::chrono::hours(24))) feed(r.step, r.values[0]);
+  };
+  const std::int64_t index = step_index_++;
+  status_.committed = true;
+  status_.step = index;
+  if (!device_loss) {
+    if (!reads_->empty()) feed_rows(index);  // device losses still queued go first, in order
+    local_take_due_ = false;
+    feed(index, loss);
+    return status_;
+  }
+  reads_->push(index, *device_loss);
+  if (local_take_due_) {
+    feed_rows(index);  // prefetched one step ago: normally complete
+    local_take_due_ = false;
+  }
+  // The engine decides once it has been fed decide_every more losses: when that loss is queued,
+  // start its copy now and feed it at the next step.
+  if (engine_.steps_to_decision() <= static_cast<std::int64_t>(reads_->size())) {
+    reads_->prefetch();
+    local_take_due_ = true;
+  }
+  return status_;
+}
+
+bool controller::decision_point(std::int64_t committed) const {
+  return committed >= 0 && (engine_.decision_due(committed + 1) || options_.resize_schedule.count(committed + 1) > 0);
+}
+
+bool controller::read_due(std::int64_t committed) const {
+  return decision_point(committed) || decision_point(committed - 2);
+}
+
+void controller::read_reductions(std::int64_t committed) {
+  const bool deferred = comm_->asynchronous();
+  if (deferred && !read_due(committed)) return;
+  // Synchronous: everything up to this step's reduction. Asynchronous: up to the previous step's.
+  const auto rows = reads_->take(deferred ? committed : committed + 1, options_.fault_timeout());
+  if (!comm_->healthy()) throw dra::comm_error("the communicator failed while this step's reduction was in flight");
+  for (const auto& r : rows) {
+    const double count = r.values[1];
+    world_loss_known_ = count > 0;
+    world_loss_ = world_loss_known_ ? r.values[0] / count : kNaN;
+    if (world_loss_known_) engine_.observe(r.step, world_loss_);
+    if (r.values[2] > 0.5) decision_flag_ = true;
+  }
+  status_.loss = world_loss_;
+}
+
+const step_status& controller::skip_step() noexcept {
+  reduced_ = false;
+  if (reducer_) reducer_->cancel();
+  status_.committed = false;
+  status_.decided = false;
+  status_.event.clear();
+  return status_;
+}
+
+void controller::commit(const at::Tensor* device_loss, double loss, const step_signals& extra) {
+  const auto share = static_cast<double>(sampler_->share_range().size());
+  // A non-finite loss travels as such: the world's mean is then non-finite and the engine counts it.
+  *pending_loss_ = {};
+  if (device_loss) pending_loss_->loss = device_loss->detach();
+  pending_loss_->loss_value = loss;
+  pending_loss_->count = share;
+  const auto samples = sampler_->step_range().size();
+  sampler_->commit();
+  const std::int64_t committed = step_index_++;
+  apply_signals(extra);
+  samples_ += samples;
+  log_->status.committed(samples);
+  status_.committed = true;
+  status_.step = committed;
+  status_.loss = world_loss_;
+  if (comm_ && comm_->rank() == 0)
+    log_->status.maybe_print(step_index_, options_.status_every, world_loss_, world_size());
+}
+
+void controller::resume_at(std::int64_t step_index) {
+  if (step_index < 0) dra::detail::throw_invalid("step_index", "must be >= 0, got " + std::to_string(step_index));
+  if (step_index_ != 0 && step_index_ != step_index)
+    throw std::logic_error("dra: resume_at() after training started (step " + std::to_string(step_index_) +
+                           "); call it right after the controller is made, on every process");
+  step_index_ = step_index;
+}
+
+void controller::apply_signals(const step_signals& x) {
+  auto& est = engine_.estimator();
+  if (!std::isnan(x.small_sqr_norm)) est.update_gradients(x.small_sqr_norm, x.small_batch, x.big_sqr_norm, x.big_batch);
+  if (!std::isnan(x.validation)) est.update_validation(x.validation);
+  if (!std::isnan(x.step_time_s)) {
+    const auto& w = engine_.world();
+    engine_.throughput().observe(w.size, w.global_batch / std::max(w.size, 1), x.step_time_s,
+                                 std::isnan(x.sync_time_s) ? 0.0 : x.sync_time_s);
+  }
+}
+
+}  // namespace dra::elastic
