@@ -9,7 +9,7 @@ void bind_build(pybind11::module_& m);
 void bind_controller(pybind11::module_& m);
 void bind_elastic(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
-void bind_nccl(pybind11::module_& comm);             // into dra._core.comm
+void bind_nccl(pybind11::module_& comm);  // into dra._core.comm
 void bind_sim(pybind11::module_& m);
 void bind_testing(pybind11::module_& m);             // dra._core._testing
 void bind_bench(pybind11::module_& testing);         // into dra._core._testing

@@ -10,6 +10,7 @@ namespace py = pybind11;
 
 void dra::python::bind_comm(py::module_& m) {
   auto c = m.def_submodule("comm", "Communicator backends.");
-  c.def("backends", &dra::comm::backend_names, "Names of the registered backends (what Controller(backend=...) takes).");
+  c.def("backends", &dra::comm::backend_names,
+        "Names of the registered backends (what Controller(backend=...) takes).");
   bind_nccl(c);
 }

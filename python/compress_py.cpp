@@ -45,8 +45,10 @@ std::vector<tensor_ref> refs(const std::vector<py::array>& arrays) {
   for (std::size_t i = 0; i < arrays.size(); ++i) {
     const auto& a = arrays[i];
     if (!py::isinstance<py::array_t<float>>(a) || a.dtype().kind() != 'f' || a.itemsize() != 4)
-      dra::detail::throw_invalid("grads", "tensor " + std::to_string(i) + " is not float32; pass float32 arrays (tensor.numpy())");
-    if (!(a.flags() & py::array::c_style)) dra::detail::throw_invalid("grads", "tensor " + std::to_string(i) + " is not C-contiguous");
+      dra::detail::throw_invalid(
+          "grads", "tensor " + std::to_string(i) + " is not float32; pass float32 arrays (tensor.numpy())");
+    if (!(a.flags() & py::array::c_style))
+      dra::detail::throw_invalid("grads", "tensor " + std::to_string(i) + " is not C-contiguous");
     if (!a.writeable()) dra::detail::throw_invalid("grads", "tensor " + std::to_string(i) + " is read-only");
     tensor_ref r;
     r.data = static_cast<float*>(const_cast<void*>(a.data()));
@@ -70,45 +72,55 @@ dra::signals::training_phase phase_from(const std::string& name) {
 namespace dra::python {
 
 void bind_compress(py::module_& m) {
-  py::class_<gradient_codec>(m, "GradientCodec",
-                             "A gradient compression codec (make one with make_codec). reduce() turns a list of float32 "
-                             "arrays into their (approximate) mean over the world, in place.")
+  py::class_<gradient_codec>(
+      m, "GradientCodec",
+      "A gradient compression codec (make one with make_codec). reduce() turns a list of float32 "
+      "arrays into their (approximate) mean over the world, in place.")
       .def_property_readonly("name", &gradient_codec::name)
-      .def("reduce",
-           [](gradient_codec& c, const std::vector<py::array>& grads, py::object world) {
-             auto r = refs(grads);
-             py_collective coll(std::move(world));
-             c.reduce(r, coll);
-           },
-           py::arg("grads"), py::arg("world"))
-      .def_property_readonly("bytes_sent", [](const gradient_codec& c) { return c.bytes().sent; },
-                             "Bytes this rank handed to the collective (payload, before the transport's own framing).")
-      .def_property_readonly("bytes_dense", [](const gradient_codec& c) { return c.bytes().dense; },
-                             "Bytes an fp32 all-reduce of the same tensors would have handed over.")
+      .def(
+          "reduce",
+          [](gradient_codec& c, const std::vector<py::array>& grads, py::object world) {
+            auto r = refs(grads);
+            py_collective coll(std::move(world));
+            c.reduce(r, coll);
+          },
+          py::arg("grads"), py::arg("world"))
+      .def_property_readonly(
+          "bytes_sent", [](const gradient_codec& c) { return c.bytes().sent; },
+          "Bytes this rank handed to the collective (payload, before the transport's own framing).")
+      .def_property_readonly(
+          "bytes_dense", [](const gradient_codec& c) { return c.bytes().dense; },
+          "Bytes an fp32 all-reduce of the same tensors would have handed over.")
       .def("reset_bytes", &gradient_codec::reset_bytes)
       .def_property_readonly("steps", &gradient_codec::steps)
-      .def("save_state", [](const gradient_codec& c) {
-        const auto b = c.save_state();
-        return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
-      })
-      .def("load_state", [](gradient_codec& c, const py::bytes& b) {
-        const std::string s = b;
-        c.load_state(std::vector<std::uint8_t>(s.begin(), s.end()));
-      })
+      .def("save_state",
+           [](const gradient_codec& c) {
+             const auto b = c.save_state();
+             return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+           })
+      .def("load_state",
+           [](gradient_codec& c, const py::bytes& b) {
+             const std::string s = b;
+             c.load_state(std::vector<std::uint8_t>(s.begin(), s.end()));
+           })
       .def("clear_error_feedback", &gradient_codec::clear_error_feedback)
       .def("set_masks",
-           [](gradient_codec& c, const std::vector<py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>>& masks) {
+           [](gradient_codec& c,
+              const std::vector<py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>>& masks) {
              auto* mc = dynamic_cast<masked_codec*>(&c);
-             if (!mc) dra::detail::throw_invalid("codec", "set_masks needs the 'masked' codec, this is '" + c.name() + "'");
+             if (!mc)
+               dra::detail::throw_invalid("codec", "set_masks needs the 'masked' codec, this is '" + c.name() + "'");
              std::vector<std::vector<std::uint8_t>> v;
              for (const auto& a : masks) v.emplace_back(a.data(), a.data() + a.size());
              mc->set_masks(std::move(v));
            })
-      .def("set_rank", [](gradient_codec& c, int rank) {
-        auto* p = dynamic_cast<powersgd_codec*>(&c);
-        if (!p) dra::detail::throw_invalid("codec", "set_rank needs the 'powersgd' codec, this is '" + c.name() + "'");
-        p->set_rank(rank);
-      })
+      .def("set_rank",
+           [](gradient_codec& c, int rank) {
+             auto* p = dynamic_cast<powersgd_codec*>(&c);
+             if (!p)
+               dra::detail::throw_invalid("codec", "set_rank needs the 'powersgd' codec, this is '" + c.name() + "'");
+             p->set_rank(rank);
+           })
       .def_property_readonly("rank", [](const gradient_codec& c) {
         auto* p = dynamic_cast<const powersgd_codec*>(&c);
         return p ? p->rank() : 0;
@@ -119,7 +131,8 @@ void bind_compress(py::module_& m) {
 
   m.def(
       "rigl_update",
-      [](py::array_t<std::uint8_t, py::array::c_style> mask, py::array_t<float, py::array::c_style | py::array::forcecast> weights,
+      [](py::array_t<std::uint8_t, py::array::c_style> mask,
+         py::array_t<float, py::array::c_style | py::array::forcecast> weights,
          py::array_t<float, py::array::c_style | py::array::forcecast> grads, double sparsity, double update_fraction) {
         const auto n = static_cast<std::size_t>(weights.size());
         if (static_cast<std::size_t>(grads.size()) != n || static_cast<std::size_t>(mask.size()) != n)
@@ -139,7 +152,8 @@ void bind_compress(py::module_& m) {
         c.validate();
         return next_sparsity(c, current, phase_from(phase));
       },
-      py::arg("current"), py::arg("phase"), py::arg("max_sparsity") = 0.9, py::arg("step_up") = 0.2, py::arg("step_down") = 0.3);
+      py::arg("current"), py::arg("phase"), py::arg("max_sparsity") = 0.9, py::arg("step_up") = 0.2,
+      py::arg("step_down") = 0.3);
   m.def(
       "rank_for_noise_scale",
       [](double gns, bool valid, double global_batch, int min_rank, int max_rank) {

@@ -1,9 +1,13 @@
 // dra.Controller and dra.step: the controller of one process (include/dra/torch/elastic/
 // controller.hpp), its options (parsed once, here, with errors that name the option), the step
 // status every dra.step returns, and dra.step's fast path.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <climits>
@@ -12,12 +16,6 @@
 #include <map>
 #include <string>
 #include <vector>
-
-#include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/utils/pybind.h>
-
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
 #include "bindings.hpp"
 #include "dra/torch/elastic/controller.hpp"
@@ -32,11 +30,12 @@ namespace {
   throw py::value_error(option + ": " + problem);
 }
 
-std::string shown(py::handle v) { return py::repr(v).cast<std::string>() + " (" + std::string(py::str(py::type::handle_of(v).attr("__name__"))) + ")"; }
+std::string shown(py::handle v) {
+  return py::repr(v).cast<std::string>() + " (" + std::string(py::str(py::type::handle_of(v).attr("__name__"))) + ")";
+}
 
 long long as_int(py::handle v, const std::string& name, long long lo = 0, long long hi = INT_MAX) {
-  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
-    bad(name, "expected an integer, got " + shown(v));
+  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) bad(name, "expected an integer, got " + shown(v));
   long long out = 0;
   try {
     out = v.cast<long long>();
@@ -85,50 +84,94 @@ using setter = std::function<void(controller_options&, py::handle)>;
 const std::map<std::string, setter>& option_table() {
   static const std::map<std::string, setter> table = {
       {"policy", [](controller_options& o, py::handle v) { o.engine.policy = as_str(v, "policy"); }},
-      {"min_size", [](controller_options& o, py::handle v) { o.engine.limits.min_size = static_cast<int>(as_int(v, "min_size", 1)); }},
-      {"max_size", [](controller_options& o, py::handle v) { o.engine.limits.max_size = static_cast<int>(as_int(v, "max_size", 1)); }},
-      {"decide_every", [](controller_options& o, py::handle v) { o.engine.decide_every = as_int(v, "decide_every", 1, LLONG_MAX / 4); }},
-      {"resize_cost_s", [](controller_options& o, py::handle v) { o.engine.costs.resize_cost_s = as_float(v, "resize_cost_s"); }},
-      {"horizon_steps", [](controller_options& o, py::handle v) { o.engine.costs.horizon_steps = as_float(v, "horizon_steps"); }},
-      {"estimator", [](controller_options& o, py::handle v) { o.engine.estimator = as_section<dra::signals::estimator_config>(v, "estimator", "EstimatorConfig"); }},
-      {"throughput", [](controller_options& o, py::handle v) { o.engine.throughput = as_section<dra::policy::throughput_model_config>(v, "throughput", "ThroughputModelConfig"); }},
-      {"limits", [](controller_options& o, py::handle v) { o.engine.limits = as_section<dra::policy::constraints>(v, "limits", "Constraints"); }},
-      {"convergence", [](controller_options& o, py::handle v) { o.engine.convergence = as_section<dra::policy::convergence_phase_config>(v, "convergence", "ConvergencePhaseConfig"); }},
-      {"goodput", [](controller_options& o, py::handle v) { o.engine.goodput = as_section<dra::policy::goodput_config>(v, "goodput", "GoodputConfig"); }},
-      {"convergence_aware", [](controller_options& o, py::handle v) { o.engine.convergence_aware = as_section<dra::policy::convergence_aware_config>(v, "convergence_aware", "ConvergenceAwareConfig"); }},
-      {"energy", [](controller_options& o, py::handle v) { o.engine.energy = as_section<dra::policy::energy_policy_config>(v, "energy", "EnergyPolicyConfig"); }},
-      {"start_size", [](controller_options& o, py::handle v) { o.start_size = static_cast<int>(as_int(v, "start_size", 1)); }},
-      {"release", [](controller_options& o, py::handle v) {
+      {"min_size", [](controller_options& o,
+                      py::handle v) { o.engine.limits.min_size = static_cast<int>(as_int(v, "min_size", 1)); }},
+      {"max_size", [](controller_options& o,
+                      py::handle v) { o.engine.limits.max_size = static_cast<int>(as_int(v, "max_size", 1)); }},
+      {"decide_every", [](controller_options& o,
+                          py::handle v) { o.engine.decide_every = as_int(v, "decide_every", 1, LLONG_MAX / 4); }},
+      {"resize_cost_s",
+       [](controller_options& o, py::handle v) { o.engine.costs.resize_cost_s = as_float(v, "resize_cost_s"); }},
+      {"horizon_steps",
+       [](controller_options& o, py::handle v) { o.engine.costs.horizon_steps = as_float(v, "horizon_steps"); }},
+      {"estimator",
+       [](controller_options& o, py::handle v) {
+         o.engine.estimator = as_section<dra::signals::estimator_config>(v, "estimator", "EstimatorConfig");
+       }},
+      {"throughput",
+       [](controller_options& o, py::handle v) {
+         o.engine.throughput =
+             as_section<dra::policy::throughput_model_config>(v, "throughput", "ThroughputModelConfig");
+       }},
+      {"limits",
+       [](controller_options& o, py::handle v) {
+         o.engine.limits = as_section<dra::policy::constraints>(v, "limits", "Constraints");
+       }},
+      {"convergence",
+       [](controller_options& o, py::handle v) {
+         o.engine.convergence =
+             as_section<dra::policy::convergence_phase_config>(v, "convergence", "ConvergencePhaseConfig");
+       }},
+      {"goodput",
+       [](controller_options& o, py::handle v) {
+         o.engine.goodput = as_section<dra::policy::goodput_config>(v, "goodput", "GoodputConfig");
+       }},
+      {"convergence_aware",
+       [](controller_options& o, py::handle v) {
+         o.engine.convergence_aware =
+             as_section<dra::policy::convergence_aware_config>(v, "convergence_aware", "ConvergenceAwareConfig");
+       }},
+      {"energy",
+       [](controller_options& o, py::handle v) {
+         o.engine.energy = as_section<dra::policy::energy_policy_config>(v, "energy", "EnergyPolicyConfig");
+       }},
+      {"start_size",
+       [](controller_options& o, py::handle v) { o.start_size = static_cast<int>(as_int(v, "start_size", 1)); }},
+      {"release",
+       [](controller_options& o, py::handle v) {
          const auto s = as_str(v, "release");
          if (s != "standby" && s != "exit" && s != "return")
            bad("release", "must be 'standby', 'exit' or 'return', got '" + s + "'");
          o.release = s == "exit" ? release_mode::exit : s == "return" ? release_mode::to_caller : release_mode::standby;
        }},
-      {"batch_mode", [](controller_options& o, py::handle v) {
+      {"batch_mode",
+       [](controller_options& o, py::handle v) {
          const auto s = as_str(v, "batch_mode");
-         if (s != "fixed" && s != "adascale") bad("batch_mode", "must be 'fixed' (global batch kept) or 'adascale', got '" + s + "'");
+         if (s != "fixed" && s != "adascale")
+           bad("batch_mode", "must be 'fixed' (global batch kept) or 'adascale', got '" + s + "'");
          o.batch = s == "adascale" ? batch_mode::adascale : batch_mode::fixed;
        }},
-      {"resize_schedule", [](controller_options& o, py::handle v) {
+      {"resize_schedule",
+       [](controller_options& o, py::handle v) {
          if (!py::isinstance<py::dict>(v)) bad("resize_schedule", "expected a dict {step: size}, got " + shown(v));
          o.resize_schedule.clear();
          for (auto item : v.cast<py::dict>()) {
            // Keys may come from JSON as strings of digits.
            py::object step = py::reinterpret_borrow<py::object>(item.first);
            if (py::isinstance<py::str>(step)) step = py::module_::import("builtins").attr("int")(step);
-           o.resize_schedule[as_int(step, "resize_schedule", 1, LLONG_MAX / 4)] = static_cast<int>(as_int(item.second, "resize_schedule", 1));
+           o.resize_schedule[as_int(step, "resize_schedule", 1, LLONG_MAX / 4)] =
+               static_cast<int>(as_int(item.second, "resize_schedule", 1));
          }
        }},
-      {"fault_timeout_s", [](controller_options& o, py::handle v) { o.fault_timeout_s = as_float(v, "fault_timeout_s"); }},
-      {"store_timeout_s", [](controller_options& o, py::handle v) { o.store_timeout_s = as_float(v, "store_timeout_s"); }},
+      {"fault_timeout_s",
+       [](controller_options& o, py::handle v) { o.fault_timeout_s = as_float(v, "fault_timeout_s"); }},
+      {"store_timeout_s",
+       [](controller_options& o, py::handle v) { o.store_timeout_s = as_float(v, "store_timeout_s"); }},
       {"chunk_mb", [](controller_options& o, py::handle v) { o.chunk_mb = as_float(v, "chunk_mb"); }},
       {"verify", [](controller_options& o, py::handle v) { o.verify = as_bool(v, "verify"); }},
-      {"events_path", [](controller_options& o, py::handle v) { o.events_path = py::str(py::module_::import("os").attr("fspath")(v)); }},
-      {"status_every", [](controller_options& o, py::handle v) { o.status_every = as_int(v, "status_every", 0, LLONG_MAX / 4); }},
-      {"max_resize_retries", [](controller_options& o, py::handle v) { o.max_resize_retries = static_cast<int>(as_int(v, "max_resize_retries", 0, 1000)); }},
+      {"events_path", [](controller_options& o,
+                         py::handle v) { o.events_path = py::str(py::module_::import("os").attr("fspath")(v)); }},
+      {"status_every",
+       [](controller_options& o, py::handle v) { o.status_every = as_int(v, "status_every", 0, LLONG_MAX / 4); }},
+      {"max_resize_retries",
+       [](controller_options& o, py::handle v) {
+         o.max_resize_retries = static_cast<int>(as_int(v, "max_resize_retries", 0, 1000));
+       }},
       {"backend", [](controller_options& o, py::handle v) { o.backend = as_str(v, "backend"); }},
-      {"backend_address", [](controller_options& o, py::handle v) { o.backend_address = as_str(v, "backend_address"); }},
-      {"config_fingerprint", [](controller_options& o, py::handle v) { o.config_fingerprint = as_str(v, "config_fingerprint"); }},
+      {"backend_address",
+       [](controller_options& o, py::handle v) { o.backend_address = as_str(v, "backend_address"); }},
+      {"config_fingerprint",
+       [](controller_options& o, py::handle v) { o.config_fingerprint = as_str(v, "config_fingerprint"); }},
   };
   return table;
 }
@@ -137,8 +180,8 @@ controller_options parse_options(const py::kwargs& kwargs) {
   const auto& table = option_table();
   controller_options o;
   // Sections first, then the flat names that reach into them: `min_size=` wins over `limits=`'s.
-  static const char* const sections[] = {"estimator", "throughput", "limits", "convergence", "goodput",
-                                         "convergence_aware", "energy"};
+  static const char* const sections[] = {"estimator", "throughput",        "limits", "convergence",
+                                         "goodput",   "convergence_aware", "energy"};
   for (const char* section : sections)
     if (kwargs.contains(section) && !kwargs[section].is_none()) table.at(section)(o, kwargs[section]);
   for (auto item : kwargs) {
@@ -204,11 +247,11 @@ py::object event_dict(const std::string& line) {
 // else (elastic worlds, keywords, bad values) goes to the Python implementation
 // dra._controller._step_slow, which behaves identically.
 struct fast_step_target {
-  PyObject* slow = nullptr;      // dra._controller._step_slow (strong)
-  PyObject* warn = nullptr;      // dra._controller._warn_nonfinite(loss, step) (strong)
-  PyObject* owner = nullptr;     // keeps `ctl` alive (strong), or null: no fast path
+  PyObject* slow = nullptr;   // dra._controller._step_slow (strong)
+  PyObject* warn = nullptr;   // dra._controller._warn_nonfinite(loss, step) (strong)
+  PyObject* owner = nullptr;  // keeps `ctl` alive (strong), or null: no fast path
   controller* ctl = nullptr;
-  PyObject* status = nullptr;    // returned by every fast step (strong)
+  PyObject* status = nullptr;  // returned by every fast step (strong)
 };
 fast_step_target g_step;
 
@@ -295,21 +338,29 @@ PyMethodDef fast_step_def = {
 }  // namespace
 
 void dra::python::bind_controller(py::module_& m) {
-  py::class_<controller_options>(m, "Options",
-                                 "The options of a dra.Controller, parsed and validated once (ValueError names the option).")
+  py::class_<controller_options>(
+      m, "Options", "The options of a dra.Controller, parsed and validated once (ValueError names the option).")
       .def(py::init(&parse_options), "Options(**options): unknown names and bad values raise ValueError.")
-      .def_static("names", [] {
-        std::vector<std::string> out;
-        for (const auto& [n, _] : option_table())
-          if (n != "config_fingerprint") out.push_back(n);
-        return out;
-      }, "The option names dra.Controller takes.")
+      .def_static(
+          "names",
+          [] {
+            std::vector<std::string> out;
+            for (const auto& [n, _] : option_table())
+              if (n != "config_fingerprint") out.push_back(n);
+            return out;
+          },
+          "The option names dra.Controller takes.")
       .def_readonly("engine", &controller_options::engine)
       .def_readonly("start_size", &controller_options::start_size)
-      .def_property_readonly("release", [](const controller_options& o) -> py::object {
-        return o.release ? py::object(py::str(to_string(*o.release))) : py::object(py::none());
-      }, "'standby', 'exit' or 'return'; None: exit on a GPU backend (NCCL), else standby.")
-      .def_property_readonly("batch_mode", [](const controller_options& o) { return o.batch == batch_mode::adascale ? "adascale" : "fixed"; })
+      .def_property_readonly(
+          "release",
+          [](const controller_options& o) -> py::object {
+            return o.release ? py::object(py::str(to_string(*o.release))) : py::object(py::none());
+          },
+          "'standby', 'exit' or 'return'; None: exit on a GPU backend (NCCL), else standby.")
+      .def_property_readonly(
+          "batch_mode",
+          [](const controller_options& o) { return o.batch == batch_mode::adascale ? "adascale" : "fixed"; })
       .def_readonly("resize_schedule", &controller_options::resize_schedule)
       .def_readonly("fault_timeout_s", &controller_options::fault_timeout_s)
       .def_readonly("store_timeout_s", &controller_options::store_timeout_s)
@@ -321,51 +372,62 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("backend", &controller_options::backend)
       .def_readonly("backend_address", &controller_options::backend_address);
 
-  py::class_<dra::elastic::step_status>(m, "StepStatus",
-                          "What dra.step returns, in one process and in an elastic world alike: the controller's "
-                          "status after the step (the same object every step: copy with to_dict()).")
-      .def_readonly("step", &dra::elastic::step_status::step, "Index of the latest committed step (-1 before the first).")
-      .def_readonly("committed", &dra::elastic::step_status::committed, "This call committed a step (its update applied everywhere).")
-      .def_readonly("loss", &dra::elastic::step_status::loss, "The world's mean loss of the latest step (an elastic world learns it one step late).")
+  py::class_<dra::elastic::step_status>(
+      m, "StepStatus",
+      "What dra.step returns, in one process and in an elastic world alike: the controller's "
+      "status after the step (the same object every step: copy with to_dict()).")
+      .def_readonly("step", &dra::elastic::step_status::step,
+                    "Index of the latest committed step (-1 before the first).")
+      .def_readonly("committed", &dra::elastic::step_status::committed,
+                    "This call committed a step (its update applied everywhere).")
+      .def_readonly("loss", &dra::elastic::step_status::loss,
+                    "The world's mean loss of the latest step (an elastic world learns it one step late).")
       .def_readonly("world_size", &dra::elastic::step_status::world_size)
       .def_readonly("rank", &dra::elastic::step_status::rank, "This process's rank in the world now (-1 outside it).")
       .def_readonly("epoch", &dra::elastic::step_status::epoch, "The world epoch (-1 outside a world).")
       .def_readonly("decided", &dra::elastic::step_status::decided, "A decision was taken at this step.")
       .def_readonly("decision", &dra::elastic::step_status::decision, "The latest decision.")
-      .def_property_readonly("signals", [](const dra::elastic::step_status& s) -> const dra::signals::convergence_signals& { return *s.signals; },
-                             py::return_value_policy::reference_internal, "The controller's convergence signals now.")
-      .def_property_readonly("event", [](const dra::elastic::step_status& s) { return event_dict(s.event); },
-                             "The world change at this step boundary (a dict), or None.")
+      .def_property_readonly(
+          "signals",
+          [](const dra::elastic::step_status& s) -> const dra::signals::convergence_signals& { return *s.signals; },
+          py::return_value_policy::reference_internal, "The controller's convergence signals now.")
+      .def_property_readonly(
+          "event", [](const dra::elastic::step_status& s) { return event_dict(s.event); },
+          "The world change at this step boundary (a dict), or None.")
       .def_readonly("exit_requested", &dra::elastic::step_status::exit_requested)
       .def_readonly("released", &dra::elastic::step_status::released,
                     "Released with release='return': out of the world until Controller.rejoin().")
-      .def("to_dict", [](const dra::elastic::step_status& s) {
-        py::dict d;
-        d["step"] = s.step;
-        d["committed"] = s.committed;
-        d["loss"] = s.loss;
-        d["world_size"] = s.world_size;
-        d["rank"] = s.rank;
-        d["epoch"] = s.epoch;
-        d["decided"] = s.decided;
-        d["decision"] = py::cast(s.decision).attr("to_dict")();
-        d["signals"] = py::cast(*s.signals).attr("to_dict")();
-        d["event"] = event_dict(s.event);
-        return d;
-      })
+      .def("to_dict",
+           [](const dra::elastic::step_status& s) {
+             py::dict d;
+             d["step"] = s.step;
+             d["committed"] = s.committed;
+             d["loss"] = s.loss;
+             d["world_size"] = s.world_size;
+             d["rank"] = s.rank;
+             d["epoch"] = s.epoch;
+             d["decided"] = s.decided;
+             d["decision"] = py::cast(s.decision).attr("to_dict")();
+             d["signals"] = py::cast(*s.signals).attr("to_dict")();
+             d["event"] = event_dict(s.event);
+             return d;
+           })
       .def("__repr__", [](const dra::elastic::step_status& s) {
-        return "<StepStatus step=" + std::to_string(s.step) + " world=" + std::to_string(s.world_size) + " phase=" +
-               dra::signals::to_string(s.signals->phase) + " decision=" + dra::policy::to_string(s.decision.kind) + ">";
+        return "<StepStatus step=" + std::to_string(s.step) + " world=" + std::to_string(s.world_size) +
+               " phase=" + dra::signals::to_string(s.signals->phase) +
+               " decision=" + dra::policy::to_string(s.decision.kind) + ">";
       });
 
   // Every call that may block on the store or a collective, or tear a process group down, runs
   // without the GIL: c10d's Gloo threads take the GIL when they release tensors, so holding it
   // there deadlocks (~ProcessGroupGloo waits for them). Callbacks into Python re-acquire it.
   using nogil = py::call_guard<py::gil_scoped_release>;
-  py::class_<controller, controller_ptr>(m, "Controller", "The controller of one process (C++); dra.Controller extends it.")
+  py::class_<controller, controller_ptr>(m, "Controller",
+                                         "The controller of one process (C++); dra.Controller extends it.")
       .def(py::init([](const controller_options& o) { return controller_ptr(new controller(o)); }), py::arg("options"))
-      .def(py::init([](controller_options o, std::shared_ptr<state_provider> state, std::shared_ptr<elastic_sampler> sampler,
-                       py::object store_address, py::object join, py::object phase_hook) {
+      .def(py::init([](controller_options o, std::shared_ptr<state_provider> state,
+                       std::shared_ptr<elastic_sampler> sampler, py::object store_address, py::object join,
+                       py::object phase_hook) {
              if (!phase_hook.is_none()) {
                // Held by the options (the controller's lifetime), called with the GIL; the
                // controller may be destroyed without it, so the reference is dropped under it.
@@ -375,7 +437,8 @@ void dra::python::bind_controller(py::module_& m) {
                });
                o.phase_hook = [hook](change_phase phase, const controller& self) {
                  py::gil_scoped_acquire gil;
-                 (*hook)(py::cast(const_cast<controller*>(&self), py::return_value_policy::reference), to_string(phase));
+                 (*hook)(py::cast(const_cast<controller*>(&self), py::return_value_policy::reference),
+                         to_string(phase));
                };
              }
              launch_info l = launch_info::from_env();
@@ -392,8 +455,8 @@ void dra::python::bind_controller(py::module_& m) {
              py::gil_scoped_release nogil;
              return controller_ptr(new controller(std::move(o), std::move(l), std::move(state), std::move(sampler)));
            }),
-           py::arg("options"), py::arg("state"), py::arg("sampler"), py::kw_only(), py::arg("store_address") = py::none(),
-           py::arg("join") = py::none(), py::arg("phase_hook") = py::none())
+           py::arg("options"), py::arg("state"), py::arg("sampler"), py::kw_only(),
+           py::arg("store_address") = py::none(), py::arg("join") = py::none(), py::arg("phase_hook") = py::none())
       .def("reduce_gradients", &controller::reduce_gradients, py::arg("params"), nogil(),
            "After backward: averages the gradients over the step's global batch (False: the step failed).")
       .def("_begin_reduction", &controller::begin_reduction, py::arg("params"), nogil(),
@@ -414,13 +477,16 @@ void dra::python::bind_controller(py::module_& m) {
           "The C++ step with a 0-d tensor loss (a CUDA loss is read only where a decision needs it).")
       .def_property_readonly("nonfinite_started", &controller::nonfinite_started,
                              "A streak of non-finite losses started in the latest step (device losses: when read).")
-      .def_property_readonly("device_reads", [](const controller& c) {
-        const auto r = c.device_reads();
-        py::dict d;
-        d["reads"] = r.reads;
-        d["blocking_waits"] = r.blocking_waits;
-        return d;
-      }, "Host reads of device values (decision steps only) and how many had to wait for the device.")
+      .def_property_readonly(
+          "device_reads",
+          [](const controller& c) {
+            const auto r = c.device_reads();
+            py::dict d;
+            d["reads"] = r.reads;
+            d["blocking_waits"] = r.blocking_waits;
+            return d;
+          },
+          "Host reads of device values (decision steps only) and how many had to wait for the device.")
       .def(
           "_step",
           [](controller& c, double loss, const py::kwargs& signals) -> const dra::elastic::step_status& {
@@ -434,20 +500,25 @@ void dra::python::bind_controller(py::module_& m) {
       .def("_skip_step", &controller::skip_step, py::return_value_policy::reference_internal,
            "A stale batch's step: neither reduced nor committed.")
       .def("resume_at", &controller::resume_at, py::arg("step_index"),
-           "Restarting a whole job from a checkpoint: the committed steps it had (every process, before the first step).")
+           "Restarting a whole job from a checkpoint: the committed steps it had (every process, before the first "
+           "step).")
       .def("rejoin", &controller::rejoin, nogil(),
            "A process released with release='return' asks to be admitted again; waits until it is (True) or the "
            "job ends (False).")
       .def("try_join", &controller::try_join, nogil(),
            "rejoin() without waiting: True once admitted, False while waiting or when the job has ended.")
       .def("next_epoch", &controller::next_epoch, py::arg("num_epochs"), nogil())
-      .def("finish", &controller::finish, nogil(), "End of training: members meet once more, the leader tells standbys to go.")
-      .def_property_readonly("role", [](const controller& c) { return std::string(to_string(c.current_role())); },
-                             "'local', 'candidate', 'member', 'released', 'finished' or 'rejected'.")
+      .def("finish", &controller::finish, nogil(),
+           "End of training: members meet once more, the leader tells standbys to go.")
+      .def_property_readonly(
+          "role", [](const controller& c) { return std::string(to_string(c.current_role())); },
+          "'local', 'candidate', 'member', 'released', 'finished' or 'rejected'.")
       .def_property_readonly("is_member", &controller::is_member, "Takes part in training now (always true alone).")
       .def_property_readonly("failed", &controller::failed, "The current step's reduction failed: it will be redone.")
-      .def_property_readonly("uid", &controller::uid, "The process's id for the job's life (RANK at launch, 10000+ for late joiners).")
-      .def_property_readonly("rank", &controller::rank, "The rank in the world now (changes with resizes; -1 outside it).")
+      .def_property_readonly("uid", &controller::uid,
+                             "The process's id for the job's life (RANK at launch, 10000+ for late joiners).")
+      .def_property_readonly("rank", &controller::rank,
+                             "The rank in the world now (changes with resizes; -1 outside it).")
       .def_property_readonly("world_size", &controller::world_size)
       .def_property_readonly("epoch", &controller::epoch, "The world epoch (a new one after every change).")
       .def_property_readonly("step_index", &controller::step_index, "Committed steps so far.")
@@ -460,19 +531,24 @@ void dra::python::bind_controller(py::module_& m) {
       .def_property_readonly("status", &controller::status, py::return_value_policy::reference_internal)
       .def_property_readonly("options", &controller::options, py::return_value_policy::reference_internal)
       .def_property_readonly("last_event", [](const controller& c) { return event_dict(c.last_event()); })
-      .def_property_readonly("events", [](const controller& c) {
-        py::list out;
-        for (const auto& line : c.events()) out.append(event_dict(line));
-        return out;
-      }, "Every event this process emitted (dicts), oldest first.")
+      .def_property_readonly(
+          "events",
+          [](const controller& c) {
+            py::list out;
+            for (const auto& line : c.events()) out.append(event_dict(line));
+            return out;
+          },
+          "Every event this process emitted (dicts), oldest first.")
       .def_property_readonly("store_address", &controller::store_address)
       .def("registered_candidates", &controller::registered_candidates, nogil())
       .def("state_digest", &controller::state_digest, nogil())
       .def_property_readonly("engine", &controller::engine, py::return_value_policy::reference_internal)
-      .def_property_readonly("signals", [](controller& c) -> const dra::signals::convergence_signals& { return c.engine().signals(); },
-                             py::return_value_policy::reference_internal);
+      .def_property_readonly(
+          "signals", [](controller& c) -> const dra::signals::convergence_signals& { return c.engine().signals(); },
+          py::return_value_policy::reference_internal);
 
-  m.add_object("step", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&fast_step_def, nullptr, m.attr("__name__").ptr())));
+  m.add_object("step",
+               py::reinterpret_steal<py::object>(PyCFunction_NewEx(&fast_step_def, nullptr, m.attr("__name__").ptr())));
   m.def(
       "_set_step_target",
       [](py::object slow, py::object warn, py::object ctl) {

@@ -1,17 +1,15 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "bindings.hpp"
 #include "dra/elastic/sampler.hpp"
 #include "dra/torch/elastic/state.hpp"
-
-#include <torch/csrc/utils/pybind.h>
-
-#include <map>
-#include <tuple>
 
 namespace py = pybind11;
 using namespace dra::elastic;
@@ -75,13 +73,17 @@ py::array_t<std::int64_t> to_array(const std::vector<std::int64_t>& v) {
 }  // namespace
 
 static void bind_sampler_and_state(py::module_& e) {
-  py::class_<elastic_sampler, std::shared_ptr<elastic_sampler>>(e, "Sampler",
-                                                                "Exactly-once sample order over a changing world (C++).")
+  py::class_<elastic_sampler, std::shared_ptr<elastic_sampler>>(
+      e, "Sampler", "Exactly-once sample order over a changing world (C++).")
       .def(py::init<std::int64_t, std::int64_t, std::uint64_t, bool, bool>(), py::arg("dataset_size"),
            py::arg("global_batch"), py::arg("seed") = 0, py::arg("drop_last") = false, py::arg("shuffle") = true)
       .def_property_readonly("shuffle", &elastic_sampler::shuffle)
-      .def("indices_at", [](elastic_sampler& s, std::int64_t cursor, int world, int rank) { return to_array(s.indices_at(cursor, world, rank)); },
-           py::arg("cursor"), py::arg("world"), py::arg("rank"), "A rank's sample ids for the step starting at cursor.")
+      .def(
+          "indices_at",
+          [](elastic_sampler& s, std::int64_t cursor, int world, int rank) {
+            return to_array(s.indices_at(cursor, world, rank));
+          },
+          py::arg("cursor"), py::arg("world"), py::arg("rank"), "A rank's sample ids for the step starting at cursor.")
       .def_property_readonly("dataset_size", &elastic_sampler::dataset_size)
       .def_property("global_batch", &elastic_sampler::global_batch, &elastic_sampler::set_global_batch)
       .def_property_readonly("seed", &elastic_sampler::seed)
@@ -93,38 +95,53 @@ static void bind_sampler_and_state(py::module_& e) {
       .def_property_readonly("epoch_size", &elastic_sampler::epoch_size)
       .def_property_readonly("exhausted", &elastic_sampler::exhausted)
       .def_property_readonly("steps_left", &elastic_sampler::steps_left)
-      .def("step_range", [](const elastic_sampler& s) { const auto r = s.step_range(); return py::make_tuple(r.begin, r.end); })
-      .def("share_range", [](const elastic_sampler& s) { const auto r = s.share_range(); return py::make_tuple(r.begin, r.end); })
+      .def("step_range",
+           [](const elastic_sampler& s) {
+             const auto r = s.step_range();
+             return py::make_tuple(r.begin, r.end);
+           })
+      .def("share_range",
+           [](const elastic_sampler& s) {
+             const auto r = s.share_range();
+             return py::make_tuple(r.begin, r.end);
+           })
       .def("order", [](elastic_sampler& s) { return to_array(s.order()); })
       .def("indices", [](elastic_sampler& s) { return to_array(s.indices()); })
       .def("step_indices", [](elastic_sampler& s) { return to_array(s.step_indices()); })
       .def("set_world", &elastic_sampler::set_world, py::arg("world"), py::arg("rank"))
       .def("commit", &elastic_sampler::commit)
       .def("next_epoch", &elastic_sampler::next_epoch)
-      .def("position", [](const elastic_sampler& s) {
-        const auto p = s.position();
-        return py::dict(py::arg("epoch") = p.epoch, py::arg("cursor") = p.cursor, py::arg("global_batch") = p.global_batch,
-                        py::arg("seed") = p.seed);
-      })
-      .def("set_position", [](elastic_sampler& s, std::int64_t epoch, std::int64_t cursor, std::int64_t global_batch,
-                              std::uint64_t seed) { s.set_position({epoch, cursor, global_batch, seed}); },
-           py::arg("epoch"), py::arg("cursor"), py::arg("global_batch"), py::arg("seed"));
+      .def("position",
+           [](const elastic_sampler& s) {
+             const auto p = s.position();
+             return py::dict(py::arg("epoch") = p.epoch, py::arg("cursor") = p.cursor,
+                             py::arg("global_batch") = p.global_batch, py::arg("seed") = p.seed);
+           })
+      .def(
+          "set_position",
+          [](elastic_sampler& s, std::int64_t epoch, std::int64_t cursor, std::int64_t global_batch,
+             std::uint64_t seed) { s.set_position({epoch, cursor, global_batch, seed}); },
+          py::arg("epoch"), py::arg("cursor"), py::arg("global_batch"), py::arg("seed"));
 
   py::class_<state_provider, py_state_provider, std::shared_ptr<state_provider>>(
-      e, "StateProvider", "Base of a state provider written in Python (signature, collect, prepare, load, scale_learning_rate).")
+      e, "StateProvider",
+      "Base of a state provider written in Python (signature, collect, prepare, load, scale_learning_rate).")
       .def(py::init<>());
 
-  e.def("signature_mismatch", [](const std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::string>>& a,
-                                 const std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::string>>& b) -> py::object {
-    auto conv = [](const auto& v) {
-      std::vector<tensor_spec> out;
-      for (const auto& [n, s, d] : v) out.push_back({n, s, d});
-      return out;
-    };
-    const auto r = signature_mismatch(conv(a), conv(b));
-    if (r.empty()) return py::none();
-    return py::str(r);
-  }, py::arg("world"), py::arg("joiner"), "First difference between two model signatures, or None.");
+  e.def(
+      "signature_mismatch",
+      [](const std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::string>>& a,
+         const std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::string>>& b) -> py::object {
+        auto conv = [](const auto& v) {
+          std::vector<tensor_spec> out;
+          for (const auto& [n, s, d] : v) out.push_back({n, s, d});
+          return out;
+        };
+        const auto r = signature_mismatch(conv(a), conv(b));
+        if (r.empty()) return py::none();
+        return py::str(r);
+      },
+      py::arg("world"), py::arg("joiner"), "First difference between two model signatures, or None.");
 }
 
 // The elastic world's data and state pieces that Python builds on (the controller itself is bound
@@ -133,4 +150,3 @@ void dra::python::bind_elastic(py::module_& m) {
   auto e = m.def_submodule("elastic", "The exactly-once sampler and the state provider of the elastic world.");
   bind_sampler_and_state(e);
 }
-

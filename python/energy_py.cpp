@@ -5,11 +5,11 @@
 #include <chrono>
 
 #include "bindings.hpp"
-#include "kwargs_init.hpp"
 #include "dra/energy/energy.hpp"
-#include "dra/engine.hpp"
 #include "dra/energy/readers.hpp"
+#include "dra/engine.hpp"
 #include "dra/policy/energy_policies.hpp"
+#include "kwargs_init.hpp"
 
 namespace py = pybind11;
 using namespace dra::energy;
@@ -30,8 +30,9 @@ struct py_meter {
 energy_objective_kind objective_from(const std::string& name) {
   energy_objective_kind kind{};
   if (!energy_objective_named(name, &kind))
-    dra::detail::throw_invalid("kind", "unknown objective '" + name +
-                                           "'; use 'min_energy_deadline', 'energy_delay', 'zeus_cost' or 'energy_budget'");
+    dra::detail::throw_invalid(
+        "kind",
+        "unknown objective '" + name + "'; use 'min_energy_deadline', 'energy_delay', 'zeus_cost' or 'energy_budget'");
   return kind;
 }
 }  // namespace
@@ -52,8 +53,8 @@ void bind_energy(py::module_& m) {
   py::class_<py_meter>(m, "EnergyMeter",
                        "Per-step and per-job energy: NVML where a GPU counter can be read, RAPL where present, else "
                        "CPU-seconds x watts_per_core (estimated). `notes` says why a better reader was not used.")
-      .def(py::init([](const std::string& nvml_library, const std::string& rapl_root, double watts_per_core, bool try_nvml,
-                       bool try_rapl) {
+      .def(py::init([](const std::string& nvml_library, const std::string& rapl_root, double watts_per_core,
+                       bool try_nvml, bool try_rapl) {
              detect_options o;
              o.nvml_library = nvml_library;
              o.rapl_root = rapl_root;
@@ -71,13 +72,15 @@ void bind_energy(py::module_& m) {
            }),
            py::arg("nvml_library") = "libnvidia-ml.so.1", py::arg("rapl_root") = "/sys/class/powercap",
            py::arg("watts_per_core") = 10.0, py::arg("try_nvml") = true, py::arg("try_rapl") = true)
-      .def("mark", [](py_meter& self) { return self.meter->mark(monotonic_s()); },
-           "Closes the current step now and returns its energy.")
+      .def(
+          "mark", [](py_meter& self) { return self.meter->mark(monotonic_s()); },
+          "Closes the current step now and returns its energy.")
       .def("restart", [](py_meter& self) { self.meter->start(monotonic_s()); })
       .def_property_readonly("last_step", [](const py_meter& self) { return self.meter->last_step(); })
       .def_property_readonly("job", [](const py_meter& self) { return self.meter->job(); })
       .def_property_readonly("steps", [](const py_meter& self) { return self.meter->steps(); })
-      .def_property_readonly("source", [](const py_meter& self) { return std::string(to_string(self.meter->source())); })
+      .def_property_readonly("source",
+                             [](const py_meter& self) { return std::string(to_string(self.meter->source())); })
       .def_readonly("reader", &py_meter::reader_name)
       .def_readonly("scope", &py_meter::scope)
       .def_readonly("notes", &py_meter::notes);
@@ -85,9 +88,10 @@ void bind_energy(py::module_& m) {
   m.def("process_cpu_seconds", &process_cpu_seconds, "Busy CPU seconds of this process and its waited-for children.");
 
   py::class_<knob_setting>(m, "KnobSetting", "A point of the energy policies' knob space.")
-      .def(py::init([](int world_size, double global_batch, double sparsity, int compression_rank, double power_limit_w) {
-             return knob_setting{world_size, global_batch, sparsity, compression_rank, power_limit_w};
-           }),
+      .def(py::init(
+               [](int world_size, double global_batch, double sparsity, int compression_rank, double power_limit_w) {
+                 return knob_setting{world_size, global_batch, sparsity, compression_rank, power_limit_w};
+               }),
            py::arg("world_size") = 1, py::arg("global_batch") = 0.0, py::arg("sparsity") = 0.0,
            py::arg("compression_rank") = 0, py::arg("power_limit_w") = 0.0)
       .def_readwrite("world_size", &knob_setting::world_size)
@@ -109,13 +113,17 @@ void bind_energy(py::module_& m) {
       .def_readonly("eta", &energy_objective::eta)
       .def_readonly("deadline_s", &energy_objective::deadline_s)
       .def_readonly("budget_j", &energy_objective::budget_j)
-      .def("zeus_cost", [](const energy_objective& o, double energy_j, double time_s, double max_power_w) {
-        return o.zeus_cost({time_s, energy_j, max_power_w, true});
-      }, py::arg("energy_j"), py::arg("time_s"), py::arg("max_power_w"));
+      .def(
+          "zeus_cost",
+          [](const energy_objective& o, double energy_j, double time_s, double max_power_w) {
+            return o.zeus_cost({time_s, energy_j, max_power_w, true});
+          },
+          py::arg("energy_j"), py::arg("time_s"), py::arg("max_power_w"));
 
-  py::class_<energy_policy_config> pcfg(m, "EnergyPolicyConfig",
-                                       "Settings of the energy policies (EngineConfig.energy); the objective's kind comes "
-                                       "from EngineConfig.policy.");
+  py::class_<energy_policy_config> pcfg(
+      m, "EnergyPolicyConfig",
+      "Settings of the energy policies (EngineConfig.energy); the objective's kind comes "
+      "from EngineConfig.policy.");
   def_kwargs_init<energy_policy_config>(pcfg);
   pcfg.def_readwrite("objective", &energy_policy_config::objective)
       .def_readwrite("watts_per_device", &energy_policy_config::watts_per_device)
@@ -143,11 +151,13 @@ void bind_energy(py::module_& m) {
       "choose_setting",
       [](const energy_objective& obj, const std::vector<knob_setting>& candidates, const std::vector<double>& time_s,
          const std::vector<double>& energy_j, const std::vector<double>& max_power_w) {
-        if (time_s.size() != candidates.size() || energy_j.size() != candidates.size() || max_power_w.size() != candidates.size())
+        if (time_s.size() != candidates.size() || energy_j.size() != candidates.size() ||
+            max_power_w.size() != candidates.size())
           dra::detail::throw_invalid("predictions", "time_s, energy_j and max_power_w need one value per candidate (" +
                                                         std::to_string(candidates.size()) + ")");
         std::vector<energy_prediction> preds;
-        for (std::size_t i = 0; i < candidates.size(); ++i) preds.push_back({time_s[i], energy_j[i], max_power_w[i], true});
+        for (std::size_t i = 0; i < candidates.size(); ++i)
+          preds.push_back({time_s[i], energy_j[i], max_power_w[i], true});
         return choose_setting(obj, candidates, preds);
       },
       py::arg("objective"), py::arg("candidates"), py::arg("time_s"), py::arg("energy_j"), py::arg("max_power_w"),

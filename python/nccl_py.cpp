@@ -15,8 +15,8 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "dra/torch/comm/nccl.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/comm/nccl.hpp"
 #endif
 
 namespace py = pybind11;

@@ -44,8 +44,9 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("device_price", &capacity::device_price);
   py::class_<cost_model>(m, "CostModel", "Measured resize cost and the horizon a resize must pay back over.")
       .def(py::init<>())
-      .def(py::init([](double resize_cost_s, double horizon_steps) { return cost_model{resize_cost_s, horizon_steps}; }),
-           py::arg("resize_cost_s"), py::arg("horizon_steps") = 500.0)
+      .def(
+          py::init([](double resize_cost_s, double horizon_steps) { return cost_model{resize_cost_s, horizon_steps}; }),
+          py::arg("resize_cost_s"), py::arg("horizon_steps") = 500.0)
       .def_readwrite("resize_cost_s", &cost_model::resize_cost_s)
       .def_readwrite("horizon_steps", &cost_model::horizon_steps);
 
@@ -63,14 +64,17 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readonly("policy", &decision::policy)
       .def("to_dict", &decision_to_dict)
       .def("__repr__", [](const decision& d) {
-        return "<Decision " + std::string(to_string(d.kind)) + " -> " + std::to_string(d.target_size) + ": " + d.reason + ">";
+        return "<Decision " + std::string(to_string(d.kind)) + " -> " + std::to_string(d.target_size) + ": " +
+               d.reason + ">";
       });
 
-  py::class_<throughput_predictor>(m, "ThroughputPredictor", "Predicts seconds per step for a world size and per-rank batch.")
+  py::class_<throughput_predictor>(m, "ThroughputPredictor",
+                                   "Predicts seconds per step for a world size and per-rank batch.")
       .def("step_time_s", &throughput_predictor::step_time_s, py::arg("world_size"), py::arg("per_rank_batch"))
       .def("throughput", &throughput_predictor::throughput, py::arg("world_size"), py::arg("per_rank_batch"));
 
-  py::class_<throughput_model_config> tcfg(m, "ThroughputModelConfig", "Priors and settings of the online throughput model.");
+  py::class_<throughput_model_config> tcfg(m, "ThroughputModelConfig",
+                                           "Priors and settings of the online throughput model.");
   def_kwargs_init<throughput_model_config>(tcfg);
   tcfg.def_readwrite("gamma", &throughput_model_config::gamma)
       .def_readwrite("prior_compute_fixed_s", &throughput_model_config::prior_compute_fixed_s)
@@ -82,19 +86,22 @@ void dra::python::bind_policy(py::module_& m) {
       .def("validate", &throughput_model_config::validate);
   py::class_<throughput_model, throughput_predictor>(m, "ThroughputModel",
                                                      "Pollux throughput model fitted online from measured steps.")
-      .def(py::init<throughput_model_config>(), py::arg_v("config", throughput_model_config{}, "ThroughputModelConfig()"))
-      .def("observe", &throughput_model::observe, py::arg("world_size"), py::arg("per_rank_batch"), py::arg("step_time_s"),
-           py::arg("sync_time_s"))
+      .def(py::init<throughput_model_config>(),
+           py::arg_v("config", throughput_model_config{}, "ThroughputModelConfig()"))
+      .def("observe", &throughput_model::observe, py::arg("world_size"), py::arg("per_rank_batch"),
+           py::arg("step_time_s"), py::arg("sync_time_s"))
       .def("compute_time_s", &throughput_model::compute_time_s, py::arg("per_rank_batch"))
       .def("sync_time_s", &throughput_model::sync_time_s, py::arg("world_size"))
       .def_property_readonly("observations", &throughput_model::observations);
 
-  m.def("statistical_efficiency", &statistical_efficiency, py::arg("noise_scale"), py::arg("valid"), py::arg("global_batch"),
-        py::arg("base_batch"), "(B + M0) / (B + M): efficiency of global batch M relative to M0.");
-  m.def("adascale_gain", &adascale_gain, py::arg("noise_scale"), py::arg("valid"), py::arg("global_batch"), py::arg("base_batch"),
-        "AdaScale learning-rate gain for global batch M.");
+  m.def("statistical_efficiency", &statistical_efficiency, py::arg("noise_scale"), py::arg("valid"),
+        py::arg("global_batch"), py::arg("base_batch"),
+        "(B + M0) / (B + M): efficiency of global batch M relative to M0.");
+  m.def("adascale_gain", &adascale_gain, py::arg("noise_scale"), py::arg("valid"), py::arg("global_batch"),
+        py::arg("base_batch"), "AdaScale learning-rate gain for global batch M.");
 
-  py::class_<dra::policy::policy, std::shared_ptr<dra::policy::policy>>(m, "Policy", "A resize policy (wrap it in ConstrainedPolicy to decide).")
+  py::class_<dra::policy::policy, std::shared_ptr<dra::policy::policy>>(
+      m, "Policy", "A resize policy (wrap it in ConstrainedPolicy to decide).")
       .def_property_readonly("name", &dra::policy::policy::name);
   py::class_<goodput_config> gcfg(m, "GoodputConfig", "Settings of the goodput policy.");
   def_kwargs_init<goodput_config>(gcfg);
@@ -113,8 +120,10 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("plateau_size", &convergence_phase_config::plateau_size)
       .def("validate", &convergence_phase_config::validate);
   py::class_<convergence_phase_policy, dra::policy::policy, std::shared_ptr<convergence_phase_policy>>(
-      m, "ConvergencePhasePolicy", "Grow while learning is fast and scaling efficient; release on plateau; hold otherwise.")
-      .def(py::init<convergence_phase_config>(), py::arg_v("config", convergence_phase_config{}, "ConvergencePhaseConfig()"));
+      m, "ConvergencePhasePolicy",
+      "Grow while learning is fast and scaling efficient; release on plateau; hold otherwise.")
+      .def(py::init<convergence_phase_config>(),
+           py::arg_v("config", convergence_phase_config{}, "ConvergencePhaseConfig()"));
 
   py::class_<convergence_aware_config> acfg(m, "ConvergenceAwareConfig", "Settings of the convergence-aware policy.");
   def_kwargs_init<convergence_aware_config>(acfg);
@@ -127,7 +136,8 @@ void dra::python::bind_policy(py::module_& m) {
       .def("validate", &convergence_aware_config::validate);
   py::class_<convergence_aware_policy, dra::policy::policy, std::shared_ptr<convergence_aware_policy>>(
       m, "ConvergenceAwarePolicy", "Goodput over size and batch together, with a price per device.")
-      .def(py::init<convergence_aware_config>(), py::arg_v("config", convergence_aware_config{}, "ConvergenceAwareConfig()"));
+      .def(py::init<convergence_aware_config>(),
+           py::arg_v("config", convergence_aware_config{}, "ConvergenceAwareConfig()"));
 
   py::class_<constraints> lim(m, "Constraints", "Limits around any policy: sizes, cooldown, hysteresis, amortisation.");
   def_kwargs_init<constraints>(lim);
@@ -149,8 +159,8 @@ void dra::python::bind_policy(py::module_& m) {
            py::arg("costs"), py::arg("throughput"));
 
   using dra::engine_config;
-  using dra::resize_engine;
   using dra::engine_status;
+  using dra::resize_engine;
   py::class_<engine_status>(m, "EngineStatus", "Result of one engine step (a view, valid until the next step).")
       .def_readonly("step", &engine_status::step)
       .def_readonly("decided", &engine_status::decided)
@@ -176,15 +186,20 @@ void dra::python::bind_policy(py::module_& m) {
       .def("decide", &resize_engine::decide, py::return_value_policy::reference_internal)
       .def("resized", &resize_engine::resized, py::arg("new_size"), py::arg("new_global_batch"))
       .def_property_readonly("signals", &resize_engine::signals, py::return_value_policy::reference_internal)
-      .def_property_readonly("estimator", py::overload_cast<>(&resize_engine::estimator), py::return_value_policy::reference_internal)
-      .def_property_readonly("throughput", py::overload_cast<>(&resize_engine::throughput), py::return_value_policy::reference_internal)
-      .def_property_readonly("world", py::overload_cast<>(&resize_engine::world), py::return_value_policy::reference_internal)
-      .def_property_readonly("capacity", py::overload_cast<>(&resize_engine::capacity), py::return_value_policy::reference_internal)
-      .def_property_readonly("costs", py::overload_cast<>(&resize_engine::costs), py::return_value_policy::reference_internal)
+      .def_property_readonly("estimator", py::overload_cast<>(&resize_engine::estimator),
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("throughput", py::overload_cast<>(&resize_engine::throughput),
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("world", py::overload_cast<>(&resize_engine::world),
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("capacity", py::overload_cast<>(&resize_engine::capacity),
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("costs", py::overload_cast<>(&resize_engine::costs),
+                             py::return_value_policy::reference_internal)
       .def_property_readonly("status", &resize_engine::status, py::return_value_policy::reference_internal)
       .def_property_readonly("config", &resize_engine::config, py::return_value_policy::reference_internal)
-      .def_property_readonly("last_step", &resize_engine::last_step, "Step index of the latest step, -1 before the first.")
+      .def_property_readonly("last_step", &resize_engine::last_step,
+                             "Step index of the latest step, -1 before the first.")
       .def("desired_size", &resize_engine::desired_size,
            "The size the policy would choose if every device it might want were free (what a job asks a pool for).");
-
 }

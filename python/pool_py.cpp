@@ -19,7 +19,8 @@ using namespace dra::pool;
 namespace dra::python {
 
 void bind_pool(py::module_& root) {
-  py::module_ m = root.def_submodule("pool", "The device pool's core: inventory, requests, scheduler, leases, scaling.");
+  py::module_ m =
+      root.def_submodule("pool", "The device pool's core: inventory, requests, scheduler, leases, scaling.");
 
   py::class_<device> dev(m, "Device", "One device of the pool (a GPU, a MIG instance, a CPU slot).");
   def_kwargs_init<device>(dev);
@@ -97,7 +98,9 @@ void bind_pool(py::module_& root) {
       .def("__len__", &lease_book::size);
 
   py::class_<job_entry>(m, "JobEntry", "A job as the scheduler sees it.")
-      .def(py::init([](request r, double submitted_at, std::int64_t order) { return job_entry{std::move(r), submitted_at, order}; }),
+      .def(py::init([](request r, double submitted_at, std::int64_t order) {
+             return job_entry{std::move(r), submitted_at, order};
+           }),
            py::arg("request"), py::arg("submitted_at"), py::arg("order"))
       .def_readwrite("request", &job_entry::req)
       .def_readwrite("submitted_at", &job_entry::submitted_at)
@@ -175,8 +178,10 @@ void bind_pool(py::module_& root) {
       .def_readwrite("current", &dra::policy::arbiter_job::current)
       .def_readwrite("change_penalty", &dra::policy::arbiter_job::change_penalty)
       .def_readwrite("min_devices", &dra::policy::arbiter_job::min_devices);
-  py::class_<dra::policy::cluster_arbiter>(m, "ClusterArbiter", "include/dra/policy/cluster_arbiter.hpp (the simulator's).")
-      .def(py::init<dra::policy::arbiter_config>(), py::arg_v("config", dra::policy::arbiter_config{}, "ArbiterConfig()"))
+  py::class_<dra::policy::cluster_arbiter>(m, "ClusterArbiter",
+                                           "include/dra/policy/cluster_arbiter.hpp (the simulator's).")
+      .def(py::init<dra::policy::arbiter_config>(),
+           py::arg_v("config", dra::policy::arbiter_config{}, "ArbiterConfig()"))
       .def("allocate", &dra::policy::cluster_arbiter::allocate, py::arg("jobs"), py::arg("capacity"),
            py::call_guard<py::gil_scoped_release>());
 

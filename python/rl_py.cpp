@@ -140,8 +140,8 @@ py::dict run_to_dict(const rl_run_result& r) {
 }  // namespace
 
 void dra::python::bind_rl(py::module_& m) {
-  py::class_<dra::signals::quantile_sketch_config> qcfg(m, "QuantileSketchConfig",
-                                                        "Relative accuracy, value range and half-life of a quantile sketch.");
+  py::class_<dra::signals::quantile_sketch_config> qcfg(
+      m, "QuantileSketchConfig", "Relative accuracy, value range and half-life of a quantile sketch.");
   def_kwargs_init<dra::signals::quantile_sketch_config>(qcfg);
   qcfg.def_readwrite("relative_accuracy", &dra::signals::quantile_sketch_config::relative_accuracy)
       .def_readwrite("min_value", &dra::signals::quantile_sketch_config::min_value)
@@ -150,9 +150,10 @@ void dra::python::bind_rl(py::module_& m) {
                      "Observations after which an observation's weight has halved; 0: no forgetting.")
       .def("validate", &dra::signals::quantile_sketch_config::validate);
 
-  py::class_<dra::signals::quantile_sketch>(m, "QuantileSketch",
-                                            "Streaming quantiles with exponential forgetting (log-spaced bins, DDSketch-style).")
-      .def(py::init<dra::signals::quantile_sketch_config>(), py::arg_v("config", dra::signals::quantile_sketch_config{}, "QuantileSketchConfig()"))
+  py::class_<dra::signals::quantile_sketch>(
+      m, "QuantileSketch", "Streaming quantiles with exponential forgetting (log-spaced bins, DDSketch-style).")
+      .def(py::init<dra::signals::quantile_sketch_config>(),
+           py::arg_v("config", dra::signals::quantile_sketch_config{}, "QuantileSketchConfig()"))
       .def("add", &dra::signals::quantile_sketch::add, py::arg("value"))
       .def("quantile", &dra::signals::quantile_sketch::quantile, py::arg("q"))
       .def("expected_max_of", &dra::signals::quantile_sketch::expected_max_of, py::arg("n"),
@@ -164,7 +165,8 @@ void dra::python::bind_rl(py::module_& m) {
       .def_property_readonly("rejected", &dra::signals::quantile_sketch::rejected)
       .def_property_readonly("clamped", &dra::signals::quantile_sketch::clamped);
 
-  py::class_<generation_model_config> gcfg(m, "GenerationModelConfig", "Decode slots and priors of the generation model.");
+  py::class_<generation_model_config> gcfg(m, "GenerationModelConfig",
+                                           "Decode slots and priors of the generation model.");
   def_kwargs_init<generation_model_config>(gcfg);
   gcfg.def_readwrite("max_concurrency", &generation_model_config::max_concurrency)
       .def_readwrite("prior_iteration_fixed_s", &generation_model_config::prior_iteration_fixed_s)
@@ -174,8 +176,9 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("forgetting", &generation_model_config::forgetting)
       .def("validate", &generation_model_config::validate);
 
-  py::class_<stage_balance_config> scfg(m, "StageBalanceConfig",
-                                        "Devices, role minimums, pipeline, cooldown, hysteresis and payback of the stage-balance policy.");
+  py::class_<stage_balance_config> scfg(
+      m, "StageBalanceConfig",
+      "Devices, role minimums, pipeline, cooldown, hysteresis and payback of the stage-balance policy.");
   def_kwargs_init<stage_balance_config>(scfg);
   scfg.def_readwrite("devices", &stage_balance_config::devices)
       .def_readwrite("min_rollout", &stage_balance_config::min_rollout)
@@ -197,14 +200,16 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("training", &stage_balance_config::training)
       .def("validate", &stage_balance_config::validate);
 
-  py::class_<stage_balance_policy>(m, "StageBalancePolicy",
-                                   "How many devices generate and how many train, and when moving one pays (RL post-training).")
+  py::class_<stage_balance_policy>(
+      m, "StageBalancePolicy",
+      "How many devices generate and how many train, and when moving one pays (RL post-training).")
       .def(py::init<stage_balance_config>(), py::arg_v("config", stage_balance_config{}, "StageBalanceConfig()"))
       .def_property_readonly("config", &stage_balance_policy::config)
-      .def("observe_generation", &stage_balance_policy::observe_generation, py::arg("prompt_tokens"), py::arg("generated_tokens"),
-           "One finished generation.")
+      .def("observe_generation", &stage_balance_policy::observe_generation, py::arg("prompt_tokens"),
+           py::arg("generated_tokens"), "One finished generation.")
       .def("observe_decode", &stage_balance_policy::observe_decode, py::arg("concurrency"), py::arg("context_tokens"),
-           py::arg("iterations"), py::arg("seconds"), "Measured decode iterations of one rollout device; False when ignored.")
+           py::arg("iterations"), py::arg("seconds"),
+           "Measured decode iterations of one rollout device; False when ignored.")
       .def("observe_train", &stage_balance_policy::observe_train, py::arg("devices"), py::arg("tokens_per_device"),
            py::arg("step_s"), py::arg("sync_s"), "One measured training step; False when ignored.")
       .def("observe_weight_sync", &stage_balance_policy::observe_weight_sync, py::arg("seconds"))
@@ -215,10 +220,14 @@ void dra::python::bind_rl(py::module_& m) {
           },
           py::arg("direction"), py::arg("exposed_s"), "A measured switch: the seconds it lengthened its step.")
       .def(
-          "switch_cost_s", [](const stage_balance_policy& p, const std::string& d) { return p.switch_cost_s(direction_from(d)); },
+          "switch_cost_s",
+          [](const stage_balance_policy& p, const std::string& d) { return p.switch_cost_s(direction_from(d)); },
           py::arg("direction"))
       .def(
-          "predict", [](const stage_balance_policy& p, int rollout, int sequences) { return prediction_to_dict(p.predict(rollout, sequences)); },
+          "predict",
+          [](const stage_balance_policy& p, int rollout, int sequences) {
+            return prediction_to_dict(p.predict(rollout, sequences));
+          },
           py::arg("rollout"), py::arg("sequences"))
       .def(
           "predict_all",
@@ -241,21 +250,22 @@ void dra::python::bind_rl(py::module_& m) {
             s.sequences_per_step = sequences_per_step;
             return decision_to_dict(p.decide(s));
           },
-          py::arg("rollout"), py::arg("train"), py::arg("step"), py::arg("steps_since_switch"), py::arg("remaining_steps") = -1,
-          py::arg("sequences_per_step") = 1, "One decision at a step boundary (feed every one, in order).")
+          py::arg("rollout"), py::arg("train"), py::arg("step"), py::arg("steps_since_switch"),
+          py::arg("remaining_steps") = -1, py::arg("sequences_per_step") = 1,
+          "One decision at a step boundary (feed every one, in order).")
       .def_property_readonly("lengths", &stage_balance_policy::lengths, py::return_value_policy::reference_internal)
       .def_property_readonly("weight_sync_s", &stage_balance_policy::weight_sync_s)
-      .def_property_readonly("generation_fit",
-                             [](const stage_balance_policy& p) {
-                               py::dict d;
-                               d["fixed_s"] = p.generation().fixed_s();
-                               d["per_sequence_s"] = p.generation().per_sequence_s();
-                               d["per_kilotoken_s"] = p.generation().per_kilotoken_s();
-                               d["observations"] = p.generation().observations();
-                               return d;
-                             });
+      .def_property_readonly("generation_fit", [](const stage_balance_policy& p) {
+        py::dict d;
+        d["fixed_s"] = p.generation().fixed_s();
+        d["per_sequence_s"] = p.generation().per_sequence_s();
+        d["per_kilotoken_s"] = p.generation().per_kilotoken_s();
+        d["observations"] = p.generation().observations();
+        return d;
+      });
 
-  py::class_<rl_workload> wcfg(m, "RlWorkload", "Steps, batch, prompt tokens, length scale/drift/limit and seed of a simulated RL run.");
+  py::class_<rl_workload> wcfg(m, "RlWorkload",
+                               "Steps, batch, prompt tokens, length scale/drift/limit and seed of a simulated RL run.");
   def_kwargs_init<rl_workload>(wcfg);
   wcfg.def_readwrite("steps", &rl_workload::steps)
       .def_readwrite("prompts_per_step", &rl_workload::prompts_per_step)
@@ -288,15 +298,17 @@ void dra::python::bind_rl(py::module_& m) {
 
   m.def(
       "rl_read_lengths",
-      [](const std::string& path, const std::string& column) { return length_distribution::from_csv(path, column).values; },
+      [](const std::string& path, const std::string& column) {
+        return length_distribution::from_csv(path, column).values;
+      },
       py::arg("path"), py::arg("column") = "GeneratedTokens",
       "One numeric column of a CSV (default: the Azure trace's GeneratedTokens); errors name file, line and column.");
 
   m.def(
       "rl_sim_sweep",
       [](const std::vector<double>& lengths, const std::string& source, int devices, const std::string& pipeline,
-         const rl_workload& workload, const rl_cost_model& costs, const stage_balance_config& policy, int initial_rollout,
-         const std::function<void(int, int)>& progress) {
+         const rl_workload& workload, const rl_cost_model& costs, const stage_balance_config& policy,
+         int initial_rollout, const std::function<void(int, int)>& progress) {
         length_distribution dist{lengths, source};
         rl_sim_config c;
         c.devices = devices;
@@ -329,7 +341,8 @@ void dra::python::bind_rl(py::module_& m) {
       },
       py::arg("lengths"), py::arg("source"), py::arg("devices") = 8, py::arg("pipeline") = "one_step_off",
       py::arg_v("workload", rl_workload{}, "RlWorkload()"), py::arg_v("costs", rl_cost_model{}, "RlCostModel()"),
-      py::arg_v("policy", stage_balance_config{}, "StageBalanceConfig()"),
-      py::arg("initial_rollout") = 0, py::arg("progress") = nullptr,
-      "Every static split, the stage-balance policy, the per-phase oracle and colocated time sharing on the same lengths.");
+      py::arg_v("policy", stage_balance_config{}, "StageBalanceConfig()"), py::arg("initial_rollout") = 0,
+      py::arg("progress") = nullptr,
+      "Every static split, the stage-balance policy, the per-phase oracle and colocated time sharing on the same "
+      "lengths.");
 }

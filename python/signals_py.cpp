@@ -107,8 +107,8 @@ void dra::python::bind_signals(py::module_& m) {
       .def(py::init<estimator_config>(), py::arg_v("config", estimator_config{}, "EstimatorConfig()"))
       .def("update_loss", &convergence_estimator::update_loss, py::arg("step"), py::arg("loss"),
            "Feed the loss of `step`; returns False when the value was rejected (non-finite or step not increasing).")
-      .def("update_gradients", &convergence_estimator::update_gradients, py::arg("small_sqr_norm"), py::arg("small_batch"),
-           py::arg("big_sqr_norm"), py::arg("big_batch"), py::arg("biased") = false,
+      .def("update_gradients", &convergence_estimator::update_gradients, py::arg("small_sqr_norm"),
+           py::arg("small_batch"), py::arg("big_sqr_norm"), py::arg("big_batch"), py::arg("biased") = false,
            "Two-batch-size gradient square norms of one step (per-rank mean and all-reduced).")
       .def("update_validation", &convergence_estimator::update_validation, py::arg("metric"))
       .def_property_readonly("signals", &convergence_estimator::signals, py::return_value_policy::reference_internal)

@@ -39,7 +39,8 @@ void dra::python::bind_testing(py::module_& m) {
         const auto r = rank_share(index_range{begin, end}, world, rank);
         return py::make_tuple(r.begin, r.end);
       },
-      py::arg("begin"), py::arg("end"), py::arg("world"), py::arg("rank"), "(begin, end) of one rank's share of a batch.");
+      py::arg("begin"), py::arg("end"), py::arg("world"), py::arg("rank"),
+      "(begin, end) of one rank's share of a batch.");
   e.def(
       "epoch_order",
       [](std::int64_t n, std::uint64_t seed, std::int64_t epoch) {

@@ -1,7 +1,8 @@
 #include "dra/torch/build_info.hpp"
-#include "dra/version.hpp"
 
 #include <torch/version.h>
+
+#include "dra/version.hpp"
 
 #ifdef DRA_WITH_NCCL
 #include <nccl.h>
@@ -17,7 +18,8 @@ build_info get_build_info() {
   info.gloo = true;
 #ifdef DRA_WITH_NCCL
   info.nccl = true;
-  info.nccl_header_version = std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH);
+  info.nccl_header_version =
+      std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH);
 #endif
   return info;
 }

@@ -46,9 +46,9 @@
 #include <thread>
 #include <vector>
 
-#include "dra/torch/elastic/controller.hpp"
 #include "dra/elastic/membership.hpp"
 #include "dra/elastic/sampler.hpp"
+#include "dra/torch/elastic/controller.hpp"
 #include "test_hooks.hpp"
 
 namespace {
@@ -284,8 +284,8 @@ int main(int argc, char** argv) try {
     std::snprintf(rss, sizeof rss, "%.3f", example::rss_mb());
     records.write(uid, "\"kind\": \"world\", \"epoch\": " + std::to_string(ctl.epoch()) + ", \"rank\": " +
                            std::to_string(ctl.rank()) + ", \"size\": " + std::to_string(ctl.world_size()) +
-                           ", \"members\": " + example::json_list(ctl.members()) + ", \"step\": " +
-                           std::to_string(ctl.step_index()) + ", \"rss_mb\": " + rss);
+                           ", \"members\": " + example::json_list(ctl.members()) +
+                           ", \"step\": " + std::to_string(ctl.step_index()) + ", \"rss_mb\": " + rss);
   };
   record_world();
   auto report_membership = [&](bool was_member) {
@@ -307,10 +307,10 @@ int main(int argc, char** argv) try {
     const auto& members = ctl.members();
     char rss[32];
     std::snprintf(rss, sizeof rss, "%.3f", example::rss_mb());
-    records.write(uid, std::string("\"kind\": \"final\", \"member\": ") + (role == std::string("member") ? "true" : "false") +
-                           ", \"step\": " + std::to_string(ctl.step_index()) + ", \"digest\": " +
-                           std::to_string(ctl.state_digest()) + ", \"resizes\": " + std::to_string(ctl.resizes()) +
-                           ", \"rss_mb\": " + rss);
+    records.write(uid, std::string("\"kind\": \"final\", \"member\": ") +
+                           (role == std::string("member") ? "true" : "false") + ", \"step\": " +
+                           std::to_string(ctl.step_index()) + ", \"digest\": " + std::to_string(ctl.state_digest()) +
+                           ", \"resizes\": " + std::to_string(ctl.resizes()) + ", \"rss_mb\": " + rss);
     std::printf("[dra-cpp] final uid %d role %s rank %d world %zu steps %" PRId64 " resizes %" PRId64
                 " hash %016" PRIx64 " momentum %016" PRIx64 "\n",
                 uid, role, dra::elastic::rank_of(members, uid), members.size(), ctl.step_index(), ctl.resizes(),

@@ -91,8 +91,10 @@ inline std::vector<fault_spec> parse_fault_specs(const std::string& text) {
     std::string p;
     while (std::getline(ps, p, ':')) parts.push_back(p);
     const auto bad = [&] {
-      return std::invalid_argument("--test-fault: expected ACTION:WHERE:INDEX[:SECONDS] (kill|sleep, rebuild|"
-                                   "state_transfer|reshard|step|after_reduce), got '" + item + "'");
+      return std::invalid_argument(
+          "--test-fault: expected ACTION:WHERE:INDEX[:SECONDS] (kill|sleep, rebuild|"
+          "state_transfer|reshard|step|after_reduce), got '" +
+          item + "'");
     };
     if (parts.size() < 3 || parts.size() > 4) throw bad();
     fault_spec f;

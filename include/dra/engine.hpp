@@ -20,8 +20,8 @@ namespace dra {
 
 /// The policies an engine can run, by the name engine_config::policy takes.
 inline std::vector<const char*> policy_names() {
-  return {"convergence", "goodput", "convergence_aware", "min_energy_deadline", "energy_delay", "zeus_cost",
-          "energy_budget", "none"};
+  return {"convergence",  "goodput",   "convergence_aware", "min_energy_deadline",
+          "energy_delay", "zeus_cost", "energy_budget",     "none"};
 }
 
 struct engine_config {
@@ -57,7 +57,8 @@ struct engine_config {
       for (const char* n : names) known += (known.empty() ? "'" : ", '") + std::string(n) + "'";
       dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use one of " + known);
     }
-    if (decide_every < 1) dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
+    if (decide_every < 1)
+      dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
     if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
   }

@@ -6,5 +6,5 @@
 #include "dra/torch/comm/communicator.hpp"
 #include "dra/torch/comm/gloo.hpp"
 #include "dra/torch/elastic/controller.hpp"
-#include "dra/torch/elastic/state.hpp"
 #include "dra/torch/elastic/data.hpp"
+#include "dra/torch/elastic/state.hpp"

@@ -1,13 +1,14 @@
 // Chunked point-to-point transfer (include/dra/torch/comm/communicator.hpp): CPU tensors with a
 // CPU staging chunk (Gloo), or any tensors with a device staging chunk (NCCL, chunked_transfer.hpp).
+#include "chunked_transfer.hpp"
+
+#include <ATen/Functions.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
-#include <ATen/Functions.h>
-
 #include "dra/error.hpp"
-#include "chunked_transfer.hpp"
 #include "dra/torch/comm/communicator.hpp"
 
 namespace dra::comm {
@@ -51,12 +52,14 @@ std::vector<std::vector<piece>> plan_chunks(const std::vector<at::Tensor>& views
 
 // The classification depends on byte sizes only, so sender and receiver agree on every message
 // even when their tensors live on different devices (the communicator stages what it must).
-bool direct(const piece& p, const std::vector<piece>& chunk) { return p.count >= kDirectPiece || chunk.size() == 1; }
+bool direct(const piece& p, const std::vector<piece>& chunk) {
+  return p.count >= kDirectPiece || chunk.size() == 1;
+}
 
 at::Tensor byte_view(const at::Tensor& t, const at::Device& staging) {
   if (!t.defined() || !t.is_contiguous() || (!t.device().is_cpu() && t.device() != staging))
-    dra::detail::throw_invalid("tensors", "the chunked transfer takes contiguous tensors on the CPU or on " +
-                                              staging.str());
+    dra::detail::throw_invalid("tensors",
+                               "the chunked transfer takes contiguous tensors on the CPU or on " + staging.str());
   if (t.numel() == 0) return at::empty({0}, t.options().dtype(at::kByte));
   return t.reshape({-1}).view(at::kByte);
 }

@@ -16,8 +16,8 @@
 #include <limits>
 #include <thread>
 
-#include "dra/error.hpp"
 #include "deferred_reads.hpp"
+#include "dra/error.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "leader.hpp"
@@ -30,8 +30,12 @@ using detail::change_cause;
 using detail::world_change;
 
 namespace {
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 }  // namespace
 
 controller::controller(controller_options options)
@@ -62,8 +66,8 @@ controller::controller(controller_options options, launch_info launch, std::shar
   if (!options_.release) options_.release = backend_->uses_device() ? release_mode::exit : release_mode::standby;
   transfer_ = backend_->make_transfer(options_.chunk_bytes());
   if (!transfer_)
-    dra::detail::throw_invalid("backend", "'" + options_.backend +
-                                              "' cannot hand state to joiners yet (no point-to-point); use 'gloo'");
+    dra::detail::throw_invalid(
+        "backend", "'" + options_.backend + "' cannot hand state to joiners yet (no point-to-point); use 'gloo'");
   store_ = std::make_unique<detail::store_protocol>(launch, options_.store_timeout());
   leader_ = std::make_unique<detail::leader>(*store_, engine_, options_, *log_);
   role_ = role::candidate;
@@ -101,15 +105,27 @@ controller::controller(controller_options options, launch_info launch, std::shar
 
 controller::~controller() = default;
 
-int controller::rank() const noexcept { return role_ == role::local ? 0 : comm_ ? comm_->rank() : -1; }
-int controller::world_size() const noexcept { return role_ == role::local ? 1 : comm_ ? comm_->size() : 0; }
-const std::string& controller::last_event() const noexcept { return log_->last(); }
-const std::vector<std::string>& controller::events() const noexcept { return log_->lines(); }
-std::string controller::store_address() const { return store_ ? store_->address() : std::string(); }
+int controller::rank() const noexcept {
+  return role_ == role::local ? 0 : comm_ ? comm_->rank() : -1;
+}
+int controller::world_size() const noexcept {
+  return role_ == role::local ? 1 : comm_ ? comm_->size() : 0;
+}
+const std::string& controller::last_event() const noexcept {
+  return log_->last();
+}
+const std::vector<std::string>& controller::events() const noexcept {
+  return log_->lines();
+}
+std::string controller::store_address() const {
+  return store_ ? store_->address() : std::string();
+}
 std::vector<int> controller::registered_candidates() {
   return store_ ? store_->registered_candidates() : std::vector<int>{};
 }
-std::uint64_t controller::state_digest() { return state_ ? elastic::state_digest(*state_) : 0; }
+std::uint64_t controller::state_digest() {
+  return state_ ? elastic::state_digest(*state_) : 0;
+}
 void controller::hook(change_phase phase) {
   if (options_.phase_hook) options_.phase_hook(phase, *this);
 }
@@ -146,7 +162,8 @@ void controller::finish() noexcept {
 // ---- decisions (the leader publishes, every member reads) ----------------------------------------
 void controller::leader_decides() {
   const auto t0 = clock_type::now();
-  auto d = leader_->decide({step_index_, epoch_, members_, signature_, sampler_->global_batch(), samples_, world_loss_});
+  auto d =
+      leader_->decide({step_index_, epoch_, members_, signature_, sampler_->global_batch(), samples_, world_loss_});
   if (leader_->decided()) {
     status_.decided = true;
     status_.decision = leader_->last();
@@ -179,8 +196,8 @@ void controller::apply_decision() {
   status_.decided = true;
   status_.decision = dec;
   if (dec.batch_scale != 1.0) {
-    sampler_->set_global_batch(std::max<std::int64_t>(
-        1, std::llround(static_cast<double>(sampler_->global_batch()) * dec.batch_scale)));
+    sampler_->set_global_batch(
+        std::max<std::int64_t>(1, std::llround(static_cast<double>(sampler_->global_batch()) * dec.batch_scale)));
     state_->scale_learning_rate(dec.lr_scale);
   }
   if (contains(dec.leave, uid_)) {

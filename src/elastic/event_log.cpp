@@ -2,9 +2,8 @@
 
 #include <cstdio>
 #include <fstream>
-#include <stdexcept>
-
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 namespace dra::elastic::detail {
 
@@ -12,16 +11,22 @@ using json = nlohmann::json;
 
 const char* to_string(change_cause c) noexcept {
   switch (c) {
-    case change_cause::start: return "start";
-    case change_cause::admit: return "admit";
-    case change_cause::resize: return "resize";
-    case change_cause::fault: return "fault";
+    case change_cause::start:
+      return "start";
+    case change_cause::admit:
+      return "admit";
+    case change_cause::resize:
+      return "resize";
+    case change_cause::fault:
+      return "fault";
   }
   return "?";
 }
 
 namespace {
-json optional_json(double v, bool present) { return present ? json(v) : json(nullptr); }
+json optional_json(double v, bool present) {
+  return present ? json(v) : json(nullptr);
+}
 }  // namespace
 
 void event_log::world(const world_event& e) {
@@ -39,11 +44,12 @@ void event_log::world(const world_event& e) {
       {"joined", c.joined},
       {"reason", c.reason},
       {"decided_step", c.decided_step >= 0 ? json(c.decided_step) : json(nullptr)},
-      {"cost_s", {{"agree", c.agree_s}, {"rebuild", e.rebuild_s}, {"state_transfer", e.transfer_s}, {"reshard", e.reshard_s}}},
+      {"cost_s",
+       {{"agree", c.agree_s}, {"rebuild", e.rebuild_s}, {"state_transfer", e.transfer_s}, {"reshard", e.reshard_s}}},
       {"total_s", total},
       {"state_bytes", e.state_bytes},
-      {"state_gbps", optional_json(static_cast<double>(e.state_bytes) / e.transfer_s / 1e9,
-                                   e.state_bytes > 0 && e.transfer_s > 0)},
+      {"state_gbps",
+       optional_json(static_cast<double>(e.state_bytes) / e.transfer_s / 1e9, e.state_bytes > 0 && e.transfer_s > 0)},
       {"global_batch", e.global_batch},
       {"batch_mode", e.batch_mode},
       {"params_identical", e.params_identical ? json(*e.params_identical) : json(nullptr)},

@@ -1,11 +1,11 @@
 #include "gradient_reducer.hpp"
 
-#include <limits>
-
 #include <ATen/Functions.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <limits>
 
 #include "dra/error.hpp"
 
@@ -39,13 +39,15 @@ void write_tail(at::Tensor& dst, const tail_input& in) {
 }
 
 gradient_reducer::gradient_reducer(std::size_t bucket_bytes, std::size_t first_bucket_bytes)
-    : bucket_bytes_(std::max<std::size_t>(bucket_bytes, 4)), first_bucket_bytes_(std::max<std::size_t>(first_bucket_bytes, 4)) {}
+    : bucket_bytes_(std::max<std::size_t>(bucket_bytes, 4)),
+      first_bucket_bytes_(std::max<std::size_t>(first_bucket_bytes, 4)) {}
 
 void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::Device& device, bool single) {
   bool same = !buckets_.empty() && params.size() == params_.size() && buckets_.back().flat.device() == device &&
               single_ == single;
   for (std::size_t i = 0; same && i < params.size(); ++i)
-    same = params[i].unsafeGetTensorImpl() == params_[i].unsafeGetTensorImpl() && params[i].numel() == params_[i].numel();
+    same =
+        params[i].unsafeGetTensorImpl() == params_[i].unsafeGetTensorImpl() && params[i].numel() == params_[i].numel();
   params_ = params;
   if (same) return;
   buckets_.clear();
@@ -180,6 +182,8 @@ at::Tensor gradient_reducer::finish() {
   return last.flat.narrow(0, last.numel, kTail);
 }
 
-void gradient_reducer::cancel() noexcept { comm_ = nullptr; }
+void gradient_reducer::cancel() noexcept {
+  comm_ = nullptr;
+}
 
 }  // namespace dra::elastic::detail

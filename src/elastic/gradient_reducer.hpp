@@ -11,14 +11,14 @@
 // short tail that rides along so that steps need no other collective: the previous step's loss
 // (sum and sample count) and the leader's "a decision is published" flag. A bucket_hook (gradient
 // codecs) may transform buckets around their all-reduce.
+#include <ATen/Tensor.h>
+#include <c10/core/Stream.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <ATen/Tensor.h>
-#include <c10/core/Stream.h>
 
 #include "dra/torch/comm/communicator.hpp"
 #include "dra/torch/elastic/bucket_hook.hpp"
@@ -50,7 +50,8 @@ void write_tail(at::Tensor& dst, const tail_input& in);
 class gradient_reducer {
  public:
   static constexpr std::int64_t kTail = 3;
-  explicit gradient_reducer(std::size_t bucket_bytes = std::size_t{25} << 20, std::size_t first_bucket_bytes = std::size_t{1} << 20);
+  explicit gradient_reducer(std::size_t bucket_bytes = std::size_t{25} << 20,
+                            std::size_t first_bucket_bytes = std::size_t{1} << 20);
 
   /// Starts a step: every parameter of `params` will be reported once, by ready() or finish().
   /// `weight`: this rank's share of the step's samples. Lays the buckets out again only when the
@@ -75,7 +76,7 @@ class gradient_reducer {
   struct bucket {
     std::vector<std::size_t> params;  // indices into params_, in layout order
     std::vector<std::int64_t> offsets;
-    std::int64_t numel = 0;           // gradient elements (the tail comes after them)
+    std::int64_t numel = 0;  // gradient elements (the tail comes after them)
     at::Tensor flat;
     std::size_t waiting = 0;
   };

@@ -1,10 +1,10 @@
 #include "handoff.hpp"
 
-#include <cstring>
-#include <string>
-
 #include <ATen/Functions.h>
+
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "dra/elastic/membership.hpp"
 #include "dra/error.hpp"
@@ -16,7 +16,9 @@ namespace {
 
 constexpr int kTagHeader = 71;
 
-std::int64_t byte_size(const at::Tensor& t) { return static_cast<std::int64_t>(t.numel() * t.element_size()); }
+std::int64_t byte_size(const at::Tensor& t) {
+  return static_cast<std::int64_t>(t.numel() * t.element_size());
+}
 
 std::uint64_t mix_bytes(std::uint64_t h, const unsigned char* p, std::size_t n) {
   // A 64-bit multiply-xorshift over 8-byte words: fast enough for a post-resize check of
@@ -71,13 +73,12 @@ handoff_route route_handoff(const world_change& change, int rank, int size, int 
 std::uint64_t send_state(comm::communicator& comm, comm::tensor_transfer& transfer, const std::vector<int>& dsts,
                          state_provider& state, const handoff_header& header) {
   auto snap = state.collect();
-  const std::string own = json{{"step_index", header.step_index},
-                               {"sampler",
-                                {header.sampler.epoch, header.sampler.cursor, header.sampler.global_batch,
-                                 header.sampler.seed}},
-                               {"num_epochs", header.num_epochs},
-                               {"resizes", header.resizes}}
-                              .dump();
+  const std::string own = json{
+      {"step_index", header.step_index},
+      {"sampler", {header.sampler.epoch, header.sampler.cursor, header.sampler.global_batch, header.sampler.seed}},
+      {"num_epochs", header.num_epochs},
+      {"resizes",
+       header.resizes}}.dump();
   const auto n = static_cast<std::int64_t>(snap.tensors.size());
   at::Tensor head = at::empty({3 + n}, at::kLong);
   auto* h = head.data_ptr<std::int64_t>();
@@ -116,8 +117,9 @@ std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transf
   const std::string manifest(base + own_len, base + own_len + manifest_len);
   auto targets = state.prepare(manifest);
   if (static_cast<std::int64_t>(targets.size()) != n)
-    throw dra::state_mismatch_error("dra: the world hands over " + std::to_string(n) + " state tensors, this process has " +
-                                    std::to_string(targets.size()) + "; its model or optimizer differs");
+    throw dra::state_mismatch_error("dra: the world hands over " + std::to_string(n) +
+                                    " state tensors, this process has " + std::to_string(targets.size()) +
+                                    "; its model or optimizer differs");
   std::uint64_t tensor_bytes = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const auto mine = byte_size(targets[static_cast<std::size_t>(i)]);

@@ -1,14 +1,13 @@
 // Model signatures and the LibTorch state provider (module parameters/buffers + optimizer).
-#include <map>
-#include <sstream>
-
-#include <mutex>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "dra/torch/elastic/state.hpp"
+#include <map>
+#include <mutex>
+#include <sstream>
+
 #include "dra/error.hpp"
+#include "dra/torch/elastic/state.hpp"
 
 namespace dra::elastic {
 
@@ -28,19 +27,32 @@ std::string list_some(const std::vector<std::string>& names) {
 std::string dtype_name(const at::Tensor& t) {
   // The same spelling as Python's str(tensor.dtype), so signatures read the same everywhere.
   switch (t.scalar_type()) {
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kLong: return "torch.int64";
-    case at::kInt: return "torch.int32";
-    case at::kShort: return "torch.int16";
-    case at::kChar: return "torch.int8";
-    case at::kByte: return "torch.uint8";
-    case at::kBool: return "torch.bool";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + c10::toString(t.scalar_type());
+    case at::kFloat:
+      return "torch.float32";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kLong:
+      return "torch.int64";
+    case at::kInt:
+      return "torch.int32";
+    case at::kShort:
+      return "torch.int16";
+    case at::kChar:
+      return "torch.int8";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kBool:
+      return "torch.bool";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexDouble:
+      return "torch.complex128";
+    default:
+      return std::string("torch.") + c10::toString(t.scalar_type());
   }
 }
 }  // namespace
@@ -72,7 +84,8 @@ std::vector<tensor_spec> module_state::signature() {
   std::vector<tensor_spec> out;
   for (const auto& p : module_.named_parameters())
     out.push_back({p.key(), p.value().sizes().vec(), dtype_name(p.value())});
-  for (const auto& b : module_.named_buffers()) out.push_back({b.key(), b.value().sizes().vec(), dtype_name(b.value())});
+  for (const auto& b : module_.named_buffers())
+    out.push_back({b.key(), b.value().sizes().vec(), dtype_name(b.value())});
   return out;
 }
 

@@ -3,9 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "dra/error.hpp"
 #include "dra/torch/elastic/controller.hpp"
@@ -47,30 +46,42 @@ void check_seconds(double value, const char* option) {
 
 const char* to_string(role r) noexcept {
   switch (r) {
-    case role::local: return "local";
-    case role::candidate: return "candidate";
-    case role::member: return "member";
-    case role::released: return "released";
-    case role::finished: return "finished";
-    case role::rejected: return "rejected";
+    case role::local:
+      return "local";
+    case role::candidate:
+      return "candidate";
+    case role::member:
+      return "member";
+    case role::released:
+      return "released";
+    case role::finished:
+      return "finished";
+    case role::rejected:
+      return "rejected";
   }
   return "?";
 }
 
 const char* to_string(release_mode m) noexcept {
   switch (m) {
-    case release_mode::standby: return "standby";
-    case release_mode::exit: return "exit";
-    case release_mode::to_caller: return "return";
+    case release_mode::standby:
+      return "standby";
+    case release_mode::exit:
+      return "exit";
+    case release_mode::to_caller:
+      return "return";
   }
   return "?";
 }
 
 const char* to_string(change_phase p) noexcept {
   switch (p) {
-    case change_phase::rebuild: return "rebuild";
-    case change_phase::state_transfer: return "state_transfer";
-    case change_phase::reshard: return "reshard";
+    case change_phase::rebuild:
+      return "rebuild";
+    case change_phase::state_transfer:
+      return "state_transfer";
+    case change_phase::reshard:
+      return "reshard";
   }
   return "?";
 }
@@ -124,8 +135,8 @@ void launch_info::validate() const {
                                                    std::to_string(join_uid));
   if (universe_size < 1) dra::detail::throw_invalid("WORLD_SIZE", "must be >= 1, got " + std::to_string(universe_size));
   if (!join && (uid < 0 || uid >= universe_size))
-    dra::detail::throw_invalid("RANK", "must lie in [0, WORLD_SIZE=" + std::to_string(universe_size) + "), got " +
-                                           std::to_string(uid));
+    dra::detail::throw_invalid(
+        "RANK", "must lie in [0, WORLD_SIZE=" + std::to_string(universe_size) + "), got " + std::to_string(uid));
 }
 
 int controller_options::fit_to_job(int universe_size) {
@@ -149,8 +160,8 @@ int controller_options::fit_to_job(int universe_size) {
 void controller_options::validate() const {
   engine.validate();
   if (start_size < 0)
-    dra::detail::throw_invalid("start_size", "must be >= 1 (or 0 / None: every process launched), got " +
-                                                 std::to_string(start_size));
+    dra::detail::throw_invalid("start_size",
+                               "must be >= 1 (or 0 / None: every process launched), got " + std::to_string(start_size));
   check_seconds(fault_timeout_s, "fault_timeout_s");
   check_seconds(store_timeout_s, "store_timeout_s");
   if (!(std::isfinite(chunk_mb) && chunk_mb * 1048576.0 >= 1024.0))
@@ -160,16 +171,17 @@ void controller_options::validate() const {
   if (status_every < 0) dra::detail::throw_invalid("status_every", "must be >= 0 (0 = no status line)");
   if (backend.empty()) dra::detail::throw_invalid("backend", "must name a backend, e.g. 'gloo'");
   if (batch == batch_mode::adascale && engine.policy != "goodput")
-    dra::detail::throw_invalid("batch_mode", "'adascale' adapts the global batch by the gradient noise scale, which only "
-                                             "the 'goodput' policy does; use policy='goodput' or batch_mode='fixed'");
+    dra::detail::throw_invalid("batch_mode",
+                               "'adascale' adapts the global batch by the gradient noise scale, which only "
+                               "the 'goodput' policy does; use policy='goodput' or batch_mode='fixed'");
   const auto& limits = engine.limits;
   for (const auto& [step, size] : resize_schedule) {
     const std::string at = " at step " + std::to_string(step);
     if (step < 1) dra::detail::throw_invalid("resize_schedule", "steps must be >= 1, got " + std::to_string(step));
     if (size < limits.min_size || size > limits.max_size)
-      dra::detail::throw_invalid("resize_schedule", "size " + std::to_string(size) + at + " lies outside [min_size, max_size] = [" +
-                                                        std::to_string(limits.min_size) + ", " +
-                                                        std::to_string(limits.max_size) + "]");
+      dra::detail::throw_invalid("resize_schedule",
+                                 "size " + std::to_string(size) + at + " lies outside [min_size, max_size] = [" +
+                                     std::to_string(limits.min_size) + ", " + std::to_string(limits.max_size) + "]");
   }
 }
 
@@ -184,10 +196,10 @@ std::size_t controller_options::chunk_bytes() const {
 }
 
 void step_signals::validate() const {
-  const bool any = !std::isnan(small_sqr_norm) || !std::isnan(small_batch) || !std::isnan(big_sqr_norm) ||
-                   !std::isnan(big_batch);
-  const bool all = !std::isnan(small_sqr_norm) && !std::isnan(small_batch) && !std::isnan(big_sqr_norm) &&
-                   !std::isnan(big_batch);
+  const bool any =
+      !std::isnan(small_sqr_norm) || !std::isnan(small_batch) || !std::isnan(big_sqr_norm) || !std::isnan(big_batch);
+  const bool all =
+      !std::isnan(small_sqr_norm) && !std::isnan(small_batch) && !std::isnan(big_sqr_norm) && !std::isnan(big_batch);
   if (any && !all)
     dra::detail::throw_invalid("small_sqr_norm",
                                "gradient statistics need all of small_sqr_norm, small_batch, big_sqr_norm, big_batch");

@@ -1,18 +1,16 @@
 #include "store_client.hpp"
 
-#include <algorithm>
-#include <cctype>
-#include <thread>
-
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
-
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -33,7 +31,9 @@ bool mentions_timeout(std::string text) {
   return text.find("timed out") != std::string::npos || text.find("timeout") != std::string::npos;
 }
 
-std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<std::uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
 
 // Polls until something accepts a TCP connection at host:port, or throws dra::timeout_error at
 // the deadline. Each attempt is a non-blocking connect bounded by the time left.
@@ -53,7 +53,8 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
         if (fd < 0) continue;
         bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
         if (!ok && errno == EINPROGRESS) {
-          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
           pollfd p{fd, POLLOUT, 0};
           if (::poll(&p, 1, static_cast<int>(std::clamp<std::int64_t>(left.count(), 1, 1000))) == 1) {
             int err = 0;
@@ -86,18 +87,21 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
       ::freeaddrinfo(found);
     }
     if (std::chrono::steady_clock::now() >= deadline)
-      throw dra::timeout_error("dra: the store at " + host + ":" + std::to_string(port) + " could not be reached (" + last +
-                               "); check MASTER_ADDR/MASTER_PORT or DRA_STORE (or the address given to dra) and that the "
-                               "store process runs");
+      throw dra::timeout_error(
+          "dra: the store at " + host + ":" + std::to_string(port) + " could not be reached (" + last +
+          "); check MASTER_ADDR/MASTER_PORT or DRA_STORE (or the address given to dra) and that the "
+          "store process runs");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
-std::string text(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
+std::string text(const std::vector<std::uint8_t>& b) {
+  return {b.begin(), b.end()};
+}
 
 }  // namespace
 
 store_client::store_client(const std::string& host, int port, bool host_store, const std::string& prefix,
-                                       std::chrono::milliseconds timeout)
+                           std::chrono::milliseconds timeout)
     : timeout_(timeout) {
   if (port < 0 || port > 65535)
     dra::detail::throw_invalid("store_port", "must lie in [0, 65535], got " + std::to_string(port));
@@ -113,7 +117,8 @@ store_client::store_client(const std::string& host, int port, bool host_store, c
     o.port = static_cast<std::uint16_t>(port);
     o.isServer = host_store;
     o.waitWorkers = false;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     o.timeout = host_store ? timeout : std::max(std::chrono::milliseconds(1000), left);
     tcp_ = c10::make_intrusive<c10d::TCPStore>(host, o);
   } catch (const std::exception& e) {
@@ -138,7 +143,8 @@ auto store_client::guarded(const std::string& key, F&& f) -> decltype(f()) {
   } catch (const std::exception& e) {
     const std::string line = first_line(e);
     if (mentions_timeout(line))
-      throw dra::timeout_error("dra: waiting for '" + key + "' on the store at " + address_ + " timed out (" + line + ")");
+      throw dra::timeout_error("dra: waiting for '" + key + "' on the store at " + address_ + " timed out (" + line +
+                               ")");
     throw dra::membership_error("dra: the store at " + address_ + " failed during '" + key + "': " + line);
   }
 }

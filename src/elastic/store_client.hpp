@@ -2,15 +2,14 @@
 // Bounded, error-mapped operations on the job's c10d store (internal to dra::dra). Every wait is
 // bounded; a store that cannot be reached raises dra::timeout_error naming host:port, a store
 // that goes away mid-job raises dra::membership_error (or timeout_error) naming the key.
+#include <c10/util/intrusive_ptr.h>
+
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <c10/util/intrusive_ptr.h>
-#include <nlohmann/json.hpp>
-
 
 namespace c10d {
 class Store;

@@ -26,14 +26,22 @@ std::vector<tensor_spec> signature_from_json(const json& j) {
   return out;
 }
 
-std::string key(const char* base, std::int64_t id) { return std::string(base) + std::to_string(id); }
+std::string key(const char* base, std::int64_t id) {
+  return std::string(base) + std::to_string(id);
+}
 
 }  // namespace
 
 json to_json(const policy::decision& d) {
-  return {{"action", policy::to_string(d.kind)}, {"target", d.target_size}, {"members", d.members},
-          {"joined", d.join},                   {"left", d.leave},         {"batch_scale", d.batch_scale},
-          {"lr_scale", d.lr_scale},             {"reason", d.reason},      {"policy", d.policy}};
+  return {{"action", policy::to_string(d.kind)},
+          {"target", d.target_size},
+          {"members", d.members},
+          {"joined", d.join},
+          {"left", d.leave},
+          {"batch_scale", d.batch_scale},
+          {"lr_scale", d.lr_scale},
+          {"reason", d.reason},
+          {"policy", d.policy}};
 }
 
 policy::decision decision_from_json(const json& j) {
@@ -57,12 +65,22 @@ store_protocol::store_protocol(const launch_info& launch, std::chrono::milliseco
 
 store_protocol::~store_protocol() = default;
 
-std::string store_protocol::address() const { return client_->address(); }
-const c10::intrusive_ptr<c10d::Store>& store_protocol::store() const { return client_->store(); }
+std::string store_protocol::address() const {
+  return client_->address();
+}
+const c10::intrusive_ptr<c10d::Store>& store_protocol::store() const {
+  return client_->store();
+}
 
-int store_protocol::claim_late_uid() { return kLateUidBase + static_cast<int>(client_->add("late_uid", 1)) - 1; }
-void store_protocol::set_universe(int size) { client_->set("universe", size); }
-int store_protocol::universe() { return client_->get("universe").get<int>(); }
+int store_protocol::claim_late_uid() {
+  return kLateUidBase + static_cast<int>(client_->add("late_uid", 1)) - 1;
+}
+void store_protocol::set_universe(int size) {
+  client_->set("universe", size);
+}
+int store_protocol::universe() {
+  return client_->get("universe").get<int>();
+}
 
 void store_protocol::check_consistency(int uid, const json& config, const std::vector<tensor_spec>& signature,
                                        const std::vector<int>& others, bool compare_signatures) {
@@ -178,7 +196,9 @@ std::optional<admission_result> store_protocol::poll_admission(int uid, bool che
   return r;
 }
 
-std::int64_t store_protocol::next_epoch() { return client_->add("epoch_seq", 1); }
+std::int64_t store_protocol::next_epoch() {
+  return client_->add("epoch_seq", 1);
+}
 
 void store_protocol::publish_decision(std::int64_t current_epoch, const published_decision& d) {
   client_->set(key("dec/", current_epoch),
@@ -187,7 +207,8 @@ void store_protocol::publish_decision(std::int64_t current_epoch, const publishe
 
 published_decision store_protocol::read_decision(std::int64_t current_epoch, std::chrono::milliseconds timeout) {
   const json j = client_->get(key("dec/", current_epoch), timeout);
-  return {decision_from_json(j.at("decision")), j.at("epoch").get<std::int64_t>(), j.at("decided_step").get<std::int64_t>()};
+  return {decision_from_json(j.at("decision")), j.at("epoch").get<std::int64_t>(),
+          j.at("decided_step").get<std::int64_t>()};
 }
 
 std::optional<published_decision> store_protocol::try_read_decision(std::int64_t epoch) {
@@ -265,8 +286,12 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
   return a;
 }
 
-void store_protocol::mark_done() { client_->set("done", 1); }
-bool store_protocol::done() { return client_->exists("done"); }
+void store_protocol::mark_done() {
+  client_->set("done", 1);
+}
+bool store_protocol::done() {
+  return client_->exists("done");
+}
 
 std::optional<size_limit> store_protocol::limit() {
   const auto j = client_->try_get("capacity");
@@ -278,6 +303,8 @@ std::optional<size_limit> store_protocol::limit() {
   return l;
 }
 
-void store_protocol::publish_report(const json& report) { client_->set("report", report); }
+void store_protocol::publish_report(const json& report) {
+  client_->set("report", report);
+}
 
 }  // namespace dra::elastic::detail

@@ -21,11 +21,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dra/policy/types.hpp"
 #include "dra/torch/elastic/controller.hpp"

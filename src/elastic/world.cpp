@@ -3,15 +3,15 @@
 // phases of enter_world: rebuild (the backend builds the epoch's communicator), state transfer
 // (along detail::route_handoff), reshard (the sampler's world and rank, the first collective, the
 // optional digest check). Also: a candidate's wait and admission, leaving, and the recovery.
+#include <ATen/Functions.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
 
-#include <ATen/Functions.h>
-
+#include "deferred_reads.hpp"
 #include "dra/error.hpp"
 #include "dra/torch/elastic/controller.hpp"
-#include "deferred_reads.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "handoff.hpp"
@@ -24,8 +24,12 @@ using detail::change_cause;
 using detail::world_change;
 
 namespace {
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 }  // namespace
 
 // ---- admission and world changes --------------------------------------------------------------
@@ -129,7 +133,8 @@ void controller::enter_world(const world_change& change) {
   }
   comm_ = backend_->rebuild(std::move(comm_), request, store_->store());
   if (!comm_)
-    throw dra::membership_error("dra: process " + std::to_string(uid_) + " is not in epoch " + std::to_string(change.epoch));
+    throw dra::membership_error("dra: process " + std::to_string(uid_) + " is not in epoch " +
+                                std::to_string(change.epoch));
   const double rebuild_s = seconds_since(t0);
 
   const auto t1 = clock_type::now();
@@ -250,7 +255,9 @@ void controller::recover(std::string reason) {
     if (!contains(agreed.members, uid_)) {
       std::printf("[dra] process %d was left out of epoch %lld (arrived late); %s\n", uid_,
                   static_cast<long long>(agreed.epoch),
-                  options_.release == release_mode::exit ? "exiting" : options_.release == release_mode::standby ? "standing by" : "returning to the caller");
+                  options_.release == release_mode::exit      ? "exiting"
+                  : options_.release == release_mode::standby ? "standing by"
+                                                              : "returning to the caller");
       std::fflush(stdout);
       leave(options_.release == release_mode::exit);
       return;
@@ -270,8 +277,8 @@ void controller::recover(std::string reason) {
       reason = std::string("rebuild after fault failed: ") + e.what();
     }
   }
-  throw dra::membership_error("dra: could not re-form the world after " + std::to_string(options_.max_resize_retries + 1) +
-                              " attempts: " + reason);
+  throw dra::membership_error("dra: could not re-form the world after " +
+                              std::to_string(options_.max_resize_retries + 1) + " attempts: " + reason);
 }
 
 }  // namespace dra::elastic

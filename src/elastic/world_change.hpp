@@ -24,15 +24,15 @@ struct world_change {
   std::vector<int> joined;   ///< who receives the state (a grow's or an admission's joiners)
   std::vector<int> left;
   std::string reason;
-  int before = 0;             ///< size of the world that was running
-  double agree_s = 0.0;       ///< time to agree on it (decision or recovery)
+  int before = 0;        ///< size of the world that was running
+  double agree_s = 0.0;  ///< time to agree on it (decision or recovery)
   std::int64_t decided_step = -1;
 };
 
 /// Who sends the state to whom in a world change, from this process's point of view.
 struct handoff_route {
-  int receive_from = -1;      ///< the rank this process receives the state from (-1: none)
-  std::vector<int> send_to;   ///< the ranks this process sends it to
+  int receive_from = -1;     ///< the rank this process receives the state from (-1: none)
+  std::vector<int> send_to;  ///< the ranks this process sends it to
 };
 
 /// The route of `change` for the process `uid` at `rank` of a world of `size`: at a start or after

@@ -9,7 +9,8 @@ namespace dra::energy {
 double process_cpu_seconds() {
   timespec ts{};
   double self = 0.0;
-  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0) self = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0)
+    self = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
   rusage children{};
   double waited = 0.0;
   if (getrusage(RUSAGE_CHILDREN, &children) == 0) {
@@ -36,7 +37,8 @@ detected_reader detect_energy_reader(const detect_options& options) {
       return false;
     }
   };
-  if (attempt(options.try_nvml, "nvml", [&] { return std::make_unique<nvml_reader>(options.nvml_library); })) return out;
+  if (attempt(options.try_nvml, "nvml", [&] { return std::make_unique<nvml_reader>(options.nvml_library); }))
+    return out;
   if (attempt(options.try_rapl, "rapl", [&] { return std::make_unique<rapl_reader>(options.rapl_root); })) return out;
   out.reader = std::make_unique<cpu_model_reader>(&process_cpu_seconds, options.model);
   return out;

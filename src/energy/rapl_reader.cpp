@@ -1,11 +1,11 @@
 // RAPL energy counters from the powercap sysfs tree. Each top-level zone exposes energy_uj, a
 // microjoule counter that wraps at max_energy_range_uj; the zones are read, unwrapped and summed.
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <algorithm>
 
 #include "dra/energy/readers.hpp"
 #include "dra/error.hpp"
@@ -22,8 +22,9 @@ bool read_u64(const std::string& path, std::uint64_t& value, std::string& why) {
     const int err = errno;
     why = path + ": " + (err ? std::strerror(err) : "cannot open");
     if (err == EACCES || err == EPERM)
-      why += " (since Linux 5.10 energy_uj is readable by root only: run as root, or grant read access, "
-             "e.g. chmod o+r on the energy_uj files)";
+      why +=
+          " (since Linux 5.10 energy_uj is readable by root only: run as root, or grant read access, "
+          "e.g. chmod o+r on the energy_uj files)";
     return false;
   }
   unsigned long long v = 0;
@@ -47,15 +48,20 @@ std::string read_line(const std::string& path) {
 rapl_reader::rapl_reader(std::string root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec))
-    throw dra::error("RAPL: " + root + " is not a directory (no powercap support on this machine; energy falls back to the estimated model)");
+    throw dra::error(
+        "RAPL: " + root +
+        " is not a directory (no powercap support on this machine; energy falls back to the estimated model)");
   std::vector<std::string> dirs;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const std::string n = entry.path().filename().string();
     // Top-level zones only: intel-rapl:N (a sub-zone is intel-rapl:N:M and is part of its package).
-    if (n.rfind("intel-rapl:", 0) == 0 && std::count(n.begin(), n.end(), ':') == 1) dirs.push_back(entry.path().string());
+    if (n.rfind("intel-rapl:", 0) == 0 && std::count(n.begin(), n.end(), ':') == 1)
+      dirs.push_back(entry.path().string());
   }
   std::sort(dirs.begin(), dirs.end());
-  if (dirs.empty()) throw dra::error("RAPL: no intel-rapl:N zone under " + root + " (RAPL absent; energy falls back to the estimated model)");
+  if (dirs.empty())
+    throw dra::error("RAPL: no intel-rapl:N zone under " + root +
+                     " (RAPL absent; energy falls back to the estimated model)");
 
   std::vector<zone> packages, psys;
   std::string problems;

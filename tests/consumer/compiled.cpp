@@ -1,7 +1,6 @@
 // Links the compiled part (dra::dra, LibTorch) from the installed package.
-#include <dra/torch/build_info.hpp>
-
 #include <cstdio>
+#include <dra/torch/build_info.hpp>
 
 int main() {
   const auto info = dra::get_build_info();

@@ -1,7 +1,6 @@
 // Uses the installed header-only core: an estimator and a constrained policy decide once.
-#include <dra/dra.hpp>
-
 #include <cstdio>
+#include <dra/dra.hpp>
 #include <memory>
 
 int main() {

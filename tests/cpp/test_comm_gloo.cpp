@@ -17,8 +17,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
-#include "dra/torch/comm/gloo.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/comm/gloo.hpp"
 
 // c10's logging defines a one-argument CHECK; doctest's must win in this file.
 #undef CHECK

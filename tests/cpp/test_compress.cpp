@@ -135,7 +135,8 @@ TEST_CASE("compress.masked.equals_the_masked_dense_allreduce_bit_for_bit") {
     CHECK(codec.bytes().ratio() == doctest::Approx(static_cast<double>(n) / static_cast<double>(kept)));
   });
   for (int r = 0; r < world; ++r)
-    for (std::size_t i = 0; i < n; ++i) CHECK(sparse[static_cast<std::size_t>(r)][i] == dense[static_cast<std::size_t>(r)][i]);
+    for (std::size_t i = 0; i < n; ++i)
+      CHECK(sparse[static_cast<std::size_t>(r)][i] == dense[static_cast<std::size_t>(r)][i]);
 }
 
 TEST_CASE("compress.masked.error_feedback_delivers_dropped_entries_later") {
@@ -229,7 +230,8 @@ TEST_CASE("compress.powersgd.recovers_a_low_rank_mean_and_compresses") {
     auto v = random_vec(cols, 10u + static_cast<unsigned>(r));
     std::vector<float> g(static_cast<std::size_t>(rows * cols));
     for (Eigen::Index i = 0; i < rows; ++i)
-      for (Eigen::Index j = 0; j < cols; ++j) g[static_cast<std::size_t>(i * cols + j)] = u[static_cast<std::size_t>(i)] * v[static_cast<std::size_t>(j)];
+      for (Eigen::Index j = 0; j < cols; ++j)
+        g[static_cast<std::size_t>(i * cols + j)] = u[static_cast<std::size_t>(i)] * v[static_cast<std::size_t>(j)];
     std::vector<float> bias{static_cast<float>(r), 1.0f};
     std::vector<tensor_ref> t{{g.data(), {rows, cols}}, {bias.data(), {2}}};
     powersgd_codec codec(2, 5);
@@ -243,7 +245,8 @@ TEST_CASE("compress.powersgd.recovers_a_low_rank_mean_and_compresses") {
   auto v0 = random_vec(cols, 10), v1 = random_vec(cols, 11);
   for (Eigen::Index i = 0; i < rows; ++i)
     for (Eigen::Index j = 0; j < cols; ++j) {
-      const float want = u[static_cast<std::size_t>(i)] * 0.5f * (v0[static_cast<std::size_t>(j)] + v1[static_cast<std::size_t>(j)]);
+      const float want =
+          u[static_cast<std::size_t>(i)] * 0.5f * (v0[static_cast<std::size_t>(j)] + v1[static_cast<std::size_t>(j)]);
       CHECK(out[0][static_cast<std::size_t>(i * cols + j)] == doctest::Approx(want).epsilon(1e-3));
       CHECK(out[1][static_cast<std::size_t>(i * cols + j)] == out[0][static_cast<std::size_t>(i * cols + j)]);
     }

@@ -24,8 +24,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
-#include "dra/torch/elastic/controller.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/elastic/controller.hpp"
 
 // c10's logging defines a one-argument CHECK; doctest's must win in this file.
 #undef CHECK
@@ -545,7 +545,8 @@ TEST_CASE("controller.fault.a_vanished_peer_is_survived") {
   for (int i = 0; i < 3; ++i) trainers.push_back(std::make_unique<trainer>(i));
   run_threads(trainers, [&](int i) {
     auto o = healthy_options();
-    o.fault_timeout_s = 3.0;  // bounds the survivors' wait for the vanished peer (short, yet no spurious fault under load)
+    o.fault_timeout_s =
+        3.0;  // bounds the survivors' wait for the vanished peer (short, yet no spurious fault under load)
     trainer& t = *trainers[static_cast<std::size_t>(i)];
     t.ctl = std::make_unique<controller>(o, launch(port, i, 3, "fault"), t.state, t.sampler);
     if (i != 1) {

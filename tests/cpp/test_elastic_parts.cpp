@@ -71,19 +71,22 @@ void in_gloo_world(int n, const std::string& job, const std::function<void(int, 
                    std::vector<std::string>& errors) {
   auto server = make_server();
   const int port = server->getPort();
-  run_threads(n, [&](int rank) {
-    ed::store_protocol store(client_of(port, job), 10s);
-    dra::comm::gloo_backend_options o;
-    o.hostname = "127.0.0.1";
-    dra::comm::gloo_backend backend(o);
-    dra::comm::rebuild_request r;
-    r.epoch = 1;
-    for (int i = 0; i < n; ++i) r.new_members.push_back(i);
-    r.self = rank;
-    r.timeout = 20s;
-    auto comm = backend.rebuild(nullptr, r, store.store());
-    fn(rank, *comm);
-  }, errors);
+  run_threads(
+      n,
+      [&](int rank) {
+        ed::store_protocol store(client_of(port, job), 10s);
+        dra::comm::gloo_backend_options o;
+        o.hostname = "127.0.0.1";
+        dra::comm::gloo_backend backend(o);
+        dra::comm::rebuild_request r;
+        r.epoch = 1;
+        for (int i = 0; i < n; ++i) r.new_members.push_back(i);
+        r.self = rank;
+        r.timeout = 20s;
+        auto comm = backend.rebuild(nullptr, r, store.store());
+        fn(rank, *comm);
+      },
+      errors);
 }
 
 // A state provider holding plain tensors (and a manifest string), for the handoff alone.
@@ -114,23 +117,29 @@ TEST_CASE("elastic.store_protocol.consistency_names_what_differs") {
   const json mine = {{"policy", "convergence"}, {"decide_every", 10}};
   const std::vector<tensor_spec> sig = {{"w", {2, 3}, "torch.float32"}};
   std::vector<std::string> errors;
-  run_threads(2, [&](int uid) {
-    ed::store_protocol store(client_of(port, "cfg"), 10s);
-    json cfg = mine;
-    if (uid == 1) cfg["decide_every"] = 20;
-    store.check_consistency(uid, cfg, sig, {0, 1}, true);
-  }, errors);
+  run_threads(
+      2,
+      [&](int uid) {
+        ed::store_protocol store(client_of(port, "cfg"), 10s);
+        json cfg = mine;
+        if (uid == 1) cfg["decide_every"] = 20;
+        store.check_consistency(uid, cfg, sig, {0, 1}, true);
+      },
+      errors);
   for (const auto& e : errors) {
     CHECK(e.find("inconsistent configuration") != std::string::npos);
     CHECK(e.find("'decide_every'") != std::string::npos);
     CHECK(e.find("'policy'") == std::string::npos);
   }
-  run_threads(2, [&](int uid) {
-    ed::store_protocol store(client_of(port, "sig"), 10s);
-    auto s = sig;
-    if (uid == 1) s[0].shape = {2, 4};
-    store.check_consistency(uid, mine, s, {0, 1}, true);
-  }, errors);
+  run_threads(
+      2,
+      [&](int uid) {
+        ed::store_protocol store(client_of(port, "sig"), 10s);
+        auto s = sig;
+        if (uid == 1) s[0].shape = {2, 4};
+        store.check_consistency(uid, mine, s, {0, 1}, true);
+      },
+      errors);
   for (const auto& e : errors) {
     CHECK(e.find("'w': world has shape") != std::string::npos);
     CHECK(e.find("[2, 3]") != std::string::npos);
@@ -149,9 +158,8 @@ TEST_CASE("elastic.store_protocol.admission_rejection_and_the_end") {
   std::thread leader_thread([&] {
     while (registered.load() < 3) std::this_thread::sleep_for(5ms);
     std::vector<std::pair<int, std::string>> rejected;
-    const auto cands = leader.admissible_candidates({0}, world_sig, [&](int uid, const std::string& why) {
-      rejected.emplace_back(uid, why);
-    });
+    const auto cands = leader.admissible_candidates(
+        {0}, world_sig, [&](int uid, const std::string& why) { rejected.emplace_back(uid, why); });
     // 11 has another model: rejected on the spot; 10 is admitted; 12 waits until the job is done.
     if (cands == std::vector<int>{10, 12} && rejected.size() == 1 && rejected[0].first == 11) {
       leader.admit({10}, {5, {0, 10}, {10}});
@@ -159,14 +167,17 @@ TEST_CASE("elastic.store_protocol.admission_rejection_and_the_end") {
       leader.mark_done();
     }
   });
-  run_threads(3, [&](int i) {
-    ed::store_protocol me(client_of(port, "admit"), 10s);
-    auto sig = world_sig;
-    if (i == 1) sig[0].shape = {5};
-    me.register_candidate(10 + i, sig);
-    ++registered;
-    results[static_cast<std::size_t>(i)] = me.wait_for_admission(10 + i);
-  }, errors);
+  run_threads(
+      3,
+      [&](int i) {
+        ed::store_protocol me(client_of(port, "admit"), 10s);
+        auto sig = world_sig;
+        if (i == 1) sig[0].shape = {5};
+        me.register_candidate(10 + i, sig);
+        ++registered;
+        results[static_cast<std::size_t>(i)] = me.wait_for_admission(10 + i);
+      },
+      errors);
   leader_thread.join();
   for (const auto& e : errors) CHECK(e.empty());
   using outcome = ed::store_protocol::outcome;
@@ -211,21 +222,27 @@ TEST_CASE("elastic.store_protocol.survivors_agree_without_a_single_decider") {
   std::vector<std::string> errors;
   // Old world {0, 1, 2, 3}: 2 is dead (never checks in); 3 is a joiner whose handoff was cut off
   // (it holds no state), so the agreed world starts with the state holders.
-  run_threads(3, [&](int i) {
-    const int uid = i == 2 ? 3 : i;
-    ed::store_protocol store(client_of(port, "fault"), 10s);
-    agreed[static_cast<std::size_t>(i)] = store.agree_on_survivors(7, {3, 0, 1, 2}, uid, uid != 3, 600ms);
-  }, errors);
+  run_threads(
+      3,
+      [&](int i) {
+        const int uid = i == 2 ? 3 : i;
+        ed::store_protocol store(client_of(port, "fault"), 10s);
+        agreed[static_cast<std::size_t>(i)] = store.agree_on_survivors(7, {3, 0, 1, 2}, uid, uid != 3, 600ms);
+      },
+      errors);
   for (const auto& e : errors) CHECK(e.empty());
   for (const auto& a : agreed) {
     CHECK(a.members == std::vector<int>{0, 1, 3});
     CHECK(a.epoch == agreed[0].epoch);
   }
   // Nobody who holds the state survived: the job cannot go on, and says so.
-  run_threads(1, [&](int) {
-    ed::store_protocol store(client_of(port, "lost"), 10s);
-    store.agree_on_survivors(2, {0, 4}, 4, false, 200ms);
-  }, errors);
+  run_threads(
+      1,
+      [&](int) {
+        ed::store_protocol store(client_of(port, "lost"), 10s);
+        store.agree_on_survivors(2, {0, 4}, 4, false, 200ms);
+      },
+      errors);
   CHECK(errors[0].find("training state is lost") != std::string::npos);
 }
 
@@ -261,22 +278,25 @@ TEST_CASE("elastic.transfer.chunked_pieces_arrive_bit_identical") {
     CAPTURE(chunk);
     std::vector<at::Tensor> sent, received;
     std::vector<std::string> errors;
-    in_gloo_world(3, "xfer-" + std::to_string(chunk), [&](int rank, dra::comm::communicator& comm) {
-      auto transfer = dra::comm::make_chunked_transfer(chunk);
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
-      // Big tensors go straight from/into storage, small ones are packed, an empty one is fine.
-      std::vector<at::Tensor> t = {at::randn({300000}, gen), at::randn({7}, gen), at::empty({0}),
-                                   at::randint(0, 100, {33}, gen).to(at::kLong), at::randn({64, 65}, gen)};
-      if (rank == 0) {
-        transfer->send(comm, t, {1, 2});
-        sent = t;
-      } else {
-        std::vector<at::Tensor> dst;
-        for (const auto& x : t) dst.push_back(at::zeros_like(x));
-        transfer->recv(comm, dst, 0);
-        if (rank == 2) received = dst;
-      }
-    }, errors);
+    in_gloo_world(
+        3, "xfer-" + std::to_string(chunk),
+        [&](int rank, dra::comm::communicator& comm) {
+          auto transfer = dra::comm::make_chunked_transfer(chunk);
+          auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+          // Big tensors go straight from/into storage, small ones are packed, an empty one is fine.
+          std::vector<at::Tensor> t = {at::randn({300000}, gen), at::randn({7}, gen), at::empty({0}),
+                                       at::randint(0, 100, {33}, gen).to(at::kLong), at::randn({64, 65}, gen)};
+          if (rank == 0) {
+            transfer->send(comm, t, {1, 2});
+            sent = t;
+          } else {
+            std::vector<at::Tensor> dst;
+            for (const auto& x : t) dst.push_back(at::zeros_like(x));
+            transfer->recv(comm, dst, 0);
+            if (rank == 2) received = dst;
+          }
+        },
+        errors);
     for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
     REQUIRE(sent.size() == received.size());
     for (std::size_t i = 0; i < sent.size(); ++i) CHECK(at::equal(sent[i], received[i]));
@@ -290,17 +310,20 @@ TEST_CASE("elastic.handoff.state_and_position_reach_the_joiner") {
   ed::handoff_header got;
   std::uint64_t sent_bytes = 0, got_bytes = 0;
   std::vector<std::string> errors;
-  in_gloo_world(2, "handoff", [&](int rank, dra::comm::communicator& comm) {
-    auto transfer = dra::comm::make_chunked_transfer(4096);
-    if (rank == 0) {
-      src.tensors = {at::arange(5000, at::kFloat), at::ones({3}, at::kDouble)};
-      ed::handoff_header h{17, {2, 48, 16, 9}, 5, 3};
-      sent_bytes = ed::send_state(comm, *transfer, {1}, src, h);
-    } else {
-      dst.tensors = {at::zeros({5000}, at::kFloat), at::zeros({3}, at::kDouble)};
-      got_bytes = ed::recv_state(comm, *transfer, 0, dst, got);
-    }
-  }, errors);
+  in_gloo_world(
+      2, "handoff",
+      [&](int rank, dra::comm::communicator& comm) {
+        auto transfer = dra::comm::make_chunked_transfer(4096);
+        if (rank == 0) {
+          src.tensors = {at::arange(5000, at::kFloat), at::ones({3}, at::kDouble)};
+          ed::handoff_header h{17, {2, 48, 16, 9}, 5, 3};
+          sent_bytes = ed::send_state(comm, *transfer, {1}, src, h);
+        } else {
+          dst.tensors = {at::zeros({5000}, at::kFloat), at::zeros({3}, at::kDouble)};
+          got_bytes = ed::recv_state(comm, *transfer, 0, dst, got);
+        }
+      },
+      errors);
   for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
   CHECK(sent_bytes == 5000 * 4 + 3 * 8);
   CHECK(got_bytes == sent_bytes);
@@ -321,25 +344,28 @@ TEST_CASE("elastic.reducer.weighted_mean_with_the_tail") {
   std::vector<at::Tensor> grads(2), loners(2);
   std::vector<ed::reduction_tail> tails(2);
   std::vector<std::string> errors;
-  in_gloo_world(2, "reduce", [&](int rank, dra::comm::communicator& comm) {
-    auto w = at::full({4}, 1.0).set_requires_grad(true);
-    auto unused = at::zeros({2}).set_requires_grad(true);  // no gradient this step: counts as zero
-    w.mutable_grad() = at::full({4}, rank == 0 ? 2.0 : 6.0);
-    ed::gradient_reducer reducer;
-    // Rank 0 holds a quarter of the step's samples, rank 1 three quarters; its loss (mean over its
-    // share) rides along as loss x count.
-    ed::tail_input mine;
-    mine.loss_value = rank == 0 ? 1.0 : 3.0;
-    mine.count = rank == 0 ? 1.0 : 3.0;
-    mine.decision_flag = rank == 0;
-    reducer.begin(comm, {w, unused}, rank == 0 ? 0.25 : 0.75, mine);
-    CHECK(reducer.buckets() == 1);  // a synchronous communicator (Gloo): one bucket, one all-reduce
-    reducer.ready(0);               // `unused` is never reported: finish() counts it as zero
-    tails[static_cast<std::size_t>(rank)] = ed::read_tail(reducer.finish());
-    CHECK_FALSE(reducer.active());
-    grads[static_cast<std::size_t>(rank)] = w.grad().clone();
-    loners[static_cast<std::size_t>(rank)] = unused.grad().clone();
-  }, errors);
+  in_gloo_world(
+      2, "reduce",
+      [&](int rank, dra::comm::communicator& comm) {
+        auto w = at::full({4}, 1.0).set_requires_grad(true);
+        auto unused = at::zeros({2}).set_requires_grad(true);  // no gradient this step: counts as zero
+        w.mutable_grad() = at::full({4}, rank == 0 ? 2.0 : 6.0);
+        ed::gradient_reducer reducer;
+        // Rank 0 holds a quarter of the step's samples, rank 1 three quarters; its loss (mean over its
+        // share) rides along as loss x count.
+        ed::tail_input mine;
+        mine.loss_value = rank == 0 ? 1.0 : 3.0;
+        mine.count = rank == 0 ? 1.0 : 3.0;
+        mine.decision_flag = rank == 0;
+        reducer.begin(comm, {w, unused}, rank == 0 ? 0.25 : 0.75, mine);
+        CHECK(reducer.buckets() == 1);  // a synchronous communicator (Gloo): one bucket, one all-reduce
+        reducer.ready(0);               // `unused` is never reported: finish() counts it as zero
+        tails[static_cast<std::size_t>(rank)] = ed::read_tail(reducer.finish());
+        CHECK_FALSE(reducer.active());
+        grads[static_cast<std::size_t>(rank)] = w.grad().clone();
+        loners[static_cast<std::size_t>(rank)] = unused.grad().clone();
+      },
+      errors);
   for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
   for (int r = 0; r < 2; ++r) {
     CHECK(at::allclose(grads[static_cast<std::size_t>(r)], at::full({4}, 0.25 * 2.0 + 0.75 * 6.0)));

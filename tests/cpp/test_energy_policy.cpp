@@ -34,7 +34,9 @@ table_predictor three() {
 // Step time: compute c/K per sample-share + sync s per extra rank (not perfectly scalable).
 struct simple_throughput final : throughput_predictor {
   double compute_per_sample = 0.01, sync_s = 0.05;
-  double step_time_s(int k, double per_rank) const override { return compute_per_sample * per_rank + (k > 1 ? sync_s : 0.0); }
+  double step_time_s(int k, double per_rank) const override {
+    return compute_per_sample * per_rank + (k > 1 ? sync_s : 0.0);
+  }
 };
 }  // namespace
 

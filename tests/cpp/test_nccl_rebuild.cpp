@@ -16,9 +16,9 @@
 #ifdef DRA_WITH_NCCL
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "dra/error.hpp"
 #include "dra/torch/build_info.hpp"
 #include "dra/torch/comm/nccl.hpp"
-#include "dra/error.hpp"
 #endif
 
 // c10's logging defines a one-argument CHECK; doctest's must win in this file.

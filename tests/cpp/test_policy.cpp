@@ -15,9 +15,9 @@
 
 #include "dra/engine.hpp"
 #include "dra/policy/constraints.hpp"
-#include "dra/policy/policies.hpp"
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/perf_model.hpp"
+#include "dra/policy/policies.hpp"
 #include "dra/policy/throughput_model.hpp"
 
 using namespace dra::policy;
@@ -636,12 +636,14 @@ TEST_CASE("policy.convergence_aware.grows_late_as_the_noise_scale_rises") {
   w.base_batch = 32.0;
   const cost_model costs{};
   auto early = aware_of(limits, cfg);
-  const decision d_early = early.decide(with_noise_scale(signals_in(training_phase::fast), 10.0), w, capacity{8}, costs, t);
+  const decision d_early =
+      early.decide(with_noise_scale(signals_in(training_phase::fast), 10.0), w, capacity{8}, costs, t);
   CHECK(d_early.kind == action::shrink);
   CHECK(d_early.target_size < 4);
   CHECK(d_early.batch_scale < 1.0);  // smaller batch: large ones waste samples at this noise scale
   auto late = aware_of(limits, cfg);
-  const decision d_late = late.decide(with_noise_scale(signals_in(training_phase::steady), 1e5), w, capacity{8}, costs, t);
+  const decision d_late =
+      late.decide(with_noise_scale(signals_in(training_phase::steady), 1e5), w, capacity{8}, costs, t);
   CHECK(d_late.kind == action::grow);
   CHECK(d_late.target_size == 8);
   CHECK(d_late.batch_scale > 1.0);
@@ -709,9 +711,27 @@ TEST_CASE("policy.convergence_aware.priced_size_and_remaining_work") {
   CHECK(priced_size({0.0, 1.0, 1.4, 1.6, 1.7}, 0.5) == 1);
   CHECK(priced_size({0.0, 1.0, 1.6, 2.0, 2.2}, 0.5) == 2);
   CHECK(remaining_work_weight(10.0) > remaining_work_weight(100.0));
-  expect_invalid([] { convergence_aware_config c; c.price_floor = 2.0; c.validate(); }, "price_floor");
-  expect_invalid([] { convergence_aware_config c; c.plateau_price = 0.05; c.validate(); }, "plateau_price");
-  expect_invalid([] { convergence_aware_config c; c.batch_candidates = 0; c.validate(); }, "batch_candidates");
+  expect_invalid(
+      [] {
+        convergence_aware_config c;
+        c.price_floor = 2.0;
+        c.validate();
+      },
+      "price_floor");
+  expect_invalid(
+      [] {
+        convergence_aware_config c;
+        c.plateau_price = 0.05;
+        c.validate();
+      },
+      "plateau_price");
+  expect_invalid(
+      [] {
+        convergence_aware_config c;
+        c.batch_candidates = 0;
+        c.validate();
+      },
+      "batch_candidates");
 }
 
 TEST_CASE("policy.engine.convergence_aware_selectable_by_name") {

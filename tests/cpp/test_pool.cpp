@@ -1,15 +1,16 @@
 // Tests of the device pool's core (include/dra/pool/): inventory and request validation (the
 // field and the fix named, nothing changed), the deterministic scheduler (suitable devices, least
 // fragmentation, locality, priority with aging, preemption that shrinks elastic jobs in place and
-// never breaks a rigid gang), leases, the replica autoscaler's hysteresis (scale-down on the window's mean load), admission to the request, and the scaler on the
-// cluster arbiter (whose fast path must give the allocations of the straightforward search).
+// never breaks a rigid gang), leases, the replica autoscaler's hysteresis (scale-down on the window's mean load),
+// admission to the request, and the scaler on the cluster arbiter (whose fast path must give the allocations of the
+// straightforward search).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <functional>
+#include <map>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -92,7 +93,7 @@ void apply(const inventory& inv, lease_book& book, const plan& p, double now) {
 // The arbiter's search as first written (every (job, increment) pair per device; every pair of
 // jobs per move): the fast path must give the same allocations.
 std::vector<int> reference_allocate(const dra::policy::cluster_arbiter& arb,
-                                     const std::vector<dra::policy::arbiter_job>& jobs, int capacity) {
+                                    const std::vector<dra::policy::arbiter_job>& jobs, int capacity) {
   const double p = arb.config().p, eps = arb.config().epsilon;
   const std::size_t n = jobs.size();
   auto term = [&](double s) { return std::pow(s + eps, p); };
@@ -100,7 +101,8 @@ std::vector<int> reference_allocate(const dra::policy::cluster_arbiter& arb,
   for (std::size_t j = 0; j < n; ++j) {
     const int most = std::max(0, static_cast<int>(jobs[j].speedup.size()) - 1);
     terms[j].resize(static_cast<std::size_t>(most) + 1);
-    for (int k = 0; k <= most; ++k) terms[j][static_cast<std::size_t>(k)] = term(dra::policy::cluster_arbiter::effective(jobs[j], k));
+    for (int k = 0; k <= most; ++k)
+      terms[j][static_cast<std::size_t>(k)] = term(dra::policy::cluster_arbiter::effective(jobs[j], k));
   }
   std::vector<int> alloc(n, 0);
   int free = capacity;
@@ -290,7 +292,8 @@ TEST_CASE("pool.scheduler.preemption_shrinks_elastic_in_place_never_rigid") {
   const inventory inv = slots(4);
   lease_book book;
   const scheduler s;
-  std::vector<job_entry> jobs{{req("elastic-low", 1, 3, "low"), 0.0, 0}, {req("rigid-low", 1, 1, "low", false), 0.0, 1}};
+  std::vector<job_entry> jobs{{req("elastic-low", 1, 3, "low"), 0.0, 0},
+                              {req("rigid-low", 1, 1, "low", false), 0.0, 1}};
   plan p = s.admit(inv, jobs, book, 0.0);
   apply(inv, book, p, 0.0);
   p = s.resize(inv, jobs, {{"elastic-low", 3}}, book, 0.0);
@@ -383,17 +386,17 @@ TEST_CASE("pool.autoscaler.hysteresis") {
   c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0;
   c.up_utilisation = 0.75, c.target_utilisation = 0.6, c.down_utilisation = 0.35;
   replica_autoscaler a(c);
-  CHECK(a.update(0.0, 5.0, 0.0, 1) == 1);    // 50 % load: inside the band
-  CHECK(a.update(0.5, 20.0, 0.0, 1) == 4);   // 2 replicas' worth at 60 % target -> 4, at once
-  CHECK(a.update(1.0, 20.0, 0.0, 4) == 4);   // a change starts the window
-  CHECK(a.update(2.0, 5.0, 0.0, 4) == 4);    // low, but the window is 1 s long
-  CHECK(a.update(4.0, 25.0, 0.0, 4) == 4);   // a short burst inside the band ...
+  CHECK(a.update(0.0, 5.0, 0.0, 1) == 1);   // 50 % load: inside the band
+  CHECK(a.update(0.5, 20.0, 0.0, 1) == 4);  // 2 replicas' worth at 60 % target -> 4, at once
+  CHECK(a.update(1.0, 20.0, 0.0, 4) == 4);  // a change starts the window
+  CHECK(a.update(2.0, 5.0, 0.0, 4) == 4);   // low, but the window is 1 s long
+  CHECK(a.update(4.0, 25.0, 0.0, 4) == 4);  // a short burst inside the band ...
   CHECK(a.update(4.5, 5.0, 0.0, 4) == 4);
   // ... does not pin 4 replicas: the window's mean load (2x1 + 0.5x2 + 2.5x0.5 + 0.5x1.5) / 5 =
   // 1.0 replica's worth is under 35 % of 4: one step down.
   CHECK(a.mean_load(6.0) == doctest::Approx(1.0));
   CHECK(a.update(6.0, 5.0, 0.0, 4) == 3);
-  CHECK(a.update(7.0, 5.0, 0.0, 3) == 3);    // the next step waits another window
+  CHECK(a.update(7.0, 5.0, 0.0, 3) == 3);  // the next step waits another window
   CHECK(a.update(11.0, 5.0, 0.0, 3) == 3);
   CHECK(a.update(12.0, 5.0, 0.0, 3) == 2);
   CHECK(a.update(12.5, 0.0, 9.0, 2) == 4);   // a queue adds replicas at once

@@ -332,7 +332,7 @@ TEST_CASE("rl.policy.max_move_and_role_minimums") {
   for (int i = 0; i < 10; ++i) w.feed(p, 512, 2, 6, [] { return 5000.0; });
   auto d = p.decide(state_of(2, 8, 512));
   CHECK(d.kind == stage_action::to_rollout);
-  CHECK(d.rollout == 3);  // one device per switch
+  CHECK(d.rollout == 3);                  // one device per switch
   CHECK(p.predict_all(512).size() == 4);  // rollout 2..5
   CHECK(p.predict_all(512).back().rollout == 5);
 }
@@ -426,7 +426,8 @@ double brute_force_rollout(const std::vector<double>& lengths, int devices, doub
   const auto iteration_s = [&](const std::vector<active_seq>& d) {
     double ctx = 0.0;
     for (const auto& s : d) ctx += s.context;
-    return c.decode_fixed_s + c.decode_per_sequence_s * static_cast<double>(d.size()) + c.decode_per_kilotoken_s * ctx / 1000.0;
+    return c.decode_fixed_s + c.decode_per_sequence_s * static_cast<double>(d.size()) +
+           c.decode_per_kilotoken_s * ctx / 1000.0;
   };
   // The router fills the devices round robin; the device whose current iteration ends first goes
   // next, so slots free up (and the shared queue is pulled) in time order.
@@ -511,8 +512,8 @@ TEST_CASE("rl.sim.event_simulation_equals_iteration_by_iteration") {
       CAPTURE(trial);
       CAPTURE(devices);
       double observed = 0.0;
-      const auto out = simulate_rollout(lengths, devices, 50.0, c, {},
-                                        [&](int, double, double, double s) { observed += s; });
+      const auto out =
+          simulate_rollout(lengths, devices, 50.0, c, {}, [&](int, double, double, double s) { observed += s; });
       CHECK(out.makespan_s == doctest::Approx(brute_force_rollout(lengths, devices, 50.0, c)).epsilon(1e-9));
       CHECK(observed == doctest::Approx(out.busy_device_s).epsilon(1e-9));  // the sink sees every decode second
     }
@@ -592,12 +593,13 @@ TEST_CASE("rl.sim.dynamic_finds_the_best_static_split_without_a_tail") {
   REQUIRE(!sweep.dynamic.switch_log.empty());
   const auto& s = sweep.dynamic.switch_log.front();
   CHECK(s.direction == "to_train");
-  CHECK(s.total_s == doctest::Approx(config.costs.switch_agree_s + config.costs.switch_rebuild_s + config.costs.switch_weights_s +
-                                     config.costs.switch_optimizer_s));
+  CHECK(s.total_s == doctest::Approx(config.costs.switch_agree_s + config.costs.switch_rebuild_s +
+                                     config.costs.switch_weights_s + config.costs.switch_optimizer_s));
   CHECK(s.exposed_s <= s.total_s);
   CHECK(s.hidden_s == doctest::Approx(s.total_s - s.exposed_s));
   CHECK(std::isfinite(s.payback_steps));
-  CHECK(sweep.dynamic.hidden_fraction == doctest::Approx(1.0 - sweep.dynamic.switch_exposed_s / sweep.dynamic.switch_total_s));
+  CHECK(sweep.dynamic.hidden_fraction ==
+        doctest::Approx(1.0 - sweep.dynamic.switch_exposed_s / sweep.dynamic.switch_total_s));
 }
 
 TEST_CASE("rl.sim.dynamic_follows_a_drift_towards_rollout") {
@@ -624,7 +626,8 @@ TEST_CASE("rl.sim.colocated_runs_both_stages_on_every_device") {
   const auto& p = c.phases[2];
   CHECK(p.rollout == 8);
   CHECK(p.train == 8);
-  CHECK(p.duration_s == doctest::Approx(p.rollout_s + p.train_s + config.costs.weight_sync_s + config.costs.colocated_switch_s));
+  CHECK(p.duration_s ==
+        doctest::Approx(p.rollout_s + p.train_s + config.costs.weight_sync_s + config.costs.colocated_switch_s));
   CHECK(p.train_s == doctest::Approx(config.costs.train_s(8, 128.0 * 228.0)));
 }
 

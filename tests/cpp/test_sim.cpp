@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "dra/policy/cluster_arbiter.hpp"
@@ -360,8 +360,10 @@ TEST_CASE("sim.signals.no_plateau_before_half_of_a_run_on_the_traces") {
     }
   }
   CHECK(runs == 40);
-  MESSAGE("plateau fired in " << fired << " of " << runs << " traced runs; without the history guard it fires before "
-                              "half of the run in " << windowed_early);
+  MESSAGE("plateau fired in " << fired << " of " << runs
+                              << " traced runs; without the history guard it fires before "
+                                 "half of the run in "
+                              << windowed_early);
 }
 
 TEST_CASE("sim.arbiter.greedy_search_finds_the_exhaustive_optimum") {

@@ -47,8 +47,10 @@ TEST_CASE("sparsity.rigl.same_inputs_same_mask_and_bad_input_named") {
   rigl_update(b, w.data(), g.data(), 1000, 0.9, 0.3);
   CHECK(a == b);
   CHECK(std::count(a.begin(), a.end(), 1) == 100);
-  CHECK_THROWS_WITH_AS(rigl_update(a, w.data(), g.data(), 999, 0.9, 0.3), doctest::Contains("mask"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(rigl_update(a, w.data(), g.data(), 1000, 1.0, 0.3), doctest::Contains("sparsity"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(rigl_update(a, w.data(), g.data(), 999, 0.9, 0.3), doctest::Contains("mask"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(rigl_update(a, w.data(), g.data(), 1000, 1.0, 0.3), doctest::Contains("sparsity"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("sparsity.update_fraction.cosine_decay") {
@@ -72,8 +74,8 @@ TEST_CASE("sparsity.schedule.follows_the_phase") {
 TEST_CASE("sparsity.rank.follows_the_noise_scale") {
   rank_schedule_config c{1, 8};
   CHECK(rank_for_noise_scale(c, 0.0, false, 64) == 8);
-  CHECK(rank_for_noise_scale(c, 0.0, true, 64) == 8);        // all signal
-  CHECK(rank_for_noise_scale(c, 64.0, true, 64) == 5);       // half signal: 1 + 3.5
-  CHECK(rank_for_noise_scale(c, 1e6, true, 64) == 1);        // all noise
+  CHECK(rank_for_noise_scale(c, 0.0, true, 64) == 8);   // all signal
+  CHECK(rank_for_noise_scale(c, 64.0, true, 64) == 5);  // half signal: 1 + 3.5
+  CHECK(rank_for_noise_scale(c, 1e6, true, 64) == 1);   // all noise
   CHECK(rank_for_noise_scale(c, 1e3, true, 64) < rank_for_noise_scale(c, 1e2, true, 64));
 }

@@ -90,7 +90,8 @@ struct reader {
     return v;
   }
   void need(std::size_t n) const {
-    if (pos + n > in.size()) dra::detail::throw_invalid("state", "codec state truncated; pass the bytes save_state() returned");
+    if (pos + n > in.size())
+      dra::detail::throw_invalid("state", "codec state truncated; pass the bytes save_state() returned");
   }
 };
 inline std::uint16_t to_fp16(float f) {
@@ -101,7 +102,7 @@ inline std::uint16_t to_fp16(float f) {
   const std::uint32_t mag = x & 0x7fffffffu;
   if (mag >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0u));
   if (mag >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds above 65504
-  if (mag < 0x38800000u) {                                                       // subnormal or zero in fp16
+  if (mag < 0x38800000u) {                                                    // subnormal or zero in fp16
     if (mag < 0x33000000u) return static_cast<std::uint16_t>(sign);
     const std::uint32_t m = (mag & 0x7fffffu) | 0x800000u;
     const int shift = 126 - static_cast<int>(mag >> 23);  // 14..24: value / 2^-24 = m x 2^(e - 126)
@@ -139,7 +140,7 @@ inline std::uint16_t to_bf16(float f) {
   std::uint32_t x;
   std::memcpy(&x, &f, 4);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // NaN stays NaN
-  x += 0x7fffu + ((x >> 16) & 1u);                                                          // round to nearest even
+  x += 0x7fffu + ((x >> 16) & 1u);                                                            // round to nearest even
   return static_cast<std::uint16_t>(x >> 16);
 }
 inline float from_bf16(std::uint16_t h) {
@@ -178,9 +179,11 @@ class gradient_codec {
   void load_state(const std::vector<std::uint8_t>& bytes) {
     detail::reader r{bytes};
     if (r.get_str() != "dra.codec") dra::detail::throw_invalid("state", "not a dra codec state");
-    if (const auto v = r.get<std::uint32_t>(); v != 1) dra::detail::throw_invalid("state", "codec state version " + std::to_string(v) + " unsupported (expected 1)");
+    if (const auto v = r.get<std::uint32_t>(); v != 1)
+      dra::detail::throw_invalid("state", "codec state version " + std::to_string(v) + " unsupported (expected 1)");
     if (const auto n = r.get_str(); n != name())
-      dra::detail::throw_invalid("state", "state of codec '" + n + "' cannot load into '" + name() + "'; build the same codec first");
+      dra::detail::throw_invalid(
+          "state", "state of codec '" + n + "' cannot load into '" + name() + "'; build the same codec first");
     const auto steps = r.get<std::int64_t>();
     std::vector<std::vector<float>> error(r.get<std::uint64_t>());
     for (auto& e : error) e = r.get_floats();
@@ -207,8 +210,9 @@ class gradient_codec {
     if (error_.size() <= i) error_.resize(i + 1);
     if (error_[i].size() != n) {
       if (!error_[i].empty())
-        dra::detail::throw_invalid("grads", "tensor " + std::to_string(i) + " has " + std::to_string(n) + " elements, the codec saw " +
-                                                std::to_string(error_[i].size()) + "; reduce the same tensors every step");
+        dra::detail::throw_invalid("grads", "tensor " + std::to_string(i) + " has " + std::to_string(n) +
+                                                " elements, the codec saw " + std::to_string(error_[i].size()) +
+                                                "; reduce the same tensors every step");
       error_[i].assign(n, 0.0f);
     }
     return error_[i];

@@ -89,7 +89,8 @@ class masked_codec final : public gradient_codec {
   explicit masked_codec(double keep_fraction = 0.0, std::uint64_t seed = 0, bool error_feedback = true)
       : keep_(keep_fraction), seed_(seed), feedback_(error_feedback) {
     if (!(keep_fraction >= 0.0 && keep_fraction <= 1.0))
-      dra::detail::throw_invalid("keep_fraction", "must lie in [0, 1] (0: masks set with set_mask), got " + std::to_string(keep_fraction));
+      dra::detail::throw_invalid(
+          "keep_fraction", "must lie in [0, 1] (0: masks set with set_mask), got " + std::to_string(keep_fraction));
   }
   std::string name() const override { return "masked"; }
   /// Masks per tensor (1 keep, 0 drop); every rank must set the same ones.
@@ -143,7 +144,8 @@ class masked_codec final : public gradient_codec {
     std::vector<std::vector<std::uint8_t>> out;
     for (const auto& g : grads) {
       const std::size_t n = g.size();
-      const std::size_t k = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(keep_ * static_cast<double>(n))));
+      const std::size_t k =
+          std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(keep_ * static_cast<double>(n))));
       std::vector<std::uint32_t> idx(n);
       std::iota(idx.begin(), idx.end(), 0u);
       for (std::size_t i = 0; i < k; ++i) {  // partial Fisher-Yates: the same k indices on every rank
@@ -167,7 +169,8 @@ class masked_codec final : public gradient_codec {
 class topk_codec final : public gradient_codec {
  public:
   explicit topk_codec(double fraction) : fraction_(fraction) {
-    if (!(fraction > 0.0 && fraction <= 1.0)) dra::detail::throw_invalid("fraction", "must lie in (0, 1], got " + std::to_string(fraction));
+    if (!(fraction > 0.0 && fraction <= 1.0))
+      dra::detail::throw_invalid("fraction", "must lie in (0, 1], got " + std::to_string(fraction));
   }
   std::string name() const override { return "topk"; }
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
@@ -178,13 +181,15 @@ class topk_codec final : public gradient_codec {
       const std::size_t n = g.size();
       auto& err = error_for(t, n);
       for (std::size_t i = 0; i < n; ++i) err[i] += g.data[i];
-      const std::size_t k = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(fraction_ * static_cast<double>(n))));
+      const std::size_t k =
+          std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(fraction_ * static_cast<double>(n))));
       std::vector<std::uint32_t> idx(n);
       std::iota(idx.begin(), idx.end(), 0u);
-      std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k - 1), idx.end(), [&](std::uint32_t a, std::uint32_t b) {
-        const float fa = std::fabs(err[a]), fb = std::fabs(err[b]);
-        return fa > fb || (fa == fb && a < b);
-      });
+      std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k - 1), idx.end(),
+                       [&](std::uint32_t a, std::uint32_t b) {
+                         const float fa = std::fabs(err[a]), fb = std::fabs(err[b]);
+                         return fa > fb || (fa == fb && a < b);
+                       });
       struct pair {
         std::uint32_t index;
         float value;
@@ -234,8 +239,9 @@ inline std::unique_ptr<gradient_codec> make_codec(const std::string& spec, std::
   if (kind == "topk") return std::make_unique<topk_codec>(number(0.01));
   if (kind == "random") return std::make_unique<masked_codec>(number(0.1), seed);
   if (kind == "masked") return std::make_unique<masked_codec>(0.0, seed);
-  dra::detail::throw_invalid("codec", "unknown codec '" + spec +
-                                          "'; use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction> or masked");
+  dra::detail::throw_invalid(
+      "codec", "unknown codec '" + spec +
+                   "'; use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction> or masked");
 }
 
 }  // namespace dra::compress

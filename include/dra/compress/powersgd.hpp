@@ -153,8 +153,10 @@ class powersgd_codec final : public gradient_codec {
       const float before = p.col(c).norm();
       for (Eigen::Index k = 0; k < c; ++k) p.col(c) -= p.col(k).dot(p.col(c)) * p.col(k);
       const float norm = p.col(c).norm();
-      if (norm > 1e-4f * before && norm > 1e-30f) p.col(c) /= norm;
-      else p.col(c).setZero();
+      if (norm > 1e-4f * before && norm > 1e-30f)
+        p.col(c) /= norm;
+      else
+        p.col(c).setZero();
     }
   }
   std::vector<float> initial_q(std::size_t tensor, Eigen::Index cols, int r) const {

@@ -31,11 +31,15 @@ struct mask_update {
 /// just-dropped entry is not regrown in the same update). Deterministic: ties go to the lower index.
 inline mask_update rigl_update(std::vector<std::uint8_t>& mask, const float* weights, const float* grads, std::size_t n,
                                double sparsity, double update_fraction) {
-  if (mask.size() != n) dra::detail::throw_invalid("mask", "has " + std::to_string(mask.size()) + " entries for " + std::to_string(n) + " weights");
-  if (!(sparsity >= 0.0 && sparsity < 1.0)) dra::detail::throw_invalid("sparsity", "must lie in [0, 1), got " + std::to_string(sparsity));
+  if (mask.size() != n)
+    dra::detail::throw_invalid("mask",
+                               "has " + std::to_string(mask.size()) + " entries for " + std::to_string(n) + " weights");
+  if (!(sparsity >= 0.0 && sparsity < 1.0))
+    dra::detail::throw_invalid("sparsity", "must lie in [0, 1), got " + std::to_string(sparsity));
   if (!(update_fraction >= 0.0 && update_fraction <= 1.0))
     dra::detail::throw_invalid("update_fraction", "must lie in [0, 1], got " + std::to_string(update_fraction));
-  const std::size_t target = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround((1.0 - sparsity) * static_cast<double>(n))));
+  const std::size_t target =
+      std::max<std::size_t>(1, static_cast<std::size_t>(std::llround((1.0 - sparsity) * static_cast<double>(n))));
   std::vector<std::uint32_t> active, inactive;
   for (std::size_t i = 0; i < n; ++i) (mask[i] ? active : inactive).push_back(static_cast<std::uint32_t>(i));
   auto by_weight = [&](std::uint32_t a, std::uint32_t b) {  // smallest |w| first
@@ -62,8 +66,9 @@ inline mask_update rigl_update(std::vector<std::uint8_t>& mask, const float* wei
     inactive.erase(inactive.begin(), inactive.begin() + static_cast<std::ptrdiff_t>(k));
   }
   // 2. Swap a fraction: drop by magnitude, regrow by gradient.
-  const std::size_t swap = std::min({static_cast<std::size_t>(std::floor(update_fraction * static_cast<double>(target))),
-                                     active.size(), inactive.size()});
+  const std::size_t swap =
+      std::min({static_cast<std::size_t>(std::floor(update_fraction * static_cast<double>(target))), active.size(),
+                inactive.size()});
   if (swap > 0) {
     std::partial_sort(active.begin(), active.begin() + static_cast<std::ptrdiff_t>(swap), active.end(), by_weight);
     std::partial_sort(inactive.begin(), inactive.begin() + static_cast<std::ptrdiff_t>(swap), inactive.end(), by_grad);
@@ -83,9 +88,9 @@ inline double rigl_update_fraction(double alpha, std::int64_t step, std::int64_t
 }
 
 struct sparsity_schedule_config {
-  double max_sparsity = 0.9;   ///< the sparsest the model gets (steady or plateau)
-  double step_up = 0.2;        ///< added per mask update while steady or on a plateau
-  double step_down = 0.3;      ///< removed per mask update on divergence
+  double max_sparsity = 0.9;  ///< the sparsest the model gets (steady or plateau)
+  double step_up = 0.2;       ///< added per mask update while steady or on a plateau
+  double step_down = 0.3;     ///< removed per mask update on divergence
   void validate() const {
     if (!(max_sparsity >= 0.0 && max_sparsity < 1.0))
       dra::detail::throw_invalid("max_sparsity", "must lie in [0, 1), got " + std::to_string(max_sparsity));
@@ -101,10 +106,13 @@ inline double next_sparsity(const sparsity_schedule_config& c, double current, s
   using signals::training_phase;
   switch (phase) {
     case training_phase::warmup:
-    case training_phase::fast: return current;  // keep what we have: never prune while learning fast
+    case training_phase::fast:
+      return current;  // keep what we have: never prune while learning fast
     case training_phase::steady:
-    case training_phase::plateau: return std::min(c.max_sparsity, current + c.step_up);
-    case training_phase::diverging: return std::max(0.0, current - c.step_down);
+    case training_phase::plateau:
+      return std::min(c.max_sparsity, current + c.step_up);
+    case training_phase::diverging:
+      return std::max(0.0, current - c.step_down);
   }
   return current;
 }
@@ -114,7 +122,8 @@ struct rank_schedule_config {
   int max_rank = 8;
   void validate() const {
     if (min_rank < 1) dra::detail::throw_invalid("min_rank", "must be >= 1, got " + std::to_string(min_rank));
-    if (max_rank < min_rank) dra::detail::throw_invalid("max_rank", "must be >= min_rank (" + std::to_string(min_rank) + ")");
+    if (max_rank < min_rank)
+      dra::detail::throw_invalid("max_rank", "must be >= min_rank (" + std::to_string(min_rank) + ")");
   }
 };
 

@@ -29,7 +29,8 @@ inline void check_unique(const std::vector<int>& ids, const char* field) {
   std::set<int> seen;
   for (int id : ids) {
     if (id < 0) dra::detail::throw_invalid(field, "universe ids must be >= 0, got " + std::to_string(id));
-    if (!seen.insert(id).second) dra::detail::throw_invalid(field, "universe id " + std::to_string(id) + " appears twice");
+    if (!seen.insert(id).second)
+      dra::detail::throw_invalid(field, "universe id " + std::to_string(id) + " appears twice");
   }
 }
 
@@ -67,7 +68,8 @@ inline std::vector<int> next_members(const std::vector<int>& current, const std:
   for (int id : leave)
     if (rank_of(current, id) < 0) dra::detail::throw_invalid("leave", "uid " + std::to_string(id) + " is not a member");
   for (int id : join)
-    if (rank_of(current, id) >= 0) dra::detail::throw_invalid("join", "uid " + std::to_string(id) + " is already a member");
+    if (rank_of(current, id) >= 0)
+      dra::detail::throw_invalid("join", "uid " + std::to_string(id) + " is already a member");
   std::vector<int> out;
   out.reserve(current.size() + join.size());
   for (int id : current)
@@ -99,7 +101,8 @@ inline index_range step_batch(std::int64_t cursor, std::int64_t global_batch, st
   if (global_batch < 1) dra::detail::throw_invalid("global_batch", "must be >= 1, got " + std::to_string(global_batch));
   if (epoch_size < 0) dra::detail::throw_invalid("epoch_size", "must be >= 0");
   if (cursor < 0 || cursor > epoch_size)
-    dra::detail::throw_invalid("cursor", "must lie in [0, epoch_size=" + std::to_string(epoch_size) + "], got " + std::to_string(cursor));
+    dra::detail::throw_invalid(
+        "cursor", "must lie in [0, epoch_size=" + std::to_string(epoch_size) + "], got " + std::to_string(cursor));
   return {cursor, std::min(cursor + global_batch, epoch_size)};
 }
 

@@ -31,12 +31,18 @@ class elastic_sampler {
   /// nothing, and the seed only has to match).
   elastic_sampler(std::int64_t dataset_size, std::int64_t global_batch, std::uint64_t seed = 0, bool drop_last = false,
                   bool shuffle = true)
-      : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed), drop_last_(drop_last), shuffle_(shuffle) {
+      : dataset_size_(dataset_size),
+        global_batch_(global_batch),
+        seed_(seed),
+        drop_last_(drop_last),
+        shuffle_(shuffle) {
     if (dataset_size < 1)
-      dra::detail::throw_invalid("dataset_size", "must be >= 1 (the number of samples), got " + std::to_string(dataset_size));
+      dra::detail::throw_invalid("dataset_size",
+                                 "must be >= 1 (the number of samples), got " + std::to_string(dataset_size));
     if (global_batch < 1)
-      dra::detail::throw_invalid("global_batch", "must be >= 1 (samples per optimizer step over the whole world), got " +
-                                                     std::to_string(global_batch));
+      dra::detail::throw_invalid(
+          "global_batch",
+          "must be >= 1 (samples per optimizer step over the whole world), got " + std::to_string(global_batch));
   }
 
   std::int64_t dataset_size() const noexcept { return dataset_size_; }
@@ -121,7 +127,8 @@ class elastic_sampler {
   void finish() noexcept { epoch_ = INT64_MAX / 2; }
   /// AdaScale-style batch change; keeps the cursor (the next step just takes more or fewer).
   void set_global_batch(std::int64_t global_batch) {
-    if (global_batch < 1) dra::detail::throw_invalid("global_batch", "must be >= 1, got " + std::to_string(global_batch));
+    if (global_batch < 1)
+      dra::detail::throw_invalid("global_batch", "must be >= 1, got " + std::to_string(global_batch));
     global_batch_ = global_batch;
   }
 
@@ -132,7 +139,8 @@ class elastic_sampler {
     if (p.seed != seed_)
       dra::detail::throw_invalid("seed", "the world's sampler uses seed " + std::to_string(p.seed) + ", this process " +
                                              std::to_string(seed_) + "; pass the same seed everywhere");
-    if (p.global_batch < 1) dra::detail::throw_invalid("global_batch", "must be >= 1, got " + std::to_string(p.global_batch));
+    if (p.global_batch < 1)
+      dra::detail::throw_invalid("global_batch", "must be >= 1, got " + std::to_string(p.global_batch));
     const std::int64_t size = drop_last_ ? dataset_size_ - dataset_size_ % p.global_batch : dataset_size_;
     if (p.epoch < 0 || p.cursor < 0 || p.cursor > size)
       dra::detail::throw_invalid("cursor", "position (epoch " + std::to_string(p.epoch) + ", cursor " +

@@ -25,9 +25,12 @@ enum class energy_source { measured, estimated, replayed };
 
 inline const char* to_string(energy_source s) noexcept {
   switch (s) {
-    case energy_source::measured: return "measured";
-    case energy_source::estimated: return "estimated";
-    case energy_source::replayed: return "replayed";
+    case energy_source::measured:
+      return "measured";
+    case energy_source::estimated:
+      return "estimated";
+    case energy_source::replayed:
+      return "replayed";
   }
   return "unknown";
 }
@@ -102,7 +105,8 @@ struct cpu_model_config {
   double watts_per_core = 10.0;
   void validate() const {
     if (!(watts_per_core > 0.0) || !std::isfinite(watts_per_core))
-      dra::detail::throw_invalid("watts_per_core", "must be a finite number > 0, got " + std::to_string(watts_per_core));
+      dra::detail::throw_invalid("watts_per_core",
+                                 "must be a finite number > 0, got " + std::to_string(watts_per_core));
   }
 };
 
@@ -110,7 +114,8 @@ struct cpu_model_config {
 class cpu_model_reader final : public energy_reader {
  public:
   /// cpu_seconds: a monotonic clock of busy CPU seconds (summed over cores).
-  cpu_model_reader(std::function<double()> cpu_seconds, cpu_model_config config = {}, std::string scope = "process CPU time")
+  cpu_model_reader(std::function<double()> cpu_seconds, cpu_model_config config = {},
+                   std::string scope = "process CPU time")
       : cpu_seconds_(std::move(cpu_seconds)), config_((config.validate(), config)), scope_(std::move(scope)) {
     if (!cpu_seconds_) dra::detail::throw_invalid("cpu_seconds", "must be a callable returning CPU seconds");
     origin_ = cpu_seconds_();

@@ -154,8 +154,10 @@ class cluster_arbiter {
         const auto kb = static_cast<std::size_t>(alloc[b]);
         if (kb + 1 >= terms[b].size()) continue;
         gain[b] = sign * (terms[b][kb + 1] - terms[b][kb]);
-        if (b1 == n || gain[b] > gain[b1] + 1e-12) b2 = b1, b1 = b;
-        else if (b2 == n || gain[b] > gain[b2] + 1e-12) b2 = b;
+        if (b1 == n || gain[b] > gain[b1] + 1e-12)
+          b2 = b1, b1 = b;
+        else if (b2 == n || gain[b] > gain[b2] + 1e-12)
+          b2 = b;
       }
       double best = 0.0;
       std::size_t from = n, to = n;

@@ -40,7 +40,8 @@ struct constraints {
     if (max_size < min_size)
       dra::detail::throw_invalid("min_size", "min_size (" + std::to_string(min_size) + ") > max_size (" +
                                                  std::to_string(max_size) + "); lower min_size or raise max_size");
-    if (cooldown_steps < 0) dra::detail::throw_invalid("cooldown_steps", "must be >= 0, got " + std::to_string(cooldown_steps));
+    if (cooldown_steps < 0)
+      dra::detail::throw_invalid("cooldown_steps", "must be >= 0, got " + std::to_string(cooldown_steps));
     if (hysteresis_decisions < 1)
       dra::detail::throw_invalid("hysteresis_decisions", "must be >= 1, got " + std::to_string(hysteresis_decisions));
     if (max_change < 1) dra::detail::throw_invalid("max_change", "must be >= 1, got " + std::to_string(max_change));
@@ -51,13 +52,15 @@ struct constraints {
                                    [&](int s) { return s >= min_size && s <= max_size; });
       if (!any)
         dra::detail::throw_invalid("allowed_sizes", "no allowed size lies within [min_size, max_size] = [" +
-                                                        std::to_string(min_size) + ", " + std::to_string(max_size) + "]");
+                                                        std::to_string(min_size) + ", " + std::to_string(max_size) +
+                                                        "]");
     }
   }
 
   bool allows(int size) const {
     return size >= min_size && size <= max_size &&
-           (allowed_sizes.empty() || std::find(allowed_sizes.begin(), allowed_sizes.end(), size) != allowed_sizes.end());
+           (allowed_sizes.empty() ||
+            std::find(allowed_sizes.begin(), allowed_sizes.end(), size) != allowed_sizes.end());
   }
 };
 
@@ -71,12 +74,12 @@ inline std::vector<int> active_ids(const world_state& world) {
 }
 
 /// The decision that takes `world` to `target` members: the first candidates (ascending ids)
-/// join; the members in `prefer_leave`, then the newest, leave (never the leader). Used by constrained_policy and for changes
-/// the policy does not choose (a resize schedule, a pool lowering the job's limit). A grow with
-/// fewer candidates than asked admits those there are; a world without named candidates (the
-/// simulator, a pool that starts workers later) keeps the target alone.
-inline decision plan_resize(const world_state& world, int target, double batch_scale, double lr_scale, std::string reason,
-                            const std::vector<int>& prefer_leave = {}) {
+/// join; the members in `prefer_leave`, then the newest, leave (never the leader). Used by constrained_policy and for
+/// changes the policy does not choose (a resize schedule, a pool lowering the job's limit). A grow with fewer
+/// candidates than asked admits those there are; a world without named candidates (the simulator, a pool that starts
+/// workers later) keeps the target alone.
+inline decision plan_resize(const world_state& world, int target, double batch_scale, double lr_scale,
+                            std::string reason, const std::vector<int>& prefer_leave = {}) {
   if (target < 1) dra::detail::throw_invalid("target", "must be >= 1, got " + std::to_string(target));
   decision out;
   out.target_size = target;
@@ -121,7 +124,9 @@ class constrained_policy {
     // Below the minimum (after a failure): grow back to it as soon as candidates allow, no cooldown.
     if (current < limits_.min_size) {
       const int target = snap_down(std::min(limits_.min_size, most), current);
-      if (target > current) return finish(std::move(out), world, target, 0.0, 1.0, "restore: world below min_size " + std::to_string(limits_.min_size));
+      if (target > current)
+        return finish(std::move(out), world, target, 0.0, 1.0,
+                      "restore: world below min_size " + std::to_string(limits_.min_size));
       out.reason = "hold: below min_size " + std::to_string(limits_.min_size) + " but no candidates to admit";
       return out;
     }
@@ -181,7 +186,8 @@ class constrained_policy {
         unit = "device-s";
       }
       if (!(gain > cost)) {
-        out.reason = "hold: resize would not pay back (" + policy_detail_gain(gain, cost, horizon, unit) + "); wanted: " + p.reason;
+        out.reason = "hold: resize would not pay back (" + policy_detail_gain(gain, cost, horizon, unit) +
+                     "); wanted: " + p.reason;
         return out;
       }
       p.reason += "; pays back (" + policy_detail_gain(gain, cost, horizon, unit) + ")";

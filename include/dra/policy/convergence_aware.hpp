@@ -53,7 +53,8 @@ struct convergence_aware_config {
                                                       ", 1], got " + std::to_string(plateau_price));
     if (!(min_gain >= 0.0)) dra::detail::throw_invalid("min_gain", "must be >= 0, got " + std::to_string(min_gain));
     if (!(max_global_batch >= 0.0))
-      dra::detail::throw_invalid("max_global_batch", "must be >= 0 (0: keep the batch), got " + std::to_string(max_global_batch));
+      dra::detail::throw_invalid("max_global_batch",
+                                 "must be >= 0 (0: keep the batch), got " + std::to_string(max_global_batch));
     if (!(min_per_rank_batch > 0.0))
       dra::detail::throw_invalid("min_per_rank_batch", "must be > 0, got " + std::to_string(min_per_rank_batch));
     if (batch_candidates < 1)

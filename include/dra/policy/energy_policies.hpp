@@ -25,10 +25,10 @@ namespace dra::policy {
 
 struct knob_setting {
   int world_size = 1;
-  double global_batch = 0.0;    ///< samples per optimizer step over the world (0: unchanged)
-  double sparsity = 0.0;        ///< fraction of weights masked off, [0, 1)
-  int compression_rank = 0;     ///< PowerSGD rank (0: uncompressed)
-  double power_limit_w = 0.0;   ///< per-device power limit, replay only (0: the device's default)
+  double global_batch = 0.0;   ///< samples per optimizer step over the world (0: unchanged)
+  double sparsity = 0.0;       ///< fraction of weights masked off, [0, 1)
+  int compression_rank = 0;    ///< PowerSGD rank (0: uncompressed)
+  double power_limit_w = 0.0;  ///< per-device power limit, replay only (0: the device's default)
 };
 
 struct knob_space {
@@ -68,10 +68,14 @@ enum class energy_objective_kind { min_energy_deadline, energy_delay, zeus_cost,
 
 inline const char* to_string(energy_objective_kind k) noexcept {
   switch (k) {
-    case energy_objective_kind::min_energy_deadline: return "min_energy_deadline";
-    case energy_objective_kind::energy_delay: return "energy_delay";
-    case energy_objective_kind::zeus_cost: return "zeus_cost";
-    case energy_objective_kind::energy_budget: return "energy_budget";
+    case energy_objective_kind::min_energy_deadline:
+      return "min_energy_deadline";
+    case energy_objective_kind::energy_delay:
+      return "energy_delay";
+    case energy_objective_kind::zeus_cost:
+      return "zeus_cost";
+    case energy_objective_kind::energy_budget:
+      return "energy_budget";
   }
   return "unknown";
 }
@@ -90,24 +94,30 @@ inline bool energy_objective_named(const std::string& name, energy_objective_kin
 
 struct energy_objective {
   energy_objective_kind kind = energy_objective_kind::zeus_cost;
-  double eta = 0.5;  ///< zeus_cost: weight of energy against time, in [0, 1]
+  double eta = 0.5;                                             ///< zeus_cost: weight of energy against time, in [0, 1]
   double deadline_s = std::numeric_limits<double>::infinity();  ///< min_energy_deadline: time left
   double budget_j = std::numeric_limits<double>::infinity();    ///< energy_budget: joules left
 
   void validate() const {
-    if (!(eta >= 0.0 && eta <= 1.0)) dra::detail::throw_invalid("eta", "must lie in [0, 1], got " + std::to_string(eta));
-    if (!(deadline_s > 0.0)) dra::detail::throw_invalid("deadline_s", "must be > 0 (infinity: no deadline), got " + std::to_string(deadline_s));
-    if (!(budget_j > 0.0)) dra::detail::throw_invalid("budget_j", "must be > 0 (infinity: no budget), got " + std::to_string(budget_j));
+    if (!(eta >= 0.0 && eta <= 1.0))
+      dra::detail::throw_invalid("eta", "must lie in [0, 1], got " + std::to_string(eta));
+    if (!(deadline_s > 0.0))
+      dra::detail::throw_invalid("deadline_s",
+                                 "must be > 0 (infinity: no deadline), got " + std::to_string(deadline_s));
+    if (!(budget_j > 0.0))
+      dra::detail::throw_invalid("budget_j", "must be > 0 (infinity: no budget), got " + std::to_string(budget_j));
   }
 
   /// Zeus's cost of one prediction (also used to report any choice in Zeus's units).
-  double zeus_cost(const energy_prediction& p) const { return eta * p.energy_j + (1.0 - eta) * p.max_power_w * p.time_s; }
+  double zeus_cost(const energy_prediction& p) const {
+    return eta * p.energy_j + (1.0 - eta) * p.max_power_w * p.time_s;
+  }
 };
 
 struct energy_choice {
   knob_setting setting;
   energy_prediction prediction;
-  std::size_t index = 0;     ///< position in the candidate list
+  std::size_t index = 0;       ///< position in the candidate list
   bool constraint_met = true;  ///< deadline / budget satisfied (always true for EDP and Zeus)
   std::string reason;
 };
@@ -119,7 +129,8 @@ inline energy_choice choose_setting(const energy_objective& obj, const std::vect
   obj.validate();
   if (preds.size() != candidates.size())
     dra::detail::throw_invalid("predictions", std::to_string(preds.size()) + " predictions for " +
-                                                  std::to_string(candidates.size()) + " candidates; give one per candidate");
+                                                  std::to_string(candidates.size()) +
+                                                  " candidates; give one per candidate");
   auto usable = [&](std::size_t i) {
     const auto& p = preds[i];
     return p.valid && std::isfinite(p.time_s) && std::isfinite(p.energy_j) && p.time_s >= 0.0 && p.energy_j >= 0.0;
@@ -200,11 +211,14 @@ struct energy_policy_config {
 
   void validate() const {
     objective.validate();
-    if (!(watts_per_device > 0.0)) dra::detail::throw_invalid("watts_per_device", "must be > 0, got " + std::to_string(watts_per_device));
+    if (!(watts_per_device > 0.0))
+      dra::detail::throw_invalid("watts_per_device", "must be > 0, got " + std::to_string(watts_per_device));
     if (!(max_watts_per_device >= watts_per_device))
-      dra::detail::throw_invalid("max_watts_per_device", "must be >= watts_per_device (" + std::to_string(watts_per_device) + ")");
+      dra::detail::throw_invalid("max_watts_per_device",
+                                 "must be >= watts_per_device (" + std::to_string(watts_per_device) + ")");
     if (!(min_per_rank_batch > 0.0)) dra::detail::throw_invalid("min_per_rank_batch", "must be > 0");
-    if (!(max_per_rank_batch >= min_per_rank_batch)) dra::detail::throw_invalid("max_per_rank_batch", "must be >= min_per_rank_batch");
+    if (!(max_per_rank_batch >= min_per_rank_batch))
+      dra::detail::throw_invalid("max_per_rank_batch", "must be >= min_per_rank_batch");
     if (!(job_deadline_s > 0.0)) dra::detail::throw_invalid("job_deadline_s", "must be > 0 (infinity: none)");
     if (!(job_budget_j > 0.0)) dra::detail::throw_invalid("job_budget_j", "must be > 0 (infinity: none)");
   }
@@ -218,10 +232,12 @@ class live_energy_predictor final : public energy_predictor {
   live_energy_predictor(const decision_inputs& in, const energy_policy_config& config) : in_(in), config_(config) {}
   energy_prediction predict(const knob_setting& s) const override {
     const double batch = s.global_batch > 0.0 ? s.global_batch : in_.world.global_batch;
-    const double steps_left = in_.world.remaining_steps >= 0 ? static_cast<double>(in_.world.remaining_steps) : in_.costs.horizon_steps;
+    const double steps_left =
+        in_.world.remaining_steps >= 0 ? static_cast<double>(in_.world.remaining_steps) : in_.costs.horizon_steps;
     // Samples of progress left, measured at the current batch and its efficiency.
-    const double work = steps_left * in_.world.global_batch *
-                        statistical_efficiency(in_.signals.gns, in_.signals.gns_valid, in_.world.global_batch, in_.world.base_batch);
+    const double work =
+        steps_left * in_.world.global_batch *
+        statistical_efficiency(in_.signals.gns, in_.signals.gns_valid, in_.world.global_batch, in_.world.base_batch);
     const double g = goodput(in_, s.world_size, batch);
     energy_prediction p;
     if (!(g > 0.0)) {
@@ -252,7 +268,8 @@ class energy_policy final : public policy {
     for (int size = lo; size <= hi; ++size) {
       candidates.push_back({size, in.world.global_batch});
       if (!config_.adapt_batch) continue;
-      for (double m = config_.min_per_rank_batch; m <= config_.max_per_rank_batch; m *= 2.0) candidates.push_back({size, m * size});
+      for (double m = config_.min_per_rank_batch; m <= config_.max_per_rank_batch; m *= 2.0)
+        candidates.push_back({size, m * size});
     }
     energy_objective obj = config_.objective;
     obj.deadline_s = std::max(1e-9, config_.job_deadline_s - in.world.elapsed_s);

@@ -72,11 +72,11 @@ inline double adascale_progress_gain(const grad_stats& g, double scale) {
 
 /// Limits of the batch search (Pollux's GoodputFunction.optimize with accumulation).
 struct batch_limits {
-  double init_batch = 1.0;       ///< M0: the batch at which grad_stats are expressed
-  double max_batch = 1.0;        ///< largest total batch (Pollux: the largest validated one)
-  double min_atomic = 1.0;       ///< smallest per-replica micro-batch
-  double max_atomic = 1.0;       ///< largest per-replica micro-batch (above: gradient accumulation)
-  int candidates = 50;           ///< total batches tried, geometric between the bounds
+  double init_batch = 1.0;  ///< M0: the batch at which grad_stats are expressed
+  double max_batch = 1.0;   ///< largest total batch (Pollux: the largest validated one)
+  double min_atomic = 1.0;  ///< smallest per-replica micro-batch
+  double max_atomic = 1.0;  ///< largest per-replica micro-batch (above: gradient accumulation)
+  int candidates = 50;      ///< total batches tried, geometric between the bounds
 };
 
 /// One configuration and its goodput (progress per second, in steps at M0).
@@ -328,7 +328,8 @@ class perf_model {
         } catch (const std::exception&) {
         }
         if (fn.best_x.size() != x.size()) break;
-        for (int i = 0; i < z.size(); ++i) z[i] = transformed::from_param(obj.free[static_cast<std::size_t>(i)], fn.best_x[i]);
+        for (int i = 0; i < z.size(); ++i)
+          z[i] = transformed::from_param(obj.free[static_cast<std::size_t>(i)], fn.best_x[i]);
         if (!(fn.best_f < before - 1e-10)) break;
       }
       if (fn.best_x.size() == x.size()) x = fn.best_x;

@@ -116,10 +116,12 @@ struct goodput_config {
 
   void validate() const {
     if (!(min_marginal_efficiency >= 0.0 && min_marginal_efficiency <= 1.0))
-      dra::detail::throw_invalid("min_marginal_efficiency", "must lie in [0, 1], got " + std::to_string(min_marginal_efficiency));
+      dra::detail::throw_invalid("min_marginal_efficiency",
+                                 "must lie in [0, 1], got " + std::to_string(min_marginal_efficiency));
     if (!(min_per_rank_batch > 0.0)) dra::detail::throw_invalid("min_per_rank_batch", "must be > 0");
     if (!(max_per_rank_batch >= min_per_rank_batch))
-      dra::detail::throw_invalid("max_per_rank_batch", "must be >= min_per_rank_batch (" + std::to_string(min_per_rank_batch) + ")");
+      dra::detail::throw_invalid("max_per_rank_batch",
+                                 "must be >= min_per_rank_batch (" + std::to_string(min_per_rank_batch) + ")");
   }
 };
 
@@ -149,9 +151,10 @@ class goodput_policy final : public policy {
     out.target_size = best_size;
     out.global_batch = config_.adapt_batch ? best_batch : 0.0;
     const double current = goodput(in, in.world.size, in.world.global_batch);
-    out.reason = "goodput: size " + std::to_string(best_size) +
-                 detail::fmt(" maximises goodput (%.4g samples/s effective, x%.3f vs current) at marginal efficiency >= %.2f",
-                             best_goodput, current > 0.0 ? best_goodput / current : 1.0, config_.min_marginal_efficiency);
+    out.reason =
+        "goodput: size " + std::to_string(best_size) +
+        detail::fmt(" maximises goodput (%.4g samples/s effective, x%.3f vs current) at marginal efficiency >= %.2f",
+                    best_goodput, current > 0.0 ? best_goodput / current : 1.0, config_.min_marginal_efficiency);
     return out;
   }
 
@@ -181,8 +184,10 @@ struct convergence_phase_config {
   void validate() const {
     if (grow_step < 1) dra::detail::throw_invalid("grow_step", "must be >= 1, got " + std::to_string(grow_step));
     if (!(min_parallel_efficiency >= 0.0 && min_parallel_efficiency <= 1.0))
-      dra::detail::throw_invalid("min_parallel_efficiency", "must lie in [0, 1], got " + std::to_string(min_parallel_efficiency));
-    if (plateau_size < 1) dra::detail::throw_invalid("plateau_size", "must be >= 1, got " + std::to_string(plateau_size));
+      dra::detail::throw_invalid("min_parallel_efficiency",
+                                 "must lie in [0, 1], got " + std::to_string(min_parallel_efficiency));
+    if (plateau_size < 1)
+      dra::detail::throw_invalid("plateau_size", "must be >= 1, got " + std::to_string(plateau_size));
   }
 };
 
@@ -207,7 +212,8 @@ class convergence_phase_policy final : public policy {
         out.reason = "convergence: loss diverging, hold (never resize a diverging run)";
         return out;
       case training_phase::steady:
-        out.reason = detail::fmt("convergence: steady progress (%.3g%% per window), hold", 100.0 * in.signals.relative_improvement);
+        out.reason = detail::fmt("convergence: steady progress (%.3g%% per window), hold",
+                                 100.0 * in.signals.relative_improvement);
         return out;
       case training_phase::plateau:
         out.target_size = std::max(lo, std::min(config_.plateau_size, hi));
@@ -225,11 +231,13 @@ class convergence_phase_policy final : public policy {
         const double efficiency = g_now > 0.0 ? (g_big / g_now) / (static_cast<double>(bigger) / current) : 0.0;
         if (efficiency >= config_.min_parallel_efficiency) {
           out.target_size = bigger;
-          out.reason = detail::fmt("convergence: fast progress (%.3g%% per window) and parallel efficiency %.2f >= %.2f, grow",
-                                   100.0 * in.signals.relative_improvement, efficiency, config_.min_parallel_efficiency);
+          out.reason =
+              detail::fmt("convergence: fast progress (%.3g%% per window) and parallel efficiency %.2f >= %.2f, grow",
+                          100.0 * in.signals.relative_improvement, efficiency, config_.min_parallel_efficiency);
         } else {
-          out.reason = detail::fmt("convergence: fast progress but parallel efficiency %.2f < %.2f at the next size, hold",
-                                   efficiency, config_.min_parallel_efficiency);
+          out.reason =
+              detail::fmt("convergence: fast progress but parallel efficiency %.2f < %.2f at the next size, hold",
+                          efficiency, config_.min_parallel_efficiency);
         }
         return out;
       }

@@ -60,7 +60,8 @@ struct generation_model_config {
     for (auto [name, v] : {std::pair{"prior_iteration_fixed_s", prior_iteration_fixed_s},
                            std::pair{"prior_iteration_per_sequence_s", prior_iteration_per_sequence_s},
                            std::pair{"prior_iteration_per_kilotoken_s", prior_iteration_per_kilotoken_s}}) {
-      if (!(v >= 0.0) || !std::isfinite(v)) dra::detail::throw_invalid(name, "must be a finite number >= 0, got " + std::to_string(v));
+      if (!(v >= 0.0) || !std::isfinite(v))
+        dra::detail::throw_invalid(name, "must be a finite number >= 0, got " + std::to_string(v));
     }
     if (!(prior_weight > 0.0)) dra::detail::throw_invalid("prior_weight", "must be > 0");
     if (!(forgetting > 0.0 && forgetting <= 1.0)) dra::detail::throw_invalid("forgetting", "must lie in (0, 1]");
@@ -134,13 +135,16 @@ struct stage_balance_config {
   throughput_model_config training{};
 
   void validate() const {
-    if (devices < 2) dra::detail::throw_invalid("devices", "must be >= 2 (one per role), got " + std::to_string(devices));
+    if (devices < 2)
+      dra::detail::throw_invalid("devices", "must be >= 2 (one per role), got " + std::to_string(devices));
     if (min_rollout < 1) dra::detail::throw_invalid("min_rollout", "must be >= 1, got " + std::to_string(min_rollout));
     if (min_train < 1) dra::detail::throw_invalid("min_train", "must be >= 1, got " + std::to_string(min_train));
     if (min_rollout + min_train > devices)
       dra::detail::throw_invalid("min_rollout", "min_rollout + min_train (" + std::to_string(min_rollout + min_train) +
-                                                    ") exceeds devices (" + std::to_string(devices) + "); lower one of them");
-    if (cooldown_steps < 0) dra::detail::throw_invalid("cooldown_steps", "must be >= 0, got " + std::to_string(cooldown_steps));
+                                                    ") exceeds devices (" + std::to_string(devices) +
+                                                    "); lower one of them");
+    if (cooldown_steps < 0)
+      dra::detail::throw_invalid("cooldown_steps", "must be >= 0, got " + std::to_string(cooldown_steps));
     if (hysteresis_decisions < 1)
       dra::detail::throw_invalid("hysteresis_decisions", "must be >= 1, got " + std::to_string(hysteresis_decisions));
     if (max_move < 1) dra::detail::throw_invalid("max_move", "must be >= 1, got " + std::to_string(max_move));
@@ -179,9 +183,12 @@ enum class stage_action { hold, to_rollout, to_train };
 
 inline const char* to_string(stage_action a) noexcept {
   switch (a) {
-    case stage_action::hold: return "hold";
-    case stage_action::to_rollout: return "to_rollout";
-    case stage_action::to_train: return "to_train";
+    case stage_action::hold:
+      return "hold";
+    case stage_action::to_rollout:
+      return "to_rollout";
+    case stage_action::to_train:
+      return "to_train";
   }
   return "unknown";
 }
@@ -199,8 +206,11 @@ struct stage_decision {
 class stage_balance_policy {
  public:
   explicit stage_balance_policy(stage_balance_config config = {})
-      : config_((config.validate(), config)), lengths_(config_.lengths), prompts_(config_.lengths),
-        generation_(config_.generation), training_(config_.training) {}
+      : config_((config.validate(), config)),
+        lengths_(config_.lengths),
+        prompts_(config_.lengths),
+        generation_(config_.generation),
+        training_(config_.training) {}
 
   const stage_balance_config& config() const noexcept { return config_; }
 
@@ -221,7 +231,8 @@ class stage_balance_policy {
   /// Weights trainer -> rollout workers, measured once per step.
   void observe_weight_sync(double seconds) noexcept {
     if (!std::isfinite(seconds) || seconds < 0.0) return;
-    weight_sync_s_ = weight_syncs_ == 0 ? seconds : weight_sync_s_ + config_.weight_sync_smoothing * (seconds - weight_sync_s_);
+    weight_sync_s_ =
+        weight_syncs_ == 0 ? seconds : weight_sync_s_ + config_.weight_sync_smoothing * (seconds - weight_sync_s_);
     ++weight_syncs_;
   }
   /// A switch in `direction` (to_rollout or to_train) measured: the part of its cost that
@@ -260,15 +271,17 @@ class stage_balance_policy {
     p.rollout_s = generation_.fixed_s() * iterations + generation_.per_sequence_s() * per_device * mean +
                   generation_.per_kilotoken_s() * per_device * (prompt * mean + 0.5 * second) / 1000.0;
     p.train_s = training_.step_time_s(p.train, n * (prompt + mean) / p.train);
-    p.step_s = (config_.pipeline == rl_pipeline::one_step_off ? std::max(p.rollout_s, p.train_s) : p.rollout_s + p.train_s) +
-               weight_sync_s_;
+    p.step_s =
+        (config_.pipeline == rl_pipeline::one_step_off ? std::max(p.rollout_s, p.train_s) : p.rollout_s + p.train_s) +
+        weight_sync_s_;
     return p;
   }
 
   /// Predictions for every split the limits allow, rollout ascending.
   std::vector<stage_prediction> predict_all(int sequences) const {
     std::vector<stage_prediction> out;
-    for (int r = config_.min_rollout; r <= config_.devices - config_.min_train; ++r) out.push_back(predict(r, sequences));
+    for (int r = config_.min_rollout; r <= config_.devices - config_.min_train; ++r)
+      out.push_back(predict(r, sequences));
     return out;
   }
 
@@ -289,7 +302,9 @@ class stage_balance_policy {
     out.target = out.current;
     if (lengths_.observations() == 0 || generation_.observations() == 0 || training_.observations() == 0) {
       out.reason = std::string("hold: no ") +
-                   (lengths_.observations() == 0 ? "generation" : generation_.observations() == 0 ? "decode iteration" : "training step") +
+                   (lengths_.observations() == 0      ? "generation"
+                    : generation_.observations() == 0 ? "decode iteration"
+                                                      : "training step") +
                    " observed yet";
       return out;
     }
@@ -310,31 +325,32 @@ class stage_balance_policy {
       pending_direction_ = stage_action::hold;
       pending_count_ = 0;
       out.target = out.current;
-      out.reason = target == now.rollout ? "hold: balanced (" + describe(out.current) + ")"
-                                         : "hold: predicted gain " + detail::fmt("%.1f%%", 100.0 * saving / out.current.step_s) +
-                                               " below min_relative_gain (" + balance + ")";
+      out.reason = target == now.rollout
+                       ? "hold: balanced (" + describe(out.current) + ")"
+                       : "hold: predicted gain " + detail::fmt("%.1f%%", 100.0 * saving / out.current.step_s) +
+                             " below min_relative_gain (" + balance + ")";
       return out;
     }
     const stage_action direction = target > now.rollout ? stage_action::to_rollout : stage_action::to_train;
     const std::string want = std::string("wanted ") + to_string(direction) + " (" + balance + ")";
     if (now.steps_since_switch < config_.cooldown_steps) {
-      out.reason = "hold: cooldown (" + std::to_string(now.steps_since_switch) + " of " + std::to_string(config_.cooldown_steps) +
-                   " steps); " + want;
+      out.reason = "hold: cooldown (" + std::to_string(now.steps_since_switch) + " of " +
+                   std::to_string(config_.cooldown_steps) + " steps); " + want;
       return out;
     }
     pending_count_ = direction == pending_direction_ ? pending_count_ + 1 : 1;
     pending_direction_ = direction;
     if (pending_count_ < config_.hysteresis_decisions) {
-      out.reason = "hold: hysteresis (" + std::to_string(pending_count_) + " of " + std::to_string(config_.hysteresis_decisions) +
-                   " consecutive decisions); " + want;
+      out.reason = "hold: hysteresis (" + std::to_string(pending_count_) + " of " +
+                   std::to_string(config_.hysteresis_decisions) + " consecutive decisions); " + want;
       return out;
     }
     out.switch_cost_s = switch_cost_s(direction);
     out.payback_steps = out.switch_cost_s / saving;
     double horizon = config_.max_payback_steps;
     if (now.remaining_steps >= 0) horizon = std::min(horizon, static_cast<double>(now.remaining_steps));
-    const std::string payback = detail::fmt("cost %.3g s / saving %.3g s per step = %.3g steps", out.switch_cost_s, saving,
-                                                    out.payback_steps);
+    const std::string payback =
+        detail::fmt("cost %.3g s / saving %.3g s per step = %.3g steps", out.switch_cost_s, saving, out.payback_steps);
     if (!(out.payback_steps <= horizon)) {
       out.reason = "hold: would not pay back (" + payback + detail::fmt(" > %.3g); ", horizon) + want;
       return out;
@@ -363,8 +379,9 @@ class stage_balance_policy {
 
   void validate_state(const stage_state& s) const {
     if (s.rollout < 1 || s.train < 1 || s.rollout + s.train != config_.devices)
-      dra::detail::throw_invalid("stage_state", "rollout (" + std::to_string(s.rollout) + ") + train (" + std::to_string(s.train) +
-                                                    ") must equal devices (" + std::to_string(config_.devices) +
+      dra::detail::throw_invalid("stage_state", "rollout (" + std::to_string(s.rollout) + ") + train (" +
+                                                    std::to_string(s.train) + ") must equal devices (" +
+                                                    std::to_string(config_.devices) +
                                                     ") with at least one device per role");
     if (s.sequences_per_step < 1)
       dra::detail::throw_invalid("sequences_per_step", "must be >= 1, got " + std::to_string(s.sequences_per_step));

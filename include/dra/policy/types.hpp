@@ -8,9 +8,9 @@ namespace dra::policy {
 
 /// The job's data-parallel world as the leader sees it at a step boundary.
 struct world_state {
-  int size = 1;                    ///< ranks in the active world
-  std::vector<int> active;         ///< their universe ids, ascending (empty: 0..size-1)
-  std::vector<int> candidates;     ///< standby / late-joiner ids that could be admitted, ascending
+  int size = 1;                 ///< ranks in the active world
+  std::vector<int> active;      ///< their universe ids, ascending (empty: 0..size-1)
+  std::vector<int> candidates;  ///< standby / late-joiner ids that could be admitted, ascending
   std::int64_t step = 0;
   std::int64_t steps_since_resize = 0;
   std::int64_t remaining_steps = -1;  ///< steps left in the job, -1 when unknown
@@ -39,9 +39,12 @@ enum class action { hold, grow, shrink };
 
 inline const char* to_string(action a) noexcept {
   switch (a) {
-    case action::hold: return "hold";
-    case action::grow: return "grow";
-    case action::shrink: return "shrink";
+    case action::hold:
+      return "hold";
+    case action::grow:
+      return "grow";
+    case action::shrink:
+      return "shrink";
   }
   return "unknown";
 }
@@ -53,11 +56,11 @@ inline const char* to_string(action a) noexcept {
 struct decision {
   action kind = action::hold;
   int target_size = 1;
-  std::vector<int> members;  ///< the world after the decision, in rank order (the current one on hold)
-  std::vector<int> leave;    ///< active ids that leave the world (rank order)
-  std::vector<int> join;     ///< candidate ids admitted (ascending)
-  double batch_scale = 1.0;  ///< new global batch / current global batch
-  double lr_scale = 1.0;     ///< new learning rate / current learning rate
+  std::vector<int> members;        ///< the world after the decision, in rank order (the current one on hold)
+  std::vector<int> leave;          ///< active ids that leave the world (rank order)
+  std::vector<int> join;           ///< candidate ids admitted (ascending)
+  double batch_scale = 1.0;        ///< new global batch / current global batch
+  double lr_scale = 1.0;           ///< new learning rate / current learning rate
   double predicted_speedup = 1.0;  ///< goodput(target) / goodput(current), as the model sees it
   std::string reason;
   std::string policy;  ///< name of the policy that proposed it

@@ -35,10 +35,11 @@ struct device {
     if (type.empty()) dra::detail::throw_invalid("type", "device '" + id + "' needs a type (e.g. 'cpu-slot')");
     if (node.empty()) dra::detail::throw_invalid("node", "device '" + id + "' needs a node name");
     if (!(memory_gb >= 0.0) || !std::isfinite(memory_gb))
-      dra::detail::throw_invalid("memory_gb", "device '" + id + "' must have a finite memory >= 0, got " +
-                                                  std::to_string(memory_gb));
+      dra::detail::throw_invalid(
+          "memory_gb", "device '" + id + "' must have a finite memory >= 0, got " + std::to_string(memory_gb));
     if (!(compute > 0.0) || !std::isfinite(compute))
-      dra::detail::throw_invalid("compute", "device '" + id + "' must have compute > 0, got " + std::to_string(compute));
+      dra::detail::throw_invalid("compute",
+                                 "device '" + id + "' must have compute > 0, got " + std::to_string(compute));
     const auto& e = enforcement_names();
     if (std::find(e.begin(), e.end(), enforcement) == e.end())
       dra::detail::throw_invalid("enforcement", "device '" + id + "': unknown '" + enforcement +

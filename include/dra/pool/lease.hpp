@@ -17,7 +17,9 @@ namespace dra::pool {
 
 enum class lease_state { active, releasing };
 
-inline const char* to_string(lease_state s) noexcept { return s == lease_state::active ? "active" : "releasing"; }
+inline const char* to_string(lease_state s) noexcept {
+  return s == lease_state::active ? "active" : "releasing";
+}
 
 struct lease {
   std::int64_t id = 0;

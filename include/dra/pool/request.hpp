@@ -35,16 +35,16 @@ inline const std::vector<std::string>& workload_kinds() {
 }
 
 struct request {
-  std::string job;                   ///< the job's name, unique in the pool while it lives
-  std::string kind = "training";     ///< "training" (data-parallel workers) or "inference" (replicas)
-  std::string device_type = "any";   ///< a type from the inventory, or "any"
-  double memory_gb = 0.0;            ///< memory each worker needs on its device (0: no requirement)
-  double fraction = 1.0;             ///< share of one device per worker, in (0, 1]
-  int min_size = 1;                  ///< workers the job needs to run at all
-  int max_size = 1;                  ///< workers it can use
-  std::string priority = "normal";   ///< low | normal | high | critical
-  bool elastic = true;               ///< may run at any size in [min_size, max_size], resized in place
-  bool gang = true;                  ///< the first min_size workers are granted together or not at all
+  std::string job;                  ///< the job's name, unique in the pool while it lives
+  std::string kind = "training";    ///< "training" (data-parallel workers) or "inference" (replicas)
+  std::string device_type = "any";  ///< a type from the inventory, or "any"
+  double memory_gb = 0.0;           ///< memory each worker needs on its device (0: no requirement)
+  double fraction = 1.0;            ///< share of one device per worker, in (0, 1]
+  int min_size = 1;                 ///< workers the job needs to run at all
+  int max_size = 1;                 ///< workers it can use
+  std::string priority = "normal";  ///< low | normal | high | critical
+  bool elastic = true;              ///< may run at any size in [min_size, max_size], resized in place
+  bool gang = true;                 ///< the first min_size workers are granted together or not at all
 
   int priority_level() const { return dra::pool::priority_level(priority); }
 

@@ -38,7 +38,8 @@ struct autoscaler_config {
     using dra::detail::throw_invalid;
     if (!(replica_rps > 0.0)) throw_invalid("replica_rps", "must be > 0, got " + std::to_string(replica_rps));
     if (!(down_utilisation > 0.0 && down_utilisation < target_utilisation && target_utilisation <= up_utilisation))
-      throw_invalid("down_utilisation", "need 0 < down_utilisation < target_utilisation <= up_utilisation (hysteresis band)");
+      throw_invalid("down_utilisation",
+                    "need 0 < down_utilisation < target_utilisation <= up_utilisation (hysteresis band)");
     if (!(down_delay_s >= 0.0)) throw_invalid("down_delay_s", "must be >= 0");
     if (!(queue_per_replica > 0.0)) throw_invalid("queue_per_replica", "must be > 0");
     if (min_replicas < 0 || max_replicas < min_replicas)
@@ -107,10 +108,10 @@ struct scale_job {
   std::string priority = "normal";
   bool elastic = true;
   int min_size = 1, max_size = 1;
-  int current = 0;                 ///< workers it holds now
-  std::vector<double> speedup;     ///< speedup[k], k = 0..max_size (training; empty: linear)
-  double change_penalty = 1.0;     ///< arbiter's penalty for moving it (resize cost over its age)
-  int replicas_wanted = -1;        ///< inference: the autoscaler's answer (-1: keep current)
+  int current = 0;              ///< workers it holds now
+  std::vector<double> speedup;  ///< speedup[k], k = 0..max_size (training; empty: linear)
+  double change_penalty = 1.0;  ///< arbiter's penalty for moving it (resize cost over its age)
+  int replicas_wanted = -1;     ///< inference: the autoscaler's answer (-1: keep current)
 };
 
 /// Priority weight on a job's speedup in the arbiter's objective: 0.5, 1, 2, 4 for low..critical.
@@ -130,8 +131,9 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
   std::vector<const scale_job*> inference, training;
   for (const auto& j : jobs)
     if (j.elastic) (j.kind == "inference" ? inference : training).push_back(&j);
-  std::stable_sort(inference.begin(), inference.end(),
-                   [](const scale_job* a, const scale_job* b) { return priority_level(a->priority) > priority_level(b->priority); });
+  std::stable_sort(inference.begin(), inference.end(), [](const scale_job* a, const scale_job* b) {
+    return priority_level(a->priority) > priority_level(b->priority);
+  });
   int training_min = 0;
   for (const auto* j : training) training_min += std::min(j->min_size, j->current);
   for (const auto* j : inference) {
@@ -141,8 +143,9 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     left -= out[j->job];
   }
   left = std::max(left, 0);
-  std::stable_sort(training.begin(), training.end(),
-                   [](const scale_job* a, const scale_job* b) { return priority_level(a->priority) > priority_level(b->priority); });
+  std::stable_sort(training.begin(), training.end(), [](const scale_job* a, const scale_job* b) {
+    return priority_level(a->priority) > priority_level(b->priority);
+  });
   std::vector<policy::arbiter_job> in;
   for (const auto* j : training) {
     policy::arbiter_job a;
@@ -159,7 +162,8 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     in.push_back(std::move(a));
   }
   const std::vector<int> alloc = arbiter.allocate(in, left);
-  for (std::size_t i = 0; i < training.size(); ++i) out[training[i]->job] = std::max(alloc[i], std::min(training[i]->min_size, training[i]->current));
+  for (std::size_t i = 0; i < training.size(); ++i)
+    out[training[i]->job] = std::max(alloc[i], std::min(training[i]->min_size, training[i]->current));
   return out;
 }
 

@@ -20,11 +20,16 @@ enum class training_phase { warmup, fast, steady, plateau, diverging };
 
 inline const char* to_string(training_phase phase) noexcept {
   switch (phase) {
-    case training_phase::warmup: return "warmup";
-    case training_phase::fast: return "fast";
-    case training_phase::steady: return "steady";
-    case training_phase::plateau: return "plateau";
-    case training_phase::diverging: return "diverging";
+    case training_phase::warmup:
+      return "warmup";
+    case training_phase::fast:
+      return "fast";
+    case training_phase::steady:
+      return "steady";
+    case training_phase::plateau:
+      return "plateau";
+    case training_phase::diverging:
+      return "diverging";
   }
   return "unknown";
 }
@@ -77,23 +82,30 @@ struct estimator_config {
   /// Throws std::invalid_argument naming the offending field.
   void validate() const {
     auto in_unit = [](double v) { return v >= 0.0 && v < 1.0; };
-    if (!in_unit(loss_decay)) dra::detail::throw_invalid("loss_decay", "must lie in [0, 1), got " + std::to_string(loss_decay));
-    if (!in_unit(gns_decay)) dra::detail::throw_invalid("gns_decay", "must lie in [0, 1), got " + std::to_string(gns_decay));
-    if (window < 3) dra::detail::throw_invalid("window", "needs at least 3 steps for a slope with an error, got " + std::to_string(window));
-    if (!(plateau_relative_improvement >= 0.0)) dra::detail::throw_invalid("plateau_relative_improvement", "must be >= 0");
+    if (!in_unit(loss_decay))
+      dra::detail::throw_invalid("loss_decay", "must lie in [0, 1), got " + std::to_string(loss_decay));
+    if (!in_unit(gns_decay))
+      dra::detail::throw_invalid("gns_decay", "must lie in [0, 1), got " + std::to_string(gns_decay));
+    if (window < 3)
+      dra::detail::throw_invalid("window",
+                                 "needs at least 3 steps for a slope with an error, got " + std::to_string(window));
+    if (!(plateau_relative_improvement >= 0.0))
+      dra::detail::throw_invalid("plateau_relative_improvement", "must be >= 0");
     if (!(plateau_t_threshold >= 0.0)) dra::detail::throw_invalid("plateau_t_threshold", "must be >= 0");
     if (!(plateau_exit_t_threshold >= plateau_t_threshold))
       dra::detail::throw_invalid("plateau_exit_t_threshold", "must be >= plateau_t_threshold (" +
-                                                              std::to_string(plateau_t_threshold) + "), got " +
-                                                              std::to_string(plateau_exit_t_threshold));
+                                                                 std::to_string(plateau_t_threshold) + "), got " +
+                                                                 std::to_string(plateau_exit_t_threshold));
     if (!(fast_relative_improvement > plateau_relative_improvement))
       dra::detail::throw_invalid("fast_relative_improvement", "must exceed plateau_relative_improvement (" +
-                                                             std::to_string(plateau_relative_improvement) + ")");
-    if (!(divergence_factor > 1.0)) dra::detail::throw_invalid("divergence_factor", "must be > 1, got " + std::to_string(divergence_factor));
+                                                                  std::to_string(plateau_relative_improvement) + ")");
+    if (!(divergence_factor > 1.0))
+      dra::detail::throw_invalid("divergence_factor", "must be > 1, got " + std::to_string(divergence_factor));
     if (divergence_nonfinite_streak < 1) dra::detail::throw_invalid("divergence_nonfinite_streak", "must be >= 1");
     if (!(outlier_factor > divergence_factor))
-      dra::detail::throw_invalid("outlier_factor", "must exceed divergence_factor (" + std::to_string(divergence_factor) +
-                                                       "), got " + std::to_string(outlier_factor));
+      dra::detail::throw_invalid("outlier_factor", "must exceed divergence_factor (" +
+                                                       std::to_string(divergence_factor) + "), got " +
+                                                       std::to_string(outlier_factor));
     if (!(plateau_history_fraction >= 0.0 && plateau_history_fraction < 1.0))
       dra::detail::throw_invalid("plateau_history_fraction",
                                  "must lie in [0, 1) (0: off), got " + std::to_string(plateau_history_fraction));
@@ -105,34 +117,34 @@ struct estimator_config {
 
 /// What the estimator knows after the latest update. Every double is finite.
 struct convergence_signals {
-  std::int64_t step = -1;              ///< step index of the latest accepted loss
-  std::uint64_t accepted = 0;          ///< finite losses accepted
-  double loss = 0.0;                   ///< latest accepted loss
-  double smoothed_loss = 0.0;          ///< bias-corrected EMA of the loss
-  double best_loss = 0.0;              ///< lowest accepted loss
-  double best_smoothed_loss = 0.0;     ///< lowest smoothed loss
-  double progress_rate = 0.0;          ///< slope of log(loss) per step over the window
-  double progress_rate_stderr = 0.0;   ///< its standard error
-  double relative_improvement = 0.0;   ///< -progress_rate * window: fraction gained per window
-  double noise = 0.0;                  ///< std of log(loss) around the fitted trend
+  std::int64_t step = -1;             ///< step index of the latest accepted loss
+  std::uint64_t accepted = 0;         ///< finite losses accepted
+  double loss = 0.0;                  ///< latest accepted loss
+  double smoothed_loss = 0.0;         ///< bias-corrected EMA of the loss
+  double best_loss = 0.0;             ///< lowest accepted loss
+  double best_smoothed_loss = 0.0;    ///< lowest smoothed loss
+  double progress_rate = 0.0;         ///< slope of log(loss) per step over the window
+  double progress_rate_stderr = 0.0;  ///< its standard error
+  double relative_improvement = 0.0;  ///< -progress_rate * window: fraction gained per window
+  double noise = 0.0;                 ///< std of log(loss) around the fitted trend
   bool plateau = false;
   bool diverging = false;
-  std::uint64_t flat_streak = 0;       ///< consecutive flat updates
+  std::uint64_t flat_streak = 0;  ///< consecutive flat updates
   training_phase phase = training_phase::warmup;
   // Gradient noise scale (McCandlish et al.): B_simple = tr(Sigma) / |G|^2.
   bool gns_valid = false;
-  bool gns_biased = false;             ///< estimated with the single-replica fallback
+  bool gns_biased = false;  ///< estimated with the single-replica fallback
   double gns = 0.0;
-  double grad_sqr = 0.0;               ///< smoothed |G|^2
-  double grad_var = 0.0;               ///< smoothed tr(Sigma) (per-sample)
+  double grad_sqr = 0.0;  ///< smoothed |G|^2
+  double grad_var = 0.0;  ///< smoothed tr(Sigma) (per-sample)
   // Validation metric, when given.
   bool has_validation = false;
   double validation_metric = 0.0;
   // Rejected inputs.
-  std::uint64_t nonfinite_count = 0;   ///< NaN/inf losses or gradient norms ignored
-  std::uint64_t nonfinite_streak = 0;  ///< consecutive non-finite losses
-  std::uint64_t nonpositive_count = 0; ///< finite losses <= 0 (kept out of the log regression)
-  std::uint64_t outlier_count = 0;     ///< losses clipped to outlier_factor x the smoothed loss
+  std::uint64_t nonfinite_count = 0;    ///< NaN/inf losses or gradient norms ignored
+  std::uint64_t nonfinite_streak = 0;   ///< consecutive non-finite losses
+  std::uint64_t nonpositive_count = 0;  ///< finite losses <= 0 (kept out of the log regression)
+  std::uint64_t outlier_count = 0;      ///< losses clipped to outlier_factor x the smoothed loss
 };
 
 class convergence_estimator {
@@ -205,7 +217,8 @@ class convergence_estimator {
     s.relative_improvement = -fit.slope * static_cast<double>(config_.window);
 
     const bool significant_decrease = fit.valid && fit.slope < -config_.plateau_t_threshold * fit.slope_stderr;
-    const bool flat = fit.valid && (!significant_decrease || s.relative_improvement < config_.plateau_relative_improvement);
+    const bool flat =
+        fit.valid && (!significant_decrease || s.relative_improvement < config_.plateau_relative_improvement);
     s.flat_streak = flat ? s.flat_streak + 1 : 0;
 
     const bool strong_progress = fit.valid && fit.slope < -config_.plateau_exit_t_threshold * fit.slope_stderr &&

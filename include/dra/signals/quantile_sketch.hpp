@@ -32,13 +32,15 @@ struct quantile_sketch_config {
     if (!(min_value > 0.0) || !std::isfinite(min_value))
       dra::detail::throw_invalid("min_value", "must be a finite number > 0, got " + std::to_string(min_value));
     if (!(max_value > min_value) || !std::isfinite(max_value))
-      dra::detail::throw_invalid("max_value", "must be finite and > min_value (" + std::to_string(min_value) + "), got " +
-                                                  std::to_string(max_value));
+      dra::detail::throw_invalid("max_value", "must be finite and > min_value (" + std::to_string(min_value) +
+                                                  "), got " + std::to_string(max_value));
     if (!(half_life >= 0.0) || !std::isfinite(half_life))
-      dra::detail::throw_invalid("half_life", "must be >= 0 observations (0: no forgetting), got " + std::to_string(half_life));
+      dra::detail::throw_invalid("half_life",
+                                 "must be >= 0 observations (0: no forgetting), got " + std::to_string(half_life));
     if (std::log(max_value / min_value) / std::log((1.0 + relative_accuracy) / (1.0 - relative_accuracy)) > 1e6)
-      dra::detail::throw_invalid("relative_accuracy", "needs more than 1e6 bins for [min_value, max_value]; "
-                                                      "raise relative_accuracy or narrow the range");
+      dra::detail::throw_invalid("relative_accuracy",
+                                 "needs more than 1e6 bins for [min_value, max_value]; "
+                                 "raise relative_accuracy or narrow the range");
   }
 };
 
@@ -46,7 +48,8 @@ class quantile_sketch {
  public:
   explicit quantile_sketch(quantile_sketch_config config = {}) : config_((config.validate(), config)) {
     log_gamma_ = std::log((1.0 + config_.relative_accuracy) / (1.0 - config_.relative_accuracy));
-    const auto bins = static_cast<std::size_t>(std::ceil(std::log(config_.max_value / config_.min_value) / log_gamma_)) + 1;
+    const auto bins =
+        static_cast<std::size_t>(std::ceil(std::log(config_.max_value / config_.min_value) / log_gamma_)) + 1;
     bins_.assign(bins, 0.0);
     growth_ = config_.half_life > 0.0 ? std::exp2(1.0 / config_.half_life) : 1.0;
   }
@@ -85,9 +88,7 @@ class quantile_sketch {
   }
 
   /// Median of the longest of n independent draws: the quantile 0.5^(1/n).
-  double expected_max_of(double n) const noexcept {
-    return quantile(n >= 1.0 ? std::pow(0.5, 1.0 / n) : 0.5);
-  }
+  double expected_max_of(double n) const noexcept { return quantile(n >= 1.0 ? std::pow(0.5, 1.0 / n) : 0.5); }
 
   double mean() const noexcept { return total_ > 0.0 ? sum_ / total_ : std::numeric_limits<double>::quiet_NaN(); }
   double second_moment() const noexcept {

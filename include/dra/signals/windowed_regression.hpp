@@ -12,7 +12,7 @@
 namespace dra::signals::detail {
 
 struct line_fit {
-  bool valid = false;          ///< at least 3 points with distinct x
+  bool valid = false;  ///< at least 3 points with distinct x
   double slope = 0.0;
   double slope_stderr = 0.0;
   double residual_std = 0.0;

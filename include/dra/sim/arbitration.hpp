@@ -143,10 +143,12 @@ inline void schedule_cluster(cluster_state& state, double now) {
       for (int k = 1; k <= most; ++k) g[static_cast<std::size_t>(k)] = curve_at(*j, k, state.config());
       const int cut = policy::priced_size(g, state.config().cluster_price_floor);
       const double w = policy::remaining_work_weight(work[i]) / top_rate;
-      for (int k = 1; k <= most; ++k) a.speedup[static_cast<std::size_t>(k)] = w * g[static_cast<std::size_t>(std::min(k, cut))];
+      for (int k = 1; k <= most; ++k)
+        a.speedup[static_cast<std::size_t>(k)] = w * g[static_cast<std::size_t>(std::min(k, cut))];
     } else {
       const int fair_k = std::clamp(fair, 1, j->max_devices);
-      double base = p == "pollux" ? predicted_best(*j, 1, fair_k, state.config()).goodput : curve_at(*j, fair_k, state.config());
+      double base =
+          p == "pollux" ? predicted_best(*j, 1, fair_k, state.config()).goodput : curve_at(*j, fair_k, state.config());
       if (!(base > 0.0)) base = curve_at(*j, 1, state.config());
       for (int k = 1; k <= most; ++k)
         a.speedup[static_cast<std::size_t>(k)] = base > 0.0 ? scale * curve_at(*j, k, state.config()) / base : 0.0;

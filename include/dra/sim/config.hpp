@@ -20,8 +20,8 @@ inline constexpr double in_place_resize_cost_stand_in_s = 1.0;
 
 /// The policies the simulator knows, in the order reports list them.
 inline const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names{"static",  "tiresias", "convergence", "goodput",
-                                              "convergence_aware", "arbiter", "pollux"};
+  static const std::vector<std::string> names{"static",  "tiresias", "convergence", "goodput", "convergence_aware",
+                                              "arbiter", "pollux"};
   return names;
 }
 

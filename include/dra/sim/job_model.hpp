@@ -139,8 +139,7 @@ inline policy::grad_stats job_stats(const job_state& j) {
 
 /// Predicted best goodput at (nodes, replicas) over batch sizes (Pollux's GoodputFunction.optimize
 /// with accumulation), from the job's fitted model and current gradient statistics.
-inline policy::batch_choice predicted_best(const job_state& j, int nodes, int replicas,
-                                                  const sim_config& config) {
+inline policy::batch_choice predicted_best(const job_state& j, int nodes, int replicas, const sim_config& config) {
   const policy::batch_limits lim = detail::limits_of(*j.app, config.batch_candidates);
   const policy::grad_stats g = job_stats(j);
   auto step = [&](double atomic, int accum) { return j.model->step_time(nodes, replicas, atomic, accum); };

@@ -77,7 +77,8 @@ class node_pool {
       while (left > 0) {
         std::size_t best = none;
         for (std::size_t n = 0; n < free.size(); ++n)
-          if (alloc[n] == 0 && distributed[n] == 0 && free[n] >= left && (best == none || free[n] < free[best])) best = n;
+          if (alloc[n] == 0 && distributed[n] == 0 && free[n] >= left && (best == none || free[n] < free[best]))
+            best = n;
         if (best == none)
           for (std::size_t n = 0; n < free.size(); ++n)
             if (alloc[n] == 0 && distributed[n] == 0 && free[n] > 0 && (best == none || free[n] > free[best])) best = n;

@@ -73,7 +73,8 @@ inline double sum_of(const std::vector<double>& v) {
 class rl_pipeline_sim {
  public:
   rl_pipeline_sim(const length_distribution& lengths, rl_sim_config config)
-      : config_((config.validate(), std::move(config))), batches_(detail::draw_batches(lengths, config_.workload)),
+      : config_((config.validate(), std::move(config))),
+        batches_(detail::draw_batches(lengths, config_.workload)),
         source_(lengths.source) {}
 
   const rl_sim_config& config() const noexcept { return config_; }
@@ -230,8 +231,9 @@ class rl_pipeline_sim {
 
   void check_split(int rollout) const {
     if (rollout < 1 || rollout >= config_.devices)
-      dra::detail::throw_invalid("rollout", "must lie in [1, devices - 1] = [1, " + std::to_string(config_.devices - 1) +
-                                                "], got " + std::to_string(rollout));
+      dra::detail::throw_invalid("rollout", "must lie in [1, devices - 1] = [1, " +
+                                                std::to_string(config_.devices - 1) + "], got " +
+                                                std::to_string(rollout));
   }
 
   pending_switch make_switch(policy::stage_action direction, int moved) const {
@@ -279,7 +281,8 @@ class rl_pipeline_sim {
     } else if (sw.direction == policy::stage_action::to_rollout) {
       train_block = c.switch_agree_s + c.switch_rebuild_s;
       starts.assign(static_cast<std::size_t>(rollout), 0.0);
-      for (int i = 0; i < sw.moved && i < rollout; ++i) starts[static_cast<std::size_t>(rollout - 1 - i)] = c.rollout_start_s;
+      for (int i = 0; i < sw.moved && i < rollout; ++i)
+        starts[static_cast<std::size_t>(rollout - 1 - i)] = c.rollout_start_s;
     }
 
     double busy = 0.0;
@@ -369,9 +372,8 @@ class rl_pipeline_sim {
       auto& s = r.switch_log[i];
       const int first = s.phase;
       const int end = i + 1 < r.switch_log.size() ? r.switch_log[i + 1].phase : phases();
-      const int old_rollout =
-          s.direction == "to_rollout" ? r.phases[static_cast<std::size_t>(first)].rollout - s.moved
-                                      : r.phases[static_cast<std::size_t>(first)].rollout + s.moved;
+      const int old_rollout = s.direction == "to_rollout" ? r.phases[static_cast<std::size_t>(first)].rollout - s.moved
+                                                          : r.phases[static_cast<std::size_t>(first)].rollout + s.moved;
       double saved = -s.exposed_s;
       for (int p = first; p < end; ++p) {
         const double before = saved;

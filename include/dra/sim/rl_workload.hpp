@@ -32,7 +32,8 @@ struct length_distribution {
       if (!(v >= 1.0)) t.fail(r, col, "a generation length must be >= 1 token");
       d.values.push_back(v);
     }
-    if (d.values.empty()) throw std::invalid_argument(path + ": no rows in column '" + column + "'; expected generation lengths");
+    if (d.values.empty())
+      throw std::invalid_argument(path + ": no rows in column '" + column + "'; expected generation lengths");
     return d;
   }
 
@@ -66,18 +67,28 @@ struct rl_cost_model {
   double colocated_switch_s = 0.0;
 
   void validate() const {
-    if (max_concurrency < 1) dra::detail::throw_invalid("max_concurrency", "must be >= 1, got " + std::to_string(max_concurrency));
-    const std::pair<const char*, double> fields[] = {
-        {"decode_fixed_s", decode_fixed_s}, {"decode_per_sequence_s", decode_per_sequence_s},
-        {"decode_per_kilotoken_s", decode_per_kilotoken_s}, {"train_fixed_s", train_fixed_s},
-        {"train_per_token_s", train_per_token_s}, {"sync_fixed_s", sync_fixed_s}, {"sync_per_rank_s", sync_per_rank_s},
-        {"weight_sync_s", weight_sync_s}, {"switch_agree_s", switch_agree_s}, {"switch_rebuild_s", switch_rebuild_s},
-        {"switch_weights_s", switch_weights_s}, {"switch_optimizer_s", switch_optimizer_s},
-        {"rollout_start_s", rollout_start_s}, {"colocated_switch_s", colocated_switch_s}};
+    if (max_concurrency < 1)
+      dra::detail::throw_invalid("max_concurrency", "must be >= 1, got " + std::to_string(max_concurrency));
+    const std::pair<const char*, double> fields[] = {{"decode_fixed_s", decode_fixed_s},
+                                                     {"decode_per_sequence_s", decode_per_sequence_s},
+                                                     {"decode_per_kilotoken_s", decode_per_kilotoken_s},
+                                                     {"train_fixed_s", train_fixed_s},
+                                                     {"train_per_token_s", train_per_token_s},
+                                                     {"sync_fixed_s", sync_fixed_s},
+                                                     {"sync_per_rank_s", sync_per_rank_s},
+                                                     {"weight_sync_s", weight_sync_s},
+                                                     {"switch_agree_s", switch_agree_s},
+                                                     {"switch_rebuild_s", switch_rebuild_s},
+                                                     {"switch_weights_s", switch_weights_s},
+                                                     {"switch_optimizer_s", switch_optimizer_s},
+                                                     {"rollout_start_s", rollout_start_s},
+                                                     {"colocated_switch_s", colocated_switch_s}};
     for (const auto& [name, v] : fields)
-      if (!(v >= 0.0) || !std::isfinite(v)) dra::detail::throw_invalid(name, "must be a finite number >= 0 seconds, got " + std::to_string(v));
+      if (!(v >= 0.0) || !std::isfinite(v))
+        dra::detail::throw_invalid(name, "must be a finite number >= 0 seconds, got " + std::to_string(v));
     if (!(decode_fixed_s + decode_per_sequence_s > 0.0))
-      dra::detail::throw_invalid("decode_fixed_s", "decode_fixed_s + decode_per_sequence_s must be > 0 (an iteration takes time)");
+      dra::detail::throw_invalid("decode_fixed_s",
+                                 "decode_fixed_s + decode_per_sequence_s must be > 0 (an iteration takes time)");
   }
 
   double train_s(int ranks, double tokens) const {
@@ -103,10 +114,13 @@ struct rl_workload {
 
   void validate() const {
     if (steps < 1) dra::detail::throw_invalid("steps", "must be >= 1, got " + std::to_string(steps));
-    if (prompts_per_step < 1) dra::detail::throw_invalid("prompts_per_step", "must be >= 1, got " + std::to_string(prompts_per_step));
+    if (prompts_per_step < 1)
+      dra::detail::throw_invalid("prompts_per_step", "must be >= 1, got " + std::to_string(prompts_per_step));
     if (group_size < 1) dra::detail::throw_invalid("group_size", "must be >= 1, got " + std::to_string(group_size));
-    if (!(prompt_tokens >= 0.0) || !std::isfinite(prompt_tokens)) dra::detail::throw_invalid("prompt_tokens", "must be a finite number >= 0");
-    if (!(length_scale > 0.0) || !std::isfinite(length_scale)) dra::detail::throw_invalid("length_scale", "must be a finite number > 0");
+    if (!(prompt_tokens >= 0.0) || !std::isfinite(prompt_tokens))
+      dra::detail::throw_invalid("prompt_tokens", "must be a finite number >= 0");
+    if (!(length_scale > 0.0) || !std::isfinite(length_scale))
+      dra::detail::throw_invalid("length_scale", "must be a finite number > 0");
     if (!(drift_final_scale > 0.0) || !std::isfinite(drift_final_scale))
       dra::detail::throw_invalid("drift_final_scale", "must be a finite number > 0 (1: no drift)");
     if (!(max_generation_tokens >= 1.0)) dra::detail::throw_invalid("max_generation_tokens", "must be >= 1");
@@ -124,9 +138,11 @@ struct rl_sim_config {
   policy::stage_balance_config policy{};
 
   void validate() const {
-    if (devices < 2) dra::detail::throw_invalid("devices", "must be >= 2 (one per role), got " + std::to_string(devices));
+    if (devices < 2)
+      dra::detail::throw_invalid("devices", "must be >= 2 (one per role), got " + std::to_string(devices));
     if (initial_rollout < 0 || initial_rollout >= devices)
-      dra::detail::throw_invalid("initial_rollout", "must lie in [1, devices - 1] (0: half), got " + std::to_string(initial_rollout));
+      dra::detail::throw_invalid("initial_rollout",
+                                 "must lie in [1, devices - 1] (0: half), got " + std::to_string(initial_rollout));
     workload.validate();
     costs.validate();
     stage_policy().validate();
@@ -149,7 +165,7 @@ struct rl_phase_record {
   double rollout_s = 0.0, train_s = 0.0;  ///< stage times (including switch parts that blocked them)
   double idle_device_s = 0.0;
   double switch_total_s = 0.0, switch_exposed_s = 0.0;
-  std::string action = "hold";  ///< hold / to_rollout / to_train (the switch at this phase's start)
+  std::string action = "hold";              ///< hold / to_rollout / to_train (the switch at this phase's start)
   double mean_length = 0.0, longest = 0.0;  ///< of the batch generated in this phase (0: none)
   /// Dynamic runs: the policy's prediction of this phase's duration (at the split it chose),
   /// made at the end of the previous phase; 0 where none was made.

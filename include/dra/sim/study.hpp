@@ -88,7 +88,8 @@ struct study_config {
 
   void validate() const {
     if (runs < 1) dra::detail::throw_invalid("runs", "must be >= 1, got " + std::to_string(runs));
-    if (!(quota_scale > 0.0)) dra::detail::throw_invalid("quota_scale", "must be > 0, got " + std::to_string(quota_scale));
+    if (!(quota_scale > 0.0))
+      dra::detail::throw_invalid("quota_scale", "must be > 0, got " + std::to_string(quota_scale));
     if (jobs_per_cluster < 1) dra::detail::throw_invalid("jobs_per_cluster", "must be >= 1");
     for (const auto& p : policies)
       if (std::find(policy_names().begin(), policy_names().end(), p) == policy_names().end())
@@ -105,7 +106,7 @@ inline const std::vector<std::string>& study_baselines() {
 struct study_run {
   int index = 0;
   job_spec spec;
-  int cluster = -1;  ///< shared-cluster group (-1: alone)
+  int cluster = -1;                           ///< shared-cluster group (-1: alone)
   std::map<std::string, job_result> results;  ///< by policy (and static baselines)
   int best_size_devices = 0;                  ///< the configuration static_best_size chose
   int hindsight_devices = 0;                  ///< the configuration static_best_hindsight chose
@@ -224,7 +225,8 @@ inline std::vector<study_run> run_study(const profile_library& profiles, const s
       run.results["static_request"] = s.run().jobs.at(0);
       if (config.hindsight) {
         double b = 0.0;
-        run.results["static_best_size"] = detail::best_static(profiles, run.spec, config, false, run.best_size_devices, b);
+        run.results["static_best_size"] =
+            detail::best_static(profiles, run.spec, config, false, run.best_size_devices, b);
         run.results["static_best_hindsight"] =
             detail::best_static(profiles, run.spec, config, true, run.hindsight_devices, run.hindsight_batch);
       }

@@ -222,7 +222,9 @@ void gloo_communicator::send(const at::Tensor& tensor, const std::vector<int>& d
   send_batch({tensor.is_contiguous() ? tensor : tensor.contiguous()}, dsts, tag);
 }
 
-void gloo_communicator::recv(at::Tensor& tensor, int src, int tag) { recv_batch({tensor}, src, tag); }
+void gloo_communicator::recv(at::Tensor& tensor, int src, int tag) {
+  recv_batch({tensor}, src, tag);
+}
 
 void gloo_communicator::check_peer(int peer, const char* field) const {
   if (peer < 0 || peer >= size_ || peer == rank_)

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "dra/torch/comm/nccl.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/comm/nccl.hpp"
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < 21400
 #error "dra's NCCL backend needs nccl.h >= 2.14 (ncclConfig_t, non-blocking init); pass -DDRA_WITH_NCCL=OFF"

@@ -22,7 +22,9 @@ void fake_nvml_set(unsigned int devices, int energy_rc) {
 void fake_nvml_set_energy_mj(unsigned int index, unsigned long long mj) {
   if (index < 8) g_energy_mj[index] = mj;
 }
-int fake_nvml_inits() { return g_inits; }
+int fake_nvml_inits() {
+  return g_inits;
+}
 
 int nvmlInit_v2() {
   ++g_inits;
@@ -46,5 +48,7 @@ int nvmlDeviceGetTotalEnergyConsumption(void* device, unsigned long long* mj) {
   *mj = g_energy_mj[static_cast<device_tag*>(device)->index];
   return 0;
 }
-const char* nvmlErrorString(int rc) { return rc == 3 ? "Not Supported" : "Unknown Error"; }
+const char* nvmlErrorString(int rc) {
+  return rc == 3 ? "Not Supported" : "Unknown Error";
+}
 }

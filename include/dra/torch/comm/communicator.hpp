@@ -3,15 +3,15 @@
 // implement it, register by name (make_backend), and are passed to the elastic world, so
 // membership and rebuild logic can be tested on the CPU with any backend. The elastic protocol
 // never asks which backend it holds: everything it needs is on these interfaces.
+#include <ATen/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/Tensor.h>
-#include <c10/util/intrusive_ptr.h>
 // c10d_backend() below is an inline virtual returning intrusive_ptr<c10d::Backend>: every
 // translation unit that emits the vtable needs the complete type.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -139,7 +139,7 @@ inline void communicator::recv(at::Tensor&, int, int) {
   throw dra::comm_error("this backend has no point-to-point recv; the state handoff needs one");
 }
 inline void communicator::send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts,
-                                      int first_tag) {
+                                     int first_tag) {
   for (std::size_t i = 0; i < tensors.size(); ++i) send(tensors[i], dsts, first_tag + static_cast<int>(i));
 }
 inline void communicator::recv_batch(const std::vector<at::Tensor>& tensors, int src, int first_tag) {

@@ -23,8 +23,8 @@
 // complete type in every translation unit that defines a derived class.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "dra/torch/comm/communicator.hpp"
 #include "dra/comm/nccl_plan.hpp"
+#include "dra/torch/comm/communicator.hpp"
 #include "dra/torch/comm/nccl_runtime.hpp"
 
 namespace dra::comm {

@@ -32,6 +32,8 @@
 // all-reduce), event_log (events and the status line). The controller itself is the state
 // machine that sequences them: candidate -> member <-> (resize | recovery) -> released |
 // finished | rejected.
+#include <ATen/Tensor.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -41,8 +43,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <ATen/Tensor.h>
 
 #include "dra/elastic/sampler.hpp"
 #include "dra/engine.hpp"
@@ -58,13 +58,13 @@ const char* to_string(role r) noexcept;
 
 /// How the process learns its place in the job: by default from torchrun's environment.
 struct launch_info {
-  std::string store_host;      ///< empty: a private store on a free port, a world of one
+  std::string store_host;  ///< empty: a private store on a free port, a world of one
   int store_port = 0;
-  bool host_store = false;     ///< this process hosts the TCPStore (rank 0 outside torchrun)
-  bool join = false;           ///< a late joiner (DRA_JOIN=1): takes a uid from 10000 up
-  int join_uid = -1;           ///< DRA_JOIN_UID: a joiner's uid its launcher claimed (-1: claim one)
-  int uid = 0;                 ///< RANK: the process's launch id (not its rank in the world)
-  int universe_size = 1;       ///< WORLD_SIZE: processes launched together
+  bool host_store = false;               ///< this process hosts the TCPStore (rank 0 outside torchrun)
+  bool join = false;                     ///< a late joiner (DRA_JOIN=1): takes a uid from 10000 up
+  int join_uid = -1;                     ///< DRA_JOIN_UID: a joiner's uid its launcher claimed (-1: claim one)
+  int uid = 0;                           ///< RANK: the process's launch id (not its rank in the world)
+  int universe_size = 1;                 ///< WORLD_SIZE: processes launched together
   std::string job_prefix = "dra/job/0";  ///< keys live under <job_prefix>/ (c10d's PrefixStore adds the "/")
   /// DRA_STORE=host:port (a dedicated store, which outlives every process) else
   /// MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, DRA_JOIN (DRA_JOIN_UID: the uid a launcher claimed
@@ -111,8 +111,8 @@ struct controller_options {
   std::string events_path;        ///< JSON lines, written by the leader ("" = none)
   std::int64_t status_every = 0;  ///< a status line on rank 0 every N steps (0 = never)
   int max_resize_retries = 3;
-  std::string backend = "gloo";   ///< a name registered with comm::register_backend
-  std::string backend_address;    ///< address the backend binds to ("" = its default)
+  std::string backend = "gloo";  ///< a name registered with comm::register_backend
+  std::string backend_address;   ///< address the backend binds to ("" = its default)
   /// Extra configuration every process must agree on (Python adds its own options here).
   std::string config_fingerprint;
   /// Test hook: called at each phase of every world change (also while the constructor forms the
@@ -138,7 +138,7 @@ struct step_signals {
   double small_batch = std::numeric_limits<double>::quiet_NaN();
   double big_sqr_norm = std::numeric_limits<double>::quiet_NaN();
   double big_batch = std::numeric_limits<double>::quiet_NaN();
-  double validation = std::numeric_limits<double>::quiet_NaN();  ///< a validation metric (lower is better)
+  double validation = std::numeric_limits<double>::quiet_NaN();   ///< a validation metric (lower is better)
   double step_time_s = std::numeric_limits<double>::quiet_NaN();  ///< measured step time (throughput model)
   double sync_time_s = std::numeric_limits<double>::quiet_NaN();
   /// Throws std::invalid_argument when the gradient statistics are incomplete or not positive.
@@ -152,10 +152,10 @@ struct step_status {
   double loss = std::numeric_limits<double>::quiet_NaN();  ///< the world's mean loss of the latest step
   int world_size = 0;
   int rank = -1;
-  std::int64_t epoch = -1;  ///< world epoch (-1 outside a world)
-  bool decided = false;     ///< a decision was taken at this step
-  policy::decision decision;  ///< the latest decision
-  std::string event;        ///< the JSON line of a world change at this boundary ("" when none)
+  std::int64_t epoch = -1;      ///< world epoch (-1 outside a world)
+  bool decided = false;         ///< a decision was taken at this step
+  policy::decision decision;    ///< the latest decision
+  std::string event;            ///< the JSON line of a world change at this boundary ("" when none)
   bool exit_requested = false;  ///< released with release_mode::exit: the process should exit 0
   bool released = false;        ///< released with release_mode::to_caller: out of the world until rejoin()
   const signals::convergence_signals* signals = nullptr;  ///< the controller's current signals
@@ -311,25 +311,25 @@ class controller {
   std::unique_ptr<detail::event_log> log_;
   std::unique_ptr<detail::leader> leader_;
   std::unique_ptr<detail::published_decision> pending_;  ///< the leader's decision, not yet applied
-  std::unique_ptr<detail::tail_input> pending_loss_;  ///< this rank's loss, sent with the next reduction
-  std::unique_ptr<detail::deferred_reads> reads_;    ///< what rode with the reductions (alone: device losses)
-  at::Tensor solo_tail_;                             ///< a world of one: its own tail, on the device
-  bool local_take_due_ = false;                      ///< alone: device losses prefetched, fed at the next step
+  std::unique_ptr<detail::tail_input> pending_loss_;     ///< this rank's loss, sent with the next reduction
+  std::unique_ptr<detail::deferred_reads> reads_;        ///< what rode with the reductions (alone: device losses)
+  at::Tensor solo_tail_;                                 ///< a world of one: its own tail, on the device
+  bool local_take_due_ = false;                          ///< alone: device losses prefetched, fed at the next step
 
   int uid_ = 0;
   int universe_size_ = 1;
   int start_size_ = 1;
   bool joined_late_ = false;
   role role_ = role::local;
-  bool holds_state_ = false;      ///< holds the world's training state (a joiner: once received)
-  bool registered_ = false;       ///< registered as a candidate (release_mode::to_caller, try_join)
-  std::vector<int> members_;      ///< the world being entered or running
+  bool holds_state_ = false;          ///< holds the world's training state (a joiner: once received)
+  bool registered_ = false;           ///< registered as a candidate (release_mode::to_caller, try_join)
+  std::vector<int> members_;          ///< the world being entered or running
   std::vector<int> running_members_;  ///< the world that last completed its entry
   std::int64_t epoch_ = -1;
   std::int64_t step_index_ = 0;
   std::int64_t resizes_ = 0;
   std::int64_t num_epochs_ = -1;
-  std::int64_t samples_ = 0;      ///< samples committed by the world since this process joined
+  std::int64_t samples_ = 0;  ///< samples committed by the world since this process joined
   std::string failure_;
   bool reduced_ = false;
   bool decision_flag_ = false;

@@ -14,13 +14,13 @@
 // step, so a step that failed yields the same samples again (it is redone). Use workers(0): a
 // loader with workers asks ahead, for a world that may change before the batch is used (the
 // Python DistributedSampler handles that case; this adaptor does not).
+#include <torch/data/samplers/base.h>
+#include <torch/serialize/archive.h>
+
 #include <cstddef>
 #include <memory>
 #include <optional>
 #include <vector>
-
-#include <torch/data/samplers/base.h>
-#include <torch/serialize/archive.h>
 
 #include "dra/elastic/sampler.hpp"
 #include "dra/error.hpp"

@@ -1,11 +1,11 @@
 #pragma once
 // What an elastic world hands over to joiners (part of dra::dra: needs LibTorch). The controller
 // moves the bytes; a state provider says what the trainer's state is and loads it.
+#include <ATen/Tensor.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <ATen/Tensor.h>
 
 namespace torch::nn {
 class Module;
