@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up (idempotent), then runs every test: C++ doctest via ctest, the
-# find_package(dra) consumer project, and pytest. Exits non-zero on any failure.
+# find_package(dra) consumer project, pytest, then the house style (scripts/lint.sh: ruff,
+# clang-format). Exits non-zero on any failure.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -36,3 +37,6 @@ cmake --build build/consumer-core -j "$jobs"
 
 echo "== Python: pytest =="
 .venv/bin/python -m pytest -q "$@"
+
+echo "== lint: ruff and clang-format =="
+"$root/scripts/lint.sh"

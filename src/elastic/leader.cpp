@@ -13,12 +13,16 @@ using clock_type = std::chrono::steady_clock;
 std::optional<published_decision> leader::decide(const world_view& view) {
   decided_ = false;
   const auto t0 = clock_type::now();
-  const bool scheduled = options_.resize_schedule.count(view.step) > 0;
+  const int current = static_cast<int>(view.members.size());
+  if (const auto it = options_.resize_schedule.find(view.step); it != options_.resize_schedule.end())
+    scheduled_ = scheduled_size{it->second, view.step, t0};
+  if (scheduled_ && scheduled_->size == current) scheduled_.reset();
+  const bool scheduled = scheduled_.has_value();
   try {
     // The candidates and the pool's limit are store round trips (~1 ms on a loaded host): read
-    // at most once a second, so that a step that decides nothing costs no store access.
-    look_outside(view, scheduled);
-    const int current = static_cast<int>(view.members.size());
+    // at most once a second, so that a step that decides nothing costs no store access; at every
+    // step for the first two seconds of a scheduled size still waiting for its processes.
+    look_outside(view, scheduled && t0 - scheduled_->since < std::chrono::seconds(2));
     const int cands = static_cast<int>(candidates_.size());
     // Members the outside actor names in `leave` go now (their devices are taken back), and the
     // world above max_size shrinks to it. The leader (members[0]) never leaves.
@@ -47,9 +51,10 @@ std::optional<published_decision> leader::decide(const world_view& view) {
       const int target = std::min(limit_->min_size, current + cands);
       d = policy::plan_resize(w, target, 1.0, 1.0, "limit: the job is granted " + std::to_string(limit_->min_size));
     } else if (scheduled) {
-      const int target = options_.resize_schedule.at(view.step);
-      d = policy::plan_resize(w, target, 1.0, 1.0,
-                              "schedule: size " + std::to_string(target) + " at step " + std::to_string(view.step));
+      const int target = scheduled_->size;
+      d = policy::plan_resize(
+          w, target, 1.0, 1.0,
+          "schedule: size " + std::to_string(target) + " at step " + std::to_string(scheduled_->step));
     } else {
       d = engine_.decide();
       if (d.kind == policy::action::grow) {

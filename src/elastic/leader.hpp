@@ -63,6 +63,14 @@ class leader {
     double seconds = 0.0;        ///< how long it was measured
   };
   std::map<int, measured_rate> rates_;
+  /// A scheduled size not reached yet (a grow waits for its processes to stand by again): kept
+  /// and retried at every step until the world has that size or the next schedule entry.
+  struct scheduled_size {
+    int size = 0;
+    std::int64_t step = 0;
+    std::chrono::steady_clock::time_point since{};
+  };
+  std::optional<scheduled_size> scheduled_;
   policy::decision last_;
   bool decided_ = false;
 };

@@ -37,10 +37,12 @@ def test_grow_shrink_grow_with_standby_readmission(tmp_path):
     job.start_all()
     codes = job.wait(240)
     assert codes == {"r0": 0, "r1": 0, "r2": 0, "r3": 0}, [job.output(n)[-2000:] for n in codes]
-    sizes = [(e["event"], e["step"], e["before"], e["after"]) for e in job.events()]
-    # Decided at steps 4, 8, 12; flagged in the next step's all-reduce and applied after it.
-    assert sizes == [("start", 0, 0, 2), ("resize", 5, 2, 4), ("resize", 9, 4, 2), ("resize", 13, 2, 3)]
-    assert [e.get("decided_step") for e in job.events()[1:]] == [4, 8, 12]
+    sizes = [(e["event"], e["before"], e["after"]) for e in job.events()]
+    assert sizes == [("start", 0, 2), ("resize", 2, 4), ("resize", 4, 2), ("resize", 2, 3)]
+    # Decided at steps 4, 8, 12; flagged in the next step's all-reduce and applied after it. The
+    # grow at 12 waits for process 2 to stand by again (retried at every step until it does).
+    steps = [(e["step"], e.get("decided_step")) for e in job.events()[1:]]
+    assert steps[:2] == [(5, 4), (9, 8)] and steps[2][1] >= 12 and steps[2][0] == steps[2][1] + 1, steps
     ev = job.events()
     assert ev[1]["joined"] == [2, 3] and ev[2]["left"] == [2, 3] and ev[3]["joined"] == [2]
     assert set(ev[1]["cost_s"]) == {"agree", "rebuild", "state_transfer", "reshard"}

@@ -101,7 +101,8 @@ struct controller_options {
   /// device (NCCL on a GPU: a standby would keep the device from another job), else standby.
   std::optional<release_mode> release;
   batch_mode batch = batch_mode::fixed;
-  std::map<std::int64_t, int> resize_schedule;  ///< {committed steps: size}: a resize asked for at a step
+  std::map<std::int64_t, int>
+      resize_schedule;  ///< {committed steps: size}: a resize asked for at a step (kept until reached)
   /// Collective timeout and the survivors' check-in window; a new world's rendezvous gets twice
   /// this (joiners may be slower to arrive than a step).
   double fault_timeout_s = 3.0;
