@@ -21,22 +21,16 @@
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "leader.hpp"
+#include "small.hpp"
 #include "store_protocol.hpp"
 
 namespace dra::elastic {
 
-using clock_type = std::chrono::steady_clock;
 using detail::change_cause;
+using detail::clock_type;
+using detail::contains;
+using detail::seconds_since;
 using detail::world_change;
-
-namespace {
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-bool contains(const std::vector<int>& v, int x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
-}
-}  // namespace
 
 controller::controller(controller_options options)
     : options_((options.validate(), std::move(options))),
