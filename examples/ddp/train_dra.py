@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
-
 import dra.elastic
 from dra.elastic import DistributedSampler
 

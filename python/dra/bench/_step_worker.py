@@ -125,8 +125,12 @@ def _worker(args: argparse.Namespace) -> int:
     # One step of each variant. Returns (t_before_next_batch, t0..t5, cpu_before, cpu_after):
     # t0 after the batch's indices arrived, t1 data, t2 forward, t3 zero_grad + backward (the
     # gradient reduction included), t4 optimizer step, t5 dra.step (= t4 without dra).
-    def plain_runner(ddp, opt, gen):
-        def one_plain() -> tuple:
+    def runner(model, opt, gen, reduce=None, finish=None):
+        """One step of a variant: the same skeleton for every variant, so that they differ only in
+        what they call. ``reduce`` runs after backward (a hand-written gradient reduction),
+        ``finish`` after the optimizer step (``dra.step``)."""
+
+        def one() -> tuple:
             c = cpu()
             tp = pc()
             idx = next(gen)
@@ -134,48 +138,23 @@ def _worker(args: argparse.Namespace) -> int:
             it = torch.as_tensor(idx)
             xb, yb = x[it], y[it]
             t1 = pc()
-            loss = loss_fn(ddp(xb), yb)
+            loss = loss_fn(model(xb), yb)
             t2 = pc()
             opt.zero_grad()
             loss.backward()
+            if reduce is not None:
+                reduce()
             t3 = pc()
             opt.step()
             t4 = pc()
-            return tp, t0, t1, t2, t3, t4, t4, c, cpu()
+            if finish is None:
+                return tp, t0, t1, t2, t3, t4, t4, c, cpu()
+            finish(loss)
+            return tp, t0, t1, t2, t3, t4, pc(), c, cpu()
 
-        return one_plain
+        return one
 
-    def one_dra(gen=gens["dra"], model=ctl.model) -> tuple:
-        c = cpu()
-        tp = pc()
-        idx = next(gen)
-        t0 = pc()
-        it = torch.as_tensor(idx)
-        xb, yb = x[it], y[it]
-        t1 = pc()
-        loss = loss_fn(model(xb), yb)
-        t2 = pc()
-        ctl.optimizer.zero_grad()
-        loss.backward()
-        t3 = pc()
-        ctl.optimizer.step()
-        t4 = pc()
-        step(loss)
-        t5 = pc()
-        return tp, t0, t1, t2, t3, t4, t5, c, cpu()
-
-    def one_bare(gen=gens["bare"]) -> tuple:
-        c = cpu()
-        tp = pc()
-        idx = next(gen)
-        t0 = pc()
-        it = torch.as_tensor(idx)
-        xb, yb = x[it], y[it]
-        t1 = pc()
-        loss = loss_fn(bare_model(xb), yb)
-        t2 = pc()
-        bare_opt.zero_grad()
-        loss.backward()
+    def bare_reduce() -> None:
         torch.cat([p.grad.reshape(-1) for p in bare_params], out=bare_flat)
         dist.all_reduce(bare_flat, group=bare_group)
         bare_flat.div_(world)
@@ -184,32 +163,13 @@ def _worker(args: argparse.Namespace) -> int:
             n = p.numel()
             p.grad.copy_(bare_flat[off : off + n].view_as(p))
             off += n
-        t3 = pc()
-        bare_opt.step()
-        t4 = pc()
-        return tp, t0, t1, t2, t3, t4, t4, c, cpu()
-
-    def one_local(gen=gens["local"]) -> tuple:
-        c = cpu()
-        tp = pc()
-        idx = next(gen)
-        t0 = pc()
-        it = torch.as_tensor(idx)
-        xb, yb = x[it], y[it]
-        t1 = pc()
-        loss = loss_fn(local_model(xb), yb)
-        t2 = pc()
-        local_opt.zero_grad()
-        loss.backward()
-        t3 = pc()
-        local_opt.step()
-        t4 = pc()
-        return tp, t0, t1, t2, t3, t4, t4, c, cpu()
 
     runners = {
-        "plain": plain_runner(ddp, plain_opt, gens["plain"]),
-        "plain2": plain_runner(ddp2, plain2_opt, gens["plain2"]),
-        "dra": one_dra, "bare": one_bare, "local": one_local,
+        "plain": runner(ddp, plain_opt, gens["plain"]),
+        "plain2": runner(ddp2, plain2_opt, gens["plain2"]),
+        "dra": runner(ctl.model, ctl.optimizer, gens["dra"], finish=step),
+        "bare": runner(bare_model, bare_opt, gens["bare"], reduce=bare_reduce),
+        "local": runner(local_model, local_opt, gens["local"]),
     }
     for _ in range(args.warmup):
         for name in VARIANTS:
@@ -233,7 +193,7 @@ def _worker(args: argparse.Namespace) -> int:
                 dist.barrier()
                 if profiler is not None and name == "dra":
                     profiler.enable()
-                    rec = one_dra()
+                    rec = runners["dra"]()
                     profiler.disable()
                     profiled_steps += 1
                 else:
@@ -266,7 +226,7 @@ def _worker(args: argparse.Namespace) -> int:
     # Train out dra's last epoch untimed, so ctl.epochs() ends the job the normal way.
     try:
         while True:
-            one_dra()
+            runners["dra"]()
     except StopIteration:
         pass
     run = {
