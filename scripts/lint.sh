@@ -17,7 +17,11 @@ for tool in ruff clang-format; do
     exit 2
   fi
 done
-mapfile -t cxx < <(git ls-files '*.cpp' '*.hpp' '*.h' ':!:data/*')
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  mapfile -t cxx < <(git ls-files '*.cpp' '*.hpp' '*.h' ':!:data/*')
+else  # a copy without git: the project's own C++ folders
+  mapfile -t cxx < <(find include src python tests examples benchmarks -name '*.cpp' -o -name '*.hpp' -o -name '*.h' | sort)
+fi
 if [[ $fix == 1 ]]; then
   "$venv/bin/ruff" check --fix . || true  # what it cannot fix is listed, then fixed by hand
   "$venv/bin/clang-format" -i "${cxx[@]}"
