@@ -23,10 +23,10 @@ inline bool contains(const std::vector<int>& v, int x) {
 // SIGPIPE already; a C++ trainer usually does not. A handler the program installed is left alone.
 inline void ignore_default_sigpipe() {
 #ifndef _WIN32
-  struct sigaction current {};
+  struct sigaction current{};
   if (sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
   if ((current.sa_flags & SA_SIGINFO) != 0) return;  // a sa_sigaction handler
-  struct sigaction ignore {};
+  struct sigaction ignore{};
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
   sigaction(SIGPIPE, &ignore, nullptr);
