@@ -51,6 +51,8 @@ from dra.bench._report import result, write_report
 
 SUITE = "nccl"
 PARTS = ("bandwidth", "resize", "watchdog", "step")
+EMULATED_TRANSPORT = ("emulated: dra's communicator on the emulated library moves bytes through shared memory, "
+                      "Gloo through TCP loopback; the ratio compares those transports, not NCCL with anything")
 
 
 def human(nbytes: int) -> str:
@@ -130,11 +132,12 @@ def bandwidth_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, A
     factor, kind = (2.0 * (n - 1) / n, "busbw") if n > 1 else (1.0, "algbw")
     rows = [ctx.row("comm_init_s", got["dra_init_s"], "s", (f"{ctx.baseline} init_process_group", got["torch_init_s"]),
                     world=n, path=got["path"], nccl=got["runtime"] + (" (emulated)" if got["emulated"] else ""))]
+    note = None if ctx.cuda else EMULATED_TRANSPORT
     for r in got["rows"]:
         b = r["bytes"]
         rows.append(ctx.row(f"allreduce_{kind}_{human(b)}", b / r["dra_s"] / 1e9 * factor, "GB/s",
                             (f"{ctx.baseline} all_reduce", b / r["torch_s"] / 1e9 * factor), bytes=b, world=n,
-                            iters=r["iters"], dra_us=r["dra_s"] * 1e6, torch_us=r["torch_s"] * 1e6))
+                            iters=r["iters"], dra_us=r["dra_s"] * 1e6, torch_us=r["torch_s"] * 1e6, note=note))
     skipped = [human(b) for b in byte_sizes[len(got["rows"]):]]
     if skipped:
         rows.append(ctx.missing("allreduce_sizes_skipped", "sizes", f"--budget-s ran out before {', '.join(skipped)}"))
@@ -143,7 +146,8 @@ def bandwidth_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, A
         rows += [ctx.missing(f"handoff_{w}", "GB/s", f"needs 2 ranks (world {n})") for w in ("vs_plain", "vs_torch")]
     else:
         gbs = p2p["bytes"] / p2p["handoff"] / 1e9
-        common = {"bytes": p2p["bytes"], "tensors": p2p["tensors"], "chunk_mb": ctx.args.chunk_mb}
+        common = {"bytes": p2p["bytes"], "tensors": p2p["tensors"], "chunk_mb": ctx.args.chunk_mb,
+                  "note": None if ctx.cuda else EMULATED_TRANSPORT}
         rows.append(ctx.row(f"handoff_{human(p2p['bytes'])}_vs_plain", gbs, "GB/s",
                             ("dra send/recv of one flat tensor", p2p["bytes"] / p2p["plain"] / 1e9), **common))
         rows.append(ctx.row(f"handoff_{human(p2p['bytes'])}_vs_torch", gbs, "GB/s",
@@ -313,27 +317,33 @@ def train_step_rows(ctx: Context) -> list[dict[str, Any]]:
 
 
 # ---- the plot and main -------------------------------------------------------------------------------
-def plot(bw: list[dict[str, Any]], ctx: Context, path: str) -> None:
+def plot(report_rows: list[dict[str, Any]], path: str) -> None:
+    """Bandwidth against size from the report's all-reduce rows (so a committed JSON can be re-plotted)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n = ctx.world
-    factor = 2.0 * (n - 1) / n if n > 1 else 1.0
+    bw = [r for r in report_rows if r["name"].startswith("allreduce_") and r.get("bytes")]
+    if not bw:
+        return
+    emulated = bw[0].get("mode") == "emulated"
     x = [r["bytes"] for r in bw]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(x, [r["bytes"] / r["dra_s"] / 1e9 * factor for r in bw], "o-", label="dra NCCL backend" +
-            (" (emulated library)" if not ctx.cuda else ""))
-    ax.plot(x, [r["bytes"] / r["torch_s"] / 1e9 * factor for r in bw], "s--", label=ctx.baseline)
+    ax.plot(x, [r["value"] for r in bw], "o-",
+            label="dra NCCL backend" + (" on the emulated library (shared memory)" if emulated else ""))
+    ax.plot(x, [r["baseline"]["value"] for r in bw], "s--",
+            label=bw[0]["baseline"]["name"] + (" (TCP loopback)" if emulated else ""))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)" if n > 1 else "algorithm bandwidth (GB/s)")
-    what = ("emulated: protocol overhead on CPU processes, not NCCL" if not ctx.cuda else ctx.label)
-    ax.set_title(f"all-reduce, {n} ranks: {what}", fontsize=9)
+    ax.set_ylabel("bus bandwidth (GB/s)" if bw[0]["world"] > 1 else "algorithm bandwidth (GB/s)")
+    what = ("emulated: dra's protocol on CPU processes, not NCCL; the transports differ" if emulated
+            else bw[0]["label"])
+    ax.set_title(f"all-reduce, {bw[0]['world']} ranks, {bw[0]['label']}: {what}" if not emulated
+                 else f"all-reduce, {bw[0]['world']} ranks, {what}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -429,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     write_report(SUITE, results, args.json)
     png = args.plot or (os.path.splitext(args.json)[0] + ".png" if args.json else None)
     if png and bw:
-        plot(bw, ctx, png)
+        plot(results, png)
         print(f"  plot: {png}")
     bad = [r["name"] for r in results if isinstance(r["value"], float) and math.isnan(r["value"]) and not r.get("note")]
     return 1 if bad else 0
