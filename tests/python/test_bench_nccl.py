@@ -22,7 +22,7 @@ pytestmark = [
 
 def _bench(tmp_path, *args: str) -> subprocess.CompletedProcess:
     shm = tmp_path / "shm"
-    shm.mkdir()
+    shm.mkdir(exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", DRA_NCCL_EMULATION="1", DRA_NCCL_EMULATION_DIR=str(shm))
     proc = subprocess.run([sys.executable, "-m", "dra.bench", "nccl", *args], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=220)

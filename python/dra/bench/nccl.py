@@ -384,7 +384,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resize-mb", type=float, default=10.0, help="model state of the elastic run")
     p.add_argument("--resize-nproc", type=int, default=4, help="processes of the emulated elastic run")
     p.add_argument("--resize-repeats", type=int, default=3)
-    p.add_argument("--watchdog-timeout-s", type=float, default=2.0)
+    p.add_argument("--watchdog-timeout-s", type=float, default=None, help="default 2 (1 with --quick)")
     p.add_argument("--steps", type=int, default=10, help="training steps per timed block")
     p.add_argument("--rounds", type=int, default=6, help="timed blocks per mode of the training step")
     p.add_argument("--quick", action="store_true",
@@ -400,6 +400,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.p2p_mb = args.p2p_mb or 4.0
         args.resize_nproc, args.resize_repeats, args.repeats = 2, 1, 1
         args.resize_mb, args.steps, args.rounds = 1.0, 2, 3
+    if args.watchdog_timeout_s is None:
+        args.watchdog_timeout_s = 1.0 if args.quick else 2.0
     if args.min_bytes < 4 or (args.max_bytes is not None and args.max_bytes < args.min_bytes):
         p.error("--min-bytes must be >= 4 and <= --max-bytes")
     for name in ("repeats", "steps", "rounds", "resize_repeats"):
