@@ -36,7 +36,10 @@ class nccl_world {
   nccl_world(int device, const std::string& store_host, int store_port, bool store_server, int store_workers,
              double timeout_s, const std::string& prefix, bool capture_log)
       : timeout_(to_ms(timeout_s, "timeout_s")) {
-    if (device < 0) throw std::invalid_argument("device: must be a CUDA device index >= 0");
+    if (device < -1)
+      throw std::invalid_argument(
+          "device: must be a CUDA device index >= 0, or -1 for the emulated library (CPU "
+          "tensors, DRA_NCCL_EMULATION=1)");
     if (store_host.empty()) {
       store_ = c10::make_intrusive<c10d::HashStore>();
     } else {
@@ -59,11 +62,16 @@ class nccl_world {
         log_.push_back(line);
       };
     }
-    backend_ = std::make_unique<nccl_backend>(load_nccl_api(), options);
+    auto api = load_nccl_api();
+    if (device < 0 && !api->host_memory())
+      throw std::invalid_argument(
+          "device: -1 needs the emulated library (DRA_NCCL_EMULATION=1); give the CUDA device "
+          "index for the real NCCL");
+    backend_ = std::make_unique<nccl_backend>(std::move(api), options);
   }
 
   std::string rebuild(std::uint64_t epoch, std::vector<int> old_members, std::vector<int> new_members, int self,
-                      bool abortive, std::optional<double> timeout_s) {
+                      bool abortive, std::optional<double> timeout_s, std::optional<double> collective_timeout_s) {
     rebuild_request req;
     req.epoch = epoch;
     req.old_members = std::move(old_members);
@@ -71,6 +79,7 @@ class nccl_world {
     req.self = self;
     req.abortive = abortive;
     req.timeout = timeout_s ? to_ms(*timeout_s, "timeout_s") : timeout_;
+    if (collective_timeout_s) req.collective_timeout = to_ms(*collective_timeout_s, "collective_timeout_s");
     {
       py::gil_scoped_release release;
       comm_ = backend_->rebuild(std::move(comm_), req, store_);
@@ -94,6 +103,30 @@ class nccl_world {
   void barrier() {
     py::gil_scoped_release release;
     comm().barrier();
+  }
+  // Point-to-point as the state handoff uses it: one plain send/recv of a tensor, and the
+  // handoff's chunked transfer (backend::make_transfer) of a list of tensors. Both return once the
+  // bytes arrived: the transfer waits itself; a plain send/recv then waits for the communicator's
+  // work (bounded by its timeout).
+  void send(const at::Tensor& t, std::vector<int> dsts) {
+    py::gil_scoped_release release;
+    comm().send(t, dsts, 0);
+    wait();
+  }
+  void recv(at::Tensor& t, int src) {
+    py::gil_scoped_release release;
+    comm().recv(t, src, 0);
+    wait();
+  }
+  void transfer_send(const std::vector<at::Tensor>& tensors, std::vector<int> dsts, double chunk_mb) {
+    auto transfer = make_transfer(chunk_mb);
+    py::gil_scoped_release release;
+    transfer->send(comm(), tensors, dsts);
+  }
+  void transfer_recv(const std::vector<at::Tensor>& tensors, int src, double chunk_mb) {
+    auto transfer = make_transfer(chunk_mb);
+    py::gil_scoped_release release;
+    transfer->recv(comm(), tensors, src);
   }
   void abort() {
     if (comm_) comm_->abort();
@@ -127,8 +160,17 @@ class nccl_world {
     return log_;
   }
   std::string runtime_version() const { return nccl_version_string(backend_->api().features().runtime_version); }
+  bool emulated() const { return backend_->api().host_memory(); }
 
  private:
+  std::unique_ptr<tensor_transfer> make_transfer(double chunk_mb) const {
+    if (!(chunk_mb > 0.0)) throw std::invalid_argument("chunk_mb: must be a positive number of MiB");
+    return backend_->make_transfer(static_cast<std::size_t>(chunk_mb * 1024.0 * 1024.0));
+  }
+  void wait() {
+    if (auto* c = dynamic_cast<nccl_communicator*>(comm_.get())) c->synchronize();
+  }
+
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::unique_ptr<nccl_backend> backend_;
@@ -166,11 +208,19 @@ void dra::python::bind_nccl_testing(py::module_& m) {
            py::arg("capture_log") = false)
       .def("rebuild", &nccl_world::rebuild, py::arg("epoch"), py::arg("old_members"), py::arg("new_members"),
            py::arg("self_id"), py::arg("abortive") = false, py::arg("timeout_s") = py::none(),
+           py::arg("collective_timeout_s") = py::none(),
            "Builds the communicator of `new_members` for `epoch`; returns the path taken "
-           "('fresh_init', 'shrink', 'grow', 'keep' or 'leave').")
+           "('fresh_init', 'shrink', 'grow', 'keep' or 'leave'). `collective_timeout_s` bounds every "
+           "operation afterwards (the watchdog's timeout; default: the rendezvous timeout).")
       .def("all_reduce_sum", &nccl_world::all_reduce_sum, py::arg("tensor"))
       .def("broadcast", &nccl_world::broadcast, py::arg("tensor"), py::arg("root"))
       .def("barrier", &nccl_world::barrier)
+      .def("send", &nccl_world::send, py::arg("tensor"), py::arg("dsts"),
+           "Plain point-to-point: one ncclSend per destination in one group; returns when it completed.")
+      .def("recv", &nccl_world::recv, py::arg("tensor"), py::arg("src"))
+      .def("transfer_send", &nccl_world::transfer_send, py::arg("tensors"), py::arg("dsts"), py::arg("chunk_mb") = 16.0,
+           "The state handoff's transfer (chunked, pipelined on its own stream) of `tensors` to `dsts`.")
+      .def("transfer_recv", &nccl_world::transfer_recv, py::arg("tensors"), py::arg("src"), py::arg("chunk_mb") = 16.0)
       .def("abort", &nccl_world::abort, "Abandons in-flight work (ncclCommAbort); never blocks.")
       .def("close", &nccl_world::close, "Releases the communicator: finalize -> destroy, abort on failure.")
       .def_property_readonly("active", &nccl_world::active)
@@ -179,7 +229,8 @@ void dra::python::bind_nccl_testing(py::module_& m) {
       .def_property_readonly("epoch", &nccl_world::epoch)
       .def_property_readonly("last_plan", &nccl_world::last_plan)
       .def_property_readonly("log", &nccl_world::log)
-      .def_property_readonly("runtime_version", &nccl_world::runtime_version);
+      .def_property_readonly("runtime_version", &nccl_world::runtime_version)
+      .def_property_readonly("emulated", &nccl_world::emulated, "Whether this is the emulated library (CPU tensors).");
 #else
   (void)m;
 #endif

@@ -8,17 +8,22 @@
 #      transformer trained with dra.step(cuda loss) under set_sync_debug_mode("error") (zero
 #      synchronising steps is checked), its step time against plain DDP, the NVML energy counter,
 #      and dra's communicator through init, keep, abort and re-init,
-#   4. measures NCCL all-reduce bandwidth 1 KiB .. 1 GiB through dra against torch.distributed,
-#      dra's NCCL init against torch's, and dra.step overhead on a real training step,
-# and writes summary.json, summary.txt, nccl_gpu.json and elastic_gpu.json (the common benchmark
+#   4. runs the NCCL benchmark suite, `python -m dra.bench nccl --mode real` (the same code that
+#      runs emulated on CPUs): all-reduce bandwidth 1 KiB .. 1 GiB through dra against
+#      torch.distributed's NCCL, dra's NCCL init against torch's, dra.step on a 0-d CUDA tensor
+#      and on a real training step; with 2+ GPUs also the state handoff against plain send/recv,
+#      an elastic shrink and grow through backend="nccl", and a hung peer revoked by the watchdog,
+# and writes summary.json, summary.txt, nccl.json (+ nccl.png) and elastic_gpu.json (the common benchmark
 # report) and the logs under the output folder. Bounded: the whole run stays within
 # DRA_GPU_CHECK_BUDGET_S (default 470 s, under 8 minutes).
 #
-# Without a GPU it still builds, runs the tests (GPU tests skip) and the CPU-only part of the
-# benchmark, then exits 3: the CPU-side steps are checked anywhere.
+# Without a GPU it still builds, runs the tests (GPU tests skip), elastic_gpu.py on the CPU and the
+# suite on the emulated library (--quick), then exits 3: the CPU-side steps are checked anywhere.
+# --installed skips the build and checks the dra the interpreter already imports (a quick CPU
+# check of the script itself: benchmarks/gpu/check.sh --installed on a development machine).
 #
 # Usage: benchmarks/gpu/check.sh [--out DIR] [--python PY] [--nproc N] [--max-bytes B]
-#                                [--skip-build] [--skip-tests] [--skip-bench]
+#                                [--skip-build] [--skip-tests] [--skip-bench] [--installed]
 #        benchmarks/gpu/check.sh --prepare-deps   # copy Eigen/pybind11/nccl.h headers into
 #                                                 # build/gpu-deps, for a machine that lacks them
 # Environment: PYTHON (interpreter with torch), OUT (output folder), DRA_GPU_CHECK_BUILD
@@ -32,12 +37,12 @@ out="${OUT:-$root/build/gpu-check}"
 py="${PYTHON:-}"
 nproc_arg="auto"
 max_bytes=$((1 << 30))
-skip_build=0 skip_tests=0 skip_bench=0 prepare=0
+skip_build=0 skip_tests=0 skip_bench=0 prepare=0 installed=0
 budget="${DRA_GPU_CHECK_BUDGET_S:-470}"
 build_cap="${DRA_GPU_CHECK_BUILD_CAP_S:-300}"  # 16 cores build in about 2 minutes
 deps="$root/build/gpu-deps"
 
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
@@ -45,6 +50,7 @@ while [ $# -gt 0 ]; do
     --nproc) nproc_arg="${2:?--nproc needs a number}"; shift 2 ;;
     --max-bytes) max_bytes="${2:?--max-bytes needs a number}"; shift 2 ;;
     --skip-build) skip_build=1; shift ;;
+    --installed) skip_build=1; installed=1; shift ;;
     --skip-tests) skip_tests=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     --prepare-deps) prepare=1; shift ;;
@@ -234,7 +240,7 @@ if [ "$skip_build" = 0 ]; then
     say "built ($how) in $(( $(date +%s) - t0 )) s"
   fi
 fi
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+[ "$installed" = 1 ] || export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$site"
 # An editable install of dra elsewhere (scikit-build-core's redirecting finder sits in front of
 # sys.path) must not shadow the build under test.
@@ -246,7 +252,7 @@ imported=0
 if ! info=$(cd /tmp && "$py" -c 'import dra, json; print(json.dumps(dict(dra.build_info(), module=dra._core.__file__)))' 2>>"$out/build.log"); then
   record import failed 0 "import dra failed (see build.log)"
   say "import dra FAILED"; tail -5 "$out/build.log"
-elif [[ "$info" != *"\"module\": \"$site/"* ]]; then
+elif [ "$installed" = 0 ] && [[ "$info" != *"\"module\": \"$site/"* ]]; then
   record import failed 0 "dra was imported from elsewhere, not $site"
   say "import dra FAILED: not the build under test: $info"
 else
@@ -285,19 +291,21 @@ if [ "$skip_bench" = 0 ] && [ "$imported" = 1 ]; then
   cat "$out/elastic.log"
 fi
 
-# ---- 4. benchmark ----------------------------------------------------------------------------
+# ---- 4. benchmark: the NCCL suite (python -m dra.bench nccl; the same code path as on the CPU) ---
 if [ "$skip_bench" = 0 ] && [ "$imported" = 1 ]; then
   t0=$(date +%s)
   if [ "$gpu" = 1 ]; then
-    bench_budget=$(( $(left) - 90 )); [ "$bench_budget" -gt 150 ] && bench_budget=150
+    bench_budget=$(( $(left) - 150 )); [ "$bench_budget" -gt 150 ] && bench_budget=150
     [ "$bench_budget" -lt 20 ] && bench_budget=20
-    args=(--json "$out/nccl_gpu.json" --nproc "$nproc_arg" --max-bytes "$max_bytes" --budget-s "$bench_budget")
+    nproc_n="$nproc_arg"; [ "$nproc_n" = auto ] && nproc_n=0
+    args=(--mode real --json "$out/nccl.json" --nproc "$nproc_n" --max-bytes "$max_bytes" --budget-s "$bench_budget")
   else
-    args=(--json "$out/nccl_gpu.json" --device cpu)
+    # No GPU: the same suite on the emulated library, small (the suite itself is checked).
+    args=(--mode emulated --quick --json "$out/nccl.json")
   fi
-  (cd /tmp && bounded 300 "$py" "$root/benchmarks/gpu/nccl_bench.py" "${args[@]}") > "$out/bench.log" 2>&1
+  (cd /tmp && bounded 300 "$py" -m dra.bench nccl "${args[@]}") > "$out/bench.log" 2>&1
   rc=$?
-  record bench "$([ $rc = 0 ] && echo ok || echo failed)" $(( $(date +%s) - t0 )) "$([ "$gpu" = 1 ] && echo gpu || echo cpu-only)"
+  record bench "$([ $rc = 0 ] && echo ok || echo failed)" $(( $(date +%s) - t0 )) "$([ "$gpu" = 1 ] && echo real || echo emulated)"
   cat "$out/bench.log"
 fi
 
@@ -313,7 +321,7 @@ def load(name):
     path = os.path.join(out, name)
     return json.load(open(path)) if os.path.exists(path) else None
 summary = {"gpu": gpu, "seconds": seconds, "steps": steps, "preflight": load("preflight.json"),
-           "build_info": load("build_info.json"), "bench": load("nccl_gpu.json"), "elastic": load("elastic_gpu.json")}
+           "build_info": load("build_info.json"), "bench": load("nccl.json"), "elastic": load("elastic_gpu.json")}
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=2)
 lines = [f"dra GPU check: {'GPU' if gpu else 'NO GPU (CPU-side steps only)'}, {seconds} s"]
 lines += [f"  {s['step']:<8} {s['status']:<7} {s['seconds']:>4} s  {s['note']}" for s in steps]

@@ -28,8 +28,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nccl_bench import TinyLM  # noqa: E402
+from dra.bench.nccl import TinyLM
 
 SUITE = "elastic_gpu"
 DEVICE = "cuda"  # --device cpu: the same script over Gloo on the CPU (to check the script itself)

@@ -28,13 +28,30 @@ class NcclWorld:
         """
         Releases the communicator: finalize -> destroy, abort on failure.
         """
-    def rebuild(self, epoch: typing.SupportsInt | typing.SupportsIndex, old_members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], new_members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], self_id: typing.SupportsInt | typing.SupportsIndex, abortive: bool = False, timeout_s: typing.SupportsFloat | typing.SupportsIndex | None = None) -> str:
+    def rebuild(self, epoch: typing.SupportsInt | typing.SupportsIndex, old_members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], new_members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], self_id: typing.SupportsInt | typing.SupportsIndex, abortive: bool = False, timeout_s: typing.SupportsFloat | typing.SupportsIndex | None = None, collective_timeout_s: typing.SupportsFloat | typing.SupportsIndex | None = None) -> str:
         """
-        Builds the communicator of `new_members` for `epoch`; returns the path taken ('fresh_init', 'shrink', 'grow', 'keep' or 'leave').
+        Builds the communicator of `new_members` for `epoch`; returns the path taken ('fresh_init', 'shrink', 'grow', 'keep' or 'leave'). `collective_timeout_s` bounds every operation afterwards (the watchdog's timeout; default: the rendezvous timeout).
+        """
+    def recv(self, tensor: torch.Tensor, src: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def send(self, tensor: torch.Tensor, dsts: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        """
+        Plain point-to-point: one ncclSend per destination in one group; returns when it completed.
+        """
+    def transfer_recv(self, tensors: collections.abc.Sequence[torch.Tensor], src: typing.SupportsInt | typing.SupportsIndex, chunk_mb: typing.SupportsFloat | typing.SupportsIndex = 16.0) -> None:
+        ...
+    def transfer_send(self, tensors: collections.abc.Sequence[torch.Tensor], dsts: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], chunk_mb: typing.SupportsFloat | typing.SupportsIndex = 16.0) -> None:
+        """
+        The state handoff's transfer (chunked, pipelined on its own stream) of `tensors` to `dsts`.
         """
     @property
     def active(self) -> bool:
         ...
+    @property
+    def emulated(self) -> bool:
+        """
+        Whether this is the emulated library (CPU tensors).
+        """
     @property
     def epoch(self) -> int:
         ...

@@ -40,7 +40,6 @@ from dra.bench._report import result, write_report
 from dra.bench.torchft_baseline import torchft_rows
 
 _STEPS = 9
-_SCHEDULE = {3: 2, 6: 4}  # shrink 4 -> 2 at step 3, grow 2 -> 4 at step 6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,18 +73,29 @@ def _worker_dra(args: argparse.Namespace) -> None:
     import dra
     import dra.elastic as de
 
-    model = _model(args.mb)
+    device = torch.device("cpu")
+    if args.device == "cuda":  # one GPU per process (the NCCL suite on a machine with several)
+        device = torch.device("cuda", int(os.environ["RANK"]))
+        torch.cuda.set_device(device)
+    model = _model(args.mb).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     sampler = de.ElasticSampler(_STEPS * 8, 8, seed=0)
-    ctl = de.init(model, opt, sampler, start_size=4, resize_schedule=_SCHEDULE, decide_every=1000,
-                  events_path=os.path.join(args.out, "events.jsonl"), fault_timeout_s=60.0, chunk_mb=args.chunk_mb)
+    n = args.nproc
+    # Shrink n -> n/2 at step 3, grow back at step 6; the leavers wait in standby (also on a GPU).
+    ctl = de.init(model, opt, sampler, start_size=n, resize_schedule={3: n // 2, 6: n}, decide_every=1000,
+                  events_path=os.path.join(args.out, "events.jsonl"), fault_timeout_s=60.0, chunk_mb=args.chunk_mb,
+                  backend=args.backend, release="standby")
+    steps = 0
     for _ in ctl.epochs(1):
         for idx in sampler:
-            loss = _loss(ctl.model, torch.tensor(float(len(idx))))
+            loss = _loss(ctl.model, torch.tensor(float(len(idx)), device=device))
             ctl.optimizer.zero_grad()
             loss.backward()
             ctl.optimizer.step()
             dra.step(loss)
+            steps += 1
+    if os.environ["RANK"] == "0":  # host reads of device values (the NCCL suite's "syncs per step")
+        Path(args.out, "reads.json").write_text(json.dumps(dict(ctl.device_reads, steps=steps)))
 
 
 def _worker_pg(args: argparse.Namespace) -> None:
@@ -169,15 +179,17 @@ def _spawn_store() -> tuple[subprocess.Popen, int]:
     return proc, int(line.rsplit(":", 1)[1])
 
 
-def _run_direct(mode: str, mb: float, out: str, chunk_mb: float, timeout: float) -> None:
+def _run_direct(mode: str, mb: float, out: str, chunk_mb: float, timeout: float, *, nproc: int = 4,
+                backend: str = "gloo", device: str = "cpu") -> None:
+    """Runs one measured job of `nproc` processes (the dra worker: shrink nproc -> nproc/2 -> back)."""
     store, port = _spawn_store()
     try:
         procs = []
-        for rank in range(4):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       DRA_JOB_ID=f"bench-{mode}-{mb}", OMP_NUM_THREADS="1")
+        for rank in range(nproc):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), DRA_JOB_ID=f"bench-{mode}-{backend}-{mb}", OMP_NUM_THREADS="1")
             cmd = [sys.executable, "-m", "dra.bench", "resize", "--worker", mode, "--mb", str(mb), "--out", out,
-                   "--chunk-mb", str(chunk_mb)]
+                   "--chunk-mb", str(chunk_mb), "--nproc", str(nproc), "--backend", backend, "--device", device]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         deadline = time.monotonic() + timeout
         for p in procs:
@@ -276,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ckpt", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--nproc", type=int, default=4, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker == "dra":
         _worker_dra(args)
