@@ -240,7 +240,11 @@ void controller::hand_over_state(const world_change& change, std::uint64_t& nbyt
     holds_state_ = true;
   }
   if (!route.send_to.empty()) {
-    detail::handoff_header h{step_index_, sampler_->position(), num_epochs_, resizes_};
+    detail::handoff_header h;
+    h.step_index = step_index_;
+    h.sampler = sampler_->position();
+    h.num_epochs = num_epochs_;
+    h.resizes = resizes_;
     h.energy_j = world_energy_j_;
     h.energy_known = world_energy_known_;
     h.energy_measured = world_energy_measured_;

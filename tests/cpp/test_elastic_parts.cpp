@@ -317,7 +317,11 @@ TEST_CASE("elastic.handoff.state_and_position_reach_the_joiner") {
         auto transfer = dra::comm::make_chunked_transfer(4096);
         if (rank == 0) {
           src.tensors = {at::arange(5000, at::kFloat), at::ones({3}, at::kDouble)};
-          ed::handoff_header h{17, {2, 48, 16, 9}, 5, 3};
+          ed::handoff_header h;
+          h.step_index = 17;
+          h.sampler = {2, 48, 16, 9};
+          h.num_epochs = 5;
+          h.resizes = 3;
           h.energy_j = 12.5;
           h.energy_known = true;
           h.energy_measured = false;

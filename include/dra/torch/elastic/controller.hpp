@@ -177,7 +177,9 @@ struct step_status {
 struct compression_stats {
   std::string codec;     ///< the hook's spec ("" without one; "custom" for a hook set by hand)
   hook_bytes bytes;      ///< payload handed to the communicator and what fp32 would have handed
-  double ratio() const { return bytes.sent > 0 ? static_cast<double>(bytes.dense) / bytes.sent : 1.0; }
+  double ratio() const {
+    return bytes.sent > 0 ? static_cast<double>(bytes.dense) / static_cast<double>(bytes.sent) : 1.0;
+  }
 };
 
 /// This process's own energy (a per-process reader: NVML for its CUDA device, else the CPU model).
