@@ -33,7 +33,6 @@
 
 #include <chrono>
 #include <cinttypes>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -224,11 +223,8 @@ std::string env_or(const char* name, const std::string& fallback) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  // A peer that died or was declared dead closes its sockets; writing to one (Gloo, the store)
-  // must fail with EPIPE, which the controller handles, not kill this process with SIGPIPE.
-  // Python ignores SIGPIPE by default; a C++ trainer has to say so (found by the fault campaign:
-  // a member stopped past the timeout died of SIGPIPE when continued).
-  std::signal(SIGPIPE, SIG_IGN);
+  // No SIGPIPE handling here: the controller ignores SIGPIPE when the program left it at its default
+  // (a write to a dead peer's socket must fail with EPIPE, not kill the process).
   const options opt = parse(argc, argv);
   const dra::elastic::launch_info launch = dra::elastic::launch_info::from_env();
 

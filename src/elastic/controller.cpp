@@ -58,6 +58,7 @@ controller::controller(controller_options options, launch_info launch, std::shar
   if (!state_) dra::detail::throw_invalid("state", "a state_provider is required (module_state for LibTorch models)");
   if (!sampler_) dra::detail::throw_invalid("sampler", "an elastic_sampler is required");
   launch.validate();
+  detail::ignore_default_sigpipe();
   backend_ = comm::make_backend(options_.backend, {options_.backend_address, "pg"});
   if (!options_.release) options_.release = backend_->uses_device() ? release_mode::exit : release_mode::standby;
   transfer_ = backend_->make_transfer(options_.chunk_bytes());

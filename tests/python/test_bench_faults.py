@@ -132,13 +132,15 @@ def test_a_fixed_seed_subset_of_the_campaign_survives(tmp_path):
 
 @pytest.mark.skipif(not CPP_BINARY.exists(), reason=f"C++ example not built: {CPP_BINARY}")
 def test_a_fixed_seed_subset_survives_with_cpp_workers(tmp_path):
-    # C++ workers: a member killed, a joiner killed, two kills within 100 ms, a slow peer that
-    # nobody may declare dead.
+    # C++ workers, two trials at once: a member killed, a joiner killed, two kills within 100 ms,
+    # a slow peer that nobody may declare dead.
     kinds = "kill_member,kill_joiner,kill_two,slow_peer"
     rows = _campaign(
-        tmp_path, "--trials", "4", "--seed", "3", "--kinds", kinds, "--langs", "cpp", "--cpp-binary", str(CPP_BINARY)
+        tmp_path, "--trials", "4", "--seed", "3", "--kinds", kinds, "--langs", "cpp", "--cpp-binary", str(CPP_BINARY),
+        "--jobs", "2",
     )
     survived = rows["faults_survived"]
+    assert survived["jobs"] == 2 and "2 trials at once" in survived["label"]
     assert (survived["value"], survived["not_fired"]) == (1.0, 0), survived["failures"]
     assert sorted(survived["by_kind"]) == sorted(f"{k}/cpp" for k in kinds.split(","))
     assert rows["samples_lost"]["value"] == 0 and rows["hung"]["value"] == 0

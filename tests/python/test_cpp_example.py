@@ -370,6 +370,26 @@ def test_a_standby_ends_cleanly_when_rank0_hosts_the_store(procs, tmp_path):
     assert finals[0]["hash"] == finals[1]["hash"]
 
 
+@pytest.mark.timeout(120)
+def test_the_library_keeps_sigpipe_from_killing_a_cpp_trainer(tmp_path):
+    """The example no longer touches SIGPIPE: the controller ignores it when the program left it at
+    its default. A one-process job whose stdout reader is gone before the process writes: its final
+    lines fail with EPIPE (exit 0) instead of killing it with SIGPIPE (exit -13)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read what the trainer prints
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "DRA_"))}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               DRA_HOST_STORE="1", DRA_JOB_ID=f"sigpipe-{uuid.uuid4().hex[:8]}", OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run([str(BINARY), "--epochs", "1", "--dataset", "64", "--global-batch", "32",
+                               "--status-every", "0"], stdout=write_end, stderr=subprocess.DEVNULL, env=env,
+                              timeout=100)
+    finally:
+        os.close(write_end)
+    assert proc.returncode != -signal.SIGPIPE, "the trainer died of SIGPIPE"
+    assert proc.returncode == 0
+
+
 def test_rejects_bad_options():
     proc = subprocess.run([str(BINARY), "--release", "later"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=60, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})

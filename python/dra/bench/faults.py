@@ -31,8 +31,12 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +129,18 @@ def churn(args: argparse.Namespace, launcher: LocalLauncher, store: StoreProcess
 
 
 def summarise(
-    results: list[tuple[TrialSpec, Verdict, float]], args: argparse.Namespace, churned: dict[str, Any] | None
+    results: list[tuple[TrialSpec, Verdict, float]],
+    args: argparse.Namespace,
+    churned: dict[str, Any] | None,
+    campaign_s: float = math.nan,
 ) -> list[dict[str, Any]]:
     n = len(results)
     survived = sum(v.survived for _, v, _ in results)
     label = f"measured, {n} trials, seeds {args.seed}..{args.seed + n - 1}" if not args.trial else "measured, one trial"
+    if args.jobs > 1:
+        label += f", {args.jobs} trials at once"
+    if n < args.trials and not args.trial:
+        label += f" (interrupted: {n} of {args.trials} planned)"
     by_kind: dict[str, dict[str, Any]] = {}
     for spec, v, _ in results:
         k = by_kind.setdefault(
@@ -171,6 +182,8 @@ def summarise(
             failures=failures,
             fault_timeout_s=args.fault_timeout_s,
             wall_s=round(sum(w for _, _, w in results), 1),
+            campaign_s=round(campaign_s, 1),
+            jobs=args.jobs,
         ),
         result("samples_lost", sum(v.samples_lost for _, v, _ in results), "samples", None, label=label),
         result("samples_repeated", sum(v.samples_repeated for _, v, _ in results), "samples", None, label=label),
@@ -253,10 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--churn-model-mb", type=float, default=100.0)
     p.add_argument("--churn-resizes", type=int, default=11)
     p.add_argument("--no-churn", action="store_true", help="skip the memory-growth run")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="trials run at once (default 1; more shortens a long run, adds contention)"
+    )
     p.add_argument("--keep", metavar="DIR", help="keep every trial's records and outputs under DIR")
     args = p.parse_args(argv)
     if args.trials < 1:
         p.error(f"--trials: must be >= 1, got {args.trials}")
+    if not 1 <= args.jobs <= 16:
+        p.error(f"--jobs: expected 1..16 trials at once, got {args.jobs}")
     for k in filter(None, args.kinds.split(",")):
         if k not in KINDS:
             p.error(f"--kinds: unknown kind '{k}'; known: {', '.join(sorted(KINDS))}")
@@ -276,39 +294,71 @@ def main(argv: list[str] | None = None) -> int:
     store = StoreProcess()
     results: list[tuple[TrialSpec, Verdict, float]] = []
     churned = None
-    try:
-        for i, spec in enumerate(specs):
+    campaign_s = math.nan
+    interrupted = False
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM ends the campaign like Ctrl-C
+    lock = threading.Lock()
+    done = 0
+
+    def one(spec: TrialSpec) -> tuple[TrialSpec, Verdict, float]:
+        nonlocal store, done
+        with lock:
             if not store.alive():  # a trial's defect must not spill into the next ones
                 store.close()
                 store = StoreProcess()
-            run = run_trial(
-                spec, tmp / f"trial-{spec.seed}-{spec.kind}-{spec.job.language}", launcher, store, args.trial_timeout_s
-            )
-            v = judge(run)
-            results.append((spec, v, run.wall_s))
-            state = "survived" if v.survived else "FAILED"
-            extra = f" resume {v.resume_s:.2f} s" if v.resume_s is not None else ""
-            extra += "" if v.fired else " (fault did not fire)"
-            print(
-                f"[faults] {i + 1}/{len(specs)} seed {spec.seed} {spec.job.language} {spec.kind}: "
-                f"{spec.fault.description}: {state}{extra} ({run.wall_s:.1f} s)",
-                flush=True,
-            )
-            for problem in v.problems[:4]:
-                print(f"           {problem[:300]}", flush=True)
-            if not v.survived:
-                print(f"           reproduce: {spec.repro()}", flush=True)
-            if args.keep:
-                (run.out / "verdict.json").write_text(json.dumps({"spec": spec.fault.description, **v.to_dict()}))
-        if not args.no_churn and not args.trial:
+            shared = store
+        run = run_trial(
+            spec, tmp / f"trial-{spec.seed}-{spec.kind}-{spec.job.language}", launcher, shared, args.trial_timeout_s
+        )
+        v = judge(run)
+        state = "survived" if v.survived else "FAILED"
+        extra = f" resume {v.resume_s:.2f} s" if v.resume_s is not None else ""
+        extra += "" if v.fired else " (fault did not fire)"
+        lines = [
+            f"{spec.job.language} {spec.kind}: {spec.fault.description}: {state}{extra} ({run.wall_s:.1f} s)",
+            *(f"           {problem[:300]}" for problem in v.problems[:4]),
+            *([f"           reproduce: {spec.repro()}"] if not v.survived else []),
+        ]
+        if args.keep:
+            (run.out / "verdict.json").write_text(json.dumps({"spec": spec.fault.description, **v.to_dict()}))
+        with lock:
+            done += 1
+            print(f"[faults] {done}/{len(specs)} seed {spec.seed} " + "\n".join(lines), flush=True)
+        return spec, v, run.wall_s
+
+    t0 = time.monotonic()
+    try:
+        # Trials in parallel (--jobs) share the store and the CPUs: each has its own job id and
+        # processes; the times they report include the contention, which the label says.
+        # Ctrl-C (or SIGTERM) stops the campaign: trials not started are dropped, running ones end
+        # (bounded by --trial-timeout-s), and the report covers the trials that finished.
+        finished: dict[int, tuple[TrialSpec, Verdict, float]] = {}
+        pool = ThreadPoolExecutor(max_workers=args.jobs)
+        futures = {pool.submit(one, spec): i for i, spec in enumerate(specs)}
+        try:
+            for f in as_completed(futures):
+                finished[futures[f]] = f.result()
+        except KeyboardInterrupt:
+            print(f"[faults] interrupted: finishing the running trials, reporting {len(finished)}+", flush=True)
+            pool.shutdown(wait=True, cancel_futures=True)
+            for f, i in futures.items():
+                if f.done() and not f.cancelled() and f.exception() is None:
+                    finished[i] = f.result()
+        pool.shutdown(wait=True)
+        results = [finished[i] for i in sorted(finished)]
+        interrupted = len(results) < len(specs)
+        campaign_s = time.monotonic() - t0
+        if not args.no_churn and not args.trial and not interrupted:
             churned = churn(args, launcher, store, tmp)
             print(f"[faults] churn: {churned['growth_mb_per_resize']} MB per resize", flush=True)
     finally:
         store.close()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    write_report("faults", summarise(results, args, churned), args.json)
-    ok = all(v.survived for _, v, _ in results) and (churned is None or churned["survived"])
+    write_report("faults", summarise(results, args, churned, campaign_s), args.json)
+    if interrupted:
+        print(f"[faults] interrupted: the report covers {len(results)} of {len(specs)} trials", flush=True)
+    ok = not interrupted and all(v.survived for _, v, _ in results) and (churned is None or churned["survived"])
     return 0 if ok else 1
 
 
