@@ -140,7 +140,7 @@ void controller::finish() noexcept {
   try {
     comm_->barrier();
     if (comm_->rank() == 0) {
-      log_->finished(step_index_, comm_->size(), figures());
+      detail::event_log::print_summary(step_index_, comm_->size(), figures());
       store_->mark_done();
       // Standbys learn the end from the store. When this process hosts it (rank 0 outside the
       // torchrun agent), leaving at once would take the store away before they read "done": wait

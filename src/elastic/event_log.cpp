@@ -72,10 +72,16 @@ void event_log::world(const world_event& e) {
   write(ev);
 }
 
-void event_log::finished(std::int64_t step, int world, const job_figures& f) {
-  json ev = {{"event", "finished"}, {"step", step}, {"world_size", world}};
-  add_figures(ev, f);
-  write(ev);
+void event_log::print_summary(std::int64_t steps, int world, const job_figures& f) noexcept {
+  char energy[128] = "";
+  if (!std::isnan(f.energy_job_j))
+    std::snprintf(energy, sizeof energy, " energy %.4g J (%s)", f.energy_job_j, f.energy_source.c_str());
+  char codec[160] = "";
+  if (!f.compress.empty())
+    std::snprintf(codec, sizeof codec, " %s: %llu bytes sent for %llu dense", f.compress.c_str(),
+                  static_cast<unsigned long long>(f.bytes_sent), static_cast<unsigned long long>(f.bytes_dense));
+  std::printf("[dra] job finished at step %lld world %d%s%s\n", static_cast<long long>(steps), world, energy, codec);
+  std::fflush(stdout);
 }
 
 void event_log::rejected(std::int64_t step, std::int64_t epoch, int uid, const std::string& reason) {

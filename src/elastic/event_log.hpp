@@ -57,8 +57,9 @@ class event_log {
   explicit event_log(std::string path) : path_(std::move(path)) {}
   void world(const world_event& e);
   void rejected(std::int64_t step, std::int64_t epoch, int uid, const std::string& reason);
-  /// The job's end, on the leader: steps, energy and bytes.
-  void finished(std::int64_t step, int world, const job_figures& f);
+  /// The job's end, on the leader: one line on stdout with its steps, energy and codec bytes (not an
+  /// event: readers of the events file expect world changes).
+  static void print_summary(std::int64_t steps, int world, const job_figures& f) noexcept;
   const std::vector<std::string>& lines() const noexcept { return lines_; }
   const std::string& last() const noexcept;
   status_line status;
