@@ -138,8 +138,8 @@ void codec_hook::load_shared_state(const std::vector<std::uint8_t>& bytes) {
       loaded[i]->load_state(one);
     }
   } catch (const std::invalid_argument& e) {
-    throw dra::state_mismatch_error(std::string("dra: the world's codec state does not fit this process: ") +
-                                    e.what() + "; give every process the same `compress` option");
+    throw dra::state_mismatch_error(std::string("dra: the world's codec state does not fit this process: ") + e.what() +
+                                    "; give every process the same `compress` option");
   }
   for (const auto& c : codecs_)
     if (c) dropped_.sent += c->bytes().sent, dropped_.dense += c->bytes().dense;

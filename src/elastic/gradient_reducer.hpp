@@ -30,8 +30,8 @@ struct reduction_tail {
   double loss_sum = 0.0;
   double count = 0.0;
   bool decision_flag = false;
-  double energy_j = 0.0;     ///< the previous step's energy, summed over the world's processes
-  double not_measured = 0;   ///< processes whose energy figure is an estimate
+  double energy_j = 0.0;    ///< the previous step's energy, summed over the world's processes
+  double not_measured = 0;  ///< processes whose energy figure is an estimate
 };
 
 /// This rank's contribution to the tail: the loss as a 0-d tensor (any device: a device loss is

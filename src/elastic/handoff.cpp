@@ -74,12 +74,13 @@ handoff_route route_handoff(const world_change& change, int rank, int size, int 
 std::uint64_t send_state(comm::communicator& comm, comm::tensor_transfer& transfer, const std::vector<int>& dsts,
                          state_provider& state, const handoff_header& header) {
   auto snap = state.collect();
-  const std::string own = json{
-      {"step_index", header.step_index},
-      {"sampler", {header.sampler.epoch, header.sampler.cursor, header.sampler.global_batch, header.sampler.seed}},
-      {"num_epochs", header.num_epochs},
-      {"resizes", header.resizes},
-      {"energy", {header.energy_j, header.energy_known, header.energy_measured}}}.dump();
+  const std::string own =
+      json{{"step_index", header.step_index},
+           {"sampler", {header.sampler.epoch, header.sampler.cursor, header.sampler.global_batch, header.sampler.seed}},
+           {"num_epochs", header.num_epochs},
+           {"resizes", header.resizes},
+           {"energy", {header.energy_j, header.energy_known, header.energy_measured}}}
+          .dump();
   const auto n = static_cast<std::int64_t>(snap.tensors.size());
   at::Tensor head = at::empty({kFixed + n}, at::kLong);
   auto* h = head.data_ptr<std::int64_t>();
@@ -130,8 +131,8 @@ std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transf
   for (std::int64_t i = 0; i < n; ++i) {
     const auto mine = byte_size(targets[static_cast<std::size_t>(i)]);
     if (mine != h[kFixed + i])
-      throw dra::state_mismatch_error("dra: state tensor " + std::to_string(i) + " has " + std::to_string(h[kFixed + i]) +
-                                      " bytes in the world, " + std::to_string(mine) +
+      throw dra::state_mismatch_error("dra: state tensor " + std::to_string(i) + " has " +
+                                      std::to_string(h[kFixed + i]) + " bytes in the world, " + std::to_string(mine) +
                                       " here; its model or optimizer differs");
     tensor_bytes += static_cast<std::uint64_t>(mine);
   }

@@ -103,8 +103,8 @@ void controller::start_energy_meter() {
     std::unique_ptr<dra::energy::energy_reader> reader;
     if (comm_ && comm_->device().is_cuda()) {
       try {
-        reader = std::make_unique<dra::energy::nvml_reader>("libnvidia-ml.so.1",
-                                                            std::vector<int>{comm_->device().index()});
+        reader =
+            std::make_unique<dra::energy::nvml_reader>("libnvidia-ml.so.1", std::vector<int>{comm_->device().index()});
       } catch (const dra::error&) {
       }
     }

@@ -559,8 +559,7 @@ TEST_CASE("elastic.codec_hook.shared_state_and_the_rule_on_a_world_change") {
   // Another codec's state is refused, naming the option, and changes nothing.
   dra::elastic::codec_hook other("powersgd:3");
   const auto before = other.shared_state();
-  CHECK_THROWS_WITH_AS(other.load_shared_state(r[0].shared), doctest::Contains("compress"),
-                       dra::state_mismatch_error);
+  CHECK_THROWS_WITH_AS(other.load_shared_state(r[0].shared), doctest::Contains("compress"), dra::state_mismatch_error);
   CHECK(other.shared_state() == before);
   CHECK_THROWS_AS(dra::elastic::codec_hook("fp16").load_shared_state({1, 2, 3}), dra::state_mismatch_error);
   // Bad specs name the option and the fix.

@@ -175,8 +175,8 @@ struct step_status {
 
 /// Bytes of the bucketed reductions a hook (gradient codec) reduced, per rank.
 struct compression_stats {
-  std::string codec;     ///< the hook's spec ("" without one; "custom" for a hook set by hand)
-  hook_bytes bytes;      ///< payload handed to the communicator and what fp32 would have handed
+  std::string codec;  ///< the hook's spec ("" without one; "custom" for a hook set by hand)
+  hook_bytes bytes;   ///< payload handed to the communicator and what fp32 would have handed
   double ratio() const {
     return bytes.sent > 0 ? static_cast<double>(bytes.dense) / static_cast<double>(bytes.sent) : 1.0;
   }
