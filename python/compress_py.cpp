@@ -93,11 +93,14 @@ void bind_compress(py::module_& m) {
           "Bytes an fp32 all-reduce of the same tensors would have handed over.")
       .def("reset_bytes", &gradient_codec::reset_bytes)
       .def_property_readonly("steps", &gradient_codec::steps)
-      .def("save_state",
-           [](const gradient_codec& c) {
-             const auto b = c.save_state();
-             return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
-           })
+      .def(
+          "save_state",
+          [](const gradient_codec& c, bool with_error_feedback) {
+            const auto b = c.save_state(with_error_feedback);
+            return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+          },
+          py::arg("with_error_feedback") = true,
+          "State as bytes; without error feedback: only what every rank shares (what joiners receive).")
       .def("load_state",
            [](gradient_codec& c, const py::bytes& b) {
              const std::string s = b;

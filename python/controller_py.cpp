@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "dra/torch/elastic/codec_hook.hpp"
 #include "dra/torch/elastic/controller.hpp"
 
 namespace py = pybind11;
@@ -172,6 +173,7 @@ const std::map<std::string, setter>& option_table() {
        [](controller_options& o, py::handle v) { o.backend_address = as_str(v, "backend_address"); }},
       {"config_fingerprint",
        [](controller_options& o, py::handle v) { o.config_fingerprint = as_str(v, "config_fingerprint"); }},
+      {"compress", [](controller_options& o, py::handle v) { o.compress = as_str(v, "compress"); }},
   };
   return table;
 }
@@ -370,7 +372,9 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("status_every", &controller_options::status_every)
       .def_readonly("max_resize_retries", &controller_options::max_resize_retries)
       .def_readonly("backend", &controller_options::backend)
-      .def_readonly("backend_address", &controller_options::backend_address);
+      .def_readonly("backend_address", &controller_options::backend_address)
+      .def_readonly("compress", &controller_options::compress,
+                    "Gradient codec of the bucketed reduction ('' : a plain all-reduce).");
 
   py::class_<dra::elastic::step_status>(
       m, "StepStatus",
@@ -397,6 +401,13 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("exit_requested", &dra::elastic::step_status::exit_requested)
       .def_readonly("released", &dra::elastic::step_status::released,
                     "Released with release='return': out of the world until Controller.rejoin().")
+      .def_readonly("energy_step_j", &dra::elastic::step_status::energy_step_j,
+                    "Energy of the world's processes in the latest step whose figures arrived (one step late; NaN "
+                    "alone).")
+      .def_readonly("energy_job_j", &dra::elastic::step_status::energy_job_j,
+                    "Energy of the world's processes since the job started (NaN alone).")
+      .def_readonly("energy_source", &dra::elastic::step_status::energy_source,
+                    "'measured' only when every process measured its energy, else 'estimated' ('' alone).")
       .def("to_dict",
            [](const dra::elastic::step_status& s) {
              py::dict d;
@@ -410,6 +421,9 @@ void dra::python::bind_controller(py::module_& m) {
              d["decision"] = py::cast(s.decision).attr("to_dict")();
              d["signals"] = py::cast(*s.signals).attr("to_dict")();
              d["event"] = event_dict(s.event);
+             d["energy_step_j"] = s.energy_step_j;
+             d["energy_job_j"] = s.energy_job_j;
+             d["energy_source"] = s.energy_source;
              return d;
            })
       .def("__repr__", [](const dra::elastic::step_status& s) {
@@ -475,6 +489,41 @@ void dra::python::bind_controller(py::module_& m) {
           },
           py::arg("loss"), py::return_value_policy::reference_internal,
           "The C++ step with a 0-d tensor loss (a CUDA loss is read only where a decision needs it).")
+      .def_property_readonly(
+          "compression",
+          [](const controller& c) -> py::object {
+            const auto s = c.compression();
+            if (s.codec.empty()) return py::none();
+            py::dict d;
+            d["codec"] = s.codec;
+            d["bytes_sent"] = s.bytes.sent;
+            d["bytes_dense"] = s.bytes.dense;
+            d["ratio"] = s.ratio();
+            if (const auto* h = dynamic_cast<const codec_hook*>(c.installed_bucket_hook())) {
+              d["error_feedback_norm1"] = h->error_feedback_norm1();
+              const auto state = h->shared_state();
+              d["shared_state"] = py::bytes(reinterpret_cast<const char*>(state.data()), state.size());
+            }
+            return d;
+          },
+          "The gradient codec of the bucketed reduction (None without one): its spec, the bytes this rank handed "
+          "to the communicator (payload) and what fp32 would have, their ratio, the residual it carries "
+          "(error_feedback_norm1) and the state every member shares (shared_state: equal on every rank).")
+      .def_property_readonly(
+          "energy",
+          [](const controller& c) -> py::object {
+            const auto e = c.energy();
+            if (e.reader.empty()) return py::none();
+            py::dict d;
+            d["step_j"] = e.step_j;
+            d["job_j"] = e.job_j;
+            d["source"] = e.source;
+            d["reader"] = e.reader;
+            d["scope"] = e.scope;
+            return d;
+          },
+          "This process's own energy (None until it entered a world): the latest step, since it joined, the label "
+          "and the reader. The world's figures are in status (energy_step_j, energy_job_j, energy_source).")
       .def_property_readonly("nonfinite_started", &controller::nonfinite_started,
                              "A streak of non-finite losses started in the latest step (device losses: when read).")
       .def_property_readonly(

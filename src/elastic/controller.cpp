@@ -18,6 +18,7 @@
 
 #include "deferred_reads.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/elastic/codec_hook.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "leader.hpp"
@@ -53,6 +54,7 @@ controller::controller(controller_options options, launch_info launch, std::shar
       log_(std::make_unique<detail::event_log>(options_.events_path)) {
   pending_loss_ = std::make_unique<detail::tail_input>();
   reads_ = std::make_unique<detail::deferred_reads>();
+  if (!options_.compress.empty()) set_bucket_hook(std::make_shared<codec_hook>(options_.compress));
   if (!state_) dra::detail::throw_invalid("state", "a state_provider is required (module_state for LibTorch models)");
   if (!sampler_) dra::detail::throw_invalid("sampler", "an elastic_sampler is required");
   launch.validate();
@@ -138,6 +140,7 @@ void controller::finish() noexcept {
   try {
     comm_->barrier();
     if (comm_->rank() == 0) {
+      detail::event_log::print_summary(step_index_, comm_->size(), figures());
       store_->mark_done();
       // Standbys learn the end from the store. When this process hosts it (rank 0 outside the
       // torchrun agent), leaving at once would take the store away before they read "done": wait

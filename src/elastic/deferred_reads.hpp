@@ -1,6 +1,6 @@
 #pragma once
 // Values a step produces on the device that the host needs only at some steps (internal to
-// dra::dra): the world's tail of each gradient reduction (loss sum, sample count, decision flag)
+// dra::dra): the world's tail of each gradient reduction (loss sum, sample count, decision flag, energy)
 // and, for a controller alone, the loss of a device tensor. Reading such a value at every step
 // would synchronise the host with the device at every step and stall the pipeline that
 // asynchronous CUDA execution keeps full. So the values stay in a ring on their device (one small
@@ -22,7 +22,7 @@ namespace dra::elastic::detail {
 
 class deferred_reads {
  public:
-  static constexpr std::int64_t kWidth = 3;
+  static constexpr std::int64_t kWidth = 5;
   struct row {
     std::int64_t step = 0;
     std::array<double, kWidth> values{};

@@ -1,5 +1,6 @@
 #include "event_log.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,17 @@ const char* to_string(change_cause c) noexcept {
 namespace {
 json optional_json(double v, bool present) {
   return present ? json(v) : json(nullptr);
+}
+void add_figures(json& ev, const job_figures& f) {
+  ev["energy_step_j"] = optional_json(f.energy_step_j, !std::isnan(f.energy_step_j));
+  ev["energy_job_j"] = optional_json(f.energy_job_j, !std::isnan(f.energy_job_j));
+  ev["energy_source"] = f.energy_source.empty() ? json(nullptr) : json(f.energy_source);
+  if (f.compress.empty()) return;
+  ev["compress"] = {{"codec", f.compress},
+                    {"bytes_sent", f.bytes_sent},
+                    {"bytes_dense", f.bytes_dense},
+                    {"ratio", optional_json(static_cast<double>(f.bytes_dense) / static_cast<double>(f.bytes_sent),
+                                            f.bytes_sent > 0)}};
 }
 }  // namespace
 
@@ -56,7 +68,20 @@ void event_log::world(const world_event& e) {
       {"backend", e.backend},
   };
   if (!e.release.empty()) ev["release"] = e.release;
+  add_figures(ev, e.figures);
   write(ev);
+}
+
+void event_log::print_summary(std::int64_t steps, int world, const job_figures& f) noexcept {
+  char energy[128] = "";
+  if (!std::isnan(f.energy_job_j))
+    std::snprintf(energy, sizeof energy, " energy %.4g J (%s)", f.energy_job_j, f.energy_source.c_str());
+  char codec[160] = "";
+  if (!f.compress.empty())
+    std::snprintf(codec, sizeof codec, " %s: %llu bytes sent for %llu dense", f.compress.c_str(),
+                  static_cast<unsigned long long>(f.bytes_sent), static_cast<unsigned long long>(f.bytes_dense));
+  std::printf("[dra] job finished at step %lld world %d%s%s\n", static_cast<long long>(steps), world, energy, codec);
+  std::fflush(stdout);
 }
 
 void event_log::rejected(std::int64_t step, std::int64_t epoch, int uid, const std::string& reason) {
@@ -88,12 +113,21 @@ void status_line::restart() noexcept {
   samples_ = 0;
 }
 
-void status_line::maybe_print(std::int64_t steps, std::int64_t every, double loss, int world) noexcept {
+void status_line::maybe_print(std::int64_t steps, std::int64_t every, double loss, int world,
+                              const job_figures& f) noexcept {
   if (every <= 0 || steps % every != 0) return;
   const auto now = std::chrono::steady_clock::now();
   const double dt = std::chrono::duration<double>(now - since_).count();
-  std::printf("[dra] step %lld loss %.4f world %d samples/s %.0f\n", static_cast<long long>(steps), loss, world,
-              static_cast<double>(samples_) / std::max(dt, 1e-9));
+  char energy[96] = "";
+  if (!std::isnan(f.energy_step_j))
+    std::snprintf(energy, sizeof energy, " energy %.3g J/step (%.4g J total, %s)", f.energy_step_j, f.energy_job_j,
+                  f.energy_source.c_str());
+  char codec[96] = "";
+  if (!f.compress.empty() && f.bytes_sent > 0)
+    std::snprintf(codec, sizeof codec, " %s %.1fx fewer bytes", f.compress.c_str(),
+                  static_cast<double>(f.bytes_dense) / static_cast<double>(f.bytes_sent));
+  std::printf("[dra] step %lld loss %.4f world %d samples/s %.0f%s%s\n", static_cast<long long>(steps), loss, world,
+              static_cast<double>(samples_) / std::max(dt, 1e-9), energy, codec);
   std::fflush(stdout);
   since_ = now;
   samples_ = 0;

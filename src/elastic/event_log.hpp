@@ -4,6 +4,7 @@
 // to the events file, and printed on stderr.
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,16 @@
 #include "world_change.hpp"
 
 namespace dra::elastic::detail {
+
+/// The job's running totals every event carries: the world's energy (members' processes; NaN
+/// before the first figure) and the gradient codec's bytes.
+struct job_figures {
+  double energy_step_j = std::numeric_limits<double>::quiet_NaN();
+  double energy_job_j = std::numeric_limits<double>::quiet_NaN();
+  std::string energy_source;
+  std::string compress;  ///< the codec's spec ("" none)
+  std::uint64_t bytes_sent = 0, bytes_dense = 0;
+};
 
 /// What the leader reports once a world change is done.
 struct world_event {
@@ -25,15 +36,16 @@ struct world_event {
   std::optional<bool> params_identical;
   std::string backend;
   std::string release;  ///< on the start event only
+  job_figures figures;
 };
 
-/// "[dra] step N loss L world W samples/s S" on the leader every N steps; the rate's window
-/// starts when the world is entered.
+/// "[dra] step N loss L world W samples/s S energy E J/step (J total, source) codec C x" on the
+/// leader every N steps; the rate's window starts when the world is entered.
 class status_line {
  public:
   void restart() noexcept;
   void committed(std::int64_t samples) noexcept { samples_ += samples; }
-  void maybe_print(std::int64_t steps, std::int64_t every, double loss, int world) noexcept;
+  void maybe_print(std::int64_t steps, std::int64_t every, double loss, int world, const job_figures& f) noexcept;
 
  private:
   std::chrono::steady_clock::time_point since_{};
@@ -45,6 +57,9 @@ class event_log {
   explicit event_log(std::string path) : path_(std::move(path)) {}
   void world(const world_event& e);
   void rejected(std::int64_t step, std::int64_t epoch, int uid, const std::string& reason);
+  /// The job's end, on the leader: one line on stdout with its steps, energy and codec bytes (not an
+  /// event: readers of the events file expect world changes).
+  static void print_summary(std::int64_t steps, int world, const job_figures& f) noexcept;
   const std::vector<std::string>& lines() const noexcept { return lines_; }
   const std::string& last() const noexcept;
   status_line status;

@@ -14,7 +14,7 @@ namespace dra::elastic::detail {
 reduction_tail read_tail(const at::Tensor& tail) {
   const at::Tensor t = tail.to(at::kCPU, at::kDouble);  // a CUDA tail would synchronise: the controller defers those
   const double* p = t.data_ptr<double>();
-  return {p[0], p[1], p[2] > 0.5};
+  return {p[0], p[1], p[2] > 0.5, p[3], p[4]};
 }
 
 void write_tail(at::Tensor& dst, const tail_input& in) {
@@ -24,6 +24,8 @@ void write_tail(at::Tensor& dst, const tail_input& in) {
     p[0] = in.count > 0 ? static_cast<float>(loss * in.count) : 0.0f;
     p[1] = static_cast<float>(in.count);
     p[2] = in.decision_flag ? 1.0f : 0.0f;
+    p[3] = static_cast<float>(in.energy_j);
+    p[4] = in.energy_measured ? 0.0f : 1.0f;
     return;
   }
   at::Tensor slot = dst.narrow(0, 0, 1);
@@ -36,6 +38,8 @@ void write_tail(at::Tensor& dst, const tail_input& in) {
   }
   dst.narrow(0, 1, 1).fill_(in.count);
   dst.narrow(0, 2, 1).fill_(in.decision_flag ? 1.0 : 0.0);
+  dst.narrow(0, 3, 1).fill_(in.energy_j);
+  dst.narrow(0, 4, 1).fill_(in.energy_measured ? 0.0 : 1.0);
 }
 
 gradient_reducer::gradient_reducer(std::size_t bucket_bytes, std::size_t first_bucket_bytes)
@@ -67,6 +71,8 @@ void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::D
     bucket_of_[k] = buckets_.size();
     current.params.push_back(k);
     current.offsets.push_back(current.numel);
+    current.shapes.offsets.push_back(current.numel);
+    current.shapes.shapes.push_back(params[k].sizes().vec());
     current.numel += n;
   }
   buckets_.push_back(std::move(current));  // the last one (possibly without gradients) carries the tail
@@ -127,7 +133,7 @@ void gradient_reducer::launch(std::size_t b) {
     if (hook_) {
       at::Tensor grads = bk.flat.narrow(0, 0, bk.numel);
       at::Tensor exact = bk.flat.narrow(0, bk.numel, bk.flat.numel() - bk.numel);
-      hook_->reduce(*comm_, b, grads, exact);
+      hook_->reduce(*comm_, b, bk.shapes, grads, exact);
     } else {
       comm_->all_reduce_sum(bk.flat);
     }

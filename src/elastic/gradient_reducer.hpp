@@ -9,7 +9,7 @@
 // (Gloo) would block backward for each bucket, so there every gradient goes into one bucket (one
 // all-reduce per step). The last bucket carries a
 // short tail that rides along so that steps need no other collective: the previous step's loss
-// (sum and sample count) and the leader's "a decision is published" flag. A bucket_hook (gradient
+// (sum and sample count), its energy, and the leader's "a decision is published" flag. A bucket_hook (gradient
 // codecs) may transform buckets around their all-reduce.
 #include <ATen/Tensor.h>
 #include <c10/core/Stream.h>
@@ -30,26 +30,29 @@ struct reduction_tail {
   double loss_sum = 0.0;
   double count = 0.0;
   bool decision_flag = false;
+  double energy_j = 0.0;    ///< the previous step's energy, summed over the world's processes
+  double not_measured = 0;  ///< processes whose energy figure is an estimate
 };
 
 /// This rank's contribution to the tail: the loss as a 0-d tensor (any device: a device loss is
-/// never read on the host here) or, when undefined, `loss_value`.
+/// never read on the host here) or, when undefined, `loss_value`; the step's energy on this process.
 struct tail_input {
   at::Tensor loss;
   double loss_value = 0.0;
   double count = 0.0;
   bool decision_flag = false;
+  double energy_j = 0.0;
+  bool energy_measured = false;
 };
 
-/// The tail as three floats [loss sum, count, flag] in a tensor, read on the host.
+/// The tail as floats [loss sum, count, flag, energy J, not-measured count] in a tensor, read on the host.
 reduction_tail read_tail(const at::Tensor& tail);
-/// Writes `in` into `dst` (three floats [loss sum, count, flag], on any device) without reading a
-/// device loss on the host.
+/// Writes `in` into `dst` (kTail floats, on any device) without reading a device loss on the host.
 void write_tail(at::Tensor& dst, const tail_input& in);
 
 class gradient_reducer {
  public:
-  static constexpr std::int64_t kTail = 3;
+  static constexpr std::int64_t kTail = 5;
   explicit gradient_reducer(std::size_t bucket_bytes = std::size_t{25} << 20,
                             std::size_t first_bucket_bytes = std::size_t{1} << 20);
 
@@ -63,7 +66,7 @@ class gradient_reducer {
   void ready(std::size_t index);
   /// End of backward: the parameters never reported count as zero; the remaining buckets are
   /// launched; the averaged gradients are written back (a parameter without a gradient receives
-  /// one). Returns the world's tail as three floats on the communicator's device (a view valid
+  /// one). Returns the world's tail as kTail floats on the communicator's device (a view valid
   /// until the next begin()). Throws dra::error when a bucket failed (a peer died or hung).
   at::Tensor finish();
   /// Abandons the step (the gradients are left as they are).
@@ -77,6 +80,7 @@ class gradient_reducer {
     std::vector<std::size_t> params;  // indices into params_, in layout order
     std::vector<std::int64_t> offsets;
     std::int64_t numel = 0;  // gradient elements (the tail comes after them)
+    bucket_layout shapes;    // offsets and shapes, for a hook
     at::Tensor flat;
     std::size_t waiting = 0;
   };

@@ -15,6 +15,7 @@ namespace dra::elastic {
 namespace {
 
 constexpr int kTagHeader = 71;
+constexpr std::int64_t kFixed = 4;  // head: own, manifest, hook state lengths, tensor count
 
 std::int64_t byte_size(const at::Tensor& t) {
   return static_cast<std::int64_t>(t.numel() * t.element_size());
@@ -73,30 +74,34 @@ handoff_route route_handoff(const world_change& change, int rank, int size, int 
 std::uint64_t send_state(comm::communicator& comm, comm::tensor_transfer& transfer, const std::vector<int>& dsts,
                          state_provider& state, const handoff_header& header) {
   auto snap = state.collect();
-  const std::string own = json{
-      {"step_index", header.step_index},
-      {"sampler", {header.sampler.epoch, header.sampler.cursor, header.sampler.global_batch, header.sampler.seed}},
-      {"num_epochs", header.num_epochs},
-      {"resizes",
-       header.resizes}}.dump();
+  const std::string own =
+      json{{"step_index", header.step_index},
+           {"sampler", {header.sampler.epoch, header.sampler.cursor, header.sampler.global_batch, header.sampler.seed}},
+           {"num_epochs", header.num_epochs},
+           {"resizes", header.resizes},
+           {"energy", {header.energy_j, header.energy_known, header.energy_measured}}}
+          .dump();
   const auto n = static_cast<std::int64_t>(snap.tensors.size());
-  at::Tensor head = at::empty({3 + n}, at::kLong);
+  at::Tensor head = at::empty({kFixed + n}, at::kLong);
   auto* h = head.data_ptr<std::int64_t>();
   h[0] = static_cast<std::int64_t>(own.size());
   h[1] = static_cast<std::int64_t>(snap.manifest.size());
-  h[2] = n;
+  h[2] = static_cast<std::int64_t>(header.hook_state.size());
+  h[3] = n;
   std::uint64_t tensor_bytes = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    h[3 + i] = byte_size(snap.tensors[static_cast<std::size_t>(i)]);
-    tensor_bytes += static_cast<std::uint64_t>(h[3 + i]);
+    h[kFixed + i] = byte_size(snap.tensors[static_cast<std::size_t>(i)]);
+    tensor_bytes += static_cast<std::uint64_t>(h[kFixed + i]);
   }
-  at::Tensor length = at::full({1}, 3 + n, at::kLong);
+  at::Tensor length = at::full({1}, kFixed + n, at::kLong);
   comm.send(length, dsts, kTagHeader);
   comm.send(head, dsts, kTagHeader);
-  at::Tensor meta = at::empty({h[0] + h[1]}, at::kByte);
-  std::memcpy(meta.data_ptr(), own.data(), own.size());
-  if (!snap.manifest.empty())
-    std::memcpy(static_cast<char*>(meta.data_ptr()) + own.size(), snap.manifest.data(), snap.manifest.size());
+  at::Tensor meta = at::empty({h[0] + h[1] + h[2]}, at::kByte);
+  auto* out = static_cast<char*>(meta.data_ptr());
+  std::memcpy(out, own.data(), own.size());
+  if (!snap.manifest.empty()) std::memcpy(out + own.size(), snap.manifest.data(), snap.manifest.size());
+  if (!header.hook_state.empty())
+    std::memcpy(out + own.size() + snap.manifest.size(), header.hook_state.data(), header.hook_state.size());
   transfer.send(comm, {meta}, dsts);
   transfer.send(comm, snap.tensors, dsts);
   return tensor_bytes;
@@ -109,12 +114,14 @@ std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transf
   at::Tensor head = at::empty({length.item<std::int64_t>()}, at::kLong);
   comm.recv(head, src, kTagHeader);
   const auto* h = head.data_ptr<std::int64_t>();
-  const std::int64_t own_len = h[0], manifest_len = h[1], n = h[2];
-  at::Tensor meta = at::empty({own_len + manifest_len}, at::kByte);
+  const std::int64_t own_len = h[0], manifest_len = h[1], hook_len = h[2], n = h[3];
+  at::Tensor meta = at::empty({own_len + manifest_len + hook_len}, at::kByte);
   transfer.recv(comm, {meta}, src);
   const char* base = static_cast<const char*>(meta.data_ptr());
   const json own = json::parse(std::string(base, base + own_len));
   const std::string manifest(base + own_len, base + own_len + manifest_len);
+  const auto* hook = reinterpret_cast<const std::uint8_t*>(base + own_len + manifest_len);
+  header.hook_state.assign(hook, hook + hook_len);
   auto targets = state.prepare(manifest);
   if (static_cast<std::int64_t>(targets.size()) != n)
     throw dra::state_mismatch_error("dra: the world hands over " + std::to_string(n) +
@@ -123,9 +130,9 @@ std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transf
   std::uint64_t tensor_bytes = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const auto mine = byte_size(targets[static_cast<std::size_t>(i)]);
-    if (mine != h[3 + i])
-      throw dra::state_mismatch_error("dra: state tensor " + std::to_string(i) + " has " + std::to_string(h[3 + i]) +
-                                      " bytes in the world, " + std::to_string(mine) +
+    if (mine != h[kFixed + i])
+      throw dra::state_mismatch_error("dra: state tensor " + std::to_string(i) + " has " +
+                                      std::to_string(h[kFixed + i]) + " bytes in the world, " + std::to_string(mine) +
                                       " here; its model or optimizer differs");
     tensor_bytes += static_cast<std::uint64_t>(mine);
   }
@@ -137,6 +144,10 @@ std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transf
   header.step_index = own.at("step_index").get<std::int64_t>();
   header.num_epochs = own.at("num_epochs").get<std::int64_t>();
   header.resizes = own.at("resizes").get<std::int64_t>();
+  const auto e = own.at("energy");
+  header.energy_j = e.at(0).get<double>();
+  header.energy_known = e.at(1).get<bool>();
+  header.energy_measured = e.at(2).get<bool>();
   return tensor_bytes;
 }
 

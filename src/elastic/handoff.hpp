@@ -1,9 +1,9 @@
 #pragma once
 // The state handoff to joiners (internal to dra::dra): what a world change sends, over the
 // backend's tensor_transfer. Wire format, from one sender to each of its receivers: the header
-// length, a header [controller part bytes, manifest bytes, tensor count, each tensor's bytes],
-// the meta stream (the controller's own part as JSON, then the provider's manifest), then every
-// state tensor's bytes. Memory beyond the state itself: one chunk.
+// length, a header [controller part bytes, manifest bytes, hook state bytes, tensor count, each
+// tensor's bytes], the meta stream (the controller's own part as JSON, the provider's manifest,
+// the bucket hook's shared state), then every state tensor's bytes. Memory beyond the state itself: one chunk.
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +19,10 @@ struct handoff_header {
   sampler_position sampler;
   std::int64_t num_epochs = -1;
   std::int64_t resizes = 0;
+  double energy_j = 0.0;  ///< the world's energy so far (the job's running total)
+  bool energy_known = false;
+  bool energy_measured = true;
+  std::vector<std::uint8_t> hook_state;  ///< the bucket hook's shared_state() (codec warm start, steps)
 };
 
 /// Sends the provider's state and `header` to the ranks in `dsts`; returns the tensor bytes sent.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dra/error.hpp"
+#include "dra/torch/elastic/codec_hook.hpp"
 #include "dra/torch/elastic/controller.hpp"
 #include "store_protocol.hpp"
 
@@ -170,6 +171,7 @@ void controller_options::validate() const {
     dra::detail::throw_invalid("max_resize_retries", "must be >= 0, got " + std::to_string(max_resize_retries));
   if (status_every < 0) dra::detail::throw_invalid("status_every", "must be >= 0 (0 = no status line)");
   if (backend.empty()) dra::detail::throw_invalid("backend", "must name a backend, e.g. 'gloo'");
+  if (!compress.empty()) codec_hook::validate_spec(compress);
   if (batch == batch_mode::adascale && engine.policy != "goodput")
     dra::detail::throw_invalid("batch_mode",
                                "'adascale' adapts the global batch by the gradient noise scale, which only "
@@ -235,6 +237,7 @@ nlohmann::json config_fingerprint(const controller_options& o, const elastic_sam
       {"verify", o.verify},
       {"fault_timeout_s", o.fault_timeout_s},
       {"backend", o.backend},
+      {"compress", o.compress},
       {"extra", o.config_fingerprint},
   };
 }

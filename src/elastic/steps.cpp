@@ -20,13 +20,17 @@
 
 #include "deferred_reads.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/elastic/codec_hook.hpp"
 #include "dra/torch/elastic/controller.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "leader.hpp"
+#include "small.hpp"
 #include "store_protocol.hpp"
 
 namespace dra::elastic {
+
+using detail::seconds_since;
 
 namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -77,7 +81,40 @@ bool controller::reduce_gradients(const std::vector<at::Tensor>& params) {
 }
 
 void controller::set_bucket_hook(std::shared_ptr<bucket_hook> hook) {
-  if (reducer_) reducer_->set_hook(std::move(hook));
+  hook_ = std::move(hook);
+  if (reducer_) reducer_->set_hook(hook_);
+}
+
+compression_stats controller::compression() const {
+  compression_stats s;
+  if (!hook_) return s;
+  const auto* codecs = dynamic_cast<const codec_hook*>(hook_.get());
+  s.codec = codecs ? codecs->spec() : std::string("custom");
+  s.bytes = hook_->bytes();
+  return s;
+}
+
+process_energy controller::energy() const {
+  process_energy e;
+  if (!meter_) return e;
+  e.step_j = meter_->last_step().joules;
+  e.job_j = meter_->job().joules;
+  e.source = dra::energy::to_string(meter_->job().source);
+  e.reader = meter_->reader().name();
+  e.scope = meter_->reader().scope();
+  return e;
+}
+
+detail::job_figures controller::figures() const {
+  detail::job_figures f;
+  f.energy_step_j = status_.energy_step_j;
+  f.energy_job_j = status_.energy_job_j;
+  f.energy_source = status_.energy_source;
+  const auto c = compression();
+  f.compress = c.codec;
+  f.bytes_sent = c.bytes.sent;
+  f.bytes_dense = c.bytes.dense;
+  return f;
 }
 
 device_read_stats controller::device_reads() const noexcept {
@@ -213,6 +250,7 @@ void controller::read_reductions(std::int64_t committed) {
     world_loss_ = world_loss_known_ ? r.values[0] / count : kNaN;
     if (world_loss_known_) engine_.observe(r.step, world_loss_);
     if (r.values[2] > 0.5) decision_flag_ = true;
+    note_world_energy(r.values[3], r.values[4] > 0.5);
   }
   status_.loss = world_loss_;
 }
@@ -226,6 +264,15 @@ const step_status& controller::skip_step() noexcept {
   return status_;
 }
 
+void controller::note_world_energy(double joules, bool estimated) {
+  world_energy_j_ += joules;
+  world_energy_known_ = true;
+  if (estimated) world_energy_measured_ = false;
+  status_.energy_step_j = joules;
+  status_.energy_job_j = world_energy_j_;
+  status_.energy_source = world_energy_measured_ ? "measured" : "estimated";
+}
+
 void controller::commit(const at::Tensor* device_loss, double loss, const step_signals& extra) {
   const auto share = static_cast<double>(sampler_->share_range().size());
   // A non-finite loss travels as such: the world's mean is then non-finite and the engine counts it.
@@ -233,6 +280,12 @@ void controller::commit(const at::Tensor* device_loss, double loss, const step_s
   if (device_loss) pending_loss_->loss = device_loss->detach();
   pending_loss_->loss_value = loss;
   pending_loss_->count = share;
+  if (meter_) {
+    // This process's energy of the step rides with the next reduction, like its loss.
+    const auto& e = meter_->mark(seconds_since(detail::clock_type::time_point{}));
+    pending_loss_->energy_j = e.joules;
+    pending_loss_->energy_measured = e.source == dra::energy::energy_source::measured;
+  }
   const auto samples = sampler_->step_range().size();
   sampler_->commit();
   const std::int64_t committed = step_index_++;
@@ -243,7 +296,7 @@ void controller::commit(const at::Tensor* device_loss, double loss, const step_s
   status_.step = committed;
   status_.loss = world_loss_;
   if (comm_ && comm_->rank() == 0)
-    log_->status.maybe_print(step_index_, options_.status_every, world_loss_, world_size());
+    log_->status.maybe_print(step_index_, options_.status_every, world_loss_, world_size(), figures());
 }
 
 void controller::resume_at(std::int64_t step_index) {

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "deferred_reads.hpp"
+#include "dra/energy/readers.hpp"
 #include "dra/error.hpp"
 #include "dra/torch/elastic/controller.hpp"
 #include "event_log.hpp"
@@ -94,8 +95,28 @@ bool controller::try_join() {
   return role_ == role::member;
 }
 
+void controller::start_energy_meter() {
+  if (!meter_) {
+    // A per-process reader, so that the world's sum counts each process once: NVML for this
+    // process's CUDA device, else its CPU time x a stated power (estimated). RAPL is left out: it
+    // covers a whole package, which every process on the node would count again.
+    std::unique_ptr<dra::energy::energy_reader> reader;
+    if (comm_ && comm_->device().is_cuda()) {
+      try {
+        reader =
+            std::make_unique<dra::energy::nvml_reader>("libnvidia-ml.so.1", std::vector<int>{comm_->device().index()});
+      } catch (const dra::error&) {
+      }
+    }
+    if (!reader) reader = std::make_unique<dra::energy::cpu_model_reader>(&dra::energy::process_cpu_seconds);
+    meter_ = std::make_unique<dra::energy::energy_meter>(std::move(reader));
+  }
+  meter_->skip(seconds_since(clock_type::time_point{}));  // time out of the world is not the job's
+}
+
 void controller::enter_world(const world_change& change) {
   const auto t0 = clock_type::now();
+  const bool was_member = role_ == role::member;
   // Members and epoch first: when the build fails, the recovery runs for this new epoch.
   const std::vector<int> old_members = members_;
   members_ = change.members;
@@ -142,7 +163,20 @@ void controller::enter_world(const world_change& change) {
   sampler_->set_world(comm_->size(), comm_->rank());
   pending_.reset();
   decision_flag_ = false;
-  *pending_loss_ = {};
+  {
+    // The last committed step's energy still rides with the first reduction of the new world.
+    const detail::tail_input keep = *pending_loss_;
+    *pending_loss_ = {};
+    pending_loss_->energy_j = keep.energy_j;
+    pending_loss_->energy_measured = keep.energy_measured;
+  }
+  if (hook_) {
+    const bool joiner = std::find(change.joined.begin(), change.joined.end(), uid_) != change.joined.end();
+    hook_->world_changed(change.cause == change_cause::fault ? hook_transition::recovered
+                         : joiner                            ? hook_transition::joined
+                                                             : hook_transition::survived);
+  }
+  if (!was_member) start_energy_meter();
   world_loss_ = std::numeric_limits<double>::quiet_NaN();
   world_loss_known_ = false;
   comm_->barrier();  // the first collective of the new world
@@ -179,6 +213,7 @@ void controller::enter_world(const world_change& change) {
   ev.batch_mode = options_.batch == batch_mode::adascale ? "adascale" : "fixed";
   ev.params_identical = identical;
   ev.backend = backend_->name();
+  ev.figures = figures();
   if (change.cause == change_cause::start) ev.release = to_string(options_.release.value_or(release_mode::standby));
   log_->world(ev);
 }
@@ -192,10 +227,28 @@ void controller::hand_over_state(const world_change& change, std::uint64_t& nbyt
     sampler_->set_position(h.sampler);
     if (h.num_epochs >= 0) num_epochs_ = h.num_epochs;
     resizes_ = h.resizes;
+    world_energy_j_ = h.energy_j;
+    world_energy_known_ = h.energy_known;
+    world_energy_measured_ = h.energy_measured;
+    if (hook_) {
+      hook_->load_shared_state(h.hook_state);
+    } else if (!h.hook_state.empty()) {
+      throw dra::state_mismatch_error(
+          "dra: the world reduces gradients through a bucket hook (codec) and this process has none; give every "
+          "process the same `compress` option (or set_bucket_hook)");
+    }
     holds_state_ = true;
   }
   if (!route.send_to.empty()) {
-    const detail::handoff_header h{step_index_, sampler_->position(), num_epochs_, resizes_};
+    detail::handoff_header h;
+    h.step_index = step_index_;
+    h.sampler = sampler_->position();
+    h.num_epochs = num_epochs_;
+    h.resizes = resizes_;
+    h.energy_j = world_energy_j_;
+    h.energy_known = world_energy_known_;
+    h.energy_measured = world_energy_measured_;
+    if (hook_) h.hook_state = hook_->shared_state();
     nbytes = detail::send_state(*comm_, *transfer_, route.send_to, *state_, h);
   }
 }

@@ -300,6 +300,16 @@ TEST_CASE("compress.state.round_trips_and_rejects_mismatches_unchanged") {
     CHECK_THROWS_WITH_AS(b.load_state(cut), doctest::Contains("truncated"), std::invalid_argument);
     b.clear_error_feedback();
     CHECK(b.steps() == 2);
+    CHECK(b.error_feedback_norm1() == 0.0);
+    // What a joiner receives: the shared part only (step, Q), no residual.
+    CHECK(a.error_feedback_norm1() > 0.0);
+    const auto shared = a.save_state(/*with_error_feedback=*/false);
+    CHECK(bytes.size() - shared.size() == 8 + 4 * 32 * 16);  // the 32x16 residual (and its length) stays home
+    powersgd_codec joiner(2, 77);
+    joiner.load_state(shared);
+    CHECK(joiner.steps() == a.steps());
+    CHECK(joiner.error_feedback_norm1() == 0.0);
+    CHECK(joiner.save_state(false) == shared);
   });
 }
 

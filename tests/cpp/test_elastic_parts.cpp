@@ -18,6 +18,7 @@
 
 #include "dra/error.hpp"
 #include "dra/torch/comm/gloo.hpp"
+#include "dra/torch/elastic/codec_hook.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "handoff.hpp"
@@ -316,7 +317,15 @@ TEST_CASE("elastic.handoff.state_and_position_reach_the_joiner") {
         auto transfer = dra::comm::make_chunked_transfer(4096);
         if (rank == 0) {
           src.tensors = {at::arange(5000, at::kFloat), at::ones({3}, at::kDouble)};
-          ed::handoff_header h{17, {2, 48, 16, 9}, 5, 3};
+          ed::handoff_header h;
+          h.step_index = 17;
+          h.sampler = {2, 48, 16, 9};
+          h.num_epochs = 5;
+          h.resizes = 3;
+          h.energy_j = 12.5;
+          h.energy_known = true;
+          h.energy_measured = false;
+          h.hook_state = {7, 0, 255, 3};
           sent_bytes = ed::send_state(comm, *transfer, {1}, src, h);
         } else {
           dst.tensors = {at::zeros({5000}, at::kFloat), at::zeros({3}, at::kDouble)};
@@ -336,6 +345,10 @@ TEST_CASE("elastic.handoff.state_and_position_reach_the_joiner") {
   CHECK(got.sampler.seed == 9);
   CHECK(got.num_epochs == 5);
   CHECK(got.resizes == 3);
+  CHECK(got.energy_j == 12.5);
+  CHECK(got.energy_known);
+  CHECK_FALSE(got.energy_measured);
+  CHECK(got.hook_state == std::vector<std::uint8_t>{7, 0, 255, 3});
   CHECK(state_digest(src) == state_digest(dst));
 }
 
@@ -444,4 +457,114 @@ TEST_CASE("elastic.handoff.route_of_each_cause") {
   ed::world_change fault = start;
   fault.cause = ed::change_cause::fault;
   CHECK(ed::route_handoff(fault, 1, 3, 1).receive_from == 0);
+}
+
+// ---- the codec hook (issue 13): dra's codecs on the reducer's buckets over real Gloo ----------------
+namespace {
+
+struct hooked_step {
+  at::Tensor w_grad, b_grad;
+  ed::reduction_tail tail;
+  std::vector<std::uint8_t> shared;
+  dra::elastic::hook_bytes bytes;
+  double ef = 0.0;
+};
+
+// Two ranks, a 16x8 matrix and a bias, `steps` reductions through `spec`'s codec hook.
+std::vector<hooked_step> hooked_world(const std::string& spec, int steps, std::vector<std::string>& errors) {
+  std::vector<hooked_step> out(2);
+  in_gloo_world(
+      2, "hook-" + spec,
+      [&](int rank, dra::comm::communicator& comm) {
+        auto w = at::zeros({16, 8}).set_requires_grad(true);
+        auto b = at::zeros({16}).set_requires_grad(true);
+        auto hook = std::make_shared<dra::elastic::codec_hook>(spec);
+        ed::gradient_reducer reducer;
+        reducer.set_hook(hook);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + rank);
+        for (int s = 0; s < steps; ++s) {
+          w.mutable_grad() = at::randn({16, 8}, gen);
+          b.mutable_grad() = at::randn({16}, gen);
+          ed::tail_input mine;
+          mine.loss_value = 1.0 + rank;
+          mine.count = 2.0;
+          mine.energy_j = rank == 0 ? 1.5 : 2.5;
+          mine.energy_measured = rank == 0;
+          reducer.begin(comm, {w, b}, 0.5, mine);
+          reducer.ready(0);
+          reducer.ready(1);
+          out[static_cast<std::size_t>(rank)].tail = ed::read_tail(reducer.finish());
+        }
+        auto& o = out[static_cast<std::size_t>(rank)];
+        o.w_grad = w.grad().clone();
+        o.b_grad = b.grad().clone();
+        o.shared = hook->shared_state();
+        o.bytes = hook->bytes();
+        o.ef = hook->error_feedback_norm1();
+      },
+      errors);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("elastic.codec_hook.identical_on_every_rank_with_the_tail_exact") {
+  at::set_num_threads(1);
+  for (const std::string spec : {"powersgd:2", "fp16", "topk:0.25", "random:0.5"}) {
+    CAPTURE(spec);
+    std::vector<std::string> errors;
+    const auto r = hooked_world(spec, 3, errors);
+    for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+    // Every rank decodes the same sum: the model stays identical.
+    CHECK(at::equal(r[0].w_grad, r[1].w_grad));
+    CHECK(at::equal(r[0].b_grad, r[1].b_grad));
+    CHECK(r[0].shared == r[1].shared);
+    // What rides with the last bucket arrives exact, uncompressed.
+    CHECK(r[0].tail.loss_sum == 2.0 * 1.0 + 2.0 * 2.0);
+    CHECK(r[0].tail.count == 4.0);
+    CHECK(r[0].tail.energy_j == 4.0);
+    CHECK(r[0].tail.not_measured == 1.0);
+    CHECK(r[0].bytes.sent > 0);
+    CHECK(r[0].bytes.sent < r[0].bytes.dense);
+    CHECK(r[0].bytes.dense == 3 * 4 * (16 * 8 + 16));
+    CHECK(r[0].ef > 0.0);  // every lossy codec carries a residual
+  }
+}
+
+TEST_CASE("elastic.codec_hook.fp32_equals_the_plain_weighted_mean") {
+  at::set_num_threads(1);
+  std::vector<std::string> errors;
+  const auto coded = hooked_world("fp32", 1, errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  // The same gradients reduced without a hook.
+  auto g0 = at::randn({16, 8}, at::make_generator<at::CPUGeneratorImpl>(100));
+  auto g1 = at::randn({16, 8}, at::make_generator<at::CPUGeneratorImpl>(101));
+  CHECK(at::allclose(coded[0].w_grad, 0.5 * g0 + 0.5 * g1, 1e-6, 1e-6));
+  CHECK(coded[0].ef == 0.0);
+  CHECK(coded[0].bytes.sent == coded[0].bytes.dense);
+}
+
+TEST_CASE("elastic.codec_hook.shared_state_and_the_rule_on_a_world_change") {
+  at::set_num_threads(1);
+  std::vector<std::string> errors;
+  const auto r = hooked_world("powersgd:2", 2, errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  // A joiner loads the shared part: its own residual is zero, what it shares equals the sender's.
+  dra::elastic::codec_hook joiner("powersgd:2");
+  joiner.load_shared_state(r[0].shared);
+  CHECK(joiner.shared_state() == r[0].shared);
+  CHECK(joiner.error_feedback_norm1() == 0.0);
+  REQUIRE(joiner.codec(0) != nullptr);
+  CHECK(joiner.codec(0)->steps() == 2);
+  // Another codec's state is refused, naming the option, and changes nothing.
+  dra::elastic::codec_hook other("powersgd:3");
+  const auto before = other.shared_state();
+  CHECK_THROWS_WITH_AS(other.load_shared_state(r[0].shared), doctest::Contains("compress"), dra::state_mismatch_error);
+  CHECK(other.shared_state() == before);
+  CHECK_THROWS_AS(dra::elastic::codec_hook("fp16").load_shared_state({1, 2, 3}), dra::state_mismatch_error);
+  // Bad specs name the option and the fix.
+  CHECK_THROWS_WITH_AS(dra::elastic::codec_hook("masked"), doctest::Contains("random:<keep fraction>"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dra::elastic::codec_hook::validate_spec("lz4"), doctest::Contains("compress"),
+                       std::invalid_argument);
 }

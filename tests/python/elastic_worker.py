@@ -8,6 +8,7 @@ injected for real: SIGKILL of this process at a chosen step and point, or a hang
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -72,7 +73,7 @@ ctl = de.init(
     release=cfg.get("release", "standby"), decide_every=cfg.get("decide_every", 1000),
     resize_schedule={int(k): v for k, v in cfg.get("schedule", {}).items()},
     fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True, chunk_mb=cfg.get("chunk_mb", 16.0),
-    backend=cfg.get("backend", "gloo"),
+    backend=cfg.get("backend", "gloo"), compress=cfg.get("compress"), status_every=cfg.get("status_every"),
     events_path=os.path.join(out, "events.jsonl"),
 )
 log = open(os.path.join(out, f"log-{ctl.uid}.jsonl"), "a")
@@ -83,10 +84,18 @@ if cfg.get("wait_candidates", 0) and os.environ.get("DRA_JOIN") != "1":
         time.sleep(0.05)
 
 
+def codec_record():
+    c = ctl.compression
+    if c is None:
+        return None
+    return {"codec": c["codec"], "shared": hashlib.sha256(c["shared_state"]).hexdigest(), "ef": c["error_feedback_norm1"],
+            "sent": c["bytes_sent"], "dense": c["bytes_dense"]}
+
+
 def record_world():
     if ctl.is_member:
         write({"kind": "world", "uid": ctl.uid, "epoch": ctl.epoch, "step": ctl.step_index, "size": ctl.world_size,
-               "digest": ctl.last_digest, "members": ctl.members})
+               "digest": ctl.last_digest, "members": ctl.members, "codec": codec_record()})
 
 
 record_world()
@@ -110,12 +119,14 @@ for _epoch in ctl.epochs(cfg.get("epochs", 2)):
         st = dra.step(loss)
         if st.committed:
             write({"kind": "commit", "uid": ctl.uid, "epoch": wepoch, "rank": rank, "step": step,
-                   "data_epoch": depoch, "share": share, "batch": batch})
+                   "data_epoch": depoch, "share": share, "batch": batch, "loss": float(loss)})
         if ctl.epoch != before_epoch:
             record_world()
         maybe_fault("after_step", ctl)
 final = {"kind": "final", "uid": ctl.uid, "role": ctl.role, "step": ctl.step_index}
 final["digest"] = ctl.state_digest()
+final["codec"] = codec_record()
+final["energy"] = ctl.energy
 write(final)
 log.close()
 sys.exit(0)

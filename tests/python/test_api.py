@@ -46,7 +46,9 @@ def test_step_with_float_returns_status() -> None:
     assert status.decision.target_size == 1
     assert status.decision.reason
     d = status.to_dict()
-    assert set(d) == {"step", "committed", "loss", "world_size", "rank", "epoch", "decided", "signals", "decision", "event"}
+    assert set(d) == {"step", "committed", "loss", "world_size", "rank", "epoch", "decided", "signals", "decision", "event",
+                      "energy_step_j", "energy_job_j", "energy_source"}
+    assert math.isnan(d["energy_job_j"]) and d["energy_source"] == ""  # alone: no meter on dra.step's hot path
     assert d["committed"] and d["rank"] == 0 and d["event"] is None
     assert d["signals"]["phase"] == "fast"
     assert d["decision"]["action"] == "hold"

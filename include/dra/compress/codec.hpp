@@ -162,15 +162,18 @@ class gradient_codec {
   void reset_bytes() noexcept { bytes_ = {}; }
   std::int64_t steps() const noexcept { return steps_; }
 
-  /// The codec's state as bytes (config tag, step, error feedback, warm start).
-  std::vector<std::uint8_t> save_state() const {
+  /// The codec's state as bytes (config tag, step, error feedback, warm start). Without
+  /// `with_error_feedback` only what every rank shares (step, warm start): what a resize hands
+  /// to joiners, whose own residual starts at zero (docs/guide/sage.md).
+  std::vector<std::uint8_t> save_state(bool with_error_feedback = true) const {
     detail::writer w;
     w.put_str("dra.codec");
     w.put<std::uint32_t>(1);
     w.put_str(name());
     w.put<std::int64_t>(steps_);
-    w.put<std::uint64_t>(error_.size());
-    for (const auto& e : error_) w.put_floats(e);
+    w.put<std::uint64_t>(with_error_feedback ? error_.size() : 0);
+    if (with_error_feedback)
+      for (const auto& e : error_) w.put_floats(e);
     save_extra(w);
     return w.out;
   }
@@ -195,6 +198,13 @@ class gradient_codec {
   /// Drops this rank's error feedback (a joiner's starting point). Warm start and step stay.
   void clear_error_feedback() {
     for (auto& e : error_) std::fill(e.begin(), e.end(), 0.0f);
+  }
+  /// Sum of |residual| this rank carries to later steps (0: nothing pending).
+  double error_feedback_norm1() const {
+    double s = 0.0;
+    for (const auto& e : error_)
+      for (float v : e) s += std::fabs(static_cast<double>(v));
+    return s;
   }
 
  protected:

@@ -15,10 +15,11 @@
 // in a job, threads in tests.
 //
 // State (error feedback, PowerSGD's warm-start Q, the step counter) serialises to bytes so it can
-// travel in a resize's state handoff. The rule on a world change (docs/sage.md): Q and the step
-// counter are the same on every rank and go to joiners from the leader; error feedback is a
-// rank's own residual: survivors keep theirs, joiners start at zero, a leaver's (or a crashed
-// rank's) residual is dropped: at most one step's unsent gradient of that rank, scaled by 1/world.
+// travel in a resize's state handoff. The rule on a world change (docs/guide/sage.md, applied by
+// dra::elastic::codec_hook): Q and the step counter are the same on every rank and go to joiners
+// from the leader; error feedback is a rank's own residual: survivors of a grow or shrink keep
+// theirs, joiners start at zero, a leaver's is dropped; after a crash every member takes the new
+// leader's Q and step counter and clears its residual (the interrupted step may be in some).
 #include "dra/compress/codec.hpp"
 #include "dra/compress/powersgd.hpp"
 

@@ -213,6 +213,17 @@ class energy_meter {
     return last_step_;
   }
 
+  /// Leaves the time since the last mark out of the accounting (the process was out of the job,
+  /// e.g. standing by): the next step is measured from now_s. Starts the meter on first use.
+  void skip(double now_s) {
+    if (!started_) {
+      start(now_s);
+      return;
+    }
+    last_joules_ = reader_->read_joules();
+    last_time_ = now_s;
+  }
+
   const energy_interval& last_step() const noexcept { return last_step_; }
   const energy_interval& job() const noexcept { return job_; }
   std::int64_t steps() const noexcept { return steps_; }

@@ -779,6 +779,11 @@ class Options:
     def chunk_mb(self) -> float:
         ...
     @property
+    def compress(self) -> str:
+        """
+        Gradient codec of the bucketed reduction ('' : a plain all-reduce).
+        """
+    @property
     def engine(self) -> EngineConfig:
         ...
     @property
@@ -832,6 +837,21 @@ class StepStatus:
     def decision(self) -> Decision:
         """
         The latest decision.
+        """
+    @property
+    def energy_job_j(self) -> float:
+        """
+        Energy of the world's processes since the job started (NaN alone).
+        """
+    @property
+    def energy_source(self) -> str:
+        """
+        'measured' only when every process measured its energy, else 'estimated' ('' alone).
+        """
+    @property
+    def energy_step_j(self) -> float:
+        """
+        Energy of the world's processes in the latest step whose figures arrived (one step late; NaN alone).
         """
     @property
     def epoch(self) -> int:
@@ -935,9 +955,19 @@ class Controller:
         rejoin() without waiting: True once admitted, False while waiting or when the job has ended.
         """
     @property
+    def compression(self) -> typing.Any:
+        """
+        The gradient codec of the bucketed reduction (None without one): its spec, the bytes this rank handed to the communicator (payload) and what fp32 would have, their ratio, the residual it carries (error_feedback_norm1) and the state every member shares (shared_state: equal on every rank).
+        """
+    @property
     def device_reads(self) -> dict:
         """
         Host reads of device values (decision steps only) and how many had to wait for the device.
+        """
+    @property
+    def energy(self) -> typing.Any:
+        """
+        This process's own energy (None until it entered a world): the latest step, since it joined, the label and the reader. The world's figures are in status (energy_step_j, energy_job_j, energy_source).
         """
     @property
     def engine(self) -> ResizeEngine:
@@ -1636,8 +1666,10 @@ class GradientCodec:
         ...
     def reset_bytes(self) -> None:
         ...
-    def save_state(self) -> bytes:
-        ...
+    def save_state(self, with_error_feedback: bool = True) -> bytes:
+        """
+        State as bytes; without error feedback: only what every rank shares (what joiners receive).
+        """
     def set_masks(self, arg0: collections.abc.Sequence[typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]]) -> None:
         ...
     def set_rank(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:

@@ -12,9 +12,9 @@ Approaches, each over the same recurrences of a job, at the same eta, on the sam
   limit profiling, early stopping at beta x the best cost seen).
 - ``dra``: dra's learner over the same knobs under the same rules: a batch size's first run
   profiles the power limits during its first epoch (the cost Zeus's simulator charges), runs are
-  stopped at beta x the best cost seen, and a stopped run is retried; it explores the untried
-  neighbours of the best batch size so far (b0 first), then exploits dra's chooser
-  (``choose_setting`` with the Zeus cost) on the mean observed epochs to target.
+  stopped at beta x the best cost seen, and a stopped run is retried; it sweeps the batch sizes
+  from b0 outwards, pruning where a run is stopped, then Thompson-samples epochs to target and
+  lets dra's chooser (``choose_setting`` with the Zeus cost) pick on the draws (DraLearner).
 - ``dra_hindsight``: dra's chooser given the trace means for every setting (the best static choice
   in hindsight: a bound no learner beats on average).
 - ``dra_knobs``: dra's learner's batch size, then world size and sparsity added as knobs through
@@ -189,32 +189,81 @@ def default_expected(trace: Trace, eta: float) -> Run:
 
 
 class DraLearner:
-    """dra over recurrences: local exploration from b0, then dra's chooser on what it has seen."""
+    """dra over recurrences: a pruning sweep from b0, then Thompson sampling through dra's chooser.
+
+    1. Sweep: b0, then smaller batch sizes in turn until one is stopped before the target (its run
+       cost more than beta x the best recurrence so far, or it never converges), then larger ones
+       likewise. A batch size stopped in the sweep is pruned.
+    2. Then every recurrence draws, for each surviving batch size, its epochs to target from a
+       Gaussian around the mean observed (spread: the batch's own sample deviation once it has two
+       runs, else the mean coefficient of variation seen over batches with two or more, else
+       ``PRIOR_CV``; divided by sqrt(runs)), and dra's chooser (``choose_setting`` with the Zeus
+       cost) picks the setting (batch, power limit, world size, sparsity) on the drawn epochs. The
+       draws shrink as runs accumulate, so exploration fades on its own. A batch size stopped more
+       often than it reached the target is pruned.
+    """
+
+    PRIOR_CV = 0.2  # a stated prior spread of epochs to target (20 %), used until two runs of one batch exist
 
     def __init__(self, trace: Trace, eta: float, beta: float, rng: np.random.Generator, worlds=(1,), sparsities=(0.0,)):
         self.t, self.eta, self.beta, self.rng = trace, eta, beta, rng
         self.worlds, self.sparsities = worlds, sparsities
         self.seen: dict[int, list[float]] = {}  # batch -> epochs observed (inf when stopped early)
         self.profiled: set[int] = set()
+        self.pruned: set[int] = set()
         self.min_cost = math.inf
         self.objective = EnergyObjective("zeus_cost", eta=eta)
+        order = self.t.batch_sizes
+        i0 = order.index(self.t.job.default_bs)
+        self._down = list(reversed(order[:i0]))  # the sweep: b0, smaller ones, then larger ones
+        self._up = list(order[i0 + 1:])
+        self._sweeping = True
 
     def _best_pl(self, bs: int) -> int:
         return min(self.t.power_limits, key=lambda pl: (self.t.epoch_cost(self.eta, bs, pl), -pl))
 
+    def _sweep_next(self) -> int | None:
+        if self.t.job.default_bs not in self.seen:
+            return self.t.job.default_bs
+        for side in (self._down, self._up):
+            while side:
+                b = side[0]
+                if b not in self.seen:
+                    return b
+                side.pop(0)
+                if not any(math.isfinite(e) for e in self.seen[b]):
+                    self.pruned.add(b)
+                    side.clear()  # stopped: the batch sizes beyond it on this side are not tried
+        return None
+
+    def _drawn_epochs(self) -> dict[int, float]:
+        finite = {b: [e for e in v if math.isfinite(e)] for b, v in self.seen.items() if b not in self.pruned}
+        finite = {b: v for b, v in finite.items() if v}
+        cvs = [statistics.stdev(v) / statistics.fmean(v) for v in finite.values() if len(v) >= 2]
+        cv = statistics.fmean(cvs) if cvs else self.PRIOR_CV
+        out = {}
+        for b, v in finite.items():
+            m = statistics.fmean(v)
+            sd = statistics.stdev(v) if len(v) >= 2 else cv * m
+            out[b] = max(1.0, float(self.rng.normal(m, sd / math.sqrt(len(v)))))
+        return out
+
     def _choose(self) -> KnobSetting:
-        order = self.t.batch_sizes
-        reached = {b: v for b, v in self.seen.items() if any(math.isfinite(e) for e in v)}
-        if not reached:
-            return KnobSetting(global_batch=self.t.job.default_bs, power_limit_w=self._best_pl(self.t.job.default_bs))
-        best = min(reached, key=lambda b: statistics.fmean(reached[b]) * self.t.epoch_cost(self.eta, b, self._best_pl(b)))
-        i = order.index(best)
-        for j in (i - 1, i + 1):  # untried neighbours of the best, smaller first
-            if 0 <= j < len(order) and order[j] not in self.seen:
-                return KnobSetting(global_batch=order[j], power_limit_w=self._best_pl(order[j]))
+        if self._sweeping:
+            b = self._sweep_next()
+            if b is not None:
+                return KnobSetting(global_batch=b, power_limit_w=self._best_pl(b))
+            self._sweeping = False
+        for b, v in self.seen.items():
+            stopped = sum(1 for e in v if not math.isfinite(e))
+            if stopped > len(v) - stopped:
+                self.pruned.add(b)
+        drawn = self._drawn_epochs()
+        if not drawn:
+            b = self.t.job.default_bs
+            return KnobSetting(global_batch=b, power_limit_w=self._best_pl(b))
         cands, times, energies, maxp = [], [], [], []
-        for bs, obs in sorted(reached.items()):
-            ep = statistics.fmean(obs)
+        for bs, ep in sorted(drawn.items()):
             for n in self.worlds:
                 for s in self.sparsities:
                     for pl in self.t.power_limits:

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "dra/elastic/sampler.hpp"
+#include "dra/energy/energy.hpp"
 #include "dra/engine.hpp"
 #include "dra/torch/comm/communicator.hpp"
 #include "dra/torch/elastic/bucket_hook.hpp"
@@ -116,6 +117,10 @@ struct controller_options {
   std::string backend_address;   ///< address the backend binds to ("" = its default)
   /// Extra configuration every process must agree on (Python adds its own options here).
   std::string config_fingerprint;
+  /// Gradient compression in the bucketed reduction (codec_hook.hpp): "" (a plain all-reduce),
+  /// "fp32", "fp16", "bf16", "powersgd:<rank>", "topk:<fraction>" or "random:<keep fraction>".
+  /// Every process must give the same (checked at start and admission).
+  std::string compress;
   /// Test hook: called at each phase of every world change (also while the constructor forms the
   /// first world), so tests can kill a process inside a resize.
   std::function<void(change_phase, const controller&)> phase_hook;
@@ -160,6 +165,30 @@ struct step_status {
   bool exit_requested = false;  ///< released with release_mode::exit: the process should exit 0
   bool released = false;        ///< released with release_mode::to_caller: out of the world until rejoin()
   const signals::convergence_signals* signals = nullptr;  ///< the controller's current signals
+  /// Energy of the world's processes (members) in the latest step whose figures arrived (one step
+  /// late, with the loss) and since the job started (NaN alone or before the first figure), and
+  /// its label: "measured" only when every process measured, else "estimated".
+  double energy_step_j = std::numeric_limits<double>::quiet_NaN();
+  double energy_job_j = std::numeric_limits<double>::quiet_NaN();
+  std::string energy_source;
+};
+
+/// Bytes of the bucketed reductions a hook (gradient codec) reduced, per rank.
+struct compression_stats {
+  std::string codec;  ///< the hook's spec ("" without one; "custom" for a hook set by hand)
+  hook_bytes bytes;   ///< payload handed to the communicator and what fp32 would have handed
+  double ratio() const {
+    return bytes.sent > 0 ? static_cast<double>(bytes.dense) / static_cast<double>(bytes.sent) : 1.0;
+  }
+};
+
+/// This process's own energy (a per-process reader: NVML for its CUDA device, else the CPU model).
+struct process_energy {
+  double step_j = 0.0;  ///< the latest committed step
+  double job_j = 0.0;   ///< since it first entered a world (time out of the world not counted)
+  std::string source;   ///< "measured" or "estimated"
+  std::string reader;   ///< "nvml", "cpu-model"
+  std::string scope;
 };
 
 /// How often the host read values the device produced (the loss, what rides with the reductions)
@@ -179,6 +208,7 @@ class leader;
 struct world_change;
 struct published_decision;
 struct admission_result;
+struct job_figures;
 }  // namespace detail
 
 class controller {
@@ -210,8 +240,15 @@ class controller {
   void gradient_ready(std::size_t index);
   bool finish_reduction();
   /// Transforms gradient buckets around their all-reduce (the hook point for gradient codecs);
-  /// null: plain all-reduce. Every process of the world must install the same hook.
+  /// null: plain all-reduce. Every process of the world must install the same hook, before its
+  /// first step (the `compress` option installs a codec_hook in the constructor). The hook's
+  /// shared_state() travels with the training state on world changes.
   void set_bucket_hook(std::shared_ptr<bucket_hook> hook);
+  bucket_hook* installed_bucket_hook() const noexcept { return hook_.get(); }
+  /// Bytes the hook reduced (per rank, since the process started).
+  compression_stats compression() const;
+  /// This process's energy (an elastic job's member; the world's is in status()).
+  process_energy energy() const;
   /// The step boundary: commits the step, feeds the engine, applies a decision (resize) or
   /// recovers from a failure. `loss` is this rank's mean loss over its share of the step. A
   /// released process waits here (standby) until admitted again. In an elastic job, throws
@@ -293,6 +330,9 @@ class controller {
   bool decision_point(std::int64_t committed) const;
   bool read_due(std::int64_t committed) const;
   void note_loss(double loss);
+  void note_world_energy(double joules, bool estimated);
+  detail::job_figures figures() const;
+  void start_energy_meter();
   void apply_signals(const step_signals& extra);
   void leader_decides();
   void apply_decision();
@@ -309,6 +349,11 @@ class controller {
   std::unique_ptr<comm::tensor_transfer> transfer_;
   std::unique_ptr<comm::communicator> comm_;
   std::unique_ptr<detail::gradient_reducer> reducer_;
+  std::shared_ptr<bucket_hook> hook_;
+  std::unique_ptr<dra::energy::energy_meter> meter_;  ///< this process's energy (members only)
+  double world_energy_j_ = 0.0;                       ///< the world's energy since the job started
+  bool world_energy_known_ = false;
+  bool world_energy_measured_ = true;
   std::unique_ptr<detail::event_log> log_;
   std::unique_ptr<detail::leader> leader_;
   std::unique_ptr<detail::published_decision> pending_;  ///< the leader's decision, not yet applied

@@ -1,0 +1,121 @@
+"""Gradient codecs inside the elastic controller (option ``compress``), with their state across a
+grow, a shrink and a kill -9, and the world's energy in the events and the status line.
+
+Real processes on real Gloo (tests/python/elastic_worker.py, as test_elastic_world.py), checked
+on what they logged: bit-identical parameters after every world change, the codec state every
+member shares (PowerSGD's warm start and step counters) identical on every member, the rule for
+each rank's error feedback (docs/guide/sage.md), exactly-once data, and a loss that still falls.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from _elastic_harness import Job, check_exactly_once
+
+import dra
+
+N, EPOCHS = 192, 2
+pytestmark = pytest.mark.timeout(300)
+
+
+def _codec_records_by_epoch(job: Job) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for rec in job.records("world"):
+        out.setdefault(rec["epoch"], []).append(rec)
+    return out
+
+
+@pytest.mark.parametrize("codec", ["powersgd:2", "topk:0.25"])
+def test_codec_state_follows_grow_shrink_and_a_crash(tmp_path, codec):
+    # 2 -> 4 (joiners receive the shared codec state) -> 3 (survivors keep theirs) -> a kill -9
+    # of process 1 mid-step (the world re-forms with the leader's codec state, residuals cleared).
+    job = Job(tmp_path, 4, start_size=2, schedule={"4": 4, "8": 3}, epochs=EPOCHS, dataset_size=N, hidden=32,
+              compress=codec, status_every=5, fault_timeout_s=1.5,
+              kill={"uid": 1, "step": 13, "point": "backward"})
+    job.start_all()
+    codes = job.wait(240)
+    assert codes["r1"] == -9, codes
+    assert all(codes[n] == 0 for n in codes if n != "r1"), [job.output(n)[-3000:] for n in codes]
+    events = job.events()
+    kinds = [(e["event"], e.get("before"), e.get("after")) for e in events]
+    assert kinds[:3] == [("start", 0, 2), ("resize", 2, 4), ("resize", 4, 3)], kinds
+    assert ("fault", 3, 2) in kinds, kinds
+    changes = [e for e in events if e["event"] in ("start", "resize", "fault")]
+    assert all(e["params_identical"] is True for e in changes), changes
+    # Bytes at the codec's hand-off to the communicator, in every event after the first steps.
+    later = [e for e in events if e["event"] != "start"]
+    assert all(e["compress"]["codec"] == codec and e["compress"]["bytes_sent"] > 0 for e in later), later
+    assert later[-1]["compress"]["ratio"] > 1.5, later[-1]
+
+    by_epoch = _codec_records_by_epoch(job)
+    for epoch, recs in by_epoch.items():
+        # After every change the shared part (step counters, warm start) is identical on all members.
+        assert len({r["codec"]["shared"] for r in recs}) == 1, (epoch, recs)
+        assert len({r["digest"] for r in recs}) == 1, (epoch, recs)
+    grow = next(e for e in events if e["event"] == "resize" and e["after"] == 4)
+    fault = next(e for e in events if e["event"] == "fault")
+    grow_recs = {r["uid"]: r for r in by_epoch[grow["epoch"]]}
+    for uid in grow["joined"]:
+        assert grow_recs[uid]["codec"]["ef"] == 0.0  # joiners start with no residual
+    assert all(grow_recs[u]["codec"]["ef"] > 0.0 for u in (0, 1)), grow_recs  # survivors keep theirs
+    shrink = next(e for e in events if e["event"] == "resize" and e["after"] == 3)
+    survivors = {r["uid"]: r for r in by_epoch[shrink["epoch"]]}
+    assert all(r["codec"]["ef"] > 0.0 for r in survivors.values()), survivors
+    assert all(r["codec"]["ef"] == 0.0 for r in by_epoch[fault["epoch"]]), by_epoch[fault["epoch"]]
+
+    check_exactly_once(job, N, EPOCHS)
+    finals = {r["uid"]: r for r in job.records("final") if r["role"] == "finished" and r["step"] == N // 16 * EPOCHS}
+    members = set(fault["members"])
+    assert members <= set(finals), finals
+    assert len({finals[u]["digest"] for u in members}) == 1
+    assert len({finals[u]["codec"]["shared"] for u in members}) == 1
+    # Training still converges: the mean loss of the last steps is at most half the first steps'.
+    losses: dict[int, list[float]] = {}
+    for rec in job.records("commit"):
+        losses.setdefault(rec["step"], []).append(rec["loss"])
+    steps = sorted(losses)
+    first = sum(sum(losses[s]) / len(losses[s]) for s in steps[:3]) / 3
+    last = sum(sum(losses[s]) / len(losses[s]) for s in steps[-3:]) / 3
+    assert last < 0.5 * first, (first, last)
+
+    # Energy: every process meters itself (this machine: the CPU model, labelled estimated); the
+    # world's running total rides with the reductions and grows, and reaches the events and status line.
+    totals = [e["energy_job_j"] for e in later]
+    assert all(t is not None and t > 0 for t in totals) and totals == sorted(totals), totals
+    assert {e["energy_source"] for e in later} == {"estimated"}
+    leader_out = job.output("r0")
+    assert "J/step (" in leader_out and "fewer bytes" in leader_out, leader_out[-2000:]
+    end = re.search(r"\[dra\] job finished at step (\d+) world 2 energy ([0-9.e+-]+) J \(estimated\) " + re.escape(codec)
+                    + r": (\d+) bytes sent for (\d+) dense", leader_out)
+    assert end and int(end[1]) == N // 16 * EPOCHS and float(end[2]) >= totals[-1], leader_out[-2000:]
+    assert int(end[3]) < int(end[4])
+    leader_final = finals[0]
+    assert leader_final["energy"]["source"] == "estimated" and leader_final["energy"]["job_j"] > 0
+    assert leader_final["energy"]["reader"] == "cpu-model"
+
+
+def test_compress_option_is_validated_with_the_fix():
+    assert dra.Options(compress="powersgd:4").compress == "powersgd:4"
+    assert dra.Options().compress == ""
+    with pytest.raises(ValueError, match=r"compress.*'zip:3' is not a codec.*powersgd:<rank>"):
+        dra.Options(compress="zip:3")
+    with pytest.raises(ValueError, match=r"compress.*'powersgd:x'.*not a number"):
+        dra.Options(compress="powersgd:x")
+    with pytest.raises(ValueError, match=r"compress.*'masked' takes its masks from the trainer.*random:"):
+        dra.Options(compress="masked")
+    with pytest.raises(ValueError, match=r"compress: expected a string"):
+        dra.Options(compress=4)
+
+
+def test_a_world_of_one_reports_its_energy_and_codec(tmp_path):
+    # One process: the codec is never run (nothing to reduce), its energy is still metered.
+    job = Job(tmp_path, 1, start_size=1, epochs=1, dataset_size=64, compress="fp16")
+    job.start_all()
+    codes = job.wait(120)
+    assert codes == {"r0": 0}, job.output("r0")[-2000:]
+    end = re.search(r"\[dra\] job finished at step 4 world 1 energy ([0-9.e+-]+) J \(estimated\) fp16: 0 bytes sent "
+                    r"for 0 dense", job.output("r0"))
+    assert end and float(end[1]) > 0, job.output("r0")[-2000:]
+    assert [e["energy_source"] for e in job.events()] == [None]  # the start: no step yet
