@@ -318,7 +318,8 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
       }
       const auto value = beat->get<std::int64_t>();
       auto seen = beats.find(u);
-      if (seen == beats.end() || seen->second.first != value) seen = beats.insert_or_assign(u, std::make_pair(value, now)).first;
+      if (seen == beats.end() || seen->second.first != value)
+        seen = beats.insert_or_assign(u, std::make_pair(value, now)).first;
       const bool beating = now - seen->second.second < beat_stale_;
       waiting = waiting || (beating && now < late_deadline);
     }
