@@ -78,6 +78,15 @@ controller::controller(controller_options options, launch_info launch, std::shar
     universe_size_ = launch.universe_size;
     if (uid_ == 0) store_->set_universe(universe_size_);
   }
+  {
+    // Liveness for a recovery: a member that stopped beating for half the fault timeout is dead
+    // (the survivors go on without waiting out the window); one that beats but checks in late is
+    // given one more fault timeout (a slow process on a loaded host is not declared dead).
+    using std::chrono::milliseconds;
+    const milliseconds ft = options_.fault_timeout();
+    const milliseconds interval = std::clamp(ft / 10, milliseconds(50), milliseconds(1000));
+    store_->start_heartbeat(uid_, interval, std::max(ft / 2, 5 * interval), ft);
+  }
   start_size_ = options_.fit_to_job(universe_size_);
   engine_ = resize_engine(options_.engine);  // with the job's limits (the leader holds a reference)
   status_.signals = &engine_.signals();

@@ -1,7 +1,12 @@
 #include "store_protocol.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <thread>
+#include <utility>
 
 #include "dra/elastic/membership.hpp"
 #include "dra/error.hpp"
@@ -59,11 +64,64 @@ policy::decision decision_from_json(const json& j) {
   return d;
 }
 
+// A thread that raises beat/<uid> on a connection of its own until stopped (or the store fails:
+// a process whose store is gone has nothing to tell the others).
+class store_protocol::heartbeat {
+ public:
+  heartbeat(std::unique_ptr<store_client> client, std::string key, std::chrono::milliseconds interval)
+      : client_(std::move(client)), key_(std::move(key)), interval_(interval), thread_([this] { run(); }) {}
+  ~heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      lock.unlock();
+      try {
+        client_->add(key_, 1);
+      } catch (const std::exception&) {
+        return;
+      }
+      lock.lock();
+      wake_.wait_for(lock, interval_, [this] { return stop_; });
+    }
+  }
+
+  std::unique_ptr<store_client> client_;
+  std::string key_;
+  std::chrono::milliseconds interval_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
 store_protocol::store_protocol(const launch_info& launch, std::chrono::milliseconds timeout)
-    : client_(std::make_unique<store_client>(launch.store_host, launch.store_port, launch.host_store, launch.job_prefix,
+    : host_(launch.store_host),
+      prefix_(launch.job_prefix),
+      timeout_(timeout),
+      client_(std::make_unique<store_client>(launch.store_host, launch.store_port, launch.host_store, launch.job_prefix,
                                              timeout)) {}
 
 store_protocol::~store_protocol() = default;
+
+void store_protocol::start_heartbeat(int uid, std::chrono::milliseconds interval, std::chrono::milliseconds stale,
+                                     std::chrono::milliseconds late_grace) {
+  if (heartbeat_) return;
+  const std::string& address = client_->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  auto own = std::make_unique<store_client>(host_, port, false, prefix_, timeout_);
+  beat_stale_ = stale;
+  late_grace_ = late_grace;
+  heartbeat_ = std::make_unique<heartbeat>(std::move(own), key("beat/", uid), interval);
+}
 
 std::string store_protocol::address() const {
   return client_->address();
@@ -233,7 +291,11 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
                                              const std::vector<int>& admit_if_waiting) {
   const std::string base = key("fault/", failed_epoch);
   client_->set(base + "/alive/" + std::to_string(uid), holds_state ? 1 : 0);
-  const auto deadline = clock_type::now() + window;
+  const auto start = clock_type::now();
+  const auto deadline = start + window;
+  const auto late_deadline = deadline + late_grace_;
+  // Each missing member's last heartbeat value and when this process saw it change.
+  std::map<int, std::pair<std::int64_t, clock_type::time_point>> beats;
   std::vector<int> alive;
   bool decided = false;
   for (;;) {
@@ -241,10 +303,27 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
       decided = true;
       break;
     }
+    const auto now = clock_type::now();
     alive.clear();
-    for (int u : old_members)
-      if (client_->exists(base + "/alive/" + std::to_string(u))) alive.push_back(u);
-    if (alive.size() == old_members.size() || clock_type::now() >= deadline) break;
+    bool waiting = false;  // for a member that may still check in
+    for (int u : old_members) {
+      if (client_->exists(base + "/alive/" + std::to_string(u))) {
+        alive.push_back(u);
+        continue;
+      }
+      const auto beat = beat_stale_.count() > 0 ? client_->try_get(key("beat/", u)) : std::nullopt;
+      if (!beat || !beat->is_number_integer()) {  // no heartbeat: the window decides
+        waiting = waiting || now < deadline;
+        continue;
+      }
+      const auto value = beat->get<std::int64_t>();
+      auto seen = beats.find(u);
+      if (seen == beats.end() || seen->second.first != value)
+        seen = beats.insert_or_assign(u, std::make_pair(value, now)).first;
+      const bool beating = now - seen->second.second < beat_stale_;
+      waiting = waiting || (beating && now < late_deadline);
+    }
+    if (alive.size() == old_members.size() || !waiting) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!decided) {
@@ -278,7 +357,7 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
       }
     }
   }
-  const json result = client_->get(base + "/result", 2 * window + std::chrono::seconds(5));
+  const json result = client_->get(base + "/result", 2 * window + late_grace_ + std::chrono::seconds(5));
   agreement a{result.at("epoch").get<std::int64_t>(), result.at("members").get<std::vector<int>>()};
   if (a.members.empty())
     throw dra::membership_error("dra: the training state is lost: every process that held it failed (world epoch " +

@@ -12,6 +12,8 @@
 //   admit/<uid>                 a candidate's admission (epoch, members, joined), rejection, or
 //                               dismissal (named in capacity's "leave" before it was admitted)
 //   fault/<epoch>/alive/<uid>   survivors' check-in after a failure in the world of <epoch>
+//   beat/<uid>                  a counter each process's heartbeat thread raises (liveness: a
+//                               member that neither checks in nor beats is dead)
 //   fault/<epoch>/result        the first stored proposal of the next world (everyone adopts it)
 //   done                        the job finished
 //   capacity                    written by an outside actor (a device pool, an RL coordinator):
@@ -138,9 +140,13 @@ class store_protocol {
   };
   decided_world latest_decided_world(std::int64_t epoch, std::vector<int> members);
 
-  /// Every survivor checks in, waits until every old member did or `window` passed, then proposes
-  /// the survivors; the first proposal stored wins and everyone adopts it. No single decider: a
-  /// survivor that dies during the recovery cannot leave the others without a result.
+  /// Every survivor checks in and waits for the other old members, then proposes the survivors;
+  /// the first proposal stored wins and everyone adopts it. No single decider: a survivor that
+  /// dies during the recovery cannot leave the others without a result. How long it waits for a
+  /// member that has not checked in depends on that member's heartbeat (start_heartbeat): one
+  /// whose counter stood still for the heartbeat's `stale` time is dead at once; one still beating
+  /// is alive but late and is waited for until `window` + `late_grace`; one without a heartbeat
+  /// is waited for until `window`.
   /// `holds_state`: whether this process holds the world's training state (a joiner whose
   /// handoff did not complete does not); the agreed world starts with a process that does, and
   /// dra::membership_error is thrown when none survived.
@@ -152,6 +158,13 @@ class store_protocol {
                                bool holds_state, std::chrono::milliseconds window,
                                const std::vector<int>& admit_if_waiting = {});
 
+  /// Starts this process's heartbeat: a thread with its own store connection (a blocking wait on
+  /// the main connection never delays it) raises beat/<uid> every `interval`; a member whose
+  /// counter stands still for `stale` is taken for dead by a recovery; one that beats is waited
+  /// for `late_grace` past the recovery's window. Stops with the protocol, or when the store goes.
+  void start_heartbeat(int uid, std::chrono::milliseconds interval, std::chrono::milliseconds stale,
+                       std::chrono::milliseconds late_grace);
+
   // -- the job's end and the outside ---------------------------------------------------------
   void mark_done();
   bool done();
@@ -159,7 +172,12 @@ class store_protocol {
   void publish_report(const nlohmann::json& report);
 
  private:
+  class heartbeat;
+  std::string host_, prefix_;
+  std::chrono::milliseconds timeout_;
   std::unique_ptr<store_client> client_;
+  std::unique_ptr<heartbeat> heartbeat_;  // last: stopped first
+  std::chrono::milliseconds beat_stale_{0}, late_grace_{0};
 };
 
 nlohmann::json to_json(const policy::decision& d);

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.bench._faults.check import exactly_once, resume_time
+from dra.bench._faults.check import exactly_once, landed_after_training, resume_time
 from dra.bench._faults.kinds import KINDS, make_trial
 from dra.bench._faults.spec import parse_specs
 from dra.bench.faults import CPP_BINARY, percentile
@@ -72,6 +72,15 @@ def test_resume_time_is_the_first_commit_of_a_later_world():
     assert resume_time(recs, 10.6) == pytest.approx(3.4)
     assert resume_time(recs, 14.3) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0] * 99 + [9.0], 99) == 1.0
+
+
+def test_a_fault_after_the_last_commit_is_told_apart_from_a_job_that_never_resumed():
+    # A loaded driver can fire after training ended: nothing to resume, not a failure. A fault
+    # before the last step with no commit after it stays a failure.
+    recs = [_commit(0, 1, 1.0), _commit(1, 1, 2.0), _commit(2, 1, 3.0)]
+    assert landed_after_training(recs, 3.5, total_steps=3)
+    assert not landed_after_training(recs, 2.5, total_steps=3)
+    assert not landed_after_training(recs[:2], 3.5, total_steps=3)
 
 
 def test_fault_specs_parse_and_refuse_bad_ones():

@@ -118,6 +118,21 @@ def test_crash_mid_step_survivors_shrink_and_redo(tmp_path, kills):
     _final_members_identical(job, survivors)
 
 
+def test_a_dead_member_is_known_by_its_stopped_heartbeat_before_the_window_ends(tmp_path):
+    # fault_timeout_s=20: the survivors would wait 21 s for a member that never checks in; its
+    # heartbeat stands still, so they take it for dead after half the fault timeout (10 s).
+    job = Job(tmp_path, 3, start_size=3, epochs=1, dataset_size=N, fault_timeout_s=20.0,
+              kill={"uid": 2, "step": 3, "point": "backward"})
+    job.start_all()
+    codes = job.wait(240)
+    assert codes["r2"] == -9 and codes["r0"] == codes["r1"] == 0, [job.output(n)[-2000:] for n in codes]
+    faults = [e for e in job.events() if e["event"] == "fault"]
+    assert len(faults) == 1 and faults[0]["left"] == [2], faults
+    assert 9.0 < faults[0]["cost_s"]["agree"] < 16.0, faults[0]  # stale after 10 s, not the 21 s window
+    check_exactly_once(job, N, 1)
+    _final_members_identical(job, {0, 1})
+
+
 def test_crash_during_resize(tmp_path):
     # Process 1 dies while the world is being rebuilt to admit 2 and 3.
     job = Job(tmp_path, 4, start_size=2, schedule={"4": 4}, epochs=EPOCHS, dataset_size=N, fault_timeout_s=1.5,

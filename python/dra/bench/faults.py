@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         v = judge(run)
         state = "survived" if v.survived else "FAILED"
         extra = f" resume {v.resume_s:.2f} s" if v.resume_s is not None else ""
-        extra += "" if v.fired else " (fault did not fire)"
+        extra += "" if v.fired else f" (fault did not fire{': ' + '; '.join(v.notes) if v.notes else ''})"
         lines = [
             f"{spec.job.language} {spec.kind}: {spec.fault.description}: {state}{extra} ({run.wall_s:.1f} s)",
             *(f"           {problem[:300]}" for problem in v.problems[:4]),

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class Verdict:
     fired: bool = False
     fault_time: float | None = None
     resume_s: float | None = None
+    notes: list[str] = field(default_factory=list)  # what the reader should know; not problems
 
     @property
     def survived(self) -> bool:
@@ -49,6 +51,7 @@ class Verdict:
             "hung": self.hung,
             "fired": self.fired,
             "resume_s": self.resume_s,
+            "notes": self.notes,
         }
 
 
@@ -117,6 +120,13 @@ def resume_time(recs: list[dict[str, Any]], fault_time: float) -> float | None:
     before = max((e for t, e in commits if t <= fault_time), default=-1)
     after = [t for t, e in commits if t > fault_time and e > before]
     return after[0] - fault_time if after else None
+
+
+def landed_after_training(recs: list[dict[str, Any]], fault_time: float, total_steps: int) -> bool:
+    """Whether every step of the job was committed before `fault_time`."""
+    commits = [r for r in recs if r["kind"] == "commit"]
+    steps = {r["step"] for r in commits}
+    return steps >= set(range(total_steps)) and max((r["time"] for r in commits), default=math.inf) <= fault_time
 
 
 def judge(run: TrialRun) -> Verdict:
@@ -192,6 +202,11 @@ def judge(run: TrialRun) -> Verdict:
 
     if v.fired and spec.fault.measure_resume and v.fault_time is not None:
         v.resume_s = resume_time(recs, v.fault_time)
-        if v.resume_s is None and not v.problems:
+        if v.resume_s is None and landed_after_training(recs, v.fault_time, job.total_steps):
+            # The driver saw the chosen step late (a loaded host) and the fault landed after the
+            # last step: training was over, there was nothing to resume. Not a fault of this trial.
+            v.fired = False
+            v.notes.append("the fault landed after the last step was committed")
+        elif v.resume_s is None and not v.problems:
             v.problems.append("no step was committed after the fault")
     return v
