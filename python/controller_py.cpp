@@ -160,6 +160,14 @@ const std::map<std::string, setter>& option_table() {
        [](controller_options& o, py::handle v) { o.store_timeout_s = as_float(v, "store_timeout_s"); }},
       {"chunk_mb", [](controller_options& o, py::handle v) { o.chunk_mb = as_float(v, "chunk_mb"); }},
       {"verify", [](controller_options& o, py::handle v) { o.verify = as_bool(v, "verify"); }},
+      {"handoff",
+       [](controller_options& o, py::handle v) {
+         const auto s = as_str(v, "handoff");
+         if (s != "full" && s != "deferred") bad("handoff", "must be 'full' or 'deferred', got '" + s + "'");
+         o.deferred_handoff = s == "deferred";
+       }},
+      {"capacity_poll_s",
+       [](controller_options& o, py::handle v) { o.capacity_poll_s = as_float(v, "capacity_poll_s"); }},
       {"events_path", [](controller_options& o,
                          py::handle v) { o.events_path = py::str(py::module_::import("os").attr("fspath")(v)); }},
       {"status_every",
@@ -368,6 +376,9 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("store_timeout_s", &controller_options::store_timeout_s)
       .def_readonly("chunk_mb", &controller_options::chunk_mb)
       .def_readonly("verify", &controller_options::verify)
+      .def_readonly("capacity_poll_s", &controller_options::capacity_poll_s)
+      .def_property_readonly("handoff",
+                             [](const controller_options& o) { return o.deferred_handoff ? "deferred" : "full"; })
       .def_readonly("events_path", &controller_options::events_path)
       .def_readonly("status_every", &controller_options::status_every)
       .def_readonly("max_resize_retries", &controller_options::max_resize_retries)
@@ -477,6 +488,23 @@ void dra::python::bind_controller(py::module_& m) {
            "Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now).")
       .def("_gradient_ready", &controller::gradient_ready, py::arg("index"), nogil(),
            "params[index]'s gradient is accumulated: its bucket is all-reduced once complete.")
+      .def("_complete_handoff", &controller::complete_handoff, nogil(),
+           "A deferred handoff's optimizer state has arrived and is loaded (before an optimizer step).")
+      .def_property_readonly(
+          "handoff",
+          [](const controller& c) {
+            const auto& h = c.last_handoff();
+            py::dict d;
+            d["deferred"] = h.deferred;
+            d["bytes"] = h.bytes;
+            d["skipped_bytes"] = h.skipped_bytes;
+            d["deferred_bytes"] = h.deferred_bytes;
+            d["deferred_s"] = h.deferred_s;
+            d["wait_s"] = h.wait_s;
+            return d;
+          },
+          "This process's latest state handoff: bytes moved at the change, bytes skipped (the joiner held "
+          "them), bytes deferred, the deferred transfer's seconds and how long the optimizer step waited for it.")
       .def("_finish_reduction", &controller::finish_reduction, nogil(),
            "End of backward: the remaining buckets, the gradients written back (False: the step failed).")
       .def(

@@ -33,7 +33,9 @@ class py_state_provider final : public state_provider {
   snapshot collect() override {
     py::gil_scoped_acquire gil;
     auto r = call("collect")().cast<py::tuple>();
-    return {r[0].cast<std::vector<at::Tensor>>(), r[1].cast<std::string>()};
+    snapshot snap{r[0].cast<std::vector<at::Tensor>>(), r[1].cast<std::string>()};
+    if (r.size() > 2) snap.deferrable_from = r[2].cast<std::size_t>();  // (tensors, manifest, first deferrable)
+    return snap;
   }
   std::vector<at::Tensor> prepare(const std::string& manifest) override {
     py::gil_scoped_acquire gil;

@@ -21,6 +21,7 @@
 #include "dra/torch/elastic/codec_hook.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
+#include "handoff.hpp"
 #include "leader.hpp"
 #include "small.hpp"
 #include "store_protocol.hpp"
@@ -104,12 +105,19 @@ controller::controller(controller_options options, launch_info launch, std::shar
     start.reason = "start";
     holds_state_ = true;  // founding members: the leader's state wins in the first handoff
     enter_world(start);
+  } else if (options_.release == release_mode::to_caller) {
+    // release="return": a process outside the first world is with its caller from the start (an
+    // RL slot that begins as a rollout worker); it asks to enter with rejoin() or try_join().
+    role_ = role::released;
+    status_.released = true;
   } else {
     wait_for_admission();
   }
 }
 
-controller::~controller() = default;
+controller::~controller() {
+  if (deferred_) deferred_->wait();  // its thread uses the communicator
+}
 
 int controller::rank() const noexcept {
   return role_ == role::local ? 0 : comm_ ? comm_->rank() : -1;
@@ -147,6 +155,7 @@ bool controller::next_epoch(std::int64_t num_epochs) {
 void controller::finish() noexcept {
   if (role_ != role::member || !comm_) return;
   try {
+    complete_handoff();
     comm_->barrier();
     if (comm_->rank() == 0) {
       detail::event_log::print_summary(step_index_, comm_->size(), figures());
@@ -179,6 +188,28 @@ void controller::leader_decides() {
   pending_ = std::make_unique<detail::published_decision>(std::move(*d));
   decide_s_ = seconds_since(t0);
   if (comm_->size() == 1) apply_decision();  // no peers to tell: apply at this boundary
+}
+
+void controller::decide_at_boundary() {
+  // With capacity_poll_s = 0 the leader looks outside at every step, and a change it decides is
+  // applied at this same boundary: every member waits for the leader's word (one store round
+  // trip), instead of learning of the decision from the next step's reduction.
+  const std::int64_t at = step_index_;
+  bool decided = false;
+  try {
+    if (comm_->rank() == 0) {
+      if (!pending_) leader_decides();
+      decided = pending_ != nullptr;
+      store_->publish_boundary(epoch_, at, decided);
+    } else {
+      decided = store_->read_boundary(epoch_, at, options_.fault_timeout() + std::chrono::seconds(1));
+    }
+  } catch (const dra::error& e) {
+    if (comm_) comm_->abort();
+    recover("the leader's word at step " + std::to_string(at) + " not received: " + e.what());
+    return;
+  }
+  if (decided) apply_decision();
 }
 
 void controller::apply_decision() {

@@ -60,6 +60,8 @@ void event_log::world(const world_event& e) {
        {{"agree", c.agree_s}, {"rebuild", e.rebuild_s}, {"state_transfer", e.transfer_s}, {"reshard", e.reshard_s}}},
       {"total_s", total},
       {"state_bytes", e.state_bytes},
+      {"state_skipped_bytes", e.skipped_bytes},
+      {"state_deferred_bytes", e.deferred_bytes},
       {"state_gbps",
        optional_json(static_cast<double>(e.state_bytes) / e.transfer_s / 1e9, e.state_bytes > 0 && e.transfer_s > 0)},
       {"global_batch", e.global_batch},

@@ -31,6 +31,8 @@ struct world_event {
   int after = 0;
   double rebuild_s = 0.0, transfer_s = 0.0, reshard_s = 0.0;
   std::uint64_t state_bytes = 0;
+  std::uint64_t skipped_bytes = 0;   ///< not sent: the joiners held them already (deferred handoff)
+  std::uint64_t deferred_bytes = 0;  ///< sent after the change, during the joiners' first step
   std::int64_t global_batch = 0;
   std::string batch_mode;
   std::optional<bool> params_identical;

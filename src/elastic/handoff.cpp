@@ -2,6 +2,8 @@
 
 #include <ATen/Functions.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -71,8 +73,65 @@ handoff_route route_handoff(const world_change& change, int rank, int size, int 
   return route;
 }
 
-std::uint64_t send_state(comm::communicator& comm, comm::tensor_transfer& transfer, const std::vector<int>& dsts,
-                         state_provider& state, const handoff_header& header) {
+namespace {
+
+constexpr int kTagNeed = 72;  // receiver -> sender: the tensors it lacks; sender -> receivers: the union
+
+std::uint64_t tensor_digest(const at::Tensor& tensor) {
+  const auto t = tensor.contiguous().cpu();
+  return mix_bytes(0xCBF29CE484222325ull, static_cast<const unsigned char*>(t.data_ptr()),
+                   static_cast<std::size_t>(byte_size(t))) >>
+         2;
+}
+
+template <class T>
+std::vector<T> pick(const std::vector<T>& all, std::size_t from, std::size_t to, const std::uint8_t* need) {
+  std::vector<T> out;
+  for (std::size_t i = from; i < to; ++i)
+    if (need == nullptr || need[i]) out.push_back(all[i]);
+  return out;
+}
+
+}  // namespace
+
+deferred_transfer::deferred_transfer(comm::communicator& comm, comm::tensor_transfer& transfer,
+                                     std::vector<at::Tensor> tensors, std::vector<int> dsts)
+    : receiver_(false), tensors_(std::move(tensors)) {
+  for (const auto& t : tensors_) bytes_ += static_cast<std::uint64_t>(byte_size(t));
+  start([this, &comm, &transfer, dsts = std::move(dsts)] { transfer.send(comm, tensors_, dsts); });
+}
+
+deferred_transfer::deferred_transfer(comm::communicator& comm, comm::tensor_transfer& transfer,
+                                     std::vector<at::Tensor> tensors, int src, std::string manifest,
+                                     std::vector<at::Tensor> targets)
+    : receiver_(true), tensors_(std::move(tensors)), targets_(std::move(targets)), manifest_(std::move(manifest)) {
+  for (const auto& t : tensors_) bytes_ += static_cast<std::uint64_t>(byte_size(t));
+  start([this, &comm, &transfer, src] { transfer.recv(comm, tensors_, src); });
+}
+
+void deferred_transfer::start(std::function<void()> body) {
+  thread_ = std::thread([this, body = std::move(body)] {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      body();
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+    duration_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
+std::string deferred_transfer::wait() {
+  if (thread_.joinable()) thread_.join();
+  return error_;
+}
+
+deferred_transfer::~deferred_transfer() {
+  if (thread_.joinable()) thread_.join();  // the communicator was revoked or the transfer ended
+}
+
+handoff_result send_state(comm::communicator& comm, comm::tensor_transfer& transfer, const std::vector<int>& dsts,
+                          state_provider& state, const handoff_header& header, bool deferred) {
   auto snap = state.collect();
   const std::string own =
       json{{"step_index", header.step_index},
@@ -82,18 +141,22 @@ std::uint64_t send_state(comm::communicator& comm, comm::tensor_transfer& transf
            {"energy", {header.energy_j, header.energy_known, header.energy_measured}}}
           .dump();
   const auto n = static_cast<std::int64_t>(snap.tensors.size());
-  at::Tensor head = at::empty({kFixed + n}, at::kLong);
+  const auto split = deferred ? std::min<std::size_t>(snap.deferrable_from, snap.tensors.size()) : snap.tensors.size();
+  // Deferred: [fixed, sizes, first deferrable, a digest of each tensor before it].
+  const std::int64_t extra = deferred ? 1 + n : 0;
+  at::Tensor head = at::zeros({kFixed + n + extra}, at::kLong);
   auto* h = head.data_ptr<std::int64_t>();
   h[0] = static_cast<std::int64_t>(own.size());
   h[1] = static_cast<std::int64_t>(snap.manifest.size());
   h[2] = static_cast<std::int64_t>(header.hook_state.size());
   h[3] = n;
-  std::uint64_t tensor_bytes = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    h[kFixed + i] = byte_size(snap.tensors[static_cast<std::size_t>(i)]);
-    tensor_bytes += static_cast<std::uint64_t>(h[kFixed + i]);
+  for (std::int64_t i = 0; i < n; ++i) h[kFixed + i] = byte_size(snap.tensors[static_cast<std::size_t>(i)]);
+  if (deferred) {
+    h[kFixed + n] = static_cast<std::int64_t>(split);
+    for (std::size_t i = 0; i < split; ++i)
+      h[kFixed + n + 1 + static_cast<std::int64_t>(i)] = static_cast<std::int64_t>(tensor_digest(snap.tensors[i]));
   }
-  at::Tensor length = at::full({1}, kFixed + n, at::kLong);
+  at::Tensor length = at::full({1}, kFixed + n + extra, at::kLong);
   comm.send(length, dsts, kTagHeader);
   comm.send(head, dsts, kTagHeader);
   at::Tensor meta = at::empty({h[0] + h[1] + h[2]}, at::kByte);
@@ -103,12 +166,32 @@ std::uint64_t send_state(comm::communicator& comm, comm::tensor_transfer& transf
   if (!header.hook_state.empty())
     std::memcpy(out + own.size() + snap.manifest.size(), header.hook_state.data(), header.hook_state.size());
   transfer.send(comm, {meta}, dsts);
-  transfer.send(comm, snap.tensors, dsts);
-  return tensor_bytes;
+  handoff_result result;
+  if (!deferred) {
+    transfer.send(comm, snap.tensors, dsts);
+    for (const auto& t : snap.tensors) result.bytes += static_cast<std::uint64_t>(byte_size(t));
+    return result;
+  }
+  // What the receivers lack: the union of their answers, sent back so that all expect the same.
+  at::Tensor need = at::zeros({std::max<std::int64_t>(n, 1)}, at::kByte);
+  for (int d : dsts) {
+    at::Tensor theirs = at::zeros({std::max<std::int64_t>(n, 1)}, at::kByte);
+    comm.recv(theirs, d, kTagNeed);
+    need.bitwise_or_(theirs);
+  }
+  comm.send(need, dsts, kTagNeed);
+  const auto* lacks = need.data_ptr<std::uint8_t>();
+  const auto now = pick(snap.tensors, 0, split, lacks);
+  transfer.send(comm, now, dsts);
+  for (std::size_t i = 0; i < split; ++i)
+    (lacks[i] ? result.bytes : result.skipped_bytes) += static_cast<std::uint64_t>(byte_size(snap.tensors[i]));
+  auto later = pick(snap.tensors, split, snap.tensors.size(), nullptr);
+  if (!later.empty()) result.deferred = std::make_unique<deferred_transfer>(comm, transfer, std::move(later), dsts);
+  return result;
 }
 
-std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transfer, int src, state_provider& state,
-                         handoff_header& header) {
+handoff_result recv_state(comm::communicator& comm, comm::tensor_transfer& transfer, int src, state_provider& state,
+                          handoff_header& header, bool deferred) {
   at::Tensor length = at::zeros({1}, at::kLong);
   comm.recv(length, src, kTagHeader);
   at::Tensor head = at::empty({length.item<std::int64_t>()}, at::kLong);
@@ -127,17 +210,34 @@ std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transf
     throw dra::state_mismatch_error("dra: the world hands over " + std::to_string(n) +
                                     " state tensors, this process has " + std::to_string(targets.size()) +
                                     "; its model or optimizer differs");
-  std::uint64_t tensor_bytes = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const auto mine = byte_size(targets[static_cast<std::size_t>(i)]);
     if (mine != h[kFixed + i])
       throw dra::state_mismatch_error("dra: state tensor " + std::to_string(i) + " has " +
                                       std::to_string(h[kFixed + i]) + " bytes in the world, " + std::to_string(mine) +
                                       " here; its model or optimizer differs");
-    tensor_bytes += static_cast<std::uint64_t>(mine);
   }
-  transfer.recv(comm, targets, src);
-  state.load(manifest, targets);
+  handoff_result result;
+  std::size_t split = targets.size();
+  if (!deferred) {
+    transfer.recv(comm, targets, src);
+    for (const auto& t : targets) result.bytes += static_cast<std::uint64_t>(byte_size(t));
+  } else {
+    split = static_cast<std::size_t>(h[kFixed + n]);
+    // Which of the tensors before the deferrable ones this process lacks: those whose digest
+    // differs from the sender's (prepare() gave the model's own storage, so it holds our values).
+    at::Tensor need = at::ones({std::max<std::int64_t>(n, 1)}, at::kByte);
+    auto* lacks = need.data_ptr<std::uint8_t>();
+    for (std::size_t i = 0; i < split; ++i)
+      lacks[i] =
+          tensor_digest(targets[i]) == static_cast<std::uint64_t>(h[kFixed + n + 1 + static_cast<std::int64_t>(i)]) ? 0
+                                                                                                                    : 1;
+    comm.send(need, {src}, kTagNeed);
+    comm.recv(need, src, kTagNeed);  // the union over every receiver: what the sender sends
+    transfer.recv(comm, pick(targets, 0, split, lacks), src);
+    for (std::size_t i = 0; i < split; ++i)
+      (lacks[i] ? result.bytes : result.skipped_bytes) += static_cast<std::uint64_t>(byte_size(targets[i]));
+  }
   const auto s = own.at("sampler");
   header.sampler = {s.at(0).get<std::int64_t>(), s.at(1).get<std::int64_t>(), s.at(2).get<std::int64_t>(),
                     s.at(3).get<std::uint64_t>()};
@@ -148,7 +248,14 @@ std::uint64_t recv_state(comm::communicator& comm, comm::tensor_transfer& transf
   header.energy_j = e.at(0).get<double>();
   header.energy_known = e.at(1).get<bool>();
   header.energy_measured = e.at(2).get<bool>();
-  return tensor_bytes;
+  if (split >= targets.size()) {
+    state.load(manifest, targets);
+    return result;
+  }
+  auto later = pick(targets, split, targets.size(), nullptr);
+  result.deferred =
+      std::make_unique<deferred_transfer>(comm, transfer, std::move(later), src, manifest, std::move(targets));
+  return result;
 }
 
 }  // namespace detail

@@ -20,8 +20,9 @@ std::optional<published_decision> leader::decide(const world_view& view) {
   const bool scheduled = scheduled_.has_value();
   try {
     // The candidates and the pool's limit are store round trips (~1 ms on a loaded host): read
-    // at most once a second, so that a step that decides nothing costs no store access; at every
-    // step for the first two seconds of a scheduled size still waiting for its processes.
+    // at most every capacity_poll_s (1 s), so that a step that decides nothing costs no store
+    // access; at every step for the first two seconds of a scheduled size still waiting for its
+    // processes.
     look_outside(view, scheduled && t0 - scheduled_->since < std::chrono::seconds(2));
     const int cands = static_cast<int>(candidates_.size());
     // Members the outside actor names in `leave` go now (their devices are taken back), and the
@@ -84,7 +85,7 @@ std::optional<published_decision> leader::decide(const world_view& view) {
 
 void leader::look_outside(const world_view& view, bool force) {
   const auto now = clock_type::now();
-  if (!force && now - outside_read_ < std::chrono::seconds(1)) return;
+  if (!force && now - outside_read_ < std::chrono::duration<double>(options_.capacity_poll_s)) return;
   outside_read_ = now;
   candidates_ = store_.admissible_candidates(view.members, view.signature, [&](int uid, const std::string& why) {
     log_.rejected(view.step, view.epoch, uid, why);

@@ -165,11 +165,18 @@ void controller_options::validate() const {
                                "must be >= 1 (or 0 / None: every process launched), got " + std::to_string(start_size));
   check_seconds(fault_timeout_s, "fault_timeout_s");
   check_seconds(store_timeout_s, "store_timeout_s");
+  if (!(std::isfinite(capacity_poll_s) && capacity_poll_s >= 0.0))
+    dra::detail::throw_invalid("capacity_poll_s",
+                               "must be >= 0 seconds (0: read capacity at every step), got " + number(capacity_poll_s));
   if (!(std::isfinite(chunk_mb) && chunk_mb * 1048576.0 >= 1024.0))
     dra::detail::throw_invalid("chunk_mb", "must be >= 1/1024 (1 KiB), got " + number(chunk_mb));
   if (max_resize_retries < 0)
     dra::detail::throw_invalid("max_resize_retries", "must be >= 0, got " + std::to_string(max_resize_retries));
   if (status_every < 0) dra::detail::throw_invalid("status_every", "must be >= 0 (0 = no status line)");
+  if (deferred_handoff && verify)
+    dra::detail::throw_invalid("handoff",
+                               "'deferred' with verify=True: the digest is compared when the world change completes, "
+                               "before the deferred optimizer state arrived; use handoff='full' to verify");
   if (backend.empty()) dra::detail::throw_invalid("backend", "must name a backend, e.g. 'gloo'");
   if (!compress.empty()) codec_hook::validate_spec(compress);
   if (batch == batch_mode::adascale && engine.policy != "goodput")
@@ -235,6 +242,7 @@ nlohmann::json config_fingerprint(const controller_options& o, const elastic_sam
       {"batch_mode", o.batch == batch_mode::adascale ? "adascale" : "fixed"},
       {"resize_schedule", schedule},
       {"verify", o.verify},
+      {"handoff", o.deferred_handoff ? "deferred" : "full"},
       {"fault_timeout_s", o.fault_timeout_s},
       {"backend", o.backend},
       {"compress", o.compress},

@@ -159,6 +159,7 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
           "dra: step() without a gradient reduction this step; call reduce_gradients() after backward (Python: call "
           "backward() on the output of controller.model)");
     reduced_ = false;
+    complete_handoff();  // normally done by the optimizer wrapper before its step
     const std::size_t events_before = log_->lines().size();
     if (!failure_.empty()) {
       std::string reason = failure_;
@@ -176,7 +177,9 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
         comm_->revoke();
         recover(std::string("reduction failed: ") + e.what());
       }
-      if (role_ == role::member && decision_flag_) {
+      if (role_ == role::member && options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1) {
+        decide_at_boundary();  // an outside actor steering at exact steps: decided and applied here
+      } else if (role_ == role::member && decision_flag_) {
         decision_flag_ = false;  // the leader flagged a decision in a reduction read now: apply it
         apply_decision();
       } else if (role_ == role::member && comm_ && comm_->rank() == 0 && !pending_ &&

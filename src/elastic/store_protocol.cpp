@@ -269,6 +269,16 @@ published_decision store_protocol::read_decision(std::int64_t current_epoch, std
           j.at("decided_step").get<std::int64_t>()};
 }
 
+void store_protocol::publish_boundary(std::int64_t epoch, std::int64_t step, bool decided) {
+  const std::string base = key("word/", epoch) + "/";
+  client_->set(base + std::to_string(step), decided ? 1 : 0);
+  client_->erase(base + std::to_string(step - 1));
+}
+
+bool store_protocol::read_boundary(std::int64_t epoch, std::int64_t step, std::chrono::milliseconds timeout) {
+  return client_->get(key("word/", epoch) + "/" + std::to_string(step), timeout).get<int>() != 0;
+}
+
 std::optional<published_decision> store_protocol::try_read_decision(std::int64_t epoch) {
   const auto j = client_->try_get(key("dec/", epoch));
   if (!j) return std::nullopt;

@@ -127,6 +127,11 @@ class store_protocol {
   published_decision read_decision(std::int64_t current_epoch, std::chrono::milliseconds timeout);
   /// The decision published for the world of `epoch`, if any (a recovery resumes an interrupted grow).
   std::optional<published_decision> try_read_decision(std::int64_t epoch);
+  /// The leader's word at a step boundary (capacity_poll_s = 0: a change is applied at the
+  /// boundary where it was decided): whether a decision was published for this epoch at `step`.
+  /// The word of the step before is erased (every member has read it: it reduced since).
+  void publish_boundary(std::int64_t epoch, std::int64_t step, bool decided);
+  bool read_boundary(std::int64_t epoch, std::int64_t step, std::chrono::milliseconds timeout);
 
   // -- faults ---------------------------------------------------------------------------------
   /// The latest world decided from the world of `epoch`: a member that failed before it learnt of

@@ -73,6 +73,21 @@ bool controller::admitted(const detail::admission_result& r) {
   return true;
 }
 
+void controller::complete_handoff() {
+  if (!deferred_) return;
+  const auto t0 = clock_type::now();
+  const std::string error = deferred_->wait();
+  handoff_stats_.wait_s = seconds_since(t0);
+  handoff_stats_.deferred_s = deferred_->duration_s();
+  auto done = std::move(deferred_);
+  if (!error.empty()) {
+    if (done->receiver()) holds_state_ = false;
+    if (failure_.empty()) failure_ = "deferred state handoff failed: " + error;
+    return;
+  }
+  if (done->receiver()) state_->load(done->manifest(), done->targets());
+}
+
 bool controller::rejoin() {
   if (role_ != role::released)
     throw std::logic_error(std::string("dra: rejoin() is for a released process; this one is ") + to_string(role_));
@@ -154,8 +169,9 @@ void controller::enter_world(const world_change& change) {
 
   const auto t1 = clock_type::now();
   hook(change_phase::state_transfer);
-  std::uint64_t nbytes = 0;
-  hand_over_state(change, nbytes);
+  std::uint64_t nbytes = 0, skipped_bytes = 0;
+  complete_handoff();  // a deferred part of an earlier change lands first
+  hand_over_state(change, nbytes, skipped_bytes);
   const double transfer_s = seconds_since(t1);
 
   const auto t2 = clock_type::now();
@@ -209,6 +225,8 @@ void controller::enter_world(const world_change& change) {
   ev.transfer_s = transfer_s;
   ev.reshard_s = reshard_s;
   ev.state_bytes = nbytes;
+  ev.skipped_bytes = skipped_bytes;
+  ev.deferred_bytes = handoff_stats_.deferred_bytes;
   ev.global_batch = sampler_->global_batch();
   ev.batch_mode = options_.batch == batch_mode::adascale ? "adascale" : "fixed";
   ev.params_identical = identical;
@@ -218,11 +236,25 @@ void controller::enter_world(const world_change& change) {
   log_->world(ev);
 }
 
-void controller::hand_over_state(const world_change& change, std::uint64_t& nbytes) {
+void controller::hand_over_state(const world_change& change, std::uint64_t& nbytes, std::uint64_t& skipped_bytes) {
   const auto route = detail::route_handoff(change, comm_->rank(), comm_->size(), uid_);
+  // A grow may defer (handoff="deferred"); a start or a recovery hands everything over at once.
+  const bool defer =
+      options_.deferred_handoff && change.cause != change_cause::start && change.cause != change_cause::fault;
+  handoff_stats_ = {};  // this change's handoff (none for a member that neither sends nor receives)
+  auto note = [&](const detail::handoff_result& r) {
+    handoff_stats_.deferred = r.deferred != nullptr;
+    handoff_stats_.bytes = r.bytes;
+    handoff_stats_.skipped_bytes = r.skipped_bytes;
+    handoff_stats_.deferred_bytes = r.deferred ? r.deferred->bytes() : 0;
+  };
   if (route.receive_from >= 0) {
     detail::handoff_header h;
-    nbytes = detail::recv_state(*comm_, *transfer_, route.receive_from, *state_, h);
+    auto r = detail::recv_state(*comm_, *transfer_, route.receive_from, *state_, h, defer);
+    nbytes = r.bytes;
+    skipped_bytes = r.skipped_bytes;
+    note(r);
+    deferred_ = std::move(r.deferred);
     step_index_ = h.step_index;
     sampler_->set_position(h.sampler);
     if (h.num_epochs >= 0) num_epochs_ = h.num_epochs;
@@ -249,12 +281,17 @@ void controller::hand_over_state(const world_change& change, std::uint64_t& nbyt
     h.energy_known = world_energy_known_;
     h.energy_measured = world_energy_measured_;
     if (hook_) h.hook_state = hook_->shared_state();
-    nbytes = detail::send_state(*comm_, *transfer_, route.send_to, *state_, h);
+    auto r = detail::send_state(*comm_, *transfer_, route.send_to, *state_, h, defer);
+    nbytes = r.bytes;
+    skipped_bytes = r.skipped_bytes;
+    note(r);
+    deferred_ = std::move(r.deferred);
   }
 }
 
 void controller::leave(bool exit) {
-  comm_.reset();  // a voluntary change: the old world is idle at this step boundary
+  complete_handoff();  // a deferred handoff uses the communicator
+  comm_.reset();       // a voluntary change: the old world is idle at this step boundary
   role_ = role::released;
   members_.clear();
   running_members_.clear();
@@ -289,6 +326,13 @@ void controller::recover(std::string reason) {
     // Stop in-flight work: Gloo closes its connections (peers still blocked on it fail at once);
     // NCCL >= 2.28 revokes, which keeps the communicator shrinkable for the abortive shrink.
     if (comm_) comm_->revoke();
+    if (deferred_) {
+      // The handoff's deferred part dies with the communicator: a joiner that did not get it holds
+      // no state (the recovery's leader hands it over again).
+      const bool lost = deferred_->receiver() && !deferred_->wait().empty();
+      if (lost) holds_state_ = false;
+      deferred_.reset();
+    }
     // Survivors converge on the latest world that was decided: a member that failed before it
     // learnt of a decision follows it into the decided world (whose joiners may be waiting in it).
     const auto decided = store_->latest_decided_world(epoch_, members_);

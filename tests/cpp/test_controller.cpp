@@ -337,6 +337,8 @@ TEST_CASE("controller.options.validate_names_the_field") {
   bad([](controller_options& o) { o.fault_timeout_s = 0.0; }, "fault_timeout_s");
   bad([](controller_options& o) { o.store_timeout_s = -1.0; }, "store_timeout_s");
   bad([](controller_options& o) { o.chunk_mb = 1e-4; }, "chunk_mb");
+  bad([](controller_options& o) { o.capacity_poll_s = -0.5; }, "capacity_poll_s");
+  bad([](controller_options& o) { o.deferred_handoff = true, o.verify = true; }, "handoff");
   bad([](controller_options& o) { o.start_size = -1; }, "start_size");
   bad([](controller_options& o) { o.batch = batch_mode::adascale; }, "batch_mode");
   bad([](controller_options& o) { o.resize_schedule = {{3, 5}}, o.engine.limits.max_size = 4; }, "resize_schedule");

@@ -96,11 +96,14 @@ class tensors_state final : public state_provider {
   std::vector<at::Tensor> tensors;
   std::string manifest = "manifest-v1";
   std::string loaded_manifest;
+  std::size_t deferrable_from = static_cast<std::size_t>(-1);
+  bool in_place = false;  ///< prepare() hands out the tensors before deferrable_from themselves (a model's storage)
   std::vector<tensor_spec> signature() override { return {}; }
-  snapshot collect() override { return {tensors, manifest}; }
+  snapshot collect() override { return {tensors, manifest, deferrable_from}; }
   std::vector<at::Tensor> prepare(const std::string&) override {
     std::vector<at::Tensor> out;
-    for (const auto& t : tensors) out.push_back(torch::empty_like(t));
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      out.push_back(in_place && i < deferrable_from ? tensors[i] : torch::empty_like(tensors[i]));
     return out;
   }
   void load(const std::string& m, const std::vector<at::Tensor>& received) override {
@@ -326,10 +329,10 @@ TEST_CASE("elastic.handoff.state_and_position_reach_the_joiner") {
           h.energy_known = true;
           h.energy_measured = false;
           h.hook_state = {7, 0, 255, 3};
-          sent_bytes = ed::send_state(comm, *transfer, {1}, src, h);
+          sent_bytes = ed::send_state(comm, *transfer, {1}, src, h, false).bytes;
         } else {
           dst.tensors = {at::zeros({5000}, at::kFloat), at::zeros({3}, at::kDouble)};
-          got_bytes = ed::recv_state(comm, *transfer, 0, dst, got);
+          got_bytes = ed::recv_state(comm, *transfer, 0, dst, got, false).bytes;
         }
       },
       errors);
@@ -350,6 +353,90 @@ TEST_CASE("elastic.handoff.state_and_position_reach_the_joiner") {
   CHECK_FALSE(got.energy_measured);
   CHECK(got.hook_state == std::vector<std::uint8_t>{7, 0, 255, 3});
   CHECK(state_digest(src) == state_digest(dst));
+}
+
+TEST_CASE("elastic.handoff.deferred_skips_what_the_joiners_hold_and_sends_the_rest_later") {
+  // Two joiners: one holds the first tensor (same digest), neither holds the second; the third
+  // (deferrable: the optimizer's) arrives after the change, on a thread, and only then is loaded.
+  at::set_num_threads(1);
+  tensors_state src, dst1, dst2;
+  std::vector<ed::handoff_result> results(3);
+  std::vector<std::string> waits(3);
+  std::vector<std::string> errors;
+  bool loaded_before_wait = true;
+  in_gloo_world(
+      3, "deferred",
+      [&](int rank, dra::comm::communicator& comm) {
+        auto transfer = dra::comm::make_chunked_transfer(4096);
+        ed::handoff_header h;
+        if (rank == 0) {
+          src.tensors = {at::arange(5000, at::kFloat), at::ones({3}, at::kDouble), at::full({100}, 2.5f)};
+          src.deferrable_from = 2;
+          h.step_index = 4;
+          results[0] = ed::send_state(comm, *transfer, {1, 2}, src, h, true);
+          waits[0] = results[0].deferred ? results[0].deferred->wait() : "no deferred part";
+          return;
+        }
+        auto& dst = rank == 1 ? dst1 : dst2;
+        dst.in_place = true;
+        dst.deferrable_from = 2;
+        dst.tensors = {rank == 1 ? at::arange(5000, at::kFloat) : at::zeros({5000}, at::kFloat),
+                       at::zeros({3}, at::kDouble), at::zeros({100}, at::kFloat)};
+        auto r = ed::recv_state(comm, *transfer, 0, dst, h, true);
+        if (rank == 1) loaded_before_wait = !dst.loaded_manifest.empty();
+        waits[rank] = r.deferred ? r.deferred->wait() : "no deferred part";
+        if (r.deferred) dst.load(r.deferred->manifest(), r.deferred->targets());
+        results[rank] = std::move(r);
+      },
+      errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  for (const auto& w : waits) CHECK_MESSAGE(w.empty(), w);
+  CHECK_FALSE(loaded_before_wait);  // the provider's load waits for the deferred tensors
+  // Rank 2 lacked the first tensor, so the sender sends it to both (the union of what they lack).
+  CHECK(results[0].bytes == 5000 * 4 + 3 * 8);
+  CHECK(results[0].skipped_bytes == 0);
+  CHECK(results[0].deferred->bytes() == 100 * 4);
+  for (auto* dst : {&dst1, &dst2}) {
+    CHECK(dst->loaded_manifest == "manifest-v1");
+    CHECK(at::equal(dst->tensors[0], at::arange(5000, at::kFloat)));
+    CHECK(at::equal(dst->tensors[1], at::ones({3}, at::kDouble)));
+    CHECK(at::equal(dst->tensors[2], at::full({100}, 2.5f)));
+  }
+}
+
+TEST_CASE("elastic.handoff.deferred_sends_nothing_a_joiner_holds") {
+  at::set_num_threads(1);
+  tensors_state src, dst;
+  std::vector<ed::handoff_result> results(2);
+  std::vector<std::string> errors;
+  in_gloo_world(
+      2, "skip",
+      [&](int rank, dra::comm::communicator& comm) {
+        auto transfer = dra::comm::make_chunked_transfer(4096);
+        ed::handoff_header h;
+        if (rank == 0) {
+          src.tensors = {at::arange(5000, at::kFloat), at::full({10}, 3.0f)};
+          src.deferrable_from = 1;
+          results[0] = ed::send_state(comm, *transfer, {1}, src, h, true);
+          if (results[0].deferred) results[0].deferred->wait();
+          return;
+        }
+        dst.in_place = true;
+        dst.deferrable_from = 1;
+        dst.tensors = {at::arange(5000, at::kFloat), at::zeros({10}, at::kFloat)};
+        results[1] = ed::recv_state(comm, *transfer, 0, dst, h, true);
+        if (results[1].deferred) {
+          results[1].deferred->wait();
+          dst.load(results[1].deferred->manifest(), results[1].deferred->targets());
+        }
+      },
+      errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  CHECK(results[0].bytes == 0);
+  CHECK(results[0].skipped_bytes == 5000 * 4);
+  CHECK(results[1].bytes == 0);
+  CHECK(results[1].skipped_bytes == 5000 * 4);
+  CHECK(at::equal(dst.tensors[1], at::full({10}, 3.0f)));
 }
 
 TEST_CASE("elastic.reducer.weighted_mean_with_the_tail") {

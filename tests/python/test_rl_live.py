@@ -110,11 +110,21 @@ def test_static_and_switched_runs_train_the_same(live) -> None:
     assert grow["direction"] == "to_train" and grow["slots"] == [1] and grow["phase"] == 2
     assert shrink["direction"] == "to_rollout" and shrink["moved"] == 2 and shrink["phase"] == 4
     for sw in (grow, shrink):
-        assert set(sw["cost_split"]) == {"agree_s", "rebuild_s", "weights_s", "optimizer_s", "rollout_start_s"}
+        assert set(sw["cost_split"]) == {"agree_s", "rebuild_s", "state_s", "weights_s", "optimizer_s", "rollout_start_s"}
         assert sw["cost_split"]["rebuild_s"] > 0.0
         assert 0.0 <= sw["exposed_s"] <= sw["total_s"] + 1e-12
         assert sw["hidden_s"] == pytest.approx(sw["total_s"] - sw["exposed_s"], abs=1e-9)
-    assert grow["cost_split"]["optimizer_s"] > 0.0  # the joiner received the leader's optimizer state
+        assert sw["event"]["event"] == "resize"  # the trainers' world changed in place (dra.elastic)
+    # The grow: the joiner held the current weights (the weight sync), so the controller's deferred
+    # handoff checked them by digest and sent none; the Adam moments came during its first step.
+    assert grow["event"]["joined"] and grow["event"]["state_bytes"] == 0
+    assert grow["event"]["state_skipped_bytes"] > 0 and grow["event"]["state_deferred_bytes"] > 0
+    assert grow["cost_split"]["optimizer_s"] > 0.0
+    assert shrink["event"]["left"] and shrink["event"]["state_deferred_bytes"] == 0
+    # Exactly once through the controller: every step committed once, the sampler at the stream's end.
+    for r in (static, moved):
+        assert r["controller"]["committed_steps"] == [5] and r["controller"]["sampler_cursor"] == [40]
+    assert moved["controller"]["resizes"] == 2 and static["controller"]["resizes"] == 0
     # After the grow, every trainer (the joiner included) holds the same parameters and optimizer state.
     for p in moved["phases"][2:4]:
         assert len({d for d in p["digests"].values()}) == 1, p["digests"]
@@ -139,6 +149,10 @@ def test_bad_options_are_named(live) -> None:
         live.run("bad", 4)
     with pytest.raises(ValueError, match="schedule: phase 9"):
         live.run("bad", 2, schedule={9: 1})
+    with pytest.raises(ValueError, match="schedule: phase 1 .*first step ends phase 1"):
+        live.run("bad", 2, schedule={1: 1})
+    with pytest.raises(ValueError, match="handoff"):
+        LiveConfig(handoff="lazy").validate()
     with pytest.raises(ValueError, match="group_size"):
         LiveConfig(group_size=1).validate()
 

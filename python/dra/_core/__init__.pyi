@@ -776,6 +776,9 @@ class Options:
     def batch_mode(self) -> str:
         ...
     @property
+    def capacity_poll_s(self) -> float:
+        ...
+    @property
     def chunk_mb(self) -> float:
         ...
     @property
@@ -791,6 +794,9 @@ class Options:
         ...
     @property
     def fault_timeout_s(self) -> float:
+        ...
+    @property
+    def handoff(self) -> str:
         ...
     @property
     def max_resize_retries(self) -> int:
@@ -908,6 +914,10 @@ class Controller:
         """
         Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now).
         """
+    def _complete_handoff(self) -> None:
+        """
+        A deferred handoff's optimizer state has arrived and is loaded (before an optimizer step).
+        """
     def _finish_reduction(self) -> bool:
         """
         End of backward: the remaining buckets, the gradients written back (False: the step failed).
@@ -986,6 +996,11 @@ class Controller:
     def failed(self) -> bool:
         """
         The current step's reduction failed: it will be redone.
+        """
+    @property
+    def handoff(self) -> dict:
+        """
+        This process's latest state handoff: bytes moved at the change, bytes skipped (the joiner held them), bytes deferred, the deferred transfer's seconds and how long the optimizer step waited for it.
         """
     @property
     def is_member(self) -> bool:

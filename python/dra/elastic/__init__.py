@@ -26,7 +26,9 @@ from dra.elastic.sampler import DistributedSampler, ElasticSampler
 def init(model: Any, optimizer: Any, sampler: ElasticSampler, **options: Any) -> Controller:
     """Makes this process's elastic controller (``dra.Controller(model=..., ...)``) and installs it
     behind ``dra.step``. Processes with uid < ``start_size`` form the first world; the others
-    wait here as candidates until the policy admits them or the job ends."""
+    wait here as candidates until the policy admits them or the job ends (with
+    ``release="return"`` they return at once, released: ``ctl.rejoin()`` or ``ctl.try_join()``
+    enters)."""
     return reset(Controller(model=model, optimizer=optimizer, sampler=sampler, **options))
 
 

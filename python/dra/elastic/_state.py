@@ -44,12 +44,19 @@ class TorchState(_m.StateProvider):
     def signature(self) -> list[list[Any]]:
         return model_signature(self.model)
 
-    def collect(self) -> tuple[list[torch.Tensor], bytes]:
+    def collect(self) -> tuple[list[torch.Tensor], bytes, int]:
+        """The tensors (the model's, then the optimizer's), the manifest, and the index of the first
+        tensor a deferred handoff may deliver after the joiner's first forward and backward: the
+        optimizer's, when every model tensor is contiguous (then they land in place at the joiner
+        before its first forward); otherwise none is deferred."""
         tensors: list[torch.Tensor] = []
         entries: list[tuple[str, Any, list[int], str]] = []
+        in_place = True
         for name, t in self.model.state_dict().items():
+            in_place = in_place and t.is_contiguous()
             tensors.append(t.detach().contiguous())
             entries.append(("model", name, list(t.shape), str(t.dtype)))
+        first_deferrable = len(tensors) if in_place else -1
         opt_meta = None
         if self.optimizer is not None:
             sd = self.optimizer.state_dict()
@@ -72,7 +79,7 @@ class TorchState(_m.StateProvider):
             else None,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         }
-        return tensors, pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL)
+        return tensors, pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL), first_deferrable if first_deferrable >= 0 else len(tensors)
 
     def prepare(self, manifest: bytes) -> list[torch.Tensor]:
         self._manifest = pickle.loads(manifest)

@@ -9,6 +9,7 @@ Nothing of the user's objects is patched: the wrappers hold them.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import torch
@@ -33,6 +34,9 @@ class ElasticDataParallel(torch.nn.Module):
         self.controller = controller
         self._queued = False
         self._active = False
+        #: Seconds the latest backward spent inside the gradient reductions (blocking all-reduces on
+        #: CPU; on CUDA only their launch): the exposed communication of a step.
+        self.reduce_s = 0.0
         self._params = [p for p in module.parameters() if p.requires_grad]
         for index, p in enumerate(self._params):
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, index))
@@ -45,6 +49,7 @@ class ElasticDataParallel(torch.nn.Module):
         if not self._queued:
             # The first gradient of this backward: the reduction starts (unless the batch is stale).
             self._queued = True
+            self.reduce_s = 0.0
             torch.autograd.Variable._execution_engine.queue_callback(self._sync)
             if ctl.sampler is not None and not ctl.sampler._current_is_fresh():
                 ctl._skipping = True
@@ -52,12 +57,16 @@ class ElasticDataParallel(torch.nn.Module):
             else:
                 self._active = ctl._begin_reduction(self._params)
         if self._active:
+            t0 = time.perf_counter()
             ctl._gradient_ready(index)
+            self.reduce_s += time.perf_counter() - t0
 
     def _sync(self) -> None:
         self._queued = False
         ctl = self.controller
+        t0 = time.perf_counter()
         ok = False if ctl._skipping else ctl._finish_reduction()
+        self.reduce_s += time.perf_counter() - t0
         self._active = False
         if not ok:
             # The step will not be applied: without gradients, torch's optimizers skip every
@@ -89,7 +98,12 @@ class _Guarded:
 class ElasticOptimizer(_Guarded):
     """The user's optimizer: ``step()`` is applied only when the step's gradient reduction
     succeeded; everything else (``zero_grad``, ``param_groups``, ``state_dict``...) is the
-    optimizer's own."""
+    optimizer's own. With ``handoff="deferred"`` the optimizer state a joiner is still receiving
+    is loaded first (and a sender waits until its state has left)."""
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        self._controller._complete_handoff()
+        return super().step(*args, **kwargs)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -109,7 +109,19 @@ struct controller_options {
   double fault_timeout_s = 3.0;
   double store_timeout_s = 30.0;  ///< connecting to the store, and every bounded wait on it
   double chunk_mb = 16.0;         ///< state handoff chunk: memory bound beyond the state
-  bool verify = false;            ///< after every world change, compare a digest of every state tensor
+  /// Seconds between the leader's reads of the outside keys (`capacity`, the waiting candidates);
+  /// 0: at every step boundary, and a change they ask for is applied at that same boundary (every
+  /// member waits for the leader's word there: one store round trip per step), for an outside
+  /// actor that moves processes at exact steps, such as the RL coordinator. Otherwise a decision
+  /// rides with the next step's gradient reduction and is applied one step later.
+  double capacity_poll_s = 1.0;
+  bool verify = false;  ///< after every world change, compare a digest of every state tensor
+  /// How a grow hands the state to joiners. "full" (false): everything before the joiner's first
+  /// step. "deferred" (true): tensors whose digest matches the joiner's own are not sent (a joiner
+  /// that already holds the current weights, as an RL slot does), and the provider's deferrable
+  /// tensors (the optimizer's) arrive while the joiner computes its first forward and backward,
+  /// loaded before its first optimizer step (complete_handoff()).
+  bool deferred_handoff = false;
   std::string events_path;        ///< JSON lines, written by the leader ("" = none)
   std::int64_t status_every = 0;  ///< a status line on rank 0 every N steps (0 = never)
   int max_resize_retries = 3;
@@ -204,6 +216,7 @@ class gradient_reducer;
 class deferred_reads;
 struct tail_input;
 class event_log;
+class deferred_transfer;
 class leader;
 struct world_change;
 struct published_decision;
@@ -217,9 +230,10 @@ class controller {
   explicit controller(controller_options options);
   /// A process of an elastic job: connects to the store, checks that every process has the same
   /// configuration and model, then forms the first world (uids < start_size) or waits as a
-  /// candidate until admitted (or the job ends). Throws std::invalid_argument for bad options,
-  /// dra::timeout_error naming the address when the store cannot be reached,
-  /// dra::state_mismatch_error for a different model.
+  /// candidate until admitted (or the job ends); with release_mode::to_caller a process outside
+  /// the first world returns at once, released (it enters with rejoin() or try_join()). Throws std::invalid_argument
+  /// for bad options, dra::timeout_error naming the address when the store cannot be reached, dra::state_mismatch_error
+  /// for a different model.
   controller(controller_options options, launch_info launch, std::shared_ptr<state_provider> state,
              std::shared_ptr<elastic_sampler> sampler);
   ~controller();
@@ -247,6 +261,20 @@ class controller {
   bucket_hook* installed_bucket_hook() const noexcept { return hook_.get(); }
   /// Bytes the hook reduced (per rank, since the process started).
   compression_stats compression() const;
+  /// The deferred part of this process's latest handoff (deferred_handoff) is complete: a joiner
+  /// waits for the optimizer's tensors and loads the state; the sender waits until they left (its
+  /// own optimizer step must not change them in flight). Called by the optimizer wrapper before
+  /// each optimizer step (a LibTorch trainer calls it before optimizer.step()), and by step() and
+  /// every world change. A transfer that failed marks the step failed (step() then recovers).
+  void complete_handoff();
+  /// This process's latest handoff: bytes received or sent, bytes skipped (identical digests),
+  /// bytes deferred, the deferred transfer's duration and how long complete_handoff() waited.
+  struct handoff_stats {
+    bool deferred = false;
+    std::uint64_t bytes = 0, skipped_bytes = 0, deferred_bytes = 0;
+    double deferred_s = 0.0, wait_s = 0.0;
+  };
+  const handoff_stats& last_handoff() const noexcept { return handoff_stats_; }
   /// This process's energy (an elastic job's member; the world's is in status()).
   process_energy energy() const;
   /// The step boundary: commits the step, feeds the engine, applies a decision (resize) or
@@ -322,7 +350,7 @@ class controller {
   void wait_for_admission();
   bool admitted(const struct detail::admission_result& r);
   void enter_world(const detail::world_change& change);
-  void hand_over_state(const detail::world_change& change, std::uint64_t& nbytes);
+  void hand_over_state(const detail::world_change& change, std::uint64_t& nbytes, std::uint64_t& skipped_bytes);
   const step_status& step_impl(const at::Tensor* device_loss, double loss, const step_signals& extra);
   const step_status& step_local(const at::Tensor* device_loss, double loss);
   void commit(const at::Tensor* device_loss, double loss, const step_signals& extra);
@@ -336,6 +364,7 @@ class controller {
   void apply_signals(const step_signals& extra);
   void leader_decides();
   void apply_decision();
+  void decide_at_boundary();
   void leave(bool exit);
   void recover(std::string reason);
   void hook(change_phase phase);
@@ -355,6 +384,8 @@ class controller {
   bool world_energy_known_ = false;
   bool world_energy_measured_ = true;
   std::unique_ptr<detail::event_log> log_;
+  std::unique_ptr<detail::deferred_transfer> deferred_;  ///< the handoff's part still in flight
+  handoff_stats handoff_stats_;
   std::unique_ptr<detail::leader> leader_;
   std::unique_ptr<detail::published_decision> pending_;  ///< the leader's decision, not yet applied
   std::unique_ptr<detail::tail_input> pending_loss_;     ///< this rank's loss, sent with the next reduction

@@ -40,6 +40,11 @@ class state_provider {
   struct snapshot {
     std::vector<at::Tensor> tensors;
     std::string manifest;
+    /// With deferred_handoff, tensors from this index on (the optimizer's) may reach a joiner
+    /// after its first forward and backward; load() is then called once they arrived. Everything
+    /// before it must land in place in prepare()'s tensors (the model's own storage). Default:
+    /// nothing is deferred.
+    std::size_t deferrable_from = static_cast<std::size_t>(-1);
   };
   virtual snapshot collect() = 0;
   /// Receiver: the destinations for a manifest (contiguous tensors of the sender's shapes and

@@ -70,6 +70,9 @@ class LiveConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     policy: dict[str, Any] = field(default_factory=dict)  # StageBalanceConfig options (dynamic runs)
     timeout_s: float = 300.0
+    # The trainers' world hands a joiner only what it lacks: "deferred" (its parameters are checked
+    # by digest, the Adam moments arrive during its first forward and backward) or "full".
+    handoff: str = "deferred"
 
     def validate(self) -> None:
         if self.slots < 2:
@@ -80,6 +83,11 @@ class LiveConfig:
             raise ValueError("prompts_per_step must be >= 1 and group_size >= 2 (GRPO compares samples of a prompt)")
         if not self.drift > 0:
             raise ValueError(f"drift: must be > 0 (1: none), got {self.drift}")
+        if self.handoff not in ("deferred", "full"):
+            raise ValueError(f"handoff: must be 'deferred' or 'full', got {self.handoff!r}")
+        if self.prompts_per_step * self.group_size < self.slots:
+            raise ValueError(f"prompts_per_step x group_size: a step's batch ({self.prompts_per_step * self.group_size}) must give "
+                             f"every one of the {self.slots} slots at least one sample when all but one train")
 
 
 class WorkerError(RuntimeError):
@@ -239,18 +247,33 @@ class LiveRL:
 
             c = replace(c, steps=steps)
         n_slots = c.slots
-        self._runs += 1  # the trainers' store prefix is unique per run, even for a repeated name
-        for conn in self.conns.values():
-            conn.send({"cmd": "reset", "weights": str(self.weights), "run": f"{self._runs}-{name}"})
-        for s in self.conns:
-            self._recv(s)
         dynamic = rollout is None
         split = n_slots // 2 if dynamic else int(rollout)
         for q, r in (schedule or {}).items():
-            if not (1 <= q <= c.steps and 1 <= r < n_slots):
-                raise ValueError(f"schedule: phase {q} -> {r} rollout slots is outside phases [1, {c.steps}] or splits [1, {n_slots - 1}]")
+            if not (2 <= q <= c.steps and 1 <= r < n_slots):
+                raise ValueError(f"schedule: phase {q} -> {r} rollout slots is outside phases [2, {c.steps}] (a switch takes effect "
+                                 f"at a training step's boundary; the first step ends phase 1) or splits [1, {n_slots - 1}]")
         if not 1 <= split < n_slots:
             raise ValueError(f"rollout: must lie in [1, {n_slots - 1}], got {rollout}")
+        self._runs += 1  # one elastic job per run, its keys unique even for a repeated name
+        job_id = f"{self.job}-{self._runs}-{name}"
+        rollout_slots = list(range(split))  # slots 0..split-1 generate, the rest train
+        trainers = list(range(split, n_slots))
+        # uids: the first trainers form the first world (0..T-1); trainers[0] leads it for the whole
+        # run (a leader never leaves, and the coordinator moves the newest trainers first).
+        self._uid = {s: i for i, s in enumerate(trainers + rollout_slots)}
+        self._job_key = f"dra/{job_id}/0"  # the job's keys in the store (docs/guide/elastic.md, "Driving a job from outside")
+        events_path = self.out / "events" / f"{self._runs}-{name}.jsonl"
+        job = {"id": job_id, "steps": c.steps, "global_batch": c.prompts_per_step * c.group_size,
+               "options": {"policy": "none", "release": "return", "start_size": len(trainers), "capacity_poll_s": 0.0,
+                           "handoff": c.handoff, "fault_timeout_s": max(30.0, c.timeout_s / 4), "store_timeout_s": c.timeout_s,
+                           "events_path": str(events_path)}}
+        for slot, conn in self.conns.items():
+            conn.send({"cmd": "reset", "weights": str(self.weights), "run": f"{self._runs}-{name}", "uid": self._uid[slot], "job": job})
+        for slot in self.conns:
+            ack = self._recv(slot)
+            if ack["role"] != ("train" if slot in trainers else "rollout"):
+                raise WorkerError(f"slot {slot}: started as {ack['role']} in run {name}")
         policy = None
         if dynamic:
             opts = {"devices": n_slots, "cooldown_steps": 4, "hysteresis_decisions": 2, "min_relative_gain": 0.05,
@@ -259,10 +282,6 @@ class LiveRL:
             cfg.generation.max_concurrency = c.rollout_slots
             cfg.lengths.half_life = 4.0 * c.prompts_per_step * c.group_size
             policy = rl.StageBalancePolicy(cfg)
-        rollout_slots = list(range(split))  # slots 0..split-1 generate, the rest train
-        trainers = list(range(split, n_slots))
-        epoch = 0
-        joiners: list[int] = []
         pending_switch: dict[str, Any] | None = None
         version = 0
         since_switch = 10**9
@@ -287,12 +306,8 @@ class LiveRL:
                         ledger[key] = "queued"
                         queue.append({"prompt": {"pid": prompt.pid, "symbol": prompt.symbol, "target": prompt.target, "tokens": prompt.tokens},
                                       "sample": j})
-            shards = self._shards(batches.pop(train_batch), trainers, version) if train_batch is not None else {}
-            for key in (t["key"] for sh in shards.values() for t in sh["trajectories"]):
-                if ledger.get(key) != "generated":
-                    raise AssertionError(f"ledger: sequence {key} trained while {ledger.get(key)}")
-                ledger[key] = "trained"
-            phase = self._phase(p, rollout_slots, trainers, epoch, joiners, queue, shards, version, ledger, batches, gen_batch)
+            shard = self._batch(batches.pop(train_batch), train_batch, version) if train_batch is not None else None
+            phase = self._phase(p, rollout_slots, trainers, queue, shard, version, ledger, batches, gen_batch)
             if pending_switch is not None:
                 sw = self._switch_cost(pending_switch, phase)
                 record["switch_log"].append(sw)
@@ -317,7 +332,6 @@ class LiveRL:
             phase["duration_s"] = phase["stages_s"] + phase["weight_sync_s"]
             phase["start_s"] = sum(x["duration_s"] for x in record["phases"])
             record["phases"].append(phase)
-            joiners = []
             since_switch += 1
             want: dict[str, Any] | None = None
             t0 = time.perf_counter()
@@ -334,18 +348,26 @@ class LiveRL:
                 want = {"action": "to_rollout" if target > len(rollout_slots) else "to_train", "moved": abs(target - len(rollout_slots)),
                         "reason": f"schedule: {target} rollout slots at phase {p + 1}", "payback_steps": None}
             agree_s = time.perf_counter() - t0
+            if want is not None and not phase["trained_sequences"]:
+                raise AssertionError(f"phase {p}: a switch before the first training step (it takes effect at a step's boundary)")
             if want is not None:
                 moved = want["moved"]
+                t0 = time.perf_counter()
                 if want["action"] == "to_rollout":
                     slots_moved = trainers[-moved:]  # the newest trainers leave; the leader stays
                     trainers = trainers[:-moved]
                     rollout_slots = sorted(rollout_slots + slots_moved)
+                    self._capacity(len(trainers), leave=slots_moved)
                 else:
                     slots_moved = rollout_slots[-moved:]
                     rollout_slots = rollout_slots[:-moved]
                     trainers = trainers + slots_moved
-                    joiners = slots_moved
-                epoch += 1
+                    for s in slots_moved:  # candidates first, so that the leader sees them at the boundary
+                        self.conns[s].send({"cmd": "register"})
+                    for s in slots_moved:
+                        self._recv(s)
+                    self._capacity(len(trainers), leave=[])
+                agree_s += time.perf_counter() - t0
                 since_switch = 0
                 pending_switch = {"phase": p + 1, "direction": want["action"], "moved": moved, "slots": slots_moved, "agree_s": agree_s,
                                   "reason": want["reason"], "predicted_payback_steps": want["payback_steps"]}
@@ -353,6 +375,21 @@ class LiveRL:
                 self.log(f"{name} phase {p}/{phases - 1}: {len(rollout_slots)}R/{len(trainers)}T {phase['duration_s']:.2f} s "
                          f"(rollout {phase['rollout_s']:.2f}, train {phase['train_s']:.2f}) reward {phase.get('mean_reward', float('nan')):.3f}"
                          + (f" -> {pending_switch['direction']}" if pending_switch else ""))
+        for conn in self.conns.values():
+            conn.send({"cmd": "end"})
+        ends = {s: self._recv(s) for s in self.conns}
+        committed = {ends[s]["step_index"] for s in trainers}
+        cursors = {ends[s]["cursor"] for s in trainers}
+        # Exactly once through the controller: every training step committed once, the sampler at the
+        # end of the trajectory stream, the world as the coordinator planned it.
+        record["controller"] = {"committed_steps": sorted(committed), "sampler_cursor": sorted(cursors),
+                                "resizes": ends[trainers[0]]["resizes"], "world": ends[trainers[0]]["world"],
+                                "events": str(events_path)}
+        if committed != {c.steps} or cursors != {c.steps * c.prompts_per_step * c.group_size}:
+            raise AssertionError(f"run {name}: the trainers committed {sorted(committed)} steps (sampler at {sorted(cursors)}), "
+                                 f"expected {c.steps}")
+        if [ends[s]["rank"] for s in trainers] != list(range(len(trainers))):
+            raise AssertionError(f"run {name}: the trainers' ranks {[ends[s]['rank'] for s in trainers]} are not the planned order")
         record["wall_s"] = time.perf_counter() - t_run
         usage1 = self.cpu_usage()
         record["cpu_s"] = {s: usage1[s] - usage0.get(s, 0.0) for s in usage1}
@@ -363,9 +400,9 @@ class LiveRL:
                             "in_flight_at_switch": 0, "requeued": 0}
         return self._finish(record)
 
-    def _shards(self, trajs: list[dict[str, Any]], trainers: list[int], version: int) -> dict[int, dict[str, Any]]:
-        """GRPO advantages per prompt group, then the batch split over the trainers by tokens
-        (longest first onto the least loaded): the gradient is the same for any split."""
+    def _batch(self, trajs: list[dict[str, Any]], step: int, version: int) -> dict[str, Any]:
+        """A training step's batch with GRPO advantages per prompt group; every trainer gets all of
+        it, in one order, and trains on the positions the controller's sampler gives its rank."""
         groups: dict[int, list[dict[str, Any]]] = {}
         for t in trajs:
             if version - t["version"] > 1:
@@ -377,18 +414,17 @@ class LiveRL:
             std = statistics.pstdev(rewards)
             for t in g:
                 t["advantage"] = (t["reward"] - mean) / (std + 1e-6) if std > 1e-9 else 0.0
-        total = sum(len(t["tokens"]) for t in trajs)
-        load = {s: 0 for s in trainers}
-        out = {s: {"trajectories": [], "global_tokens": total} for s in trainers}
-        for t in sorted(trajs, key=lambda t: (-len(t["tokens"]), t["key"])):
-            s = min(trainers, key=lambda x: (load[x], x))
-            out[s]["trajectories"].append(t)
-            load[s] += len(t["tokens"])
-        return out
+        ordered = sorted(trajs, key=lambda t: t["key"])
+        return {"trajectories": ordered, "global_tokens": sum(len(t["tokens"]) for t in trajs), "step": step}
 
-    def _phase(self, p: int, rollout_slots: list[int], trainers: list[int], epoch: int, joiners: list[int], queue: deque[dict[str, Any]],
-               shards: dict[int, dict[str, Any]], version: int, ledger: dict[int, str], batches: dict[int, list[dict[str, Any]]],
-               gen_batch: int | None) -> dict[str, Any]:
+    def _capacity(self, trainers: int, leave: list[int]) -> None:
+        """Sizes the trainers' world from outside: its ``capacity`` key (min = max = the new size;
+        ``leave`` names the slots that go), read by the leader at the next step boundary."""
+        cap = {"min_size": trainers, "max_size": trainers, "leave": sorted(self._uid[s] for s in leave)}
+        self.store.set(f"{self._job_key}/capacity", json.dumps(cap))
+
+    def _phase(self, p: int, rollout_slots: list[int], trainers: list[int], queue: deque[dict[str, Any]], shard: dict[str, Any] | None,
+               version: int, ledger: dict[int, str], batches: dict[int, list[dict[str, Any]]], gen_batch: int | None) -> dict[str, Any]:
         t0 = time.perf_counter()
         gen_version = version
         # The router spreads the batch over the rollout engines (round robin, at most an engine's
@@ -403,8 +439,7 @@ class LiveRL:
         for s in rollout_slots:
             self.conns[s].send({"cmd": "phase", "role": "rollout", "version": gen_version, "seqs": first[s], "more": bool(queue)})
         for s in trainers:
-            self.conns[s].send({"cmd": "phase", "role": "train", "trainers": trainers, "epoch": epoch, "joiners": joiners,
-                                "shard": shards.get(s), "digest": self._digests})
+            self.conns[s].send({"cmd": "phase", "role": "train", "shard": shard, "digest": self._digests})
         generated: list[dict[str, Any]] = []
         rollout_stats: dict[int, dict[str, Any]] = {}
         train_stats: dict[int, dict[str, Any]] = {}
@@ -450,7 +485,20 @@ class LiveRL:
             batches[gen_batch] = generated
         rollout_s = (rollout_end - t0) if generated else 0.0
         train_s = (train_end - t0) if train_stats else 0.0
-        trained = sum(len(sh["trajectories"]) for sh in shards.values())
+        # Exactly once: the trainers' sampler shares cover the step's batch, each trajectory once.
+        trained_keys = [k for st in train_stats.values() for k in st.get("trained_keys", [])]
+        if shard is not None and sorted(trained_keys) != [t["key"] for t in shard["trajectories"]]:
+            raise AssertionError(f"phase {p}: the trainers trained {len(trained_keys)} trajectories "
+                                 f"({len(set(trained_keys))} distinct) of a batch of {len(shard['trajectories'])}")
+        for key in trained_keys:
+            if ledger.get(key) != "generated":
+                raise AssertionError(f"ledger: sequence {key} trained while {ledger.get(key)}")
+            ledger[key] = "trained"
+        for slot, st in train_stats.items():
+            if st["rank"] != trainers.index(slot) or st["world"] != len(trainers):
+                raise AssertionError(f"phase {p}: slot {slot} is rank {st['rank']} of {st['world']}, "
+                                     f"planned {trainers.index(slot)} of {len(trainers)}")
+        trained = len(trained_keys)
         phase: dict[str, Any] = {
             "phase": p, "rollout": len(rollout_slots), "train": len(trainers), "rollout_s": rollout_s, "train_s": train_s,
             "stages_s": max(rollout_s, train_s), "trained_sequences": trained, "action": "hold", "switch_total_s": 0.0,
@@ -472,26 +520,40 @@ class LiveRL:
 
     def _switch_cost(self, sw: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
         """The cost split of a switch in the phase it took effect, and how much of it the phase
-        hid: exposed = this phase's stage time minus what it would have been without the
-        switch's blocking parts (rebuild and the optimizer wait on the trainers, the engine start
-        of a new rollout worker)."""
+        hid. The parts: the coordinator's decision and the joiners' registration (agree, serial),
+        then the controller's world change as its resize event reports it (the members' agreement,
+        the rebuild of the trainers' communicator, the state handed to joiners, the reshard), the
+        optimizer state a joiner received after the change (deferred restore), and a new rollout
+        worker's engine start. Exposed = this phase's stage time minus what it would have been
+        without the blocking parts (the trainers' boundary or a joiner's admission, the part of the
+        deferred transfer a joiner waited for at its optimizer step, the engine start)."""
         ts = phase["train_stats"]
         rs = phase["rollout_stats"]
-        rebuild = max((s.get("rebuild_s", 0.0) for s in ts.values()), default=0.0)
-        transfer = max((s.get("optimizer_transfer_s", 0.0) for s in ts.values()), default=0.0)
-        wait_s = max((s.get("optimizer_wait_s", 0.0) for s in ts.values() if s.get("joined")), default=0.0)
+        events = [st["event"] for st in list(ts.values()) + list(rs.values()) if st.get("event")]
+        cost = (events[0].get("cost_s") or {}) if events else {}
+        blocking = max((st.get("boundary_s", 0.0) + st.get("join_s", 0.0) + st.get("deferred_wait_s", 0.0) for st in ts.values()), default=0.0)
+        deferred = max((st.get("deferred_s", 0.0) for st in ts.values()), default=0.0)
         engine = max((rs[s].get("engine_start_s", 0.0) for s in sw["slots"] if s in rs), default=0.0)
-        clean_train = max(0.0, phase["train_s"] - rebuild - wait_s) if phase["train_s"] else 0.0
-        clean_rollout = max(0.0, phase["rollout_s"] - engine) if phase["rollout_s"] else 0.0
+        leave = max((rs[s].get("leave_s", 0.0) for s in sw["slots"] if s in rs), default=0.0)
+        clean_train = max(0.0, phase["train_s"] - blocking) if phase["train_s"] else 0.0
+        clean_rollout = max(0.0, phase["rollout_s"] - engine - leave) if phase["rollout_s"] else 0.0
         exposed = max(0.0, phase["stages_s"] - max(clean_rollout, clean_train)) + sw["agree_s"]
-        total = sw["agree_s"] + rebuild + transfer + engine
+        split = {
+            "agree_s": sw["agree_s"] + float(cost.get("agree", 0.0)),
+            "rebuild_s": float(cost.get("rebuild", 0.0)),
+            "state_s": float(cost.get("state_transfer", 0.0)) + float(cost.get("reshard", 0.0)),
+            "weights_s": 0.0,
+            "optimizer_s": deferred,
+            "rollout_start_s": engine,
+        }
+        total = sum(split.values())
         return {
-            "phase": sw["phase"], "direction": sw["direction"], "moved": sw["moved"], "slots": sw["slots"],
-            "cost_split": {"agree_s": sw["agree_s"], "rebuild_s": rebuild, "weights_s": 0.0, "optimizer_s": transfer,
-                           "rollout_start_s": engine},
+            "phase": sw["phase"], "direction": sw["direction"], "moved": sw["moved"], "slots": sw["slots"], "cost_split": split,
             "weights_note": "a joiner already holds the current weights from the step's weight sync",
-            "total_s": total, "exposed_s": min(exposed, total), "hidden_s": max(0.0, total - exposed),
-            "optimizer_wait_s": wait_s, "reason": sw["reason"], "predicted_payback_steps": sw["predicted_payback_steps"],
+            "event": events[0] if events else None,
+            "total_s": total, "exposed_s": min(exposed, total), "hidden_s": max(0.0, total - min(exposed, total)),
+            "deferred_wait_s": max((st.get("deferred_wait_s", 0.0) for st in ts.values()), default=0.0),
+            "reason": sw["reason"], "predicted_payback_steps": sw["predicted_payback_steps"],
         }
 
     def _observe(self, policy: Any, phase: dict[str, Any], trainers: int) -> None:

@@ -5,13 +5,19 @@ the coordinator says so:
 
 - weights reach every slot over one Gloo group of all slots (``weights``), built once at start
   and reused for every step's weight sync;
-- the trainers form a data-parallel world, one Gloo group per membership epoch
-  (``trainers/<epoch>``); a trainer that leaves (trainer -> rollout) drops out of the next epoch's
-  group (an in-place shrink: the others rebuild without it and go on) and starts a rollout engine;
-  a rollout worker that joins (rollout -> trainer) already holds the current weights (from the
-  weight sync) and receives the optimizer state from the trainers' leader *while* it computes
-  its first step's forward and backward (deferred optimizer restore): only the part of the
-  transfer that outlasts that compute is exposed;
+- the trainers are a ``dra.elastic`` world (``dra.Controller`` with ``policy="none"``,
+  ``release="return"``, ``capacity_poll_s=0``), one elastic job per run. The coordinator sizes it
+  from outside through the job's ``capacity`` key. A trainer it names in ``leave`` is released at
+  its next ``ctl.step`` (an in-place shrink: the others rebuild without it and go on) and starts
+  a rollout engine in the same process; a rollout worker that becomes a trainer enters with
+  ``ctl.try_join()`` (an in-place grow: the world's leader hands it the training state, and the
+  sampler's position). The world's leader hands it only what it lacks: it already holds the
+  current weights from the weight sync, so with ``handoff="deferred"`` the parameters are checked
+  by digest, not sent, and the Adam moments arrive while it computes its first forward and
+  backward (the controller's deferred optimizer restore).
+- which trajectories a trainer trains on comes from the controller's sampler over the stream of
+  trajectories (one global batch per step): every trajectory is trained exactly once, whatever
+  the world did;
 - every generation carries the policy version it was sampled with.
 
 Control messages come from the coordinator over a ``multiprocessing.connection`` (pickled dicts).
@@ -45,53 +51,87 @@ def _unflat(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def balanced_order(lengths: list[int], shares: list[int]) -> list[int]:
+    """A step's trajectories in the order the sampler's positions address them: rank r's
+    contiguous share of ``shares[r]`` positions holds a set of trajectories of about equal tokens
+    (longest first onto the least loaded rank with room). The same on every rank, and a
+    permutation: the union of the shares is the step's batch, once."""
+    bins: list[list[int]] = [[] for _ in shares]
+    load = [0] * len(shares)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min((r for r in range(len(shares)) if len(bins[r]) < shares[r]), key=lambda r: (load[r], r))
+        bins[r].append(i)
+        load[r] += lengths[i]
+    return [i for b in bins for i in b]
+
+
 class SlotWorker:
     def __init__(self, slot: int, conn: Any, init: dict[str, Any]) -> None:
         self.slot, self.conn, self.init = slot, conn, init
         self.timeout = timedelta(seconds=float(init.get("timeout_s", 120.0)))
         torch.set_num_threads(1)
-        self.model = PolicyModel(ModelConfig(**init["model"]))
-        self.params = list(self.model.parameters())
         self.store = dist.TCPStore(init["store_host"], init["store_port"], is_master=False, timeout=self.timeout)
         self.job = init["job"]
         t0 = time.perf_counter()
         self.weights_pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{self.job}/weights", self.store), slot, init["slots"], self.timeout)
         self.weights_group_s = time.perf_counter() - t0
         self.role = "none"
-        self.epoch = -1
-        self.pg: Any = None
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.ctl: Any = None
         self.engine: RolloutEngine | None = None
         self.version = 0
+        self._new_model()
+
+    def _new_model(self) -> None:
+        # A fresh model per run: the elastic controller's gradient hooks live on its parameters.
+        self.model = PolicyModel(ModelConfig(**self.init["model"]))
+        self.params = list(self.model.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=self.init["lr"], betas=(0.9, 0.99))
 
     # ---- run lifecycle ------------------------------------------------------------------------
     def reset(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """A new run: the pretrained weights, no optimizer state, no role yet."""
+        """A new run: the pretrained weights, no optimizer state, and a new elastic job whose first
+        world is the run's first trainers (uids 0..trainers-1); a slot that starts as a rollout
+        worker is released from the start (``release="return"``) and enters with ``try_join``."""
+        import dra
+        from dra.elastic import ElasticSampler
+
+        if self.ctl is not None:
+            self.ctl.finish()
+        self.ctl = None
+        self._new_model()
         self.model.load_state_dict(torch.load(msg["weights"], weights_only=True))
-        self.role, self.pg, self.optimizer, self.engine, self.version = "none", None, None, None, 0
+        self.engine, self.version, self.pending_loss = None, 0, None
         self.run = msg["run"]
-        return {"reset": self.slot}
+        job = msg["job"]
+        # The trajectory stream: one global batch per training step, in order (no shuffle: a
+        # step's positions are that step's trajectories).
+        self.batch = int(job["global_batch"])
+        self.sampler = ElasticSampler(int(job["steps"]) * self.batch, self.batch, shuffle=False)
+        os.environ.update(RANK=str(msg["uid"]), WORLD_SIZE=str(self.init["slots"]), DRA_JOB_ID=job["id"])
+        os.environ.pop("DRA_JOIN", None)
+        self.ctl = dra.Controller(model=self.model, optimizer=self.optimizer, sampler=self.sampler,
+                                  store_address=(self.init["store_host"], self.init["store_port"]), **job["options"])
+        self.role = "train" if self.ctl.is_member else "rollout"
+        return {"reset": self.slot, "uid": self.ctl.uid, "role": self.role, "rank": self.ctl.rank}
 
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.params, lr=self.init["lr"], betas=(0.9, 0.99))
+    def end(self) -> dict[str, Any]:
+        """The end of a run: the trainers commit the last step and finish the job."""
+        out: dict[str, Any] = {"ended": self.slot, "role": self.role}
+        if self.role == "train":
+            if self.pending_loss is not None:
+                self._boundary()
+            out.update(step_index=self.ctl.step_index, cursor=self.sampler.cursor, rank=self.ctl.rank, world=self.ctl.world_size,
+                       resizes=self.ctl.resizes)
+        self.ctl.finish()
+        return out
 
-    # ---- optimizer state as one flat tensor (the deferred restore's payload) -----------------
+    # ---- optimizer state as one flat tensor (the trainers' digests) --------------------------
     def _optimizer_flat(self) -> torch.Tensor:
-        assert self.optimizer is not None
         st = [self.optimizer.state.get(p, {}) for p in self.params]
         if not st or "exp_avg" not in st[0]:
             return torch.zeros(2 * sum(p.numel() for p in self.params) + 1)
         step = float(st[0]["step"])
         return torch.cat([_flat([s["exp_avg"] for s in st]), _flat([s["exp_avg_sq"] for s in st]), torch.tensor([step])])
-
-    def _install_optimizer(self, flat: torch.Tensor) -> None:
-        assert self.optimizer is not None
-        n = sum(p.numel() for p in self.params)
-        step = float(flat[-1])
-        if step == 0.0:
-            return  # the world has not stepped yet: nothing to restore
-        for p, m, v in zip(self.params, _unflat(flat[:n], self.params), _unflat(flat[n : 2 * n], self.params)):
-            self.optimizer.state[p] = {"step": torch.tensor(step), "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
 
     # ---- one phase ---------------------------------------------------------------------------
     def phase(self, msg: dict[str, Any]) -> None:
@@ -100,103 +140,110 @@ class SlotWorker:
         else:
             self._rollout(msg)
 
+    def _boundary(self) -> tuple[Any, float]:
+        """The previous step's boundary (``ctl.step``): it commits the step, and a world change the
+        coordinator asked for through ``capacity`` happens here."""
+        t0 = time.perf_counter()
+        status = self.ctl.step(self.pending_loss)
+        self.pending_loss = None
+        return status, time.perf_counter() - t0
+
+    def register(self) -> dict[str, Any]:
+        """A rollout worker about to become a trainer registers as a candidate first, so that the
+        world's leader sees it at the boundary where the coordinator's capacity admits it."""
+        if self.role != "rollout":
+            raise RuntimeError(f"slot {self.slot}: asked to join the trainers while {self.role}")
+        admitted = self.ctl.try_join()  # the first call registers (admission needs the members' boundary)
+        return {"registered": self.slot, "admitted": admitted}
+
     def _train(self, msg: dict[str, Any]) -> None:
         t_start = time.perf_counter()
-        trainers: list[int] = msg["trainers"]
+        ctl = self.ctl
         joining = self.role != "train"
-        rebuild_s = 0.0
+        boundary_s = join_s = 0.0
+        event: Any = None
         if joining:
             self.engine = None  # the rollout engine's KV cache goes
-            self.optimizer = self._new_optimizer()
-        if msg["epoch"] != self.epoch or self.pg is None:
+            deadline = time.monotonic() + self.timeout.total_seconds()
             t0 = time.perf_counter()
-            self.pg = dist.ProcessGroupGloo(
-                dist.PrefixStore(f"{self.job}/{self.run}/trainers/{msg['epoch']}", self.store), trainers.index(self.slot), len(trainers), self.timeout
-            )
-            rebuild_s = time.perf_counter() - t0
-            self.epoch = msg["epoch"]
+            while not ctl.try_join():
+                if ctl.role in ("finished", "rejected") or time.monotonic() > deadline:
+                    raise RuntimeError(f"slot {self.slot}: not admitted to the trainers' world ({ctl.role}) within {self.timeout}")
+                time.sleep(0.002)
+            join_s = time.perf_counter() - t0
+        elif self.pending_loss is not None:
+            status, boundary_s = self._boundary()
+            if status.released:
+                raise RuntimeError(f"slot {self.slot}: released by the trainers' world while the coordinator kept it training")
+            event = status.event
         self.role = "train"
-        rank = trainers.index(self.slot)
-        # Deferred optimizer restore: the leader sends its optimizer state to each joiner, which
-        # receives it while computing; only the wait after backward is exposed.
-        joiners = [trainers.index(j) for j in msg.get("joiners", [])]
-        pending: list[Any] = []
-        recv_buf = None
-        t_post = time.perf_counter()
-        if joiners and rank == 0:
-            payload = self._optimizer_flat()
-            pending = [self.pg.send([payload], j, 7) for j in joiners]
-        elif rank in joiners:
-            recv_buf = torch.zeros(2 * sum(p.numel() for p in self.params) + 1)
-            pending = [self.pg.recv([recv_buf], 0, 7)]
-        stats: dict[str, Any] = {"slot": self.slot, "rebuild_s": rebuild_s, "joined": joining}
+        stats: dict[str, Any] = {"slot": self.slot, "joined": joining, "boundary_s": boundary_s, "join_s": join_s, "event": event,
+                                 "rank": ctl.rank, "world": ctl.world_size}
         shard = msg.get("shard")
-        if shard is None:  # a switch phase without a batch to train on (the pipeline's fill phase)
-            for w in pending:
-                w.wait()
-            if recv_buf is not None:
-                self._install_optimizer(recv_buf)
+        if shard is None:  # the pipeline's fill phase: nothing to train on yet
             stats.update(train_s=time.perf_counter() - t_start, compute_s=0.0, sync_s=0.0, tokens=0)
             self.conn.send({"train_done": stats})
             return
+        trajs = shard["trajectories"]
+        step = int(shard["step"])
+        if len(trajs) != self.batch or self.sampler.cursor != step * self.batch:
+            raise AssertionError(f"slot {self.slot}: the sampler stands at {self.sampler.cursor}, step {step} of {len(trajs)} "
+                                 f"trajectories starts at {step * self.batch}: a step was skipped or repeated")
+        world = ctl.world_size
+        shares = [len(self.sampler._native.indices_at(self.sampler.cursor, world, r)) for r in range(world)]
+        order = balanced_order([len(t["tokens"]) for t in trajs], shares)
+        mine = [trajs[order[i - step * self.batch]] for i in self.sampler.indices()]
+        stats["trained_keys"] = [t["key"] for t in mine]
         t0 = time.perf_counter()
         self.model.train()
-        loss_sum = torch.zeros(())
-        tokens = 0
-        if shard["trajectories"]:
-            trajs = shard["trajectories"]
-            logp, mask = answer_logprobs(self.model, [tuple(t["prompt"]) for t in trajs], [t["tokens"] for t in trajs])
-            width = logp.shape[1]
-            behaviour = torch.zeros_like(logp)
-            adv = torch.tensor([t["advantage"] for t in trajs], dtype=torch.float32).unsqueeze(1)
-            for i, t in enumerate(trajs):
-                behaviour[i, : len(t["logprobs"])] = torch.tensor(t["logprobs"][:width])
-            ratio = torch.exp(logp - behaviour)
-            clip = self.init["clip"]
-            per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
-            loss_sum = (per_token * mask).sum()
-            tokens = int(mask.sum())
-            (loss_sum / shard["global_tokens"]).backward()
-        compute_s = time.perf_counter() - t0
-        t_wait = time.perf_counter()
-        for w in pending if rank in joiners else []:
-            w.wait()
-        optimizer_wait_s = time.perf_counter() - t_wait
-        optimizer_transfer_s = time.perf_counter() - t_post if rank in joiners else 0.0
-        if recv_buf is not None:
-            self._install_optimizer(recv_buf)
-        t_sync = time.perf_counter()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = _flat(grads)
-        flat = torch.cat([flat, loss_sum.detach().reshape(1)])
-        self.pg.allreduce([flat]).wait()
-        for p, g in zip(self.params, _unflat(flat[:-1], self.params)):
-            p.grad = g.clone()
-        sync_s = time.perf_counter() - t_sync
+        logp, mask = answer_logprobs(self.model, [tuple(t["prompt"]) for t in mine], [t["tokens"] for t in mine])
+        width = logp.shape[1]
+        behaviour = torch.zeros_like(logp)
+        adv = torch.tensor([t["advantage"] for t in mine], dtype=torch.float32).unsqueeze(1)
+        for i, t in enumerate(mine):
+            behaviour[i, : len(t["logprobs"])] = torch.tensor(t["logprobs"][:width])
+        ratio = torch.exp(logp - behaviour)
+        clip = self.init["clip"]
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+        # The GRPO loss is a sum over the step's tokens / all its tokens; the controller weights each
+        # rank's gradient by its share of the samples, so the share's factor is undone here.
+        loss = (per_token * mask).sum() / shard["global_tokens"] * (self.batch / len(mine))
+        tokens = int(mask.sum())
+        loss.backward()  # the controller's hooks all-reduce the gradient buckets during backward
+        sync_s = self.ctl.model.reduce_s  # the all-reduces inside backward (blocking on CPU)
+        compute_s = time.perf_counter() - t0 - sync_s
         t_opt = time.perf_counter()
-        assert self.optimizer is not None
         torch.nn.utils.clip_grad_norm_(self.params, self.init["max_grad_norm"])
-        self.optimizer.step()
+        ctl.optimizer.step()  # applied only when the step's reduction succeeded
         self.optimizer.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t_opt
-        for w in pending if rank == 0 else []:
-            w.wait()
+        self.pending_loss = float(loss.detach())
+        if joining or event:
+            # This step's handoff (the joiner received, the leader sent): the deferred optimizer
+            # state's transfer time and how long the optimizer step waited for it (exposed).
+            h = ctl.handoff
+            stats.update(deferred_s=h["deferred_s"], deferred_wait_s=h["wait_s"], handoff=h)
         if msg.get("digest"):  # tests: every trainer must hold the same parameters and optimizer state
             stats["param_digest"] = float(_flat(self.params).double().sum())
             stats["optimizer_digest"] = float(self._optimizer_flat().double().sum())
         stats.update(
-            train_s=time.perf_counter() - t_start, compute_s=compute_s, sync_s=sync_s, optimizer_step_s=step_s,
-            optimizer_wait_s=optimizer_wait_s, optimizer_transfer_s=optimizer_transfer_s, tokens=tokens,
-            loss=float(flat[-1]) / max(1, shard["global_tokens"]),
+            train_s=time.perf_counter() - t_start, compute_s=compute_s, sync_s=sync_s, optimizer_step_s=step_s, tokens=tokens,
+            loss=self.pending_loss * len(mine) / self.batch, samples=len(mine),
         )
         self.conn.send({"train_done": stats})
 
     def _rollout(self, msg: dict[str, Any]) -> None:
         t_start = time.perf_counter()
-        engine_start_s = 0.0
-        if self.role != "rollout" or self.engine is None:
+        engine_start_s = leave_s = 0.0
+        event: Any = None
+        if self.role == "train":
+            # Named in capacity's "leave": released at this boundary (the others shrink without it).
+            status, leave_s = self._boundary()
+            if not status.released:
+                raise RuntimeError(f"slot {self.slot}: the coordinator moved it to rollout but the trainers' world kept it")
+            event = status.event
+        if self.engine is None:
             t0 = time.perf_counter()
-            self.pg, self.optimizer, self.epoch = None, None, -1  # out of the trainers' world
             self.engine = RolloutEngine(self.model, self.init["rollout_slots"], self.init["seed"])
             engine_start_s = time.perf_counter() - t0
         self.role = "rollout"
@@ -243,7 +290,7 @@ class SlotWorker:
                 segments.append([c, ctx, 1, s])
         for seg in segments:
             seg[1] /= seg[2]
-        self.conn.send({"rollout_done": {"slot": self.slot, "engine_start_s": engine_start_s, "busy_s": busy,
+        self.conn.send({"rollout_done": {"slot": self.slot, "engine_start_s": engine_start_s, "leave_s": leave_s, "event": event, "busy_s": busy,
                                          "rollout_s": time.perf_counter() - t_start, "segments": segments}})
 
     def _trajectory(self, s: Sequence) -> dict[str, Any]:
@@ -282,6 +329,10 @@ def main() -> int:
             break
         if cmd == "reset":
             conn.send(worker.reset(msg))
+        elif cmd == "register":
+            conn.send(worker.register())
+        elif cmd == "end":
+            conn.send(worker.end())
         elif cmd == "phase":
             worker.phase(msg)
         elif cmd == "sync":
