@@ -41,6 +41,8 @@ py::dict prediction_to_dict(const stage_prediction& p) {
   d["train"] = p.train;
   d["rollout_s"] = p.rollout_s;
   d["train_s"] = p.train_s;
+  d["rollout_sd_s"] = p.rollout_sd_s;
+  d["train_sd_s"] = p.train_sd_s;
   d["weight_sync_s"] = p.weight_sync_s;
   d["step_s"] = p.step_s;
   return d;
@@ -195,6 +197,9 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("prior_switch_cost_s", &stage_balance_config::prior_switch_cost_s)
       .def_readwrite("switch_cost_smoothing", &stage_balance_config::switch_cost_smoothing)
       .def_readwrite("weight_sync_smoothing", &stage_balance_config::weight_sync_smoothing)
+      .def_readwrite("expected_max", &stage_balance_config::expected_max,
+                     "One-step-off objective: E[max(rollout, train)] over the batches' spread (True), or the max "
+                     "of the two means (False).")
       .def_readwrite("lengths", &stage_balance_config::lengths)
       .def_readwrite("generation", &stage_balance_config::generation)
       .def_readwrite("training", &stage_balance_config::training)

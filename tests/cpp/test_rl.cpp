@@ -252,7 +252,12 @@ TEST_CASE("rl.policy.synchronous_pipeline_minimises_the_sum") {
   }
   for (int r = 1; r < 8; ++r) {
     const auto pa = a.predict(r, 512), pb = b.predict(r, 512);
-    CHECK(pa.step_s == doctest::Approx(std::max(pa.rollout_s, pa.train_s)));
+    // One-step-off: the expected slower stage over the batches' spread, never below the slower mean.
+    CHECK(pa.rollout_sd_s > 0.0);
+    CHECK(pa.train_sd_s > 0.0);
+    CHECK(pa.step_s == doctest::Approx(dra::policy::detail::expected_max(pa.rollout_s, pa.rollout_sd_s, pa.train_s,
+                                                                         pa.train_sd_s)));
+    CHECK(pa.step_s >= std::max(pa.rollout_s, pa.train_s));
     CHECK(pb.step_s == doctest::Approx(pb.rollout_s + pb.train_s));
   }
   const auto db = b.decide(state_of(4, 8, 512));
@@ -675,4 +680,68 @@ TEST_CASE("rl.sim.inputs_checked") {
   }
   CHECK(length_distribution::from_csv(path).values == std::vector<double>{5.0, 7.0});
   std::remove(path.c_str());
+}
+
+TEST_CASE("rl.policy.expected_max_of_two_varying_stages") {
+  using dra::policy::detail::expected_max;
+  CHECK(expected_max(3.0, 0.0, 2.0, 0.0) == 3.0);
+  CHECK(expected_max(2.0, 0.0, 3.0, 0.0) == 3.0);
+  // Balanced stages cost more than either mean: m + s / sqrt(pi) for two equal normals.
+  CHECK(expected_max(2.0, 0.5, 2.0, 0.5) == doctest::Approx(2.0 + 0.5 / std::sqrt(3.14159265358979)));
+  CHECK(expected_max(1.0, 0.3, 2.5, 0.4) == doctest::Approx(expected_max(2.5, 0.4, 1.0, 0.3)));
+  // Against sampling.
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> x(2.6, 0.9), y(2.4, 0.7);
+  double sum = 0.0;
+  const int n = 400000;
+  for (int i = 0; i < n; ++i) sum += std::max(x(rng), y(rng));
+  CHECK(expected_max(2.6, 0.9, 2.4, 0.7) == doctest::Approx(sum / n).epsilon(0.005));
+  // A well-separated pair is the slower mean.
+  CHECK(expected_max(5.0, 0.2, 1.0, 0.2) == doctest::Approx(5.0).epsilon(1e-6));
+}
+
+TEST_CASE("rl.policy.variable_stages_are_not_balanced_on_their_means_alone") {
+  // The stages' spread makes a split balanced on average slower than its means say; without
+  // expected_max the policy cannot see it.
+  world w;
+  w.decode_fixed_s = 0.05;
+  w.train_per_token_s = 2.6e-3;  // the stages cross near 4 / 4
+  auto with = quick_config();
+  auto without = quick_config();
+  without.expected_max = false;
+  stage_balance_policy a(with), b(without);
+  std::mt19937_64 rng(9);
+  std::lognormal_distribution<double> dist(5.5, 0.8);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<double> lengths(512);
+    for (auto& l : lengths) l = dist(rng);
+    std::size_t ia = 0, ib = 0;
+    w.feed(a, 512, 4, 4, [&] { return lengths[ia++]; });
+    w.feed(b, 512, 4, 4, [&] { return lengths[ib++]; });
+  }
+  int closest = 1;
+  double closest_rel = 1e300;
+  for (int r = 1; r < 8; ++r) {
+    const auto pa = a.predict(r, 512), pb = b.predict(r, 512);
+    CHECK(pa.rollout_s == doctest::Approx(pb.rollout_s));
+    CHECK(pa.train_s == doctest::Approx(pb.train_s));
+    CHECK(pb.step_s == doctest::Approx(std::max(pb.rollout_s, pb.train_s) + pb.weight_sync_s));
+    CHECK(pa.step_s >= pb.step_s);
+    const double rel = std::abs(pa.rollout_s - pa.train_s) / std::max(pa.rollout_s, pa.train_s);
+    if (rel < closest_rel) closest_rel = rel, closest = r;
+  }
+  // Where the means are closest, the spread costs most: more than at the most unbalanced split.
+  const auto bal_a = a.predict(closest, 512), bal_b = b.predict(closest, 512);
+  const auto far_a = a.predict(7, 512), far_b = b.predict(7, 512);
+  CHECK(bal_a.step_s - bal_b.step_s > far_a.step_s - far_b.step_s);
+  // So the best split differs: the means balance at 4 / 4, but rollout's spread makes the split
+  // that leaves training a margin (3 / 5) faster in expectation.
+  auto argmin = [](const stage_balance_policy& p) {
+    int best = 1;
+    for (int r = 1; r < 8; ++r)
+      if (p.predict(r, 512).step_s < p.predict(best, 512).step_s) best = r;
+    return best;
+  };
+  CHECK(argmin(b) == 4);
+  CHECK(argmin(a) == 3);
 }

@@ -160,11 +160,15 @@ def test_bad_options_are_named(live) -> None:
 def test_bench_rows_from_rotating_rounds(tmp_path) -> None:
     from dra.rl.live.bench import live_rows
 
-    rows = {r["name"]: r for r in live_rows(steps=2, rounds=2, config=tiny(slots=3), out_dir=str(tmp_path), quiet=True)}
+    rows = {r["name"]: r for r in live_rows(steps=3, rounds=2, config=tiny(slots=3), out_dir=str(tmp_path), quiet=True, switch_runs=1)}
     thr = rows["rl_live_throughput"]
     assert thr["baseline"]["name"] == "best_static_split" and thr["label"] == "measured"
     assert set(thr["median_samples_per_s"]) == {"static-1", "static-2", "dynamic"}
     assert thr["baseline"]["value"] == max(thr["median_samples_per_s"][n] for n in ("static-1", "static-2"))
     assert len(thr["per_round"]) == 2 and thr["exactly_once"] and thr["final_weights_identical"]
     assert rows["rl_switch_hidden_fraction"]["unit"] == "%" and "rl_payback_steps" in rows
+    # The scheduled run switches away from the best split and back: both directions are measured.
+    sched = rows["rl_switch_hidden_fraction"]["scheduled_switches"]
+    assert sorted(s["direction"] for s in sched) == ["to_rollout", "to_train"]
+    assert rows["rl_switch_hidden_fraction"]["scheduled_hidden"] is not None
     assert (tmp_path / "runs.json").is_file()

@@ -15,8 +15,15 @@
 //               0.5^(1/n) of the sketch);
 //   train(T)    from the Pollux throughput model (throughput_model.hpp) in tokens: the step time
 //               of T ranks at n (P + E[L]) / T tokens each;
-//   step(R)     = max(rollout, train) in the one-step-off pipeline (rollout of batch k+1 overlaps
-//               training on batch k) or rollout + train when synchronous; plus the weight sync.
+//   step(R)     = E[max(rollout, train)] in the one-step-off pipeline (rollout of batch k+1
+//               overlaps training on batch k) or rollout + train when synchronous; plus the
+//               weight sync. The two stages vary from batch to batch (the longest of n draws, the
+//               batch's total tokens), and a phase lasts as long as its slower stage, so two stages
+//               balanced on average cost more than either mean: with `expected_max` the objective
+//               is Clark's E[max] of two independent normal stages (batches k+1 and k are drawn
+//               independently) whose spreads come from the sketch: the longest draw's spread
+//               (its quantiles at 0.16^(1/n) and 0.84^(1/n)) or the busiest device's total
+//               sqrt(m) sd(L) for rollout, sqrt(n) sd(L) tokens for training.
 // Decision: the split minimising step(R); a switch only past the cooldown, after the same
 // direction was wanted for `hysteresis_decisions` consecutive decisions, when the predicted gain
 // clears `min_relative_gain`, and when it pays back: the measured exposed switch cost (per
@@ -131,6 +138,9 @@ struct stage_balance_config {
   double weight_sync_smoothing = 0.2;
   /// Generation lengths: half-life in sequences (the recent distribution follows a drift).
   signals::quantile_sketch_config lengths{0.01, 1.0, 1e7, 4096.0};
+  /// One-step-off objective: E[max(rollout, train)] over the batches' spread (true), or the max of
+  /// the two means (false: blind to the cost of balancing two variable stages).
+  bool expected_max = true;
   generation_model_config generation{};
   throughput_model_config training{};
 
@@ -177,7 +187,20 @@ struct stage_state {
 struct stage_prediction {
   int rollout = 0, train = 0;
   double rollout_s = 0.0, train_s = 0.0, weight_sync_s = 0.0, step_s = 0.0;
+  double rollout_sd_s = 0.0, train_sd_s = 0.0;  ///< batch-to-batch spread of each stage
 };
+
+namespace detail {
+/// E[max(X, Y)] of independent normals X ~ (m1, s1), Y ~ (m2, s2) (Clark, 1961).
+inline double expected_max(double m1, double s1, double m2, double s2) noexcept {
+  const double theta = std::sqrt(s1 * s1 + s2 * s2);
+  if (!(theta > 1e-12 * std::max(1.0, std::max(std::abs(m1), std::abs(m2))))) return std::max(m1, m2);
+  const double a = (m1 - m2) / theta;
+  const double cdf = 0.5 * std::erfc(-a / std::sqrt(2.0));
+  const double pdf = std::exp(-0.5 * a * a) / std::sqrt(2.0 * 3.14159265358979323846);
+  return m1 * cdf + m2 * (1.0 - cdf) + theta * pdf;
+}
+}  // namespace detail
 
 enum class stage_action { hold, to_rollout, to_train };
 
@@ -270,10 +293,27 @@ class stage_balance_policy {
     const double iterations = std::max(bulk, longest + 0.5 * late * late * bulk);
     p.rollout_s = generation_.fixed_s() * iterations + generation_.per_sequence_s() * per_device * mean +
                   generation_.per_kilotoken_s() * per_device * (prompt * mean + 0.5 * second) / 1000.0;
-    p.train_s = training_.step_time_s(p.train, n * (prompt + mean) / p.train);
-    p.step_s =
-        (config_.pipeline == rl_pipeline::one_step_off ? std::max(p.rollout_s, p.train_s) : p.rollout_s + p.train_s) +
-        weight_sync_s_;
+    const double tokens = n * (prompt + mean) / p.train;
+    p.train_s = training_.step_time_s(p.train, tokens);
+    // Batch-to-batch spread: the longest draw (or the busiest device's total) for rollout, the
+    // batch's total tokens for training.
+    const double sd = std::sqrt(std::max(0.0, second - mean * mean));
+    const double longest_sd =
+        n >= 1.0 ? 0.5 * std::max(0.0, lengths_.quantile(std::pow(0.8413, 1.0 / n)) -
+                                           lengths_.quantile(std::pow(0.1587, 1.0 / n)))
+                 : sd;
+    const bool tail_bound = longest + 0.5 * late * late * bulk >= bulk;
+    const double iterations_sd = tail_bound ? longest_sd : std::sqrt(per_device) * sd / slots;
+    const double fixed = generation_.fixed_s() * iterations_sd;
+    const double per_sequence = generation_.per_sequence_s() * std::sqrt(per_device) * sd;
+    p.rollout_sd_s = std::sqrt(fixed * fixed + per_sequence * per_sequence);
+    const double slope = training_.step_time_s(p.train, tokens + 1.0) - p.train_s;
+    p.train_sd_s = std::max(0.0, slope) * std::sqrt(n) * sd / p.train;
+    const double both = config_.pipeline != rl_pipeline::one_step_off ? p.rollout_s + p.train_s
+                        : config_.expected_max
+                            ? detail::expected_max(p.rollout_s, p.rollout_sd_s, p.train_s, p.train_sd_s)
+                            : std::max(p.rollout_s, p.train_s);
+    p.step_s = both + weight_sync_s_;
     return p;
   }
 

@@ -1230,6 +1230,14 @@ class StageBalanceConfig:
     def devices(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def expected_max(self) -> bool:
+        """
+        One-step-off objective: E[max(rollout, train)] over the batches' spread (True), or the max of the two means (False).
+        """
+    @expected_max.setter
+    def expected_max(self, arg0: bool) -> None:
+        ...
+    @property
     def hysteresis_decisions(self) -> int:
         ...
     @hysteresis_decisions.setter

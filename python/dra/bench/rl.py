@@ -15,6 +15,7 @@ Measured rows (``--live``): see ``dra.rl.live`` (docs/guide/rl.md).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -42,6 +43,7 @@ def sim_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
         "dynamic_hidden_fraction": dyn["hidden_fraction"],
         "bubble": {"dynamic": dyn["bubble_fraction"], "best_static": best["bubble_fraction"], "colocated": colo["bubble_fraction"]},
         "prediction_error_median": doc["summary"]["prediction_error"],
+        "prediction_bias": doc["summary"]["prediction_bias"],
     }
     return [
         result(f"rl_sim_throughput{suffix}", dyn["samples_per_s"], "samples/s", ("best_static_split", best["samples_per_s"]),
@@ -70,7 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-rounds", type=int, default=3, help="rounds of every live schedule, order rotating (default 3)")
     parser.add_argument("--live-seeds", type=int, default=1, help="runs of the best split under other seeds, for the reward noise (default 1: none)")
     parser.add_argument("--live-reward-steps", type=int, default=0, help="one longer run of the best split: does the reward rise? (default 0: none)")
+    parser.add_argument("--live-policy", metavar="JSON", default="{}",
+                        help="StageBalanceConfig options of the live dynamic run, e.g. '{\"expected_max\": false}' (the "
+                             "objective before 2026-12-01)")
+    parser.add_argument("--live-switch-runs", type=int, default=2,
+                        help="runs of the best split with a scheduled switch away and back, to measure both directions' "
+                             "switch costs even when the policy does not switch (default 2)")
     args = parser.parse_args(argv)
+    try:
+        policy = json.loads(args.live_policy)
+    except json.JSONDecodeError as e:
+        parser.error(f"--live-policy: not JSON ({e}); expected an object such as '{{\"expected_max\": false}}'")
+    if not isinstance(policy, dict):
+        parser.error(f"--live-policy: expected a JSON object of StageBalanceConfig options, got {args.live_policy!r}")
 
     results: list[dict[str, Any]] = []
     for name in args.scenarios:
@@ -96,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.live:
         from dra.rl.live.bench import live_rows
+        from dra.rl.live.coordinator import LiveConfig
 
         results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
-                             reward_steps=args.live_reward_steps)
+                             reward_steps=args.live_reward_steps, switch_runs=args.live_switch_runs,
+                             config=LiveConfig(steps=args.live_steps, policy=policy))
     write_report("rl", results, args.json)
     return 0
 

@@ -162,6 +162,7 @@ def simulate(
         "dynamic_bubble": dyn["bubble_fraction"],
         "best_static_bubble": best["bubble_fraction"],
         "prediction_error": _prediction_error(dyn),
+        "prediction_bias": _prediction_bias(dyn),
     }
     return raw
 
@@ -175,6 +176,14 @@ def _prediction_error(run: dict[str, Any]) -> float | None:
         if p > 0 and d > 0 and a == "hold"
     )
     return errs[len(errs) // 2] if errs else None
+
+
+def _prediction_bias(run: dict[str, Any]) -> float | None:
+    """Sum of the predicted phase durations / sum of the actual ones - 1 (the same phases as
+    _prediction_error): how far off the policy's view of the run's total time was."""
+    ph = run["phases"]
+    pairs = [(p, d) for p, d, a in zip(ph["predicted_s"], ph["duration_s"], ph["action"]) if p > 0 and d > 0 and a == "hold"]
+    return sum(p for p, _ in pairs) / sum(d for _, d in pairs) - 1.0 if pairs else None
 
 
 def markdown(doc: dict[str, Any]) -> str:

@@ -14,10 +14,14 @@ prompt stream and the pipeline:
   happen at phase boundaries, where no generation is in flight, so an in-flight generation is
   never cut: it finishes within its phase.
 - Static runs keep a split; the dynamic run asks ``StageBalancePolicy`` (the class the simulator
-  evaluates) at every boundary, feeding it what the run measured. A switch moves whole slots:
-  trainer -> rollout (the trainers rebuild their group without it: an in-place shrink) or
-  rollout -> trainer (an in-place grow: the joiner holds the current weights from the weight sync
-  and gets the optimizer state during its first step).
+  evaluates) at every boundary, feeding it what the run measured. The trainers are a
+  ``dra.elastic`` world (one elastic job per run) that this coordinator sizes from outside through
+  the job's ``capacity`` key, read by its leader at every step boundary (``capacity_poll_s=0``).
+  A switch moves whole slots: trainer -> rollout (named in ``leave``: released at the boundary,
+  the others shrink in place) or rollout -> trainer (registered first, admitted at the boundary:
+  an in-place grow whose deferred handoff sends no weights, the joiner holds them from the weight
+  sync, and the optimizer state during its first step). Every run ends with each training step
+  committed once by the controller and its sampler at the end of the trajectory stream.
 """
 
 from __future__ import annotations
