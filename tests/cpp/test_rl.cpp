@@ -255,8 +255,8 @@ TEST_CASE("rl.policy.synchronous_pipeline_minimises_the_sum") {
     // One-step-off: the expected slower stage over the batches' spread, never below the slower mean.
     CHECK(pa.rollout_sd_s > 0.0);
     CHECK(pa.train_sd_s > 0.0);
-    CHECK(pa.step_s == doctest::Approx(dra::policy::detail::expected_max(pa.rollout_s, pa.rollout_sd_s, pa.train_s,
-                                                                         pa.train_sd_s)));
+    CHECK(pa.step_s ==
+          doctest::Approx(dra::policy::detail::expected_max(pa.rollout_s, pa.rollout_sd_s, pa.train_s, pa.train_sd_s)));
     CHECK(pa.step_s >= std::max(pa.rollout_s, pa.train_s));
     CHECK(pb.step_s == doctest::Approx(pb.rollout_s + pb.train_s));
   }

@@ -298,10 +298,9 @@ class stage_balance_policy {
     // Batch-to-batch spread: the longest draw (or the busiest device's total) for rollout, the
     // batch's total tokens for training.
     const double sd = std::sqrt(std::max(0.0, second - mean * mean));
-    const double longest_sd =
-        n >= 1.0 ? 0.5 * std::max(0.0, lengths_.quantile(std::pow(0.8413, 1.0 / n)) -
-                                           lengths_.quantile(std::pow(0.1587, 1.0 / n)))
-                 : sd;
+    const double longest_sd = n >= 1.0 ? 0.5 * std::max(0.0, lengths_.quantile(std::pow(0.8413, 1.0 / n)) -
+                                                                 lengths_.quantile(std::pow(0.1587, 1.0 / n)))
+                                       : sd;
     const bool tail_bound = longest + 0.5 * late * late * bulk >= bulk;
     const double iterations_sd = tail_bound ? longest_sd : std::sqrt(per_device) * sd / slots;
     const double fixed = generation_.fixed_s() * iterations_sd;
