@@ -197,6 +197,9 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("prior_switch_cost_s", &stage_balance_config::prior_switch_cost_s)
       .def_readwrite("switch_cost_smoothing", &stage_balance_config::switch_cost_smoothing)
       .def_readwrite("weight_sync_smoothing", &stage_balance_config::weight_sync_smoothing)
+      .def_readwrite("group_size", &stage_balance_config::group_size,
+                     "Samples per prompt (GRPO's group): their lengths move together, so a step varies like "
+                     "sequences / group_size independent draws (1: independent).")
       .def_readwrite("expected_max", &stage_balance_config::expected_max,
                      "One-step-off objective: E[max(rollout, train)] over the batches' spread (True), or the max "
                      "of the two means (False).")

@@ -745,3 +745,29 @@ TEST_CASE("rl.policy.variable_stages_are_not_balanced_on_their_means_alone") {
   CHECK(argmin(b) == 4);
   CHECK(argmin(a) == 3);
 }
+
+TEST_CASE("rl.policy.grpo_groups_vary_like_fewer_independent_draws") {
+  // 512 sequences in groups of 8 samples per prompt: 64 independent lengths. The batch's total
+  // varies sqrt(8) times more, and the longest is the longest of 64 draws, not of 512.
+  world w;
+  auto one = quick_config();
+  auto grouped = quick_config();
+  grouped.group_size = 8;
+  stage_balance_policy a(one), b(grouped);
+  std::mt19937_64 rng(5);
+  std::lognormal_distribution<double> dist(5.5, 0.8);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<double> lengths(512);
+    for (auto& l : lengths) l = dist(rng);
+    std::size_t ia = 0, ib = 0;
+    w.feed(a, 512, 4, 4, [&] { return lengths[ia++]; });
+    w.feed(b, 512, 4, 4, [&] { return lengths[ib++]; });
+  }
+  const auto pa = a.predict(4, 512), pb = b.predict(4, 512);
+  CHECK(pb.train_s == doctest::Approx(pa.train_s));
+  CHECK(pb.train_sd_s == doctest::Approx(pa.train_sd_s * std::sqrt(8.0)));
+  CHECK(pb.rollout_s < pa.rollout_s);  // the longest of 64 draws is shorter than the longest of 512
+  auto bad = quick_config();
+  bad.group_size = 0;
+  expect_invalid([&] { bad.validate(); }, "group_size");
+}

@@ -22,8 +22,10 @@
 //               balanced on average cost more than either mean: with `expected_max` the objective
 //               is Clark's E[max] of two independent normal stages (batches k+1 and k are drawn
 //               independently) whose spreads come from the sketch: the longest draw's spread
-//               (its quantiles at 0.16^(1/n) and 0.84^(1/n)) or the busiest device's total
-//               sqrt(m) sd(L) for rollout, sqrt(n) sd(L) tokens for training.
+//               (its quantiles at 0.16^(1/d) and 0.84^(1/d)) or the busiest device's total
+//               sqrt(m g) sd(L) for rollout, sqrt(n g) sd(L) tokens for training, where a step's n
+//               sequences come in groups of g samples per prompt whose lengths move together
+//               (GRPO), so d = n / g draws are independent (L_max is the longest of d draws too).
 // Decision: the split minimising step(R); a switch only past the cooldown, after the same
 // direction was wanted for `hysteresis_decisions` consecutive decisions, when the predicted gain
 // clears `min_relative_gain`, and when it pays back: the measured exposed switch cost (per
@@ -141,6 +143,9 @@ struct stage_balance_config {
   /// One-step-off objective: E[max(rollout, train)] over the batches' spread (true), or the max of
   /// the two means (false: blind to the cost of balancing two variable stages).
   bool expected_max = true;
+  /// Samples per prompt (GRPO's group): their lengths move together (the prompt sets the answer),
+  /// so a step's n sequences vary like n / group_size independent draws. 1: independent.
+  int group_size = 1;
   generation_model_config generation{};
   throughput_model_config training{};
 
@@ -158,6 +163,8 @@ struct stage_balance_config {
     if (hysteresis_decisions < 1)
       dra::detail::throw_invalid("hysteresis_decisions", "must be >= 1, got " + std::to_string(hysteresis_decisions));
     if (max_move < 1) dra::detail::throw_invalid("max_move", "must be >= 1, got " + std::to_string(max_move));
+    if (group_size < 1)
+      dra::detail::throw_invalid("group_size", "must be >= 1 (samples per prompt), got " + std::to_string(group_size));
     if (!(min_relative_gain >= 0.0 && min_relative_gain < 1.0))
       dra::detail::throw_invalid("min_relative_gain", "must lie in [0, 1), got " + std::to_string(min_relative_gain));
     if (!(max_payback_steps > 0.0))
@@ -281,7 +288,10 @@ class stage_balance_policy {
     const double n = sequences;
     const double mean = lengths_.mean();
     const double second = lengths_.second_moment();
-    const double longest = std::max(mean, lengths_.expected_max_of(n));
+    // Samples of one prompt move together: a step holds n / g independent lengths.
+    const double group = std::min(static_cast<double>(config_.group_size), n);
+    const double draws = std::max(1.0, n / group);
+    const double longest = std::max(mean, lengths_.expected_max_of(draws));
     const double prompt = prompts_.mean();
     const double per_device = std::ceil(n / rollout);
     const double slots = config_.generation.max_concurrency;
@@ -298,16 +308,17 @@ class stage_balance_policy {
     // Batch-to-batch spread: the longest draw (or the busiest device's total) for rollout, the
     // batch's total tokens for training.
     const double sd = std::sqrt(std::max(0.0, second - mean * mean));
-    const double longest_sd = n >= 1.0 ? 0.5 * std::max(0.0, lengths_.quantile(std::pow(0.8413, 1.0 / n)) -
-                                                                 lengths_.quantile(std::pow(0.1587, 1.0 / n)))
-                                       : sd;
+    const double longest_sd = 0.5 * std::max(0.0, lengths_.quantile(std::pow(0.8413, 1.0 / draws)) -
+                                                      lengths_.quantile(std::pow(0.1587, 1.0 / draws)));
+    // The sd of a total of k lengths drawn in groups of g that move together: sqrt(k g) sd(L).
+    const double device_total_sd = std::sqrt(per_device * std::min(group, per_device)) * sd;
     const bool tail_bound = longest + 0.5 * late * late * bulk >= bulk;
-    const double iterations_sd = tail_bound ? longest_sd : std::sqrt(per_device) * sd / slots;
+    const double iterations_sd = tail_bound ? longest_sd : device_total_sd / slots;
     const double fixed = generation_.fixed_s() * iterations_sd;
-    const double per_sequence = generation_.per_sequence_s() * std::sqrt(per_device) * sd;
+    const double per_sequence = generation_.per_sequence_s() * device_total_sd;
     p.rollout_sd_s = std::sqrt(fixed * fixed + per_sequence * per_sequence);
     const double slope = training_.step_time_s(p.train, tokens + 1.0) - p.train_s;
-    p.train_sd_s = std::max(0.0, slope) * std::sqrt(n) * sd / p.train;
+    p.train_sd_s = std::max(0.0, slope) * std::sqrt(n * group) * sd / p.train;
     const double both = config_.pipeline != rl_pipeline::one_step_off ? p.rollout_s + p.train_s
                         : config_.expected_max
                             ? detail::expected_max(p.rollout_s, p.rollout_sd_s, p.train_s, p.train_sd_s)

@@ -1238,6 +1238,14 @@ class StageBalanceConfig:
     def expected_max(self, arg0: bool) -> None:
         ...
     @property
+    def group_size(self) -> int:
+        """
+        Samples per prompt (GRPO's group): their lengths move together, so a step varies like sequences / group_size independent draws (1: independent).
+        """
+    @group_size.setter
+    def group_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
     def hysteresis_decisions(self) -> int:
         ...
     @hysteresis_decisions.setter

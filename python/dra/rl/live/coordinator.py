@@ -281,7 +281,7 @@ class LiveRL:
         policy = None
         if dynamic:
             opts = {"devices": n_slots, "cooldown_steps": 4, "hysteresis_decisions": 2, "min_relative_gain": 0.05,
-                    "prior_switch_cost_s": 0.5, **c.policy}
+                    "prior_switch_cost_s": 0.5, "group_size": c.group_size, **c.policy}
             cfg = rl.StageBalanceConfig(**opts)
             cfg.generation.max_concurrency = c.rollout_slots
             cfg.lengths.half_life = 4.0 * c.prompts_per_step * c.group_size
