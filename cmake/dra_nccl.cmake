@@ -1,4 +1,4 @@
-# NCCL backend: headers only. dra loads libnccl at run time (dlopen, src/nccl/nccl_api_dl.cpp), so
+# NCCL backend: headers only. dra loads libnccl at run time (dlopen, src/comm/nccl/nccl_api_dl.cpp), so
 # neither libnccl nor libcudart is a link-time dependency: the build needs nccl.h and the CUDA
 # headers it includes (cuda_runtime.h, cuda_fp16.h, ...), nothing else.
 # Where they are looked for, in order: NCCL_ROOT / CUDA_HOME (environment), the CUDA toolkit at
@@ -46,7 +46,10 @@ if(DRA_NCCL_INCLUDE_DIR AND DRA_CUDART_INCLUDE_DIR AND _dra_nccl_header_version 
   target_include_directories(dra_nccl_deps INTERFACE ${DRA_NCCL_INCLUDE_DIR} ${DRA_CUDART_INCLUDE_DIR})
   target_link_libraries(dra_nccl_deps INTERFACE ${CMAKE_DL_LIBS})
   if(DRA_NCCL_LIBRARY)
-    target_compile_definitions(dra_nccl_deps INTERFACE DRA_NCCL_LIBRARY_HINT="${DRA_NCCL_LIBRARY}")
+    # Only the loader reads the hint (an absolute path): set on its source alone, so a moved venv
+    # recompiles one file, not the whole library.
+    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/comm/nccl/nccl_api_dl.cpp
+      PROPERTIES COMPILE_DEFINITIONS DRA_NCCL_LIBRARY_HINT="${DRA_NCCL_LIBRARY}")
   endif()
   message(STATUS "dra: NCCL backend ON (nccl.h ${_dra_nccl_header_version} in ${DRA_NCCL_INCLUDE_DIR}; "
     "CUDA headers in ${DRA_CUDART_INCLUDE_DIR}; libnccl loaded at run time)")

@@ -1,5 +1,5 @@
-// Bindings of RL post-training's stage balance (include/dra/policy/stage_balance.hpp) and the RL
-// pipeline simulator (include/dra/sim/rl_pipeline.hpp). Results come back as plain dicts so
+// Bindings of RL post-training's stage balance (include/dra/rl/stage_balance.hpp) and the RL
+// pipeline simulator (include/dra/rl/pipeline.hpp). Results come back as plain dicts so
 // dra.rl writes JSON, tables and plots without further glue.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "bindings.hpp"
-#include "dra/policy/stage_balance.hpp"
-#include "dra/sim/rl_pipeline.hpp"
+#include "dra/rl/stage_balance.hpp"
+#include "dra/rl/pipeline.hpp"
 #include "kwargs_init.hpp"
 
 namespace py = pybind11;

@@ -55,4 +55,9 @@ if [ "$(cat .venv/.pkg-stamp 2>/dev/null)" != "$src_hash" ] || ! .venv/bin/pytho
   echo "$src_hash" > .venv/.pkg-stamp
 fi
 flock -u 9
+
+# 4. The benchmark suites (benchmarks/dra_bench) are benchmark code, not part of the package: a path
+#    file puts them on this venv's path, so `python -m dra.bench <suite>` and its workers find them.
+site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$root/benchmarks" > "$site/dra_benchmarks.pth"
 say "ready: $(.venv/bin/python -c 'import dra, json; print(json.dumps(dra.build_info()))')"

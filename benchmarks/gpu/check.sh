@@ -70,7 +70,7 @@ fi
 # Absolute (steps run from other folders), without resolving a venv's symlink.
 py="$(cd "$(dirname "$(command -v "$py")")" && pwd)/$(basename "$py")"
 
-# A venv's interpreter brings its cmake/ninja along.
+# A venv's interpreter brings cmake and ninja along.
 PATH="$(dirname "$(command -v "$py")"):$PATH"
 
 say() { printf '[gpu-check %4ds] %s\n' "$(( $(date +%s) - start ))" "$*"; }

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dra.bench.nccl import TinyLM
+from dra_bench.nccl import TinyLM
 
 SUITE = "elastic_gpu"
 DEVICE = "cuda"  # --device cpu: the same script over Gloo on the CPU (to check the script itself)
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("elastic_gpu: no CUDA GPU visible to torch (--device cpu checks the script on the CPU)", file=sys.stderr)
         return 3
-    from dra.bench._report import result, write_report  # noqa: PLC0415
+    from dra_bench._report import result, write_report  # noqa: PLC0415
 
     store, port = start_store()
     os.environ.update(

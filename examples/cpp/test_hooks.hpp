@@ -5,12 +5,12 @@
 //                once: "attempt" (this rank's share of a step, written before the step's gradient
 //                reduction), "commit", "world" (after each world change entered), "fault" (an
 //                in-process fault about to happen), "final". The same records as the Python worker
-//                of the campaign (python/dra/bench/_faults/worker.py).
+//                of the campaign (benchmarks/dra_bench/_faults/worker.py).
 //   fault_spec   --test-fault ACTION:WHERE:INDEX[:SECONDS],...: this process kills itself (kill) or
 //                stalls (sleep SECONDS) in a phase of its INDEX-th world change (rebuild,
 //                state_transfer, reshard; 0 is its first: the start or its admission), at the start
 //                of step INDEX (step), or at step INDEX between the gradient reduction and the step
-//                boundary (after_reduce). The grammar of python/dra/bench/_faults/spec.py.
+//                boundary (after_reduce). The grammar of benchmarks/dra_bench/_faults/spec.py.
 #pragma once
 
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// NVML's total-energy counter, with libnvidia-ml loaded at run time (dlopen), the way src/nccl
+// NVML's total-energy counter, with libnvidia-ml loaded at run time (dlopen), the way src/comm/nccl
 // loads NCCL: dra never links NVML, and a machine without a GPU driver simply has no such reader.
 // Only query functions are resolved: dra never changes a device's power limit, clocks or modes.
 #include <dlfcn.h>

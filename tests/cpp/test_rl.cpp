@@ -1,6 +1,6 @@
-// Tests of RL post-training's stage balance (include/dra/policy/stage_balance.hpp), the streaming
+// Tests of RL post-training's stage balance (include/dra/rl/stage_balance.hpp), the streaming
 // length sketch it reads (include/dra/signals/quantile_sketch.hpp) and the RL pipeline simulator
-// (include/dra/sim/rl_pipeline.hpp).
+// (include/dra/rl/pipeline.hpp).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dra/policy/stage_balance.hpp"
+#include "dra/rl/stage_balance.hpp"
 #include "dra/signals/quantile_sketch.hpp"
 
 using namespace dra::policy;
@@ -413,7 +413,7 @@ TEST_CASE("rl.policy.same_observations_same_decisions_bit_for_bit") {
 #include <cstdio>
 #include <fstream>
 
-#include "dra/sim/rl_pipeline.hpp"
+#include "dra/rl/pipeline.hpp"
 
 using namespace dra::sim;
 

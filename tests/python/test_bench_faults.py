@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dra.bench._faults.check import exactly_once, landed_after_training, resume_time
-from dra.bench._faults.kinds import KINDS, make_trial
-from dra.bench._faults.spec import parse_specs
-from dra.bench.faults import CPP_BINARY, percentile
+from dra_bench._faults.check import exactly_once, landed_after_training, resume_time
+from dra_bench._faults.kinds import KINDS, make_trial
+from dra_bench._faults.spec import parse_specs
+from dra_bench.faults import CPP_BINARY, percentile
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -76,7 +76,7 @@ def test_step_suite_writes_the_report(tmp_path):
     ],
 )
 def test_step_suite_rejects_bad_options(args, message, capsys):
-    from dra.bench import step_overhead
+    from dra_bench import step_overhead
 
     with pytest.raises(SystemExit) as exc:
         step_overhead.main(args)  # refused before anything is launched

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.bench import torchft_baseline as tb
+from dra_bench import torchft_baseline as tb
 
 
 def _run(code: str, timeout: float) -> subprocess.CompletedProcess:
@@ -30,7 +30,7 @@ def test_without_torchft_a_nan_row_says_why_and_how_to_install(tmp_path: Path) -
     # sys.modules[name] = None makes `import torchft` raise ImportError, as on a machine without it
     out = tmp_path / "r.json"
     code = ("import sys; sys.modules['torchft'] = None\n"
-            "from dra.bench.torchft_baseline import main\n"
+            "from dra_bench.torchft_baseline import main\n"
             f"raise SystemExit(main(['--sizes-mb', '1', '--json', {str(out)!r}]))\n")
     proc = _run(code, timeout=120)
     assert proc.returncode == 0, proc.stdout
@@ -71,8 +71,8 @@ def test_real_torchft_run_and_comparison_rows(tmp_path: Path) -> None:
     # with dra's rows standing in as given figures so that the comparison rows can be checked.
     out = tmp_path / "rows.json"
     code = ("import json\n"
-            "from dra.bench._report import result\n"
-            "from dra.bench.torchft_baseline import torchft_rows\n"
+            "from dra_bench._report import result\n"
+            "from dra_bench.torchft_baseline import torchft_rows\n"
             "dra = [result('shrink_4to2_1MB', 0.05, 's'), result('grow_2to4_1MB', 0.2, 's')]\n"
             "rows = torchft_rows([1.0], dra, repeats=1, timeout=150)\n"
             f"open({str(out)!r}, 'w').write(json.dumps(rows))\n")

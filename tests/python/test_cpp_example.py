@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.bench._faults.check import exactly_once, load_records
+from dra_bench._faults.check import exactly_once, load_records
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = Path(os.environ.get("DRA_CPP_EXAMPLE_DIR", ROOT / "build" / "cpp" / "examples" / "cpp"))
@@ -150,7 +150,7 @@ def _commits(tmp: Path) -> list[dict]:
 
 def _check_exactly_once(recs: list[dict], total_steps: int, epochs: int) -> None:
     """Every sample of every data epoch consumed exactly once by the world's committed steps: the
-    checker of the fault campaign (dra.bench._faults.check.exactly_once). Every rank logs its share
+    checker of the fault campaign (dra_bench._faults.check.exactly_once). Every rank logs its share
     before the step's reduction, so the shares of the world that committed a step (the latest world
     epoch of its commit records) are complete even when a rank died after the reduction."""
     committed = sorted({r["step"] for r in recs if r["kind"] == "commit"})

@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from dra.rl.live import slots as cg
-from dra.rl.live.bench import realised_payback
+from dra.pool import _cgroup as cg
 from dra.rl.live.coordinator import LiveConfig, LiveRL
 from dra.rl.live.model import ModelConfig, RolloutEngine, Sequence, gumbel_noise, init_model
 from dra.rl.live.task import EOS, MAX_ANSWER, PromptStream, encode, reward
+from dra_bench._rl_live import realised_payback
 
 CGROUPS = cg.available() is None
 
@@ -72,7 +72,7 @@ def test_sampling_depends_only_on_the_sequence_and_the_weights() -> None:
 def test_slot_quota_holds_a_busy_process() -> None:
     if not CGROUPS:
         pytest.skip(f"cgroups v1 slots not possible here: {cg.available()}")
-    slots = cg.Slots(f"rl-test-{os.getpid()}", cg.plan_slots(1, 0.1))
+    slots = cg.Slots(f"rl-test-{os.getpid()}", cg.plan_slots(1, cpus=0.1, memory_gb=None))
     try:
         busy = "import time\nt=time.time()\nwhile time.time()-t<1.5: pass\n"
         t0 = time.perf_counter()
@@ -158,7 +158,7 @@ def test_bad_options_are_named(live) -> None:
 
 
 def test_bench_rows_from_rotating_rounds(tmp_path) -> None:
-    from dra.rl.live.bench import live_rows
+    from dra_bench._rl_live import live_rows
 
     rows = {r["name"]: r for r in live_rows(steps=3, rounds=2, config=tiny(slots=3), out_dir=str(tmp_path), quiet=True, switch_runs=1)}
     thr = rows["rl_live_throughput"]

@@ -161,7 +161,7 @@ def test_rank_follows_noise_scale():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_rate_limited_lan_is_made_and_removed():
-    from dra.bench._netns import RateLimitedLan
+    from dra_bench._netns import RateLimitedLan
 
     with RateLimitedLan(2, "100mbit") as lan:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

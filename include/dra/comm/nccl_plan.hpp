@@ -1,7 +1,7 @@
 #pragma once
 // Membership -> NCCL call mapping for the NCCL backend's rebuild routine. Everything here is
 // pure (no NCCL, no CUDA, no torch, no I/O) so each rule is unit-tested on its own; the routine
-// in src/nccl/ only executes the plan these functions produce.
+// in src/comm/nccl/ only executes the plan these functions produce.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

@@ -1,6 +1,5 @@
-"""Benchmark suites: ``python -m dra.bench <suite> --json PATH``.
+"""``python -m dra.bench <suite>``: finds the benchmark suites and runs one.
 
-Each suite measures a figure and its baseline side by side in the same run and writes
-``{"suite", "machine", "results": [{"name", "value", "unit", "baseline", "ratio"}]}``.
-Speed goals live here, never in tests.
+The suites are benchmark code and live beside the library in a checkout (``benchmarks/dra_bench``),
+never in the installed package; this entry only locates them.
 """

@@ -52,16 +52,21 @@ class SlotSpec:
     memory_gb: float | None = None
 
 
-def plan_slots(n: int, cores: list[int] | None = None, memory_gb: float = 2.0) -> list[SlotSpec]:
-    """n slots dividing the machine's cores evenly: slot i runs on core i mod cores with a quota
-    of cores/n CPUs (4 slots on 2 cores: 0.5 CPU each, two per core)."""
+def plan_slots(n: int, cores: list[int] | None = None, memory_gb: float | None = 2.0,
+               cpus: float | None = None) -> list[SlotSpec]:
+    """n slots on the machine's cores (or `cores`), slot i on core i mod cores. Each slot's quota is
+    `cpus` cores when given (the RL loop's 0.2-core slots), else the cores divided evenly (4 slots
+    on 2 cores: 0.5 CPU each, two per core; a slot of whole cores gets cores of its own).
+    `memory_gb` None: no memory limit."""
     if n < 1:
         raise ValueError(f"slots: must be >= 1, got {n}")
     cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
-    share = len(cores) / n
+    if cpus is not None and not 0.01 <= cpus <= len(cores):
+        raise ValueError(f"cpus: a slot's quota must lie in [0.01, {len(cores)}] cores, got {cpus}")
+    share = len(cores) / n if cpus is None else cpus
     out = []
     for i in range(n):
-        if share >= 1.0:  # a slot of whole cores: its own cores
+        if cpus is None and share >= 1.0:
             per = int(share)
             own = cores[i * per:(i + 1) * per] or [cores[i % len(cores)]]
         else:

@@ -1,7 +1,7 @@
 """RL post-training: move devices between rollout and training (DESIGN.md §3.6, docs/guide/rl.md).
 
-The stage-balance policy and the pipeline simulator are C++ (``include/dra/policy/stage_balance.hpp``,
-``include/dra/sim/rl_pipeline.hpp``), bound as ``dra._core.StageBalancePolicy`` and
+The stage-balance policy and the pipeline simulator are C++ (``include/dra/rl/stage_balance.hpp``,
+``include/dra/rl/pipeline.hpp``), bound as ``dra._core.StageBalancePolicy`` and
 ``dra._core.rl_sim_sweep``; this package finds the shipped length trace, names the scenarios,
 and turns results into JSON, markdown and plots. Command line: ``dra-sim rl``.
 

@@ -89,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     text = "\n".join(rl.markdown(d) for d in docs)
     if args.json:
-        from dra.sim.cli import _write_json
+        from dra._jsonio import write_json
 
-        _write_json(docs[0] if len(docs) == 1 else {"scenarios": {d["settings"]["scenario"]: d for d in docs}}, args.json)
+        write_json(docs[0] if len(docs) == 1 else {"scenarios": {d["settings"]["scenario"]: d for d in docs}}, args.json)
     if args.plots:
         from dra.rl.plots import plot_simulation
 

@@ -82,3 +82,25 @@ def plot_simulation(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     title = f"RL pipeline {name}: {source}, drift x{st['workload']['drift_final_scale']:g}, {st['pipeline']}"
     path = Path(folder) / f"rl-{name}-roles.png"
     return [plot_roles(runs, path, title=title, label="simulated", devices=st["devices"])]
+
+
+def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]], path: Path, window: int = 1) -> Path:
+    """Mean reward per step of every run (measured), averaged over `window` steps: the schedules'
+    curves should lie on each other."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, r in [*runs.items(), *((r["name"], r) for r in seed_runs)]:
+        style = {"linewidth": 2.2, "color": "black"} if name == "dynamic" else {"linewidth": 0.9, "alpha": 0.7}
+        ax.plot(range(len(r["rewards"])), _smoothed(r["rewards"], window), label=name, **style)
+        if window > 1 and "exact" in r:
+            ax.plot(range(len(r["exact"])), _smoothed(r["exact"], window), label=f"{name}: exact answers", linestyle="--", **style)
+    ax.set_xlabel("step (batch generated)")
+    ax.set_ylabel("mean reward of the batch" + (f" ({window}-step mean)" if window > 1 else ""))
+    ax.set_title("live GRPO: reward per step [measured]")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

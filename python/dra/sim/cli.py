@@ -14,31 +14,10 @@ Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from pathlib import Path
-from typing import Any
 
-
-def _clean(obj: Any) -> Any:
-    """JSON without NaN/inf (strict parsers reject them): non-finite floats become null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
-def _write_json(doc: Any, path: str) -> None:
-    # Compact separators: the per-job records and timelines are most of a replay's bytes, and
-    # indenting them made writing the JSON a large part of a replay's run time.
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(_clean(doc), f, separators=(",", ":"), allow_nan=False)
-        f.write("\n")
+from dra._jsonio import write_json
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -163,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             text = "\n".join(sim.markdown_replay(d) for d in docs)
             if args.json:
                 key = lambda d: f"{d['workload']}@{d['load']}x" if d.get("load") else d["file"]  # noqa: E731
-                _write_json(docs[0] if len(docs) == 1 else {"workloads": {key(d): d for d in docs}}, args.json)
+                write_json(docs[0] if len(docs) == 1 else {"workloads": {key(d): d for d in docs}}, args.json)
             if args.plots:
                 from dra.sim.plots import plot_replay
 
@@ -192,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             text = sim.markdown_study(doc)
             if args.json:
-                _write_json(doc, args.json)
+                write_json(doc, args.json)
             if args.plots:
                 from dra.sim.plots import plot_study
 

@@ -4,7 +4,7 @@
 // with the request's timeout as the Gloo timeout, so a dead or hung peer raises
 // dra::timeout_error / dra::comm_error instead of blocking.
 //
-// This header needs no Gloo headers: the group is held as a c10d::Backend. Only src/gloo_backend.cpp
+// This header needs no Gloo headers: the group is held as a c10d::Backend. Only src/comm/gloo/gloo_backend.cpp
 // includes ProcessGroupGloo.hpp (and through it the Gloo headers of libgloo-dev); it only calls
 // what libtorch itself compiles (constructor, static factories, virtual methods), so the Gloo
 // version of the headers never decides an object layout that libtorch's Gloo relies on.
@@ -85,7 +85,7 @@ class gloo_communicator final : public communicator {
   std::shared_ptr<detail::gloo_reaper> reaper_;
 };
 
-/// The Gloo backend: the rebuild routine (see src/gloo_backend.cpp for every case it handles).
+/// The Gloo backend: the rebuild routine (see src/comm/gloo/gloo_backend.cpp for every case it handles).
 /// Every rebuild call needs an epoch not used before with the same key prefix and store.
 class gloo_backend final : public backend {
  public:

@@ -7,7 +7,7 @@
 // The NCCL entry points are reached through `nccl_api`, an interface that is passed in: the
 // real one wraps the loaded library; tests pass a recording double to check call sequences.
 // This header needs neither nccl.h nor the CUDA headers: the few NCCL types appear here as
-// dra's own equivalents, translated in src/nccl/.
+// dra's own equivalents, translated in src/comm/nccl/.
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -41,7 +41,7 @@ enum class nccl_result : int {
   in_progress = 7,
 };
 
-/// The NCCL data types dra uses; translated to ncclDataType_t in src/nccl/.
+/// The NCCL data types dra uses; translated to ncclDataType_t in src/comm/nccl/.
 enum class nccl_dtype { int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16 };
 
 /// ncclUniqueId: 128 opaque bytes.
@@ -226,7 +226,7 @@ class nccl_communicator final : public communicator {
 /// the transfer to finish before returning. Throws std::invalid_argument for chunk_bytes < 1024.
 std::unique_ptr<tensor_transfer> make_nccl_transfer(std::size_t chunk_bytes);
 
-/// The NCCL backend: the rebuild routine (see src/nccl/nccl_backend.cpp for every case).
+/// The NCCL backend: the rebuild routine (see src/comm/nccl/nccl_backend.cpp for every case).
 /// Store keys live under <key_prefix>/<epoch>/: every rebuild call, retries included, needs an
 /// epoch not used before with the same prefix and store.
 class nccl_backend final : public backend {

@@ -4,9 +4,10 @@ quotas, rollout and trainer roles switched in place at step boundaries.
 - ``task``: the verifiable task (answer length set by the prompt, heavy-tailed from the Azure trace)
 - ``model``: the small transformer policy and its continuous-batching rollout engine
 - ``pretrain``: the supervised warm-up every run starts from
-- ``slots``: cgroups v1 CPU slots
+- CPU slots are the device pool's (``dra.pool._cgroup``: cgroups v1, a hard quota per slot)
 - ``worker``: the process on one slot; ``coordinator``: the pipeline, the ledger, the switches
-- ``bench``: the measured rows of ``python -m dra.bench rl --live``
+
+The measured rows of ``python -m dra.bench rl --live`` are benchmark code: benchmarks/dra_bench/_rl_live.py.
 
 Importing this package imports torch.
 """

@@ -45,7 +45,7 @@ from typing import Any
 import torch.distributed as dist
 
 import dra.rl as rl
-from dra.rl.live import slots as cg
+from dra.pool import _cgroup as cg
 from dra.rl.live.model import ModelConfig
 from dra.rl.live.pretrain import pretrain
 from dra.rl.live.task import PROMPT_TOKENS, PromptStream
@@ -154,7 +154,7 @@ class LiveRL:
             why = cg.available()
             if why:
                 raise RuntimeError(f"use_cgroups: {why}; run as root on a machine with cgroups v1, or pass use_cgroups=False")
-            self.slot_manager = cg.Slots(self.job, cg.plan_slots(c.slots, c.cpus_per_slot))
+            self.slot_manager = cg.Slots(self.job, cg.plan_slots(c.slots, cpus=c.cpus_per_slot, memory_gb=None))
         auth = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=auth)
         accepted: list[Any] = []
@@ -625,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(Path(args.out) / "runs.json", "w") as f:
         json.dump(runs, f, indent=1, default=str)
     if args.plots:
-        from dra.rl.live.bench import plot_rewards
+        from dra.rl.plots import plot_rewards
 
         plot_rewards({r["name"]: r for r in runs}, [], Path(args.plots) / f"rl-live-rewards-{args.steps}.png", window=10)
     for r in runs:

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from dra.bench._report import result, write_report
+from dra_bench._report import result, write_report
 
 #: The scenario the un-suffixed rows report: the DynaResize setting (8 devices, long tail).
 HEADLINE = "long_tail"
@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                        dynamic_switches=doc["dynamic"]["switches"])
             )
     if args.live:
-        from dra.rl.live.bench import live_rows
         from dra.rl.live.coordinator import LiveConfig
+        from dra_bench._rl_live import live_rows
 
         results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
                              reward_steps=args.live_reward_steps, switch_runs=args.live_switch_runs,

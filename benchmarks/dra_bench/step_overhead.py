@@ -62,10 +62,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra.bench._report import write_report
-from dra.bench._step_analysis import _analyse, _pooled, _print_breakdown, _rows
-from dra.bench._step_config import COMPARISONS, GOAL_PCT, MODELS, PHASES, VARIANTS
-from dra.bench._step_worker import _worker
+from dra_bench._report import write_report
+from dra_bench._step_analysis import _analyse, _pooled, _print_breakdown, _rows
+from dra_bench._step_config import COMPARISONS, GOAL_PCT, MODELS, PHASES, VARIANTS
+from dra_bench._step_worker import _worker
 
 __all__ = ["COMPARISONS", "GOAL_PCT", "MODELS", "PHASES", "VARIANTS", "main", "measure"]
 
@@ -79,7 +79,7 @@ def _launch(nproc: int, model: str, repeat: int, out: str, args: argparse.Namesp
     warmup = args.warmup if args.warmup is not None else spec["warmup"]
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
-        "-m", "dra.bench.step_overhead", "--worker", "--out", out, "--repeat", str(repeat),
+        "-m", "dra_bench.step_overhead", "--worker", "--out", out, "--repeat", str(repeat),
         "--hidden", str(spec["hidden"]), "--depth", str(spec["depth"]), "--global-batch", str(spec["global_batch"]),
         "--rounds", str(args.rounds), "--steps", str(steps), "--warmup", str(warmup),
         "--discard", str(args.discard), "--seed", str(args.seed), "--lr", str(args.lr),

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dra.bench._report import result, write_report
+from dra_bench._report import result, write_report
 
 RATES = {"1gbit": "1gbit", "100mbit": "100mbit"}
 METHODS_TTA = ("fp32_allreduce", "torch_powersgd_hook", "dra_powersgd", "dra_sage", "dra_sparse90")
@@ -54,7 +54,7 @@ def run_method(lan, method: str, args, seed: int, workdir: Path) -> list[dict]:
     for r in range(lan.ranks):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(lan.ranks), MASTER_ADDR=lan.addresses[0],
                    MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
-        argv = [sys.executable, "-m", "dra.bench._sage_worker", "--method", method, "--steps", str(args.steps),
+        argv = [sys.executable, "-m", "dra_bench._sage_worker", "--method", method, "--steps", str(args.steps),
                 "--ramp-start", str(args.ramp_start), "--ramp-steps", str(args.ramp_steps),
                 "--seed", str(seed), "--hidden", str(args.hidden), "--rank-psgd", str(args.rank),
                 "--eval-every", str(args.eval_every), "--out", str(out)]
@@ -92,7 +92,7 @@ def per_step(points: list[dict], key: str, steps: int, since: int = 0) -> float:
 
 
 def run_measured(args, progress) -> dict:
-    from dra.bench._netns import RateLimitedLan, available
+    from dra_bench._netns import RateLimitedLan, available
 
     ok, why = available()
     if not ok:

@@ -13,7 +13,7 @@ Trains a small MLP on seeded synthetic data under the elastic controller, as the
 - ``final``: after the training loop (role, committed steps, the state digest, RSS).
 
 The job is described by ``DRA_FAULT_JOB`` (JSON, the same for every process); in-process faults
-of this process by ``DRA_FAULT_SPEC`` (see ``dra.bench._faults.spec``). Faults that come from
+of this process by ``DRA_FAULT_SPEC`` (see ``dra_bench._faults.spec``). Faults that come from
 outside (kill -9, SIGSTOP) are sent by the trial's driver.
 """
 
@@ -30,7 +30,7 @@ import torch
 import dra
 import dra.elastic as de
 import dra.testing
-from dra.bench._faults.spec import FaultSpec, parse_specs, rss_mb
+from dra_bench._faults.spec import FaultSpec, parse_specs, rss_mb
 
 job = json.loads(os.environ["DRA_FAULT_JOB"])
 specs = parse_specs(os.environ.get("DRA_FAULT_SPEC", ""))

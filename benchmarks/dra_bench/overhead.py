@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dra.bench._report import result, write_report
+from dra_bench._report import result, write_report
 
 ESTIMATOR_GOAL_NS = 200.0
 STEP_GOAL_RATIO = 3.0

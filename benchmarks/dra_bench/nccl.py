@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from dra.bench import _nccl_workers as workers
-from dra.bench._report import result, write_report
+from dra_bench import _nccl_workers as workers
+from dra_bench._report import result, write_report
 
 SUITE = "nccl"
 PARTS = ("bandwidth", "resize", "watchdog", "step")
@@ -158,7 +158,7 @@ def bandwidth_rows(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, A
 
 # ---- 3 + 5: an elastic world through the NCCL backend --------------------------------------------
 def resize_rows(ctx: Context) -> list[dict[str, Any]]:
-    from dra.bench.resize import _run_direct
+    from dra_bench.resize import _run_direct
 
     n = ctx.world if ctx.cuda else max(ctx.args.resize_nproc, 2)
     if n < 2:
@@ -244,7 +244,7 @@ def step_call_rows(ctx: Context) -> list[dict[str, Any]]:
     """dra.step(0-d tensor) against the no-op binding call, the overhead suite's loops."""
     import dra
     from dra import _core
-    from dra.bench.overhead import _median_pair, _noop_loop, _step_loop, _timed
+    from dra_bench.overhead import _median_pair, _noop_loop, _step_loop, _timed
 
     calls = 20_000 if ctx.args.quick else 200_000
     repeats = max(3, ctx.args.repeats)

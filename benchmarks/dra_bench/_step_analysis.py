@@ -1,5 +1,5 @@
 """The figures of ``python -m dra.bench step``: per launch and across launches, the report rows and
-the printed breakdown (see :mod:`dra.bench.step_overhead`)."""
+the printed breakdown (see :mod:`dra_bench.step_overhead`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import random
 import statistics
 from typing import Any
 
-from dra.bench._report import result
-from dra.bench._step_config import COMPARISONS, GOAL_PCT, PHASES, VARIANTS
+from dra_bench._report import result
+from dra_bench._step_config import COMPARISONS, GOAL_PCT, PHASES, VARIANTS
 
 
 def _quantile(values: list[float], q: float) -> float:

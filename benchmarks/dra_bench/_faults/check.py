@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra.bench._faults.trial import TrialRun
+from dra_bench._faults.trial import TrialRun
 
 
 @dataclass

@@ -26,8 +26,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dra.bench._report import result
 from dra.rl.live.coordinator import LiveConfig, LiveRL, columns
+from dra.rl.plots import plot_rewards
+from dra_bench._report import result
 
 
 def realised_payback(dynamic: dict[str, Any], statics: dict[int, dict[str, Any]]) -> list[float]:
@@ -165,27 +166,3 @@ def live_rows(*, steps: int = 12, rounds: int = 3, seeds: int = 1, plots: str | 
                    Path(plots) / "rl-live-roles.png", title=title + " (round 1)", label="measured", devices=cfg.slots)
         plot_rewards(first, seed_runs + ([long_run] if long_run else []), Path(plots) / "rl-live-rewards.png")
     return rows
-
-
-def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]], path: Path, window: int = 1) -> Path:
-    """Mean reward per step of every run (measured), averaged over `window` steps: the schedules'
-    curves should lie on each other."""
-    from dra.rl.plots import _pyplot, _smoothed
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, r in [*runs.items(), *((r["name"], r) for r in seed_runs)]:
-        style = {"linewidth": 2.2, "color": "black"} if name == "dynamic" else {"linewidth": 0.9, "alpha": 0.7}
-        ax.plot(range(len(r["rewards"])), _smoothed(r["rewards"], window), label=name, **style)
-        if window > 1 and "exact" in r:
-            ax.plot(range(len(r["exact"])), _smoothed(r["exact"], window), label=f"{name}: exact answers", linestyle="--", **style)
-    ax.set_xlabel("step (batch generated)")
-    ax.set_ylabel("mean reward of the batch" + (f" ({window}-step mean)" if window > 1 else ""))
-    ax.set_title("live GRPO: reward per step [measured]")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

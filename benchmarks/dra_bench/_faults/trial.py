@@ -1,10 +1,10 @@
 """One fault trial: a real elastic job on loopback, a fault injected, every process watched.
 
-A trial starts its workers (Python: ``dra.bench._faults.worker``; C++: the LibTorch example
+A trial starts its workers (Python: ``dra_bench._faults.worker``; C++: the LibTorch example
 ``dra_elastic_train``) against a dedicated c10d store (``python -m dra store``), follows their
 records while they train, lets the fault's driver-side actions act on what it sees (kill -9 of the
 leader once the world reached a step, SIGSTOP and SIGCONT, the store killed...), and waits, bounded,
-until every process ended. ``dra.bench._faults.check`` then judges the records.
+until every process ended. ``dra_bench._faults.check`` then judges the records.
 
 How processes are started is the ``Launcher``'s business: ``LocalLauncher`` runs them as children
 of this process; a launcher for ``dra run`` (the pool) can take its place.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra.bench._faults.spec import FaultSpec
+from dra_bench._faults.spec import FaultSpec
 
 POLL_S = 0.02
 
@@ -118,7 +118,7 @@ class LocalLauncher:
 
     def command(self, job: JobSpec, out: Path, specs: list[FaultSpec]) -> list[str]:
         if job.language == "py":
-            return [sys.executable, "-m", "dra.bench._faults.worker"]
+            return [sys.executable, "-m", "dra_bench._faults.worker"]
         if self.cpp_binary is None:
             raise RuntimeError(
                 "a C++ trial needs the example binary (cmake --build build/cpp --target dra_elastic_train)"

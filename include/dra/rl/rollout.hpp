@@ -1,6 +1,6 @@
 #pragma once
 // The rollout stage of the RL pipeline simulator: continuous batching on each rollout device,
-// simulated exactly, event by event (see rl_pipeline.hpp for the model).
+// simulated exactly, event by event (see pipeline.hpp for the model).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "dra/error.hpp"
-#include "dra/sim/rl_workload.hpp"
+#include "dra/rl/workload.hpp"
 
 namespace dra::sim {
 

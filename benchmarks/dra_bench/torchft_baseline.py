@@ -214,14 +214,14 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from dra.bench.resize import _model
+    from dra_bench._blob import blob_model
 
-    os.environ["RANK"] = str(args.replica)  # _model seeds by rank: every replica starts different
+    os.environ["RANK"] = str(args.replica)  # blob_model seeds by rank: every replica starts different
     torch.set_num_threads(1)
     r = args.replica
     coord = dist.TCPStore("127.0.0.1", args.coord_port, None, False, timedelta(seconds=args.op_timeout))
     _say("coordination store connected")
-    model = _model(args.mb)
+    model = blob_model(args.mb)
     _say("model built")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -287,8 +287,8 @@ def _context():
         from multiprocessing import get_context
 
         ctx = get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torchft", "dra.bench.resize",
-                                     "dra.bench.torchft_baseline"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torchft", "dra_bench._blob",
+                                     "dra_bench.torchft_baseline"])
         _CTX = ctx
     return _CTX
 
@@ -437,7 +437,7 @@ def torchft_rows(sizes_mb: list[float], results: list[dict[str, Any]] | None = N
     """The ``torchft_reconfigure`` rows of ``dra.bench resize`` for each size (median of `repeats`
     runs), plus ``<kind>_<tag>_vs_torchft`` rows that compare dra's ``<kind>_<tag>`` rows found in
     `results` (same run) against them. Without torchft: one NaN row saying why and how to install."""
-    from dra.bench._report import result
+    from dra_bench._report import result
 
     problem = torchft_problem()
     if problem is not None:
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000,
                         help="the Lighthouse's heartbeat timeout (torchft's CLI default: 5000)")
     args = parser.parse_args(argv)
-    from dra.bench._report import write_report
+    from dra_bench._report import write_report
 
     sizes = [float(x) for x in args.sizes_mb.split(",")]
     for mb in sizes:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dra.bench._report import median_time, result, write_report
+from dra_bench._report import median_time, result, write_report
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "pool"

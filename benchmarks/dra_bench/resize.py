@@ -13,7 +13,7 @@ For model states of about 10 MB and 100 MB, on this machine, in one run:
 * ``gloo_shrink_api``: torch's ``shrink_group`` on a Gloo group (the reconfigure/shrink API);
 * ``torchft_reconfigure``: torchft's Lighthouse + one Manager per replica group shrinking 4->2 and
   growing 2->4 (its ``ProcessGroupGloo.configure`` and HTTP checkpoint transport), from
-  ``dra.bench.torchft_baseline``; a NaN row saying how to install it when ``import torchft`` fails;
+  ``dra_bench.torchft_baseline``; a NaN row saying how to install it when ``import torchft`` fails;
 * ``loopback_ceiling``: one TCP stream over loopback; state transfer GB/s is reported against it;
 
 dra's runs are repeated (``--dra-repeats``, default 3) and every dra figure is the median over
@@ -36,8 +36,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from dra.bench._report import result, write_report
-from dra.bench.torchft_baseline import torchft_rows
+from dra_bench._blob import blob_model
+from dra_bench._report import result, write_report
+from dra_bench.torchft_baseline import torchft_rows
 
 _STEPS = 9
 
@@ -45,24 +46,6 @@ _STEPS = 9
 # ---------------------------------------------------------------------------------------------
 # workers (one process of a measured job)
 # ---------------------------------------------------------------------------------------------
-def _model(mb: float):
-    """`mb` MB of float32 parameters in 4 MB tensors; forward(x) is a scalar touching them all."""
-    import torch
-
-    class _Blob(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            n = max(1, int(round(mb / 4)))
-            per = int(mb * (1 << 20) / 4 / n)
-            self.blocks = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(per)) for _ in range(n)])
-
-        def forward(self, x):
-            return sum((p * x).sum() for p in self.blocks) * 1e-6
-
-    torch.manual_seed(int(os.environ.get("RANK", "0")))
-    return _Blob()
-
-
 def _loss(model, x):
     return model(x)
 
@@ -77,7 +60,7 @@ def _worker_dra(args: argparse.Namespace) -> None:
     if args.device == "cuda":  # one GPU per process (the NCCL suite on a machine with several)
         device = torch.device("cuda", int(os.environ["RANK"]))
         torch.cuda.set_device(device)
-    model = _model(args.mb).to(device)
+    model = blob_model(args.mb).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     sampler = de.ElasticSampler(_STEPS * 8, 8, seed=0)
     n = args.nproc
@@ -106,7 +89,7 @@ def _worker_pg(args: argparse.Namespace) -> None:
 
     rank = int(os.environ["RANK"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timedelta(seconds=120))
-    model = _model(args.mb)
+    model = blob_model(args.mb)
     x = torch.tensor(1.0)
 
     def first_allreduce(ddp):
@@ -158,7 +141,7 @@ def _worker_restart(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo")
-    model = _model(args.mb)
+    model = blob_model(args.mb)
     model.load_state_dict(torch.load(args.ckpt))
     ddp = DDP(model)
     _loss(ddp, torch.tensor(1.0)).backward()
@@ -188,7 +171,7 @@ def _run_direct(mode: str, mb: float, out: str, chunk_mb: float, timeout: float,
         for rank in range(nproc):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), DRA_JOB_ID=f"bench-{mode}-{backend}-{mb}", OMP_NUM_THREADS="1")
-            cmd = [sys.executable, "-m", "dra.bench", "resize", "--worker", mode, "--mb", str(mb), "--out", out,
+            cmd = [sys.executable, "-m", "dra_bench", "resize", "--worker", mode, "--mb", str(mb), "--out", out,
                    "--chunk-mb", str(chunk_mb), "--nproc", str(nproc), "--backend", backend, "--device", device]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         deadline = time.monotonic() + timeout
@@ -208,10 +191,10 @@ def _torchrun_restart(mb: float, nproc: int, tmp: str, timeout: float) -> float:
 
     t0 = time.time()  # the decision
     ckpt = os.path.join(tmp, f"ckpt-{mb}.pt")
-    torch.save(_model(mb).state_dict(), ckpt)
+    torch.save(blob_model(mb).state_dict(), ckpt)
     out = os.path.join(tmp, f"restart-{mb}-{nproc}.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
-           "-m", "dra.bench", "resize", "--worker", "restart", "--mb", str(mb), "--ckpt", ckpt, "--t0", repr(t0), "--out", out]
+           "-m", "dra_bench", "resize", "--worker", "restart", "--mb", str(mb), "--ckpt", ckpt, "--t0", repr(t0), "--out", out]
     proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
     if proc.returncode != 0:

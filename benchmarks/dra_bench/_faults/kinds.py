@@ -15,8 +15,8 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dra.bench._faults.spec import FaultSpec
-from dra.bench._faults.trial import Action, Fault, JobSpec, TrialSpec
+from dra_bench._faults.spec import FaultSpec
+from dra_bench._faults.trial import Action, Fault, JobSpec, TrialSpec
 
 PHASES = ("rebuild", "state_transfer", "reshard")
 

@@ -1,5 +1,5 @@
 """One process of the torchrun job that ``python -m dra.bench step`` measures: every variant's step,
-interleaved, timed phase by phase (see :mod:`dra.bench.step_overhead`)."""
+interleaved, timed phase by phase (see :mod:`dra_bench.step_overhead`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra.bench._step_config import PHASES, VARIANTS
+from dra_bench._step_config import PHASES, VARIANTS
 
 
 def _load_digits(seed: int):

@@ -2,12 +2,12 @@
 
 Each trial runs a small elastic job on loopback (Python workers, or the LibTorch example
 ``dra_elastic_train`` as C++ workers) against a dedicated store (``python -m dra store``) and
-injects one fault drawn from the kinds of ``dra.bench._faults.kinds``: kill -9 of a member, of
+injects one fault drawn from the kinds of ``dra_bench._faults.kinds``: kill -9 of a member, of
 the leader, of two members within 100 ms, of a joiner or a standby, inside a phase of a resize;
 SIGSTOP past the fault timeout then SIGCONT; the store killed; a slow peer. Every trial checks
 exactly-once data from the committed steps' sample records, identical state on the final members,
 that every process ended (with the exit code its fault gives it), and the time from the fault to
-resumed training (``dra.bench._faults.check``). Trial ``i`` has seed ``--seed + i``; trials go
+resumed training (``dra_bench._faults.check``). Trial ``i`` has seed ``--seed + i``; trials go
 round the (kind, language) pairs, the languages alternating; a failed trial reproduces alone with
 the ``--trial SEED:KIND:LANG`` printed for it. A resize-churn run measures memory growth per
 resize (a model with ``--churn-model-mb`` of state, ``--churn-resizes`` resizes).
@@ -40,10 +40,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from dra.bench._faults.check import Verdict, judge, load_records
-from dra.bench._faults.kinds import KINDS, make_trial
-from dra.bench._faults.trial import Fault, JobSpec, LocalLauncher, StoreProcess, TrialSpec, run_trial
-from dra.bench._report import result, write_report
+from dra_bench._faults.check import Verdict, judge, load_records
+from dra_bench._faults.kinds import KINDS, make_trial
+from dra_bench._faults.trial import Fault, JobSpec, LocalLauncher, StoreProcess, TrialSpec, run_trial
+from dra_bench._report import result, write_report
 
 ROOT = Path(__file__).resolve().parents[3]
 CPP_BINARY = ROOT / "build" / "cpp" / "examples" / "cpp" / "dra_elastic_train"

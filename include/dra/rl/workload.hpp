@@ -1,5 +1,5 @@
 #pragma once
-// Inputs and results of the RL pipeline simulator (rl_pipeline.hpp): the generation-length
+// Inputs and results of the RL pipeline simulator (pipeline.hpp): the generation-length
 // distribution, the ground-truth costs, the workload, the configuration and what a run reports.
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "dra/error.hpp"
-#include "dra/policy/stage_balance.hpp"
+#include "dra/rl/stage_balance.hpp"
 #include "dra/sim/csv.hpp"
 
 namespace dra::sim {

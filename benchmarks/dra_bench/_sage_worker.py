@@ -1,5 +1,5 @@
 """One rank of the SAGE benchmark: trains an MLP on scikit-learn's digits with one gradient-sync
-method and writes its measurements as JSON lines. Launched by ``dra.bench.sage`` (inside a
+method and writes its measurements as JSON lines. Launched by ``dra_bench.sage`` (inside a
 network namespace) with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment."""
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import argparse
 import time
 
 import dra.sim as sim
-from dra.bench._report import result, write_report
+from dra_bench._report import result, write_report
 
 
 def main(argv: list[str] | None = None) -> int:

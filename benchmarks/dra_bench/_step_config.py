@@ -1,5 +1,5 @@
 """What ``python -m dra.bench step`` measures: the models, the variants and their phases, the
-comparisons it reports and the goal (see :mod:`dra.bench.step_overhead`)."""
+comparisons it reports and the goal (see :mod:`dra_bench.step_overhead`)."""
 
 from __future__ import annotations
 
