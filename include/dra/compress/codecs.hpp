@@ -1,5 +1,5 @@
 #pragma once
-// Gradient compression codecs (DESIGN.md §3.7), torch-free, on float spans with Eigen.
+// Gradient compression codecs (docs/design/sustainable.md), torch-free, on float spans with Eigen.
 //
 //   codec            wire payload per rank per step            all-reduce compatible
 //   fp32             4 n bytes                                  yes

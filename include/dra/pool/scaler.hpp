@@ -1,5 +1,5 @@
 #pragma once
-// Scaling (DESIGN.md §3.5): how many workers each running job should have now.
+// Scaling (docs/design/pool.md): how many workers each running job should have now.
 //
 //  - An inference service's replicas follow its request rate and queue, with hysteresis
 //    (replica_autoscaler): up at once when the load per replica passes `up_utilisation`, down one

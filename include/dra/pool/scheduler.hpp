@@ -1,5 +1,5 @@
 #pragma once
-// The pool's scheduler (DESIGN.md §3.5): which devices a job gets, deterministic (the same
+// The pool's scheduler (docs/design/pool.md): which devices a job gets, deterministic (the same
 // inventory, jobs, leases and clock give the same plan). It plans; the service carries the plan
 // out (grants leases, asks jobs to give leases back) and calls it again.
 //

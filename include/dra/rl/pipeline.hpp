@@ -1,5 +1,5 @@
 #pragma once
-// RL post-training pipeline simulator (DESIGN.md §3.6): a fixed set of devices split between
+// RL post-training pipeline simulator (docs/design/rl.md): a fixed set of devices split between
 // rollout (generation) and training, run step by step on generation lengths drawn from a real
 // distribution, under every static split, the stage-balance policy the live system runs
 // (dra::policy::stage_balance_policy, unchanged), an oracle bound and a colocated baseline.

@@ -1,5 +1,5 @@
 #pragma once
-// Stage balance for RL post-training (DESIGN.md §3.6): how many of a fixed set of devices
+// Stage balance for RL post-training (docs/design/rl.md): how many of a fixed set of devices
 // generate (rollout) and how many train, and when moving devices between the roles pays.
 //
 // Prediction, per candidate split (R rollout devices, T = devices - R trainers):

@@ -1,4 +1,4 @@
-"""``dra run``: start one worker per lease and supervise each on its own (DESIGN.md §3.5).
+"""``dra run``: start one worker per lease and supervise each on its own (docs/design/pool.md).
 
     dra run --nproc 4 -- python train.py ...            # no pool: 4 workers on this machine
     dra run --pool http://127.0.0.1:8470 --job NAME      # a pool job: workers follow its leases

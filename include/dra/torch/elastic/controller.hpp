@@ -1,5 +1,5 @@
 #pragma once
-// The controller of one process (DESIGN.md §3.3), part of dra::dra (needs LibTorch). It turns
+// The controller of one process (docs/design/elastic.md), part of dra::dra (needs LibTorch). It turns
 // each training step into signals for the decision engine and applies the decisions:
 //   * alone (controller(options)): signals and decisions only, no world: what dra.step drives
 //     in a plain process;
