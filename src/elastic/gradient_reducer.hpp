@@ -1,16 +1,9 @@
 #pragma once
-// The per-step gradient reduction of an elastic world (internal to dra::dra), bucketed as DDP's:
-// the parameters are laid out in reverse order into float32 buckets (the first one small, so that
-// communication starts early in backward, then ~25 MiB each); backward reports each gradient as it
-// is ready (ready()), and a bucket is all-reduced as soon as all of its gradients are in and every
-// earlier bucket was launched, so every rank launches the same buckets in the same order. On CUDA
-// the all-reduces run on a stream of their own, ordered after the gradients and overlapping the
-// rest of backward; finish() makes the caller's stream wait for them. A synchronous communicator
-// (Gloo) would block backward for each bucket, so there every gradient goes into one bucket (one
-// all-reduce per step). The last bucket carries a
-// short tail that rides along so that steps need no other collective: the previous step's loss
-// (sum and sample count), its energy, and the leader's "a decision is published" flag. A bucket_hook (gradient
-// codecs) may transform buckets around their all-reduce.
+// The per-step gradient reduction of an elastic world (internal to dra::dra), bucketed as DDP's so
+// communication overlaps backward on CUDA (one bucket on a synchronous communicator such as Gloo).
+// The last bucket carries a short tail (the previous step's loss and sample count, its energy, the
+// leader's decision flag) so that a step needs no other collective. docs/design/nccl.md, "The
+// controller on NCCL".
 #include <ATen/Tensor.h>
 #include <c10/core/Stream.h>
 

@@ -1,17 +1,9 @@
 // The controller's steps (include/dra/torch/elastic/controller.hpp): the gradient reduction
 // (bucketed, over the gradient_reducer), the step boundary (commit, what rode with the reduction,
-// then a decision or a recovery), and a device loss's deferred read. The decisions and world
-// changes themselves are in controller.cpp and world.cpp.
-//
-// When the host reads what the device produced. A synchronous communicator (Gloo, CPU tensors)
-// returns the reduced tail at once: it is read at every boundary (the loss one step late, a
-// decision one step after it was taken). An asynchronous one (NCCL) leaves it on the device; the
-// host reads it only at "read steps", one step after it was copied out (deferred_reads):
-//   decision point s: the leader may decide at boundary s (the engine's cadence, a scheduled resize);
-//   read steps: every decision point s (the leader's losses) and s + 2 (the flag of the decision
-//   taken at s rides with the reductions from s + 1 on; it is read one step later, at s + 2, by
-//   every member, which then applies it). Both are functions of the step index only, so every
-//   member reads, and applies, at the same boundary. Other steps never wait for the device.
+// then a decision or a recovery), and a device loss's deferred read; the world changes themselves are
+// in controller.cpp and world.cpp. When the host reads what the device produced (read steps, both
+// functions of the step index only, so every member applies a decision at the same boundary):
+// docs/design/nccl.md, "Deferred reads".
 #include <ATen/Functions.h>
 
 #include <algorithm>

@@ -1,24 +1,8 @@
 #pragma once
-// The elastic world's protocol over the job's c10d store (internal to dra::dra): the key schema
-// and every agreement that goes through the store. The controller never names a key.
-//
-// Keys, under "dra/<job>/<restart>/":
-//   universe, late_uid          processes launched together; the counter late joiners number from
-//   cfg/<uid>, sig/<uid>        each process's configuration and model signature (compared at start)
-//   epoch_seq                   the world epochs handed out (decisions and recoveries take the next)
-//   dec/<epoch>                 the leader's decision for the world of <epoch> (its members learn
-//                               that one exists from a flag in the next gradient all-reduce)
-//   cands, waiting/<uid>        registered candidates; a waiting one's model signature
-//   admit/<uid>                 a candidate's admission (epoch, members, joined), rejection, or
-//                               dismissal (named in capacity's "leave" before it was admitted)
-//   fault/<epoch>/alive/<uid>   survivors' check-in after a failure in the world of <epoch>
-//   beat/<uid>                  a counter each process's heartbeat thread raises (liveness: a
-//                               member that neither checks in nor beats is dead)
-//   fault/<epoch>/result        the first stored proposal of the next world (everyone adopts it)
-//   done                        the job finished
-//   capacity                    written by an outside actor (a device pool, an RL coordinator):
-//                               {"max_size", "min_size", "leave": [uids that must go now]}
-//   report                      written by the leader at most once a second: the job's live state
+// The elastic world's protocol over the job's c10d store (internal to dra::dra): the key schema and
+// every agreement that goes through the store, so the controller never names a key and each
+// agreement is testable alone. The keys and what each holds: docs/design/elastic.md, "The store
+// protocol".
 #include <chrono>
 #include <cstdint>
 #include <functional>

@@ -151,3 +151,13 @@ def test_every_path_a_document_or_comment_names_exists() -> None:
             if not _exists(ref, (ROOT / f).parent):
                 missing.append(f"{f}: {ref}")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_no_citation_of_a_document_outside_the_repository() -> None:
+    """The product brief and the notes on competitors the project was started from are not part of
+    the repository: a comment or document cites the design note or guide here that explains the
+    thing (docs/design/, docs/guide/)."""
+    outside = ["DESIGN" + ".md", "ANCHORS" + ".md"]  # spelt in two parts so this file cites neither
+    citing = [f"{f}: {name}" for f in _tracked() for name in outside if name in (ROOT / f).read_text(errors="replace")]
+    assert not citing, ("files citing a document that is not in the repository; cite docs/design/<note>.md:\n"
+                        + "\n".join(citing))

@@ -23,7 +23,7 @@ inline std::string nccl_version_string(int code) {
   return std::to_string(code / 10000) + "." + std::to_string((code / 100) % 100) + "." + std::to_string(code % 100);
 }
 
-/// Run-time gates (ANCHORS.md, "NCCL API availability").
+/// Run-time gates: the NCCL release that introduced each entry point (docs/design/nccl.md, "Version gates").
 constexpr int nccl_nonblocking_min = nccl_version_code(2, 14, 0);
 constexpr int nccl_shrink_min = nccl_version_code(2, 27, 0);
 constexpr int nccl_revoke_min = nccl_version_code(2, 28, 0);

@@ -1,25 +1,9 @@
 #pragma once
-// Gradient compression codecs (DESIGN.md §3.7), torch-free, on float spans with Eigen.
-//
-//   codec            wire payload per rank per step            all-reduce compatible
-//   fp32             4 n bytes                                  yes
-//   powersgd(r)      4 r (rows + cols) per matrix (+ 4 n small)  yes (two all-reduces: P, then Q)
-//   masked(mask)     4 k bytes (k kept entries, same on all)     yes: equals the masked dense all-reduce
-//   topk(f)          8 k bytes (index + value), all-gathered      no (ranks pick different indices)
-//   half(fp16|bf16)  2 n bytes                                  yes (summed in fp32 after decoding)
-//
-// Every lossy codec has error feedback: what a step did not send is added to the next step's
-// gradient on that rank, so nothing is lost, only delayed (Seide et al. 2014; Karimireddy et al.
-// 2019; PowerSGD, Vogels et al. 2019). A codec reduces a list of gradient tensors in place to
-// (approximately) their mean over the world, through a `collective` passed in: dra's communicator
-// in a job, threads in tests.
-//
-// State (error feedback, PowerSGD's warm-start Q, the step counter) serialises to bytes so it can
-// travel in a resize's state handoff. The rule on a world change (docs/guide/sage.md, applied by
-// dra::elastic::codec_hook): Q and the step counter are the same on every rank and go to joiners
-// from the leader; error feedback is a rank's own residual: survivors of a grow or shrink keep
-// theirs, joiners start at zero, a leaver's is dropped; after a crash every member takes the new
-// leader's Q and step counter and clears its residual (the interrupted step may be in some).
+// Gradient compression codecs, torch-free, on float spans with Eigen: fp32, PowerSGD, masked and
+// random-mask sparse, top-k, fp16/bf16. Every lossy codec has error feedback (what a step did not
+// send is added to that rank's next gradient), and its state serialises to bytes so it can travel
+// in a resize's state handoff. Wire payloads, which codecs work with all-reduce, and the rule on a
+// world change: docs/design/sustainable.md.
 #include "dra/compress/codec.hpp"
 #include "dra/compress/powersgd.hpp"
 

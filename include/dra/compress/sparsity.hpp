@@ -1,5 +1,5 @@
 #pragma once
-// Dynamic sparsification (DESIGN.md §3.7): masks updated every few hundred steps in the manner of
+// Dynamic sparsification (docs/design/sustainable.md): masks updated every few hundred steps in the manner of
 // RigL (Evci et al., ICML'20: drop the smallest-magnitude active weights, regrow the inactive ones
 // with the largest gradient), derived only from values every rank holds identically (the weights,
 // which data-parallel ranks keep equal, and the all-reduced gradient), with ties broken by index,

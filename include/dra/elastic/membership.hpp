@@ -1,5 +1,5 @@
 #pragma once
-// Membership and data-partition decisions of the elastic world (DESIGN.md §3.3), as small
+// Membership and data-partition decisions of the elastic world (docs/design/elastic.md), as small
 // side-effect-free functions. Every rank evaluates them on the same inputs (read from the store)
 // and so reaches the same answer without further agreement. No torch, no I/O: the Python
 // controller and C++ trainers call these same functions.

@@ -1,5 +1,5 @@
 #pragma once
-// Exactly-once data over a world that changes size (DESIGN.md §3.3). Header-only, no torch.
+// Exactly-once data over a world that changes size (docs/design/elastic.md). Header-only, no torch.
 //
 // Each data epoch has one deterministic global order of the dataset's indices
 // (epoch_order(dataset_size, seed, epoch), identical on every rank, in C++ and Python). A step

@@ -1,5 +1,5 @@
 #pragma once
-// Energy accounting (DESIGN.md §3.7): where a joule figure comes from, how cumulative counters are
+// Energy accounting (docs/design/sustainable.md): where a joule figure comes from, how cumulative counters are
 // turned into per-step and per-job energy, and the model used where nothing can be read.
 //
 // Every figure carries its source. `measured` means a hardware counter was read (NVML's total

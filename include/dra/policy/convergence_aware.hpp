@@ -1,6 +1,6 @@
 #pragma once
 // The convergence-aware policy: goodput over world size and global batch together, with a price
-// per device (DESIGN.md §3.2).
+// per device (docs/design/policies.md).
 //
 //  - Goodput = throughput x statistical efficiency from the gradient noise scale (AdaScale). The
 //    noise scale grows by orders of magnitude over training (cifar10: 72 -> 38,658 samples), so a

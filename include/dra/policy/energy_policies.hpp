@@ -1,5 +1,5 @@
 #pragma once
-// Energy-aware choices (DESIGN.md §3.2, §3.7): one objective chooser used by the live policy
+// Energy-aware choices (docs/design/sustainable.md): one objective chooser used by the live policy
 // engine and by the trace replays alike.
 //
 //   objective            picks, among predicted settings, the one with

@@ -1,5 +1,5 @@
 #pragma once
-// Inputs and output of a resize decision (DESIGN.md §3.2). Plain data, no behaviour.
+// Inputs and output of a resize decision (docs/design/policies.md). Plain data, no behaviour.
 #include <cstdint>
 #include <string>
 #include <vector>

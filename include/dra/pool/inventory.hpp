@@ -1,5 +1,5 @@
 #pragma once
-// The devices a pool hands out (DESIGN.md §3.5): GPUs found through NVML, device slots made of
+// The devices a pool hands out (docs/design/pool.md): GPUs found through NVML, device slots made of
 // CPU cores (a cgroup with a hard CPU quota, a CPU set and a memory limit), or devices declared
 // in a file. The core only holds the description; discovery (NVML, cgroups, Ray's resources)
 // lives in the Python service, which fills an inventory through these types.

@@ -1,5 +1,5 @@
 #pragma once
-// Leases: what the pool has handed out (DESIGN.md §3.5). A lease gives one worker of one job a
+// Leases: what the pool has handed out (docs/design/pool.md). A lease gives one worker of one job a
 // share of one device until it is released: by the job (it shrank or ended), by the pool (a
 // preemption the job carried out), or because its worker stopped sending heartbeats. The book is
 // plain bookkeeping with ids that never repeat; the service persists it (SQLite) and restores it

@@ -1,5 +1,5 @@
 #pragma once
-// What a workload asks the pool for (DESIGN.md §3.5): a device type, memory per device, a whole
+// What a workload asks the pool for (docs/design/pool.md): a device type, memory per device, a whole
 // device or a fraction of one per worker, a priority, a minimum and a maximum number of
 // workers, elastic or rigid, all-at-once (gang) or not. validate() checks a request against the
 // pool's inventory and names the field and the fix; nothing is allocated for a bad request.

@@ -1,16 +1,7 @@
 #pragma once
-// Scaling (DESIGN.md §3.5): how many workers each running job should have now.
-//
-//  - An inference service's replicas follow its request rate and queue, with hysteresis
-//    (replica_autoscaler): up at once when the load per replica passes `up_utilisation`, down one
-//    replica at a time when the load's time-weighted mean over the last `down_delay_s` (none of
-//    it before the last change) is under `down_utilisation`: a short burst inside the window does
-//    not pin the replicas its peak needed, and a sustained load keeps them.
-//  - Training jobs divide what is left with the cluster arbiter (policy/cluster_arbiter.hpp, the
-//    code the simulator evaluates): each elastic job's speedup curve (from its live throughput
-//    report), weighted by its priority class, a change penalty for moving it, never below its
-//    min_size. Inference replicas are served first, so training yields devices to its peaks
-//    in place; rigid jobs keep what they hold.
+// Scaling: how many workers each running job should have now. Inference replicas follow their load
+// (replica_autoscaler, with hysteresis) and are served first; training jobs divide the rest with the
+// cluster arbiter the simulator evaluates; rigid jobs keep what they hold. docs/design/pool.md.
 #include <algorithm>
 #include <cmath>
 #include <deque>

@@ -1,23 +1,8 @@
 #pragma once
-// The pool's scheduler (DESIGN.md §3.5): which devices a job gets, deterministic (the same
-// inventory, jobs, leases and clock give the same plan). It plans; the service carries the plan
-// out (grants leases, asks jobs to give leases back) and calls it again.
-//
-//   admit():  jobs holding fewer than min_size workers, highest effective priority first (base
-//             priority plus one level per `aging_s` waited, so nothing starves; ties by arrival),
-//             get their missing workers all at once (gang) or wait. When no job is left waiting,
-//             an elastic training job admitted now also takes free devices up to its request
-//             (max_size): devices nobody asks for are not left idle until the next re-plan (the
-//             arbiter rebalances when others arrive). A job that cannot be placed
-//             may shrink elastic jobs of a lower priority class in place, never below their
-//             min_size, never touching a rigid job; the freed devices come back as those jobs
-//             release leases, and are kept for the job that asked (they count as planned).
-//   resize(): sizes wanted per job (from the arbiter and the inference autoscaler, scaler.hpp)
-//             become releases (newest leases first) and grants (placed near the job's devices).
-//   place():  suitable devices only (type, memory, free share); for a fraction the device left
-//             with the least free share after it (least fragmentation: partly used devices fill
-//             first); a multi-device job in one locality group when one holds it (the smallest
-//             such group, keeping big islands whole), else on as few groups and nodes as it can.
+// The pool's scheduler: which devices a job gets (admit: priority with aging, gang, backfilling,
+// preemption in place; resize: sizes wanted become releases and grants; place: suitable devices,
+// least fragmentation, locality). Deterministic: the same inventory, jobs, leases and clock give the
+// same plan. It plans; the service carries the plan out and calls it again. docs/design/pool.md.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

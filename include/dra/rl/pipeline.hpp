@@ -1,30 +1,9 @@
 #pragma once
-// RL post-training pipeline simulator (DESIGN.md §3.6): a fixed set of devices split between
-// rollout (generation) and training, run step by step on generation lengths drawn from a real
-// distribution, under every static split, the stage-balance policy the live system runs
-// (dra::policy::stage_balance_policy, unchanged), an oracle bound and a colocated baseline.
-//
-// What is simulated (docs/guide/rl.md has the full list of assumptions and their sources):
-// - Rollout: each device decodes with continuous batching, at most `max_concurrency` sequences
-//   at once, one token per active sequence per iteration; an iteration costs
-//   decode_fixed_s + decode_per_sequence_s * c + decode_per_kilotoken_s * S / 1000 (c active
-//   sequences holding S tokens of context). A router spreads the batch over the rollout devices
-//   (round robin up to the slots: least-loaded dispatch); what does not fit waits in one shared
-//   queue and is pulled, in order, as slots free. Exact event simulation: between two
-//   completions on a device the iteration cost is an arithmetic series, summed in closed form.
-// - Training: train_fixed_s + train_per_token_s * tokens / T, plus sync_fixed_s +
-//   sync_per_rank_s (T - 2) for T >= 2 ranks (the Pollux form the policy's model fits).
-// - Pipelines: one-step-off (rollout of batch k+1 overlaps training on batch k; the trainer's new
-//   weights reach the rollout workers before the next phase, so staleness is exactly one step) or
-//   synchronous (rollout, then training). Both end each phase with the weight sync.
-// - Switches at phase boundaries. A device joining the trainers: agree + rebuild + weights block
-//   the training stage; its optimizer state streams during the first step's forward/backward
-//   (deferred restore) and is exposed only where it outlasts that compute. A device leaving the
-//   trainers: agree + rebuild block the training stage; it starts as a rollout worker after
-//   rollout_start_s (engine, KV cache), already holding the current weights. What a switch adds
-//   to the phase (vs the same phase at the new split without switch costs) is its exposed cost;
-//   the rest was hidden behind the other stage's work.
-// - Every schedule sees the same generation lengths (common random numbers).
+// RL post-training pipeline simulator: a fixed set of devices split between rollout and training,
+// run phase by phase on generation lengths drawn from a real trace, under every static split, the
+// stage-balance policy the live loop runs (unchanged), a per-phase oracle and colocated time
+// sharing, all on the same lengths. What is simulated and how a switch is costed (exposed vs hidden):
+// docs/design/rl.md; each assumption and its source: docs/guide/rl.md.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,8 +15,8 @@
 #include <vector>
 
 #include "dra/error.hpp"
-#include "dra/rl/stage_balance.hpp"
 #include "dra/rl/rollout.hpp"
+#include "dra/rl/stage_balance.hpp"
 #include "dra/rl/workload.hpp"
 
 namespace dra::sim {

@@ -1,37 +1,10 @@
 #pragma once
-// Stage balance for RL post-training (DESIGN.md §3.6): how many of a fixed set of devices
-// generate (rollout) and how many train, and when moving devices between the roles pays.
-//
-// Prediction, per candidate split (R rollout devices, T = devices - R trainers):
-//   rollout(R)  from the decode model t_iter = a + b c + k S (c active sequences, S their context
-//               in kilotokens; fitted online from measured decode iterations, i.e. generation
-//               throughput) integrated over the recent length distribution (a streaming quantile
-//               sketch with forgetting): the busiest device holds m = ceil(n / R) of the n
-//               sequences, so
-//                 rollout(R) = a * iterations + b * m E[L] + k * m (P E[L] + E[L^2] / 2) / 1000,
-//               where iterations = max(m E[L] / C, L_max + (1 - C / m)^2 m E[L] / (2 C)) (the
-//               second term only when queued, m > C slots: the longest sequence starts on average
-//               that late), and L_max = the median of the longest of n draws (the tail quantile
-//               0.5^(1/n) of the sketch);
-//   train(T)    from the Pollux throughput model (throughput_model.hpp) in tokens: the step time
-//               of T ranks at n (P + E[L]) / T tokens each;
-//   step(R)     = E[max(rollout, train)] in the one-step-off pipeline (rollout of batch k+1
-//               overlaps training on batch k) or rollout + train when synchronous; plus the
-//               weight sync. The two stages vary from batch to batch (the longest of n draws, the
-//               batch's total tokens), and a phase lasts as long as its slower stage, so two stages
-//               balanced on average cost more than either mean: with `expected_max` the objective
-//               is Clark's E[max] of two independent normal stages (batches k+1 and k are drawn
-//               independently) whose spreads come from the sketch: the longest draw's spread
-//               (its quantiles at 0.16^(1/d) and 0.84^(1/d)) or the busiest device's total
-//               sqrt(m g) sd(L) for rollout, sqrt(n g) sd(L) tokens for training, where a step's n
-//               sequences come in groups of g samples per prompt whose lengths move together
-//               (GRPO), so d = n / g draws are independent (L_max is the longest of d draws too).
-// Decision: the split minimising step(R); a switch only past the cooldown, after the same
-// direction was wanted for `hysteresis_decisions` consecutive decisions, when the predicted gain
-// clears `min_relative_gain`, and when it pays back: the measured exposed switch cost (per
-// direction, smoothed) divided by the predicted saving per step is at most `max_payback_steps`
-// (and at most the steps left). Deterministic (plain double arithmetic): the live leader and the
-// simulator make the same decision from the same observations.
+// Stage balance for RL post-training: how many of a fixed set of devices generate (rollout) and how
+// many train, and when moving devices between the roles pays. It predicts every split's step time
+// from a fitted decode model, the tail of a streaming length sketch and the throughput model, and
+// switches only past cooldown, hysteresis and a minimum gain, when the measured switch cost pays
+// back. Deterministic, so the live leader and the simulator decide alike. The model, term by term:
+// docs/design/rl.md.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// Streaming convergence-signal estimator (DESIGN.md §3.1).
+// Streaming convergence-signal estimator (docs/design/policies.md).
 //
 // Every update is O(1) and allocation-free: the sliding regression window is a ring buffer sized
 // once at construction. Non-finite inputs never reach the state; they are counted and surfaced.

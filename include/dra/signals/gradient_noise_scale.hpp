@@ -1,17 +1,9 @@
 #pragma once
-// Gradient noise scale from two batch sizes (McCandlish et al. 2018, "An Empirical Model of
-// Large-Batch Training", appendix A.1):
-//   |G|^2    ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
-//   tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
-// Both are unbiased per step but very noisy; each is smoothed with its own bias-corrected EMA and
-// B_simple = EMA(tr Sigma) / EMA(|G|^2) (averaging numerator and denominator separately, as the
-// paper recommends, since the ratio of averages is far less biased than the average of ratios).
-//
-// In data parallelism B_small is the per-rank batch (|G_small|^2 = mean over ranks of |g_i|^2)
-// and B_big the global batch (|G_big|^2 = |all-reduced g|^2). With one replica there is no second
-// batch size; the caller may pair the current gradient with the previous step's (B_big = 2 B,
-// G_big = (g_t + g_{t-1}) / 2). That fallback is biased: consecutive gradients are taken at
-// different parameters and are positively correlated, which shrinks tr(Sigma) and so B_simple.
+// Gradient noise scale B_simple = tr(Sigma) / |G|^2 from two batch sizes (McCandlish et al. 2018,
+// appendix A.1), numerator and denominator each smoothed by its own bias-corrected EMA (a ratio of
+// averages is far less biased than an average of ratios). With one replica the caller may pair
+// consecutive steps' gradients: flagged biased, since they are correlated. The estimators:
+// docs/design/policies.md.
 #include <cmath>
 
 namespace dra::signals {

@@ -1,14 +1,9 @@
 #pragma once
 // Streaming quantiles of a positive quantity (generation lengths, latencies) with exponential
-// forgetting, so the "recent" distribution follows a drift.
-//
-// Log-spaced bins as in DDSketch (Masson et al., VLDB'19): a value x falls in bin
-// ceil(log_gamma(x / min_value)) with gamma = (1 + a) / (1 - a), so every quantile is returned with
-// relative error at most `a` (for values inside [min_value, max_value]; values outside are
-// clamped to the end bins and counted). Forgetting multiplies the weight of each new observation
-// by 2^(1/half_life) instead of decaying every bin, so an update is O(1) and allocation-free; the
-// weights are rescaled (O(bins)) only when they grow past 1e200. A quantile query is O(bins).
-// The decayed mean and second moment are tracked exactly (not from the bins).
+// forgetting, so the recent distribution follows a drift: log-spaced bins as in DDSketch (Masson et
+// al., VLDB'19: relative error at most `a` inside [min_value, max_value]; values outside are clamped
+// and counted). Forgetting grows the weight of each new observation instead of decaying every bin,
+// so an update is O(1) and allocation-free; the decayed mean and second moment are exact.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,5 +1,5 @@
 #pragma once
-// Discrete-time/event cluster simulator (DESIGN.md §3.4). Jobs arrive, an allocation policy runs
+// Discrete-time/event cluster simulator (docs/design/simulator.md). Jobs arrive, an allocation policy runs
 // every `interval_s` seconds, each reallocation costs `reallocation_cost_s` seconds of no progress
 // while the job keeps its devices, and between decisions each job advances analytically epoch by
 // epoch: within an epoch its goodput (AdaScale gain per second) is constant, so the exact time at

@@ -1,4 +1,4 @@
-"""Communication-efficient gradient sync and dynamic sparsification (DESIGN.md §3.7).
+"""Communication-efficient gradient sync and dynamic sparsification (docs/design/sustainable.md).
 
 The codecs are dra's torch-free C++ core (``include/dra/compress``); here they run on a torch
 model's gradients through a collective (``TorchCollective`` over ``torch.distributed``):

@@ -1,4 +1,4 @@
-"""Elastic data-parallel training: the world grows and shrinks in place (DESIGN.md §3.3).
+"""Elastic data-parallel training: the world grows and shrinks in place (docs/design/elastic.md).
 
 ::
 

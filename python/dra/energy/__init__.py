@@ -1,4 +1,4 @@
-"""Energy: readers, per-step/per-job accounting, and the energy-aware objectives (DESIGN.md §3.7).
+"""Energy: readers, per-step/per-job accounting, and the energy-aware objectives (docs/design/sustainable.md).
 
 Every figure says where it comes from: ``measured`` (NVML's or RAPL's counter was read),
 ``estimated`` (CPU-seconds x watts per core: nothing could be read), ``replayed`` (a recorded trace).

@@ -1,4 +1,4 @@
-"""A live shared device pool (DESIGN.md §3.5): request, schedule, allocate, scale, release.
+"""A live shared device pool (docs/design/pool.md): request, schedule, allocate, scale, release.
 
 - ``PoolService`` / ``make_service``: the pool (jobs, leases in SQLite, scheduling loop, events,
   metrics); ``PoolServer`` serves it over HTTP; ``PoolClient`` talks to it.

@@ -1,29 +1,17 @@
-"""``dra run``: start one worker per lease and supervise each on its own (DESIGN.md §3.5).
+"""``dra run``: start one worker per lease and supervise each on its own (docs/design/pool.md).
 
     dra run --nproc 4 -- python train.py ...            # no pool: 4 workers on this machine
     dra run --pool http://127.0.0.1:8470 --job NAME      # a pool job: workers follow its leases
 
-The launcher hosts the job's c10d store (``DRA_STORE=host:port``, so the job survives the loss of
-any worker, rank 0 included) and starts each worker with ``DRA_JOB_ID``, ``RANK``/``WORLD_SIZE``
-(the first world) or ``DRA_JOIN=1`` and ``DRA_JOIN_UID`` (a worker on a lease granted later joins
-the running world in place), the lease's environment (``DRA_LEASE_ID``, its cgroups,
-``CUDA_VISIBLE_DEVICES``...) and, for a pool job, ``DRA_OPTIONS`` (``release="exit"``, the job's
-``max_size`` and its ``options``). A worker that crashes is just reported: the others carry on (the
-elastic controller's survivors shrink in place and redo the step), unlike a one-node torchrun
-whose agent stops every worker. Its lease goes back to the pool at once.
-
-The pool drives a training job through its store (docs/guide/elastic.md, "Driving a job from
-outside"): the launcher keeps ``capacity`` = ``{"min_size": k, "max_size": k, "leave": [uids]}``,
-k the leases the job holds. A grant is a worker started with ``DRA_JOIN=1`` that the leader admits
-because the world is below ``min_size``; a lease the pool takes back names its worker in
-``leave``, and that member leaves and exits 0 (``release="exit"``; a joiner not admitted yet is
-dismissed and exits 0 too). An inference replica is asked
-to stop with SIGTERM (it finishes its request and exits 0). The launcher reads the leader's
-``report`` (the pool fits the job's speedup curve to its ``rates``) and ``done``.
-
-Python workers start from a fork server that imported torch once (``_zygote``), so a new lease
-runs a worker within tens of milliseconds; ``--no-zygote`` starts plain processes.
-"""
+The launcher hosts the job's c10d store (``DRA_STORE``), so the job survives the loss of any
+worker, rank 0 included, and a crashed worker is only reported (its lease goes back) while the
+others shrink in place and go on, where a one-node torchrun would stop them all. Workers get
+``DRA_JOB_ID``, ``RANK``/``WORLD_SIZE`` (the first world) or ``DRA_JOIN=1`` (a later lease: the
+worker joins the running world in place), their lease's environment and, for a pool job,
+``DRA_OPTIONS``. For a pool job it keeps the job's ``capacity`` key to the leases held and
+forwards the leader's ``report``: the contract, key by key, is in docs/guide/pool.md ("The
+launcher"). Python workers start from a fork server that imported torch once (``_zygote``);
+``--no-zygote`` starts plain processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pool service: jobs, leases, the scheduling loop, events and metrics (DESIGN.md §3.5).
+"""The pool service: jobs, leases, the scheduling loop, events and metrics (docs/design/pool.md).
 
 Decisions are the C++ core's (``dra._core.pool``: request validation, the scheduler, the lease
 book, the replica autoscaler, the scaler on the cluster arbiter the simulator evaluates); this

@@ -1,4 +1,4 @@
-"""RL post-training: move devices between rollout and training (DESIGN.md §3.6, docs/guide/rl.md).
+"""RL post-training: move devices between rollout and training (docs/design/rl.md, docs/guide/rl.md).
 
 The stage-balance policy and the pipeline simulator are C++ (``include/dra/rl/stage_balance.hpp``,
 ``include/dra/rl/pipeline.hpp``), bound as ``dra._core.StageBalancePolicy`` and

@@ -1,27 +1,8 @@
-// The emulated NCCL library (include/dra/torch/comm/nccl.hpp, make_emulated_nccl_api): the same
-// API table as the real one, over host memory shared between the processes of one machine. It
-// exists to prove the elastic protocol against NCCL's API on machines without GPUs (CI); it
-// proves nothing about NCCL itself.
-//
-// One communicator = one file in the emulation's directory (/dev/shm), named after the key its
-// unique id carries, mapped by every rank:
-//   header | rank_ctl[n] | channel_ctl[n*n] | slots[n][kSlotBytes] | channels[n*n][kChannelBytes]
-// The file is unlinked as soon as every rank attached (a killed process leaks nothing).
-//  * init (non-blocking): attach, count in; ncclCommGetAsyncError answers ncclInProgress until
-//    every rank is in.
-//  * all-reduce / broadcast: in pieces of kSlotBytes; per piece every rank copies its data into
-//    its slot, announces it (arrive = piece number), waits for all, sums the slots in rank order
-//    (so every rank gets bit-identical results), and announces that it is done with the slots
-//    (leave); a slot is overwritten only after every rank left the previous piece.
-//  * send / recv: one byte ring per ordered pair (head written by the sender, tail by the
-//    receiver); calls are matched in order, like NCCL's. Calls between ncclGroupStart and
-//    ncclGroupEnd progress together, so a group may send to and receive from one peer.
-//  * shrink / grow: the new communicator's key derives from the parent's key and the number of
-//    communicators derived from it (the same on every rank); ranks renumber as NCCL's do.
-//  * a peer that is gone: every wait loops until the communicator is revoked or aborted (from
-//    another thread: the watchdog), as NCCL over shared memory or NVLink hangs; optionally
-//    (peer_death_error) a peer whose process is gone raises ncclRemoteError asynchronously.
-// Everything runs in the calling thread: there is no device, so "enqueued" means "done".
+// The emulated NCCL library (include/dra/torch/comm/nccl.hpp, make_emulated_nccl_api): the same API
+// table as the real one, over host memory shared between the processes of one machine. It exists to
+// prove the elastic protocol against NCCL's API on machines without GPUs (CI); it proves nothing
+// about NCCL itself. Its shared-memory layout and how each call is emulated: docs/design/nccl.md,
+// "The emulated NCCL library".
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>

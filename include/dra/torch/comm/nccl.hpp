@@ -1,5 +1,5 @@
 #pragma once
-// NCCL backend of the communicator interface (DESIGN.md §3.3). Available when dra::dra was
+// NCCL backend of the communicator interface (docs/design/nccl.md). Available when dra::dra was
 // built with DRA_WITH_NCCL. NCCL itself is loaded at run time (dlopen), never linked: a build
 // with the backend still imports and runs on machines without libnccl or a GPU, and every
 // version gate reads the version of the library actually loaded.

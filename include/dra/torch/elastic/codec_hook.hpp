@@ -1,19 +1,9 @@
 #pragma once
 // Gradient compression inside the elastic controller's bucketed reduction (part of dra::dra): a
-// bucket_hook that runs the torch-free codecs of include/dra/compress/ (the same classes
-// dra.compress.GradientReducer runs over torch.distributed) on each bucket, through the world's
-// communicator. Selected with the controller option `compress` ("powersgd:4", "fp16", "bf16",
-// "topk:0.01", "random:0.1", "fp32"), or installed by hand with controller::set_bucket_hook.
-//
-// One codec per bucket (its error feedback and warm start are per bucket), built on first use.
-// Rule on a world change (docs/guide/sage.md): the shared part (step counters, PowerSGD's Q) goes
-// to joiners with the training state; error feedback is each rank's own residual: survivors of a
-// voluntary grow or shrink keep theirs, joiners start at zero, a leaver's is dropped; after a
-// failure every member takes the new leader's shared part and starts its error feedback at zero
-// (the interrupted step may have entered some ranks' residuals and not others').
-//
-// The codecs run on the host: on a CUDA world each bucket is copied to the host and back (one
-// device synchronisation per bucket), so on NCCL compression pays only on slow links.
+// bucket_hook that runs the torch-free codecs of include/dra/compress/ on each bucket (one codec per
+// bucket, built on first use), selected with the option `compress` or installed by hand with
+// controller::set_bucket_hook. What its state does on a grow, a shrink and a crash, and why the
+// codecs run on the host: docs/design/sustainable.md.
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -1,37 +1,9 @@
 #pragma once
-// The controller of one process (DESIGN.md §3.3), part of dra::dra (needs LibTorch). It turns
-// each training step into signals for the decision engine and applies the decisions:
-//   * alone (controller(options)): signals and decisions only, no world: what dra.step drives
-//     in a plain process;
-//   * in an elastic job (controller(options, launch, state, sampler)): the world of processes
-//     that grows and shrinks in place: membership over the job's c10d store, the leader's
-//     decisions (the same resize_engine and policies the simulator evaluates), one communicator
-//     per world epoch from a backend registered by name, the state handoff to joiners,
-//     exactly-once data through the elastic_sampler, and crash recovery.
-// Python's dra.Controller is this class; a LibTorch trainer uses it directly
-// (examples/cpp/elastic_train.cpp).
-//
-// A training step in an elastic job, as the trainer sees it:
-//   1. take sampler.indices(), forward, backward;
-//   2. ok = controller.reduce_gradients(params)  (gradients averaged over the step's global batch,
-//      as DDP does; false when a peer failed). A trainer that overlaps communication with backward
-//      calls begin_reduction(params) at the first gradient, gradient_ready(i) as each parameter's
-//      gradient is accumulated, and finish_reduction() at the end of backward instead: buckets are
-//      all-reduced while backward goes on (Python's ctl.model does this);
-//   3. if ok: optimizer.step() (and scheduler), else skip them: the step is redone;
-//   4. controller.step(loss)  (commits, decides, resizes or recovers at this step boundary).
-// The loss of a step travels in the next step's gradient all-reduce (it is only known to the
-// controller at step()), so the engine sees the world-mean loss one step late: no extra
-// collective per step. On an asynchronous communicator (NCCL) the loss may stay on the device:
-// what rides with the reductions is read on the host only at decision steps (one step after it
-// was copied out, so the read normally waits for nothing), and a decision lands two steps after
-// it was taken instead of one.
-//
-// The collaborators (src/elastic/): store_protocol (the key schema and every agreement over the
-// store), tensor_transfer + handoff (the state to joiners), gradient_reducer (the per-step
-// all-reduce), event_log (events and the status line). The controller itself is the state
-// machine that sequences them: candidate -> member <-> (resize | recovery) -> released |
-// finished | rejected.
+// The controller of one process, part of dra::dra (needs LibTorch). Alone, it turns each step into
+// signals and decisions (what dra.step drives); in an elastic job it is the state machine that grows
+// and shrinks the world in place by sequencing its collaborators in src/elastic/. Python's
+// dra.Controller is this class. The step protocol a trainer follows, and why the loss rides one step
+// late: docs/design/elastic.md.
 #include <ATen/Tensor.h>
 
 #include <chrono>

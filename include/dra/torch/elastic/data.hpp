@@ -1,19 +1,9 @@
 #pragma once
-// The exactly-once sampler as a torch::data sampler (part of dra::dra: needs LibTorch), so a
-// LibTorch trainer can feed its elastic world through torch::data::make_data_loader:
-//
-//   auto sampler = std::make_shared<dra::elastic::elastic_sampler>(dataset.size().value(), global_batch, seed);
-//   auto loader = torch::data::make_data_loader(dataset.map(torch::data::transforms::Stack<>()),
-//                                               dra::elastic::torch_sampler(sampler),
-//                                               torch::data::DataLoaderOptions().batch_size(1).workers(0));
-//   while (ctl.next_epoch(epochs))
-//     for (auto& batch : *loader) { ... ctl.reduce_gradients(...); ...; ctl.step(loss); }
-//
-// Each batch is this rank's share of the world's current step (the batch size the loader passes
-// is ignored: the world decides the share). The cursor moves only when the controller commits a
-// step, so a step that failed yields the same samples again (it is redone). Use workers(0): a
-// loader with workers asks ahead, for a world that may change before the batch is used (the
-// Python DistributedSampler handles that case; this adaptor does not).
+// The exactly-once sampler as a torch::data sampler (part of dra::dra), so a LibTorch trainer can
+// feed its elastic world through torch::data::make_data_loader (usage: docs/guide/elastic.md, "C++
+// trainers"). Each batch is this rank's share of the world's current step, and the cursor moves only
+// when the controller commits, so a failed step yields the same samples again. Use workers(0): a
+// loader with workers asks ahead, for a world that may change before the batch is used.
 #include <torch/data/samplers/base.h>
 #include <torch/serialize/archive.h>
 

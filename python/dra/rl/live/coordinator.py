@@ -1,28 +1,11 @@
 """The live RL loop's coordinator: device slots, the one-step-off GRPO pipeline, role switches.
 
-One process per slot (``dra.rl.live.worker``), each inside its slot's cgroups (hard CPU quota),
-started once and reused by every run. The coordinator (this process, outside the slots) owns the
-prompt stream and the pipeline:
-
-- phase p: the rollout slots generate batch p (prompts x group samples, pulled from one queue as
-  engine slots free up) with policy version max(p - 1, 0) while the trainers train on batch p - 1
-  (GRPO, group-normalised advantages, clipped ratio against the behaviour log-probs the rollout
-  recorded); then the trainers' leader broadcasts the new weights to every slot over the group
-  built once. Staleness is therefore exactly one step (zero for batch 0), checked per trajectory.
-- Every sequence is accounted for in a ledger (queued -> generating -> generated -> trained);
-  a run ends with every sequence generated exactly once and trained exactly once. Switches
-  happen at phase boundaries, where no generation is in flight, so an in-flight generation is
-  never cut: it finishes within its phase.
-- Static runs keep a split; the dynamic run asks ``StageBalancePolicy`` (the class the simulator
-  evaluates) at every boundary, feeding it what the run measured. The trainers are a
-  ``dra.elastic`` world (one elastic job per run) that this coordinator sizes from outside through
-  the job's ``capacity`` key, read by its leader at every step boundary (``capacity_poll_s=0``).
-  A switch moves whole slots: trainer -> rollout (named in ``leave``: released at the boundary,
-  the others shrink in place) or rollout -> trainer (registered first, admitted at the boundary:
-  an in-place grow whose deferred handoff sends no weights, the joiner holds them from the weight
-  sync, and the optimizer state during its first step). Every run ends with each training step
-  committed once by the controller and its sampler at the end of the trajectory stream.
-"""
+It runs outside the slots and owns the prompt stream, the pipeline (phase p generates batch p with
+policy version max(p - 1, 0) while the trainers train on batch p - 1, then the weight sync) and a
+ledger that checks every sequence is generated once and trained once. Static runs keep a split;
+the dynamic run asks ``StageBalancePolicy`` (the class the simulator evaluates) at every boundary
+and moves whole slots by resizing the trainers' ``dra.elastic`` world in place through its
+``capacity`` key. How and why: docs/design/rl.md; options and figures: docs/guide/rl.md ("Live")."""
 
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
 """The process on one device slot of the live RL loop (``python -m dra.rl.live.worker``).
 
-It holds the rollout role or the trainer role and switches in place, at a step boundary, when
-the coordinator says so:
-
-- weights reach every slot over one Gloo group of all slots (``weights``), built once at start
-  and reused for every step's weight sync;
-- the trainers are a ``dra.elastic`` world (``dra.Controller`` with ``policy="none"``,
-  ``release="return"``, ``capacity_poll_s=0``), one elastic job per run. The coordinator sizes it
-  from outside through the job's ``capacity`` key. A trainer it names in ``leave`` is released at
-  its next ``ctl.step`` (an in-place shrink: the others rebuild without it and go on) and starts
-  a rollout engine in the same process; a rollout worker that becomes a trainer enters with
-  ``ctl.try_join()`` (an in-place grow: the world's leader hands it the training state, and the
-  sampler's position). The world's leader hands it only what it lacks: it already holds the
-  current weights from the weight sync, so with ``handoff="deferred"`` the parameters are checked
-  by digest, not sent, and the Adam moments arrive while it computes its first forward and
-  backward (the controller's deferred optimizer restore).
-- which trajectories a trainer trains on comes from the controller's sampler over the stream of
-  trajectories (one global batch per step): every trajectory is trained exactly once, whatever
-  the world did;
-- every generation carries the policy version it was sampled with.
-
-Control messages come from the coordinator over a ``multiprocessing.connection`` (pickled dicts).
-"""
+It holds the rollout role or the trainer role and switches in place at a step boundary when the
+coordinator says so. Weights reach every slot over one Gloo group built once and reused; the
+trainers are a ``dra.elastic`` world (``policy="none"``, ``release="return"``,
+``capacity_poll_s=0``, ``handoff="deferred"``): a released trainer starts a rollout engine in the
+same process, and a rollout worker that becomes a trainer joins with ``ctl.try_join()`` and is
+sent only what it lacks (no weights, the optimizer state during its first step). Which
+trajectories a trainer trains on comes from the controller's sampler, so each is trained exactly
+once whatever the world did; every generation carries its policy version (docs/design/rl.md).
+Control messages come from the coordinator over a ``multiprocessing.connection`` (pickled dicts)."""
 
 from __future__ import annotations
 
