@@ -9,8 +9,8 @@
 #include <string>
 
 #include "bindings.hpp"
-#include "dra/rl/stage_balance.hpp"
 #include "dra/rl/pipeline.hpp"
+#include "dra/rl/stage_balance.hpp"
 #include "kwargs_init.hpp"
 
 namespace py = pybind11;
