@@ -31,7 +31,7 @@ def _power_law(t: int) -> float:
 def _sim_samples() -> dict[str, Any]:
     profiles = sim.load_profiles()
     jobs = _core.sim_read_workload(str(sim.default_data_dir() / "workloads" / "workload-1.csv"), profiles)[:3]
-    out: dict[str, Any] = {"sim_read_workload": jobs}
+    out: dict[str, Any] = {"sim_read_workload": jobs, "sim_profile_info": {a: profiles.info(a) for a in profiles.names()}}
     for policy in ("static", "convergence_aware"):
         result = _core.sim_run(profiles, jobs, policy, 30.0, 600.0, 2, 4)
         result.pop("wall_s")  # the simulator's own run time: not reproducible
