@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "bindings.hpp"
-#include "to_dict.hpp"
 #include "dra/torch/elastic/codec_hook.hpp"
 #include "dra/torch/elastic/controller.hpp"
+#include "to_dict.hpp"
 
 namespace py = pybind11;
 using namespace dra::elastic;
@@ -494,8 +494,7 @@ void dra::python::bind_controller(py::module_& m) {
       .def("_complete_handoff", &controller::complete_handoff, nogil(),
            "A deferred handoff's optimizer state has arrived and is loaded (before an optimizer step).")
       .def_property_readonly(
-          "handoff",
-          [](const controller& c) { return dict_of(c.last_handoff()); },
+          "handoff", [](const controller& c) { return dict_of(c.last_handoff()); },
           "This process's latest state handoff: bytes moved at the change, bytes skipped (the joiner held "
           "them), bytes deferred, the deferred transfer's seconds and how long the optimizer step waited for it.")
       .def("_finish_reduction", &controller::finish_reduction, nogil(),
@@ -542,8 +541,7 @@ void dra::python::bind_controller(py::module_& m) {
       .def_property_readonly("nonfinite_started", &controller::nonfinite_started,
                              "A streak of non-finite losses started in the latest step (device losses: when read).")
       .def_property_readonly(
-          "device_reads",
-          [](const controller& c) { return dict_of(c.device_reads()); },
+          "device_reads", [](const controller& c) { return dict_of(c.device_reads()); },
           "Host reads of device values (decision steps only) and how many had to wait for the device.")
       .def(
           "_step",

@@ -223,8 +223,7 @@ void dra::python::bind_rl(py::module_& m) {
           },
           py::arg("rollout"), py::arg("sequences"))
       .def(
-          "predict_all",
-          [](const stage_balance_policy& p, int sequences) { return list_of(p.predict_all(sequences)); },
+          "predict_all", [](const stage_balance_policy& p, int sequences) { return list_of(p.predict_all(sequences)); },
           py::arg("sequences"))
       .def(
           "decide",

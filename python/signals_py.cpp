@@ -38,7 +38,8 @@ void dra::python::bind_signals(py::module_& m) {
                      "Relative improvement since plateau_history_fraction x step below which learning has stalled.")
       .def("validate", &estimator_config::validate);
 
-  def_to_dict(py::class_<convergence_signals>(m, "ConvergenceSignals", "What the estimator knows after its latest update."))
+  def_to_dict(
+      py::class_<convergence_signals>(m, "ConvergenceSignals", "What the estimator knows after its latest update."))
       .def_readonly("step", &convergence_signals::step)
       .def_readonly("accepted", &convergence_signals::accepted)
       .def_readonly("loss", &convergence_signals::loss)

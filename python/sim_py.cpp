@@ -144,9 +144,7 @@ void dra::python::bind_sim(py::module_& m) {
 
   m.def(
       "sim_read_workload",
-      [](const std::string& path, const profile_library* profiles) {
-        return list_of(read_workload(path, profiles));
-      },
+      [](const std::string& path, const profile_library* profiles) { return list_of(read_workload(path, profiles)); },
       py::arg("path"), py::arg("profiles") = nullptr,
       "Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, "
       "column.");

@@ -22,7 +22,9 @@ namespace py = pybind11;
 // A cycle of properties (an object reachable from itself) would recurse forever.
 constexpr int max_depth = 64;
 
-inline bool is_bound(py::handle v) { return py::detail::get_type_info(Py_TYPE(v.ptr())) != nullptr; }
+inline bool is_bound(py::handle v) {
+  return py::detail::get_type_info(Py_TYPE(v.ptr())) != nullptr;
+}
 
 // The public properties of a class in binding order, base classes first, less what a class names
 // in `_dict_skip`. Read on every call (a property added later is included).
@@ -80,7 +82,9 @@ inline py::object plain(py::handle v, int depth) {
 }  // namespace to_dict_detail
 
 /// The plain value of any Python value: bound objects as dicts of their properties (recursively).
-inline pybind11::object to_plain(pybind11::handle v) { return to_dict_detail::plain(v, 0); }
+inline pybind11::object to_plain(pybind11::handle v) {
+  return to_dict_detail::plain(v, 0);
+}
 
 /// A bound object as the dict of its properties.
 inline pybind11::dict to_dict(pybind11::handle bound) {
