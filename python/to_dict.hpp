@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -26,30 +27,62 @@ inline bool is_bound(py::handle v) {
   return py::detail::get_type_info(Py_TYPE(v.ptr())) != nullptr;
 }
 
-// The public properties of a class in binding order, base classes first, less what a class names
-// in `_dict_skip`. Read on every call (a property added later is included).
-inline std::vector<py::str> fields(py::handle type) {
-  const py::tuple mro = type.attr("__mro__");
-  const py::object skip = py::getattr(type, "_dict_skip", py::tuple());
-  std::vector<py::str> out;
+// What a class contributes to a dict: its public properties in binding order, base classes
+// first, less what it names in `_dict_skip`; or, for an enum, its name.
+struct field {
+  py::str name;
+  py::object get;  // the property's getter, called directly (no attribute lookup per value)
+};
+
+struct layout {
+  unsigned int version = 0;  // the class's version tag when read (0: none; read again)
+  bool is_enum = false;
+  std::vector<field> fields;
+};
+
+inline layout read_layout(PyTypeObject* type) {
+  const py::handle t(reinterpret_cast<PyObject*>(type));
+  layout out;
+  out.is_enum = py::hasattr(t, "__members__");
+  const py::object skip = py::getattr(t, "_dict_skip", py::tuple());
+  const py::tuple mro = t.attr("__mro__");
   for (std::size_t i = mro.size(); i-- > 0;) {
-    for (auto item : py::dict(mro[i].attr("__dict__"))) {
-      if (!PyObject_TypeCheck(item.second.ptr(), &PyProperty_Type)) continue;
-      const auto name = item.first.cast<std::string>();
-      if (name.rfind('_', 0) == 0 || skip.contains(item.first)) continue;
+    PyObject* dict = reinterpret_cast<PyTypeObject*>(mro[i].ptr())->tp_dict;
+    if (dict == nullptr) continue;  // a static built-in type (Python 3.12+): no properties of ours
+    for (auto item : py::reinterpret_borrow<py::dict>(dict)) {
+      if (!PyObject_TypeCheck(item.second.ptr(), &PyProperty_Type) || item.second.attr("fget").is_none()) continue;
+      if (item.first.cast<std::string>().rfind('_', 0) == 0 || skip.contains(item.first)) continue;
       bool seen = false;
-      for (const auto& f : out) seen = seen || f.equal(item.first);
-      if (!seen) out.emplace_back(py::reinterpret_borrow<py::str>(item.first));
+      for (const auto& f : out.fields) seen = seen || f.name.equal(item.first);
+      if (!seen) out.fields.push_back({py::reinterpret_borrow<py::str>(item.first), item.second.attr("fget")});
     }
   }
   return out;
+}
+
+// Read once per class and kept while the class is unchanged: CPython gives a class a new version
+// tag whenever it or a base changes (PyType_Modified), so a property added later is seen.
+inline const layout& layout_of(PyTypeObject* type) {
+  // Never freed: it holds Python strings, which must not be released after the interpreter ends.
+  static auto* cache = new std::unordered_map<PyTypeObject*, layout>();
+  auto& entry = (*cache)[type];
+  if (entry.version == 0 || entry.version != type->tp_version_tag) {
+    entry = read_layout(type);
+    entry.version = type->tp_version_tag;
+  }
+  return entry;
+}
+
+inline const std::vector<field>& fields(py::handle type) {
+  return layout_of(reinterpret_cast<PyTypeObject*>(type.ptr())).fields;
 }
 
 py::object plain(py::handle v, int depth);
 
 inline py::dict object_dict(py::handle v, int depth) {
   py::dict d;
-  for (const auto& name : fields(py::type::handle_of(v))) d[name] = plain(v.attr(name), depth + 1);
+  const auto fs = fields(py::type::handle_of(v));  // a copy: a getter could change the class
+  for (const auto& f : fs) d[f.name] = plain(f.get(v), depth + 1);
   return d;
 }
 
@@ -75,7 +108,7 @@ inline py::object plain(py::handle v, int depth) {
     for (auto item : py::reinterpret_borrow<py::dict>(v)) out[item.first] = plain(item.second, depth + 1);
     return std::move(out);
   }
-  if (py::hasattr(py::type::handle_of(v), "__members__")) return v.attr("name");  // an enum
+  if (layout_of(Py_TYPE(v.ptr())).is_enum) return v.attr("name");
   if (is_bound(v)) return object_dict(v, depth);
   return py::reinterpret_borrow<py::object>(v);
 }
@@ -133,14 +166,14 @@ auto finite_or_none(double T::* member) {
 template <class T>
 pybind11::dict columns(const std::vector<T>& rows) {
   namespace py = pybind11;
-  const auto names = to_dict_detail::fields(py::type::of<T>());
-  std::vector<py::list> cols(names.size());
+  const auto fs = to_dict_detail::fields(py::type::of<T>());
+  std::vector<py::list> cols(fs.size());
   for (const auto& row : rows) {
     const py::object o = py::cast(&row, py::return_value_policy::reference);
-    for (std::size_t i = 0; i < names.size(); ++i) cols[i].append(to_plain(o.attr(names[i])));
+    for (std::size_t i = 0; i < fs.size(); ++i) cols[i].append(to_plain(fs[i].get(o)));
   }
   py::dict out;
-  for (std::size_t i = 0; i < names.size(); ++i) out[names[i]] = cols[i];
+  for (std::size_t i = 0; i < fs.size(); ++i) out[fs[i].name] = cols[i];
   return out;
 }
 
