@@ -20,6 +20,7 @@
 #include "bindings.hpp"
 #include "dra/torch/elastic/codec_hook.hpp"
 #include "dra/torch/elastic/controller.hpp"
+#include "to_dict.hpp"
 
 namespace py = pybind11;
 using namespace dra::elastic;
@@ -387,10 +388,12 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("compress", &controller_options::compress,
                     "Gradient codec of the bucketed reduction ('' : a plain all-reduce).");
 
-  py::class_<dra::elastic::step_status>(
-      m, "StepStatus",
-      "What dra.step returns, in one process and in an elastic world alike: the controller's "
-      "status after the step (the same object every step: copy with to_dict()).")
+  // exit_requested and released steer the caller (dra.step's wrapper); the dict records the step.
+  def_to_dict(py::class_<dra::elastic::step_status>(
+                  m, "StepStatus",
+                  "What dra.step returns, in one process and in an elastic world alike: the controller's "
+                  "status after the step (the same object every step: copy with to_dict())."),
+              {"exit_requested", "released"})
       .def_readonly("step", &dra::elastic::step_status::step,
                     "Index of the latest committed step (-1 before the first).")
       .def_readonly("committed", &dra::elastic::step_status::committed,
@@ -419,29 +422,29 @@ void dra::python::bind_controller(py::module_& m) {
                     "Energy of the world's processes since the job started (NaN alone).")
       .def_readonly("energy_source", &dra::elastic::step_status::energy_source,
                     "'measured' only when every process measured its energy, else 'estimated' ('' alone).")
-      .def("to_dict",
-           [](const dra::elastic::step_status& s) {
-             py::dict d;
-             d["step"] = s.step;
-             d["committed"] = s.committed;
-             d["loss"] = s.loss;
-             d["world_size"] = s.world_size;
-             d["rank"] = s.rank;
-             d["epoch"] = s.epoch;
-             d["decided"] = s.decided;
-             d["decision"] = py::cast(s.decision).attr("to_dict")();
-             d["signals"] = py::cast(*s.signals).attr("to_dict")();
-             d["event"] = event_dict(s.event);
-             d["energy_step_j"] = s.energy_step_j;
-             d["energy_job_j"] = s.energy_job_j;
-             d["energy_source"] = s.energy_source;
-             return d;
-           })
       .def("__repr__", [](const dra::elastic::step_status& s) {
         return "<StepStatus step=" + std::to_string(s.step) + " world=" + std::to_string(s.world_size) +
                " phase=" + dra::signals::to_string(s.signals->phase) +
                " decision=" + dra::policy::to_string(s.decision.kind) + ">";
       });
+
+  // What Controller.handoff, .energy and .device_reads return (as dicts).
+  def_to_dict(py::class_<controller::handoff_stats>(m, "HandoffStats", "This process's latest state handoff."))
+      .def_readonly("deferred", &controller::handoff_stats::deferred)
+      .def_readonly("bytes", &controller::handoff_stats::bytes)
+      .def_readonly("skipped_bytes", &controller::handoff_stats::skipped_bytes)
+      .def_readonly("deferred_bytes", &controller::handoff_stats::deferred_bytes)
+      .def_readonly("deferred_s", &controller::handoff_stats::deferred_s)
+      .def_readonly("wait_s", &controller::handoff_stats::wait_s);
+  def_to_dict(py::class_<process_energy>(m, "ProcessEnergy", "This process's own energy."))
+      .def_readonly("step_j", &process_energy::step_j)
+      .def_readonly("job_j", &process_energy::job_j)
+      .def_readonly("source", &process_energy::source)
+      .def_readonly("reader", &process_energy::reader)
+      .def_readonly("scope", &process_energy::scope);
+  def_to_dict(py::class_<device_read_stats>(m, "DeviceReadStats", "Host reads of device values."))
+      .def_readonly("reads", &device_read_stats::reads)
+      .def_readonly("blocking_waits", &device_read_stats::blocking_waits);
 
   // Every call that may block on the store or a collective, or tear a process group down, runs
   // without the GIL: c10d's Gloo threads take the GIL when they release tensors, so holding it
@@ -491,18 +494,7 @@ void dra::python::bind_controller(py::module_& m) {
       .def("_complete_handoff", &controller::complete_handoff, nogil(),
            "A deferred handoff's optimizer state has arrived and is loaded (before an optimizer step).")
       .def_property_readonly(
-          "handoff",
-          [](const controller& c) {
-            const auto& h = c.last_handoff();
-            py::dict d;
-            d["deferred"] = h.deferred;
-            d["bytes"] = h.bytes;
-            d["skipped_bytes"] = h.skipped_bytes;
-            d["deferred_bytes"] = h.deferred_bytes;
-            d["deferred_s"] = h.deferred_s;
-            d["wait_s"] = h.wait_s;
-            return d;
-          },
+          "handoff", [](const controller& c) { return dict_of(c.last_handoff()); },
           "This process's latest state handoff: bytes moved at the change, bytes skipped (the joiner held "
           "them), bytes deferred, the deferred transfer's seconds and how long the optimizer step waited for it.")
       .def("_finish_reduction", &controller::finish_reduction, nogil(),
@@ -540,29 +532,16 @@ void dra::python::bind_controller(py::module_& m) {
       .def_property_readonly(
           "energy",
           [](const controller& c) -> py::object {
-            const auto e = c.energy();
+            auto e = c.energy();
             if (e.reader.empty()) return py::none();
-            py::dict d;
-            d["step_j"] = e.step_j;
-            d["job_j"] = e.job_j;
-            d["source"] = e.source;
-            d["reader"] = e.reader;
-            d["scope"] = e.scope;
-            return d;
+            return dict_of(std::move(e));
           },
           "This process's own energy (None until it entered a world): the latest step, since it joined, the label "
           "and the reader. The world's figures are in status (energy_step_j, energy_job_j, energy_source).")
       .def_property_readonly("nonfinite_started", &controller::nonfinite_started,
                              "A streak of non-finite losses started in the latest step (device losses: when read).")
       .def_property_readonly(
-          "device_reads",
-          [](const controller& c) {
-            const auto r = c.device_reads();
-            py::dict d;
-            d["reads"] = r.reads;
-            d["blocking_waits"] = r.blocking_waits;
-            return d;
-          },
+          "device_reads", [](const controller& c) { return dict_of(c.device_reads()); },
           "Host reads of device values (decision steps only) and how many had to wait for the device.")
       .def(
           "_step",

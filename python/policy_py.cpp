@@ -4,27 +4,10 @@
 #include "bindings.hpp"
 #include "dra/engine.hpp"
 #include "kwargs_init.hpp"
+#include "to_dict.hpp"
 
 namespace py = pybind11;
 using namespace dra::policy;
-
-namespace {
-
-py::dict decision_to_dict(const decision& d) {
-  py::dict out;
-  out["action"] = to_string(d.kind);
-  out["target_size"] = d.target_size;
-  out["members"] = d.members;
-  out["leave"] = d.leave;
-  out["join"] = d.join;
-  out["batch_scale"] = d.batch_scale;
-  out["lr_scale"] = d.lr_scale;
-  out["predicted_speedup"] = d.predicted_speedup;
-  out["reason"] = d.reason;
-  out["policy"] = d.policy;
-  return out;
-}
-}  // namespace
 
 void dra::python::bind_policy(py::module_& m) {
   py::class_<world_state>(m, "WorldState", "The job's world at a step boundary, as the leader sees it.")
@@ -50,7 +33,8 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("resize_cost_s", &cost_model::resize_cost_s)
       .def_readwrite("horizon_steps", &cost_model::horizon_steps);
 
-  py::class_<decision>(m, "Decision", "A resize decision: target size, who leaves, who joins, batch/LR scale, reason.")
+  def_to_dict(py::class_<decision>(m, "Decision",
+                                   "A resize decision: target size, who leaves, who joins, batch/LR scale, reason."))
       .def(py::init<>())
       .def_property_readonly("action", [](const decision& d) { return to_string(d.kind); })
       .def_readonly("target_size", &decision::target_size)
@@ -62,7 +46,6 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readonly("predicted_speedup", &decision::predicted_speedup)
       .def_readonly("reason", &decision::reason)
       .def_readonly("policy", &decision::policy)
-      .def("to_dict", &decision_to_dict)
       .def("__repr__", [](const decision& d) {
         return "<Decision " + std::string(to_string(d.kind)) + " -> " + std::to_string(d.target_size) + ": " +
                d.reason + ">";

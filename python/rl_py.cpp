@@ -1,27 +1,23 @@
 // Bindings of RL post-training's stage balance (include/dra/rl/stage_balance.hpp) and the RL
-// pipeline simulator (include/dra/rl/pipeline.hpp). Results come back as plain dicts so
-// dra.rl writes JSON, tables and plots without further glue.
+// pipeline simulator (include/dra/rl/pipeline.hpp). Results come back as plain dicts (to_dict.hpp,
+// from the result classes bound here) so dra.rl writes JSON, tables and plots without further glue.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cmath>
 #include <string>
 
 #include "bindings.hpp"
 #include "dra/rl/pipeline.hpp"
 #include "dra/rl/stage_balance.hpp"
 #include "kwargs_init.hpp"
+#include "to_dict.hpp"
 
 namespace py = pybind11;
 using namespace dra::policy;
 using namespace dra::sim;
 
 namespace {
-
-py::object num(double v) {
-  return std::isfinite(v) ? py::object(py::float_(v)) : py::object(py::none());
-}
 
 rl_pipeline pipeline_from(const std::string& name) {
   if (name == "one_step_off") return rl_pipeline::one_step_off;
@@ -35,109 +31,10 @@ stage_action direction_from(const std::string& name) {
   throw py::value_error("direction: unknown direction '" + name + "'; use 'to_rollout' or 'to_train'");
 }
 
-py::dict prediction_to_dict(const stage_prediction& p) {
-  py::dict d;
-  d["rollout"] = p.rollout;
-  d["train"] = p.train;
-  d["rollout_s"] = p.rollout_s;
-  d["train_s"] = p.train_s;
-  d["rollout_sd_s"] = p.rollout_sd_s;
-  d["train_sd_s"] = p.train_sd_s;
-  d["weight_sync_s"] = p.weight_sync_s;
-  d["step_s"] = p.step_s;
-  return d;
-}
-
-py::dict decision_to_dict(const stage_decision& s) {
-  py::dict d;
-  d["action"] = to_string(s.kind);
-  d["rollout"] = s.rollout;
-  d["train"] = s.train;
-  d["moved"] = s.moved;
-  d["current"] = prediction_to_dict(s.current);
-  d["target"] = prediction_to_dict(s.target);
-  d["switch_cost_s"] = s.switch_cost_s;
-  d["payback_steps"] = num(s.payback_steps);
-  d["reason"] = s.reason;
-  return d;
-}
-
-py::dict run_to_dict(const rl_run_result& r) {
-  py::dict d;
-  d["name"] = r.name;
-  d["rollout"] = r.rollout;
-  d["steps"] = r.steps;
-  d["total_s"] = r.total_s;
-  d["samples_per_s"] = r.samples_per_s;
-  d["generated_tokens_per_s"] = r.generated_tokens_per_s;
-  d["bubble_fraction"] = r.bubble_fraction;
-  d["mean_rollout_devices"] = r.mean_rollout_devices;
-  d["switches"] = r.switches;
-  d["switch_total_s"] = r.switch_total_s;
-  d["switch_exposed_s"] = r.switch_exposed_s;
-  d["hidden_fraction"] = r.hidden_fraction;
-  // Phases as columns: compact and ready for plotting.
-  py::dict ph;
-  std::vector<int> phase, rollout, train, trained;
-  std::vector<double> start, duration, roll_s, train_s, idle, sw_total, sw_exposed, mean_len, longest, predicted;
-  std::vector<std::string> action;
-  for (const auto& p : r.phases) {
-    phase.push_back(p.phase);
-    rollout.push_back(p.rollout);
-    train.push_back(p.train);
-    trained.push_back(p.trained_sequences);
-    start.push_back(p.start_s);
-    duration.push_back(p.duration_s);
-    roll_s.push_back(p.rollout_s);
-    train_s.push_back(p.train_s);
-    idle.push_back(p.idle_device_s);
-    sw_total.push_back(p.switch_total_s);
-    sw_exposed.push_back(p.switch_exposed_s);
-    mean_len.push_back(p.mean_length);
-    longest.push_back(p.longest);
-    predicted.push_back(p.predicted_s);
-    action.push_back(p.action);
-  }
-  ph["phase"] = phase;
-  ph["rollout"] = rollout;
-  ph["train"] = train;
-  ph["trained_sequences"] = trained;
-  ph["start_s"] = start;
-  ph["duration_s"] = duration;
-  ph["rollout_s"] = roll_s;
-  ph["train_s"] = train_s;
-  ph["idle_device_s"] = idle;
-  ph["switch_total_s"] = sw_total;
-  ph["switch_exposed_s"] = sw_exposed;
-  ph["mean_length"] = mean_len;
-  ph["longest"] = longest;
-  ph["predicted_s"] = predicted;
-  ph["action"] = action;
-  d["phases"] = ph;
-  py::list switches;
-  for (const auto& s : r.switch_log) {
-    py::dict w;
-    w["phase"] = s.phase;
-    w["direction"] = s.direction;
-    w["moved"] = s.moved;
-    py::dict parts;
-    parts["agree_s"] = s.agree_s;
-    parts["rebuild_s"] = s.rebuild_s;
-    parts["weights_s"] = s.weights_s;
-    parts["optimizer_s"] = s.optimizer_s;
-    parts["rollout_start_s"] = s.rollout_start_s;
-    w["cost_split"] = parts;
-    w["total_s"] = s.total_s;
-    w["exposed_s"] = s.exposed_s;
-    w["hidden_s"] = s.hidden_s;
-    w["payback_steps"] = num(s.payback_steps);
-    w["predicted_payback_steps"] = num(s.predicted_payback_steps);
-    w["reason"] = s.reason;
-    switches.append(w);
-  }
-  d["switch_log"] = switches;
-  return d;
-}
+// A switch's cost by part (a dict of its own in the results).
+struct switch_cost_split {
+  double agree_s, rebuild_s, weights_s, optimizer_s, rollout_start_s;
+};
 
 }  // namespace
 
@@ -208,6 +105,94 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("training", &stage_balance_config::training)
       .def("validate", &stage_balance_config::validate);
 
+  def_to_dict(py::class_<generation_model>(m, "GenerationModel",
+                                           "The decode-time fit of the stage-balance policy (generation_fit)."))
+      .def_property_readonly("fixed_s", &generation_model::fixed_s)
+      .def_property_readonly("per_sequence_s", &generation_model::per_sequence_s)
+      .def_property_readonly("per_kilotoken_s", &generation_model::per_kilotoken_s)
+      .def_property_readonly("observations", &generation_model::observations);
+  // The results, as dicts: each property is named after its key (None where a payback is never
+  // reached), a run's phases as columns.
+  def_to_dict(py::class_<stage_prediction>(m, "StagePrediction", "Predicted stage and step times of one split."))
+      .def_readonly("rollout", &stage_prediction::rollout)
+      .def_readonly("train", &stage_prediction::train)
+      .def_readonly("rollout_s", &stage_prediction::rollout_s)
+      .def_readonly("train_s", &stage_prediction::train_s)
+      .def_readonly("rollout_sd_s", &stage_prediction::rollout_sd_s)
+      .def_readonly("train_sd_s", &stage_prediction::train_sd_s)
+      .def_readonly("weight_sync_s", &stage_prediction::weight_sync_s)
+      .def_readonly("step_s", &stage_prediction::step_s);
+  def_to_dict(py::class_<stage_decision>(m, "StageDecision", "A stage-balance decision and what it predicts."))
+      .def_property_readonly("action", [](const stage_decision& d) { return std::string(to_string(d.kind)); })
+      .def_readonly("rollout", &stage_decision::rollout)
+      .def_readonly("train", &stage_decision::train)
+      .def_readonly("moved", &stage_decision::moved)
+      .def_readonly("current", &stage_decision::current)
+      .def_readonly("target", &stage_decision::target)
+      .def_readonly("switch_cost_s", &stage_decision::switch_cost_s)
+      .def_property_readonly("payback_steps", finite_or_none(&stage_decision::payback_steps))
+      .def_readonly("reason", &stage_decision::reason);
+  def_to_dict(py::class_<rl_phase_record>(m, "RlPhase", "One phase of a simulated RL run."))
+      .def_readonly("phase", &rl_phase_record::phase)
+      .def_readonly("rollout", &rl_phase_record::rollout)
+      .def_readonly("train", &rl_phase_record::train)
+      .def_readonly("trained_sequences", &rl_phase_record::trained_sequences)
+      .def_readonly("start_s", &rl_phase_record::start_s)
+      .def_readonly("duration_s", &rl_phase_record::duration_s)
+      .def_readonly("rollout_s", &rl_phase_record::rollout_s)
+      .def_readonly("train_s", &rl_phase_record::train_s)
+      .def_readonly("idle_device_s", &rl_phase_record::idle_device_s)
+      .def_readonly("switch_total_s", &rl_phase_record::switch_total_s)
+      .def_readonly("switch_exposed_s", &rl_phase_record::switch_exposed_s)
+      .def_readonly("mean_length", &rl_phase_record::mean_length)
+      .def_readonly("longest", &rl_phase_record::longest)
+      .def_readonly("predicted_s", &rl_phase_record::predicted_s)
+      .def_readonly("action", &rl_phase_record::action);
+  def_to_dict(py::class_<switch_cost_split>(m, "RlSwitchCostSplit", "A switch's cost by part (seconds)."))
+      .def_readonly("agree_s", &switch_cost_split::agree_s)
+      .def_readonly("rebuild_s", &switch_cost_split::rebuild_s)
+      .def_readonly("weights_s", &switch_cost_split::weights_s)
+      .def_readonly("optimizer_s", &switch_cost_split::optimizer_s)
+      .def_readonly("rollout_start_s", &switch_cost_split::rollout_start_s);
+  def_to_dict(py::class_<rl_switch_record>(m, "RlSwitch", "One switch of a simulated RL run."))
+      .def_readonly("phase", &rl_switch_record::phase)
+      .def_readonly("direction", &rl_switch_record::direction)
+      .def_readonly("moved", &rl_switch_record::moved)
+      .def_property_readonly("cost_split",
+                             [](const rl_switch_record& s) {
+                               return switch_cost_split{s.agree_s, s.rebuild_s, s.weights_s, s.optimizer_s,
+                                                        s.rollout_start_s};
+                             })
+      .def_readonly("total_s", &rl_switch_record::total_s)
+      .def_readonly("exposed_s", &rl_switch_record::exposed_s)
+      .def_readonly("hidden_s", &rl_switch_record::hidden_s)
+      .def_property_readonly("payback_steps", finite_or_none(&rl_switch_record::payback_steps))
+      .def_property_readonly("predicted_payback_steps", finite_or_none(&rl_switch_record::predicted_payback_steps))
+      .def_readonly("reason", &rl_switch_record::reason);
+  def_to_dict(py::class_<rl_run_result>(m, "RlRun", "One schedule of a simulated RL run: totals, phases, switches."))
+      .def_readonly("name", &rl_run_result::name)
+      .def_readonly("rollout", &rl_run_result::rollout)
+      .def_readonly("steps", &rl_run_result::steps)
+      .def_readonly("total_s", &rl_run_result::total_s)
+      .def_readonly("samples_per_s", &rl_run_result::samples_per_s)
+      .def_readonly("generated_tokens_per_s", &rl_run_result::generated_tokens_per_s)
+      .def_readonly("bubble_fraction", &rl_run_result::bubble_fraction)
+      .def_readonly("mean_rollout_devices", &rl_run_result::mean_rollout_devices)
+      .def_readonly("switches", &rl_run_result::switches)
+      .def_readonly("switch_total_s", &rl_run_result::switch_total_s)
+      .def_readonly("switch_exposed_s", &rl_run_result::switch_exposed_s)
+      .def_readonly("hidden_fraction", &rl_run_result::hidden_fraction)
+      .def_property_readonly(
+          "phases", [](const rl_run_result& r) { return columns(r.phases); }, "The phases as columns.")
+      .def_readonly("switch_log", &rl_run_result::switch_log);
+  def_to_dict(py::class_<rl_sweep_result>(m, "RlSweep", "Every static split, the policy, the oracle and colocation."))
+      .def_readonly("length_source", &rl_sweep_result::length_source)
+      .def_readonly("statics", &rl_sweep_result::statics)
+      .def_readonly("best_static", &rl_sweep_result::best_static)
+      .def_readonly("dynamic", &rl_sweep_result::dynamic)
+      .def_readonly("oracle", &rl_sweep_result::oracle)
+      .def_readonly("colocated", &rl_sweep_result::colocated);
+
   py::class_<stage_balance_policy>(
       m, "StageBalancePolicy",
       "How many devices generate and how many train, and when moving one pays (RL post-training).")
@@ -234,16 +219,11 @@ void dra::python::bind_rl(py::module_& m) {
       .def(
           "predict",
           [](const stage_balance_policy& p, int rollout, int sequences) {
-            return prediction_to_dict(p.predict(rollout, sequences));
+            return dict_of(p.predict(rollout, sequences));
           },
           py::arg("rollout"), py::arg("sequences"))
       .def(
-          "predict_all",
-          [](const stage_balance_policy& p, int sequences) {
-            py::list out;
-            for (const auto& x : p.predict_all(sequences)) out.append(prediction_to_dict(x));
-            return out;
-          },
+          "predict_all", [](const stage_balance_policy& p, int sequences) { return list_of(p.predict_all(sequences)); },
           py::arg("sequences"))
       .def(
           "decide",
@@ -256,7 +236,7 @@ void dra::python::bind_rl(py::module_& m) {
             s.steps_since_switch = steps_since_switch;
             s.remaining_steps = remaining_steps;
             s.sequences_per_step = sequences_per_step;
-            return decision_to_dict(p.decide(s));
+            return dict_of(p.decide(s));
           },
           py::arg("rollout"), py::arg("train"), py::arg("step"), py::arg("steps_since_switch"),
           py::arg("remaining_steps") = -1, py::arg("sequences_per_step") = 1,
@@ -264,12 +244,7 @@ void dra::python::bind_rl(py::module_& m) {
       .def_property_readonly("lengths", &stage_balance_policy::lengths, py::return_value_policy::reference_internal)
       .def_property_readonly("weight_sync_s", &stage_balance_policy::weight_sync_s)
       .def_property_readonly("generation_fit", [](const stage_balance_policy& p) {
-        py::dict d;
-        d["fixed_s"] = p.generation().fixed_s();
-        d["per_sequence_s"] = p.generation().per_sequence_s();
-        d["per_kilotoken_s"] = p.generation().per_kilotoken_s();
-        d["observations"] = p.generation().observations();
-        return d;
+        return to_dict(py::cast(&p.generation(), py::return_value_policy::reference));
       });
 
   py::class_<rl_workload> wcfg(m, "RlWorkload",
@@ -336,16 +311,7 @@ void dra::python::bind_rl(py::module_& m) {
             progress(done, total);
           });
         }
-        py::dict d;
-        d["length_source"] = r.length_source;
-        py::list statics;
-        for (const auto& s : r.statics) statics.append(run_to_dict(s));
-        d["statics"] = statics;
-        d["best_static"] = r.best_static;
-        d["dynamic"] = run_to_dict(r.dynamic);
-        d["oracle"] = run_to_dict(r.oracle);
-        d["colocated"] = run_to_dict(r.colocated);
-        return d;
+        return dict_of(std::move(r));
       },
       py::arg("lengths"), py::arg("source"), py::arg("devices") = 8, py::arg("pipeline") = "one_step_off",
       py::arg_v("workload", rl_workload{}, "RlWorkload()"), py::arg_v("costs", rl_cost_model{}, "RlCostModel()"),

@@ -4,41 +4,10 @@
 #include "bindings.hpp"
 #include "dra/signals/convergence_estimator.hpp"
 #include "kwargs_init.hpp"
+#include "to_dict.hpp"
 
 namespace py = pybind11;
 using namespace dra::signals;
-
-namespace {
-py::dict signals_to_dict(const convergence_signals& s) {
-  py::dict d;
-  d["step"] = s.step;
-  d["accepted"] = s.accepted;
-  d["loss"] = s.loss;
-  d["smoothed_loss"] = s.smoothed_loss;
-  d["best_loss"] = s.best_loss;
-  d["best_smoothed_loss"] = s.best_smoothed_loss;
-  d["progress_rate"] = s.progress_rate;
-  d["progress_rate_stderr"] = s.progress_rate_stderr;
-  d["relative_improvement"] = s.relative_improvement;
-  d["noise"] = s.noise;
-  d["plateau"] = s.plateau;
-  d["diverging"] = s.diverging;
-  d["flat_streak"] = s.flat_streak;
-  d["phase"] = to_string(s.phase);
-  d["gns_valid"] = s.gns_valid;
-  d["gns_biased"] = s.gns_biased;
-  d["gns"] = s.gns;
-  d["grad_sqr"] = s.grad_sqr;
-  d["grad_var"] = s.grad_var;
-  d["has_validation"] = s.has_validation;
-  d["validation_metric"] = s.validation_metric;
-  d["nonfinite_count"] = s.nonfinite_count;
-  d["nonfinite_streak"] = s.nonfinite_streak;
-  d["nonpositive_count"] = s.nonpositive_count;
-  d["outlier_count"] = s.outlier_count;
-  return d;
-}
-}  // namespace
 
 void dra::python::bind_signals(py::module_& m) {
   py::class_<estimator_config> config(m, "EstimatorConfig", "Settings of the convergence-signal estimator.");
@@ -69,7 +38,8 @@ void dra::python::bind_signals(py::module_& m) {
                      "Relative improvement since plateau_history_fraction x step below which learning has stalled.")
       .def("validate", &estimator_config::validate);
 
-  py::class_<convergence_signals>(m, "ConvergenceSignals", "What the estimator knows after its latest update.")
+  def_to_dict(
+      py::class_<convergence_signals>(m, "ConvergenceSignals", "What the estimator knows after its latest update."))
       .def_readonly("step", &convergence_signals::step)
       .def_readonly("accepted", &convergence_signals::accepted)
       .def_readonly("loss", &convergence_signals::loss)
@@ -96,7 +66,6 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readonly("nonpositive_count", &convergence_signals::nonpositive_count)
       .def_readonly("outlier_count", &convergence_signals::outlier_count,
                     "Losses clipped to outlier_factor x the smoothed loss by the robust update.")
-      .def("to_dict", &signals_to_dict)
       .def("__repr__", [](const convergence_signals& s) {
         return "<ConvergenceSignals step=" + std::to_string(s.step) + " phase=" + to_string(s.phase) +
                " smoothed_loss=" + std::to_string(s.smoothed_loss) + ">";

@@ -1,80 +1,18 @@
 // Bindings of the cluster simulator (include/dra/sim/). Thin: results come back as plain dicts
-// and lists, so the Python side (dra.sim) writes JSON, tables and plots without further glue.
+// and lists (to_dict.hpp, from the result classes bound here), so the Python side (dra.sim) writes
+// JSON, tables and plots without further glue.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cmath>
-
 #include "bindings.hpp"
 #include "dra/sim/study.hpp"
+#include "to_dict.hpp"
 
 namespace py = pybind11;
 using namespace dra::sim;
 
 namespace {
-
-py::object num(double v) {
-  return std::isfinite(v) ? py::object(py::float_(v)) : py::object(py::none());
-}
-
-py::dict job_to_dict(const job_result& j) {
-  py::dict d;
-  d["name"] = j.name;
-  d["application"] = j.application;
-  d["submit_s"] = j.submit_s;
-  d["start_s"] = num(j.start_s);
-  d["completion_s"] = num(j.completion_s);
-  d["jct_s"] = num(j.jct_s);
-  d["gpu_seconds"] = j.gpu_seconds;
-  d["compute_gpu_seconds"] = j.compute_gpu_seconds;
-  d["busy_gpu_seconds"] = j.busy_gpu_seconds;
-  d["progress"] = j.progress;
-  d["epochs"] = j.epochs;
-  d["requested_replicas"] = j.requested_replicas;
-  d["requested_batch"] = j.requested_batch;
-  d["final_batch"] = j.final_batch;
-  d["final_metric"] = num(j.final_metric);
-  d["reached_target"] = j.reached_target;
-  d["reallocations"] = j.reallocations;
-  d["max_devices"] = j.max_devices;
-  d["mean_devices"] = j.device_time_weighted_devices;
-  return d;
-}
-
-py::dict result_to_dict(const sim_result& r) {
-  py::dict d;
-  d["policy"] = r.policy;
-  d["capacity"] = r.capacity;
-  d["reallocation_cost_s"] = r.reallocation_cost_s;
-  d["makespan_s"] = r.makespan_s;
-  d["first_submit_s"] = r.first_submit_s;
-  d["wall_s"] = r.wall_s;
-  d["all_completed"] = r.all_completed;
-  py::list jobs;
-  for (const auto& j : r.jobs) jobs.append(job_to_dict(j));
-  d["jobs"] = jobs;
-  // Timeline as columns: compact and ready for plotting.
-  std::vector<double> t, frac, busy;
-  std::vector<int> alloc, running, waiting;
-  for (const auto& p : r.timeline) {
-    t.push_back(p.time_s);
-    alloc.push_back(p.allocated);
-    running.push_back(p.running);
-    waiting.push_back(p.waiting);
-    frac.push_back(p.compute_fraction);
-    busy.push_back(p.busy_fraction);
-  }
-  py::dict tl;
-  tl["time_s"] = t;
-  tl["allocated"] = alloc;
-  tl["running"] = running;
-  tl["waiting"] = waiting;
-  tl["compute_fraction"] = frac;
-  tl["busy_fraction"] = busy;
-  d["timeline"] = tl;
-  return d;
-}
 
 job_spec spec_from(const py::handle& o) {
   job_spec j;
@@ -90,19 +28,6 @@ job_spec spec_from(const py::handle& o) {
   return j;
 }
 
-py::dict spec_to_dict(const job_spec& j) {
-  py::dict d;
-  d["name"] = j.name;
-  d["submit_s"] = j.submit_s;
-  d["application"] = j.application;
-  d["replicas"] = j.replicas;
-  d["batch"] = j.batch;
-  d["throughput_scale"] = j.throughput_scale;
-  d["gns_scale"] = j.gns_scale;
-  d["target_metric"] = num(j.target_metric);
-  return d;
-}
-
 }  // namespace
 
 void dra::python::bind_sim(py::module_& m) {
@@ -112,6 +37,74 @@ void dra::python::bind_sim(py::module_& m) {
   m.attr("sim_default_price_floor") = sim_config{}.cluster_price_floor;
   m.attr("sim_default_job_price_floor") = dra::policy::convergence_aware_config{}.price_floor;
 
+  // The results, as dicts: each property is named after its key (None where a time or metric was
+  // not reached), the timeline as columns.
+  def_to_dict(py::class_<job_spec>(m, "SimJobSpec", "A job of a workload: arrival, application, request."))
+      .def_readonly("name", &job_spec::name)
+      .def_readonly("submit_s", &job_spec::submit_s)
+      .def_readonly("application", &job_spec::application)
+      .def_readonly("replicas", &job_spec::replicas)
+      .def_readonly("batch", &job_spec::batch)
+      .def_readonly("throughput_scale", &job_spec::throughput_scale)
+      .def_readonly("gns_scale", &job_spec::gns_scale)
+      .def_property_readonly("target_metric", finite_or_none(&job_spec::target_metric));
+  def_to_dict(py::class_<job_result>(m, "SimJobResult", "One job's outcome under one policy."))
+      .def_readonly("name", &job_result::name)
+      .def_readonly("application", &job_result::application)
+      .def_readonly("submit_s", &job_result::submit_s)
+      .def_property_readonly("start_s", finite_or_none(&job_result::start_s))
+      .def_property_readonly("completion_s", finite_or_none(&job_result::completion_s))
+      .def_property_readonly("jct_s", finite_or_none(&job_result::jct_s))
+      .def_readonly("gpu_seconds", &job_result::gpu_seconds)
+      .def_readonly("compute_gpu_seconds", &job_result::compute_gpu_seconds)
+      .def_readonly("busy_gpu_seconds", &job_result::busy_gpu_seconds)
+      .def_readonly("progress", &job_result::progress)
+      .def_readonly("epochs", &job_result::epochs)
+      .def_readonly("requested_replicas", &job_result::requested_replicas)
+      .def_readonly("requested_batch", &job_result::requested_batch)
+      .def_readonly("final_batch", &job_result::final_batch)
+      .def_property_readonly("final_metric", finite_or_none(&job_result::final_metric))
+      .def_readonly("reached_target", &job_result::reached_target)
+      .def_readonly("reallocations", &job_result::reallocations)
+      .def_readonly("max_devices", &job_result::max_devices)
+      .def_readonly("mean_devices", &job_result::device_time_weighted_devices, "Mean devices while allocated.");
+  def_to_dict(py::class_<timeline_point>(m, "SimTimelinePoint", "The cluster at one tick."))
+      .def_readonly("time_s", &timeline_point::time_s)
+      .def_readonly("allocated", &timeline_point::allocated)
+      .def_readonly("running", &timeline_point::running)
+      .def_readonly("waiting", &timeline_point::waiting)
+      .def_readonly("compute_fraction", &timeline_point::compute_fraction)
+      .def_readonly("busy_fraction", &timeline_point::busy_fraction);
+  def_to_dict(py::class_<sim_result>(m, "SimResult", "A simulation's jobs, timeline and totals."))
+      .def_readonly("policy", &sim_result::policy)
+      .def_readonly("capacity", &sim_result::capacity)
+      .def_readonly("reallocation_cost_s", &sim_result::reallocation_cost_s)
+      .def_readonly("makespan_s", &sim_result::makespan_s)
+      .def_readonly("first_submit_s", &sim_result::first_submit_s)
+      .def_readonly("wall_s", &sim_result::wall_s)
+      .def_readonly("all_completed", &sim_result::all_completed)
+      .def_readonly("jobs", &sim_result::jobs)
+      .def_property_readonly(
+          "timeline", [](const sim_result& r) { return columns(r.timeline); }, "The timeline as columns.");
+  def_to_dict(py::class_<study_run>(m, "SimStudyRun", "One generated job under every policy and baseline."))
+      .def_readonly("index", &study_run::index)
+      .def_readonly("cluster", &study_run::cluster)
+      .def_readonly("spec", &study_run::spec)
+      .def_readonly("best_size_devices", &study_run::best_size_devices)
+      .def_readonly("hindsight_devices", &study_run::hindsight_devices)
+      .def_readonly("hindsight_batch", &study_run::hindsight_batch)
+      .def_readonly("results", &study_run::results);
+
+  def_to_dict(py::class_<application_profile>(m, "SimApplication", "An application's limits (SimProfiles.info)."))
+      .def_property_readonly("init_batch", &application_profile::init_batch)
+      .def_property_readonly("max_batch", &application_profile::max_batch)
+      .def_property_readonly("min_local_batch", &application_profile::min_local_batch)
+      .def_property_readonly("max_local_batch", &application_profile::max_local_batch)
+      .def_property_readonly("max_epochs", &application_profile::max_epochs)
+      .def_property_readonly("max_replicas", &application_profile::max_replicas)
+      .def_property_readonly("metric_increases", &application_profile::metric_increases)
+      .def_property_readonly("placement_noise", &application_profile::placement_noise)
+      .def_property_readonly("gns_noise", &application_profile::gns_noise);
   py::class_<profile_library>(m, "SimProfiles",
                               "Measured application profiles (a traces/ directory) for the simulator.")
       .def(py::init(&profile_library::load), py::arg("traces_dir"))
@@ -145,28 +138,13 @@ void dra::python::bind_sim(py::module_& m) {
       .def(
           "info",
           [](const profile_library& lib, const std::string& name) {
-            const auto& a = lib.at(name);
-            py::dict d;
-            d["init_batch"] = a.init_batch();
-            d["max_batch"] = a.max_batch();
-            d["min_local_batch"] = a.min_local_batch();
-            d["max_local_batch"] = a.max_local_batch();
-            d["max_epochs"] = a.max_epochs();
-            d["max_replicas"] = a.max_replicas();
-            d["metric_increases"] = a.metric_increases();
-            d["placement_noise"] = a.placement_noise();
-            d["gns_noise"] = a.gns_noise();
-            return d;
+            return to_dict(py::cast(&lib.at(name), py::return_value_policy::reference));
           },
           py::arg("application"));
 
   m.def(
       "sim_read_workload",
-      [](const std::string& path, const profile_library* profiles) {
-        py::list out;
-        for (const auto& j : read_workload(path, profiles)) out.append(spec_to_dict(j));
-        return out;
-      },
+      [](const std::string& path, const profile_library* profiles) { return list_of(read_workload(path, profiles)); },
       py::arg("path"), py::arg("profiles") = nullptr,
       "Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, "
       "column.");
@@ -189,7 +167,7 @@ void dra::python::bind_sim(py::module_& m) {
         c.record_timeline = record_timeline;
         c.remaining_work_from_budget = remaining_work_from_budget;
         c.cluster_price_floor = price_floor;
-        return result_to_dict(simulate(profiles, specs, c, progress));
+        return dict_of(simulate(profiles, specs, c, progress));
       },
       py::arg("profiles"), py::arg("jobs"), py::arg("policy"), py::arg("reallocation_cost_s") = 30.0,
       py::arg("interval_s") = 60.0, py::arg("nodes") = 16, py::arg("devices_per_node") = 4,
@@ -229,21 +207,7 @@ void dra::python::bind_sim(py::module_& m) {
             progress(d, t);
           } : std::function<void(int, int)>());
         }
-        py::list out;
-        for (const auto& r : rows) {
-          py::dict d;
-          d["index"] = r.index;
-          d["cluster"] = r.cluster;
-          d["spec"] = spec_to_dict(r.spec);
-          d["best_size_devices"] = r.best_size_devices;
-          d["hindsight_devices"] = r.hindsight_devices;
-          d["hindsight_batch"] = r.hindsight_batch;
-          py::dict res;
-          for (const auto& [p, j] : r.results) res[py::str(p)] = job_to_dict(j);
-          d["results"] = res;
-          out.append(d);
-        }
-        return out;
+        return list_of(rows);
       },
       py::arg("profiles"), py::arg("pool"), py::arg("runs"), py::arg("seed"), py::arg("policies"),
       py::arg("reallocation_cost_s") = in_place_resize_cost_stand_in_s, py::arg("quota_scale") = 1.0,

@@ -11,7 +11,7 @@ from . import elastic
 from . import comm
 from . import _testing
 from . import pool
-__all__: list[str] = ['Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DraError', 'EnergyChoice', 'EnergyInterval', 'EnergyMeter', 'EnergyObjective', 'EnergyPolicyConfig', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GenerationModelConfig', 'GoodputConfig', 'GoodputPolicy', 'GradientCodec', 'KnobSetting', 'MembershipError', 'Options', 'Policy', 'QuantileSketch', 'QuantileSketchConfig', 'ResizeEngine', 'RlCostModel', 'RlWorkload', 'SimProfiles', 'StageBalanceConfig', 'StageBalancePolicy', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'choose_setting', 'comm', 'elastic', 'make_codec', 'next_sparsity', 'pool', 'process_cpu_seconds', 'rank_for_noise_scale', 'rigl_update', 'rigl_update_fraction', 'rl_read_lengths', 'rl_sim_sweep', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
+__all__: list[str] = ['BuildInfo', 'Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DeviceReadStats', 'DraError', 'EnergyChoice', 'EnergyInterval', 'EnergyMeter', 'EnergyObjective', 'EnergyPolicyConfig', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GenerationModel', 'GenerationModelConfig', 'GoodputConfig', 'GoodputPolicy', 'GradientCodec', 'HandoffStats', 'KnobSetting', 'MembershipError', 'Options', 'Policy', 'ProcessEnergy', 'QuantileSketch', 'QuantileSketchConfig', 'ResizeEngine', 'RlCostModel', 'RlPhase', 'RlRun', 'RlSweep', 'RlSwitch', 'RlSwitchCostSplit', 'RlWorkload', 'SimApplication', 'SimJobResult', 'SimJobSpec', 'SimProfiles', 'SimResult', 'SimStudyRun', 'SimTimelinePoint', 'StageBalanceConfig', 'StageBalancePolicy', 'StageDecision', 'StagePrediction', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'choose_setting', 'comm', 'elastic', 'make_codec', 'next_sparsity', 'pool', 'process_cpu_seconds', 'rank_for_noise_scale', 'rigl_update', 'rigl_update_fraction', 'rl_read_lengths', 'rl_sim_sweep', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
 class DraError(RuntimeError):
     """
     Base of every runtime failure raised by dra itself (a RuntimeError).
@@ -151,7 +151,9 @@ class ConvergenceSignals:
     def __repr__(self) -> str:
         ...
     def to_dict(self) -> dict:
-        ...
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
     @property
     def accepted(self) -> int:
         ...
@@ -365,7 +367,9 @@ class Decision:
     def __repr__(self) -> str:
         ...
     def to_dict(self) -> dict:
-        ...
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
     @property
     def action(self) -> str:
         ...
@@ -753,6 +757,31 @@ class ResizeEngine:
     @property
     def world(self) -> WorldState:
         ...
+class BuildInfo:
+    """
+    What this build of the compiled part contains.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def compiler(self) -> str:
+        ...
+    @property
+    def gloo(self) -> bool:
+        ...
+    @property
+    def nccl(self) -> str | None:
+        """
+        The NCCL headers' version the backend was compiled against; None without the backend.
+        """
+    @property
+    def torch_version_compiled(self) -> str:
+        ...
+    @property
+    def version(self) -> str:
+        ...
 class Options:
     """
     The options of a dra.Controller, parsed and validated once (ValueError names the option).
@@ -825,10 +854,13 @@ class StepStatus:
     """
     What dra.step returns, in one process and in an elastic world alike: the controller's status after the step (the same object every step: copy with to_dict()).
     """
+    _dict_skip: typing.ClassVar[tuple] = ('exit_requested', 'released')
     def __repr__(self) -> str:
         ...
     def to_dict(self) -> dict:
-        ...
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
     @property
     def committed(self) -> bool:
         """
@@ -899,6 +931,69 @@ class StepStatus:
         """
     @property
     def world_size(self) -> int:
+        ...
+class HandoffStats:
+    """
+    This process's latest state handoff.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def bytes(self) -> int:
+        ...
+    @property
+    def deferred(self) -> bool:
+        ...
+    @property
+    def deferred_bytes(self) -> int:
+        ...
+    @property
+    def deferred_s(self) -> float:
+        ...
+    @property
+    def skipped_bytes(self) -> int:
+        ...
+    @property
+    def wait_s(self) -> float:
+        ...
+class ProcessEnergy:
+    """
+    This process's own energy.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def job_j(self) -> float:
+        ...
+    @property
+    def reader(self) -> str:
+        ...
+    @property
+    def scope(self) -> str:
+        ...
+    @property
+    def source(self) -> str:
+        ...
+    @property
+    def step_j(self) -> float:
+        ...
+class DeviceReadStats:
+    """
+    Host reads of device values.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def blocking_waits(self) -> int:
+        ...
+    @property
+    def reads(self) -> int:
         ...
 class Controller:
     """
@@ -1067,6 +1162,232 @@ class Controller:
         ...
     @property
     def world_size(self) -> int:
+        ...
+class SimJobSpec:
+    """
+    A job of a workload: arrival, application, request.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def application(self) -> str:
+        ...
+    @property
+    def batch(self) -> float:
+        ...
+    @property
+    def gns_scale(self) -> float:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def replicas(self) -> int:
+        ...
+    @property
+    def submit_s(self) -> float:
+        ...
+    @property
+    def target_metric(self) -> float | None:
+        ...
+    @property
+    def throughput_scale(self) -> float:
+        ...
+class SimJobResult:
+    """
+    One job's outcome under one policy.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def application(self) -> str:
+        ...
+    @property
+    def busy_gpu_seconds(self) -> float:
+        ...
+    @property
+    def completion_s(self) -> float | None:
+        ...
+    @property
+    def compute_gpu_seconds(self) -> float:
+        ...
+    @property
+    def epochs(self) -> int:
+        ...
+    @property
+    def final_batch(self) -> float:
+        ...
+    @property
+    def final_metric(self) -> float | None:
+        ...
+    @property
+    def gpu_seconds(self) -> float:
+        ...
+    @property
+    def jct_s(self) -> float | None:
+        ...
+    @property
+    def max_devices(self) -> int:
+        ...
+    @property
+    def mean_devices(self) -> float:
+        """
+        Mean devices while allocated.
+        """
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def progress(self) -> float:
+        ...
+    @property
+    def reached_target(self) -> bool:
+        ...
+    @property
+    def reallocations(self) -> int:
+        ...
+    @property
+    def requested_batch(self) -> float:
+        ...
+    @property
+    def requested_replicas(self) -> int:
+        ...
+    @property
+    def start_s(self) -> float | None:
+        ...
+    @property
+    def submit_s(self) -> float:
+        ...
+class SimTimelinePoint:
+    """
+    The cluster at one tick.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def allocated(self) -> int:
+        ...
+    @property
+    def busy_fraction(self) -> float:
+        ...
+    @property
+    def compute_fraction(self) -> float:
+        ...
+    @property
+    def running(self) -> int:
+        ...
+    @property
+    def time_s(self) -> float:
+        ...
+    @property
+    def waiting(self) -> int:
+        ...
+class SimResult:
+    """
+    A simulation's jobs, timeline and totals.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def all_completed(self) -> bool:
+        ...
+    @property
+    def capacity(self) -> int:
+        ...
+    @property
+    def first_submit_s(self) -> float:
+        ...
+    @property
+    def jobs(self) -> list[SimJobResult]:
+        ...
+    @property
+    def makespan_s(self) -> float:
+        ...
+    @property
+    def policy(self) -> str:
+        ...
+    @property
+    def reallocation_cost_s(self) -> float:
+        ...
+    @property
+    def timeline(self) -> dict:
+        """
+        The timeline as columns.
+        """
+    @property
+    def wall_s(self) -> float:
+        ...
+class SimStudyRun:
+    """
+    One generated job under every policy and baseline.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def best_size_devices(self) -> int:
+        ...
+    @property
+    def cluster(self) -> int:
+        ...
+    @property
+    def hindsight_batch(self) -> float:
+        ...
+    @property
+    def hindsight_devices(self) -> int:
+        ...
+    @property
+    def index(self) -> int:
+        ...
+    @property
+    def results(self) -> dict[str, SimJobResult]:
+        ...
+    @property
+    def spec(self) -> SimJobSpec:
+        ...
+class SimApplication:
+    """
+    An application's limits (SimProfiles.info).
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def gns_noise(self) -> float:
+        ...
+    @property
+    def init_batch(self) -> float:
+        ...
+    @property
+    def max_batch(self) -> float:
+        ...
+    @property
+    def max_epochs(self) -> int:
+        ...
+    @property
+    def max_local_batch(self) -> float:
+        ...
+    @property
+    def max_replicas(self) -> int:
+        ...
+    @property
+    def metric_increases(self) -> bool:
+        ...
+    @property
+    def min_local_batch(self) -> float:
+        ...
+    @property
+    def placement_noise(self) -> float:
         ...
 class SimProfiles:
     """
@@ -1306,6 +1627,285 @@ class StageBalanceConfig:
         ...
     @weight_sync_smoothing.setter
     def weight_sync_smoothing(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class GenerationModel:
+    """
+    The decode-time fit of the stage-balance policy (generation_fit).
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def fixed_s(self) -> float:
+        ...
+    @property
+    def observations(self) -> int:
+        ...
+    @property
+    def per_kilotoken_s(self) -> float:
+        ...
+    @property
+    def per_sequence_s(self) -> float:
+        ...
+class StagePrediction:
+    """
+    Predicted stage and step times of one split.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def rollout(self) -> int:
+        ...
+    @property
+    def rollout_s(self) -> float:
+        ...
+    @property
+    def rollout_sd_s(self) -> float:
+        ...
+    @property
+    def step_s(self) -> float:
+        ...
+    @property
+    def train(self) -> int:
+        ...
+    @property
+    def train_s(self) -> float:
+        ...
+    @property
+    def train_sd_s(self) -> float:
+        ...
+    @property
+    def weight_sync_s(self) -> float:
+        ...
+class StageDecision:
+    """
+    A stage-balance decision and what it predicts.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def action(self) -> str:
+        ...
+    @property
+    def current(self) -> StagePrediction:
+        ...
+    @property
+    def moved(self) -> int:
+        ...
+    @property
+    def payback_steps(self) -> float | None:
+        ...
+    @property
+    def reason(self) -> str:
+        ...
+    @property
+    def rollout(self) -> int:
+        ...
+    @property
+    def switch_cost_s(self) -> float:
+        ...
+    @property
+    def target(self) -> StagePrediction:
+        ...
+    @property
+    def train(self) -> int:
+        ...
+class RlPhase:
+    """
+    One phase of a simulated RL run.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def action(self) -> str:
+        ...
+    @property
+    def duration_s(self) -> float:
+        ...
+    @property
+    def idle_device_s(self) -> float:
+        ...
+    @property
+    def longest(self) -> float:
+        ...
+    @property
+    def mean_length(self) -> float:
+        ...
+    @property
+    def phase(self) -> int:
+        ...
+    @property
+    def predicted_s(self) -> float:
+        ...
+    @property
+    def rollout(self) -> int:
+        ...
+    @property
+    def rollout_s(self) -> float:
+        ...
+    @property
+    def start_s(self) -> float:
+        ...
+    @property
+    def switch_exposed_s(self) -> float:
+        ...
+    @property
+    def switch_total_s(self) -> float:
+        ...
+    @property
+    def train(self) -> int:
+        ...
+    @property
+    def train_s(self) -> float:
+        ...
+    @property
+    def trained_sequences(self) -> int:
+        ...
+class RlSwitchCostSplit:
+    """
+    A switch's cost by part (seconds).
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def agree_s(self) -> float:
+        ...
+    @property
+    def optimizer_s(self) -> float:
+        ...
+    @property
+    def rebuild_s(self) -> float:
+        ...
+    @property
+    def rollout_start_s(self) -> float:
+        ...
+    @property
+    def weights_s(self) -> float:
+        ...
+class RlSwitch:
+    """
+    One switch of a simulated RL run.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def cost_split(self) -> RlSwitchCostSplit:
+        ...
+    @property
+    def direction(self) -> str:
+        ...
+    @property
+    def exposed_s(self) -> float:
+        ...
+    @property
+    def hidden_s(self) -> float:
+        ...
+    @property
+    def moved(self) -> int:
+        ...
+    @property
+    def payback_steps(self) -> float | None:
+        ...
+    @property
+    def phase(self) -> int:
+        ...
+    @property
+    def predicted_payback_steps(self) -> float | None:
+        ...
+    @property
+    def reason(self) -> str:
+        ...
+    @property
+    def total_s(self) -> float:
+        ...
+class RlRun:
+    """
+    One schedule of a simulated RL run: totals, phases, switches.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def bubble_fraction(self) -> float:
+        ...
+    @property
+    def generated_tokens_per_s(self) -> float:
+        ...
+    @property
+    def hidden_fraction(self) -> float:
+        ...
+    @property
+    def mean_rollout_devices(self) -> float:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def phases(self) -> dict:
+        """
+        The phases as columns.
+        """
+    @property
+    def rollout(self) -> int:
+        ...
+    @property
+    def samples_per_s(self) -> float:
+        ...
+    @property
+    def steps(self) -> int:
+        ...
+    @property
+    def switch_exposed_s(self) -> float:
+        ...
+    @property
+    def switch_log(self) -> list[RlSwitch]:
+        ...
+    @property
+    def switch_total_s(self) -> float:
+        ...
+    @property
+    def switches(self) -> int:
+        ...
+    @property
+    def total_s(self) -> float:
+        ...
+class RlSweep:
+    """
+    Every static split, the policy, the oracle and colocation.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def best_static(self) -> int:
+        ...
+    @property
+    def colocated(self) -> RlRun:
+        ...
+    @property
+    def dynamic(self) -> RlRun:
+        ...
+    @property
+    def length_source(self) -> str:
+        ...
+    @property
+    def oracle(self) -> RlRun:
+        ...
+    @property
+    def statics(self) -> list[RlRun]:
         ...
 class StageBalancePolicy:
     """
