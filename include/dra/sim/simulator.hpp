@@ -130,10 +130,10 @@ class simulator {
 
  private:
   void schedule(double now) {
-    const std::string& p = state_.config().policy;
-    if (p == "static")
+    const policy::sim_scheduler s = state_.entry().simulator;
+    if (s == policy::sim_scheduler::first_come)
       detail::schedule_static(state_, now);
-    else if (p == "tiresias")
+    else if (s == policy::sim_scheduler::tiresias)
       detail::schedule_tiresias(state_, now);
     else if (state_.cluster())
       detail::schedule_cluster(state_, now);
