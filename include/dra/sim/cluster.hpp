@@ -195,38 +195,37 @@ class cluster_state {
 };
 
 /// Applies a cluster policy's device counts under the placement rule (one distributed job per
-/// node), as Pollux's search would: counts that fit with every unchanged job in place are applied
-/// as they are. Otherwise two repairs compete on the policy's own objective: cap each job that does
-/// not fit at what it would get and divide again (no job moves), or repack the cluster, moving jobs
-/// whose count is unchanged (each move charged and penalised as a restart, as the reference
-/// does). Only placeable allocations are applied (Pollux's genetic search keeps only repaired ones).
+/// node) as Pollux's search does, which only ever keeps placeable node-level allocations: the
+/// policy divides counts, and while the packer cannot place them, each job left short loses one
+/// device from its curve and the policy divides again. Two packers compete on the policy's own
+/// objective: one that keeps every job whose count is unchanged where it is, and one that may move
+/// such jobs to make room (each move charged and penalised as a restart, as the reference does).
 inline void place_allocation(cluster_state& state, const std::vector<job_state*>& act,
                              const std::vector<policy::arbiter_job>& in, const policy::cluster_arbiter& arbiter,
                              double now) {
-  const std::vector<int> alloc = arbiter.allocate(in, state.capacity());
-  placement_plan kept = state.plan(act, alloc);
-  if (kept.complete(alloc)) return state.apply(act, kept, now);
-  // Repair 1: cap the jobs that do not fit and divide again (up to 8 rounds).
-  std::vector<policy::arbiter_job> capped = in;
-  std::vector<int> counts = alloc;
-  for (int round = 0; round < 8 && !kept.complete(counts); ++round) {
-    for (std::size_t i = 0; i < act.size(); ++i)
-      if (kept.got[i] < counts[i]) {
-        const auto keep = static_cast<std::size_t>(std::max(kept.got[i], 0)) + 1;
-        if (capped[i].speedup.size() > keep) capped[i].speedup.resize(keep);
-      }
-    counts = arbiter.allocate(capped, state.capacity());
-    kept = state.plan(act, counts);
-  }
-  // Repair 2: repack, moving jobs to make room for the counts the policy wanted.
-  const placement_plan packed = state.repack(act, alloc);
-  if (packed.complete(alloc)) {
-    std::vector<policy::arbiter_job> moved = in;
-    for (std::size_t i = 0; i < act.size(); ++i)
-      if (packed.moved[i]) moved[i].current = -1;  // a move is a restart: penalised like a resize
-    if (arbiter.objective(moved, packed.got) > arbiter.objective(in, kept.got)) return state.apply(act, packed, now);
-  }
+  const int rounds = 4 * state.capacity();
+  // Counts the packer can place, repaired one device at a time from what the policy wants.
+  auto repaired = [&](bool may_move) {
+    std::vector<policy::arbiter_job> capped = in;
+    std::vector<int> counts = arbiter.allocate(capped, state.capacity());
+    placement_plan plan = may_move ? state.repack(act, counts) : state.plan(act, counts);
+    for (int round = 0; round < rounds && !plan.complete(counts); ++round) {
+      for (std::size_t i = 0; i < act.size(); ++i)
+        if (plan.got[i] < counts[i]) {
+          const auto keep = static_cast<std::size_t>(std::max(counts[i] - 1, 0)) + 1;
+          if (capped[i].speedup.size() > keep) capped[i].speedup.resize(keep);
+        }
+      counts = arbiter.allocate(capped, state.capacity());
+      plan = may_move ? state.repack(act, counts) : state.plan(act, counts);
+    }
+    return plan;
+  };
+  const placement_plan kept = repaired(false);
+  const placement_plan packed = repaired(true);
+  std::vector<policy::arbiter_job> charged = in;
+  for (std::size_t i = 0; i < act.size(); ++i)
+    if (packed.moved[i]) charged[i].current = -1;  // a move is a restart: penalised like a resize
+  if (arbiter.objective(charged, packed.got) > arbiter.objective(in, kept.got)) return state.apply(act, packed, now);
   state.apply(act, kept, now);
 }
-
 }  // namespace dra::sim::detail
