@@ -45,7 +45,7 @@ def main():
     while not cluster.all_complete():
         cluster.step(a.interval)
         done = sum(j.completion_time is not None for j in cluster.jobs)
-        print("t={} done={}/{} wall={:.0f}s".format(cluster.current_time, done, len(cluster.jobs), time.time() - start),
+        print(f"t={cluster.current_time} done={done}/{len(cluster.jobs)} wall={time.time() - start:.0f}s",
               file=sys.stderr, flush=True)
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f)
@@ -53,7 +53,7 @@ def main():
         for j in cluster.jobs:
             w.writerow([j.name, j.application.name, j.submission_time, j.completion_time,
                         j.completion_time - j.submission_time, j.num_restarts])
-    print("wall_s={:.1f}".format(time.time() - start), file=sys.stderr)
+    print(f"wall_s={time.time() - start:.1f}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@
 namespace dra {
 
 /// The policies an engine can run, by the name engine_config::policy takes (policy/registry.hpp).
-inline const std::vector<std::string>& policy_names() { return policy::policy_registry::names(true); }
+inline const std::vector<std::string>& policy_names() {
+  return policy::policy_registry::names(true);
+}
 
 /// The engine's settings. The policy sections (convergence, goodput, convergence_aware, energy)
 /// come from policy::policy_sections, the registry's one list of them.

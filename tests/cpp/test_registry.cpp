@@ -93,8 +93,9 @@ TEST_CASE("registry.unknown_names_are_refused_with_the_valid_ones") {
 
 TEST_CASE("registry.a_new_entry_shows_up_in_the_engine_and_the_simulator") {
   // A per-job policy that always holds, under a new name with the goodput section.
-  policy_registry::add({"test_hold", "goodput", true, sim_scheduler::per_job, true, "holds",
-                        [](const dra::policy::policy_sections&) { return std::make_shared<dra::policy::hold_policy>(); }});
+  policy_registry::add(
+      {"test_hold", "goodput", true, sim_scheduler::per_job, true, "holds",
+       [](const dra::policy::policy_sections&) { return std::make_shared<dra::policy::hold_policy>(); }});
   CHECK(contains(dra::policy_names(), "test_hold"));
   CHECK(contains(dra::sim::policy_names(), "test_hold"));
   dra::engine_config c;

@@ -17,7 +17,9 @@ using namespace dra::sim;
 
 namespace {
 
-fs::path data_dir() { return fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "pollux"; }
+fs::path data_dir() {
+  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "pollux";
+}
 
 const profile_library& shipped() {
   static const profile_library lib = profile_library::load((data_dir() / "traces").string());

@@ -82,3 +82,23 @@ def test_import_dra_for_training_works_as_before() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "StepStatus", dra.__version__]
+
+
+def test_reallocation_cost_both_ways(tmp_path: Path) -> None:
+    report = dra.sim.DEFAULT_RESIZE_REPORT
+    same = dra.sim.costs_by_policy(["pollux", "convergence_aware"], "same", cost=30)
+    assert same == {"pollux": 30.0, "convergence_aware": 30.0}
+    system = dra.sim.costs_by_policy(["pollux", "tiresias", "convergence_aware"], "system", restart_cost=str(report))
+    assert system["convergence_aware"] == pytest.approx(dra.sim.cost_from_resize_report(report))
+    assert system["pollux"] == system["tiresias"] == pytest.approx(dra.sim.restart_cost_from_resize_report(report))
+    assert system["convergence_aware"] < 1.0 < 10.0 < system["pollux"]
+    with pytest.raises(ValueError, match="cost mode"):
+        dra.sim.costs_by_policy(["pollux"], "cheapest")
+    rows = (DATA / "workloads" / "workload-6.csv").read_text().splitlines()[:5]
+    csv = tmp_path / "w.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    doc = dra.sim.replay(csv, policies=["pollux", "arbiter"], cost_mode="system", resamples=10)
+    assert doc["cost_mode"] == "system"
+    assert doc["reallocation_cost_s_by_policy"]["pollux"] == 30.0
+    assert doc["policies"]["arbiter"]["reallocation_cost_s"] < 1.0
+    assert "system view" in dra.sim.markdown_replay(doc)

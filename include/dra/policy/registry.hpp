@@ -127,22 +127,24 @@ class policy_registry {
     static const std::vector<policy_entry> t = [] {
       using s = sim_scheduler;
       std::vector<policy_entry> v;
-      v.push_back({"static", "", false, s::first_come, false, "each job gets what it requested, never resized", nullptr});
+      v.push_back(
+          {"static", "", false, s::first_come, false, "each job gets what it requested, never resized", nullptr});
       v.push_back({"tiresias", "", false, s::tiresias, false, "two-queue least-attained-service, preemptive", nullptr});
       v.push_back({"convergence", "convergence", true, s::per_job, true,
                    "the DRA framework's rule: grow while learning is fast and scaling efficient, release on plateau",
                    [](const policy_sections& c) { return std::make_shared<convergence_phase_policy>(c.convergence); }});
       v.push_back({"goodput", "goodput", true, s::per_job, true, "Pollux's size rule at the user's batch",
                    [](const policy_sections& c) { return std::make_shared<goodput_policy>(c.goodput); }});
-      v.push_back({"convergence_aware", "convergence_aware", true, s::cluster_or_per_job, true,
-                   "goodput over size and batch with a price per device; on a cluster, ranked by remaining work",
-                   [](const policy_sections& c) {
-                     return std::make_shared<convergence_aware_policy>(c.convergence_aware);
-                   }});
-      v.push_back({"arbiter", "", false, s::cluster, true, "dra's arbiter over goodput curves at the fair share", nullptr});
+      v.push_back(
+          {"convergence_aware", "convergence_aware", true, s::cluster_or_per_job, true,
+           "goodput over size and batch with a price per device; on a cluster, ranked by remaining work",
+           [](const policy_sections& c) { return std::make_shared<convergence_aware_policy>(c.convergence_aware); }});
+      v.push_back(
+          {"arbiter", "", false, s::cluster, true, "dra's arbiter over goodput curves at the fair share", nullptr});
       v.push_back({"pollux", "", false, s::cluster, false, "Pollux's objective and rules in this simulator", nullptr});
-      for (energy_objective_kind kind : {energy_objective_kind::min_energy_deadline, energy_objective_kind::energy_delay,
-                                         energy_objective_kind::zeus_cost, energy_objective_kind::energy_budget})
+      for (energy_objective_kind kind :
+           {energy_objective_kind::min_energy_deadline, energy_objective_kind::energy_delay,
+            energy_objective_kind::zeus_cost, energy_objective_kind::energy_budget})
         v.push_back({to_string(kind), "energy", true, s::none, true, "energy objective (energy section)",
                      [kind](const policy_sections& c) {
                        energy_policy_config e = c.energy;

@@ -20,7 +20,9 @@ namespace dra::sim {
 inline constexpr double in_place_resize_cost_stand_in_s = 1.0;
 
 /// The policies the simulator runs, in the order reports list them (policy/registry.hpp).
-inline const std::vector<std::string>& policy_names() { return policy::policy_registry::names(false); }
+inline const std::vector<std::string>& policy_names() {
+  return policy::policy_registry::names(false);
+}
 
 /// The simulator's settings; the per-job policies' sections come from policy::policy_sections.
 struct sim_config : policy::policy_sections {

@@ -220,8 +220,8 @@ class node_pool {
       if (left > 0) {  // the remainder: the cheapest node that holds it, else the freest ones
         std::size_t best = nodes;
         for (std::size_t n : cand)
-          if (a[n] == 0 && free[n] >= left && (best == nodes || cost(n) < cost(best) ||
-                                               (cost(n) == cost(best) && free[n] < free[best])))
+          if (a[n] == 0 && free[n] >= left &&
+              (best == nodes || cost(n) < cost(best) || (cost(n) == cost(best) && free[n] < free[best])))
             best = n;
         if (best != nodes) {
           a[best] = left, left = 0;
