@@ -19,8 +19,8 @@ using dra::policy::sim_scheduler;
 namespace {
 
 const dra::sim::profile_library& shipped() {
-  static const dra::sim::profile_library lib = dra::sim::profile_library::load(
-      (fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "pollux" / "traces").string());
+  static const dra::sim::profile_library lib =
+      dra::sim::profile_library::load((fs::path(DRA_SOURCE_DIR) / "data" / "pollux" / "traces").string());
   return lib;
 }
 

@@ -18,7 +18,7 @@ using namespace dra::sim;
 namespace {
 
 fs::path data_dir() {
-  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "pollux";
+  return fs::path(DRA_SOURCE_DIR) / "data" / "pollux";
 }
 
 const profile_library& shipped() {
