@@ -38,32 +38,39 @@ class _TorchBeforeCore:
 if _TorchBeforeCore not in sys.meta_path:
     sys.meta_path.insert(0, _TorchBeforeCore)
 
-_CORE_NAMES = frozenset(
-    {
-        "Capacity",
-        "ConstrainedPolicy",
-        "Constraints",
-        "ConvergenceEstimator",
-        "ConvergencePhaseConfig",
-        "ConvergencePhasePolicy",
-        "ConvergenceSignals",
-        "CostModel",
-        "Decision",
-        "DraError",
-        "EngineConfig",
-        "EstimatorConfig",
-        "GoodputConfig",
-        "GoodputPolicy",
-        "Options",
-        "ResizeEngine",
-        "ThroughputModel",
-        "ThroughputModelConfig",
-        "WorldState",
-        "adascale_gain",
-        "statistical_efficiency",
-    }
-)
+__all__ = [
+    "Capacity",
+    "ConstrainedPolicy",
+    "Constraints",
+    "Controller",
+    "ConvergenceEstimator",
+    "ConvergencePhaseConfig",
+    "ConvergencePhasePolicy",
+    "ConvergenceSignals",
+    "CostModel",
+    "Decision",
+    "DraError",
+    "EngineConfig",
+    "EstimatorConfig",
+    "GoodputConfig",
+    "GoodputPolicy",
+    "Options",
+    "ResizeEngine",
+    "StepStatus",
+    "ThroughputModel",
+    "ThroughputModelConfig",
+    "WorldState",
+    "__version__",
+    "adascale_gain",
+    "build_info",
+    "default_controller",
+    "reset",
+    "statistical_efficiency",
+    "step",
+]
 _CONTROLLER_NAMES = frozenset({"Controller", "StepStatus", "default_controller", "reset", "step"})
+# Every other public name is the compiled core's.
+_CORE_NAMES = frozenset(__all__) - _CONTROLLER_NAMES - {"__version__", "build_info"}
 
 
 def __getattr__(name: str) -> Any:
@@ -113,33 +120,3 @@ if TYPE_CHECKING:
     )
     from dra._info import build_info
 
-__all__ = [
-    "Capacity",
-    "ConstrainedPolicy",
-    "Constraints",
-    "Controller",
-    "ConvergenceEstimator",
-    "ConvergencePhaseConfig",
-    "ConvergencePhasePolicy",
-    "ConvergenceSignals",
-    "CostModel",
-    "Decision",
-    "DraError",
-    "EngineConfig",
-    "EstimatorConfig",
-    "GoodputConfig",
-    "GoodputPolicy",
-    "Options",
-    "ResizeEngine",
-    "StepStatus",
-    "ThroughputModel",
-    "ThroughputModelConfig",
-    "WorldState",
-    "__version__",
-    "adascale_gain",
-    "build_info",
-    "default_controller",
-    "reset",
-    "statistical_efficiency",
-    "step",
-]

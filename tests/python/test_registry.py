@@ -49,7 +49,7 @@ def test_engine_config_keeps_every_policy_section() -> None:
     config = _core.EngineConfig()
     config.policy = "convergence_aware"
     config.convergence_aware.price_floor = 0.37
-    config.energy.objective.eta = 0.25
+    config.energy.objective = _core.EnergyObjective("zeus_cost", eta=0.25)
     ctl = dra.Controller(config)
     engine = ctl.options.engine
     assert engine.policy == "convergence_aware"

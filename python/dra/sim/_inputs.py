@@ -91,50 +91,44 @@ def published_for(workload: str | os.PathLike[str], data_dir: Path | None = None
     }
 
 
-def cost_from_resize_report(path: str | os.PathLike[str]) -> float:
-    """The in-place resize cost measured by ``python -m dra.bench resize --json PATH``: the slower of
-    dra's shrink (4->2) and grow (2->4), at the largest model state the report measured."""
+def _resize_report(path: str | os.PathLike[str], what: str, value_of: Any) -> float:
+    """The slower of the shrink (4->2) and grow (2->4) rows of a ``dra.bench resize`` report at the
+    largest state it measured, each row's figure as ``value_of(row)`` picks it (None: not there)."""
     import re
 
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"reallocation cost: cannot read resize report {path}: {exc}") from None
+        raise ValueError(f"{what}: cannot read resize report {path}: {exc}") from None
     by_size: dict[float, list[float]] = {}
     for r in doc.get("results", []) if isinstance(doc, dict) else []:
         m = re.fullmatch(r"(shrink_4to2|grow_2to4)_([0-9.]+)MB", str(r.get("name", "")))
-        if m and isinstance(r.get("value"), (int, float)) and math.isfinite(r["value"]):
-            by_size.setdefault(float(m.group(2)), []).append(float(r["value"]))
+        value = value_of(r) if m else None
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            by_size.setdefault(float(m.group(2)), []).append(float(value))
     if not by_size:
         raise ValueError(
-            f"reallocation cost: {path} has no shrink_4to2_<N>MB / grow_2to4_<N>MB results; "
+            f"{what}: {path} has no shrink_4to2_<N>MB / grow_2to4_<N>MB figures; "
             "expected the JSON of `python -m dra.bench resize --json PATH`"
         )
     return max(by_size[max(by_size)])
 
 
+def cost_from_resize_report(path: str | os.PathLike[str]) -> float:
+    """The in-place resize cost measured by ``python -m dra.bench resize --json PATH``: the slower of
+    dra's shrink (4->2) and grow (2->4), at the largest model state the report measured."""
+    return _resize_report(path, "reallocation cost", lambda r: r.get("value"))
+
+
 def restart_cost_from_resize_report(path: str | os.PathLike[str]) -> float:
     """The checkpoint-restart cost measured beside dra's resize by ``python -m dra.bench resize``:
     the slower of the torchrun restarts (its ``torchrun_restart`` baselines) at the largest state."""
-    import re
 
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"restart cost: cannot read resize report {path}: {exc}") from None
-    by_size: dict[float, list[float]] = {}
-    for r in doc.get("results", []) if isinstance(doc, dict) else []:
-        m = re.fullmatch(r"(shrink_4to2|grow_2to4)_([0-9.]+)MB", str(r.get("name", "")))
-        base = r.get("baseline") if isinstance(r.get("baseline"), dict) else {}
-        value = base.get("value")
-        if m and base.get("name") == "torchrun_restart" and isinstance(value, (int, float)) and math.isfinite(value):
-            by_size.setdefault(float(m.group(2)), []).append(float(value))
-    if not by_size:
-        raise ValueError(
-            f"restart cost: {path} has no torchrun_restart baselines; expected the JSON of "
-            "`python -m dra.bench resize --json PATH` run with its restart baseline"
-        )
-    return max(by_size[max(by_size)])
+    def restart(r: dict[str, Any]) -> Any:
+        base = r.get("baseline")
+        return base.get("value") if isinstance(base, dict) and base.get("name") == "torchrun_restart" else None
+
+    return _resize_report(path, "restart cost", restart)
 
 
 #: The measured resize report the system view reads by default (in-place resize and torchrun restart
