@@ -191,10 +191,15 @@ controller_options parse_options(const py::kwargs& kwargs) {
   const auto& table = option_table();
   controller_options o;
   // Sections first, then the flat names that reach into them: `min_size=` wins over `limits=`'s.
-  static const char* const sections[] = {"estimator", "throughput",        "limits", "convergence",
-                                         "goodput",   "convergence_aware", "energy"};
-  for (const char* section : sections)
-    if (kwargs.contains(section) && !kwargs[section].is_none()) table.at(section)(o, kwargs[section]);
+  // The policy sections are the registry's (include/dra/policy/registry.hpp).
+  static const std::vector<std::string> sections = [] {
+    std::vector<std::string> s{"estimator", "throughput", "limits"};
+    for (const auto& n : dra::policy::policy_section_names()) s.push_back(n);
+    return s;
+  }();
+  for (const auto& section : sections)
+    if (kwargs.contains(section.c_str()) && !kwargs[section.c_str()].is_none())
+      table.at(section)(o, kwargs[section.c_str()]);
   for (auto item : kwargs) {
     const auto name = item.first.cast<std::string>();
     const auto it = table.find(name);
@@ -205,7 +210,7 @@ controller_options parse_options(const py::kwargs& kwargs) {
       throw py::value_error("unknown option '" + name + "'; valid options: " + valid);
     }
     if (item.second.is_none()) continue;
-    if (std::find(std::begin(sections), std::end(sections), name) != std::end(sections)) continue;
+    if (std::find(sections.begin(), sections.end(), name) != sections.end()) continue;
     it->second(o, item.second);
   }
   o.validate();

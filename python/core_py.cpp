@@ -6,7 +6,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "dra's compiled core: signals, policies, the decision engine, the controller, the simulator.";
+  m.doc() = "dra's compiled core: signals, policies, the decision engine, the controller (the simulator is dra._sim).";
   // dra::timeout_error must reach Python as TimeoutError; the rest of the hierarchy keeps its name.
   static py::exception<dra::error> error_type(m, "DraError", PyExc_RuntimeError);
   error_type.doc() = "Base of every runtime failure raised by dra itself (a RuntimeError).";
@@ -22,11 +22,11 @@ PYBIND11_MODULE(_core, m) {
   });
   dra::python::bind_signals(m);
   dra::python::bind_policy(m);
+  dra::python::bind_registry(m);
   dra::python::bind_build(m);
   dra::python::bind_elastic(m);  // before the controller: its signature names these types
   dra::python::bind_controller(m);
   dra::python::bind_comm(m);
-  dra::python::bind_sim(m);
   dra::python::bind_rl(m);
   dra::python::bind_testing(m);
   dra::python::bind_energy(m);

@@ -7,6 +7,7 @@
 
 #include "bindings.hpp"
 #include "dra/sim/study.hpp"
+#include "dra/version.hpp"
 #include "to_dict.hpp"
 
 namespace py = pybind11;
@@ -31,6 +32,7 @@ job_spec spec_from(const py::handle& o) {
 }  // namespace
 
 void dra::python::bind_sim(py::module_& m) {
+  m.attr("version") = dra::version;
   m.attr("sim_in_place_resize_cost_stand_in_s") = in_place_resize_cost_stand_in_s;
   m.attr("sim_policy_names") = policy_names();
   m.attr("sim_study_baselines") = study_baselines();

@@ -13,33 +13,28 @@
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/energy_policies.hpp"
 #include "dra/policy/policies.hpp"
+#include "dra/policy/registry.hpp"
 #include "dra/policy/throughput_model.hpp"
 #include "dra/signals/convergence_estimator.hpp"
 
 namespace dra {
 
-/// The policies an engine can run, by the name engine_config::policy takes.
-inline std::vector<const char*> policy_names() {
-  return {"convergence",  "goodput",   "convergence_aware", "min_energy_deadline",
-          "energy_delay", "zeus_cost", "energy_budget",     "none"};
+/// The policies an engine can run, by the name engine_config::policy takes (policy/registry.hpp).
+inline const std::vector<std::string>& policy_names() {
+  return policy::policy_registry::names(true);
 }
 
-struct engine_config {
+/// The engine's settings. The policy sections (convergence, goodput, convergence_aware, energy)
+/// come from policy::policy_sections, the registry's one list of them.
+struct engine_config : policy::policy_sections {
   signals::estimator_config estimator;
   policy::throughput_model_config throughput;
   policy::constraints limits;
   policy::cost_model costs;
-  /// One of policy_names(): "convergence" (the DRA framework's rule), "goodput" (Pollux-style),
-  /// "convergence_aware" (goodput over size and batch with a price per device;
-  /// include/dra/policy/convergence_aware.hpp), an energy objective ("min_energy_deadline",
-  /// "energy_delay", "zeus_cost", "energy_budget"; settings in `energy`,
-  /// include/dra/policy/energy_policies.hpp) or "none" (resizes only when asked: a schedule, an
-  /// outside limit).
+  /// A name the registry lets the engine run (policy_names()): "convergence" (the DRA framework's
+  /// rule), "goodput" (Pollux-style), "convergence_aware", an energy objective or "none" (resizes
+  /// only when asked: a schedule, an outside limit). docs/guide/policy.md describes each.
   std::string policy = "convergence";
-  policy::convergence_phase_config convergence;
-  policy::goodput_config goodput;
-  policy::convergence_aware_config convergence_aware;
-  policy::energy_policy_config energy;
   /// Steps between decisions (a decision is cheap, but resizing more often than this is noise).
   std::int64_t decide_every = 10;
 
@@ -51,12 +46,7 @@ struct engine_config {
     goodput.validate();
     convergence_aware.validate();
     energy.validate();
-    const auto names = policy_names();
-    if (std::find(names.begin(), names.end(), policy) == names.end()) {
-      std::string known;
-      for (const char* n : names) known += (known.empty() ? "'" : ", '") + std::string(n) + "'";
-      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use one of " + known);
-    }
+    policy::policy_registry::at(policy, true);
     if (decide_every < 1)
       dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
@@ -64,17 +54,9 @@ struct engine_config {
   }
 };
 
+/// The policy the config names, built by its registry entry from the config's sections.
 inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
-  if (config.policy == "goodput") return std::make_shared<policy::goodput_policy>(config.goodput);
-  if (config.policy == "convergence_aware")
-    return std::make_shared<policy::convergence_aware_policy>(config.convergence_aware);
-  if (config.policy == "none") return std::make_shared<policy::hold_policy>();
-  if (policy::energy_objective_kind kind; dra::policy::energy_objective_named(config.policy, &kind)) {
-    policy::energy_policy_config energy = config.energy;
-    energy.objective.kind = kind;
-    return std::make_shared<policy::energy_policy>(energy);
-  }
-  return std::make_shared<policy::convergence_phase_policy>(config.convergence);
+  return policy::policy_registry::at(config.policy, true).make(config);
 }
 
 /// What one step returns: a view into the engine, valid until the next call.

@@ -175,7 +175,7 @@ def _finish_at_exit(ref: weakref.ref[Controller]) -> None:
 
 def _engine_options(config: _core.EngineConfig) -> dict[str, Any]:
     """An EngineConfig as options (dra.Controller(config) keeps working)."""
-    return {
+    options = {
         "policy": config.policy,
         "decide_every": config.decide_every,
         "resize_cost_s": config.costs.resize_cost_s,
@@ -183,9 +183,10 @@ def _engine_options(config: _core.EngineConfig) -> dict[str, Any]:
         "estimator": config.estimator,
         "throughput": config.throughput,
         "limits": config.limits,
-        "convergence": config.convergence,
-        "goodput": config.goodput,
     }
+    # Every policy's settings section, from the registry (include/dra/policy/registry.hpp).
+    options.update({section: getattr(config, section) for section in _core.policy_sections()})
+    return options
 
 
 def _testing_phase_hook() -> Any:

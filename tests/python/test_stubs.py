@@ -23,6 +23,14 @@ def test_committed_stubs_match_the_build(tmp_path: Path) -> None:
     assert not stale, f"python/dra/_core/{stale} do not match the build: run scripts/stubs.sh"
 
 
+def test_committed_sim_stub_matches_the_build(tmp_path: Path) -> None:
+    stubgen = Path(sys.executable).with_name("pybind11-stubgen")
+    proc = subprocess.run([str(stubgen), "dra._sim", "-o", str(tmp_path), "--exit-code"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    made = (tmp_path / "dra" / "_sim.pyi").read_text()
+    assert made == STUBS.with_name("_sim.pyi").read_text(), "python/dra/_sim.pyi does not match the build: run scripts/stubs.sh"
+
+
 def test_stubs_cover_every_public_name() -> None:
     text = (STUBS / "__init__.pyi").read_text()
     for name in dir(dra._core):

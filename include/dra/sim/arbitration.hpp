@@ -163,33 +163,8 @@ inline void schedule_cluster(cluster_state& state, double now) {
   policy::arbiter_config ac = state.config().arbiter;
   if (ca) ac.p = state.config().remaining_work_power;
   const policy::cluster_arbiter arbiter(ac);
-  // The arbiter divides device counts; the placement rule (one distributed job per node) may not
-  // fit them all. Try the plan, cap each job that would get fewer devices at what it would get,
-  // and divide again, so the search only returns allocations that can be placed (as Pollux's
-  // genetic search only keeps repaired, placeable states).
-  std::vector<int> alloc = arbiter.allocate(in, state.capacity());
-  for (int round = 0; round < 8; ++round) {
-    const std::vector<int> got = state.plan(act, alloc);
-    bool short_any = false;
-    for (std::size_t i = 0; i < act.size(); ++i)
-      if (got[i] < alloc[i]) {
-        short_any = true;
-        const auto keep = static_cast<std::size_t>(std::max(got[i], 0)) + 1;
-        if (in[i].speedup.size() > keep) in[i].speedup.resize(keep);
-      }
-    if (!short_any) break;
-    alloc = arbiter.allocate(in, state.capacity());
-  }
-  // Shrinks first (they free devices), then grows, biggest first so they find whole nodes.
-  std::vector<std::size_t> idx(act.size());
-  for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  for (std::size_t i : idx)
-    if (alloc[i] < act[i]->devices) state.reallocate(*act[i], alloc[i], now);
-  for (std::size_t i : idx)
-    if (alloc[i] > act[i]->devices) state.release(*act[i]);
-  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return alloc[a] > alloc[b]; });
-  for (std::size_t i : idx)
-    if (alloc[i] > act[i]->devices) state.reallocate(*act[i], alloc[i], now);
+  // Counts under the placement rule, moving jobs when that pays (cluster.hpp, place_allocation).
+  place_allocation(state, act, in, arbiter, now);
 }
 
 }  // namespace dra::sim::detail

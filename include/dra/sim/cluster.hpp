@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "dra/error.hpp"
+#include "dra/policy/cluster_arbiter.hpp"
 #include "dra/policy/constraints.hpp"
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/policies.hpp"
+#include "dra/policy/registry.hpp"
 #include "dra/sim/config.hpp"
 #include "dra/sim/job_model.hpp"
 #include "dra/sim/placement.hpp"
@@ -27,8 +29,12 @@ class cluster_state {
       : config_((config.validate(), std::move(config))) {
     capacity_ = config_.nodes * config_.devices_per_node;
     const std::string& p = config_.policy;
-    cluster_ = p == "arbiter" || p == "pollux" || (p == "convergence_aware" && config_.cluster_arbitration);
-    nodes_ = node_pool(config_.nodes, config_.devices_per_node, p == "tiresias", cluster_);
+    entry_ = policy::policy_registry::at(p, false);
+    using sched = policy::sim_scheduler;
+    cluster_ = entry_.simulator == sched::cluster ||
+               (entry_.simulator == sched::cluster_or_per_job && config_.cluster_arbitration);
+    baseline_ = entry_.simulator == sched::first_come || entry_.simulator == sched::tiresias;
+    nodes_ = node_pool(config_.nodes, config_.devices_per_node, entry_.simulator == sched::tiresias, cluster_);
     jobs_.reserve(jobs.size());
     for (auto& spec : jobs) {
       job_state j;
@@ -41,22 +47,16 @@ class cluster_state {
       // workloads all request 32768, the batch the reference forces), which keep the user's batch.
       if (cluster_ && j.app->adaptive_fixed_batch() <= 0.0) j.fixed_batch = 0.0;
       j.max_devices = job_cap(j);
-      if (p == "static" || p == "tiresias") j.spec.replicas = std::min(j.spec.replicas, capacity_);
+      if (baseline_) j.spec.replicas = std::min(j.spec.replicas, capacity_);
       j.est = std::make_unique<signals::convergence_estimator>(config_.estimator);
       j.model = std::make_unique<policy::perf_model>();
-      if (!cluster_ && (p == "convergence" || p == "goodput" || p == "convergence_aware")) {
-        std::shared_ptr<const policy::policy> inner;
-        if (p == "convergence") {
-          inner = std::make_shared<policy::convergence_phase_policy>(config_.convergence);
-        } else if (p == "goodput") {
-          inner = std::make_shared<policy::goodput_policy>(config_.goodput);
-        } else {
-          policy::convergence_aware_config c = config_.convergence_aware;
-          c.min_per_rank_batch = j.app->min_local_batch();
-          // The batch cap: the largest measured batch (ncf keeps the user's batch, as above).
-          c.max_global_batch = j.app->adaptive_fixed_batch() > 0.0 ? 0.0 : j.app->max_batch();
-          inner = std::make_shared<policy::convergence_aware_policy>(c);
-        }
+      if (!cluster_ && entry_.make) {
+        // The job's own policy, built by its registry entry; convergence_aware's batch limits are
+        // the job's (its smallest micro-batch, the largest measured batch; ncf keeps the user's).
+        policy::policy_sections sections = config_;
+        sections.convergence_aware.min_per_rank_batch = j.app->min_local_batch();
+        sections.convergence_aware.max_global_batch = j.app->adaptive_fixed_batch() > 0.0 ? 0.0 : j.app->max_batch();
+        std::shared_ptr<const policy::policy> inner = entry_.make(sections);
         policy::constraints limits;
         limits.max_size = std::max(1, j.max_devices);
         limits.min_size = config_.convergence_floor_at_request && p == "convergence"
@@ -75,6 +75,8 @@ class cluster_state {
   int capacity() const noexcept { return capacity_; }
   /// A cluster policy runs (arbiter, pollux, convergence_aware with cluster arbitration).
   bool cluster() const noexcept { return cluster_; }
+  /// The policy's registry entry (how it is scheduled).
+  const policy::policy_entry& entry() const noexcept { return entry_; }
   std::vector<job_state>& jobs() noexcept { return jobs_; }
 
   /// Jobs submitted by `now` and not done, in arrival order.
@@ -87,9 +89,31 @@ class cluster_state {
 
   int free_devices() const { return nodes_.free_devices(); }
   void release(job_state& j) { nodes_.release(j); }
-  /// Devices each job would get if `alloc` were applied (node_pool::plan).
-  std::vector<int> plan(const std::vector<job_state*>& act, const std::vector<int>& alloc) const {
-    return nodes_.plan(act, alloc);
+  /// Where each job would run if `counts` were applied, unchanged jobs in place (node_pool::plan).
+  placement_plan plan(const std::vector<job_state*>& act, const std::vector<int>& counts) const {
+    return nodes_.plan(act, counts);
+  }
+  /// The same, with every job free to move (node_pool::repack).
+  placement_plan repack(const std::vector<job_state*>& act, const std::vector<int>& counts) const {
+    return nodes_.repack(act, counts);
+  }
+
+  /// Applies a plan: every job whose node-level allocation changes (its count, or its nodes at the
+  /// same count, as Pollux's reference charges it) is released, then given its new nodes and
+  /// charged reallocation_cost_s.
+  void apply(const std::vector<job_state*>& act, const placement_plan& plan, double now) {
+    for (std::size_t i = 0; i < act.size(); ++i)
+      if (plan.alloc[i] != act[i]->alloc && act[i]->devices > 0) {
+        nodes_.release(*act[i]);
+        act[i]->step_cached = false;
+        act[i]->atomic = 0.0;
+      }
+    for (std::size_t i = 0; i < act.size(); ++i) {
+      job_state& j = *act[i];
+      if (plan.alloc[i] == j.alloc || plan.got[i] == 0) continue;
+      nodes_.take(j, plan.alloc[i]);
+      started(j, now);
+    }
   }
 
   /// Gives a job k devices (k = 0 releases). A change costs reallocation_cost_s of no progress.
@@ -111,18 +135,7 @@ class cluster_state {
       j.atomic = 0.0;
       return 0;
     }
-    j.max_held = std::max(j.max_held, got);
-    j.rescale_left = config_.reallocation_cost_s;
-    if (j.restarts < 0) j.start_s = now;
-    ++j.restarts;
-    j.steps_at_resize = j.steps;
-    if (j.fixed_batch > 0.0) {
-      const auto s = detail::split_batch(*j.app, j.fixed_batch, got);
-      j.atomic = s.atomic, j.accum = s.accum;
-    } else {
-      choose_batch(j, config_);
-    }
-    j.last_batch = j.devices * j.atomic * (j.accum + 1);
+    started(j, now);
     return got;
   }
 
@@ -144,22 +157,75 @@ class cluster_state {
   }
 
  private:
+  /// A job starts on new devices: it pays the reallocation cost and picks its batch for them.
+  void started(job_state& j, double now) {
+    j.step_cached = false;
+    j.max_held = std::max(j.max_held, j.devices);
+    j.rescale_left = config_.reallocation_cost_s;
+    if (j.restarts < 0) j.start_s = now;
+    ++j.restarts;
+    j.steps_at_resize = j.steps;
+    if (j.fixed_batch > 0.0) {
+      const auto s = detail::split_batch(*j.app, j.fixed_batch, j.devices);
+      j.atomic = s.atomic, j.accum = s.accum;
+    } else {
+      choose_batch(j, config_);
+    }
+    j.last_batch = j.devices * j.atomic * (j.accum + 1);
+  }
+
   /// Most devices the job may ever hold: the cluster, the reference's limits, the batch cap, the quota.
   int job_cap(const job_state& j) const {
     int cap = capacity_;
     if (config_.reference_limits && j.app->max_replicas() > 0) cap = std::min(cap, j.app->max_replicas());
     const double batch_for_cap = j.fixed_batch > 0.0 ? j.fixed_batch : j.app->max_batch();
     cap = std::min(cap, std::max(1, static_cast<int>(std::floor(batch_for_cap / j.app->min_local_batch() + 1e-9))));
-    if (config_.quota_scale > 0.0 && config_.policy != "static" && config_.policy != "tiresias")
+    if (config_.quota_scale > 0.0 && !baseline_)
       cap = std::min(cap, std::max(1, static_cast<int>(std::floor(config_.quota_scale * j.spec.replicas + 1e-9))));
     return std::max(cap, 1);
   }
 
   sim_config config_;
+  policy::policy_entry entry_;
   bool cluster_ = false;
+  bool baseline_ = false;  ///< static or tiresias: requests as made
   int capacity_ = 0;
   node_pool nodes_;
   std::vector<job_state> jobs_;
 };
 
+/// Applies a cluster policy's device counts under the placement rule (one distributed job per
+/// node) as Pollux's search does, which only ever keeps placeable node-level allocations: the
+/// policy divides counts, and while the packer cannot place them, each job left short loses one
+/// device from its curve and the policy divides again. Two packers compete on the policy's own
+/// objective: one that keeps every job whose count is unchanged where it is, and one that may move
+/// such jobs to make room (each move charged and penalised as a restart, as the reference does).
+inline void place_allocation(cluster_state& state, const std::vector<job_state*>& act,
+                             const std::vector<policy::arbiter_job>& in, const policy::cluster_arbiter& arbiter,
+                             double now) {
+  const int rounds = 4 * state.capacity();
+  // Counts the packer can place, repaired one device at a time from what the policy wants.
+  auto repaired = [&](bool may_move) {
+    std::vector<policy::arbiter_job> capped = in;
+    std::vector<int> counts = arbiter.allocate(capped, state.capacity());
+    placement_plan plan = may_move ? state.repack(act, counts) : state.plan(act, counts);
+    for (int round = 0; round < rounds && !plan.complete(counts); ++round) {
+      for (std::size_t i = 0; i < act.size(); ++i)
+        if (plan.got[i] < counts[i]) {
+          const auto keep = static_cast<std::size_t>(std::max(counts[i] - 1, 0)) + 1;
+          if (capped[i].speedup.size() > keep) capped[i].speedup.resize(keep);
+        }
+      counts = arbiter.allocate(capped, state.capacity());
+      plan = may_move ? state.repack(act, counts) : state.plan(act, counts);
+    }
+    return plan;
+  };
+  const placement_plan kept = repaired(false);
+  const placement_plan packed = repaired(true);
+  std::vector<policy::arbiter_job> charged = in;
+  for (std::size_t i = 0; i < act.size(); ++i)
+    if (packed.moved[i]) charged[i].current = -1;  // a move is a restart: penalised like a resize
+  if (arbiter.objective(charged, packed.got) > arbiter.objective(in, kept.got)) return state.apply(act, packed, now);
+  state.apply(act, kept, now);
+}
 }  // namespace dra::sim::detail

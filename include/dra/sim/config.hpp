@@ -10,6 +10,7 @@
 #include "dra/policy/cluster_arbiter.hpp"
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/policies.hpp"
+#include "dra/policy/registry.hpp"
 #include "dra/signals/convergence_estimator.hpp"
 
 namespace dra::sim {
@@ -18,14 +19,13 @@ namespace dra::sim {
 /// publishes its figure; `dra-sim --reallocation-cost inplace` uses this value.
 inline constexpr double in_place_resize_cost_stand_in_s = 1.0;
 
-/// The policies the simulator knows, in the order reports list them.
+/// The policies the simulator runs, in the order reports list them (policy/registry.hpp).
 inline const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names{"static",  "tiresias", "convergence", "goodput", "convergence_aware",
-                                              "arbiter", "pollux"};
-  return names;
+  return policy::policy_registry::names(false);
 }
 
-struct sim_config {
+/// The simulator's settings; the per-job policies' sections come from policy::policy_sections.
+struct sim_config : policy::policy_sections {
   int nodes = 16;
   int devices_per_node = 4;
   double interval_s = 60.0;           ///< seconds between allocation decisions (reference: 60)
@@ -41,10 +41,7 @@ struct sim_config {
   double max_time_s = 30.0 * 24 * 3600;
   bool record_timeline = true;
 
-  // Per-job policies (live-job code, unchanged).
-  policy::convergence_phase_config convergence{};
-  policy::goodput_config goodput{};
-  policy::convergence_aware_config convergence_aware{};
+  // Per-job policies: the live-job code, unchanged, with the sections of policy::policy_sections.
   /// The convergence policy never goes below the devices the job requested: it grows beyond the
   /// request while learning is fast and releases the extra on plateau. false: down to one device.
   bool convergence_floor_at_request = true;
@@ -101,11 +98,7 @@ struct sim_config {
     if (!(interval_s > 0.0)) dra::detail::throw_invalid("interval_s", "must be > 0 seconds");
     if (!(reallocation_cost_s >= 0.0) || !std::isfinite(reallocation_cost_s))
       dra::detail::throw_invalid("reallocation_cost_s", "must be a finite number >= 0 seconds");
-    if (std::find(policy_names().begin(), policy_names().end(), policy) == policy_names().end()) {
-      std::string have;
-      for (const auto& n : policy_names()) have += (have.empty() ? "" : ", ") + n;
-      dra::detail::throw_invalid("policy", "unknown policy '" + policy + "'; use one of: " + have);
-    }
+    policy::policy_registry::at(policy, false);
     if (quota_scale < 0.0) dra::detail::throw_invalid("quota_scale", "must be >= 0 (0: no quota)");
     if (!(max_time_s > 0.0)) dra::detail::throw_invalid("max_time_s", "must be > 0");
     if (!(horizon_s > 0.0)) dra::detail::throw_invalid("horizon_s", "must be > 0");
@@ -113,6 +106,7 @@ struct sim_config {
     convergence.validate();
     goodput.validate();
     convergence_aware.validate();
+    energy.validate();
     estimator.validate();
     arbiter.validate();
   }

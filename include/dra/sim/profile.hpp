@@ -1,16 +1,8 @@
 #pragma once
-// Measured training profiles of one application (Pollux OSDI'21 artifact format, see
-// data/pollux/README.md): step time over placement and per-device batch, and per-epoch gradient
-// statistics and validation metric at several total batch sizes.
-//
-// Semantics follow the reference simulator; the deviations are listed in docs/guide/simulator.md:
-//  - a placement present in placements.csv (after rotating to the lexicographically smallest
-//    order) is interpolated linearly in local batch, exactly as the reference does;
-//  - any other placement (more than 4 nodes, or none of the listed ones) is interpolated over
-//    (num_nodes, num_replicas, local_bsz) through the same points (averaged placement rows plus
-//    scalability.csv), but piecewise-linearly along each axis in turn instead of over a Delaunay
-//    triangulation; both are linear interpolants that agree on every measured point;
-//  - queries outside the measured range are clamped to its edge (the reference raises).
+// Measured training profiles of one application (Pollux OSDI'21 artifact format,
+// data/pollux/README.md): step time over placement and per-device batch, per-epoch gradient
+// statistics and validation metric at several batch sizes. Interpolation and clamping follow the
+// reference except where docs/guide/simulator.md ("Deviations") says otherwise.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,27 +1,7 @@
 #pragma once
-// Discrete-time/event cluster simulator (docs/design/simulator.md). Jobs arrive, an allocation policy runs
-// every `interval_s` seconds, each reallocation costs `reallocation_cost_s` seconds of no progress
-// while the job keeps its devices, and between decisions each job advances analytically epoch by
-// epoch: within an epoch its goodput (AdaScale gain per second) is constant, so the exact time at
-// which it crosses each epoch boundary (and completes) is computed, not sampled.
-//
-// The per-job dynamic policies are dra::policy::constrained_policy around the same
-// convergence_phase_policy / goodput_policy / convergence_aware_policy a live job runs, fed a
-// throughput model fitted online from what the job has measured (Pollux's model, from a
-// linear-speedup prior) and convergence_signals derived from the trace. The cluster-level policies
-// (arbiter, convergence_aware under contention, and Pollux itself) are dra::policy::cluster_arbiter
-// over goodput curves from the same online-fitted model, under the same rules as Pollux: at most
-// twice the most devices a job has run on (exploration), at most one distributed job per node, the
-// total batch capped at the largest measured one, and every change of a job's set of nodes charged
-// as a reallocation.
-//
-// Reference semantics (petuum/adaptdl osdi21-artifact simulator) and every deviation from them are
-// documented in docs/guide/simulator.md.
-//
-// The parts: config.hpp (sim_config), result.hpp (what a run reports), job_model.hpp (a job's
-// state and its fitted model), training.hpp (a job between decisions), placement.hpp (nodes and
-// placement rules), cluster.hpp (the cluster's state), scheduling.hpp (static, Tiresias, per-job
-// policies), arbitration.hpp (the cluster policies under Pollux's rules); this file runs the loop.
+// The cluster simulator's loop: jobs arrive, the policy decides every interval, jobs advance
+// analytically in between (training.hpp). The model and its parts: docs/design/simulator.md;
+// every deviation from Pollux's reference simulator: docs/guide/simulator.md.
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -130,10 +110,10 @@ class simulator {
 
  private:
   void schedule(double now) {
-    const std::string& p = state_.config().policy;
-    if (p == "static")
+    const policy::sim_scheduler s = state_.entry().simulator;
+    if (s == policy::sim_scheduler::first_come)
       detail::schedule_static(state_, now);
-    else if (p == "tiresias")
+    else if (s == policy::sim_scheduler::tiresias)
       detail::schedule_tiresias(state_, now);
     else if (state_.cluster())
       detail::schedule_cluster(state_, now);

@@ -1,6 +1,7 @@
 """The cluster simulator: replay job workloads and the generated static-vs-dynamic study.
 
-The simulation itself is C++ (``include/dra/sim/``, bound as ``dra._core.sim_*``); this package
+The simulation itself is C++ (``include/dra/sim/``, bound as ``dra._sim``, a module
+built without torch, so neither ``import dra.sim`` nor ``dra-sim`` loads torch); this package
 finds the shipped profiles, turns results into the JSON/markdown/plots users read, and computes
 confidence intervals. Command line: ``dra-sim`` (see :mod:`dra.sim.cli`).
 
@@ -12,6 +13,8 @@ confidence intervals. Command line: ``dra-sim`` (see :mod:`dra.sim.cli`).
 from __future__ import annotations
 
 from dra.sim._inputs import (
+    COST_MODES,
+    DEFAULT_RESIZE_REPORT,
     IN_PLACE_RESIZE_COST_S,
     POLICIES,
     POLLUX_REALLOCATION_COST_S,
@@ -19,12 +22,14 @@ from dra.sim._inputs import (
     STUDY_BASELINES,
     STUDY_POLICIES,
     cost_from_resize_report,
+    costs_by_policy,
     default_data_dir,
     load_profiles,
     parse_cost,
     published_for,
     published_jct,
     read_workload,
+    restart_cost_from_resize_report,
 )
 from dra.sim._replay import replay, summarize
 from dra.sim._report import markdown_replay, markdown_study
@@ -32,6 +37,8 @@ from dra.sim._stats import bootstrap_ci
 from dra.sim._study import study
 
 __all__ = [
+    "COST_MODES",
+    "DEFAULT_RESIZE_REPORT",
     "IN_PLACE_RESIZE_COST_S",
     "POLICIES",
     "POLLUX_REALLOCATION_COST_S",
@@ -40,6 +47,7 @@ __all__ = [
     "STUDY_POLICIES",
     "bootstrap_ci",
     "cost_from_resize_report",
+    "costs_by_policy",
     "default_data_dir",
     "load_profiles",
     "markdown_replay",
@@ -49,6 +57,7 @@ __all__ = [
     "published_jct",
     "read_workload",
     "replay",
+    "restart_cost_from_resize_report",
     "study",
     "summarize",
 ]

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dra import _core
+from dra import _sim
 
-POLICIES: tuple[str, ...] = tuple(_core.sim_policy_names)
+POLICIES: tuple[str, ...] = tuple(_sim.sim_policy_names)
 #: Dynamic policies `dra-sim study` compares by default with the static baselines: the DRA
 #: framework's rule, the Pollux size rule per job, and dra's convergence-aware policy.
 STUDY_POLICIES: tuple[str, ...] = ("convergence", "goodput", "convergence_aware")
@@ -20,9 +20,9 @@ STUDY_POLICIES: tuple[str, ...] = ("convergence", "goodput", "convergence_aware"
 SHARED_POLICIES: tuple[str, ...] = ("tiresias", "pollux", "arbiter", "convergence_aware")
 #: The static baselines of a study: the request as made, the best fixed size in hindsight at the
 #: user's batch, and the best fixed size and batch in hindsight (all within the same budget).
-STUDY_BASELINES: tuple[str, ...] = tuple(_core.sim_study_baselines)
+STUDY_BASELINES: tuple[str, ...] = tuple(_sim.sim_study_baselines)
 #: Stand-in for the measured in-place resize cost (seconds); `--reallocation-cost inplace`.
-IN_PLACE_RESIZE_COST_S: float = float(_core.sim_in_place_resize_cost_stand_in_s)
+IN_PLACE_RESIZE_COST_S: float = float(_sim.sim_in_place_resize_cost_stand_in_s)
 #: The reference simulator's cost of one reallocation (checkpoint-restart), seconds.
 POLLUX_REALLOCATION_COST_S: float = 30.0
 
@@ -48,7 +48,7 @@ def default_data_dir() -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _profiles_cached(traces: str) -> Any:
-    return _core.SimProfiles(traces)
+    return _sim.SimProfiles(traces)
 
 
 def load_profiles(traces: str | os.PathLike[str] | None = None) -> Any:
@@ -59,7 +59,7 @@ def load_profiles(traces: str | os.PathLike[str] | None = None) -> Any:
 
 def read_workload(path: str | os.PathLike[str], profiles: Any = None) -> list[dict[str, Any]]:
     """Jobs of a workload CSV; a malformed row raises ValueError naming file, line and column."""
-    return list(_core.sim_read_workload(str(path), profiles))
+    return list(_sim.sim_read_workload(str(path), profiles))
 
 
 def published_jct(data_dir: Path | None = None) -> dict[str, Any]:
@@ -91,26 +91,84 @@ def published_for(workload: str | os.PathLike[str], data_dir: Path | None = None
     }
 
 
-def cost_from_resize_report(path: str | os.PathLike[str]) -> float:
-    """The in-place resize cost measured by ``python -m dra.bench resize --json PATH``: the slower of
-    dra's shrink (4->2) and grow (2->4), at the largest model state the report measured."""
+def _resize_report(path: str | os.PathLike[str], what: str, value_of: Any) -> float:
+    """The slower of the shrink (4->2) and grow (2->4) rows of a ``dra.bench resize`` report at the
+    largest state it measured, each row's figure as ``value_of(row)`` picks it (None: not there)."""
     import re
 
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"reallocation cost: cannot read resize report {path}: {exc}") from None
+        raise ValueError(f"{what}: cannot read resize report {path}: {exc}") from None
     by_size: dict[float, list[float]] = {}
     for r in doc.get("results", []) if isinstance(doc, dict) else []:
         m = re.fullmatch(r"(shrink_4to2|grow_2to4)_([0-9.]+)MB", str(r.get("name", "")))
-        if m and isinstance(r.get("value"), (int, float)) and math.isfinite(r["value"]):
-            by_size.setdefault(float(m.group(2)), []).append(float(r["value"]))
+        value = value_of(r) if m else None
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            by_size.setdefault(float(m.group(2)), []).append(float(value))
     if not by_size:
         raise ValueError(
-            f"reallocation cost: {path} has no shrink_4to2_<N>MB / grow_2to4_<N>MB results; "
+            f"{what}: {path} has no shrink_4to2_<N>MB / grow_2to4_<N>MB figures; "
             "expected the JSON of `python -m dra.bench resize --json PATH`"
         )
     return max(by_size[max(by_size)])
+
+
+def cost_from_resize_report(path: str | os.PathLike[str]) -> float:
+    """The in-place resize cost measured by ``python -m dra.bench resize --json PATH``: the slower of
+    dra's shrink (4->2) and grow (2->4), at the largest model state the report measured."""
+    return _resize_report(path, "reallocation cost", lambda r: r.get("value"))
+
+
+def restart_cost_from_resize_report(path: str | os.PathLike[str]) -> float:
+    """The checkpoint-restart cost measured beside dra's resize by ``python -m dra.bench resize``:
+    the slower of the torchrun restarts (its ``torchrun_restart`` baselines) at the largest state."""
+
+    def restart(r: dict[str, Any]) -> Any:
+        base = r.get("baseline")
+        return base.get("value") if isinstance(base, dict) and base.get("name") == "torchrun_restart" else None
+
+    return _resize_report(path, "restart cost", restart)
+
+
+#: The measured resize report the system view reads by default (in-place resize and torchrun restart
+#: measured side by side, 100 MB of state; docs/results/sim/resize-100MB.json).
+DEFAULT_RESIZE_REPORT: Path = Path(__file__).resolve().parents[3] / "docs" / "results" / "sim" / "resize-100MB.json"
+
+#: The two ways of charging a reallocation. ``same``: every policy pays the same cost per change
+#: (policy quality, like for like). ``system``: each policy pays its own system's mechanism, dra's
+#: in-place resize or a checkpoint-restart (the registry's ``mechanism``).
+COST_MODES: tuple[str, ...] = ("same", "system")
+
+
+def costs_by_policy(
+    policies: list[str],
+    mode: str = "same",
+    *,
+    cost: float | str = POLLUX_REALLOCATION_COST_S,
+    in_place_cost: float | str | None = None,
+    restart_cost: float | str | None = None,
+) -> dict[str, float]:
+    """Seconds each policy pays per reallocation. ``same``: ``cost`` for all. ``system``: policies
+    whose system resizes in place pay ``in_place_cost`` (default: the measured resize report's
+    slower resize), the others ``restart_cost`` (default: Pollux's 30 s; a resize report gives the
+    measured torchrun restart)."""
+    if mode not in COST_MODES:
+        raise ValueError(f"cost mode: '{mode}' is not one of {', '.join(COST_MODES)}")
+    if mode == "same":
+        value = parse_cost(cost)
+        return {p: value for p in policies}
+    mechanism = {e["name"]: e["mechanism"] for e in _sim.policy_registry()}
+    if in_place_cost is None:
+        in_place_cost = str(DEFAULT_RESIZE_REPORT) if DEFAULT_RESIZE_REPORT.is_file() else "inplace"
+    in_place = parse_cost(in_place_cost)
+    if restart_cost is None:
+        restart = POLLUX_REALLOCATION_COST_S
+    elif isinstance(restart_cost, str) and restart_cost.strip().lower().endswith(".json"):
+        restart = restart_cost_from_resize_report(restart_cost.strip())
+    else:
+        restart = parse_cost(restart_cost)
+    return {p: in_place if mechanism.get(p) == "in_place" else restart for p in policies}
 
 
 def parse_cost(text: str | float) -> float:

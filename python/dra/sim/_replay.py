@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from dra import _core
+from dra import _sim
 from dra.sim._inputs import (
     POLICIES,
     POLLUX_REALLOCATION_COST_S,
+    costs_by_policy,
     load_profiles,
-    parse_cost,
     published_for,
     read_workload,
 )
@@ -141,20 +141,30 @@ def replay(
     quiet: bool = True,
     resamples: int = 1000,
     jobs_detail: bool = True,
+    cost_mode: str = "same",
+    in_place_cost: float | str | None = None,
+    restart_cost: float | str | None = None,
 ) -> dict[str, Any]:
     """Replays one workload under each policy. Every dynamic policy runs under the same rules as
     Pollux (online-fitted throughput model from a linear-speedup prior, exploration limit, one
     distributed job per node, batch cap, the reallocation cost on every change). Returns the
     ``--json`` document: ``{"workload", "load", "policies": {name: aggregates + "vs": {baseline:
-    changes}}, "baselines", "jobs": [...], "timelines": {...}, "published_avg_jct_s"}``."""
+    changes}}, "baselines", "jobs": [...], "timelines": {...}, "published_avg_jct_s"}``.
+
+    ``cost_mode="same"`` charges every policy ``reallocation_cost`` per change (policy quality);
+    ``"system"`` charges each its system's mechanism (``costs_by_policy``: dra's in-place resize
+    or a checkpoint-restart), listed per policy in ``reallocation_cost_s_by_policy``."""
     profiles = load_profiles(traces)
-    cost = parse_cost(reallocation_cost)
     jobs = read_workload(workload, profiles)
     names = list(policies) if policies else list(POLICIES)
     for p in names:
         if p not in POLICIES:
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
-    floor = float(_core.sim_default_price_floor) if price_floor is None else float(price_floor)
+    costs = costs_by_policy(
+        names, cost_mode, cost=reallocation_cost, in_place_cost=in_place_cost, restart_cost=restart_cost
+    )
+    cost = costs[names[0]] if cost_mode == "same" else None
+    floor = float(_sim.sim_default_price_floor) if price_floor is None else float(price_floor)
     published = published_for(workload)
     name = published.get("workload", Path(workload).stem)
     out: dict[str, Any] = {
@@ -162,6 +172,8 @@ def replay(
         "file": str(workload),
         "load": published.get("load"),
         "reallocation_cost_s": cost,
+        "cost_mode": cost_mode,
+        "reallocation_cost_s_by_policy": costs,
         "cluster": {"nodes": nodes, "devices_per_node": devices_per_node},
         "interval_s": interval_s,
         "rules": "pollux: online-fitted model, exploration limit, one distributed job per node, batch cap",
@@ -173,8 +185,8 @@ def replay(
     }
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for p in names:
-        result = _core.sim_run(
-            profiles, jobs, p, cost, interval_s, nodes, devices_per_node, 0.0, jobs_detail, remaining_work_from_budget, floor,
+        result = _sim.sim_run(
+            profiles, jobs, p, costs[p], interval_s, nodes, devices_per_node, 0.0, jobs_detail, remaining_work_from_budget, floor,
             _stderr_progress(f"{name} {p}", quiet),
         )
         out["policies"][p] = summarize(result, profiles)

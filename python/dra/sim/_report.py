@@ -23,11 +23,19 @@ def _pct(d: dict[str, Any] | None, pct: bool = True) -> str:
     return f"{est * k:+.1f}{unit} [{d['ci95'][0] * k:+.1f}, {d['ci95'][1] * k:+.1f}]"
 
 
+def _cost_label(doc: dict[str, Any]) -> str:
+    """How reallocations were charged: one cost for all, or each system's own (system view)."""
+    if doc.get("cost_mode", "same") == "same":
+        return f"reallocation cost {doc['reallocation_cost_s']:g} s, every policy"
+    each = ", ".join(f"{p} {c:g} s" for p, c in doc["reallocation_cost_s_by_policy"].items())
+    return f"system view, each mechanism's own cost: {each}"
+
+
 def markdown_replay(doc: dict[str, Any]) -> str:
     published = doc.get("published_avg_jct_s", {})
     load = f", load {doc['load']}x" if doc.get("load") else ""
     lines = [
-        f"### {doc['workload']}{load} (reallocation cost {doc['reallocation_cost_s']:g} s; simulated)",
+        f"### {doc['workload']}{load} ({_cost_label(doc)}; simulated)",
         "",
         "| policy | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation (busy/held) | cluster util. | final metric | reallocations | JCT vs pollux | wall (s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dra import _core
+from dra import _sim
 from dra.sim._inputs import (
     POLICIES,
     SHARED_POLICIES,
@@ -79,7 +79,7 @@ def study(
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
     names = [p for p in names if p != "static"]
     pool = [j for w in workloads for j in read_workload(w, profiles)] if workloads else _default_pool(profiles)
-    floor = float(_core.sim_default_job_price_floor) if price_floor is None else float(price_floor)
+    floor = float(_sim.sim_default_job_price_floor) if price_floor is None else float(price_floor)
 
     def progress(done: int, total: int) -> None:
         if not quiet and (done % 50 == 0 or done == total or shared_cluster):
@@ -89,7 +89,7 @@ def study(
             sys.stderr.flush()
 
     start = time.perf_counter()
-    rows = _core.sim_study(
+    rows = _sim.sim_study(
         profiles, pool, runs, seed, names, cost, quota_scale, interval_s, noise, reference_limits, perturb,
         shared_cluster, jobs_per_cluster, True, floor, progress,
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 from dra._jsonio import write_json
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     import dra.sim as sim
 
     parser = argparse.ArgumentParser(prog="dra-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +65,24 @@ def _parser() -> argparse.ArgumentParser:
         help="convergence_aware: rank jobs by their epoch budget left (default) or by an Optimus-style loss-curve fit",
     )
     rp.add_argument("--price-floor", type=float, help="convergence_aware on the cluster: price floor per device (default 0: idle devices cost nothing)")
+    rp.add_argument(
+        "--cost-mode",
+        choices=list(sim.COST_MODES),
+        default="same",
+        help="same: every policy pays --reallocation-cost per change (policy quality, like for like); system: each "
+        "policy pays its own system's mechanism, dra's in-place resize (--in-place-cost) or checkpoint-restart "
+        "(--restart-cost) (default: same)",
+    )
+    rp.add_argument(
+        "--in-place-cost",
+        help="system view: seconds per in-place resize, 'inplace', or a `dra.bench resize` JSON "
+        "(default: docs/results/sim/resize-100MB.json, measured)",
+    )
+    rp.add_argument(
+        "--restart-cost",
+        help="system view: seconds per checkpoint-restart, 'pollux' (30), or a `dra.bench resize` JSON "
+        "(its measured torchrun restart) (default: 30)",
+    )
     common(rp, "pollux")
 
     st = sub.add_parser("study", help="the generated static-vs-dynamic study")
@@ -92,14 +110,18 @@ def _parser() -> argparse.ArgumentParser:
     common(st, "inplace")
 
     sub.add_parser("profiles", help="list the shipped profiles and their measured noise levels")
-    from dra.rl.cli import add_parser as add_rl_parser  # issue 12: dra-sim rl
+    if with_rl:
+        from dra.rl.cli import add_parser as add_rl_parser  # issue 12: dra-sim rl
 
-    add_rl_parser(sub)
+        add_rl_parser(sub)
+    else:  # listed without importing dra.rl, which loads torch (the cluster commands never need it)
+        sub.add_parser("rl", help="RL post-training: static splits vs stage balance vs colocated (simulated)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(with_rl=bool(argv) and argv[0] == "rl").parse_args(argv)
     if args.command == "rl":
         from dra.rl.cli import run as run_rl
 
@@ -137,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                     price_floor=args.price_floor,
                     quiet=args.quiet,
                     jobs_detail=not args.no_jobs,
+                    cost_mode=args.cost_mode,
+                    in_place_cost=args.in_place_cost,
+                    restart_cost=args.restart_cost,
                 )
                 docs.append(doc)
             text = "\n".join(sim.markdown_replay(d) for d in docs)

@@ -23,7 +23,10 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = doc["workload"]
+    system = doc.get("cost_mode", "same") == "system"
     cost = doc["reallocation_cost_s"]
+    cost_tag = "system" if system else f"cost{cost:g}"
+    cost_text = "each mechanism's own reallocation cost" if system else f"reallocation cost {cost:g} s"
     written: list[Path] = []
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -37,10 +40,10 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log scale)")
     ax.set_ylabel("fraction of jobs")
-    ax.set_title(f"{name}: JCT distribution (simulated, reallocation cost {cost:g} s)")
+    ax.set_title(f"{name}: JCT distribution (simulated, {cost_text})")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    path = folder / f"{name}-cost{cost:g}-jct.png"
+    path = folder / f"{name}-{cost_tag}-jct.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -62,10 +65,10 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
             ax.axhline(capacity, color="black", linewidth=0.8, linestyle="--")
         ax.set_xlabel("time (h)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{name}: {suffix} over time (simulated, reallocation cost {cost:g} s)")
+        ax.set_title(f"{name}: {suffix} over time (simulated, {cost_text})")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        path = folder / f"{name}-cost{cost:g}-{suffix}.png"
+        path = folder / f"{name}-{cost_tag}-{suffix}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
