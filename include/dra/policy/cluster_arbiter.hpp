@@ -17,6 +17,7 @@
 // runs, so the same code can arbitrate a simulated cluster or a live device pool.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct arbiter_job {
   int current = 0;              ///< devices it holds now
   double change_penalty = 1.0;  ///< multiplier on its speedup at any allocation other than `current`
   int min_devices = 0;          ///< devices it must keep when it has them (0: may be preempted)
+  int floor_devices = 0;        ///< devices granted before anything is divided, when they fit (a guarantee)
 };
 
 struct arbiter_config {
@@ -45,6 +47,55 @@ struct arbiter_config {
     if (!(epsilon > 0.0)) dra::detail::throw_invalid("epsilon", "must be > 0, got " + std::to_string(epsilon));
     if (max_moves < 0) dra::detail::throw_invalid("max_moves", "must be >= 0");
   }
+};
+
+/// Weights that make the arbiter's weighted sum (p = 1) allocate as heSRPT (Berg et al., 2020: the
+/// allocation that minimises mean completion time for jobs of known size with speedup k^a): rank
+/// jobs from the largest remaining size (rank 1) to the smallest (rank m); rank i gets
+/// (i^c - (i-1)^c)^(1/c) with c = 1 / (1 - a). Only the order of the sizes matters, so a size known
+/// to within a factor still ranks right; equal sizes get equal weights. c = 1 is equal weights;
+/// large c tends to shortest first.
+inline std::vector<double> completion_weights(const std::vector<double>& size, double c) {
+  if (!(c >= 1.0) || !std::isfinite(c)) dra::detail::throw_invalid("c", "must be a finite number >= 1, got " + std::to_string(c));
+  std::vector<std::size_t> order(size.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return size[a] > size[b]; });
+  auto rank_weight = [&](std::size_t r) {
+    const double i = static_cast<double>(r + 1);
+    return std::pow(std::pow(i, c) - std::pow(i - 1.0, c), 1.0 / c);
+  };
+  // Largest first; equal sizes share the mean weight of their ranks.
+  std::vector<double> w(size.size(), 1.0);
+  for (std::size_t r = 0; r < order.size();) {
+    std::size_t end = r;
+    double sum = 0.0;
+    while (end < order.size() && size[order[end]] == size[order[r]]) sum += rank_weight(end++);
+    for (std::size_t k = r; k < end; ++k) w[order[k]] = sum / static_cast<double>(end - r);
+    r = end;
+  }
+  return w;
+}
+
+/// How jobs' remaining work tilts an arbitration (dra's convergence_aware cluster policy; the
+/// simulator and the device pool use it alike): each job's completion weight (completion_weights of
+/// its remaining size) raised to `tilt` scales its speedup curve, multiplying it under a
+/// utilitarian objective (power > 0), dividing it under a fair one (power < 0: a job closer to done
+/// needs more speedup to count as well served).
+struct completion_config {
+  double exponent = 2.0;  ///< c of completion_weights (heSRPT's 1 / (1 - a) for speedup k^a)
+  double tilt = 2.0;      ///< exponent of the weight (0: remaining work is ignored)
+  double power = -1.0;    ///< the arbiter's power-mean exponent (Pollux's -1)
+
+  void validate() const {
+    if (!(exponent >= 1.0) || !std::isfinite(exponent))
+      dra::detail::throw_invalid("exponent", "must be a finite number >= 1, got " + std::to_string(exponent));
+    if (!(tilt >= 0.0) || !std::isfinite(tilt))
+      dra::detail::throw_invalid("tilt", "must be a finite number >= 0, got " + std::to_string(tilt));
+    if (!std::isfinite(power) || power == 0.0)
+      dra::detail::throw_invalid("power", "must be finite and non-zero, got " + std::to_string(power));
+  }
+  /// The factor a job's speedup curve is multiplied by.
+  double factor(double weight) const { return std::pow(weight, power > 0.0 ? tilt : -tilt); }
 };
 
 class cluster_arbiter {
@@ -90,6 +141,11 @@ class cluster_arbiter {
     for (std::size_t j = 0; j < n; ++j) {
       const int keep = std::min({jobs[j].min_devices, jobs[j].current, max_devices(jobs[j])});
       if (keep > 0 && keep <= free) alloc[j] = keep, free -= keep;
+    }
+    // Guaranteed floors next, in the listed order, while they fit.
+    for (std::size_t j = 0; j < n; ++j) {
+      const int want = std::min(jobs[j].floor_devices, max_devices(jobs[j]));
+      if (want > alloc[j] && want - alloc[j] <= free) free -= want - alloc[j], alloc[j] = want;
     }
     // Greedy: best objective gain per device over every (job, increment) pair.
     // Minimising the sum of terms when p < 0 is maximising the mean; the sign flips for p > 0.
@@ -162,7 +218,9 @@ class cluster_arbiter {
       double best = 0.0;
       std::size_t from = n, to = n;
       for (std::size_t a = 0; a < n && b1 != n; ++a) {
-        if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current)) continue;
+        if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current) ||
+            alloc[a] <= std::min(jobs[a].floor_devices, max_devices(jobs[a])))
+          continue;
         const std::size_t b = a != b1 ? b1 : b2;
         if (b == n) continue;
         const auto ka = static_cast<std::size_t>(alloc[a]);

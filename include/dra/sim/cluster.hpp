@@ -13,6 +13,7 @@
 #include "dra/policy/constraints.hpp"
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/policies.hpp"
+#include "dra/signals/remaining_work.hpp"
 #include "dra/sim/config.hpp"
 #include "dra/sim/job_model.hpp"
 #include "dra/sim/placement.hpp"
@@ -27,7 +28,8 @@ class cluster_state {
       : config_((config.validate(), std::move(config))) {
     capacity_ = config_.nodes * config_.devices_per_node;
     const std::string& p = config_.policy;
-    cluster_ = p == "arbiter" || p == "pollux" || (p == "convergence_aware" && config_.cluster_arbitration);
+    const bool ca = p == "convergence_aware" || p == "oracle_convergence_aware";
+    cluster_ = p == "arbiter" || p == "pollux" || (ca && config_.cluster_arbitration);
     nodes_ = node_pool(config_.nodes, config_.devices_per_node, p == "tiresias", cluster_);
     jobs_.reserve(jobs.size());
     for (auto& spec : jobs) {
@@ -44,7 +46,7 @@ class cluster_state {
       if (p == "static" || p == "tiresias") j.spec.replicas = std::min(j.spec.replicas, capacity_);
       j.est = std::make_unique<signals::convergence_estimator>(config_.estimator);
       j.model = std::make_unique<policy::perf_model>();
-      if (!cluster_ && (p == "convergence" || p == "goodput" || p == "convergence_aware")) {
+      if (!cluster_ && (p == "convergence" || p == "goodput" || ca)) {
         std::shared_ptr<const policy::policy> inner;
         if (p == "convergence") {
           inner = std::make_shared<policy::convergence_phase_policy>(config_.convergence);
@@ -73,6 +75,8 @@ class cluster_state {
 
   const sim_config& config() const noexcept { return config_; }
   int capacity() const noexcept { return capacity_; }
+  /// The remaining-work estimator the jobs report to (it learns from the jobs that finish).
+  signals::remaining_work_estimator& estimator() noexcept { return estimator_; }
   /// A cluster policy runs (arbiter, pollux, convergence_aware with cluster arbitration).
   bool cluster() const noexcept { return cluster_; }
   std::vector<job_state>& jobs() noexcept { return jobs_; }
@@ -160,6 +164,7 @@ class cluster_state {
   int capacity_ = 0;
   node_pool nodes_;
   std::vector<job_state> jobs_;
+  signals::remaining_work_estimator estimator_{config_.remaining_work};
 };
 
 }  // namespace dra::sim::detail
