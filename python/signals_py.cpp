@@ -97,7 +97,8 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readwrite("min_sigma", &remaining_work_config::min_sigma)
       .def_readwrite("tail_quantile", &remaining_work_config::tail_quantile)
       .def("validate", &remaining_work_config::validate);
-  py::class_<work_estimate>(m, "WorkEstimate", "Remaining work as a distribution (the unit of the observations).")
+  def_to_dict(
+      py::class_<work_estimate>(m, "WorkEstimate", "Remaining work as a distribution (the unit of the observations)."))
       .def_readonly("median", &work_estimate::median)
       .def_readonly("mean", &work_estimate::mean)
       .def_readonly("tail", &work_estimate::tail, "At the configured tail quantile (p90).")
@@ -143,7 +144,7 @@ void dra::python::bind_signals(py::module_& m) {
       .def("completed", py::overload_cast<>(&remaining_work_estimator::completed, py::const_))
       .def_property_readonly("config", &remaining_work_estimator::config, py::return_value_policy::reference_internal);
   m.def(
-      "gittins_size",
-      [](const work_estimate& e, double done) { return gittins_size(e, done); }, py::arg("estimate"), py::arg("done"),
+      "gittins_size", [](const work_estimate& e, double done) { return gittins_size(e, done); }, py::arg("estimate"),
+      py::arg("done"),
       "The size a job counts as when ranked shortest-first under uncertainty (1 / its Gittins index).");
 }

@@ -25,7 +25,8 @@ job_spec spec_from(const py::handle& o) {
   if (d.contains("throughput_scale")) j.throughput_scale = d["throughput_scale"].cast<double>();
   if (d.contains("gns_scale")) j.gns_scale = d["gns_scale"].cast<double>();
   if (d.contains("target_metric") && !d["target_metric"].is_none()) j.target_metric = d["target_metric"].cast<double>();
-  if (d.contains("declared_epochs") && !d["declared_epochs"].is_none()) j.declared_epochs = d["declared_epochs"].cast<double>();
+  if (d.contains("declared_epochs") && !d["declared_epochs"].is_none())
+    j.declared_epochs = d["declared_epochs"].cast<double>();
   if (d.contains("declared_from_file")) j.declared_from_file = d["declared_from_file"].cast<bool>();
   if (d.contains("stop_patience")) j.stop_patience = d["stop_patience"].cast<int>();
   if (d.contains("stop_min_delta")) j.stop_min_delta = d["stop_min_delta"].cast<double>();

@@ -60,7 +60,8 @@ struct engine_config {
     energy.validate();
     remaining_work.validate();
     if (declared_steps < 0)
-      dra::detail::throw_invalid("declared_steps", "must be >= 0 (0: no budget), got " + std::to_string(declared_steps));
+      dra::detail::throw_invalid("declared_steps",
+                                 "must be >= 0 (0: no budget), got " + std::to_string(declared_steps));
     const auto names = policy_names();
     if (std::find(names.begin(), names.end(), policy) == names.end()) {
       std::string known;

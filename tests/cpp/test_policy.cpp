@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "dra/engine.hpp"
-#include "dra/policy/constraints.hpp"
 #include "dra/policy/cluster_arbiter.hpp"
+#include "dra/policy/constraints.hpp"
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/perf_model.hpp"
 #include "dra/policy/policies.hpp"

@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <cmath>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -416,10 +416,10 @@ TEST_CASE("sim.arbiter.greedy_search_finds_the_exhaustive_optimum") {
 
 namespace {
 // Detection of a member by name: a policy cannot read what its view does not have.
-#define DRA_HAS_MEMBER(member)                                                                   \
-  template <class T, class = void>                                                               \
-  struct has_##member : std::false_type {};                                                      \
-  template <class T>                                                                             \
+#define DRA_HAS_MEMBER(member)              \
+  template <class T, class = void>          \
+  struct has_##member : std::false_type {}; \
+  template <class T>                        \
   struct has_##member<T, std::void_t<decltype(&T::member)>> : std::true_type {};
 DRA_HAS_MEMBER(app)
 DRA_HAS_MEMBER(spec)
@@ -519,7 +519,8 @@ TEST_CASE("sim.declarations.lognormal_error_none_share_and_early_stopping") {
   auto b = jobs;
   declare_budgets(b, shipped(), c);
   for (std::size_t i = 0; i < a.size(); i += 97)
-    CHECK((a[i].declared_epochs == b[i].declared_epochs || (std::isnan(a[i].declared_epochs) && std::isnan(b[i].declared_epochs))));
+    CHECK((a[i].declared_epochs == b[i].declared_epochs ||
+           (std::isnan(a[i].declared_epochs) && std::isnan(b[i].declared_epochs))));
   auto exact = jobs;
   declare_budgets(exact, shipped(), declaration_config{});
   for (const auto& j : exact) CHECK(j.declared_epochs == 100.0);
@@ -535,7 +536,7 @@ TEST_CASE("sim.workload.declared_epochs_column") {
   CHECK(jobs[0].declared_epochs == 60.0);
   CHECK(std::isnan(jobs[1].declared_epochs));  // an empty cell declares nothing
   declare_budgets(jobs, shipped(), declaration_config{});
-  CHECK(jobs[0].declared_epochs == 60.0);        // a file's declaration is kept
+  CHECK(jobs[0].declared_epochs == 60.0);  // a file's declaration is kept
   CHECK(std::isnan(jobs[1].declared_epochs));
   write(dir / "bad.csv", "name,time,application,num_replicas,batch_size,declared_epochs\na,0,cifar10,1,128,-3\n");
   try {

@@ -1,20 +1,10 @@
 #pragma once
-// Cluster-level arbiter: divides a pool of identical devices among jobs by their goodput curves.
-//
-// Each job offers a speedup curve s_j(k), k = 0..K_j devices (s_j(0) = 0), typically goodput(k)
-// over a reference goodput, as Pollux does. The arbiter maximises the power mean of speedups
-//   M_p = ( (1/n) sum_j (s_j(k_j) + eps)^p )^(1/p),   p = -1 by default (Pollux's objective),
-// subject to sum_j k_j <= capacity. p < 0 favours fairness: a job left with nothing drags the
-// mean towards zero, so every job gets a device before anyone gets a second one, when it can.
-// A job whose allocation would change has its speedup multiplied by its `change_penalty` (the
-// restart or resize cost, amortised over the job's age, as Pollux does), so moving devices
-// happens only when the gain outweighs the cost of the move.
-//
-// The search is greedy then local: from zero, repeatedly grant the increment (of any size, so a
-// job can jump past a dip in its curve, e.g. a node boundary) with the best objective gain per
-// device; then move single devices between jobs while the objective improves. Deterministic: ties
-// go to the job listed first (callers list jobs by priority). It knows nothing about where a job
-// runs, so the same code can arbitrate a simulated cluster or a live device pool.
+// Cluster-level arbiter: divides identical devices among jobs by their speedup curves, maximising
+// the power mean of speedups (Pollux's objective at p = -1) with a penalty on moving a job, by a
+// greedy search over increments then single-device moves (deterministic; ties to the job listed
+// first). It knows nothing about where jobs run, so the simulator and the live pool share it; how
+// remaining work weights it (completion_weights, completion_config) is below. The objective, the
+// search and its exhaustive check: docs/design/policies.md.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -32,7 +22,6 @@ struct arbiter_job {
   int current = 0;              ///< devices it holds now
   double change_penalty = 1.0;  ///< multiplier on its speedup at any allocation other than `current`
   int min_devices = 0;          ///< devices it must keep when it has them (0: may be preempted)
-  int floor_devices = 0;        ///< devices granted before anything is divided, when they fit (a guarantee)
 };
 
 struct arbiter_config {
@@ -56,7 +45,8 @@ struct arbiter_config {
 /// to within a factor still ranks right; equal sizes get equal weights. c = 1 is equal weights;
 /// large c tends to shortest first.
 inline std::vector<double> completion_weights(const std::vector<double>& size, double c) {
-  if (!(c >= 1.0) || !std::isfinite(c)) dra::detail::throw_invalid("c", "must be a finite number >= 1, got " + std::to_string(c));
+  if (!(c >= 1.0) || !std::isfinite(c))
+    dra::detail::throw_invalid("c", "must be a finite number >= 1, got " + std::to_string(c));
   std::vector<std::size_t> order(size.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return size[a] > size[b]; });
@@ -83,8 +73,8 @@ inline std::vector<double> completion_weights(const std::vector<double>& size, d
 /// needs more speedup to count as well served).
 struct completion_config {
   double exponent = 2.0;  ///< c of completion_weights (heSRPT's 1 / (1 - a) for speedup k^a)
-  double tilt = 2.0;      ///< exponent of the weight (0: remaining work is ignored)
-  double power = -1.0;    ///< the arbiter's power-mean exponent (Pollux's -1)
+  double tilt = 1.0;      ///< exponent of the weight (1: heSRPT's; 0: remaining work is ignored)
+  double power = 1.0;     ///< the arbiter's power-mean exponent (1: heSRPT's weighted sum)
 
   void validate() const {
     if (!(exponent >= 1.0) || !std::isfinite(exponent))
@@ -141,11 +131,6 @@ class cluster_arbiter {
     for (std::size_t j = 0; j < n; ++j) {
       const int keep = std::min({jobs[j].min_devices, jobs[j].current, max_devices(jobs[j])});
       if (keep > 0 && keep <= free) alloc[j] = keep, free -= keep;
-    }
-    // Guaranteed floors next, in the listed order, while they fit.
-    for (std::size_t j = 0; j < n; ++j) {
-      const int want = std::min(jobs[j].floor_devices, max_devices(jobs[j]));
-      if (want > alloc[j] && want - alloc[j] <= free) free -= want - alloc[j], alloc[j] = want;
     }
     // Greedy: best objective gain per device over every (job, increment) pair.
     // Minimising the sum of terms when p < 0 is maximising the mean; the sign flips for p > 0.
@@ -218,9 +203,7 @@ class cluster_arbiter {
       double best = 0.0;
       std::size_t from = n, to = n;
       for (std::size_t a = 0; a < n && b1 != n; ++a) {
-        if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current) ||
-            alloc[a] <= std::min(jobs[a].floor_devices, max_devices(jobs[a])))
-          continue;
+        if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current)) continue;
         const std::size_t b = a != b1 ? b1 : b2;
         if (b == n) continue;
         const auto ka = static_cast<std::size_t>(alloc[a]);

@@ -17,13 +17,15 @@ namespace dra::signals {
 
 namespace detail {
 
-inline double normal_cdf(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }
+inline double normal_cdf(double z) {
+  return 0.5 * std::erfc(-z / std::sqrt(2.0));
+}
 
 /// Inverse of the standard normal CDF (Acklam's rational approximation, refined by one Halley
 /// step: about 1e-15 relative error). p is clamped to (1e-300, 1 - 1e-16).
 inline double normal_quantile(double p) {
   p = std::clamp(p, 1e-300, 1.0 - 1e-16);
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
                              1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
   static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
                              6.680131188771972e+01, -1.328068155288572e+01};
@@ -63,7 +65,8 @@ struct running_moments {
   std::pair<double, double> shrunk(double prior_mean, double prior_sd, double prior_count) const {
     const double w = n + prior_count;
     const double mu = (n * mean + prior_count * prior_mean) / w;
-    const double ss = m2 + prior_count * prior_sd * prior_sd + n * prior_count / w * (mean - prior_mean) * (mean - prior_mean);
+    const double ss =
+        m2 + prior_count * prior_sd * prior_sd + n * prior_count / w * (mean - prior_mean) * (mean - prior_mean);
     return {mu, std::sqrt(ss / w)};
   }
 };
@@ -131,16 +134,20 @@ struct remaining_work_config {
 
   void validate() const {
     auto positive = [](const char* f, double v) {
-      if (!(v > 0.0) || !std::isfinite(v)) dra::detail::throw_invalid(f, "must be a finite number > 0, got " + std::to_string(v));
+      if (!(v > 0.0) || !std::isfinite(v))
+        dra::detail::throw_invalid(f, "must be a finite number > 0, got " + std::to_string(v));
     };
     positive("declared_sigma", declared_sigma);
     positive("curve_sigma", curve_sigma);
     positive("uninformed_sigma", uninformed_sigma);
     positive("min_sigma", min_sigma);
-    if (!(prior_count >= 0.0)) dra::detail::throw_invalid("prior_count", "must be >= 0, got " + std::to_string(prior_count));
-    if (min_class_jobs < 1) dra::detail::throw_invalid("min_class_jobs", "must be >= 1, got " + std::to_string(min_class_jobs));
+    if (!(prior_count >= 0.0))
+      dra::detail::throw_invalid("prior_count", "must be >= 0, got " + std::to_string(prior_count));
+    if (min_class_jobs < 1)
+      dra::detail::throw_invalid("min_class_jobs", "must be >= 1, got " + std::to_string(min_class_jobs));
     if (min_curve_points < 3)
-      dra::detail::throw_invalid("min_curve_points", "must be >= 3 (a fit needs 3 points), got " + std::to_string(min_curve_points));
+      dra::detail::throw_invalid("min_curve_points",
+                                 "must be >= 3 (a fit needs 3 points), got " + std::to_string(min_curve_points));
     if (!(tail_quantile > 0.5 && tail_quantile < 1.0))
       dra::detail::throw_invalid("tail_quantile", "must lie in (0.5, 1), got " + std::to_string(tail_quantile));
   }
@@ -159,11 +166,11 @@ struct work_observation {
 /// Remaining work (the unit of `done`) as a distribution: log-normal total work conditioned on
 /// the work already done.
 struct work_estimate {
-  double median = 0.0;  ///< remaining work, median
-  double mean = 0.0;    ///< remaining work, mean
-  double tail = 0.0;    ///< remaining work at the configured tail quantile (p90)
+  double median = 0.0;                               ///< remaining work, median
+  double mean = 0.0;                                 ///< remaining work, mean
+  double tail = 0.0;                                 ///< remaining work at the configured tail quantile (p90)
   double total_log_mu = 0.0, total_log_sigma = 0.0;  ///< log-normal of the total, before conditioning
-  int sources = 0;  ///< bit set: 1 declaration, 2 class history, 4 learning curve
+  int sources = 0;                                   ///< bit set: 1 declaration, 2 class history, 4 learning curve
 };
 
 /// The size a job counts as when jobs are ranked shortest-first under uncertainty: 1 / its Gittins
@@ -185,8 +192,8 @@ inline double gittins_size(const work_estimate& e, double done) {
     return m1 * (detail::normal_cdf(zb) - detail::normal_cdf(za));
   };
   double best = INFINITY;
-  for (double q : {0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9,
-                   0.95, 0.99}) {
+  for (double q : {0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5,
+                   0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99}) {
     const double p = (done > 0.0 ? detail::normal_cdf(z_done) : 0.0) + q * alive;
     const double u = std::exp(mu + s * detail::normal_quantile(p));  // total at this quantile
     if (!(u > done)) continue;
@@ -325,8 +332,9 @@ class remaining_work_estimator {
     out.tail = quantile(config_.tail_quantile);
     // E[T | T > d] = exp(mu + s^2/2) Phi(s - z0) / (1 - Phi(z0)).
     const double tail_mass = 1.0 - f0;
-    const double mean_total = tail_mass > 1e-12 ? std::exp(mu + sigma * sigma / 2.0) * detail::normal_cdf(sigma - z0) / tail_mass
-                                                : done * (1.0 + sigma);
+    const double mean_total = tail_mass > 1e-12
+                                  ? std::exp(mu + sigma * sigma / 2.0) * detail::normal_cdf(sigma - z0) / tail_mass
+                                  : done * (1.0 + sigma);
     out.mean = std::max(mean_total - done, out.median);
     return out;
   }

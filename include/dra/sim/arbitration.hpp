@@ -4,8 +4,6 @@
 // under Pollux's rules (restart penalty, exploration limit, one distributed job per node). Policies
 // see job views only (job_model.hpp); the oracle is handed the truth apart.
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <cstddef>
 #include <functional>
@@ -40,8 +38,6 @@ struct cluster_context {
   int nodes = 1;
   double now = 0.0;
   const sim_config* config = nullptr;
-  /// JCTs of the jobs that finished so far (the tail guard compares with them).
-  const std::vector<double>* finished_jct_s = nullptr;
   /// Devices each job would get if `alloc` (same order as `jobs`) were applied.
   std::function<std::vector<int>(const std::vector<job_view*>& jobs, const std::vector<int>& alloc)> placeable;
   const std::vector<double>* oracle_remaining_epochs = nullptr;
@@ -53,11 +49,11 @@ struct cluster_context {
 ///    share (ceil(capacity / jobs) replicas on one node), scaled by nodes / capacity as its code
 ///    does; jobs without a model get the linear prior k / fair; least attained service first.
 ///  - arbiter: the same objective with the fair share packed on nodes (dra's earlier arbiter).
-///  - convergence_aware (and oracle_convergence_aware): jobs ranked by remaining size, the time one
-///    device would need for their remaining work (the estimate's Gittins size x work per epoch / the
-///    goodput of one device), weighted as heSRPT ranks them (policy::completion_weights), and the
-///    arbiter maximises the weighted sum of their speedups over one device (p = remaining_work_power).
-///    Jobs without a model count as the smallest (new jobs first, at linear speedup).
+///  - convergence_aware (and oracle_convergence_aware): Pollux's speedups, each scaled by the job's
+///    heSRPT completion weight (policy::completion_weights of its remaining size: the time one
+///    device would need for its remaining work, the estimate's Gittins size x work per epoch / the
+///    goodput of one device; jobs without a model count as the smallest), and the arbiter maximises
+///    their weighted sum (policy::completion_config, p = 1), with Pollux's restart penalty.
 inline std::vector<int> cluster_allocation(std::vector<job_view*>& jobs, const cluster_context& ctx) {
   const sim_config& config = *ctx.config;
   const std::string& p = config.policy;
@@ -85,28 +81,7 @@ inline std::vector<int> cluster_allocation(std::vector<job_view*>& jobs, const c
       }
       size[i] = std::max(epochs, 1e-6) * v.work_per_epoch / g1;
     }
-    weight = policy::completion_weights(size, config.completion_exponent);
-    // Tail guard: the jobs predicted to finish with the largest JCTs (age + tail remaining time at
-    // the fair share) count as much as the most favoured job, so the mean's gain is not taken
-    // from the tail.
-    if (config.tail_guard_share > 0.0) {
-      const int fair_share = static_cast<int>(std::ceil(static_cast<double>(ctx.capacity) / static_cast<double>(n)));
-      std::vector<double> predicted(n, 0.0), all;
-      for (std::size_t i = 0; i < n; ++i) {
-        job_view& v = *jobs[i];
-        const double g = curve_at(v, std::clamp(fair_share, 1, v.max_devices), config);
-        const double epochs = ctx.oracle_remaining_epochs ? (*ctx.oracle_remaining_epochs)[i] : v.remaining.tail;
-        predicted[i] = ctx.now - v.submit_s + (g > 0.0 ? epochs * v.work_per_epoch / g : 0.0);
-        all.push_back(predicted[i]);
-      }
-      if (ctx.finished_jct_s) all.insert(all.end(), ctx.finished_jct_s->begin(), ctx.finished_jct_s->end());
-      std::sort(all.begin(), all.end());
-      const double cut =
-          all[static_cast<std::size_t>(std::floor((1.0 - config.tail_guard_share) * static_cast<double>(all.size() - 1)))];
-      const double top = *std::max_element(weight.begin(), weight.end());
-      for (std::size_t i = 0; i < n; ++i)
-        if (size[i] > 0.0 && predicted[i] >= cut) weight[i] = top;
-    }
+    weight = policy::completion_weights(size, config.completion.exponent);
   }
   // Priority order for the arbiter's ties: least attained service, then arrival.
   std::vector<std::size_t> order(n);
@@ -133,23 +108,17 @@ inline std::vector<int> cluster_allocation(std::vector<job_view*>& jobs, const c
     policy::arbiter_job a;
     a.speedup.assign(static_cast<std::size_t>(most) + 1, 0.0);
     const bool fitted = v.model && v.model->fitted();
-    if (ca && config.remaining_work_power > 0.0 && !std::getenv("DRA_X_FAIRNORM")) {
-      // Weighted sum of speedups over one device (heSRPT's form).
-      const double g1 = fitted ? curve_at(v, 1, config) : 0.0;
-      const double w = std::pow(weight[i], config.completion_tilt);
-      for (int k = 1; k <= most; ++k)
-        a.speedup[static_cast<std::size_t>(k)] = w * (g1 > 0.0 ? curve_at(v, k, config) / g1 : static_cast<double>(k));
-    } else if (ca) {
-      // Pollux's fairness (power mean with p < 0 of speedups over the fair share), each job's
-      // speedup divided by its completion weight^tilt: a job closer to done needs more speedup to
-      // count as well served.
-      const double w = std::pow(weight[i], config.remaining_work_power > 0.0 ? config.completion_tilt : -config.completion_tilt);
+    if (ca) {
+      // Pollux's speedups (over the goodput at the fair share; its linear prior before a model),
+      // scaled by the job's completion weight (completion_config::factor).
+      const double w = config.completion.factor(weight[i]);
       const int fair_k = std::clamp(fair, 1, v.max_devices);
       double base = fitted ? predicted_best(v, 1, fair_k, config).goodput : 0.0;
       if (fitted && !(base > 0.0)) base = curve_at(v, 1, config);
       for (int k = 1; k <= most; ++k)
-        a.speedup[static_cast<std::size_t>(k)] =
-            w * (!fitted ? scale / fair * static_cast<double>(k) : base > 0.0 ? scale * curve_at(v, k, config) / base : 0.0);
+        a.speedup[static_cast<std::size_t>(k)] = w * (!fitted      ? scale / fair * static_cast<double>(k)
+                                                      : base > 0.0 ? scale * curve_at(v, k, config) / base
+                                                                   : 0.0);
     } else if (!fitted) {
       // Pollux's prior before any measurement: linear speedup.
       for (int k = 1; k <= most; ++k) a.speedup[static_cast<std::size_t>(k)] = scale / fair * static_cast<double>(k);
@@ -170,7 +139,7 @@ inline std::vector<int> cluster_allocation(std::vector<job_view*>& jobs, const c
     in.push_back(std::move(a));
   }
   policy::arbiter_config ac = config.arbiter;
-  if (ca) ac.p = config.remaining_work_power;
+  if (ca) ac.p = config.completion.power;
   const policy::cluster_arbiter arbiter(ac);
   // The arbiter divides device counts; the placement rule (one distributed job per node) may not
   // fit them all. Try the plan, cap each job that would get fewer devices at what it would get,
@@ -189,13 +158,6 @@ inline std::vector<int> cluster_allocation(std::vector<job_view*>& jobs, const c
     if (!short_any) break;
     alloc = arbiter.allocate(in, ctx.capacity);
   }
-  if (const char* tr = std::getenv("DRA_X_DEBUG"))
-    if (std::abs(ctx.now - std::atof(tr)) < 30)
-      for (std::size_t i = 0; i < n; ++i) {
-        std::fprintf(stderr, "D %.0f %s cur %d -> %d w %.2f cap %d pen %.3f rem %.1f g:", ctx.now, jobs[i]->name.c_str(), jobs[i]->devices, alloc[i], weight[i], explore_cap(*jobs[i]), in[i].change_penalty, jobs[i]->remaining.median);
-        for (std::size_t k = 1; k < in[i].speedup.size(); k += std::max<std::size_t>(1, in[i].speedup.size() / 12)) std::fprintf(stderr, " %zu:%.2f", k, in[i].speedup[k]);
-        std::fprintf(stderr, "\n");
-      }
   return alloc;
 }
 
@@ -221,10 +183,6 @@ inline void schedule_cluster(cluster_state& state, double now) {
   ctx.placeable = [&](const std::vector<job_view*>& vs, const std::vector<int>& alloc) {
     return state.plan(states(vs), alloc);
   };
-  std::vector<double> finished;
-  for (const auto& j : state.jobs())
-    if (j.done) finished.push_back(j.completion_s - j.spec.submit_s);
-  ctx.finished_jct_s = &finished;
   std::vector<double> truth;
   if (state.config().policy.rfind("oracle_", 0) == 0) {
     for (job_state* j : act) truth.push_back(std::max(true_total_epochs(*j) - j->view.epochs_done, 1e-6));

@@ -21,8 +21,14 @@ inline constexpr double in_place_resize_cost_stand_in_s = 1.0;
 
 /// The policies the simulator knows, in the order reports list them.
 inline const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names{"static",  "tiresias", "convergence", "goodput", "convergence_aware",
-                                              "arbiter", "pollux",   "oracle_convergence_aware"};
+  static const std::vector<std::string> names{"static",
+                                              "tiresias",
+                                              "convergence",
+                                              "goodput",
+                                              "convergence_aware",
+                                              "arbiter",
+                                              "pollux",
+                                              "oracle_convergence_aware"};
   return names;
 }
 
@@ -56,21 +62,12 @@ struct sim_config {
   /// curves cut at the price floor). false: each job's own constrained policy decides against the
   /// devices it may use (what a lone job does; the study's runs are alone).
   bool cluster_arbitration = true;
-  /// convergence_aware on a shared cluster: exponent of the power mean the arbiter maximises over
-  /// the jobs' weighted speedups (1: their weighted sum, the heSRPT allocation).
-  double remaining_work_power = 1.0;
-  /// convergence_aware on a shared cluster: c of policy::completion_weights (heSRPT's 1 / (1 - a)
-  /// for speedup k^a; 2 is a = 0.5).
-  double completion_exponent = 2.0;
-  /// convergence_aware on a shared cluster: how strongly the completion weights tilt the
-  /// allocation (the weight's exponent; 0: no tilt, the objective alone).
-  double completion_tilt = 1.0;
+  /// convergence_aware on a shared cluster: how remaining work tilts the arbiter
+  /// (policy::completion_config: heSRPT weights, exponent 2; tilt 1; weighted sum, p = 1).
+  policy::completion_config completion{2.0, 1.0, 1.0};
   /// convergence_aware: the remaining-work statistic jobs are ranked by: "gittins" (the estimate's
-  /// Gittins size: uses its spread), "median" or "mean".
+  /// Gittins size, which uses its spread), "median" or "mean".
   std::string completion_rank = "gittins";
-  /// convergence_aware on a shared cluster: share of jobs, by predicted JCT (age + tail remaining
-  /// time), guaranteed their fair share (0: off).
-  double tail_guard_share = 0.0;
   /// The remaining-work estimator every job reports to (signals/remaining_work.hpp).
   signals::remaining_work_config remaining_work{};
 
@@ -116,12 +113,10 @@ struct sim_config {
     if (!(max_time_s > 0.0)) dra::detail::throw_invalid("max_time_s", "must be > 0");
     if (!(horizon_s > 0.0)) dra::detail::throw_invalid("horizon_s", "must be > 0");
     if (batch_candidates < 1) dra::detail::throw_invalid("batch_candidates", "must be >= 1");
-    if (!(completion_exponent >= 1.0) || !std::isfinite(completion_exponent))
-      dra::detail::throw_invalid("completion_exponent", "must be a finite number >= 1, got " + std::to_string(completion_exponent));
     if (completion_rank != "gittins" && completion_rank != "median" && completion_rank != "mean")
-      dra::detail::throw_invalid("completion_rank", "must be 'gittins', 'median' or 'mean', got '" + completion_rank + "'");
-    if (!std::isfinite(remaining_work_power) || remaining_work_power == 0.0)
-      dra::detail::throw_invalid("remaining_work_power", "must be finite and non-zero, got " + std::to_string(remaining_work_power));
+      dra::detail::throw_invalid("completion_rank",
+                                 "must be 'gittins', 'median' or 'mean', got '" + completion_rank + "'");
+    completion.validate();
     remaining_work.validate();
     convergence.validate();
     goodput.validate();

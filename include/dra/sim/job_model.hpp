@@ -65,9 +65,9 @@ struct job_view {
   int restarts = -1;
   double attained = 0.0;  ///< device-seconds held so far
   // Progress, as the job's data loader and optimizer count it.
-  int epoch = 0;             ///< completed epochs
-  double epochs_done = 0.0;  ///< fractional epochs
-  double work_done = 0.0;    ///< statistical progress (AdaScale steps at the initial batch)
+  int epoch = 0;                ///< completed epochs
+  double epochs_done = 0.0;     ///< fractional epochs
+  double work_done = 0.0;       ///< statistical progress (AdaScale steps at the initial batch)
   double work_per_epoch = 0.0;  ///< progress in the current epoch's worth of data
   double last_batch = 0.0;
   std::vector<std::pair<double, double>> loss_history;  ///< (epoch, validation loss proxy)
@@ -132,7 +132,7 @@ struct job_state {
   double log_batch_sum = 0.0;                           ///< sum over finished epochs of log(batch)
   double target_work = 0.0;  ///< fraction of the target's work done (progress / progress to target, per batch)
   double stop_best = std::numeric_limits<double>::quiet_NaN();  ///< early stopping: best metric seen
-  int stop_since = 0;                                            ///< epochs since it improved
+  int stop_since = 0;                                           ///< epochs since it improved
   bool stopped_early = false;
   // What the scheduler sees, and the record of its remaining-work estimates (epochs done, median,
   // tail) for the calibration report.
@@ -326,7 +326,8 @@ inline bool end_epoch(job_state& j, double batch, double epoch_progress) {
   j.est->update_loss(j.epoch, loss);
   j.loss_history.emplace_back(static_cast<double>(j.epoch), loss);
   // Work to the target: each epoch at batch b does epoch_progress / (progress to target at b) of it.
-  if (!std::isnan(j.spec.target_metric)) j.target_work += epoch_progress / std::max(progress_to_target(j, batch), 1e-12);
+  if (!std::isnan(j.spec.target_metric))
+    j.target_work += epoch_progress / std::max(progress_to_target(j, batch), 1e-12);
   j.reached_target = target_reached(j);
   // Early stopping on the job's own validation metric (the truth; no policy sees the rule).
   if (j.spec.stop_patience > 0) {

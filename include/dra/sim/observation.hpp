@@ -28,7 +28,8 @@ inline double true_total_epochs(const job_state& j) {
     for (int e = 1; e <= budget; ++e) {
       const double m = app.metric(batch, e - 1);
       const bool up = app.metric_increases();
-      if (std::isnan(best) || (up ? m > best * (1.0 + j.spec.stop_min_delta) : m < best * (1.0 - j.spec.stop_min_delta)))
+      if (std::isnan(best) ||
+          (up ? m > best * (1.0 + j.spec.stop_min_delta) : m < best * (1.0 - j.spec.stop_min_delta)))
         best = m, since = 0;
       else if (++since >= j.spec.stop_patience) {
         stop = e;

@@ -17,7 +17,6 @@
 
 namespace dra::sim {
 
-
 struct study_config {
   int runs = 1500;
   std::uint64_t seed = 1;

@@ -105,16 +105,16 @@ inline void declare_budgets(std::vector<job_spec>& jobs, const profile_library& 
   config.validate();
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     job_spec& j = jobs[i];
-    detail::portable_rng rng(config.seed * 0x2545F4914F6CDD1DULL + static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL + 7);
+    detail::portable_rng rng(config.seed * 0x2545F4914F6CDD1DULL +
+                             static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL + 7);
     rng.next();
     const double u_none = rng.uniform(), u_stop = rng.uniform(), z = rng.normal();
     const auto patience = config.patience[rng.below(config.patience.size())];
     if (u_stop < config.early_stop_share) j.stop_patience = patience, j.stop_min_delta = config.min_delta;
     if (config.keep_file_declarations && j.declared_from_file) continue;
     const double budget = profiles.at(j.application).max_epochs();
-    j.declared_epochs = u_none < config.none_share
-                            ? std::numeric_limits<double>::quiet_NaN()
-                            : std::max(1.0, std::round(budget * std::exp(config.sigma * z)));
+    j.declared_epochs = u_none < config.none_share ? std::numeric_limits<double>::quiet_NaN()
+                                                   : std::max(1.0, std::round(budget * std::exp(config.sigma * z)));
   }
 }
 
@@ -157,7 +157,8 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
     j.declared_from_file = has_declared;
     if (has_declared && !t.text(r, c_decl).empty()) {
       j.declared_epochs = t.number(r, c_decl);
-      if (!(j.declared_epochs > 0.0)) t.fail(r, c_decl, "declared_epochs must be > 0 (leave the cell empty to declare nothing)");
+      if (!(j.declared_epochs > 0.0))
+        t.fail(r, c_decl, "declared_epochs must be > 0 (leave the cell empty to declare nothing)");
     }
     jobs.push_back(std::move(j));
   }

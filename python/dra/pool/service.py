@@ -46,7 +46,8 @@ class PoolService:
     def __init__(self, devices: list[Any], state_dir: str | Path, *, mode: str = "dynamic",
                  slots: _cgroup.Slots | None = None, tick_s: float = 0.05, scale_every_s: float = 2.0,
                  heartbeat_timeout_s: float = 3.0, start_grace_s: float = 60.0, aging_s: float = 120.0, name: str = "pool",
-                 launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None,
+                 completion_aware: bool = False) -> None:
         if mode not in ("dynamic", "static"):
             raise ValueError(f"mode: must be 'dynamic' or 'static', got '{mode}'")
         if heartbeat_timeout_s <= 0:
@@ -67,11 +68,11 @@ class PoolService:
                                                           preemption=mode == "dynamic",
                                                           admit_to_request=mode == "dynamic"))
         self.arbiter = _p.ClusterArbiter()
-        # Remaining work (the simulator's estimator and convergence_aware's tilt): each training job's
-        # declared budget, steps and loss curve from its reports, and the jobs of its class that
-        # finished here.
+        # Remaining work (the simulator's estimator and, with completion_aware, convergence_aware's
+        # tilt of the arbiter): each training job's declared budget, steps and loss curve from its
+        # reports, and the jobs of its class that finished here.
         self.remaining = _core.RemainingWorkEstimator()
-        self.completion = _p.CompletionConfig()
+        self.completion = _p.CompletionConfig() if completion_aware else None
         self._curves: dict[str, list[tuple[float, float]]] = {}
         self.book = _p.LeaseBook()
         self.db = StateDB(self.state_dir / "pool.sqlite")

@@ -151,18 +151,19 @@ def study(
     budget = np.array([max(1, int(quota_scale * r["spec"]["replicas"] + 1e-9)) for r in rows], dtype=float)
 
     def utilization(p: str, sel: np.ndarray) -> float:
-        """Busy device time / (capacity x (last completion - first arrival)) of policy p's runs in sel:
-        per shared cluster, or per lone run (capacity: its device budget), pooled."""
+        """Busy device time / (capacity x (last completion - first arrival)) of policy p's runs in sel
+        (a mask, or run indices, repeats allowed): per shared cluster, or per lone run (capacity: its
+        device budget), pooled."""
         m = metrics[p]
+        if not shared_cluster:
+            ix = np.flatnonzero(sel) if sel.dtype == bool else sel
+            avail = float(np.nansum(budget[ix] * (m["end"][ix] - submit[ix])))
+            return float(np.nansum(m["busy_s"][ix])) / avail if avail > 0 else float("nan")
         busy = avail = 0.0
-        groups = sorted(set(clusters[sel].tolist())) if shared_cluster else [None]
-        for g in groups:
-            part = sel & (clusters == g) if g is not None else sel
-            if shared_cluster:
-                end = np.nanmax(np.where(m["done"][part], m["end"][part], np.nan))
-                avail += 16 * 4 * float(end - np.min(submit[part]))
-            else:
-                avail += float(np.nansum(budget[part] * (m["end"][part] - submit[part])))
+        for g in sorted(set(clusters[sel].tolist())):
+            part = sel & (clusters == g)
+            end = np.nanmax(np.where(m["done"][part], m["end"][part], np.nan))
+            avail += 16 * 4 * float(end - np.min(submit[part]))
             busy += float(np.nansum(m["busy_s"][part]))
         return busy / avail if avail > 0 else float("nan")
 
@@ -214,7 +215,9 @@ def study(
                 ),
                 "jct_change": paired(lambda ix: float(np.mean(m["jct"][ix]) / np.mean(base["jct"][ix]) - 1.0), 3),
                 "gpu_hours_change": paired(lambda ix: float(np.sum(m["gpu_s"][ix]) / np.sum(base["gpu_s"][ix]) - 1.0), 4),
-                "utilization_change": {"estimate": agg["utilization"] - utilization(b, everyone_sel), "ci95": None},
+                "utilization_change": {"estimate": agg["utilization"] - utilization(b, everyone_sel), "ci95": None}
+                if shared_cluster
+                else paired(lambda ix: utilization(p, ix) - utilization(b, ix), 5),
                 "final_metric_change": paired(lambda ix: float(np.nanmean(m["attain"][ix]) - np.nanmean(base["attain"][ix])), 6),
                 "runs": int(len(ok)),
             }
