@@ -160,6 +160,9 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("goodput", &engine_config::goodput)
       .def_readwrite("convergence_aware", &engine_config::convergence_aware)
       .def_readwrite("decide_every", &engine_config::decide_every)
+      .def_readwrite("declared_steps", &engine_config::declared_steps,
+                     "The job's declared budget in steps (0: none); sets world.remaining_steps from the estimate.")
+      .def_readwrite("remaining_work", &engine_config::remaining_work)
       .def("validate", &engine_config::validate);
   py::class_<resize_engine>(m, "ResizeEngine", "Per-job decision engine fed once per step.")
       .def(py::init<engine_config>(), py::arg("config"))
@@ -180,6 +183,8 @@ void dra::python::bind_policy(py::module_& m) {
       .def_property_readonly("costs", py::overload_cast<>(&resize_engine::costs),
                              py::return_value_policy::reference_internal)
       .def_property_readonly("status", &resize_engine::status, py::return_value_policy::reference_internal)
+      .def_property_readonly("remaining", &resize_engine::remaining, py::return_value_policy::reference_internal,
+                             "The remaining-work estimate (steps) at the latest decision.")
       .def_property_readonly("config", &resize_engine::config, py::return_value_policy::reference_internal)
       .def_property_readonly("last_step", &resize_engine::last_step,
                              "Step index of the latest step, -1 before the first.")

@@ -165,7 +165,9 @@ void bind_pool(py::module_& root) {
       .def_readwrite("current", &scale_job::current)
       .def_readwrite("speedup", &scale_job::speedup)
       .def_readwrite("change_penalty", &scale_job::change_penalty)
-      .def_readwrite("replicas_wanted", &scale_job::replicas_wanted);
+      .def_readwrite("replicas_wanted", &scale_job::replicas_wanted)
+      .def_readwrite("remaining_size_s", &scale_job::remaining_size_s,
+                     "Remaining work in seconds on one worker (the remaining-work estimator); < 0: unknown.");
 
   py::class_<dra::policy::arbiter_config> arc(m, "ArbiterConfig", "The cluster arbiter's objective (power mean).");
   def_kwargs_init<dra::policy::arbiter_config>(arc);
@@ -185,8 +187,22 @@ void bind_pool(py::module_& root) {
       .def("allocate", &dra::policy::cluster_arbiter::allocate, py::arg("jobs"), py::arg("capacity"),
            py::call_guard<py::gil_scoped_release>());
 
-  m.def("plan_sizes", &plan_sizes, py::arg("jobs"), py::arg("capacity"), py::arg("arbiter"),
-        "Wanted sizes per job: rigid jobs keep theirs, inference replicas first, the arbiter divides the rest.");
+  py::class_<dra::policy::completion_config> cc(m, "CompletionConfig",
+                                                "How remaining work tilts the arbitration (convergence_aware's).");
+  def_kwargs_init<dra::policy::completion_config>(cc);
+  cc.def_readwrite("exponent", &dra::policy::completion_config::exponent)
+      .def_readwrite("tilt", &dra::policy::completion_config::tilt)
+      .def_readwrite("power", &dra::policy::completion_config::power)
+      .def("validate", &dra::policy::completion_config::validate);
+  m.def(
+      "plan_sizes",
+      [](const std::vector<scale_job>& jobs, int capacity, const dra::policy::cluster_arbiter& arbiter,
+         const dra::policy::completion_config* completion) { return plan_sizes(jobs, capacity, arbiter, completion); },
+      py::arg("jobs"), py::arg("capacity"), py::arg("arbiter"), py::arg("completion") = nullptr,
+      "Wanted sizes per job: rigid jobs keep theirs, inference replicas first, the arbiter divides the rest (tilted "
+      "by remaining work with `completion`).");
+  m.def("completion_weights", &dra::policy::completion_weights, py::arg("size"), py::arg("exponent"),
+        "heSRPT weights by remaining size (largest first gets 1).");
   m.def("priority_weight", &priority_weight, py::arg("priority"));
 }
 

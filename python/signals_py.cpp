@@ -3,6 +3,7 @@
 
 #include "bindings.hpp"
 #include "dra/signals/convergence_estimator.hpp"
+#include "dra/signals/remaining_work.hpp"
 #include "kwargs_init.hpp"
 #include "to_dict.hpp"
 
@@ -83,4 +84,67 @@ void dra::python::bind_signals(py::module_& m) {
       .def_property_readonly("signals", &convergence_estimator::signals, py::return_value_policy::reference_internal)
       .def_property_readonly("config", &convergence_estimator::config, py::return_value_policy::reference_internal)
       .def_property_readonly("rejected_steps", &convergence_estimator::rejected_steps);
+
+  // Issue 21: the remaining-work estimator (the simulator's, the engine's and the pool's).
+  py::class_<remaining_work_config> rcfg(m, "RemainingWorkConfig", "Settings of the remaining-work estimator.");
+  def_kwargs_init<remaining_work_config>(rcfg);
+  rcfg.def_readwrite("declared_sigma", &remaining_work_config::declared_sigma)
+      .def_readwrite("curve_sigma", &remaining_work_config::curve_sigma)
+      .def_readwrite("uninformed_sigma", &remaining_work_config::uninformed_sigma)
+      .def_readwrite("prior_count", &remaining_work_config::prior_count)
+      .def_readwrite("min_class_jobs", &remaining_work_config::min_class_jobs)
+      .def_readwrite("min_curve_points", &remaining_work_config::min_curve_points)
+      .def_readwrite("min_sigma", &remaining_work_config::min_sigma)
+      .def_readwrite("tail_quantile", &remaining_work_config::tail_quantile)
+      .def("validate", &remaining_work_config::validate);
+  def_to_dict(
+      py::class_<work_estimate>(m, "WorkEstimate", "Remaining work as a distribution (the unit of the observations)."))
+      .def_readonly("median", &work_estimate::median)
+      .def_readonly("mean", &work_estimate::mean)
+      .def_readonly("tail", &work_estimate::tail, "At the configured tail quantile (p90).")
+      .def_readonly("total_log_mu", &work_estimate::total_log_mu)
+      .def_readonly("total_log_sigma", &work_estimate::total_log_sigma)
+      .def_property_readonly("sources", [](const work_estimate& e) { return describe_sources(e.sources); })
+      .def("__repr__", [](const work_estimate& e) {
+        return "<WorkEstimate median=" + std::to_string(e.median) + " tail=" + std::to_string(e.tail) +
+               " sources=" + describe_sources(e.sources) + ">";
+      });
+  auto observation = [](const std::string& job_class, double declared, double done,
+                        const std::vector<std::pair<double, double>>& curve) {
+    work_observation o;
+    o.job_class = job_class;
+    o.declared = declared > 0.0 ? declared : std::nan("");
+    o.done = done;
+    o.curve = curve;
+    return o;
+  };
+  py::class_<remaining_work_estimator>(m, "RemainingWorkEstimator",
+                                       "Remaining work from a declaration, progress, the loss curve and finished jobs "
+                                       "of the same class (include/dra/signals/remaining_work.hpp).")
+      .def(py::init<remaining_work_config>(), py::arg_v("config", remaining_work_config{}, "RemainingWorkConfig()"))
+      .def(
+          "estimate",
+          [observation](const remaining_work_estimator& e, const std::string& job_class, double done, double declared,
+                        const std::vector<std::pair<double, double>>& curve) {
+            return e.estimate(observation(job_class, declared, done, curve));
+          },
+          py::arg("job_class"), py::arg("done"), py::arg("declared") = 0.0,
+          py::arg("curve") = std::vector<std::pair<double, double>>{},
+          "Remaining work of a job that did `done` units, declared `declared` (0: nothing), with its loss curve "
+          "[(done, loss), ...].")
+      .def(
+          "record_completion",
+          [observation](remaining_work_estimator& e, const std::string& job_class, double total, double declared,
+                        const std::vector<std::pair<double, double>>& curve) {
+            e.record_completion(observation(job_class, declared, total, curve), total);
+          },
+          py::arg("job_class"), py::arg("total"), py::arg("declared") = 0.0,
+          py::arg("curve") = std::vector<std::pair<double, double>>{},
+          "A job of this class finished after `total` units: it calibrates the sources for later jobs.")
+      .def("completed", py::overload_cast<>(&remaining_work_estimator::completed, py::const_))
+      .def_property_readonly("config", &remaining_work_estimator::config, py::return_value_policy::reference_internal);
+  m.def(
+      "gittins_size", [](const work_estimate& e, double done) { return gittins_size(e, done); }, py::arg("estimate"),
+      py::arg("done"),
+      "The size a job counts as when ranked shortest-first under uncertainty (1 / its Gittins index).");
 }

@@ -26,6 +26,13 @@ job_spec spec_from(const py::handle& o) {
   if (d.contains("throughput_scale")) j.throughput_scale = d["throughput_scale"].cast<double>();
   if (d.contains("gns_scale")) j.gns_scale = d["gns_scale"].cast<double>();
   if (d.contains("target_metric") && !d["target_metric"].is_none()) j.target_metric = d["target_metric"].cast<double>();
+  if (d.contains("declared_epochs") && !d["declared_epochs"].is_none())
+    j.declared_epochs = d["declared_epochs"].cast<double>();
+  if (d.contains("declared_from_file")) j.declared_from_file = d["declared_from_file"].cast<bool>();
+  if (d.contains("stop_patience")) j.stop_patience = d["stop_patience"].cast<int>();
+  if (d.contains("stop_min_delta")) j.stop_min_delta = d["stop_min_delta"].cast<double>();
+  if (d.contains("gns_estimate_sigma")) j.gns_estimate_sigma = d["gns_estimate_sigma"].cast<double>();
+  if (d.contains("target_by_work")) j.target_by_work = d["target_by_work"].cast<bool>();
   return j;
 }
 
@@ -36,7 +43,6 @@ void dra::python::bind_sim(py::module_& m) {
   m.attr("sim_in_place_resize_cost_stand_in_s") = in_place_resize_cost_stand_in_s;
   m.attr("sim_policy_names") = policy_names();
   m.attr("sim_study_baselines") = study_baselines();
-  m.attr("sim_default_price_floor") = sim_config{}.cluster_price_floor;
   m.attr("sim_default_job_price_floor") = dra::policy::convergence_aware_config{}.price_floor;
 
   // The results, as dicts: each property is named after its key (None where a time or metric was
@@ -49,7 +55,14 @@ void dra::python::bind_sim(py::module_& m) {
       .def_readonly("batch", &job_spec::batch)
       .def_readonly("throughput_scale", &job_spec::throughput_scale)
       .def_readonly("gns_scale", &job_spec::gns_scale)
-      .def_property_readonly("target_metric", finite_or_none(&job_spec::target_metric));
+      .def_property_readonly("target_metric", finite_or_none(&job_spec::target_metric))
+      .def_property_readonly("declared_epochs", finite_or_none(&job_spec::declared_epochs),
+                             "Epochs the job declares (None: nothing).")
+      .def_readonly("declared_from_file", &job_spec::declared_from_file)
+      .def_readonly("stop_patience", &job_spec::stop_patience, "Truth: early-stopping patience (0: none).")
+      .def_readonly("stop_min_delta", &job_spec::stop_min_delta)
+      .def_readonly("gns_estimate_sigma", &job_spec::gns_estimate_sigma)
+      .def_readonly("target_by_work", &job_spec::target_by_work);
   def_to_dict(py::class_<job_result>(m, "SimJobResult", "One job's outcome under one policy."))
       .def_readonly("name", &job_result::name)
       .def_readonly("application", &job_result::application)
@@ -69,7 +82,12 @@ void dra::python::bind_sim(py::module_& m) {
       .def_readonly("reached_target", &job_result::reached_target)
       .def_readonly("reallocations", &job_result::reallocations)
       .def_readonly("max_devices", &job_result::max_devices)
-      .def_readonly("mean_devices", &job_result::device_time_weighted_devices, "Mean devices while allocated.");
+      .def_readonly("mean_devices", &job_result::device_time_weighted_devices, "Mean devices while allocated.")
+      .def_property_readonly("declared_epochs", finite_or_none(&job_result::declared_epochs))
+      .def_readonly("stopped_early", &job_result::stopped_early)
+      .def_readonly("estimate_checks", &job_result::estimate_checks,
+                    "Remaining-work estimates at 10/50/90 % of its life: (life fraction, epochs done, true remaining "
+                    "epochs, estimated median, tail).");
   def_to_dict(py::class_<timeline_point>(m, "SimTimelinePoint", "The cluster at one tick."))
       .def_readonly("time_s", &timeline_point::time_s)
       .def_readonly("allocated", &timeline_point::allocated)
@@ -155,10 +173,16 @@ void dra::python::bind_sim(py::module_& m) {
       "sim_run",
       [](const profile_library& profiles, const py::list& jobs, const std::string& policy, double reallocation_cost_s,
          double interval_s, int nodes, int devices_per_node, double quota_scale, bool record_timeline,
-         bool remaining_work_from_budget, double price_floor,
+         double declared_sigma, double declared_none_share, double early_stop_share, std::uint64_t declaration_seed,
          const std::function<bool(double, std::size_t, std::size_t)>& progress) {
         std::vector<job_spec> specs;
         for (auto o : jobs) specs.push_back(spec_from(o));
+        declaration_config d;
+        d.sigma = declared_sigma;
+        d.none_share = declared_none_share;
+        d.early_stop_share = early_stop_share;
+        d.seed = declaration_seed;
+        declare_budgets(specs, profiles, d);
         sim_config c;
         c.policy = policy;
         c.reallocation_cost_s = reallocation_cost_s;
@@ -167,22 +191,24 @@ void dra::python::bind_sim(py::module_& m) {
         c.devices_per_node = devices_per_node;
         c.quota_scale = quota_scale;
         c.record_timeline = record_timeline;
-        c.remaining_work_from_budget = remaining_work_from_budget;
-        c.cluster_price_floor = price_floor;
         return dict_of(simulate(profiles, specs, c, progress));
       },
       py::arg("profiles"), py::arg("jobs"), py::arg("policy"), py::arg("reallocation_cost_s") = 30.0,
       py::arg("interval_s") = 60.0, py::arg("nodes") = 16, py::arg("devices_per_node") = 4,
-      py::arg("quota_scale") = 0.0, py::arg("record_timeline") = true, py::arg("remaining_work_from_budget") = true,
-      py::arg("price_floor") = sim_config{}.cluster_price_floor, py::arg("progress") = nullptr,
-      "Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.");
+      py::arg("quota_scale") = 0.0, py::arg("record_timeline") = true, py::arg("declared_sigma") = 0.0,
+      py::arg("declared_none_share") = 0.0, py::arg("early_stop_share") = 0.0, py::arg("declaration_seed") = 1,
+      py::arg("progress") = nullptr,
+      "Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict. Jobs "
+      "declare their epoch budget with log-normal error declared_sigma (a file's declared_epochs column is kept), a "
+      "share declares nothing, a share stops early on a plateau (declare_budgets).");
 
   m.def(
       "sim_study",
       [](const profile_library& profiles, const py::list& pool, int runs, std::uint64_t seed,
          const std::vector<std::string>& policies, double reallocation_cost_s, double quota_scale, double interval_s,
          bool noise, bool reference_limits, bool perturb, bool shared_cluster, int jobs_per_cluster, bool hindsight,
-         double price_floor, const std::function<void(int, int)>& progress) {
+         double price_floor, double declared_sigma, double declared_none_share, double gns_estimate_sigma,
+         bool target_by_work, bool compare_target_rules, const std::function<void(int, int)>& progress) {
         std::vector<job_spec> specs;
         for (auto o : pool) specs.push_back(spec_from(o));
         study_config c;
@@ -197,7 +223,12 @@ void dra::python::bind_sim(py::module_& m) {
         c.perturb = perturb;
         c.shared_cluster = shared_cluster;
         c.jobs_per_cluster = jobs_per_cluster;
-        c.hindsight = hindsight && !shared_cluster;
+        c.hindsight = hindsight;
+        c.declared_sigma = declared_sigma;
+        c.declared_none_share = declared_none_share;
+        c.gns_estimate_sigma = gns_estimate_sigma;
+        c.target_by_work = target_by_work;
+        c.compare_target_rules = compare_target_rules;
         c.convergence_aware.price_floor = price_floor;
         c.convergence_aware.plateau_price = std::max(c.convergence_aware.plateau_price, price_floor);
         c.convergence_aware.validate();
@@ -216,7 +247,9 @@ void dra::python::bind_sim(py::module_& m) {
       py::arg("interval_s") = 60.0, py::arg("noise") = true, py::arg("reference_limits") = false,
       py::arg("perturb") = false, py::arg("shared_cluster") = false, py::arg("jobs_per_cluster") = 160,
       py::arg("hindsight") = true, py::arg("price_floor") = dra::policy::convergence_aware_config{}.price_floor,
-      py::arg("progress") = nullptr,
+      py::arg("declared_sigma") = 0.0, py::arg("declared_none_share") = 0.0,
+      py::arg("gns_estimate_sigma") = study_config{}.gns_estimate_sigma, py::arg("target_by_work") = true,
+      py::arg("compare_target_rules") = true, py::arg("progress") = nullptr,
       "Generates `runs` jobs from the request pool (seeded) and simulates each under the static baselines and every "
       "dynamic policy, alone or (shared_cluster) in groups contending for one cluster.");
 }

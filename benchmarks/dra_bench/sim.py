@@ -1,9 +1,31 @@
-"""``python -m dra.bench sim``: simulator speed and the headline results (simulated).
+"""``python -m dra.bench sim``: the simulator's speed and dra's policy against Pollux (simulated).
 
-Measures the wall time of one 160-job workload replay per policy (the reference Python simulator
-takes up to 30 minutes for one), records each policy's average JCT next to Pollux run side by side
-in the same simulator under the same rules (baseline), and the study's changes against the static
-request.
+Every figure is simulated (replayed Pollux workloads on the measured profiles, or generated study
+runs). Rows:
+
+- ``replay.workload-W.cost30.<policy>.{wall,avg_jct}`` (load 1.0): each policy next to Pollux run
+  side by side in the same simulator under the same rules;
+- ``sim_jct_vs_pollux`` (one per load): geometric mean over the workloads of dra's
+  ``convergence_aware`` average JCT, baseline Pollux's, 30 s per reallocation for both, every job
+  declaring its epoch budget exactly; ``sim_p99_vs_pollux`` the same for the p99 JCT;
+  ``sim_worst_case_vs_pollux`` the case with the largest ratio; ``sim_budget_sigma05_vs_pollux``
+  with budgets declared with log-normal error sigma 0.5 (``--full``: also ``sim_budget_sigma10_vs_pollux``,
+  ``sim_mixed_vs_pollux`` where a quarter declare nothing and 30 % stop early, and the oracle's
+  ``sim_oracle_jct_vs_pollux``, an upper bound);
+- ``sim_fidelity_pollux.*`` (unless ``--no-fidelity``): Pollux in dra's simulator against Pollux's
+  published average JCT on every workload x load with a published figure, and
+  ``sim_process_wall.workload-6.pollux`` (a whole ``dra-sim`` process); ``--reference PATH`` runs
+  Pollux's own reference simulator side by side on a prefix of workload 6;
+- ``estimator_error_p50``: median relative error of the remaining-work estimate at 50 % of a job's
+  life (sigma 0.5 declarations, a quarter declaring nothing, 30 % stopping early), baseline the
+  declaration alone;
+- ``study_time_vs_request``, ``study_time_vs_best_hindsight``, ``study_gpu_hours_vs_request``: the
+  generated study (each run alone, at dra's measured in-place resize cost), ``convergence_aware``
+  against the static baselines (``--full``: seeds 1-5, and the shared-cluster utilisation).
+
+The default run is short (workloads 1 and 2 at every load, 200 study runs of seed 1); ``--full``
+runs the eight workloads and 1,500 study runs per seed; ``--out DIR`` also writes each replay's and
+study's JSON, a markdown summary and a PNG of the JCT ratios (docs/results/sim/issue21/).
 """
 
 from __future__ import annotations
@@ -17,8 +39,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import dra.sim as sim
+from dra._jsonio import write_json
 from dra_bench._report import result, write_report
 
 LOADS = {"0.5": "workloads-0.5", "1.0": "workloads", "1.5": "workloads-1.5", "2.0": "workloads-2.0"}
@@ -84,59 +108,205 @@ def reference_rows(simulator: str, python: str, jobs: int, seed: int) -> list[di
         result(f"sim_speed_vs_reference.workload-6.first{jobs}", ref_wall / dra_wall, "x",
                note=f"whole process: reference {ref_wall:.1f} s, dra-sim {dra_wall:.2f} s, measured side by side"),
     ]
+POLICY = "convergence_aware"
+ORACLE = "oracle_convergence_aware"
+MIXED = {"declared_sigma": 0.5, "declared_none_share": 0.25, "early_stop_share": 0.3}
+RESIZE_REPORT = Path(__file__).resolve().parents[2] / "docs" / "results" / "sim" / "resize-100MB.json"
+
+
+def _gmean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _replays(workloads: list[int], loads: list[str], policies: list[str], out: Path | None, tag: str,
+             **kw: Any) -> dict[str, dict]:
+    docs = {}
+    for load in loads:
+        for w in workloads:
+            path = sim.default_data_dir() / LOADS[load] / f"workload-{w}.csv"
+            docs[f"{load}/{w}"] = sim.replay(path, policies=policies, reallocation_cost=sim.POLLUX_REALLOCATION_COST_S,
+                                             quiet=True, jobs_detail=False, resamples=200, **kw)
+    if out is not None:
+        write_json({"workloads": {f"workload-{k.split('/')[1]}@{k.split('/')[0]}x": d for k, d in docs.items()}},
+                   out / f"replay-{tag}.json")
+    return docs
+
+
+def _ratio_rows(docs: dict[str, dict], pollux: dict[str, dict], loads: list[str], name: str, key: str,
+                policy: str = POLICY) -> list[dict]:
+    rows = []
+    for load in loads:
+        keys = [k for k in docs if k.startswith(load + "/")]
+        mine = [docs[k]["policies"][policy][key] for k in keys]
+        theirs = [pollux[k]["policies"]["pollux"][key] for k in keys]
+        ratios = [a / b for a, b in zip(mine, theirs)]
+        rows.append(result(name, _gmean(mine), "s", ("pollux", _gmean(theirs)), load=float(load), cases=len(keys),
+                           worse=sum(r > 1.0 for r in ratios), worst_ratio=max(ratios)))
+    return rows
+
+
+def _calibration(docs: dict[str, dict]) -> dict[str, Any]:
+    """Job-weighted calibration of the estimator over replays, at 10/50/90 % of a job's life."""
+    out = {}
+    for f in ("0.1", "0.5", "0.9"):
+        cells = [d["policies"][POLICY]["remaining_work_calibration"][f] for d in docs.values()]
+        n = sum(c["jobs"] for c in cells)
+        avg = lambda key: sum((c[key] or 0.0) * c["jobs"] for c in cells) / n if n else None  # noqa: E731
+        out[f] = {"jobs": n, "median_rel_error": avg("median_rel_error"), "p90_rel_error": avg("p90_rel_error"),
+                  "tail_coverage": avg("tail_coverage"), "declared_only_median_rel_error": avg("declared_only_median_rel_error")}
+    return out
+
+
+def _plot(exact: dict[str, dict], noisy: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(exact, key=lambda k: (float(k.split("/")[0]), int(k.split("/")[1])))
+    x = range(len(keys))
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for docs, label, marker in ((exact, "budgets declared exactly", "o"), (noisy, "declared with sigma 0.5", "s")):
+        ax.plot(x, [docs[k]["policies"][POLICY]["avg_jct_s"] / exact[k]["policies"]["pollux"]["avg_jct_s"] for k in keys],
+                marker, label=f"avg JCT, {label}")
+    ax.plot(x, [exact[k]["policies"][POLICY]["p99_jct_s"] / exact[k]["policies"]["pollux"]["p99_jct_s"] for k in keys],
+            "^", label="p99 JCT, budgets declared exactly")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(0.92, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(list(x), [f"w{k.split('/')[1]}@{k.split('/')[0]}x" for k in keys], rotation=90, fontsize=7)
+    ax.set_ylabel("convergence_aware / pollux")
+    ax.set_title("dra's convergence_aware against Pollux in the same simulator (simulated, 30 s per change)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _replay_rows(args: argparse.Namespace, workloads: list[int], loads: list[str], out: Path | None) -> list[dict]:
+    results: list[dict] = []
+    start = time.perf_counter()
+    exact = _replays(workloads, loads, ["pollux", POLICY] + ([ORACLE] if args.full else []), out, "exact")
+    if "1.0" in loads:
+        for w in workloads:
+            doc = exact[f"1.0/{w}"]
+            pollux = doc["policies"]["pollux"]["avg_jct_s"]
+            for p, agg in doc["policies"].items():
+                results.append(result(f"replay.workload-{w}.cost30.{p}.wall", agg["wall_s"], "s"))
+                results.append(result(f"replay.workload-{w}.cost30.{p}.avg_jct", agg["avg_jct_s"], "s",
+                                      ("pollux in the same simulator", pollux) if p != "pollux" else None))
+    results += _ratio_rows(exact, exact, loads, "sim_jct_vs_pollux", "avg_jct_s")
+    results += _ratio_rows(exact, exact, loads, "sim_p99_vs_pollux", "p99_jct_s")
+    worst = max(exact, key=lambda k: exact[k]["policies"][POLICY]["avg_jct_s"] / exact[k]["policies"]["pollux"]["avg_jct_s"])
+    results.append(result("sim_worst_case_vs_pollux", exact[worst]["policies"][POLICY]["avg_jct_s"], "s",
+                          ("pollux", exact[worst]["policies"]["pollux"]["avg_jct_s"]),
+                          case=f"workload-{worst.split('/')[1]}@{worst.split('/')[0]}x"))
+    # Declarations do not change Pollux (it never reads them): the same Pollux runs are the baseline.
+    noisy = _replays(workloads, loads, [POLICY], out, "sigma0.5", declared_sigma=0.5)
+    results += _ratio_rows(noisy, exact, loads, "sim_budget_sigma05_vs_pollux", "avg_jct_s")
+    if args.full:
+        results += _ratio_rows(exact, exact, loads, "sim_oracle_jct_vs_pollux", "avg_jct_s", ORACLE)
+        wrong = _replays(workloads, loads, [POLICY], out, "sigma1.0", declared_sigma=1.0)
+        results += _ratio_rows(wrong, exact, loads, "sim_budget_sigma10_vs_pollux", "avg_jct_s")
+        mixed = _replays(workloads, loads, ["pollux", POLICY, ORACLE], out, "mixed", **MIXED)
+        results += _ratio_rows(mixed, mixed, loads, "sim_mixed_vs_pollux", "avg_jct_s")
+        results += _ratio_rows(mixed, mixed, loads, "sim_mixed_p99_vs_pollux", "p99_jct_s")
+    else:
+        mixed = _replays(workloads, ["1.0"], [POLICY], out, "mixed", **MIXED)
+    cal = _calibration(mixed)
+    results.append(result("estimator_error_p50", cal["0.5"]["median_rel_error"], "relative",
+                          ("the declaration alone", cal["0.5"]["declared_only_median_rel_error"]),
+                          jobs=cal["0.5"]["jobs"], tail_coverage=cal["0.5"]["tail_coverage"], calibration=cal))
+    results.append(result("sim.replays.wall", time.perf_counter() - start, "s"))
+    if out:
+        _plot(exact, noisy, out / "jct-vs-pollux.png")
+    return results
+
+
+def _study_rows(args: argparse.Namespace, runs: int, out: Path | None) -> list[dict]:
+    results: list[dict] = []
+    cost = sim.parse_cost(str(RESIZE_REPORT)) if RESIZE_REPORT.is_file() else sim.IN_PLACE_RESIZE_COST_S
+    seeds = [1, 2, 3, 4, 5] if args.full else [1]
+    by_seed: dict[str, list[dict]] = {"study_time_vs_request": [], "study_time_vs_best_hindsight": [],
+                                      "study_gpu_hours_vs_request": [], "study_shared_utilization_vs_static": []}
+    first: dict[str, Any] = {}
+    start = time.perf_counter()
+    for seed in seeds:
+        doc = sim.study(runs, seed=seed, quiet=True, jobs_detail=False, policies=[POLICY], reallocation_cost=cost)
+        if out:
+            write_json(doc, out / f"study-{runs}-seed{seed}.json")
+        mine = doc["policies"][POLICY]
+        for name, base, key in (("study_time_vs_request", "static_request", "training_time_change"),
+                                ("study_time_vs_best_hindsight", "static_best_hindsight", "training_time_change"),
+                                ("study_gpu_hours_vs_request", "static_request", "gpu_hours_change")):
+            vs = mine["vs"][base]
+            by_seed[name].append({"seed": seed, "change": vs[key]["estimate"], "ci95": vs[key]["ci95"],
+                                  "per_run_median": vs["median_training_time_change_per_run"]["estimate"]})
+        if seed == 1:
+            first = doc
+        if args.full:
+            shared = sim.study(runs, seed=seed, quiet=True, jobs_detail=False, policies=["pollux", POLICY],
+                               reallocation_cost=cost, shared_cluster=True)
+            if out:
+                write_json(shared, out / f"study-{runs}-seed{seed}-shared.json")
+            by_seed["study_shared_utilization_vs_static"].append(
+                {"seed": seed, "utilization": shared["policies"][POLICY]["utilization"],
+                 "static": shared["policies"]["static_request"]["utilization"],
+                 "by_cluster": shared["policies"][POLICY]["vs"]["static_request"]["utilization_change_by_cluster"]})
+    results.append(result(f"study.{runs}.wall", time.perf_counter() - start, "s", seeds=seeds))
+    agg = first["policies"]
+    for name, base, key, unit in (("study_time_vs_request", "static_request", "mean_training_time_s", "s"),
+                                  ("study_time_vs_best_hindsight", "static_best_hindsight", "mean_training_time_s", "s"),
+                                  ("study_gpu_hours_vs_request", "static_request", "gpu_hours", "GPU-h")):
+        results.append(result(name, agg[POLICY][key], unit, (base, agg[base][key]), runs=runs, seed=1,
+                              reallocation_cost_s=cost, by_seed=by_seed[name]))
+    if args.full:
+        s = by_seed["study_shared_utilization_vs_static"]
+        results.append(result("study_shared_utilization_vs_static", s[0]["utilization"], "fraction",
+                              ("static_request", s[0]["static"]), by_seed=s))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dra.bench sim")
     parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--workloads", type=int, nargs="*", default=[1, 2, 3, 4])
-    parser.add_argument("--runs", type=int, default=1500, help="study runs (0: skip the study)")
-    parser.add_argument("--no-fidelity", action="store_true", help="skip Pollux against its published figures (32 replays)")
+    parser.add_argument("--workloads", type=int, nargs="*", default=None, help="workloads (default 1 2; --full: 1-8)")
+    parser.add_argument("--loads", nargs="*", default=list(LOADS), choices=list(LOADS))
+    parser.add_argument("--runs", type=int, default=None, help="study runs per seed (default 200; --full 1500; 0: skip)")
+    parser.add_argument("--full", action="store_true", help="the eight workloads, every declaration sweep, study seeds 1-5")
+    parser.add_argument("--out", metavar="DIR", help="also write each replay's and study's JSON, a summary and a PNG here")
+    parser.add_argument("--only", choices=["replays", "study"], help="run only one half (e.g. two processes in parallel)")
     parser.add_argument("--reference", metavar="PATH", help="a local copy of Pollux's reference simulator/ folder: run it side by side")
     parser.add_argument("--reference-python", default=os.environ.get("POLLUX_PYTHON", "python3.8"),
                         help="the Python of the reference's own environment (default: $POLLUX_PYTHON or python3.8)")
     parser.add_argument("--reference-jobs", type=int, default=8, help="jobs of workload-6's prefix for the side-by-side run")
     args = parser.parse_args(argv)
+    workloads = args.workloads or (list(range(1, 9)) if args.full else [1, 2])
+    runs = args.runs if args.runs is not None else (1500 if args.full else 200)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    loads = args.loads
 
-    results = []
-    for w in args.workloads:
-        path = sim.default_data_dir() / "workloads" / f"workload-{w}.csv"
-        doc = sim.replay(path, reallocation_cost=sim.POLLUX_REALLOCATION_COST_S, quiet=True, jobs_detail=False, resamples=200)
-        pollux = doc["policies"].get("pollux", {}).get("avg_jct_s")
-        for p, agg in doc["policies"].items():
-            results.append(result(f"replay.workload-{w}.cost30.{p}.wall", agg["wall_s"], "s"))
-            results.append(
-                result(
-                    f"replay.workload-{w}.cost30.{p}.avg_jct",
-                    agg["avg_jct_s"],
-                    "s",
-                    ("pollux in the same simulator", pollux) if pollux and p != "pollux" else None,
-                )
-            )
-        published = doc["published_avg_jct_s"].get("pollux")
-        if published and pollux:
-            results.append(result(f"replay.workload-{w}.cost30.pollux.vs_published", pollux, "s", ("pollux published", published)))
-    if not args.no_fidelity:
-        results += fidelity_rows()
-    # Whole process: dra-sim replay of a 160-job workload under Pollux, without torch.
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "dra.sim.cli", "replay", "--workload", str(sim.default_data_dir() / "workloads" / "workload-6.csv"),
-         "--policy", "pollux", "--quiet", "--no-jobs"],
-        check=True, stdout=subprocess.DEVNULL,
-    )
-    results.append(result("sim_process_wall.workload-6.pollux", time.perf_counter() - start, "s"))
-    if args.reference:
-        results += reference_rows(args.reference, args.reference_python, args.reference_jobs, seed=1)
-    if args.runs > 0:
+    results: list[dict] = []
+    if args.only != "study":
+        results += _replay_rows(args, workloads, loads, out)
+        if not args.no_fidelity:
+            results += fidelity_rows()
+        # Whole process: dra-sim replay of a 160-job workload under Pollux, without torch.
         start = time.perf_counter()
-        doc = sim.study(args.runs, seed=1, quiet=True, jobs_detail=False)
-        results.append(result(f"study.{args.runs}.wall", time.perf_counter() - start, "s"))
-        for p, agg in doc["policies"].items():
-            for base, changes in agg["vs"].items():
-                results.append(result(f"study.{p}.vs_{base}.training_time_change", 100.0 * changes["training_time_change"]["estimate"], "%"))
-                results.append(result(f"study.{p}.vs_{base}.gpu_hours_change", 100.0 * changes["gpu_hours_change"]["estimate"], "%"))
-    write_report("sim", results, args.json)
+        subprocess.run(
+            [sys.executable, "-m", "dra.sim.cli", "replay", "--workload", str(sim.default_data_dir() / "workloads" / "workload-6.csv"),
+             "--policy", "pollux", "--quiet", "--no-jobs"],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+        results.append(result("sim_process_wall.workload-6.pollux", time.perf_counter() - start, "s"))
+        if args.reference:
+            results += reference_rows(args.reference, args.reference_python, args.reference_jobs, seed=1)
+    if runs > 0 and args.only != "replays":
+        results += _study_rows(args, runs, out)
+    report = write_report("sim", results, args.json)
+    if out:
+        write_json(report, out / f"bench-sim{'-' + args.only if args.only else ''}.json")
     return 0
 
 

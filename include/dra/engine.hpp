@@ -3,9 +3,11 @@
 // step. It is what dra.step() drives in one process, what the elastic controller runs on the
 // leader, and what the simulator runs per job. No torch, no I/O.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dra/error.hpp"
@@ -16,6 +18,7 @@
 #include "dra/policy/registry.hpp"
 #include "dra/policy/throughput_model.hpp"
 #include "dra/signals/convergence_estimator.hpp"
+#include "dra/signals/remaining_work.hpp"
 
 namespace dra {
 
@@ -37,6 +40,10 @@ struct engine_config : policy::policy_sections {
   std::string policy = "convergence";
   /// Steps between decisions (a decision is cheap, but resizing more often than this is noise).
   std::int64_t decide_every = 10;
+  /// The job's declared budget in steps (0: none). With the loss curve, the remaining-work estimator
+  /// (signals/remaining_work.hpp, the simulator's and the pool's) then sets world.remaining_steps.
+  std::int64_t declared_steps = 0;
+  signals::remaining_work_config remaining_work;
 
   void validate() const {
     estimator.validate();
@@ -47,6 +54,10 @@ struct engine_config : policy::policy_sections {
     convergence_aware.validate();
     energy.validate();
     policy::policy_registry::at(policy, true);
+    remaining_work.validate();
+    if (declared_steps < 0)
+      dra::detail::throw_invalid("declared_steps",
+                                 "must be >= 0 (0: no budget), got " + std::to_string(declared_steps));
     if (decide_every < 1)
       dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
     if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
@@ -119,8 +130,12 @@ class resize_engine {
     return committed_steps > 0 && committed_steps % config_.decide_every == 0;
   }
 
+  /// The remaining-work estimate at the latest decision (steps; median, mean, tail).
+  const signals::work_estimate& remaining() const noexcept { return remaining_estimate_; }
+
   /// Takes a decision now from the current signals and world.
   const policy::decision& decide() {
+    update_remaining();
     status_.last_decision = policy_.decide(estimator_.signals(), world_, cap_, config_.costs, throughput_);
     status_.decided = true;
     ++status_.decisions;
@@ -147,6 +162,27 @@ class resize_engine {
   }
 
  private:
+  /// Feeds the smoothed loss to the remaining-work estimator's curve (thinned to at most 256
+  /// points) and, when the job declared a budget, the estimate's median to the policy's world.
+  void update_remaining() {
+    const auto& sig = estimator_.signals();
+    if (sig.step >= 0 && std::isfinite(sig.smoothed_loss) && sig.smoothed_loss > 0.0 &&
+        (curve_.empty() || curve_.back().first < static_cast<double>(sig.step))) {
+      curve_.emplace_back(static_cast<double>(sig.step), sig.smoothed_loss);
+      if (curve_.size() > 256) {
+        std::vector<std::pair<double, double>> half;
+        for (std::size_t i = 0; i < curve_.size(); i += 2) half.push_back(curve_[i]);
+        curve_ = std::move(half);
+      }
+    }
+    signals::work_observation o;
+    o.declared = config_.declared_steps > 0 ? static_cast<double>(config_.declared_steps) : std::nan("");
+    o.done = static_cast<double>(std::max<std::int64_t>(world_.step + 1, 0));
+    o.curve = curve_;
+    remaining_estimate_ = remaining_.estimate(o);
+    if (remaining_estimate_.sources & 1) world_.remaining_steps = std::llround(remaining_estimate_.median);
+  }
+
   engine_config config_;
   signals::convergence_estimator estimator_;
   policy::throughput_model throughput_;
@@ -156,6 +192,9 @@ class resize_engine {
   engine_status status_;
   std::int64_t steps_since_decision_ = 0;
   std::int64_t last_step_ = -1;
+  signals::remaining_work_estimator remaining_{config_.remaining_work};
+  std::vector<std::pair<double, double>> curve_;
+  signals::work_estimate remaining_estimate_;
 };
 
 }  // namespace dra

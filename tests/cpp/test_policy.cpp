@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dra/engine.hpp"
+#include "dra/policy/cluster_arbiter.hpp"
 #include "dra/policy/constraints.hpp"
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/perf_model.hpp"
@@ -706,32 +707,31 @@ TEST_CASE("policy.convergence_aware.plateau_releases_devices_only_under_contenti
   CHECK(contains(d.reason, "plateau under contention"));
 }
 
-TEST_CASE("policy.convergence_aware.priced_size_and_remaining_work") {
-  CHECK(priced_size({0.0, 1.0, 2.0, 3.0, 4.0}, 0.5) == 4);
-  CHECK(priced_size({0.0, 1.0, 1.4, 1.6, 1.7}, 0.5) == 1);
-  CHECK(priced_size({0.0, 1.0, 1.6, 2.0, 2.2}, 0.5) == 2);
-  CHECK(remaining_work_weight(10.0) > remaining_work_weight(100.0));
-  expect_invalid(
-      [] {
-        convergence_aware_config c;
-        c.price_floor = 2.0;
-        c.validate();
-      },
-      "price_floor");
-  expect_invalid(
-      [] {
-        convergence_aware_config c;
-        c.plateau_price = 0.05;
-        c.validate();
-      },
-      "plateau_price");
-  expect_invalid(
-      [] {
-        convergence_aware_config c;
-        c.batch_candidates = 0;
-        c.validate();
-      },
-      "batch_candidates");
+TEST_CASE("policy.completion_weights.rank_only_heSRPT") {
+  // Largest remaining size gets 1, the i-th from the largest (i^c - (i-1)^c)^(1/c).
+  const std::vector<double> w = completion_weights({50.0, 10.0, 1000.0, 200.0}, 2.0);
+  CHECK(w[2] == doctest::Approx(1.0));
+  CHECK(w[3] == doctest::Approx(std::sqrt(3.0)));
+  CHECK(w[0] == doctest::Approx(std::sqrt(5.0)));
+  CHECK(w[1] == doctest::Approx(std::sqrt(7.0)));
+  // Only the order matters: any monotone change of the sizes gives the same weights.
+  CHECK(completion_weights({5.0, 1.0, 100.0, 20.0}, 2.0) == w);
+  // c = 1: equal weights; equal sizes share their ranks' mean weight.
+  for (double x : completion_weights({3.0, 1.0, 2.0}, 1.0)) CHECK(x == doctest::Approx(1.0));
+  const std::vector<double> tie = completion_weights({4.0, 9.0, 4.0}, 2.0);
+  CHECK(tie[1] == doctest::Approx(1.0));
+  CHECK(tie[0] == doctest::Approx((std::sqrt(3.0) + std::sqrt(5.0)) / 2.0));
+  CHECK(tie[2] == tie[0]);
+  CHECK_THROWS_AS(completion_weights({1.0}, 0.5), std::invalid_argument);
+  // The tilt: multiplies under a utilitarian objective, divides under a fair one.
+  completion_config c;
+  c.tilt = 2.0;
+  c.power = -1.0;
+  CHECK(c.factor(3.0) == doctest::Approx(1.0 / 9.0));
+  c.power = 1.0;
+  CHECK(c.factor(3.0) == doctest::Approx(9.0));
+  c.tilt = -1.0;
+  CHECK_THROWS_AS(c.validate(), std::invalid_argument);
 }
 
 TEST_CASE("policy.engine.convergence_aware_selectable_by_name") {
@@ -794,4 +794,30 @@ TEST_CASE("policy.perf_model.best_batch_respects_the_cap") {
   CHECK(3 * small_noise.atomic * (small_noise.accum + 1) < 3 * big_noise.atomic * (big_noise.accum + 1));
   const batch_split s = split_total_batch(4096, 3, lim);
   CHECK(3 * s.atomic * (s.accum + 1) <= 4096.0);
+}
+
+TEST_CASE("policy.engine.remaining_work_from_the_declared_budget") {
+  // A job that declares 1,000 steps: at each decision the engine's remaining-work estimate (the
+  // simulator's estimator) sets world.remaining_steps, so amortisation counts only what is left.
+  dra::engine_config c;
+  c.policy = "none";
+  c.declared_steps = 1000;
+  c.decide_every = 10;
+  dra::resize_engine e(c);
+  for (std::int64_t s = 0; s < 400; ++s) e.step(s, 1.0 / (1.0 + 0.01 * static_cast<double>(s)));
+  CHECK((e.remaining().sources & 1) == 1);
+  CHECK(e.world().remaining_steps == std::llround(e.remaining().median));
+  // 1 / (1 + 0.01 s) has no floor in sight: the curve says nothing, the declaration decides.
+  CHECK(e.world().remaining_steps == doctest::Approx(600).epsilon(0.05));  // conditioned on not done
+  CHECK(e.remaining().tail > e.remaining().median);
+  // Without a declaration the engine still estimates (from its loss curve) but leaves the world's
+  // remaining steps as the caller set them.
+  dra::engine_config plain;
+  plain.policy = "none";
+  dra::resize_engine f(plain);
+  for (std::int64_t s = 0; s < 400; ++s) f.step(s, 1.0 / (1.0 + 0.01 * static_cast<double>(s)));
+  CHECK(f.world().remaining_steps == -1);
+  CHECK(f.remaining().median > 0.0);
+  c.declared_steps = -5;
+  CHECK_THROWS_WITH_AS(dra::resize_engine{c}, doctest::Contains("declared_steps"), std::invalid_argument);
 }

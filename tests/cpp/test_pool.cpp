@@ -434,6 +434,28 @@ TEST_CASE("pool.scaler.inference_first_then_arbiter") {
   CHECK(sizes["serve"] == 2);
 }
 
+TEST_CASE("pool.scaler.remaining_work_tilts_towards_the_job_closer_to_done") {
+  // Two identical elastic jobs on 6 devices: without remaining sizes they split evenly; with them
+  // (the pool's remaining-work estimates) the job with less work left gets more, as the simulator's
+  // convergence_aware does; neither loses its minimum.
+  const dra::policy::cluster_arbiter arb;
+  scale_job a, b;
+  a.job = "a", b.job = "b";
+  a.min_size = b.min_size = 1, a.max_size = b.max_size = 6, a.current = b.current = 3;
+  a.speedup = b.speedup = {0, 1, 1.8, 2.5, 3.1, 3.6, 4.0};
+  const dra::policy::completion_config c;
+  auto even = plan_sizes({a, b}, 6, arb, &c);
+  CHECK(even["a"] == even["b"]);
+  a.remaining_size_s = 100.0, b.remaining_size_s = 5000.0;
+  auto tilted = plan_sizes({a, b}, 6, arb, &c);
+  CHECK(tilted["a"] > tilted["b"]);
+  CHECK(tilted["b"] >= 1);
+  CHECK(tilted["a"] + tilted["b"] == 6);
+  // Without a completion config the sizes are ignored (the pool's arbitration as before).
+  auto plain = plan_sizes({a, b}, 6, arb);
+  CHECK(plain["a"] == plain["b"]);
+}
+
 TEST_CASE("pool.arbiter.fast_path_matches_reference") {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> u(0.0, 1.0);

@@ -20,6 +20,7 @@
 
 #include "dra/signals/convergence_estimator.hpp"
 #include "dra/signals/gradient_noise_scale.hpp"
+#include "dra/signals/remaining_work.hpp"
 #include "dra/signals/windowed_regression.hpp"
 
 // ---- Allocation counter: every global operator new in this executable goes through here. -----
@@ -672,4 +673,88 @@ TEST_CASE("signals.hot_path.no_allocation_per_update") {
   CHECK(g_allocations.load() >= after + 2);
   delete v;
   CHECK(est.signals().accepted > 0);
+}
+
+// ---- issue 21: the remaining-work estimator (include/dra/signals/remaining_work.hpp) ----------
+
+TEST_CASE("signals.remaining_work.normal_quantile_inverts_the_cdf") {
+  using dra::signals::detail::normal_cdf;
+  using dra::signals::detail::normal_quantile;
+  for (double p : {1e-10, 1e-4, 0.01, 0.1, 0.3, 0.5, 0.77, 0.9, 0.999, 1.0 - 1e-9})
+    CHECK(normal_cdf(normal_quantile(p)) == doctest::Approx(p).epsilon(1e-9));
+  CHECK(normal_quantile(0.975) == doctest::Approx(1.959963984540054).epsilon(1e-12));
+}
+
+TEST_CASE("signals.remaining_work.sources_and_what_history_teaches") {
+  using namespace dra::signals;
+  remaining_work_estimator est;
+  SUBCASE("nothing known: the work done again (least attained service)") {
+    const work_estimate e = est.estimate({"a", NAN, 10.0, {}});
+    CHECK(e.sources == 0);
+    CHECK(e.median == doctest::Approx(10.0).epsilon(0.05));
+    CHECK(e.tail > e.median);
+    CHECK(est.estimate({"a", NAN, 1.0, {}}).median < est.estimate({"a", NAN, 50.0, {}}).median);
+  }
+  SUBCASE("a declaration before any history: its value, with the prior spread") {
+    const work_estimate e = est.estimate({"a", 100.0, 20.0, {}});
+    CHECK(e.sources == 1);
+    CHECK(e.median == doctest::Approx(80.0).epsilon(0.03));
+    CHECK(e.total_log_sigma == doctest::Approx(0.5));
+    CHECK(e.tail > e.median);
+    CHECK(e.mean >= e.median);
+    // Past its declaration the job still has work left (conditioned on not having finished).
+    CHECK(est.estimate({"a", 100.0, 150.0, {}}).median > 0.0);
+  }
+  SUBCASE("finished jobs calibrate a biased declaration and give the class prior") {
+    // Jobs of class "b" declare 100 and run 50.
+    for (int i = 0; i < 20; ++i) est.record_completion({"b", 100.0, 50.0, {}}, 50.0);
+    CHECK(est.completed() == 20);
+    CHECK(est.completed("b") == 20);
+    const work_estimate e = est.estimate({"b", 100.0, 10.0, {}});
+    CHECK(e.sources == (1 | 2));
+    CHECK(e.median == doctest::Approx(40.0).epsilon(0.02));
+    CHECK(e.tail == doctest::Approx(40.0).epsilon(0.1));  // history is tight
+    // A job of an unseen class that declares 100 borrows the pooled bias of declarations.
+    CHECK(est.estimate({"c", 100.0, 0.0, {}}).median < 80.0);
+  }
+  SUBCASE("a learning curve that flattens: the convergence point") {
+    std::vector<std::pair<double, double>> curve;
+    for (int e = 1; e <= 12; ++e) curve.emplace_back(e, 1.0 / (0.5 * e + 1.0) + 0.1);
+    const double point = curve_convergence_point(curve);
+    CHECK(point > 12.0);
+    const work_estimate e = est.estimate({"d", NAN, 12.0, curve});
+    CHECK(e.sources == 4);
+    CHECK(e.median + 12.0 == doctest::Approx(point).epsilon(0.05));
+    CHECK(curve_convergence_point({{1, 0.3}, {2, 0.3}, {3, 0.3}, {4, 0.3}}) < 5.0);  // flat: converged already
+    CHECK(std::isnan(curve_convergence_point({{1, 0.5}})));
+  }
+  SUBCASE("deterministic") {
+    const work_observation o{"a", 70.0, 5.0, {}};
+    CHECK(est.estimate(o).median == est.estimate(o).median);
+  }
+}
+
+TEST_CASE("signals.remaining_work.gittins_size_uses_the_spread") {
+  using namespace dra::signals;
+  const remaining_work_estimator est;
+  // Sure size: the Gittins size is the remaining work itself.
+  const work_estimate sure = est.conditioned(std::log(100.0), 0.01, 40.0, 1);
+  CHECK(gittins_size(sure, 40.0) == doctest::Approx(60.0).epsilon(0.03));
+  // A wide log-normal spread counts between its median and its mean.
+  const work_estimate wide = est.conditioned(std::log(100.0), 1.0, 40.0, 1);
+  CHECK(gittins_size(wide, 40.0) <= wide.mean * 1.02);
+  CHECK(gittins_size(wide, 40.0) >= wide.median * 0.98);
+}
+
+TEST_CASE("signals.remaining_work.config_errors_name_the_field") {
+  using namespace dra::signals;
+  remaining_work_config c;
+  c.declared_sigma = 0.0;
+  CHECK_THROWS_WITH_AS(remaining_work_estimator{c}, doctest::Contains("declared_sigma"), std::invalid_argument);
+  c = {};
+  c.tail_quantile = 0.4;
+  CHECK_THROWS_WITH_AS(remaining_work_estimator{c}, doctest::Contains("tail_quantile"), std::invalid_argument);
+  c = {};
+  c.min_curve_points = 2;
+  CHECK_THROWS_WITH_AS(remaining_work_estimator{c}, doctest::Contains("min_curve_points"), std::invalid_argument);
 }

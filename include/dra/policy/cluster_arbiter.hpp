@@ -1,22 +1,13 @@
 #pragma once
-// Cluster-level arbiter: divides a pool of identical devices among jobs by their goodput curves.
-//
-// Each job offers a speedup curve s_j(k), k = 0..K_j devices (s_j(0) = 0), typically goodput(k)
-// over a reference goodput, as Pollux does. The arbiter maximises the power mean of speedups
-//   M_p = ( (1/n) sum_j (s_j(k_j) + eps)^p )^(1/p),   p = -1 by default (Pollux's objective),
-// subject to sum_j k_j <= capacity. p < 0 favours fairness: a job left with nothing drags the
-// mean towards zero, so every job gets a device before anyone gets a second one, when it can.
-// A job whose allocation would change has its speedup multiplied by its `change_penalty` (the
-// restart or resize cost, amortised over the job's age, as Pollux does), so moving devices
-// happens only when the gain outweighs the cost of the move.
-//
-// The search is greedy then local: from zero, repeatedly grant the increment (of any size, so a
-// job can jump past a dip in its curve, e.g. a node boundary) with the best objective gain per
-// device; then move single devices between jobs while the objective improves. Deterministic: ties
-// go to the job listed first (callers list jobs by priority). It knows nothing about where a job
-// runs, so the same code can arbitrate a simulated cluster or a live device pool.
+// Cluster-level arbiter: divides identical devices among jobs by their speedup curves, maximising
+// the power mean of speedups (Pollux's objective at p = -1) with a penalty on moving a job, by a
+// greedy search over increments then single-device moves (deterministic; ties to the job listed
+// first). It knows nothing about where jobs run, so the simulator and the live pool share it; how
+// remaining work weights it (completion_weights, completion_config) is below. The objective, the
+// search and its exhaustive check: docs/design/policies.md.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <string>
 #include <vector>
@@ -45,6 +36,56 @@ struct arbiter_config {
     if (!(epsilon > 0.0)) dra::detail::throw_invalid("epsilon", "must be > 0, got " + std::to_string(epsilon));
     if (max_moves < 0) dra::detail::throw_invalid("max_moves", "must be >= 0");
   }
+};
+
+/// Weights that make the arbiter's weighted sum (p = 1) allocate as heSRPT (Berg et al., 2020: the
+/// allocation that minimises mean completion time for jobs of known size with speedup k^a): rank
+/// jobs from the largest remaining size (rank 1) to the smallest (rank m); rank i gets
+/// (i^c - (i-1)^c)^(1/c) with c = 1 / (1 - a). Only the order of the sizes matters, so a size known
+/// to within a factor still ranks right; equal sizes get equal weights. c = 1 is equal weights;
+/// large c tends to shortest first.
+inline std::vector<double> completion_weights(const std::vector<double>& size, double c) {
+  if (!(c >= 1.0) || !std::isfinite(c))
+    dra::detail::throw_invalid("c", "must be a finite number >= 1, got " + std::to_string(c));
+  std::vector<std::size_t> order(size.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return size[a] > size[b]; });
+  auto rank_weight = [&](std::size_t r) {
+    const double i = static_cast<double>(r + 1);
+    return std::pow(std::pow(i, c) - std::pow(i - 1.0, c), 1.0 / c);
+  };
+  // Largest first; equal sizes share the mean weight of their ranks.
+  std::vector<double> w(size.size(), 1.0);
+  for (std::size_t r = 0; r < order.size();) {
+    std::size_t end = r;
+    double sum = 0.0;
+    while (end < order.size() && size[order[end]] == size[order[r]]) sum += rank_weight(end++);
+    for (std::size_t k = r; k < end; ++k) w[order[k]] = sum / static_cast<double>(end - r);
+    r = end;
+  }
+  return w;
+}
+
+/// How jobs' remaining work tilts an arbitration (dra's convergence_aware cluster policy; the
+/// simulator and the device pool use it alike): each job's completion weight (completion_weights of
+/// its remaining size) raised to `tilt` scales its speedup curve, multiplying it under a
+/// utilitarian objective (power > 0), dividing it under a fair one (power < 0: a job closer to done
+/// needs more speedup to count as well served).
+struct completion_config {
+  double exponent = 2.0;  ///< c of completion_weights (heSRPT's 1 / (1 - a) for speedup k^a)
+  double tilt = 1.0;      ///< exponent of the weight (1: heSRPT's; 0: remaining work is ignored)
+  double power = 1.0;     ///< the arbiter's power-mean exponent (1: heSRPT's weighted sum)
+
+  void validate() const {
+    if (!(exponent >= 1.0) || !std::isfinite(exponent))
+      dra::detail::throw_invalid("exponent", "must be a finite number >= 1, got " + std::to_string(exponent));
+    if (!(tilt >= 0.0) || !std::isfinite(tilt))
+      dra::detail::throw_invalid("tilt", "must be a finite number >= 0, got " + std::to_string(tilt));
+    if (!std::isfinite(power) || power == 0.0)
+      dra::detail::throw_invalid("power", "must be finite and non-zero, got " + std::to_string(power));
+  }
+  /// The factor a job's speedup curve is multiplied by.
+  double factor(double weight) const { return std::pow(weight, power > 0.0 ? tilt : -tilt); }
 };
 
 class cluster_arbiter {

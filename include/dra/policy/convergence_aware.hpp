@@ -1,24 +1,10 @@
 #pragma once
-// The convergence-aware policy: goodput over world size and global batch together, with a price
-// per device (docs/design/policies.md).
-//
-//  - Goodput = throughput x statistical efficiency from the gradient noise scale (AdaScale). The
-//    noise scale grows by orders of magnitude over training (cifar10: 72 -> 38,658 samples), so a
-//    large batch, and the devices to run it, pay off late rather than early: the policy starts small
-//    and grows as the noise scale rises, and co-adapts the batch (with the AdaScale LR gain).
-//  - A device is held only while it earns its price: going from k to k' devices must add at least
-//    `price x (k' - k)` single-device goodputs. The price is the larger of a floor (the device's
-//    opportunity cost: 0.1 = each device must bring a tenth of what one device alone brings) and the
-//    price set by whoever lends the devices (capacity::device_price), which rises with contention.
-//    The floor is the job's trade between time and device-hours: 0 minimises time; the default
-//    0.1 keeps a device only if it adds a tenth of what one device alone does (docs/guide/simulator.md
-//    reports the trade-off measured at 0, 0.1 and 0.25).
-//  - A change happens only when its predicted gain clears `min_gain`; a grow is therefore always a
-//    predicted speedup (> 1 + min_gain), and constrained_policy's amortisation then charges its cost.
-//  - The loss curve is used for what it is good at: on a plateau (estimator_config's scale-free
-//    history test) while devices are contended, the price rises to `plateau_price`, so the job
-//    gives devices back to jobs still learning. Ranking jobs by predicted remaining work is the
-//    cluster's part (remaining_work_weight below; the simulator and the pool use it).
+// The convergence-aware policy of one job: size and global batch chosen together by goodput (the
+// noise scale grows by orders of magnitude over training, so large batches and the devices to run
+// them pay off late), a device kept only while it earns its price, the price raised on a plateau
+// under contention. The rules, their defaults and why: docs/guide/policy.md
+// and docs/design/policies.md. Its cluster form
+// (remaining work tilting the arbiter) is completion_config in cluster_arbiter.hpp.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -65,27 +51,6 @@ struct convergence_aware_config {
 /// Net value of holding `size` devices: goodput minus the price of the devices, in goodput units.
 inline double net_value(double goodput_at_size, int size, double price, double one_device_goodput) {
   return goodput_at_size - price * one_device_goodput * size;
-}
-
-/// The devices a job should hold on a goodput curve g[k] (k = 0..K, g[0] = 0) at a price: the size
-/// with the largest net value, ties to the smaller size. The cluster uses it to cut each job's
-/// curve where its devices stop earning their price.
-inline int priced_size(const std::vector<double>& goodput, double price) {
-  if (goodput.size() < 2 || !(goodput[1] > 0.0)) return goodput.size() < 2 ? 0 : 1;
-  int best = 1;
-  double best_v = net_value(goodput[1], 1, price, goodput[1]);
-  for (std::size_t k = 2; k < goodput.size(); ++k) {
-    const double v = net_value(goodput[k], static_cast<int>(k), price, goodput[1]);
-    if (v > best_v * (1.0 + 1e-12) + 1e-300) best = static_cast<int>(k), best_v = v;
-  }
-  return best;
-}
-
-/// Optimus-style weight for ranking jobs by predicted remaining work: completing a job sooner is
-/// worth more the less work it has left, so a cluster maximising sum_j goodput_j / remaining_j
-/// favours jobs close to done (shortest remaining work first, for malleable jobs).
-inline double remaining_work_weight(double remaining_progress, double floor = 1e-9) {
-  return 1.0 / std::max(remaining_progress, floor);
 }
 
 class convergence_aware_policy final : public policy {

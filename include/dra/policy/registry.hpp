@@ -142,6 +142,10 @@ class policy_registry {
       v.push_back(
           {"arbiter", "", false, s::cluster, true, "dra's arbiter over goodput curves at the fair share", nullptr});
       v.push_back({"pollux", "", false, s::cluster, false, "Pollux's objective and rules in this simulator", nullptr});
+      v.push_back(
+          {"oracle_convergence_aware", "convergence_aware", false, s::cluster_or_per_job, true,
+           "upper bound, not a result: convergence_aware handed each job's true remaining epochs",
+           [](const policy_sections& c) { return std::make_shared<convergence_aware_policy>(c.convergence_aware); }});
       for (energy_objective_kind kind :
            {energy_objective_kind::min_energy_deadline, energy_objective_kind::energy_delay,
             energy_objective_kind::zeus_cost, energy_objective_kind::energy_budget})

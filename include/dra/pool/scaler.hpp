@@ -103,6 +103,9 @@ struct scale_job {
   std::vector<double> speedup;  ///< speedup[k], k = 0..max_size (training; empty: linear)
   double change_penalty = 1.0;  ///< arbiter's penalty for moving it (resize cost over its age)
   int replicas_wanted = -1;     ///< inference: the autoscaler's answer (-1: keep current)
+  /// Training: its remaining work in seconds on one worker, from the remaining-work estimator
+  /// (signals/remaining_work.hpp); < 0: unknown (counts as the shortest, as a new job).
+  double remaining_size_s = -1.0;
 };
 
 /// Priority weight on a job's speedup in the arbiter's objective: 0.5, 1, 2, 4 for low..critical.
@@ -110,9 +113,12 @@ inline double priority_weight(const std::string& priority) {
   return std::pow(2.0, static_cast<double>(priority_level(priority)) - 1.0);
 }
 
-/// Wanted sizes per job for `capacity` workers' worth of devices (identical devices).
+/// Wanted sizes per job for `capacity` workers' worth of devices (identical devices). With a
+/// `completion` config, training jobs' remaining sizes tilt the arbitration as the simulator's
+/// convergence_aware policy does (the arbiter then runs at completion->power).
 inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs, int capacity,
-                                             const policy::cluster_arbiter& arbiter) {
+                                             const policy::cluster_arbiter& arbiter,
+                                             const policy::completion_config* completion = nullptr) {
   if (capacity < 0) dra::detail::throw_invalid("capacity", "must be >= 0, got " + std::to_string(capacity));
   std::map<std::string, int> out;
   int left = capacity;
@@ -137,10 +143,18 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
   std::stable_sort(training.begin(), training.end(), [](const scale_job* a, const scale_job* b) {
     return priority_level(a->priority) > priority_level(b->priority);
   });
+  std::vector<double> completion_weight(training.size(), 1.0);
+  if (completion) {
+    completion->validate();
+    std::vector<double> size;
+    for (const auto* j : training) size.push_back(std::max(j->remaining_size_s, 0.0));
+    completion_weight = policy::completion_weights(size, completion->exponent);
+  }
   std::vector<policy::arbiter_job> in;
-  for (const auto* j : training) {
+  for (std::size_t t = 0; t < training.size(); ++t) {
+    const scale_job* j = training[t];
     policy::arbiter_job a;
-    const double w = priority_weight(j->priority);
+    const double w = priority_weight(j->priority) * (completion ? completion->factor(completion_weight[t]) : 1.0);
     a.speedup.assign(static_cast<std::size_t>(j->max_size) + 1, 0.0);
     for (int k = 1; k <= j->max_size; ++k) {
       const auto ku = static_cast<std::size_t>(k);
@@ -152,7 +166,9 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     a.min_devices = j->min_size;
     in.push_back(std::move(a));
   }
-  const std::vector<int> alloc = arbiter.allocate(in, left);
+  policy::arbiter_config ac = arbiter.config();
+  if (completion) ac.p = completion->power;
+  const std::vector<int> alloc = policy::cluster_arbiter(ac).allocate(in, left);
   for (std::size_t i = 0; i < training.size(); ++i)
     out[training[i]->job] = std::max(alloc[i], std::min(training[i]->min_size, training[i]->current));
   return out;

@@ -1,170 +1,180 @@
 #pragma once
-// The cluster policies (pollux, arbiter, convergence_aware on a shared cluster):
-// dra::policy::cluster_arbiter over goodput curves from each job's online-fitted model, under
-// Pollux's rules (restart penalty, exploration limit, one distributed job per node).
+// The cluster policies (pollux, arbiter, convergence_aware and its oracle_ upper bound on a shared
+// cluster): dra::policy::cluster_arbiter over goodput curves from each job's online-fitted model,
+// under Pollux's rules (restart penalty, exploration limit, one distributed job per node). Policies
+// see job views only (job_model.hpp); the oracle is handed the truth apart.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "dra/policy/cluster_arbiter.hpp"
 #include "dra/policy/convergence_aware.hpp"
+#include "dra/signals/remaining_work.hpp"
 #include "dra/sim/cluster.hpp"
 #include "dra/sim/config.hpp"
 #include "dra/sim/job_model.hpp"
+#include "dra/sim/observation.hpp"
 
 namespace dra::sim::detail {
 
-/// Optimus-style prediction of the epoch a run converges at, from its per-epoch loss: fits
-/// loss(e) = 1 / (a e + b) + c (c on a grid below the lowest loss, a and b by least squares on
-/// 1 / (loss - c)), then returns the first epoch from which a further 10 % of epochs would improve
-/// the fitted loss by less than 1 %. Returns the last observed epoch + 1 when no fit descends.
-inline double optimus_epochs(const std::vector<std::pair<double, double>>& history) {
-  const double last = history.empty() ? 0.0 : history.back().first;
-  if (history.size() < 3) return last + 1.0;
-  double lowest = INFINITY;
-  for (const auto& h : history) lowest = std::min(lowest, h.second);
-  double best_err = INFINITY, best_a = 0.0, best_b = 0.0, best_c = 0.0;
-  for (int g = 0; g < 20; ++g) {
-    const double c = lowest * 0.05 * g;
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    const double n = static_cast<double>(history.size());
-    for (const auto& [e, l] : history) {
-      const double y = 1.0 / std::max(l - c, 1e-12);
-      sx += e, sy += y, sxx += e * e, sxy += e * y;
-    }
-    const double den = n * sxx - sx * sx;
-    if (!(std::abs(den) > 0.0)) continue;
-    const double a = (n * sxy - sx * sy) / den, b = (sy - a * sx) / n;
-    if (!(a > 0.0)) continue;
-    double err = 0.0;
-    for (const auto& [e, l] : history) {
-      const double pred = 1.0 / std::max(a * e + b, 1e-12) + c;
-      err += (pred - l) * (pred - l);
-    }
-    if (err < best_err) best_err = err, best_a = a, best_b = b, best_c = c;
-  }
-  if (!std::isfinite(best_err)) return last + 1.0;
-  auto loss = [&](double e) { return 1.0 / std::max(best_a * e + best_b, 1e-12) + best_c; };
-  for (double e = std::max(last, 1.0); e < 1e5; e *= 1.02)
-    if (loss(e) - loss(1.1 * e) < 0.01 * loss(e)) return std::max(e, last + 1.0);
-  return 1e5;
-}
-
 /// Most devices a cluster policy may give a job now: Pollux's exploration rule (twice the most it
-/// has run on; one before it ran) within its cap and 16 nodes' worth.
-inline int explore_cap(const job_state& j) {
-  const int seen = j.model->max_profiled_replicas();
-  return std::min(j.max_devices, std::max(2 * seen, 1));
+/// has run on; one before it ran) within its cap.
+inline int explore_cap(const job_view& v) {
+  const int seen = v.model ? v.model->max_profiled_replicas() : 0;
+  return std::min(v.max_devices, std::max(2 * seen, 1));
 }
 
-/// Predicted best goodput at k packed devices, cached per epoch and model fit.
-inline double curve_at(job_state& j, int k, const sim_config& config) {
-  if (k <= 0 || !j.model->fitted()) return 0.0;
-  if (j.curve_epoch != j.epoch || j.curve_model != j.model->configurations() || j.curve.empty()) {
-    j.curve.assign(static_cast<std::size_t>(j.max_devices) + 1, -1.0);
-    j.curve_epoch = j.epoch;
-    j.curve_model = j.model->configurations();
-  }
-  const int kk = std::min(k, j.max_devices);
-  double& g = j.curve[static_cast<std::size_t>(kk)];
-  if (g < 0.0) g = predicted_best(j, (kk + config.devices_per_node - 1) / config.devices_per_node, kk, config).goodput;
-  return g;
-}
+/// Inputs of one cluster decision besides the jobs: the cluster, the clock, the settings, and for
+/// oracle_ policies only, each job's true remaining epochs.
+struct cluster_context {
+  int capacity = 0;
+  int nodes = 1;
+  double now = 0.0;
+  const sim_config* config = nullptr;
+  const std::vector<double>* oracle_remaining_epochs = nullptr;
+};
 
-/// Remaining work (statistical progress) the job expects: its epoch budget left, or, without
-/// the budget, an Optimus-style fit of its per-epoch loss proxy, loss(e) = 1 / (a e + b) + c,
-/// extrapolated to where it improves by less than 1 % over a further 10 % of its epochs.
-inline double remaining_work(const job_state& j, const sim_config& config) {
-  const double total = j.app->progress_at(j.app->max_epochs());
-  if (config.remaining_work_from_budget || j.epoch < 3) return std::max(total - j.progress, 1.0);
-  const double per_epoch = j.progress / std::max(1, j.epoch);
-  const double epochs = detail::optimus_epochs(j.loss_history);
-  return std::max((epochs - j.epoch) * per_epoch, per_epoch);
-}
+/// What a cluster policy asks of the arbiter: each job's value per device count (same order as
+/// the reordered views) and the arbiter's settings.
+struct cluster_request {
+  std::vector<policy::arbiter_job> jobs;
+  policy::arbiter_config arbiter;
+};
 
-// Cluster policies: dra::policy::cluster_arbiter over per-job curves from each job's fitted
-// model, with Pollux's restart penalty, exploration rule and placement rule.
-//  - pollux: Pollux's objective: power mean (p = -1) of speedups over the goodput at the fair
-//    share (ceil(capacity / jobs) replicas on one node), scaled by 16/64 as its code does; jobs
-//    without a model get the linear prior k / fair; jobs in least-attained-service order.
-//  - arbiter: the same objective with the fair share packed on nodes (dra's arbiter).
-//  - convergence_aware: sum (p = 1) of goodput / remaining work (shortest remaining work first,
-//    for malleable jobs), each curve cut where devices stop earning the price floor; jobs in
-//    order of remaining work.
-inline void schedule_cluster(cluster_state& state, double now) {
-  std::vector<job_state*> act = state.active(now);
-  if (act.empty()) return;
-  const std::string& p = state.config().policy;
-  const bool ca = p == "convergence_aware";
-  std::vector<double> work(act.size());
-  for (std::size_t i = 0; i < act.size(); ++i) work[i] = ca ? remaining_work(*act[i], state.config()) : 0.0;
-  std::vector<std::size_t> order(act.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (ca && work[a] != work[b]) return work[a] < work[b];
-    if (act[a]->attained != act[b]->attained) return act[a]->attained < act[b]->attained;
-    return act[a]->spec.submit_s < act[b]->spec.submit_s;
-  });
-  std::vector<job_state*> sorted;
-  std::vector<double> sorted_work;
-  for (std::size_t i : order) sorted.push_back(act[i]), sorted_work.push_back(work[i]);
-  act = std::move(sorted);
-  work = std::move(sorted_work);
-  const int fair = static_cast<int>(std::ceil(static_cast<double>(state.capacity()) / static_cast<double>(act.size())));
-  const double scale = static_cast<double>(state.config().nodes) / static_cast<double>(state.capacity());
-  // convergence_aware: a job's value at k devices is the rate at which it completes its remaining
-  // work, goodput(k) / remaining work (1/s), normalised by the largest one-device rate. A job that
-  // has not measured anything yet is taken to be as close to done as the closest job (new jobs
-  // first, as least-attained-service does), at linear speedup.
-  std::vector<double> rate_one(act.size(), 0.0);
-  double top_rate = 0.0;
-  if (ca)
-    for (std::size_t i = 0; i < act.size(); ++i)
-      if (act[i]->model->fitted()) {
-        rate_one[i] = curve_at(*act[i], 1, state.config()) * policy::remaining_work_weight(work[i]);
-        top_rate = std::max(top_rate, rate_one[i]);
+/// The cluster policies' request; `jobs` is reordered by priority (ties in the arbiter and the
+/// placement go to the first) and the request is in that order. Reads views only.
+///  - pollux: Pollux's objective: power mean (p = -1) of speedups over the goodput at the fair
+///    share (ceil(capacity / jobs) replicas on one node), scaled by nodes / capacity as its code
+///    does; jobs without a model get the linear prior k / fair; least attained service first.
+///  - arbiter: the same objective with the fair share packed on nodes (dra's earlier arbiter).
+///  - convergence_aware (and oracle_convergence_aware): Pollux's speedups, each scaled by the job's
+///    heSRPT completion weight (policy::completion_weights of its remaining size: the time one
+///    device would need for its remaining work, the estimate's Gittins size x work per epoch / the
+///    goodput of one device; jobs without a model count as the smallest), and the arbiter maximises
+///    their weighted sum (policy::completion_config, p = 1), with Pollux's restart penalty.
+inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cluster_context& ctx) {
+  const sim_config& config = *ctx.config;
+  const std::string& p = config.policy;
+  const bool ca = p == "convergence_aware" || p == "oracle_convergence_aware";
+  const std::size_t n = jobs.size();
+  std::vector<int> out(n, 0);
+  if (n == 0) return out;
+  // Remaining size (one-device seconds) and completion weights.
+  std::vector<double> weight(n, 1.0);
+  if (ca) {
+    std::vector<double> size(n, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      job_view& v = *jobs[i];
+      const double g1 = curve_at(v, 1, config);
+      if (!(g1 > 0.0)) continue;  // no model yet: counts as the smallest
+      double epochs;
+      if (ctx.oracle_remaining_epochs) {
+        epochs = (*ctx.oracle_remaining_epochs)[i];
+      } else if (config.completion_rank == "median") {
+        epochs = v.remaining.median;
+      } else if (config.completion_rank == "mean") {
+        epochs = v.remaining.mean;
+      } else {
+        epochs = signals::gittins_size(v.remaining, v.epochs_done);
       }
-  if (!(top_rate > 0.0)) top_rate = 1.0;
+      size[i] = std::max(epochs, 1e-6) * v.work_per_epoch / g1;
+    }
+    weight = policy::completion_weights(size, config.completion.exponent);
+  }
+  // Priority order for the arbiter's ties: least attained service, then arrival.
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (ca && weight[a] != weight[b]) return weight[a] > weight[b];
+    if (jobs[a]->attained != jobs[b]->attained) return jobs[a]->attained < jobs[b]->attained;
+    return jobs[a]->submit_s < jobs[b]->submit_s;
+  });
+  {
+    std::vector<job_view*> sorted;
+    std::vector<double> sorted_weight;
+    for (std::size_t i : order) sorted.push_back(jobs[i]), sorted_weight.push_back(weight[i]);
+    jobs = std::move(sorted);
+    weight = std::move(sorted_weight);
+  }
+  const int fair = static_cast<int>(std::ceil(static_cast<double>(ctx.capacity) / static_cast<double>(n)));
+  const double scale = static_cast<double>(ctx.nodes) / static_cast<double>(ctx.capacity);
   std::vector<policy::arbiter_job> in;
-  in.reserve(act.size());
-  for (std::size_t i = 0; i < act.size(); ++i) {
-    job_state* j = act[i];
-    const int most = explore_cap(*j);
+  in.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    job_view& v = *jobs[i];
+    const int most = explore_cap(v);
     policy::arbiter_job a;
     a.speedup.assign(static_cast<std::size_t>(most) + 1, 0.0);
-    if (!j->model->fitted()) {
+    const bool fitted = v.model && v.model->fitted();
+    if (ca) {
+      // Pollux's speedups (over the goodput at the fair share; its linear prior before a model),
+      // scaled by the job's completion weight (completion_config::factor).
+      const double w = config.completion.factor(weight[i]);
+      const int fair_k = std::clamp(fair, 1, v.max_devices);
+      double base = fitted ? predicted_best(v, 1, fair_k, config).goodput : 0.0;
+      if (fitted && !(base > 0.0)) base = curve_at(v, 1, config);
+      for (int k = 1; k <= most; ++k)
+        a.speedup[static_cast<std::size_t>(k)] = w * (!fitted      ? scale / fair * static_cast<double>(k)
+                                                      : base > 0.0 ? scale * curve_at(v, k, config) / base
+                                                                   : 0.0);
+    } else if (!fitted) {
       // Pollux's prior before any measurement: linear speedup.
-      for (int k = 1; k <= most; ++k)
-        a.speedup[static_cast<std::size_t>(k)] = (ca ? 1.0 : scale / fair) * static_cast<double>(k);
-    } else if (ca) {
-      std::vector<double> g(static_cast<std::size_t>(most) + 1, 0.0);
-      for (int k = 1; k <= most; ++k) g[static_cast<std::size_t>(k)] = curve_at(*j, k, state.config());
-      const int cut = policy::priced_size(g, state.config().cluster_price_floor);
-      const double w = policy::remaining_work_weight(work[i]) / top_rate;
-      for (int k = 1; k <= most; ++k)
-        a.speedup[static_cast<std::size_t>(k)] = w * g[static_cast<std::size_t>(std::min(k, cut))];
+      for (int k = 1; k <= most; ++k) a.speedup[static_cast<std::size_t>(k)] = scale / fair * static_cast<double>(k);
     } else {
-      const int fair_k = std::clamp(fair, 1, j->max_devices);
-      double base =
-          p == "pollux" ? predicted_best(*j, 1, fair_k, state.config()).goodput : curve_at(*j, fair_k, state.config());
-      if (!(base > 0.0)) base = curve_at(*j, 1, state.config());
+      const int fair_k = std::clamp(fair, 1, v.max_devices);
+      double base = p == "pollux" ? predicted_best(v, 1, fair_k, config).goodput : curve_at(v, fair_k, config);
+      if (!(base > 0.0)) base = curve_at(v, 1, config);
       for (int k = 1; k <= most; ++k)
-        a.speedup[static_cast<std::size_t>(k)] = base > 0.0 ? scale * curve_at(*j, k, state.config()) / base : 0.0;
+        a.speedup[static_cast<std::size_t>(k)] = base > 0.0 ? scale * curve_at(v, k, config) / base : 0.0;
     }
-    a.current = j->devices;
-    const double age = now - j->spec.submit_s;
-    const double cost = state.config().reallocation_cost_s;
-    const int restarts = std::max(0, j->restarts);
+    a.current = v.devices;
+    // Pollux's restart penalty: the value of any other allocation is scaled by the share of the
+    // job's life that was not spent restarting, counting this restart.
+    const double age = ctx.now - v.submit_s;
+    const double cost = config.reallocation_cost_s;
+    const int restarts = std::max(0, v.restarts);
     a.change_penalty = cost > 0.0 ? std::clamp(std::max(age - restarts * cost, 0.0) / (age + cost), 0.0, 1.0) : 1.0;
     in.push_back(std::move(a));
   }
-  policy::arbiter_config ac = state.config().arbiter;
-  if (ca) ac.p = state.config().remaining_work_power;
-  const policy::cluster_arbiter arbiter(ac);
-  // Counts under the placement rule, moving jobs when that pays (cluster.hpp, place_allocation).
-  place_allocation(state, act, in, arbiter, now);
+  policy::arbiter_config ac = config.arbiter;
+  if (ca) ac.p = config.completion.power;
+  return {std::move(in), ac};
+}
+
+/// One decision of a cluster policy: observe, let the policy value each job's device counts from
+/// views only, then place the counts (cluster.hpp, place_allocation: repaired until the placement
+/// rule can hold them, moving jobs when that pays).
+inline void schedule_cluster(cluster_state& state, double now) {
+  observe_jobs(state, now);
+  std::vector<job_state*> act = state.active(now);
+  if (act.empty()) return;
+  std::vector<job_view*> views;
+  std::map<const job_view*, job_state*> owner;
+  for (job_state* j : act) views.push_back(&j->view), owner[&j->view] = j;
+  auto states = [&](const std::vector<job_view*>& vs) {
+    std::vector<job_state*> out;
+    for (const job_view* v : vs) out.push_back(owner.at(v));
+    return out;
+  };
+  cluster_context ctx;
+  ctx.capacity = state.capacity();
+  ctx.nodes = state.config().nodes;
+  ctx.now = now;
+  ctx.config = &state.config();
+  std::vector<double> truth;
+  if (state.config().policy.rfind("oracle_", 0) == 0) {
+    for (job_state* j : act) truth.push_back(std::max(true_total_epochs(*j) - j->view.epochs_done, 1e-6));
+    ctx.oracle_remaining_epochs = &truth;
+  }
+  cluster_request req = cluster_allocation(views, ctx);
+  act = states(views);
+  const policy::cluster_arbiter arbiter(req.arbiter);
+  place_allocation(state, act, req.jobs, arbiter, now);
 }
 
 }  // namespace dra::sim::detail

@@ -15,6 +15,7 @@
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/policy/policies.hpp"
 #include "dra/policy/registry.hpp"
+#include "dra/signals/remaining_work.hpp"
 #include "dra/sim/config.hpp"
 #include "dra/sim/job_model.hpp"
 #include "dra/sim/placement.hpp"
@@ -73,6 +74,8 @@ class cluster_state {
 
   const sim_config& config() const noexcept { return config_; }
   int capacity() const noexcept { return capacity_; }
+  /// The remaining-work estimator the jobs report to (it learns from the jobs that finish).
+  signals::remaining_work_estimator& estimator() noexcept { return estimator_; }
   /// A cluster policy runs (arbiter, pollux, convergence_aware with cluster arbitration).
   bool cluster() const noexcept { return cluster_; }
   /// The policy's registry entry (how it is scheduled).
@@ -192,6 +195,7 @@ class cluster_state {
   int capacity_ = 0;
   node_pool nodes_;
   std::vector<job_state> jobs_;
+  signals::remaining_work_estimator estimator_{config_.remaining_work};
 };
 
 /// Applies a cluster policy's device counts under the placement rule (one distributed job per

@@ -12,6 +12,7 @@
 #include "dra/policy/policies.hpp"
 #include "dra/policy/registry.hpp"
 #include "dra/signals/convergence_estimator.hpp"
+#include "dra/signals/remaining_work.hpp"
 
 namespace dra::sim {
 
@@ -52,18 +53,14 @@ struct sim_config : policy::policy_sections {
   /// curves cut at the price floor). false: each job's own constrained policy decides against the
   /// devices it may use (what a lone job does; the study's runs are alone).
   bool cluster_arbitration = true;
-  /// A job's remaining work for ranking: its declared epoch budget (the training script's epochs)
-  /// minus its progress. false: predicted from the loss curve only (Optimus-style fit of the
-  /// per-epoch loss proxy), capped by nothing.
-  bool remaining_work_from_budget = true;
-  /// convergence_aware on a shared cluster: power-mean exponent over the jobs' completion rates
-  /// goodput(k) / remaining work. 1 maximises their sum (shortest remaining work first, which starves
-  /// long jobs that scale well); towards 0 the remaining work stops mattering (proportional
-  /// fairness); 0.5, chosen on workloads 1-4 at load 1.0 among {1, 0.5, 0.2, -1}, sits between.
-  double remaining_work_power = 0.5;
-  /// convergence_aware on a shared cluster: price floor per device. 0: a device the arbiter leaves
-  /// idle costs nothing, so the contention price is what the arbiter's marginal values imply.
-  double cluster_price_floor = 0.0;
+  /// convergence_aware on a shared cluster: how remaining work tilts the arbiter
+  /// (policy::completion_config: heSRPT weights, exponent 2; tilt 1; weighted sum, p = 1).
+  policy::completion_config completion{2.0, 1.0, 1.0};
+  /// convergence_aware: the remaining-work statistic jobs are ranked by: "gittins" (the estimate's
+  /// Gittins size, which uses its spread), "median" or "mean".
+  std::string completion_rank = "gittins";
+  /// The remaining-work estimator every job reports to (signals/remaining_work.hpp).
+  signals::remaining_work_config remaining_work{};
 
   // Cluster arbiter (dra's policy over goodput curves) and Pollux.
   policy::arbiter_config arbiter{};
@@ -103,6 +100,11 @@ struct sim_config : policy::policy_sections {
     if (!(max_time_s > 0.0)) dra::detail::throw_invalid("max_time_s", "must be > 0");
     if (!(horizon_s > 0.0)) dra::detail::throw_invalid("horizon_s", "must be > 0");
     if (batch_candidates < 1) dra::detail::throw_invalid("batch_candidates", "must be >= 1");
+    if (completion_rank != "gittins" && completion_rank != "median" && completion_rank != "mean")
+      dra::detail::throw_invalid("completion_rank",
+                                 "must be 'gittins', 'median' or 'mean', got '" + completion_rank + "'");
+    completion.validate();
+    remaining_work.validate();
     convergence.validate();
     goodput.validate();
     convergence_aware.validate();

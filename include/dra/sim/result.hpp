@@ -1,5 +1,6 @@
 #pragma once
 // What a simulation reports: per job, the cluster timeline, and the run's totals.
+#include <array>
 #include <limits>
 #include <string>
 #include <vector>
@@ -24,7 +25,12 @@ struct job_result {
   bool reached_target = false;
   int reallocations = 0;  ///< allocation changes after the first start
   int max_devices = 0;
-  double device_time_weighted_devices = 0.0;  ///< mean devices while allocated
+  double device_time_weighted_devices = 0.0;                          ///< mean devices while allocated
+  double declared_epochs = std::numeric_limits<double>::quiet_NaN();  ///< what it declared (NaN: nothing)
+  bool stopped_early = false;                                         ///< its early-stopping rule ended it
+  /// Its remaining-work estimates at 10, 50 and 90 % of its life: (life fraction, epochs done, true
+  /// remaining epochs, estimated median, estimated tail).
+  std::vector<std::array<double, 5>> estimate_checks;
 };
 
 struct timeline_point {

@@ -10,6 +10,7 @@
 #include "dra/policy/constraints.hpp"
 #include "dra/sim/cluster.hpp"
 #include "dra/sim/job_model.hpp"
+#include "dra/sim/observation.hpp"
 
 namespace dra::sim::detail {
 
@@ -70,12 +71,14 @@ inline void schedule_per_job(cluster_state& state, double now) {
   int waiting_demand = 0;
   for (job_state* j : act)
     if (j->devices == 0) waiting_demand += std::min(j->spec.replicas, j->max_devices);
+  observe_jobs(state, now);
+  const bool oracle = state.config().policy.rfind("oracle_", 0) == 0;
   for (job_state* j : act) {
     if (j->devices == 0 || j->rescale_left > 0.0) continue;
     signals::convergence_signals sig = j->est->signals();
     const double batch = j->last_batch > 0.0 ? j->last_batch : j->fixed_batch;
-    const auto [sqr, var] = stats(*j, batch, j->epoch);
-    // Gradient noise scale in samples from the trace: tr(Sigma)/|G|^2 at the initial batch M0.
+    // The job's own estimate of its gradient statistics (its view), not the trace's truth.
+    const double sqr = j->view.grad.sqr, var = j->view.grad.var;
     sig.grad_sqr = sqr;
     sig.grad_var = var;
     sig.gns_valid = sqr > 0.0 && var >= 0.0;
@@ -88,7 +91,10 @@ inline void schedule_per_job(cluster_state& state, double now) {
     world.base_batch = j->app->init_batch();
     const double step_s = j->predictor->step_time_s(j->devices, batch / j->devices);
     const double gain = detail::adascale_gain_from_stats(sqr, var, batch / j->app->init_batch());
-    const double remaining_progress = j->app->progress_at(j->app->max_epochs()) - j->progress;
+    // Steps left from the remaining-work estimate (its median; oracle_: the truth).
+    const double epochs_left =
+        oracle ? std::max(true_total_epochs(*j) - j->view.epochs_done, 0.0) : j->view.remaining.median;
+    const double remaining_progress = epochs_left * j->view.work_per_epoch;
     world.remaining_steps = static_cast<std::int64_t>(std::max(0.0, remaining_progress / std::max(gain, 1e-12)));
     // The pool lends spare devices (none while jobs wait) up to the job's fair share of the
     // cluster, so one job's policy cannot starve the jobs arriving after it.

@@ -98,6 +98,9 @@ class simulator {
       r.reallocations = std::max(0, j.restarts);
       r.max_devices = j.max_held;
       r.device_time_weighted_devices = j.held_s > 0.0 ? j.gpu_s / j.held_s : 0.0;
+      r.declared_epochs = j.spec.declared_epochs;
+      r.stopped_early = j.stopped_early;
+      r.estimate_checks = j.estimate_checks;
       if (j.done)
         out.makespan_s = std::max(out.makespan_s, j.completion_s);
       else

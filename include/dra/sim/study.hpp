@@ -1,31 +1,14 @@
 #pragma once
 // The generated static-vs-dynamic study (the DRA framework's 1,500-run evaluation, whose logs are
-// not public). Each run is one training job drawn from the measured profiles, simulated under its
-// requested static allocation, under the best static configuration in hindsight, and under each
-// dynamic policy. Seeded and reproducible: run i depends only on (seed, i), through a portable
-// generator (splitmix64 + Box-Muller), never on the standard library's distributions, whose output
-// differs between implementations.
-//
-// Honest by default (docs/guide/simulator.md justifies each choice):
-//  - request: a row (application, num_replicas, batch_size) drawn uniformly from the workload
-//    CSVs, as is: the Pollux workloads' requests are tuned (each a configuration at 50-80 % parallel
-//    efficiency). `perturb` multiplies batch and devices by 2^{-1,0,1} (labelled, not the default);
-//  - budget: a dynamic policy may hold at most `quota_scale` (default 1) x the request; the static
-//    baselines in hindsight search sizes within the same budget;
-//  - target: a fixed metric per application, the final best metric the worst validated batch size
-//    reaches (every configuration can reach it), the same for every policy; a run stops at the first
-//    epoch that reaches it, or at its last epoch;
-//  - throughput noise: step and sync time times exp(sigma_t z), sigma_t the application's median
-//    spread of log step time between placements with the same nodes, replicas and batch;
-//  - efficiency noise: tr(Sigma) times exp(sigma_g z), sigma_g the median spread of
-//    log(grad_var/grad_sqr) across the batch-size runs at the same epoch;
-//  - alone or shared: each run alone on the cluster, or (`shared_cluster`) groups of
-//    `jobs_per_cluster` runs submitted to one cluster at the arrival times of the workload rows,
-//    so that releasing devices can pay off.
+// not public): each run, drawn from the measured profiles, simulated under its request, the best
+// static configurations in hindsight and each dynamic policy. Seeded: run i depends only on
+// (seed, i). Every condition (request, budget, target, noise, declarations, what the policies
+// measure) is justified in docs/guide/simulator.md.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,33 +16,6 @@
 #include "dra/sim/simulator.hpp"
 
 namespace dra::sim {
-
-namespace detail {
-/// splitmix64: a tiny, portable, well-mixed 64-bit generator.
-class portable_rng {
- public:
-  explicit portable_rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
-  /// Uniform in [0, 1).
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  /// Uniform integer in [0, n).
-  std::uint64_t below(std::uint64_t n) { return n ? next() % n : 0; }
-  /// Standard normal (Box-Muller; the second value is discarded for simplicity).
-  double normal() {
-    const double u1 = 1.0 - uniform();  // (0, 1]
-    const double u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-  }
-
- private:
-  std::uint64_t state_;
-};
-}  // namespace detail
 
 struct study_config {
   int runs = 1500;
@@ -80,17 +36,34 @@ struct study_config {
   /// Runs contend for one cluster in groups of jobs_per_cluster (arrival times of the workload rows).
   bool shared_cluster = false;
   int jobs_per_cluster = 160;
-  /// Static baselines in hindsight (alone only): best fixed size at the user's batch, and best
-  /// fixed size and batch (validated batches and the user's), within the quota.
+  /// Static baselines in hindsight: best fixed size at the user's batch, and best fixed size and
+  /// batch (validated batches and the user's), within the quota, each chosen alone; on a shared
+  /// cluster static_best_hindsight runs every job at its alone choice.
   bool hindsight = true;
   /// Settings of the convergence-aware policy (per job alone, and its cluster form when shared).
   policy::convergence_aware_config convergence_aware{};
+  /// What each run declares (its epoch budget, with this log-normal error; none_share declare
+  /// nothing). Early stopping is not used: a run stops at its target.
+  double declared_sigma = 0.0;
+  double declared_none_share = 0.0;
+  /// Log-normal spread of a run's own gradient-noise-scale estimate, drawn per epoch: the policies
+  /// see what a live job measures, never the trace's exact statistics.
+  double gns_estimate_sigma = 0.2;
+  /// Judge the target by the work done at each batch (true), or by the metric of the epoch-weighted
+  /// geometric-mean batch (false: the earlier rule). `compare_target_rules` also runs every dynamic
+  /// policy under the other rule, reported as "<policy>@geometric_batch".
+  bool target_by_work = true;
+  bool compare_target_rules = true;
 
   void validate() const {
     if (runs < 1) dra::detail::throw_invalid("runs", "must be >= 1, got " + std::to_string(runs));
     if (!(quota_scale > 0.0))
       dra::detail::throw_invalid("quota_scale", "must be > 0, got " + std::to_string(quota_scale));
     if (jobs_per_cluster < 1) dra::detail::throw_invalid("jobs_per_cluster", "must be >= 1");
+    if (!(declared_sigma >= 0.0)) dra::detail::throw_invalid("declared_sigma", "must be >= 0");
+    if (!(declared_none_share >= 0.0 && declared_none_share <= 1.0))
+      dra::detail::throw_invalid("declared_none_share", "must lie in [0, 1]");
+    if (!(gns_estimate_sigma >= 0.0)) dra::detail::throw_invalid("gns_estimate_sigma", "must be >= 0");
     for (const auto& p : policies)
       if (std::find(policy_names().begin(), policy_names().end(), p) == policy_names().end())
         dra::detail::throw_invalid("policies", "unknown policy '" + p + "'");
@@ -151,6 +124,13 @@ inline job_spec generate_run(const profile_library& profiles, const std::vector<
     j.gns_scale = std::exp(app.gns_noise() * zg);
   }
   j.target_metric = fixed_target(app);
+  j.target_by_work = config.target_by_work;
+  j.gns_estimate_sigma = config.gns_estimate_sigma;
+  // Its declaration: the epoch budget (as its script states it), with the configured error.
+  const double zd = rng.normal(), ud = rng.uniform();
+  j.declared_epochs = ud < config.declared_none_share
+                          ? std::numeric_limits<double>::quiet_NaN()
+                          : std::max(1.0, std::round(app.max_epochs() * std::exp(config.declared_sigma * zd)));
   return j;
 }
 
@@ -233,6 +213,12 @@ inline std::vector<study_run> run_study(const profile_library& profiles, const s
       for (const auto& p : config.policies) {
         simulator d(profiles, {run.spec}, detail::study_sim_config(config, p, true));
         run.results[p] = d.run().jobs.at(0);
+        if (config.compare_target_rules) {
+          job_spec other = run.spec;
+          other.target_by_work = !other.target_by_work;
+          simulator o(profiles, {other}, detail::study_sim_config(config, p, true));
+          run.results[p + (other.target_by_work ? "@work" : "@geometric_batch")] = o.run().jobs.at(0);
+        }
       }
       if (progress) progress(run.index + 1, config.runs);
     }
@@ -244,6 +230,15 @@ inline std::vector<study_run> run_study(const profile_library& profiles, const s
   std::vector<std::string> policies{"static"};
   for (const auto& p : config.policies)
     if (p != "static") policies.push_back(p);
+  // Best static configuration in hindsight, chosen alone per run, then run together.
+  if (config.hindsight)
+    for (auto& run : out) {
+      double b = 0.0;
+      int d = 0;
+      detail::best_static(profiles, run.spec, config, false, d, b);
+      run.best_size_devices = d;
+      detail::best_static(profiles, run.spec, config, true, run.hindsight_devices, run.hindsight_batch);
+    }
   for (int g = 0; g < groups; ++g) {
     const int first = g * config.jobs_per_cluster;
     const int last = std::min(config.runs, first + config.jobs_per_cluster);
@@ -255,13 +250,24 @@ inline std::vector<study_run> run_study(const profile_library& profiles, const s
       out[static_cast<std::size_t>(i)].cluster = g;
       specs.push_back(std::move(s));
     }
-    for (const auto& p : policies) {
-      simulator sim(profiles, specs, detail::study_sim_config(config, p, false));
+    auto run_all = [&](const std::string& p, const std::vector<job_spec>& js, const std::string& as) {
+      simulator sim(profiles, js, detail::study_sim_config(config, p, false));
       const sim_result r = sim.run();
       for (const auto& j : r.jobs) {
         const int i = std::stoi(j.name.substr(4));  // "run-<i>"
-        out[static_cast<std::size_t>(i)].results[p == "static" ? "static_request" : p] = j;
+        out[static_cast<std::size_t>(i)].results[as] = j;
       }
+    };
+    for (const auto& p : policies) run_all(p, specs, p == "static" ? "static_request" : p);
+    if (config.hindsight) {
+      std::vector<job_spec> best = specs, size = specs;
+      for (std::size_t k = 0; k < specs.size(); ++k) {
+        const auto& run = out[static_cast<std::size_t>(first) + k];
+        best[k].replicas = run.hindsight_devices, best[k].batch = run.hindsight_batch;
+        size[k].replicas = run.best_size_devices;
+      }
+      run_all("static", size, "static_best_size");
+      run_all("static", best, "static_best_hindsight");
     }
     if (progress) progress(g + 1, groups);
   }

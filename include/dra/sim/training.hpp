@@ -28,20 +28,6 @@ inline void account(job_state& j, double dt, double compute_fraction, bool stepp
   j.held_s += dt;
 }
 
-inline bool target_reached(const job_state& j) {
-  if (std::isnan(j.spec.target_metric) || j.epoch == 0) return false;
-  return j.app->metric_increases() ? j.best_metric >= j.spec.target_metric : j.best_metric <= j.spec.target_metric;
-}
-
-inline double loss_proxy(const job_state& j, double batch, int epoch) {
-  // The traces hold a validation metric per epoch, not a loss. A loss-like quantity that falls as
-  // the model learns: the error (1 - accuracy, on the metric's own scale) or the metric itself.
-  const double m = j.app->metric(batch, epoch);
-  if (!j.app->metric_increases()) return m;
-  const double top = m <= 1.0 ? 1.0 : 100.0;
-  return std::max(top - m, 1e-6);
-}
-
 /// Advances one job from `now` by `seconds`. While it trains, the job measures its step time at
 /// its configuration (the reference's update_params): a new configuration refits its model.
 inline void advance(job_state& j, double now, double seconds, const sim_config& config) {
@@ -79,18 +65,7 @@ inline void advance(job_state& j, double now, double seconds, const sim_config& 
     j.progress = next;
     t += dt;
     seconds -= dt;
-    ++j.epoch;
-    // The traces give the metric of runs at one batch size. A run whose batch changed gets the
-    // metric of the epoch-weighted geometric mean of its batches (not of its latest batch, which
-    // would forget the epochs trained at the others).
-    j.log_batch_sum += std::log(batch);
-    const double metric_batch = std::exp(j.log_batch_sum / j.epoch);
-    j.best_metric = j.app->best_metric(metric_batch, j.epoch);
-    const double loss = loss_proxy(j, metric_batch, j.epoch - 1);
-    j.est->update_loss(j.epoch, loss);
-    j.loss_history.emplace_back(static_cast<double>(j.epoch), loss);
-    j.reached_target = target_reached(j);
-    if (j.epoch >= j.app->max_epochs() || j.reached_target) {
+    if (end_epoch(j, batch, next - j.app->progress_at(j.epoch))) {
       j.done = true;
       j.completion_s = t;
       break;

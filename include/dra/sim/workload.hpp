@@ -1,11 +1,15 @@
 #pragma once
-// Job specifications: read from a workload CSV (name,time,application,num_replicas,batch_size),
-// or generated (study.hpp).
+// Job specifications: read from a workload CSV (name,time,application,num_replicas,batch_size and,
+// when present, declared_epochs), or generated (study.hpp). A spec holds the truth (how the job
+// really trains) beside what the user declares; policies see only the declaration (job_view).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "dra/error.hpp"
 #include "dra/sim/csv.hpp"
 #include "dra/sim/profile.hpp"
 
@@ -21,7 +25,98 @@ struct job_spec {
   double throughput_scale = 1.0;  ///< multiplies step and sync time
   double gns_scale = 1.0;         ///< multiplies tr(Sigma), i.e. the gradient noise scale
   double target_metric = std::numeric_limits<double>::quiet_NaN();  ///< stop once the best metric reaches it
+  /// The epochs the user declares to the scheduler (possibly wrong); NaN: declares nothing.
+  double declared_epochs = std::numeric_limits<double>::quiet_NaN();
+  bool declared_from_file = false;  ///< the workload file had a declared_epochs column for it
+  /// Truth: stop early once the validation metric has not improved by `stop_min_delta` (relative)
+  /// for this many epochs (0: train the whole budget).
+  int stop_patience = 0;
+  double stop_min_delta = 1e-3;
+  /// Truth: log-normal spread of the job's own gradient-noise-scale estimate, per epoch (0: exact).
+  double gns_estimate_sigma = 0.0;
+  /// With a target: judge it by the work done at each batch (true) or by the metric of the
+  /// epoch-weighted geometric-mean batch (false, the earlier rule).
+  bool target_by_work = true;
 };
+
+namespace detail {
+/// splitmix64: a tiny, portable, well-mixed 64-bit generator (the standard library's
+/// distributions differ between implementations; this does not).
+class portable_rng {
+ public:
+  explicit portable_rng(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [0, 1).
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  /// Uniform integer in [0, n).
+  std::uint64_t below(std::uint64_t n) { return n ? next() % n : 0; }
+  /// Standard normal (Box-Muller; the second value is discarded for simplicity).
+  double normal() {
+    const double u1 = 1.0 - uniform();  // (0, 1]
+    const double u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  }
+
+ private:
+  std::uint64_t state_;
+};
+}  // namespace detail
+
+/// How the jobs of a workload declare their budgets (issue 21's realistic declarations).
+struct declaration_config {
+  /// Log-normal error of a declared budget: declared = budget x exp(sigma z), rounded to whole
+  /// epochs (0: the budget exactly, as a training script that states its epochs).
+  double sigma = 0.0;
+  /// Share of jobs that declare nothing.
+  double none_share = 0.0;
+  /// Share of jobs that stop early on a plateau (their declaration is still their full budget).
+  double early_stop_share = 0.0;
+  /// Early stopping: patience drawn from these (epochs), minimum relative improvement.
+  std::vector<int> patience{5, 10, 20};
+  double min_delta = 1e-3;
+  std::uint64_t seed = 1;
+  /// Keep a declaration read from the workload file (its declared_epochs column) as is.
+  bool keep_file_declarations = true;
+
+  void validate() const {
+    if (!(sigma >= 0.0) || !std::isfinite(sigma))
+      dra::detail::throw_invalid("sigma", "must be a finite number >= 0, got " + std::to_string(sigma));
+    if (!(none_share >= 0.0 && none_share <= 1.0))
+      dra::detail::throw_invalid("none_share", "must lie in [0, 1], got " + std::to_string(none_share));
+    if (!(early_stop_share >= 0.0 && early_stop_share <= 1.0))
+      dra::detail::throw_invalid("early_stop_share", "must lie in [0, 1], got " + std::to_string(early_stop_share));
+    if (patience.empty()) dra::detail::throw_invalid("patience", "needs at least one value");
+    for (int p : patience)
+      if (p < 1) dra::detail::throw_invalid("patience", "every value must be >= 1 epoch, got " + std::to_string(p));
+    if (!(min_delta >= 0.0)) dra::detail::throw_invalid("min_delta", "must be >= 0");
+  }
+};
+
+/// Gives every job a declaration derived from its true budget (the application's epochs), with
+/// log-normal error, a share that declares nothing and a share that stops early. Job i's draws
+/// depend only on (seed, i), so a job declares the same whatever the other jobs do.
+inline void declare_budgets(std::vector<job_spec>& jobs, const profile_library& profiles,
+                            const declaration_config& config) {
+  config.validate();
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    job_spec& j = jobs[i];
+    detail::portable_rng rng(config.seed * 0x2545F4914F6CDD1DULL +
+                             static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL + 7);
+    rng.next();
+    const double u_none = rng.uniform(), u_stop = rng.uniform(), z = rng.normal();
+    const auto patience = config.patience[rng.below(config.patience.size())];
+    if (u_stop < config.early_stop_share) j.stop_patience = patience, j.stop_min_delta = config.min_delta;
+    if (config.keep_file_declarations && j.declared_from_file) continue;
+    const double budget = profiles.at(j.application).max_epochs();
+    j.declared_epochs = u_none < config.none_share ? std::numeric_limits<double>::quiet_NaN()
+                                                   : std::max(1.0, std::round(budget * std::exp(config.sigma * z)));
+  }
+}
 
 /// Reads a workload CSV; every malformed cell is reported with file, line and column. When a
 /// profile library is given, applications and batch sizes are checked against it too.
@@ -29,6 +124,10 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
   const csv_table t = csv_table::read(path);
   const auto c_name = t.column("name"), c_time = t.column("time"), c_app = t.column("application"),
              c_rep = t.column("num_replicas"), c_bsz = t.column("batch_size");
+  // Optional: what each job declares (an empty cell declares nothing).
+  const auto& header = t.header();
+  const bool has_declared = std::find(header.begin(), header.end(), "declared_epochs") != header.end();
+  const std::size_t c_decl = has_declared ? t.column("declared_epochs") : 0;
   std::vector<job_spec> jobs;
   for (std::size_t r = 0; r < t.rows(); ++r) {
     job_spec j;
@@ -54,6 +153,12 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
                "batch_size " + t.text(r, c_bsz) + " is outside the validated range [" +
                    std::to_string(static_cast<long long>(app.init_batch())) + ", " +
                    std::to_string(static_cast<long long>(app.max_batch())) + "] of '" + j.application + "'");
+    }
+    j.declared_from_file = has_declared;
+    if (has_declared && !t.text(r, c_decl).empty()) {
+      j.declared_epochs = t.number(r, c_decl);
+      if (!(j.declared_epochs > 0.0))
+        t.fail(r, c_decl, "declared_epochs must be > 0 (leave the cell empty to declare nothing)");
     }
     jobs.push_back(std::move(j));
   }

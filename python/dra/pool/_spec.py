@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dra import _core
 from dra._core import pool as _p
 
 REQUEST_FIELDS = ("kind", "device_type", "memory_gb", "fraction", "min_size", "max_size", "priority", "elastic", "gang")
@@ -15,13 +16,19 @@ AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down
 def request_from_spec(spec: dict[str, Any]) -> Any:
     unknown = set(spec) - set(REQUEST_FIELDS) - {"name", "command", "env", "cwd", "autoscale", "resize_cost_s",
                                                   "zygote", "preload", "shrink_grace_s", "log", "resize_cooldown_s", "ray",
-                                                  "options"}
+                                                  "options", "declared_steps", "job_class"}
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]}: unknown job field; valid: name, command, env, cwd, "
-                         f"{', '.join(REQUEST_FIELDS)}, autoscale, options, resize_cost_s, resize_cooldown_s, zygote, "
+                         f"{', '.join(REQUEST_FIELDS)}, autoscale, options, resize_cost_s, resize_cooldown_s, declared_steps, "
+                         "job_class, zygote, "
                          "preload, shrink_grace_s, log, ray")
     if not isinstance(spec.get("name"), str):
         raise ValueError("name: a job needs a name (a string)")
+    declared = spec.get("declared_steps")
+    if declared is not None and (isinstance(declared, bool) or not isinstance(declared, int) or declared < 1):
+        raise ValueError(f"declared_steps: the job's budget in optimizer steps, an integer >= 1 (or leave it out), got {declared!r}")
+    if "job_class" in spec and not (isinstance(spec["job_class"], str) and spec["job_class"]):
+        raise ValueError(f"job_class: a non-empty string naming the kind of job (jobs of a class share history), got {spec['job_class']!r}")
     r = _p.Request()
     r.job = spec["name"]
     for k in REQUEST_FIELDS:
@@ -77,6 +84,20 @@ def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.
         for k in range(desired + 1, max_size + 1):
             curve[k] = curve[desired]
     return curve, source
+
+
+def remaining_size_s(estimate: Any, report: dict[str, Any] | None, speedup: list[float], current: int) -> float:
+    """Remaining work in seconds on one worker: the estimate's Gittins size (steps) times the seconds
+    one worker needs per step (global batch / samples per second at the current size, scaled by the
+    speedup there). -1 when the job has not reported a rate yet."""
+    report = report or {}
+    rate = float(report.get("samples_per_s") or 0.0)
+    batch = float(report.get("global_batch") or 0.0)
+    k = max(1, current)
+    if rate <= 0 or batch <= 0 or k >= len(speedup) or speedup[k] <= 0:
+        return -1.0
+    one_worker_s_per_step = batch / (rate / speedup[k])
+    return float(_core.gittins_size(estimate, float(report.get("step", 0)))) * one_worker_s_per_step
 
 
 def speedup_curve(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.1) -> list[float]:

@@ -28,7 +28,8 @@ def _serve(args: argparse.Namespace) -> int:
     from dra.pool.service import make_service
 
     service = make_service(args.inventory, args.state, mode=args.mode, name=args.name, memory_gb=args.slot_memory_gb,
-                           heartbeat_timeout_s=args.heartbeat_timeout_s, scale_every_s=args.scale_every_s)
+                           heartbeat_timeout_s=args.heartbeat_timeout_s, scale_every_s=args.scale_every_s,
+                           completion_aware=args.completion_aware)
     server = PoolServer(service, args.host, args.port).start()
     devs = ", ".join(f"{d.id} ({d.type}, {d.enforcement})" for d in service.inventory.devices)
     print(f"[dra pool] {args.mode} pool '{args.name}' serving {server.url}: {devs}", flush=True)
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--slot-memory-gb", type=float, default=2.0)
     s.add_argument("--heartbeat-timeout-s", type=float, default=3.0)
     s.add_argument("--scale-every-s", type=float, default=2.0)
+    s.add_argument("--completion-aware", action="store_true",
+                   help="tilt the arbiter by each training job's remaining work (its declared_steps, steps and loss; "
+                        "the simulator's convergence_aware policy)")
     sb = pool.add_parser("submit", help="submit a job (its command after '--')")
     sb.add_argument("--pool", default=url)
     sb.add_argument("--spec", help="a JSON job spec; flags override its fields")

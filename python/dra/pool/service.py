@@ -27,7 +27,14 @@ from dra import _core
 from dra._core import pool as _p
 from dra.pool import _cgroup, _inventory
 from dra.pool._metrics import prometheus
-from dra.pool._spec import AUTOSCALE_FIELDS, REQUEST_FIELDS, fit_speedup, request_from_spec, speedup_curve
+from dra.pool._spec import (
+    AUTOSCALE_FIELDS,
+    REQUEST_FIELDS,
+    fit_speedup,
+    remaining_size_s,
+    request_from_spec,
+    speedup_curve,
+)
 from dra.pool._state import StateDB
 
 __all__ = ["PoolService", "make_service", "request_from_spec", "speedup_curve"]
@@ -39,7 +46,8 @@ class PoolService:
     def __init__(self, devices: list[Any], state_dir: str | Path, *, mode: str = "dynamic",
                  slots: _cgroup.Slots | None = None, tick_s: float = 0.05, scale_every_s: float = 2.0,
                  heartbeat_timeout_s: float = 3.0, start_grace_s: float = 60.0, aging_s: float = 120.0, name: str = "pool",
-                 launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None,
+                 completion_aware: bool = False) -> None:
         if mode not in ("dynamic", "static"):
             raise ValueError(f"mode: must be 'dynamic' or 'static', got '{mode}'")
         if heartbeat_timeout_s <= 0:
@@ -60,6 +68,12 @@ class PoolService:
                                                           preemption=mode == "dynamic",
                                                           admit_to_request=mode == "dynamic"))
         self.arbiter = _p.ClusterArbiter()
+        # Remaining work (the simulator's estimator and, with completion_aware, convergence_aware's
+        # tilt of the arbiter): each training job's declared budget, steps and loss curve from its
+        # reports, and the jobs of its class that finished here.
+        self.remaining = _core.RemainingWorkEstimator()
+        self.completion = _p.CompletionConfig() if completion_aware else None
+        self._curves: dict[str, list[tuple[float, float]]] = {}
         self.book = _p.LeaseBook()
         self.db = StateDB(self.state_dir / "pool.sqlite")
         self.events_path = self.state_dir / "events.jsonl"
@@ -261,6 +275,7 @@ class PoolService:
                     self._release(lid, "worker exited", removed)
             if report:
                 self.reports[name] = {**self.reports.get(name, {}), **report}
+                self._observe_curve(name, report)
             if job["state"] == "waiting" and self.book.count(name) > 0:
                 job["state"] = "running"
                 job["started_at"] = now
@@ -273,6 +288,11 @@ class PoolService:
                     self._release(l.id, "job ended", removed)
                 self._event({"event": "finish", "job": name, "state": job["state"],
                              "jct_s": now - job["submitted_at"]})
+                steps = float((self.reports.get(name) or {}).get("step") or 0)
+                if job["state"] == "finished" and steps > 0 and job["spec"]["kind"] == "training":
+                    spec = job["spec"]
+                    self.remaining.record_completion(self._job_class(name), steps, float(spec.get("declared_steps") or 0),
+                                                     self._curves.get(name, []))
             self._save_job(name)
             self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
             leases = [{"id": l.id, "device": l.device, "share": l.share, "state": l.state, "env": self.lease_env(l)}
@@ -283,6 +303,20 @@ class PoolService:
         if removed or released:
             self._wake.set()
         return answer
+
+    def _job_class(self, name: str) -> str:
+        return str(self.jobs[name]["spec"].get("job_class") or name)
+
+    def _observe_curve(self, name: str, report: dict[str, Any]) -> None:
+        """The job's smoothed loss by step, as its reports give it (thinned to 256 points)."""
+        step, loss = report.get("step"), report.get("loss")
+        if not isinstance(step, (int, float)) or not isinstance(loss, (int, float)) or not math.isfinite(loss) or loss <= 0:
+            return
+        curve = self._curves.setdefault(name, [])
+        if not curve or curve[-1][0] < step:
+            curve.append((float(step), float(loss)))
+            if len(curve) > 256:
+                del curve[::2]
 
     def _set_state(self, lid: int, state: str) -> None:
         l = self.book.release(lid)
@@ -453,6 +487,9 @@ class PoolService:
             else:
                 sj.speedup, source = fit_speedup(report, spec["max_size"])
                 curves[name] = source
+                estimate = self.remaining.estimate(self._job_class(name), float((report or {}).get("step") or 0),
+                                                   float(spec.get("declared_steps") or 0), self._curves.get(name, []))
+                sj.remaining_size_s = remaining_size_s(estimate, report, sj.speedup, sj.current)
                 # Cooldown: a training job resized in the last resize_cooldown_s is not grown again
                 # (its curve is flat above its size); it can still give devices back.
                 if name in running and now - self._resized_at.get(name, -1e9) < float(spec.get("resize_cooldown_s", 10.0)):
@@ -462,7 +499,7 @@ class PoolService:
         capacity = len(self.inventory)
         # The arbiter divides identical devices: the whole inventory is its capacity (a pool of
         # several device types is scaled as one; placement still honours each request's type).
-        targets = _p.plan_sizes(jobs, capacity, self.arbiter)
+        targets = _p.plan_sizes(jobs, capacity, self.arbiter, self.completion)
         plan = self.scheduler.resize(self.inventory, self._entries(("running",)), targets, self.book, now)
         for name in running:
             cur = self.book.count(name, False)

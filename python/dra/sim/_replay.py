@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -31,6 +32,38 @@ def _metric_attainment(profiles: Any, job: dict[str, Any]) -> float | None:
     if info["metric_increases"]:
         return final / ref if ref else None
     return ref / final if final else None
+
+
+def estimator_calibration(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """How good the remaining-work estimates were (simulated): at 10, 50 and 90 % of each job's life
+    (its epochs), the median and p90 of |estimated median - true| / true remaining epochs, the share
+    of jobs whose true remaining work was at most the estimate's tail (p90), and the same error for
+    the declaration alone (declared - done, jobs that declared), over all jobs and per application."""
+    import numpy as np
+
+    def summary(rows: list[tuple[float, float, float, float]]) -> dict[str, Any]:
+        err = np.array([abs(m - t) / t for t, m, _, _ in rows], dtype=float)
+        naive = np.array([abs(max(d, 0.0) - t) / t for t, _, _, d in rows if math.isfinite(d)], dtype=float)
+        return {
+            "jobs": len(rows),
+            "median_rel_error": float(np.median(err)) if len(err) else None,
+            "p90_rel_error": float(np.percentile(err, 90)) if len(err) else None,
+            "tail_coverage": float(np.mean([t <= tail for t, _, tail, _ in rows])) if rows else None,
+            "declared_only_median_rel_error": float(np.median(naive)) if len(naive) else None,
+        }
+
+    out: dict[str, Any] = {}
+    for f in (0.1, 0.5, 0.9):
+        by_app: dict[str, list[tuple[float, float, float, float]]] = {}
+        for j in jobs:
+            declared = j.get("declared_epochs")
+            for ff, done, t, m, tail in j.get("estimate_checks", ()):
+                if ff == f and t > 0:
+                    left = (declared - done) if declared is not None else float("nan")
+                    by_app.setdefault(j["application"], []).append((t, m, tail, left))
+        rows = [r for rs in by_app.values() for r in rs]
+        out[f"{f:g}"] = dict(summary(rows), by_application={a: summary(r) for a, r in sorted(by_app.items())})
+    return out
 
 
 def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
@@ -70,6 +103,7 @@ def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
         "completed": len(done),
         "jobs": len(jobs),
         "reallocations": sum(j["reallocations"] for j in jobs),
+        "stopped_early": sum(bool(j.get("stopped_early")) for j in jobs),
         "reallocation_cost_s": result["reallocation_cost_s"],
         "wall_s": result["wall_s"],
     }
@@ -101,6 +135,7 @@ def _paired_changes(
 
     return {
         "jct_change": ci(lambda i: float(np.mean(jct_a[i]) / np.mean(jct_b[i]) - 1.0), 1),
+        "p99_jct_change": ci(lambda i: float(np.percentile(jct_a[i], 99) / np.percentile(jct_b[i], 99) - 1.0), 5),
         "training_time_change": ci(lambda i: float(np.mean(tt_a[i]) / np.mean(tt_b[i]) - 1.0), 2),
         "gpu_hours_change": ci(lambda i: float(np.sum(gpu_a[i]) / np.sum(gpu_b[i]) - 1.0), 3),
         "utilization_change": ci(
@@ -136,8 +171,10 @@ def replay(
     interval_s: float = 60.0,
     nodes: int = 16,
     devices_per_node: int = 4,
-    remaining_work_from_budget: bool = True,
-    price_floor: float | None = None,
+    declared_sigma: float = 0.0,
+    declared_none_share: float = 0.0,
+    early_stop_share: float = 0.0,
+    declaration_seed: int = 1,
     quiet: bool = True,
     resamples: int = 1000,
     jobs_detail: bool = True,
@@ -147,7 +184,11 @@ def replay(
 ) -> dict[str, Any]:
     """Replays one workload under each policy. Every dynamic policy runs under the same rules as
     Pollux (online-fitted throughput model from a linear-speedup prior, exploration limit, one
-    distributed job per node, batch cap, the reallocation cost on every change). Returns the
+    distributed job per node, batch cap, the reallocation cost on every change). Jobs declare their
+    epoch budget with log-normal error ``declared_sigma`` (a ``declared_epochs`` column of the CSV is
+    kept as is), ``declared_none_share`` of them declare nothing and ``early_stop_share`` stop early
+    on a plateau (the truth, the same for every policy; ``oracle_*`` policies read it and are upper
+    bounds, never dra's result). Returns the
     ``--json`` document: ``{"workload", "load", "policies": {name: aggregates + "vs": {baseline:
     changes}}, "baselines", "jobs": [...], "timelines": {...}, "published_avg_jct_s"}``.
 
@@ -156,7 +197,7 @@ def replay(
     or a checkpoint-restart), listed per policy in ``reallocation_cost_s_by_policy``."""
     profiles = load_profiles(traces)
     jobs = read_workload(workload, profiles)
-    names = list(policies) if policies else list(POLICIES)
+    names = list(policies) if policies else [p for p in POLICIES if not p.startswith("oracle_")]
     for p in names:
         if p not in POLICIES:
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
@@ -164,7 +205,10 @@ def replay(
         names, cost_mode, cost=reallocation_cost, in_place_cost=in_place_cost, restart_cost=restart_cost
     )
     cost = costs[names[0]] if cost_mode == "same" else None
-    floor = float(_sim.sim_default_price_floor) if price_floor is None else float(price_floor)
+    for name, value, top in (("declared_sigma", declared_sigma, None), ("declared_none_share", declared_none_share, 1.0),
+                             ("early_stop_share", early_stop_share, 1.0)):
+        if not value >= 0 or (top is not None and value > top):
+            raise ValueError(f"{name}: must lie in [0, {top if top is not None else 'inf'}), got {value}")
     published = published_for(workload)
     name = published.get("workload", Path(workload).stem)
     out: dict[str, Any] = {
@@ -177,8 +221,15 @@ def replay(
         "cluster": {"nodes": nodes, "devices_per_node": devices_per_node},
         "interval_s": interval_s,
         "rules": "pollux: online-fitted model, exploration limit, one distributed job per node, batch cap",
-        "remaining_work": "epoch budget" if remaining_work_from_budget else "loss-curve fit",
-        "cluster_price_floor": floor,
+        "declarations": {
+            "sigma": declared_sigma,
+            "none_share": declared_none_share,
+            "early_stop_share": early_stop_share,
+            "seed": declaration_seed,
+            "note": "declared = epoch budget x exp(sigma z); the remaining-work estimator sees declarations, progress, "
+            "loss curves and finished jobs, never the truth",
+        },
+        "upper_bounds": [p for p in names if p.startswith("oracle_")],
         "policies": {},
         "jobs": [],
         "timelines": {},
@@ -186,10 +237,12 @@ def replay(
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for p in names:
         result = _sim.sim_run(
-            profiles, jobs, p, costs[p], interval_s, nodes, devices_per_node, 0.0, jobs_detail, remaining_work_from_budget, floor,
-            _stderr_progress(f"{name} {p}", quiet),
+            profiles, jobs, p, costs[p], interval_s, nodes, devices_per_node, 0.0, jobs_detail, declared_sigma,
+            declared_none_share, early_stop_share, declaration_seed, _stderr_progress(f"{name} {p}", quiet),
         )
         out["policies"][p] = summarize(result, profiles)
+        if p == "convergence_aware":
+            out["policies"][p]["remaining_work_calibration"] = estimator_calibration(result["jobs"])
         by_policy[p] = sorted(result["jobs"], key=lambda j: j["name"])
         if jobs_detail:
             out["timelines"][p] = result["timeline"]

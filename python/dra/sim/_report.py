@@ -37,18 +37,25 @@ def markdown_replay(doc: dict[str, Any]) -> str:
     lines = [
         f"### {doc['workload']}{load} ({_cost_label(doc)}; simulated)",
         "",
-        "| policy | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation (busy/held) | cluster util. | final metric | reallocations | JCT vs pollux | wall (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation (busy/held) | cluster util. | final metric | reallocations | JCT vs pollux | p99 vs pollux | wall (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, a in doc["policies"].items():
-        vs = a.get("vs", {}).get("pollux", {}).get("jct_change")
+        vs = a.get("vs", {}).get("pollux", {})
+        bound = " (oracle: upper bound)" if p.startswith("oracle_") else ""
         lines.append(
-            f"| {p} | {_fmt(a['avg_jct_s'])} | {_fmt(a['p99_jct_s'])} | {_fmt(a['makespan_s'])} | {_fmt(a['gpu_hours'], '.1f')} | "
+            f"| {p}{bound} | {_fmt(a['avg_jct_s'])} | {_fmt(a['p99_jct_s'])} | {_fmt(a['makespan_s'])} | {_fmt(a['gpu_hours'], '.1f')} | "
             f"{_fmt(a['utilization'], '.3f')} | {_fmt(a['cluster_utilization'], '.3f')} | {_fmt(a['final_metric'], '.4f')} | "
-            f"{a['reallocations']} | {_pct(vs)} | {_fmt(a['wall_s'], '.2f')} |"
+            f"{a['reallocations']} | {_pct(vs.get('jct_change'))} | {_pct(vs.get('p99_jct_change'))} | {_fmt(a['wall_s'], '.2f')} |"
         )
     for p, v in published.items():
-        lines.append(f"| {p} (published) | {_fmt(v)} | | | | | | | | | |")
+        lines.append(f"| {p} (published) | {_fmt(v)} | | | | | | | | | | |")
+    d = doc.get("declarations")
+    if d:
+        lines.append(
+            f"\nDeclarations: budget x exp({d['sigma']:g} z), {d['none_share']:.0%} declare nothing, "
+            f"{d['early_stop_share']:.0%} stop early (seed {d['seed']})."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -58,16 +65,15 @@ def markdown_study(doc: dict[str, Any]) -> str:
         f"### Study: {doc['runs']} runs, seed {doc['seed']} (simulated): {c['requests']} requests, quota {c['quota_scale']:g}x "
         f"request, resize cost {c['reallocation_cost_s']:g} s, {c['cluster']}, target {c['target']} (wall {doc['wall_s']:.1f} s)",
         "",
-        "| policy | mean training time (s) | mean JCT (s) | GPU-hours | utilisation (busy/held) | "
-        + ("cluster util. | " if doc.get("shared_cluster") else "")
-        + "target reached | final metric (attainment) |",
-        "|---|---:|---:|---:|---:|" + ("---:|" if doc.get("shared_cluster") else "") + "---:|---:|",
+        "| policy | mean training time (s) | median training time (s) | mean JCT (s) | GPU-hours | utilisation (busy / capacity x span) "
+        "| busy/held | target reached | final metric (attainment) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, a in doc["policies"].items():
-        cu = f"{_fmt(a.get('cluster_utilization'), '.3f')} | " if doc.get("shared_cluster") else ""
         lines.append(
-            f"| {p} | {_fmt(a['mean_training_time_s'])} | {_fmt(a['mean_jct_s'])} | {_fmt(a['gpu_hours'], '.0f')} | "
-            f"{_fmt(a['utilization'], '.3f')} | {cu}{_fmt(a['reached_target'], '.3f')} | {_fmt(a['final_metric_attainment'], '.4f')} |"
+            f"| {p} | {_fmt(a['mean_training_time_s'])} | {_fmt(a.get('median_training_time_s'))} | {_fmt(a['mean_jct_s'])} | "
+            f"{_fmt(a['gpu_hours'], '.0f')} | {_fmt(a['utilization'], '.3f')} | {_fmt(a.get('busy_fraction_of_held'), '.3f')} | "
+            f"{_fmt(a['reached_target'], '.3f')} | {_fmt(a['final_metric_attainment'], '.4f')} |"
         )
     for b in doc["baselines"]:
         rows = [(p, a["vs"][b]) for p, a in doc["policies"].items() if b in a.get("vs", {})]
@@ -75,12 +81,14 @@ def markdown_study(doc: dict[str, Any]) -> str:
             continue
         lines += [
             "",
-            f"| vs {b} | training time (mean) | training time (mean of per-run ratios) | JCT (mean) | GPU-hours | utilisation (points) | final metric |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            f"| vs {b} | training time (pooled mean) | per-run median | mean of per-run ratios | JCT (mean) | GPU-hours | "
+            "utilisation (points) | final metric |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for p, v in rows:
             lines.append(
-                f"| {p} | {_pct(v['training_time_change'])} | {_pct(v['training_time_change_per_run'])} | {_pct(v['jct_change'])} | "
+                f"| {p} | {_pct(v['training_time_change'])} | {_pct(v.get('median_training_time_change_per_run'))} | "
+                f"{_pct(v['training_time_change_per_run'])} | {_pct(v['jct_change'])} | "
                 f"{_pct(v['gpu_hours_change'])} | {_pct(v['utilization_change'], pct=False)} | "
                 f"{v['final_metric_change']['estimate']:+.4f} |"
             )

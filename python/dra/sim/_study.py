@@ -54,17 +54,34 @@ def study(
     resamples: int = 2000,
     jobs_detail: bool = True,
     price_floor: float | None = None,
+    declared_sigma: float = 0.0,
+    gns_estimate_sigma: float | None = None,
+    target_by_work: bool = True,
+    compare_target_rules: bool = True,
 ) -> dict[str, Any]:
     """The generated static-vs-dynamic study: ``runs`` jobs from tuned requests, each simulated under
     the static baselines (``static_request``, ``static_best_size``, ``static_best_hindsight``) and
     every dynamic policy, alone on the cluster or (``shared_cluster``) contending in groups.
 
     Per run: training time (first allocation to completion), JCT (submission to completion),
-    GPU-hours, utilisation (busy device time over held device time), final metric against the
-    application's fixed target. Each policy's ``vs`` holds, per baseline, ``training_time_change``
-    (mean training time, relative), ``gpu_hours_change`` (relative), ``utilization_change`` (points
-    of busy/held) and ``final_metric_change``, each ``{"estimate", "ci95"}`` from a paired bootstrap
-    over runs (negative is less)."""
+    GPU-hours, utilisation, final metric against the application's fixed target. A run reaches its
+    target when the work it did at each batch adds up to the work the trace needs at that batch
+    (``target_by_work``); with ``compare_target_rules`` every dynamic policy is also run under the
+    earlier rule (the metric of the geometric-mean batch), reported as ``<policy>@geometric_batch``.
+    The policies see what a live run measures: its declared epoch budget (log-normal error
+    ``declared_sigma``), a noisy noise-scale estimate (``gns_estimate_sigma`` per epoch, default 0.2),
+    the remaining-work estimator; never the trace's exact statistics or remaining steps.
+
+    Utilisation is defined once for every policy: busy (computing and synchronising) device time
+    over available device time, the capacity (the run's device budget alone, the cluster when shared)
+    times the span from the first arrival to the last completion of that policy's run;
+    ``busy_fraction_of_held`` is busy over held device time.
+
+    Each policy's ``vs`` holds, per baseline, ``training_time_change`` (pooled: mean over mean,
+    relative), ``training_time_change_per_run`` (mean of per-run ratios) and
+    ``median_training_time_change_per_run`` (median of per-run ratios), ``jct_change``,
+    ``gpu_hours_change`` (relative), ``utilization_change`` (points) and ``final_metric_change``, each
+    ``{"estimate", "ci95"}`` from a paired bootstrap over runs (negative is less)."""
     import sys
 
     import numpy as np
@@ -80,6 +97,9 @@ def study(
     names = [p for p in names if p != "static"]
     pool = [j for w in workloads for j in read_workload(w, profiles)] if workloads else _default_pool(profiles)
     floor = float(_sim.sim_default_job_price_floor) if price_floor is None else float(price_floor)
+    gns_sigma = 0.2 if gns_estimate_sigma is None else float(gns_estimate_sigma)
+    if not declared_sigma >= 0 or not gns_sigma >= 0:
+        raise ValueError(f"declared_sigma and gns_estimate_sigma: must be >= 0, got {declared_sigma} and {gns_sigma}")
 
     def progress(done: int, total: int) -> None:
         if not quiet and (done % 50 == 0 or done == total or shared_cluster):
@@ -91,11 +111,13 @@ def study(
     start = time.perf_counter()
     rows = _sim.sim_study(
         profiles, pool, runs, seed, names, cost, quota_scale, interval_s, noise, reference_limits, perturb,
-        shared_cluster, jobs_per_cluster, True, floor, progress,
+        shared_cluster, jobs_per_cluster, True, floor, declared_sigma, 0.0, gns_sigma, target_by_work,
+        compare_target_rules and not shared_cluster, progress,
     )
     wall = time.perf_counter() - start
     baselines = [b for b in STUDY_BASELINES if b in rows[0]["results"]]
-    everyone = baselines + names
+    other_rule = [f"{p}@{'geometric_batch' if target_by_work else 'work'}" for p in names]
+    everyone = baselines + names + [p for p in other_rule if p in rows[0]["results"]]
 
     def column(policy: str, key: str) -> np.ndarray:
         return np.array([r["results"][policy][key] if r["results"][policy][key] is not None else np.nan for r in rows], dtype=float)
@@ -105,6 +127,7 @@ def study(
         start_s, end_s = column(p, "start_s"), column(p, "completion_s")
         metrics[p] = {
             "time": end_s - start_s,
+            "end": end_s,
             "jct": column(p, "jct_s"),
             "gpu_s": column(p, "gpu_seconds"),
             "busy_s": column(p, "busy_gpu_seconds"),
@@ -124,15 +147,38 @@ def study(
         metrics[p]["attain"] = np.where(sign > 0, fm / target, target / fm)
 
     clusters = np.array([r["cluster"] for r in rows])
+    submit = np.array([r["spec"]["submit_s"] for r in rows], dtype=float)
+    budget = np.array([max(1, int(quota_scale * r["spec"]["replicas"] + 1e-9)) for r in rows], dtype=float)
+
+    def utilization(p: str, sel: np.ndarray) -> float:
+        """Busy device time / (capacity x (last completion - first arrival)) of policy p's runs in sel
+        (a mask, or run indices, repeats allowed): per shared cluster, or per lone run (capacity: its
+        device budget), pooled."""
+        m = metrics[p]
+        if not shared_cluster:
+            ix = np.flatnonzero(sel) if sel.dtype == bool else sel
+            avail = float(np.nansum(budget[ix] * (m["end"][ix] - submit[ix])))
+            return float(np.nansum(m["busy_s"][ix])) / avail if avail > 0 else float("nan")
+        busy = avail = 0.0
+        for g in sorted(set(clusters[sel].tolist())):
+            part = sel & (clusters == g)
+            end = np.nanmax(np.where(m["done"][part], m["end"][part], np.nan))
+            avail += 16 * 4 * float(end - np.min(submit[part]))
+            busy += float(np.nansum(m["busy_s"][part]))
+        return busy / avail if avail > 0 else float("nan")
+
+    everyone_sel = np.ones(len(rows), dtype=bool)
     aggregates: dict[str, Any] = {}
     for i, p in enumerate(everyone):
         m = metrics[p]
         agg: dict[str, Any] = {
             "mean_training_time_s": float(np.nanmean(m["time"])),
+            "median_training_time_s": float(np.nanmedian(m["time"])),
             "mean_jct_s": float(np.nanmean(m["jct"])),
             "p99_training_time_s": float(np.nanpercentile(m["time"], 99)),
             "gpu_hours": float(np.nansum(m["gpu_s"]) / 3600.0),
-            "utilization": float(np.nansum(m["busy_s"]) / np.nansum(m["gpu_s"])),
+            "utilization": utilization(p, everyone_sel),
+            "busy_fraction_of_held": float(np.nansum(m["busy_s"]) / np.nansum(m["gpu_s"])),
             "compute_utilization": float(np.nansum(m["compute_s"]) / np.nansum(m["gpu_s"])),
             "final_metric_attainment": float(np.nanmean(m["attain"])),
             "reached_target": float(np.mean(m["reached"])),
@@ -140,18 +186,9 @@ def study(
             "runs": runs,
         }
         if shared_cluster:
-            # Cluster utilisation: busy device time over capacity x (last completion - first arrival),
-            # per cluster, averaged over clusters.
-            cap = 16 * 4
-            utils = []
-            for g in sorted(set(clusters.tolist())):
-                sel = clusters == g
-                arrive = np.array([r["spec"]["submit_s"] for r in rows])[sel]
-                end = (np.array([r["results"][p]["completion_s"] or np.nan for r in rows], dtype=float))[sel]
-                span = float(np.nanmax(end) - np.min(arrive))
-                utils.append(float(np.nansum(m["busy_s"][sel]) / (cap * span)))
-            agg["cluster_utilization"] = float(np.mean(utils))
-            agg["cluster_utilization_by_cluster"] = utils
+            agg["cluster_utilization_by_cluster"] = [
+                utilization(p, clusters == g) for g in sorted(set(clusters.tolist()))
+            ]
         if p == "static_best_size":
             agg["chosen_devices_vs_request"] = float(np.mean([r["best_size_devices"] / r["spec"]["replicas"] for r in rows]))
         if p == "static_best_hindsight":
@@ -173,22 +210,22 @@ def study(
             entry = {
                 "training_time_change": paired(lambda ix: float(np.mean(m["time"][ix]) / np.mean(base["time"][ix]) - 1.0), 1),
                 "training_time_change_per_run": paired(lambda ix: float(np.mean(m["time"][ix] / base["time"][ix]) - 1.0), 2),
+                "median_training_time_change_per_run": paired(
+                    lambda ix: float(np.median(m["time"][ix] / base["time"][ix]) - 1.0), 7
+                ),
                 "jct_change": paired(lambda ix: float(np.mean(m["jct"][ix]) / np.mean(base["jct"][ix]) - 1.0), 3),
                 "gpu_hours_change": paired(lambda ix: float(np.sum(m["gpu_s"][ix]) / np.sum(base["gpu_s"][ix]) - 1.0), 4),
-                "utilization_change": paired(
-                    lambda ix: float(
-                        np.sum(m["busy_s"][ix]) / np.sum(m["gpu_s"][ix]) - np.sum(base["busy_s"][ix]) / np.sum(base["gpu_s"][ix])
-                    ),
-                    5,
-                ),
+                "utilization_change": {"estimate": agg["utilization"] - utilization(b, everyone_sel), "ci95": None}
+                if shared_cluster
+                else paired(lambda ix: utilization(p, ix) - utilization(b, ix), 5),
                 "final_metric_change": paired(lambda ix: float(np.nanmean(m["attain"][ix]) - np.nanmean(base["attain"][ix])), 6),
                 "runs": int(len(ok)),
             }
-            if shared_cluster and "cluster_utilization" in aggregates.get(b, {}):
-                entry["cluster_utilization_change"] = {
-                    "estimate": agg["cluster_utilization"] - aggregates[b]["cluster_utilization"],
-                    "ci95": None,
-                }
+            if shared_cluster:
+                mine, theirs = agg["cluster_utilization_by_cluster"], [
+                    utilization(b, clusters == g) for g in sorted(set(clusters.tolist()))
+                ]
+                entry["utilization_change_by_cluster"] = [a - c for a, c in zip(mine, theirs)]
             entry["by_application"] = {
                 app: {
                     "runs": int(np.sum(sel)),
@@ -226,7 +263,12 @@ def study(
             "reference_limits": reference_limits,
             "target": "fixed per application: the worst validated batch size's final best metric",
             "cluster": f"shared: groups of {jobs_per_cluster} runs at the workload rows' arrival times" if shared_cluster else "each run alone",
-            "utilization": "busy (computing and synchronising) device time / held device time",
+            "utilization": "busy (computing and synchronising) device time / (capacity x (last completion - first "
+            "arrival)); capacity: the run's device budget alone, the cluster when shared",
+            "target_rule": "work done at each batch / work the trace needs at that batch" if target_by_work
+            else "metric of the epoch-weighted geometric-mean batch (earlier rule)",
+            "declared_sigma": declared_sigma,
+            "gns_estimate_sigma": gns_sigma,
             "price_floor": floor,
             "rules": "online-fitted throughput model for every dynamic policy; the cluster policies also get "
             "Pollux's exploration limit, one distributed job per node and the batch cap",

@@ -59,13 +59,6 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     rp.add_argument("--nodes", type=int, default=16)
     rp.add_argument("--devices-per-node", type=int, default=4)
     rp.add_argument(
-        "--remaining-work",
-        choices=["budget", "loss-curve"],
-        default="budget",
-        help="convergence_aware: rank jobs by their epoch budget left (default) or by an Optimus-style loss-curve fit",
-    )
-    rp.add_argument("--price-floor", type=float, help="convergence_aware on the cluster: price floor per device (default 0: idle devices cost nothing)")
-    rp.add_argument(
         "--cost-mode",
         choices=list(sim.COST_MODES),
         default="same",
@@ -83,6 +76,12 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
         help="system view: seconds per checkpoint-restart, 'pollux' (30), or a `dra.bench resize` JSON "
         "(its measured torchrun restart) (default: 30)",
     )
+    rp.add_argument("--declared-sigma", type=float, default=0.0,
+                    help="jobs declare their epoch budget x exp(sigma z) (default 0: exactly; a declared_epochs column is kept)")
+    rp.add_argument("--declared-none", type=float, default=0.0, metavar="SHARE", help="share of jobs that declare nothing (default 0)")
+    rp.add_argument("--early-stop", type=float, default=0.0, metavar="SHARE",
+                    help="share of jobs that stop early on a plateau (the truth; default 0)")
+    rp.add_argument("--declaration-seed", type=int, default=1, help="seed of the declarations and early stopping (default 1)")
     common(rp, "pollux")
 
     st = sub.add_parser("study", help="the generated static-vs-dynamic study")
@@ -106,6 +105,11 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
         help="apply the reference's per-application limits (ncf: one device); default: what the profiles measure",
     )
     st.add_argument("--workloads", action="append", metavar="CSV", help="request pool (default: the shipped workloads)")
+    st.add_argument("--declared-sigma", type=float, default=0.0, help="runs declare their epoch budget x exp(sigma z) (default 0)")
+    st.add_argument("--gns-estimate-sigma", type=float, default=None,
+                    help="log-normal spread of each run's own noise-scale estimate per epoch (default 0.2)")
+    st.add_argument("--old-target-rule", action="store_true",
+                    help="judge the target by the metric of the geometric-mean batch (the earlier rule) instead of the work done")
     st.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for the CIs (default 2000)")
     common(st, "inplace")
 
@@ -155,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                     interval_s=args.interval,
                     nodes=args.nodes,
                     devices_per_node=args.devices_per_node,
-                    remaining_work_from_budget=args.remaining_work == "budget",
-                    price_floor=args.price_floor,
+                    declared_sigma=args.declared_sigma,
+                    declared_none_share=args.declared_none,
+                    early_stop_share=args.early_stop,
+                    declaration_seed=args.declaration_seed,
                     quiet=args.quiet,
                     jobs_detail=not args.no_jobs,
                     cost_mode=args.cost_mode,
@@ -193,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 resamples=args.resamples,
                 jobs_detail=not args.no_jobs,
                 price_floor=args.price_floor,
+                declared_sigma=args.declared_sigma,
+                gns_estimate_sigma=args.gns_estimate_sigma,
+                target_by_work=not args.old_target_rule,
             )
             text = sim.markdown_study(doc)
             if args.json:
