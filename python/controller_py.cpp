@@ -316,10 +316,7 @@ void dra::python::bind_controller(py::module_& m) {
       m, "Options", "The options of a dra.Controller, parsed and validated once (ValueError names the option).")
       .def(py::init(&parse_options), "Options(**options): unknown names and bad values raise ValueError.")
       .def_static(
-          "names",
-          [] { return option_names();
-          },
-          "The option names dra.Controller takes.")
+          "names", [] { return option_names(); }, "The option names dra.Controller takes.")
       .def_readonly("engine", &controller_options::engine)
       .def_readonly("start_size", &controller_options::start_size)
       .def_property_readonly(
@@ -571,8 +568,7 @@ void dra::python::bind_controller(py::module_& m) {
           py::return_value_policy::reference_internal);
 
   m.def(
-      "_environment_options",
-      [] { return py::module_::import("json").attr("loads")(environment_options_json()); },
+      "_environment_options", [] { return py::module_::import("json").attr("loads")(environment_options_json()); },
       "DRA_OPTIONS as a dict of options (checked in C++: ValueError names DRA_OPTIONS or the option).");
   m.add_object("step",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(&fast_step_def, nullptr, m.attr("__name__").ptr())));

@@ -41,8 +41,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>

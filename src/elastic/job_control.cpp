@@ -34,8 +34,8 @@ void job_control::set_capacity(int min_size, int max_size, const std::vector<int
     dra::detail::throw_invalid("capacity", "sizes must be >= 0 (0: no bound), got min_size " +
                                                std::to_string(min_size) + ", max_size " + std::to_string(max_size));
   if (max_size > 0 && min_size > max_size)
-    dra::detail::throw_invalid("capacity", "min_size " + std::to_string(min_size) + " is above max_size " +
-                                               std::to_string(max_size));
+    dra::detail::throw_invalid(
+        "capacity", "min_size " + std::to_string(min_size) + " is above max_size " + std::to_string(max_size));
   client_->store.set(job_keys::capacity, {{"min_size", min_size}, {"max_size", max_size}, {"leave", leave}});
 }
 

@@ -81,12 +81,12 @@ std::string shown(const json& v) {
 long long as_int(const json& v, const std::string& name, long long lo = 0, long long hi = INT_MAX) {
   if (!v.is_number_integer()) dra::detail::throw_invalid(name, "expected an integer, got " + shown(v));
   if (v.is_number_unsigned() && v.get<unsigned long long>() > static_cast<unsigned long long>(LLONG_MAX))
-    dra::detail::throw_invalid(name, "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                                         v.dump());
+    dra::detail::throw_invalid(name,
+                               "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
   const long long out = v.get<long long>();
   if (out < lo || out > hi)
-    dra::detail::throw_invalid(name, "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                                         std::to_string(out));
+    dra::detail::throw_invalid(
+        name, "must lie in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(out));
   return out;
 }
 
@@ -140,7 +140,8 @@ option_entry section(const char* name) {
 // Every option, by its name in Python and in DRA_OPTIONS. null keeps the default.
 const std::map<std::string, option_entry>& option_table() {
   static const std::map<std::string, option_entry> table = {
-      {"policy", {"a string", false, [](controller_options& o, const json& v) { o.engine.policy = as_str(v, "policy"); }}},
+      {"policy",
+       {"a string", false, [](controller_options& o, const json& v) { o.engine.policy = as_str(v, "policy"); }}},
       {"min_size",
        {"an integer", false,
         [](controller_options& o, const json& v) {
@@ -176,7 +177,9 @@ const std::map<std::string, option_entry>& option_table() {
        {"a string", false,
         [](controller_options& o, const json& v) {
           const auto s = one_of(v, "release", {"standby", "exit", "return"});
-          o.release = s == "exit" ? release_mode::exit : s == "return" ? release_mode::to_caller : release_mode::standby;
+          o.release = s == "exit"     ? release_mode::exit
+                      : s == "return" ? release_mode::to_caller
+                                      : release_mode::standby;
         }}},
       {"batch_mode",
        {"a string", false,
@@ -188,7 +191,8 @@ const std::map<std::string, option_entry>& option_table() {
       {"resize_schedule",
        {"a dict {step: size}", false,
         [](controller_options& o, const json& v) {
-          if (!v.is_object()) dra::detail::throw_invalid("resize_schedule", "expected a dict {step: size}, got " + shown(v));
+          if (!v.is_object())
+            dra::detail::throw_invalid("resize_schedule", "expected a dict {step: size}, got " + shown(v));
           std::map<std::int64_t, int> schedule;
           for (const auto& [key, size] : v.items()) {
             // Keys are strings of digits in JSON (a Python dict's int keys arrive that way too).
@@ -213,7 +217,8 @@ const std::map<std::string, option_entry>& option_table() {
         [](controller_options& o, const json& v) { o.store_timeout_s = as_float(v, "store_timeout_s"); }}},
       {"chunk_mb",
        {"a number", false, [](controller_options& o, const json& v) { o.chunk_mb = as_float(v, "chunk_mb"); }}},
-      {"verify", {"True or False", false, [](controller_options& o, const json& v) { o.verify = as_bool(v, "verify"); }}},
+      {"verify",
+       {"True or False", false, [](controller_options& o, const json& v) { o.verify = as_bool(v, "verify"); }}},
       {"handoff",
        {"a string", false,
         [](controller_options& o, const json& v) {
@@ -292,11 +297,10 @@ void apply_options(controller_options& o, const std::string& json_object, const 
   try {
     all = json::parse(json_object);
   } catch (const json::exception& e) {
-    dra::detail::throw_invalid(source, std::string("not JSON (") + e.what() +
-                                           "); expected an object such as '{\"policy\": \"none\"}'");
+    dra::detail::throw_invalid(
+        source, std::string("not JSON (") + e.what() + "); expected an object such as '{\"policy\": \"none\"}'");
   }
-  if (!all.is_object())
-    dra::detail::throw_invalid(source, "expected a JSON object of options, got " + shown(all));
+  if (!all.is_object()) dra::detail::throw_invalid(source, "expected a JSON object of options, got " + shown(all));
   controller_options changed = o;
   // Sections first, then the flat names that reach into them: `min_size` wins over `limits`'.
   for (const bool sections : {true, false})
@@ -312,8 +316,8 @@ std::string environment_options_json() {
   try {
     all = json::parse(text);
   } catch (const json::exception& e) {
-    dra::detail::throw_invalid("DRA_OPTIONS", std::string("not JSON (") + e.what() +
-                                                  "); expected an object such as '{\"policy\": \"none\"}'");
+    dra::detail::throw_invalid(
+        "DRA_OPTIONS", std::string("not JSON (") + e.what() + "); expected an object such as '{\"policy\": \"none\"}'");
   }
   if (!all.is_object())
     dra::detail::throw_invalid("DRA_OPTIONS", "expected a JSON object of options, got " + shown(all));
@@ -491,9 +495,8 @@ namespace {
 // and says once what to rename.
 void deprecated_once(const char* old_name, const char* use) {
   static std::atomic<unsigned> warned{0};
-  static const char* const names[] = {"schedule",      "decide_every",  "fault_timeout",
-                                      "store_timeout", "chunk_bytes",   "gloo_hostname",
-                                      "start_size"};
+  static const char* const names[] = {"schedule",    "decide_every",  "fault_timeout", "store_timeout",
+                                      "chunk_bytes", "gloo_hostname", "start_size"};
   unsigned bit = 0;
   while (bit < std::size(names) && std::string(names[bit]) != old_name) ++bit;
   if (warned.fetch_or(1u << bit) & (1u << bit)) return;

@@ -128,7 +128,8 @@ store_client::store_client(const std::string& host, int port, bool host_store, c
     tcp_ = c10::make_intrusive<c10d::TCPStore>(host, o);
   } catch (const std::exception& e) {
     const std::string why = first_line(e);
-    const bool in_use = host_store && (why.find("in use") != std::string::npos || why.find("EADDRINUSE") != std::string::npos);
+    const bool in_use =
+        host_store && (why.find("in use") != std::string::npos || why.find("EADDRINUSE") != std::string::npos);
     throw dra::timeout_error(
         "dra: the store at " + host + ":" + std::to_string(port) + " could not be " +
         (host_store ? "started" : "reached within " + std::to_string(timeout.count()) + " ms") + " (" + why + "); " +

@@ -213,6 +213,12 @@ def test_the_program_after_the_dashes_is_the_one_that_runs(procs, tmp_path):
     fail = procs.start("fail", [*DRA, "run", "--nproc", "2", "--", "sh", "-c", 'exit $((RANK + 3))'])
     assert fail.wait(60) == 1
     assert re.search(r"exitcode\s+: [34] ", procs.output("fail")), procs.output("fail")
+    # A job without dra is treated as torchrun treats it: a failure stops the group, which restarts.
+    once = 'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi; sleep 1; echo "attempt $TORCHELASTIC_RESTART_COUNT"'
+    again = procs.start("again", [*DRA, "run", "--nproc", "2", "--max-restarts", "1", "--", "sh", "-c", once])
+    assert again.wait(60) == 0, procs.output("again")
+    assert "restarting the worker group (1 of 1)" in procs.output("again")
+    assert procs.output("again").count("attempt 1") == 2
 
 
 # ---- the ports ------------------------------------------------------------------------------------

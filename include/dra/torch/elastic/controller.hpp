@@ -448,7 +448,7 @@ class controller {
   bool decision_flag_ = false;
   bool exit_requested_ = false;
   std::atomic<bool> stop_requested_{false};  ///< request_stop(): may be set from a signal handler
-  bool stop_seen_ = false;                ///< a member's stop request rode with a reduction read now
+  bool stop_seen_ = false;                   ///< a member's stop request rode with a reduction read now
   bool stopped_ = false;
   int final_rank_ = -1;  ///< the rank in the last world, kept by finish()
   int final_size_ = 0;
