@@ -20,6 +20,7 @@
 #include "bindings.hpp"
 #include "dra/torch/elastic/codec_hook.hpp"
 #include "dra/torch/elastic/controller.hpp"
+#include "dra/torch/elastic/options.hpp"
 #include "to_dict.hpp"
 
 namespace py = pybind11;
@@ -36,6 +37,7 @@ std::string shown(py::handle v) {
   return py::repr(v).cast<std::string>() + " (" + std::string(py::str(py::type::handle_of(v).attr("__name__"))) + ")";
 }
 
+// Python values of the controller's other arguments (dra.step's signals, join=, store_address=).
 long long as_int(py::handle v, const std::string& name, long long lo = 0, long long hi = INT_MAX) {
   if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) bad(name, "expected an integer, got " + shown(v));
   long long out = 0;
@@ -80,22 +82,11 @@ Config as_section(py::handle v, const std::string& name, const char* class_name)
   bad(name, std::string("expected a dra.") + class_name + " or a dict of its options, got " + shown(v));
 }
 
-using setter = std::function<void(controller_options&, py::handle)>;
-
-// Every option dra.Controller takes, by its Python name. None keeps the default.
-const std::map<std::string, setter>& option_table() {
-  static const std::map<std::string, setter> table = {
-      {"policy", [](controller_options& o, py::handle v) { o.engine.policy = as_str(v, "policy"); }},
-      {"min_size", [](controller_options& o,
-                      py::handle v) { o.engine.limits.min_size = static_cast<int>(as_int(v, "min_size", 1)); }},
-      {"max_size", [](controller_options& o,
-                      py::handle v) { o.engine.limits.max_size = static_cast<int>(as_int(v, "max_size", 1)); }},
-      {"decide_every", [](controller_options& o,
-                          py::handle v) { o.engine.decide_every = as_int(v, "decide_every", 1, LLONG_MAX / 4); }},
-      {"resize_cost_s",
-       [](controller_options& o, py::handle v) { o.engine.costs.resize_cost_s = as_float(v, "resize_cost_s"); }},
-      {"horizon_steps",
-       [](controller_options& o, py::handle v) { o.engine.costs.horizon_steps = as_float(v, "horizon_steps"); }},
+// The engine sections take Python objects (dra.EstimatorConfig, ...) or dicts; every other option
+// is set through the one C++ table (include/dra/torch/elastic/options.hpp) from its JSON value.
+using section_setter = std::function<void(controller_options&, py::handle)>;
+const std::map<std::string, section_setter>& section_table() {
+  static const std::map<std::string, section_setter> table = {
       {"estimator",
        [](controller_options& o, py::handle v) {
          o.engine.estimator = as_section<dra::signals::estimator_config>(v, "estimator", "EstimatorConfig");
@@ -127,93 +118,60 @@ const std::map<std::string, setter>& option_table() {
        [](controller_options& o, py::handle v) {
          o.engine.energy = as_section<dra::policy::energy_policy_config>(v, "energy", "EnergyPolicyConfig");
        }},
-      {"start_size",
-       [](controller_options& o, py::handle v) { o.start_size = static_cast<int>(as_int(v, "start_size", 1)); }},
-      {"release",
-       [](controller_options& o, py::handle v) {
-         const auto s = as_str(v, "release");
-         if (s != "standby" && s != "exit" && s != "return")
-           bad("release", "must be 'standby', 'exit' or 'return', got '" + s + "'");
-         o.release = s == "exit" ? release_mode::exit : s == "return" ? release_mode::to_caller : release_mode::standby;
-       }},
-      {"batch_mode",
-       [](controller_options& o, py::handle v) {
-         const auto s = as_str(v, "batch_mode");
-         if (s != "fixed" && s != "adascale")
-           bad("batch_mode", "must be 'fixed' (global batch kept) or 'adascale', got '" + s + "'");
-         o.batch = s == "adascale" ? batch_mode::adascale : batch_mode::fixed;
-       }},
-      {"resize_schedule",
-       [](controller_options& o, py::handle v) {
-         if (!py::isinstance<py::dict>(v)) bad("resize_schedule", "expected a dict {step: size}, got " + shown(v));
-         o.resize_schedule.clear();
-         for (auto item : v.cast<py::dict>()) {
-           // Keys may come from JSON as strings of digits.
-           py::object step = py::reinterpret_borrow<py::object>(item.first);
-           if (py::isinstance<py::str>(step)) step = py::module_::import("builtins").attr("int")(step);
-           o.resize_schedule[as_int(step, "resize_schedule", 1, LLONG_MAX / 4)] =
-               static_cast<int>(as_int(item.second, "resize_schedule", 1));
-         }
-       }},
-      {"fault_timeout_s",
-       [](controller_options& o, py::handle v) { o.fault_timeout_s = as_float(v, "fault_timeout_s"); }},
-      {"store_timeout_s",
-       [](controller_options& o, py::handle v) { o.store_timeout_s = as_float(v, "store_timeout_s"); }},
-      {"chunk_mb", [](controller_options& o, py::handle v) { o.chunk_mb = as_float(v, "chunk_mb"); }},
-      {"verify", [](controller_options& o, py::handle v) { o.verify = as_bool(v, "verify"); }},
-      {"handoff",
-       [](controller_options& o, py::handle v) {
-         const auto s = as_str(v, "handoff");
-         if (s != "full" && s != "deferred") bad("handoff", "must be 'full' or 'deferred', got '" + s + "'");
-         o.deferred_handoff = s == "deferred";
-       }},
-      {"capacity_poll_s",
-       [](controller_options& o, py::handle v) { o.capacity_poll_s = as_float(v, "capacity_poll_s"); }},
-      {"events_path", [](controller_options& o,
-                         py::handle v) { o.events_path = py::str(py::module_::import("os").attr("fspath")(v)); }},
-      {"status_every",
-       [](controller_options& o, py::handle v) { o.status_every = as_int(v, "status_every", 0, LLONG_MAX / 4); }},
-      {"max_resize_retries",
-       [](controller_options& o, py::handle v) {
-         o.max_resize_retries = static_cast<int>(as_int(v, "max_resize_retries", 0, 1000));
-       }},
-      {"backend", [](controller_options& o, py::handle v) { o.backend = as_str(v, "backend"); }},
-      {"backend_address",
-       [](controller_options& o, py::handle v) { o.backend_address = as_str(v, "backend_address"); }},
-      {"config_fingerprint",
-       [](controller_options& o, py::handle v) { o.config_fingerprint = as_str(v, "config_fingerprint"); }},
-      {"compress", [](controller_options& o, py::handle v) { o.compress = as_str(v, "compress"); }},
   };
   return table;
 }
 
+// A Python value as JSON text for the C++ table: int, float, bool, str, None, os.PathLike (a path),
+// and dicts/lists of those (a dict's keys become strings, as in JSON). Anything else is refused
+// naming the option and what it takes.
+std::string to_json(py::handle v, const std::string& name) {
+  // Not static: a py::object destroyed with the process's statics outlives the interpreter.
+  const py::object dumps = py::module_::import("json").attr("dumps");
+  const py::object fspath = py::module_::import("os").attr("fspath");
+  py::object value = py::reinterpret_borrow<py::object>(v);
+  if (py::hasattr(value, "__fspath__")) value = fspath(value);
+  const auto plain = [](py::handle x) {
+    return x.is_none() || py::isinstance<py::bool_>(x) || py::isinstance<py::int_>(x) ||
+           py::isinstance<py::float_>(x) || py::isinstance<py::str>(x);
+  };
+  bool ok = plain(value);
+  if (py::isinstance<py::dict>(value)) {
+    ok = true;
+    for (auto item : value.cast<py::dict>()) ok = ok && plain(item.first) && plain(item.second);
+  } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    ok = true;
+    for (auto item : value) ok = ok && plain(item);
+  }
+  if (ok && py::isinstance<py::float_>(value) && !std::isfinite(value.cast<double>())) ok = false;
+  if (!ok) bad(name, "expected " + option_expects(name) + ", got " + shown(v));
+  try {
+    return dumps(value, py::arg("allow_nan") = false).cast<std::string>();
+  } catch (py::error_already_set&) {
+    bad(name, "expected " + option_expects(name) + ", got " + shown(v));
+  }
+}
+
 controller_options parse_options(const py::kwargs& kwargs) {
-  const auto& table = option_table();
+  const auto& sections = section_table();
   controller_options o;
   // Sections first, then the flat names that reach into them: `min_size=` wins over `limits=`'s.
-  // The policy sections are the registry's (include/dra/policy/registry.hpp).
-  static const std::vector<std::string> sections = [] {
-    std::vector<std::string> s{"estimator", "throughput", "limits"};
-    for (const auto& n : dra::policy::policy_section_names()) s.push_back(n);
-    return s;
-  }();
-  for (const auto& section : sections)
-    if (kwargs.contains(section.c_str()) && !kwargs[section.c_str()].is_none())
-      table.at(section)(o, kwargs[section.c_str()]);
+  for (const auto& [name, set] : sections)
+    if (kwargs.contains(name) && !kwargs[name.c_str()].is_none()) set(o, kwargs[name.c_str()]);
   for (auto item : kwargs) {
     const auto name = item.first.cast<std::string>();
-    const auto it = table.find(name);
-    if (it == table.end()) {
-      std::string valid;
-      for (const auto& [n, _] : table)
-        if (n != "config_fingerprint") valid += (valid.empty() ? "" : ", ") + n;
-      throw py::value_error("unknown option '" + name + "'; valid options: " + valid);
+    try {
+      if (is_option_section(name) || item.second.is_none()) continue;  // is_option_section names an unknown one
+      set_option(o, name, to_json(item.second, name));
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
     }
-    if (item.second.is_none()) continue;
-    if (std::find(sections.begin(), sections.end(), name) != sections.end()) continue;
-    it->second(o, item.second);
   }
-  o.validate();
+  try {
+    o.validate();
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
   return o;
 }
 
@@ -358,14 +316,7 @@ void dra::python::bind_controller(py::module_& m) {
       m, "Options", "The options of a dra.Controller, parsed and validated once (ValueError names the option).")
       .def(py::init(&parse_options), "Options(**options): unknown names and bad values raise ValueError.")
       .def_static(
-          "names",
-          [] {
-            std::vector<std::string> out;
-            for (const auto& [n, _] : option_table())
-              if (n != "config_fingerprint") out.push_back(n);
-            return out;
-          },
-          "The option names dra.Controller takes.")
+          "names", [] { return option_names(); }, "The option names dra.Controller takes.")
       .def_readonly("engine", &controller_options::engine)
       .def_readonly("start_size", &controller_options::start_size)
       .def_property_readonly(
@@ -579,7 +530,15 @@ void dra::python::bind_controller(py::module_& m) {
       .def_property_readonly("uid", &controller::uid,
                              "The process's id for the job's life (RANK at launch, 10000+ for late joiners).")
       .def_property_readonly("rank", &controller::rank,
-                             "The rank in the world now (changes with resizes; -1 outside it).")
+                             "The rank in the world now (changes with resizes; -1 outside it). After the job "
+                             "finished: the rank in the last world, so that 'save on rank 0' after the loop works.")
+      .def_property_readonly("is_leader", &controller::is_leader,
+                             "rank == 0: the world's leader now, or after the end the last world's leader.")
+      .def("request_stop", &controller::request_stop,
+           "Asks the job to stop cleanly: every member ends training at the same step boundary (the step in hand "
+           "is finished); the code after the loop runs. What SIGTERM does under `dra run`.")
+      .def_property_readonly("stop_requested", &controller::stop_requested)
+      .def_property_readonly("stopped", &controller::stopped, "Training ended on a stop request.")
       .def_property_readonly("world_size", &controller::world_size)
       .def_property_readonly("epoch", &controller::epoch, "The world epoch (a new one after every change).")
       .def_property_readonly("step_index", &controller::step_index, "Committed steps so far.")
@@ -608,6 +567,9 @@ void dra::python::bind_controller(py::module_& m) {
           "signals", [](controller& c) -> const dra::signals::convergence_signals& { return c.engine().signals(); },
           py::return_value_policy::reference_internal);
 
+  m.def(
+      "_environment_options", [] { return py::module_::import("json").attr("loads")(environment_options_json()); },
+      "DRA_OPTIONS as a dict of options (checked in C++: ValueError names DRA_OPTIONS or the option).");
   m.add_object("step",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(&fast_step_def, nullptr, m.attr("__name__").ptr())));
   m.def(

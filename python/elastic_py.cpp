@@ -3,12 +3,15 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "bindings.hpp"
 #include "dra/elastic/sampler.hpp"
+#include "dra/torch/elastic/job_control.hpp"
 #include "dra/torch/elastic/state.hpp"
 
 namespace py = pybind11;
@@ -148,7 +151,58 @@ static void bind_sampler_and_state(py::module_& e) {
 
 // The elastic world's data and state pieces that Python builds on (the controller itself is bound
 // in controller_py.cpp; the membership functions are test bindings, in testing_py.cpp).
+static void bind_job_control(py::module_& e) {
+  using release_gil = py::call_guard<py::gil_scoped_release>;
+  py::class_<job_control>(e, "JobControl",
+                          "An outside actor's handle on a running elastic job (a launcher, a device pool, an RL "
+                          "coordinator): the store keys of the contract (docs/guide/elastic.md, \"Driving a job "
+                          "from outside\"), written and read in one place.")
+      .def(py::init([](const std::string& address, const std::string& job, int restart, double timeout_s) {
+             const auto colon = address.rfind(':');
+             if (colon == std::string::npos || colon == 0)
+               throw std::invalid_argument("address: expected host:port, got '" + address + "'");
+             int port = 0;
+             try {
+               port = std::stoi(address.substr(colon + 1));
+             } catch (const std::exception&) {
+               throw std::invalid_argument("address: the port must be an integer, got '" + address + "'");
+             }
+             if (!(timeout_s > 0.0)) throw std::invalid_argument("timeout_s: must be > 0");
+             py::gil_scoped_release nogil;
+             return std::make_unique<job_control>(address.substr(0, colon), port, job, restart,
+                                                  std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000)));
+           }),
+           py::arg("address"), py::arg("job"), py::arg("restart") = 0, py::arg("timeout_s") = 30.0,
+           "Connects to the job's store at host:port; keys under dra/<job>/<restart>.")
+      .def("set_capacity", &job_control::set_capacity, py::arg("min_size"), py::arg("max_size"),
+           py::arg("leave") = std::vector<int>{}, release_gil(),
+           "The job's size bounds (0: none) and the uids that must leave now.")
+      .def(
+          "report",
+          [](job_control& j) -> py::object {
+            std::string text;
+            {
+              py::gil_scoped_release nogil;
+              text = j.report();
+            }
+            if (text.empty()) return py::none();
+            return py::module_::import("json").attr("loads")(text);
+          },
+          "The leader's latest report (a dict), or None before the first.")
+      .def("done", &job_control::done, release_gil(), "Whether the job finished.")
+      .def("started", &job_control::started, release_gil(),
+           "Whether the job's processes formed their dra world (a dra job, which survives a worker's death).")
+      .def("claim_late_uid", &job_control::claim_late_uid, release_gil(),
+           "A late joiner's uid (start it with DRA_JOIN=1 and DRA_JOIN_UID).")
+      .def_property_readonly("prefix", &job_control::prefix)
+      .def_property_readonly("address", &job_control::address);
+  e.attr("LATE_UID_BASE") = late_uid_base;
+}
+
+// The elastic world's data and state pieces that Python builds on (the controller itself is bound
+// in controller_py.cpp; the membership functions are test bindings, in testing_py.cpp).
 void dra::python::bind_elastic(py::module_& m) {
   auto e = m.def_submodule("elastic", "The exactly-once sampler and the state provider of the elastic world.");
   bind_sampler_and_state(e);
+  bind_job_control(e);
 }

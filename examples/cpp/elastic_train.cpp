@@ -2,8 +2,11 @@
 // dra::elastic::controller: the same controller (store protocol, decision engine, Gloo world per
 // epoch, chunked state handoff, exactly-once data, crash recovery) that Python's dra.elastic uses.
 //
-//   torchrun --no-python --nproc-per-node=3 --max-restarts=0 dra_elastic_train
-//       --epochs 3 --start-size 2 --schedule 20:3,40:2 --verify --events events.jsonl
+//   dra run --nproc-per-node 3 --no-python dra_elastic_train --epochs 3 --start-size 2 \
+//       --schedule 20:3,40:2 --verify --events events.jsonl      (or torchrun --no-python ...)
+//
+// The controller's options come from DRA_OPTIONS (what `dra run --options` or a device pool sets,
+// the option names of Python) and from the flags below, which win.
 //
 // Every process torchrun starts is a process of the job (uid = RANK). Processes 0..start_size-1
 // form the first world; the others wait as candidates inside the controller's constructor until
@@ -39,6 +42,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -75,6 +79,7 @@ struct options {
   std::int64_t fault_timeout_ms = 3000;
   std::int64_t store_timeout_ms = 30000;
   std::map<std::int64_t, int> schedule;  // committed steps -> size
+  std::set<std::string> given;           // the flags on the command line (they win over DRA_OPTIONS)
 };
 
 const char* kUsage =
@@ -107,6 +112,7 @@ options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    o.given.insert(a);
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) throw std::invalid_argument(a + ": needs a value");
       return argv[++i];
@@ -239,20 +245,24 @@ int main(int argc, char** argv) try {
   const auto params = model.parameters();
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(opt.lr).momentum(opt.momentum));
 
-  dra::elastic::controller_options co;
-  co.start_size = opt.start_size;
-  co.engine.decide_every = opt.decide_every;
-  co.engine.limits.min_size = opt.min_size;
-  co.engine.limits.max_size = opt.max_size;
-  co.resize_schedule = opt.schedule;
-  co.release = opt.release == "exit" ? dra::elastic::release_mode::exit : dra::elastic::release_mode::standby;
-  co.verify = opt.verify;
-  co.events_path = opt.events;
-  co.status_every = opt.status_every;
-  co.fault_timeout_s = static_cast<double>(opt.fault_timeout_ms) / 1000.0;
-  co.store_timeout_s = static_cast<double>(opt.store_timeout_ms) / 1000.0;
+  // The options a launcher gives the job (DRA_OPTIONS: `dra run --options`, a pool's job options)
+  // first; the flags given on the command line win over them, as a Python script's keywords do.
+  auto co = dra::elastic::controller_options::from_env();
+  const auto flag = [&opt](const char* name) { return opt.given.count(name) > 0; };
+  if (flag("--start-size")) co.start_size = opt.start_size;
+  if (flag("--decide-every")) co.engine.decide_every = opt.decide_every;
+  if (flag("--min-size")) co.engine.limits.min_size = opt.min_size;
+  if (flag("--max-size")) co.engine.limits.max_size = opt.max_size;
+  if (flag("--schedule")) co.resize_schedule = opt.schedule;
+  if (flag("--release"))
+    co.release = opt.release == "exit" ? dra::elastic::release_mode::exit : dra::elastic::release_mode::standby;
+  if (flag("--verify")) co.verify = true;
+  if (flag("--events")) co.events_path = opt.events;
+  if (flag("--status-every") || co.status_every == 0) co.status_every = opt.status_every;
+  if (flag("--fault-timeout-ms")) co.fault_timeout_s = static_cast<double>(opt.fault_timeout_ms) / 1000.0;
+  if (flag("--store-timeout-ms")) co.store_timeout_s = static_cast<double>(opt.store_timeout_ms) / 1000.0;
   // Gloo on loopback (one host); on several nodes DRA_GLOO_HOSTNAME names this host's address.
-  co.backend_address = env_or("DRA_GLOO_HOSTNAME", "127.0.0.1");
+  if (co.backend_address.empty()) co.backend_address = env_or("DRA_GLOO_HOSTNAME", "127.0.0.1");
   example::record_log records(opt.log_samples);
   example::fault_plan faults(example::parse_fault_specs(opt.test_fault), records);
   std::int64_t world_changes = 0;  // world changes this process went through (the hook's INDEX)

@@ -12,9 +12,10 @@ import os
 import torch
 import torch.distributed as dist
 from sklearn.datasets import load_digits
+from dra.elastic import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
-import dra.elastic
 from dra.elastic import DistributedSampler
+import dra
 
 
 def digits():
@@ -34,10 +35,10 @@ def main():
     torch.manual_seed(0)
     dataset = digits()
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
-    loader = DataLoader(dataset, batch_sampler=sampler.batches(args.batch_size), num_workers=args.workers)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model = dra.elastic.DistributedDataParallel(model, optimizer, sampler)
+    model = DDP(model, optimizer, sampler)
     loss_fn = torch.nn.CrossEntropyLoss()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -47,7 +48,7 @@ def main():
             loss.backward()
             optimizer.step()
             dra.step(loss)
-        if model.controller.rank == 0:
+        if model.controller.is_leader:
             os.makedirs(args.out, exist_ok=True)
             torch.save(model.module.state_dict(), os.path.join(args.out, f"model-{epoch}.pt"))
             print(json.dumps({"epoch": epoch, "loss": loss.item()}), flush=True)

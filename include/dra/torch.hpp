@@ -7,4 +7,6 @@
 #include "dra/torch/comm/gloo.hpp"
 #include "dra/torch/elastic/controller.hpp"
 #include "dra/torch/elastic/data.hpp"
+#include "dra/torch/elastic/job_control.hpp"
+#include "dra/torch/elastic/options.hpp"
 #include "dra/torch/elastic/state.hpp"

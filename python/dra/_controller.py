@@ -8,7 +8,6 @@ job, the loss's validation, and the warnings.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import sys
 import warnings
@@ -16,7 +15,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from dra import _core
+from dra import _core, _process
 
 StepStatus = _core.StepStatus
 
@@ -74,6 +73,7 @@ class Controller(_core.Controller):
             raise ValueError(
                 f"sampler: expected a dra.elastic.DistributedSampler or ElasticSampler, got {type(sampler).__name__}"
             )
+        sampler._check_trainable()
         opts = _core.Options(**options)  # parsed and validated before anything is built
         if opts.events_path:
             os.makedirs(os.path.dirname(os.path.abspath(opts.events_path)), exist_ok=True)
@@ -93,6 +93,11 @@ class Controller(_core.Controller):
         # The end of a script that never calls finish() (a ported DDP loop): members meet once more
         # and the leader tells standbys to go, when the interpreter exits.
         atexit.register(_finish_at_exit, weakref.ref(self))
+        # A DataLoader's worker processes hold copies of this process's sockets: they die with it,
+        # so that its peers see its connections close at once when it is killed.
+        _process.die_with_parent_on_fork()
+        if os.environ.get("DRA_STOP_ON_SIGTERM") == "1":
+            _stop_on_sigterm(self)
         self.model = _wrappers.ElasticDataParallel(model, self)
         self.optimizer = _wrappers.ElasticOptimizer(optimizer, self)
         self.scheduler = _wrappers.ElasticScheduler(scheduler, self) if scheduler is not None else None
@@ -120,6 +125,18 @@ class Controller(_core.Controller):
             raise SystemExit(0)
         return status
 
+    @property
+    def batch_dropped(self) -> bool:
+        """Whether the batch in hand (the oldest one the loader handed out and ``dra.step`` has not
+        consumed) will be dropped: trained on locally, neither reduced nor committed. True for the
+        one-sample padding batches at the end of an epoch (while a DataLoader's prefetched batches
+        may still be invalidated by a world change) and for a batch prefetched for a world that has
+        changed. Test it to keep such iterations out of logs and metrics (``dra.step`` returns a
+        status with ``committed`` False for them)."""
+        if self.sampler is None:
+            return False
+        return self._skipping or not self.is_member or not self.sampler._current_is_fresh()
+
     def _skip_update(self) -> bool:
         """Whether the current step's update must not be applied (failed or stale)."""
         return self.failed or self._skipping or not self.is_member
@@ -131,8 +148,10 @@ class Controller(_core.Controller):
         if self.sampler is None:
             raise ValueError("epochs: a controller without a sampler has no data epochs (use dra.elastic.init)")
         self.sampler._start_at(int(start))
+        self._epochs_driven = True  # a stop ends this loop (the code after it runs), not the process
         while self.next_epoch(int(num_epochs)):
             yield self.sampler.epoch
+        _release_torchrun_exit_barrier(self)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the job stands (committed steps and the sampler's position): save it with the model
@@ -154,23 +173,67 @@ class Controller(_core.Controller):
 
 def _environment_options() -> dict[str, Any]:
     """Options a launcher gives an elastic job without touching its code: DRA_OPTIONS, a JSON
-    object (the script's own keywords win)."""
-    text = os.environ.get("DRA_OPTIONS", "").strip()
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"DRA_OPTIONS: not JSON ({e}); expected an object such as '{{\"policy\": \"none\"}}'") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"DRA_OPTIONS: expected a JSON object of options, got {type(value).__name__}")
-    return value
+    object, read and checked in C++ as a LibTorch trainer reads it (the script's own keywords win)."""
+    return _core._environment_options()
+
+
+def _stop_on_sigterm(controller: Controller) -> None:
+    """SIGTERM (what `dra run` sends its workers when it is itself stopped) asks the job to stop
+    cleanly: the step in hand is finished, every member ends at the same boundary, and the code
+    after the training loop runs (the leader writes the final checkpoint). A second SIGTERM ends
+    the process at once. Only when SIGTERM still has its default action (a handler of the
+    script's own is kept) and from the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    ref = weakref.ref(controller)
+
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        ctl = ref()
+        if ctl is None or ctl.stop_requested:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        ctl.request_stop()
+        print(f"[dra] SIGTERM: process {ctl.uid} asks the job to stop; every member ends training at the same step "
+              "(a second SIGTERM ends this process at once)", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _finish_at_exit(ref: weakref.ref[Controller]) -> None:
     controller = ref()
     if controller is not None:
         controller.finish()
+        _release_torchrun_exit_barrier(controller)
+
+
+def _release_torchrun_exit_barrier(controller: Controller) -> None:
+    """torchrun's agents wait in an exit barrier for every agent of the rendezvous (300 s; torchrun
+    has no flag for it): after a node died, the survivors' agents would sit out the whole timeout.
+    Once the job is done, a finished process of it checks the barrier in for everyone, in the
+    rendezvous store when it is the job's dedicated store (DRA_STORE as --rdzv-endpoint: the crash
+    recipe of docs/guide/elastic.md). Agents then leave as soon as their own workers ended. The
+    keys are torchrun's (torch.distributed.elastic: the rendezvous round's prefix and
+    ``torchelastic/agent/terminal_state``); tests/python/test_dropin.py checks them on this torch."""
+    run_id, address = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("DRA_STORE")
+    if controller.role != "finished" or not run_id or not address or os.environ.get("DRA_LAUNCHER"):
+        return
+    try:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        host, _, port = address.rpartition(":")
+        store = dist.TCPStore(host, int(port), None, False, timedelta(seconds=5), wait_for_workers=False)
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        for rendezvous_round in range(restarts + 8):  # a round per re-rendezvous; later ones never come
+            store.set(f"torch.rendezvous.{run_id}.{rendezvous_round}/torchelastic/agent/terminal_state/last_member",
+                      "<val_ignored>")
+    except Exception as e:  # noqa: BLE001 - the store is gone: the agents' barrier times out as torchrun's would
+        print(f"[dra] torchrun's exit barrier not released ({e})", file=sys.stderr, flush=True)
 
 
 def _engine_options(config: _core.EngineConfig) -> dict[str, Any]:

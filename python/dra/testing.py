@@ -5,11 +5,14 @@
   inside a resize for real.
 - the elastic world's membership functions and a no-op binding call (dra.step's cost baseline),
   from ``dra._core._testing``.
+- ``tagged_processes(name, value)``: the live processes whose environment holds ``name=value``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dra._core._testing import (
@@ -51,3 +54,20 @@ __all__ = [
     "step_batch",
     "survivors",
 ]
+
+
+def tagged_processes(name: str, value: str) -> list[int]:
+    """Live processes (zombies left out) whose environment holds ``name=value``: what a test or a
+    benchmark started, found again whoever launched them (torchrun and `dra run` start their
+    workers in sessions of their own; forked children inherit the tag)."""
+    needle, found = f"{name}={value}".encode(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and (
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    return found

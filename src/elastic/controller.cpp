@@ -35,7 +35,7 @@ using detail::seconds_since;
 using detail::world_change;
 
 controller::controller(controller_options options)
-    : options_((options.validate(), std::move(options))),
+    : options_((options.adopt_deprecated_names(), options.validate(), std::move(options))),
       engine_(options_.engine),
       log_(std::make_unique<detail::event_log>("")) {
   reads_ = std::make_unique<detail::deferred_reads>();
@@ -47,7 +47,7 @@ controller::controller(controller_options options)
 
 controller::controller(controller_options options, launch_info launch, std::shared_ptr<state_provider> state,
                        std::shared_ptr<elastic_sampler> sampler)
-    : options_((options.validate(), std::move(options))),
+    : options_((options.adopt_deprecated_names(), options.validate(), std::move(options))),
       engine_(options_.engine),
       state_(std::move(state)),
       sampler_(std::move(sampler)),
@@ -62,11 +62,11 @@ controller::controller(controller_options options, launch_info launch, std::shar
   detail::ignore_default_sigpipe();
   backend_ = comm::make_backend(options_.backend, {options_.backend_address, "pg"});
   if (!options_.release) options_.release = backend_->uses_device() ? release_mode::exit : release_mode::standby;
-  transfer_ = backend_->make_transfer(options_.chunk_bytes());
+  transfer_ = backend_->make_transfer(options_.chunk_size_bytes());
   if (!transfer_)
     dra::detail::throw_invalid(
         "backend", "'" + options_.backend + "' cannot hand state to joiners yet (no point-to-point); use 'gloo'");
-  store_ = std::make_unique<detail::store_protocol>(launch, options_.store_timeout());
+  store_ = std::make_unique<detail::store_protocol>(launch, options_.store_timeout_ms());
   leader_ = std::make_unique<detail::leader>(*store_, engine_, options_, *log_);
   role_ = role::candidate;
   joined_late_ = launch.join;
@@ -84,7 +84,7 @@ controller::controller(controller_options options, launch_info launch, std::shar
     // (the survivors go on without waiting out the window); one that beats but checks in late is
     // given one more fault timeout (a slow process on a loaded host is not declared dead).
     using std::chrono::milliseconds;
-    const milliseconds ft = options_.fault_timeout();
+    const milliseconds ft = options_.fault_timeout_ms();
     const milliseconds interval = std::clamp(ft / 10, milliseconds(50), milliseconds(1000));
     store_->start_heartbeat(uid_, interval, std::max(ft / 2, 5 * interval), ft);
   }
@@ -120,10 +120,14 @@ controller::~controller() {
 }
 
 int controller::rank() const noexcept {
-  return role_ == role::local ? 0 : comm_ ? comm_->rank() : -1;
+  if (role_ == role::local) return 0;
+  if (comm_) return comm_->rank();
+  return role_ == role::finished ? final_rank_ : -1;  // after the end: the last world's rank
 }
 int controller::world_size() const noexcept {
-  return role_ == role::local ? 1 : comm_ ? comm_->size() : 0;
+  if (role_ == role::local) return 1;
+  if (comm_) return comm_->size();
+  return role_ == role::finished ? final_size_ : 0;
 }
 const std::string& controller::last_event() const noexcept {
   return log_->last();
@@ -163,7 +167,7 @@ void controller::finish() noexcept {
       // Standbys learn the end from the store. When this process hosts it (rank 0 outside the
       // torchrun agent), leaving at once would take the store away before they read "done": wait
       // (bounded) until every waiting candidate withdrew.
-      const auto deadline = clock_type::now() + options_.fault_timeout() + std::chrono::seconds(1);
+      const auto deadline = clock_type::now() + options_.fault_timeout_ms() + std::chrono::seconds(1);
       while (store_->any_waiting() && clock_type::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -171,8 +175,24 @@ void controller::finish() noexcept {
     // A peer or the store already gone at the very end changes nothing: training is over.
     std::fprintf(stderr, "[dra] process %d finished; the job's end could not be announced: %s\n", uid_, e.what());
   }
+  final_rank_ = comm_->rank();
+  final_size_ = comm_->size();
   comm_.reset();
   role_ = role::finished;
+}
+
+void controller::stop_at_boundary() noexcept {
+  // Every member read the same reduction, so every member is here at this same boundary.
+  stop_seen_ = false;
+  pending_.reset();  // a decision not applied: its joiners learn the job's end from the store
+  decision_flag_ = false;
+  stopped_ = true;
+  if (comm_ && comm_->rank() == 0) {
+    std::printf("[dra] stop requested: training ends at step %lld on every member (world %d)\n",
+                static_cast<long long>(step_index_), comm_->size());
+    std::fflush(stdout);
+  }
+  finish();
 }
 
 // ---- decisions (the leader publishes, every member reads) ----------------------------------------
@@ -202,7 +222,7 @@ void controller::decide_at_boundary() {
       decided = pending_ != nullptr;
       store_->publish_boundary(epoch_, at, decided);
     } else {
-      decided = store_->read_boundary(epoch_, at, options_.fault_timeout() + std::chrono::seconds(1));
+      decided = store_->read_boundary(epoch_, at, options_.fault_timeout_ms() + std::chrono::seconds(1));
     }
   } catch (const dra::error& e) {
     if (comm_) comm_->abort();
@@ -221,7 +241,7 @@ void controller::apply_decision() {
       d = *pending_;
       store_->admit(d.decision.join, {d.epoch, d.decision.members, d.decision.join});
     } else {
-      d = store_->read_decision(epoch_, options_.fault_timeout() + std::chrono::seconds(1));
+      d = store_->read_decision(epoch_, options_.fault_timeout_ms() + std::chrono::seconds(1));
     }
   } catch (const dra::error& e) {
     if (comm_) comm_->abort();

@@ -14,7 +14,7 @@ namespace dra::elastic::detail {
 reduction_tail read_tail(const at::Tensor& tail) {
   const at::Tensor t = tail.to(at::kCPU, at::kDouble);  // a CUDA tail would synchronise: the controller defers those
   const double* p = t.data_ptr<double>();
-  return {p[0], p[1], p[2] > 0.5, p[3], p[4]};
+  return {p[0], p[1], p[2] > 0.5, p[3], p[4], p[5] > 0.5};
 }
 
 void write_tail(at::Tensor& dst, const tail_input& in) {
@@ -26,6 +26,7 @@ void write_tail(at::Tensor& dst, const tail_input& in) {
     p[2] = in.decision_flag ? 1.0f : 0.0f;
     p[3] = static_cast<float>(in.energy_j);
     p[4] = in.energy_measured ? 0.0f : 1.0f;
+    p[5] = in.stop ? 1.0f : 0.0f;
     return;
   }
   at::Tensor slot = dst.narrow(0, 0, 1);
@@ -40,6 +41,7 @@ void write_tail(at::Tensor& dst, const tail_input& in) {
   dst.narrow(0, 2, 1).fill_(in.decision_flag ? 1.0 : 0.0);
   dst.narrow(0, 3, 1).fill_(in.energy_j);
   dst.narrow(0, 4, 1).fill_(in.energy_measured ? 0.0 : 1.0);
+  dst.narrow(0, 5, 1).fill_(in.stop ? 1.0 : 0.0);
 }
 
 gradient_reducer::gradient_reducer(std::size_t bucket_bytes, std::size_t first_bucket_bytes)

@@ -25,6 +25,7 @@ struct reduction_tail {
   bool decision_flag = false;
   double energy_j = 0.0;    ///< the previous step's energy, summed over the world's processes
   double not_measured = 0;  ///< processes whose energy figure is an estimate
+  bool stop = false;        ///< a member asked the job to stop (controller::request_stop)
 };
 
 /// This rank's contribution to the tail: the loss as a 0-d tensor (any device: a device loss is
@@ -36,16 +37,18 @@ struct tail_input {
   bool decision_flag = false;
   double energy_j = 0.0;
   bool energy_measured = false;
+  bool stop = false;  ///< this process asks the job to stop
 };
 
-/// The tail as floats [loss sum, count, flag, energy J, not-measured count] in a tensor, read on the host.
+/// The tail as floats [loss sum, count, flag, energy J, not-measured count, stop requests] in a
+/// tensor, read on the host.
 reduction_tail read_tail(const at::Tensor& tail);
 /// Writes `in` into `dst` (kTail floats, on any device) without reading a device loss on the host.
 void write_tail(at::Tensor& dst, const tail_input& in);
 
 class gradient_reducer {
  public:
-  static constexpr std::int64_t kTail = 5;
+  static constexpr std::int64_t kTail = 6;
   explicit gradient_reducer(std::size_t bucket_bytes = std::size_t{25} << 20,
                             std::size_t first_bucket_bytes = std::size_t{1} << 20);
 

@@ -38,6 +38,7 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params) {
       solo_tail_ =
           at::zeros({detail::gradient_reducer::kTail}, at::TensorOptions().dtype(at::kFloat).device(comm_->device()));
     pending_loss_->decision_flag = false;
+    pending_loss_->stop = stop_requested();
     detail::write_tail(solo_tail_, *pending_loss_);
     reads_->push(step_index_, solo_tail_);
     return false;
@@ -45,6 +46,7 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params) {
   // The leader's "a decision is published" flag rides with the reduction, so that steps without a
   // resize never touch the store.
   pending_loss_->decision_flag = pending_ != nullptr && comm_->rank() == 0;
+  pending_loss_->stop = stop_requested();  // a stop request rides along too: every member learns it at once
   reducer_->begin(*comm_, params, sampler_->share_weight(), *pending_loss_);
   return true;
 }
@@ -169,7 +171,9 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
         comm_->revoke();
         recover(std::string("reduction failed: ") + e.what());
       }
-      if (role_ == role::member && options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1) {
+      if (role_ == role::member && stop_seen_) {
+        stop_at_boundary();  // before any decision: a grow would admit joiners into a world that ends
+      } else if (role_ == role::member && options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1) {
         decide_at_boundary();  // an outside actor steering at exact steps: decided and applied here
       } else if (role_ == role::member && decision_flag_) {
         decision_flag_ = false;  // the leader flagged a decision in a reduction read now: apply it
@@ -237,7 +241,7 @@ void controller::read_reductions(std::int64_t committed) {
   const bool deferred = comm_->asynchronous();
   if (deferred && !read_due(committed)) return;
   // Synchronous: everything up to this step's reduction. Asynchronous: up to the previous step's.
-  const auto rows = reads_->take(deferred ? committed : committed + 1, options_.fault_timeout());
+  const auto rows = reads_->take(deferred ? committed : committed + 1, options_.fault_timeout_ms());
   if (!comm_->healthy()) throw dra::comm_error("the communicator failed while this step's reduction was in flight");
   for (const auto& r : rows) {
     const double count = r.values[1];
@@ -245,6 +249,7 @@ void controller::read_reductions(std::int64_t committed) {
     world_loss_ = world_loss_known_ ? r.values[0] / count : kNaN;
     if (world_loss_known_) engine_.observe(r.step, world_loss_);
     if (r.values[2] > 0.5) decision_flag_ = true;
+    if (r.values[5] > 0.5) stop_seen_ = true;
     note_world_energy(r.values[3], r.values[4] > 0.5);
   }
   status_.loss = world_loss_;

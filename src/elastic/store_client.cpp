@@ -116,16 +116,27 @@ store_client::store_client(const std::string& host, int port, bool host_store, c
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(port);
     o.isServer = host_store;
+    // Multi-tenant like torch's env:// rendezvous: a script that keeps its own
+    // init_process_group() on the same MASTER_PORT (rank 0 hosting, as under torchrun with
+    // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) shares this process's server instead of failing with
+    // EADDRINUSE, whichever of the two starts first.
+    o.multiTenant = host_store;
     o.waitWorkers = false;
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     o.timeout = host_store ? timeout : std::max(std::chrono::milliseconds(1000), left);
     tcp_ = c10::make_intrusive<c10d::TCPStore>(host, o);
   } catch (const std::exception& e) {
-    throw dra::timeout_error("dra: the store at " + host + ":" + std::to_string(port) + " could not be " +
-                             (host_store ? "started" : "reached within " + std::to_string(timeout.count()) + " ms") +
-                             " (" + first_line(e) + "); check MASTER_ADDR/MASTER_PORT (or the address given to dra) " +
-                             "and that the store process runs");
+    const std::string why = first_line(e);
+    const bool in_use =
+        host_store && (why.find("in use") != std::string::npos || why.find("EADDRINUSE") != std::string::npos);
+    throw dra::timeout_error(
+        "dra: the store at " + host + ":" + std::to_string(port) + " could not be " +
+        (host_store ? "started" : "reached within " + std::to_string(timeout.count()) + " ms") + " (" + why + "); " +
+        (in_use ? "another process listens on that port: a second job or launcher on the same MASTER_PORT, or a "
+                  "store started without multi-tenancy (give each job its own MASTER_PORT, or point DRA_STORE at "
+                  "a dedicated `dra store`)"
+                : "check MASTER_ADDR/MASTER_PORT (or the address given to dra) and that the store process runs"));
   }
   address_ = host + ":" + std::to_string(tcp_->getPort());
   tcp_->setTimeout(timeout);

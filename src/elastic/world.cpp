@@ -148,8 +148,8 @@ void controller::enter_world(const world_change& change) {
   request.new_members = change.members;
   request.self = uid_;
   request.abortive = change.cause == change_cause::fault;
-  request.timeout = 2 * options_.fault_timeout();
-  request.collective_timeout = options_.fault_timeout();
+  request.timeout = 2 * options_.fault_timeout_ms();
+  request.collective_timeout = options_.fault_timeout_ms();
   if (comm_) {
     request.old_members = old_members;  // a communicator is passed with its members
   } else if (change.cause != change_cause::start &&
@@ -342,7 +342,7 @@ void controller::recover(std::string reason) {
     }
     const auto& world = decided.members;
     const auto agreed = store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
-                                                   options_.fault_timeout() + std::chrono::seconds(1), decided.joiners);
+                                                   options_.fault_timeout_ms() + std::chrono::seconds(1), decided.joiners);
     if (!contains(agreed.members, uid_)) {
       std::printf("[dra] process %d was left out of epoch %lld (arrived late); %s\n", uid_,
                   static_cast<long long>(agreed.epoch),

@@ -319,6 +319,44 @@ TEST_CASE("controller.world.grow_then_shrink") {
   for (int i = 2; i >= 0; --i) trainers[static_cast<std::size_t>(i)]->ctl.reset();
 }
 
+TEST_CASE("controller.world.a_stop_request_ends_every_member_at_the_same_step") {
+  // What SIGTERM does under `dra run`: one member asks; the request rides with its next gradient
+  // reduction; every member ends training at that step boundary (no step after it anywhere), and
+  // after the end each keeps the rank it had, so that "save on rank 0" after the loop works.
+  at::set_num_threads(1);
+  const dataset data = make_data();
+  const int port = free_port();
+  std::vector<std::unique_ptr<trainer>> trainers;
+  for (int i = 0; i < 3; ++i) trainers.push_back(std::make_unique<trainer>(i));
+  run_threads(trainers, [&](int i) {
+    auto o = healthy_options();
+    o.start_size = 2;  // uid 2 stands by: the job's end reaches it through the store
+    trainer& t = *trainers[static_cast<std::size_t>(i)];
+    t.ctl = std::make_unique<controller>(o, launch(port, i, 3, "stop", i == 0), t.state, t.sampler);
+    train(t, data, 3, [&] {
+      if (i == 1 && t.ctl->step_index() == 4) t.ctl->request_stop();
+    });
+  });
+  for (const auto& t : trainers) CHECK_MESSAGE(t->error.empty(), t->error);
+  // Asked during step 4 (after 4 commits): step 4 commits, then training ends everywhere.
+  for (int i = 0; i < 2; ++i) {
+    const controller& c = *trainers[static_cast<std::size_t>(i)]->ctl;
+    CAPTURE(i);
+    CHECK(c.step_index() == 5);
+    CHECK(c.stopped());
+    CHECK(c.current_role() == role::finished);
+    CHECK(c.rank() == i);  // kept after the end
+    CHECK(c.world_size() == 2);
+    CHECK(c.is_leader() == (i == 0));
+    CHECK(trainers[static_cast<std::size_t>(i)]->commits.size() == 5);
+  }
+  const controller& standby = *trainers[2]->ctl;
+  CHECK(standby.current_role() == role::finished);
+  CHECK(standby.rank() == -1);  // never in the last world
+  CHECK_FALSE(standby.is_leader());
+  check_identical_states(trainers);
+}
+
 TEST_CASE("controller.options.validate_names_the_field") {
   auto bad = [](const std::function<void(controller_options&)>& edit, const std::string& field) {
     controller_options o;

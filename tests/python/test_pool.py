@@ -180,8 +180,9 @@ def test_launcher_survives_a_crash_and_the_job_finishes(tmp_path: Path) -> None:
                  "--global-batch", "16", "--out", str(out), "--die-at-step", "20", "--die-uid", "1"],
                 log)
     assert p.wait(timeout=150) == 0, log.read_text()[-3000:]
-    exits = sorted(e["code"] for e in _launcher_events(log) if e["event"] == "worker_exit")
-    assert exits == [0, 0, 9]
+    text = log.read_text()
+    assert "[dra run] rank 1 (uid 1, local 1) exited with code 9" in text, text[-3000:]
+    assert "survived 1 worker failure(s) in place" in text
     result = json.loads((out / "result.json").read_text())
     assert result["accuracy"] > 0.85 and result["final_world"] == 2
 

@@ -1049,6 +1049,10 @@ class Controller:
         """
         A process released with release='return' asks to be admitted again; waits until it is (True) or the job ends (False).
         """
+    def request_stop(self) -> None:
+        """
+        Asks the job to stop cleanly: every member ends training at the same step boundary (the step in hand is finished); the code after the loop runs. What SIGTERM does under `dra run`.
+        """
     def resume_at(self, step_index: typing.SupportsInt | typing.SupportsIndex) -> None:
         """
         Restarting a whole job from a checkpoint: the committed steps it had (every process, before the first step).
@@ -1098,6 +1102,11 @@ class Controller:
         This process's latest state handoff: bytes moved at the change, bytes skipped (the joiner held them), bytes deferred, the deferred transfer's seconds and how long the optimizer step waited for it.
         """
     @property
+    def is_leader(self) -> bool:
+        """
+        rank == 0: the world's leader now, or after the end the last world's leader.
+        """
+    @property
     def is_member(self) -> bool:
         """
         Takes part in training now (always true alone).
@@ -1125,7 +1134,7 @@ class Controller:
     @property
     def rank(self) -> int:
         """
-        The rank in the world now (changes with resizes; -1 outside it).
+        The rank in the world now (changes with resizes; -1 outside it). After the job finished: the rank in the last world, so that 'save on rank 0' after the loop works.
         """
     @property
     def resizes(self) -> int:
@@ -1148,6 +1157,14 @@ class Controller:
     def step_index(self) -> int:
         """
         Committed steps so far.
+        """
+    @property
+    def stop_requested(self) -> bool:
+        ...
+    @property
+    def stopped(self) -> bool:
+        """
+        Training ended on a stop request.
         """
     @property
     def store_address(self) -> str:
@@ -2326,6 +2343,10 @@ class GradientCodec:
         ...
 def _build_info() -> dict:
     ...
+def _environment_options() -> typing.Any:
+    """
+    DRA_OPTIONS as a dict of options (checked in C++: ValueError names DRA_OPTIONS or the option).
+    """
 def _set_step_target(slow: typing.Any, warn: typing.Any, controller: typing.Any) -> None:
     """
     Internal: where dra.step goes (set by dra.reset / dra.default_controller).

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Sampler', 'StateProvider', 'signature_mismatch']
+__all__: list[str] = ['JobControl', 'LATE_UID_BASE', 'Sampler', 'StateProvider', 'signature_mismatch']
 class Sampler:
     """
     Exactly-once sample order over a changing world (C++).
@@ -82,7 +82,42 @@ class StateProvider:
     """
     def __init__(self) -> None:
         ...
+class JobControl:
+    """
+    An outside actor's handle on a running elastic job (a launcher, a device pool, an RL coordinator): the store keys of the contract (docs/guide/elastic.md, "Driving a job from outside"), written and read in one place.
+    """
+    def __init__(self, address: str, job: str, restart: typing.SupportsInt | typing.SupportsIndex = 0, timeout_s: typing.SupportsFloat | typing.SupportsIndex = 30.0) -> None:
+        """
+        Connects to the job's store at host:port; keys under dra/<job>/<restart>.
+        """
+    def claim_late_uid(self) -> int:
+        """
+        A late joiner's uid (start it with DRA_JOIN=1 and DRA_JOIN_UID).
+        """
+    def done(self) -> bool:
+        """
+        Whether the job finished.
+        """
+    def report(self) -> typing.Any:
+        """
+        The leader's latest report (a dict), or None before the first.
+        """
+    def set_capacity(self, min_size: typing.SupportsInt | typing.SupportsIndex, max_size: typing.SupportsInt | typing.SupportsIndex, leave: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
+        """
+        The job's size bounds (0: none) and the uids that must leave now.
+        """
+    def started(self) -> bool:
+        """
+        Whether the job's processes formed their dra world (a dra job, which survives a worker's death).
+        """
+    @property
+    def address(self) -> str:
+        ...
+    @property
+    def prefix(self) -> str:
+        ...
 def signature_mismatch(world: collections.abc.Sequence[tuple[str, collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], str]], joiner: collections.abc.Sequence[tuple[str, collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], str]]) -> typing.Any:
     """
     First difference between two model signatures, or None.
     """
+LATE_UID_BASE: int = 10000

@@ -3,8 +3,8 @@
 ::
 
     import dra, dra.elastic as de
-    sampler = de.DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_sampler=sampler.batches(32))
+    sampler = de.DistributedSampler(dataset)               # torch's, exactly-once over a changing world
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
     ctl = de.init(model, optimizer, sampler, policy="convergence")
     for epoch in ctl.epochs(10):
         for x, y in loader:
@@ -22,6 +22,8 @@ from typing import Any
 from dra._controller import Controller, reset
 from dra.elastic.sampler import DistributedSampler, ElasticSampler
 
+__all__ = ["DistributedDataParallel", "DistributedSampler", "ElasticSampler", "init"]
+
 
 def init(model: Any, optimizer: Any, sampler: ElasticSampler, **options: Any) -> Controller:
     """Makes this process's elastic controller (``dra.Controller(model=..., ...)``) and installs it
@@ -32,12 +34,43 @@ def init(model: Any, optimizer: Any, sampler: ElasticSampler, **options: Any) ->
     return reset(Controller(model=model, optimizer=optimizer, sampler=sampler, **options))
 
 
-def DistributedDataParallel(module: Any, optimizer: Any, sampler: ElasticSampler, **options: Any) -> Any:  # noqa: N802
+def DistributedDataParallel(  # noqa: N802
+    module: Any,
+    optimizer: Any,
+    sampler: ElasticSampler,
+    *,
+    device_ids: Any = None,
+    output_device: Any = None,
+    dim: int = 0,
+    broadcast_buffers: bool = True,
+    process_group: Any = None,
+    bucket_cap_mb: Any = None,
+    find_unused_parameters: bool = False,
+    gradient_as_bucket_view: bool = False,
+    static_graph: bool = False,
+    **options: Any,
+) -> Any:
     """Drop-in for ``torch.nn.parallel.DistributedDataParallel`` in an elastic job:
     ``init(module, optimizer, sampler, **options).model``. Like DDP's, the wrapper's ``.module`` is
-    the model; its ``.controller`` is the process's dra.Controller (``.controller.rank``: the rank
-    now)."""
+    the model; its ``.controller`` is the process's dra.Controller (``.controller.is_leader``:
+    rank 0 of the world now).
+
+    torch's keywords are taken so that a ported call only gains the optimizer and the sampler:
+    ``device_ids``/``output_device`` (the model is already on its device, as DDP wants it),
+    ``find_unused_parameters``, ``gradient_as_bucket_view``, ``static_graph`` and
+    ``bucket_cap_mb`` change nothing (unused parameters count as zero; buckets are dra's own);
+    ``broadcast_buffers``: buffers are not re-broadcast each forward, they travel with the state at
+    every world change (the first world starts from rank 0's, as DDP's broadcast does).
+    ``process_group`` must stay None (the elastic world is the group) and ``dim`` 0."""
+    if not hasattr(optimizer, "param_groups"):
+        raise ValueError(f"optimizer: expected a torch optimizer, got {type(optimizer).__name__} {optimizer!r:.60}; "
+                         "dra.elastic.DistributedDataParallel(module, optimizer, sampler, device_ids=...) takes the "
+                         "optimizer and the training sampler where torch's takes device_ids")
+    if process_group is not None:
+        raise ValueError("process_group: leave it None; the elastic world is the group (it changes with resizes)")
+    if dim != 0:
+        raise ValueError(f"dim: only 0 (the batch dimension) is supported, got {dim}")
+    if device_ids is not None and (not isinstance(device_ids, (list, tuple)) or len(device_ids) > 1):
+        raise ValueError(f"device_ids: one device at most (one per process, as DDP wants), got {device_ids!r}")
+    del output_device, broadcast_buffers, bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view, static_graph
     return init(module, optimizer, sampler, **options).model
-
-
-__all__ = ["DistributedDataParallel", "DistributedSampler", "ElasticSampler", "init"]

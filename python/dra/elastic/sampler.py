@@ -1,32 +1,42 @@
 """Exactly-once data over a world that changes size.
 
 Each data epoch has one deterministic global order of the dataset's indices (seeded, identical on
-every rank, in C++ and Python). An optimizer step consumes the next ``global_batch`` positions of
-that order from the *cursor*; each rank takes its contiguous share. The cursor moves only when a
-step commits (its gradients were reduced over the whole world), so after any resize or crash the
-samples not yet consumed are re-partitioned over the new world: nothing is skipped or repeated.
+every rank). An optimizer step consumes the next ``global_batch`` positions of that order from the
+*cursor*; each rank takes its share. The cursor moves only when a step commits (its gradients were
+reduced over the whole world), so after any resize or crash the samples not yet consumed are
+re-partitioned over the new world: nothing is skipped or repeated. The position lives in the C++
+``dra::elastic::elastic_sampler`` (include/dra/elastic/sampler.hpp), which the controller moves
+and hands to joiners.
 
-Two front ends over the C++ ``dra::elastic::elastic_sampler`` (include/dra/elastic/sampler.hpp):
+Two front ends:
 
-- ``DistributedSampler(dataset, batch_size)``: the drop-in for ``torch.utils.data.
-  DistributedSampler``. It takes the per-rank batch (as the DataLoader of a DDP script does) and
-  is passed as the DataLoader's ``batch_sampler``; the global batch is ``batch_size x WORLD_SIZE``
-  (the processes launched) and stays so across resizes.
-- ``ElasticSampler(dataset_size, global_batch)``: the same, given the global batch.
+- ``DistributedSampler(dataset)``: the drop-in for ``torch.utils.data.DistributedSampler``. Used
+  as torch's is (``DataLoader(dataset, batch_size=B, sampler=sampler)``, ``set_epoch``,
+  ``loader.sampler``), it yields exactly what torch's yields in a fixed world: the order of
+  ``torch.randperm`` seeded with ``seed + epoch`` and rank ``r`` of ``W`` taking every ``W``-th
+  sample of each step (torch's strided split), so step ``k`` is the same ``B x W`` samples as under
+  DDP. The global batch is ``B x WORLD_SIZE`` (the processes launched) and stays so when the world
+  changes: each rank's share then grows or shrinks, inside (the DataLoader's batch sampler asks
+  this sampler for each step's share). A sampler the controller does not follow (an eval or test
+  loader's) is torch's sampler over the current world, epoch by epoch, and ends.
+- ``ElasticSampler(dataset_size, global_batch)``: a batch sampler given the global batch (C++ order,
+  contiguous shares), for ``DataLoader(batch_sampler=...)`` or ``for indices in sampler``.
 
-Both yield this rank's indices step by step. With DataLoader workers the loader asks a few steps
-ahead; each batch is computed from the world as it is when asked for, and tagged with the world
-epoch and the position it assumes. A batch consumed after the world changed, or after a failed
-step, no longer matches: the model wrapper trains on it locally but drops it (no reduction, no
-commit), and the next batches are computed for the new world. At the end of an epoch, while
-batches are still in flight, the iterator yields one-sample padding batches (dropped the same way)
-instead of stopping, so that an epoch whose last steps a world change invalidated is still finished.
+With DataLoader workers the loader asks a few steps ahead; each batch is computed from the world as
+it is when asked for, and tagged with the world epoch and the position it assumes. A batch consumed
+after the world changed, or after a failed step, no longer matches: the model wrapper trains on it
+locally but drops it (no reduction, no commit; ``ctl.batch_dropped`` tells user code), and the next
+batches are computed for the new world. At the end of an epoch, while batches are still in flight,
+the iterator yields one-sample padding batches (dropped the same way) instead of stopping, so that
+an epoch whose last steps a world change invalidated is still finished.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import sys
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,11 +78,16 @@ class ElasticSampler:
     global_batch = property(lambda self: self._native.global_batch, doc="Samples per step over the whole world.")
 
     def order(self) -> np.ndarray:
+        """The current data epoch's global order."""
         return self._native.order()
+
+    def _share(self, cursor: int, world: int, rank: int) -> np.ndarray:
+        """A rank's sample ids of the step that starts at ``cursor`` in a world of ``world``."""
+        return self._native.indices_at(cursor, world, rank)
 
     def indices(self) -> np.ndarray:
         """This rank's sample ids for the current step."""
-        return self._native.indices()
+        return self._share(self._native.cursor, self._native.world, self._native.rank)
 
     def step_indices(self) -> np.ndarray:
         """All ranks' sample ids of the current step (the global batch)."""
@@ -87,26 +102,56 @@ class ElasticSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """``DistributedSampler.set_epoch``: the training loop is at data epoch ``epoch``. The world
-        moves there once the epochs before it are consumed; a joiner that calls it for an epoch the
-        world has already finished iterates nothing."""
-        self._requested = int(epoch)
-        while self._native.epoch < epoch and self._native.exhausted:
-            self._native.next_epoch()
+        moves there once the epochs before it are consumed (a fresh epoch that no step has touched
+        moves at once: a job restarted from an epoch checkpoint); a process whose loop is behind
+        the world (a joiner, a standby admitted again) iterates nothing until its loop catches up."""
+        epoch = int(epoch)
+        _end_if_finished(self, epoch)
+        self._requested = epoch
+        native = self._native
+        while native.epoch < epoch and native.exhausted:
+            native.next_epoch()
+        if native.epoch < epoch and native.cursor == 0:
+            self._start_at(epoch)
 
     def __len__(self) -> int:
-        """Steps left in the current data epoch (on a joiner too)."""
-        return int(self._native.steps_left)
+        """Steps left in the current data epoch (on a joiner too); a whole epoch's once it is
+        exhausted (the loop is about to start the next one, as torch's length says)."""
+        native = self._native
+        if native.exhausted:
+            return -(-int(native.epoch_size) // int(native.global_batch))
+        return int(native.steps_left)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """This rank's indices for each step left in the current data epoch."""
+        return self._steps()
+
+    def _steps(self) -> Iterator[np.ndarray]:
+        """This rank's share of each step left in the data epoch, computed when the loader asks."""
         native, ctl = self._native, self._controller
         self._in_flight.clear()
+        if ctl is not None:
+            _end_if_finished(self, None)
         data_epoch = native.epoch
-        if self._requested is not None and self._requested < data_epoch:
-            return  # a joiner's loop passing epochs the world has already finished
+        if ctl is not None and ctl.is_member and native.exhausted and self._requested is None:
+            native.next_epoch()  # iterated again without set_epoch: the next pass over the data
+            data_epoch = native.epoch
+        if self._requested is not None and self._requested <= data_epoch and (
+            self._requested < data_epoch or native.exhausted
+        ):
+            # A loop behind the world (a joiner, or a peek before set_epoch): nothing to train, but
+            # one batch of the usual size, dropped if trained, so that next(iter(loader)) sees what
+            # torch's loader would.
+            self._in_flight.append(None)
+            world, rank = max(native.world, 1), native.rank
+            share = native.global_batch // world + (1 if rank < native.global_batch % world else 0)
+            yield self.order()[:max(1, min(share, int(native.dataset_size)))]
+            return
         tag: int | None = None
         base = ahead = world = rank = 0
         while True:
+            if ctl is not None and ctl.stopped and not getattr(ctl, "_epochs_driven", False):
+                _end_if_finished(self, None)  # a `range` loop after a stop: the process ends here
             if native.epoch != data_epoch or (ctl is not None and not ctl.is_member):
                 return
             world_epoch = ctl.epoch if ctl is not None else 0
@@ -118,15 +163,22 @@ class ElasticSampler:
                 if not any(item is not None for item in self._in_flight):
                     return
                 self._in_flight.append(None)
-                yield native.order()[:1]  # padding while batches in flight may still be dropped
+                yield self._padding()  # padding while batches in flight may still be dropped
                 continue
             ahead += 1
             self._in_flight.append((world_epoch, cursor))
-            yield native.indices_at(cursor, world, rank)
+            yield self._share(cursor, world, rank)
+
+    def _padding(self) -> np.ndarray:
+        return self.order()[:1]
 
     # -- the controller's side -----------------------------------------------------------------
+    def _check_trainable(self) -> None:
+        """Refuses what cannot be the training sampler, before the controller joins the world."""
+
     def _follow(self, controller: Any) -> None:
         self._controller = controller
+        _FOLLOWED[0] = weakref.ref(controller)
 
     def _current_is_fresh(self) -> bool:
         """Whether the batch being trained on is the one the world's current step needs."""
@@ -148,20 +200,51 @@ class ElasticSampler:
             self._native.set_position(epoch, 0, position["global_batch"], position["seed"])
 
 
+#: The elastic controller of this process (the latest one that followed a sampler): the world an
+#: eval loader's sampler splits its data over.
+_FOLLOWED: list[Any] = [None]
+
+
+def _followed() -> Any:
+    ref = _FOLLOWED[0]
+    return ref() if ref is not None else None
+
+
+def _end_if_finished(sampler: ElasticSampler, epoch: int | None) -> None:
+    """This process's part in the job ended while a `range` epoch loop drives it: the job was
+    stopped (SIGTERM under `dra run`), or it finished while this process stood by. Nothing is left
+    to train, and the loop's per-epoch code (an epoch-numbered snapshot, say) must not run for an
+    epoch cut short or never trained: the process ends here (exit 0; atexit handlers run), as
+    soon as the loader asks for more. ``ctl.epochs()`` ends its loop instead, and the code after
+    it runs (the final checkpoint)."""
+    ctl = sampler._controller
+    if ctl is None or ctl.role != "finished" or getattr(ctl, "_epochs_driven", False):
+        return
+    if not ctl.stopped and (ctl.rank >= 0 or (epoch is not None and epoch <= sampler._native.epoch)):
+        return  # a normal end as a member (later passes yield nothing), or a loop still behind
+    why = "the job was stopped" if ctl.stopped else "the job finished while this process stood by"
+    print(f"[dra] {why} at step {ctl.step_index}: process {ctl.uid} ends here (a range epoch loop; "
+          "with ctl.epochs() the loop ends and the code after it runs)", file=sys.stderr, flush=True)
+    raise SystemExit(0)
+
+
 class DistributedSampler(ElasticSampler):
     """Drop-in for ``torch.utils.data.DistributedSampler`` in an elastic job.
 
-    ``DistributedSampler(dataset, shuffle=True, seed=0, drop_last=False)`` takes the same arguments
-    as torch's (``num_replicas`` and ``rank`` must stay None: the world decides them). Give the
-    DataLoader the per-rank batch through it::
+    Takes torch's arguments and is used as torch's is::
 
-        loader = DataLoader(dataset, batch_sampler=sampler.batches(32), num_workers=4)
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+        loader = DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4)
+        ...
+        sampler.set_epoch(epoch)        # or loader.sampler.set_epoch(epoch)
 
-    replaces ``DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4)``. The global
-    batch is ``batch_size x WORLD_SIZE`` (the processes launched), as in the DDP run it replaces,
-    and stays so when the world changes (each rank's share then grows or shrinks). ``set_epoch``
-    and ``len`` work as in torch (``len`` is the steps left, so a joiner's loader has the right
-    length); DataLoader workers are fine.
+    The sampler given to ``dra.elastic.init`` / ``DistributedDataParallel`` is followed by the
+    controller: the DataLoader's batch sampler then takes each step's share from it (the global
+    batch is ``batch_size x WORLD_SIZE``, the processes launched, kept when the world changes; in a
+    fixed world every rank gets exactly torch's indices, step by step). Any other (an eval or test
+    loader's) is torch's ``DistributedSampler`` over the world now (``num_replicas``/``rank`` given,
+    else the controller's world, else ``WORLD_SIZE``/``RANK``), and its epochs end.
+    ``batch_sampler=sampler.batches(32)`` is the same as ``batch_size=32, sampler=sampler``.
     """
 
     def __init__(
@@ -175,34 +258,251 @@ class DistributedSampler(ElasticSampler):
         *,
         batch_size: int | None = None,
     ) -> None:
-        if num_replicas is not None or rank is not None:
-            raise ValueError("num_replicas/rank: leave them None; an elastic world decides both (ctl.world_size, ctl.rank)")
         try:
             self._dataset_size = len(dataset)
         except TypeError as e:
             raise ValueError(f"dataset: needs a length (a map-style dataset), got {type(dataset).__name__}") from e
-        self._options = {"seed": seed, "drop_last": drop_last, "shuffle": shuffle}
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
+        for name, value in (("num_replicas", num_replicas), ("rank", rank)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+                raise ValueError(f"{name}: must be an integer >= 0 or None, got {value!r}")
+        if num_replicas is not None and rank is not None and rank >= num_replicas:
+            raise ValueError(f"rank: must lie in [0, num_replicas={num_replicas}), got {rank}")
+        self.dataset = dataset
+        self._options = {"seed": int(seed), "drop_last": bool(drop_last), "shuffle": bool(shuffle)}
+        self._fixed = (num_replicas, rank)  # torch's explicit split, for a sampler the controller does not follow
+        self._torch_epoch = 0  # the latest set_epoch, for the torch order outside the controller
         self._controller = None
         self._requested = None
         self._in_flight = collections.deque()
+        self._orders: dict[int, np.ndarray] = {}
+        self._loader_batches: set[int] = set()
         self.batch_size: int | None = None
         if batch_size is not None:
             self.batches(batch_size)
 
-    def batches(self, batch_size: int) -> DistributedSampler:
-        """Sets the per-rank batch and returns the sampler, for ``DataLoader(batch_sampler=...)``."""
+    def batches(self, batch_size: int) -> _StepBatches:
+        """The per-rank batch: returns a batch sampler over this sampler, for
+        ``DataLoader(dataset, batch_sampler=sampler.batches(32))``."""
+        self._bind_batch(batch_size)
+        return _StepBatches(self)
+
+    def _bind_batch(self, batch_size: int, drop_last: bool = False) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size: the per-rank batch must be an integer >= 1, got {batch_size!r}")
-        if self._controller is not None and int(batch_size) != self.batch_size:
-            raise ValueError("batch_size: fixed once the controller follows this sampler")
-        launched = os.environ.get("WORLD_SIZE", "1")
+        self._loader_batches.add(int(batch_size))
+        if self.batch_size == int(batch_size) and not drop_last:
+            return
+        if self._controller is not None:
+            if int(batch_size) != self.batch_size:
+                raise ValueError(f"batch_size: fixed at {self.batch_size} once the controller follows this sampler, "
+                                 f"got {batch_size}")
+            return
+        # The processes launched together (a replacement or a late joiner started by `dra run` or a
+        # pool has a torch world of its own: DRA_UNIVERSE_SIZE names the launched one).
+        name = "DRA_UNIVERSE_SIZE" if os.environ.get("DRA_UNIVERSE_SIZE") else "WORLD_SIZE"
+        launched = os.environ.get(name, "1")
         if not launched.isdigit() or int(launched) < 1:
-            raise ValueError(f"WORLD_SIZE: must be a positive integer, got {launched!r}")
-        ElasticSampler.__init__(self, self._dataset_size, int(batch_size) * int(launched), **self._options)
+            raise ValueError(f"{name}: must be a positive integer, got {launched!r}")
+        options = dict(self._options, drop_last=self._options["drop_last"] or drop_last)
+        ElasticSampler.__init__(self, self._dataset_size, int(batch_size) * int(launched), **options)
+        self._orders = {}
         self.batch_size = int(batch_size)
-        return self
 
     def __getattr__(self, name: str) -> Any:
         if name == "_native":
-            raise ValueError("DistributedSampler: give it the per-rank batch first (sampler.batches(batch_size))")
+            raise ValueError("DistributedSampler: give it the per-rank batch first (DataLoader(batch_size=...) or "
+                             "sampler.batches(batch_size))")
         raise AttributeError(name)
+
+    # -- torch's order and split (the same samples per step as DDP in a fixed world) ---------------
+    def order(self) -> np.ndarray:
+        epoch = self._native.epoch
+        if epoch not in self._orders:
+            self._orders = {epoch: _torch_order(self._dataset_size, self._options["shuffle"], self.seed + epoch)}
+        return self._orders[epoch]
+
+    def _share(self, cursor: int, world: int, rank: int) -> np.ndarray:
+        # Torch's split of a step: rank r takes positions r, r + W, ... of it; the share sizes are
+        # the C++ sampler's (earlier ranks take the extra ones), so each rank's gradient weight holds.
+        end = min(cursor + self._native.global_batch, self._native.epoch_size)
+        return self.order()[np.arange(cursor + rank, end, world)]
+
+    def step_indices(self) -> np.ndarray:
+        cursor = self._native.cursor
+        return self.order()[cursor:min(cursor + self._native.global_batch, self._native.epoch_size)]
+
+    # -- torch's interface ----------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """torch's ``set_epoch``. Followed by the controller: see ``ElasticSampler.set_epoch``."""
+        self._torch_epoch = int(epoch)
+        if self._controller is not None or self.batch_size is not None:
+            super().set_epoch(epoch)
+        else:
+            self._requested = int(epoch)
+
+    @property
+    def num_replicas(self) -> int:
+        """The ranks the data is split over now (the world's size when the controller follows)."""
+        return int(self._native.world) if self._controller is not None else self._split()[0]
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        return int(self._native.rank) if self._controller is not None else self._split()[1]
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        """The data epoch (the world's, when the controller follows; else the latest set_epoch)."""
+        return int(self._native.epoch) if self._controller is not None else self._torch_epoch
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+    @property
+    def total_size(self) -> int:
+        return self._torch_sampler().total_size if self._controller is None else int(self._native.epoch_size)
+
+    def __len__(self) -> int:
+        """Samples this rank takes in the epoch: torch's ``num_samples``; followed by the controller,
+        the samples left for this rank in the current data epoch, in the world as it is now."""
+        if self._controller is None:
+            return len(self._torch_sampler())
+        native = self._native
+        left = native.epoch_size if native.exhausted else native.epoch_size - native.cursor  # exhausted: the next epoch's
+        g, w, r = native.global_batch, max(native.world, 1), native.rank
+        if left <= 0:
+            return 0
+        full, last = divmod(left, g)
+        per_full = g // w + (1 if r < g % w else 0)
+        return full * per_full + last // w + (1 if r < last % w else 0)
+
+    def __iter__(self) -> Iterator[int]:
+        """torch's iteration: this rank's sample ids for the epoch. Followed by the controller, the
+        shares of the steps left in the data epoch for the world now (the DataLoader's batch
+        sampler asks step by step instead, following the world as it changes)."""
+        if self._controller is None:
+            return iter(self._torch_sampler())
+        native = self._native
+        cursors = range(native.cursor, native.epoch_size, native.global_batch)
+        return (int(i) for c in cursors for i in self._share(c, native.world, native.rank))
+
+    def _split(self) -> tuple[int, int]:
+        """(num_replicas, rank) for torch's split outside the controller: the ones given, else the
+        elastic world now (an eval loader in a job), else WORLD_SIZE/RANK."""
+        given_world, given_rank = self._fixed
+        world = rank = None
+        ctl = _followed()
+        if ctl is not None and ctl.rank >= 0:
+            world, rank = ctl.world_size, ctl.rank
+        if world is None:
+            world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        world = given_world if given_world is not None else world
+        rank = given_rank if given_rank is not None else min(rank, world - 1)
+        return world, rank
+
+    def _torch_sampler(self) -> Any:
+        from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
+
+        world, rank = self._split()
+        s = TorchDistributedSampler(self.dataset, num_replicas=world, rank=rank, **self._options)
+        s.set_epoch(self._torch_epoch)
+        return s
+
+    def _check_trainable(self) -> None:
+        """Refuses what cannot be the training sampler, before the controller joins the world."""
+        if self._fixed != (None, None):
+            raise ValueError("num_replicas/rank: leave them None on the training sampler; the elastic world decides "
+                             "both (ctl.world_size, ctl.rank)")
+        if len(self._loader_batches) > 1:
+            raise ValueError(f"batch_size: this sampler serves DataLoaders with different batch sizes "
+                             f"{sorted(self._loader_batches)}; give the training loader a sampler of its own")
+
+    def _follow(self, controller: Any) -> None:
+        super()._follow(controller)
+        if self._requested is not None:
+            self.set_epoch(self._requested)  # set before the controller followed (a restarted job)
+
+
+class _StepBatches:
+    """``sampler.batches(B)``: the per-step shares of a DistributedSampler as a batch sampler."""
+
+    def __init__(self, sampler: DistributedSampler) -> None:
+        self.sampler = sampler
+        self.batch_size = sampler.batch_size
+        self.drop_last = sampler._options["drop_last"]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return _batches(self.sampler, self.batch_size or 1, self.drop_last)
+
+    def __len__(self) -> int:
+        return _num_batches(self.sampler, self.batch_size or 1, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler, name)
+
+
+def _batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
+    if sampler._controller is not None:
+        return (b.tolist() for b in sampler._steps())
+    ids = list(sampler)  # outside the controller: torch's per-rank list, batched as torch's BatchSampler does
+    stop = len(ids) - len(ids) % batch_size if drop_last else len(ids)
+    return (ids[i:i + batch_size] for i in range(0, stop, batch_size))
+
+
+def _num_batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> int:
+    if sampler._controller is not None:
+        return ElasticSampler.__len__(sampler)
+    n = len(sampler)
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def _patch_batch_sampler() -> None:
+    """torch's DataLoader with ``batch_size=B, sampler=<our DistributedSampler>`` builds a
+    ``BatchSampler`` that groups the sampler's ids by B. For the sampler the controller follows,
+    each step's share must come from the world as it is when the loader asks (it changes size with
+    the world), so a BatchSampler over it takes the shares from the sampler; over anything else it
+    is torch's, unchanged. Done once, at import of dra.elastic."""
+    from torch.utils.data import BatchSampler
+
+    if getattr(BatchSampler, "_dra_follows_elastic_samplers", False):
+        return
+    torch_init, torch_iter, torch_len = BatchSampler.__init__, BatchSampler.__iter__, BatchSampler.__len__
+
+    def __init__(self: Any, sampler: Any, batch_size: int, drop_last: bool) -> None:  # noqa: N807
+        torch_init(self, sampler, batch_size, drop_last)
+        if isinstance(sampler, DistributedSampler):
+            sampler._bind_batch(batch_size, drop_last)
+
+    def __iter__(self: Any) -> Iterator[list[int]]:  # noqa: N807
+        if isinstance(self.sampler, DistributedSampler) and self.sampler._controller is not None:
+            return _batches(self.sampler, self.batch_size, self.drop_last)
+        return torch_iter(self)
+
+    def __len__(self: Any) -> int:  # noqa: N807
+        if isinstance(self.sampler, DistributedSampler) and self.sampler._controller is not None:
+            return ElasticSampler.__len__(self.sampler)
+        return torch_len(self)
+
+    BatchSampler.__init__ = __init__
+    BatchSampler.__iter__ = __iter__
+    BatchSampler.__len__ = __len__
+    BatchSampler._dra_follows_elastic_samplers = True
+
+
+def _torch_order(n: int, shuffle: bool, seed: int) -> np.ndarray:
+    """torch's DistributedSampler order of an epoch: randperm seeded with seed + epoch."""
+    import torch
+
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return torch.randperm(n, generator=g).numpy()
+
+
+_patch_batch_sampler()

@@ -5,15 +5,30 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from dra import _process
+
 
 def is_python(cmd: list[str]) -> bool:
-    return bool(cmd) and (os.path.basename(cmd[0]).startswith("python") or cmd[0] == sys.executable)
+    """Whether ``cmd`` runs this very interpreter (the same executable in the same environment:
+    another virtual environment's python has other packages) on a script or a module, in a form
+    the fork server can run (``[-u] script.py ...`` or ``[-u] -m module ...``)."""
+    if not cmd:
+        return False
+    found = shutil.which(cmd[0])
+    if found is None:
+        return False
+    here = os.path.abspath(sys.executable)
+    if os.path.dirname(os.path.abspath(found)) != os.path.dirname(here) or os.path.realpath(found) != os.path.realpath(here):
+        return False
+    args = [a for a in cmd[1:] if a != "-u"]
+    return bool(args) and (args[0] == "-m" and len(args) > 1 or not args[0].startswith("-"))
 
 
 class Spawner:
@@ -27,8 +42,11 @@ class Spawner:
         self._pending: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         if use_zygote:
+            # The fork server dies with this launcher (it arms its parent-death signal at start),
+            # and its workers with it: none is left running without the job's store.
+            env = dict(os.environ, DRA_PARENT_PID=str(os.getpid()))
             self.zygote = subprocess.Popen([sys.executable, "-m", "dra.pool._zygote", ",".join(preload)],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                            stderr=open(log, "ab"), start_new_session=True)
             assert self.zygote.stdout is not None
             first = json.loads(self.zygote.stdout.readline() or b"{}")
@@ -53,8 +71,8 @@ class Spawner:
             ev = threading.Event()
             with self._lock:
                 self._pending[wid] = ev
-            msg = {"op": "spawn", "id": wid, "argv": cmd[1:], "env": env, "cwd": cwd, "cgroups": cgroups,
-                   "log": str(log)}
+            msg = {"op": "spawn", "id": wid, "argv": [a for a in cmd[1:] if a != "-u"], "env": env, "cwd": cwd,
+                   "cgroups": cgroups, "log": str(log)}
             assert self.zygote.stdin is not None
             self.zygote.stdin.write((json.dumps(msg) + "\n").encode())
             self.zygote.stdin.flush()
@@ -62,14 +80,14 @@ class Spawner:
                 raise RuntimeError(f"the fork server did not start worker {wid}")
             return self.pids[wid]
 
-        def enter() -> None:  # in the child, before exec: into the lease's cgroups
-            for p in cgroups:
-                with open(os.path.join(p, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
-
+        # Through the trampoline (dra/_process.py): into the lease's cgroups, the parent-death
+        # signal armed (the worker dies with this launcher), then exec of the command itself.
+        trampoline = [sys.executable, "-I", "-S", _process.__file__]
+        for path in cgroups:
+            trampoline += ["--cgroup", path]
         out = open(log, "ab")
-        p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             preexec_fn=enter if cgroups else None, start_new_session=True)
+        p = subprocess.Popen([*trampoline, "--", *cmd], env=dict(env, DRA_PARENT_PID=str(os.getpid())), cwd=cwd,
+                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         out.close()
         self.procs[wid] = p
         self.pids[wid] = p.pid

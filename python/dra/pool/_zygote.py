@@ -11,6 +11,7 @@ only from this single thread, before any torch operation has started a thread po
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -19,10 +20,14 @@ import select
 import signal
 import sys
 
+from dra import _process
 
-def _child(msg: dict, out_fd: int) -> None:
+
+def _child(msg: dict, out_fd: int, zygote: int) -> None:
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _process.die_with_parent(signal.SIGKILL, zygote)  # the fork server goes only with its launcher
     # stdout/stderr become the worker's log and stdin /dev/null (dup2 closes the zygote's pipes
     # in this process); opened above 2 first, so dup2 never closes what it just opened.
     log = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -62,6 +67,9 @@ def _child(msg: dict, out_fd: int) -> None:
         traceback.print_exc()
         code = 1
     try:
+        # An interpreter's exit runs the atexit handlers (a ported DDP script's controller finishes
+        # there: the members meet once more and the leader marks the job done).
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -80,6 +88,24 @@ def _warm_torch() -> None:
 
 
 def main() -> None:
+    # This server dies with its launcher (the job's store goes with it): its parent-death signal
+    # stops every worker it forked, saying why in the worker's log.
+    logs: dict[int, str] = {}
+    launcher = int(os.environ.pop("DRA_PARENT_PID", "0")) or os.getppid()
+
+    def launcher_gone(*_: object) -> None:
+        for pid, log in list(logs.items()):
+            try:
+                with open(log, "a") as f:
+                    f.write(f"[dra run] the launcher (pid {launcher}) is gone, and the job's store with it: "
+                            "this worker is stopped\n")
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, launcher_gone)
+    _process.die_with_parent(signal.SIGTERM, launcher)
     for name in (sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []):
         importlib.import_module(name)
     if "torch" in sys.modules:
@@ -97,17 +123,19 @@ def main() -> None:
         ready, _, _ = select.select([inp], [], [], 0.02)
         if ready:
             chunk = os.read(inp, 65536)
-            if not chunk:  # the launcher went away: the zygote ends; workers live on
+            if not chunk:  # the launcher closed the pipe: no more workers; those running go on
                 return
             buf += chunk
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 msg = json.loads(line)
                 if msg.get("op") == "spawn":
+                    zygote = os.getpid()
                     pid = os.fork()
                     if pid == 0:
-                        _child(msg, out)
+                        _child(msg, out, zygote)
                     ids[pid] = msg["id"]
+                    logs[pid] = msg["log"]
                     say({"spawned": msg["id"], "pid": pid})
         while ids:
             try:
@@ -117,6 +145,7 @@ def main() -> None:
             if pid == 0:
                 break
             code = os.waitstatus_to_exitcode(status)
+            logs.pop(pid, None)
             say({"exited": ids.pop(pid, "?"), "code": code})
 
 

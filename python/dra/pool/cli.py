@@ -82,7 +82,7 @@ def _status(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
-        from dra.pool.launcher import main as run_main
+        from dra.launch.cli import main as run_main
 
         return run_main(argv[1:])
     command: list[str] = []

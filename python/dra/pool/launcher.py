@@ -27,43 +27,39 @@ from typing import Any
 
 from dra.pool._spawner import Spawner, is_python
 
-#: The first late joiner's uid (the controller's numbering: 10000 + the store's ``late_uid`` count).
-LATE_UID_BASE = 10000
-
 
 class JobStore:
-    """The job's c10d store, hosted here, and the keys of the contract with the running job."""
+    """The job's c10d store, hosted here; the contract's keys go through dra's one API for outside
+    actors (``dra._core.elastic.JobControl``: capacity, report, done, late joiners' uids)."""
 
     def __init__(self, job: str, host: str, advertise: str | None) -> None:
         import torch.distributed as dist
 
+        from dra._core.elastic import JobControl
+
         self.store = dist.TCPStore(host, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
         self.address = f"{advertise or host}:{self.store.port}"
-        self.prefix = f"dra/{job}/0"  # TORCHELASTIC_RESTART_COUNT is 0 under dra run
+        local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        self.control = JobControl(f"{local}:{self.store.port}", job)  # TORCHELASTIC_RESTART_COUNT is 0 here
 
-    def key(self, name: str) -> str:
-        return f"{self.prefix}/{name}"
-
-    def get(self, name: str) -> Any:
+    def report(self) -> dict[str, Any] | None:
         try:
-            if self.store.check([self.key(name)]):
-                return json.loads(self.store.get(self.key(name)))
+            return self.control.report()
         except Exception:  # noqa: BLE001 - a half-written or odd value is not fatal
             return None
-        return None
 
-    def set(self, name: str, value: Any) -> None:
-        self.store.set(self.key(name), json.dumps(value))
+    def set_capacity(self, cap: dict[str, Any]) -> None:
+        self.control.set_capacity(int(cap["min_size"]), int(cap["max_size"]), [int(u) for u in cap["leave"]])
 
     def done(self) -> bool:
         try:
-            return bool(self.store.check([self.key("done")]))
+            return bool(self.control.done())
         except Exception:  # noqa: BLE001
             return False
 
     def claim_uid(self) -> int:
         """A late joiner's uid, taken from the counter the controller takes it from."""
-        return LATE_UID_BASE + int(self.store.add(self.key("late_uid"), 1)) - 1
+        return int(self.control.claim_late_uid())
 
 
 class Launcher:
@@ -108,6 +104,7 @@ class Launcher:
         self.leave_uids: set[int] = set()  # every uid asked to go (never reused, so never admitted again)
         self.capacity: dict[str, Any] | None = None
         self.started_world = False
+        self.first_world = 0
         self.events: list[dict[str, Any]] = []
 
     def _options(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +131,8 @@ class Launcher:
         if join:
             uid = self.store.claim_uid()
             env.update({"DRA_JOIN": "1", "DRA_JOIN_UID": str(uid)})
+            if self.first_world:  # the launched world (a DistributedSampler's global batch is per-rank x this)
+                env["DRA_UNIVERSE_SIZE"] = str(self.first_world)
         cgroups = [p for p in env.get("DRA_CGROUPS", "").split(":") if p]
         wid = f"{self.job}.{lease['id']}"
         log = self.log_dir / f"{wid}.log"
@@ -188,7 +187,7 @@ class Launcher:
             k = sum(1 for l in answer["leases"] if l["state"] == "active")
             cap = {"min_size": k, "max_size": k, "leave": sorted(self.leave_uids)}
             if cap != self.capacity:
-                self.store.set("capacity", cap)
+                self.store.set_capacity(cap)
                 self.capacity = cap
                 self._say(event="capacity", **cap)
         now = time.time()
@@ -234,7 +233,7 @@ class Launcher:
             freed, c = self._reap()
             released += freed
             codes += c
-            report = self.store.get("report")
+            report = self.store.report()
             done = self.store.done() or (self.started_world and not self.workers and any(x == 0 for x in codes))
             if done:  # the job finished: its workers end by themselves (the leader writes results)
                 t_done = time.time()
@@ -271,6 +270,7 @@ class Launcher:
                    and l["state"] == "active"]
             if new and not self.started_world:
                 if len(new) >= answer["min_size"]:
+                    self.first_world = len(new)
                     for rank, lease in enumerate(new):
                         self._start(lease, rank, len(new), join=False)
                     self.started_world = True

@@ -6,6 +6,7 @@
 // late: docs/design/elastic.md.
 #include <ATen/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dra/elastic/sampler.hpp"
@@ -64,6 +66,23 @@ class controller;
 enum class change_phase { rebuild, state_transfer, reshard };
 const char* to_string(change_phase p) noexcept;
 
+/// The test hook called at each phase of every world change. A callable taking the phase's name
+/// (`const std::string&`, release 0.1's signature) is still accepted: deprecated, removed in 0.4.
+class phase_hook_fn : public std::function<void(change_phase, const controller&)> {
+  using base = std::function<void(change_phase, const controller&)>;
+
+ public:
+  phase_hook_fn() = default;
+  template <class F, std::enable_if_t<std::is_invocable_v<F&, change_phase, const controller&>, int> = 0>
+  phase_hook_fn(F f) : base(std::move(f)) {}  // NOLINT(google-explicit-constructor): assigned like a std::function
+  template <class F, std::enable_if_t<!std::is_invocable_v<F&, change_phase, const controller&> &&
+                                          std::is_invocable_v<F&, const std::string&, const controller&>,
+                                      int> = 0>
+  [[deprecated("dra 0.2: the phase hook takes a dra::elastic::change_phase (to_string() names it); removed in 0.4")]]
+  phase_hook_fn(F f)  // NOLINT(google-explicit-constructor)
+      : base([f = std::move(f)](change_phase p, const controller& c) mutable { f(std::string(to_string(p)), c); }) {}
+};
+
 /// Everything a controller is configured with. The names are the option names in Python
 /// (dra.Controller(**options)); validate() names the option and the fix.
 struct controller_options {
@@ -107,8 +126,35 @@ struct controller_options {
   std::string compress;
   /// Test hook: called at each phase of every world change (also while the constructor forms the
   /// first world), so tests can kill a process inside a resize.
-  std::function<void(change_phase, const controller&)> phase_hook;
+  phase_hook_fn phase_hook;
 
+  // -- release 0.1's names: deprecated aliases, removed in 0.4 (docs/guide/compatibility.md) -----
+  // The controller moves what they hold into the current names (adopt_deprecated_names(), a
+  // warning once per name). Their defaults mean "not set". The special members are defined in
+  // src/elastic/options.cpp, so that copying options warns nowhere; only naming an alias does.
+  controller_options();
+  controller_options(const controller_options&);
+  controller_options(controller_options&&);
+  controller_options& operator=(const controller_options&);
+  controller_options& operator=(controller_options&&);
+  ~controller_options();
+  [[deprecated("dra 0.2: use resize_schedule")]] std::map<std::int64_t, int> schedule;
+  [[deprecated("dra 0.2: use engine.decide_every")]] std::int64_t decide_every = 0;
+  [[deprecated("dra 0.2: use fault_timeout_s (seconds)")]] std::chrono::milliseconds fault_timeout{0};
+  [[deprecated("dra 0.2: use store_timeout_s (seconds)")]] std::chrono::milliseconds store_timeout{0};
+  [[deprecated("dra 0.2: use chunk_mb (MiB)")]] std::size_t chunk_bytes = 0;
+  [[deprecated("dra 0.2: use backend_address")]] std::string gloo_hostname;
+
+  /// The options a launcher gives a job: the defaults, then DRA_OPTIONS (a JSON object of the
+  /// option names; `dra run` and the device pool set it). A C++ trainer starts from these and
+  /// sets its own after, so that its own settings win, as a Python script's keywords do. Throws
+  /// std::invalid_argument naming DRA_OPTIONS or the option.
+  static controller_options from_env();
+  /// Moves values set through release 0.1's names (schedule, decide_every, fault_timeout,
+  /// store_timeout, chunk_bytes, gloo_hostname, start_size = -1) into the current ones, warning
+  /// once per name and process. The controller calls it; call it before validate() when you
+  /// validate options by hand.
+  void adopt_deprecated_names();
   /// Throws std::invalid_argument naming the option and the fix; checks against the job's size
   /// (min_size, start_size, schedule) happen when the controller knows it.
   void validate() const;
@@ -117,9 +163,9 @@ struct controller_options {
   /// given (raise it for late joiners), lets the goodput policy adapt the batch under adascale.
   /// Returns the first world's size.
   int fit_to_job(int universe_size);
-  std::chrono::milliseconds fault_timeout() const;
-  std::chrono::milliseconds store_timeout() const;
-  std::size_t chunk_bytes() const;
+  std::chrono::milliseconds fault_timeout_ms() const;
+  std::chrono::milliseconds store_timeout_ms() const;
+  std::size_t chunk_size_bytes() const;
 };
 
 /// Optional per-step inputs beyond the loss (NaN: not given).
@@ -156,6 +202,8 @@ struct step_status {
   double energy_job_j = std::numeric_limits<double>::quiet_NaN();
   std::string energy_source;
 };
+/// Release 0.1's name of step_status (deprecated, removed in 0.4).
+using step_result [[deprecated("dra 0.2: use step_status")]] = step_status;
 
 /// Bytes of the bucketed reductions a hook (gradient codec) reduced, per rank.
 struct compression_stats {
@@ -280,13 +328,28 @@ class controller {
   /// End of training: members meet once more; the leader tells the standby processes to go. A
   /// store or peer already gone at this point changes nothing (training is over): never throws.
   void finish() noexcept;
+  /// Asks the job to stop cleanly (what a SIGTERM to a worker of `dra run` does): the request
+  /// rides with this process's next gradient reduction, every member learns of it from the same
+  /// reduction and ends training at the same step boundary (the step in hand is finished and
+  /// committed, then finish()); the code after the training loop runs, so the leader can write
+  /// the final checkpoint. Async-signal-safe (sets a flag). Alone (no world) it only sets
+  /// stop_requested(). A standby ends with the job.
+  void request_stop() noexcept { stop_requested_.store(true, std::memory_order_relaxed); }
+  bool stop_requested() const noexcept { return stop_requested_.load(std::memory_order_relaxed); }
+  /// Training ended because a member asked to stop (request_stop()).
+  bool stopped() const noexcept { return stopped_; }
 
   role current_role() const noexcept { return role_; }
   bool is_local() const noexcept { return role_ == role::local; }
   bool is_member() const noexcept { return role_ == role::member || role_ == role::local; }
   bool failed() const noexcept { return !failure_.empty(); }
   int uid() const noexcept { return uid_; }
+  /// The rank in the world now (-1 outside it). After the job finished, the rank this process had
+  /// in the last world (-1 if it was not a member then), so that "save on rank 0" after the
+  /// training loop works.
   int rank() const noexcept;
+  /// rank() == 0: the world's leader now, or after the end the leader of the last world.
+  bool is_leader() const noexcept { return rank() == 0; }
   int world_size() const noexcept;
   std::int64_t epoch() const noexcept { return epoch_; }
   std::int64_t step_index() const noexcept { return step_index_; }
@@ -338,6 +401,7 @@ class controller {
   void apply_decision();
   void decide_at_boundary();
   void leave(bool exit);
+  void stop_at_boundary() noexcept;
   void recover(std::string reason);
   void hook(change_phase phase);
 
@@ -383,6 +447,11 @@ class controller {
   bool reduced_ = false;
   bool decision_flag_ = false;
   bool exit_requested_ = false;
+  std::atomic<bool> stop_requested_{false};  ///< request_stop(): may be set from a signal handler
+  bool stop_seen_ = false;                   ///< a member's stop request rode with a reduction read now
+  bool stopped_ = false;
+  int final_rank_ = -1;  ///< the rank in the last world, kept by finish()
+  int final_size_ = 0;
   bool device_released_ = false;  ///< the state provider gave the device's memory back (standby)
   double decide_s_ = 0.0;
   double world_loss_ = std::numeric_limits<double>::quiet_NaN();

@@ -28,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 import dra.rl as rl
+from dra._core.elastic import JobControl
 from dra.pool import _cgroup as cg
 from dra.rl.live.model import ModelConfig
 from dra.rl.live.pretrain import pretrain
@@ -249,7 +250,9 @@ class LiveRL:
         # uids: the first trainers form the first world (0..T-1); trainers[0] leads it for the whole
         # run (a leader never leaves, and the coordinator moves the newest trainers first).
         self._uid = {s: i for i, s in enumerate(trainers + rollout_slots)}
-        self._job_key = f"dra/{job_id}/0"  # the job's keys in the store (docs/guide/elastic.md, "Driving a job from outside")
+        # The job's contract keys (docs/guide/elastic.md, "Driving a job from outside"), one API for
+        # every outside actor (the launcher and the pool use it too).
+        self._control = JobControl(f"127.0.0.1:{self.store.port}", job_id, timeout_s=c.timeout_s)
         events_path = self.out / "events" / f"{self._runs}-{name}.jsonl"
         job = {"id": job_id, "steps": c.steps, "global_batch": c.prompts_per_step * c.group_size,
                "options": {"policy": "none", "release": "return", "start_size": len(trainers), "capacity_poll_s": 0.0,
@@ -407,8 +410,7 @@ class LiveRL:
     def _capacity(self, trainers: int, leave: list[int]) -> None:
         """Sizes the trainers' world from outside: its ``capacity`` key (min = max = the new size;
         ``leave`` names the slots that go), read by the leader at the next step boundary."""
-        cap = {"min_size": trainers, "max_size": trainers, "leave": sorted(self._uid[s] for s in leave)}
-        self.store.set(f"{self._job_key}/capacity", json.dumps(cap))
+        self._control.set_capacity(trainers, trainers, sorted(self._uid[s] for s in leave))
 
     def _phase(self, p: int, rollout_slots: list[int], trainers: list[int], queue: deque[dict[str, Any]], shard: dict[str, Any] | None,
                version: int, ledger: dict[int, str], batches: dict[int, list[dict[str, Any]]], gen_batch: int | None) -> dict[str, Any]:

@@ -1,0 +1,85 @@
+"""Process lifetimes: a child that dies with its parent, on Linux (``PR_SET_PDEATHSIG``).
+
+A worker of ``dra run`` must not outlive its launcher: the launcher hosts the job's store (on one
+node, or this node's part of it), so a worker left behind would train on without a store and
+break the next fault's recovery. Each worker is started with its parent-death signal set; a
+worker's forked children (DataLoader workers) get it too (``die_with_parent_on_fork``), since they
+hold copies of the worker's sockets: a killed worker whose DataLoader workers live on keeps its
+connections open, and its peers would notice it only after a timeout.
+
+``python -m dra._process [--cgroup PATH ...] -- COMMAND ...`` is the trampoline the launcher
+starts a plain (non-forked) worker through: it joins the lease's cgroups, sets the parent-death
+signal, and execs the command (the setting survives exec).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+
+_PR_SET_PDEATHSIG = 1
+_libc: ctypes.CDLL | None = None
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> bool:
+    """Asks the kernel to send ``sig`` to this process when its parent dies. When ``parent`` (the
+    pid the parent had) is given and the parent is already gone, exits at once. False where the
+    platform has no such call (then nothing changes)."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # the parent died before the signal was armed
+    return True
+
+
+_fork_state = {"registered": False, "main": True, "parent": 0}
+
+
+def die_with_parent_on_fork() -> None:
+    """Every process forked from now on from this process's main thread (a DataLoader's workers)
+    dies with it. Children forked from another thread are left alone: the signal follows the
+    forking thread, and a short-lived thread would take them with it."""
+    if _fork_state["registered"] or not sys.platform.startswith("linux"):
+        return
+
+    def before() -> None:
+        _fork_state["main"] = threading.current_thread() is threading.main_thread()
+        _fork_state["parent"] = os.getpid()
+
+    def after_in_child() -> None:
+        if _fork_state["main"]:
+            die_with_parent(signal.SIGKILL, _fork_state["parent"])
+
+    os.register_at_fork(before=before, after_in_child=after_in_child)
+    _fork_state["registered"] = True
+
+
+def main(argv: list[str]) -> None:
+    """The trampoline: ``[--cgroup PATH ...] -- COMMAND ...``."""
+    if "--" not in argv:
+        raise SystemExit("usage: python -m dra._process [--cgroup PATH ...] -- COMMAND ...")
+    i = argv.index("--")
+    opts, command = argv[:i], argv[i + 1:]
+    cgroups = [opts[k + 1] for k in range(len(opts) - 1) if opts[k] == "--cgroup"]
+    for path in cgroups:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    parent = int(os.environ.pop("DRA_PARENT_PID", "0")) or None
+    die_with_parent(signal.SIGKILL, parent)
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        print(f"[dra run] cannot start {command[0]!r}: {e}", file=sys.stderr, flush=True)
+        os._exit(127)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,400 @@
+"""One node's launcher of ``dra run``: starts this node's workers with torchrun's environment,
+copies their output to the console, and supervises each on its own.
+
+What it does that torchrun's agent does not (docs/guide/elastic.md, "dra run"):
+- a worker that dies does not take the others down: a dra job's survivors shrink in place and go
+  on, and with ``--max-restarts N`` up to N replacements join the running world (``DRA_JOIN=1``);
+  a job without dra is stopped and restarted as a whole, as torchrun does;
+- every worker dies with its launcher (parent-death signal), so none trains on without its store;
+- SIGTERM, SIGINT or SIGHUP to the launcher stops the job cleanly: SIGTERM to each worker makes a
+  dra job end at the same step everywhere, the code after the training loop runs (the leader
+  writes the final checkpoint); a second signal, or ``--shutdown-timeout`` later, SIGKILL;
+- several nodes leave without an exit barrier: a node waits for the others only while they beat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra.launch import rendezvous
+from dra.launch.tee import Tee, console_wanted, prefix_for
+
+#: What torchrun's agent hands its workers, besides the ranks (torch 2.13, LocalElasticAgent).
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+@dataclass
+class RunConfig:
+    command: list[str]
+    nproc: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    node_rank: int | None = None
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    run_id: str = "job"
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    role: str = "default"
+    log_dir: str = "dra-logs"
+    tee: int = 3
+    local_ranks: set[int] | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    local_addr: str | None = None
+    shutdown_timeout: float = 30.0
+    store_host: str = "127.0.0.1"
+    advertise: str | None = None
+    zygote: bool = True
+    preload: list[str] = field(default_factory=lambda: ["torch", "dra", "dra.elastic"])
+    fence_timeout_s: float = 10.0
+    rdzv_timeout_s: float = 600.0
+    cwd: str | None = None
+
+
+@dataclass
+class Worker:
+    local_rank: int
+    rank: int
+    uid: int
+    wid: str
+    log: Path
+    pid: int = 0
+    started: float = 0.0
+    join: bool = False
+
+
+class NodeLauncher:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.log_dir = Path(cfg.log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.signals: list[int] = []
+        self.workers: dict[str, Worker] = {}
+        self.exits: list[dict[str, Any]] = []
+        self.restarts_left = cfg.max_restarts
+        self.restart_count = 0  # whole-group restarts (a job without dra)
+        self.placement: rendezvous.Placement | None = None
+        self.job: Any = None
+        self.spawner: Any = None
+        self.tee: Tee | None = None
+        self.fenced = False
+        self.joining: set[int] = set()  # replacements not admitted yet (uids)
+        self._capacity_t = 0.0
+        self._is_dra: bool | None = None
+        self._store_lost_since: float | None = None
+
+    # -- messages ------------------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        print(f"[dra run] {text}", file=sys.stderr, flush=True)
+        with open(self.log_dir / f"{self.cfg.run_id}.launcher.log", "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        from dra.pool._spawner import Spawner, is_python
+
+        cfg = self.cfg
+        use_zygote = cfg.zygote and is_python(cfg.command)
+        self.tee = Tee()
+        try:
+            self.placement = self._meet()
+            if self.signals:
+                return 1
+            self.spawner = Spawner(use_zygote, cfg.preload, self.log_dir / f"{cfg.run_id}.zygote.log")
+            self._connect_job()
+            p = self.placement
+            self._say(f"job {cfg.run_id}: node {p.group_rank} of {p.group_world_size}, workers "
+                      f"{p.first_rank}..{p.first_rank + cfg.nproc - 1} of {p.world_size}, store {p.address}, "
+                      f"{'fork server' if use_zygote else 'plain processes'}, logs in {self.log_dir}/")
+            for local_rank in range(cfg.nproc):
+                self._start(local_rank, join=False)
+            self._supervise()
+            return self._finish()
+        finally:
+            for w in list(self.workers.values()):
+                self.spawner.kill(w.wid, signal.SIGKILL)
+            if self.spawner is not None:
+                self.spawner.close()
+            if self.tee is not None:
+                self.tee.close()
+            if self.placement is not None:
+                self.placement.close()
+            # The store and its clients go now, not at the interpreter's exit (where their C++
+            # threads would meet a finalizing interpreter).
+            self.job = self.placement = self.beats = None
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _meet(self) -> rendezvous.Placement:
+        cfg = self.cfg
+        if cfg.rdzv_backend == "c10d":
+            self._say(f"waiting for {cfg.min_nodes}..{cfg.max_nodes} nodes at {cfg.rdzv_endpoint} (run {cfg.run_id})")
+            return rendezvous.dynamic(cfg.run_id, cfg.nproc, cfg.min_nodes, cfg.max_nodes, cfg.rdzv_endpoint,
+                                      cfg.local_addr, cfg.rdzv_conf, cfg.rdzv_timeout_s)
+        if cfg.max_nodes > 1:
+            if cfg.node_rank is None or cfg.master_port is None:
+                raise ValueError("--nnodes > 1: give --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or --node-rank with "
+                                 "--master-addr and --master-port")
+            self._say(f"node {cfg.node_rank} waiting for {cfg.max_nodes} nodes at {cfg.master_addr}:{cfg.master_port}")
+            return rendezvous.static(cfg.run_id, cfg.nproc, cfg.max_nodes, cfg.node_rank, cfg.master_addr,
+                                     cfg.master_port, cfg.rdzv_timeout_s)
+        return rendezvous.local(cfg.run_id, cfg.nproc, cfg.store_host, cfg.advertise)
+
+    def _connect_job(self) -> None:
+        from dra._core.elastic import JobControl
+
+        assert self.placement is not None
+        self.job = JobControl(self.placement.address, self.cfg.run_id, self.restart_count, timeout_s=60.0)
+        self.beats = rendezvous.NodeBeats(self.placement)
+
+    # -- workers ---------------------------------------------------------------------------------
+    def _env(self, w: Worker) -> dict[str, str]:
+        cfg, p = self.cfg, self.placement
+        assert p is not None
+        env = dict(os.environ)
+        for k in ("DRA_JOIN", "DRA_JOIN_UID"):
+            env.pop(k, None)
+        env.update({
+            "RANK": str(w.rank), "LOCAL_RANK": str(w.local_rank), "WORLD_SIZE": str(p.world_size),
+            "LOCAL_WORLD_SIZE": str(cfg.nproc), "GROUP_RANK": str(p.group_rank),
+            "GROUP_WORLD_SIZE": str(p.group_world_size), "ROLE_NAME": cfg.role, "ROLE_RANK": str(w.rank),
+            "ROLE_WORLD_SIZE": str(p.world_size), "MASTER_ADDR": p.master_addr, "MASTER_PORT": str(p.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count), "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
+            "TORCHELASTIC_RUN_ID": cfg.run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_ERROR_FILE": str(self.log_dir / f"{cfg.run_id}.{w.rank}.error.json"),
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", SIGNALS_TO_HANDLE),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            # dra's own: the job's store (the same one), its id, and SIGTERM as a clean stop.
+            "DRA_STORE": p.address, "DRA_JOB_ID": cfg.run_id, "DRA_STOP_ON_SIGTERM": "1", "DRA_LAUNCHER": "dra run",
+            "DRA_UNIVERSE_SIZE": str(p.world_size), "PYTHONUNBUFFERED": "1",
+        })
+        if cfg.nproc > 1 or p.group_world_size > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default with several workers per node
+        if w.join:
+            # A replacement joins the running world in place with a uid claimed for it. torch's
+            # default process group of the launch world cannot take a new member, so the script's
+            # own init_process_group() makes a world of one on a private port (get_rank() 0).
+            env.update({"DRA_JOIN": "1", "DRA_JOIN_UID": str(w.uid), "RANK": "0", "WORLD_SIZE": "1",
+                        "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                        "TORCHELASTIC_USE_AGENT_STORE": "False"})
+        return env
+
+    def _start(self, local_rank: int, join: bool) -> Worker:
+        cfg, p = self.cfg, self.placement
+        assert p is not None
+        rank = p.first_rank + local_rank
+        uid = self.job.claim_late_uid() if join else rank
+        suffix = f".uid{uid}" if join else ""
+        w = Worker(local_rank, rank, uid, f"{cfg.run_id}.{rank}{suffix}.a{self.restart_count}",
+                   self.log_dir / f"{cfg.run_id}.{rank}{suffix}.log", join=join)
+        if console_wanted(local_rank, cfg.tee, cfg.local_ranks) and self.tee is not None:
+            self.tee.follow(w.log, prefix_for(cfg.role, local_rank))
+        w.pid = self.spawner.spawn(w.wid, list(cfg.command), self._env(w), [], w.log, cfg.cwd)
+        w.started = time.time()
+        self.workers[w.wid] = w
+        if join:
+            self._say(f"rank {rank} (local {local_rank}) replaced by uid {uid} (pid {w.pid}), joining in place; "
+                      f"{self.restarts_left} restart(s) left")
+        else:
+            self._say(f"rank {rank} (local {local_rank}): pid {w.pid}")
+        return w
+
+    # -- supervision -----------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signals.append(signum)
+
+    def _is_dra_job(self) -> bool:
+        if not self._is_dra:
+            try:
+                self._is_dra = bool(self.job.started())
+            except Exception:  # noqa: BLE001 - the store is gone
+                return bool(self._is_dra)
+        return bool(self._is_dra)
+
+    def _supervise(self) -> None:
+        cfg = self.cfg
+        forwarded_at: float | None = None
+        killed = False
+        while self.workers:
+            for wid, code in self.spawner.poll():
+                w = self.workers.pop(wid, None)
+                if w is not None:
+                    self._exited(w, code)
+            if self.signals and forwarded_at is None:
+                name = signal.Signals(self.signals[0]).name
+                self._say(f"{name}: stopping the job (SIGTERM to every worker: a dra job ends cleanly at the same "
+                          f"step, the leader writes its checkpoint); again, or after {cfg.shutdown_timeout:g} s: SIGKILL")
+                self._signal_all(signal.SIGTERM)
+                forwarded_at = time.monotonic()
+            if not killed and forwarded_at is not None and (
+                    len(self.signals) > 1 or time.monotonic() - forwarded_at > cfg.shutdown_timeout):
+                self._say("stopping every worker now (SIGKILL)")
+                self._signal_all(signal.SIGKILL)
+                killed = True
+            if self.placement is not None and self.placement.group_world_size > 1:
+                self._fence_if_cut_off()
+            if self.joining:
+                self._admit_replacements()
+            time.sleep(cfg.monitor_interval)
+
+    def _admit_replacements(self) -> None:
+        """A replacement waits as a candidate; the launcher asks the leader to admit it through the
+        job's capacity (min_size: the world with it) and lifts that floor once it is in."""
+        now = time.monotonic()
+        if now - self._capacity_t < 1.0:
+            return
+        self._capacity_t = now
+        try:
+            report = self.job.report() or {}
+            members = set(report.get("members") or [])
+            self.joining = {uid for uid in self.joining if uid not in members and any(
+                w.uid == uid for w in self.workers.values())}
+            if self.joining:
+                self.job.set_capacity(len(members) + len(self.joining), 0, [])
+            else:
+                self.job.set_capacity(0, 0, [])  # admitted: the job's own policy decides again
+        except Exception:  # noqa: BLE001 - the store is gone: nothing to ask
+            self.joining = set()
+
+    def _signal_all(self, sig: int) -> None:
+        for w in self.workers.values():
+            self.spawner.kill(w.wid, sig)
+
+    def _exited(self, w: Worker, code: int) -> None:
+        if self.tee is not None:
+            self.tee.stop_following(w.log)
+        ran = time.time() - w.started
+        record = {"rank": w.rank, "local_rank": w.local_rank, "uid": w.uid, "pid": w.pid, "code": code,
+                  "time": time.time(), "ran_s": round(ran, 3), "join": w.join, "error_file": self._error(w),
+                  "attempt": self.restart_count}
+        self.exits.append(record)
+        if code == 0 or self.signals:
+            return
+        how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ else f"code {code}"
+        if self._is_dra_job():
+            done = self._job_done()
+            if done:
+                self._say(f"rank {w.rank} (uid {w.uid}) exited with {how} after the job finished")
+                return
+            self._say(f"rank {w.rank} (uid {w.uid}, local {w.local_rank}) exited with {how} after {ran:.1f} s; the "
+                      "others go on in place")
+            if self.restarts_left > 0:
+                self.restarts_left -= 1
+                self.joining.add(self._start(w.local_rank, join=True).uid)
+                self._capacity_t = 0.0
+            return
+        # Not a dra job: torchrun's behaviour, the whole group stops (and restarts while it may).
+        self._say(f"rank {w.rank} exited with {how}; the job does not use dra: stopping its other workers")
+        self._stop_group()
+        if self.restarts_left > 0 and self.placement is not None and self.placement.group_world_size == 1:
+            self.restarts_left -= 1
+            self.restart_count += 1
+            self._say(f"restarting the worker group ({self.restart_count} of {self.cfg.max_restarts})")
+            self.placement = rendezvous.local(self.cfg.run_id, self.cfg.nproc, self.cfg.store_host, self.cfg.advertise)
+            self._connect_job()
+            for local_rank in range(self.cfg.nproc):
+                self._start(local_rank, join=False)
+
+    def _stop_group(self) -> None:
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.shutdown_timeout
+        while self.workers and time.monotonic() < deadline:
+            for wid, code in self.spawner.poll():
+                w = self.workers.pop(wid, None)
+                if w is not None:
+                    self.exits.append({"rank": w.rank, "local_rank": w.local_rank, "uid": w.uid, "pid": w.pid,
+                                       "code": code, "time": time.time(), "stopped": True})
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL)
+        for w in list(self.workers.values()):
+            self.workers.pop(w.wid)
+            self.exits.append({"rank": w.rank, "local_rank": w.local_rank, "uid": w.uid, "pid": w.pid, "code": -9,
+                               "time": time.time(), "stopped": True})
+
+    def _fence_if_cut_off(self) -> None:
+        """A node that can no longer reach the job's store is cut off from the job (the others have
+        gone on without its workers or will): its workers are stopped, saying why."""
+        try:
+            self.beats.beat()
+            self._store_lost_since = None
+        except Exception as e:  # noqa: BLE001
+            now = time.monotonic()
+            self._store_lost_since = self._store_lost_since or now
+            if now - self._store_lost_since > self.cfg.fence_timeout_s and not self.fenced:
+                self.fenced = True
+                self._say(f"the job's store at {self.placement.address} has been unreachable for "
+                          f"{self.cfg.fence_timeout_s:g} s ({e}): this node is cut off; stopping its workers")
+                self._signal_all(signal.SIGKILL)
+
+    def _job_done(self) -> bool:
+        try:
+            return bool(self.job.done())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _error(self, w: Worker) -> str | None:
+        path = self.log_dir / f"{self.cfg.run_id}.{w.rank}.error.json"
+        if not path.exists():
+            return None
+        try:
+            message = json.loads(path.read_text()).get("message", {})
+            return message.get("message") if isinstance(message, dict) else str(message)
+        except (OSError, ValueError):
+            return None
+
+    # -- the end -------------------------------------------------------------------------------
+    def _finish(self) -> int:
+        p = self.placement
+        assert p is not None
+        done = self._is_dra_job() and self._job_done()
+        if p.group_world_size > 1 and not self.fenced:
+            dead = self.beats.wait_for_others()
+            if dead:
+                self._say(f"node(s) {dead} stopped beating: not waited for")
+        failures = [e for e in self.exits if e["code"] != 0 and not e.get("stopped")]
+        if self.signals:
+            self._say(f"stopped by {signal.Signals(self.signals[0]).name}" + (" (the job ended cleanly)" if done else ""))
+            return 1  # as torchrun: a job stopped by a signal did not finish
+        if self.fenced:
+            return 1
+        # A dra job succeeded when it finished (its leader marked it done), whoever died on the way;
+        # any other job, as under torchrun, when every worker of its last attempt exited 0.
+        ok = done if self._is_dra_job() else all(e["code"] == 0 for e in self.exits if not e.get("stopped")
+                                                 and e.get("attempt", self.restart_count) == self.restart_count)
+        if ok:
+            survived = f"; survived {len(failures)} worker failure(s) in place" if failures and done else ""
+            self._say(f"job {self.cfg.run_id} finished{survived}")
+            return 0
+        self._report_failures(failures)
+        return 1
+
+    def _report_failures(self, failures: list[dict[str, Any]]) -> None:
+        """torchrun's failure summary (ChildFailedError's), on stderr."""
+        lines = ["=" * 60, f"{' '.join(self.cfg.command)} FAILED", "-" * 60, "Failures:"]
+        for i, e in enumerate(failures or self.exits):
+            code = e["code"]
+            sig = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.Signals._value2member_map_ else ""
+            lines += [f"[{i}]:", f"  time      : {time.strftime('%Y-%m-%d_%H:%M:%S', time.localtime(e['time']))}",
+                      f"  host      : {socket.gethostname()}", f"  rank      : {e['rank']} (local_rank: {e['local_rank']})",
+                      f"  exitcode  : {code} (pid: {e['pid']}){sig}",
+                      f"  error     : {e.get('error_file') or '<N/A>'}",
+                      f"  log       : {self.log_dir / (self.cfg.run_id + '.' + str(e['rank']) + '.log')}"]
+        lines.append("=" * 60)
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,154 @@
+"""Where this node's workers stand in the job: the node rendezvous of ``dra run``.
+
+- one node (the default, ``--standalone``): the launcher hosts the job's store on a free port;
+- ``--rdzv-backend c10d --rdzv-endpoint HOST:PORT``: torch's own dynamic rendezvous
+  (``torch.distributed.elastic.rendezvous``, what torchrun uses), over the c10d store at the
+  endpoint. A store already listening there (``dra store --port PORT``) is used as it is: the job
+  then survives the loss of any node. Otherwise the node whose address matches HOST hosts it (as
+  torchrun's agents do), and the job ends with that node;
+- ``--node-rank K --master-addr HOST --master-port PORT``: torch's static form: node 0 hosts.
+
+Every node then publishes its worker count, so global ranks are contiguous per node in node-rank
+order, as under torchrun. The job's workers use the same store (``DRA_STORE`` = MASTER_ADDR:MASTER_PORT,
+``TORCHELASTIC_USE_AGENT_STORE=True``): dra's keys live under ``dra/<run id>/``, torch's default
+process group under its own prefix, the launchers' under ``dra_run/``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+
+@dataclass
+class Placement:
+    """This node's place in the job once the nodes met."""
+
+    run_id: str
+    group_rank: int
+    group_world_size: int
+    first_rank: int  #: the global rank of this node's local rank 0
+    world_size: int  #: workers over every node
+    nprocs: list[int]  #: workers per node, in node-rank order
+    master_addr: str
+    master_port: int
+    store: Any  #: a torch Store for the launchers' own keys (prefixed dra_run/)
+    server: Any = None  #: the TCPStore this process hosts (one node), kept alive with the launcher
+    handler: Any = None  #: torch's rendezvous handler (c10d), shut down at the end
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+    def close(self) -> None:
+        if self.handler is not None:
+            try:
+                self.handler.shutdown()
+            except Exception:  # noqa: BLE001 - the store may be gone (a node died): nothing to close
+                pass
+            self.handler = None
+
+
+def _prefixed(store: Any) -> Any:
+    import torch.distributed as dist
+
+    return dist.PrefixStore("dra_run", store)
+
+
+def _gather_nprocs(store: Any, group_rank: int, group_world_size: int, nproc: int, timeout_s: float) -> list[int]:
+    """Every node's worker count, in node-rank order (each node publishes its own)."""
+    store.set(f"nproc/{group_rank}", str(nproc))
+    keys = [f"nproc/{g}" for g in range(group_world_size)]
+    store.wait(keys, timedelta(seconds=timeout_s))
+    return [int(store.get(k)) for k in keys]
+
+
+def local(run_id: str, nproc: int, host: str, advertise: str | None) -> Placement:
+    """One node: a store of our own on a free port."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore(host, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+    return Placement(run_id, 0, 1, 0, nproc, [nproc], advertise or host, server.port, _prefixed(server), server=server)
+
+
+def static(run_id: str, nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: int,
+           timeout_s: float) -> Placement:
+    """torch's static rendezvous: node 0 hosts the store at master_addr:master_port."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(master_addr, master_port, None, node_rank == 0, timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    ours = _prefixed(store)
+    nprocs = _gather_nprocs(ours, node_rank, nnodes, nproc, timeout_s)
+    return Placement(run_id, node_rank, nnodes, sum(nprocs[:node_rank]), sum(nprocs), nprocs, master_addr,
+                     master_port, ours, server=store if node_rank == 0 else None)
+
+
+def dynamic(run_id: str, nproc: int, min_nodes: int, max_nodes: int, endpoint: str, local_addr: str | None,
+            conf: dict[str, str], timeout_s: float) -> Placement:
+    """torch's c10d dynamic rendezvous (torchrun's ``--rdzv-backend c10d``)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    params = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=run_id, min_nodes=min_nodes,
+                                  max_nodes=max_nodes, local_addr=local_addr, **conf)
+    handler = get_rendezvous_handler(params)
+    info = handler.next_rendezvous()
+    ours = _prefixed(info.store)
+    nprocs = _gather_nprocs(ours, info.rank, info.world_size, nproc, timeout_s)
+    host, _, port = endpoint.rpartition(":")
+    return Placement(run_id, info.rank, info.world_size, sum(nprocs[:info.rank]), sum(nprocs), nprocs, host,
+                     int(port), ours, handler=handler)
+
+
+class NodeBeats:
+    """Launchers' liveness and exit over the store: each node raises ``beat/<node>``; a node that
+    ended writes ``exited/<node>``. Before leaving, a node waits (bounded) for the others still
+    beating, so that the one hosting the store does not take it from workers that still use it;
+    a node whose beat stands still is dead and waited for no longer (no 300 s exit barrier)."""
+
+    def __init__(self, placement: Placement, stale_s: float = 3.0) -> None:
+        self.p = placement
+        self.stale_s = stale_s
+        self._seen: dict[int, tuple[int, float]] = {}
+        self._last_beat = 0.0
+
+    def beat(self) -> None:
+        """Raises this node's counter (at most twice a second). Raises when the store is unreachable."""
+        now = time.monotonic()
+        if now - self._last_beat >= 0.5:
+            self.p.store.add(f"beat/{self.p.group_rank}", 1)
+            self._last_beat = now
+
+    def wait_for_others(self, limit_s: float = 60.0) -> list[int]:
+        """Marks this node exited; waits until every other node exited or stopped beating. Returns the
+        nodes taken for dead."""
+        store, me = self.p.store, self.p.group_rank
+        try:
+            store.set(f"exited/{me}", "1")
+        except Exception:  # noqa: BLE001 - the store is gone: nobody to wait for
+            return []
+        deadline = time.monotonic() + limit_s
+        others = [g for g in range(self.p.group_world_size) if g != me]
+        dead: list[int] = []
+        while others and time.monotonic() < deadline:
+            for g in list(others):
+                try:
+                    if store.check([f"exited/{g}"]):
+                        others.remove(g)
+                        continue
+                    count = store.add(f"beat/{g}", 0)
+                except Exception:  # noqa: BLE001
+                    return dead
+                seen = self._seen.get(g)
+                now = time.monotonic()
+                if seen is None or seen[0] != count:
+                    self._seen[g] = (count, now)
+                elif now - seen[1] > self.stale_s:
+                    others.remove(g)
+                    dead.append(g)
+            time.sleep(0.1)
+        return dead
