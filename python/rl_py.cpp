@@ -145,7 +145,8 @@ py::dict run_to_dict(const rl_run_result& r) {
   py::dict roles;
   std::vector<double> t;
   std::vector<int> rr, tr, mv;
-  for (const auto& x : r.roles) t.push_back(x.t), rr.push_back(x.rollout), tr.push_back(x.train), mv.push_back(x.moving);
+  for (const auto& x : r.roles)
+    t.push_back(x.t), rr.push_back(x.rollout), tr.push_back(x.train), mv.push_back(x.moving);
   roles["t"] = t;
   roles["rollout"] = rr;
   roles["train"] = tr;
@@ -370,7 +371,10 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("updates_per_step", &rl_workload::updates_per_step,
                      "Optimizer steps per training step (mini-batches; event simulator).")
       .def_property(
-          "lengths", [](const rl_workload& w) { return std::string(w.lengths == length_model::reasoning ? "reasoning" : "trace"); },
+          "lengths",
+          [](const rl_workload& w) {
+            return std::string(w.lengths == length_model::reasoning ? "reasoning" : "trace");
+          },
           [](rl_workload& w, const std::string& v) {
             if (v == "trace")
               w.lengths = length_model::trace;
@@ -461,9 +465,10 @@ void dra::python::bind_rl(py::module_& m) {
         d["colocated"] = run_to_dict(r.colocated);
         return d;
       },
-      py::arg("lengths"), py::arg("source"), py::arg("devices") = 8, py::arg_v("workload", rl_workload{}, "RlWorkload()"),
-      py::arg_v("costs", rl_cost_model{}, "RlCostModel()"), py::arg_v("policy", stage_balance_config{}, "StageBalanceConfig()"),
-      py::arg("initial_rollout") = 0, py::arg("oracle_lookahead") = 2, py::arg("progress") = nullptr,
+      py::arg("lengths"), py::arg("source"), py::arg("devices") = 8,
+      py::arg_v("workload", rl_workload{}, "RlWorkload()"), py::arg_v("costs", rl_cost_model{}, "RlCostModel()"),
+      py::arg_v("policy", stage_balance_config{}, "StageBalanceConfig()"), py::arg("initial_rollout") = 0,
+      py::arg("oracle_lookahead") = 2, py::arg("progress") = nullptr,
       "The event simulator: every static split one-step-off without and with the per-phase barrier and "
       "synchronous, the stage-balance policy moving devices inside a step, the within-step oracle and "
       "colocated time sharing, on the same lengths.");

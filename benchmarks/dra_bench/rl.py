@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-policy", metavar="JSON", default="{}",
                         help="StageBalanceConfig options of the live dynamic run, e.g. '{\"expected_max\": false}' (the "
                              "objective before 2026-12-01)")
+    parser.add_argument("--live-longgen", action="store_true",
+                        help="run the live pipeline without a per-phase barrier on the long-generation task (measured; with --live)")
+    parser.add_argument("--live-only-longgen", action="store_true", help="with --live: skip the phase-model live rows")
     parser.add_argument("--live-switch-runs", type=int, default=2,
                         help="runs of the best split with a scheduled switch away and back, to measure both directions' "
                              "switch costs even when the policy does not switch (default 2)")
@@ -189,9 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         from dra.rl.live.coordinator import LiveConfig
         from dra_bench._rl_live import live_rows
 
-        results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
-                             reward_steps=args.live_reward_steps, switch_runs=args.live_switch_runs,
-                             config=LiveConfig(steps=args.live_steps, policy=policy))
+        if not args.live_only_longgen:
+            results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
+                                 reward_steps=args.live_reward_steps, switch_runs=args.live_switch_runs,
+                                 config=LiveConfig(steps=args.live_steps, policy=policy))
+        if args.live_longgen or args.live_only_longgen:
+            from dra_bench._rl_live import live_pipeline_rows
+
+            results += live_pipeline_rows(steps=args.live_steps, rounds=args.live_rounds, plots=args.plots,
+                                          config=LiveConfig(steps=args.live_steps, trace="reasoning", drift=2.0, policy=policy))
     write_report("rl", results, args.json)
     return 0
 

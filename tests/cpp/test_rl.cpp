@@ -969,7 +969,8 @@ TEST_CASE("rl.events.where_nothing_can_be_gained_the_policy_holds") {
   const auto config = small_events(30, 1);
   rl_event_sim sim(length_distribution::constant(500.0), config);
   const auto best = sim.run_static(1, dra::policy::rl_pipeline::one_step_off, false);
-  for (int r = 2; r < 4; ++r) CHECK(sim.run_static(r, dra::policy::rl_pipeline::one_step_off, false).total_s > best.total_s);
+  for (int r = 2; r < 4; ++r)
+    CHECK(sim.run_static(r, dra::policy::rl_pipeline::one_step_off, false).total_s > best.total_s);
   const auto oracle = sim.run_oracle();
   CHECK(oracle.total_s == doctest::Approx(best.total_s).epsilon(0.005));
   const auto dynamic = sim.run_dynamic();
@@ -1000,7 +1001,8 @@ TEST_CASE("rl.policy.decide_window_lends_waiting_trainers_and_takes_idle_devices
   std::lognormal_distribution<double> dist(5.5, 1.0);
   for (int i = 0; i < 2000; ++i) p.observe_generation(100.0, std::max(1.0, std::round(dist(rng))));
   for (int c : {32, 16, 8, 2, 1}) p.observe_decode(c, c * 400.0, 50.0, 50.0 * (0.01 + 1e-4 * c));
-  for (int t : {1, 2, 3}) p.observe_train(t, 4 * 500.0 / t, 0.05 + 1e-3 * 4 * 500.0 / t + (t > 1 ? 0.05 : 0.0), t > 1 ? 0.05 : 0.0);
+  for (int t : {1, 2, 3})
+    p.observe_train(t, 4 * 500.0 / t, 0.05 + 1e-3 * 4 * 500.0 / t + (t > 1 ? 0.05 : 0.0), t > 1 ? 0.05 : 0.0);
   // Between two updates, with the next batch nearly done: the idle rollout device joins, the
   // step (on the critical path) is shorter.
   w.updates_left = 4;

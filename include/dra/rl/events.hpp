@@ -44,7 +44,8 @@ struct rl_event_config {
       dra::detail::throw_invalid("initial_rollout",
                                  "must lie in [1, devices - 1] (0: half), got " + std::to_string(initial_rollout));
     if (oracle_lookahead < 1 || oracle_lookahead > 4)
-      dra::detail::throw_invalid("oracle_lookahead", "must lie in [1, 4] windows, got " + std::to_string(oracle_lookahead));
+      dra::detail::throw_invalid("oracle_lookahead",
+                                 "must lie in [1, 4] windows, got " + std::to_string(oracle_lookahead));
     workload.validate();
     costs.validate();
     costs.check_fits(workload.prompt_tokens + workload.max_generation_tokens);
@@ -126,7 +127,8 @@ class rl_event_sim {
     double busy = 0.0;
     for (int k = 0; k < w.steps; ++k) {
       const auto& batch = batches_[static_cast<std::size_t>(k)];
-      const rollout_outcome ro = simulate_rollout(batch, n_dev, w.prompt_tokens, c, {}, nullptr, w.max_generation_tokens);
+      const rollout_outcome ro =
+          simulate_rollout(batch, n_dev, w.prompt_tokens, c, {}, nullptr, w.max_generation_tokens);
       const double tokens = sum(batch) + w.prompt_tokens * static_cast<double>(batch.size());
       const double compute = c.train_s(n_dev, tokens);
       rl_phase_record rec;
@@ -196,9 +198,9 @@ class rl_event_sim {
   struct device {
     role r = role::rollout;
     rollout_device rd;
-    int version = 0;        // policy version of the weights it holds
-    double ready_s = 0.0;   // starting: when its engine is up
-    bool joined = false;    // joined the trainers at the last boundary (its optimizer state is deferred)
+    int version = 0;       // policy version of the weights it holds
+    double ready_s = 0.0;  // starting: when its engine is up
+    bool joined = false;   // joined the trainers at the last boundary (its optimizer state is deferred)
   };
   struct batch_state {
     // Sequences not started, dispatched per device when the batch opens (round robin over the
@@ -269,8 +271,9 @@ class rl_event_sim {
   }
   void check_split(int rollout) const {
     if (rollout < 1 || rollout >= config_.devices)
-      dra::detail::throw_invalid("rollout", "must lie in [1, devices - 1] = [1, " + std::to_string(config_.devices - 1) +
-                                                "], got " + std::to_string(rollout));
+      dra::detail::throw_invalid("rollout", "must lie in [1, devices - 1] = [1, " +
+                                                std::to_string(config_.devices - 1) + "], got " +
+                                                std::to_string(rollout));
   }
   int n() const { return config_.workload.sequences_per_step(); }
   int steps() const { return config_.workload.steps; }
@@ -313,8 +316,9 @@ class rl_event_sim {
       int pick = -1;  // device index, or -2: the training step
       for (std::size_t d = 0; d < s.dev.size(); ++d) {
         const device& dv = s.dev[d];
-        const double e = dv.r == role::starting ? dv.ready_s : dv.r == role::rollout ? dv.rd.next_event(c)
-                                                                                     : std::numeric_limits<double>::infinity();
+        const double e = dv.r == role::starting  ? dv.ready_s
+                         : dv.r == role::rollout ? dv.rd.next_event(c)
+                                                 : std::numeric_limits<double>::infinity();
         if (e < when) when = e, pick = static_cast<int>(d);
       }
       if (s.training && s.train_event_s <= when) when = s.train_event_s, pick = -2;
@@ -342,7 +346,8 @@ class rl_event_sim {
           const double before = dv.rd.clock;
           if (s.policy) {
             auto* pol = s.policy;
-            dv.rd.advance(c, finished, [pol](int cc, double ctx, double it, double sec) { pol->observe_decode(cc, ctx, it, sec); });
+            dv.rd.advance(c, finished,
+                          [pol](int cc, double ctx, double it, double sec) { pol->observe_decode(cc, ctx, it, sec); });
           } else {
             dv.rd.advance(c, finished);
           }
@@ -402,7 +407,8 @@ class rl_event_sim {
       for (std::size_t d = 0; d < s.dev.size(); ++d)
         if (s.dev[d].r != role::train) to.push_back(static_cast<int>(d));
       for (int i = 0; i < n(); ++i)
-        bs.assigned[static_cast<std::size_t>(to.empty() ? 0 : to[static_cast<std::size_t>(i) % to.size()])].push_back(b * n() + i);
+        bs.assigned[static_cast<std::size_t>(to.empty() ? 0 : to[static_cast<std::size_t>(i) % to.size()])].push_back(
+            b * n() + i);
     }
   }
 
@@ -517,14 +523,16 @@ class rl_event_sim {
     s.train_sync_s = c.sync_s(t);
     double optimizer = 0.0;  // deferred restore: a joiner's optimizer state streams during its first compute
     for (int m : s.members)
-      if (s.dev[static_cast<std::size_t>(m)].joined) optimizer = std::max(optimizer, c.switch_optimizer_s - s.train_compute_s);
+      if (s.dev[static_cast<std::size_t>(m)].joined)
+        optimizer = std::max(optimizer, c.switch_optimizer_s - s.train_compute_s);
     const double start = std::max(s.now, s.trainers_free_s);
     s.train_event_s = start + s.train_compute_s + s.train_sync_s + optimizer;
     s.busy_s += t * (s.train_compute_s + s.train_sync_s);
     if (s.sw.direction != policy::stage_action::hold) {  // the switch's exposed part: what it delayed
       auto& rec = s.sw.record;
-      const double ready = s.update == 0 ? std::max(s.batches[static_cast<std::size_t>(s.next_step)].complete_s, s.sw.fired_s)
-                                         : s.sw.fired_s;
+      const double ready = s.update == 0
+                               ? std::max(s.batches[static_cast<std::size_t>(s.next_step)].complete_s, s.sw.fired_s)
+                               : s.sw.fired_s;
       rec.exposed_s = std::min(rec.total_s, std::max(0.0, start - ready) + optimizer);
       rec.hidden_s = rec.total_s - rec.exposed_s;
       rec.phase = s.next_step;
@@ -542,8 +550,8 @@ class rl_event_sim {
     if (s.publishing) return end_step(s);
     const int t = static_cast<int>(s.members.size());
     if (s.policy) {
-      s.policy->observe_train(t, s.train_tokens / config_.workload.updates_per_step / t, s.train_compute_s + s.train_sync_s,
-                              s.train_sync_s);
+      s.policy->observe_train(t, s.train_tokens / config_.workload.updates_per_step / t,
+                              s.train_compute_s + s.train_sync_s, s.train_sync_s);
     }
     s.trainers_free_s = s.now;
     if (++s.update < config_.workload.updates_per_step) {
@@ -582,7 +590,8 @@ class rl_event_sim {
     rec.mean_length = sum(batch) / static_cast<double>(batch.size());
     rec.longest = *std::max_element(batch.begin(), batch.end());
     rec.trained_sequences = n();
-    rec.predicted_s = std::max(0.0, s.step_start_s - std::max(bs.complete_s, s.last_step_end));  // the step's start delay
+    rec.predicted_s =
+        std::max(0.0, s.step_start_s - std::max(bs.complete_s, s.last_step_end));  // the step's start delay
     for (const auto& w : s.result.switch_log)
       if (w.phase == k) {
         rec.switch_total_s += w.total_s;
@@ -724,7 +733,8 @@ class rl_event_sim {
     const auto idle_list = idle_devices(s);
     const int t = static_cast<int>(s.members.size());
     const int lo = std::max(1, config_.policy.min_train);
-    const int hi = std::min(config_.devices - std::max(1, config_.policy.min_rollout), t + static_cast<int>(idle_list.size()));
+    const int hi =
+        std::min(config_.devices - std::max(1, config_.policy.min_rollout), t + static_cast<int>(idle_list.size()));
     const int target = std::min(steps(), s.next_step + config_.oracle_lookahead);
     int best = t;
     double best_s = std::numeric_limits<double>::infinity();
@@ -733,15 +743,15 @@ class rl_event_sim {
       apply(trial, cand, idle_list);
       simulate(trial, hold_controller{}, target);
       const double when = trial.next_step >= steps() && !trial.training ? trial.now
-                          : trial.training                            ? trial.step_start_s
-                                                                      : trial.now;
+                          : trial.training                              ? trial.step_start_s
+                                                                        : trial.now;
       if (when < best_s - 1e-9 || (std::abs(when - best_s) <= 1e-9 && std::abs(cand - t) < std::abs(best - t)))
         best = cand, best_s = when;
     }
     apply(s, best, idle_list);
     if (s.sw.direction != policy::stage_action::hold)
-      s.sw.record.reason = "oracle: " + std::to_string(best) + " trainers start step " +
-                           std::to_string(target) + detail_fmt(" earliest (%.4g s)", best_s);
+      s.sw.record.reason = "oracle: " + std::to_string(best) + " trainers start step " + std::to_string(target) +
+                           detail_fmt(" earliest (%.4g s)", best_s);
   }
   void apply(state& s, int trainers, const std::vector<int>& idle_list) const {
     const int t = static_cast<int>(s.members.size());
@@ -769,7 +779,8 @@ class rl_event_sim {
                              std::to_string(s.members.size()) + " world members");
     std::vector<char> seen(s.dev.size(), 0);
     for (int m : s.members) {
-      if (seen[static_cast<std::size_t>(m)]++) throw std::logic_error("rl_event_sim: a device is twice in the trainers' world");
+      if (seen[static_cast<std::size_t>(m)]++)
+        throw std::logic_error("rl_event_sim: a device is twice in the trainers' world");
     }
   }
 

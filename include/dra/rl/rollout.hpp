@@ -114,7 +114,9 @@ class rollout_device {
     if (!(c.kv_reserve_ratio > 0.0)) return 0.0;
     return c.kv_reserve_ratio * std::max(0.0, limits_ - (context_tokens() - prompts_));
   }
-  static bool later(const entry& a, const entry& b) { return a.finish > b.finish || (a.finish == b.finish && a.id > b.id); }
+  static bool later(const entry& a, const entry& b) {
+    return a.finish > b.finish || (a.finish == b.finish && a.id > b.id);
+  }
 
   // Iterations to the next event: the next completion, or the last iteration whose tokens fit.
   double segment(const rl_cost_model& c) const {
@@ -126,7 +128,8 @@ class rollout_device {
   }
   double segment_s(const rl_cost_model& c, double m) const {
     const double cc = concurrency();
-    return m * (c.decode_fixed_s + c.decode_per_sequence_s * cc + c.decode_per_kilotoken_s * context_tokens() / 1000.0) +
+    return m * (c.decode_fixed_s + c.decode_per_sequence_s * cc +
+                c.decode_per_kilotoken_s * context_tokens() / 1000.0) +
            c.decode_per_kilotoken_s * cc * m * (m - 1.0) / 2.0 / 1000.0;
   }
   void preempt_newest() {
@@ -167,7 +170,9 @@ inline rollout_outcome simulate_rollout(const std::vector<double>& lengths, int 
   std::vector<char> started(dev.size(), 0);
   for (std::size_t d = 0; d < dev.size(); ++d) dev[d].clock = begin[d] = d < start_s.size() ? start_s[d] : 0.0;
   std::size_t next = 0;
-  const auto item = [&](std::size_t i) { return rollout_item{static_cast<int>(i), lengths[i], prompt_tokens, 0.0, limit}; };
+  const auto item = [&](std::size_t i) {
+    return rollout_item{static_cast<int>(i), lengths[i], prompt_tokens, 0.0, limit};
+  };
   const auto pull = [&](rollout_device& d) {
     d.admit_waiting(c);
     while (next < lengths.size() && !d.has_waiting() && d.admit(item(next), c)) ++next;

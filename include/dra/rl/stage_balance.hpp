@@ -276,8 +276,8 @@ class stage_balance_policy {
   /// finished) on `rollout` devices on average: scales the bulk and tail terms of the rollout
   /// model to what the pipeline really takes (queueing, preemption, prefill). False: ignored.
   bool observe_batch(double rollout, int sequences, double seconds) {
-    if (!(rollout >= 1.0) || sequences < 1 || !std::isfinite(seconds) || !(seconds > 0.0) || lengths_.observations() == 0 ||
-        generation_.observations() == 0)
+    if (!(rollout >= 1.0) || sequences < 1 || !std::isfinite(seconds) || !(seconds > 0.0) ||
+        lengths_.observations() == 0 || generation_.observations() == 0)
       return false;
     const auto f = batch_features(rollout, sequences);
     batch_fit_.add(Eigen::Vector2d(f.first, f.second), seconds, config_.generation.forgetting);
@@ -287,7 +287,8 @@ class stage_balance_policy {
   /// A rollout engine started on a device that left the trainers (its own time, not the step's).
   void observe_engine_start(double seconds) noexcept {
     if (!std::isfinite(seconds) || seconds < 0.0) return;
-    engine_start_s_ = engine_starts_ == 0 ? seconds : engine_start_s_ + config_.switch_cost_smoothing * (seconds - engine_start_s_);
+    engine_start_s_ =
+        engine_starts_ == 0 ? seconds : engine_start_s_ + config_.switch_cost_smoothing * (seconds - engine_start_s_);
     ++engine_starts_;
   }
   /// One measured training step of `devices` ranks at `tokens_per_device` each.
@@ -494,7 +495,8 @@ class stage_balance_policy {
       double longest = 0.0, context = 0.0;
       for (double g : flight) longest = std::max(longest, table.residual_quantile(g, q)), context += prompt + g;
       const double c = std::max(1.0, static_cast<double>(flight.size()) / rollout_busy);
-      return longest * generation_.iteration_time_s(c, c * (context / static_cast<double>(flight.size()) + 0.5 * longest));
+      return longest *
+             generation_.iteration_time_s(c, c * (context / static_cast<double>(flight.size()) + 0.5 * longest));
     };
     const auto work_tokens = [&](int queued, const std::vector<double>& flight) {
       double w = queued * mean;
@@ -505,9 +507,11 @@ class stage_balance_policy {
     const double bulk_scale = std::max(0.1, batch_fit_.coef(0)), tail_scale = std::max(0.1, batch_fit_.coef(1));
     const auto queued_tail_s = [&](int queued, double devices) { return tail_scale * fresh_tail_s(queued, devices); };
     const double wait_work = now.wait_complete ? 0.0 : bulk_scale * work_tokens(now.wait_queued, now.wait_in_flight);
-    out.wait_s = now.wait_complete ? 0.0
-                                   : std::max(std::max(tail_scale * tail_s(now.wait_in_flight), queued_tail_s(now.wait_queued, rollout_busy)),
-                                              wait_work * tok / rollout_busy);
+    out.wait_s =
+        now.wait_complete
+            ? 0.0
+            : std::max(std::max(tail_scale * tail_s(now.wait_in_flight), queued_tail_s(now.wait_queued, rollout_busy)),
+                       wait_work * tok / rollout_busy);
     const double next_work = now.next_exists ? bulk_scale * work_tokens(now.next_queued, now.next_in_flight) : 0.0;
     const double next_tail = now.next_exists ? tail_scale * tail_s(now.next_in_flight) : 0.0;
     const double engine = engine_starts_ > 0 ? engine_start_s_ : 0.0;
@@ -524,8 +528,9 @@ class stage_balance_policy {
         now.remaining_steps < 0 ? 6 : std::min<std::int64_t>(6, std::max<std::int64_t>(1, now.remaining_steps));
     const auto objective = [&](int train, int later) {
       const int rollout = config_.devices - train;
-      const double cost = train == now.train ? 0.0
-                          : switch_cost_s(train < now.train ? stage_action::to_rollout : stage_action::to_train);
+      const double cost = train == now.train
+                              ? 0.0
+                              : switch_cost_s(train < now.train ? stage_action::to_rollout : stage_action::to_train);
       const double updates = now.updates_left * update_s(train) + weight_sync_s_;
       double end_prev = out.wait_s + cost + updates;  // this step's end
       // Batch s + 1: what is left of it on the busy devices, lenders after their engine start.
@@ -536,7 +541,8 @@ class stage_balance_policy {
         const double work = (next_work + wait_work) * tok;
         double gen = work / busy;
         if (lenders > 0 && gen > engine) gen = (work + lenders * engine) / (busy + lenders);
-        next_done = std::max(std::max(gen, next_tail), queued_tail_s(now.next_queued, busy + lenders) + (lenders > 0 ? engine : 0.0));
+        next_done = std::max(std::max(gen, next_tail),
+                             queued_tail_s(now.next_queued, busy + lenders) + (lenders > 0 ? engine : 0.0));
       }
       double done_next = next_done;  // when the batch of the step after is generated
       for (std::int64_t j = 1; j < steps_ahead; ++j) {
@@ -547,7 +553,8 @@ class stage_balance_policy {
       return end_prev;
     };
     const int lo = std::max(config_.min_train, now.train - config_.max_move);
-    const int hi = std::min(config_.devices - config_.min_rollout, now.train + std::min(now.idle_rollout, config_.max_move));
+    const int hi =
+        std::min(config_.devices - config_.min_rollout, now.train + std::min(now.idle_rollout, config_.max_move));
     // Between two updates a move is for the rest of this step (the window decides the next one);
     // in the window it holds for the steps after.
     const bool in_step = now.wait_complete && now.updates_left < now.updates_per_step;
@@ -559,14 +566,16 @@ class stage_balance_policy {
       if (j < best_s || (j == best_s && std::abs(t - now.train) < std::abs(best - now.train))) best = t, best_s = j;
     }
     out.predicted_target_s = best_s;
-    const auto at = [](int train, double j) { return std::to_string(train) + "T: next step in " + detail::fmt("%.4g s", j); };
+    const auto at = [](int train, double j) {
+      return std::to_string(train) + "T: next step in " + detail::fmt("%.4g s", j);
+    };
     const std::string view = detail::fmt("wait %.3g s, ", out.wait_s) + at(now.train, out.predicted_current_s);
     const double saving = out.predicted_current_s - best_s;
     if (best == now.train || !(saving > config_.min_relative_gain * out.predicted_current_s)) {
-      out.reason = best == now.train ? "hold: balanced (" + view + ")"
-                                     : "hold: predicted gain " +
-                                           detail::fmt("%.1f%%", 100.0 * saving / out.predicted_current_s) +
-                                           " below min_relative_gain (" + view + " -> " + at(best, best_s) + ")";
+      out.reason = best == now.train
+                       ? "hold: balanced (" + view + ")"
+                       : "hold: predicted gain " + detail::fmt("%.1f%%", 100.0 * saving / out.predicted_current_s) +
+                             " below min_relative_gain (" + view + " -> " + at(best, best_s) + ")";
       return out;
     }
     const stage_action direction = best < now.train ? stage_action::to_rollout : stage_action::to_train;
@@ -575,8 +584,8 @@ class stage_balance_policy {
     out.payback_steps = out.switch_cost_s / per_step;
     double horizon = config_.max_payback_steps;
     if (now.remaining_steps >= 0) horizon = std::min(horizon, static_cast<double>(now.remaining_steps));
-    const std::string payback =
-        detail::fmt("cost %.3g s / saving %.3g s per step = %.3g steps", out.switch_cost_s, per_step, out.payback_steps);
+    const std::string payback = detail::fmt("cost %.3g s / saving %.3g s per step = %.3g steps", out.switch_cost_s,
+                                            per_step, out.payback_steps);
     if (!(out.payback_steps <= horizon)) {
       out.reason = "hold: would not pay back (" + payback + detail::fmt(" > %.3g); ", horizon) + view;
       return out;
@@ -584,7 +593,8 @@ class stage_balance_policy {
     out.kind = direction;
     out.moved = std::abs(best - now.train);
     out.train = best;
-    out.reason = std::string(to_string(direction)) + ": " + view + " -> " + at(best, best_s) + "; pays back (" + payback + ")";
+    out.reason =
+        std::string(to_string(direction)) + ": " + view + " -> " + at(best, best_s) + "; pays back (" + payback + ")";
     return out;
   }
 
@@ -610,7 +620,8 @@ class stage_balance_policy {
     const double slots = std::max(1.0, decode_concurrency_);
     const double longest = lengths_.expected_max_of(std::max(1.0, queued / group));
     const double per_device = queued / std::max(1.0, devices);
-    const double late = per_device <= slots ? 0.0 : 0.5 * std::pow(1.0 - slots / per_device, 2.0) * per_device * mean / slots;
+    const double late =
+        per_device <= slots ? 0.0 : 0.5 * std::pow(1.0 - slots / per_device, 2.0) * per_device * mean / slots;
     const double c = std::max(1.0, 0.5 * std::min(slots, per_device));
     return late * generation_.iteration_time_s(slots, slots * (prompt + 0.5 * mean)) +
            longest * generation_.iteration_time_s(c, c * (prompt + 0.5 * longest));
@@ -664,15 +675,17 @@ class stage_balance_policy {
     if (s.rollout < 1 || s.train < 1 || s.rollout + s.train != config_.devices)
       dra::detail::throw_invalid("window_state", "rollout (" + std::to_string(s.rollout) + ") + train (" +
                                                      std::to_string(s.train) + ") must equal devices (" +
-                                                     std::to_string(config_.devices) + ") with at least one device per role");
+                                                     std::to_string(config_.devices) +
+                                                     ") with at least one device per role");
     if (s.idle_rollout < 0 || s.idle_rollout > s.rollout)
       dra::detail::throw_invalid("idle_rollout", "must lie in [0, rollout = " + std::to_string(s.rollout) + "], got " +
                                                      std::to_string(s.idle_rollout));
     if (s.sequences_per_step < 1 || s.wait_queued < 0 || s.next_queued < 0)
       dra::detail::throw_invalid("window_state", "sequences_per_step must be >= 1 and the queue depths >= 0");
     if (s.updates_per_step < 1 || s.updates_left < 0 || s.updates_left > s.updates_per_step)
-      dra::detail::throw_invalid("updates_left", "must lie in [0, updates_per_step = " + std::to_string(s.updates_per_step) +
-                                                     "], got " + std::to_string(s.updates_left));
+      dra::detail::throw_invalid(
+          "updates_left", "must lie in [0, updates_per_step = " + std::to_string(s.updates_per_step) + "], got " +
+                              std::to_string(s.updates_left));
   }
 
   void validate_state(const stage_state& s) const {

@@ -59,7 +59,8 @@ struct reasoning_lengths {
 
   void validate() const {
     if (!(median_tokens >= 1.0) || !std::isfinite(median_tokens))
-      dra::detail::throw_invalid("median_tokens", "must be a finite number >= 1 token, got " + std::to_string(median_tokens));
+      dra::detail::throw_invalid("median_tokens",
+                                 "must be a finite number >= 1 token, got " + std::to_string(median_tokens));
     for (auto [name, v] : {std::pair{"prompt_sigma", prompt_sigma}, std::pair{"group_sigma", group_sigma}})
       if (!(v >= 0.0 && v <= 4.0))
         dra::detail::throw_invalid(name, "must lie in [0, 4] (a log-normal spread), got " + std::to_string(v));
@@ -148,12 +149,14 @@ struct rl_cost_model {
     if (context > kv_admit_limit())
       dra::detail::throw_invalid("kv_capacity_tokens",
                                  "a device must hold one whole sequence: the admission limit " +
-                                     std::to_string(kv_admit_limit()) + " tokens is below prompt + max_generation_tokens = " +
-                                     std::to_string(context) + "; raise kv_capacity_tokens or lower max_generation_tokens");
+                                     std::to_string(kv_admit_limit()) +
+                                     " tokens is below prompt + max_generation_tokens = " + std::to_string(context) +
+                                     "; raise kv_capacity_tokens or lower max_generation_tokens");
   }
   /// Context tokens a device admits up to (infinite when the KV cache is not modelled).
   double kv_admit_limit() const {
-    return kv_capacity_tokens > 0.0 ? kv_capacity_tokens * (1.0 - kv_watermark) : std::numeric_limits<double>::infinity();
+    return kv_capacity_tokens > 0.0 ? kv_capacity_tokens * (1.0 - kv_watermark)
+                                    : std::numeric_limits<double>::infinity();
   }
 };
 
@@ -187,9 +190,9 @@ struct rl_workload {
       dra::detail::throw_invalid("prompts_per_step", "must be >= 1, got " + std::to_string(prompts_per_step));
     if (group_size < 1) dra::detail::throw_invalid("group_size", "must be >= 1, got " + std::to_string(group_size));
     if (updates_per_step < 1 || updates_per_step > prompts_per_step * group_size)
-      dra::detail::throw_invalid("updates_per_step", "must lie in [1, sequences per step = " +
-                                                         std::to_string(prompts_per_step * group_size) + "], got " +
-                                                         std::to_string(updates_per_step));
+      dra::detail::throw_invalid(
+          "updates_per_step", "must lie in [1, sequences per step = " + std::to_string(prompts_per_step * group_size) +
+                                  "], got " + std::to_string(updates_per_step));
     if (!(prompt_tokens >= 0.0) || !std::isfinite(prompt_tokens))
       dra::detail::throw_invalid("prompt_tokens", "must be a finite number >= 0");
     if (!(length_scale > 0.0) || !std::isfinite(length_scale))
@@ -208,7 +211,7 @@ struct portable_rng {
   std::mt19937_64 engine;
   explicit portable_rng(std::uint64_t seed) : engine(seed) {}
   double uniform() { return static_cast<double>(engine() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {  // Box-Muller
+  double normal() {                                                             // Box-Muller
     const double u1 = 1.0 - uniform(), u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
