@@ -1,6 +1,7 @@
 // Bindings of RL post-training's stage balance (include/dra/rl/stage_balance.hpp) and the RL
-// pipeline simulator (include/dra/rl/pipeline.hpp). Results come back as plain dicts (to_dict.hpp,
-// from the result classes bound here) so dra.rl writes JSON, tables and plots without further glue.
+// pipeline simulators (include/dra/rl/pipeline.hpp: phases; events.hpp: event by event, in-step
+// moves). Results come back as plain dicts (to_dict.hpp, from the result classes bound here) so
+// dra.rl writes JSON, tables and plots without further glue.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "bindings.hpp"
+#include "dra/rl/events.hpp"
 #include "dra/rl/pipeline.hpp"
 #include "dra/rl/stage_balance.hpp"
 #include "kwargs_init.hpp"
@@ -184,7 +186,29 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readonly("hidden_fraction", &rl_run_result::hidden_fraction)
       .def_property_readonly(
           "phases", [](const rl_run_result& r) { return columns(r.phases); }, "The phases as columns.")
-      .def_readonly("switch_log", &rl_run_result::switch_log);
+      .def_readonly("switch_log", &rl_run_result::switch_log)
+      .def_readonly("generated_sequences", &rl_run_result::generated_sequences)
+      .def_readonly("trained_sequences", &rl_run_result::trained_sequences)
+      .def_readonly("exactly_once", &rl_run_result::exactly_once)
+      .def_readonly("tail_share", &rl_run_result::tail_share)
+      .def_readonly("rollout_share", &rl_run_result::rollout_share)
+      .def_property_readonly(
+          "roles", [](const rl_run_result& r) { return columns(r.roles); }, "Devices per role over time, as columns.");
+  def_to_dict(py::class_<rl_role_sample>(m, "RlRoleSample", "Devices per role at one time of an event-simulated run."))
+      .def_readonly("t", &rl_role_sample::t)
+      .def_readonly("rollout", &rl_role_sample::rollout)
+      .def_readonly("train", &rl_role_sample::train)
+      .def_readonly("moving", &rl_role_sample::moving);
+  def_to_dict(py::class_<window_decision>(m, "WindowDecision", "A stage-balance decision at a trainers' boundary."))
+      .def_property_readonly("action", [](const window_decision& w) { return std::string(to_string(w.kind)); })
+      .def_readonly("moved", &window_decision::moved)
+      .def_readonly("train", &window_decision::train)
+      .def_readonly("wait_s", &window_decision::wait_s)
+      .def_readonly("predicted_current_s", &window_decision::predicted_current_s)
+      .def_readonly("predicted_target_s", &window_decision::predicted_target_s)
+      .def_readonly("switch_cost_s", &window_decision::switch_cost_s)
+      .def_property_readonly("payback_steps", finite_or_none(&window_decision::payback_steps))
+      .def_readonly("reason", &window_decision::reason);
   def_to_dict(py::class_<rl_sweep_result>(m, "RlSweep", "Every static split, the policy, the oracle and colocation."))
       .def_readonly("length_source", &rl_sweep_result::length_source)
       .def_readonly("statics", &rl_sweep_result::statics)
@@ -206,6 +230,44 @@ void dra::python::bind_rl(py::module_& m) {
       .def("observe_train", &stage_balance_policy::observe_train, py::arg("devices"), py::arg("tokens_per_device"),
            py::arg("step_s"), py::arg("sync_s"), "One measured training step; False when ignored.")
       .def("observe_weight_sync", &stage_balance_policy::observe_weight_sync, py::arg("seconds"))
+      .def("observe_engine_start", &stage_balance_policy::observe_engine_start, py::arg("seconds"),
+           "A rollout engine started on a device that left the trainers.")
+      .def("observe_batch", &stage_balance_policy::observe_batch, py::arg("rollout"), py::arg("sequences"),
+           py::arg("seconds"),
+           "A batch generated in `seconds` (first handed out to last finished) on `rollout` devices on average; "
+           "False when ignored.")
+      .def(
+          "decide_window",
+          [](stage_balance_policy& p, int rollout, int train, int idle_rollout, std::int64_t step,
+             std::int64_t remaining_steps, int sequences_per_step, int updates_per_step, int updates_left,
+             bool wait_complete, int wait_queued, std::vector<double> wait_in_flight, bool next_exists, int next_queued,
+             std::vector<double> next_in_flight) {
+            window_state w;
+            w.rollout = rollout;
+            w.train = train;
+            w.idle_rollout = idle_rollout;
+            w.step = step;
+            w.remaining_steps = remaining_steps;
+            w.sequences_per_step = sequences_per_step;
+            w.updates_per_step = updates_per_step;
+            w.updates_left = updates_left;
+            w.wait_complete = wait_complete;
+            w.wait_queued = wait_queued;
+            w.wait_in_flight = std::move(wait_in_flight);
+            w.next_exists = next_exists;
+            w.next_queued = next_queued;
+            w.next_in_flight = std::move(next_in_flight);
+            return dict_of(p.decide_window(w));
+          },
+          py::kw_only(), py::arg("rollout"), py::arg("train"), py::arg("idle_rollout"), py::arg("step"),
+          py::arg("remaining_steps") = -1, py::arg("sequences_per_step") = 1, py::arg("updates_per_step") = 1,
+          py::arg("updates_left") = 1, py::arg("wait_complete") = true, py::arg("wait_queued") = 0,
+          py::arg("wait_in_flight") = std::vector<double>{}, py::arg("next_exists") = true, py::arg("next_queued") = 0,
+          py::arg("next_in_flight") = std::vector<double>{},
+          "One decision at a boundary of the trainers' world without a per-phase barrier: in a step's window "
+          "(updates_left == updates_per_step) or between two updates. Feed every one, in order.")
+      .def("token_cost_s", &stage_balance_policy::token_cost_s,
+           "Decode seconds per token at the observed operating point.")
       .def(
           "observe_switch",
           [](stage_balance_policy& p, const std::string& direction, double exposed_s) {
@@ -247,6 +309,17 @@ void dra::python::bind_rl(py::module_& m) {
         return to_dict(py::cast(&p.generation(), py::return_value_policy::reference));
       });
 
+  py::class_<reasoning_lengths> rcfg(m, "ReasoningLengths",
+                                     "Parametric reasoning-length generations: log-normal per prompt, hard prompts, "
+                                     "correlated GRPO groups (data/rl-lengths/README.md).");
+  def_kwargs_init<reasoning_lengths>(rcfg);
+  rcfg.def_readwrite("median_tokens", &reasoning_lengths::median_tokens)
+      .def_readwrite("prompt_sigma", &reasoning_lengths::prompt_sigma)
+      .def_readwrite("group_sigma", &reasoning_lengths::group_sigma)
+      .def_readwrite("tail_weight", &reasoning_lengths::tail_weight)
+      .def_readwrite("tail_factor", &reasoning_lengths::tail_factor)
+      .def("validate", &reasoning_lengths::validate);
+
   py::class_<rl_workload> wcfg(m, "RlWorkload",
                                "Steps, batch, prompt tokens, length scale/drift/limit and seed of a simulated RL run.");
   def_kwargs_init<rl_workload>(wcfg);
@@ -258,6 +331,23 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("drift_final_scale", &rl_workload::drift_final_scale)
       .def_readwrite("max_generation_tokens", &rl_workload::max_generation_tokens)
       .def_readwrite("seed", &rl_workload::seed)
+      .def_readwrite("updates_per_step", &rl_workload::updates_per_step,
+                     "Optimizer steps per training step (mini-batches; event simulator).")
+      .def_property(
+          "lengths",
+          [](const rl_workload& w) {
+            return std::string(w.lengths == length_model::reasoning ? "reasoning" : "trace");
+          },
+          [](rl_workload& w, const std::string& v) {
+            if (v == "trace")
+              w.lengths = length_model::trace;
+            else if (v == "reasoning")
+              w.lengths = length_model::reasoning;
+            else
+              throw py::value_error("lengths: unknown length model '" + v + "'; use 'trace' or 'reasoning'");
+          },
+          "'trace' (lengths drawn from the given distribution) or 'reasoning' (the parametric model).")
+      .def_readwrite("reasoning", &rl_workload::reasoning)
       .def("validate", &rl_workload::validate);
 
   py::class_<rl_cost_model> ccfg(m, "RlCostModel", "The RL simulator's ground-truth costs (seconds).");
@@ -277,6 +367,13 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("switch_optimizer_s", &rl_cost_model::switch_optimizer_s)
       .def_readwrite("rollout_start_s", &rl_cost_model::rollout_start_s)
       .def_readwrite("colocated_switch_s", &rl_cost_model::colocated_switch_s)
+      .def_readwrite("kv_capacity_tokens", &rl_cost_model::kv_capacity_tokens,
+                     "KV-cache budget of a rollout device, tokens of context (0: unlimited).")
+      .def_readwrite("kv_watermark", &rl_cost_model::kv_watermark)
+      .def_readwrite("kv_reserve_ratio", &rl_cost_model::kv_reserve_ratio,
+                     "Admission reserves this fraction of a sequence's remaining limit (0: vLLM-like greedy).")
+      .def_readwrite("prefill_per_kilotoken_s", &rl_cost_model::prefill_per_kilotoken_s)
+      .def_readwrite("weight_load_s", &rl_cost_model::weight_load_s)
       .def("validate", &rl_cost_model::validate);
 
   m.def(
@@ -286,6 +383,58 @@ void dra::python::bind_rl(py::module_& m) {
       },
       py::arg("path"), py::arg("column") = "GeneratedTokens",
       "One numeric column of a CSV (default: the Azure trace's GeneratedTokens); errors name file, line and column.");
+
+  m.def(
+      "rl_draw_lengths",
+      [](const rl_workload& workload, const std::vector<double>& lengths) {
+        return draw_batches(length_distribution{lengths, "given"}, workload);
+      },
+      py::arg_v("workload", rl_workload{}, "RlWorkload()"), py::arg("lengths") = std::vector<double>{},
+      "Every step's generation lengths as the simulators draw them (a group's samples adjacent).");
+
+  m.def(
+      "rl_sim_events",
+      [](const std::vector<double>& lengths, const std::string& source, int devices, const rl_workload& workload,
+         const rl_cost_model& costs, const stage_balance_config& policy, int initial_rollout, int oracle_lookahead,
+         const std::function<void(int, int)>& progress) {
+        length_distribution dist{lengths, source};
+        rl_event_config c;
+        c.devices = devices;
+        c.workload = workload;
+        c.costs = costs;
+        c.policy = policy;
+        c.initial_rollout = initial_rollout;
+        c.oracle_lookahead = oracle_lookahead;
+        rl_event_report r;
+        {
+          const rl_event_sim sim(dist, c);
+          py::gil_scoped_release release;
+          r = sim.report([&](int done, int total) {
+            if (!progress) return;
+            py::gil_scoped_acquire acquire;
+            progress(done, total);
+          });
+        }
+        py::dict d;
+        d["length_source"] = r.length_source;
+        d["barrier_free"] = list_of(r.barrier_free);
+        d["barrier"] = list_of(r.barrier);
+        d["synchronous"] = list_of(r.synchronous);
+        d["best_barrier_free"] = r.best_barrier_free;
+        d["best_barrier"] = r.best_barrier;
+        d["best_synchronous"] = r.best_synchronous;
+        d["dynamic"] = dict_of(r.dynamic);
+        d["oracle_within_step"] = dict_of(r.oracle);
+        d["colocated"] = dict_of(r.colocated);
+        return d;
+      },
+      py::arg("lengths"), py::arg("source"), py::arg("devices") = 8,
+      py::arg_v("workload", rl_workload{}, "RlWorkload()"), py::arg_v("costs", rl_cost_model{}, "RlCostModel()"),
+      py::arg_v("policy", stage_balance_config{}, "StageBalanceConfig()"), py::arg("initial_rollout") = 0,
+      py::arg("oracle_lookahead") = 2, py::arg("progress") = nullptr,
+      "The event simulator: every static split one-step-off without and with the per-phase barrier and "
+      "synchronous, the stage-balance policy moving devices inside a step, the within-step oracle and "
+      "colocated time sharing, on the same lengths.");
 
   m.def(
       "rl_sim_sweep",

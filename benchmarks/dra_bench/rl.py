@@ -9,7 +9,17 @@ Simulated rows (every schedule on the same generation lengths, drawn from the Az
   policy) against the same baseline. The other scenarios get the same rows with a
   ``.<scenario>`` suffix. ``rl_sim_sweep.<trace>.drift<d>``: the same comparison over a grid of
   traces and length drifts (``oracle_ratio`` is the bound).
-Measured rows (``--live``): see ``dra.rl.live`` (docs/guide/rl.md).
+Event-model rows (the rollout-bound regime: reasoning-length generations, no per-phase barrier,
+devices moved inside a step; ``dra.rl.simulate_pipeline``), simulated:
+- ``rl_sim_time_longgen``: the stage-balance policy's total time against ``best_static_split``
+  (the best split of the same one-step-off pipeline without a barrier): dra's part;
+- ``rl_sim_time_longgen_barrier_free``: the best split with the per-phase barrier, that same split
+  without it against it (``best_static_split`` with the barrier): the barrier's part, not dra's;
+- ``rl_sim_oracle_share_longgen``: the fraction of the within-step oracle's time saving the policy
+  captured; ``rl_sim_oracle_longgen``: the oracle against the best static split;
+- the same rows with a ``.<scenario>`` suffix for the other event scenarios, and
+  ``rl_sim_tail_sweep.w<weight>``: the longgen rows over the weight of the tail.
+Measured rows (``--live``): see ``dra.rl.live`` (docs/guide/rl.md) and ``dra_bench._rl_live``.
 """
 
 from __future__ import annotations
@@ -57,6 +67,47 @@ def sim_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
     ]
 
 
+def pipeline_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
+    """The three-part report of one event-model result as rows (simulated)."""
+    s, st = doc["summary"], doc["settings"]
+    best = doc["barrier_free"][doc["best_barrier_free"]]
+    barrier = doc["barrier"][doc["best_barrier"]]
+    same = doc["barrier_free"][doc["best_barrier"]]
+    common = {
+        "label": "simulated",
+        "scenario": st["scenario"],
+        "length_source": st["length_source"],
+        "devices": st["devices"],
+        "steps": st["workload"]["steps"],
+        "updates_per_step": st["workload"]["updates_per_step"],
+        "growth": st["workload"]["drift_final_scale"],
+        "best_static_rollout": best["rollout"],
+        "static_barrier_free_s": {str(r["rollout"]): r["total_s"] for r in doc["barrier_free"]},
+        "static_barrier_s": {str(r["rollout"]): r["total_s"] for r in doc["barrier"]},
+        "static_synchronous_s": {str(r["rollout"]): r["total_s"] for r in doc["synchronous"]},
+        "colocated_s": doc["colocated"]["total_s"],
+        "oracle_within_step_s": doc["oracle_within_step"]["total_s"],
+        "dynamic_switches": doc["dynamic"]["switches"],
+        "dynamic_hidden_fraction": doc["dynamic"]["hidden_fraction"],
+        "bubble": s["bubble"],
+        "checks": s["checks"],
+        "exactly_once": s["exactly_once"],
+    }
+    share = s["oracle"]["oracle_share"]
+    return [
+        result(f"rl_sim_time_longgen{suffix}", doc["dynamic"]["total_s"], "s", ("best_static_split", best["total_s"]),
+               goal_ratio="<= 0.67 (DynaResize: -33 %)", part="resizing (dra's)", **common),
+        result(f"rl_sim_time_longgen_barrier_free{suffix}", same["total_s"], "s", ("best_static_split", barrier["total_s"]),
+               part="removing the per-phase barrier at a fixed split (not dra's)", split_rollout=barrier["rollout"],
+               best_barrier_free_s=best["total_s"], **common),
+        result(f"rl_sim_oracle_share_longgen{suffix}", share if share is not None else float("nan"), "fraction",
+               goal=">= 0.6", note="share of the within-step oracle's time saving over the best static split (nan: the oracle saves nothing)",
+               **common),
+        result(f"rl_sim_oracle_longgen{suffix}", doc["oracle_within_step"]["total_s"], "s", ("best_static_split", best["total_s"]),
+               note="oracle_within_step: clairvoyant greedy with free switches, a reference, not a proof of optimality", **common),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     import dra.rl as rl
 
@@ -67,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-traces", nargs="*", default=["conv", "code"], help="traces of the drift sweep (none: skip it)")
     parser.add_argument("--sweep-drifts", nargs="*", type=float, default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--plots", metavar="DIR", help="write the role/throughput plots of each scenario into DIR")
+    parser.add_argument("--pipeline-scenarios", nargs="*", default=list(rl.PIPELINE_SCENARIOS), choices=list(rl.PIPELINE_SCENARIOS),
+                        help="event-model scenarios (the three-part report; longgen is the headline)")
+    parser.add_argument("--pipeline-steps", type=int, default=200, help="steps of an event-model run (default 200)")
+    parser.add_argument("--tail-weights", nargs="*", type=float, default=[0.0, 0.05, 0.1, 0.2, 0.3],
+                        help="tail weights of the longgen sensitivity sweep (none: skip it)")
+    parser.add_argument("--tail-steps", type=int, default=60, help="steps of each tail-sweep run (default 60)")
     parser.add_argument("--live", action="store_true", help="also run the live GRPO benchmark (measured; minutes)")
     parser.add_argument("--live-steps", type=int, default=12, help="training steps per live run (default 12)")
     parser.add_argument("--live-rounds", type=int, default=3, help="rounds of every live schedule, order rotating (default 3)")
@@ -75,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-policy", metavar="JSON", default="{}",
                         help="StageBalanceConfig options of the live dynamic run, e.g. '{\"expected_max\": false}' (the "
                              "objective before 2026-12-01)")
+    parser.add_argument("--live-longgen", action="store_true",
+                        help="run the live pipeline without a per-phase barrier on the long-generation task (measured; with --live)")
+    parser.add_argument("--live-only-longgen", action="store_true", help="with --live: skip the phase-model live rows")
     parser.add_argument("--live-switch-runs", type=int, default=2,
                         help="runs of the best split with a scheduled switch away and back, to measure both directions' "
                              "switch costs even when the policy does not switch (default 2)")
@@ -108,13 +168,39 @@ def main(argv: list[str] | None = None) -> int:
                        colocated_ratio=doc["dynamic"]["samples_per_s"] / doc["colocated"]["samples_per_s"],
                        dynamic_switches=doc["dynamic"]["switches"])
             )
+    for name in args.pipeline_scenarios:
+        print(f"[bench rl] event model {name} ({args.pipeline_steps} steps)", file=sys.stderr, flush=True)
+        doc = rl.simulate_pipeline(name, steps=args.pipeline_steps)
+        results += pipeline_rows(doc, "" if name == "longgen" else f".{name}")
+        print(rl.pipeline_markdown(doc), file=sys.stderr)
+        if args.plots:
+            from dra.rl.plots import plot_pipeline
+
+            for path in plot_pipeline(doc, args.plots):
+                print(f"[bench rl] wrote {path}", file=sys.stderr)
+    for weight in args.tail_weights:
+        print(f"[bench rl] tail sweep: weight {weight:g} ({args.tail_steps} steps)", file=sys.stderr, flush=True)
+        doc = rl.simulate_pipeline("longgen", steps=args.tail_steps, workload={"reasoning": {"tail_weight": weight}})
+        s = doc["summary"]
+        best = doc["barrier_free"][doc["best_barrier_free"]]
+        results.append(result(f"rl_sim_tail_sweep.w{weight:g}", doc["dynamic"]["total_s"], "s", ("best_static_split", best["total_s"]),
+                              label="simulated", tail_weight=weight, steps=args.tail_steps, best_static_rollout=best["rollout"],
+                              barrier_fixed_split_time_ratio=s["barrier"]["fixed_split_time_ratio"],
+                              oracle_time_ratio=s["oracle"]["oracle_time_vs_best_static"], oracle_share=s["oracle"]["oracle_share"],
+                              colocated_time_ratio=s["others"]["colocated_time_vs_best_static"], checks=s["checks"]))
     if args.live:
         from dra.rl.live.coordinator import LiveConfig
         from dra_bench._rl_live import live_rows
 
-        results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
-                             reward_steps=args.live_reward_steps, switch_runs=args.live_switch_runs,
-                             config=LiveConfig(steps=args.live_steps, policy=policy))
+        if not args.live_only_longgen:
+            results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
+                                 reward_steps=args.live_reward_steps, switch_runs=args.live_switch_runs,
+                                 config=LiveConfig(steps=args.live_steps, policy=policy))
+        if args.live_longgen or args.live_only_longgen:
+            from dra_bench._rl_live import live_pipeline_rows
+
+            results += live_pipeline_rows(steps=args.live_steps, rounds=args.live_rounds, plots=args.plots,
+                                          config=LiveConfig(steps=args.live_steps, trace="reasoning", drift=2.0, policy=policy))
     write_report("rl", results, args.json)
     return 0
 

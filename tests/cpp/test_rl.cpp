@@ -1,6 +1,6 @@
 // Tests of RL post-training's stage balance (include/dra/rl/stage_balance.hpp), the streaming
-// length sketch it reads (include/dra/signals/quantile_sketch.hpp) and the RL pipeline simulator
-// (include/dra/rl/pipeline.hpp).
+// length sketch it reads (include/dra/signals/quantile_sketch.hpp) and the RL pipeline simulators
+// (include/dra/rl/pipeline.hpp, phase by phase; include/dra/rl/events.hpp, event by event).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dra/rl/events.hpp"
 #include "dra/rl/stage_balance.hpp"
 #include "dra/signals/quantile_sketch.hpp"
 
@@ -770,4 +771,280 @@ TEST_CASE("rl.policy.grpo_groups_vary_like_fewer_independent_draws") {
   auto bad = quick_config();
   bad.group_size = 0;
   expect_invalid([&] { bad.validate(); }, "group_size");
+}
+
+// ---- event simulator (events.hpp): no per-phase barrier, devices moved inside a step ------------
+
+namespace {
+
+// A small world: 4 devices, 8 prompts x 4 samples, 8 updates per step, cheap switches.
+rl_event_config small_events(int steps, int initial_rollout = 0) {
+  rl_event_config c;
+  c.devices = 4;
+  c.workload.steps = steps;
+  c.workload.prompts_per_step = 8;
+  c.workload.group_size = 4;
+  c.workload.prompt_tokens = 100.0;
+  c.workload.updates_per_step = 8;
+  c.workload.max_generation_tokens = 4096.0;
+  c.costs.max_concurrency = 64;
+  c.costs.decode_fixed_s = 0.01;
+  c.costs.decode_per_sequence_s = 1e-4;
+  c.costs.decode_per_kilotoken_s = 0.0;
+  c.costs.train_fixed_s = 0.05;
+  c.costs.sync_fixed_s = 0.05;
+  c.costs.train_per_token_s = 1e-3;
+  c.costs.weight_sync_s = c.costs.weight_load_s = 0.1;
+  c.costs.switch_agree_s = 0.01;
+  c.costs.switch_rebuild_s = c.costs.switch_weights_s = 0.05;
+  c.costs.switch_optimizer_s = 0.1;
+  c.costs.rollout_start_s = 0.2;
+  c.initial_rollout = initial_rollout;
+  return c;
+}
+
+length_distribution lognormal_lengths(double mu, double sigma, unsigned seed = 3) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> dist(mu, sigma);
+  length_distribution d;
+  for (int i = 0; i < 5000; ++i) d.values.push_back(std::max(1.0, std::round(dist(rng))));
+  return d;
+}
+
+// Every run: each sequence generated once and trained once, one record per step, roles that add
+// up to the devices at every instant, steps in order, each starting after its batch.
+void check_run(const rl_run_result& r, const rl_event_config& c) {
+  CAPTURE(r.name);
+  const int n = c.workload.sequences_per_step();
+  CHECK(r.exactly_once);
+  CHECK(r.generated_sequences == c.workload.steps * n);
+  CHECK(r.trained_sequences == c.workload.steps * n);
+  REQUIRE(r.phases.size() == static_cast<std::size_t>(c.workload.steps));
+  double end = 0.0;
+  for (std::size_t k = 0; k < r.phases.size(); ++k) {
+    const auto& p = r.phases[k];
+    CHECK(p.phase == static_cast<int>(k));
+    CHECK(p.start_s == doctest::Approx(end));
+    end = p.start_s + p.duration_s;
+    CHECK(p.train >= 1);
+    CHECK(p.rollout + p.train == c.devices);
+    CHECK(p.train_s <= p.duration_s + 1e-9);  // a step trains only after its predecessor ended
+    CHECK(p.trained_sequences == n);
+  }
+  CHECK(end == doctest::Approx(r.total_s));
+  double t = 0.0;
+  for (const auto& s : r.roles) {
+    CHECK(s.t >= t - 1e-12);
+    t = s.t;
+    CHECK(s.rollout + s.train + s.moving == c.devices);
+    CHECK(s.train >= 1);
+  }
+  CHECK(r.bubble_fraction >= 0.0);
+  CHECK(r.bubble_fraction < 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("rl.events.rollout_device_preempts_when_the_kv_cache_overflows") {
+  rl_cost_model c;
+  c.decode_fixed_s = 1.0;
+  c.decode_per_sequence_s = 0.0;
+  c.decode_per_kilotoken_s = 0.0;
+  c.max_concurrency = 8;
+  c.kv_capacity_tokens = 100.0;
+  c.kv_watermark = 0.0;
+  rollout_device d;
+  // Three sequences of 10 prompt tokens, 40 tokens each: 30 tokens of context at first, growing by
+  // 3 per iteration; at 100 the newest is preempted and comes back once one finished.
+  for (int id = 0; id < 3; ++id) CHECK(d.admit({id, 40.0, 10.0, 0.0, 0.0}, c));
+  CHECK(d.context_tokens() == doctest::Approx(30.0));
+  CHECK_FALSE(d.admit({9, 40.0, 80.0, 0.0, 0.0}, c));  // no room: the context would exceed the budget
+  std::vector<int> finished;
+  double last = 0.0;
+  int preempted_at = -1;
+  for (int events = 0; events < 20 && (d.concurrency() > 0 || d.has_waiting()); ++events) {
+    const double when = d.next_event(c);
+    CHECK(when >= last);  // events in time order
+    last = when;
+    const int before = d.concurrency();
+    d.advance(c, finished);
+    if (d.has_waiting() && preempted_at < 0) {
+      preempted_at = events;
+      CHECK(d.concurrency() == before - 1);
+    }
+    CHECK(d.context_tokens() + d.concurrency() <= c.kv_capacity_tokens + 1e-9);
+    d.admit_waiting(c);
+  }
+  CHECK(preempted_at >= 0);
+  std::sort(finished.begin(), finished.end());
+  CHECK(finished == std::vector<int>{0, 1, 2});  // every sequence finishes once
+  // The SGLang-like reservation keeps room for growth instead: 30 % of a 40-token limit each.
+  rl_cost_model r = c;
+  r.kv_reserve_ratio = 0.3;
+  rollout_device e;
+  int admitted = 0;
+  for (int id = 0; id < 8; ++id) admitted += e.admit({id, 40.0, 10.0, 0.0, 40.0}, r);
+  CHECK(admitted == 4);  // 4 x (10 + 12) <= 100 < 5 x 22
+}
+
+TEST_CASE("rl.events.event_order_and_device_accounting_in_every_schedule") {
+  const auto config = small_events(12);
+  rl_event_sim sim(lognormal_lengths(5.5, 1.0), config);
+  const auto rep = sim.report();
+  REQUIRE(rep.barrier_free.size() == 3);
+  for (const auto* runs : {&rep.barrier_free, &rep.barrier, &rep.synchronous})
+    for (const auto& r : *runs) check_run(r, config);
+  check_run(rep.dynamic, config);
+  check_run(rep.oracle, config);
+  // Removing the barrier never slows a split down; synchronous is the slowest pipeline.
+  for (std::size_t i = 0; i < rep.barrier.size(); ++i) {
+    CHECK(rep.barrier_free[i].total_s <= rep.barrier[i].total_s * (1.0 + 1e-9));
+    CHECK(rep.synchronous[i].total_s >= rep.barrier_free[i].total_s - 1e-9);
+  }
+  // Switches: each in the log with its parts; exposed + hidden = total.
+  for (const auto& s : rep.dynamic.switch_log) {
+    CHECK(s.total_s == doctest::Approx(s.agree_s + s.rebuild_s + s.weights_s + s.optimizer_s + s.rollout_start_s));
+    CHECK(s.exposed_s <= s.total_s + 1e-12);
+    CHECK(s.hidden_s == doctest::Approx(s.total_s - s.exposed_s));
+  }
+  // Same seed, same run, bit for bit.
+  CHECK(rl_event_sim(lognormal_lengths(5.5, 1.0), config).run_dynamic().total_s == rep.dynamic.total_s);
+}
+
+TEST_CASE("rl.events.reasoning_lengths_are_grouped_capped_and_grow") {
+  rl_workload w;
+  w.steps = 40;
+  w.prompts_per_step = 64;
+  w.group_size = 8;
+  w.lengths = length_model::reasoning;
+  w.max_generation_tokens = 20480.0;
+  w.drift_final_scale = 2.0;
+  const auto b = draw_batches({}, w);
+  REQUIRE(b.size() == 40);
+  double within = 0.0, between = 0.0, first = 0.0, last = 0.0, top = 0.0;
+  std::vector<double> means;
+  for (int i = 0; i < 64; ++i) {
+    double m = 0.0;
+    for (int j = 0; j < 8; ++j) m += std::log(b[0][static_cast<std::size_t>(i * 8 + j)]) / 8.0;
+    for (int j = 0; j < 8; ++j) within += std::pow(std::log(b[0][static_cast<std::size_t>(i * 8 + j)]) - m, 2) / 512.0;
+    means.push_back(m);
+  }
+  double mm = 0.0;
+  for (double m : means) mm += m / 64.0;
+  for (double m : means) between += (m - mm) * (m - mm) / 64.0;
+  CHECK(within < between);  // a group's samples are correlated
+  for (int k = 0; k < 5; ++k)
+    for (double l : b[static_cast<std::size_t>(k)]) first += l / (5.0 * 512.0);
+  for (int k = 35; k < 40; ++k)
+    for (double l : b[static_cast<std::size_t>(k)]) last += l / (5.0 * 512.0), top = std::max(top, l);
+  CHECK(first > 1000.0);  // reasoning lengths: mean >= 1k tokens
+  CHECK(last / first > 1.5);
+  CHECK(top == 20480.0);  // the tail reaches the limit
+  expect_invalid(
+      [&] {
+        auto bad = w;
+        bad.reasoning.tail_weight = 2.0;
+        bad.validate();
+      },
+      "tail_weight");
+}
+
+TEST_CASE("rl.events.where_the_oracle_gains_the_policy_gains") {
+  // Heavy-tailed lengths, 2 + 2 devices: the best static split leaves devices idle inside steps;
+  // the oracle (free switches, known lengths) and the policy (measured costs) both move devices.
+  const auto config = small_events(30);
+  rl_event_sim sim(lognormal_lengths(5.5, 1.0), config);
+  const auto rep = sim.report();
+  const auto& best = rep.barrier_free[rep.best_barrier_free];
+  CHECK(rep.oracle.total_s < 0.98 * best.total_s);
+  CHECK(rep.dynamic.total_s < best.total_s);
+  CHECK(rep.dynamic.switches >= 2);
+  bool in_step = false;  // at least one move between two updates of a step
+  for (const auto& s : rep.dynamic.switch_log) in_step |= s.direction == "to_train";
+  CHECK(in_step);
+}
+
+TEST_CASE("rl.events.where_nothing_can_be_gained_the_policy_holds") {
+  // Constant lengths, starting at the best split: no tail, no idle device worth moving.
+  const auto config = small_events(30, 1);
+  rl_event_sim sim(length_distribution::constant(500.0), config);
+  const auto best = sim.run_static(1, dra::policy::rl_pipeline::one_step_off, false);
+  for (int r = 2; r < 4; ++r)
+    CHECK(sim.run_static(r, dra::policy::rl_pipeline::one_step_off, false).total_s > best.total_s);
+  const auto oracle = sim.run_oracle();
+  CHECK(oracle.total_s == doctest::Approx(best.total_s).epsilon(0.005));
+  const auto dynamic = sim.run_dynamic();
+  CHECK(dynamic.switches == 0);
+  CHECK(dynamic.total_s == doctest::Approx(best.total_s));
+  // Switches that cannot pay back are not made either, even where the oracle would move.
+  auto costly = small_events(30);
+  costly.costs.rollout_start_s = costly.costs.switch_rebuild_s = 1e4;
+  costly.policy.prior_switch_cost_s = 1e4;
+  const auto held = rl_event_sim(lognormal_lengths(5.5, 1.0), costly).run_dynamic();
+  CHECK(held.switches == 0);
+}
+
+TEST_CASE("rl.policy.decide_window_lends_waiting_trainers_and_takes_idle_devices") {
+  auto cfg = quick_config(4);
+  cfg.group_size = 4;
+  cfg.min_relative_gain = 0.01;
+  stage_balance_policy p(cfg);
+  window_state w;
+  w.rollout = 2;
+  w.train = 2;
+  w.sequences_per_step = 32;
+  w.updates_per_step = 8;
+  w.updates_left = 8;
+  CHECK(contains(p.decide_window(w).reason, "hold: no generation observed"));
+  // Lengths: mostly short, a heavy tail; decode 10 ms + 0.1 ms per sequence; training 1 ms per token.
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> dist(5.5, 1.0);
+  for (int i = 0; i < 2000; ++i) p.observe_generation(100.0, std::max(1.0, std::round(dist(rng))));
+  for (int c : {32, 16, 8, 2, 1}) p.observe_decode(c, c * 400.0, 50.0, 50.0 * (0.01 + 1e-4 * c));
+  for (int t : {1, 2, 3})
+    p.observe_train(t, 4 * 500.0 / t, 0.05 + 1e-3 * 4 * 500.0 / t + (t > 1 ? 0.05 : 0.0), t > 1 ? 0.05 : 0.0);
+  // Between two updates, with the next batch nearly done: the idle rollout device joins, the
+  // step (on the critical path) is shorter.
+  w.updates_left = 4;
+  w.idle_rollout = 1;
+  w.next_in_flight = {300.0};
+  w.remaining_steps = 20;
+  const auto take = p.decide_window(w);
+  CAPTURE(take.reason);
+  CHECK(take.kind == stage_action::to_train);
+  CHECK(take.moved == 1);
+  CHECK(take.train == 3);
+  CHECK(take.predicted_target_s < take.predicted_current_s);
+  // No idle device: nothing to take; a switch that cannot pay back is not made.
+  w.idle_rollout = 0;
+  CHECK(p.decide_window(w).kind != stage_action::to_train);
+  w.idle_rollout = 1;
+  p.observe_switch(stage_action::to_train, 1e5);
+  const auto costly = p.decide_window(w);
+  CAPTURE(costly.reason);
+  CHECK(costly.kind == stage_action::hold);  // the measured exposed cost is part of the prediction
+  // In the window, trainers waiting for a long tail while the next batch queues: lend trainers.
+  w.updates_left = 8;
+  w.idle_rollout = 0;
+  w.wait_complete = false;
+  w.wait_in_flight = {5.0, 5.0, 5.0, 5.0};
+  w.next_in_flight.clear();
+  w.next_queued = 32;
+  const auto lend = p.decide_window(w);
+  CAPTURE(lend.reason);
+  CHECK(lend.wait_s > 0.0);
+  expect_invalid(
+      [&] {
+        auto bad = w;
+        bad.updates_left = 9;
+        p.decide_window(bad);
+      },
+      "updates_left");
+  expect_invalid(
+      [&] {
+        auto bad = w;
+        bad.idle_rollout = 3;
+        p.decide_window(bad);
+      },
+      "idle_rollout");
 }

@@ -172,3 +172,51 @@ def test_bench_rows_from_rotating_rounds(tmp_path) -> None:
     assert sorted(s["direction"] for s in sched) == ["to_rollout", "to_train"]
     assert rows["rl_switch_hidden_fraction"]["scheduled_hidden"] is not None
     assert (tmp_path / "runs.json").is_file()
+
+
+# ---- the pipeline without a per-phase barrier (dra.rl.live.pipeline) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_longgen(tmp_path_factory):
+    cfg = tiny(steps=4, trace="reasoning", drift=2.0, updates_per_step=2)
+    with LiveRL(cfg, tmp_path_factory.mktemp("rl-live-longgen"), quiet=True) as rl_live:
+        yield rl_live
+
+
+def test_reasoning_task_lengths_follow_the_calibrated_workload() -> None:
+    from dra.rl.live.coordinator import REASONING_SCALE, task_lengths
+
+    lengths = task_lengths("reasoning")
+    assert max(lengths) == pytest.approx(20480 * REASONING_SCALE)  # the tail reaches the limit, scaled
+    mean = sum(lengths) / len(lengths)
+    assert 1000 * REASONING_SCALE < mean < 6000 * REASONING_SCALE
+
+
+def test_pipeline_without_barrier_moves_slots_inside_a_step_and_trains_the_same(live_longgen) -> None:
+    static = live_longgen.run_pipeline("static-2", 2)
+    # Step 1: lend a trainer between its two updates (3 rollout slots), step 3 (the last: nothing
+    # left to generate): take idle rollout slots back between its updates.
+    moved = live_longgen.run_pipeline("moved", 2, schedule={(1, 1): 3, (3, 1): 1})
+    for r in (static, moved):
+        assert r["ledger"]["exactly_once"] and r["ledger"]["sequences"] == 4 * 4 * 2
+        assert r["final_weights_identical"]
+        assert len(r["phases"]) == 4 and all(p["trained_sequences"] == 8 for p in r["phases"])
+        assert r["controller"]["committed_steps"] == [8] and r["controller"]["sampler_cursor"] == [32]
+    lend, take = moved["switch_log"]
+    assert lend["direction"] == "to_rollout" and lend["step"] == 1 and not lend["in_window"]
+    assert take["direction"] == "to_train" and take["step"] == 3 and take["moved"] == 2
+    assert 0.0 <= lend["exposed_s"] and 0.0 <= take["exposed_s"]
+    assert moved["controller"]["resizes"] == 2 and static["controller"]["resizes"] == 0
+    assert [s["train"] for s in moved["roles"]][-1] == 3
+    # The same data and updates: the rewards match step by step (up to summation order).
+    assert moved["rewards"] == pytest.approx(static["rewards"], abs=0.05)
+
+
+def test_pipeline_dynamic_run_decides_at_boundaries(live_longgen) -> None:
+    dyn = live_longgen.run_pipeline("dynamic", None)
+    assert dyn["ledger"]["exactly_once"]
+    assert dyn["decisions"], "the policy was never asked"
+    assert dyn["decisions"][0]["reason"].startswith("hold: no")
+    with pytest.raises(ValueError, match="updates_per_step"):
+        LiveConfig(updates_per_step=3).validate()

@@ -122,7 +122,8 @@ def test_cli_writes_json_markdown_and_plot(tmp_path) -> None:
 def test_bench_rl_rows(tmp_path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "dra.bench", "rl", "--steps", "10", "--scenarios", "long_tail", "training_bound", "--json", str(out)],
+        [sys.executable, "-m", "dra.bench", "rl", "--steps", "10", "--scenarios", "long_tail", "training_bound", "--pipeline-scenarios",
+         "--tail-weights", "--json", str(out)],
         capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
@@ -135,3 +136,77 @@ def test_bench_rl_rows(tmp_path) -> None:
     assert rows["rl_sim_throughput"]["label"] == "simulated"
     best = max(rows["rl_sim_throughput"]["static_samples_per_s"].values())
     assert rows["rl_sim_throughput"]["baseline"]["value"] == pytest.approx(best)
+
+
+# ---- the event simulator (rollout-bound regime) -------------------------------------------------
+
+
+def test_reasoning_lengths_are_long_grouped_and_growing() -> None:
+    steps = rl.reasoning_lengths(steps=30)
+    first, last = steps[0], steps[-1]
+    assert len(first) == 512
+    assert sum(first) / len(first) > 1000  # reasoning lengths: mean >= 1k tokens
+    assert max(max(b) for b in steps) == 20480  # a tail to the limit
+    assert sum(last) / len(last) > 1.5 * sum(first) / len(first)  # growth over training
+    spread_in = sum(max(first[i : i + 8]) / min(first[i : i + 8]) for i in range(0, 512, 8)) / 64
+    means = sorted(sum(first[i : i + 8]) / 8 for i in range(0, 512, 8))
+    assert spread_in < means[-1] / means[0]  # a GRPO group's samples vary less than prompts do
+    with pytest.raises(ValueError, match="tail_weight"):
+        rl.reasoning_lengths(reasoning={"tail_weight": 1.5})
+
+
+def test_pipeline_report_in_three_parts() -> None:
+    doc = rl.simulate_pipeline("longgen", steps=4, devices=4, workload={"prompts_per_step": 16, "group_size": 4})
+    s = doc["summary"]
+    assert s["label"] == "simulated" and s["exactly_once"]
+    bf, br = doc["barrier_free"], doc["barrier"]
+    assert [r["rollout"] for r in bf] == [1, 2, 3]
+    best = bf[doc["best_barrier_free"]]
+    assert best["total_s"] == min(r["total_s"] for r in bf)
+    # 1. the barrier's part, at the best barrier split and best against best
+    assert s["barrier"]["fixed_split_time_ratio"] == pytest.approx(bf[doc["best_barrier"]]["total_s"] / br[doc["best_barrier"]]["total_s"])
+    assert s["barrier"]["fixed_split_time_ratio"] <= 1.0 + 1e-9
+    # 2. dra's part against the best static split of the same pipeline; 3. the oracle's share
+    assert s["resizing"]["dynamic_time_vs_best_static"] == pytest.approx(doc["dynamic"]["total_s"] / best["total_s"])
+    gain = best["total_s"] - doc["oracle_within_step"]["total_s"]
+    share = s["oracle"]["oracle_share"]
+    assert share is None if gain <= 0 else share == pytest.approx((best["total_s"] - doc["dynamic"]["total_s"]) / gain)
+    assert 0.0 < s["checks"]["colocated_rollout_share"] < 1.0 and 0.0 < s["checks"]["colocated_tail_share"] < 1.0
+    roles = doc["dynamic"]["roles"]
+    assert all(r + t + m == 4 for r, t, m in zip(roles["rollout"], roles["train"], roles["moving"]))
+    text = rl.pipeline_markdown(doc)
+    assert "Removing the barrier (not dra's)" in text and "Resizing (dra's)" in text
+    with pytest.raises(ValueError, match="scenario: unknown scenario"):
+        rl.simulate_pipeline("nope")
+    with pytest.raises(ValueError, match="trace/workload"):
+        rl.simulate_pipeline("longgen", trace="conv", steps=2)
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        rl.simulate_pipeline("longgen", steps=2, costs={"kv_capacity_tokens": 1000.0})
+
+
+def test_pipeline_plots(tmp_path) -> None:
+    from dra.rl.plots import plot_pipeline
+
+    doc = rl.simulate_pipeline("azure_code", steps=4, devices=4)
+    paths = plot_pipeline(doc, tmp_path)
+    assert [p.name for p in paths] == ["rl-azure_code-roles.png", "rl-azure_code-static-vs-dynamic.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_bench_rl_pipeline_rows(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dra.bench", "rl", "--scenarios", "--sweep-traces", "--pipeline-scenarios", "longgen",
+         "--pipeline-steps", "3", "--tail-weights", "0.2", "--tail-steps", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["rl_sim_time_longgen"]["baseline"]["name"] == "best_static_split"
+    assert rows["rl_sim_time_longgen"]["baseline"]["value"] == pytest.approx(min(rows["rl_sim_time_longgen"]["static_barrier_free_s"].values()))
+    b = rows["rl_sim_time_longgen_barrier_free"]
+    assert b["baseline"]["name"] == "best_static_split" and b["baseline"]["value"] == pytest.approx(min(b["static_barrier_s"].values()))
+    assert b["value"] == pytest.approx(b["static_barrier_free_s"][str(b["split_rollout"])])
+    assert rows["rl_sim_oracle_share_longgen"]["unit"] == "fraction"
+    assert rows["rl_sim_tail_sweep.w0.2"]["tail_weight"] == 0.2
+    assert all(r["label"] == "simulated" for r in rows.values())

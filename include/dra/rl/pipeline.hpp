@@ -23,23 +23,6 @@ namespace dra::sim {
 
 namespace detail {
 
-/// Generation lengths of every batch, drawn once so every schedule sees the same ones.
-inline std::vector<std::vector<double>> draw_batches(const length_distribution& dist, const rl_workload& w) {
-  if (dist.values.empty()) dra::detail::throw_invalid("lengths", "the length distribution is empty");
-  std::mt19937_64 rng(w.seed);
-  std::vector<std::vector<double>> batches(static_cast<std::size_t>(w.steps));
-  for (int k = 0; k < w.steps; ++k) {
-    const double drift = w.steps > 1 ? 1.0 + (w.drift_final_scale - 1.0) * k / (w.steps - 1.0) : 1.0;
-    auto& b = batches[static_cast<std::size_t>(k)];
-    b.resize(static_cast<std::size_t>(w.sequences_per_step()));
-    for (auto& l : b) {
-      const double base = dist.values[static_cast<std::size_t>(rng() % dist.values.size())];
-      l = std::clamp(std::round(base * w.length_scale * drift), 1.0, std::floor(w.max_generation_tokens));
-    }
-  }
-  return batches;
-}
-
 inline double sum_of(const std::vector<double>& v) {
   double s = 0.0;
   for (double x : v) s += x;
@@ -53,7 +36,7 @@ class rl_pipeline_sim {
  public:
   rl_pipeline_sim(const length_distribution& lengths, rl_sim_config config)
       : config_((config.validate(), std::move(config))),
-        batches_(detail::draw_batches(lengths, config_.workload)),
+        batches_(draw_batches(lengths, config_.workload)),
         source_(lengths.source) {}
 
   const rl_sim_config& config() const noexcept { return config_; }

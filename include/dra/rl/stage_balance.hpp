@@ -206,6 +206,42 @@ struct stage_decision {
   std::string reason;
 };
 
+/// A boundary of the trainers' world in a pipeline without a per-phase barrier: before a training
+/// step (its window: the trainers published the previous step's weights and wait for the step's
+/// batch) or between two of its updates (PPO/GRPO mini-batches). The world may change once there.
+/// What the leader knows: each role's size, the rollout devices with nothing to generate, the
+/// updates left, and the progress of the step's batch and of the next one (sequences not started,
+/// tokens generated so far by each one in flight).
+struct window_state {
+  int rollout = 1, train = 1;
+  int idle_rollout = 0;               ///< rollout devices with nothing to generate now
+  std::int64_t step = 0;              ///< the training step about to run or running
+  std::int64_t remaining_steps = -1;  ///< steps left, this one included (-1: unknown)
+  int sequences_per_step = 1;
+  int updates_per_step = 1;
+  int updates_left = 1;                ///< updates of this step not started (all of them in the window)
+  bool wait_complete = true;           ///< the step's batch is generated (always, once it trains)
+  int wait_queued = 0;                 ///< sequences of the step's batch not started yet
+  std::vector<double> wait_in_flight;  ///< tokens generated so far by its sequences in flight
+  bool next_exists = true;             ///< the next step's batch exists (false at the last step)
+  int next_queued = 0;
+  std::vector<double> next_in_flight;
+};
+
+/// What to do at a boundary: lend trainers to rollout, take idle rollout devices into training,
+/// or hold. `predicted_*`: when the next step can start (the later of this step's end and the
+/// next batch's last sequence) at the current split and at the chosen one.
+struct window_decision {
+  stage_action kind = stage_action::hold;
+  int moved = 0;
+  int train = 1;        ///< trainers after the decision
+  double wait_s = 0.0;  ///< predicted wait for the step's batch
+  double predicted_current_s = 0.0, predicted_target_s = 0.0;
+  double switch_cost_s = 0.0;
+  double payback_steps = std::numeric_limits<double>::infinity();
+  std::string reason;
+};
+
 class stage_balance_policy {
  public:
   explicit stage_balance_policy(stage_balance_config config = {})
@@ -213,7 +249,9 @@ class stage_balance_policy {
         lengths_(config_.lengths),
         prompts_(config_.lengths),
         generation_(config_.generation),
-        training_(config_.training) {}
+        training_(config_.training) {
+    batch_fit_.reset(Eigen::Vector2d(1.0, 1.0), config_.generation.prior_weight);
+  }
 
   const stage_balance_config& config() const noexcept { return config_; }
 
@@ -225,7 +263,33 @@ class stage_balance_policy {
   }
   /// Measured decode iterations of one rollout device (see generation_model::observe).
   bool observe_decode(int concurrency, double context_tokens, double iterations, double seconds) noexcept {
-    return generation_.observe(concurrency, context_tokens, iterations, seconds);
+    if (!generation_.observe(concurrency, context_tokens, iterations, seconds)) return false;
+    // The operating point where the tokens are generated (token-weighted: the tail's many
+    // iterations at low concurrency make few tokens), forgetting per observation like the fit.
+    const double tokens = iterations * concurrency;
+    decode_weight_ = config_.generation.forgetting * decode_weight_ + tokens;
+    decode_concurrency_ += (concurrency - decode_concurrency_) * tokens / decode_weight_;
+    decode_context_ += (context_tokens - decode_context_) * tokens / decode_weight_;
+    return true;
+  }
+  /// A batch of `sequences` generated in `seconds` (its first sequence handed out to its last
+  /// finished) on `rollout` devices on average: scales the bulk and tail terms of the rollout
+  /// model to what the pipeline really takes (queueing, preemption, prefill). False: ignored.
+  bool observe_batch(double rollout, int sequences, double seconds) {
+    if (!(rollout >= 1.0) || sequences < 1 || !std::isfinite(seconds) || !(seconds > 0.0) ||
+        lengths_.observations() == 0 || generation_.observations() == 0)
+      return false;
+    const auto f = batch_features(rollout, sequences);
+    batch_fit_.add(Eigen::Vector2d(f.first, f.second), seconds, config_.generation.forgetting);
+    ++batches_;
+    return true;
+  }
+  /// A rollout engine started on a device that left the trainers (its own time, not the step's).
+  void observe_engine_start(double seconds) noexcept {
+    if (!std::isfinite(seconds) || seconds < 0.0) return;
+    engine_start_s_ =
+        engine_starts_ == 0 ? seconds : engine_start_s_ + config_.switch_cost_smoothing * (seconds - engine_start_s_);
+    ++engine_starts_;
   }
   /// One measured training step of `devices` ranks at `tokens_per_device` each.
   bool observe_train(int devices, double tokens_per_device, double step_s, double sync_s) noexcept {
@@ -388,6 +452,152 @@ class stage_balance_policy {
     return out;
   }
 
+  // ---- in-step decision (no per-phase barrier) --------------------------------------------
+  /// Busy devices' decode cost per token at the observed operating point (seconds).
+  double token_cost_s() const {
+    const double c = std::max(1.0, decode_concurrency_);
+    return generation_.iteration_time_s(c, decode_context_) / c;
+  }
+
+  /// One decision at a boundary of the trainers' world (feed every one, in order). It predicts the
+  /// pipeline's critical path a few steps ahead (one step stale: batch j opens when step j - 2 has
+  /// published; step j starts when batch j is generated and step j - 1 is done) for every trainer
+  /// count it may reach now (lend trainers, take idle rollout devices), from the measured models:
+  /// the wait for this step's batch (the residual lengths of its sequences in flight), the rest of
+  /// the next batch, fresh batches (bulk and tail terms scaled by the measured batch times), and
+  /// training. A move between two updates is for the rest of the step; one in the window holds.
+  /// It needs every model observed, a predicted saving of min_relative_gain of the horizon, and
+  /// must pay back its measured exposed cost within max_payback_steps and the steps left.
+  window_decision decide_window(const window_state& now) {
+    validate_window(now);
+    window_decision out;
+    out.train = now.train;
+    if (lengths_.observations() == 0 || generation_.observations() == 0 || training_.observations() == 0) {
+      out.reason = std::string("hold: no ") +
+                   (lengths_.observations() == 0      ? "generation"
+                    : generation_.observations() == 0 ? "decode iteration"
+                                                      : "training step") +
+                   " observed yet";
+      return out;
+    }
+    const length_table table(lengths_);
+    const double mean = lengths_.mean();
+    const double prompt = prompts_.mean();
+    const double tok = token_cost_s();
+    const int rollout_busy = std::max(1, now.rollout - now.idle_rollout);
+    const double group = std::max(1.0, static_cast<double>(config_.group_size));
+    // A batch's tail: the median of the longest residual of its sequences in flight (a group's
+    // samples move together), decoded at the concurrency the tail leaves on a device.
+    const auto tail_s = [&](const std::vector<double>& flight) {
+      if (flight.empty()) return 0.0;
+      const double draws = std::max(1.0, static_cast<double>(flight.size()) / group);
+      const double q = std::pow(0.5, 1.0 / draws);
+      double longest = 0.0, context = 0.0;
+      for (double g : flight) longest = std::max(longest, table.residual_quantile(g, q)), context += prompt + g;
+      const double c = std::max(1.0, static_cast<double>(flight.size()) / rollout_busy);
+      return longest *
+             generation_.iteration_time_s(c, c * (context / static_cast<double>(flight.size()) + 0.5 * longest));
+    };
+    const auto work_tokens = [&](int queued, const std::vector<double>& flight) {
+      double w = queued * mean;
+      for (double g : flight) w += table.residual_mean(g);
+      return w;
+    };
+    // The measured correction of the rollout model (1, 1 until a batch was observed).
+    const double bulk_scale = std::max(0.1, batch_fit_.coef(0)), tail_scale = std::max(0.1, batch_fit_.coef(1));
+    const auto queued_tail_s = [&](int queued, double devices) { return tail_scale * fresh_tail_s(queued, devices); };
+    const double wait_work = now.wait_complete ? 0.0 : bulk_scale * work_tokens(now.wait_queued, now.wait_in_flight);
+    out.wait_s =
+        now.wait_complete
+            ? 0.0
+            : std::max(std::max(tail_scale * tail_s(now.wait_in_flight), queued_tail_s(now.wait_queued, rollout_busy)),
+                       wait_work * tok / rollout_busy);
+    const double next_work = now.next_exists ? bulk_scale * work_tokens(now.next_queued, now.next_in_flight) : 0.0;
+    const double next_tail = now.next_exists ? tail_scale * tail_s(now.next_in_flight) : 0.0;
+    const double engine = engine_starts_ > 0 ? engine_start_s_ : 0.0;
+    const double update_tokens = now.sequences_per_step * (prompt + mean) / now.updates_per_step;
+    const auto update_s = [&](int train) { return training_.step_time_s(train, update_tokens / train); };
+    // A fresh batch on `rollout` devices: its bulk, or its longest sequence started late.
+    const auto batch_s = [&](int rollout) {
+      const auto f = batch_features(rollout, now.sequences_per_step);
+      return std::max(0.0, batch_fit_.predict(Eigen::Vector2d(f.first, f.second)));
+    };
+    // The critical path, times from now: this step's end with `train` trainers, then each later
+    // step at `later` trainers; the objective is when the last of them ends.
+    const std::int64_t steps_ahead =
+        now.remaining_steps < 0 ? 6 : std::min<std::int64_t>(6, std::max<std::int64_t>(1, now.remaining_steps));
+    const auto objective = [&](int train, int later) {
+      const int rollout = config_.devices - train;
+      const double cost = train == now.train
+                              ? 0.0
+                              : switch_cost_s(train < now.train ? stage_action::to_rollout : stage_action::to_train);
+      const double updates = now.updates_left * update_s(train) + weight_sync_s_;
+      double end_prev = out.wait_s + cost + updates;  // this step's end
+      // Batch s + 1: what is left of it on the busy devices, lenders after their engine start.
+      double next_done = 0.0;
+      if (now.next_exists) {
+        const int lenders = std::max(0, rollout - now.rollout);
+        const double busy = std::max(1, std::min(rollout_busy, rollout));
+        const double work = (next_work + wait_work) * tok;
+        double gen = work / busy;
+        if (lenders > 0 && gen > engine) gen = (work + lenders * engine) / (busy + lenders);
+        next_done = std::max(std::max(gen, next_tail),
+                             queued_tail_s(now.next_queued, busy + lenders) + (lenders > 0 ? engine : 0.0));
+      }
+      double done_next = next_done;  // when the batch of the step after is generated
+      for (std::int64_t j = 1; j < steps_ahead; ++j) {
+        const double end = std::max(done_next, end_prev) + now.updates_per_step * update_s(later) + weight_sync_s_;
+        done_next = end_prev + batch_s(config_.devices - later);  // opens once the step before published
+        end_prev = end;
+      }
+      return end_prev;
+    };
+    const int lo = std::max(config_.min_train, now.train - config_.max_move);
+    const int hi =
+        std::min(config_.devices - config_.min_rollout, now.train + std::min(now.idle_rollout, config_.max_move));
+    // Between two updates a move is for the rest of this step (the window decides the next one);
+    // in the window it holds for the steps after.
+    const bool in_step = now.wait_complete && now.updates_left < now.updates_per_step;
+    out.predicted_current_s = objective(now.train, now.train);
+    int best = now.train;
+    double best_s = out.predicted_current_s;
+    for (int t = lo; t <= hi; ++t) {
+      const double j = objective(t, in_step ? now.train : t);
+      if (j < best_s || (j == best_s && std::abs(t - now.train) < std::abs(best - now.train))) best = t, best_s = j;
+    }
+    out.predicted_target_s = best_s;
+    const auto at = [](int train, double j) {
+      return std::to_string(train) + "T: next step in " + detail::fmt("%.4g s", j);
+    };
+    const std::string view = detail::fmt("wait %.3g s, ", out.wait_s) + at(now.train, out.predicted_current_s);
+    const double saving = out.predicted_current_s - best_s;
+    if (best == now.train || !(saving > config_.min_relative_gain * out.predicted_current_s)) {
+      out.reason = best == now.train
+                       ? "hold: balanced (" + view + ")"
+                       : "hold: predicted gain " + detail::fmt("%.1f%%", 100.0 * saving / out.predicted_current_s) +
+                             " below min_relative_gain (" + view + " -> " + at(best, best_s) + ")";
+      return out;
+    }
+    const stage_action direction = best < now.train ? stage_action::to_rollout : stage_action::to_train;
+    out.switch_cost_s = switch_cost_s(direction);
+    const double per_step = saving / static_cast<double>(steps_ahead);
+    out.payback_steps = out.switch_cost_s / per_step;
+    double horizon = config_.max_payback_steps;
+    if (now.remaining_steps >= 0) horizon = std::min(horizon, static_cast<double>(now.remaining_steps));
+    const std::string payback = detail::fmt("cost %.3g s / saving %.3g s per step = %.3g steps", out.switch_cost_s,
+                                            per_step, out.payback_steps);
+    if (!(out.payback_steps <= horizon)) {
+      out.reason = "hold: would not pay back (" + payback + detail::fmt(" > %.3g); ", horizon) + view;
+      return out;
+    }
+    out.kind = direction;
+    out.moved = std::abs(best - now.train);
+    out.train = best;
+    out.reason =
+        std::string(to_string(direction)) + ": " + view + " -> " + at(best, best_s) + "; pays back (" + payback + ")";
+    return out;
+  }
+
   const signals::quantile_sketch& lengths() const noexcept { return lengths_; }
   const signals::quantile_sketch& prompts() const noexcept { return prompts_; }
   const generation_model& generation() const noexcept { return generation_; }
@@ -399,6 +609,84 @@ class stage_balance_policy {
     double value = 0.0;
     unsigned long long count = 0;
   };
+
+  // A fresh batch's longest sequence on `devices` devices: it starts when a decode slot frees
+  // (late when a device holds more sequences than it decodes at once: the queue's delay of the
+  // phase model), among the others at the observed operating point, and ends nearly alone.
+  double fresh_tail_s(int queued, double devices) const {
+    if (queued <= 0) return 0.0;
+    const double group = std::max(1.0, static_cast<double>(config_.group_size));
+    const double mean = lengths_.mean(), prompt = prompts_.mean();
+    const double slots = std::max(1.0, decode_concurrency_);
+    const double longest = lengths_.expected_max_of(std::max(1.0, queued / group));
+    const double per_device = queued / std::max(1.0, devices);
+    const double late =
+        per_device <= slots ? 0.0 : 0.5 * std::pow(1.0 - slots / per_device, 2.0) * per_device * mean / slots;
+    const double c = std::max(1.0, 0.5 * std::min(slots, per_device));
+    return late * generation_.iteration_time_s(slots, slots * (prompt + 0.5 * mean)) +
+           longest * generation_.iteration_time_s(c, c * (prompt + 0.5 * longest));
+  }
+  // The rollout model's two terms for a batch: its bulk spread over the devices, its tail.
+  std::pair<double, double> batch_features(double rollout, int sequences) const {
+    return {sequences * lengths_.mean() * token_cost_s() / std::max(1.0, rollout), fresh_tail_s(sequences, rollout)};
+  }
+
+  // The sketch as a table: conditional quantiles and means of the residual length L - g given L > g.
+  class length_table {
+   public:
+    explicit length_table(const signals::quantile_sketch& s) {
+      double w = 0.0, m = 0.0;
+      s.for_each_bin([&](double v, double weight) {
+        w += weight;
+        m += weight * v;
+        value_.push_back(v);
+        cum_.push_back(w);
+        moment_.push_back(m);
+      });
+    }
+    // Weight at or below g.
+    double below(double g) const {
+      const auto it = std::upper_bound(value_.begin(), value_.end(), g);
+      return it == value_.begin() ? 0.0 : cum_[static_cast<std::size_t>(it - value_.begin()) - 1];
+    }
+    double residual_quantile(double g, double q) const {
+      if (value_.empty()) return 0.0;
+      const double total = cum_.back(), b = below(g);
+      if (!(total - b > 0.0)) return 0.0;  // longer than anything seen: no view of its end
+      const double target = b + q * (total - b);
+      const auto it = std::lower_bound(cum_.begin(), cum_.end(), target);
+      const double v = value_[std::min(value_.size() - 1, static_cast<std::size_t>(it - cum_.begin()))];
+      return std::max(0.0, v - g);
+    }
+    double residual_mean(double g) const {
+      if (value_.empty()) return 0.0;
+      const auto it = std::upper_bound(value_.begin(), value_.end(), g);
+      const std::size_t i = static_cast<std::size_t>(it - value_.begin());
+      const double w = cum_.back() - (i == 0 ? 0.0 : cum_[i - 1]);
+      const double m = moment_.back() - (i == 0 ? 0.0 : moment_[i - 1]);
+      return w > 0.0 ? std::max(0.0, m / w - g) : 0.0;
+    }
+
+   private:
+    std::vector<double> value_, cum_, moment_;
+  };
+
+  void validate_window(const window_state& s) const {
+    if (s.rollout < 1 || s.train < 1 || s.rollout + s.train != config_.devices)
+      dra::detail::throw_invalid("window_state", "rollout (" + std::to_string(s.rollout) + ") + train (" +
+                                                     std::to_string(s.train) + ") must equal devices (" +
+                                                     std::to_string(config_.devices) +
+                                                     ") with at least one device per role");
+    if (s.idle_rollout < 0 || s.idle_rollout > s.rollout)
+      dra::detail::throw_invalid("idle_rollout", "must lie in [0, rollout = " + std::to_string(s.rollout) + "], got " +
+                                                     std::to_string(s.idle_rollout));
+    if (s.sequences_per_step < 1 || s.wait_queued < 0 || s.next_queued < 0)
+      dra::detail::throw_invalid("window_state", "sequences_per_step must be >= 1 and the queue depths >= 0");
+    if (s.updates_per_step < 1 || s.updates_left < 0 || s.updates_left > s.updates_per_step)
+      dra::detail::throw_invalid(
+          "updates_left", "must lie in [0, updates_per_step = " + std::to_string(s.updates_per_step) + "], got " +
+                              std::to_string(s.updates_left));
+  }
 
   void validate_state(const stage_state& s) const {
     if (s.rollout < 1 || s.train < 1 || s.rollout + s.train != config_.devices)
@@ -424,6 +712,11 @@ class stage_balance_policy {
   double weight_sync_s_ = 0.0;
   unsigned long long weight_syncs_ = 0;
   smoothed to_rollout_cost_, to_train_cost_;
+  double decode_weight_ = 0.0, decode_concurrency_ = 0.0, decode_context_ = 0.0;
+  double engine_start_s_ = 0.0;
+  unsigned long long engine_starts_ = 0;
+  detail::online_ridge<2> batch_fit_;
+  unsigned long long batches_ = 0;
   stage_action pending_direction_ = stage_action::hold;
   int pending_count_ = 0;
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,10 +46,48 @@ struct length_distribution {
   }
 };
 
+/// Reasoning-length generations (docs/guide/rl.md, "Workloads"; calibration in
+/// data/rl-lengths/README.md): each prompt draws a log-normal base length (a hard prompt, with
+/// probability `tail_weight`, `tail_factor` times longer), its samples scatter around it
+/// (log-normal, `group_sigma`): GRPO's samples of one prompt are correlated.
+struct reasoning_lengths {
+  double median_tokens = 2000.0;  ///< median base length of an ordinary prompt at the first step
+  double prompt_sigma = 0.7;      ///< log-normal spread between prompts
+  double group_sigma = 0.35;      ///< log-normal spread between the samples of one prompt
+  double tail_weight = 0.1;       ///< fraction of hard prompts
+  double tail_factor = 4.0;       ///< a hard prompt's base length, times an ordinary one's
+
+  void validate() const {
+    if (!(median_tokens >= 1.0) || !std::isfinite(median_tokens))
+      dra::detail::throw_invalid("median_tokens",
+                                 "must be a finite number >= 1 token, got " + std::to_string(median_tokens));
+    for (auto [name, v] : {std::pair{"prompt_sigma", prompt_sigma}, std::pair{"group_sigma", group_sigma}})
+      if (!(v >= 0.0 && v <= 4.0))
+        dra::detail::throw_invalid(name, "must lie in [0, 4] (a log-normal spread), got " + std::to_string(v));
+    if (!(tail_weight >= 0.0 && tail_weight <= 1.0))
+      dra::detail::throw_invalid("tail_weight", "must lie in [0, 1], got " + std::to_string(tail_weight));
+    if (!(tail_factor >= 1.0) || !std::isfinite(tail_factor))
+      dra::detail::throw_invalid("tail_factor", "must be a finite number >= 1, got " + std::to_string(tail_factor));
+  }
+};
+
 /// The simulator's ground truth for costs (seconds). Defaults: a 7B-parameter model on 8 GPUs of
 /// the A100/H100 class, derived in docs/guide/rl.md (estimates, not measurements).
 struct rl_cost_model {
   int max_concurrency = 128;
+  /// KV-cache budget of one rollout device in tokens of context (0: unlimited). A device admits a
+  /// sequence only while its context fits under (1 - kv_watermark) of it, and preempts its newest
+  /// sequence when the growing contexts overflow it (recomputed later: prefill again).
+  double kv_capacity_tokens = 0.0;
+  double kv_watermark = 0.05;
+  /// Admission reserves this fraction of each sequence's remaining generation limit (SGLang's
+  /// new_token_ratio; 0: admit on the current context alone, as vLLM does, and preempt later).
+  double kv_reserve_ratio = 0.0;
+  /// Prefill of an admitted sequence's context (prompt, plus what it had generated if it was
+  /// preempted), per 1000 tokens; the device decodes nothing meanwhile.
+  double prefill_per_kilotoken_s = 0.0;
+  /// A rollout device loading a new policy version (event simulator: each device on its own).
+  double weight_load_s = 0.0;
   double decode_fixed_s = 0.010;
   double decode_per_sequence_s = 1e-4;
   double decode_per_kilotoken_s = 2.5e-4;
@@ -82,10 +121,17 @@ struct rl_cost_model {
                                                      {"switch_weights_s", switch_weights_s},
                                                      {"switch_optimizer_s", switch_optimizer_s},
                                                      {"rollout_start_s", rollout_start_s},
-                                                     {"colocated_switch_s", colocated_switch_s}};
+                                                     {"colocated_switch_s", colocated_switch_s},
+                                                     {"kv_capacity_tokens", kv_capacity_tokens},
+                                                     {"prefill_per_kilotoken_s", prefill_per_kilotoken_s},
+                                                     {"weight_load_s", weight_load_s}};
     for (const auto& [name, v] : fields)
       if (!(v >= 0.0) || !std::isfinite(v))
         dra::detail::throw_invalid(name, "must be a finite number >= 0 seconds, got " + std::to_string(v));
+    if (!(kv_reserve_ratio >= 0.0 && kv_reserve_ratio <= 1.0))
+      dra::detail::throw_invalid("kv_reserve_ratio", "must lie in [0, 1], got " + std::to_string(kv_reserve_ratio));
+    if (!(kv_watermark >= 0.0 && kv_watermark < 1.0))
+      dra::detail::throw_invalid("kv_watermark", "must lie in [0, 1), got " + std::to_string(kv_watermark));
     if (!(decode_fixed_s + decode_per_sequence_s > 0.0))
       dra::detail::throw_invalid("decode_fixed_s",
                                  "decode_fixed_s + decode_per_sequence_s must be > 0 (an iteration takes time)");
@@ -95,12 +141,36 @@ struct rl_cost_model {
     return train_fixed_s + train_per_token_s * tokens / ranks + sync_s(ranks);
   }
   double sync_s(int ranks) const { return ranks < 2 ? 0.0 : sync_fixed_s + sync_per_rank_s * (ranks - 2); }
+  double kv_capacity_or_inf() const {
+    return kv_capacity_tokens > 0.0 ? kv_capacity_tokens : std::numeric_limits<double>::infinity();
+  }
+  /// A device must fit one sequence of `context` tokens (prompt + the longest generation).
+  void check_fits(double context) const {
+    if (context > kv_admit_limit())
+      dra::detail::throw_invalid("kv_capacity_tokens",
+                                 "a device must hold one whole sequence: the admission limit " +
+                                     std::to_string(kv_admit_limit()) +
+                                     " tokens is below prompt + max_generation_tokens = " + std::to_string(context) +
+                                     "; raise kv_capacity_tokens or lower max_generation_tokens");
+  }
+  /// Context tokens a device admits up to (infinite when the KV cache is not modelled).
+  double kv_admit_limit() const {
+    return kv_capacity_tokens > 0.0 ? kv_capacity_tokens * (1.0 - kv_watermark)
+                                    : std::numeric_limits<double>::infinity();
+  }
 };
+
+/// Where generation lengths come from: a trace column (`length_distribution`) or the parametric
+/// reasoning model.
+enum class length_model { trace, reasoning };
 
 struct rl_workload {
   int steps = 200;  ///< training steps
   int prompts_per_step = 64;
   int group_size = 8;  ///< samples per prompt (GRPO group)
+  /// Optimizer steps per training step (PPO/GRPO mini-batches): the trainers' world may change at
+  /// each one's boundary (event simulator; the phase model trains a step as one update).
+  int updates_per_step = 1;
   double prompt_tokens = 256.0;
   /// Lengths drawn from the distribution are multiplied by this.
   double length_scale = 1.0;
@@ -109,6 +179,8 @@ struct rl_workload {
   /// Generation limit (tokens): longer draws are cut here.
   double max_generation_tokens = 32768.0;
   std::uint64_t seed = 1;
+  length_model lengths = length_model::trace;
+  reasoning_lengths reasoning{};
 
   int sequences_per_step() const { return prompts_per_step * group_size; }
 
@@ -117,6 +189,10 @@ struct rl_workload {
     if (prompts_per_step < 1)
       dra::detail::throw_invalid("prompts_per_step", "must be >= 1, got " + std::to_string(prompts_per_step));
     if (group_size < 1) dra::detail::throw_invalid("group_size", "must be >= 1, got " + std::to_string(group_size));
+    if (updates_per_step < 1 || updates_per_step > prompts_per_step * group_size)
+      dra::detail::throw_invalid(
+          "updates_per_step", "must lie in [1, sequences per step = " + std::to_string(prompts_per_step * group_size) +
+                                  "], got " + std::to_string(updates_per_step));
     if (!(prompt_tokens >= 0.0) || !std::isfinite(prompt_tokens))
       dra::detail::throw_invalid("prompt_tokens", "must be a finite number >= 0");
     if (!(length_scale > 0.0) || !std::isfinite(length_scale))
@@ -124,8 +200,57 @@ struct rl_workload {
     if (!(drift_final_scale > 0.0) || !std::isfinite(drift_final_scale))
       dra::detail::throw_invalid("drift_final_scale", "must be a finite number > 0 (1: no drift)");
     if (!(max_generation_tokens >= 1.0)) dra::detail::throw_invalid("max_generation_tokens", "must be >= 1");
+    if (lengths == length_model::reasoning) reasoning.validate();
   }
 };
+
+namespace detail {
+
+/// Portable draws (std::normal_distribution differs between standard libraries).
+struct portable_rng {
+  std::mt19937_64 engine;
+  explicit portable_rng(std::uint64_t seed) : engine(seed) {}
+  double uniform() { return static_cast<double>(engine() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double normal() {                                                             // Box-Muller
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+};
+
+}  // namespace detail
+
+/// Generation lengths of every step's batch, drawn once so every schedule sees the same ones.
+/// Batch k holds prompts_per_step groups of group_size samples, a group's samples adjacent.
+inline std::vector<std::vector<double>> draw_batches(const length_distribution& dist, const rl_workload& w) {
+  const bool reasoning = w.lengths == length_model::reasoning;
+  if (!reasoning && dist.values.empty()) dra::detail::throw_invalid("lengths", "the length distribution is empty");
+  std::mt19937_64 rng(w.seed);
+  detail::portable_rng draw(w.seed);
+  const double cap = std::floor(w.max_generation_tokens);
+  std::vector<std::vector<double>> batches(static_cast<std::size_t>(w.steps));
+  for (int k = 0; k < w.steps; ++k) {
+    const double drift = w.steps > 1 ? 1.0 + (w.drift_final_scale - 1.0) * k / (w.steps - 1.0) : 1.0;
+    auto& b = batches[static_cast<std::size_t>(k)];
+    b.resize(static_cast<std::size_t>(w.sequences_per_step()));
+    if (!reasoning) {
+      for (auto& l : b) {
+        const double base = dist.values[static_cast<std::size_t>(rng() % dist.values.size())];
+        l = std::clamp(std::round(base * w.length_scale * drift), 1.0, cap);
+      }
+      continue;
+    }
+    const auto& r = w.reasoning;
+    for (int i = 0; i < w.prompts_per_step; ++i) {
+      const bool hard = draw.uniform() < r.tail_weight;
+      const double base = r.median_tokens * w.length_scale * drift * std::exp(r.prompt_sigma * draw.normal()) *
+                          (hard ? r.tail_factor : 1.0);
+      for (int j = 0; j < w.group_size; ++j)
+        b[static_cast<std::size_t>(i * w.group_size + j)] =
+            std::clamp(std::round(base * std::exp(r.group_sigma * draw.normal())), 1.0, cap);
+    }
+  }
+  return batches;
+}
 
 struct rl_sim_config {
   int devices = 8;
@@ -145,6 +270,7 @@ struct rl_sim_config {
                                  "must lie in [1, devices - 1] (0: half), got " + std::to_string(initial_rollout));
     workload.validate();
     costs.validate();
+    costs.check_fits(workload.prompt_tokens + workload.max_generation_tokens);
     stage_policy().validate();
   }
   policy::stage_balance_config stage_policy() const {
@@ -184,6 +310,12 @@ struct rl_switch_record {
   std::string reason;
 };
 
+/// The roles at one instant of a run (for the roles-over-time plot).
+struct rl_role_sample {
+  double t = 0.0;
+  int rollout = 0, train = 0, moving = 0;  ///< moving: leaving the trainers (engine starting)
+};
+
 struct rl_run_result {
   std::string name;  ///< "static" / "dynamic" / "oracle" / "colocated"
   int rollout = 0;   ///< static runs: the split's rollout devices
@@ -196,6 +328,13 @@ struct rl_run_result {
   double switch_total_s = 0.0, switch_exposed_s = 0.0, hidden_fraction = 0.0;
   std::vector<rl_phase_record> phases;
   std::vector<rl_switch_record> switch_log;
+  // Event simulator: the ledger (every sequence generated once and trained once) and the roles.
+  int generated_sequences = 0, trained_sequences = 0;
+  bool exactly_once = false;
+  /// Colocated runs: the share of the rollout time its last 10 % of sequences took, and of the
+  /// step time the rollout took (the published figures the workload is checked against).
+  double tail_share = 0.0, rollout_share = 0.0;
+  std::vector<rl_role_sample> roles;
 };
 
 struct rl_sweep_result {

@@ -96,6 +96,12 @@ class quantile_sketch {
   unsigned long long clamped() const noexcept { return clamped_; }
   std::size_t bin_count() const noexcept { return bins_.size(); }
   const quantile_sketch_config& config() const noexcept { return config_; }
+  /// Calls f(value, weight) for every non-empty bin, values ascending (weights are relative).
+  template <class F>
+  void for_each_bin(F f) const {
+    for (std::size_t i = 0; i < bins_.size(); ++i)
+      if (bins_[i] > 0.0) f(value_of(i), bins_[i]);
+  }
 
  private:
   std::size_t index(double x) const noexcept {

@@ -1,13 +1,15 @@
 """RL post-training: move devices between rollout and training (docs/design/rl.md, docs/guide/rl.md).
 
-The stage-balance policy and the pipeline simulator are C++ (``include/dra/rl/stage_balance.hpp``,
-``include/dra/rl/pipeline.hpp``), bound as ``dra._core.StageBalancePolicy`` and
-``dra._core.rl_sim_sweep``; this package finds the shipped length trace, names the scenarios,
-and turns results into JSON, markdown and plots. Command line: ``dra-sim rl``.
+The stage-balance policy and the pipeline simulators are C++ (``include/dra/rl/stage_balance.hpp``;
+``include/dra/rl/pipeline.hpp``, phase by phase; ``include/dra/rl/events.hpp``, event by event with
+devices moved inside a step), bound as ``dra._core.StageBalancePolicy``, ``dra._core.rl_sim_sweep``
+and ``dra._core.rl_sim_events``; this package finds the shipped length traces, names the
+scenarios, and turns results into JSON, markdown and plots. Command line: ``dra-sim rl``.
 
     import dra.rl
-    doc = dra.rl.simulate("long_tail")
-    print(doc["summary"]["dynamic_vs_best_static"])
+    doc = dra.rl.simulate("long_tail")                # phase model
+    doc = dra.rl.simulate_pipeline("longgen")         # event model: the three-part report
+    print(doc["summary"]["resizing"]["dynamic_time_vs_best_static"])
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 __all__ = [
+    "PIPELINE_SCENARIOS",
     "SCENARIOS",
     "TRACES",
     "QuantileSketch",
@@ -52,7 +55,10 @@ __all__ = [
     "StageBalancePolicy",
     "data_dir",
     "markdown",
+    "pipeline_markdown",
+    "reasoning_lengths",
     "simulate",
+    "simulate_pipeline",
     "trace_lengths",
 ]
 
@@ -217,5 +223,228 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{100 * s['dynamic_time_vs_best_static']:+.1f} % (oracle bound {100 * s['oracle_vs_best_static']:+.1f} %); "
         f"vs colocated {100 * s['dynamic_vs_colocated']:+.1f} %. Policy prediction error (median) "
         + (f"{100 * err:.1f} %." if err is not None else "n/a."),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---- the event simulator: rollout-bound long generations, devices moved inside a step -----------
+
+#: Costs of one device of the ``longgen`` scenarios: a replica of Qwen2.5-32B (DAPO's model) on two
+#: H100-class GPUs (tensor parallel 2). Estimates, derived term by term in docs/guide/rl.md
+#: ("Rollout-bound regime"); the colocated rollout share they give is checked against published
+#: figures in data/rl-lengths/README.md.
+LONGGEN_COSTS: dict[str, Any] = {
+    "max_concurrency": 256,  # vLLM's max_num_seqs
+    "kv_capacity_tokens": 270_000.0,  # 2 x (0.9 x 80 GB - 32.8 GB weights - 3 GB) / 262 KB per token
+    "decode_fixed_s": 0.022,  # 65.5 GB of bf16 weights per iteration at ~45 % of 6.7 TB/s
+    "decode_per_sequence_s": 8e-5,  # 2 x 32.5e9 FLOP per token at ~800 TFLOP/s
+    "decode_per_kilotoken_s": 3.9e-5,  # 262 KB of KV per token of context at 6.7 TB/s
+    "prefill_per_kilotoken_s": 0.04,  # 2 x 32.5e9 FLOP per token at ~1.6 PFLOP/s
+    "train_per_token_s": 3.3e-4,  # 8 x 32.5e9 FLOP per token (forward, backward, log-probs) at 40 % MFU of 2 GPUs
+    "train_fixed_s": 0.5,
+    "sync_fixed_s": 0.5,
+    "weight_sync_s": 1.3,  # 65.5 GB to the host staging buffer, both GPUs at ~25 GB/s
+    "weight_load_s": 1.3,  # and back onto a rollout device
+    "switch_agree_s": 0.05,
+    "switch_rebuild_s": 0.5,
+    "switch_weights_s": 1.3,  # a joiner between two updates receives the current weights
+    "switch_optimizer_s": 4.0,  # its share of fp32 master weights and Adam moments, streamed (deferred)
+    "rollout_start_s": 5.0,  # engine start on a device leaving the trainers
+    "colocated_switch_s": 10.0,  # per step: engine sleep / wake and the training state's offload and reload
+}
+
+#: The reasoning workload of the ``longgen`` scenarios (sources and assumptions:
+#: data/rl-lengths/README.md): mean ~3.3k tokens at the first step, a tail cut at 20,480 (DAPO's
+#: limit), doubling over training, GRPO groups of 8 correlated samples, 8 updates per step.
+LONGGEN_WORKLOAD: dict[str, Any] = {
+    "prompts_per_step": 64,
+    "group_size": 8,
+    "prompt_tokens": 512.0,
+    "max_generation_tokens": 20480.0,
+    "drift_final_scale": 2.0,
+    "updates_per_step": 8,
+    "lengths": "reasoning",
+    "reasoning": {"median_tokens": 2000.0, "prompt_sigma": 0.7, "group_sigma": 0.35, "tail_weight": 0.1, "tail_factor": 4.0},
+}
+
+#: Named settings of the event simulator; fixed before any dynamic result was looked at, except
+#: where docs/guide/rl.md says otherwise.
+PIPELINE_SCENARIOS: dict[str, dict[str, Any]] = {
+    # Rollout-bound long generations, vLLM-like admission (greedy, preempt on KV overflow).
+    "longgen": {"workload": LONGGEN_WORKLOAD, "costs": LONGGEN_COSTS},
+    # The same with SGLang-like admission (reserve 30 % of what a sequence may still generate).
+    "longgen_reserve": {"workload": LONGGEN_WORKLOAD, "costs": {**LONGGEN_COSTS, "kv_reserve_ratio": 0.3}},
+    # Today's Azure-derived settings in the event model (7B estimates of the phase model).
+    "azure_code": {"trace": "code", "workload": {"updates_per_step": 4}},
+    "azure_conv_drift": {"trace": "conv", "workload": {"updates_per_step": 4, "drift_final_scale": 4.0}},
+}
+
+
+def _workload(values: dict[str, Any]) -> Any:
+    values = dict(values)
+    reasoning = values.pop("reasoning", None)
+    w = _configure(_core.RlWorkload, values)
+    if reasoning is not None:
+        w.reasoning = reasoning if isinstance(reasoning, _core.ReasoningLengths) else _core.ReasoningLengths(**reasoning)
+        w.validate()
+    return w
+
+
+def reasoning_lengths(steps: int = 1, seed: int = 1, **workload: Any) -> list[list[float]]:
+    """Generation lengths of the ``longgen`` workload (or with ``workload`` fields overridden),
+    step by step, as the simulator draws them."""
+    w = {**LONGGEN_WORKLOAD, "steps": steps, "seed": seed, **workload}
+    return [list(b) for b in _core.rl_draw_lengths(_workload(w))]
+
+
+def simulate_pipeline(
+    scenario: str | None = None,
+    *,
+    trace: str | None = None,
+    devices: int = 8,
+    steps: int = 200,
+    seed: int = 1,
+    workload: dict[str, Any] | None = None,
+    costs: dict[str, Any] | None = None,
+    policy: dict[str, Any] | None = None,
+    initial_rollout: int = 0,
+    oracle_lookahead: int = 2,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """The event simulator on one setting: every static split one-step-off without and with the
+    per-phase barrier and synchronous, the stage-balance policy moving devices inside a step, the
+    within-step oracle and colocated time sharing, all on the same lengths; with a ``summary``
+    (the three-part report) and the checks against published figures. ``scenario`` names a preset
+    of :data:`PIPELINE_SCENARIOS`; explicit arguments override its fields."""
+    preset: dict[str, Any] = {}
+    if scenario is not None:
+        if scenario not in PIPELINE_SCENARIOS:
+            raise ValueError(f"scenario: unknown scenario '{scenario}'; use one of: {', '.join(PIPELINE_SCENARIOS)}")
+        preset = PIPELINE_SCENARIOS[scenario]
+    trace = trace if trace is not None else preset.get("trace")
+    w = {**(preset.get("workload") or {}), "steps": steps, "seed": seed, **(workload or {})}
+    if isinstance(preset.get("workload", {}).get("reasoning"), dict) and isinstance((workload or {}).get("reasoning"), dict):
+        w["reasoning"] = {**preset["workload"]["reasoning"], **workload["reasoning"]}  # type: ignore[index]
+    reasoning = w.get("lengths") == "reasoning"
+    if reasoning and trace is not None:
+        raise ValueError("trace/workload: a trace and the reasoning length model exclude each other; give one")
+    lengths: list[float] = [] if reasoning else trace_lengths(trace or "conv")
+    source = "reasoning lengths (data/rl-lengths)" if reasoning else f"{TRACES.get(trace or 'conv', trace)}:GeneratedTokens"
+    c = {**(preset.get("costs") or {}), **(costs or {})}
+    p = {**(preset.get("policy") or {}), **(policy or {})}
+    wl, cm, pc = _workload(w), _configure(_core.RlCostModel, c), _configure(_core.StageBalanceConfig, p)
+    doc = _core.rl_sim_events(lengths, source, devices, wl, cm, pc, initial_rollout, oracle_lookahead, progress)
+    doc["settings"] = {
+        "scenario": scenario,
+        "label": "simulated",
+        "length_source": source,
+        "devices": devices,
+        "workload": {**{k: getattr(wl, k) for k in dir(wl) if not k.startswith("_") and k not in ("validate", "reasoning")},
+                     "reasoning": {k: getattr(wl.reasoning, k) for k in dir(wl.reasoning) if not k.startswith("_") and k != "validate"}},
+        "costs": {k: getattr(cm, k) for k in dir(cm) if not k.startswith("_") and k != "validate"},
+        "policy": p,
+        "initial_rollout": initial_rollout,
+        "oracle_lookahead": oracle_lookahead,
+    }
+    doc["summary"] = pipeline_summary(doc)
+    return doc
+
+
+def pipeline_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """The three-part report of an event-simulator result (simulated figures):
+
+    1. ``barrier``: removing the per-phase barrier at a fixed split (not dra's gain): the best
+       split with the barrier against the same split without it, and best against best;
+    2. ``resizing``: the stage-balance policy against the best static split of the same pipeline
+       (one-step-off, no barrier): dra's gain;
+    3. ``oracle_share``: the part of the within-step oracle's gain the policy captured (None when
+       the oracle gains nothing).
+    Times are total times to the same number of steps; ``*_time_vs_*`` is a ratio (< 1: faster)."""
+    bf, br, sy = doc["barrier_free"], doc["barrier"], doc["synchronous"]
+    best_bf, best_br, best_sy = bf[doc["best_barrier_free"]], br[doc["best_barrier"]], sy[doc["best_synchronous"]]
+    same_split = bf[doc["best_barrier"]]
+    dyn, oracle, colo = doc["dynamic"], doc["oracle_within_step"], doc["colocated"]
+    gain_oracle = best_bf["total_s"] - oracle["total_s"]
+    gain_dyn = best_bf["total_s"] - dyn["total_s"]
+    return {
+        "label": "simulated",
+        "barrier": {
+            "best_barrier_rollout": best_br["rollout"],
+            "best_barrier_s": best_br["total_s"],
+            "same_split_barrier_free_s": same_split["total_s"],
+            "fixed_split_time_ratio": same_split["total_s"] / best_br["total_s"],
+            "best_barrier_free_rollout": best_bf["rollout"],
+            "best_vs_best_time_ratio": best_bf["total_s"] / best_br["total_s"],
+        },
+        "resizing": {
+            "best_static_rollout": best_bf["rollout"],
+            "best_static_s": best_bf["total_s"],
+            "dynamic_s": dyn["total_s"],
+            "dynamic_time_vs_best_static": dyn["total_s"] / best_bf["total_s"],
+            "dynamic_switches": dyn["switches"],
+            "dynamic_hidden_fraction": dyn["hidden_fraction"],
+            "dynamic_mean_rollout": dyn["mean_rollout_devices"],
+            "goal_time_ratio": 0.67,
+        },
+        "oracle": {
+            "oracle_s": oracle["total_s"],
+            "oracle_time_vs_best_static": oracle["total_s"] / best_bf["total_s"],
+            "oracle_share": gain_dyn / gain_oracle if gain_oracle > 0 else None,
+            "goal_share": 0.6,
+        },
+        "others": {
+            "best_synchronous_rollout": best_sy["rollout"],
+            "best_synchronous_time_vs_best_static": best_sy["total_s"] / best_bf["total_s"],
+            "colocated_time_vs_best_static": colo["total_s"] / best_bf["total_s"],
+            "dynamic_time_vs_colocated": dyn["total_s"] / colo["total_s"],
+        },
+        "bubble": {"best_static": best_bf["bubble_fraction"], "dynamic": dyn["bubble_fraction"], "oracle": oracle["bubble_fraction"],
+                   "best_barrier": best_br["bubble_fraction"]},
+        "checks": {
+            # Published: rollout 63-84 % of a synchronous iteration (Seer), ~70 % (RollPacker); the
+            # last 10 % of requests up to ~50 % of the rollout (Seer). data/rl-lengths/README.md.
+            "colocated_rollout_share": colo["rollout_share"],
+            "colocated_tail_share": colo["tail_share"],
+        },
+        "exactly_once": all(r["exactly_once"] for r in [*bf, *br, *sy, dyn, oracle, colo]),
+    }
+
+
+def pipeline_markdown(doc: dict[str, Any]) -> str:
+    """A readable table and the three-part report of one `simulate_pipeline` result (simulated)."""
+    s, st = doc["summary"], doc["settings"]
+    w = st["workload"]
+    lines = [
+        f"### RL pipeline, event model, simulated: {st['scenario'] or 'custom'} ({st['length_source']}, "
+        f"growth x{w['drift_final_scale']:g}, {st['devices']} devices, {w['steps']} steps, {w['updates_per_step']} updates per step)",
+        "",
+        "| split (rollout / train) | one-step-off, no barrier (s) | with the per-phase barrier (s) | synchronous (s) |",
+        "|---|---|---|---|",
+    ]
+    for a, b, c in zip(doc["barrier_free"], doc["barrier"], doc["synchronous"]):
+        def cell(r: dict[str, Any], best: bool) -> str:
+            return f"**{r['total_s']:.0f}**" if best else f"{r['total_s']:.0f}"
+
+        lines.append(f"| {a['rollout']} / {st['devices'] - a['rollout']} | {cell(a, a is doc['barrier_free'][doc['best_barrier_free']])} | "
+                     f"{cell(b, b is doc['barrier'][doc['best_barrier']])} | {cell(c, c is doc['synchronous'][doc['best_synchronous']])} |")
+    dyn, orc, colo = doc["dynamic"], doc["oracle_within_step"], doc["colocated"]
+    lines += [
+        "",
+        f"Stage-balance policy (in-step moves): {dyn['total_s']:.0f} s, {dyn['switches']} switches, mean rollout devices "
+        f"{dyn['mean_rollout_devices']:.2f}; oracle_within_step: {orc['total_s']:.0f} s; colocated: {colo['total_s']:.0f} s.",
+        "",
+    ]
+    b, r, o = s["barrier"], s["resizing"], s["oracle"]
+    share = o["oracle_share"]
+    lines += [
+        f"1. Removing the barrier (not dra's): at the best barrier split ({b['best_barrier_rollout']} rollout) time x{b['fixed_split_time_ratio']:.3f}; "
+        f"best against best x{b['best_vs_best_time_ratio']:.3f}.",
+        f"2. Resizing (dra's): dynamic / best static one-step-off split ({r['best_static_rollout']} rollout): time x{r['dynamic_time_vs_best_static']:.3f} "
+        f"(goal <= {r['goal_time_ratio']}).",
+        f"3. Oracle: x{o['oracle_time_vs_best_static']:.3f} of the best static time; share of its gain captured: "
+        + (f"{100 * share:.0f} %" if share is not None else "n/a (the oracle gains nothing)") + f" (goal >= {100 * o['goal_share']:.0f} %).",
+        "",
+        f"Checks (colocated): rollout {100 * s['checks']['colocated_rollout_share']:.0f} % of the step time, the last 10 % of sequences "
+        f"{100 * s['checks']['colocated_tail_share']:.0f} % of the rollout.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,9 +1,12 @@
-"""``dra-sim rl``: the RL pipeline simulator (every static split, the stage-balance policy, the
-per-phase oracle and colocated time sharing, on generation lengths from the Azure trace).
+"""``dra-sim rl``: the RL pipeline simulators. The phase model (every static split, the
+stage-balance policy, the per-phase oracle and colocated time sharing, on lengths from the Azure
+trace), or with ``--pipeline-scenario`` the event model (no per-phase barrier, devices moved
+inside a step: the three-part report).
 
     dra-sim rl --scenario long_tail --json out.json --plots plots/
     dra-sim rl --trace conv --drift 4 --steps 300 --pipeline synchronous
     dra-sim rl --all-scenarios --markdown rl.md
+    dra-sim rl --pipeline-scenario longgen --steps 200 --json longgen.json --plots plots/
 
 Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
 """
@@ -37,6 +40,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("rl", help="RL post-training: static splits vs stage balance vs colocated (simulated)")
     p.add_argument("--scenario", choices=list(rl.SCENARIOS), help="a named setting (docs/guide/rl.md); other options override it")
     p.add_argument("--all-scenarios", action="store_true", help="run every named scenario")
+    p.add_argument("--pipeline-scenario", choices=list(rl.PIPELINE_SCENARIOS),
+                   help="the event model on a named setting (no per-phase barrier, devices moved inside a step)")
     p.add_argument("--trace", help=f"length trace: {', '.join(rl.TRACES)} or a CSV path with a GeneratedTokens column")
     p.add_argument("--constant-length", type=float, help="every generation this many tokens (no tail)")
     p.add_argument("--drift", type=float, help="lengths grow to this multiple over the run (default 1: none)")
@@ -55,8 +60,44 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def run_pipeline(args: argparse.Namespace) -> int:
+    """The event model: one named setting, the three-part report."""
+    import dra.rl as rl
+
+    def progress(done: int, total: int) -> None:
+        if not args.quiet:
+            print(f"[dra-sim rl] {args.pipeline_scenario}: {done}/{total} schedules", file=sys.stderr, flush=True)
+
+    try:
+        doc = rl.simulate_pipeline(args.pipeline_scenario, devices=args.devices, steps=args.steps, seed=args.seed,
+                                   workload=_assignments(args.workload, "--workload"), costs=_assignments(args.cost, "--cost"),
+                                   policy=_assignments(args.policy, "--policy"), initial_rollout=args.initial_rollout,
+                                   progress=progress)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"dra-sim rl: error: {exc}", file=sys.stderr)
+        return 2
+    text = rl.pipeline_markdown(doc)
+    if args.json:
+        from dra._jsonio import write_json
+
+        write_json(doc, args.json)
+    if args.plots:
+        from dra.rl.plots import plot_pipeline
+
+        for path in plot_pipeline(doc, args.plots):
+            print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import dra.rl as rl
+
+    if args.pipeline_scenario:
+        return run_pipeline(args)
 
     names: list[str | None] = list(rl.SCENARIOS) if args.all_scenarios else [args.scenario]
     docs = []

@@ -104,3 +104,57 @@ def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_pipeline(doc: dict[str, Any], folder: str | Path) -> list[Path]:
+    """Two PNGs of one ``dra.rl.simulate_pipeline`` result (simulated): the rollout devices over
+    time of the policy, the oracle and the best static split (``rl-<scenario>-roles.png``), and
+    every static split in each pipeline against the policy, the oracle and colocated time sharing
+    (``rl-<scenario>-static-vs-dynamic.png``)."""
+    plt = _pyplot()
+    st = doc["settings"]
+    name = st["scenario"] or "custom"
+    devices = st["devices"]
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    best = doc["barrier_free"][doc["best_barrier_free"]]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for label, run, style in (("stage balance (in-step moves)", doc["dynamic"], {"linewidth": 1.0}),
+                              ("oracle_within_step", doc["oracle_within_step"], {"linewidth": 0.8, "alpha": 0.7})):
+        r = run["roles"]
+        ax.step(list(r["t"]) + [run["total_s"]], list(r["rollout"]) + [r["rollout"][-1]], where="post", label=label, **style)
+    ax.hlines(best["rollout"], 0, best["total_s"], colors="black", linestyles="--", linewidth=1.2,
+              label=f"best static split ({best['rollout']} rollout, no barrier)")
+    ax.set_ylim(0, devices)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(f"rollout devices (of {devices})")
+    ax.set_title(f"RL pipeline {name}: roles over time [simulated]")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    roles = folder / f"rl-{name}-roles.png"
+    fig.savefig(roles, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    splits = [r["rollout"] for r in doc["barrier_free"]]
+    width = 0.27
+    for i, (label, runs) in enumerate((("one-step-off, no barrier", doc["barrier_free"]), ("one-step-off, per-phase barrier", doc["barrier"]),
+                                       ("synchronous", doc["synchronous"]))):
+        ax.bar([x + (i - 1) * width for x in splits], [r["total_s"] for r in runs], width, label=f"static: {label}")
+    for label, run, color in (("stage balance (in-step moves)", doc["dynamic"], "black"), ("oracle_within_step", doc["oracle_within_step"], "green"),
+                              ("colocated time sharing", doc["colocated"], "grey")):
+        ax.axhline(run["total_s"], color=color, linewidth=1.3, linestyle="-" if color == "black" else "--", label=label)
+    ax.set_xticks(splits)
+    ax.set_xticklabels([f"{r}/{devices - r}" for r in splits])
+    ax.set_xlabel("static split (rollout / train devices)")
+    ax.set_ylabel("total time (s)")
+    ax.set_ylim(0, 2.0 * best["total_s"])
+    ax.set_title(f"RL pipeline {name}: static splits vs dynamic [simulated]")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    bars = folder / f"rl-{name}-static-vs-dynamic.png"
+    fig.savefig(bars, dpi=120)
+    plt.close(fig)
+    return [roles, bars]

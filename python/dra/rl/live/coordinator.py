@@ -50,7 +50,8 @@ class LiveConfig:
     seed: int = 0
     length_scale: float = 0.125
     drift: float = 1.0  # target lengths grow to this multiple by the last step (a length curriculum)
-    trace: str = "conv"
+    trace: str = "conv"  # a shipped Azure trace, or "reasoning": the calibrated long-generation workload (data/rl-lengths)
+    updates_per_step: int = 4  # mini-batch updates per step (the pipeline without a barrier moves devices between them)
     pretrain_steps: int = 400
     pretrain_batch: int = 16
     pretrain_lr: float = 2e-3
@@ -73,6 +74,9 @@ class LiveConfig:
             raise ValueError(f"drift: must be > 0 (1: none), got {self.drift}")
         if self.handoff not in ("deferred", "full"):
             raise ValueError(f"handoff: must be 'deferred' or 'full', got {self.handoff!r}")
+        if self.updates_per_step < 1 or (self.prompts_per_step * self.group_size) % self.updates_per_step:
+            raise ValueError(f"updates_per_step: must divide the step's batch ({self.prompts_per_step * self.group_size} sequences), "
+                             f"got {self.updates_per_step}")
         if self.prompts_per_step * self.group_size < self.slots:
             raise ValueError(f"prompts_per_step x group_size: a step's batch ({self.prompts_per_step * self.group_size}) must give "
                              f"every one of the {self.slots} slots at least one sample when all but one train")
@@ -80,6 +84,22 @@ class LiveConfig:
 
 class WorkerError(RuntimeError):
     pass
+
+
+#: The calibrated reasoning workload scaled to the live model's longest answer (20,480 -> 128
+#: tokens): use with ``length_scale=1.0``.
+REASONING_SCALE = 128.0 / 20480.0
+
+
+def task_lengths(trace: str) -> list[float]:
+    """The task's target lengths: a shipped Azure trace column, or ("reasoning") the calibrated
+    reasoning workload's per-prompt lengths (its hard prompts included; a GRPO group's spread
+    comes from what the model generates) scaled by REASONING_SCALE."""
+    if trace != "reasoning":
+        return rl.trace_lengths(trace)
+    pool = rl.reasoning_lengths(steps=1, seed=11, prompts_per_step=8192, group_size=1, drift_final_scale=1.0,
+                                reasoning={**rl.LONGGEN_WORKLOAD["reasoning"], "group_sigma": 0.0})[0]
+    return [max(1.0, x * REASONING_SCALE) for x in pool]
 
 
 def _child_setup(cgroup_paths: list[str] | None) -> None:
@@ -99,7 +119,9 @@ class LiveRL:
         config.validate()
         self.config, self.out, self.quiet = config, Path(out_dir), quiet
         self.out.mkdir(parents=True, exist_ok=True)
-        self.stream = PromptStream(rl.trace_lengths(config.trace), length_scale=config.length_scale, seed=config.seed)
+        # The reasoning workload is scaled to the model's longest answer already (length_scale is for traces).
+        scale = 1.0 if config.trace == "reasoning" else config.length_scale
+        self.stream = PromptStream(task_lengths(config.trace), length_scale=scale, seed=config.seed)
         self.log("pretraining the policy (cached)")
         model = pretrain(self.stream, steps=config.pretrain_steps, batch=config.pretrain_batch, lr=config.pretrain_lr,
                          seed=config.pretrain_seed, config=config.model, cache_dir=self.out / "cache", quiet=quiet)
@@ -221,6 +243,13 @@ class LiveRL:
         """A short run to discard: first-time costs (the first Gloo groups, allocator, op
         dispatch caches) land here, not on the first measured schedule."""
         return self.run("warmup", self.config.slots // 2, steps=steps)
+
+    def run_pipeline(self, name: str, rollout: int | None, *, steps: int | None = None,
+                     schedule: dict[tuple[int, int], int] | None = None) -> dict[str, Any]:
+        """One run without a per-phase barrier, devices moved inside a step (``dra.rl.live.pipeline``)."""
+        from dra.rl.live.pipeline import run_pipeline
+
+        return run_pipeline(self, name, rollout, steps=steps, schedule=dict(schedule or {}))
 
     def run(self, name: str, rollout: int | None, *, steps: int | None = None, schedule: dict[int, int] | None = None,
             digests: bool = False) -> dict[str, Any]:

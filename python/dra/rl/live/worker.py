@@ -19,6 +19,7 @@ from datetime import timedelta
 from multiprocessing.connection import Client
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -108,7 +109,7 @@ class SlotWorker:
             if self.pending_loss is not None:
                 self._boundary()
             out.update(step_index=self.ctl.step_index, cursor=self.sampler.cursor, rank=self.ctl.rank, world=self.ctl.world_size,
-                       resizes=self.ctl.resizes)
+                       resizes=self.ctl.resizes, param_digest=float(_flat(self.params).double().sum()))
         self.ctl.finish()
         return out
 
@@ -134,6 +135,20 @@ class SlotWorker:
         status = self.ctl.step(self.pending_loss)
         self.pending_loss = None
         return status, time.perf_counter() - t0
+
+    def boundary(self) -> dict[str, Any]:
+        """The world's boundary now, for a trainer waiting between steps (the pipeline without a
+        per-phase barrier moves trainers while they wait): a released one becomes a rollout worker."""
+        if self.role != "train":
+            raise RuntimeError(f"slot {self.slot}: a boundary while {self.role}")
+        t0 = time.perf_counter()
+        status, took = self._boundary() if self.pending_loss is not None else (None, 0.0)
+        released = bool(status is not None and status.released)
+        if released:
+            self.role = "rollout"
+            self.version = -1  # mid-training weights: it loads a published version before generating
+        return {"boundary": self.slot, "released": released, "event": getattr(status, "event", None), "boundary_s": took,
+                "wall_s": time.perf_counter() - t0}
 
     def register(self) -> dict[str, Any]:
         """A rollout worker about to become a trainer registers as a candidate first, so that the
@@ -205,6 +220,10 @@ class SlotWorker:
         self.optimizer.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t_opt
         self.pending_loss = float(loss.detach())
+        if msg.get("publish") and ctl.rank == 0:  # the leader stages the step's weights for the rollout workers
+            t_pub = time.perf_counter()
+            _flat(self.params).numpy().astype("float32").tofile(msg["publish"])
+            stats["publish_s"] = time.perf_counter() - t_pub
         if joining or event:
             # This step's handoff (the joiner received, the leader sent): the deferred optimizer
             # state's transfer time and how long the optimizer step waited for it (exposed).
@@ -229,6 +248,15 @@ class SlotWorker:
             if not status.released:
                 raise RuntimeError(f"slot {self.slot}: the coordinator moved it to rollout but the trainers' world kept it")
             event = status.event
+        load_s = 0.0
+        if msg.get("load"):  # a staged policy version (raw float32, written by the trainers' leader)
+            t0 = time.perf_counter()
+            flat = torch.from_numpy(np.fromfile(msg["load"], dtype=np.float32))
+            with torch.no_grad():
+                for p, v in zip(self.params, _unflat(flat, self.params)):
+                    p.copy_(v)
+            self.version = msg["version"]
+            load_s = time.perf_counter() - t0
         if self.engine is None:
             t0 = time.perf_counter()
             self.engine = RolloutEngine(self.model, self.init["rollout_slots"], self.init["seed"])
@@ -252,7 +280,8 @@ class SlotWorker:
         while True:
             want = eng.free_slots() if more else 0
             if want > 0 or finished:
-                self.conn.send({"gen": self.slot, "finished": finished, "want": want})
+                progress = [[q.key, len(q.tokens)] for q in eng.active.values()] if msg.get("progress") else None
+                self.conn.send({"gen": self.slot, "finished": finished, "want": want, "progress": progress})
                 finished = []
                 if want > 0:
                     reply = self.conn.recv()
@@ -278,6 +307,7 @@ class SlotWorker:
         for seg in segments:
             seg[1] /= seg[2]
         self.conn.send({"rollout_done": {"slot": self.slot, "engine_start_s": engine_start_s, "leave_s": leave_s, "event": event, "busy_s": busy,
+                                         "load_s": load_s, "version": version,
                                          "rollout_s": time.perf_counter() - t_start, "segments": segments}})
 
     def _trajectory(self, s: Sequence) -> dict[str, Any]:
@@ -316,6 +346,8 @@ def main() -> int:
             break
         if cmd == "reset":
             conn.send(worker.reset(msg))
+        elif cmd == "boundary":
+            conn.send(worker.boundary())
         elif cmd == "register":
             conn.send(worker.register())
         elif cmd == "end":
