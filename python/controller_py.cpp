@@ -182,6 +182,32 @@ const std::map<std::string, setter>& option_table() {
       {"config_fingerprint",
        [](controller_options& o, py::handle v) { o.config_fingerprint = as_str(v, "config_fingerprint"); }},
       {"compress", [](controller_options& o, py::handle v) { o.compress = as_str(v, "compress"); }},
+      {"sparsity",
+       [](controller_options& o, py::handle v) {
+         if (!py::isinstance<py::dict>(v))
+           bad("sparsity", "expected a dict such as {'max_sparsity': 0.9, 'every': 100}, got " + shown(v));
+         auto& c = o.sparsity;
+         const std::map<std::string, std::function<void(py::handle)>> fields = {
+             {"max_sparsity", [&](py::handle x) { c.max_sparsity = as_float(x, "sparsity.max_sparsity"); }},
+             {"every", [&](py::handle x) { c.every = as_int(x, "sparsity.every", 1, LLONG_MAX / 4); }},
+             {"alpha", [&](py::handle x) { c.alpha = as_float(x, "sparsity.alpha"); }},
+             {"end_step", [&](py::handle x) { c.end_step = as_int(x, "sparsity.end_step", 0, LLONG_MAX / 4); }},
+             {"step_up", [&](py::handle x) { c.step_up = as_float(x, "sparsity.step_up"); }},
+             {"step_down", [&](py::handle x) { c.step_down = as_float(x, "sparsity.step_down"); }},
+             {"ramp_start", [&](py::handle x) { c.ramp_start = as_int(x, "sparsity.ramp_start", 0, LLONG_MAX / 4); }},
+             {"ramp_steps", [&](py::handle x) { c.ramp_steps = as_int(x, "sparsity.ramp_steps", 0, LLONG_MAX / 4); }},
+         };
+         for (auto item : py::reinterpret_borrow<py::dict>(v)) {
+           const auto key = py::str(item.first).cast<std::string>();
+           const auto it = fields.find(key);
+           if (it == fields.end()) {
+             std::string valid;
+             for (const auto& [n, _] : fields) valid += (valid.empty() ? "" : ", ") + n;
+             bad("sparsity", "unknown key '" + key + "'; valid: " + valid);
+           }
+           it->second(item.second);
+         }
+       }},
   };
   return table;
 }
@@ -385,7 +411,23 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("backend", &controller_options::backend)
       .def_readonly("backend_address", &controller_options::backend_address)
       .def_readonly("compress", &controller_options::compress,
-                    "Gradient codec of the bucketed reduction ('' : a plain all-reduce).");
+                    "Gradient codec of the bucketed reduction ('' : a plain all-reduce).")
+      .def_property_readonly(
+          "sparsity",
+          [](const controller_options& o) {
+            const auto& c = o.sparsity;
+            py::dict d;
+            d["max_sparsity"] = c.max_sparsity;
+            d["every"] = c.every;
+            d["alpha"] = c.alpha;
+            d["end_step"] = c.end_step;
+            d["step_up"] = c.step_up;
+            d["step_down"] = c.step_down;
+            d["ramp_start"] = c.ramp_start;
+            d["ramp_steps"] = c.ramp_steps;
+            return d;
+          },
+          "How the 'masked' codec's RigL masks move (a dict of the rigl_config fields).");
 
   py::class_<dra::elastic::step_status>(
       m, "StepStatus",
@@ -529,6 +571,7 @@ void dra::python::bind_controller(py::module_& m) {
             d["ratio"] = s.ratio();
             if (const auto* h = dynamic_cast<const codec_hook*>(c.installed_bucket_hook())) {
               d["error_feedback_norm1"] = h->error_feedback_norm1();
+              d["sparsity"] = h->sparsity();
               const auto state = h->shared_state();
               d["shared_state"] = py::bytes(reinterpret_cast<const char*>(state.data()), state.size());
             }
@@ -536,7 +579,16 @@ void dra::python::bind_controller(py::module_& m) {
           },
           "The gradient codec of the bucketed reduction (None without one): its spec, the bytes this rank handed "
           "to the communicator (payload) and what fp32 would have, their ratio, the residual it carries "
-          "(error_feedback_norm1) and the state every member shares (shared_state: equal on every rank).")
+          "(error_feedback_norm1), the fraction of the sparsified weights pruned ('masked'; 0 otherwise) and "
+          "the state every member shares (shared_state: equal on every rank).")
+      .def(
+          "_sparsity_masks",
+          [](controller& c) {
+            std::vector<std::pair<at::Tensor, at::Tensor>> out;
+            if (auto* h = dynamic_cast<codec_hook*>(c.installed_bucket_hook())) out = h->sparsity_masks();
+            return out;
+          },
+          "'masked': (parameter, mask) pairs, the mask as 1/0 on the parameter's device.")
       .def_property_readonly(
           "energy",
           [](const controller& c) -> py::object {

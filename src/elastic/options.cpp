@@ -178,7 +178,8 @@ void controller_options::validate() const {
                                "'deferred' with verify=True: the digest is compared when the world change completes, "
                                "before the deferred optimizer state arrived; use handoff='full' to verify");
   if (backend.empty()) dra::detail::throw_invalid("backend", "must name a backend, e.g. 'gloo'");
-  if (!compress.empty()) codec_hook::validate_spec(compress);
+  sparsity.validate();
+  if (!compress.empty()) codec_hook::validate_spec(compress, sparsity);
   if (batch == batch_mode::adascale && engine.policy != "goodput")
     dra::detail::throw_invalid("batch_mode",
                                "'adascale' adapts the global batch by the gradient noise scale, which only "
@@ -246,6 +247,9 @@ nlohmann::json config_fingerprint(const controller_options& o, const elastic_sam
       {"fault_timeout_s", o.fault_timeout_s},
       {"backend", o.backend},
       {"compress", o.compress},
+      {"sparsity",
+       {o.sparsity.max_sparsity, o.sparsity.every, o.sparsity.alpha, o.sparsity.end_step, o.sparsity.step_up,
+        o.sparsity.step_down, o.sparsity.ramp_start, o.sparsity.ramp_steps}},
       {"extra", o.config_fingerprint},
   };
 }

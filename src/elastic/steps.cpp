@@ -169,6 +169,8 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
         comm_->revoke();
         recover(std::string("reduction failed: ") + e.what());
       }
+      // After the optimizer step (the protocol's order), with the signals of this step's loss.
+      if (hook_ && role_ == role::member) hook_->step_committed(engine_.signals());
       if (role_ == role::member && options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1) {
         decide_at_boundary();  // an outside actor steering at exact steps: decided and applied here
       } else if (role_ == role::member && decision_flag_) {
