@@ -4,10 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "bindings.hpp"
 #include <functional>
 #include <map>
 
+#include "bindings.hpp"
 #include "dra/compress/codecs.hpp"
 #include "dra/compress/rigl.hpp"
 #include "dra/compress/sparsity.hpp"
@@ -98,7 +98,7 @@ std::vector<const float*> pointers(const std::vector<py::object>& arrays, std::v
       out.push_back(nullptr);
       continue;
     }
-    keep.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a));
+    keep.push_back(py::array_t < float, py::array::c_style | py::array::forcecast > ::ensure(a));
     if (!keep.back()) dra::detail::throw_invalid("weights", "expected float32 arrays (or None)");
     out.push_back(static_cast<const float*>(keep.back().data()));
   }
@@ -131,22 +131,29 @@ void bind_compress(py::module_& m) {
       .def_property_readonly("name", &gradient_codec::name)
       .def(
           "reduce",
-          [](gradient_codec& c, const std::vector<py::array>& grads, py::object world, py::object weights) {
+          [](gradient_codec& c, const std::vector<py::array>& grads, py::object world, py::object weights,
+             py::object exact) {
             auto r = refs(grads);
             std::vector<py::array> keep;
             if (!weights.is_none()) {
               const auto w = pointers(weights.cast<std::vector<py::object>>(), keep);
               if (w.size() != r.size())
-                dra::detail::throw_invalid("weights", std::to_string(w.size()) + " weights for " +
-                                                          std::to_string(r.size()) + " gradients");
+                dra::detail::throw_invalid(
+                    "weights", std::to_string(w.size()) + " weights for " + std::to_string(r.size()) + " gradients");
               for (std::size_t i = 0; i < r.size(); ++i) r[i].weights = w[i];
             }
             py_collective coll(std::move(world));
-            c.reduce(r, coll);
+            if (exact.is_none()) {
+              c.reduce(r, coll);
+              return;
+            }
+            auto e = refs({exact.cast<py::array>()});
+            c.reduce_with(r, coll, e[0].data, e[0].size());
           },
-          py::arg("grads"), py::arg("world"), py::arg("weights") = py::none(),
+          py::arg("grads"), py::arg("world"), py::arg("weights") = py::none(), py::arg("exact") = py::none(),
           "Reduces the gradients in place; `weights` (the parameters' values, one array or None per "
-          "gradient) are read by the 'masked' codec on its mask-update steps.")
+          "gradient) are read by the 'masked' codec on its mask-update steps; `exact` (a float32 array) is "
+          "summed over the world in place, uncompressed, riding the codec's first all-reduce.")
       .def_property_readonly(
           "bytes_sent", [](const gradient_codec& c) { return c.bytes().sent; },
           "Bytes this rank handed to the collective (payload, before the transport's own framing).")
@@ -173,7 +180,8 @@ void bind_compress(py::module_& m) {
           "set_phase",
           [](gradient_codec& c, const std::string& phase) {
             auto* m = dynamic_cast<masked_sync_codec*>(&c);
-            if (!m) dra::detail::throw_invalid("codec", "set_phase needs the 'masked' codec, this is '" + c.name() + "'");
+            if (!m)
+              dra::detail::throw_invalid("codec", "set_phase needs the 'masked' codec, this is '" + c.name() + "'");
             m->set_phase(phase_from(phase));
           },
           "'masked': the convergence phase this rank proposes the next sparsity from.")
@@ -256,7 +264,8 @@ void bind_compress(py::module_& m) {
       .def_property_readonly("sparsity", &rigl_masks::sparsity, "The target of the latest update.")
       .def("sparse_fraction", &rigl_masks::sparse_fraction)
       .def("sparsified", &rigl_masks::sparsified, py::arg("tensor"))
-      .def("mask", [](const rigl_masks& r, std::size_t t) { return mask_array(r.mask(t)); }, py::arg("tensor"))
+      .def(
+          "mask", [](const rigl_masks& r, std::size_t t) { return mask_array(r.mask(t)); }, py::arg("tensor"))
       .def(
           "update_due", [](const rigl_masks& r, std::int64_t step) { return r.config().update_due(step); },
           py::arg("step"), "Whether the step after `step` completed ones updates the masks.")

@@ -3,7 +3,6 @@
 #include "dra/torch/elastic/codec_hook.hpp"
 
 #include <ATen/Functions.h>
-
 #include <ATen/core/grad_mode.h>
 
 #include <cstring>

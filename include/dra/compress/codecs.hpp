@@ -244,10 +244,10 @@ inline std::unique_ptr<gradient_codec> make_codec(const std::string& spec, std::
       dra::detail::throw_invalid("codec", "'" + spec + "': " + e.what());
     }
   }
-  dra::detail::throw_invalid(
-      "codec", "unknown codec '" + spec +
-                   "'; use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction> or "
-                   "masked[:<max sparsity>]");
+  dra::detail::throw_invalid("codec",
+                             "unknown codec '" + spec +
+                                 "'; use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction> or "
+                                 "masked[:<max sparsity>]");
 }
 
 }  // namespace dra::compress

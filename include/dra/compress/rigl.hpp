@@ -64,8 +64,8 @@ class rigl_masks {
     for (std::size_t t = 0; t < masks_.size(); ++t) {
       if (masks_[t].empty()) continue;
       if (weights[t] == nullptr || grads[t] == nullptr)
-        dra::detail::throw_invalid("weights", "tensor " + std::to_string(t) +
-                                                  " is sparsified: its weights and dense gradient are needed");
+        dra::detail::throw_invalid(
+            "weights", "tensor " + std::to_string(t) + " is sparsified: its weights and dense gradient are needed");
       const auto u = rigl_update(masks_[t], weights[t], grads[t], masks_[t].size(), target, fraction,
                                  rigl_tie_seed(seed_, step, t));
       total.dropped += u.dropped;
@@ -96,10 +96,10 @@ class rigl_masks {
     const auto every = r.get<std::int64_t>();
     const auto end = r.get<std::int64_t>();
     const auto ramp = r.get<std::int64_t>();
-    if (max != config_.max_sparsity || every != config_.every || end != config_.end_step ||
-        ramp != config_.ramp_steps)
-      dra::detail::throw_invalid("state", "masks made with another sparsity configuration (max_sparsity, every, "
-                                          "end_step, ramp_steps); give every process the same");
+    if (max != config_.max_sparsity || every != config_.every || end != config_.end_step || ramp != config_.ramp_steps)
+      dra::detail::throw_invalid("state",
+                                 "masks made with another sparsity configuration (max_sparsity, every, "
+                                 "end_step, ramp_steps); give every process the same");
     rigl_masks out(config_, seed_);
     out.sparsity_ = r.get<double>();
     const auto n = r.get<std::uint64_t>();
@@ -218,8 +218,10 @@ class masked_sync_codec final : public gradient_codec {
   void update_step(std::vector<tensor_ref>& grads, collective& world) {
     for (std::size_t t = 0; t < grads.size(); ++t)  // before anything changes
       if (masks_.sparsified(t) && grads[t].weights == nullptr)
-        dra::detail::throw_invalid("weights", "the 'masked' codec updates its masks from the weights at this step; "
-                                              "pass tensor_ref::weights for tensor " + std::to_string(t));
+        dra::detail::throw_invalid("weights",
+                                   "the 'masked' codec updates its masks from the weights at this step; "
+                                   "pass tensor_ref::weights for tensor " +
+                                       std::to_string(t));
     std::vector<float> buf;
     for (std::size_t t = 0; t < grads.size(); ++t) {
       const auto& g = grads[t];
@@ -272,8 +274,8 @@ class masked_sync_codec final : public gradient_codec {
     std::vector<std::uint32_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0u);
     if (keep >= 1.0 || n == 0) return idx;
-    const std::size_t k = std::clamp<std::size_t>(
-        static_cast<std::size_t>(std::llround(keep * static_cast<double>(n))), 1, n);
+    const std::size_t k =
+        std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(keep * static_cast<double>(n))), 1, n);
     std::uint64_t state = rigl_tie_seed(seed_ ^ 0x5EED5EED5EED5EEDull, steps_, tensor);
     for (std::size_t i = 0; i < k; ++i) {  // partial Fisher-Yates
       const auto j = i + static_cast<std::size_t>(dra::elastic::detail::splitmix64(state) % (n - i));

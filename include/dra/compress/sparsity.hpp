@@ -78,7 +78,8 @@ inline mask_update rigl_update(std::vector<std::uint8_t>& mask, const float* wei
   };
   // The k first of `v` in `order` (any order among them): nth_element, O(n).
   auto first_k = [](std::vector<std::uint32_t>& v, std::size_t k, const auto& order) {
-    if (k > 0 && k < v.size()) std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k - 1), v.end(), order);
+    if (k > 0 && k < v.size())
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k - 1), v.end(), order);
   };
   const std::vector<std::uint8_t> before = mask;
   std::vector<std::uint32_t> active, inactive;
@@ -98,8 +99,8 @@ inline mask_update rigl_update(std::vector<std::uint8_t>& mask, const float* wei
     inactive.erase(inactive.begin(), inactive.begin() + static_cast<std::ptrdiff_t>(k));
   }
   // 2. RigL's swap: drop by magnitude, then grow by the dense gradient among all entries not kept.
-  const auto n_drop = std::min(active.size(), static_cast<std::size_t>(std::floor(
-                                                  update_fraction * static_cast<double>(active.size()))));
+  const auto n_drop = std::min(
+      active.size(), static_cast<std::size_t>(std::floor(update_fraction * static_cast<double>(active.size()))));
   if (n_drop > 0) {
     first_k(active, n_drop, smaller_weight);
     for (std::size_t i = 0; i < n_drop; ++i) {
@@ -193,8 +194,7 @@ struct rigl_config {
   bool update_due(std::int64_t step) const { return step > 0 && step % every == 0 && step < end_step; }
   bool operator==(const rigl_config& o) const {
     return max_sparsity == o.max_sparsity && every == o.every && alpha == o.alpha && end_step == o.end_step &&
-           step_up == o.step_up && step_down == o.step_down && ramp_start == o.ramp_start &&
-           ramp_steps == o.ramp_steps;
+           step_up == o.step_up && step_down == o.step_down && ramp_start == o.ramp_start && ramp_steps == o.ramp_steps;
   }
 };
 

@@ -56,7 +56,9 @@ class GradientReducer:
         self.collective = collective if collective is not None else (
             TorchCollective() if dist.is_available() and dist.is_initialized() else LocalCollective())
 
-    def reduce(self) -> None:
+    def reduce(self, exact: np.ndarray | None = None) -> None:
+        """``exact``: a float32 array summed over the world in place alongside (uncompressed, in the
+        codec's first all-reduce: a loss or a gradient norm at no extra round trip)."""
         grads = []
         for p in self.params:
             if p.grad is None:
@@ -65,7 +67,7 @@ class GradientReducer:
                 p.grad = p.grad.contiguous()
             grads.append(p.grad.numpy())
         weights = [p.detach().numpy() for p in self.params] if self.codec.update_next else None
-        self.codec.reduce(grads, self.collective, weights)
+        self.codec.reduce(grads, self.collective, weights, exact)
 
     def apply_masks(self) -> None:
         """``masked``: zeroes the pruned weights (call after the optimizer step)."""
