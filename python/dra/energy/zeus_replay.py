@@ -425,6 +425,7 @@ def replay_job(job: ZeusJob, gpu: str, eta: float, beta: float, seeds: list[int]
     for name, per_seed in rows.items():
         agg = {k: statistics.fmean(r[k] for r in per_seed) for k in per_seed[0] if not k.startswith("final")}
         agg["final"] = [(r["final_bs"], r["final_pl"], r["final_world"]) for r in per_seed]
+        agg["per_seed_last"] = [r["energy_j_last"] for r in per_seed]
         agg["energy_saving_last"] = 1 - agg["energy_j_last"] / d.energy_j
         agg["energy_saving_all"] = 1 - agg["energy_j_all"] / d.energy_j
         agg["cost_saving_last"] = 1 - agg["cost_last"] / default_cost
