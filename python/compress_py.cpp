@@ -1,11 +1,15 @@
 // Bindings of the gradient codecs on numpy float32 arrays through a collective
-// written in Python (torch.distributed in a job), and the dynamic-sparsification rules.
+// written in Python (torch.distributed in a job), and dynamic sparsity (RigL masks and their rules).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
+#include <map>
+
 #include "bindings.hpp"
 #include "dra/compress/codecs.hpp"
+#include "dra/compress/rigl.hpp"
 #include "dra/compress/sparsity.hpp"
 
 namespace py = pybind11;
@@ -59,6 +63,54 @@ std::vector<tensor_ref> refs(const std::vector<py::array>& arrays) {
   return out;
 }
 
+// A rigl_config from keyword options (names as in dra.Controller's `sparsity` option).
+rigl_config rigl_config_from(const py::dict& d) {
+  rigl_config c;
+  const std::map<std::string, std::function<void(py::handle)>> fields = {
+      {"max_sparsity", [&](py::handle x) { c.max_sparsity = x.cast<double>(); }},
+      {"every", [&](py::handle x) { c.every = x.cast<std::int64_t>(); }},
+      {"alpha", [&](py::handle x) { c.alpha = x.cast<double>(); }},
+      {"end_step", [&](py::handle x) { c.end_step = x.cast<std::int64_t>(); }},
+      {"step_up", [&](py::handle x) { c.step_up = x.cast<double>(); }},
+      {"step_down", [&](py::handle x) { c.step_down = x.cast<double>(); }},
+      {"ramp_start", [&](py::handle x) { c.ramp_start = x.cast<std::int64_t>(); }},
+      {"ramp_steps", [&](py::handle x) { c.ramp_steps = x.cast<std::int64_t>(); }},
+  };
+  for (auto item : d) {
+    const auto key = py::str(item.first).cast<std::string>();
+    const auto it = fields.find(key);
+    if (it == fields.end()) {
+      std::string valid;
+      for (const auto& [n, _] : fields) valid += (valid.empty() ? "" : ", ") + n;
+      dra::detail::throw_invalid("sparsity", "unknown key '" + key + "'; valid: " + valid);
+    }
+    it->second(item.second);
+  }
+  c.validate();
+  return c;
+}
+
+// Float32 C-contiguous arrays (or None) as read-only pointers, one per tensor.
+std::vector<const float*> pointers(const std::vector<py::object>& arrays, std::vector<py::array>& keep) {
+  std::vector<const float*> out;
+  for (const auto& a : arrays) {
+    if (a.is_none()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    keep.push_back(py::array_t < float, py::array::c_style | py::array::forcecast > ::ensure(a));
+    if (!keep.back()) dra::detail::throw_invalid("weights", "expected float32 arrays (or None)");
+    out.push_back(static_cast<const float*>(keep.back().data()));
+  }
+  return out;
+}
+
+py::array mask_array(const std::vector<std::uint8_t>& m) {
+  py::array_t<std::uint8_t> out(static_cast<py::ssize_t>(m.size()));
+  std::copy(m.begin(), m.end(), out.mutable_data());
+  return out;
+}
+
 dra::signals::training_phase phase_from(const std::string& name) {
   using dra::signals::training_phase;
   for (auto p : {training_phase::warmup, training_phase::fast, training_phase::steady, training_phase::plateau,
@@ -79,12 +131,29 @@ void bind_compress(py::module_& m) {
       .def_property_readonly("name", &gradient_codec::name)
       .def(
           "reduce",
-          [](gradient_codec& c, const std::vector<py::array>& grads, py::object world) {
+          [](gradient_codec& c, const std::vector<py::array>& grads, py::object world, py::object weights,
+             py::object exact) {
             auto r = refs(grads);
+            std::vector<py::array> keep;
+            if (!weights.is_none()) {
+              const auto w = pointers(weights.cast<std::vector<py::object>>(), keep);
+              if (w.size() != r.size())
+                dra::detail::throw_invalid(
+                    "weights", std::to_string(w.size()) + " weights for " + std::to_string(r.size()) + " gradients");
+              for (std::size_t i = 0; i < r.size(); ++i) r[i].weights = w[i];
+            }
             py_collective coll(std::move(world));
-            c.reduce(r, coll);
+            if (exact.is_none()) {
+              c.reduce(r, coll);
+              return;
+            }
+            auto e = refs({exact.cast<py::array>()});
+            c.reduce_with(r, coll, e[0].data, e[0].size());
           },
-          py::arg("grads"), py::arg("world"))
+          py::arg("grads"), py::arg("world"), py::arg("weights") = py::none(), py::arg("exact") = py::none(),
+          "Reduces the gradients in place; `weights` (the parameters' values, one array or None per "
+          "gradient) are read by the 'masked' codec on its mask-update steps; `exact` (a float32 array) is "
+          "summed over the world in place, uncompressed, riding the codec's first all-reduce.")
       .def_property_readonly(
           "bytes_sent", [](const gradient_codec& c) { return c.bytes().sent; },
           "Bytes this rank handed to the collective (payload, before the transport's own framing).")
@@ -107,16 +176,40 @@ void bind_compress(py::module_& m) {
              c.load_state(std::vector<std::uint8_t>(s.begin(), s.end()));
            })
       .def("clear_error_feedback", &gradient_codec::clear_error_feedback)
-      .def("set_masks",
-           [](gradient_codec& c,
-              const std::vector<py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>>& masks) {
-             auto* mc = dynamic_cast<masked_codec*>(&c);
-             if (!mc)
-               dra::detail::throw_invalid("codec", "set_masks needs the 'masked' codec, this is '" + c.name() + "'");
-             std::vector<std::vector<std::uint8_t>> v;
-             for (const auto& a : masks) v.emplace_back(a.data(), a.data() + a.size());
-             mc->set_masks(std::move(v));
-           })
+      .def(
+          "set_phase",
+          [](gradient_codec& c, const std::string& phase) {
+            auto* m = dynamic_cast<masked_sync_codec*>(&c);
+            if (!m)
+              dra::detail::throw_invalid("codec", "set_phase needs the 'masked' codec, this is '" + c.name() + "'");
+            m->set_phase(phase_from(phase));
+          },
+          "'masked': the convergence phase this rank proposes the next sparsity from.")
+      .def_property_readonly(
+          "update_next",
+          [](const gradient_codec& c) {
+            auto* m = dynamic_cast<const masked_sync_codec*>(&c);
+            return m != nullptr && m->update_next();
+          },
+          "'masked': the next reduce() updates the masks (the dense gradient travels).")
+      .def_property_readonly(
+          "sparsity",
+          [](const gradient_codec& c) {
+            auto* m = dynamic_cast<const masked_sync_codec*>(&c);
+            return m ? m->masks().sparse_fraction() : 0.0;
+          },
+          "'masked': the fraction of the sparsified tensors' entries pruned now (0 for other codecs).")
+      .def_property_readonly(
+          "masks",
+          [](const gradient_codec& c) {
+            py::list out;
+            auto* m = dynamic_cast<const masked_sync_codec*>(&c);
+            if (!m) return out;
+            for (std::size_t t = 0; t < m->masks().size(); ++t)
+              out.append(m->masks().sparsified(t) ? py::object(mask_array(m->masks().mask(t))) : py::none());
+            return out;
+          },
+          "'masked': each tensor's mask (uint8, 1 active), None for a dense one; empty before the first reduce.")
       .def("set_rank",
            [](gradient_codec& c, int rank) {
              auto* p = dynamic_cast<powersgd_codec*>(&c);
@@ -129,24 +222,72 @@ void bind_compress(py::module_& m) {
         return p ? p->rank() : 0;
       });
 
-  m.def("make_codec", &make_codec, py::arg("spec"), py::arg("seed") = 0,
-        "fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction>, masked.");
+  m.def(
+      "make_codec",
+      [](const std::string& spec, std::uint64_t seed, const py::dict& sparsity) {
+        return make_codec(spec, seed, rigl_config_from(sparsity));
+      },
+      py::arg("spec"), py::arg("seed") = 0, py::arg("sparsity") = py::dict(),
+      "fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction>, masked[:<max sparsity>] "
+      "(`sparsity`: the RigL options, as dra.Controller's).");
 
   m.def(
       "rigl_update",
       [](py::array_t<std::uint8_t, py::array::c_style> mask,
          py::array_t<float, py::array::c_style | py::array::forcecast> weights,
-         py::array_t<float, py::array::c_style | py::array::forcecast> grads, double sparsity, double update_fraction) {
+         py::array_t<float, py::array::c_style | py::array::forcecast> grads, double sparsity, double update_fraction,
+         std::uint64_t tie_seed) {
         const auto n = static_cast<std::size_t>(weights.size());
         if (static_cast<std::size_t>(grads.size()) != n || static_cast<std::size_t>(mask.size()) != n)
           dra::detail::throw_invalid("mask", "mask, weights and grads need the same number of entries");
         std::vector<std::uint8_t> m(mask.data(), mask.data() + n);
-        const auto u = rigl_update(m, weights.data(), grads.data(), n, sparsity, update_fraction);
+        const auto u = rigl_update(m, weights.data(), grads.data(), n, sparsity, update_fraction, tie_seed);
         std::copy(m.begin(), m.end(), mask.mutable_data());
         return py::make_tuple(u.dropped, u.regrown, u.active);
       },
       py::arg("mask"), py::arg("weights"), py::arg("grads"), py::arg("sparsity"), py::arg("update_fraction"),
-      "RigL's mask update in place (uint8 mask); returns (dropped, regrown, active). Deterministic.");
+      py::arg("tie_seed") = 0,
+      "RigL's mask update in place (uint8 mask; grads: the dense gradient); returns (dropped, regrown, active). "
+      "Ties are broken by keys drawn from tie_seed (rigl_tie_seed), the same on every rank.");
+  m.def("rigl_tie_seed", &rigl_tie_seed, py::arg("seed"), py::arg("step"), py::arg("tensor"));
+  m.def("cubic_sparsity", &cubic_sparsity, py::arg("step"), py::arg("start"), py::arg("steps"),
+        py::arg("final_sparsity"), "Zhu & Gupta's gradual schedule.");
+  py::class_<rigl_masks>(m, "RiglMasks",
+                         "RigL masks of a list of tensors (those with 2+ dimensions are sparsified), their "
+                         "schedule and update: the one implementation dra.compress.DynamicSparsifier and the "
+                         "'masked' codec share.")
+      .def(py::init([](std::uint64_t seed, const py::kwargs& options) {
+             return rigl_masks(rigl_config_from(options), seed);
+           }),
+           py::arg("seed") = 0, "RiglMasks(seed=0, **options): options as dra.Controller's `sparsity`.")
+      .def("fit", &rigl_masks::fit, py::arg("shapes"), "Sizes the masks on first use (all active).")
+      .def_property_readonly("sparsity", &rigl_masks::sparsity, "The target of the latest update.")
+      .def("sparse_fraction", &rigl_masks::sparse_fraction)
+      .def("sparsified", &rigl_masks::sparsified, py::arg("tensor"))
+      .def(
+          "mask", [](const rigl_masks& r, std::size_t t) { return mask_array(r.mask(t)); }, py::arg("tensor"))
+      .def(
+          "update_due", [](const rigl_masks& r, std::int64_t step) { return r.config().update_due(step); },
+          py::arg("step"), "Whether the step after `step` completed ones updates the masks.")
+      .def(
+          "target",
+          [](const rigl_masks& r, std::int64_t step, const std::string& phase) {
+            return r.config().target(r.sparsity(), step, phase_from(phase));
+          },
+          py::arg("step"), py::arg("phase"), "The next target: the cubic ramp, or the phase rule.")
+      .def(
+          "update",
+          [](rigl_masks& r, std::int64_t step, double target, const std::vector<py::object>& weights,
+             const std::vector<py::object>& grads) {
+            std::vector<py::array> keep;
+            const auto w = pointers(weights, keep);
+            const auto g = pointers(grads, keep);
+            const auto u = r.update(step, target, w, g);
+            return py::make_tuple(u.dropped, u.regrown, u.active);
+          },
+          py::arg("step"), py::arg("target"), py::arg("weights"), py::arg("grads"),
+          "RigL's update of every sparsified tensor (grads: the dense, world-averaged gradients); returns "
+          "(dropped, regrown, active).");
   m.def("rigl_update_fraction", &rigl_update_fraction, py::arg("alpha"), py::arg("step"), py::arg("end_step"));
   m.def(
       "next_sparsity",

@@ -342,7 +342,23 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("backend", &controller_options::backend)
       .def_readonly("backend_address", &controller_options::backend_address)
       .def_readonly("compress", &controller_options::compress,
-                    "Gradient codec of the bucketed reduction ('' : a plain all-reduce).");
+                    "Gradient codec of the bucketed reduction ('' : a plain all-reduce).")
+      .def_property_readonly(
+          "sparsity",
+          [](const controller_options& o) {
+            const auto& c = o.sparsity;
+            py::dict d;
+            d["max_sparsity"] = c.max_sparsity;
+            d["every"] = c.every;
+            d["alpha"] = c.alpha;
+            d["end_step"] = c.end_step;
+            d["step_up"] = c.step_up;
+            d["step_down"] = c.step_down;
+            d["ramp_start"] = c.ramp_start;
+            d["ramp_steps"] = c.ramp_steps;
+            return d;
+          },
+          "How the 'masked' codec's RigL masks move (a dict of the rigl_config fields).");
 
   // exit_requested and released steer the caller (dra.step's wrapper); the dict records the step.
   def_to_dict(py::class_<dra::elastic::step_status>(
@@ -477,6 +493,7 @@ void dra::python::bind_controller(py::module_& m) {
             d["ratio"] = s.ratio();
             if (const auto* h = dynamic_cast<const codec_hook*>(c.installed_bucket_hook())) {
               d["error_feedback_norm1"] = h->error_feedback_norm1();
+              d["sparsity"] = h->sparsity();
               const auto state = h->shared_state();
               d["shared_state"] = py::bytes(reinterpret_cast<const char*>(state.data()), state.size());
             }
@@ -484,7 +501,16 @@ void dra::python::bind_controller(py::module_& m) {
           },
           "The gradient codec of the bucketed reduction (None without one): its spec, the bytes this rank handed "
           "to the communicator (payload) and what fp32 would have, their ratio, the residual it carries "
-          "(error_feedback_norm1) and the state every member shares (shared_state: equal on every rank).")
+          "(error_feedback_norm1), the fraction of the sparsified weights pruned ('masked'; 0 otherwise) and "
+          "the state every member shares (shared_state: equal on every rank).")
+      .def(
+          "_sparsity_masks",
+          [](controller& c) {
+            std::vector<std::pair<at::Tensor, at::Tensor>> out;
+            if (auto* h = dynamic_cast<codec_hook*>(c.installed_bucket_hook())) out = h->sparsity_masks();
+            return out;
+          },
+          "'masked': (parameter, mask) pairs, the mask as 1/0 on the parameter's device.")
       .def_property_readonly(
           "energy",
           [](const controller& c) -> py::object {

@@ -1,10 +1,15 @@
 """One rank of the SAGE benchmark: trains an MLP on scikit-learn's digits with one gradient-sync
 method and writes its measurements as JSON lines. Launched by ``dra_bench.sage`` (inside a
-network namespace) with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment."""
+network namespace) with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment.
+
+Every method sees the same batches: the elastic sampler's order (``epoch_order``, seeded, with
+each rank's contiguous share of the global batch), whether the controller's sampler hands them
+out (``dra_sparse90``) or this script does (the others)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -14,7 +19,7 @@ import torch.distributed as dist
 METHODS = ("fp32_allreduce", "torch_powersgd_hook", "dra_powersgd", "dra_sparse90", "ao_pruning90", "dra_sage")
 
 
-def load_digits_split(seed: int):
+def load_digits_split():
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -38,11 +43,105 @@ def tx_bytes() -> int:
         return -1
 
 
+def batches(n: int, global_batch: int, seed: int, rank: int, world: int):
+    """This rank's indices, step after step: the elastic sampler's order with drop_last."""
+    from dra._core._testing import epoch_order, rank_share, step_batch
+
+    epoch_size = n // global_batch * global_batch
+    epoch = 0
+    while True:
+        order = epoch_order(n, seed, epoch)
+        for cursor in range(0, epoch_size, global_batch):
+            begin, end = step_batch(cursor, global_batch, epoch_size)
+            lo, hi = rank_share(begin, end, world, rank)
+            yield torch.from_numpy(order[lo:hi].copy())
+        epoch += 1
+
+
+def sparsity_options(a) -> dict:
+    """RigL for dra_sparse90: an update every `sparsify_every` steps, 30 % swapped at first (cosine
+    decay), no update from 75 % of the run on (RigL's end), the cubic ramp to 90 % that torch.ao's
+    baseline follows too."""
+    return {"max_sparsity": 0.9, "every": a.sparsify_every, "alpha": 0.3, "end_step": int(0.75 * a.steps),
+            "ramp_start": a.ramp_start, "ramp_steps": a.ramp_steps}
+
+
+class Log:
+    """Rank 0's measurements every `every` steps (evaluation outside the timed region)."""
+
+    def __init__(self, path: str, rank: int, every: int, steps: int, model, xte, yte) -> None:
+        self.out = open(path, "w") if rank == 0 else None
+        self.every, self.steps, self.model, self.xte, self.yte = every, steps, model, xte, yte
+        from dra.energy import EnergyMeter
+
+        self.meter = EnergyMeter() if rank == 0 else None
+        self.tx0 = tx_bytes()
+        self.train_time = 0.0
+
+    def due(self, step: int) -> bool:
+        return self.out is not None and (step % self.every == 0 or step == self.steps)
+
+    def point(self, step: int, loss: float, payload: int, **extra) -> None:
+        if not self.due(step):
+            return
+        with torch.no_grad():
+            acc = float((self.model(self.xte).argmax(1) == self.yte).float().mean())
+        self.meter.mark()
+        self.out.write(json.dumps({"step": step, "time_s": self.train_time, "acc": acc,
+                                   "wire_tx_bytes": tx_bytes() - self.tx0, "payload_bytes": payload, "loss": loss,
+                                   "energy_j": self.meter.job.joules, "energy_source": self.meter.source,
+                                   **extra}) + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.out:
+            self.out.close()
+
+
+def run_controller(a, xtr, ytr, xte, yte) -> None:
+    """dra_sparse90 through the product: dra.Controller(compress="masked") runs RigL inside the
+    elastic controller's gradient reduction (masks from the dense gradient on update steps, only
+    active entries in between, biases at the same keep fraction)."""
+    import dra
+    import dra.elastic as de
+
+    rank = int(os.environ["RANK"])
+    model = make_model(a.hidden, a.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    sampler = de.ElasticSampler(len(xtr), a.batch, seed=a.seed, drop_last=True)
+    ctl = de.init(model, opt, sampler, policy="none", compress="masked", sparsity=sparsity_options(a),
+                  fault_timeout_s=30.0)
+    log = Log(a.out, rank, a.eval_every, a.steps, model, xte, yte)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    step = 0
+    for _ in ctl.epochs(10**6):
+        for idx in sampler:
+            t0 = time.perf_counter()
+            idx_t = torch.as_tensor(idx)
+            ctl.optimizer.zero_grad(set_to_none=False)
+            loss = loss_fn(ctl.model(xtr[idx_t]), ytr[idx_t])
+            loss.backward()
+            ctl.optimizer.step()
+            st = dra.step(loss)
+            log.train_time += time.perf_counter() - t0
+            step += 1
+            if log.due(step):
+                c = ctl.compression
+                log.point(step, float(loss), c["bytes_sent"], sparsity=c["sparsity"], phase=st.signals.phase,
+                          world_loss=st.loss)
+            if step >= a.steps:
+                break
+        if step >= a.steps:
+            break
+    log.close()
+    ctl.finish()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--method", choices=METHODS, required=True)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64, help="global batch")
@@ -50,38 +149,38 @@ def main() -> None:
     ap.add_argument("--rank-psgd", type=int, default=2)
     ap.add_argument("--dense-warmup", type=int, default=10, help="fp32 steps before PowerSGD (both PowerSGDs)")
     ap.add_argument("--sparsify-every", type=int, default=50)
-    ap.add_argument("--ramp-start", type=int, default=50, help="step the cubic ramp to 90 %% sparsity starts (dra_sparse90, ao_pruning90)")
+    ap.add_argument("--ramp-start", type=int, default=50, help="step the cubic ramp to 90 %% sparsity starts")
     ap.add_argument("--ramp-steps", type=int, default=200, help="steps of that ramp")
-    ap.add_argument("--sparse-step-up", type=float, default=0.3, help="dra sparsity added per mask update when steady")
+    ap.add_argument("--sparse-step-up", type=float, default=0.3, help="dra_sage: sparsity added per update when steady")
+    ap.add_argument("--bucket-mb", type=float, default=25.0,
+                    help="DDP bucket cap (fp32 DDP and torch.ao); 25: DDP's defaults, else the first bucket too")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
     torch.set_num_threads(1)
+    xtr, ytr, xte, yte = load_digits_split()
+    if a.method == "dra_sparse90":
+        run_controller(a, xtr, ytr, xte, yte)
+        return
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    xtr, ytr, xte, yte = load_digits_split(a.seed)
     model = make_model(a.hidden, a.seed)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
-    per_rank = a.batch // world
 
     from dra import ConvergenceEstimator
     from dra.compress import DynamicSparsifier, GradientReducer
     from dra.compress._torch import rank_from_signals
-    from dra.energy import EnergyMeter
 
+    ddp = reducer = dense = sparsifier = ao = ao_schedule = None
     estimator = ConvergenceEstimator()
-    meter = EnergyMeter()
-    ddp = reducer = sparsifier = ao = ao_schedule = None
-    dense = None
     if a.method in ("fp32_allreduce", "torch_powersgd_hook", "ao_pruning90"):
         if a.method == "ao_pruning90":
-            # torch.ao.pruning's magnitude (weight-norm) sparsifier at 90 % from the start, masks
-            # refreshed every sparsify_every steps; gradients still travel dense through DDP.
+            # torch.ao.pruning's magnitude (weight-norm) sparsifier on the same cubic ramp to 90 %, masks
+            # refreshed every sparsify_every steps; gradients travel dense through DDP.
             from torch.ao.pruning import CubicSL, WeightNormSparsifier
 
             ao = WeightNormSparsifier(sparsity_level=0.9, sparse_block_shape=(1, 1), zeros_per_block=1)
             ao.prepare(model, [{"tensor_fqn": f"{i}.weight"} for i in (0, 2, 4)])
-            # Gradual (cubic) schedule to 90 %, the standard recipe for magnitude pruning (Zhu & Gupta).
             ao_schedule = CubicSL(ao, init_sl=0.0, init_t=a.ramp_start, delta_t=a.sparsify_every,
                                   total_t=max(1, a.ramp_steps // a.sparsify_every), initially_zero=True)
         if a.method == "torch_powersgd_hook":
@@ -90,82 +189,67 @@ def main() -> None:
             # torch 2.13 here: DDP's 1 MiB first bucket splits this model in two).
             dist._DEFAULT_FIRST_BUCKET_BYTES = 256 << 20
             ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=256)
-        else:
-            # torch.ao keeps its masks as module buffers; they are identical on every rank (derived
-            # from identical weights), so DDP need not broadcast them each step (it would double the
-            # traffic): the tuned setting for the baseline.
-            ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=ao is None)
-        if a.method == "torch_powersgd_hook":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
+            # The hook's recommended settings: error feedback, warm start, a dense warm-up.
             state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=a.rank_psgd,
                                        start_powerSGD_iter=max(2, a.dense_warmup), min_compression_rate=2,
                                        use_error_feedback=True, warm_start=True, random_seed=a.seed)
             ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        else:
+            # The bucket cap tuned for the link (the benchmark calibrates it: a few short runs, the
+            # fastest per step wins). torch.ao keeps its masks as module buffers, identical on every
+            # rank (derived from identical weights), so DDP need not broadcast them each step.
+            # 25 MB is DDP's default (with its 1 MiB first bucket); other caps apply to the first too.
+            dist._DEFAULT_FIRST_BUCKET_BYTES = (1 << 20) if a.bucket_mb == 25.0 else int(a.bucket_mb * (1 << 20))
+            ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb,
+                                                            broadcast_buffers=ao is None)
         net = ddp
     else:
         net = model
         dense = GradientReducer(model, "fp32")
-        if a.method == "dra_powersgd":
-            reducer = GradientReducer(model, f"powersgd:{a.rank_psgd}", seed=a.seed)
-        elif a.method == "dra_sage":
-            # PowerSGD whose rank follows the gradient noise scale, plus RigL sparsity following the phase.
-            reducer = GradientReducer(model, f"powersgd:{a.rank_psgd}", seed=a.seed)
-            sparsifier = DynamicSparsifier(model, every=a.sparsify_every, max_sparsity=0.9, end_step=a.steps,
-                                           step_up=a.sparse_step_up)
-        else:  # dra_sparse90: RigL masks (drop by magnitude, regrow by gradient) on the same cubic ramp to
-            # 90 % as the torch.ao baseline; the masked codec sends only the active entries (the mask
-            # is the same on every rank).
-            reducer = GradientReducer(model, "masked", seed=a.seed)
-            sparsifier = DynamicSparsifier(model, every=a.sparsify_every, max_sparsity=0.9, end_step=a.steps,
-                                           schedule=lambda t: cubic_sparsity(t, a.ramp_start, a.ramp_steps, 0.9))
+        reducer = GradientReducer(model, f"powersgd:{a.rank_psgd}", seed=a.seed)
+        if a.method == "dra_sage":
+            # PowerSGD whose rank follows the gradient noise scale, plus RigL sparsity following the
+            # phase; the dense gradient travels on mask-update steps (RigL grows by it).
+            sparsifier = DynamicSparsifier(model, every=a.sparsify_every, max_sparsity=0.9,
+                                           end_step=int(0.75 * a.steps), step_up=a.sparse_step_up, seed=a.seed)
     loss_fn = torch.nn.CrossEntropyLoss()
-    out = open(a.out, "w") if rank == 0 else None
-    train_time = 0.0
-    g = torch.Generator().manual_seed(a.seed)
-    order = torch.randperm(len(xtr), generator=g)
-    pos = 0
+    log = Log(a.out, rank, a.eval_every, a.steps, model, xte, yte)
     n_params = sum(p.numel() for p in model.parameters())
-    tx0 = tx_bytes()
     payload = 0
+    data = batches(len(xtr), a.batch, a.seed, rank, world)
     dist.barrier()
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()
-        if pos + a.batch > len(order):
-            order, pos = torch.randperm(len(xtr), generator=g), 0
-        idx = order[pos + rank * per_rank: pos + (rank + 1) * per_rank]
-        pos += a.batch
+        idx = next(data)
         opt.zero_grad(set_to_none=False)
         loss = loss_fn(net(xtr[idx]), ytr[idx])
         loss.backward()
-        if ddp is None:
-            if sparsifier is not None:
-                sparsifier.mask_gradients()
+        world_loss = float(loss)
+        if reducer is not None:
+            # The loss and this rank's gradient norm ride the codec's first all-reduce (no round
+            # trip of their own): every rank then holds the same signals.
             local_sqr = sum(float(p.grad.pow(2).sum()) for p in model.parameters())
-            use = reducer if step > a.dense_warmup or a.method == "dra_sparse90" else dense
-            if a.method == "dra_sparse90":
-                reducer.codec.set_masks(_all_masks(model, sparsifier))
+            update = sparsifier is not None and sparsifier.update_due(step - 1)
+            use = reducer if step > a.dense_warmup and not update else dense
+            ride = np.array([float(loss), local_sqr], np.float32)
             before = use.codec.bytes_sent
-            use.reduce()
+            use.reduce(exact=ride)
             payload += use.codec.bytes_sent - before
-            global_sqr = sum(float(p.grad.pow(2).sum()) for p in model.parameters())
-        else:
-            payload += 4 * n_params if a.method != "torch_powersgd_hook" else 0
-        # The convergence estimator sees the mean loss and the mean per-rank gradient norm (one small
-        # all-reduce, as dra.step does): every rank then holds the same signals, so decisions taken
-        # from them (mask updates, PowerSGD rank) agree without being exchanged.
-        stats = torch.tensor([float(loss.detach()), local_sqr if ddp is None else 0.0], dtype=torch.float64)
-        dist.all_reduce(stats)
-        stats /= world
-        estimator.update_loss(step, float(stats[0]))
-        if a.method == "dra_sage":
-            # Gradient noise scale from the mean per-rank norm and the reduced gradient's norm (after
-            # warm-up that is PowerSGD's approximation: biased low, but the same on every rank).
-            estimator.update_gradients(float(stats[1]), per_rank, global_sqr, a.batch)
-            if step % a.sparsify_every == 0 and step > a.dense_warmup:
-                reducer.codec.set_rank(rank_from_signals(estimator.signals, a.batch, 1, a.rank_psgd * 2))
-        if sparsifier is not None:
-            sparsifier.step(step, estimator.signals.phase)
+            world_loss = float(ride[0]) / world
+            estimator.update_loss(step, world_loss)
+            if a.method == "dra_sage":
+                global_sqr = sum(float(p.grad.pow(2).sum()) for p in model.parameters())
+                # Gradient noise scale from the mean per-rank norm and the reduced gradient's norm (after
+                # warm-up that is PowerSGD's approximation: biased low, but the same on every rank).
+                estimator.update_gradients(float(ride[1]) / world, a.batch // world, global_sqr, a.batch)
+                if step % a.sparsify_every == 0 and step > a.dense_warmup:
+                    reducer.codec.set_rank(rank_from_signals(estimator.signals, a.batch, 1, a.rank_psgd * 2))
+                sparsifier.step(step - 1, estimator.signals.phase)
+                sparsifier.mask_gradients()
+        elif a.method != "torch_powersgd_hook":
+            payload += 4 * n_params
         opt.step()
         if sparsifier is not None:
             sparsifier.apply()
@@ -173,33 +257,16 @@ def main() -> None:
             ao_schedule.step()
             if step % a.sparsify_every == 0:
                 ao.step()
-        lt = stats[0]
-        train_time += time.perf_counter() - t0
-        if rank == 0 and (step % a.eval_every == 0 or step == a.steps):
-            with torch.no_grad():
-                acc = float((model(xte).argmax(1) == yte).float().mean())
-            meter.mark()
+        log.train_time += time.perf_counter() - t0
+        if log.due(step):
             sparsity = sparsifier.sparse_fraction() if sparsifier else (_ao_sparsity(model) if ao else 0.0)
-            out.write(json.dumps({"step": step, "time_s": train_time, "acc": acc, "wire_tx_bytes": tx_bytes() - tx0,
-                                  "payload_bytes": payload, "loss": float(lt),
-                                  "phase": estimator.signals.phase, "sparsity": sparsity,
-                                  "rank": reducer.codec.rank if reducer is not None else 0,
-                                  "energy_j": meter.job.joules, "energy_source": meter.source}) + "\n")
-            out.flush()
+            log.point(step, world_loss, payload, sparsity=sparsity, phase=estimator.signals.phase,
+                      rank=reducer.codec.rank if reducer is not None else 0)
     if ao is not None:
         ao.squash_mask()
     dist.barrier()
-    if out:
-        out.close()
+    log.close()
     dist.destroy_process_group()
-
-
-def cubic_sparsity(step: int, start: int, ramp: int, final: float) -> float:
-    """Zhu & Gupta's gradual schedule: 0 before start, final after start + ramp, cubic in between."""
-    if step <= start:
-        return 0.0
-    done = min(1.0, (step - start) / ramp)
-    return final * (1.0 - (1.0 - done) ** 3)
 
 
 def _ao_sparsity(model) -> float:
@@ -211,12 +278,6 @@ def _ao_sparsity(model) -> float:
             zeros += int((w == 0).sum())
             total += w.numel()
     return zeros / max(total, 1)
-
-
-def _all_masks(model, sparsifier):
-    """One mask per parameter in GradientReducer's order: the sparsifier's for matrices, all-ones for the rest."""
-    by_id = {id(p): m for p, m in zip(sparsifier.params, sparsifier.masks)}
-    return [by_id.get(id(p), np.ones(p.numel(), dtype=np.uint8)) for p in model.parameters() if p.requires_grad]
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include "dra/torch/elastic/codec_hook.hpp"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstring>
 
@@ -52,28 +53,25 @@ constexpr char kTag[] = "dra.codec_hook";
 
 }  // namespace
 
-void codec_hook::validate_spec(const std::string& spec) {
-  const std::string kind = spec.substr(0, spec.find(':'));
-  if (kind == "masked")
-    dra::detail::throw_invalid("compress",
-                               "'masked' takes its masks from the trainer (a dynamic sparsifier); as an option use "
-                               "'random:<keep fraction>', or install a codec_hook/bucket_hook that sets the masks");
+void codec_hook::validate_spec(const std::string& spec, const compress::rigl_config& sparsity) {
   try {
-    (void)compress::make_codec(spec);
+    (void)compress::make_codec(spec, 0, sparsity);
   } catch (const std::invalid_argument& e) {
     dra::detail::throw_invalid("compress", "'" + spec + "' is not a codec (" + e.what() +
-                                               "); use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction> or "
-                                               "random:<keep fraction>, or leave it empty for a plain all-reduce");
+                                               "); use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, "
+                                               "random:<keep fraction> or masked[:<max sparsity>], or leave it empty "
+                                               "for a plain all-reduce");
   }
 }
 
-codec_hook::codec_hook(std::string spec, std::uint64_t seed) : spec_(std::move(spec)), seed_(seed) {
-  validate_spec(spec_);
+codec_hook::codec_hook(std::string spec, std::uint64_t seed, compress::rigl_config sparsity)
+    : spec_(std::move(spec)), seed_(seed), sparsity_(sparsity) {
+  validate_spec(spec_, sparsity_);
 }
 
 compress::gradient_codec& codec_hook::codec_for(std::size_t index) {
   if (codecs_.size() <= index) codecs_.resize(index + 1);
-  if (!codecs_[index]) codecs_[index] = compress::make_codec(spec_, seed_ + index);
+  if (!codecs_[index]) codecs_[index] = compress::make_codec(spec_, seed_ + index, sparsity_);
   return *codecs_[index];
 }
 
@@ -86,6 +84,8 @@ void codec_hook::reduce(comm::communicator& comm, std::size_t index, const bucke
   if (layout.offsets.size() != layout.shapes.size())
     dra::detail::throw_invalid("layout", "offsets and shapes differ in length");
   auto& codec = codec_for(index);
+  if (params_.size() <= index) params_.resize(index + 1);
+  params_[index] = layout.params;
   comm_collective world(comm);
   at::Tensor host = grads.is_cpu() ? grads : grads.to(at::kCPU);
   float* base = host.data_ptr<float>();
@@ -94,10 +94,81 @@ void codec_hook::reduce(comm::communicator& comm, std::size_t index, const bucke
     refs[i].data = base + layout.offsets[i];
     refs[i].shape = layout.shapes[i].empty() ? std::vector<std::int64_t>{1} : layout.shapes[i];
   }
-  codec.reduce(refs, world);
+  // The masked codec reads the weights on its mask-update steps (host float copies where needed).
+  std::vector<at::Tensor> weights;
+  auto* sparse = dynamic_cast<compress::masked_sync_codec*>(&codec);
+  if (sparse && sparse->update_next()) {
+    if (layout.params.size() != refs.size())
+      dra::detail::throw_invalid("layout", "the 'masked' codec needs each parameter of the bucket");
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      weights.push_back(layout.params[i].detach().to(at::kCPU, at::kFloat).contiguous());
+      refs[i].weights = weights.back().data_ptr<float>();
+    }
+  }
+  // What rides with the last bucket (loss, sample count, energy, decision flag) goes with the
+  // codec's first all-reduce: no round trip of its own.
+  at::Tensor exact_host = exact.is_cpu() ? exact : exact.to(at::kCPU);
+  codec.reduce_with(refs, world, exact_host.numel() > 0 ? exact_host.data_ptr<float>() : nullptr,
+                    static_cast<std::size_t>(exact_host.numel()));
+  if (!exact.is_cpu() && exact.numel() > 0) exact.copy_(exact_host);
   host.mul_(static_cast<float>(comm.size()));  // the codecs return the mean; the reducer wants the sum
   if (!grads.is_cpu()) grads.copy_(host);
-  if (exact.numel() > 0) comm.all_reduce_sum(exact);
+}
+
+void codec_hook::step_committed(const signals::convergence_signals& signals) {
+  for (auto& c : codecs_)
+    if (auto* sparse = dynamic_cast<compress::masked_sync_codec*>(c.get())) sparse->set_phase(signals.phase);
+  apply_masks();
+}
+
+void codec_hook::apply_masks() {
+  mask_tensors_.resize(codecs_.size());
+  mask_versions_.resize(codecs_.size(), 0);
+  at::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < codecs_.size() && b < params_.size(); ++b) {
+    const auto* sparse = dynamic_cast<const compress::masked_sync_codec*>(codecs_[b].get());
+    if (!sparse || !sparse->masks().fitted() || sparse->masks().size() != params_[b].size()) continue;
+    const auto& masks = sparse->masks();
+    auto& cached = mask_tensors_[b];
+    if (cached.size() != params_[b].size() || mask_versions_[b] != masks.version()) {
+      cached.assign(params_[b].size(), at::Tensor());
+      for (std::size_t i = 0; i < params_[b].size(); ++i) {
+        if (!masks.sparsified(i)) continue;
+        const auto& m = masks.mask(i);
+        at::Tensor t = at::empty({static_cast<std::int64_t>(m.size())}, at::kFloat);
+        float* p = t.data_ptr<float>();
+        for (std::size_t k = 0; k < m.size(); ++k) p[k] = m[k] ? 1.0f : 0.0f;
+        const auto& param = params_[b][i];
+        cached[i] = t.view(param.sizes()).to(param.device(), param.scalar_type());
+      }
+      mask_versions_[b] = masks.version();
+    }
+    for (std::size_t i = 0; i < params_[b].size(); ++i)
+      if (cached[i].defined()) params_[b][i].detach().mul_(cached[i]);
+  }
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> codec_hook::sparsity_masks() {
+  apply_masks();  // refreshes the cache (and the weights are masked already at this point)
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (std::size_t b = 0; b < mask_tensors_.size() && b < params_.size(); ++b)
+    for (std::size_t i = 0; i < mask_tensors_[b].size() && i < params_[b].size(); ++i)
+      if (mask_tensors_[b][i].defined()) out.emplace_back(params_[b][i], mask_tensors_[b][i]);
+  return out;
+}
+
+double codec_hook::sparsity() const {
+  std::size_t total = 0;
+  double pruned = 0.0;
+  for (const auto& c : codecs_)
+    if (const auto* sparse = dynamic_cast<const compress::masked_sync_codec*>(c.get())) {
+      const auto& m = sparse->masks();
+      std::size_t n = 0;
+      for (std::size_t t = 0; t < m.size(); ++t) n += m.sparsified(t) ? m.mask(t).size() : 0;
+      pruned += m.sparse_fraction() * static_cast<double>(n);
+      total += n;
+    }
+  return total ? pruned / static_cast<double>(total) : 0.0;
 }
 
 std::vector<std::uint8_t> codec_hook::shared_state() const {
@@ -118,6 +189,8 @@ void codec_hook::load_shared_state(const std::vector<std::uint8_t>& bytes) {
     for (const auto& c : codecs_)
       if (c) dropped_.sent += c->bytes().sent, dropped_.dense += c->bytes().dense;
     codecs_.clear();
+    mask_tensors_.clear();
+    mask_versions_.clear();
     return;
   }
   std::vector<std::unique_ptr<compress::gradient_codec>> loaded;
@@ -134,7 +207,7 @@ void codec_hook::load_shared_state(const std::vector<std::uint8_t>& bytes) {
       const std::vector<std::uint8_t> one(bytes.begin() + static_cast<std::ptrdiff_t>(r.pos),
                                           bytes.begin() + static_cast<std::ptrdiff_t>(r.pos + n));
       r.pos += n;
-      loaded[i] = compress::make_codec(spec_, seed_ + i);
+      loaded[i] = compress::make_codec(spec_, seed_ + i, sparsity_);
       loaded[i]->load_state(one);
     }
   } catch (const std::invalid_argument& e) {
@@ -144,12 +217,15 @@ void codec_hook::load_shared_state(const std::vector<std::uint8_t>& bytes) {
   for (const auto& c : codecs_)
     if (c) dropped_.sent += c->bytes().sent, dropped_.dense += c->bytes().dense;
   codecs_ = std::move(loaded);
+  mask_tensors_.clear();  // the loaded masks replace the cached ones
+  mask_versions_.clear();
 }
 
 void codec_hook::world_changed(hook_transition how) {
-  if (how == hook_transition::survived) return;
-  for (auto& c : codecs_)
-    if (c) c->clear_error_feedback();
+  if (how != hook_transition::survived)
+    for (auto& c : codecs_)
+      if (c) c->clear_error_feedback();
+  apply_masks();  // after a crash the leader's masks may be newer than this process's weights
 }
 
 hook_bytes codec_hook::bytes() const {

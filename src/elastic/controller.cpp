@@ -55,9 +55,11 @@ controller::controller(controller_options options, launch_info launch, std::shar
       log_(std::make_unique<detail::event_log>(options_.events_path)) {
   pending_loss_ = std::make_unique<detail::tail_input>();
   reads_ = std::make_unique<detail::deferred_reads>();
-  if (!options_.compress.empty()) set_bucket_hook(std::make_shared<codec_hook>(options_.compress));
   if (!state_) dra::detail::throw_invalid("state", "a state_provider is required (module_state for LibTorch models)");
   if (!sampler_) dra::detail::throw_invalid("sampler", "an elastic_sampler is required");
+  // The job's seed (the sampler's) seeds the codecs: RigL's tie keys, random masks, PowerSGD's Q.
+  if (!options_.compress.empty())
+    set_bucket_hook(std::make_shared<codec_hook>(options_.compress, sampler_->seed(), options_.sparsity));
   launch.validate();
   detail::ignore_default_sigpipe();
   backend_ = comm::make_backend(options_.backend, {options_.backend_address, "pg"});

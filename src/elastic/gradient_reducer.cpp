@@ -75,6 +75,7 @@ void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::D
     current.offsets.push_back(current.numel);
     current.shapes.offsets.push_back(current.numel);
     current.shapes.shapes.push_back(params[k].sizes().vec());
+    current.shapes.params.push_back(params[k]);
     current.numel += n;
   }
   buckets_.push_back(std::move(current));  // the last one (possibly without gradients) carries the tail

@@ -246,6 +246,33 @@ const std::map<std::string, option_entry>& option_table() {
         [](controller_options& o, const json& v) { o.config_fingerprint = as_str(v, "config_fingerprint"); }}},
       {"compress",
        {"a string", false, [](controller_options& o, const json& v) { o.compress = as_str(v, "compress"); }}},
+      {"sparsity",
+       {"a dict such as {'max_sparsity': 0.9, 'every': 100}", false,
+        [](controller_options& o, const json& v) {
+          if (!v.is_object())
+            dra::detail::throw_invalid("sparsity",
+                                       "expected a dict such as {'max_sparsity': 0.9, 'every': 100}, got " + shown(v));
+          auto& c = o.sparsity;
+          const std::map<std::string, std::function<void(const json&)>> fields = {
+              {"max_sparsity", [&](const json& x) { c.max_sparsity = as_float(x, "sparsity.max_sparsity"); }},
+              {"every", [&](const json& x) { c.every = as_int(x, "sparsity.every", 1, LLONG_MAX / 4); }},
+              {"alpha", [&](const json& x) { c.alpha = as_float(x, "sparsity.alpha"); }},
+              {"end_step", [&](const json& x) { c.end_step = as_int(x, "sparsity.end_step", 0, LLONG_MAX / 4); }},
+              {"step_up", [&](const json& x) { c.step_up = as_float(x, "sparsity.step_up"); }},
+              {"step_down", [&](const json& x) { c.step_down = as_float(x, "sparsity.step_down"); }},
+              {"ramp_start", [&](const json& x) { c.ramp_start = as_int(x, "sparsity.ramp_start", 0, LLONG_MAX / 4); }},
+              {"ramp_steps", [&](const json& x) { c.ramp_steps = as_int(x, "sparsity.ramp_steps", 0, LLONG_MAX / 4); }},
+          };
+          for (const auto& [key, value] : v.items()) {
+            const auto it = fields.find(key);
+            if (it == fields.end()) {
+              std::string valid;
+              for (const auto& [n, _] : fields) valid += (valid.empty() ? "" : ", ") + n;
+              dra::detail::throw_invalid("sparsity", "unknown key '" + key + "'; valid: " + valid);
+            }
+            it->second(value);
+          }
+        }}},
   };
   return table;
 }
@@ -464,7 +491,8 @@ void controller_options::validate() const {
                                "'deferred' with verify=True: the digest is compared when the world change completes, "
                                "before the deferred optimizer state arrived; use handoff='full' to verify");
   if (backend.empty()) dra::detail::throw_invalid("backend", "must name a backend, e.g. 'gloo'");
-  if (!compress.empty()) codec_hook::validate_spec(compress);
+  sparsity.validate();
+  if (!compress.empty()) codec_hook::validate_spec(compress, sparsity);
   if (batch == batch_mode::adascale && engine.policy != "goodput")
     dra::detail::throw_invalid("batch_mode",
                                "'adascale' adapts the global batch by the gradient noise scale, which only "
@@ -600,6 +628,9 @@ nlohmann::json config_fingerprint(const controller_options& o, const elastic_sam
       {"fault_timeout_s", o.fault_timeout_s},
       {"backend", o.backend},
       {"compress", o.compress},
+      {"sparsity",
+       {o.sparsity.max_sparsity, o.sparsity.every, o.sparsity.alpha, o.sparsity.end_step, o.sparsity.step_up,
+        o.sparsity.step_down, o.sparsity.ramp_start, o.sparsity.ramp_steps}},
       {"extra", o.config_fingerprint},
   };
 }

@@ -171,6 +171,8 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
         comm_->revoke();
         recover(std::string("reduction failed: ") + e.what());
       }
+      // After the optimizer step (the protocol's order), with the signals of this step's loss.
+      if (hook_ && role_ == role::member) hook_->step_committed(engine_.signals());
       if (role_ == role::member && stop_seen_) {
         stop_at_boundary();  // before any decision: a grow would admit joiners into a world that ends
       } else if (role_ == role::member && options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1) {

@@ -71,6 +71,22 @@ class thread_collective final : public collective {
   int rank_;
 };
 
+// Counts the all-reduces a codec issues (round trips on a real link).
+class counting_collective final : public collective {
+ public:
+  explicit counting_collective(collective& inner) : inner_(inner) {}
+  int world_size() const override { return inner_.world_size(); }
+  void allreduce_sum(float* data, std::size_t n) override {
+    ++allreduces;
+    inner_.allreduce_sum(data, n);
+  }
+  void allgather(const void* in, std::size_t bytes, void* out) override { inner_.allgather(in, bytes, out); }
+  int allreduces = 0;
+
+ private:
+  collective& inner_;
+};
+
 // Runs body(rank, collective) on `world` threads.
 void run_world(int world, const std::function<void(int, collective&)>& body) {
   thread_world w(world);
@@ -128,6 +144,7 @@ TEST_CASE("compress.masked.equals_the_masked_dense_allreduce_bit_for_bit") {
     masked_codec codec(0.0, 0, /*error_feedback=*/true);
     codec.set_masks({mask});
     codec.reduce(ts, c);
+    CHECK(codec.name() == "set_masks");
     fp32_codec().reduce(td, c);
     sparse[static_cast<std::size_t>(r)] = g;
     dense[static_cast<std::size_t>(r)] = d;
@@ -317,9 +334,161 @@ TEST_CASE("compress.make_codec.parses_specs_and_names_bad_ones") {
   CHECK(make_codec("powersgd:4")->name() == "powersgd");
   CHECK(make_codec("topk:0.01")->name() == "topk");
   CHECK(make_codec("bf16")->name() == "bf16");
-  CHECK(make_codec("random:0.1")->name() == "masked");
+  CHECK(make_codec("random:0.1")->name() == "random");
+  CHECK(make_codec("masked")->name() == "masked");
+  CHECK(dynamic_cast<masked_sync_codec&>(*make_codec("masked:0.8")).masks().config().max_sparsity == 0.8);
+  CHECK_THROWS_WITH_AS(make_codec("masked:1.5"), doctest::Contains("max_sparsity"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(make_codec("zip"), doctest::Contains("unknown codec 'zip'"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(make_codec("topk:lots"), doctest::Contains("not a number"), std::invalid_argument);
   CHECK_THROWS_AS(make_codec("topk:0"), std::invalid_argument);
   CHECK_THROWS_AS(make_codec("powersgd:0"), std::invalid_argument);
+}
+
+TEST_CASE("compress.ride_along.one_all_reduce_carries_the_exact_values") {
+  run_world(2, [&](int r, collective& inner) {
+    std::vector<float> bias{1.0f, 2.0f};
+    auto m = random_vec(32 * 16, static_cast<unsigned>(r));
+    std::vector<tensor_ref> t{{m.data(), {32, 16}}, {bias.data(), {2}}};
+    std::vector<float> exact{static_cast<float>(r) + 0.25f, 3.0f};
+    {
+      counting_collective c(inner);
+      powersgd_codec codec(2, 1);
+      codec.reduce_with(t, c, exact.data(), exact.size());
+      CHECK(c.allreduces == 2);  // P with the bias and the exact values, then Q: not three
+      CHECK(exact == std::vector<float>{1.5f, 6.0f});
+      CHECK(bias[0] == doctest::Approx(1.0f));
+    }
+    {
+      counting_collective c(inner);
+      fp32_codec codec;
+      exact = {1.0f, 0.0f};
+      codec.reduce_with(t, c, exact.data(), exact.size());
+      CHECK(c.allreduces == 1);
+      CHECK(exact == std::vector<float>{2.0f, 0.0f});
+    }
+    {
+      counting_collective c(inner);
+      topk_codec codec(0.5);  // all-gathers: the exact values go in an all-reduce of their own
+      exact = {1.0f, 1.0f};
+      codec.reduce_with(t, c, exact.data(), exact.size());
+      CHECK(c.allreduces == 1);
+      CHECK(exact == std::vector<float>{2.0f, 2.0f});
+    }
+  });
+}
+
+namespace {
+// A two-layer model's tensors on one rank: weights (shared by all ranks) and this rank's gradients.
+struct tiny_model {
+  std::vector<float> w1, b1, w2, g1, gb1, g2;
+  tiny_model(int rank, unsigned step) {
+    w1 = random_vec(40 * 30, 1);
+    b1 = random_vec(30, 2);
+    w2 = random_vec(30 * 10, 3);
+    g1 = random_vec(40 * 30, 100u + step * 10u + static_cast<unsigned>(rank));
+    gb1 = random_vec(30, 200u + step * 10u + static_cast<unsigned>(rank));
+    g2 = random_vec(30 * 10, 300u + step * 10u + static_cast<unsigned>(rank));
+  }
+  std::vector<tensor_ref> refs() {
+    return {{g1.data(), {40, 30}, w1.data()}, {gb1.data(), {30}, b1.data()}, {g2.data(), {30, 10}, w2.data()}};
+  }
+};
+}  // namespace
+
+TEST_CASE("compress.masked_sync.rigl_masks_from_the_dense_gradient_identical_on_every_rank") {
+  const int world = 3;
+  rigl_config cfg;
+  cfg.every = 2;
+  cfg.end_step = 100;
+  cfg.alpha = 0.3;
+  cfg.ramp_start = 0;
+  cfg.ramp_steps = 1;  // the cubic ramp reaches max_sparsity at the first update
+  cfg.max_sparsity = 0.9;
+  std::vector<std::vector<std::uint8_t>> masks(world);
+  std::vector<std::vector<float>> outputs(world), dense_means(world);
+  std::vector<double> ratios(world);
+  run_world(world, [&](int r, collective& inner) {
+    masked_sync_codec codec(cfg, 42);
+    codec.set_phase(r == 0 ? dra::signals::training_phase::steady : dra::signals::training_phase::fast);
+    // Steps 0 and 1: dense masks (sparsity 0), every entry travels.
+    for (unsigned s = 0; s < 2; ++s) {
+      tiny_model m(r, s);
+      auto t = m.refs();
+      codec.reduce(t, inner);
+    }
+    CHECK(codec.masks().sparsity() == 0.0);
+    CHECK(codec.bytes().ratio() == doctest::Approx(1.0));
+    // Step 2: a mask update. The whole gradient travels; the output is the dense mean restricted
+    // to the entries active before and after (regrown ones start at zero).
+    CHECK(codec.update_next());
+    tiny_model m(r, 2);
+    auto t = m.refs();
+    std::vector<float> dense_g1 = m.g1;
+    std::vector<tensor_ref> td{{dense_g1.data(), {40, 30}}};
+    fp32_codec().reduce(td, inner);  // the dense mean, for comparison
+    codec.reduce(t, inner);
+    CHECK(codec.masks().sparsity() == doctest::Approx(0.9));
+    const auto& mask = codec.masks().mask(0);
+    CHECK(std::count(mask.begin(), mask.end(), 1) == 120);
+    for (std::size_t i = 0; i < mask.size(); ++i) CHECK(m.g1[i] == (mask[i] ? dense_g1[i] : 0.0f));
+    masks[static_cast<std::size_t>(r)] = mask;
+    CHECK(!codec.masks().sparsified(1));
+    CHECK(codec.masks().sparsified(2));
+    // Step 3: only the active entries of the matrices and 10 % of the bias entries travel.
+    const auto before = codec.bytes();
+    tiny_model m3(r, 3);
+    auto t3 = m3.refs();
+    std::vector<float> masked_dense = m3.g1;
+    for (std::size_t i = 0; i < masked_dense.size(); ++i) masked_dense[i] = mask[i] ? masked_dense[i] : 0.0f;
+    std::vector<tensor_ref> tm{{masked_dense.data(), {40, 30}}};
+    fp32_codec().reduce(tm, inner);
+    codec.reduce(t3, inner);
+    CHECK(m3.g1 == masked_dense);  // bit for bit the masked dense all-reduce
+    const auto sent = codec.bytes().sent - before.sent;
+    CHECK(sent == 4 * (120 + 30 + 3));  // 10 % of 1200, 300 and 30 entries
+    outputs[static_cast<std::size_t>(r)] = m3.gb1;
+    ratios[static_cast<std::size_t>(r)] =
+        static_cast<double>(codec.bytes().dense - before.dense) / static_cast<double>(sent);
+  });
+  CHECK(masks[0] == masks[1]);
+  CHECK(masks[1] == masks[2]);
+  CHECK(outputs[0] == outputs[2]);  // the same bias entries drawn on every rank
+  CHECK(std::count_if(outputs[0].begin(), outputs[0].end(), [](float v) { return v != 0.0f; }) == 3);
+  CHECK(ratios[0] == doctest::Approx(1530.0 / 153.0));  // 10x with the biases counted
+}
+
+TEST_CASE("compress.masked_sync.state_travels_and_mismatches_are_refused") {
+  rigl_config cfg;
+  cfg.every = 1;
+  cfg.ramp_steps = 1;
+  run_world(1, [&](int, collective& c) {
+    masked_sync_codec a(cfg, 5);
+    for (unsigned s = 0; s < 3; ++s) {
+      tiny_model m(0, s);
+      auto t = m.refs();
+      a.reduce(t, c);
+    }
+    CHECK(a.masks().sparsity() == doctest::Approx(0.9));
+    const auto shared = a.save_state(false);
+    masked_sync_codec b(cfg, 5);
+    b.load_state(shared);
+    CHECK(b.steps() == 3);
+    CHECK(b.masks().mask(0) == a.masks().mask(0));
+    CHECK(b.masks().sparsity() == a.masks().sparsity());
+    CHECK(b.save_state(false) == shared);
+    rigl_config other = cfg;
+    other.max_sparsity = 0.5;
+    masked_sync_codec d(other, 5);
+    CHECK_THROWS_WITH_AS(d.load_state(shared), doctest::Contains("sparsity configuration"), std::invalid_argument);
+    CHECK(d.steps() == 0);
+    // Without weights the mask update is refused by name.
+    masked_sync_codec e(cfg, 5);
+    tiny_model m(0, 0);
+    auto t = m.refs();
+    e.reduce(t, c);
+    t[0].weights = nullptr;
+    const auto before = e.save_state();
+    CHECK_THROWS_WITH_AS(e.reduce(t, c), doctest::Contains("weights"), std::invalid_argument);
+    CHECK(e.save_state() == before);  // nothing changed
+  });
 }

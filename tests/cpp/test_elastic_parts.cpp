@@ -631,6 +631,57 @@ TEST_CASE("elastic.codec_hook.fp32_equals_the_plain_weighted_mean") {
   CHECK(coded[0].bytes.sent == coded[0].bytes.dense);
 }
 
+TEST_CASE("elastic.codec_hook.masked_prunes_the_weights_identically_on_every_rank") {
+  at::set_num_threads(1);
+  dra::compress::rigl_config cfg;
+  cfg.every = 2;
+  cfg.ramp_steps = 1;  // 80 % at the first update (step 2)
+  cfg.max_sparsity = 0.8;
+  cfg.end_step = 100;
+  std::vector<std::string> errors;
+  std::vector<at::Tensor> weights(2), grads(2);
+  std::vector<ed::reduction_tail> tails(2);
+  std::vector<std::vector<std::uint8_t>> shared(2);
+  std::vector<double> sparsity(2);
+  in_gloo_world(
+      2, "hook-masked",
+      [&](int rank, dra::comm::communicator& comm) {
+        auto w = at::randn({16, 8}, at::make_generator<at::CPUGeneratorImpl>(5)).set_requires_grad(true);
+        auto b = at::zeros({16}).set_requires_grad(true);
+        auto hook = std::make_shared<dra::elastic::codec_hook>("masked", 9, cfg);
+        ed::gradient_reducer reducer;
+        reducer.set_hook(hook);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + rank);
+        dra::signals::convergence_signals signals;
+        for (int s = 0; s < 4; ++s) {
+          w.mutable_grad() = at::randn({16, 8}, gen);
+          b.mutable_grad() = at::randn({16}, gen);
+          ed::tail_input mine;
+          mine.loss_value = 1.0 + rank;
+          mine.count = 2.0;
+          reducer.begin(comm, {w, b}, 0.5, mine);
+          reducer.ready(0);
+          reducer.ready(1);
+          tails[static_cast<std::size_t>(rank)] = ed::read_tail(reducer.finish());
+          hook->step_committed(signals);  // the step boundary: pruned weights are zeroed
+        }
+        weights[static_cast<std::size_t>(rank)] = w.detach().clone();
+        grads[static_cast<std::size_t>(rank)] = w.grad().clone();
+        shared[static_cast<std::size_t>(rank)] = hook->shared_state();
+        sparsity[static_cast<std::size_t>(rank)] = hook->sparsity();
+      },
+      errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  CHECK(shared[0] == shared[1]);  // the masks are the same on both ranks
+  CHECK(sparsity[0] == doctest::Approx(0.8).epsilon(0.01));
+  CHECK(at::equal(weights[0], weights[1]));
+  const auto zeros = (weights[0] == 0).sum().item<std::int64_t>();
+  CHECK(zeros == 102);                                                             // round(0.2 x 128) = 26 active
+  CHECK(at::equal((grads[0] == 0), (grads[0] == 0).logical_or(weights[0] == 0)));  // no gradient where pruned
+  CHECK(tails[0].loss_sum == 2.0 * 1.0 + 2.0 * 2.0);  // the tail rides exact with the sparse payload
+  CHECK(tails[0].count == 4.0);
+}
+
 TEST_CASE("elastic.codec_hook.shared_state_and_the_rule_on_a_world_change") {
   at::set_num_threads(1);
   std::vector<std::string> errors;
@@ -650,8 +701,7 @@ TEST_CASE("elastic.codec_hook.shared_state_and_the_rule_on_a_world_change") {
   CHECK(other.shared_state() == before);
   CHECK_THROWS_AS(dra::elastic::codec_hook("fp16").load_shared_state({1, 2, 3}), dra::state_mismatch_error);
   // Bad specs name the option and the fix.
-  CHECK_THROWS_WITH_AS(dra::elastic::codec_hook("masked"), doctest::Contains("random:<keep fraction>"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dra::elastic::codec_hook("masked:2"), doctest::Contains("max_sparsity"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(dra::elastic::codec_hook::validate_spec("lz4"), doctest::Contains("compress"),
                        std::invalid_argument);
 }

@@ -73,7 +73,8 @@ ctl = de.init(
     release=cfg.get("release", "standby"), decide_every=cfg.get("decide_every", 1000),
     resize_schedule={int(k): v for k, v in cfg.get("schedule", {}).items()},
     fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True, chunk_mb=cfg.get("chunk_mb", 16.0),
-    backend=cfg.get("backend", "gloo"), compress=cfg.get("compress"), status_every=cfg.get("status_every"),
+    backend=cfg.get("backend", "gloo"), compress=cfg.get("compress"), sparsity=cfg.get("sparsity"),
+    status_every=cfg.get("status_every"),
     events_path=os.path.join(out, "events.jsonl"),
 )
 log = open(os.path.join(out, f"log-{ctl.uid}.jsonl"), "a")
@@ -88,8 +89,15 @@ def codec_record():
     c = ctl.compression
     if c is None:
         return None
+    matrices = [p for p in net.parameters() if p.dim() >= 2]
+    zero = [p.detach() == 0 for p in matrices]
+    # Pruned weights have no optimizer state left (a later regrowth starts from zero, as in RigL).
+    state_clean = all(bool((opt.state[p]["momentum_buffer"][z] == 0).all()) for p, z in zip(matrices, zero)
+                      if "momentum_buffer" in opt.state.get(p, {}))
     return {"codec": c["codec"], "shared": hashlib.sha256(c["shared_state"]).hexdigest(), "ef": c["error_feedback_norm1"],
-            "sent": c["bytes_sent"], "dense": c["bytes_dense"]}
+            "sent": c["bytes_sent"], "dense": c["bytes_dense"], "sparsity": c["sparsity"],
+            "zero_fraction": sum(int(z.sum()) for z in zero) / sum(p.numel() for p in matrices),
+            "pruned_state_clean": state_clean}
 
 
 def record_world():

@@ -27,12 +27,18 @@ def _codec_records_by_epoch(job: Job) -> dict[int, list[dict]]:
     return out
 
 
-@pytest.mark.parametrize("codec", ["powersgd:2", "topk:0.25"])
+# `masked`: RigL masks updated every 2 steps on a cubic ramp to 80 % over the first 9 steps (a
+# short job), so masks change before the grow, between the shrink and the crash, and after it.
+SPARSITY = {"every": 2, "ramp_start": 0, "ramp_steps": 9, "max_sparsity": 0.8, "end_step": 20}
+
+
+@pytest.mark.parametrize("codec", ["powersgd:2", "topk:0.25", "masked"])
 def test_codec_state_follows_grow_shrink_and_a_crash(tmp_path, codec):
     # 2 -> 4 (joiners receive the shared codec state) -> 3 (survivors keep theirs) -> a kill -9
     # of process 1 mid-step (the world re-forms with the leader's codec state, residuals cleared).
     job = Job(tmp_path, 4, start_size=2, schedule={"4": 4, "8": 3}, epochs=EPOCHS, dataset_size=N, hidden=32,
               compress=codec, status_every=5, fault_timeout_s=1.5,
+              sparsity=SPARSITY if codec == "masked" else None,
               kill={"uid": 1, "step": 13, "point": "backward"})
     job.start_all()
     codes = job.wait(240)
@@ -71,6 +77,18 @@ def test_codec_state_follows_grow_shrink_and_a_crash(tmp_path, codec):
     assert members <= set(finals), finals
     assert len({finals[u]["digest"] for u in members}) == 1
     assert len({finals[u]["codec"]["shared"] for u in members}) == 1
+    if codec == "masked":
+        # The masks (in the shared state above) reached 80 %; the pruned weights are exactly zero on
+        # every member, with no optimizer state left; masks changed across the world changes.
+        for u in members:
+            c = finals[u]["codec"]
+            assert c["sparsity"] == pytest.approx(0.8, abs=0.01), c
+            assert c["zero_fraction"] == pytest.approx(c["sparsity"], abs=0.01), c
+            assert c["pruned_state_clean"], c
+        sparsities = [r["codec"]["sparsity"] for e in sorted(by_epoch) for r in by_epoch[e]]
+        assert sparsities[0] == 0.0 and max(sparsities) > 0.5, sparsities
+        # Biases travel at the same keep fraction: the whole payload shrinks, not the matrices only.
+        assert later[-1]["compress"]["ratio"] > 2.0, later[-1]
     # Training still converges: the mean loss of the last steps is at most half the first steps'.
     losses: dict[int, list[float]] = {}
     for rec in job.records("commit"):
@@ -103,8 +121,15 @@ def test_compress_option_is_validated_with_the_fix():
         dra.Options(compress="zip:3")
     with pytest.raises(ValueError, match=r"compress.*'powersgd:x'.*not a number"):
         dra.Options(compress="powersgd:x")
-    with pytest.raises(ValueError, match=r"compress.*'masked' takes its masks from the trainer.*random:"):
-        dra.Options(compress="masked")
+    assert dra.Options(compress="masked").compress == "masked"
+    opts = dra.Options(compress="masked:0.8", sparsity={"every": 50, "ramp_steps": 200})
+    assert opts.sparsity["every"] == 50 and opts.sparsity["ramp_steps"] == 200 and opts.sparsity["alpha"] == 0.3
+    with pytest.raises(ValueError, match=r"compress.*'masked:1.5'.*max_sparsity"):
+        dra.Options(compress="masked:1.5")
+    with pytest.raises(ValueError, match=r"sparsity: unknown key 'evry'; valid:.*every"):
+        dra.Options(compress="masked", sparsity={"evry": 3})
+    with pytest.raises(ValueError, match=r"sparsity.every.*must lie in"):
+        dra.Options(compress="masked", sparsity={"every": 0})
     with pytest.raises(ValueError, match=r"compress: expected a string"):
         dra.Options(compress=4)
 

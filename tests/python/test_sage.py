@@ -50,8 +50,8 @@ def test_codecs_on_numpy_locally_and_bad_input():
     assert np.allclose(g[0], 1.0, atol=1e-5)  # rank-1 matrix survives rank-1 compression
     with pytest.raises(ValueError, match="float32"):
         codec.reduce([np.ones((8, 4))], dc.LocalCollective())
-    with pytest.raises(ValueError, match="set_masks needs the 'masked' codec"):
-        codec.set_masks([np.ones(3, np.uint8)])
+    with pytest.raises(ValueError, match="set_phase needs the 'masked' codec"):
+        codec.set_phase("steady")
     state = codec.save_state()
     other = dc.make_codec("powersgd:1")
     other.load_state(state)
@@ -73,16 +73,25 @@ dist.init_process_group("gloo")
 r, w = dist.get_rank(), dist.get_world_size()
 rng = np.random.default_rng(r)
 out = {}
-# masked: exact against the masked dense all-reduce
-mask = (np.random.default_rng(99).random(500) < 0.1).astype(np.uint8)
-g = rng.standard_normal(500).astype(np.float32)
-dense = (g * mask).copy()
-codec = dc.make_codec("masked")
-codec.set_masks([mask])
-codec.reduce([g], dc.TorchCollective())
+# masked: RigL masks from the dense mean gradient (step 1), identical on every rank; then exactly
+# the masked dense all-reduce (step 2)
+wt = np.random.default_rng(99).standard_normal((25, 20)).astype(np.float32)  # equal on every rank
+codec = dc.make_codec("masked", 5, {"every": 1, "ramp_steps": 1, "max_sparsity": 0.9, "end_step": 10})
+for step in range(2):
+    g = rng.standard_normal((25, 20)).astype(np.float32)
+    codec.reduce([g], dc.TorchCollective(), [wt])
+mask = codec.masks[0]
+gathered = [torch.zeros(500, dtype=torch.uint8) for _ in range(w)]
+dist.all_gather(gathered, torch.from_numpy(mask.copy()))
+out["masks_equal"] = all(torch.equal(gathered[0], m) for m in gathered)
+out["active"] = int(mask.sum())
+g = rng.standard_normal((25, 20)).astype(np.float32)
+dense = (g.reshape(-1) * mask).copy()
+before = codec.bytes_sent
+codec.reduce([g], dc.TorchCollective(), [wt])
 t = torch.from_numpy(dense); dist.all_reduce(t); t /= w
-out["masked_exact"] = bool(np.array_equal(g, t.numpy()))
-out["masked_bytes"] = [codec.bytes_sent, codec.bytes_dense]
+out["masked_exact"] = bool(np.array_equal(g.reshape(-1), t.numpy()))
+out["masked_bytes"] = [codec.bytes_sent - before, 2000]
 # powersgd and topk: every rank ends with the same tensor
 m = rng.standard_normal((32, 16)).astype(np.float32)
 ps = dc.make_codec("powersgd:2", 3)
@@ -114,9 +123,10 @@ def test_codecs_over_a_real_gloo_world(tmp_path):
     import json
 
     res = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert res["masks_equal"] and res["active"] == 50
     assert res["masked_exact"]
     sent, dense = res["masked_bytes"]
-    assert dense == 2000 and sent < dense / 5
+    assert sent == 200 and dense == 2000
     assert res["same_everywhere"]
 
 
@@ -125,31 +135,59 @@ def test_dynamic_sparsifier_follows_the_phase():
     model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
     for p in model.parameters():
         p.grad = torch.randn_like(p)
-    sp = dc.DynamicSparsifier(model, every=10, max_sparsity=0.9, step_up=0.4, step_down=0.5)
-    assert not sp.step(5, "steady")
+    sp = dc.DynamicSparsifier(model, every=10, max_sparsity=0.9, step_up=0.4, step_down=0.5, end_step=1000, seed=3)
+    assert not sp.step(5, "steady") and not sp.update_due(5)
     assert sp.step(10, "fast") and sp.sparsity == 0.0  # dense while learning fast
     assert sp.step(20, "steady") and sp.sparsity == pytest.approx(0.4)
+    sp.apply()
     sp.step(30, "plateau")
+    sp.apply()
     sp.step(40, "plateau")
+    sp.apply()
     assert sp.sparsity == pytest.approx(0.9)
     assert sp.sparse_fraction() == pytest.approx(0.9, abs=0.01)
-    zeros = sum(int((p == 0).sum()) for p in sp.params)
-    assert zeros >= 0.89 * sum(p.numel() for p in sp.params)
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    zeros = sum(int((p == 0).sum()) for p in matrices)
+    assert zeros >= 0.89 * sum(p.numel() for p in matrices)
     sp.step(50, "diverging")
     assert sp.sparsity == pytest.approx(0.4)
+    # Entries grown at this update get no gradient this step: they start at zero, as in RigL.
+    grown = [(m == 1) & (p.detach().reshape(-1).numpy() == 0) for m, p in zip(sp.masks, matrices)]
+    sp.mask_gradients()
+    for g, p in zip(grown, matrices):
+        assert bool((p.grad.reshape(-1)[torch.from_numpy(g)] == 0).all())
     # Two replicas fed the same weights and gradients derive the same masks.
     import copy
 
     twin_model = copy.deepcopy(model)
     for a, b in zip(model.parameters(), twin_model.parameters()):
+        a.grad = torch.randn_like(a)
         b.grad = a.grad.clone()  # deepcopy does not copy gradients
-    twin = dc.DynamicSparsifier(twin_model, every=10, max_sparsity=0.9, step_up=0.4, step_down=0.5)
-    twin.masks = [m.copy() for m in sp.masks]
-    twin.sparsity = sp.sparsity
-    sp.step(60, "steady")
-    twin.step(60, "steady")
+    twin = dc.DynamicSparsifier(twin_model, every=10, max_sparsity=0.9, step_up=0.4, step_down=0.5, end_step=1000,
+                                seed=3)
+    for step, phase in ((10, "steady"), (20, "steady"), (30, "plateau")):
+        for s_ in (sp, twin):
+            s_.step(step, phase)
+            s_.apply()
     assert all(np.array_equal(a, b) for a, b in zip(sp.masks, twin.masks))
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin_model.parameters()))
+    with pytest.raises(ValueError, match="every"):
+        dc.DynamicSparsifier(model, every=0)
+
+
+def test_rigl_grows_by_the_dense_gradient_and_breaks_ties_at_random():
+    # Regrowth by gradient and by index differ here: the largest dense gradients sit at the end.
+    w = np.array([3.0, 0.5, 0.0, 0.0, 2.0, 1.0, 0.0, 0.0], np.float32)
+    g = np.array([0.1, 0.1, 0.01, 0.02, 0.1, 0.1, -4.0, 3.0], np.float32)
+    m = np.array([1, 1, 0, 0, 1, 1, 0, 0], np.uint8)
+    assert dc.rigl_update(m, w, g, 0.5, 0.5, 11) == (2, 2, 4)
+    assert m.tolist() == [1, 0, 0, 0, 1, 0, 1, 1]
+    # Ties (all-equal weights): the pruned set depends on the seed only, never on the index.
+    a, b = np.ones(1000, np.uint8), np.ones(1000, np.uint8)
+    ones = np.ones(1000, np.float32)
+    dc.rigl_update(a, ones, ones * 0, 0.5, 0.0, dc.rigl_tie_seed(1, 100, 0))
+    dc.rigl_update(b, ones, ones * 0, 0.5, 0.0, dc.rigl_tie_seed(1, 100, 0))
+    assert np.array_equal(a, b) and 200 < int(a[:500].sum()) < 300
 
 
 def test_rank_follows_noise_scale():

@@ -16,10 +16,12 @@
 
 namespace dra::compress {
 
-/// One gradient tensor: contiguous floats and their shape (row-major).
+/// One gradient tensor: contiguous floats and their shape (row-major), and the parameter's own
+/// values for a codec that reads them (the `masked` codec's RigL masks; others ignore it).
 struct tensor_ref {
   float* data = nullptr;
   std::vector<std::int64_t> shape;
+  const float* weights = nullptr;
   std::size_t size() const {
     std::size_t n = 1;
     for (auto d : shape) n *= static_cast<std::size_t>(d);
@@ -62,6 +64,14 @@ struct writer {
     const auto* p = reinterpret_cast<const std::uint8_t*>(v.data());
     out.insert(out.end(), p, p + v.size() * sizeof(float));
   }
+  /// A 0/1 vector, eight entries a byte.
+  void put_bits(const std::vector<std::uint8_t>& v) {
+    put<std::uint64_t>(v.size());
+    std::vector<std::uint8_t> packed((v.size() + 7) / 8, 0);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (v[i]) packed[i / 8] = static_cast<std::uint8_t>(packed[i / 8] | (1u << (i % 8)));
+    out.insert(out.end(), packed.begin(), packed.end());
+  }
 };
 struct reader {
   const std::vector<std::uint8_t>& in;
@@ -87,6 +97,14 @@ struct reader {
     std::vector<float> v(n);
     std::memcpy(v.data(), in.data() + pos, n * sizeof(float));
     pos += n * sizeof(float);
+    return v;
+  }
+  std::vector<std::uint8_t> get_bits() {
+    const auto n = get<std::uint64_t>();
+    need((n + 7) / 8);
+    std::vector<std::uint8_t> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = (in[pos + i / 8] >> (i % 8)) & 1u;
+    pos += (n + 7) / 8;
     return v;
   }
   void need(std::size_t n) const {
@@ -158,6 +176,20 @@ class gradient_codec {
   /// Reduces `grads` in place to their (approximate) mean over the world. Every rank calls it with
   /// tensors of the same shapes in the same order.
   virtual void reduce(std::vector<tensor_ref>& grads, collective& world) = 0;
+  /// The same, with `n` values at `exact` summed over the world alongside, uncompressed (the
+  /// controller's loss and sample count ride with the gradients so). A codec packs them into its
+  /// first all-reduce, saving a round trip per step; the others sum them apart afterwards.
+  void reduce_with(std::vector<tensor_ref>& grads, collective& world, float* exact, std::size_t n) {
+    exact_ = {exact, n};
+    try {
+      reduce(grads, world);
+    } catch (...) {
+      exact_ = {};
+      throw;
+    }
+    if (exact_.size > 0) world.allreduce_sum(exact_.data, exact_.size);  // no all-reduce took them
+    exact_ = {};
+  }
   const byte_counter& bytes() const noexcept { return bytes_; }
   void reset_bytes() noexcept { bytes_ = {}; }
   std::int64_t steps() const noexcept { return steps_; }
@@ -230,6 +262,24 @@ class gradient_codec {
   static void check_world(const collective& world) {
     if (world.world_size() < 1) dra::detail::throw_invalid("world", "world_size must be >= 1");
   }
+  /// Appends the values riding along (reduce_with) to the buffer of the codec's first all-reduce;
+  /// returns where they start (exact_ then waits for ride_back).
+  std::size_t ride_along(std::vector<float>& buf) const {
+    const std::size_t at = buf.size();
+    buf.insert(buf.end(), exact_.data, exact_.data + exact_.size);
+    return at;
+  }
+  /// Copies the summed values back from that buffer after its all-reduce.
+  void ride_back(const std::vector<float>& buf, std::size_t at) {
+    std::copy(buf.begin() + static_cast<std::ptrdiff_t>(at),
+              buf.begin() + static_cast<std::ptrdiff_t>(at + exact_.size), exact_.data);
+    exact_ = {};
+  }
+  struct exact_values {
+    float* data = nullptr;
+    std::size_t size = 0;
+  };
+  exact_values exact_;
 
   byte_counter bytes_;
   std::int64_t steps_ = 0;

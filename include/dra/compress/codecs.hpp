@@ -6,23 +6,27 @@
 // world change: docs/design/sustainable.md.
 #include "dra/compress/codec.hpp"
 #include "dra/compress/powersgd.hpp"
+#include "dra/compress/rigl.hpp"
 
 namespace dra::compress {
 
-/// Uncompressed: one fp32 all-reduce of everything (the baseline).
+/// Uncompressed: one fp32 all-reduce of everything, packed (the baseline).
 class fp32_codec final : public gradient_codec {
  public:
   std::string name() const override { return "fp32"; }
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
     check_world(world);
+    std::vector<float> buf;
+    for (const auto& g : grads) buf.insert(buf.end(), g.data, g.data + g.size());
+    bytes_.sent += 4 * buf.size();
+    bytes_.dense += 4 * buf.size();
+    const std::size_t at = ride_along(buf);
+    world.allreduce_sum(buf.data(), buf.size());
+    ride_back(buf, at);
     const float inv = 1.0f / static_cast<float>(world.world_size());
-    for (auto& g : grads) {
-      const std::size_t n = g.size();
-      world.allreduce_sum(g.data, n);
-      for (std::size_t i = 0; i < n; ++i) g.data[i] *= inv;
-      bytes_.sent += 4 * n;
-      bytes_.dense += 4 * n;
-    }
+    std::size_t k = 0;
+    for (auto& g : grads)
+      for (std::size_t i = 0; i < g.size(); ++i) g.data[i] = buf[k++] * inv;
     ++steps_;
   }
 };
@@ -37,22 +41,27 @@ class half_codec final : public gradient_codec {
   std::string name() const override { return format_ == format::fp16 ? "fp16" : "bf16"; }
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
     check_world(world);
-    const float inv = 1.0f / static_cast<float>(world.world_size());
+    std::vector<float> buf;
     for (std::size_t t = 0; t < grads.size(); ++t) {
-      auto& g = grads[t];
+      const auto& g = grads[t];
       const std::size_t n = g.size();
       auto& err = error_for(t, n);
       for (std::size_t i = 0; i < n; ++i) {
         const float want = g.data[i] + err[i];
         const float sent = round(want);
         err[i] = want - sent;
-        g.data[i] = sent;
+        buf.push_back(sent);
       }
-      world.allreduce_sum(g.data, n);
-      for (std::size_t i = 0; i < n; ++i) g.data[i] *= inv;
       bytes_.sent += 2 * n;
       bytes_.dense += 4 * n;
     }
+    const std::size_t at = ride_along(buf);
+    world.allreduce_sum(buf.data(), buf.size());
+    ride_back(buf, at);
+    const float inv = 1.0f / static_cast<float>(world.world_size());
+    std::size_t k = 0;
+    for (auto& g : grads)
+      for (std::size_t i = 0; i < g.size(); ++i) g.data[i] = buf[k++] * inv;
     ++steps_;
   }
   float round(float x) const {
@@ -65,9 +74,9 @@ class half_codec final : public gradient_codec {
 
 /// Sparse with a mask every rank agrees on: only the kept entries travel, packed; the result on
 /// kept entries is exactly the masked dense all-reduce; dropped entries are zero in the output and
-/// (with error feedback) carried to later steps. The mask is set from outside (dynamic
-/// sparsification derives it from all-reduced values), or drawn each step from a seed shared by all
-/// ranks (random-k) when `keep_fraction` is given.
+/// (with error feedback) carried to later steps. The mask is drawn each step from a seed shared by
+/// all ranks (random-k, spec "random:<keep fraction>") when `keep_fraction` is given, else set by
+/// hand with set_masks (C++ only; the spec "masked" is rigl.hpp's codec, whose masks are RigL's).
 class masked_codec final : public gradient_codec {
  public:
   /// keep_fraction in (0, 1]: a fresh random mask per step from (seed, step); 0: use set_mask().
@@ -77,7 +86,7 @@ class masked_codec final : public gradient_codec {
       dra::detail::throw_invalid(
           "keep_fraction", "must lie in [0, 1] (0: masks set with set_mask), got " + std::to_string(keep_fraction));
   }
-  std::string name() const override { return "masked"; }
+  std::string name() const override { return keep_ > 0.0 ? "random" : "set_masks"; }
   /// Masks per tensor (1 keep, 0 drop); every rank must set the same ones.
   void set_masks(std::vector<std::vector<std::uint8_t>> masks) { masks_ = std::move(masks); }
   const std::vector<std::vector<std::uint8_t>>& masks() const noexcept { return masks_; }
@@ -112,8 +121,10 @@ class masked_codec final : public gradient_codec {
       }
       bytes_.dense += 4 * n;
     }
-    if (!packed.empty()) world.allreduce_sum(packed.data(), packed.size());
     bytes_.sent += 4 * packed.size();
+    const std::size_t at = ride_along(packed);
+    if (!packed.empty()) world.allreduce_sum(packed.data(), packed.size());
+    ride_back(packed, at);
     const float inv = 1.0f / static_cast<float>(world.world_size());
     std::size_t k = 0;
     for (std::size_t t = 0; t < grads.size(); ++t) {
@@ -201,8 +212,10 @@ class topk_codec final : public gradient_codec {
 };
 
 /// Builds a codec from a spec string: "fp32", "fp16", "bf16", "powersgd:4", "topk:0.01",
-/// "random:0.1" (masked, random-k from a shared seed), "masked" (masks from set_masks).
-inline std::unique_ptr<gradient_codec> make_codec(const std::string& spec, std::uint64_t seed = 0) {
+/// "random:0.1" (random-k from a shared seed), "masked" or "masked:<max sparsity>" (sparse
+/// training's sync, rigl.hpp, configured by `sparsity`; the number overrides its max_sparsity).
+inline std::unique_ptr<gradient_codec> make_codec(const std::string& spec, std::uint64_t seed = 0,
+                                                  rigl_config sparsity = {}) {
   const auto colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
   const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
@@ -223,10 +236,18 @@ inline std::unique_ptr<gradient_codec> make_codec(const std::string& spec, std::
   if (kind == "powersgd") return std::make_unique<powersgd_codec>(static_cast<int>(number(4.0)), seed);
   if (kind == "topk") return std::make_unique<topk_codec>(number(0.01));
   if (kind == "random") return std::make_unique<masked_codec>(number(0.1), seed);
-  if (kind == "masked") return std::make_unique<masked_codec>(0.0, seed);
-  dra::detail::throw_invalid(
-      "codec", "unknown codec '" + spec +
-                   "'; use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction> or masked");
+  if (kind == "masked") {
+    if (!arg.empty()) sparsity.max_sparsity = number(0.9);
+    try {
+      return std::make_unique<masked_sync_codec>(sparsity, seed);
+    } catch (const std::invalid_argument& e) {
+      dra::detail::throw_invalid("codec", "'" + spec + "': " + e.what());
+    }
+  }
+  dra::detail::throw_invalid("codec",
+                             "unknown codec '" + spec +
+                                 "'; use fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction> or "
+                                 "masked[:<max sparsity>]");
 }
 
 }  // namespace dra::compress

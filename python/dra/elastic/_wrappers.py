@@ -103,7 +103,22 @@ class ElasticOptimizer(_Guarded):
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         self._controller._complete_handoff()
-        return super().step(*args, **kwargs)
+        out = super().step(*args, **kwargs)
+        self._zero_pruned_state()
+        return out
+
+    def _zero_pruned_state(self) -> None:
+        """``compress="masked"``: the pruned weights and their optimizer state (momentum, Adam's
+        moments) are zeroed, so a connection RigL grows later starts from zero, as in RigL."""
+        pairs = self._controller._sparsity_masks()
+        if not pairs:
+            return
+        state = getattr(self._inner, "state", {})
+        with torch.no_grad():
+            for param, mask in pairs:
+                for value in state.get(param, {}).values():
+                    if torch.is_tensor(value) and value.shape == param.shape:
+                        value.mul_(mask)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

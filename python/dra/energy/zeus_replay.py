@@ -37,7 +37,7 @@ import csv
 import io
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -105,10 +105,25 @@ class Trace:
         return eta * tpe * watts * n + (1 - eta) * n * self.max_power * tpe
 
 
+def default_batch(job: ZeusJob, gpu: str, root: Path | None = None) -> int:
+    """The user's batch size b0 on `gpu`, as Zeus's own trace-driven runs set it
+    (``get_job_with_defaults`` in Zeus's ``examples/research_reproducibility/zeus_nsdi23/run_alibaba.py``):
+    the paper's b0, capped at the largest batch size the GPU's power trace holds for the dataset
+    (a smaller GPU's memory fits less: P100's traces stop below some of the paper's b0)."""
+    root = root or data_dir()
+    with open(root / f"summary_power_{gpu}.csv", newline="") as f:
+        sizes = [int(row["batch_size"]) for row in csv.DictReader(f) if row["dataset"] == job.dataset]
+    if not sizes:
+        raise ValueError(f"{job.name}: no {gpu} power trace for dataset {job.dataset}")
+    return min(job.default_bs, max(sizes))
+
+
 def load_trace(job: ZeusJob, gpu: str = "v100", root: Path | None = None) -> Trace:
+    """One job's traces on `gpu`; `job.default_bs` becomes that GPU's b0 (default_batch)."""
     if gpu not in GPUS:
         raise ValueError(f"gpu '{gpu}': use one of {', '.join(GPUS)}")
     root = root or data_dir()
+    job = replace(job, default_bs=default_batch(job, gpu, root))
     epochs: dict[int, list[float]] = {}
     with open(root / "summary_train.csv", newline="") as f:
         for row in csv.DictReader(f):
@@ -410,6 +425,7 @@ def replay_job(job: ZeusJob, gpu: str, eta: float, beta: float, seeds: list[int]
     for name, per_seed in rows.items():
         agg = {k: statistics.fmean(r[k] for r in per_seed) for k in per_seed[0] if not k.startswith("final")}
         agg["final"] = [(r["final_bs"], r["final_pl"], r["final_world"]) for r in per_seed]
+        agg["per_seed_last"] = [r["energy_j_last"] for r in per_seed]
         agg["energy_saving_last"] = 1 - agg["energy_j_last"] / d.energy_j
         agg["energy_saving_all"] = 1 - agg["energy_j_all"] / d.energy_j
         agg["cost_saving_last"] = 1 - agg["cost_last"] / default_cost

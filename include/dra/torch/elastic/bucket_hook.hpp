@@ -8,15 +8,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "dra/signals/convergence_estimator.hpp"
 #include "dra/torch/comm/communicator.hpp"
 
 namespace dra::elastic {
 
 /// Where each parameter's gradient lies in a bucket's flat tensor: in layout order (the reverse of
-/// the parameter order), `offsets[i]` elements in, of shape `shapes[i]`.
+/// the parameter order), `offsets[i]` elements in, of shape `shapes[i]`; `params[i]` is the
+/// parameter itself (its values, for a hook that reads them: the `masked` codec's RigL masks).
 struct bucket_layout {
   std::vector<std::int64_t> offsets;
   std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<at::Tensor> params;
 };
 
 /// What a hook's own state does when the world changes (docs/guide/sage.md, "Rule on a world change").
@@ -58,6 +61,9 @@ class bucket_hook {
   virtual void load_shared_state(const std::vector<std::uint8_t>& /*bytes*/) {}
   /// Called on every member once a world change is complete (after the state handoff).
   virtual void world_changed(hook_transition /*how*/) {}
+  /// Called on every member at each committed step's boundary, after the optimizer step, with the
+  /// controller's signals (a sparsity hook zeroes the pruned weights here and follows the phase).
+  virtual void step_committed(const signals::convergence_signals& /*signals*/) {}
   virtual hook_bytes bytes() const { return {}; }
 };
 

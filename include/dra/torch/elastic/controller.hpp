@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dra/compress/sparsity.hpp"
 #include "dra/elastic/sampler.hpp"
 #include "dra/energy/energy.hpp"
 #include "dra/engine.hpp"
@@ -121,9 +122,13 @@ struct controller_options {
   /// Extra configuration every process must agree on (Python adds its own options here).
   std::string config_fingerprint;
   /// Gradient compression in the bucketed reduction (codec_hook.hpp): "" (a plain all-reduce),
-  /// "fp32", "fp16", "bf16", "powersgd:<rank>", "topk:<fraction>" or "random:<keep fraction>".
+  /// "fp32", "fp16", "bf16", "powersgd:<rank>", "topk:<fraction>", "random:<keep fraction>" or
+  /// "masked[:<max sparsity>]" (sparse training: RigL masks, configured by `sparsity`).
   /// Every process must give the same (checked at start and admission).
   std::string compress;
+  /// How `masked`'s masks move: max sparsity, update interval, swap fraction, end step, and the
+  /// target's rule (the convergence phase, or a cubic ramp).
+  compress::rigl_config sparsity;
   /// Test hook: called at each phase of every world change (also while the constructor forms the
   /// first world), so tests can kill a process inside a resize.
   phase_hook_fn phase_hook;
