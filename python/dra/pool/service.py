@@ -162,7 +162,7 @@ class PoolService:
         removed: list[int] = []
         for name, j in self.jobs.items():
             rec = j["info"].get("launcher")
-            if j["state"] in ("waiting", "running") and rec and name not in self.launchers:
+            if j["state"] in ("waiting", "running") and rec and rec.get("pid") and name not in self.launchers:
                 # Its launcher ended while no daemon was there: its workers went with it.
                 self._end(name, "failed", f"its launcher (pid {rec.get('pid')}) ended while the pool daemon was away",
                           removed, now)
