@@ -162,10 +162,16 @@ class PoolService:
         removed: list[int] = []
         for name, j in self.jobs.items():
             rec = j["info"].get("launcher")
-            if j["state"] in ("waiting", "running") and rec and rec.get("pid") and name not in self.launchers:
-                # Its launcher ended while no daemon was there: its workers went with it.
+            if not rec or not rec.get("pid") or name in self.launchers:
+                continue
+            if j["state"] == "running":  # its launcher ended while no daemon was there: its workers went with it
                 self._end(name, "failed", f"its launcher (pid {rec.get('pid')}) ended while the pool daemon was away",
                           removed, now)
+            elif j["state"] == "waiting":  # nothing of it ran yet: it gets a launcher again
+                for l in self.book.of_job(name):
+                    self._release(l.id, "its launcher is gone", removed)
+                del j["info"]["launcher"]
+                self._save_job(name)
         if removed:
             self._save_leases([], removed)
 
