@@ -98,13 +98,15 @@ void bind_pool(py::module_& root) {
       .def("__len__", &lease_book::size);
 
   py::class_<job_entry>(m, "JobEntry", "A job as the scheduler sees it.")
-      .def(py::init([](request r, double submitted_at, std::int64_t order) {
-             return job_entry{std::move(r), submitted_at, order};
+      .def(py::init([](request r, double submitted_at, std::int64_t order, int urgent_size) {
+             return job_entry{std::move(r), submitted_at, order, urgent_size};
            }),
-           py::arg("request"), py::arg("submitted_at"), py::arg("order"))
+           py::arg("request"), py::arg("submitted_at"), py::arg("order"), py::arg("urgent_size") = 0)
       .def_readwrite("request", &job_entry::req)
       .def_readwrite("submitted_at", &job_entry::submitted_at)
-      .def_readwrite("order", &job_entry::order);
+      .def_readwrite("order", &job_entry::order)
+      .def_readwrite("urgent_size", &job_entry::urgent_size,
+                     "Inference whose SLO is at risk: the replicas it needs now, served before admission.");
 
   py::class_<grant_order>(m, "GrantOrder")
       .def_readonly("job", &grant_order::job)

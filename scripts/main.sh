@@ -6,7 +6,8 @@ cd "$root"
 "$root/scripts/setup.sh"
 # The main job: the device pool at work on this machine (needs root for the cgroup CPU slots):
 # three training jobs arriving over time and an inference service replaying the Azure LLM
-# inference trace share 4 CPU slots, run static (requested slots for life, FCFS; inference sized
-# for its peak) and dynamic (dra's pool). Extra arguments go to it (e.g. --out DIR). The digits
+# inference trace share 4 CPU slots, run under the operator's static baseline (requests held for
+# life, priority FCFS with backfilling; inference sized for its peak) and dynamic (dra's pool).
+# Extra arguments go to it (e.g. --out DIR, --modes static_naive,static,dynamic). The digits
 # elastic example is examples/digits_elastic.py; the single-process tour examples/digits_single.py.
 exec .venv/bin/python examples/pool/pool_at_work.py "$@"

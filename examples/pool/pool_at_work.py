@@ -1,29 +1,37 @@
 """The device pool at work (the main job): training jobs and an inference service sharing CPU
-slots on this machine, run static and dynamic side by side.
+slots on this machine, run under the operator's static baseline and under dra's dynamic pool,
+side by side.
 
     .venv/bin/python examples/pool/pool_at_work.py --out outputs/pool
 
-A pool of 4 CPU slots (cgroups: a hard quota of half a core each, pinned to a core, 2 GB each).
-The same work runs twice:
+A pool of 4 CPU slots (cgroups: a hard quota of a quarter core each, pinned to a core, 2 GB each,
+and a cpu.shares that reserves that quota against the machine's other processes; the rest of the
+machine runs the daemon, the launchers and the inference front end). The same work runs in every
+mode:
 
-- three real training jobs on scikit-learn's bundled data, of different shapes, arriving over
-  time: a CNN on digits (asks for 2 slots), an MLP on digits (2 slots, arrives later), a small MLP
-  on breast-cancer data (1 slot, rigid, high priority, arrives last); each trains a fixed sample
-  budget with a fixed global batch;
-- an inference service serving a small language-model-shaped network to the request arrivals
-  and sizes of the Azure LLM inference trace (code service, 2023; CC-BY-4.0, data/ holds the copy
-  and its attribution), thinned and time-compressed.
+- three real training jobs on scikit-learn's bundled data, arriving over time, each training a
+  fixed sample budget with a fixed global batch, compute-bound on one thread (they use all of their
+  slots' quota): a CNN on digits (1-2 slots), an MLP on digits (1-2 slots), a small MLP on
+  breast-cancer data (1 slot, rigid, high priority);
+- an inference service (high priority, 1-2 replicas) serving a small language-model-shaped
+  network to the request arrivals and sizes of the Azure LLM inference trace (code service, 2023;
+  CC-BY-4.0, data/ holds the copy and its attribution), thinned and time-compressed. Its front end
+  talks JSON lines to its replicas over a Unix socket whose peer credentials it checks.
 
-static:  each job holds its requested slots for its whole life, first come first served (with
-         backfilling); the inference service holds enough replicas for its peak.
-dynamic: the pool (dra): jobs start at their minimum, the cluster arbiter re-plans every second
-         from each job's live throughput, the inference service's replicas follow its load with
-         hysteresis, a high-priority job shrinks a lower one in place.
+static:        the operator's baseline, as a batch scheduler would run it: each job holds its
+               request (max_size: the same maximum sizes as dynamic, each fitting the pool) for its
+               whole life, by priority then arrival, with backfilling; the inference service holds
+               the replicas its peak needs.
+static_naive:  the same, first come first served (priorities ignored): the first baseline.
+dynamic:       dra's pool: the inference service's scaling comes first (a training job shrinks in
+               place when its SLO is at risk), jobs are admitted on their request and resized in
+               place by the cluster arbiter from their live throughput.
 
-Reported per job: JCT, queueing, training time, accuracy; pool utilisation from the slots' cgroup
-CPU accounting (measured); inference p50/p99 latency, SLO attainment and replica-seconds; the
-moves made. Writes gantt-static.png, gantt-dynamic.png, events-*.jsonl, summary.json; the last
-line is ``outputs: <dir>``.
+Reported per job: JCT split into queueing (submitted to first lease), cold start (first lease to
+first step) and training; accuracy. Pool utilisation from the slots' cgroup CPU accounting over
+the makespan against their quota, with how often the quota bound (throttled periods); inference
+p50/p99 latency, SLO attainment and replica-seconds; the host's load. Writes gantt-<mode>.png,
+events-<mode>.jsonl, summary.json; the last line is ``outputs: <dir>``.
 """
 
 from __future__ import annotations
@@ -32,12 +40,15 @@ import argparse
 import csv
 import json
 import os
+import shutil
+import socket
+import struct
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from datetime import datetime
-from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
@@ -61,20 +72,25 @@ def load_trace(path: Path, duration_s: float, thin: int, ctx_div: int, gen_cap: 
 
 class Frontend:
     """The inference service's front: replays the trace, queues requests, hands each to an idle
-    replica, measures latency (arrival to answer). Replicas connect to it; one that goes away
-    has its request re-queued at the front."""
+    replica, measures latency (arrival to answer). Replicas connect to its Unix socket (a private
+    directory; a peer running as another user is turned away) and speak JSON lines; one that goes
+    away has its request re-queued at the front."""
 
     def __init__(self, trace: list[tuple[float, int, int]], pool: Any, job: str, slo_s: float) -> None:
         self.trace = trace
         self.pool, self.job, self.slo_s = pool, job, slo_s
-        self.listener = Listener(("127.0.0.1", 0), authkey=b"dra")
-        self.address = "{}:{}".format(*self.listener.address)
+        self.dir = tempfile.mkdtemp(prefix="dra-serve-")  # 0700: only this user reaches the socket
+        self.address = os.path.join(self.dir, "frontend.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.address)
+        self.listener.listen(16)
         self.queue: deque[dict[str, Any]] = deque()
         self.cv = threading.Condition()
         self.latencies: list[float] = []
         self.compute: deque[float] = deque(maxlen=100)  # replicas' compute time per request (measured)
         self.arrivals: deque[float] = deque()
         self.replicas = 0
+        self.refused = 0
         self.stopping = False
         self.done_replaying = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -82,15 +98,26 @@ class Frontend:
     def _accept(self) -> None:
         while not self.stopping:
             try:
-                conn = self.listener.accept()
+                conn, _ = self.listener.accept()
             except OSError:
                 return
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+            if uid != os.geteuid():
+                self.refused += 1
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
-    def _serve(self, conn: Any) -> None:
+    @staticmethod
+    def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
+        conn.sendall((json.dumps(msg) + "\n").encode())
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
         try:
-            conn.recv()  # hello
-        except (EOFError, OSError):
+            if not reader.readline(1 << 16):  # hello
+                return
+        except OSError:
             return
         with self.cv:
             self.replicas += 1
@@ -100,13 +127,19 @@ class Frontend:
                     while not self.queue and not self.stopping:
                         self.cv.wait(0.2)
                     if self.stopping:
-                        conn.send({"stop": True})
+                        try:
+                            self._send(conn, {"stop": True})
+                        except OSError:
+                            pass
                         return
                     req = self.queue.popleft()
                 try:
-                    conn.send({"id": req["id"], "ctx": req["ctx"], "gen": req["gen"]})
-                    answer = conn.recv()
-                except (EOFError, OSError):
+                    self._send(conn, {"id": req["id"], "ctx": req["ctx"], "gen": req["gen"]})
+                    line = reader.readline(1 << 16)
+                    if not line:
+                        raise EOFError
+                    answer = json.loads(line)
+                except (EOFError, OSError, ValueError):
                     with self.cv:
                         self.queue.appendleft(req)
                         self.cv.notify()
@@ -117,6 +150,7 @@ class Frontend:
         finally:
             with self.cv:
                 self.replicas -= 1
+            conn.close()
 
     def replay(self, t0: float) -> None:
         for i, (at, ctx, gen) in enumerate(self.trace):
@@ -155,6 +189,7 @@ class Frontend:
             self.stopping = True
             self.cv.notify_all()
         self.listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def calibrate(ctx_div: int, trace: list[tuple[float, int, int]], slot_cpus: float) -> float:
@@ -182,6 +217,34 @@ def percentile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
+class LoadSampler:
+    """The host's load average (1 min) every second, to show beside the Gantt chart."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.samples.append((time.time(), os.getloadavg()[0]))
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        return self.samples
+
+
+def first_step(out: Path) -> float | None:
+    """The time of a job's first committed step (its workers append it to first_steps.jsonl)."""
+    path = out / "first_steps.jsonl"
+    if not path.exists():
+        return None
+    return min(json.loads(x)["time"] for x in path.read_text().splitlines() if x.strip())
+
+
+JOBS = ["serve", "cnn-digits", "mlp-digits", "mlp-cancer"]  # the colour order of every chart
+
+
 def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, int]], replica_rps: float,
              out: Path) -> dict[str, Any]:
     from dra.pool.gantt import plot
@@ -191,7 +254,9 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
     state = out / mode
     for f in ("events.jsonl", "pool.sqlite", "pool.sqlite-wal", "pool.sqlite-shm"):
         (state / f).unlink(missing_ok=True)
-    svc = make_service(f"slots:{args.slots}", state, mode=mode, name=f"main-{mode}-{os.getpid()}",
+    for name in JOBS:
+        shutil.rmtree(state / name, ignore_errors=True)
+    svc = make_service(f"slots:{args.slots}x{args.slot_cpus:g}", state, mode=mode, name=f"main-{mode}-{os.getpid()}",
                        scale_every_s=1.0, heartbeat_timeout_s=3.0)
     server = PoolServer(svc).start()
     client = PoolClient(server.url)
@@ -200,8 +265,8 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
     common = {"cwd": str(ROOT), "preload": preload, "log": str(state / "logs")}
     py = sys.executable
     train = str(HERE / "train.py")
-    jobs = [  # (arrival s, spec): requests as a user would write them; static holds max_size (the request)
-        (0.0, {"name": "cnn-digits", "min_size": 1, "max_size": 3, "priority": "normal",
+    jobs = [  # (arrival s, spec): requests as a user would write them; the baselines hold max_size for life
+        (0.0, {"name": "cnn-digits", "min_size": 1, "max_size": 2, "priority": "normal",
                "command": [py, train, "--model", "cnn", "--data", "digits", "--epochs", str(args.epochs_cnn),
                            "--global-batch", "128", "--lr", "0.05", "--out", str(state / "cnn-digits")]}),
         (args.gap_s, {"name": "mlp-digits", "min_size": 1, "max_size": 2, "priority": "normal",
@@ -212,8 +277,6 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
                                       str(args.epochs_small), "--global-batch", "64", "--lr", "0.02",
                                       "--out", str(state / "mlp-cancer")]}),
     ]
-    if mode == "static":  # the request is what static holds for life
-        jobs[0][1]["min_size"] = jobs[0][1]["max_size"] = args.cnn_request
     frontend = Frontend(trace, client, "serve", args.slo_s)
     serve_spec = {"name": "serve", "kind": "inference", "min_size": 1, "max_size": args.peak_replicas,
                   "priority": "high", "env": {"DRA_SERVICE": frontend.address}, "zygote": True,
@@ -221,15 +284,15 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
                   "autoscale": {"replica_rps": replica_rps, "up_utilisation": 0.5, "target_utilisation": 0.4,
                                 "down_utilisation": 0.15, "down_delay_s": 15.0, "queue_per_replica": 4.0},
                   "cwd": str(ROOT), "log": str(state / "logs")}
-    if mode == "static":
-        serve_spec["min_size"] = args.peak_replicas  # sized for the peak, all the time
     client.submit(serve_spec)
-    # The clock starts when the service is up (its replicas connected), in both modes alike.
+    # The clock starts when the service is up (its first replicas connected), in every mode alike.
     ready_by = time.time() + 120
-    while frontend.replicas < serve_spec["min_size"] and time.time() < ready_by:
+    want = serve_spec["min_size"] if mode == "dynamic" else serve_spec["max_size"]
+    while frontend.replicas < want and time.time() < ready_by:
         time.sleep(0.1)
     usage0 = svc.slots.usage_all() if svc.slots else {}
-    load0 = os.getloadavg()[0]
+    throttle0 = {s: svc.slots.throttling(s) for s in svc.slots.specs} if svc.slots else {}
+    load = LoadSampler()
     t0 = time.time()
     threading.Thread(target=frontend.report_loop, daemon=True).start()
     replay = threading.Thread(target=frontend.replay, args=(t0,), daemon=True)
@@ -249,10 +312,10 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
             last = now
             workers = " ".join(f"{j['name']}={j['workers']}" for j in st["jobs"] if j["state"] in ("waiting", "running"))
             print(f"[pool {mode}] t={now:5.0f}s {workers} inference p99 so far "
-                  f"{percentile(frontend.latencies, 0.99):.3f}s", flush=True)
+                  f"{percentile(frontend.latencies, 0.99):.3f}s, host load {os.getloadavg()[0]:.1f}", flush=True)
         if frontend.drained() and not frontend.stopping:
-            # The service ends with its traffic (in both modes): its replicas exit, its slots
-            # return to the pool, and its replica-seconds cover the same trace in both modes.
+            # The service ends with its traffic (in every mode): its replicas exit, its slots
+            # return to the pool, and its replica-seconds cover the same trace in every mode.
             frontend.stop()
         if not pending and all(states.get(n) in ("finished", "failed", "cancelled") for n in names) and frontend.drained():
             break
@@ -262,6 +325,8 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
         time.sleep(0.5)
     end = time.time()
     usage1 = svc.slots.usage_all() if svc.slots else {}
+    throttle1 = {s: svc.slots.throttling(s) for s in svc.slots.specs} if svc.slots else {}
+    host_load = load.stop()
     if not frontend.stopping:
         frontend.stop()
     try:
@@ -273,34 +338,41 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
     makespan = end - t0
     used = sum(usage1.get(s, 0.0) - usage0.get(s, 0.0) for s in usage1)
     quota = sum(d["compute"] for d in st["devices"])
+    periods = sum(throttle1[s][0] - throttle0[s][0] for s in throttle1)
+    throttled = sum(throttle1[s][1] - throttle0[s][1] for s in throttle1)
     events = [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
     per_job = {}
     for name in names:
         j = next(x for x in st["jobs"] if x["name"] == name)
         result_path = state / name / "result.json"
         result = json.loads(result_path.read_text()) if result_path.exists() else {}
-        per_job[name] = {"state": j["state"], "jct_s": (j["finished_at"] or end) - j["submitted_at"],
-                         "queueing_s": (j["started_at"] or end) - j["submitted_at"],
-                         "training_s": (j["finished_at"] or end) - (j["started_at"] or end),
+        granted = j["first_grant_at"] or end
+        stepped = first_step(state / name) or granted
+        finished = j["finished_at"] or end
+        per_job[name] = {"state": j["state"], "jct_s": finished - j["submitted_at"],
+                         "queueing_s": granted - j["submitted_at"], "cold_start_s": max(0.0, stepped - granted),
+                         "training_s": finished - max(stepped, granted),
                          "accuracy": result.get("accuracy"), "resizes": result.get("resizes")}
     serve = next(x for x in st["jobs"] if x["name"] == "serve")
     lat = frontend.latencies
     replica_s = sum(e.get("held_s", 0.0) for e in events if e["event"] == "release" and e["job"] == "serve")
     moves = {k: sum(1 for e in events if e["event"] == k) for k in ("grant", "release", "preempt", "shrink", "plan")}
     png = plot(state / "events.jsonl", out / f"gantt-{mode}.png", title=f"{mode}: slots over time (measured)", t0=t0,
-               devices=[d["id"] for d in st["devices"]])
+               devices=[d["id"] for d in st["devices"]], jobs=JOBS, load=host_load, cores=os.cpu_count())
     (out / f"events-{mode}.jsonl").write_text((state / "events.jsonl").read_text())
+    loads = [v for _, v in host_load] or [os.getloadavg()[0]]
     return {
         "mode": mode, "makespan_s": makespan, "jobs": per_job,
         "avg_jct_s": sum(j["jct_s"] for j in per_job.values()) / len(per_job),
         "utilisation": used / (quota * makespan) if quota and makespan else float("nan"),
         "cpu_used_s": used, "cpu_quota_s": quota * makespan,
+        "quota_bound": throttled / periods if periods else 0.0,  # share of enforcement periods the quota held a slot back
         "inference": {"requests": len(trace), "served": len(lat), "p50_s": percentile(lat, 0.5),
                       "p99_s": percentile(lat, 0.99), "slo_s": args.slo_s,
                       "slo_attainment": sum(1 for x in lat if x <= args.slo_s) / max(1, len(trace)),
-                      "replica_seconds": replica_s, "state": serve["state"]},
+                      "replica_seconds": replica_s, "state": serve["state"], "refused_peers": frontend.refused},
         "moves": moves, "gantt": str(png),
-        "machine_load_1min": [load0, os.getloadavg()[0]],  # the host's load average at start and end (shared)
+        "host_load": {"mean": sum(loads) / len(loads), "max": max(loads), "cores": os.cpu_count()},
     }
 
 
@@ -308,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="outputs/pool")
     p.add_argument("--slots", type=int, default=4)
+    p.add_argument("--slot-cpus", type=float, default=0.25, help="each slot's CPU quota (cores)")
     p.add_argument("--trace-start-min", type=float, default=0.0, help="the trace window's start (minutes)")
     p.add_argument("--trace-minutes", type=float, default=60.0, help="the trace window's length (minutes)")
     p.add_argument("--duration-s", type=float, default=100.0, help="the trace window compressed into this")
@@ -316,53 +389,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen-cap", type=int, default=256)
     p.add_argument("--slo-s", type=float, default=1.0)
     p.add_argument("--peak-replicas", type=int, default=2)
-    p.add_argument("--cnn-request", type=int, default=2)
     p.add_argument("--gap-s", type=float, default=12.0, help="between training job arrivals")
     p.add_argument("--epochs-cnn", type=int, default=120)
     p.add_argument("--epochs-mlp", type=int, default=150)
     p.add_argument("--epochs-small", type=int, default=400)
     p.add_argument("--timeout-s", type=float, default=300.0)
-    p.add_argument("--modes", default="static,dynamic")
+    p.add_argument("--modes", default="static,dynamic", help="any of static, static_naive, dynamic (in that order)")
     args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in ("static", "static_naive", "dynamic")]
+    if bad:
+        p.error(f"--modes: unknown {bad[0]!r}; use static, static_naive, dynamic")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     trace = load_trace(TRACE, args.duration_s, args.thin, args.ctx_div, args.gen_cap, args.trace_minutes,
                        args.trace_start_min)
-    slot_cpus = len(os.sched_getaffinity(0)) / args.slots
-    replica_rps = calibrate(args.ctx_div, trace, slot_cpus)
+    replica_rps = calibrate(args.ctx_div, trace, args.slot_cpus)
     print(f"[pool] {len(trace)} inference requests over {args.duration_s:g} s (Azure code trace, every "
           f"{args.thin}th); one replica on a slot serves ~{replica_rps:.0f} req/s (estimated)", flush=True)
-    results = {m: run_mode(m, args, trace, replica_rps, out) for m in args.modes.split(",")}
+    results = {m: run_mode(m, args, trace, replica_rps, out) for m in modes}
     for m, r in results.items():
-        print(f"[pool {m}] machine load average (1 min) at start/end: {r['machine_load_1min'][0]:.1f} / "
-              f"{r['machine_load_1min'][1]:.1f} on {os.cpu_count()} cores (other processes share them)")
+        h = r["host_load"]
+        print(f"[pool {m}] host load average (1 min) over the run: mean {h['mean']:.1f}, max {h['max']:.1f} on "
+              f"{h['cores']} cores (other processes share them); slot quota bound in {100 * r['quota_bound']:.0f}% "
+              "of enforcement periods")
     summary: dict[str, Any] = {"label": "measured (real processes, cgroup CPU accounting), one run per mode",
                                "config": vars(args), "replica_rps_estimate": replica_rps, **results}
     if "static" in results and "dynamic" in results:
         s, d = results["static"], results["dynamic"]
         summary["comparison"] = {
+            "avg_jct_ratio": d["avg_jct_s"] / s["avg_jct_s"],
             "avg_jct_change": d["avg_jct_s"] / s["avg_jct_s"] - 1.0,
             "utilisation_points": 100 * (d["utilisation"] - s["utilisation"]),
+            "slo_points": 100 * (d["inference"]["slo_attainment"] - s["inference"]["slo_attainment"]),
             "accuracy_delta_points": {n: 100 * ((d["jobs"][n]["accuracy"] or 0) - (s["jobs"][n]["accuracy"] or 0))
                                       for n in s["jobs"]},
             "inference_replica_seconds_change": d["inference"]["replica_seconds"] / max(1e-9, s["inference"]["replica_seconds"]) - 1.0,
         }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"{'job':<12} {'mode':<8} {'JCT s':>7} {'queue s':>8} {'train s':>8} {'accuracy':>9}")
+    print(f"{'job':<12} {'mode':<13} {'JCT s':>7} {'queue s':>8} {'cold s':>7} {'train s':>8} {'accuracy':>9}")
     for m, r in results.items():
         for n, j in r["jobs"].items():
             acc = f"{100 * j['accuracy']:.2f}%" if j["accuracy"] is not None else "-"
-            print(f"{n:<12} {m:<8} {j['jct_s']:7.1f} {j['queueing_s']:8.1f} {j['training_s']:8.1f} {acc:>9}")
+            print(f"{n:<12} {m:<13} {j['jct_s']:7.1f} {j['queueing_s']:8.1f} {j['cold_start_s']:7.1f} "
+                  f"{j['training_s']:8.1f} {acc:>9}")
     for m, r in results.items():
         i = r["inference"]
-        print(f"{m}: avg JCT {r['avg_jct_s']:.1f} s, utilisation {100 * r['utilisation']:.1f}% (cgroup CPU), "
-              f"inference p50 {1000 * i['p50_s']:.0f} ms p99 {1000 * i['p99_s']:.0f} ms, SLO {i['slo_s']:g} s met "
-              f"{100 * i['slo_attainment']:.1f}%, replica-seconds {i['replica_seconds']:.0f}, moves {r['moves']}")
+        print(f"{m}: avg JCT {r['avg_jct_s']:.1f} s, utilisation {100 * r['utilisation']:.1f}% (cgroup CPU / slot "
+              f"quota), inference p50 {1000 * i['p50_s']:.0f} ms p99 {1000 * i['p99_s']:.0f} ms, SLO {i['slo_s']:g} s "
+              f"met {100 * i['slo_attainment']:.1f}%, replica-seconds {i['replica_seconds']:.0f}, moves {r['moves']}")
     if "comparison" in summary:
         c = summary["comparison"]
-        print(f"dynamic vs static: avg JCT {100 * c['avg_jct_change']:+.1f}%, utilisation "
-              f"{c['utilisation_points']:+.1f} points, inference replica-seconds {100 * c['inference_replica_seconds_change']:+.1f}%")
-    print(f"plots: {out / 'gantt-static.png'} {out / 'gantt-dynamic.png'}")
+        print(f"dynamic vs static: avg JCT x{c['avg_jct_ratio']:.2f} ({100 * c['avg_jct_change']:+.1f}%), utilisation "
+              f"{c['utilisation_points']:+.1f} points, SLO {c['slo_points']:+.1f} points, inference replica-seconds "
+              f"{100 * c['inference_replica_seconds_change']:+.1f}%")
+    print("plots: " + " ".join(str(out / f"gantt-{m}.png") for m in results))
     print(f"outputs: {out}")
     return 0
 

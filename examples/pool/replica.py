@@ -1,23 +1,29 @@
 """An inference replica for the device pool: serves a small language-model-shaped network.
 
 Started by ``dra run`` on a lease (its CPU slot's cgroup holds it to the slot's quota). It
-connects to the service's frontend (``DRA_SERVICE=host:port``), and for each request runs a
-prefill over the prompt (one batched forward over ``ContextTokens / ctx_div`` tokens) and a decode
-loop of ``GeneratedTokens`` single-token forwards, then answers with its compute time. It exits 0
-when the frontend says stop or goes away, or on SIGTERM (how its launcher asks it back for the
-pool): it finishes the request in hand, and only then exits.
+connects to the service's frontend on a Unix socket (``DRA_SERVICE=/path/to/socket``) and talks
+JSON lines, nothing else (no pickle): the frontend checks, from the socket's peer credentials,
+that the replica runs as the service's user, and the replica checks the frontend runs as its own
+user or root. For each request it runs a prefill over the prompt (one batched forward over
+``ContextTokens / ctx_div`` tokens) and a decode loop of ``GeneratedTokens`` single-token
+forwards, then answers with its compute time. It exits 0 when the frontend says stop or goes away,
+or on SIGTERM (how its launcher asks it back for the pool): it finishes the request in hand, and
+only then exits.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+import struct
 import time
-from multiprocessing.connection import Client
 
 import torch
 
 VOCAB, DIM, HIDDEN = 256, 128, 512
+MAX_LINE = 1 << 16
 
 
 def build() -> torch.nn.Module:
@@ -36,10 +42,17 @@ def serve_one(model: torch.nn.Module, ctx_tokens: int, gen_tokens: int) -> int:
     return int(token)
 
 
+def peer_uid(sock: socket.socket) -> int:
+    return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+
+
 def main() -> int:
-    host, port = os.environ["DRA_SERVICE"].rsplit(":", 1)
     model = build()
-    conn = Client((host, int(port)), authkey=os.environ.get("DRA_SERVICE_KEY", "dra").encode())
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.environ["DRA_SERVICE"])
+    if peer_uid(sock) not in (os.geteuid(), 0):
+        raise SystemExit(f"the frontend at {os.environ['DRA_SERVICE']} runs as uid {peer_uid(sock)}: not ours")
+    reader = sock.makefile("rb")
     busy = [False, False]  # serving a request now; asked to stop
 
     def stop(signum: int, frame: object) -> None:
@@ -48,18 +61,21 @@ def main() -> int:
             raise SystemExit(0)  # idle: nothing in hand, go now
 
     signal.signal(signal.SIGTERM, stop)
-    conn.send({"hello": os.environ.get("DRA_LEASE_ID", "?")})
+    sock.sendall((json.dumps({"hello": os.environ.get("DRA_LEASE_ID", "?")}) + "\n").encode())
     while not busy[1]:
         try:
-            msg = conn.recv()
-        except (EOFError, OSError):
+            line = reader.readline(MAX_LINE)
+        except OSError:
             return 0
+        if not line:
+            return 0
+        msg = json.loads(line)
         if msg.get("stop"):
             return 0
         busy[0] = True
         t = time.perf_counter()
-        serve_one(model, msg["ctx"], msg["gen"])
-        conn.send({"id": msg["id"], "compute_s": time.perf_counter() - t})
+        serve_one(model, int(msg["ctx"]), int(msg["gen"]))
+        sock.sendall((json.dumps({"id": msg["id"], "compute_s": time.perf_counter() - t}) + "\n").encode())
         busy[0] = False
     return 0
 

@@ -361,6 +361,58 @@ TEST_CASE("pool.scheduler.admission_to_the_request_when_nobody_waits") {
   CHECK(scheduler(off).admit(inv, {{req("a", 1, 3), 0.0, 0}}, empty, 0.0).grants.size() == 1);
 }
 
+TEST_CASE("pool.scheduler.inference_at_risk_first_before_admission_and_growth") {
+  const inventory inv = slots(4);
+  lease_book book;
+  const scheduler s;
+  request inf = req("serve", 1, 3, "normal");
+  inf.kind = "inference";
+  std::vector<job_entry> jobs{{inf, 0.0, 0}, {req("train", 1, 3), 0.0, 1}};
+  apply(inv, book, s.admit(inv, jobs, book, 0.0), 0.0);
+  CHECK(book.count("serve") == 1);
+  CHECK(book.count("train") == 3);  // admitted on its request: the pool is full
+  // The service's SLO is at risk (its autoscaler wants 2): with no free slot, an elastic training
+  // job of its own class shrinks in place for it; a training job waiting for admission (even of a
+  // higher class) does not get the slot that comes back.
+  jobs[0].urgent_size = 2;
+  jobs.push_back({req("late", 1, 1, "high", false), 1.0, 2});
+  plan p = s.admit(inv, jobs, book, 1.0);
+  REQUIRE(p.releases.size() == 2);  // one for the service, one for the high-priority admission
+  CHECK(p.releases[0].for_job == "serve");
+  CHECK(p.releases[1].for_job == "late");
+  apply(inv, book, p, 1.0);
+  CHECK(s.admit(inv, jobs, book, 1.5).empty());  // nothing preempted twice while they come back
+  const auto back = book.all();
+  for (const auto& l : back)
+    if (l.state == lease_state::releasing) book.release(l.id);
+  p = s.admit(inv, jobs, book, 2.0);
+  REQUIRE(p.grants.size() == 2);
+  CHECK(p.grants[0].job == "serve");
+  CHECK(p.grants[0].reason == "inference first");
+  CHECK(p.grants[1].job == "late");
+  apply(inv, book, p, 2.0);
+  // Never below a training job's minimum, never a rigid job: a third replica finds nothing to take.
+  jobs[0].urgent_size = 3;
+  p = s.admit(inv, jobs, book, 3.0);
+  CHECK(p.releases.empty());
+  CHECK(p.grants.empty());
+  // A free slot goes to the service at risk before the admission of a job waiting for it, even
+  // of a higher class.
+  lease_book b2;
+  std::vector<job_entry> two{{inf, 0.0, 0}, {req("big", 2, 2, "normal", false), 0.0, 1},
+                             {req("one", 1, 1, "normal", false), 0.0, 2}};
+  apply(inv, b2, s.admit(inv, two, b2, 0.0), 0.0);
+  CHECK(b2.count("big") == 2);
+  for (const auto& l : b2.of_job("one")) b2.release(l.id);  // "one" ended: one slot free
+  two.pop_back();
+  two.push_back({req("waits", 1, 1, "critical", false), 0.5, 3});
+  two[0].urgent_size = 2;
+  p = s.admit(inv, two, b2, 1.0);
+  REQUIRE(p.grants.size() == 1);
+  CHECK(p.grants[0].job == "serve");
+  CHECK(p.waiting == std::vector<std::string>{"waits"});
+}
+
 TEST_CASE("pool.scheduler.resize_releases_newest_and_grows_partially") {
   const inventory inv = slots(4);
   lease_book book;

@@ -1,7 +1,9 @@
 """The device pool with real parts: cgroup slots (CPU quota, affinity, accounting), SQLite state
-across a daemon restart, heartbeat reclaim and handover, the launcher supervising real elastic
-workers (a crash does not take the others down), preemption that shrinks a running job in place,
-the HTTP interface, the CLI, events and the Gantt plot."""
+across a daemon restart (one daemon per state, launchers adopted, jobs carrying on while the daemon
+is away), heartbeat reclaim and handover, the launcher supervising real elastic workers (a crash
+does not take the others down), preemption that shrinks a running job in place, typed request
+errors, bad jobs failing fast, the API on its Unix socket and on TCP with a token, the CLI, events
+and the Gantt plot. The attacks of another user are tests/python/test_pool_security.py."""
 
 from __future__ import annotations
 
@@ -39,13 +41,53 @@ def test_request_errors_name_the_field_and_nothing_is_allocated(tmp_path: Path) 
                             ({"name": "a", "fraction": 1.5}, "fraction"),
                             ({"name": "a", "min_size": 3, "max_size": 2}, "min_size"),
                             ({"name": "a", "priority": "urgent"}, "priority"),
-                            ({"name": "a", "colour": "red"}, "colour")]:
+                            ({"name": "a", "colour": "red"}, "colour"),
+                            ({"name": "a b"}, "name"),
+                            ({"min_size": 1}, "name"),
+                            ({"name": "a", "autoscale": {"down_utilisation": 0.9}}, "autoscale.down_utilisation"),
+                            ({"name": "a", "options": {"polcy": "none"}}, "options")]:
             with pytest.raises(ValueError, match=f"^{field}"):
+                svc.submit(spec)
+        # Types, with the same "field: problem; fix" (no binding internals, nothing half-read).
+        for spec, text in [({"name": "a", "min_size": "2"}, r"^min_size: must be an integer, got \"2\" \(a string\); write 2"),
+                           ({"name": "a", "max_size": 2.0}, r"^max_size: must be an integer, got 2\.0"),
+                           ({"name": "a", "elastic": "no"}, r"^elastic: must be true or false"),
+                           ({"name": "a", "command": "echo hi"}, r"^command: must be a list.*\[\"python\""),
+                           ({"name": "a", "command": ["python", 3]}, r"^command\[1\]: must be a string"),
+                           ({"name": "a", "env": {"N": 1}}, r"^env\.N: must be a string"),
+                           ({"name": "a", "env": {"1X": "v"}}, r"^env: .* is not a variable name"),
+                           ({"name": "a", "cwd": "relative/dir"}, r"^cwd: .*absolute path"),
+                           ({"name": "a", "autoscale": {"up_utilisation": "high"}}, r"^autoscale\.up_utilisation: must be a number"),
+                           ({"name": "a", "autoscale": {"speed": 1}}, r"^autoscale\.speed: unknown"),
+                           ("not an object", r"^spec: must be a JSON object")]:
+            with pytest.raises(ValueError, match=text):
                 svc.submit(spec)
         svc.tick()
         assert len(svc.book) == 0 and not svc.jobs
     finally:
         svc.close()
+
+
+def test_one_daemon_per_state_a_corrupt_state_is_named_and_drain_undone(tmp_path: Path) -> None:
+    svc = PoolService(declared(1), tmp_path / "s", launch_jobs=False)
+    try:
+        with pytest.raises(ValueError, match=r"^state: another pool daemon \(pid \d+\) serves"):
+            PoolService(declared(1), tmp_path / "s", launch_jobs=False)
+        svc.drain()
+        with pytest.raises(ValueError, match="draining"):
+            svc.submit({"name": "a"})
+        svc.undrain()
+        assert svc.submit({"name": "a"})["state"] == "waiting"
+    finally:
+        svc.close()
+    again = PoolService(declared(1), tmp_path / "s", launch_jobs=False)  # the lock went with the first one
+    again.close()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "pool.sqlite").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ValueError, match=r"^state: .*pool\.sqlite is not a readable pool state"):
+        PoolService(declared(1), bad, launch_jobs=False)
+    PoolService(declared(1), bad / "elsewhere", launch_jobs=False).close()  # the lock was released
 
 
 @pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
@@ -288,54 +330,184 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     assert png.stat().st_size > 5000
 
 
-def test_cli_serve_submit_status_cancel_drain(tmp_path: Path) -> None:
+def _serve(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dra", "pool", "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token(tmp_path: Path) -> None:
     inv = tmp_path / "inv.json"
     inv.write_text(json.dumps({"devices": [{"id": "g0", "type": "gpu-80gb", "memory_gb": 80,
                                             "enforcement": "cuda_visible_devices"}]}))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    serve = subprocess.Popen([sys.executable, "-m", "dra", "pool", "serve", "--inventory", str(inv), "--state",
-                              str(tmp_path / "state"), "--port", str(port), "--heartbeat-timeout-s", "120"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    state, port = tmp_path / "state", _free_port()
+    serve = _serve(tmp_path, "--inventory", str(inv), "--state", str(state), "--port", str(port),
+                   "--heartbeat-timeout-s", "120", "--orphan-limit-s", "10")
+    sock = f"unix:{state / 'pool.sock'}"
     try:
         assert "serving" in serve.stdout.readline()
 
-        def dra(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "dra", "pool", *args, "--pool", url], capture_output=True,
-                                  text=True, timeout=60)
+        def dra(*args: str, pool: str = sock) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "dra", "pool", *args, "--pool", pool], capture_output=True,
+                                  text=True, timeout=60, cwd=tmp_path)
 
-        r = dra("submit", "--name", "big", "--device-type", "gpu-80gb", "--memory-gb", "100")
+        r = dra("submit", "--name", "big", "--device-type", "gpu-80gb", "--memory-gb", "100", "--", "true")
         assert r.returncode == 2 and "memory_gb" in r.stderr
-        r = dra("submit", "--name", "inf", "--kind", "inference", "--device-type", "gpu-80gb", "--fraction", "0.5")
+        r = dra("submit", "--name", "nocmd")
+        assert r.returncode == 2 and "command: a job needs a command" in r.stderr
+        r = dra("submit", "--name", "nodir", "--cwd", str(tmp_path / "missing"), "--", "true")
+        assert r.returncode == 2 and r.stderr.startswith("dra pool submit: cwd:"), r.stderr
+        r = dra("submit", "--name", "inf", "--kind", "inference", "--device-type", "gpu-80gb", "--fraction", "0.5",
+                "--env", "GREETING=hi", "--", "sleep", "60")
         assert r.returncode == 0, r.stderr
         time.sleep(0.5)
         st = json.loads(dra("status", "--json").stdout)
         lease = next(l for l in st["leases"] if l["job"] == "inf")
         assert lease["device"] == "g0" and lease["share"] == 0.5
+        assert next(j for j in st["jobs"] if j["name"] == "inf")["user"] == "root" or os.geteuid() != 0
         assert "inf#" in dra("status").stdout
-        env = PoolClient(url).sync("inf", [lease["id"]], [], None)["leases"][0]["env"]
+        spec = PoolClient(sock).job_spec("inf")
+        assert spec["env"]["GREETING"] == "hi" and spec["cwd"] == str(tmp_path) and spec["command"] == ["sleep", "60"]
+        env = PoolClient(sock).sync("inf", [lease["id"]], [], None)["leases"][0]["env"]
         assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["DRA_ENFORCEMENT"] == "soft"  # a fraction is soft here
+        # TCP: the token from the state's token file (0600), nothing without it.
+        tcp = f"http://127.0.0.1:{port}"
+        assert oct((state / "token").stat().st_mode & 0o777) == "0o600"
+        r = dra("status", pool=tcp)
+        assert r.returncode == 2 and "token" in r.stderr
+        r = subprocess.run([sys.executable, "-m", "dra", "pool", "status", "--pool", tcp, "--token-file",
+                            str(state / "token")], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "inf#" in r.stdout, r.stderr
+        # A typed error through HTTP is a 400 naming the field, never a 500 with internals.
+        with pytest.raises(ValueError, match="^min_size: must be an integer"):
+            PoolClient(sock).submit({"name": "typed", "min_size": "2", "command": ["true"]})
         assert json.loads(dra("cancel", "inf").stdout)["state"] == "cancelled"
         assert json.loads(dra("drain").stdout)["draining"] is True
-        r = dra("submit", "--name", "late")
+        r = dra("submit", "--name", "late", "--", "true")
         assert r.returncode == 2 and "draining" in r.stderr
+        assert json.loads(dra("drain", "--undo").stdout)["draining"] is False
+        assert "$schema" in subprocess.run([sys.executable, "-m", "dra", "pool", "schema"], capture_output=True,
+                                           text=True, timeout=60).stdout
     finally:
         serve.terminate()
         serve.wait(timeout=10)
         serve.stdout.close()
+    for f in ("pool.sqlite", "events.jsonl"):
+        assert oct((state / f).stat().st_mode & 0o777) == "0o600", f
 
 
-def test_daemon_restart_mid_job_keeps_leases_and_the_job_carries_on(tmp_path: Path) -> None:
-    """A real job runs under its launcher; the daemon stops and a new one starts on the same state
-    and port: the lease is the same, the launcher reconnects, the job finishes."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+@pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
+def test_serve_refuses_a_second_daemon_a_port_in_use_a_corrupt_state_and_leaves_no_cgroup(tmp_path: Path) -> None:
+    name = f"t{os.getpid()}"
+    cg = Path(_cgroup.ROOT, "cpu", "dra", name)
+    first = _serve(tmp_path, "--inventory", "slots:1", "--state", str(tmp_path / "a"), "--name", name)
+    try:
+        assert "serving" in first.stdout.readline()
+        assert cg.exists()
+        other = tmp_path / "b.sock"
+        r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--inventory", "slots:1", "--state",
+                            str(tmp_path / "a"), "--socket", str(other), "--name", f"{name}b"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and "another pool daemon" in r.stderr, r.stderr
+        assert not Path(_cgroup.ROOT, "cpu", "dra", f"{name}b").exists()
+    finally:
+        first.terminate()
+        first.wait(timeout=10)
+        first.stdout.close()
+    assert not cg.exists()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--inventory", "slots:1", "--state",
+                            str(tmp_path / "c"), "--port", str(busy.getsockname()[1]), "--name", name],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is in use" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not cg.exists()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "pool.sqlite").write_text("garbage " * 1000)
+    r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--inventory", "slots:1", "--state",
+                        str(tmp_path / "d"), "--name", name], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is not a readable pool state" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not cg.exists()
+    r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--host", "0.0.0.0", "--port", "0", "--state",
+                        str(tmp_path / "e"), "--inventory", "slots:1", "--name", name], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "--allow-remote" in r.stderr
+
+
+def test_bad_jobs_fail_fast_with_one_event_and_delay_no_one(tmp_path: Path) -> None:
+    """A job whose launcher cannot start (its cwd went away after submission), one whose launcher
+    fails at once (a fork server that cannot import what it is told to), and a good job behind
+    them: the bad ones fail within seconds with one finish event naming the cause, the good one runs;
+    a finished job's name can be used again and that job runs too."""
+    svc = PoolService(declared(2), tmp_path / "state", heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    try:
+        t0 = time.time()
+        with svc._lock:  # no tick between the submission and the directory going away
+            svc.submit({"name": "nocwd", "cwd": str(gone), "command": ["true"]})
+            gone.rmdir()
+        client.submit({"name": "badzygote", "cwd": str(tmp_path), "preload": ["no_such_module_here"],
+                       "command": [sys.executable, "-c", "print('never')"]})
+        client.submit({"name": "good", "cwd": str(tmp_path), "command": ["true"]})
+        states = client.wait(["nocwd", "badzygote", "good"], timeout_s=90)
+        assert states == {"nocwd": "failed", "badzygote": "failed", "good": "finished"}, states
+        client.submit({"name": "good", "cwd": str(tmp_path), "command": ["true"]})  # the name is free again
+        assert client.wait(["good"], timeout_s=90) == {"good": "finished"}
+        st = {j["name"]: j for j in client.status()["jobs"]}
+    finally:
+        server.close()
+    events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+    finish = {e["job"]: e for e in events if e["event"] == "finish" and e["job"] in ("nocwd", "badzygote")}
+    assert "could not start" in finish["nocwd"]["reason"] and finish["nocwd"]["time"] - t0 < 10
+    assert "no_such_module_here" in st["badzygote"]["reason"] or "fork server" in st["badzygote"]["reason"], st
+    assert sum(1 for e in events if e["event"] == "finish" and e["job"] == "badzygote") == 1
+    assert not [e for e in events if e["event"] == "error"], [e for e in events if e["event"] == "error"]
+    assert sum(1 for e in events if e["event"] == "launch" and e["job"] == "good") == 2
+
+
+def test_an_inference_service_at_risk_is_served_before_training(tmp_path: Path) -> None:
+    """The service's autoscaler wants a second replica (its queue builds): the pool shrinks the
+    elastic training job in place for it, and the slot that comes back goes to the service, not to
+    the training job waiting for admission."""
+    svc = PoolService(declared(3), tmp_path, launch_jobs=False, scale_every_s=1000.0)
+    try:
+        svc.submit({"name": "serve", "kind": "inference", "min_size": 1, "max_size": 2, "priority": "high",
+                    "autoscale": {"replica_rps": 10.0}})
+        svc.submit({"name": "train", "min_size": 1, "max_size": 2})
+        svc.tick()
+        svc.sync("serve", [], [], None)
+        svc.sync("train", [], [], None)
+        assert svc.book.count("serve") == 1 and svc.book.count("train") == 2
+        svc.submit({"name": "waits", "min_size": 1, "max_size": 1, "elastic": False, "priority": "normal"})
+        svc.set_report("serve", {"rate_rps": 30.0, "queue": 12.0})
+        svc.tick()
+        asked = svc.sync("train", [], [], None)["release"]
+        assert len(asked) == 1
+        svc.sync("train", [], asked, None)  # the member leaves; its lease comes back
+        svc.tick()
+        assert svc.book.count("serve") == 2 and svc.book.count("waits") == 0
+        grants = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert [g["reason"] for g in grants if g["event"] == "grant" and g["job"] == "serve"][-1] == "inference first"
+    finally:
+        svc.close()
+
+
+def test_daemon_restart_mid_job_adopts_the_launcher_and_the_job_carries_on(tmp_path: Path) -> None:
+    """A real job runs under its launcher; the daemon goes away for longer than the heartbeat
+    timeout and a new one starts on the same state: it adopts the running launcher (no second
+    one), the lease is the same, the launcher reports again, the job finishes."""
     state = tmp_path / "state"
-    svc = PoolService(declared(1), state, heartbeat_timeout_s=5.0)
-    server = PoolServer(svc, port=port).start()
+    svc = PoolService(declared(1), state, heartbeat_timeout_s=2.0)
+    server = PoolServer(svc).start()
     client = PoolClient(server.url)
     client.submit({"name": "j", "cwd": str(ROOT), "log": str(tmp_path / "logs"),
                    "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
@@ -346,14 +518,37 @@ def test_daemon_restart_mid_job_keeps_leases_and_the_job_carries_on(tmp_path: Pa
         time.sleep(0.2)
     before = [(l["id"], l["device"]) for l in client.status()["leases"]]
     assert before and not (tmp_path / "out" / "result.json").exists()
-    server.close(remove_slots=False)  # the daemon goes away mid-job
-    time.sleep(1.0)
-    again = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=5.0), port=port).start()
+    server.close(remove_slots=False)  # the daemon goes away mid-job ...
+    time.sleep(4.0)  # ... for longer than the heartbeat timeout
+    again = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=2.0)).start()
     try:
         assert [(l["id"], l["device"]) for l in again.service.status()["leases"]] == before
         assert PoolClient(again.url).wait(["j"], timeout_s=120) == {"j": "finished"}
     finally:
         again.close()
     assert json.loads((tmp_path / "out" / "result.json").read_text())["accuracy"] > 0.9
-    kinds = [json.loads(x)["event"] for x in (state / "events.jsonl").read_text().splitlines()]
-    assert "restore" in kinds and kinds.count("grant") == 1  # the same lease throughout
+    events = [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert next(e for e in events if e["event"] == "restore")["adopted"] == ["j"]
+    assert kinds.count("launch") == 1 and kinds.count("grant") == 1  # one launcher, the same lease throughout
+    launcher = [e["event"] for e in _launcher_events(state / "logs" / "j.launcher.log")]
+    assert "pool_unreachable" in launcher and "pool_back" in launcher and launcher.count("worker_start") == 1
+
+
+def test_a_launcher_gives_up_after_the_operators_limit(tmp_path: Path) -> None:
+    """With an orphan limit, a launcher whose daemon stays away stops its workers and exits."""
+    svc = PoolService(declared(1), tmp_path / "state", heartbeat_timeout_s=2.0, orphan_limit_s=1.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    client.submit({"name": "j", "cwd": str(tmp_path), "command": ["sleep", "120"]})
+    deadline = time.time() + 90
+    while time.time() < deadline and not client.status()["leases"]:
+        time.sleep(0.2)
+    while time.time() < deadline and not any(
+            e["event"] == "worker_start" for e in _launcher_events(tmp_path / "state" / "logs" / "j.launcher.log")):
+        time.sleep(0.2)
+    ref = svc.launchers["j"]
+    server.close()
+    ref.popen.wait(timeout=30)
+    events = _launcher_events(tmp_path / "state" / "logs" / "j.launcher.log")
+    assert ref.popen.returncode == 3 and any(e["event"] == "pool_lost" for e in events), events

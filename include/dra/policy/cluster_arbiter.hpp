@@ -119,12 +119,21 @@ class cluster_arbiter {
         dra::detail::throw_invalid("change_penalty", "must lie in [0, 1] (job " + std::to_string(j) + ")");
     }
     const std::size_t n = jobs.size();
-    // terms[j][k]: the job's contribution to the sum at k devices (penalty included).
-    std::vector<std::vector<double>> terms(n);
-    for (std::size_t j = 0; j < n; ++j) {
-      terms[j].resize(static_cast<std::size_t>(max_devices(jobs[j])) + 1);
-      for (std::size_t k = 0; k < terms[j].size(); ++k) terms[j][k] = term(effective(jobs[j], static_cast<int>(k)));
-    }
+    // terms[j][k]: the job's contribution to the sum at k devices (penalty included), every job's
+    // curve in one contiguous array.
+    std::vector<std::size_t> offset(n + 1, 0);
+    for (std::size_t j = 0; j < n; ++j) offset[j + 1] = offset[j] + static_cast<std::size_t>(max_devices(jobs[j])) + 1;
+    std::vector<double> flat(offset[n]);
+    struct curve {
+      const double* t;
+      std::size_t len;
+      std::size_t size() const { return len; }
+      double operator[](std::size_t k) const { return t[k]; }
+    };
+    auto terms = [&](std::size_t j) { return curve{flat.data() + offset[j], offset[j + 1] - offset[j]}; };
+    for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t k = 0; k < offset[j + 1] - offset[j]; ++k)
+        flat[offset[j] + k] = term(effective(jobs[j], static_cast<int>(k)));
     std::vector<int> alloc(n, 0);
     int free = capacity;
     // Jobs that must keep what they hold (non-preemptible) keep it first.
@@ -146,7 +155,7 @@ class cluster_arbiter {
       int k;
     };
     auto best_increment = [&](std::size_t j) {
-      const auto& t = terms[j];
+      const curve t = terms(j);
       const double now = t[static_cast<std::size_t>(alloc[j])];
       const int most = std::min(static_cast<int>(t.size()) - 1, alloc[j] + free);
       candidate c{0.0, j, 0};
@@ -167,23 +176,36 @@ class cluster_arbiter {
       if (c.k > 0) heap.push_back(c);
     }
     std::make_heap(heap.begin(), heap.end(), lower);
-    while (free > 0 && !heap.empty()) {
-      std::pop_heap(heap.begin(), heap.end(), lower);
-      const candidate top = heap.back();
-      heap.pop_back();
-      const candidate now = best_increment(top.job);
-      if (now.k == 0) continue;
-      if (now.k != top.k || now.rate != top.rate) {  // stale: put back what it is worth now
-        heap.push_back(now);
-        std::push_heap(heap.begin(), heap.end(), lower);
-        continue;
+    // The top is read in place and replaced by its job's next increment (one sift down), not
+    // popped and pushed again. Candidates never tie (the job index breaks ties), so the order of
+    // tops is the same whatever the heap's inner layout.
+    auto sift_down = [&](std::size_t i) {
+      const candidate v = heap[i];
+      for (;;) {
+        std::size_t c = 2 * i + 1;
+        if (c >= heap.size()) break;
+        if (c + 1 < heap.size() && lower(heap[c], heap[c + 1])) ++c;
+        if (!lower(v, heap[c])) break;
+        heap[i] = heap[c];
+        i = c;
       }
-      free -= now.k - alloc[now.job];
-      alloc[now.job] = now.k;
-      const candidate next = best_increment(now.job);
+      heap[i] = v;
+    };
+    while (free > 0 && !heap.empty()) {
+      candidate& top = heap.front();
+      // Within reach, the stored increment is still the job's best (the range it was the best of
+      // has only lost its far end) and is granted; out of reach, it is recomputed and put back.
+      if (top.k - alloc[top.job] <= free) {
+        free -= top.k - alloc[top.job];
+        alloc[top.job] = top.k;
+      }
+      const candidate next = best_increment(top.job);
       if (free > 0 && next.k > 0) {
-        heap.push_back(next);
-        std::push_heap(heap.begin(), heap.end(), lower);
+        top = next;
+        sift_down(0);
+      } else {
+        std::pop_heap(heap.begin(), heap.end(), lower);
+        heap.pop_back();
       }
     }
     // Local search: move one device from a job to another while it helps. The best receiver is
@@ -193,8 +215,9 @@ class cluster_arbiter {
       std::size_t b1 = n, b2 = n;
       for (std::size_t b = 0; b < n; ++b) {
         const auto kb = static_cast<std::size_t>(alloc[b]);
-        if (kb + 1 >= terms[b].size()) continue;
-        gain[b] = sign * (terms[b][kb + 1] - terms[b][kb]);
+        const curve tb = terms(b);
+        if (kb + 1 >= tb.size()) continue;
+        gain[b] = sign * (tb[kb + 1] - tb[kb]);
         if (b1 == n || gain[b] > gain[b1] + 1e-12)
           b2 = b1, b1 = b;
         else if (b2 == n || gain[b] > gain[b2] + 1e-12)
@@ -207,7 +230,7 @@ class cluster_arbiter {
         const std::size_t b = a != b1 ? b1 : b2;
         if (b == n) continue;
         const auto ka = static_cast<std::size_t>(alloc[a]);
-        const double delta = sign * (terms[a][ka - 1] - terms[a][ka]) + gain[b];
+        const double delta = sign * (terms(a)[ka - 1] - terms(a)[ka]) + gain[b];
         if (delta > best + 1e-12) best = delta, from = a, to = b;
       }
       if (from == n) break;
@@ -219,7 +242,11 @@ class cluster_arbiter {
 
  private:
   static int max_devices(const arbiter_job& job) { return std::max(0, static_cast<int>(job.speedup.size()) - 1); }
-  double term(double s) const { return std::pow(s + config_.epsilon, config_.p); }
+  // Pollux's p = -1 is a division, several times cheaper than pow (a decision over 100,000 devices
+  // computes hundreds of thousands of terms).
+  double term(double s) const {
+    return config_.p == -1.0 ? 1.0 / (s + config_.epsilon) : std::pow(s + config_.epsilon, config_.p);
+  }
 
   arbiter_config config_;
 };

@@ -1,8 +1,9 @@
 #pragma once
-// The pool's scheduler: which devices a job gets (admit: priority with aging, gang, backfilling,
-// preemption in place; resize: sizes wanted become releases and grants; place: suitable devices,
-// least fragmentation, locality). Deterministic: the same inventory, jobs, leases and clock give the
-// same plan. It plans; the service carries the plan out and calls it again. docs/design/pool.md.
+// The pool's scheduler: which devices a job gets (admit: inference whose SLO is at risk first, then
+// priority with aging, gang, backfilling, preemption in place; resize: sizes wanted become releases
+// and grants; place: suitable devices, least fragmentation, locality). Deterministic: the same
+// inventory, jobs, leases and clock give the same plan. It plans; the service carries the plan out
+// and calls it again. docs/design/pool.md.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +26,7 @@ struct job_entry {
   request req;
   double submitted_at = 0.0;  ///< pool clock when it was submitted
   std::int64_t order = 0;     ///< arrival sequence number (ties)
+  int urgent_size = 0;        ///< inference whose SLO is at risk: the replicas it needs now (0: none)
 };
 
 struct grant_order {
@@ -72,90 +74,33 @@ class scheduler {
     return p;
   }
 
-  /// Admission: places the missing workers of jobs below their min_size; see the file comment.
+  /// Admission: first the missing replicas of inference services whose SLO is at risk
+  /// (`urgent_size`), then the missing workers of jobs below their min_size; see the file comment.
   plan admit(const inventory& inv, const std::vector<job_entry>& jobs, const lease_book& book, double now) const {
-    plan out;
-    std::vector<double> free = free_shares(inv, book);
+    admission a{inv, book, {}, free_shares(inv, book), std::vector<double>(inv.size(), 0.0), {}, {}, {}};
     // Devices that leases being released will give back; reserved for the jobs that asked.
-    std::vector<double> incoming(inv.size(), 0.0);
-    std::map<std::string, int> releasing_of;  // victim job -> leases it is already giving back
     for (const auto& l : book.all())
       if (l.state == lease_state::releasing && inv.contains(l.device)) {
-        incoming[inv.index_of(l.device)] += l.share;
-        ++releasing_of[l.job];
+        a.incoming[inv.index_of(l.device)] += l.share;
+        ++a.releasing_of[l.job];
       }
     const std::vector<const job_entry*> order = by_priority(jobs, book, now);
-    std::map<std::string, const job_entry*> by_name;
-    for (const auto& j : jobs) by_name[j.req.job] = &j;
-
+    for (const auto& j : jobs) a.by_name[j.req.job] = &j;
+    // Inference first: a service short of what its autoscaler wants is served before any
+    // admission or growth (on free devices, then on leases coming back, then by shrinking elastic
+    // training of a class no higher than its own in place).
+    bool short_left = false;
     for (const job_entry* j : order) {
-      const int held = book.count(j->req.job);
-      const int need = j->req.min_size - held;
-      if (need <= 0) continue;
-      const std::vector<std::string> near = devices_of(book, j->req.job);
-      std::vector<std::size_t> got = place_indices(inv, j->req, need, free, near);
-      if (static_cast<int>(got.size()) == need || (!j->req.gang && !got.empty())) {
-        for (std::size_t i : got) {
-          free[i] -= j->req.fraction;
-          out.grants.push_back({j->req.job, inv.devices()[i].id, j->req.fraction, "admit"});
-        }
-        if (static_cast<int>(got.size()) < need) out.waiting.push_back(j->req.job);
-        continue;
-      }
-      out.waiting.push_back(j->req.job);
-      // Would the leases already coming back make room? Then wait for them (and keep them).
-      std::vector<double> with_incoming = free;
-      for (std::size_t i = 0; i < free.size(); ++i) with_incoming[i] += incoming[i];
-      got = place_indices(inv, j->req, need, with_incoming, near);
-      if (static_cast<int>(got.size()) == need) {
-        reserve(free, incoming, got, j->req.fraction);
-        continue;
-      }
-      if (!config_.preemption) continue;
-      // Preemption: shrink elastic jobs of a lower priority class in place, lowest class and
-      // newest job first, newest lease first; only if that makes the job fit (else nothing).
-      std::vector<lease> victims;
-      for (const auto& l : book.all()) {
-        if (l.state != lease_state::active || !inv.contains(l.device)) continue;
-        const auto it = by_name.find(l.job);
-        if (it == by_name.end() || !it->second->req.elastic) continue;
-        if (it->second->req.priority_level() >= j->req.priority_level()) continue;
-        if (!j->req.suits(inv.at(l.device))) continue;
-        victims.push_back(l);
-      }
-      std::stable_sort(victims.begin(), victims.end(), [&](const lease& a, const lease& b) {
-        const job_entry* ja = by_name.at(a.job);
-        const job_entry* jb = by_name.at(b.job);
-        return std::make_tuple(ja->req.priority_level(), -ja->order, -a.id) <
-               std::make_tuple(jb->req.priority_level(), -jb->order, -b.id);
-      });
-      std::vector<double> trial = with_incoming;
-      std::map<std::string, int> taken;
-      std::vector<const lease*> chosen;
-      bool fits = false;
-      for (const auto& v : victims) {
-        const job_entry* vj = by_name.at(v.job);
-        const int keeps = book.count(v.job) - releasing_of[v.job] - taken[v.job];
-        if (keeps <= vj->req.min_size) continue;  // never below its minimum
-        ++taken[v.job];
-        trial[inv.index_of(v.device)] += v.share;
-        chosen.push_back(&v);
-        got = place_indices(inv, j->req, need, trial, near);
-        if (static_cast<int>(got.size()) == need) {
-          fits = true;
-          break;
-        }
-      }
-      if (!fits) continue;
-      for (const lease* v : chosen) {
-        out.releases.push_back({v->job, v->id, "preempted for " + j->req.job, true, j->req.job});
-        ++releasing_of[v->job];
-        incoming[inv.index_of(v->device)] += v->share;
-      }
-      reserve(free, incoming, got, j->req.fraction);
+      if (j->req.kind != "inference" || j->urgent_size <= 0) continue;
+      const int need = std::min(j->urgent_size, j->req.max_size) - book.count(j->req.job);
+      if (need > 0 && serve(a, *j, need, true) > 0) short_left = true;
     }
-    if (config_.admit_to_request && out.waiting.empty()) to_request(inv, order, book, free, out);
-    return out;
+    for (const job_entry* j : order) {
+      const int need = j->req.min_size - book.count(j->req.job);
+      if (need > 0) serve(a, *j, need, false);
+    }
+    if (config_.admit_to_request && a.out.waiting.empty() && !short_left) to_request(inv, order, book, a.free, a.out);
+    return a.out;
   }
 
   /// Resizing running jobs to wanted sizes (clamped to [min_size, max_size]; rigid jobs and jobs
@@ -222,6 +167,97 @@ class scheduler {
 
  private:
   static constexpr double eps = 1e-9;
+
+  // One admission round's working state.
+  struct admission {
+    const inventory& inv;
+    const lease_book& book;
+    plan out;
+    std::vector<double> free;                   // free share per device, after this round's grants
+    std::vector<double> incoming;               // share coming back from leases being released
+    std::map<std::string, int> releasing_of;    // job -> leases it is already giving back
+    std::map<std::string, const job_entry*> by_name;
+    std::set<std::int64_t> asked;                // leases this round already asked back
+  };
+
+  // Places `need` more workers of a job: on free devices (all at once for a gang, unless urgent),
+  // else on leases already coming back (kept for it), else by preemption in place. An urgent
+  // service takes what fits now and preempts for the rest; it may shrink elastic training of its
+  // own class or lower, an admission only elastic jobs of a lower class. Returns what is missing.
+  int serve(admission& a, const job_entry& j, int need, bool urgent) const {
+    const auto& inv = a.inv;
+    const std::vector<std::string> near = devices_of(a.book, j.req.job);
+    std::vector<std::size_t> got = place_indices(inv, j.req, need, a.free, near);
+    if (static_cast<int>(got.size()) == need || ((urgent || !j.req.gang) && !got.empty())) {
+      for (std::size_t i : got) {
+        a.free[i] -= j.req.fraction;
+        a.out.grants.push_back({j.req.job, inv.devices()[i].id, j.req.fraction, urgent ? "inference first" : "admit"});
+      }
+      need -= static_cast<int>(got.size());
+      if (need == 0) return 0;
+      if (!urgent) {
+        a.out.waiting.push_back(j.req.job);
+        return need;
+      }
+    } else if (!urgent) {
+      a.out.waiting.push_back(j.req.job);
+    }
+    // Would the leases already coming back make room? Then wait for them (and keep them).
+    std::vector<double> with_incoming = a.free;
+    for (std::size_t i = 0; i < a.free.size(); ++i) with_incoming[i] += a.incoming[i];
+    got = place_indices(inv, j.req, need, with_incoming, near);
+    if (static_cast<int>(got.size()) == need) {
+      reserve(a.free, a.incoming, got, j.req.fraction);
+      return need;
+    }
+    if (!config_.preemption) return need;
+    // Preemption: shrink elastic jobs in place, lowest class and newest job first, newest lease
+    // first; only if that makes the job fit (else nothing), never below a victim's minimum.
+    std::vector<lease> victims;
+    for (const auto& l : a.book.all()) {
+      if (l.state != lease_state::active || !inv.contains(l.device) || a.asked.count(l.id)) continue;
+      const auto it = a.by_name.find(l.job);
+      if (it == a.by_name.end() || !it->second->req.elastic || l.job == j.req.job) continue;
+      const request& v = it->second->req;
+      if (urgent ? (v.kind != "training" || v.priority_level() > j.req.priority_level())
+                 : v.priority_level() >= j.req.priority_level())
+        continue;
+      if (!j.req.suits(inv.at(l.device))) continue;
+      victims.push_back(l);
+    }
+    std::stable_sort(victims.begin(), victims.end(), [&](const lease& x, const lease& y) {
+      const job_entry* jx = a.by_name.at(x.job);
+      const job_entry* jy = a.by_name.at(y.job);
+      return std::make_tuple(jx->req.priority_level(), -jx->order, -x.id) <
+             std::make_tuple(jy->req.priority_level(), -jy->order, -y.id);
+    });
+    std::vector<double> trial = with_incoming;
+    std::map<std::string, int> taken;
+    std::vector<const lease*> chosen;
+    bool fits = false;
+    for (const auto& v : victims) {
+      const job_entry* vj = a.by_name.at(v.job);
+      const int keeps = a.book.count(v.job) - a.releasing_of[v.job] - taken[v.job];
+      if (keeps <= vj->req.min_size) continue;  // never below its minimum
+      ++taken[v.job];
+      trial[inv.index_of(v.device)] += v.share;
+      chosen.push_back(&v);
+      got = place_indices(inv, j.req, need, trial, near);
+      if (static_cast<int>(got.size()) == need) {
+        fits = true;
+        break;
+      }
+    }
+    if (!fits) return need;
+    for (const lease* v : chosen) {
+      a.out.releases.push_back({v->job, v->id, "preempted for " + j.req.job, true, j.req.job});
+      a.asked.insert(v->id);
+      ++a.releasing_of[v->job];
+      a.incoming[inv.index_of(v->device)] += v->share;
+    }
+    reserve(a.free, a.incoming, got, j.req.fraction);
+    return need;
+  }
 
   std::vector<const job_entry*> by_priority(const std::vector<job_entry>& jobs, const lease_book& book,
                                             double now) const {

@@ -6,11 +6,18 @@ quota (``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), the CPU cores it may ru
 cgroup ``lease-<id>`` with its share of the quota and memory, so a fraction is enforced too. The
 slot's compute used is read from ``cpuacct.usage`` (nanoseconds, its leases included): utilisation
 is measured, not modelled. Slots are created and removed by the pool.
+
+A lease's ``cgroup.procs`` and ``tasks`` belong to the job's owner (cgroup delegation): its
+workers, running as that user, enter their lease's cgroup themselves and cannot leave for any
+cgroup they do not own. ``guarantee`` gives the pool's cgroups a large ``cpu.shares``, so under
+contention a slot gets its quota before processes outside the pool do: a slot is a reservation,
+not only a cap (the quota still caps it).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +25,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("DRA_CGROUP_ROOT", "/sys/fs/cgroup"))
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 PERIOD_US = 100_000
+MAX_SHARES = 262_144  # the kernel's largest cpu.shares (v1)
 
 
 def available() -> str | None:
@@ -78,7 +86,7 @@ def plan_slots(n: int, cores: list[int] | None = None, memory_gb: float | None =
 class Slots:
     """Creates, enforces and removes the cgroups of a pool's CPU slots."""
 
-    def __init__(self, pool: str, specs: list[SlotSpec]) -> None:
+    def __init__(self, pool: str, specs: list[SlotSpec], guarantee: bool = False) -> None:
         why = available()
         if why:
             raise RuntimeError(f"CPU slots are not possible here: {why}")
@@ -88,6 +96,9 @@ class Slots:
         for c in CONTROLLERS:
             self._mkdir(ROOT / c / "dra")
             self._mkdir(ROOT / c / "dra" / pool)
+        if guarantee:
+            for rel in ("dra", f"dra/{pool}"):
+                _write(ROOT / "cpu" / rel / "cpu.shares", str(MAX_SHARES))
         for s in specs:
             self._make(self._rel(s.id), s.cpus, s.cpuset, s.memory_gb)
 
@@ -118,16 +129,41 @@ class Slots:
         if memory_gb is not None:
             _write(ROOT / "memory" / rel / "memory.limit_in_bytes", str(int(memory_gb * 2**30)))
 
+    def has(self, slot: str) -> bool:
+        return slot in self.specs
+
     # -- leases ----------------------------------------------------------------------------------
-    def make_lease(self, slot: str, lease: int, share: float) -> list[str]:
-        """A child cgroup for one lease with its share of the slot's quota and memory."""
+    def make_lease(self, slot: str, lease: int, share: float, owner_uid: int | None = None) -> list[str]:
+        """A child cgroup for one lease with its share of the slot's quota and memory; its
+        processes files belong to ``owner_uid`` (the job's user), who may move its own processes
+        in. Its limits stay root's."""
         s = self.specs[slot]
         memory = None if s.memory_gb is None else s.memory_gb * share
-        self._make(self._rel(slot, lease), s.cpus * share, s.cpuset, memory)
+        rel = self._rel(slot, lease)
+        self._make(rel, s.cpus * share, s.cpuset, memory)
+        if owner_uid is not None and owner_uid != os.geteuid():
+            for c in CONTROLLERS:
+                for f in ("cgroup.procs", "tasks"):
+                    os.chown(ROOT / c / rel / f, owner_uid, -1)
         return self.paths(slot, lease)
 
-    def remove_lease(self, slot: str, lease: int) -> None:
-        self._remove(self._rel(slot, lease))
+    def remove_lease(self, slot: str, lease: int, kill: bool = False) -> None:
+        """Removes a lease's cgroup; ``kill``: its processes are killed first (no compute without a
+        lease), else they move to the root cgroup."""
+        rel = self._rel(slot, lease)
+        if kill:
+            for _ in range(50):
+                pids = {int(p) for c in CONTROLLERS if (ROOT / c / rel).is_dir()
+                        for p in _read(ROOT / c / rel / "cgroup.procs").split()}
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.01)
+        self._remove(rel)
 
     # -- accounting ------------------------------------------------------------------------------
     def usage_s(self, slot: str) -> float:
@@ -146,6 +182,12 @@ class Slots:
             if key == "throttled_time":
                 return int(value) / 1e9
         return 0.0
+
+    def throttling(self, slot: str) -> tuple[int, int]:
+        """(enforcement periods, periods in which the quota held the slot back): how often the
+        quota binds (``cpu.stat``)."""
+        stat = dict(line.split(" ", 1) for line in _read(ROOT / "cpu" / self._rel(slot) / "cpu.stat").splitlines())
+        return int(stat.get("nr_periods", 0)), int(stat.get("nr_throttled", 0))
 
     def usage_all(self) -> dict[str, float]:
         return {s: self.usage_s(s) for s in self.specs}

@@ -1,6 +1,7 @@
 """Finding the pool's devices: a declared file, NVML GPUs, or CPU slots (cgroups).
 
-``discover(spec)``: ``spec`` is ``"slots:N"`` (N CPU slots on this machine), ``"nvml"`` (every GPU
+``discover(spec)``: ``spec`` is ``"slots:N"`` (N CPU slots on this machine sharing its cores) or
+``"slots:NxC"`` (N slots of C cores each), ``"nvml"`` (every GPU
 NVML reports; MIG instances as their own devices), ``"auto"`` (NVML where it finds a GPU, else 4
 CPU slots), or the path of a JSON file ``{"devices": [{"id", "type", "node", "group",
 "memory_gb", "compute", "enforcement"}, ...]}``.
@@ -87,11 +88,14 @@ def slot_devices(specs: list[_cgroup.SlotSpec]) -> list[Any]:
 def discover(spec: str, memory_gb: float = 2.0) -> tuple[list[Any], list[_cgroup.SlotSpec]]:
     """(devices, slot specs to create) for an inventory spec (see the module docstring)."""
     if spec.startswith("slots:"):
+        n_text, _, cpus_text = spec.split(":", 1)[1].partition("x")
         try:
-            n = int(spec.split(":", 1)[1])
+            n = int(n_text)
+            cpus = float(cpus_text) if cpus_text else None
         except ValueError:
-            raise ValueError(f"inventory: 'slots:N' needs an integer N, got '{spec}'") from None
-        specs = _cgroup.plan_slots(n, memory_gb=memory_gb)
+            raise ValueError(f"inventory: 'slots:N' or 'slots:NxC' needs an integer N (and C cores a slot), "
+                             f"got '{spec}'") from None
+        specs = _cgroup.plan_slots(n, memory_gb=memory_gb, cpus=cpus)
         return slot_devices(specs), specs
     if spec in ("nvml", "auto"):
         gpus = from_nvml()
@@ -103,4 +107,5 @@ def discover(spec: str, memory_gb: float = 2.0) -> tuple[list[Any], list[_cgroup
         return slot_devices(specs), specs
     if Path(spec).is_file():
         return from_file(spec), []
-    raise ValueError(f"inventory: '{spec}' is neither 'slots:N', 'nvml', 'auto' nor an existing JSON file")
+    raise ValueError(f"inventory: '{spec}' is neither 'slots:N', 'slots:NxC', 'nvml', 'auto', 'ray[:ADDRESS]' nor an "
+                     "existing JSON file")

@@ -1,8 +1,11 @@
-"""Job specs as the pool reads them: the request fields, and the speedup curve a job's reports
-give the arbiter."""
+"""Job specs as the pool reads them: a JSON Schema that checks every field's type and range (the
+schema is the one description of a spec: ``GET /schema`` serves it), the request the scheduler
+sees, and the speedup curve a job's reports give the arbiter."""
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from dra import _core
@@ -12,23 +15,153 @@ REQUEST_FIELDS = ("kind", "device_type", "memory_gb", "fraction", "min_size", "m
 AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down_utilisation", "down_delay_s",
                     "queue_per_replica")
 
+_NUMBER = {"type": "number"}
+_SECONDS = {"type": "number", "minimum": 0, "maximum": 86400 * 365}
+
+#: A job spec (JSON Schema, draft 2020-12). ``x-fix`` is the hint an error message ends with.
+SPEC_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "dra pool job spec",
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                 "x-fix": "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"},
+        "kind": {"enum": ["training", "inference"]},
+        "device_type": {"type": "string", "minLength": 1, "x-fix": "name a type the pool has, or 'any'"},
+        "memory_gb": {"type": "number", "minimum": 0, "x-fix": "give the memory each worker needs in GB"},
+        "fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                     "x-fix": "for more than one device ask for more workers (min_size/max_size)"},
+        "min_size": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+        "max_size": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+        "priority": {"enum": ["low", "normal", "high", "critical"]},
+        "elastic": {"type": "boolean"},
+        "gang": {"type": "boolean"},
+        "command": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1},
+                    "x-fix": 'give the program and its arguments as a list, e.g. ["python", "train.py"] '
+                             '(a shell line: ["sh", "-c", "..."])'},
+        "env": {"type": "object", "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+                "additionalProperties": {"type": "string"},
+                "x-fix": 'give variables as {"NAME": "value"}, every value a string'},
+        "cwd": {"type": "string", "pattern": "^/", "x-fix": "give an absolute path to an existing directory"},
+        "log": {"type": "string", "minLength": 1, "x-fix": "give a directory for the workers' logs"},
+        "autoscale": {"type": "object", "additionalProperties": False,
+                      "properties": {k: {**_NUMBER, "minimum": 0} for k in AUTOSCALE_FIELDS},
+                      "x-fix": "valid: " + ", ".join(AUTOSCALE_FIELDS)},
+        "options": {"type": "object", "x-fix": "give the job's controller options (dra.Options.names())"},
+        "resize_cost_s": _SECONDS,
+        "resize_cooldown_s": _SECONDS,
+        "shrink_grace_s": _SECONDS,
+        "declared_steps": {"type": "integer", "minimum": 1, "maximum": 10**15,
+                           "x-fix": "give the job's budget in optimizer steps (or leave it out)"},
+        "job_class": {"type": "string", "minLength": 1,
+                      "x-fix": "name the kind of job (jobs of a class share the remaining-work history)"},
+        "zygote": {"type": "boolean"},
+        "preload": {"type": "array", "items": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_.]*$"},
+                    "x-fix": 'give module names, e.g. ["torch", "dra.elastic"]'},
+        "ray": {"type": ["string", "boolean"],
+                "x-fix": "true (the pool's Ray cluster) or the cluster's address (host:port)"},
+        "user": {"type": "string", "minLength": 1, "x-fix": "name a user of the pool's machine (operators only)"},
+        "network": {"enum": ["private", "host"]},
+    },
+}
+
+SPEC_FIELDS = tuple(SPEC_SCHEMA["properties"])
+_JSON_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+               dict: "an object", type(None): "null"}
+_WANT = {"array": "a list", "object": "an object", "integer": "an integer", "number": "a number",
+         "boolean": "true or false", "string": "a string"}
+
+
+def _validator() -> Any:
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    # JSON Schema counts 2.0 as an integer; a size of 2.0 is a client's mistake worth naming.
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _c, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(base, type_checker=checker)(SPEC_SCHEMA)
+
+
+_VALIDATOR: Any = None
+
+
+def _where(path: Any) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _message(err: Any) -> str:
+    """One schema error as ``field: problem; fix``."""
+    field = _where(err.absolute_path)
+    sub = err.schema if isinstance(err.schema, dict) else {}
+    top = SPEC_SCHEMA["properties"].get(err.absolute_path[0], {}) if err.absolute_path else {}
+    fix = sub.get("x-fix") or top.get("x-fix")
+    x = err.instance
+    got = f"{json.dumps(x)[:60]} ({_JSON_TYPES.get(type(x), type(x).__name__)})"
+    v = err.validator
+    if v == "additionalProperties" and not err.absolute_path:
+        extra = sorted(set(x) - set(SPEC_FIELDS))
+        return f"{extra[0]}: unknown job field; valid: {', '.join(SPEC_FIELDS)}"
+    if v == "additionalProperties":
+        extra = sorted(set(x) - set(sub.get("properties", {})))
+        return f"{field}.{extra[0]}: unknown; {fix or 'remove it'}"
+    if v == "required":
+        return "name: a job needs a name (a string)"
+    if v == "type":
+        wants = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+        want = " or ".join(_WANT.get(w, w) for w in wants)
+        hint = ""
+        if isinstance(x, str) and set(wants) & {"integer", "number"}:
+            hint = f"; write {x.strip()} without quotes" if x.strip().lstrip("-").replace(".", "", 1).isdigit() else ""
+        return f"{field}: must be {want}, got {got}{hint or ('; ' + fix if fix else '')}"
+    if "propertyNames" in err.absolute_schema_path:
+        return f"{field}: {json.dumps(x)[:60]} is not a variable name; {fix}"
+    if v == "enum":
+        return f"{field}: unknown value {json.dumps(x)}; use one of {', '.join(map(str, err.validator_value))}"
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
+        return f"{field}: must be {op} {err.validator_value}, got {x}" + (f"; {fix}" if fix else "")
+    if v in ("pattern", "minLength", "minItems"):
+        what = "must not be empty" if v != "pattern" else f"{json.dumps(x)[:60]} is not valid"
+        return f"{field}: {what}; {fix or 'see the job spec schema (dra pool schema)'}"
+    return f"{field or 'spec'}: {err.message}" + (f"; {fix}" if fix else "")
+
+
+def validate_spec(spec: Any) -> dict[str, Any]:
+    """Checks a job spec's fields for types and ranges (the schema above) and returns a copy with
+    the scheduler's defaults filled in; raises ValueError(``field: problem; fix``) for the first
+    problem (the one earliest in the spec's field order). Pool-dependent checks (device types,
+    what fits) are the C++ request's ``validate``."""
+    global _VALIDATOR
+    if not isinstance(spec, dict):
+        raise ValueError(f"spec: must be a JSON object of job fields, got {_JSON_TYPES.get(type(spec), type(spec).__name__)}")
+    if _VALIDATOR is None:
+        _VALIDATOR = _validator()
+    errors = list(_VALIDATOR.iter_errors(spec))
+    if errors:
+        order = {k: i for i, k in enumerate(spec)}
+        first = min(errors, key=lambda e: (order.get(e.absolute_path[0], -1) if e.absolute_path else -1,
+                                           len(e.absolute_path)))
+        raise ValueError(_message(first))
+    return copy.deepcopy(spec)
+
+
+def schema() -> dict[str, Any]:
+    """The job spec's JSON Schema (a copy)."""
+    return copy.deepcopy(SPEC_SCHEMA)
+
 
 def request_from_spec(spec: dict[str, Any]) -> Any:
-    unknown = set(spec) - set(REQUEST_FIELDS) - {"name", "command", "env", "cwd", "autoscale", "resize_cost_s",
-                                                  "zygote", "preload", "shrink_grace_s", "log", "resize_cooldown_s", "ray",
-                                                  "options", "declared_steps", "job_class"}
-    if unknown:
-        raise ValueError(f"{sorted(unknown)[0]}: unknown job field; valid: name, command, env, cwd, "
-                         f"{', '.join(REQUEST_FIELDS)}, autoscale, options, resize_cost_s, resize_cooldown_s, declared_steps, "
-                         "job_class, zygote, "
-                         "preload, shrink_grace_s, log, ray")
-    if not isinstance(spec.get("name"), str):
-        raise ValueError("name: a job needs a name (a string)")
-    declared = spec.get("declared_steps")
-    if declared is not None and (isinstance(declared, bool) or not isinstance(declared, int) or declared < 1):
-        raise ValueError(f"declared_steps: the job's budget in optimizer steps, an integer >= 1 (or leave it out), got {declared!r}")
-    if "job_class" in spec and not (isinstance(spec["job_class"], str) and spec["job_class"]):
-        raise ValueError(f"job_class: a non-empty string naming the kind of job (jobs of a class share history), got {spec['job_class']!r}")
+    """The scheduler's request for a spec, its fields checked first (``validate_spec``)."""
+    return make_request(validate_spec(spec))
+
+
+def make_request(spec: dict[str, Any]) -> Any:
+    """The scheduler's request for a spec already checked (one the pool stored)."""
     r = _p.Request()
     r.job = spec["name"]
     for k in REQUEST_FIELDS:

@@ -1,17 +1,49 @@
-"""The pool's durable state in SQLite (the embedded default): jobs, leases, counters.
+"""The pool's durable state in SQLite (the embedded default): jobs, leases, counters; and the lock
+that keeps one daemon per state directory.
 
 Every change is written in one transaction before it is acted on, so a pool daemon that restarts
-reads back every job and lease and carries on; the launchers of running jobs keep heartbeating
-their leases meanwhile (they retry until the daemon answers again).
+reads back every job and lease and carries on; the launchers of running jobs keep their workers
+running meanwhile and report again when it is back. The database is readable by its owner only
+(0600): job specs hold commands and environments.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
+
+
+class StateLock:
+    """An exclusive lock on a state directory (``flock`` on ``<dir>/lock``, released by the kernel
+    when its holder exits however it exits): two daemons on one state would double-book devices."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.path = Path(state_dir) / "lock"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise ValueError(f"state: another pool daemon (pid {holder}) serves {Path(state_dir).resolve()}; "
+                                 "stop it first, or give this one another --state directory") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (name TEXT PRIMARY KEY, ord INTEGER, spec TEXT, state TEXT,
@@ -26,11 +58,22 @@ class StateDB:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))  # SQLite's WAL files follow its mode
+        os.chmod(self.path, 0o600)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+            self._db.execute("SELECT name, ord, spec, state, submitted_at, started_at, finished_at, info FROM jobs LIMIT 1")
+            self._db.execute("SELECT id, job, device, share, granted_at, heartbeat_at, state FROM leases LIMIT 1")
+            self.jobs()
+            self.leases()
+        except (sqlite3.DatabaseError, ValueError, KeyError, TypeError) as e:
+            self._db.close()
+            raise ValueError(f"state: {self.path} is not a readable pool state ({type(e).__name__}: {e}); move it "
+                             "away (the pool then starts empty) or give another --state directory") from None
 
     def close(self) -> None:
         with self._lock:

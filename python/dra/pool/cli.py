@@ -1,13 +1,19 @@
 """``dra``: the command line of the pool and the launcher.
 
-    dra pool serve  [--inventory slots:4|nvml|auto|ray:ADDRESS|FILE] [--state DIR] [--port P] [--mode dynamic|static]
-    dra pool submit [--pool URL] (--spec FILE.json | --name N [--min-size ...] -- COMMAND...)
+    dra pool serve  [--inventory slots:4|slots:NxC|nvml|auto|ray:ADDRESS|FILE] [--state DIR] [--socket PATH]
+                    [--port P [--host H] [--token-file F]] [--mode dynamic|static|static_naive]
+    dra pool submit [--pool URL] (--spec FILE.json | --name N [--min-size ...]) [--env K=V] [--cwd DIR] [--ray]
+                    -- COMMAND...
     dra pool status [--pool URL] [--json]
     dra pool cancel [--pool URL] NAME
-    dra pool drain  [--pool URL]
+    dra pool drain  [--pool URL] [--undo]
+    dra pool schema                     (the job spec's JSON Schema)
     dra run ...     (see ``dra run --help``)
 
-The pool URL defaults to ``$DRA_POOL`` or http://127.0.0.1:8470.
+The pool listens on a Unix socket (``<state>/pool.sock``) and knows each caller from it; TCP only
+with ``--port``, a token and loopback (``--allow-remote`` to insist otherwise). The pool URL
+defaults to ``$DRA_POOL`` or ``unix:dra-pool/pool.sock``; on TCP give the token with
+``--token-file`` or ``$DRA_POOL_TOKEN``.
 """
 
 from __future__ import annotations
@@ -18,22 +24,45 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8470"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from dra.pool import _auth
     from dra.pool.server import PoolServer
     from dra.pool.service import make_service
 
-    service = make_service(args.inventory, args.state, mode=args.mode, name=args.name, memory_gb=args.slot_memory_gb,
-                           heartbeat_timeout_s=args.heartbeat_timeout_s, scale_every_s=args.scale_every_s,
-                           completion_aware=args.completion_aware)
-    server = PoolServer(service, args.host, args.port).start()
+    state = Path(args.state)
+    state.mkdir(parents=True, exist_ok=True)
+    token = None
+    if args.port is not None:
+        token = _auth.load_token(args.token_file or state / "token", create=args.token_file is None)
+        if args.host not in LOOPBACK:
+            if not args.allow_remote:
+                raise ValueError(f"host: {args.host} is reachable from other machines; the pool binds to loopback "
+                                 "(127.0.0.1) unless told --allow-remote")
+            print(f"[dra pool] WARNING: the pool's API listens on {args.host}:{args.port}, reachable from other "
+                  f"machines in clear text: anyone who has the token runs jobs here as any user", file=sys.stderr,
+                  flush=True)
+    # Listeners first: a socket or port in use fails before the pool makes any cgroup.
+    server = PoolServer(socket_path=args.socket or state / "pool.sock", host=args.host, port=args.port, token=token,
+                        allow_remote=args.allow_remote)
+    try:
+        service = make_service(args.inventory, state, mode=args.mode, name=args.name, memory_gb=args.slot_memory_gb,
+                               heartbeat_timeout_s=args.heartbeat_timeout_s, scale_every_s=args.scale_every_s,
+                               orphan_limit_s=args.orphan_limit_s, guarantee_slots=not args.no_slot_guarantee,
+                               completion_aware=args.completion_aware)
+    except BaseException:
+        server.close()
+        raise
+    server.attach(service).start()
     devs = ", ".join(f"{d.id} ({d.type}, {d.enforcement})" for d in service.inventory.devices)
-    print(f"[dra pool] {args.mode} pool '{args.name}' serving {server.url}: {devs}", flush=True)
-    print(f"[dra pool] state: {service.state_dir} (events.jsonl, pool.sqlite); metrics: {server.url}/metrics", flush=True)
+    where = server.url + (f" and {server.tcp_url} (token)" if server.tcp_url else "")
+    print(f"[dra pool] {args.mode} pool '{args.name}' serving {where}: {devs}", flush=True)
+    print(f"[dra pool] state: {service.state_dir} (events.jsonl, pool.sqlite, logs/)", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -43,27 +72,46 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _submit(args: argparse.Namespace, command: list[str]) -> int:
+def _client(args: argparse.Namespace) -> Any:
+    from dra.pool import _auth
     from dra.pool.server import PoolClient
 
-    spec: dict[str, Any] = json.loads(open(args.spec).read()) if args.spec else {}
-    for key in ("name", "kind", "device_type", "memory_gb", "fraction", "min_size", "max_size", "priority"):
+    token = _auth.load_token(args.token_file) if getattr(args, "token_file", None) else None
+    return PoolClient(args.pool, token=token)
+
+
+def _submit(args: argparse.Namespace, command: list[str]) -> int:
+    spec: dict[str, Any] = json.loads(Path(args.spec).read_text()) if args.spec else {}
+    for key in ("name", "kind", "device_type", "memory_gb", "fraction", "min_size", "max_size", "priority", "user",
+                "log"):
         v = getattr(args, key)
         if v is not None:
             spec[key] = v
     if args.rigid:
         spec["elastic"] = False
+    if args.ray is not None:
+        spec["ray"] = args.ray
     if command:
         spec["command"] = command
-    spec.setdefault("cwd", os.getcwd())
-    print(json.dumps(PoolClient(args.pool).submit(spec)))
+    env = dict(spec.get("env") or {})
+    if "PATH" in os.environ:  # the submitter's PATH, as a shell would find the command
+        env.setdefault("PATH", os.environ["PATH"])
+    for item in args.env or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            if key not in os.environ:
+                raise ValueError(f"env: '{key}' is not set here; give --env {key}=VALUE")
+            value = os.environ[key]
+        env[key] = value
+    if env:
+        spec["env"] = env
+    spec["cwd"] = str(Path(args.cwd).absolute()) if args.cwd else spec.get("cwd", os.getcwd())
+    print(json.dumps(_client(args).submit(spec)))
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from dra.pool.server import PoolClient
-
-    st = PoolClient(args.pool).status()
+    st = _client(args).status()
     if args.json:
         print(json.dumps(st, indent=2))
         return 0
@@ -74,8 +122,9 @@ def _status(args: argparse.Namespace) -> int:
                    if l["device"] == d["id"]]
         print(f"  {d['id']:<12} {d['type']:<14} {d['enforcement']:<20} {' '.join(holders) or '-'}")
     for j in st["jobs"]:
-        print(f"  job {j['name']:<14} {j['state']:<9} {j['kind']:<9} {j['priority']:<8} "
-              f"workers {j['workers']} [{j['min_size']}..{j['max_size']}]{' elastic' if j['elastic'] else ' rigid'}")
+        why = f"  ({j['reason']})" if j.get("reason") else ""
+        print(f"  job {j['name']:<14} {j.get('user', '?'):<10} {j['state']:<9} {j['kind']:<9} {j['priority']:<8} "
+              f"workers {j['workers']} [{j['min_size']}..{j['max_size']}]{' elastic' if j['elastic'] else ' rigid'}{why}")
     return 0
 
 
@@ -93,13 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="area", required=True)
     sub.add_parser("run", help="start and supervise a job's workers (dra run --help)")
     pool = sub.add_parser("pool", help="the device pool").add_subparsers(dest="command", required=True)
-    url = os.environ.get("DRA_POOL", DEFAULT_URL)
+    from dra.pool.server import default_url
+
+    url = default_url()
     s = pool.add_parser("serve", help="run the pool daemon")
-    s.add_argument("--inventory", default="auto", help="slots:N, nvml, auto, ray[:ADDRESS] or a JSON file")
-    s.add_argument("--state", default="dra-pool", help="state directory (SQLite, events.jsonl, logs)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8470)
-    s.add_argument("--mode", choices=["dynamic", "static"], default="dynamic")
+    s.add_argument("--inventory", default="auto", help="slots:N, slots:NxC, nvml, auto, ray[:ADDRESS] or a JSON file")
+    s.add_argument("--state", default="dra-pool", help="state directory (SQLite, events.jsonl, logs, the socket)")
+    s.add_argument("--socket", default=None, help="the API's Unix socket (default <state>/pool.sock)")
+    s.add_argument("--port", type=int, default=None, help="also serve TCP on this port (needs the token)")
+    s.add_argument("--host", default="127.0.0.1", help="TCP address (loopback unless --allow-remote)")
+    s.add_argument("--token-file", default=None, help="TCP token file, mode 0600 (default <state>/token, made if absent)")
+    s.add_argument("--allow-remote", action="store_true", help="let --host be reachable from other machines")
+    s.add_argument("--mode", choices=["dynamic", "static", "static_naive"], default="dynamic")
     s.add_argument("--name", default="pool")
     s.add_argument("--slot-memory-gb", type=float, default=2.0)
     s.add_argument("--heartbeat-timeout-s", type=float, default=3.0)
@@ -107,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--completion-aware", action="store_true",
                    help="tilt the arbiter by each training job's remaining work (its declared_steps, steps and loss; "
                         "the simulator's convergence_aware policy)")
+    s.add_argument("--orphan-limit-s", type=float, default=None,
+                   help="how long launchers keep jobs running while the daemon is away (default: no limit)")
+    s.add_argument("--no-slot-guarantee", action="store_true",
+                   help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
     sb = pool.add_parser("submit", help="submit a job (its command after '--')")
     sb.add_argument("--pool", default=url)
+    sb.add_argument("--token-file", default=None, help="the pool's token file (TCP)")
     sb.add_argument("--spec", help="a JSON job spec; flags override its fields")
     sb.add_argument("--name")
     sb.add_argument("--kind", choices=["training", "inference"])
@@ -119,31 +178,45 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("--max-size", dest="max_size", type=int)
     sb.add_argument("--priority")
     sb.add_argument("--rigid", action="store_true", help="a fixed size (elastic=false)")
+    sb.add_argument("--env", action="append", metavar="KEY[=VALUE]",
+                    help="a variable for the job (KEY alone: its value here); repeatable. PATH is passed by default")
+    sb.add_argument("--cwd", default=None, help="the job's working directory (default: this one)")
+    sb.add_argument("--log", default=None, help="directory for the workers' logs (default <cwd>/dra-logs)")
+    sb.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                    help="run through the pool's Ray cluster (a Ray pool does it anyway)")
+    sb.add_argument("--user", default=None, help="run the job as this user (operators only)")
     st = pool.add_parser("status", help="devices, leases and jobs")
     st.add_argument("--pool", default=url)
+    st.add_argument("--token-file", default=None)
     st.add_argument("--json", action="store_true")
     c = pool.add_parser("cancel", help="cancel a job (its workers are stopped, its leases released)")
     c.add_argument("--pool", default=url)
+    c.add_argument("--token-file", default=None)
     c.add_argument("name")
     d = pool.add_parser("drain", help="accept no new job; running ones finish")
     d.add_argument("--pool", default=url)
+    d.add_argument("--token-file", default=None)
+    d.add_argument("--undo", action="store_true", help="accept jobs again")
+    pool.add_parser("schema", help="print the job spec's JSON Schema")
     args = p.parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "schema":
+            from dra.pool._spec import schema
+
+            print(json.dumps(schema(), indent=2))
+            return 0
         if args.command == "submit":
             return _submit(args, command)
         if args.command == "status":
             return _status(args)
-        from dra.pool.server import PoolClient
-
-        client = PoolClient(args.pool)
-        print(json.dumps(client.cancel(args.name) if args.command == "cancel" else client.drain()))
+        client = _client(args)
+        print(json.dumps(client.cancel(args.name) if args.command == "cancel" else client.drain(undo=args.undo)))
         return 0
-    except (ValueError, ConnectionError) as e:
+    except (ValueError, ConnectionError, PermissionError, RuntimeError, json.JSONDecodeError, OSError) as e:
         print(f"dra pool {args.command}: {e}", file=sys.stderr)
         return 2
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,4 +1,6 @@
-"""Gantt plot of a pool's events: devices over time, coloured by job (PNG)."""
+"""Gantt plot of a pool's events (PNG): devices over time, one colour per job (the same in every
+chart drawn with the same job list), a lease held drawn light and its worker running drawn solid,
+each job's arrival marked, and the host's load under it when given."""
 
 from __future__ import annotations
 
@@ -10,42 +12,84 @@ from typing import Any
 def intervals(events: list[dict[str, Any]]) -> list[tuple[str, str, float, float]]:
     """(device, job, start, end) of every lease, from grant to release (open leases end at the
     last event)."""
-    open_: dict[int, tuple[str, str, float]] = {}
+    return [(d, j, s, e) for d, j, s, e, _ in leases(events)]
+
+
+def leases(events: list[dict[str, Any]]) -> list[tuple[str, str, float, float, float | None]]:
+    """(device, job, granted, released, worker started or None) of every lease."""
+    open_: dict[int, list[Any]] = {}
     out = []
     end = max((e["time"] for e in events), default=0.0)
     for e in events:
-        if e.get("event") == "grant":
-            open_[e["lease"]] = (e["device"], e["job"], e["time"])
-        elif e.get("event") == "release" and e.get("lease") in open_:
-            d, j, t = open_.pop(e["lease"])
-            out.append((d, j, t, e["time"]))
-    out += [(d, j, t, end) for d, j, t in open_.values()]
+        kind = e.get("event")
+        if kind == "grant":
+            open_[e["lease"]] = [e["device"], e["job"], e["time"], None]
+        elif kind == "worker_start" and e.get("lease") in open_:
+            open_[e["lease"]][3] = open_[e["lease"]][3] or e["time"]
+        elif kind == "release" and e.get("lease") in open_:
+            d, j, t, w = open_.pop(e["lease"])
+            out.append((d, j, t, e["time"], w))
+    out += [(d, j, t, end, w) for d, j, t, w in open_.values()]
     return out
 
 
+def job_colours(jobs: list[str]) -> dict[str, Any]:
+    """One colour per job, by its place in ``jobs`` (give every chart the same list)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    return {j: cmap(i % 10) for i, j in enumerate(jobs)}
+
+
 def plot(events_path: str | Path, png: str | Path, title: str = "device pool", t0: float | None = None,
-         devices: list[str] | None = None) -> Path:
+         devices: list[str] | None = None, jobs: list[str] | None = None,
+         load: list[tuple[float, float]] | None = None, cores: int | None = None) -> Path:
+    """``jobs``: the colour order (default: by first grant); ``load``: (time, host load) samples
+    drawn under the chart, against ``cores``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     events = [json.loads(line) for line in Path(events_path).read_text().splitlines() if line.strip()]
-    spans = intervals(events)
+    spans = leases(events)
     t0 = min((e["time"] for e in events), default=0.0) if t0 is None else t0
     devs = devices or sorted({d for d, *_ in spans})
-    jobs = sorted({j for _, j, *_ in spans}, key=lambda j: min(s for _, jj, s, _ in spans if jj == j))
-    cmap = plt.get_cmap("tab10")
-    colour = {j: cmap(i % 10) for i, j in enumerate(jobs)}
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(devs)))
-    for d, j, s, e in spans:
-        if d in devs:
-            ax.barh(devs.index(d), e - s, left=s - t0, color=colour[j], edgecolor="white", height=0.8)
+    order = jobs or sorted({j for _, j, *_ in spans}, key=lambda j: min(s for _, jj, s, *_ in spans if jj == j))
+    colour = job_colours(order + sorted({j for _, j, *_ in spans} - set(order)))
+    rows = 2 if load else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 1.6 + 0.5 * len(devs) + (1.6 if load else 0)), sharex=True,
+                             gridspec_kw={"height_ratios": [max(2, len(devs)), 2][:rows]}, squeeze=False)
+    ax = axes[0][0]
+    for d, j, s, e, w in spans:
+        if d not in devs:
+            continue
+        y = devs.index(d)
+        ax.barh(y, e - s, left=s - t0, color=colour[j], alpha=0.3, edgecolor="white", height=0.8)  # lease held
+        if w is not None:
+            ax.barh(y, e - w, left=w - t0, color=colour[j], edgecolor="white", height=0.8)  # worker running
+    arrivals = [(e["time"], e["job"]) for e in events if e.get("event") == "submit"]
+    for t, j in arrivals:
+        ax.plot(t - t0, len(devs) - 0.35, marker="v", color=colour.get(j, "black"), markersize=8, clip_on=False)
     ax.set_yticks(range(len(devs)), devs)
-    ax.set_xlabel("time (s)")
+    ax.set_ylim(-0.6, len(devs) - 0.2)
     ax.set_title(title)
-    ax.legend(handles=[matplotlib.patches.Patch(color=colour[j], label=j) for j in jobs], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    handles: list[Any] = [Patch(color=colour[j], label=j) for j in colour if any(j == jj for _, jj, *_ in spans)
+                          or any(j == jj for _, jj in arrivals)]
+    handles += [Patch(facecolor="grey", alpha=0.3, label="lease held"), Patch(facecolor="grey", label="worker running"),
+                Line2D([], [], marker="v", color="grey", linestyle="", label="arrival")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if load:
+        lx = axes[1][0]
+        lx.plot([t - t0 for t, _ in load], [v for _, v in load], color="black", linewidth=1)
+        if cores:
+            lx.axhline(cores, color="grey", linestyle="--", linewidth=0.8, label=f"{cores} cores")
+            lx.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        lx.set_ylabel("host load")
+        lx.set_ylim(bottom=0)
+    axes[-1][0].set_xlabel("time (s)")
     fig.tight_layout()
     png = Path(png)
     fig.savefig(png, dpi=110)

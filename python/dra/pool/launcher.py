@@ -11,13 +11,20 @@ worker joins the running world in place), their lease's environment and, for a p
 ``DRA_OPTIONS``. For a pool job it keeps the job's ``capacity`` key to the leases held and
 forwards the leader's ``report``: the contract, key by key, is in docs/guide/pool.md ("The
 launcher"). Python workers start from a fork server that imported torch once (``_zygote``);
-``--no-zygote`` starts plain processes."""
+``--no-zygote`` starts plain processes.
+
+A pool job's launcher runs as the job's user and outlives the daemon: while the pool is
+unreachable its workers keep running (``DRA_POOL_ORPHAN_LIMIT_S``, when the operator set one, is
+how long), and when the pool is back it reports what happened meanwhile. It shows its launch id
+(``DRA_LAUNCH_ID``) at every call, so the pool never lets a second launcher drive the same job;
+one that cannot start tells the pool why, and the job fails at once."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -71,8 +78,12 @@ class Launcher:
         from dra.pool.server import PoolClient
 
         self.job = job
-        self.client = PoolClient(pool, retry_s=30.0) if pool else None
-        spec: dict[str, Any] = self.client.job_spec(job) if self.client else {}
+        self.launch_id = os.environ.get("DRA_LAUNCH_ID") or secrets.token_hex(8)
+        limit = os.environ.get("DRA_POOL_ORPHAN_LIMIT_S")
+        self.orphan_limit_s = float(limit) if limit else None  # None: wait for the pool as long as it takes
+        self.away_since: float | None = None
+        self.client = PoolClient(pool, retry_s=0.0) if pool else None
+        spec: dict[str, Any] = PoolClient(pool, retry_s=30.0).job_spec(job) if pool else {}
         self.command = command or spec.get("command")
         if not self.command:
             raise ValueError("command: nothing to run; give one after '--' or submit the job with a command")
@@ -225,7 +236,44 @@ class Launcher:
         self._say(event="job_end", ok=ok, codes=codes)
         return 0 if ok else (next((c for c in codes if c != 0), 1) & 0xFF or 1)
 
+    def _sync(self, heartbeats: list[int], released: list[int], report: dict[str, Any] | None, done: bool = False,
+              failed: bool = False) -> dict[str, Any] | None:
+        """One call to the pool; None while it is unreachable (the workers carry on, and what
+        happened meanwhile is reported when it is back)."""
+        from dra.pool.service import Superseded
+
+        assert self.client is not None
+        try:
+            answer = self.client.sync(self.job, heartbeats, released, report, done=done, failed=failed,
+                                      launcher=self.launch_id)
+        except (ConnectionError, RuntimeError) as e:
+            if isinstance(e, Superseded):
+                raise
+            if self.away_since is None:
+                self.away_since = time.time()
+                self._say(event="pool_unreachable", error=str(e), limit_s=self.orphan_limit_s)
+            if self.orphan_limit_s is not None and time.time() - self.away_since > self.orphan_limit_s:
+                raise TimeoutError(f"the pool was unreachable for more than {self.orphan_limit_s:g} s "
+                                   "(the operator's limit)") from None
+            return None
+        if self.away_since is not None:
+            self._say(event="pool_back", away_s=time.time() - self.away_since)
+            self.away_since = None
+        return answer
+
     def _run_pool(self) -> int:
+        from dra.pool.service import Superseded
+
+        try:
+            return self._pool_loop()
+        except Superseded as e:
+            self._say(event="superseded", error=str(e))
+            return 4
+        except TimeoutError as e:
+            self._say(event="pool_lost", error=str(e))
+            return 3
+
+    def _pool_loop(self) -> int:
         assert self.client is not None
         released: list[int] = []
         codes: list[int] = []
@@ -248,17 +296,14 @@ class Launcher:
                     freed, c = self._reap()
                     released += freed
                     codes += c
-                    try:  # the job keeps its leases alive until it ends (a worker on a lost node may
-                        # linger); freed now, they would be granted to it again
-                        self.client.sync(self.job, list(self.workers) + released, [], None)
-                    except ConnectionError:
-                        pass
+                    # The job keeps its leases alive until it ends (a worker on a lost node may
+                    # linger); freed now, they would be granted to it again.
+                    self._sync(list(self.workers) + released, [], None)
             failed = self.started_world and not self.workers and not done
-            try:
-                answer = self.client.sync(self.job, list(self.workers), released, report, done=done, failed=failed)
-            except ConnectionError as e:
-                self._say(event="pool_unreachable", error=str(e))
-                return 3
+            answer = self._sync(list(self.workers), released, report, done=done, failed=failed)
+            if answer is None:  # the pool is away: keep supervising, report later
+                time.sleep(max(self.poll_s, 0.2))
+                continue
             released = []
             if done or failed or answer["state"] in ("finished", "failed", "cancelled"):
                 if answer["state"] == "cancelled":
@@ -279,6 +324,17 @@ class Launcher:
                     self._start(lease, 0, 1, join=True)
             self._give_back(answer, report)
             time.sleep(self.poll_s)
+
+
+def _tell_pool_failed(pool: str, job: str, reason: str) -> None:
+    """A pool job's launcher that cannot run it says why, so the job fails at once."""
+    from dra.pool.server import PoolClient
+
+    try:
+        PoolClient(pool, retry_s=5.0).sync(job, [], [], None, failed=True, reason=reason[:2000],
+                                           launcher=os.environ.get("DRA_LAUNCH_ID"))
+    except Exception as e:  # noqa: BLE001 - the pool learns it from this process's exit instead
+        print(f"[dra run] could not tell the pool: {e}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,11 +362,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give the worker command after '--', e.g. dra run --nproc 2 -- python train.py")
     if args.nproc < 1:
         p.error(f"--nproc must be >= 1, got {args.nproc}")
-    launcher = Launcher(command or None, job=args.job or "job", pool=args.pool, nproc=args.nproc,
-                        store_host=args.store_host, advertise=args.advertise, log_dir=args.log_dir,
-                        zygote=not args.no_zygote, preload=args.preload.split(",") if args.preload else None,
-                        shrink_grace_s=args.shrink_grace_s, ray=args.ray)
-    return launcher.run()
+    try:
+        launcher = Launcher(command or None, job=args.job or "job", pool=args.pool, nproc=args.nproc,
+                            store_host=args.store_host, advertise=args.advertise, log_dir=args.log_dir,
+                            zygote=not args.no_zygote, preload=args.preload.split(",") if args.preload else None,
+                            shrink_grace_s=args.shrink_grace_s, ray=args.ray)
+        return launcher.run()
+    except Exception as e:
+        if not args.pool:
+            raise
+        print(f"[dra run] job '{args.job}' cannot run: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        _tell_pool_failed(args.pool, args.job, f"{type(e).__name__}: {e}")
+        return 2
 
 
 if __name__ == "__main__":

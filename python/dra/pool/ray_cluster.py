@@ -7,9 +7,14 @@
 - **A placement group per lease** (one bundle: one ``dra_slot`` and a sliver of the node tag), and
   the worker started on the lease's node by an actor inside it (``_WorkerHost``), which runs the
   worker as a child process that dies with it (``PR_SET_PDEATHSIG``).
-- **Nodes that leave.** ``RayCluster.watch`` reports nodes Ray no longer sees alive; the pool then
-  removes their devices and releases their leases (``PoolService.remove_node``); the jobs' other
-  workers shrink in place (the elastic controller's fault path) and finish.
+- **Nodes that leave or join.** ``RayCluster.watch`` reads Ray's node table every half second and
+  also knocks at each node's raylet: a refused connection means its raylet is gone now, seconds
+  before Ray's own health check (``health_check_period_ms`` x ``health_check_failure_threshold``)
+  marks it dead. The pool then removes the node's devices and releases its leases
+  (``PoolService.remove_node``), so no lease is granted on a dead node; the jobs' other workers
+  shrink in place and finish. A node that joins (a new node id) adds its devices.
+- **A bad address fails fast**: the head's port is knocked at before ``ray.init`` (which would
+  retry for a minute), and the error names the address and the fix.
 
 Leases on Ray are not enforced by cgroups: they are labelled ``soft`` (Ray's resources are logical
 accounting), except GPUs (``CUDA_VISIBLE_DEVICES`` set by Ray).
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -36,17 +42,60 @@ def _ray() -> Any:
     return ray
 
 
+def _knock(host: str, port: int, timeout_s: float) -> str | None:
+    """None when something listens at host:port, else why not."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return None
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer in {timeout_s:g} s"
+    except OSError as e:
+        return e.strerror or str(e)
+
+
+def check_address(address: str, timeout_s: float = 3.0) -> None:
+    """Raises ValueError, naming the address and the fix, when no Ray head answers there."""
+    if address in ("auto", ""):
+        if os.environ.get("RAY_ADDRESS"):
+            return check_address(os.environ["RAY_ADDRESS"], timeout_s)
+        if not os.path.exists("/tmp/ray/ray_current_cluster"):
+            raise ValueError("ray: no Ray cluster runs on this machine ('auto' found none); start one with "
+                             "ray start --head, or give its address (ray:HOST:PORT)")
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ray: '{address}' is not HOST:PORT (the head's GCS address, e.g. 127.0.0.1:6379)")
+    why = _knock(host, int(port), timeout_s)
+    if why:
+        raise ValueError(f"ray: no Ray cluster answers at {address} ({why}); start one (ray start --head) or "
+                         "fix the address")
+    return None
+
+
 class RayCluster:
     """Connects to a Ray cluster and describes its pool devices."""
 
     def __init__(self, address: str = "auto") -> None:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            check_address(address)
+            try:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise ValueError(f"ray: cannot connect to the Ray cluster at {address}: {e}") from None
         self.ray = ray
+        self.known: dict[str, dict[str, Any]] = {}  # the nodes the watcher knows alive
+
+    def node_gone(self, tag: str) -> str | None:
+        """Why a node the watcher knows is gone now (its raylet refuses connections), else None:
+        asked when a worker there ended, before its device can be granted again."""
+        info = self.known.get(tag)
+        return None if info is None else self.raylet_gone(info, timeout_s=0.3)
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """Alive nodes with pool devices: tag name -> {"slots", "gpus", "node_id"}."""
+        """Alive nodes with pool devices: tag name -> {"slots", "gpus", "node_id", "address", "port"}."""
         out = {}
         for n in self.ray.nodes():
             if not n.get("Alive"):
@@ -55,14 +104,15 @@ class RayCluster:
             tags = [k[len(NODE_PREFIX):] for k in res if k.startswith(NODE_PREFIX)]
             if not tags:
                 continue
-            out[tags[0]] = {"slots": int(res.get("dra_slot", 0)), "gpus": int(res.get("GPU", 0)), "node_id": n["NodeID"]}
+            out[tags[0]] = {"slots": int(res.get("dra_slot", 0)), "gpus": int(res.get("GPU", 0)), "node_id": n["NodeID"],
+                            "address": n.get("NodeManagerAddress"), "port": n.get("NodeManagerPort")}
         return out
 
-    def devices(self) -> list[Any]:
+    def devices(self, nodes: dict[str, dict[str, Any]] | None = None) -> list[Any]:
         from dra._core import pool as P
 
         devs = []
-        for tag, info in sorted(self.nodes().items()):
+        for tag, info in sorted((self.nodes() if nodes is None else nodes).items()):
             for i in range(info["slots"]):
                 devs.append(P.Device(id=f"{tag}/slot{i}", type="ray-slot", node=tag, group=0, memory_gb=0.0,
                                      enforcement="soft"))
@@ -71,21 +121,43 @@ class RayCluster:
                                      enforcement="cuda_visible_devices"))
         return devs
 
-    def watch(self, on_lost: Callable[[str], None], every_s: float = 0.5) -> threading.Event:
-        """Calls on_lost(node tag) once for each node that stops being alive; returns a stop event."""
+    @staticmethod
+    def raylet_gone(info: dict[str, Any], timeout_s: float = 1.0) -> str | None:
+        """Why a node's raylet is gone (its port refuses connections), None while it answers or
+        cannot be told (no answer in time: the machine may be busy; Ray's health check decides)."""
+        if not info.get("address") or not info.get("port"):
+            return None
+        why = _knock(str(info["address"]), int(info["port"]), timeout_s)
+        return f"its raylet is gone ({why})" if why == "connection refused" else None
+
+    def watch(self, on_lost: Callable[..., Any], on_joined: Callable[[str, list[Any]], Any] | None = None,
+              every_s: float = 0.5) -> threading.Event:
+        """Calls on_lost(tag, reason) once for each node that is gone (Ray's table says so, or its
+        raylet refuses connections) and on_joined(tag, devices) for each node that joins; returns a
+        stop event."""
         stop = threading.Event()
-        known = set(self.nodes())
+        known = self.known = dict(self.nodes())
+        dead: set[str] = set()  # node ids seen gone (Ray's table may still call them alive a while)
 
         def loop() -> None:
             while not stop.wait(every_s):
                 try:
-                    alive = set(self.nodes())
+                    alive = {t: i for t, i in self.nodes().items() if i["node_id"] not in dead}
                 except Exception:  # noqa: BLE001 - the head is busy: try again
                     continue
-                for tag in sorted(known - alive):
-                    on_lost(tag)
-                known.intersection_update(alive)
-                known.update(alive)
+                for tag, info in list(known.items()):
+                    why = "Ray reports it dead" if tag not in alive else self.raylet_gone(info)
+                    if tag in alive and alive[tag]["node_id"] != info["node_id"]:
+                        why = "it restarted (a new node id)"
+                    if why:
+                        dead.add(info["node_id"])
+                        del known[tag]
+                        on_lost(tag, why)
+                for tag, info in alive.items():
+                    if tag not in known and info["node_id"] not in dead:
+                        known[tag] = info
+                        if on_joined is not None:
+                            on_joined(tag, self.devices({tag: info}))
 
         threading.Thread(target=loop, name="dra-ray-watch", daemon=True).start()
         return stop

@@ -1,35 +1,48 @@
-"""The pool daemon's HTTP interface (loopback by default) and its client.
-
-JSON over HTTP (the standard library's ThreadingHTTPServer and urllib: no extra dependency):
+"""The pool daemon's API and its client: JSON over HTTP on a Unix socket (the default; the caller
+is known from the socket's peer credentials) and, only when the operator asks, on TCP with a
+token (bound to loopback unless the operator insists). The standard library only.
 
     POST /jobs                 submit a job spec            -> {"job", "state"}
-    POST /jobs/<name>/cancel   cancel                       -> {"job", "state"}
+    POST /jobs/<name>/cancel   cancel (owner or operator)   -> {"job", "state"}
     POST /jobs/<name>/sync     a launcher's heartbeat       -> {"state", "leases", "release", ...}
     POST /jobs/<name>/report   a service's load (rate_rps, queue) for its autoscaler
-    GET  /jobs/<name>          the job's spec
-    POST /drain                accept no new job
-    GET  /status               devices, leases, jobs, counters
+    GET  /jobs/<name>          the job's spec (owner or operator)
+    POST /drain                accept no new job ({"undo": true}: accept again; operator)
+    GET  /status               devices, leases, jobs (others' jobs without their spec or report)
     GET  /metrics              Prometheus text exposition
+    GET  /schema               the job spec's JSON Schema
 
-A bad request answers 400 with {"error": "<field>: <problem and fix>"}; the client raises it as
-ValueError.
+Answers: 400 {"error": "<field>: <problem>; <fix>"} for a bad request (the client raises
+ValueError), 401 without a valid token on TCP, 403 when the caller may not (PermissionError), 404
+for an unknown job (ValueError), 409 for a launcher that is not the job's (RuntimeError).
+Nothing in a request is unpickled or evaluated: bodies are JSON objects, checked field by field.
 """
 
 from __future__ import annotations
 
+import errno
+import http.client
 import json
+import os
+import socket
+import socketserver
+import stat
 import threading
 import time
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from dra.pool.service import PoolService
+from dra.pool import _auth
+from dra.pool._spec import schema
+from dra.pool.service import NoSuchJob, PoolService, Superseded
+
+MAX_BODY = 4 << 20  # bytes: a job spec or a launcher's sync is a few kB
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class _Handler(BaseHTTPRequestHandler):
-    service: PoolService  # set on the subclass made per server
+    server: Any
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
@@ -43,42 +56,72 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> dict[str, Any]:
-        n = int(self.headers.get("Content-Length") or 0)
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise ValueError("body: Content-Length is not a number") from None
+        if n > MAX_BODY:
+            raise ValueError(f"body: {n} bytes is more than the {MAX_BODY} the pool reads; send a smaller request")
         if not n:
             return {}
-        value = json.loads(self.rfile.read(n))
+        try:
+            value = json.loads(self.rfile.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"body: not JSON ({e}); send a JSON object") from None
         if not isinstance(value, dict):
             raise ValueError("body: must be a JSON object")
         return value
 
+    def _caller(self) -> _auth.Caller:
+        if self.server.dra_token is None:  # the Unix socket: the kernel says who connected
+            return _auth.peer_credentials(self.request)
+        given = self.headers.get("Authorization", "")
+        token = given[len("Bearer "):] if given.startswith("Bearer ") else None
+        if not _auth.token_matches(token, self.server.dra_token):
+            raise _auth.Unauthenticated("token: missing or wrong; give the pool's token (--token-file or "
+                                        "DRA_POOL_TOKEN), or use the pool's Unix socket")
+        return _auth.Caller(os.geteuid(), os.getegid(), 0, "token")
+
     def _route(self, method: str) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
-        s = self.service
+        s: PoolService = self.server.dra_service
         try:
+            caller = self._caller()
             if method == "GET" and parts == ["status"]:
-                return self._send(200, s.status())
+                return self._send(200, s.status(caller))
             if method == "GET" and parts == ["metrics"]:
                 return self._send(200, s.metrics(), "text/plain; version=0.0.4")
+            if method == "GET" and parts == ["schema"]:
+                return self._send(200, schema())
             if method == "GET" and len(parts) == 2 and parts[0] == "jobs":
-                return self._send(200, s.job_spec(parts[1]))
+                return self._send(200, s.job_spec(parts[1], caller))
             if method == "POST" and parts == ["jobs"]:
-                return self._send(200, s.submit(self._body()))
+                return self._send(200, s.submit(self._body(), caller))
             if method == "POST" and parts == ["drain"]:
-                return self._send(200, s.drain())
+                undo = self._body().get("undo", False)
+                if not isinstance(undo, bool):
+                    raise ValueError("undo: must be true or false")
+                return self._send(200, s.undrain(caller) if undo else s.drain(caller))
             if method == "POST" and len(parts) == 3 and parts[0] == "jobs" and parts[2] == "cancel":
-                return self._send(200, s.cancel(parts[1]))
+                return self._send(200, s.cancel(parts[1], caller))
             if method == "POST" and len(parts) == 3 and parts[0] == "jobs" and parts[2] == "report":
-                return self._send(200, s.set_report(parts[1], self._body()))
+                return self._send(200, s.set_report(parts[1], self._body(), caller))
             if method == "POST" and len(parts) == 3 and parts[0] == "jobs" and parts[2] == "sync":
-                b = self._body()
-                return self._send(200, s.sync(parts[1], [int(x) for x in b.get("heartbeats", [])],
-                                              [int(x) for x in b.get("released", [])], b.get("report"),
-                                              bool(b.get("done")), bool(b.get("failed"))))
+                return self._send(200, s.sync_request(parts[1], self._body(), caller))
             return self._send(404, {"error": f"path: no route {method} {self.path}"})
+        except NoSuchJob as e:
+            return self._send(404, {"error": str(e)})
         except ValueError as e:
             return self._send(400, {"error": str(e)})
-        except Exception as e:  # noqa: BLE001 - the daemon answers, whatever went wrong
-            return self._send(500, {"error": f"{type(e).__name__}: {e}"})
+        except _auth.Unauthenticated as e:
+            return self._send(401, {"error": str(e)})
+        except _auth.Forbidden as e:
+            return self._send(403, {"error": str(e)})
+        except Superseded as e:
+            return self._send(409, {"error": str(e)})
+        except Exception as e:  # noqa: BLE001 - the daemon answers, whatever went wrong; details go to its log
+            s.internal_error("api", e)
+            return self._send(500, {"error": f"internal error ({type(e).__name__}); see the pool's events"})
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
         self._route("GET")
@@ -87,60 +130,193 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
 
-class PoolServer:
-    """Serves a PoolService on host:port (port 0: any free port) in a background thread."""
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
 
-    def __init__(self, service: PoolService, host: str = "127.0.0.1", port: int = 0) -> None:
-        handler = type("Handler", (_Handler,), {"service": service})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+
+def _bind_unix(path: Path) -> _UnixServer:
+    """The socket file: a stale one (nobody listening) is replaced, a live one refused."""
+    if len(os.fsencode(str(path))) > 107:
+        raise ValueError(f"socket: {path} is longer than a Unix socket path may be (107 bytes); give a shorter "
+                         "--socket path")
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise ValueError(f"socket: {path} exists and is not a socket; remove it or give another --socket")
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(str(path))
+            raise ValueError(f"socket: a pool already listens on {path}; stop it or give another --socket")
+        except (ConnectionRefusedError, FileNotFoundError):
+            path.unlink()
+        finally:
+            probe.close()
+    server = _UnixServer(str(path), _Handler, bind_and_activate=False)
+    old = os.umask(0o177)  # no window in which the socket is open to others with wrong rights
+    try:
+        server.server_bind()
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o666)  # anyone may connect; the peer credentials decide what they may do
+    server.server_activate()
+    return server
+
+
+class PoolServer:
+    """Serves a PoolService on its Unix socket (default ``<state>/pool.sock``) and, when ``port``
+    is given (0: any free port), on TCP at ``host`` with ``token``. A non-loopback ``host`` needs
+    ``allow_remote`` (the CLI prints a warning). Everything is bound before the service starts, so
+    a port in use fails before any cgroup is made (``bind`` without a service, ``attach`` later)."""
+
+    def __init__(self, service: PoolService | None = None, *, socket_path: str | Path | None = None,
+                 host: str = "127.0.0.1", port: int | None = None, token: str | None = None,
+                 allow_remote: bool = False) -> None:
+        if socket_path is None:
+            if service is None:
+                raise ValueError("socket: give a socket path or a service (whose state directory holds it)")
+            socket_path = service.state_dir / "pool.sock"
+        self.socket_path = Path(socket_path).absolute()
+        self.url = f"unix:{self.socket_path}"
+        self.tcp_url: str | None = None
+        self._servers: list[Any] = []
+        if port is not None:
+            if token is None:
+                raise ValueError("token: TCP needs a token (--token-file); without one use the Unix socket")
+            if host not in LOOPBACK and not allow_remote:
+                raise ValueError(f"host: {host} is reachable from other machines; the pool binds to loopback "
+                                 "unless told --allow-remote (then anyone with the token runs jobs here)")
+            try:
+                tcp = ThreadingHTTPServer((host, port), _Handler)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise ValueError(f"port: {host}:{port} is in use (another pool or program listens there); "
+                                     "stop it or give another --port") from None
+                raise ValueError(f"host: cannot listen on {host}:{port}: {e.strerror}") from None
+            tcp.daemon_threads = True
+            tcp.dra_token = token
+            self._servers.append(tcp)
+            self.tcp_url = f"http://{host}:{tcp.server_address[1]}"
+        try:
+            unix = _bind_unix(self.socket_path)
+        except Exception:
+            for srv in self._servers:
+                srv.server_close()
+            raise
+        unix.dra_token = None
+        self._servers.insert(0, unix)
+        self.service: PoolService | None = None
+        self._threads: list[threading.Thread] = []
+        if service is not None:
+            self.attach(service)
+
+    def attach(self, service: PoolService) -> PoolServer:
         self.service = service
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        service.url = self.url
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="dra-pool-http", daemon=True)
+        for srv in self._servers:
+            srv.dra_service = service
+        service.url = self.url  # launchers reach the pool on its Unix socket
+        return self
 
     def start(self) -> PoolServer:
-        self._thread.start()
+        assert self.service is not None, "attach a service first"
+        for srv in self._servers:
+            t = threading.Thread(target=srv.serve_forever, name="dra-pool-api", daemon=True)
+            t.start()
+            self._threads.append(t)
         self.service.start()
         return self
 
     def close(self, remove_slots: bool = True) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.service.close(remove_slots=remove_slots)
+        for srv in self._servers:
+            if self._threads:
+                srv.shutdown()
+            srv.server_close()
+        self.socket_path.unlink(missing_ok=True)
+        if self.service is not None:
+            self.service.close(remove_slots=remove_slots)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.unix_path)
+        except OSError:
+            s.close()
+            raise
+        self.sock = s
+
+
+def default_url() -> str:
+    """``$DRA_POOL``, else the socket of a pool served from this directory with the defaults."""
+    return os.environ.get("DRA_POOL") or "unix:dra-pool/pool.sock"
 
 
 class PoolClient:
-    """Talks to a pool daemon. ``retry_s``: how long a call keeps retrying while the daemon is
-    unreachable (a restarting daemon); 0 fails at once."""
+    """Talks to a pool daemon at ``url``: ``unix:PATH`` (or a path) or ``http://host:port`` (with
+    ``token``, default ``$DRA_POOL_TOKEN`` or the file ``$DRA_POOL_TOKEN_FILE``). ``retry_s``: how
+    long a call keeps retrying while the daemon is unreachable; 0 fails at once."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0, retry_s: float = 0.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0, retry_s: float = 0.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retry_s = retry_s
+        if self.url.startswith("http://"):
+            hostport = self.url[len("http://"):].split("/")[0]
+            host, _, port = hostport.rpartition(":")
+            self._target: tuple[str, Any] = ("tcp", (host.strip("[]") or "127.0.0.1", int(port or 80)))
+            if token is None and os.environ.get("DRA_POOL_TOKEN_FILE"):
+                token = _auth.load_token(os.environ["DRA_POOL_TOKEN_FILE"])
+            self.token = token or os.environ.get("DRA_POOL_TOKEN")
+        elif self.url.startswith("https://"):
+            raise ValueError("pool: https is not served; use the Unix socket, or http on loopback with a token")
+        else:
+            path = self.url[len("unix:"):] if self.url.startswith("unix:") else self.url
+            self._target = ("unix", str(Path(path).absolute()))
+            self.token = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        kind, where = self._target
+        if kind == "unix":
+            return _UnixConnection(where, self.timeout_s)
+        return http.client.HTTPConnection(where[0], where[1], timeout=self.timeout_s)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, raw: bool = False) -> Any:
         deadline = time.monotonic() + self.retry_s
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         while True:
-            req = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+            conn = self._connection()
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                    text = r.read().decode()
-                return text if raw else json.loads(text)
-            except urllib.error.HTTPError as e:
-                try:
-                    msg = json.loads(e.read().decode()).get("error", str(e))
-                except Exception:  # noqa: BLE001
-                    msg = str(e)
-                if e.code == 400:
-                    raise ValueError(msg) from None
-                raise RuntimeError(f"pool {self.url}: {msg}") from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+                conn.request(method, path, body=data, headers=headers)
+                r = conn.getresponse()
+                text = r.read().decode()
+                code = r.status
+            except (ConnectionError, TimeoutError, OSError, http.client.HTTPException) as e:
                 if time.monotonic() >= deadline:
                     raise ConnectionError(f"pool {self.url} unreachable: {e}") from None
                 time.sleep(0.2)
+                continue
+            finally:
+                conn.close()
+            if code == 200:
+                return text if raw else json.loads(text)
+            try:
+                msg = json.loads(text).get("error", text)
+            except (json.JSONDecodeError, AttributeError):
+                msg = text
+            if code in (400, 404):
+                raise ValueError(msg)
+            if code in (401, 403):
+                raise PermissionError(msg)
+            if code == 409:
+                raise Superseded(msg)
+            raise RuntimeError(f"pool {self.url}: {msg}")
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/jobs", spec)
@@ -148,8 +324,8 @@ class PoolClient:
     def cancel(self, name: str) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{name}/cancel", {})
 
-    def drain(self) -> dict[str, Any]:
-        return self._call("POST", "/drain", {})
+    def drain(self, undo: bool = False) -> dict[str, Any]:
+        return self._call("POST", "/drain", {"undo": undo})
 
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/status")
@@ -157,13 +333,22 @@ class PoolClient:
     def metrics(self) -> str:
         return self._call("GET", "/metrics", raw=True)
 
+    def schema(self) -> dict[str, Any]:
+        return self._call("GET", "/schema")
+
     def job_spec(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/jobs/{name}")
 
     def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None = None,
-             done: bool = False, failed: bool = False) -> dict[str, Any]:
-        return self._call("POST", f"/jobs/{name}/sync", {"heartbeats": heartbeats, "released": released,
-                                                         "report": report, "done": done, "failed": failed})
+             done: bool = False, failed: bool = False, reason: str | None = None,
+             launcher: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"heartbeats": heartbeats, "released": released, "report": report, "done": done,
+                                "failed": failed}
+        if reason is not None:
+            body["reason"] = reason
+        if launcher is not None:
+            body["launcher"] = launcher
+        return self._call("POST", f"/jobs/{name}/sync", body)
 
     def report(self, name: str, report: dict[str, Any]) -> dict[str, Any]:
         """A service's own report (an inference frontend: rate_rps, queue) for the autoscaler."""

@@ -2,20 +2,24 @@
 
 Decisions are the C++ core's (``dra._core.pool``: request validation, the scheduler, the lease
 book, the replica autoscaler, the scaler on the cluster arbiter the simulator evaluates); this
-class keeps the state (SQLite), carries plans out and tells the launchers, which start and stop
-the workers. One lock guards everything; ``tick()`` runs every ``tick_s`` and after every change.
+class keeps the state (SQLite, one daemon per state directory), carries plans out, starts each
+job's launcher as the job's owner and answers the launchers, which start and stop the workers.
+One lock guards everything; ``tick()`` runs every ``tick_s`` and after every change.
 
-Modes: ``dynamic`` (admission with priority, aging and preemption; every ``scale_every_s`` the
-arbiter re-plans training jobs from their live reports and inference services follow their
-load) and ``static`` (the baseline: each job gets its requested workers for its whole life, first
-come first served with backfilling; no scaling).
+Modes: ``dynamic`` (inference whose SLO is at risk first, then admission with priority, aging and
+preemption; every ``scale_every_s`` the arbiter re-plans training jobs from their live reports),
+``static`` (the operator's baseline, as a batch scheduler runs it: each job at its request,
+``max_size``, for its whole life, by priority then arrival with backfilling; no scaling, no
+preemption) and ``static_naive`` (the same, priorities ignored: first come first served).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -25,46 +29,74 @@ from typing import Any
 
 from dra import _core
 from dra._core import pool as _p
-from dra.pool import _cgroup, _inventory
+from dra.pool import _auth, _cgroup, _inventory, _launchers
+from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._metrics import prometheus
 from dra.pool._spec import (
-    AUTOSCALE_FIELDS,
     REQUEST_FIELDS,
     fit_speedup,
+    make_request,
     remaining_size_s,
-    request_from_spec,
     speedup_curve,
+    validate_spec,
 )
-from dra.pool._state import StateDB
+from dra.pool._state import StateDB, StateLock
 
-__all__ = ["PoolService", "make_service", "request_from_spec", "speedup_curve"]
+__all__ = ["MODES", "NoSuchJob", "PoolService", "Superseded", "make_service", "speedup_curve"]
+
+MODES = ("dynamic", "static", "static_naive")
+ENDED = ("finished", "failed", "cancelled")
+
+
+class NoSuchJob(ValueError):
+    """No job of that name (HTTP 404)."""
+
+
+class Superseded(RuntimeError):
+    """A launcher that is not the job's own (HTTP 409): it stops."""
+
 
 class PoolService:
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
-    (None for GPUs or declared devices: leases are then enforced by the launcher's environment)."""
+    (None for GPUs or declared devices: leases are then enforced by the launcher's environment).
+    ``orphan_limit_s``: how long a job's launcher keeps its workers running while this daemon is
+    away (None: until it is back). ``ray_address``: the Ray cluster the devices are on (every job
+    then runs through Ray)."""
 
     def __init__(self, devices: list[Any], state_dir: str | Path, *, mode: str = "dynamic",
                  slots: _cgroup.Slots | None = None, tick_s: float = 0.05, scale_every_s: float = 2.0,
                  heartbeat_timeout_s: float = 3.0, start_grace_s: float = 60.0, aging_s: float = 120.0, name: str = "pool",
                  launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None,
-                 completion_aware: bool = False) -> None:
-        if mode not in ("dynamic", "static"):
-            raise ValueError(f"mode: must be 'dynamic' or 'static', got '{mode}'")
+                 orphan_limit_s: float | None = None, ray_address: str | None = None,
+                 state_lock: StateLock | None = None, completion_aware: bool = False) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
         if heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s: must be > 0, got {heartbeat_timeout_s}")
+        if orphan_limit_s is not None and orphan_limit_s <= 0:
+            raise ValueError(f"orphan_limit_s: must be > 0 (or None: no limit), got {orphan_limit_s}")
         self.name = name
         self.mode = mode
         self.inventory = _p.Inventory(devices)
         self.slots = slots
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o711)  # others may reach the socket in it, not list or read it
+        self._state_lock = state_lock or StateLock(self.state_dir)
+        try:
+            self.db = StateDB(self.state_dir / "pool.sqlite")
+        except Exception:
+            self._state_lock.release()
+            raise
         self.tick_s = tick_s
         self.scale_every_s = scale_every_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.start_grace_s = start_grace_s  # a new lease's worker may take this long to check in first
         self.launch_jobs = launch_jobs
         self.on_event = on_event
-        self.scheduler = _p.Scheduler(_p.SchedulerConfig(aging_s=aging_s if mode == "dynamic" else 0.0,
+        self.orphan_limit_s = orphan_limit_s
+        self.ray_address = ray_address
+        self.scheduler = _p.Scheduler(_p.SchedulerConfig(aging_s=aging_s if mode != "static_naive" else 0.0,
                                                           preemption=mode == "dynamic",
                                                           admit_to_request=mode == "dynamic"))
         self.arbiter = _p.ClusterArbiter()
@@ -75,23 +107,37 @@ class PoolService:
         self.completion = _p.CompletionConfig() if completion_aware else None
         self._curves: dict[str, list[tuple[float, float]]] = {}
         self.book = _p.LeaseBook()
-        self.db = StateDB(self.state_dir / "pool.sqlite")
         self.events_path = self.state_dir / "events.jsonl"
+        self.logs_dir = self.state_dir / "logs"
+        self.logs_dir.mkdir(exist_ok=True)
+        os.chmod(self.logs_dir, 0o711)  # a job's launcher log inside is its owner's (0600)
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.jobs: dict[str, dict[str, Any]] = {}
+        self._requests: dict[str, Any] = {}  # the scheduler's request per job (its spec is fixed)
         self.reports: dict[str, dict[str, Any]] = {}
         self.autoscalers: dict[str, Any] = {}
         self.replicas_wanted: dict[str, int] = {}  # inference: the autoscaler's latest answer
         self.draining = bool(self.db.get_meta("draining", False))
         self.counters = {"grants": 0, "releases": 0, "preemptions": 0, "reclaims": 0, "moves": 0}
-        self.launchers: dict[str, Any] = {}
+        self.launchers: dict[str, _launchers.LauncherRef] = {}
+        self.url: str | None = None  # the API launchers call (set by the server)
+        # Ray: why a node is gone (None while it is there), asked when a worker on it ended.
+        self.node_check: Callable[[str], str | None] | None = None
         self._last_scale = 0.0
+        self._last_check = 0.0
         self._planned: dict[str, tuple[int, int]] = {}  # last plan event per job (no repeats)
         self._resized_at: dict[str, float] = {}  # when the scaler last grew or shrank a job
-        self._restore()
+        self._running: dict[int, float] = {}  # lease -> when its worker first checked in
+        self._errors: dict[str, list[float]] = {}  # an internal error's text -> [last event time, repeats]
+        try:
+            self._restore()
+        except Exception:
+            self.db.close()
+            self._state_lock.release()
+            raise
 
     # ------------------------------------------------------------------------------------------
     # durable state
@@ -100,6 +146,7 @@ class PoolService:
         now = time.time()
         for j in self.db.jobs():
             self.jobs[j["name"]] = j
+            self._requests[j["name"]] = make_request({**j["spec"], "name": j["name"]})
         restored = 0
         for row in self.db.leases():
             l = _p.Lease()
@@ -111,12 +158,35 @@ class PoolService:
                 continue
             self.book.restore(l)
             if self.slots is not None:
-                self.slots.make_lease(l.device, l.id, l.share)
+                self.slots.make_lease(l.device, l.id, l.share, self._owner(l.job).uid)
             restored += 1
         self.book.set_next_id(int(self.db.get_meta("next_lease", 1)))
         self.counters.update(self.db.get_meta("counters", {}) or {})
+        adopted = []
+        for name, j in self.jobs.items():
+            if j["state"] in ENDED:
+                continue
+            ref = _launchers.adopt(j["info"].get("launcher"))
+            if ref is not None:  # still running its job: adopted, never a second one
+                self.launchers[name] = ref
+                adopted.append(name)
         if self.jobs or restored:
-            self._event({"event": "restore", "jobs": len(self.jobs), "leases": restored})
+            self._event({"event": "restore", "jobs": len(self.jobs), "leases": restored, "adopted": adopted})
+        removed: list[int] = []
+        for name, j in self.jobs.items():
+            rec = j["info"].get("launcher")
+            if not rec or not rec.get("pid") or name in self.launchers:
+                continue
+            if j["state"] == "running":  # its launcher ended while no daemon was there: its workers went with it
+                self._end(name, "failed", f"its launcher (pid {rec.get('pid')}) ended while the pool daemon was away",
+                          removed, now)
+            elif j["state"] == "waiting":  # nothing of it ran yet: it gets a launcher again
+                for l in self.book.of_job(name):
+                    self._release(l.id, "its launcher is gone", removed)
+                del j["info"]["launcher"]
+                self._save_job(name)
+        if removed:
+            self._save_leases([], removed)
 
     def _save_job(self, name: str) -> None:
         self.db.put_job(self.jobs[name])
@@ -128,55 +198,142 @@ class PoolService:
 
     def _event(self, ev: dict[str, Any]) -> None:
         ev = {"time": time.time(), **ev}
-        with open(self.events_path, "a") as f:
-            f.write(json.dumps(ev) + "\n")
+        fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (json.dumps(ev) + "\n").encode())
+        finally:
+            os.close(fd)
         if self.on_event is not None:
             self.on_event(ev)
+
+    def internal_error(self, where: str, e: BaseException) -> None:
+        """An error of the daemon itself: one event, then at most one a minute for the same error
+        (with how often it repeated), so a recurring fault never floods the log."""
+        text = f"{where}: {type(e).__name__}: {e}"
+        now = time.time()
+        seen = self._errors.setdefault(text, [0.0, 0])
+        seen[1] += 1
+        if now - seen[0] >= 60.0:
+            self._event({"event": "error", "error": text, "repeats": seen[1]})
+            print(f"[dra pool] {text} (x{seen[1]})", file=sys.stderr, flush=True)
+            seen[0], seen[1] = now, 0
+
+    # ------------------------------------------------------------------------------------------
+    # who may do what
+    # ------------------------------------------------------------------------------------------
+    def _owner(self, name: str) -> Owner:
+        info = self.jobs.get(name, {}).get("info", {})
+        return Owner.from_json(info["owner"]) if "owner" in info else _auth.owner_of(os.geteuid())
+
+    def _may(self, name: str, caller: Caller | None) -> bool:
+        caller = caller or _auth.local_caller()
+        return caller.operator or self._owner(name).uid == caller.uid
+
+    def _authorize(self, name: str, caller: Caller | None, what: str) -> None:
+        if not self._may(name, caller):
+            who = (caller or _auth.local_caller()).name()
+            raise Forbidden(f"job: '{name}' belongs to {self._owner(name).user}; {who} may not {what} it "
+                            "(only its owner or an operator may)")
+
+    def _operator(self, caller: Caller | None, what: str) -> None:
+        caller = caller or _auth.local_caller()
+        if not caller.operator:
+            raise Forbidden(f"pool: only an operator (root or {_auth.user_name(os.geteuid())}) may {what}; "
+                            f"{caller.name()} is not one")
 
     # ------------------------------------------------------------------------------------------
     # requests from clients and launchers
     # ------------------------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        req = request_from_spec(spec)
+    def submit(self, spec: Any, caller: Caller | None = None) -> dict[str, Any]:
+        caller = caller or _auth.local_caller()
+        spec = validate_spec(spec)
+        if "user" in spec:
+            if not caller.operator:
+                raise Forbidden("user: only an operator may submit a job as another user; drop 'user'")
+            owner = _auth.owner_named(spec.pop("user"))
+        else:
+            owner = _auth.owner_of(caller.uid, caller.gid)
+        if owner.uid != os.geteuid() and os.geteuid() != 0:
+            raise Forbidden(f"user: this pool runs as {_auth.user_name(os.geteuid())} and can run jobs of that user "
+                            f"only, not of {owner.user}; ask its operator, or serve a pool of your own")
+        req = make_request(spec)
         req.validate(self.inventory)
-        if self.mode == "static":  # the baseline: its request, rigid, for life; first come first served
+        if self.mode != "dynamic":  # the baselines: the request, rigid, for life
             req.min_size = req.max_size
             req.elastic = False
-            req.priority = "normal"
+            if self.mode == "static_naive":
+                req.priority = "normal"
         if "options" in spec:
-            if not isinstance(spec["options"], dict):
-                raise ValueError("options: must be an object of the job's controller options (dra.Options.names())")
             try:
                 _core.Options(**spec["options"])
-            except ValueError as e:
+            except (ValueError, TypeError) as e:
                 raise ValueError(f"options: {e}") from None
-        if "autoscale" in spec:
-            bad = set(spec["autoscale"]) - set(AUTOSCALE_FIELDS)
-            if bad:
-                raise ValueError(f"autoscale.{sorted(bad)[0]}: unknown; valid: {', '.join(AUTOSCALE_FIELDS)}")
+        if "autoscale" in spec or req.kind == "inference":
+            try:
+                _p.ReplicaAutoscaler(_p.AutoscalerConfig(**spec.get("autoscale", {}), min_replicas=req.min_size,
+                                                         max_replicas=req.max_size))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"autoscale.{e}") from None
+        if self.ray_address is not None:
+            if spec.get("ray") is False or (isinstance(spec.get("ray"), str) and spec["ray"] != self.ray_address):
+                raise ValueError(f"ray: this pool's devices are the Ray cluster's at {self.ray_address}; its jobs run "
+                                 "there: drop 'ray' or give true")
+            spec["ray"] = self.ray_address
+        elif spec.get("ray"):
+            raise ValueError("ray: this pool's devices are not a Ray cluster's; drop 'ray', or serve a pool on Ray "
+                             "(dra pool serve --inventory ray:ADDRESS)")
+        if spec.get("network") == "private" and (self.ray_address is not None or os.geteuid() != 0):
+            raise ValueError("network: a private network needs a local pool run by root (a Ray job's workers talk "
+                             "across machines); drop 'network'")
+        spec.setdefault("network", "private" if self.ray_address is None and os.geteuid() == 0 else "host")
+        if self.launch_jobs:
+            if not spec.get("command"):
+                raise ValueError('command: a job needs a command (a list of strings, e.g. ["python", "train.py"])')
+            spec.setdefault("cwd", owner.home if Path(owner.home).is_dir() else "/")
+            why = _auth.can_enter(spec["cwd"], owner)
+            if why:
+                raise ValueError(f"cwd: {why}; give a directory the job's user ({owner.user}) can enter")
         with self._lock:
             if self.draining:
-                raise ValueError(f"name: the pool is draining; job '{req.job}' was not accepted")
+                raise ValueError(f"name: the pool is draining; job '{req.job}' was not accepted (dra pool drain --undo "
+                                 "accepts jobs again)")
             old = self.jobs.get(req.job)
-            if old is not None and old["state"] in ("waiting", "running"):
-                raise ValueError(f"name: a job '{req.job}' is already {old['state']}; choose another name")
+            if old is not None and old["state"] not in ENDED:
+                raise ValueError(f"name: a job '{req.job}' is already {old['state']}; choose another name (a name is "
+                                 "free again once its job has ended)")
+            if old is not None:
+                self._forget(req.job, old)
             order = int(self.db.get_meta("order", 0)) + 1
             self.db.set_meta("order", order)
             stored = dict(spec)
             for k in REQUEST_FIELDS:
                 stored[k] = getattr(req, k)
             job = {"name": req.job, "order": order, "spec": stored, "state": "waiting", "submitted_at": time.time(),
-                   "started_at": None, "finished_at": None, "info": {}}
+                   "started_at": None, "finished_at": None, "info": {"owner": owner.to_json()}}
             self.jobs[req.job] = job
+            self._requests[req.job] = make_request(stored)
             self._save_job(req.job)
-            self._event({"event": "submit", "job": req.job, "request": {k: stored[k] for k in REQUEST_FIELDS}})
+            self._event({"event": "submit", "job": req.job, "user": owner.user,
+                         "request": {k: stored[k] for k in REQUEST_FIELDS}})
         self._wake.set()
         return {"job": req.job, "state": "waiting"}
 
-    def cancel(self, name: str) -> dict[str, Any]:
+    def _forget(self, name: str, old: dict[str, Any]) -> None:
+        """A name used again once its job ended: the old job's record is replaced (its events stay
+        in events.jsonl; its launcher log is kept as ``<name>.launcher.log.<order>``)."""
+        log = self.logs_dir / f"{name}.launcher.log"
+        if log.exists():
+            log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
+        for d in (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
+                  self._resized_at):
+            d.pop(name, None)
+        self._event({"event": "reuse", "job": name, "previous_order": old["order"], "previous_state": old["state"]})
+
+    def cancel(self, name: str, caller: Caller | None = None) -> dict[str, Any]:
         with self._lock:
             job = self._job(name)
-            if job["state"] in ("finished", "cancelled", "failed"):
+            self._authorize(name, caller, "cancel")
+            if job["state"] in ENDED:
                 return {"job": name, "state": job["state"]}
             job["state"] = "cancelled"
             job["finished_at"] = time.time()
@@ -186,18 +343,42 @@ class PoolService:
                 self.book.mark_releasing(l.id)
                 changed.append(self.book.at(l.id))
             self._save_leases(changed)
-            self._event({"event": "cancel", "job": name})
+            self._event({"event": "cancel", "job": name, "by": (caller or _auth.local_caller()).name()})
         self._wake.set()
         return {"job": name, "state": "cancelled"}
 
-    def drain(self) -> dict[str, Any]:
+    def drain(self, caller: Caller | None = None) -> dict[str, Any]:
+        self._operator(caller, "drain the pool")
         with self._lock:
             self.draining = True
             self.db.set_meta("draining", True)
             waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting"]
             self._event({"event": "drain", "waiting": waiting})
-        return {"draining": True, "running": [n for n, j in self.jobs.items() if j["state"] == "running"],
-                "waiting": waiting}
+            return {"draining": True, "running": [n for n, j in self.jobs.items() if j["state"] == "running"],
+                    "waiting": waiting}
+
+    def undrain(self, caller: Caller | None = None) -> dict[str, Any]:
+        """Undoes a drain: new jobs are accepted and waiting ones admitted again."""
+        self._operator(caller, "undo a drain")
+        with self._lock:
+            self.draining = False
+            self.db.set_meta("draining", False)
+            self._event({"event": "undrain"})
+        self._wake.set()
+        return {"draining": False}
+
+    def add_node(self, node: str, devices: list[Any]) -> list[str]:
+        """A node joined (or came back): its devices join the inventory."""
+        with self._lock:
+            added = []
+            for d in devices:
+                if not self.inventory.contains(d.id):
+                    self.inventory.add(d)
+                    added.append(d.id)
+            if added:
+                self._event({"event": "node_added", "node": node, "devices": added})
+        self._wake.set()
+        return added
 
     def remove_node(self, node: str, reason: str = "node lost") -> list[str]:
         """A node left the cluster: its devices go, its leases are released (their workers went
@@ -209,24 +390,30 @@ class PoolService:
                     self._release(l.id, reason, removed)
             gone = self.inventory.remove_node(node)
             self._save_leases([], removed)
-            self._event({"event": "node_removed", "node": node, "devices": gone, "leases": removed})
+            if gone:
+                self._event({"event": "node_removed", "node": node, "devices": gone, "leases": removed,
+                             "reason": reason})
         self._wake.set()
         return gone
 
-    def set_report(self, name: str, report: dict[str, Any]) -> dict[str, Any]:
+    def set_report(self, name: str, report: Any, caller: Caller | None = None) -> dict[str, Any]:
         """A report from outside the job's store (an inference frontend's rate and queue)."""
+        report = _check_report(report)
         with self._lock:
             self._job(name)
+            self._authorize(name, caller, "report for")
             self.reports[name] = {**self.reports.get(name, {}), **report}
         return {"job": name}
 
-    def job_spec(self, name: str) -> dict[str, Any]:
+    def job_spec(self, name: str, caller: Caller | None = None) -> dict[str, Any]:
         with self._lock:
-            return dict(self._job(name)["spec"])
+            spec = dict(self._job(name)["spec"])
+            self._authorize(name, caller, "read")
+            return spec
 
     def _job(self, name: str) -> dict[str, Any]:
         if name not in self.jobs:
-            raise ValueError(f"job: no job '{name}' in the pool")
+            raise NoSuchJob(f"job: no job '{name}' in the pool")
         return self.jobs[name]
 
     def lease_env(self, l: Any) -> dict[str, str]:
@@ -248,19 +435,54 @@ class PoolService:
                 env["DRA_ENFORCEMENT"] = "mps" if d.enforcement == "mps" else "soft"
         return env
 
+    def sync_request(self, name: str, body: dict[str, Any], caller: Caller | None = None) -> dict[str, Any]:
+        """``sync`` from an API body, every field checked for its type."""
+        def ids(key: str) -> list[int]:
+            v = body.get(key, [])
+            if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"{key}: must be a list of lease ids (integers)")
+            return v
+
+        for key in ("done", "failed"):
+            if not isinstance(body.get(key, False), bool):
+                raise ValueError(f"{key}: must be true or false")
+        for key in ("reason", "launcher"):
+            if body.get(key) is not None and not isinstance(body[key], str):
+                raise ValueError(f"{key}: must be a string")
+        report = body.get("report")
+        return self.sync(name, ids("heartbeats"), ids("released"), None if report is None else _check_report(report),
+                         body.get("done", False), body.get("failed", False), body.get("reason"),
+                         body.get("launcher"), caller)
+
     def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None,
-             done: bool = False, failed: bool = False) -> dict[str, Any]:
+             done: bool = False, failed: bool = False, reason: str | None = None, launcher: str | None = None,
+             caller: Caller | None = None) -> dict[str, Any]:
         """A launcher's periodic call: its live leases, the leases its exited workers held, the
         job's report. Answers with the job's leases (new ones to start workers on) and the leases
-        the pool wants back."""
+        the pool wants back. ``launcher``: the caller's launch id (a second launcher is refused)."""
         now = time.time()
         with self._lock:
             job = self._job(name)
+            self._authorize(name, caller, "run")
+            self._check_launcher(name, job, launcher, caller)
             changed, removed = [], []
             for lid in heartbeats:
                 if self.book.contains(lid) and self.book.at(lid).job == name:
                     self.book.heartbeat(lid, now)
                     changed.append(self.book.at(lid))
+                    if lid not in self._running:
+                        self._running[lid] = now
+                        self._event({"event": "worker_start", "job": name, "lease": lid,
+                                     "device": self.book.at(lid).device})
+            if self.node_check is not None and released:
+                # A worker that ended may have ended with its node: asked now, before its device
+                # could be granted again (the watcher would see it within a second).
+                nodes = {self.inventory.at(self.book.at(lid).device).node for lid in released
+                         if self.book.contains(lid) and self.inventory.contains(self.book.at(lid).device)}
+                for node in sorted(nodes):
+                    why = self.node_check(node)
+                    if why:
+                        self.remove_node(node, why)
             for lid in released:
                 if self.book.contains(lid) and self.book.at(lid).job == name:
                     was = self.book.at(lid)
@@ -276,20 +498,18 @@ class PoolService:
             if report:
                 self.reports[name] = {**self.reports.get(name, {}), **report}
                 self._observe_curve(name, report)
+                if isinstance(report.get("step"), int) and report["step"] >= 1 and "first_step_at" not in job["info"]:
+                    job["info"]["first_step_at"] = now
+                    self._event({"event": "first_step", "job": name})
             if job["state"] == "waiting" and self.book.count(name) > 0:
                 job["state"] = "running"
                 job["started_at"] = now
                 self._event({"event": "start", "job": name, "workers": self.book.count(name)})
             if (done or failed) and job["state"] in ("running", "waiting", "cancelled"):
-                if job["state"] != "cancelled":
-                    job["state"] = "failed" if failed else "finished"
-                job["finished_at"] = job["finished_at"] or now
-                for l in self.book.of_job(name):
-                    self._release(l.id, "job ended", removed)
-                self._event({"event": "finish", "job": name, "state": job["state"],
-                             "jct_s": now - job["submitted_at"]})
+                state = "cancelled" if job["state"] == "cancelled" else ("failed" if failed else "finished")
+                self._end(name, state, reason, removed, now)
                 steps = float((self.reports.get(name) or {}).get("step") or 0)
-                if job["state"] == "finished" and steps > 0 and job["spec"]["kind"] == "training":
+                if state == "finished" and steps > 0 and job["spec"].get("kind", "training") == "training":
                     spec = job["spec"]
                     self.remaining.record_completion(self._job_class(name), steps, float(spec.get("declared_steps") or 0),
                                                      self._curves.get(name, []))
@@ -318,6 +538,20 @@ class PoolService:
             if len(curve) > 256:
                 del curve[::2]
 
+    def _check_launcher(self, name: str, job: dict[str, Any], launcher: str | None, caller: Caller | None) -> None:
+        if launcher is None:
+            return  # an in-process caller (tests, an embedding program)
+        rec = job["info"].get("launcher")
+        if rec is None:  # a launcher started by hand (dra run --pool ... --job NAME): the first one is the job's
+            pid = caller.pid if caller is not None else 0
+            ref = _launchers.LauncherRef(launcher, pid, _launchers.proc_start(pid) if pid else None)
+            job["info"]["launcher"] = ref.to_json()
+            if pid:
+                self.launchers[name] = ref
+            self._event({"event": "launcher", "job": name, "pid": pid, "by_hand": True})
+        elif rec.get("id") != launcher:
+            raise Superseded(f"job: '{name}' is run by another launcher (pid {rec.get('pid')}); this one stops")
+
     def _set_state(self, lid: int, state: str) -> None:
         l = self.book.release(lid)
         l.state = state
@@ -326,11 +560,28 @@ class PoolService:
     def _release(self, lid: int, reason: str, removed: list[int]) -> None:
         l = self.book.release(lid)
         removed.append(lid)
+        self._running.pop(lid, None)
         self.counters["releases"] += 1
-        if self.slots is not None:
-            self.slots.remove_lease(l.device, l.id)
+        if self.slots is not None and self.slots.has(l.device):
+            # No compute without a lease: whatever is still in its cgroup (a child the worker
+            # left behind, a worker whose launcher stopped checking in) is stopped.
+            self.slots.remove_lease(l.device, l.id, kill=True)
         self._event({"event": "release", "job": l.job, "lease": lid, "device": l.device, "reason": reason,
                      "held_s": time.time() - l.granted_at})
+
+    def _end(self, name: str, state: str, reason: str | None, removed: list[int], now: float) -> None:
+        """A job ends: its leases go back, one ``finish`` event says how and why."""
+        j = self.jobs[name]
+        j["state"] = state
+        j["finished_at"] = j["finished_at"] or now
+        if reason:
+            j["info"]["reason"] = reason
+        for l in self.book.of_job(name):
+            self._release(l.id, "job ended", removed)
+        self.launchers.pop(name, None)
+        self._save_job(name)
+        self._event({"event": "finish", "job": name, "state": state, "jct_s": now - j["submitted_at"],
+                     **({"reason": reason} if reason else {})})
 
     # ------------------------------------------------------------------------------------------
     # the loop
@@ -346,13 +597,11 @@ class PoolService:
             self._thread.join(timeout=5)
 
     def close(self, remove_slots: bool = True) -> None:
+        """Stops the loop and lets the state go. Launchers are not waited for: they keep their
+        jobs running, and a daemon started on this state adopts them."""
         self.stop()
-        for p in self.launchers.values():  # they end with their jobs; a live one is left running
-            try:
-                p.wait(timeout=10)
-            except Exception:  # noqa: BLE001
-                p.returncode = p.returncode if p.returncode is not None else -1  # detached: not ours to wait for
         self.db.close()
+        self._state_lock.release()
         if remove_slots and self.slots is not None:
             self.slots.close()
 
@@ -363,15 +612,12 @@ class PoolService:
             try:
                 self.tick()
             except Exception as e:  # noqa: BLE001 - the loop must live; the error is an event
-                self._event({"event": "error", "error": f"{type(e).__name__}: {e}"})
+                self.internal_error("loop", e)
 
-    def _entries(self, states: tuple[str, ...]) -> list[Any]:
-        out = []
-        for name, j in self.jobs.items():
-            if j["state"] in states:
-                out.append(_p.JobEntry(request_from_spec({**{k: j["spec"][k] for k in REQUEST_FIELDS}, "name": name}),
-                                       j["submitted_at"], j["order"]))
-        return out
+    def _entries(self, states: tuple[str, ...], urgent: dict[str, int] | None = None) -> list[Any]:
+        urgent = urgent or {}
+        return [_p.JobEntry(self._requests[name], j["submitted_at"], j["order"], urgent.get(name, 0))
+                for name, j in self.jobs.items() if j["state"] in states]
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -386,30 +632,67 @@ class PoolService:
                 j = self.jobs.get(job)
                 if j is not None and j["state"] in ("waiting", "running") and self.book.count(job) == 0:
                     # Nothing of the job checks in any more (its launcher is gone): it is lost.
-                    j["state"], j["finished_at"] = "failed", now
-                    self._save_job(job)
-                    self._event({"event": "finish", "job": job, "state": "failed", "reason": "lost: no heartbeat",
-                                 "jct_s": now - j["submitted_at"]})
-            # Leases of jobs that ended without telling us.
+                    self._end(job, "failed", "lost: no heartbeat from its launcher", removed, now)
+            # 2. Launchers that ended without a last word; leases of jobs that ended.
+            if now - self._last_check >= 0.25:
+                self._last_check = now
+                self._check_launchers(now, removed)
             for l in self.book.all():
                 if self.jobs.get(l.job, {}).get("state") in ("finished", "failed", None):
                     self._release(l.id, "job gone", removed)
-            # 2. Admission (waiting jobs first, then jobs below their minimum).
+            # 3. Inference whose SLO is at risk first, then admission (waiting jobs, jobs below
+            # their minimum); a service short of replicas never waits for the next re-plan.
             live = ("running",) if self.draining else ("waiting", "running")
-            plan = self.scheduler.admit(self.inventory, self._entries(live), self.book, now)
+            urgent = self._inference_wants(now) if self.mode == "dynamic" else {}
+            plan = self.scheduler.admit(self.inventory, self._entries(live, urgent), self.book, now)
             changed += self._apply(plan, now)
-            # 3. Scaling (dynamic): inference follows its load, the arbiter divides the rest.
-            short = self.mode == "dynamic" and self._inference_short(now)
-            if self.mode == "dynamic" and (short or now - self._last_scale >= self.scale_every_s):
+            # 4. Scaling (dynamic): inference follows its load, the arbiter divides the rest.
+            if self.mode == "dynamic" and now - self._last_scale >= self.scale_every_s:
                 self._last_scale = now
                 changed += self._scale(now)
             if changed or removed:
                 self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
-            # A job's launcher starts at submission, so it is warm (store, fork server with torch
-            # imported) by the time the job is granted devices.
-            for name, j in self.jobs.items():
-                if j["state"] == "waiting" and self.launch_jobs and j["spec"].get("command"):
-                    self._launch(name)
+            # 5. A job's launcher starts at submission, so it is warm (store, fork server with torch
+            # imported) by the time the job is granted devices. One that cannot start fails its job
+            # at once, with one event, and the others are launched all the same.
+            if self.launch_jobs and self.url is not None:
+                for name in [n for n, j in self.jobs.items() if j["state"] == "waiting" and n not in self.launchers]:
+                    self._launch(name, now)
+
+    def _check_launchers(self, now: float, removed: list[int]) -> None:
+        for name, ref in list(self.launchers.items()):
+            j = self.jobs.get(name)
+            if j is None or ref.alive():
+                continue
+            self.launchers.pop(name)
+            if j["state"] in ("waiting", "running"):
+                code = ref.exit_code()
+                log = self.logs_dir / f"{name}.launcher.log"
+                self._end(name, "failed", f"its launcher exited{'' if code is None else f' (code {code})'} before the "
+                          f"job ended; see {log}", removed, now)
+            elif j["state"] == "cancelled":
+                for l in self.book.of_job(name):
+                    self._release(l.id, "job ended", removed)
+
+    def _launch(self, name: str, now: float) -> None:
+        assert self.url is not None
+        job = self.jobs[name]
+        spec = job["spec"]
+        env = {} if self.orphan_limit_s is None else {"DRA_POOL_ORPHAN_LIMIT_S": f"{self.orphan_limit_s:g}"}
+        if spec.get("network") == "private":
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface the job has
+        try:
+            ref = _launchers.start(name, self.url, self._owner(name), spec.get("cwd") or "/",
+                                   self.logs_dir / f"{name}.launcher.log", env, spec.get("network") == "private")
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            removed: list[int] = []
+            self._end(name, "failed", f"its launcher could not start: {e}", removed, now)
+            self._save_leases([], removed)
+            return
+        self.launchers[name] = ref
+        job["info"]["launcher"] = ref.to_json()
+        self._save_job(name)
+        self._event({"event": "launch", "job": name, "pid": ref.pid, "user": self._owner(name).user})
 
     def _apply(self, plan: Any, now: float) -> list[Any]:
         changed = []
@@ -417,10 +700,14 @@ class PoolService:
             l = self.book.grant(self.inventory, g.job, g.device, g.share, now)
             self.book.heartbeat(l.id, now + max(0.0, self.start_grace_s - self.heartbeat_timeout_s))
             l = self.book.at(l.id)
-            if self.slots is not None:
-                self.slots.make_lease(l.device, l.id, l.share)
+            if self.slots is not None and self.slots.has(l.device):
+                self.slots.make_lease(l.device, l.id, l.share, self._owner(g.job).uid)
             changed.append(l)
             self.counters["grants"] += 1
+            info = self.jobs[g.job]["info"]
+            if "first_grant_at" not in info:
+                info["first_grant_at"] = now
+                self._save_job(g.job)
             self._event({"event": "grant", "job": g.job, "lease": l.id, "device": g.device, "share": g.share,
                          "reason": g.reason})
         for r in plan.releases:
@@ -443,11 +730,11 @@ class PoolService:
             a = self.autoscalers[name] = _p.ReplicaAutoscaler(_p.AutoscalerConfig(**cfg))
         return a
 
-    def _inference_short(self, now: float) -> bool:
-        """Feeds every running inference service's load to its autoscaler (once per tick) and says
-        whether one needs more replicas now: it is served at once, not at the next re-plan (its
-        peaks do not wait)."""
-        short = False
+    def _inference_wants(self, now: float) -> dict[str, int]:
+        """Feeds every running inference service's load to its autoscaler (once per tick) and
+        returns the services that want more replicas than they have now: their SLO is at risk,
+        and the scheduler serves them before any admission or growth."""
+        urgent = {}
         for name, j in self.jobs.items():
             report = self.reports.get(name)
             if j["state"] != "running" or j["spec"]["kind"] != "inference" or not report:
@@ -457,9 +744,9 @@ class PoolService:
                                                  current, float(report.get("replica_rps", 0.0)))
             self.replicas_wanted[name] = want
             report["replicas_wanted"] = want
-            if want > current and self.book.count(name) == current:  # none on its way already
-                short = True
-        return short
+            if want > current:
+                urgent[name] = want
+        return urgent
 
     def _scale(self, now: float) -> list[Any]:
         running = [n for n, j in self.jobs.items() if j["state"] == "running"]
@@ -485,7 +772,11 @@ class PoolService:
             if spec["kind"] == "inference":
                 sj.replicas_wanted = self.replicas_wanted.get(name, -1)
             else:
-                sj.speedup, source = fit_speedup(report, spec["max_size"])
+                try:
+                    sj.speedup, source = fit_speedup(report, spec["max_size"])
+                except (TypeError, ValueError, KeyError, AttributeError):  # a report the job got wrong
+                    sj.speedup, source = fit_speedup(None, spec["max_size"])
+                    source = "prior (report unreadable)"
                 curves[name] = source
                 estimate = self.remaining.estimate(self._job_class(name), float((report or {}).get("step") or 0),
                                                    float(spec.get("declared_steps") or 0), self._curves.get(name, []))
@@ -515,27 +806,11 @@ class PoolService:
         return self._apply(plan, now)
 
     # ------------------------------------------------------------------------------------------
-    # launching pool-submitted jobs (one `dra run` launcher per job, detached)
-    # ------------------------------------------------------------------------------------------
-    url: str | None = None
-
-    def _launch(self, name: str) -> None:
-        if name in self.launchers or self.url is None:
-            return
-        import subprocess
-
-        logs = self.state_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        log = open(logs / f"{name}.launcher.log", "ab")
-        cmd = [sys.executable, "-m", "dra", "run", "--pool", self.url, "--job", name]
-        self.launchers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, cwd=self.jobs[name]["spec"].get("cwd") or None)
-        log.close()
-
-    # ------------------------------------------------------------------------------------------
     # views
     # ------------------------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self, caller: Caller | None = None) -> dict[str, Any]:
+        """Devices, leases and jobs; a job's report and why it ended only for its owner and
+        operators (everyone sees names, owners, states and sizes, as a batch queue shows them)."""
         with self._lock:
             now = time.time()
             devices = []
@@ -547,12 +822,17 @@ class PoolService:
                        "age_s": now - l.granted_at, "heartbeat_age_s": now - l.heartbeat_at} for l in self.book.all()]
             jobs = []
             for name, j in self.jobs.items():
-                jobs.append({"name": name, "state": j["state"], "kind": j["spec"]["kind"],
-                             "priority": j["spec"]["priority"], "min_size": j["spec"]["min_size"],
-                             "max_size": j["spec"]["max_size"], "elastic": j["spec"]["elastic"],
-                             "workers": self.book.count(name, False), "submitted_at": j["submitted_at"],
-                             "started_at": j["started_at"], "finished_at": j["finished_at"],
-                             "report": self.reports.get(name)})
+                mine = self._may(name, caller)
+                jobs.append({"name": name, "user": self._owner(name).user, "state": j["state"],
+                             "kind": j["spec"]["kind"], "priority": j["spec"]["priority"],
+                             "min_size": j["spec"]["min_size"], "max_size": j["spec"]["max_size"],
+                             "elastic": j["spec"]["elastic"], "workers": self.book.count(name, False),
+                             "submitted_at": j["submitted_at"], "started_at": j["started_at"],
+                             "finished_at": j["finished_at"],
+                             "first_grant_at": j["info"].get("first_grant_at"),
+                             "first_step_at": j["info"].get("first_step_at"),
+                             "report": self.reports.get(name) if mine else None,
+                             "reason": j["info"].get("reason") if mine else None})
             usage = self.slots.usage_all() if self.slots is not None else {}
             return {"pool": self.name, "mode": self.mode, "draining": self.draining, "time": now,
                     "devices": devices, "leases": leases, "jobs": jobs, "counters": dict(self.counters),
@@ -563,22 +843,48 @@ class PoolService:
         return prometheus(self.status())
 
 
-def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic", name: str = "pool",
-                 memory_gb: float = 2.0, **options: Any) -> PoolService:
-    """A pool from an inventory spec (see dra.pool._inventory.discover; ``ray`` or ``ray:ADDRESS``:
-    a Ray cluster's devices, watched for nodes that leave); CPU slots get cgroups."""
-    if inventory == "ray" or inventory.startswith("ray:"):
-        from dra.pool.ray_cluster import RayCluster
+def _check_report(report: Any) -> dict[str, Any]:
+    """A report is a JSON object of at most 64 kB; the fields the autoscaler reads are numbers."""
+    if not isinstance(report, dict):
+        raise ValueError("report: must be a JSON object")
+    if len(json.dumps(report)) > 65536:
+        raise ValueError("report: larger than 64 kB; report rates, queue lengths and sizes only")
+    for k in ("rate_rps", "queue", "replica_rps"):
+        v = report.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            raise ValueError(f"report.{k}: must be a finite number >= 0, got {json.dumps(v)[:40]}")
+    return report
 
-        cluster = RayCluster(inventory.split(":", 1)[1] if ":" in inventory else "auto")
-        service = PoolService(cluster.devices(), state_dir, mode=mode, name=name, **options)
-        service.ray_watch = cluster.watch(service.remove_node)
-        return service
-    devices, specs = _inventory.discover(inventory, memory_gb=memory_gb)
-    slots = _cgroup.Slots(name, specs) if specs else None
+
+def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic", name: str = "pool",
+                 memory_gb: float = 2.0, guarantee_slots: bool = True, **options: Any) -> PoolService:
+    """A pool from an inventory spec (see dra.pool._inventory.discover; ``ray`` or ``ray:ADDRESS``:
+    a Ray cluster's devices, watched for nodes that leave or join); CPU slots get cgroups (with
+    ``guarantee_slots``, a share that gives them their quota before processes outside the pool). The
+    state directory is locked and its database read before any cgroup is made, so a second daemon
+    or a corrupt state fails without leaving anything behind."""
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    lock = StateLock(state_dir)  # fails now, before any cgroup exists, if another daemon holds it
+    slots = None
     try:
-        return PoolService(devices, state_dir, mode=mode, slots=slots, name=name, **options)
+        StateDB(Path(state_dir) / "pool.sqlite").close()
+        if inventory == "ray" or inventory.startswith("ray:"):
+            from dra.pool.ray_cluster import RayCluster
+
+            address = inventory.split(":", 1)[1] if ":" in inventory else "auto"
+            cluster = RayCluster(address)
+            service = PoolService(cluster.devices(), state_dir, mode=mode, name=name, ray_address=address,
+                                  state_lock=lock, **options)
+            service.ray_watch = cluster.watch(service.remove_node, service.add_node)
+            service.node_check = cluster.node_gone
+            return service
+        devices, specs = _inventory.discover(inventory, memory_gb=memory_gb)
+        slots = _cgroup.Slots(name, specs, guarantee=guarantee_slots) if specs else None
+        return PoolService(devices, state_dir, mode=mode, slots=slots, name=name, state_lock=lock, **options)
     except Exception:
         if slots is not None:
             slots.close()
+        lock.release()
         raise

@@ -1,0 +1,171 @@
+"""Who is calling the pool and what they may do (docs/design/pool.md, "Trust").
+
+- On the Unix socket (the default) the kernel says who the caller is: its uid, gid and pid from
+  the socket's peer credentials (``SO_PEERCRED``); nothing to forge, no secret to leak.
+- On TCP (only when the operator asks for it) a caller shows the token from the operator's token
+  file (mode 0600) and acts as the operator.
+- A job is owned by the uid that submitted it and runs as that user (its uid, primary gid and
+  supplementary groups); only its owner or an operator (root, or the daemon's own user) reads,
+  cancels or changes it. Draining the pool is an operator's act.
+"""
+
+from __future__ import annotations
+
+import grp
+import hmac
+import os
+import pwd
+import secrets
+import socket
+import stat
+import struct
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class Forbidden(PermissionError):
+    """The caller may not do this (HTTP 403); the message says who may."""
+
+
+class Unauthenticated(PermissionError):
+    """The caller did not prove who it is (HTTP 401)."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int
+    gid: int
+    pid: int = 0
+    via: str = "local"  # "unix" (peer credentials), "token" (TCP), "local" (in-process)
+
+    @property
+    def operator(self) -> bool:
+        return self.uid == 0 or self.uid == os.geteuid()
+
+    def name(self) -> str:
+        return user_name(self.uid)
+
+
+def local_caller() -> Caller:
+    """This process, calling the service in-process (an embedding program is its own operator)."""
+    return Caller(os.geteuid(), os.getegid(), os.getpid(), "local")
+
+
+def peer_credentials(sock: socket.socket) -> Caller:
+    """The process at the other end of a Unix socket, as the kernel saw it connect."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Caller(uid, gid, pid, "unix")
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A job's owner: the user its processes run as."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    user: str
+    home: str
+    shell: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uid": self.uid, "gid": self.gid, "groups": list(self.groups), "user": self.user, "home": self.home,
+                "shell": self.shell}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Owner:
+        return Owner(int(d["uid"]), int(d["gid"]), tuple(int(g) for g in d.get("groups", [])), str(d["user"]),
+                     str(d.get("home", "/")), str(d.get("shell", "/bin/sh")))
+
+
+def owner_of(uid: int, gid: int | None = None) -> Owner:
+    """The user with this uid, with the groups the system gives it (initgroups' list)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:  # a uid without a passwd entry (a container's): its own gid, no groups
+        g = gid if gid is not None else uid
+        return Owner(uid, g, (g,), str(uid), "/", "/bin/sh")
+    return Owner(uid, pw.pw_gid, tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid)))), pw.pw_name, pw.pw_dir,
+                 pw.pw_shell)
+
+
+def owner_named(user: str) -> Owner:
+    try:
+        return owner_of(pwd.getpwnam(user).pw_uid)
+    except KeyError:
+        raise ValueError(f"user: no user '{user}' on this machine; name an existing user") from None
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def run_as_kwargs(owner: Owner) -> dict[str, Any]:
+    """subprocess.Popen arguments that start a process as the owner (uid, gid, supplementary
+    groups set before exec); none when it is this process's own user."""
+    if owner.uid == os.geteuid():
+        return {}
+    return {"user": owner.uid, "group": owner.gid, "extra_groups": list(owner.groups)}
+
+
+def can_enter(path: str, owner: Owner) -> str | None:
+    """None when the owner may use ``path`` as a working directory (checked as the owner, so
+    permissions and ACLs count as the kernel applies them), else why not."""
+    p = Path(path)
+    if owner.uid == os.geteuid():
+        if not p.is_dir():
+            return f"'{path}' is not an existing directory"
+        return None if os.access(p, os.X_OK) else f"'{path}' cannot be entered (permission denied)"
+    try:
+        r = subprocess.run(["test", "-d", path, "-a", "-x", path], timeout=10, **run_as_kwargs(owner))
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"'{path}' could not be checked as user {owner.user}: {e}"
+    return None if r.returncode == 0 else f"'{path}' is not a directory user {owner.user} can enter"
+
+
+# -- the operator's token (TCP) --------------------------------------------------------------------
+def load_token(path: str | Path, create: bool = False) -> str:
+    """The token in ``path`` (created with a fresh random token, mode 0600, when ``create`` and
+    absent). A token file others can read is refused: anyone who reads it is the operator."""
+    path = Path(path)
+    if create and not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ValueError(f"token file: {path} does not exist; give the pool's token file (--token-file) or "
+                         "set DRA_POOL_TOKEN") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"token file: {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                         f"run chmod 600 {path}")
+    token = path.read_text().strip()
+    if len(token) < 16:
+        raise ValueError(f"token file: {path} holds no token of at least 16 characters")
+    return token
+
+
+def token_matches(given: str | None, token: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
+def private_dir(path: str | Path, mode: int = 0o700) -> Path:
+    """Makes (or tightens) a directory only its owner may write to."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, mode)
+    return path

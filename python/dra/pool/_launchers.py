@@ -1,0 +1,104 @@
+"""The launchers of pool jobs (one ``dra run`` process per job), as seen from the daemon: started
+as the job's owner, with an environment of their own, and recognised again by a restarted daemon.
+
+A launcher outlives the daemon that started it (its own session; the jobs keep running while the
+daemon is away). Each one is known by its pid and the kernel's start time of that pid (so a reused
+pid is not mistaken for it) and by a launch id it shows at every call; a restarted daemon reads
+those back and adopts a launcher that is still alive instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra.pool._auth import Owner, run_as_kwargs
+
+#: Variables of the daemon's environment a job's launcher gets (the rest of a root daemon's
+#: environment, tokens included, is not the job's business); the job's own ``env`` comes on top.
+PASS_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH")
+
+
+def proc_start(pid: int) -> int | None:
+    """The kernel's start time of a live process (clock ticks since boot), None if it is gone or
+    a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3, start field 22
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+@dataclass
+class LauncherRef:
+    id: str
+    pid: int
+    start: int | None
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours (not adopted)
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return self.start is not None and proc_start(self.pid) == self.start
+
+    def exit_code(self) -> int | None:
+        return self.popen.returncode if self.popen is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "pid": self.pid, "start": self.start}
+
+
+def job_env(owner: Owner, extra: dict[str, str]) -> dict[str, str]:
+    """A launcher's environment: the passed-through variables, the owner's identity, ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k in PASS_ENV or k.startswith("LC_")}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update(HOME=owner.home, USER=owner.user, LOGNAME=owner.user, SHELL=owner.shell)
+    env.update(extra)
+    return env
+
+
+def open_log(path: Path, owner: Owner) -> int:
+    """The launcher's log, written by the daemon's child and readable by the job's owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    if os.geteuid() == 0:
+        os.fchown(fd, owner.uid, owner.gid)
+    return fd
+
+
+def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str, str],
+          private_network: bool = False) -> LauncherRef:
+    """Starts the launcher of a pool job as its owner in its own session: a root daemon starts it
+    through ``_isolate`` (a private network namespace when asked, then the owner's groups, gid and
+    uid, then exec); raises OSError when it cannot start (a missing cwd, say)."""
+    launch_id = secrets.token_hex(8)
+    cmd = [sys.executable, "-m", "dra", "run", "--pool", url, "--job", name]
+    extra: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        from dra.pool import _isolate
+
+        cmd = [sys.executable, "-I", _isolate.__file__, "--uid", str(owner.uid), "--gid", str(owner.gid),
+               "--groups", ",".join(map(str, owner.groups)), *(["--private-network"] if private_network else []),
+               "--", *cmd]
+    else:
+        extra = run_as_kwargs(owner)
+    fd = open_log(log, owner)
+    try:
+        p = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                             cwd=cwd, env=job_env(owner, {**env, "DRA_LAUNCH_ID": launch_id}), **extra)
+    finally:
+        os.close(fd)
+    return LauncherRef(launch_id, p.pid, proc_start(p.pid), p)
+
+
+def adopt(record: dict[str, Any] | None) -> LauncherRef | None:
+    """The launcher a previous daemon started, if it is still alive."""
+    if not record or "pid" not in record:
+        return None
+    ref = LauncherRef(str(record.get("id", "")), int(record["pid"]), record.get("start"))
+    return ref if ref.alive() else None
