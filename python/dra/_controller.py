@@ -120,6 +120,10 @@ class Controller(_core.Controller):
             refusal = self._refusal
             if refusal is not None:  # a rank did not train its batch: the step is redone
                 self.sampler._refused(refusal["excess"])
+            elif self.sampler._skipped_now:
+                # An asynchronous backend committed the step before it could tell (it reported it):
+                # the batches this rank skipped are dropped, so that the next steps line up again.
+                self.sampler._refused(self.sampler._skipped_now)
             self.sampler._consumed()
         if self.nonfinite_started:
             _warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1)

@@ -51,6 +51,9 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params, const ba
     pending_loss_->decision_flag = false;
     detail::write_tail(solo_tail_, *pending_loss_);
     reads_->push(step_index_, solo_tail_);
+    if (check.skipped > 0)  // no peer to compare with: this process's own count tells
+      refused_ = step_refusal{step_index_, "this process did not train its batch (a caught exception or a `continue`)",
+                              check.skipped};
     return false;
   }
   // The leader's "a decision is published" flag rides with the reduction, so that steps without a
@@ -104,7 +107,7 @@ void controller::gradient_ready(std::size_t index) {
 
 bool controller::finish_reduction() {
   if (role_ == role::local) return true;
-  if (!reducer_->active()) return failure_.empty() && role_ == role::member;
+  if (!reducer_->active()) return failure_.empty() && !refused_ && role_ == role::member;
   at::Tensor tail;
   try {
     tail = reducer_->finish();

@@ -78,6 +78,10 @@ world_changes = 0
 class CaughtFault(Exception):
     """An exception the training loop catches (the ``catch`` action): the rest of the step is skipped."""
 
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+
 
 def act(spec: FaultSpec, ctl, where: str) -> None:
     records.write(
@@ -90,7 +94,7 @@ def act(spec: FaultSpec, ctl, where: str) -> None:
     elif spec.action == "raise":
         raise RuntimeError(f"test fault: an exception nobody catches, {where} of step {ctl.step_index}")
     elif spec.action == "catch":
-        raise CaughtFault(f"test fault: an exception the loop catches, {where} of step {ctl.step_index}")
+        raise CaughtFault(f"test fault: an exception the loop catches, {where} of step {ctl.step_index}", where)
 
 
 def fire(where: str, step: int) -> None:
@@ -163,9 +167,11 @@ if ctl.is_member and ctl.uid < job["start_size"]:
 record_world(ctl)
 loss_fn = torch.nn.MSELoss()
 compute_s = job.get("compute_ms", 0) / 1000.0
+missed_step = False  # the previous step was reduced but never stepped: the next backward commits it first
 for _ in ctl.epochs(job["epochs"]):
     for idx in sampler:
-        step, wepoch, depoch = ctl.step_index, ctl.epoch, sampler.epoch
+        step, wepoch, depoch = ctl.step_index + missed_step, ctl.epoch, sampler.epoch
+        missed_step = False
         try:
             fire("step", step)
             if compute_s:
@@ -189,7 +195,8 @@ for _ in ctl.epochs(job["epochs"]):
             fire("after_reduce", step)
             ctl.optimizer.step()
             st = dra.step(loss)
-        except CaughtFault:
+        except CaughtFault as e:
+            missed_step = e.where == "after_reduce"
             continue  # a trainer that logs a failed step and goes on with its next batch
         if st.committed:
             records.write(ctl.uid, {"kind": "commit", "step": step, "data_epoch": depoch, "world_epoch": wepoch})

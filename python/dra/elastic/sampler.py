@@ -67,6 +67,7 @@ class ElasticSampler:
         self._generation = 0
         self._iterating = False
         self._depth_seen: int | None = None  # batches in flight at this iterator's previous reduced batch
+        self._skipped_now = 0  # batches skipped before the one being stepped (this rank's own count)
 
     # -- geometry ---------------------------------------------------------------------------
     dataset_size = property(lambda self: self._native.dataset_size)
@@ -160,6 +161,7 @@ class ElasticSampler:
         depth = len(self._in_flight)
         skipped = depth - self._depth_seen if self._depth_seen is not None and depth > self._depth_seen else 0
         self._depth_seen = depth - skipped
+        self._skipped_now = skipped
         return depth, skipped
 
     def _refused(self, excess: int) -> None:
@@ -169,6 +171,7 @@ class ElasticSampler:
             self._in_flight.popleft()
         self._generation += 1
         self._depth_seen = None
+        self._skipped_now = 0
 
     def _consumed(self) -> None:
         if self._in_flight:
