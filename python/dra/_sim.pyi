@@ -4,7 +4,7 @@ dra's cluster simulator (torch-free): profiles, workloads, replays, the study, t
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['SimApplication', 'SimJobResult', 'SimJobSpec', 'SimProfiles', 'SimResult', 'SimStudyRun', 'SimTimelinePoint', 'policy_registry', 'policy_sections', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'version']
+__all__: list[str] = ['SimApplication', 'SimJobResult', 'SimJobSpec', 'SimProfiles', 'SimResult', 'SimStudyRun', 'SimTimelinePoint', 'policy_registry', 'policy_sections', 'sim_default_job_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'version']
 class SimJobSpec:
     """
     A job of a workload: arrival, application, request.
@@ -20,6 +20,17 @@ class SimJobSpec:
     def batch(self) -> float:
         ...
     @property
+    def declared_epochs(self) -> float | None:
+        """
+        Epochs the job declares (None: nothing).
+        """
+    @property
+    def declared_from_file(self) -> bool:
+        ...
+    @property
+    def gns_estimate_sigma(self) -> float:
+        ...
+    @property
     def gns_scale(self) -> float:
         ...
     @property
@@ -29,7 +40,18 @@ class SimJobSpec:
     def replicas(self) -> int:
         ...
     @property
+    def stop_min_delta(self) -> float:
+        ...
+    @property
+    def stop_patience(self) -> int:
+        """
+        Truth: early-stopping patience (0: none).
+        """
+    @property
     def submit_s(self) -> float:
+        ...
+    @property
+    def target_by_work(self) -> bool:
         ...
     @property
     def target_metric(self) -> float | None:
@@ -58,8 +80,16 @@ class SimJobResult:
     def compute_gpu_seconds(self) -> float:
         ...
     @property
+    def declared_epochs(self) -> float | None:
+        ...
+    @property
     def epochs(self) -> int:
         ...
+    @property
+    def estimate_checks(self) -> list[typing.Annotated[list[float], "FixedSize(5)"]]:
+        """
+        Remaining-work estimates at 10/50/90 % of its life: (life fraction, epochs done, true remaining epochs, estimated median, tail).
+        """
     @property
     def final_batch(self) -> float:
         ...
@@ -100,6 +130,9 @@ class SimJobResult:
         ...
     @property
     def start_s(self) -> float | None:
+        ...
+    @property
+    def stopped_early(self) -> bool:
         ...
     @property
     def submit_s(self) -> float:
@@ -265,17 +298,16 @@ def sim_read_workload(path: str, profiles: SimProfiles = None) -> list:
     """
     Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.
     """
-def sim_run(profiles: SimProfiles, jobs: list, policy: str, reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, nodes: typing.SupportsInt | typing.SupportsIndex = 16, devices_per_node: typing.SupportsInt | typing.SupportsIndex = 4, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, record_timeline: bool = True, remaining_work_from_budget: bool = True, price_floor: typing.SupportsFloat | typing.SupportsIndex = 0.0, progress: collections.abc.Callable[[float, int, int], bool] = None) -> dict:
+def sim_run(profiles: SimProfiles, jobs: list, policy: str, reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, nodes: typing.SupportsInt | typing.SupportsIndex = 16, devices_per_node: typing.SupportsInt | typing.SupportsIndex = 4, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, record_timeline: bool = True, declared_sigma: typing.SupportsFloat | typing.SupportsIndex = 0.0, declared_none_share: typing.SupportsFloat | typing.SupportsIndex = 0.0, early_stop_share: typing.SupportsFloat | typing.SupportsIndex = 0.0, declaration_seed: typing.SupportsInt | typing.SupportsIndex = 1, progress: collections.abc.Callable[[float, int, int], bool] = None) -> dict:
     """
-    Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.
+    Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict. Jobs declare their epoch budget with log-normal error declared_sigma (a file's declared_epochs column is kept), a share declares nothing, a share stops early on a plateau (declare_budgets).
     """
-def sim_study(profiles: SimProfiles, pool: list, runs: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, policies: collections.abc.Sequence[str], reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 1.0, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 1.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, noise: bool = True, reference_limits: bool = False, perturb: bool = False, shared_cluster: bool = False, jobs_per_cluster: typing.SupportsInt | typing.SupportsIndex = 160, hindsight: bool = True, price_floor: typing.SupportsFloat | typing.SupportsIndex = 0.1, progress: collections.abc.Callable[[int, int], None] = None) -> list:
+def sim_study(profiles: SimProfiles, pool: list, runs: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, policies: collections.abc.Sequence[str], reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 1.0, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 1.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, noise: bool = True, reference_limits: bool = False, perturb: bool = False, shared_cluster: bool = False, jobs_per_cluster: typing.SupportsInt | typing.SupportsIndex = 160, hindsight: bool = True, price_floor: typing.SupportsFloat | typing.SupportsIndex = 0.1, declared_sigma: typing.SupportsFloat | typing.SupportsIndex = 0.0, declared_none_share: typing.SupportsFloat | typing.SupportsIndex = 0.0, gns_estimate_sigma: typing.SupportsFloat | typing.SupportsIndex = 0.2, target_by_work: bool = True, compare_target_rules: bool = True, progress: collections.abc.Callable[[int, int], None] = None) -> list:
     """
     Generates `runs` jobs from the request pool (seeded) and simulates each under the static baselines and every dynamic policy, alone or (shared_cluster) in groups contending for one cluster.
     """
 sim_default_job_price_floor: float = 0.1
-sim_default_price_floor: float = 0.0
 sim_in_place_resize_cost_stand_in_s: float = 1.0
-sim_policy_names: list = ['static', 'tiresias', 'convergence', 'goodput', 'convergence_aware', 'arbiter', 'pollux']
+sim_policy_names: list = ['static', 'tiresias', 'convergence', 'goodput', 'convergence_aware', 'arbiter', 'pollux', 'oracle_convergence_aware']
 sim_study_baselines: list = ['static_request', 'static_best_size', 'static_best_hindsight']
 version: str = '0.2.0'

@@ -20,7 +20,7 @@ import pytest
 import dra
 import dra.rl as rl
 import dra.sim as sim
-from dra import _core
+from dra import _core, _sim
 
 GOLDEN = Path(__file__).with_name("data") / "to_dict_golden.json"
 
@@ -31,13 +31,13 @@ def _power_law(t: int) -> float:
 
 def _sim_samples() -> dict[str, Any]:
     profiles = sim.load_profiles()
-    jobs = _core.sim_read_workload(str(sim.default_data_dir() / "workloads" / "workload-1.csv"), profiles)[:3]
+    jobs = _sim.sim_read_workload(str(sim.default_data_dir() / "workloads" / "workload-1.csv"), profiles)[:3]
     out: dict[str, Any] = {"sim_read_workload": jobs, "sim_profile_info": {a: profiles.info(a) for a in profiles.names()}}
     for policy in ("static", "convergence_aware"):
-        out[f"sim_run.{policy}"] = _core.sim_run(profiles, jobs, policy, 30.0, 600.0, 2, 4)
+        out[f"sim_run.{policy}"] = _sim.sim_run(profiles, jobs, policy, 30.0, 600.0, 2, 4)
     # Stopped early: jobs that never started or finished (None where the functions wrote None).
-    out["sim_run.stopped"] = _core.sim_run(profiles, jobs, "static", 30.0, 600.0, 1, 1, progress=lambda now, *_: now < 1800.0)
-    out["sim_study"] = _core.sim_study(profiles, jobs, 2, 5, ["convergence_aware"], 30.0, 1.0, 600.0)
+    out["sim_run.stopped"] = _sim.sim_run(profiles, jobs, "static", 30.0, 600.0, 1, 1, progress=lambda now, *_: now < 1800.0)
+    out["sim_study"] = _sim.sim_study(profiles, jobs, 2, 5, ["convergence_aware"], 30.0, 1.0, 600.0)
     return out
 
 
@@ -52,8 +52,11 @@ def _rl_samples() -> dict[str, Any]:
         for c in (64, 32, 8, 1):
             policy.observe_decode(c, c * 1500.0, 10.0, 10.0 * (0.01 + 1e-4 * c))
         policy.observe_train(2, 64 * 3050 / 2, 0.2 + 1e-5 * 64 * 3050 / 2 + 0.05, 0.05)
+    events = _core.rl_sim_events(lengths, "conv", 4, _core.RlWorkload(steps=4, prompts_per_step=16))
     return {
         "rl_sim_sweep": sweep,
+        "rl_sim_events_dynamic": events["dynamic"],
+        "stage_window": policy.decide_window(rollout=2, train=2, idle_rollout=0, step=6),
         "stage_predict": policy.predict(2, 64),
         "stage_predict_all": policy.predict_all(64),
         "stage_decide": policy.decide(1, 3, 5, 100, -1, 64),
@@ -74,7 +77,9 @@ def _policy_samples() -> dict[str, Any]:
         model.observe(k, 256.0 / k, 0.001 * 256.0 / k, 0.0)
     policy = dra.ConstrainedPolicy(dra.ConvergencePhasePolicy(dra.ConvergencePhaseConfig(grow_step=2)), dra.Constraints(max_size=8))
     decision = policy.decide(est.signals, world, dra.Capacity(5), dra.CostModel(0.0), model)
-    return {"signals": est.signals.to_dict(), "decision": decision.to_dict()}
+    remaining = dra.RemainingWorkEstimator()
+    work = remaining.estimate("cifar", 100.0, 400.0, [(float(t), 4.0 * math.exp(-0.005 * t)) for t in range(0, 100, 10)])
+    return {"signals": est.signals.to_dict(), "decision": decision.to_dict(), "work_estimate": work.to_dict()}
 
 
 def _status_samples() -> dict[str, Any]:
@@ -141,7 +146,7 @@ def _properties(cls: type) -> set[str]:
 
 
 def _result_classes() -> dict[str, type]:
-    modules = [_core, _core.comm, _core.elastic, _core.pool, _core._testing]
+    modules = [_core, _core.comm, _core.elastic, _core.pool, _core._testing, _sim]
     return {c.__name__: c for m in modules for c in vars(m).values() if isinstance(c, type) and hasattr(c, "to_dict")}
 
 
@@ -155,6 +160,7 @@ _DICTS = {
     "HandoffStats": lambda s: s["handoff"],
     "ProcessEnergy": None,  # needs an elastic world: tests/python/elastic_worker.py reads ctl.energy
     "RlPhase": lambda s: s["rl_sim_sweep"]["dynamic"]["phases"],
+    "RlRoleSample": lambda s: s["rl_sim_events_dynamic"]["roles"],
     "RlRun": lambda s: s["rl_sim_sweep"]["dynamic"],
     "RlSweep": lambda s: s["rl_sim_sweep"],
     "RlSwitch": lambda s: s["rl_sim_sweep"]["dynamic"]["switch_log"][0],
@@ -168,6 +174,8 @@ _DICTS = {
     "StageDecision": lambda s: s["stage_decide"],
     "StagePrediction": lambda s: s["stage_predict"],
     "StepStatus": lambda s: s["step_status"],
+    "WindowDecision": lambda s: s["stage_window"],
+    "WorkEstimate": lambda s: s["work_estimate"],
 }
 
 

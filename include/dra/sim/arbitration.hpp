@@ -62,8 +62,7 @@ inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cl
   const std::string& p = config.policy;
   const bool ca = p == "convergence_aware" || p == "oracle_convergence_aware";
   const std::size_t n = jobs.size();
-  std::vector<int> out(n, 0);
-  if (n == 0) return out;
+  if (n == 0) return {{}, config.arbiter};
   // Remaining size (one-device seconds) and completion weights.
   std::vector<double> weight(n, 1.0);
   if (ca) {

@@ -1,5 +1,5 @@
 """
-dra's compiled core: signals, policies, the decision engine, the controller, the simulator.
+dra's compiled core: signals, policies, the decision engine, the controller (the simulator is dra._sim).
 """
 from __future__ import annotations
 import collections.abc
@@ -11,7 +11,7 @@ from . import elastic
 from . import comm
 from . import _testing
 from . import pool
-__all__: list[str] = ['BuildInfo', 'Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DeviceReadStats', 'DraError', 'EnergyChoice', 'EnergyInterval', 'EnergyMeter', 'EnergyObjective', 'EnergyPolicyConfig', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GenerationModel', 'GenerationModelConfig', 'GoodputConfig', 'GoodputPolicy', 'GradientCodec', 'HandoffStats', 'KnobSetting', 'MembershipError', 'Options', 'Policy', 'ProcessEnergy', 'QuantileSketch', 'QuantileSketchConfig', 'ResizeEngine', 'RlCostModel', 'RlPhase', 'RlRun', 'RlSweep', 'RlSwitch', 'RlSwitchCostSplit', 'RlWorkload', 'SimApplication', 'SimJobResult', 'SimJobSpec', 'SimProfiles', 'SimResult', 'SimStudyRun', 'SimTimelinePoint', 'StageBalanceConfig', 'StageBalancePolicy', 'StageDecision', 'StagePrediction', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WorldState', 'adascale_gain', 'choose_setting', 'comm', 'elastic', 'make_codec', 'next_sparsity', 'pool', 'process_cpu_seconds', 'rank_for_noise_scale', 'rigl_update', 'rigl_update_fraction', 'rl_read_lengths', 'rl_sim_sweep', 'sim_default_job_price_floor', 'sim_default_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'statistical_efficiency', 'step']
+__all__: list[str] = ['BuildInfo', 'Capacity', 'CommError', 'ConstrainedPolicy', 'Constraints', 'Controller', 'ConvergenceAwareConfig', 'ConvergenceAwarePolicy', 'ConvergenceEstimator', 'ConvergencePhaseConfig', 'ConvergencePhasePolicy', 'ConvergenceSignals', 'CostModel', 'Decision', 'DeviceReadStats', 'DraError', 'EnergyChoice', 'EnergyInterval', 'EnergyMeter', 'EnergyObjective', 'EnergyPolicyConfig', 'EngineConfig', 'EngineStatus', 'EstimatorConfig', 'GenerationModel', 'GenerationModelConfig', 'GoodputConfig', 'GoodputPolicy', 'GradientCodec', 'HandoffStats', 'KnobSetting', 'MembershipError', 'Options', 'Policy', 'ProcessEnergy', 'QuantileSketch', 'QuantileSketchConfig', 'ReasoningLengths', 'RemainingWorkConfig', 'RemainingWorkEstimator', 'ResizeEngine', 'RiglMasks', 'RlCostModel', 'RlPhase', 'RlRoleSample', 'RlRun', 'RlSweep', 'RlSwitch', 'RlSwitchCostSplit', 'RlWorkload', 'StageBalanceConfig', 'StageBalancePolicy', 'StageDecision', 'StagePrediction', 'StateMismatchError', 'StepStatus', 'ThroughputModel', 'ThroughputModelConfig', 'ThroughputPredictor', 'WindowDecision', 'WorkEstimate', 'WorldState', 'adascale_gain', 'choose_setting', 'comm', 'cubic_sparsity', 'elastic', 'gittins_size', 'make_codec', 'next_sparsity', 'policy_registry', 'policy_sections', 'pool', 'process_cpu_seconds', 'rank_for_noise_scale', 'rigl_tie_seed', 'rigl_update', 'rigl_update_fraction', 'rl_draw_lengths', 'rl_read_lengths', 'rl_sim_events', 'rl_sim_sweep', 'statistical_efficiency', 'step']
 class DraError(RuntimeError):
     """
     Base of every runtime failure raised by dra itself (a RuntimeError).
@@ -259,6 +259,113 @@ class ConvergenceEstimator:
         ...
     @property
     def signals(self) -> ConvergenceSignals:
+        ...
+class RemainingWorkConfig:
+    """
+    Settings of the remaining-work estimator.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def curve_sigma(self) -> float:
+        ...
+    @curve_sigma.setter
+    def curve_sigma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def declared_sigma(self) -> float:
+        ...
+    @declared_sigma.setter
+    def declared_sigma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_class_jobs(self) -> int:
+        ...
+    @min_class_jobs.setter
+    def min_class_jobs(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_curve_points(self) -> int:
+        ...
+    @min_curve_points.setter
+    def min_curve_points(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def min_sigma(self) -> float:
+        ...
+    @min_sigma.setter
+    def min_sigma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prior_count(self) -> float:
+        ...
+    @prior_count.setter
+    def prior_count(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def tail_quantile(self) -> float:
+        ...
+    @tail_quantile.setter
+    def tail_quantile(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def uninformed_sigma(self) -> float:
+        ...
+    @uninformed_sigma.setter
+    def uninformed_sigma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class WorkEstimate:
+    """
+    Remaining work as a distribution (the unit of the observations).
+    """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def mean(self) -> float:
+        ...
+    @property
+    def median(self) -> float:
+        ...
+    @property
+    def sources(self) -> str:
+        ...
+    @property
+    def tail(self) -> float:
+        """
+        At the configured tail quantile (p90).
+        """
+    @property
+    def total_log_mu(self) -> float:
+        ...
+    @property
+    def total_log_sigma(self) -> float:
+        ...
+class RemainingWorkEstimator:
+    """
+    Remaining work from a declaration, progress, the loss curve and finished jobs of the same class (include/dra/signals/remaining_work.hpp).
+    """
+    def __init__(self, config: RemainingWorkConfig = ...) -> None:
+        ...
+    def completed(self) -> int:
+        ...
+    def estimate(self, job_class: str, done: typing.SupportsFloat | typing.SupportsIndex, declared: typing.SupportsFloat | typing.SupportsIndex = 0.0, curve: collections.abc.Sequence[tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]] = []) -> WorkEstimate:
+        """
+        Remaining work of a job that did `done` units, declared `declared` (0: nothing), with its loss curve [(done, loss), ...].
+        """
+    def record_completion(self, job_class: str, total: typing.SupportsFloat | typing.SupportsIndex, declared: typing.SupportsFloat | typing.SupportsIndex = 0.0, curve: collections.abc.Sequence[tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]] = []) -> None:
+        """
+        A job of this class finished after `total` units: it calibrates the sources for later jobs.
+        """
+    @property
+    def config(self) -> RemainingWorkConfig:
         ...
 class WorldState:
     """
@@ -687,6 +794,7 @@ class EngineConfig:
     goodput: GoodputConfig
     limits: Constraints
     policy: str
+    remaining_work: RemainingWorkConfig
     throughput: ThroughputModelConfig
     def __init__(self, **kwargs) -> None:
         """
@@ -699,6 +807,14 @@ class EngineConfig:
         ...
     @decide_every.setter
     def decide_every(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def declared_steps(self) -> int:
+        """
+        The job's declared budget in steps (0: none); sets world.remaining_steps from the estimate.
+        """
+    @declared_steps.setter
+    def declared_steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def energy(self) -> EnergyPolicyConfig:
@@ -744,6 +860,11 @@ class ResizeEngine:
     def last_step(self) -> int:
         """
         Step index of the latest step, -1 before the first.
+        """
+    @property
+    def remaining(self) -> WorkEstimate:
+        """
+        The remaining-work estimate (steps) at the latest decision.
         """
     @property
     def signals(self) -> ConvergenceSignals:
@@ -838,6 +959,11 @@ class Options:
     @property
     def resize_schedule(self) -> dict[int, int]:
         ...
+    @property
+    def sparsity(self) -> dict:
+        """
+        How the 'masked' codec's RigL masks move (a dict of the rigl_config fields).
+        """
     @property
     def start_size(self) -> int:
         ...
@@ -1005,9 +1131,17 @@ class Controller:
     @typing.overload
     def __init__(self, options: Options, state: elastic.StateProvider, sampler: elastic.Sampler, *, store_address: typing.Any = None, join: typing.Any = None, phase_hook: typing.Any = None) -> None:
         ...
-    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor]) -> bool:
+    def _abandon(self, why: str) -> None:
         """
-        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now).
+        This process leaves the job mid-training (an uncaught exception): peers fail at once and do not wait.
+        """
+    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor], in_flight: typing.SupportsInt | typing.SupportsIndex = -1, skipped: typing.SupportsInt | typing.SupportsIndex = 0) -> bool:
+        """
+        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the previous reduced batch (the job's exactly-once check).
+        """
+    def _catch_up_missed_step(self) -> bool:
+        """
+        The previous backward never reached dra.step: commit its step as the world did (and resync).
         """
     def _complete_handoff(self) -> None:
         """
@@ -1024,6 +1158,10 @@ class Controller:
     def _skip_step(self) -> StepStatus:
         """
         A stale batch's step: neither reduced nor committed.
+        """
+    def _sparsity_masks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """
+        'masked': (parameter, mask) pairs, the mask as 1/0 on the parameter's device.
         """
     def _step(self, loss: typing.SupportsFloat | typing.SupportsIndex, **kwargs) -> StepStatus:
         """
@@ -1064,9 +1202,14 @@ class Controller:
         rejoin() without waiting: True once admitted, False while waiting or when the job has ended.
         """
     @property
+    def _refusal(self) -> typing.Any:
+        """
+        The latest step was refused (a rank did not train its batch; it is redone): step, reason, and the batches this rank holds beyond the world's. None otherwise.
+        """
+    @property
     def compression(self) -> typing.Any:
         """
-        The gradient codec of the bucketed reduction (None without one): its spec, the bytes this rank handed to the communicator (payload) and what fp32 would have, their ratio, the residual it carries (error_feedback_norm1) and the state every member shares (shared_state: equal on every rank).
+        The gradient codec of the bucketed reduction (None without one): its spec, the bytes this rank handed to the communicator (payload) and what fp32 would have, their ratio, the residual it carries (error_feedback_norm1), the fraction of the sparsified weights pruned ('masked'; 0 otherwise) and the state every member shares (shared_state: equal on every rank).
         """
     @property
     def device_reads(self) -> dict:
@@ -1180,254 +1323,6 @@ class Controller:
     @property
     def world_size(self) -> int:
         ...
-class SimJobSpec:
-    """
-    A job of a workload: arrival, application, request.
-    """
-    def to_dict(self) -> dict:
-        """
-        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
-        """
-    @property
-    def application(self) -> str:
-        ...
-    @property
-    def batch(self) -> float:
-        ...
-    @property
-    def gns_scale(self) -> float:
-        ...
-    @property
-    def name(self) -> str:
-        ...
-    @property
-    def replicas(self) -> int:
-        ...
-    @property
-    def submit_s(self) -> float:
-        ...
-    @property
-    def target_metric(self) -> float | None:
-        ...
-    @property
-    def throughput_scale(self) -> float:
-        ...
-class SimJobResult:
-    """
-    One job's outcome under one policy.
-    """
-    def to_dict(self) -> dict:
-        """
-        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
-        """
-    @property
-    def application(self) -> str:
-        ...
-    @property
-    def busy_gpu_seconds(self) -> float:
-        ...
-    @property
-    def completion_s(self) -> float | None:
-        ...
-    @property
-    def compute_gpu_seconds(self) -> float:
-        ...
-    @property
-    def epochs(self) -> int:
-        ...
-    @property
-    def final_batch(self) -> float:
-        ...
-    @property
-    def final_metric(self) -> float | None:
-        ...
-    @property
-    def gpu_seconds(self) -> float:
-        ...
-    @property
-    def jct_s(self) -> float | None:
-        ...
-    @property
-    def max_devices(self) -> int:
-        ...
-    @property
-    def mean_devices(self) -> float:
-        """
-        Mean devices while allocated.
-        """
-    @property
-    def name(self) -> str:
-        ...
-    @property
-    def progress(self) -> float:
-        ...
-    @property
-    def reached_target(self) -> bool:
-        ...
-    @property
-    def reallocations(self) -> int:
-        ...
-    @property
-    def requested_batch(self) -> float:
-        ...
-    @property
-    def requested_replicas(self) -> int:
-        ...
-    @property
-    def start_s(self) -> float | None:
-        ...
-    @property
-    def submit_s(self) -> float:
-        ...
-class SimTimelinePoint:
-    """
-    The cluster at one tick.
-    """
-    def to_dict(self) -> dict:
-        """
-        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
-        """
-    @property
-    def allocated(self) -> int:
-        ...
-    @property
-    def busy_fraction(self) -> float:
-        ...
-    @property
-    def compute_fraction(self) -> float:
-        ...
-    @property
-    def running(self) -> int:
-        ...
-    @property
-    def time_s(self) -> float:
-        ...
-    @property
-    def waiting(self) -> int:
-        ...
-class SimResult:
-    """
-    A simulation's jobs, timeline and totals.
-    """
-    def to_dict(self) -> dict:
-        """
-        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
-        """
-    @property
-    def all_completed(self) -> bool:
-        ...
-    @property
-    def capacity(self) -> int:
-        ...
-    @property
-    def first_submit_s(self) -> float:
-        ...
-    @property
-    def jobs(self) -> list[SimJobResult]:
-        ...
-    @property
-    def makespan_s(self) -> float:
-        ...
-    @property
-    def policy(self) -> str:
-        ...
-    @property
-    def reallocation_cost_s(self) -> float:
-        ...
-    @property
-    def timeline(self) -> dict:
-        """
-        The timeline as columns.
-        """
-    @property
-    def wall_s(self) -> float:
-        ...
-class SimStudyRun:
-    """
-    One generated job under every policy and baseline.
-    """
-    def to_dict(self) -> dict:
-        """
-        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
-        """
-    @property
-    def best_size_devices(self) -> int:
-        ...
-    @property
-    def cluster(self) -> int:
-        ...
-    @property
-    def hindsight_batch(self) -> float:
-        ...
-    @property
-    def hindsight_devices(self) -> int:
-        ...
-    @property
-    def index(self) -> int:
-        ...
-    @property
-    def results(self) -> dict[str, SimJobResult]:
-        ...
-    @property
-    def spec(self) -> SimJobSpec:
-        ...
-class SimApplication:
-    """
-    An application's limits (SimProfiles.info).
-    """
-    def to_dict(self) -> dict:
-        """
-        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
-        """
-    @property
-    def gns_noise(self) -> float:
-        ...
-    @property
-    def init_batch(self) -> float:
-        ...
-    @property
-    def max_batch(self) -> float:
-        ...
-    @property
-    def max_epochs(self) -> int:
-        ...
-    @property
-    def max_local_batch(self) -> float:
-        ...
-    @property
-    def max_replicas(self) -> int:
-        ...
-    @property
-    def metric_increases(self) -> bool:
-        ...
-    @property
-    def min_local_batch(self) -> float:
-        ...
-    @property
-    def placement_noise(self) -> float:
-        ...
-class SimProfiles:
-    """
-    Measured application profiles (a traces/ directory) for the simulator.
-    """
-    def __init__(self, traces_dir: str) -> None:
-        ...
-    def best_metric(self, application: str, batch: typing.SupportsFloat | typing.SupportsIndex, epochs: typing.SupportsInt | typing.SupportsIndex) -> float:
-        """
-        Best validation metric over the first `epochs` epochs at total batch `batch`.
-        """
-    def grad_stats(self, application: str, batch: typing.SupportsFloat | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex) -> tuple[float, float]:
-        ...
-    def info(self, application: str) -> dict:
-        ...
-    def names(self) -> list[str]:
-        ...
-    def progress_at(self, application: str, epoch: typing.SupportsInt | typing.SupportsIndex) -> float:
-        ...
-    def throughput(self, application: str, placement: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], local_bsz: typing.SupportsFloat | typing.SupportsIndex) -> tuple[float, float]:
-        """
-        (step_time, sync_time) interpolated at a placement (devices per node) and local batch.
-        """
 class QuantileSketchConfig:
     """
     Relative accuracy, value range and half-life of a quantile sketch.
@@ -1858,6 +1753,12 @@ class RlRun:
     def bubble_fraction(self) -> float:
         ...
     @property
+    def exactly_once(self) -> bool:
+        ...
+    @property
+    def generated_sequences(self) -> int:
+        ...
+    @property
     def generated_tokens_per_s(self) -> float:
         ...
     @property
@@ -1875,7 +1776,15 @@ class RlRun:
         The phases as columns.
         """
     @property
+    def roles(self) -> dict:
+        """
+        Devices per role over time, as columns.
+        """
+    @property
     def rollout(self) -> int:
+        ...
+    @property
+    def rollout_share(self) -> float:
         ...
     @property
     def samples_per_s(self) -> float:
@@ -1896,7 +1805,68 @@ class RlRun:
     def switches(self) -> int:
         ...
     @property
+    def tail_share(self) -> float:
+        ...
+    @property
     def total_s(self) -> float:
+        ...
+    @property
+    def trained_sequences(self) -> int:
+        ...
+class RlRoleSample:
+    """
+    Devices per role at one time of an event-simulated run.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def moving(self) -> int:
+        ...
+    @property
+    def rollout(self) -> int:
+        ...
+    @property
+    def t(self) -> float:
+        ...
+    @property
+    def train(self) -> int:
+        ...
+class WindowDecision:
+    """
+    A stage-balance decision at a trainers' boundary.
+    """
+    def to_dict(self) -> dict:
+        """
+        Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
+        """
+    @property
+    def action(self) -> str:
+        ...
+    @property
+    def moved(self) -> int:
+        ...
+    @property
+    def payback_steps(self) -> float | None:
+        ...
+    @property
+    def predicted_current_s(self) -> float:
+        ...
+    @property
+    def predicted_target_s(self) -> float:
+        ...
+    @property
+    def reason(self) -> str:
+        ...
+    @property
+    def switch_cost_s(self) -> float:
+        ...
+    @property
+    def train(self) -> int:
+        ...
+    @property
+    def wait_s(self) -> float:
         ...
 class RlSweep:
     """
@@ -1934,9 +1904,21 @@ class StageBalancePolicy:
         """
         One decision at a step boundary (feed every one, in order).
         """
+    def decide_window(self, *, rollout: typing.SupportsInt | typing.SupportsIndex, train: typing.SupportsInt | typing.SupportsIndex, idle_rollout: typing.SupportsInt | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, remaining_steps: typing.SupportsInt | typing.SupportsIndex = -1, sequences_per_step: typing.SupportsInt | typing.SupportsIndex = 1, updates_per_step: typing.SupportsInt | typing.SupportsIndex = 1, updates_left: typing.SupportsInt | typing.SupportsIndex = 1, wait_complete: bool = True, wait_queued: typing.SupportsInt | typing.SupportsIndex = 0, wait_in_flight: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex] = [], next_exists: bool = True, next_queued: typing.SupportsInt | typing.SupportsIndex = 0, next_in_flight: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex] = []) -> dict:
+        """
+        One decision at a boundary of the trainers' world without a per-phase barrier: in a step's window (updates_left == updates_per_step) or between two updates. Feed every one, in order.
+        """
+    def observe_batch(self, rollout: typing.SupportsFloat | typing.SupportsIndex, sequences: typing.SupportsInt | typing.SupportsIndex, seconds: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        """
+        A batch generated in `seconds` (first handed out to last finished) on `rollout` devices on average; False when ignored.
+        """
     def observe_decode(self, concurrency: typing.SupportsInt | typing.SupportsIndex, context_tokens: typing.SupportsFloat | typing.SupportsIndex, iterations: typing.SupportsFloat | typing.SupportsIndex, seconds: typing.SupportsFloat | typing.SupportsIndex) -> bool:
         """
         Measured decode iterations of one rollout device; False when ignored.
+        """
+    def observe_engine_start(self, seconds: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        """
+        A rollout engine started on a device that left the trainers.
         """
     def observe_generation(self, prompt_tokens: typing.SupportsFloat | typing.SupportsIndex, generated_tokens: typing.SupportsFloat | typing.SupportsIndex) -> None:
         """
@@ -1958,6 +1940,10 @@ class StageBalancePolicy:
         ...
     def switch_cost_s(self, direction: str) -> float:
         ...
+    def token_cost_s(self) -> float:
+        """
+        Decode seconds per token at the observed operating point.
+        """
     @property
     def config(self) -> StageBalanceConfig:
         ...
@@ -1970,10 +1956,51 @@ class StageBalancePolicy:
     @property
     def weight_sync_s(self) -> float:
         ...
+class ReasoningLengths:
+    """
+    Parametric reasoning-length generations: log-normal per prompt, hard prompts, correlated GRPO groups (data/rl-lengths/README.md).
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def group_sigma(self) -> float:
+        ...
+    @group_sigma.setter
+    def group_sigma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def median_tokens(self) -> float:
+        ...
+    @median_tokens.setter
+    def median_tokens(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prompt_sigma(self) -> float:
+        ...
+    @prompt_sigma.setter
+    def prompt_sigma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def tail_factor(self) -> float:
+        ...
+    @tail_factor.setter
+    def tail_factor(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def tail_weight(self) -> float:
+        ...
+    @tail_weight.setter
+    def tail_weight(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
 class RlWorkload:
     """
     Steps, batch, prompt tokens, length scale/drift/limit and seed of a simulated RL run.
     """
+    reasoning: ReasoningLengths
     def __init__(self, **kwargs) -> None:
         """
         Keyword construction; unknown keywords and invalid values raise ValueError.
@@ -1997,6 +2024,14 @@ class RlWorkload:
         ...
     @length_scale.setter
     def length_scale(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def lengths(self) -> str:
+        """
+        'trace' (lengths drawn from the given distribution) or 'reasoning' (the parametric model).
+        """
+    @lengths.setter
+    def lengths(self, arg1: str) -> None:
         ...
     @property
     def max_generation_tokens(self) -> float:
@@ -2027,6 +2062,14 @@ class RlWorkload:
         ...
     @steps.setter
     def steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def updates_per_step(self) -> int:
+        """
+        Optimizer steps per training step (mini-batches; event simulator).
+        """
+    @updates_per_step.setter
+    def updates_per_step(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
 class RlCostModel:
     """
@@ -2063,10 +2106,38 @@ class RlCostModel:
     def decode_per_sequence_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
+    def kv_capacity_tokens(self) -> float:
+        """
+        KV-cache budget of a rollout device, tokens of context (0: unlimited).
+        """
+    @kv_capacity_tokens.setter
+    def kv_capacity_tokens(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def kv_reserve_ratio(self) -> float:
+        """
+        Admission reserves this fraction of a sequence's remaining limit (0: vLLM-like greedy).
+        """
+    @kv_reserve_ratio.setter
+    def kv_reserve_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def kv_watermark(self) -> float:
+        ...
+    @kv_watermark.setter
+    def kv_watermark(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
     def max_concurrency(self) -> int:
         ...
     @max_concurrency.setter
     def max_concurrency(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prefill_per_kilotoken_s(self) -> float:
+        ...
+    @prefill_per_kilotoken_s.setter
+    def prefill_per_kilotoken_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def rollout_start_s(self) -> float:
@@ -2121,6 +2192,12 @@ class RlCostModel:
         ...
     @train_per_token_s.setter
     def train_per_token_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def weight_load_s(self) -> float:
+        ...
+    @weight_load_s.setter
+    def weight_load_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def weight_sync_s(self) -> float:
@@ -2310,16 +2387,20 @@ class GradientCodec:
         ...
     def load_state(self, arg0: bytes) -> None:
         ...
-    def reduce(self, grads: collections.abc.Sequence[numpy.ndarray], world: typing.Any) -> None:
-        ...
+    def reduce(self, grads: collections.abc.Sequence[numpy.ndarray], world: typing.Any, weights: typing.Any = None, exact: typing.Any = None) -> None:
+        """
+        Reduces the gradients in place; `weights` (the parameters' values, one array or None per gradient) are read by the 'masked' codec on its mask-update steps; `exact` (a float32 array) is summed over the world in place, uncompressed, riding the codec's first all-reduce.
+        """
     def reset_bytes(self) -> None:
         ...
     def save_state(self, with_error_feedback: bool = True) -> bytes:
         """
         State as bytes; without error feedback: only what every rank shares (what joiners receive).
         """
-    def set_masks(self, arg0: collections.abc.Sequence[typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]]) -> None:
-        ...
+    def set_phase(self, arg0: str) -> None:
+        """
+        'masked': the convergence phase this rank proposes the next sparsity from.
+        """
     def set_rank(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
@@ -2333,14 +2414,64 @@ class GradientCodec:
         Bytes this rank handed to the collective (payload, before the transport's own framing).
         """
     @property
+    def masks(self) -> list:
+        """
+        'masked': each tensor's mask (uint8, 1 active), None for a dense one; empty before the first reduce.
+        """
+    @property
     def name(self) -> str:
         ...
     @property
     def rank(self) -> int:
         ...
     @property
+    def sparsity(self) -> float:
+        """
+        'masked': the fraction of the sparsified tensors' entries pruned now (0 for other codecs).
+        """
+    @property
     def steps(self) -> int:
         ...
+    @property
+    def update_next(self) -> bool:
+        """
+        'masked': the next reduce() updates the masks (the dense gradient travels).
+        """
+class RiglMasks:
+    """
+    RigL masks of a list of tensors (those with 2+ dimensions are sparsified), their schedule and update: the one implementation dra.compress.DynamicSparsifier and the 'masked' codec share.
+    """
+    def __init__(self, seed: typing.SupportsInt | typing.SupportsIndex = 0, **kwargs) -> None:
+        """
+        RiglMasks(seed=0, **options): options as dra.Controller's `sparsity`.
+        """
+    def fit(self, shapes: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]]) -> None:
+        """
+        Sizes the masks on first use (all active).
+        """
+    def mask(self, tensor: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
+        ...
+    def sparse_fraction(self) -> float:
+        ...
+    def sparsified(self, tensor: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        ...
+    def target(self, step: typing.SupportsInt | typing.SupportsIndex, phase: str) -> float:
+        """
+        The next target: the cubic ramp, or the phase rule.
+        """
+    def update(self, step: typing.SupportsInt | typing.SupportsIndex, target: typing.SupportsFloat | typing.SupportsIndex, weights: collections.abc.Sequence[typing.Any], grads: collections.abc.Sequence[typing.Any]) -> tuple[int, int, int]:
+        """
+        RigL's update of every sparsified tensor (grads: the dense, world-averaged gradients); returns (dropped, regrown, active).
+        """
+    def update_due(self, step: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        """
+        Whether the step after `step` completed ones updates the masks.
+        """
+    @property
+    def sparsity(self) -> float:
+        """
+        The target of the latest update.
+        """
 def _build_info() -> dict:
     ...
 def _environment_options() -> typing.Any:
@@ -2359,43 +2490,57 @@ def choose_setting(objective: EnergyObjective, candidates: collections.abc.Seque
     """
     dra's energy chooser (the one the live energy policies use) over predicted candidates. Non-finite predictions are skipped.
     """
-def make_codec(spec: str, seed: typing.SupportsInt | typing.SupportsIndex = 0) -> GradientCodec:
+def cubic_sparsity(step: typing.SupportsInt | typing.SupportsIndex, start: typing.SupportsInt | typing.SupportsIndex, steps: typing.SupportsInt | typing.SupportsIndex, final_sparsity: typing.SupportsFloat | typing.SupportsIndex) -> float:
     """
-    fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction>, masked.
+    Zhu & Gupta's gradual schedule.
+    """
+def gittins_size(estimate: WorkEstimate, done: typing.SupportsFloat | typing.SupportsIndex) -> float:
+    """
+    The size a job counts as when ranked shortest-first under uncertainty (1 / its Gittins index).
+    """
+def make_codec(spec: str, seed: typing.SupportsInt | typing.SupportsIndex = 0, sparsity: dict = {}) -> GradientCodec:
+    """
+    fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction>, masked[:<max sparsity>] (`sparsity`: the RigL options, as dra.Controller's).
     """
 def next_sparsity(current: typing.SupportsFloat | typing.SupportsIndex, phase: str, max_sparsity: typing.SupportsFloat | typing.SupportsIndex = 0.9, step_up: typing.SupportsFloat | typing.SupportsIndex = 0.2, step_down: typing.SupportsFloat | typing.SupportsIndex = 0.3) -> float:
     ...
+def policy_registry() -> list:
+    """
+    Every policy by name: its settings section (None: none), whether the live engine runs it, how the simulator schedules it (None: not simulated), how its system changes devices (in_place or restart) and a one-line summary, in the order reports list them.
+    """
+def policy_sections() -> list[str]:
+    """
+    Names of the policy settings sections (options of dra.Controller, members of EngineConfig).
+    """
 def process_cpu_seconds() -> float:
     """
     Busy CPU seconds of this process and its waited-for children.
     """
 def rank_for_noise_scale(gns: typing.SupportsFloat | typing.SupportsIndex, valid: bool, global_batch: typing.SupportsFloat | typing.SupportsIndex, min_rank: typing.SupportsInt | typing.SupportsIndex = 1, max_rank: typing.SupportsInt | typing.SupportsIndex = 8) -> int:
     ...
-def rigl_update(mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], weights: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], grads: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], sparsity: typing.SupportsFloat | typing.SupportsIndex, update_fraction: typing.SupportsFloat | typing.SupportsIndex) -> tuple[int, int, int]:
+def rigl_tie_seed(seed: typing.SupportsInt | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, tensor: typing.SupportsInt | typing.SupportsIndex) -> int:
+    ...
+def rigl_update(mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], weights: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], grads: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], sparsity: typing.SupportsFloat | typing.SupportsIndex, update_fraction: typing.SupportsFloat | typing.SupportsIndex, tie_seed: typing.SupportsInt | typing.SupportsIndex = 0) -> tuple[int, int, int]:
     """
-    RigL's mask update in place (uint8 mask); returns (dropped, regrown, active). Deterministic.
+    RigL's mask update in place (uint8 mask; grads: the dense gradient); returns (dropped, regrown, active). Ties are broken by keys drawn from tie_seed (rigl_tie_seed), the same on every rank.
     """
 def rigl_update_fraction(alpha: typing.SupportsFloat | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, end_step: typing.SupportsInt | typing.SupportsIndex) -> float:
     ...
+def rl_draw_lengths(workload: RlWorkload = ..., lengths: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex] = []) -> list[list[float]]:
+    """
+    Every step's generation lengths as the simulators draw them (a group's samples adjacent).
+    """
 def rl_read_lengths(path: str, column: str = 'GeneratedTokens') -> list[float]:
     """
     One numeric column of a CSV (default: the Azure trace's GeneratedTokens); errors name file, line and column.
     """
+def rl_sim_events(lengths: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], source: str, devices: typing.SupportsInt | typing.SupportsIndex = 8, workload: RlWorkload = ..., costs: RlCostModel = ..., policy: StageBalanceConfig = ..., initial_rollout: typing.SupportsInt | typing.SupportsIndex = 0, oracle_lookahead: typing.SupportsInt | typing.SupportsIndex = 2, progress: collections.abc.Callable[[int, int], None] = None) -> dict:
+    """
+    The event simulator: every static split one-step-off without and with the per-phase barrier and synchronous, the stage-balance policy moving devices inside a step, the within-step oracle and colocated time sharing, on the same lengths.
+    """
 def rl_sim_sweep(lengths: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], source: str, devices: typing.SupportsInt | typing.SupportsIndex = 8, pipeline: str = 'one_step_off', workload: RlWorkload = ..., costs: RlCostModel = ..., policy: StageBalanceConfig = ..., initial_rollout: typing.SupportsInt | typing.SupportsIndex = 0, progress: collections.abc.Callable[[int, int], None] = None) -> dict:
     """
     Every static split, the stage-balance policy, the per-phase oracle and colocated time sharing on the same lengths.
-    """
-def sim_read_workload(path: str, profiles: SimProfiles = None) -> list:
-    """
-    Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.
-    """
-def sim_run(profiles: SimProfiles, jobs: list, policy: str, reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, nodes: typing.SupportsInt | typing.SupportsIndex = 16, devices_per_node: typing.SupportsInt | typing.SupportsIndex = 4, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, record_timeline: bool = True, remaining_work_from_budget: bool = True, price_floor: typing.SupportsFloat | typing.SupportsIndex = 0.0, progress: collections.abc.Callable[[float, int, int], bool] = None) -> dict:
-    """
-    Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict.
-    """
-def sim_study(profiles: SimProfiles, pool: list, runs: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, policies: collections.abc.Sequence[str], reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 1.0, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 1.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, noise: bool = True, reference_limits: bool = False, perturb: bool = False, shared_cluster: bool = False, jobs_per_cluster: typing.SupportsInt | typing.SupportsIndex = 160, hindsight: bool = True, price_floor: typing.SupportsFloat | typing.SupportsIndex = 0.1, progress: collections.abc.Callable[[int, int], None] = None) -> list:
-    """
-    Generates `runs` jobs from the request pool (seeded) and simulates each under the static baselines and every dynamic policy, alone or (shared_cluster) in groups contending for one cluster.
     """
 def statistical_efficiency(noise_scale: typing.SupportsFloat | typing.SupportsIndex, valid: bool, global_batch: typing.SupportsFloat | typing.SupportsIndex, base_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
     """
@@ -2408,8 +2553,3 @@ def step(loss, **signals):
     counted and warned about once per streak (RuntimeWarning), never raised. Bad values and unknown
     keywords raise ValueError naming dra.step and the value.
     """
-sim_default_job_price_floor: float = 0.1
-sim_default_price_floor: float = 0.0
-sim_in_place_resize_cost_stand_in_s: float = 1.0
-sim_policy_names: list = ['static', 'tiresias', 'convergence', 'goodput', 'convergence_aware', 'arbiter', 'pollux']
-sim_study_baselines: list = ['static_request', 'static_best_size', 'static_best_hindsight']

@@ -4,7 +4,7 @@ The device pool's core: inventory, requests, scheduler, leases, scaling.
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['ArbiterConfig', 'ArbiterJob', 'AutoscalerConfig', 'ClusterArbiter', 'Device', 'GrantOrder', 'Inventory', 'JobEntry', 'Lease', 'LeaseBook', 'Plan', 'ReleaseOrder', 'ReplicaAutoscaler', 'Request', 'ScaleJob', 'Scheduler', 'SchedulerConfig', 'plan_sizes', 'priority_names', 'priority_weight']
+__all__: list[str] = ['ArbiterConfig', 'ArbiterJob', 'AutoscalerConfig', 'ClusterArbiter', 'CompletionConfig', 'Device', 'GrantOrder', 'Inventory', 'JobEntry', 'Lease', 'LeaseBook', 'Plan', 'ReleaseOrder', 'ReplicaAutoscaler', 'Request', 'ScaleJob', 'Scheduler', 'SchedulerConfig', 'completion_weights', 'plan_sizes', 'priority_names', 'priority_weight']
 class Device:
     """
     One device of the pool (a GPU, a MIG instance, a CPU slot).
@@ -194,7 +194,7 @@ class JobEntry:
     A job as the scheduler sees it.
     """
     request: Request
-    def __init__(self, request: Request, submitted_at: typing.SupportsFloat | typing.SupportsIndex, order: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def __init__(self, request: Request, submitted_at: typing.SupportsFloat | typing.SupportsIndex, order: typing.SupportsInt | typing.SupportsIndex, urgent_size: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         ...
     @property
     def order(self) -> int:
@@ -207,6 +207,14 @@ class JobEntry:
         ...
     @submitted_at.setter
     def submitted_at(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def urgent_size(self) -> int:
+        """
+        Inference whose SLO is at risk: the replicas it needs now, served before admission.
+        """
+    @urgent_size.setter
+    def urgent_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
 class GrantOrder:
     @property
@@ -378,6 +386,14 @@ class ScaleJob:
     def min_size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def remaining_size_s(self) -> float:
+        """
+        Remaining work in seconds on one worker (the remaining-work estimator); < 0: unknown.
+        """
+    @remaining_size_s.setter
+    def remaining_size_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
     def replicas_wanted(self) -> int:
         ...
     @replicas_wanted.setter
@@ -450,9 +466,41 @@ class ClusterArbiter:
         ...
     def allocate(self, jobs: collections.abc.Sequence[ArbiterJob], capacity: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
         ...
-def plan_sizes(jobs: collections.abc.Sequence[ScaleJob], capacity: typing.SupportsInt | typing.SupportsIndex, arbiter: ClusterArbiter) -> dict[str, int]:
+class CompletionConfig:
     """
-    Wanted sizes per job: rigid jobs keep theirs, inference replicas first, the arbiter divides the rest.
+    How remaining work tilts the arbitration (convergence_aware's).
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword construction; unknown keywords and invalid values raise ValueError.
+        """
+    def validate(self) -> None:
+        ...
+    @property
+    def exponent(self) -> float:
+        ...
+    @exponent.setter
+    def exponent(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def power(self) -> float:
+        ...
+    @power.setter
+    def power(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def tilt(self) -> float:
+        ...
+    @tilt.setter
+    def tilt(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+def completion_weights(size: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], exponent: typing.SupportsFloat | typing.SupportsIndex) -> list[float]:
+    """
+    heSRPT weights by remaining size (largest first gets 1).
+    """
+def plan_sizes(jobs: collections.abc.Sequence[ScaleJob], capacity: typing.SupportsInt | typing.SupportsIndex, arbiter: ClusterArbiter, completion: CompletionConfig = None) -> dict[str, int]:
+    """
+    Wanted sizes per job: rigid jobs keep theirs, inference replicas first, the arbiter divides the rest (tilted by remaining work with `completion`).
     """
 def priority_names() -> list[str]:
     ...

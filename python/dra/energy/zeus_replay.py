@@ -107,7 +107,7 @@ class Trace:
 
 def default_batch(job: ZeusJob, gpu: str, root: Path | None = None) -> int:
     """The user's batch size b0 on `gpu`, as Zeus's own trace-driven runs set it
-    (``get_job_with_defaults`` in Zeus's ``examples/research_reproducibility/zeus_nsdi23/run_alibaba.py``):
+    (``get_job_with_defaults`` in ``run_alibaba.py``, the NSDI '23 reproduction script of Zeus's repository):
     the paper's b0, capped at the largest batch size the GPU's power trace holds for the dataset
     (a smaller GPU's memory fits less: P100's traces stop below some of the paper's b0)."""
     root = root or data_dir()

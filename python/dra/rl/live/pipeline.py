@@ -20,12 +20,13 @@ from collections import deque
 from dataclasses import replace
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dra.rl as rl
 
-if TYPE_CHECKING:
-    from dra.rl.live.coordinator import LiveRL
+# `live` below is a dra.rl.live.coordinator.LiveRL (not imported: the coordinator imports this
+# module, and one direction keeps the package free of import cycles).
+LiveRL = Any
 
 
 def _stage_start(live: LiveRL, path: Path) -> None:
