@@ -95,10 +95,9 @@ void leader::look_outside(const world_view& view, bool force) {
   const auto now = clock_type::now();
   if (!force && now - outside_read_ < std::chrono::duration<double>(options_.capacity_poll_s)) return;
   outside_read_ = now;
-  candidates_ = store_.admissible_candidates(view.members, view.signature, view.layout,
-                                             [&](int uid, const std::string& why) {
-                                               log_.rejected(view.step, view.epoch, uid, why);
-                                             });
+  candidates_ = store_.admissible_candidates(
+      view.members, view.signature, view.layout,
+      [&](int uid, const std::string& why) { log_.rejected(view.step, view.epoch, uid, why); });
   limit_ = store_.limit();
   if (limit_ && !limit_->leave.empty()) {
     // A candidate the outside actor names in `leave` is never admitted: it is dismissed, and

@@ -1,13 +1,13 @@
 // Model signatures and the LibTorch state provider (module parameters/buffers + optimizer).
 #include <ATen/CPUGeneratorImpl.h>
+#include <cxxabi.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
-#include <cxxabi.h>
 #include <map>
-#include <typeinfo>
 #include <mutex>
 #include <sstream>
+#include <typeinfo>
 
 #include "dra/error.hpp"
 #include "dra/torch/elastic/state.hpp"

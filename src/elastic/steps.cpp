@@ -133,9 +133,8 @@ bool controller::check_batches(const at::Tensor& tail) {
   } else if (t.skipped >= 0.5) {
     r.reason = std::to_string(std::llround(t.skipped)) + " batch(es) skipped by ranks >= 24";
   } else {
-    r.reason = "the ranks hold different numbers of batches in flight (this rank " +
-               std::to_string(batch_.in_flight) + ", the world's mean " + std::to_string(mean) +
-               "): a rank skipped a batch";
+    r.reason = "the ranks hold different numbers of batches in flight (this rank " + std::to_string(batch_.in_flight) +
+               ", the world's mean " + std::to_string(mean) + "): a rank skipped a batch";
   }
   r.excess = std::max(batch_.skipped, batch_.in_flight >= 0 && batch_.in_flight > mean + 0.25
                                           ? static_cast<int>(std::ceil(batch_.in_flight - mean - 0.25))
@@ -203,8 +202,8 @@ const step_status& controller::step(const at::Tensor& loss, const step_signals& 
   // is); bool and complex are no loss.
   const auto type = loss.scalar_type();
   if (type == at::kBool || at::isComplexType(type) || !(at::isFloatingType(type) || at::isIntegralType(type, false)))
-    dra::detail::throw_invalid("loss", std::string("expected a real number (a floating-point or integer tensor), got ") +
-                                           c10::toString(type));
+    dra::detail::throw_invalid(
+        "loss", std::string("expected a real number (a floating-point or integer tensor), got ") + c10::toString(type));
   if (loss.device().is_cpu()) return step_impl(nullptr, loss.item<double>(), extra);
   if (!at::isFloatingType(type)) {
     const at::Tensor as_float = loss.to(at::kDouble);  // stays on the device: never read here

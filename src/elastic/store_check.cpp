@@ -39,22 +39,23 @@ const std::map<std::string, family>& families() {
       {"universe", {"universe", {}, [](store_protocol& p) { p.universe(7); }}},
       {"late_uid", {"late_uid", {}, [](store_protocol& p) { p.claim_late_uid(); }}},
       {"cfg/<uid>",
-       {"cfg/1",
-        [](store_client& c) { c.set("sig/1", {{"model", nlohmann::json::array()}}); },
+       {"cfg/1", [](store_client& c) { c.set("sig/1", {{"model", nlohmann::json::array()}}); },
         [](store_protocol& p) { p.check_consistency(0, config(), kSignature, kLayout, {0, 1}, false); }}},
       {"sig/<uid>",
        {"sig/1", [](store_client& c) { c.set("cfg/1", config()); },
         [](store_protocol& p) { p.check_consistency(0, config(), kSignature, kLayout, {0, 1}, true); }}},
       {"epoch_seq", {"epoch_seq", {}, [](store_protocol& p) { p.next_epoch(10); }}},
       {"dec/<epoch>",
-       {"dec/5", {},
+       {"dec/5",
+        {},
         [](store_protocol& p) {
           p.try_read_decision(5);
           p.latest_decided_world(5, {0, 1});
           p.read_decision(5, 50ms);
         }}},
       {"cands",
-       {"cands", {},
+       {"cands",
+        {},
         [](store_protocol& p) {
           p.registered_candidates();
           p.any_waiting();
@@ -67,7 +68,8 @@ const std::map<std::string, family>& families() {
           p.any_waiting();
         }}},
       {"admit/<uid>",
-       {"admit/10000", {},
+       {"admit/10000",
+        {},
         [](store_protocol& p) {
           p.register_candidate(10000, kSignature, kLayout);
           p.poll_admission(10000, true);
@@ -77,7 +79,8 @@ const std::map<std::string, family>& families() {
       {"fault/<epoch>/result",
        {"fault/7/result", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 1ms); }}},
       {"beat/<uid>",
-       {"beat/1", {},
+       {"beat/1",
+        {},
         [](store_protocol& p) {
           p.start_heartbeat(0, 10ms, 20ms, 20ms);
           p.agree_on_survivors(7, {0, 1}, 0, true, 1ms);

@@ -157,8 +157,9 @@ void store_client::connect(std::chrono::steady_clock::time_point deadline) {
     o.timeout = std::max(std::chrono::milliseconds(1000), left);
     tcp_ = c10::make_intrusive<c10d::TCPStore>(host_, o);
   } catch (const std::exception& e) {
-    throw dra::timeout_error("dra: the store at " + host_ + ":" + std::to_string(port_) + " could not be reached within " +
-                             std::to_string(timeout_.count()) + " ms (" + first_line(e) +
+    throw dra::timeout_error("dra: the store at " + host_ + ":" + std::to_string(port_) +
+                             " could not be reached within " + std::to_string(timeout_.count()) + " ms (" +
+                             first_line(e) +
                              "); check MASTER_ADDR/MASTER_PORT (or the address given to dra) and that the store "
                              "process runs");
   }
@@ -242,8 +243,7 @@ std::int64_t store_client::add(const std::string& key, std::int64_t amount) {
       return store_->add(key, amount);
     } catch (const std::exception& e) {
       if (mentions_timeout(first_line(e)) || !reconnect())
-        throw dra::membership_error("dra: the store at " + address_ + " failed during '" + key +
-                                    "': " + first_line(e));
+        throw dra::membership_error("dra: the store at " + address_ + " failed during '" + key + "': " + first_line(e));
     }
     // Reconnected: the store is there. Did the add meet a value it cannot add to?
     const auto now = try_get(key);
@@ -253,8 +253,7 @@ std::int64_t store_client::add(const std::string& key, std::int64_t amount) {
   return guarded(key, [&] { return store_->add(key, amount); });
 }
 
-std::string store_client::compare_set(const std::string& key, const std::string& expected,
-                                      const std::string& desired) {
+std::string store_client::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
   return guarded(key, [&] { return text(store_->compareSet(key, bytes(expected), bytes(desired))); });
 }
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cmath>
+#include <condition_variable>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -82,8 +82,8 @@ std::optional<admission_result> admission_from_json(const json& msg, int uid) {
     if (!msg.is_object() || !msg.contains(field)) continue;
     const auto why = string_field(msg, field);
     if (!why) return std::nullopt;
-    r.what = std::string(field) == "rejected" ? admission_result::outcome::rejected
-                                              : admission_result::outcome::dismissed;
+    r.what =
+        std::string(field) == "rejected" ? admission_result::outcome::rejected : admission_result::outcome::dismissed;
     r.why = *why;
     return r;
   }
@@ -121,7 +121,9 @@ std::optional<policy::decision> decision_from_json(const json& j) {
   policy::decision d;
   const auto action = string_field(j, "action");
   if (!action || (*action != "grow" && *action != "shrink" && *action != "hold")) return std::nullopt;
-  d.kind = *action == "grow" ? policy::action::grow : *action == "shrink" ? policy::action::shrink : policy::action::hold;
+  d.kind = *action == "grow"     ? policy::action::grow
+           : *action == "shrink" ? policy::action::shrink
+                                 : policy::action::hold;
   const auto target = int_field(j, "target", 0, kMaxUid);
   auto members = j.contains("members") ? uid_array(j.at("members")) : std::nullopt;
   auto join = j.contains("joined") ? uid_array(j.at("joined")) : std::nullopt;
@@ -520,9 +522,8 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
     const std::string base = key("fault/", failed_epoch) + (room == 0 ? "" : "/r" + std::to_string(room));
     if (auto a = agree_in_room(base, failed_epoch, old_members, uid, holds_state, window, admit_if_waiting)) {
       if (a->members.empty())
-        throw dra::membership_error(
-            "dra: the training state is lost: every process that held it failed (world epoch " +
-            std::to_string(failed_epoch) + ")");
+        throw dra::membership_error("dra: the training state is lost: every process that held it failed (world epoch " +
+                                    std::to_string(failed_epoch) + ")");
       return *a;
     }
   }

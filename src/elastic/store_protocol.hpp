@@ -222,7 +222,7 @@ class store_protocol {
   store_values values_;
   std::optional<size_limit> last_limit_;
   std::map<int, std::string> last_registration_;  ///< what register_candidate wrote, by uid
-  std::unique_ptr<heartbeat> heartbeat_;  // last: stopped first
+  std::unique_ptr<heartbeat> heartbeat_;          // last: stopped first
   std::chrono::milliseconds beat_stale_{0}, late_grace_{0};
 };
 

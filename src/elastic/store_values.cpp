@@ -69,7 +69,7 @@ std::optional<json> store_values::object_of(const std::string& key, const std::s
 }
 
 std::optional<std::int64_t> store_values::int_of(const std::string& key, const std::string& raw, std::int64_t lo,
-                                                  std::int64_t hi) {
+                                                 std::int64_t hi) {
   auto j = json_of(key, raw);
   if (!j) return std::nullopt;
   const json wrapped = {{"v", *j}};

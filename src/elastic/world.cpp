@@ -326,12 +326,13 @@ bool controller::follows(std::int64_t parent, std::int64_t child) {
   } catch (const dra::error&) {
     return true;  // the store's trouble shows in the rebuild
   }
-  std::printf("[dra] process %d steps out: another world already followed world epoch %lld (the survivors were "
-              "split by store values another client wrote over); %s\n",
-              uid_, static_cast<long long>(parent),
-              options_.release == release_mode::exit      ? "exiting"
-              : options_.release == release_mode::standby ? "standing by"
-                                                          : "returning to the caller");
+  std::printf(
+      "[dra] process %d steps out: another world already followed world epoch %lld (the survivors were "
+      "split by store values another client wrote over); %s\n",
+      uid_, static_cast<long long>(parent),
+      options_.release == release_mode::exit      ? "exiting"
+      : options_.release == release_mode::standby ? "standing by"
+                                                  : "returning to the caller");
   std::fflush(stdout);
   leave(options_.release == release_mode::exit);
   return false;
@@ -363,8 +364,9 @@ void controller::recover(std::string reason) {
       return;
     }
     const auto& world = decided.members;
-    const auto agreed = store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
-                                                   options_.fault_timeout_ms() + std::chrono::seconds(1), decided.joiners);
+    const auto agreed =
+        store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
+                                   options_.fault_timeout_ms() + std::chrono::seconds(1), decided.joiners);
     if (!contains(agreed.members, uid_)) {
       std::printf("[dra] process %d was left out of epoch %lld (arrived late); %s\n", uid_,
                   static_cast<long long>(agreed.epoch),

@@ -2,10 +2,12 @@
 // real c10d TCPStore, the chunked tensor transfer and the state handoff over real Gloo, the
 // gradient reducer over real Gloo, and the event log. One std::thread per simulated process;
 // doctest assertions only on the test thread.
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,14 +18,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
-#include <sys/resource.h>
-
-#include <csignal>
-
 #include "dra/error.hpp"
 #include "dra/torch/comm/gloo.hpp"
-#include "dra/torch/elastic/store_check.hpp"
 #include "dra/torch/elastic/codec_hook.hpp"
+#include "dra/torch/elastic/store_check.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "handoff.hpp"
@@ -565,7 +563,7 @@ TEST_CASE("elastic.event_log.a_record_is_written_whole_or_not_at_all") {
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, old_handler);
   CHECK(std::filesystem::file_size(path) == first);  // the partial lines were cut back
-  log.rejected(3, 1, 10003, "after");                 // room again: written
+  log.rejected(3, 1, 10003, "after");                // room again: written
   std::ifstream f(path);
   std::string line;
   std::vector<json> lines;
@@ -639,14 +637,22 @@ TEST_CASE("elastic.store_protocol.values_another_client_wrote_are_ignored_or_han
   raw_set("values", "universe", "\"two\"");
   CHECK(p.universe(3) == 3);
   // Every family with values of every kind: read, ignored, or handled; never anything else.
-  const std::vector<std::string> values = {"", "garbage", "[]", "{}", "-1", "1e400", R"({"epoch": "x"})",
-                                           std::string(1 << 20, 'x'), "\xff\xfe", "99999999999999999999999"};
+  const std::vector<std::string> values = {"",
+                                           "garbage",
+                                           "[]",
+                                           "{}",
+                                           "-1",
+                                           "1e400",
+                                           R"({"epoch": "x"})",
+                                           std::string(1 << 20, 'x'),
+                                           "\xff\xfe",
+                                           "99999999999999999999999"};
   int n = 0;
   for (const auto& family : dra::elastic::testing::store_key_families())
     for (const auto& v : values) {
       std::string outcome;
-      CHECK_NOTHROW(outcome = dra::elastic::testing::read_store_value("127.0.0.1", port, "dra/fuzz/" +
-                                                                      std::to_string(n++), family, v));
+      CHECK_NOTHROW(outcome = dra::elastic::testing::read_store_value("127.0.0.1", port,
+                                                                      "dra/fuzz/" + std::to_string(n++), family, v));
       CHECK_MESSAGE((outcome == "read" || outcome == "ignored" || outcome.rfind("handled: ", 0) == 0),
                     family << ": " << outcome);
     }

@@ -399,8 +399,8 @@ TEST_CASE("pool.scheduler.inference_at_risk_first_before_admission_and_growth") 
   // A free slot goes to the service at risk before the admission of a job waiting for it, even
   // of a higher class.
   lease_book b2;
-  std::vector<job_entry> two{{inf, 0.0, 0}, {req("big", 2, 2, "normal", false), 0.0, 1},
-                             {req("one", 1, 1, "normal", false), 0.0, 2}};
+  std::vector<job_entry> two{
+      {inf, 0.0, 0}, {req("big", 2, 2, "normal", false), 0.0, 1}, {req("one", 1, 1, "normal", false), 0.0, 2}};
   apply(inv, b2, s.admit(inv, two, b2, 0.0), 0.0);
   CHECK(b2.count("big") == 2);
   for (const auto& l : b2.of_job("one")) b2.release(l.id);  // "one" ended: one slot free

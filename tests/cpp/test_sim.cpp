@@ -446,8 +446,8 @@ TEST_CASE("sim.view.policies_cannot_reach_the_truth") {
                     !has_progress<job_view>::value && !has_done<job_view>::value,
                 "no truth field in the view");
   static_assert(has_epochs_done<job_view>::value, "what the job reports is there");
-  static_assert(std::is_invocable_r_v<detail::cluster_request, decltype(&detail::cluster_allocation), std::vector<job_view*>&,
-                                      const detail::cluster_context&>,
+  static_assert(std::is_invocable_r_v<detail::cluster_request, decltype(&detail::cluster_allocation),
+                                      std::vector<job_view*>&, const detail::cluster_context&>,
                 "the cluster policies decide from views");
 
   // Behaviour: two workloads that differ only in a truth no job has revealed yet (whether a job

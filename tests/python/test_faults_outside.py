@@ -23,8 +23,8 @@ import pytest
 
 from dra_bench._faults.check import judge, load_events
 from dra_bench._faults.kinds import make_trial
-from dra_bench._faults.outside import mount_unavailable
 from dra_bench._faults.spec import FaultSpec
+from dra_bench._faults.tamper import mount_unavailable
 from dra_bench._faults.trial import Action, Fault, JobSpec, LocalLauncher, StoreProcess, TrialSpec, run_trial
 from dra_bench.faults import CPP_BINARY
 

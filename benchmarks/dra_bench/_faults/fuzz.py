@@ -8,7 +8,7 @@ fresh job prefix on a real store, then runs the protocol's readers of that key
 with one warning ("ignored"), or raises a dra error that the controller handles ("handled").
 Anything else is a crash, which Hypothesis shrinks to the smallest value that causes it. Values
 come from Hypothesis (JSON of every type and depth, bytes, numbers at the edges, huge and empty
-values) and from the live writer's own list (``outside.WRONG_TYPES``).
+values) and from the live writer's own list (``tamper.WRONG_TYPES``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any
 
-from dra_bench._faults.outside import WRONG_TYPES
+from dra_bench._faults.tamper import WRONG_TYPES
 
 
 def _values() -> Any:

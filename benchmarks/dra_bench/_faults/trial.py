@@ -198,7 +198,7 @@ class View:
         self, out: Path, procs: dict[str, subprocess.Popen], store: StoreProcess, rng: random.Random, job_id: str = ""
     ) -> None:
         self.out, self.procs, self.store, self.rng, self.job_id = out, procs, store, rng, job_id
-        self.fs: Any = None  # a filesystem trial's folder (dra_bench._faults.outside.TrialFilesystem)
+        self.fs: Any = None  # a filesystem trial's folder (dra_bench._faults.tamper.TrialFilesystem)
         self.uid_of: dict[str, int] = {n: int(n[1:]) for n in procs if n.startswith("r")}
         self.step = -1  # the highest step any member attempted
         self.world: tuple[int, list[int]] = (-1, [])  # (world epoch, members) of the latest world record
@@ -333,9 +333,9 @@ def run_trial(
         return spec.fault.runner(spec, out, launcher, timeout_s)
     out.mkdir(parents=True, exist_ok=True)
     job = spec.job
-    from dra_bench._faults import outside  # filesystem and outside-writer helpers
+    from dra_bench._faults import tamper  # filesystem and outside-writer helpers
 
-    fs = outside.TrialFilesystem(out, spec.fault.fs) if spec.fault.fs else None
+    fs = tamper.TrialFilesystem(out, spec.fault.fs) if spec.fault.fs else None
     if fs is not None:
         job.fs_dir = str(fs.path)
     store = StoreProcess() if job.private_store or shared_store is None else shared_store
@@ -349,7 +349,7 @@ def run_trial(
         view = View(out, procs, store, random.Random(spec.seed * 7919 + 1), job_id)
         view.fs = fs
         if spec.fault.fuzz_interval_s > 0:
-            fuzz = outside.StoreFuzzer(view, spec.seed, spec.fault.fuzz_interval_s)
+            fuzz = tamper.StoreFuzzer(view, spec.seed, spec.fault.fuzz_interval_s)
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
             view.refresh()

@@ -173,11 +173,11 @@ class scheduler {
     const inventory& inv;
     const lease_book& book;
     plan out;
-    std::vector<double> free;                   // free share per device, after this round's grants
-    std::vector<double> incoming;               // share coming back from leases being released
-    std::map<std::string, int> releasing_of;    // job -> leases it is already giving back
+    std::vector<double> free;                 // free share per device, after this round's grants
+    std::vector<double> incoming;             // share coming back from leases being released
+    std::map<std::string, int> releasing_of;  // job -> leases it is already giving back
     std::map<std::string, const job_entry*> by_name;
-    std::set<std::int64_t> asked;                // leases this round already asked back
+    std::set<std::int64_t> asked;  // leases this round already asked back
   };
 
   // Places `need` more workers of a job: on free devices (all at once for a gang, unless urgent),

@@ -503,8 +503,8 @@ class controller {
   bool nonfinite_started_ = false;
   std::optional<std::uint64_t> last_digest_;
   std::vector<tensor_spec> signature_;
-  state_layout layout_;  ///< the rest of the state a handoff sends (compared at start and admission)
-  batch_check batch_;    ///< the batch being reduced (begin_reduction)
+  state_layout layout_;                  ///< the rest of the state a handoff sends (compared at start and admission)
+  batch_check batch_;                    ///< the batch being reduced (begin_reduction)
   std::optional<step_refusal> refused_;  ///< this step is refused (set at its reduction)
   std::optional<step_refusal> refusal_;  ///< the latest step() was a refusal
   int refusals_in_a_row_ = 0;
