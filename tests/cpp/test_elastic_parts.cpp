@@ -654,7 +654,7 @@ TEST_CASE("elastic.store_protocol.values_another_client_wrote_are_ignored_or_han
       CHECK_NOTHROW(outcome = dra::elastic::testing::read_store_value("127.0.0.1", port,
                                                                       "dra/fuzz/" + std::to_string(n++), family, v));
       CHECK_MESSAGE((outcome == "read" || outcome == "ignored" || outcome.rfind("handled: ", 0) == 0),
-                    family << ": " << outcome);
+                    family << " [value " << (n - 1) % static_cast<int>(values.size()) << "]: " << outcome);
     }
 }
 

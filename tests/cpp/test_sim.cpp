@@ -23,8 +23,8 @@ using namespace dra::sim;
 namespace {
 
 fs::path data_dir() {
-  // tests/cpp/test_sim.cpp -> repository root -> data/pollux (the copy the project ships).
-  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "data" / "pollux";
+  // The copy the project ships (DRA_SOURCE_DIR: the repository root, set by tests/cpp/CMakeLists.txt).
+  return fs::path(DRA_SOURCE_DIR) / "data" / "pollux";
 }
 
 const profile_library& shipped() {
