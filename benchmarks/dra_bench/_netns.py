@@ -191,6 +191,10 @@ class RateLimitedLan:
                 self._switch.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self._switch.kill()
+                self._switch.wait()
+            for pipe in (self._switch.stdin, self._switch.stdout, self._switch.stderr):
+                if pipe is not None:
+                    pipe.close()
             self._switch = None
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)

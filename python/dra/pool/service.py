@@ -123,6 +123,7 @@ class PoolService:
         self.draining = bool(self.db.get_meta("draining", False))
         self.counters = {"grants": 0, "releases": 0, "preemptions": 0, "reclaims": 0, "moves": 0}
         self.launchers: dict[str, _launchers.LauncherRef] = {}
+        self._exiting: list[subprocess.Popen[bytes]] = []  # launchers of ended jobs, not yet reaped
         self.url: str | None = None  # the API launchers call (set by the server)
         # Ray: why a node is gone (None while it is there), asked when a worker on it ended.
         self.node_check: Callable[[str], str | None] | None = None
@@ -578,7 +579,9 @@ class PoolService:
             j["info"]["reason"] = reason
         for l in self.book.of_job(name):
             self._release(l.id, "job ended", removed)
-        self.launchers.pop(name, None)
+        ref = self.launchers.pop(name, None)
+        if ref is not None and ref.popen is not None and ref.popen.poll() is None:
+            self._exiting.append(ref.popen)  # an ended job's launcher on its way out: reaped by the loop
         self._save_job(name)
         self._event({"event": "finish", "job": name, "state": state, "jct_s": now - j["submitted_at"],
                      **({"reason": reason} if reason else {})})
@@ -600,6 +603,11 @@ class PoolService:
         """Stops the loop and lets the state go. Launchers are not waited for: they keep their
         jobs running, and a daemon started on this state adopts them."""
         self.stop()
+        for p in self._exiting:  # launchers of ended jobs exit within moments
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         self.db.close()
         self._state_lock.release()
         if remove_slots and self.slots is not None:
@@ -660,6 +668,7 @@ class PoolService:
                     self._launch(name, now)
 
     def _check_launchers(self, now: float, removed: list[int]) -> None:
+        self._exiting = [p for p in self._exiting if p.poll() is None]
         for name, ref in list(self.launchers.items()):
             j = self.jobs.get(name)
             if j is None or ref.alive():
