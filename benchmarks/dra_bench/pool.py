@@ -241,9 +241,11 @@ def security_check(tmp: Path, user: str = "nobody", timeout_s: float = 150.0) ->
         spec = {"name": "mine", "cwd": str(work), "log": str(work / "logs"), "zygote": False,
                 "env": {"VICTIM_PORTS": ",".join(map(str, ports))},
                 "command": [sys.executable, str(script), str(work / "probe.json")]}
+        spec_file = work / "mine.json"  # the attacker's own file (a pipe from this root process is not its to open)
+        spec_file.write_text(json.dumps(spec))
+        os.chown(spec_file, pw.pw_uid, pw.pw_gid)
         r = subprocess.run([*setpriv, sys.executable, "-m", "dra", "pool", "submit", "--pool", server.url, "--spec",
-                            "/dev/stdin"], input=json.dumps(spec), capture_output=True, text=True, timeout=60,
-                           env=env, cwd=str(work))
+                            str(spec_file)], capture_output=True, text=True, timeout=60, env=env, cwd=str(work))
         if r.returncode != 0:
             raise RuntimeError(f"the attacker's job was refused: {r.stderr[-2000:]}")
         states = client.wait(["mine"], timeout_s=max(10.0, deadline - time.time()))

@@ -25,7 +25,7 @@ runs). Rows:
 
 The default run is short (workloads 1 and 2 at every load, 200 study runs of seed 1); ``--full``
 runs the eight workloads and 1,500 study runs per seed; ``--out DIR`` also writes each replay's and
-study's JSON, a markdown summary and a PNG of the JCT ratios (docs/results/sim/issue21/).
+study's JSON, a markdown summary and a PNG of the JCT ratios.
 """
 
 from __future__ import annotations
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the eight workloads, every declaration sweep, study seeds 1-5")
     parser.add_argument("--out", metavar="DIR", help="also write each replay's and study's JSON, a summary and a PNG here")
     parser.add_argument("--only", choices=["replays", "study"], help="run only one half (e.g. two processes in parallel)")
+    parser.add_argument("--no-fidelity", action="store_true", help="skip Pollux against its published figures (32 replays)")
     parser.add_argument("--reference", metavar="PATH", help="a local copy of Pollux's reference simulator/ folder: run it side by side")
     parser.add_argument("--reference-python", default=os.environ.get("POLLUX_PYTHON", "python3.8"),
                         help="the Python of the reference's own environment (default: $POLLUX_PYTHON or python3.8)")

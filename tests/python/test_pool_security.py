@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,9 +27,24 @@ def _has_user(name: str) -> bool:
         return False
 
 
+def _nobody_can_run_python() -> str:
+    """Why the user nobody cannot run this interpreter ("" when it can): its job and the attacker
+    run it (a virtual environment whose python links into /root cannot)."""
+    if os.geteuid() != 0 or not _has_user("nobody"):
+        return ""
+    pw = pwd.getpwnam("nobody")
+    try:
+        r = subprocess.run([sys.executable, "-c", "import dra"], capture_output=True, text=True, timeout=60, cwd="/",
+                           user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    except OSError as e:  # the exec itself refused (a path under a directory nobody may enter)
+        return f"the user nobody cannot run {sys.executable}: {e}"
+    return "" if r.returncode == 0 else f"the user nobody cannot run {sys.executable}: {(r.stderr or r.stdout).strip()[-200:]}"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs a pool as root and attacks it as another user")
 @pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
 @pytest.mark.skipif(not _has_user("nobody"), reason="no user 'nobody' on this machine")
+@pytest.mark.skipif(bool(_nobody_can_run_python()), reason=_nobody_can_run_python() or "-")
 def test_nobody_cannot_escalate_or_touch_roots_job(tmp_path: Path) -> None:
     from dra_bench.pool import security_check
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import dra.rl as rl
+from dra._core.elastic import JobControl
 
 # `live` below is a dra.rl.live.coordinator.LiveRL (not imported: the coordinator imports this
 # module, and one direction keeps the package free of import cycles).
@@ -85,7 +86,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
     trainers = list(range(split, n_slots))
     rollout_slots = list(range(split))
     live._uid = {s: i for i, s in enumerate(trainers + rollout_slots)}
-    live._job_key = f"dra/{job_id}/0"
+    # The job's contract keys, through the one API every outside actor uses (docs/guide/elastic.md).
+    live._control = JobControl(f"127.0.0.1:{live.store.port}", job_id, timeout_s=c.timeout_s)
     events_path = live.out / "events" / f"{run_id}.jsonl"
     job = {"id": job_id, "steps": c.steps * m, "global_batch": mb,
            "options": {"policy": "none", "release": "return", "start_size": len(trainers), "capacity_poll_s": 0.0,
