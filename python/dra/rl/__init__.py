@@ -148,9 +148,8 @@ def simulate(
         "length_source": source,
         "devices": devices,
         "pipeline": pipeline,
-        "workload": {**{k: getattr(wl, k) for k in dir(wl) if not k.startswith("_") and k not in ("validate", "reasoning")},
-                     "reasoning": {k: getattr(wl.reasoning, k) for k in dir(wl.reasoning) if not k.startswith("_") and k != "validate"}},
-        "costs": {k: getattr(cm, k) for k in dir(cm) if not k.startswith("_") and k != "validate"},
+        "workload": _settings(wl),
+        "costs": _settings(cm),
         "policy": p,
         "initial_rollout": initial_rollout,
     }
@@ -281,6 +280,17 @@ PIPELINE_SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
+def _settings(config: Any) -> dict[str, Any]:
+    """A bound settings object's fields as a JSON-ready dict (nested settings objects as dicts)."""
+    out: dict[str, Any] = {}
+    for k in dir(config):
+        if k.startswith("_") or k == "validate":
+            continue
+        v = getattr(config, k)
+        out[k] = _settings(v) if type(v).__module__.startswith("dra.") else v
+    return out
+
+
 def _workload(values: dict[str, Any]) -> Any:
     values = dict(values)
     reasoning = values.pop("reasoning", None)
@@ -340,9 +350,8 @@ def simulate_pipeline(
         "label": "simulated",
         "length_source": source,
         "devices": devices,
-        "workload": {**{k: getattr(wl, k) for k in dir(wl) if not k.startswith("_") and k not in ("validate", "reasoning")},
-                     "reasoning": {k: getattr(wl.reasoning, k) for k in dir(wl.reasoning) if not k.startswith("_") and k != "validate"}},
-        "costs": {k: getattr(cm, k) for k in dir(cm) if not k.startswith("_") and k != "validate"},
+        "workload": _settings(wl),
+        "costs": _settings(cm),
         "policy": p,
         "initial_rollout": initial_rollout,
         "oracle_lookahead": oracle_lookahead,
