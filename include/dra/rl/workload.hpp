@@ -206,10 +206,11 @@ struct rl_workload {
 
 namespace detail {
 
-/// Portable draws (std::normal_distribution differs between standard libraries).
-struct portable_rng {
+/// Portable draws of the RL length model (std::normal_distribution differs between standard
+/// libraries); mt19937_64-based, unlike the simulator's splitmix64 portable_rng (sim/workload.hpp).
+struct length_rng {
   std::mt19937_64 engine;
-  explicit portable_rng(std::uint64_t seed) : engine(seed) {}
+  explicit length_rng(std::uint64_t seed) : engine(seed) {}
   double uniform() { return static_cast<double>(engine() >> 11) * 0x1.0p-53; }  // [0, 1)
   double normal() {                                                             // Box-Muller
     const double u1 = 1.0 - uniform(), u2 = uniform();
@@ -225,7 +226,7 @@ inline std::vector<std::vector<double>> draw_batches(const length_distribution& 
   const bool reasoning = w.lengths == length_model::reasoning;
   if (!reasoning && dist.values.empty()) dra::detail::throw_invalid("lengths", "the length distribution is empty");
   std::mt19937_64 rng(w.seed);
-  detail::portable_rng draw(w.seed);
+  detail::length_rng draw(w.seed);
   const double cap = std::floor(w.max_generation_tokens);
   std::vector<std::vector<double>> batches(static_cast<std::size_t>(w.steps));
   for (int k = 0; k < w.steps; ++k) {
