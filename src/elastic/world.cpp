@@ -341,8 +341,9 @@ void controller::recover(std::string reason) {
       return;
     }
     const auto& world = decided.members;
-    const auto agreed = store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
-                                                   options_.fault_timeout_ms() + std::chrono::seconds(1), decided.joiners);
+    const auto agreed =
+        store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
+                                   options_.fault_timeout_ms() + std::chrono::seconds(1), decided.joiners);
     if (!contains(agreed.members, uid_)) {
       std::printf("[dra] process %d was left out of epoch %lld (arrived late); %s\n", uid_,
                   static_cast<long long>(agreed.epoch),
