@@ -40,7 +40,6 @@ class rl_event_sim : private rl_event_engine {
   using rl_event_engine::batches;
   using rl_event_engine::config;
 
-
   /// A fixed split in the given pipeline (barrier: the per-phase barrier).
   rl_run_result run_static(int rollout, policy::rl_pipeline pipeline, bool barrier) const {
     check_split(rollout);
