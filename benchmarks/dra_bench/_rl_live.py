@@ -27,7 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dra.rl.live.coordinator import LiveConfig, LiveRL, columns
+from dra.rl.live.config import LiveConfig
+from dra.rl.live.coordinator import LiveRL, columns
 from dra.rl.plots import plot_rewards
 from dra_bench._report import result
 

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                               oracle_time_ratio=s["oracle"]["oracle_time_vs_best_static"], oracle_share=s["oracle"]["oracle_share"],
                               colocated_time_ratio=s["others"]["colocated_time_vs_best_static"], checks=s["checks"]))
     if args.live:
-        from dra.rl.live.coordinator import LiveConfig
+        from dra.rl.live.config import LiveConfig
         from dra.rl.live.model import ModelConfig
         from dra_bench._rl_live import live_rows
 
