@@ -108,6 +108,17 @@ def pipeline_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
     ]
 
 
+def _json_object(parser: argparse.ArgumentParser, flag: str, text: str, what: str, example: str) -> dict[str, Any]:
+    """A command-line JSON object, or the parser's error naming the flag, the value and an example."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        parser.error(f"{flag}: not JSON ({e}); expected an object such as '{example}'")
+    if not isinstance(value, dict):
+        parser.error(f"{flag}: expected a JSON object of {what}, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     import dra.rl as rl
 
@@ -145,18 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of the best split with a scheduled switch away and back, to measure both directions' "
                              "switch costs even when the policy does not switch (default 2)")
     args = parser.parse_args(argv)
-    try:
-        policy = json.loads(args.live_policy)
-    except json.JSONDecodeError as e:
-        parser.error(f"--live-policy: not JSON ({e}); expected an object such as '{{\"expected_max\": false}}'")
-    if not isinstance(policy, dict):
-        parser.error(f"--live-policy: expected a JSON object of StageBalanceConfig options, got {args.live_policy!r}")
-    try:
-        model = json.loads(args.live_model)
-    except json.JSONDecodeError as e:
-        parser.error(f"--live-model: not JSON ({e}); expected an object such as '{{\"d_model\": 64}}'")
-    if not isinstance(model, dict):
-        parser.error(f"--live-model: expected a JSON object of ModelConfig fields, got {args.live_model!r}")
+    policy = _json_object(parser, "--live-policy", args.live_policy, "StageBalanceConfig options", '{"expected_max": false}')
+    model = _json_object(parser, "--live-model", args.live_model, "ModelConfig fields", '{"d_model": 64}')
 
     results: list[dict[str, Any]] = []
     for name in args.scenarios:
