@@ -23,10 +23,12 @@ import json
 import math
 import random
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dra.rl.live.coordinator import LiveConfig, LiveRL, columns
+from dra.rl.live.config import LiveConfig
+from dra.rl.live.coordinator import LiveRL, columns
 from dra.rl.plots import plot_rewards
 from dra_bench._report import result
 
@@ -217,7 +219,8 @@ def live_pipeline_rows(*, steps: int = 12, rounds: int = 3, plots: str | None = 
         "label": "measured",
         "setting": {"slots": cfg.slots, "cpus_per_slot": quota, "steps": steps, "rounds": rounds, "prompts_per_step": cfg.prompts_per_step,
                     "group_size": cfg.group_size, "updates_per_step": cfg.updates_per_step, "parameters": params, "trace": cfg.trace,
-                    "growth": cfg.drift, "pipeline": "one-step-off, no per-phase barrier", "warmup_s": warm["total_s"]},
+                    "growth": cfg.drift, "pipeline": "one-step-off, no per-phase barrier", "warmup_s": warm["total_s"],
+                    "model": asdict(cfg.model), "pretrain_steps": cfg.pretrain_steps, "rollout_slots": cfg.rollout_slots},
         "median_samples_per_s": medians,
         "per_round": per_round,
         "best_static": best_name,

@@ -108,6 +108,17 @@ def pipeline_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
     ]
 
 
+def _json_object(parser: argparse.ArgumentParser, flag: str, text: str, what: str, example: str) -> dict[str, Any]:
+    """A command-line JSON object, or the parser's error naming the flag, the value and an example."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        parser.error(f"{flag}: not JSON ({e}); expected an object such as '{example}'")
+    if not isinstance(value, dict):
+        parser.error(f"{flag}: expected a JSON object of {what}, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     import dra.rl as rl
 
@@ -135,16 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-longgen", action="store_true",
                         help="run the live pipeline without a per-phase barrier on the long-generation task (measured; with --live)")
     parser.add_argument("--live-only-longgen", action="store_true", help="with --live: skip the phase-model live rows")
+    parser.add_argument("--live-slots", type=int, default=8, help="device slots of the live runs (default 8)")
+    parser.add_argument("--live-cpus-per-slot", type=float, default=0.2, help="CPU quota of a live slot (default 0.2)")
+    parser.add_argument("--live-pretrain-steps", type=int, default=400, help="supervised warm-up steps of the live policy (default 400)")
+    parser.add_argument("--live-model", metavar="JSON", default="{}",
+                        help="ModelConfig fields of the live policy, e.g. '{\"d_model\": 64, \"layers\": 2}' (a smaller model for a "
+                             "loaded machine; default: ModelConfig's)")
     parser.add_argument("--live-switch-runs", type=int, default=2,
                         help="runs of the best split with a scheduled switch away and back, to measure both directions' "
                              "switch costs even when the policy does not switch (default 2)")
     args = parser.parse_args(argv)
-    try:
-        policy = json.loads(args.live_policy)
-    except json.JSONDecodeError as e:
-        parser.error(f"--live-policy: not JSON ({e}); expected an object such as '{{\"expected_max\": false}}'")
-    if not isinstance(policy, dict):
-        parser.error(f"--live-policy: expected a JSON object of StageBalanceConfig options, got {args.live_policy!r}")
+    policy = _json_object(parser, "--live-policy", args.live_policy, "StageBalanceConfig options", '{"expected_max": false}')
+    model = _json_object(parser, "--live-model", args.live_model, "ModelConfig fields", '{"d_model": 64}')
 
     results: list[dict[str, Any]] = []
     for name in args.scenarios:
@@ -189,18 +202,26 @@ def main(argv: list[str] | None = None) -> int:
                               oracle_time_ratio=s["oracle"]["oracle_time_vs_best_static"], oracle_share=s["oracle"]["oracle_share"],
                               colocated_time_ratio=s["others"]["colocated_time_vs_best_static"], checks=s["checks"]))
     if args.live:
-        from dra.rl.live.coordinator import LiveConfig
+        from dra.rl.live.config import LiveConfig
+        from dra.rl.live.model import ModelConfig
         from dra_bench._rl_live import live_rows
+
+        try:
+            model_config = ModelConfig(**model)
+        except TypeError as e:
+            parser.error(f"--live-model: {e}; the fields are {sorted(ModelConfig.__dataclass_fields__)}")
+        machine = {"slots": args.live_slots, "cpus_per_slot": args.live_cpus_per_slot, "pretrain_steps": args.live_pretrain_steps,
+                   "model": model_config}
 
         if not args.live_only_longgen:
             results += live_rows(steps=args.live_steps, rounds=args.live_rounds, seeds=args.live_seeds, plots=args.plots,
                                  reward_steps=args.live_reward_steps, switch_runs=args.live_switch_runs,
-                                 config=LiveConfig(steps=args.live_steps, policy=policy))
+                                 config=LiveConfig(steps=args.live_steps, policy=policy, **machine))
         if args.live_longgen or args.live_only_longgen:
             from dra_bench._rl_live import live_pipeline_rows
 
             results += live_pipeline_rows(steps=args.live_steps, rounds=args.live_rounds, plots=args.plots,
-                                          config=LiveConfig(steps=args.live_steps, trace="reasoning", drift=2.0, policy=policy))
+                                          config=LiveConfig(steps=args.live_steps, trace="reasoning", drift=2.0, policy=policy, **machine))
     write_report("rl", results, args.json)
     return 0
 

@@ -5,7 +5,9 @@ quotas, rollout and trainer roles switched in place at step boundaries.
 - ``model``: the small transformer policy and its continuous-batching rollout engine
 - ``pretrain``: the supervised warm-up every run starts from
 - CPU slots are the device pool's (``dra.pool._cgroup``: cgroups v1, a hard quota per slot)
-- ``worker``: the process on one slot; ``coordinator``: the pipeline, the ledger, the switches
+- ``config``: the settings (``LiveConfig``) and the task's length workloads
+- ``worker``: the process on one slot; ``coordinator``: the slots and the phase-by-phase pipeline;
+  ``pipeline``: the pipeline without a per-phase barrier (devices moved inside a step)
 
 The measured rows of ``python -m dra.bench rl --live`` are benchmark code: benchmarks/dra_bench/_rl_live.py.
 

@@ -271,7 +271,9 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             trainers.remove(s)
         live._capacity(len(trainers), leave=leave)
         in_window = updates_left == m
-        targets = (trainers + leave) if in_window else leave  # in the window every trainer passes the boundary now
+        # Every member passes the world's boundary now: the shrink is agreed by all of them, so the
+        # leavers alone would wait for the others forever (they get their next update only after).
+        targets = trainers + leave
         for s in targets:
             live.conns[s].send({"cmd": "boundary"})
         replies = {s: live._recv(s) for s in targets}
@@ -367,7 +369,12 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
         if pending_switch is not None:
             events = [st["event"] for st in ts.values() if st.get("event")] + ([pending_switch["event"]] if pending_switch.get("event") else [])
             deferred = max((st.get("deferred_s", 0.0) for st in ts.values()), default=0.0)
-            exposed = blocking if not pending_switch.get("in_window") or pending_switch["direction"] == "to_train" else 0.0
+            if pending_switch["direction"] == "to_train":
+                exposed = blocking
+            elif pending_switch["in_window"]:
+                exposed = 0.0  # the trainers were waiting for their batch anyway
+            else:  # between updates the trainers stood at the boundary while the leavers left
+                exposed = pending_switch["agree_s"] + blocking
             sw = {**pending_switch, "exposed_s": exposed, "deferred_optimizer_s": deferred, "event": events[0] if events else None}
             record["switch_log"].append(sw)
             if policy is not None:
@@ -411,7 +418,10 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
     for s in rollout_slots:
         start_session(s)
     by_conn = {id(live.conns[s]): s for s in live.conns}
-    while step < c.steps:
+    # Past the last step, the rollout workers' last reports (a final `gen`, `rollout_done`) are
+    # still drained: an unread one would be taken for the answer to `end` or to the next run's
+    # `reset`, shifting every later answer by one.
+    while step < c.steps or session:
         ready = wait(list(live.conns.values()), timeout=c.timeout_s)
         if not ready:
             raise RuntimeError(f"{name}: no worker answered within {c.timeout_s:g} s (step {step}, update {update})")
