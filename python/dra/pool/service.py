@@ -124,6 +124,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self._resized_at: dict[str, float] = {}  # when the scaler last grew or shrank a job
         self._running: dict[int, float] = {}  # lease -> when its worker first checked in
         self._errors: dict[str, list[float]] = {}  # an internal error's text -> [last event time, repeats]
+        self._runs_python: set[int] = set()  # owners known to be able to run this interpreter
         try:
             self._restore()
         except Exception:
@@ -285,6 +286,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
             why = _auth.can_enter(spec["cwd"], owner)
             if why:
                 raise ValueError(f"cwd: {why}; give a directory the job's user ({owner.user}) can enter")
+            self._check_interpreter(req.job, owner)
         with self._lock:
             if self.draining:
                 raise ValueError(f"name: the pool is draining; job '{req.job}' was not accepted (dra pool drain --undo "
@@ -309,6 +311,23 @@ class PoolService(SchedulingLoop, LauncherAPI):
                          "request": {k: stored[k] for k in REQUEST_FIELDS}})
         self._wake.set()
         return {"job": req.job, "state": "waiting"}
+
+    def _check_interpreter(self, job: str, owner: Owner) -> None:
+        """The job's launcher runs this daemon's interpreter as the job's user: a user who cannot
+        run it is refused at submission, with one event naming the interpreter and the fix (its
+        job would otherwise fail in its launcher with an exec error). A user that passed once is
+        not probed again."""
+        if owner.uid in self._runs_python:
+            return
+        why = _auth.can_run_python(owner, sys.executable)
+        if why is None:
+            self._runs_python.add(owner.uid)
+            return
+        error = (f"user: {owner.user} cannot run this pool's Python ({sys.executable}): {why}; the operator must serve "
+                 "the pool from an interpreter and virtual environment its job users can execute (not one under a "
+                 "private home such as a 0700 /root), see docs/guide/pool.md, 'Who may do what'")
+        self._event({"event": "refused", "job": job, "user": owner.user, "error": error})
+        raise ValueError(error)
 
     def _forget(self, name: str, old: dict[str, Any]) -> None:
         """A name used again once its job ended: the old job's record is replaced (its events stay
