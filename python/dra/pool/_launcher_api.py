@@ -87,6 +87,8 @@ class LauncherAPI:
             job = self._job(name)
             self._authorize(name, caller, "run")
             self._check_launcher(name, job, launcher, caller)
+            if "ready_at" not in job["info"]:  # its launcher is up (store, warm fork server): it can run workers now
+                job["info"]["ready_at"] = now
             changed, removed = [], []
             for lid in heartbeats:
                 if self.book.contains(lid) and self.book.at(lid).job == name:

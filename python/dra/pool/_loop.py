@@ -43,7 +43,18 @@ class SchedulingLoop:
     def _entries(self, states: tuple[str, ...], urgent: dict[str, int] | None = None) -> list[Any]:
         urgent = urgent or {}
         return [_p.JobEntry(self._requests[name], j["submitted_at"], j["order"], urgent.get(name, 0))
-                for name, j in self.jobs.items() if j["state"] in states]
+                for name, j in self.jobs.items() if j["state"] in states and self._ready(name)]
+
+    def _ready(self, name: str) -> bool:
+        """Whether a job can be given devices now. In ``dynamic``, a waiting job whose launcher has
+        not checked in yet (still importing torch into its fork server, seconds on a loaded host)
+        waits for it: a lease granted earlier would sit idle, or be taken from a running job that
+        could have used it meanwhile. The baselines grant at once, as a batch scheduler does (its
+        job's start-up then counts as cold start). A pool that starts no launchers (its caller runs
+        the jobs) grants at once too."""
+        j = self.jobs[name]
+        return (self.mode != "dynamic" or j["state"] != "waiting" or "ready_at" in j["info"]
+                or not self.launch_jobs or self.url is None)
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -95,8 +106,14 @@ class SchedulingLoop:
             if j["state"] in ("waiting", "running"):
                 code = ref.exit_code()
                 log = self.logs_dir / f"{name}.launcher.log"
+                why = ""
+                if code == 126:  # _isolate could not start it as the job's user: its one line says why
+                    try:
+                        why = ": " + log.read_text(errors="replace").strip().splitlines()[-1][:300]
+                    except (OSError, IndexError):
+                        pass
                 self._end(name, "failed", f"its launcher exited{'' if code is None else f' (code {code})'} before the "
-                          f"job ended; see {log}", removed, now)
+                          f"job ended{why}; see {log}", removed, now)
             elif j["state"] == "cancelled":
                 for l in self.book.of_job(name):
                     self._release(l.id, "job ended", removed)
@@ -181,7 +198,7 @@ class SchedulingLoop:
         # shrinks running jobs in place to make room for them (p = -1: everyone gets a device
         # before anyone gets a second). Rigid waiting jobs wait for admission (and preemption).
         waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting" and j["spec"]["elastic"]
-                   and not self.draining]
+                   and not self.draining and self._ready(n)]
         if not running:
             return []
         jobs = []

@@ -177,6 +177,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
                 for l in self.book.of_job(name):
                     self._release(l.id, "its launcher is gone", removed)
                 del j["info"]["launcher"]
+                j["info"].pop("ready_at", None)  # the next launcher must check in again
                 self._save_job(name)
         if removed:
             self._save_leases([], removed)
@@ -437,12 +438,14 @@ class PoolService(SchedulingLoop, LauncherAPI):
         removed.append(lid)
         self._running.pop(lid, None)
         self.counters["releases"] += 1
+        cpu = None
         if self.slots is not None and self.slots.has(l.device):
+            cpu = self.slots.lease_usage_s(l.device, l.id)  # what the job used of the slot (accounting)
             # No compute without a lease: whatever is still in its cgroup (a child the worker
             # left behind, a worker whose launcher stopped checking in) is stopped.
             self.slots.remove_lease(l.device, l.id, kill=True)
         self._event({"event": "release", "job": l.job, "lease": lid, "device": l.device, "reason": reason,
-                     "held_s": time.time() - l.granted_at})
+                     "held_s": time.time() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu})})
 
     def _end(self, name: str, state: str, reason: str | None, removed: list[int], now: float) -> None:
         """A job ends: its leases go back, one ``finish`` event says how and why."""
