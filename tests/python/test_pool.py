@@ -310,6 +310,9 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     assert "preempt" in kinds and kinds.count("finish") == 2
     pre = next(e for e in events if e["event"] == "preempt")
     assert pre["job"] == "low" and pre["for_job"] == "high"
+    # Nothing was taken from "low" before high's launcher could run a worker (dynamic mode).
+    ready = next(e for e in events if e["event"] == "ready" and e["job"] == "high")
+    assert ready["time"] <= pre["time"], (ready, pre)
     launcher = _launcher_events(tmp_path / "state" / "logs" / "low.launcher.log")
     leave = next(e for e in launcher if e["event"] == "leave")
     # The member on the lease the pool asked back left by itself and exited 0.

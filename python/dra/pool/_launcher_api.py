@@ -89,6 +89,7 @@ class LauncherAPI:
             self._check_launcher(name, job, launcher, caller)
             if "ready_at" not in job["info"]:  # its launcher is up (store, warm fork server): it can run workers now
                 job["info"]["ready_at"] = now
+                self._event({"event": "ready", "job": name})
             changed, removed = [], []
             for lid in heartbeats:
                 if self.book.contains(lid) and self.book.at(lid).job == name:
