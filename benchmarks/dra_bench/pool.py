@@ -6,7 +6,9 @@ Rows:
   priority FCFS with backfilling, each job at its request, the same maximum sizes as dynamic) and
   ``pool_avg_jct.naive`` (baseline ``static_fcfs_naive``: the first baseline, priorities ignored),
   each with the JCT split into queueing, cold start and training; ``pool_utilization`` (busy CPU
-  over slot quota over the makespan, with how often the quota bound); ``pool_inference_slo`` and
+  over slot quota over the makespan, the same definition in every mode, with how often the quota
+  bound and where the slots' time went: idle, held before a worker ran, running per job, CPU per
+  job); ``pool_inference_slo`` and
   ``pool_slo_vs_static`` (dynamic's SLO attainment minus static's, in points, same run),
   ``pool_inference_p99``, ``pool_inference_replica_seconds``, per-job accuracy, ``pool_moves``.
   Real processes in cgroup CPU slots (needs root and cgroups v1).
@@ -148,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                                       split={"dynamic": split(dy), "static_fcfs_naive": split(nv)}, **lab))
             results.append(result("pool_utilization", 100 * dy["utilisation"], "%",
                                   ("static_fcfs", 100 * st["utilisation"]), goal_points=10.0,
-                                  quota_bound={"dynamic": dy["quota_bound"], "static_fcfs": st["quota_bound"]}, **lab))
+                                  quota_bound={"dynamic": dy["quota_bound"], "static_fcfs": st["quota_bound"]},
+                                  cpu_used_s={"dynamic": dy["cpu_used_s"], "static_fcfs": st["cpu_used_s"]},
+                                  makespan_s={"dynamic": dy["makespan_s"], "static_fcfs": st["makespan_s"]},
+                                  slot_seconds={"dynamic": dy["slot_seconds"], "static_fcfs": st["slot_seconds"]}, **lab))
             results.append(result("pool_inference_slo", 100 * dy["inference"]["slo_attainment"], "%",
                                   ("static_peak", 100 * st["inference"]["slo_attainment"]), **lab))
             results.append(result("pool_slo_vs_static",

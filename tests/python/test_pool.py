@@ -280,11 +280,12 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     try:
         common = {"cwd": str(ROOT), "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
                   "log": str(tmp_path / "logs")}
-        # The pool admits the only job on its request (both slots); resize_cooldown_s and 150
-        # epochs let it outlast admission, preemption and the grant back on a quiet machine too.
+        # The pool admits the only job on its request (both slots); resize_cooldown_s and 300
+        # epochs let it outlast high's launcher start-up (the pool takes nothing from low before
+        # high's launcher checks in), the preemption and the grant back, loaded or quiet.
         client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", "resize_cooldown_s": 1.0,
                        **common, "options": {"events_path": str(low_events)},  # to the job through DRA_OPTIONS
-                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "150",
+                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "300",
                                    "--global-batch", "128", "--out", str(tmp_path / "low")]})
         deadline = time.time() + 90
         report: dict = {}
@@ -296,7 +297,9 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
             client.submit({"name": "toobig", "min_size": 3, "max_size": 3})
         with pytest.raises(ValueError, match="^options"):
             client.submit({"name": "bad", "options": {"polcy": "none"}})
+        # high's launcher without a fork server (no torch to import first): ready within seconds.
         client.submit({"name": "high", "min_size": 1, "max_size": 1, "elastic": False, "priority": "high", **common,
+                       "zygote": False,
                        "command": [sys.executable, str(TRAIN), "--model", "logreg", "--data", "breast_cancer",
                                    "--epochs", "20", "--out", str(tmp_path / "high")]})
         states = client.wait(["low", "high"], timeout_s=240)
@@ -392,7 +395,8 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         # A typed error through HTTP is a 400 naming the field, never a 500 with internals.
         with pytest.raises(ValueError, match="^min_size: must be an integer"):
             PoolClient(sock).submit({"name": "typed", "min_size": "2", "command": ["true"]})
-        assert json.loads(dra("cancel", "inf").stdout)["state"] == "cancelled"
+        r = dra("cancel", "inf")
+        assert json.loads(r.stdout)["state"] == "cancelled", r.stderr
         assert json.loads(dra("drain").stdout)["draining"] is True
         r = dra("submit", "--name", "late", "--", "true")
         assert r.returncode == 2 and "draining" in r.stderr
