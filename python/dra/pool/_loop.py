@@ -225,10 +225,16 @@ class SchedulingLoop:
                 estimate = self.remaining.estimate(self._job_class(name), float((report or {}).get("step") or 0),
                                                    float(spec.get("declared_steps") or 0), self._curves.get(name, []))
                 sj.remaining_size_s = remaining_size_s(estimate, report, sj.speedup, sj.current)
-                # Cooldown: a training job resized in the last resize_cooldown_s is not grown again
-                # (its curve is flat above its size); it can still give devices back.
-                if name in running and now - self._resized_at.get(name, -1e9) < float(spec.get("resize_cooldown_s", 10.0)):
-                    k = max(sj.current, 1)
+                # Cooldown: a training job resized in the last resize_cooldown_s is not grown past
+                # the largest size it ran at in that window (its curve is flat above it); it can
+                # still give devices back. So a job that lost a device to inference or a
+                # preemption takes it back as soon as one is free, not resize_cooldown_s later.
+                cooldown = float(spec.get("resize_cooldown_s", 10.0))
+                peak = self._recent_peak.get(name)
+                if peak is None or sj.current >= peak[1] or now - peak[0] >= cooldown:
+                    peak = self._recent_peak[name] = (now, sj.current)
+                if name in running and now - self._resized_at.get(name, -1e9) < cooldown:
+                    k = max(sj.current, peak[1], 1)
                     sj.speedup = sj.speedup[: k + 1] + [sj.speedup[k]] * (len(sj.speedup) - k - 1)
             jobs.append(sj)
         capacity = len(self.inventory)

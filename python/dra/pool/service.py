@@ -122,6 +122,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self._last_check = 0.0
         self._planned: dict[str, tuple[int, int]] = {}  # last plan event per job (no repeats)
         self._resized_at: dict[str, float] = {}  # when the scaler last grew or shrank a job
+        self._recent_peak: dict[str, tuple[float, int]] = {}  # (when, size): a job's largest recent size
         self._running: dict[int, float] = {}  # lease -> when its worker first checked in
         self._errors: dict[str, list[float]] = {}  # an internal error's text -> [last event time, repeats]
         self._runs_python: set[int] = set()  # owners known to be able to run this interpreter
@@ -337,7 +338,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
         if log.exists():
             log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
         for d in (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
-                  self._resized_at):
+                  self._resized_at, self._recent_peak):
             d.pop(name, None)
         self._event({"event": "reuse", "job": name, "previous_order": old["order"], "previous_state": old["state"]})
 
