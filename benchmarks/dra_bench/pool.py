@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() == 0:
             sec = security_check(tmp / "security")
             results.append(result("pool_security_escalations", sec["escalations"], "escalations", ("goal", 0.0),
-                                  attempts=sec["attempts"], label="measured: nobody against a root pool"))
+                                  attempts=sec["attempts"], python=sec["python"],
+                                  label="measured: nobody against a root pool"))
         hs = handover_s(args.handover_repeats, tmp)
         results.append(result("pool_handover_s", statistics.median(hs), "s", ("goal", 1.0), samples=hs,
                               label=f"measured, median of {len(hs)}"))
