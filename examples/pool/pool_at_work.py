@@ -29,7 +29,8 @@ dynamic:       dra's pool: the inference service's scaling comes first (a traini
 
 Reported per job: JCT split into queueing (submitted to first lease), cold start (first lease to
 first step) and training; accuracy. Pool utilisation from the slots' cgroup CPU accounting over
-the makespan against their quota, with how often the quota bound (throttled periods); inference
+the makespan against their quota, with how often the quota bound (throttled periods), where the
+slots' time went (idle, held before a worker ran, running per job) and each job's CPU; inference
 p50/p99 latency, SLO attainment and replica-seconds; the host's load. Writes gantt-<mode>.png,
 events-<mode>.jsonl, summary.json; the last line is ``outputs: <dir>``.
 """
