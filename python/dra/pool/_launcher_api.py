@@ -34,7 +34,6 @@ def check_report(report: Any) -> dict[str, Any]:
     return report
 
 
-
 class LauncherAPI:
     """``sync`` and its helpers (see the module's docstring)."""
 
