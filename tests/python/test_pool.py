@@ -280,12 +280,12 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     try:
         common = {"cwd": str(ROOT), "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
                   "log": str(tmp_path / "logs")}
-        # The pool admits the only job on its request (both slots); resize_cooldown_s and 300
+        # The pool admits the only job on its request (both slots); resize_cooldown_s and 500
         # epochs let it outlast high's launcher start-up (the pool takes nothing from low before
         # high's launcher checks in), the preemption and the grant back, loaded or quiet.
         client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", "resize_cooldown_s": 1.0,
                        **common, "options": {"events_path": str(low_events)},  # to the job through DRA_OPTIONS
-                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "300",
+                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "500",
                                    "--global-batch", "128", "--out", str(tmp_path / "low")]})
         deadline = time.time() + 90
         report: dict = {}
@@ -372,7 +372,7 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         r = dra("submit", "--name", "nodir", "--cwd", str(tmp_path / "missing"), "--", "true")
         assert r.returncode == 2 and r.stderr.startswith("dra pool submit: cwd:"), r.stderr
         r = dra("submit", "--name", "inf", "--kind", "inference", "--device-type", "gpu-80gb", "--fraction", "0.5",
-                "--env", "GREETING=hi", "--", "sleep", "60")
+                "--env", "GREETING=hi", "--", "sleep", "600")
         assert r.returncode == 0, r.stderr
         time.sleep(0.5)
         st = json.loads(dra("status", "--json").stdout)
@@ -381,7 +381,7 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         assert next(j for j in st["jobs"] if j["name"] == "inf")["user"] == "root" or os.geteuid() != 0
         assert "inf#" in dra("status").stdout
         spec = PoolClient(sock).job_spec("inf")
-        assert spec["env"]["GREETING"] == "hi" and spec["cwd"] == str(tmp_path) and spec["command"] == ["sleep", "60"]
+        assert spec["env"]["GREETING"] == "hi" and spec["cwd"] == str(tmp_path) and spec["command"] == ["sleep", "600"]
         env = PoolClient(sock).sync("inf", [lease["id"]], [], None)["leases"][0]["env"]
         assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["DRA_ENFORCEMENT"] == "soft"  # a fraction is soft here
         # TCP: the token from the state's token file (0600), nothing without it.
