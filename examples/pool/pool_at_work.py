@@ -29,7 +29,8 @@ dynamic:       dra's pool: the inference service's scaling comes first (a traini
 
 Reported per job: JCT split into queueing (submitted to first lease), cold start (first lease to
 first step) and training; accuracy. Pool utilisation from the slots' cgroup CPU accounting over
-the makespan against their quota, with how often the quota bound (throttled periods); inference
+the makespan against their quota, with how often the quota bound (throttled periods), where the
+slots' time went (idle, held before a worker ran, running per job) and each job's CPU; inference
 p50/p99 latency, SLO attainment and replica-seconds; the host's load. Writes gantt-<mode>.png,
 events-<mode>.jsonl, summary.json; the last line is ``outputs: <dir>``.
 """
@@ -242,6 +243,40 @@ def first_step(out: Path) -> float | None:
     return min(json.loads(x)["time"] for x in path.read_text().splitlines() if x.strip())
 
 
+def slot_seconds(events: list[dict[str, Any]], t0: float, end: float, devices: list[str]) -> dict[str, Any]:
+    """Where the slots' time over [t0, end] went, from the event log: ``idle`` (no lease),
+    ``held_not_running`` per job (a lease granted, its worker not started yet: cold start,
+    handover), ``running`` per job (a worker on the lease); and ``cpu_s`` per job (what its leases'
+    cgroups used over their whole life). The same for every mode: why utilisation differs."""
+    def within(a: float, b: float) -> float:
+        return max(0.0, min(b, end) - max(a, t0))
+
+    held: dict[int, list[Any]] = {}  # lease -> [device, job, granted, worker started]
+    out: dict[str, Any] = {"idle": 0.0, "held_not_running": {}, "running": {}, "cpu_s": {}}
+    leased = dict.fromkeys(devices, 0.0)
+
+    def close(lease: int, at: float) -> None:
+        device, job, granted, started = held.pop(lease)
+        started = at if started is None else started
+        out["held_not_running"][job] = out["held_not_running"].get(job, 0.0) + within(granted, started)
+        out["running"][job] = out["running"].get(job, 0.0) + within(started, at)
+        leased[device] = leased.get(device, 0.0) + within(granted, at)
+
+    for e in events:
+        if e["event"] == "grant":
+            held[e["lease"]] = [e["device"], e["job"], e["time"], None]
+        elif e["event"] == "worker_start" and e["lease"] in held and held[e["lease"]][3] is None:
+            held[e["lease"]][3] = e["time"]
+        elif e["event"] == "release" and e["lease"] in held:
+            close(e["lease"], e["time"])
+            if "cpu_s" in e:
+                out["cpu_s"][e["job"]] = out["cpu_s"].get(e["job"], 0.0) + e["cpu_s"]
+    for lease in list(held):
+        close(lease, end)
+    out["idle"] = sum(max(0.0, (end - t0) - v) for v in leased.values())
+    return out
+
+
 JOBS = ["serve", "cnn-digits", "mlp-digits", "mlp-cancer"]  # the colour order of every chart
 
 
@@ -372,6 +407,7 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
                       "slo_attainment": sum(1 for x in lat if x <= args.slo_s) / max(1, len(trace)),
                       "replica_seconds": replica_s, "state": serve["state"], "refused_peers": frontend.refused},
         "moves": moves, "gantt": str(png),
+        "slot_seconds": slot_seconds(events, t0, end, [d["id"] for d in st["devices"]]),
         "host_load": {"mean": sum(loads) / len(loads), "max": max(loads), "cores": os.cpu_count()},
     }
 
@@ -413,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[pool {m}] host load average (1 min) over the run: mean {h['mean']:.1f}, max {h['max']:.1f} on "
               f"{h['cores']} cores (other processes share them); slot quota bound in {100 * r['quota_bound']:.0f}% "
               "of enforcement periods")
+    for m, r in results.items():
+        ss = r["slot_seconds"]
+        print(f"[pool {m}] slot-seconds over the makespan ({r['makespan_s']:.0f} s x {args.slots}): idle {ss['idle']:.0f}, "
+              f"held before a worker ran {sum(ss['held_not_running'].values()):.0f}, running "
+              + ", ".join(f"{j} {v:.0f}" for j, v in ss["running"].items())
+              + "; CPU s by job " + ", ".join(f"{j} {v:.1f}" for j, v in ss["cpu_s"].items()))
     summary: dict[str, Any] = {"label": "measured (real processes, cgroup CPU accounting), one run per mode",
                                "config": vars(args), "replica_rps_estimate": replica_rps, **results}
     if "static" in results and "dynamic" in results:

@@ -280,11 +280,12 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     try:
         common = {"cwd": str(ROOT), "preload": ["torch", "dra", "dra.elastic", "sklearn.datasets"],
                   "log": str(tmp_path / "logs")}
-        # The pool admits the only job on its request (both slots); resize_cooldown_s and 150
-        # epochs let it outlast admission, preemption and the grant back on a quiet machine too.
+        # The pool admits the only job on its request (both slots); resize_cooldown_s and 500
+        # epochs let it outlast high's launcher start-up (the pool takes nothing from low before
+        # high's launcher checks in), the preemption and the grant back, loaded or quiet.
         client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", "resize_cooldown_s": 1.0,
                        **common, "options": {"events_path": str(low_events)},  # to the job through DRA_OPTIONS
-                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "150",
+                       "command": [sys.executable, str(TRAIN), "--model", "cnn", "--data", "digits", "--epochs", "500",
                                    "--global-batch", "128", "--out", str(tmp_path / "low")]})
         deadline = time.time() + 90
         report: dict = {}
@@ -296,7 +297,9 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
             client.submit({"name": "toobig", "min_size": 3, "max_size": 3})
         with pytest.raises(ValueError, match="^options"):
             client.submit({"name": "bad", "options": {"polcy": "none"}})
+        # high's launcher without a fork server (no torch to import first): ready within seconds.
         client.submit({"name": "high", "min_size": 1, "max_size": 1, "elastic": False, "priority": "high", **common,
+                       "zygote": False,
                        "command": [sys.executable, str(TRAIN), "--model", "logreg", "--data", "breast_cancer",
                                    "--epochs", "20", "--out", str(tmp_path / "high")]})
         states = client.wait(["low", "high"], timeout_s=240)
@@ -310,6 +313,9 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     assert "preempt" in kinds and kinds.count("finish") == 2
     pre = next(e for e in events if e["event"] == "preempt")
     assert pre["job"] == "low" and pre["for_job"] == "high"
+    # Nothing was taken from "low" before high's launcher could run a worker (dynamic mode).
+    ready = next(e for e in events if e["event"] == "ready" and e["job"] == "high")
+    assert ready["time"] <= pre["time"], (ready, pre)
     launcher = _launcher_events(tmp_path / "state" / "logs" / "low.launcher.log")
     leave = next(e for e in launcher if e["event"] == "leave")
     # The member on the lease the pool asked back left by itself and exited 0.
@@ -366,7 +372,7 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         r = dra("submit", "--name", "nodir", "--cwd", str(tmp_path / "missing"), "--", "true")
         assert r.returncode == 2 and r.stderr.startswith("dra pool submit: cwd:"), r.stderr
         r = dra("submit", "--name", "inf", "--kind", "inference", "--device-type", "gpu-80gb", "--fraction", "0.5",
-                "--env", "GREETING=hi", "--", "sleep", "60")
+                "--env", "GREETING=hi", "--", "sleep", "600")
         assert r.returncode == 0, r.stderr
         time.sleep(0.5)
         st = json.loads(dra("status", "--json").stdout)
@@ -375,7 +381,7 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         assert next(j for j in st["jobs"] if j["name"] == "inf")["user"] == "root" or os.geteuid() != 0
         assert "inf#" in dra("status").stdout
         spec = PoolClient(sock).job_spec("inf")
-        assert spec["env"]["GREETING"] == "hi" and spec["cwd"] == str(tmp_path) and spec["command"] == ["sleep", "60"]
+        assert spec["env"]["GREETING"] == "hi" and spec["cwd"] == str(tmp_path) and spec["command"] == ["sleep", "600"]
         env = PoolClient(sock).sync("inf", [lease["id"]], [], None)["leases"][0]["env"]
         assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["DRA_ENFORCEMENT"] == "soft"  # a fraction is soft here
         # TCP: the token from the state's token file (0600), nothing without it.
@@ -389,7 +395,8 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         # A typed error through HTTP is a 400 naming the field, never a 500 with internals.
         with pytest.raises(ValueError, match="^min_size: must be an integer"):
             PoolClient(sock).submit({"name": "typed", "min_size": "2", "command": ["true"]})
-        assert json.loads(dra("cancel", "inf").stdout)["state"] == "cancelled"
+        r = dra("cancel", "inf")
+        assert json.loads(r.stdout)["state"] == "cancelled", r.stderr
         assert json.loads(dra("drain").stdout)["draining"] is True
         r = dra("submit", "--name", "late", "--", "true")
         assert r.returncode == 2 and "draining" in r.stderr

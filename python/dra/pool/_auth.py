@@ -136,6 +136,30 @@ def can_enter(path: str, owner: Owner) -> str | None:
     return None if r.returncode == 0 else f"'{path}' is not a directory user {owner.user} can enter"
 
 
+_PROBE = ("import importlib.util as u, sys; s = u.find_spec('dra'); s is None and sys.exit('it finds no package dra'); "
+          "open(s.origin, 'rb').close()")
+
+
+def can_run_python(owner: Owner, python: str) -> str | None:
+    """None when the owner can run ``python`` and find this package with it (the job's launcher
+    runs the daemon's interpreter as the job's user), else why not. A few tens of ms: the probe
+    only starts the interpreter and opens the package's first file (importing it would import
+    torch)."""
+    if owner.uid == os.geteuid():
+        return None
+    try:
+        r = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30, cwd="/",
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **run_as_kwargs(owner))
+    except OSError as e:  # the exec itself refused: a directory on its path the user may not enter
+        return f"{e.strerror or e}"
+    except subprocess.SubprocessError as e:
+        return str(e)
+    if r.returncode == 0:
+        return None
+    lines = (r.stderr or r.stdout).strip().splitlines()
+    return lines[-1][:300] if lines else f"exit code {r.returncode}"
+
+
 # -- the operator's token (TCP) --------------------------------------------------------------------
 def load_token(path: str | Path, create: bool = False) -> str:
     """The token in ``path`` (created with a fresh random token, mode 0600, when ``create`` and

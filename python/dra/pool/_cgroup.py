@@ -170,6 +170,14 @@ class Slots:
         """CPU seconds the slot (its leases included) has used since it was made."""
         return int(_read(ROOT / "cpuacct" / self._rel(slot) / "cpuacct.usage")) / 1e9
 
+    def lease_usage_s(self, slot: str, lease: int) -> float | None:
+        """CPU seconds one lease's processes have used (None once its cgroup is gone): what the
+        job that held it used of the slot."""
+        try:
+            return int(_read(ROOT / "cpuacct" / self._rel(slot, lease) / "cpuacct.usage")) / 1e9
+        except (OSError, ValueError):
+            return None
+
     def quota_cpus(self, slot: str) -> float:
         """The slot's hard CPU quota in cores (``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``)."""
         rel = self._rel(slot)

@@ -2,9 +2,11 @@
 
 Decisions are the C++ core's (``dra._core.pool``: request validation, the scheduler, the lease
 book, the replica autoscaler, the scaler on the cluster arbiter the simulator evaluates); this
-class keeps the state (SQLite, one daemon per state directory), carries plans out, starts each
-job's launcher as the job's owner and answers the launchers, which start and stop the workers.
-One lock guards everything; ``tick()`` runs every ``tick_s`` and after every change.
+class keeps the state (SQLite, one daemon per state directory), takes clients' requests and says
+who may do what. Its scheduling loop (``dra.pool._loop``: carries plans out, starts each job's
+launcher as the job's owner) and its answers to the launchers (``dra.pool._launcher_api``), which
+start and stop the workers, are mixins over the same state. One lock guards everything; ``tick()``
+runs every ``tick_s`` and after every change.
 
 Modes: ``dynamic`` (inference whose SLO is at risk first, then admission with priority, aging and
 preemption; every ``scale_every_s`` the arbiter re-plans training jobs from their live reports),
@@ -16,9 +18,7 @@ preemption) and ``static_naive`` (the same, priorities ignored: first come first
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -31,15 +31,10 @@ from dra import _core
 from dra._core import pool as _p
 from dra.pool import _auth, _cgroup, _inventory, _launchers
 from dra.pool._auth import Caller, Forbidden, Owner
+from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
+from dra.pool._loop import SchedulingLoop
 from dra.pool._metrics import prometheus
-from dra.pool._spec import (
-    REQUEST_FIELDS,
-    fit_speedup,
-    make_request,
-    remaining_size_s,
-    speedup_curve,
-    validate_spec,
-)
+from dra.pool._spec import REQUEST_FIELDS, make_request, speedup_curve, validate_spec
 from dra.pool._state import StateDB, StateLock
 
 __all__ = ["MODES", "NoSuchJob", "PoolService", "Superseded", "make_service", "speedup_curve"]
@@ -52,11 +47,7 @@ class NoSuchJob(ValueError):
     """No job of that name (HTTP 404)."""
 
 
-class Superseded(RuntimeError):
-    """A launcher that is not the job's own (HTTP 409): it stops."""
-
-
-class PoolService:
+class PoolService(SchedulingLoop, LauncherAPI):
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
     (None for GPUs or declared devices: leases are then enforced by the launcher's environment).
     ``orphan_limit_s``: how long a job's launcher keeps its workers running while this daemon is
@@ -131,8 +122,10 @@ class PoolService:
         self._last_check = 0.0
         self._planned: dict[str, tuple[int, int]] = {}  # last plan event per job (no repeats)
         self._resized_at: dict[str, float] = {}  # when the scaler last grew or shrank a job
+        self._recent_peak: dict[str, tuple[float, int]] = {}  # (when, size): a job's largest recent size
         self._running: dict[int, float] = {}  # lease -> when its worker first checked in
         self._errors: dict[str, list[float]] = {}  # an internal error's text -> [last event time, repeats]
+        self._runs_python: set[int] = set()  # owners known to be able to run this interpreter
         try:
             self._restore()
         except Exception:
@@ -185,6 +178,7 @@ class PoolService:
                 for l in self.book.of_job(name):
                     self._release(l.id, "its launcher is gone", removed)
                 del j["info"]["launcher"]
+                j["info"].pop("ready_at", None)  # the next launcher must check in again
                 self._save_job(name)
         if removed:
             self._save_leases([], removed)
@@ -294,6 +288,7 @@ class PoolService:
             why = _auth.can_enter(spec["cwd"], owner)
             if why:
                 raise ValueError(f"cwd: {why}; give a directory the job's user ({owner.user}) can enter")
+            self._check_interpreter(req.job, owner)
         with self._lock:
             if self.draining:
                 raise ValueError(f"name: the pool is draining; job '{req.job}' was not accepted (dra pool drain --undo "
@@ -319,6 +314,23 @@ class PoolService:
         self._wake.set()
         return {"job": req.job, "state": "waiting"}
 
+    def _check_interpreter(self, job: str, owner: Owner) -> None:
+        """The job's launcher runs this daemon's interpreter as the job's user: a user who cannot
+        run it is refused at submission, with one event naming the interpreter and the fix (its
+        job would otherwise fail in its launcher with an exec error). A user that passed once is
+        not probed again."""
+        if owner.uid in self._runs_python:
+            return
+        why = _auth.can_run_python(owner, sys.executable)
+        if why is None:
+            self._runs_python.add(owner.uid)
+            return
+        error = (f"user: {owner.user} cannot run this pool's Python ({sys.executable}): {why}; the operator must serve "
+                 "the pool from an interpreter and virtual environment its job users can execute (not one under a "
+                 "private home such as a 0700 /root), see docs/guide/pool.md, 'Who may do what'")
+        self._event({"event": "refused", "job": job, "user": owner.user, "error": error})
+        raise ValueError(error)
+
     def _forget(self, name: str, old: dict[str, Any]) -> None:
         """A name used again once its job ended: the old job's record is replaced (its events stay
         in events.jsonl; its launcher log is kept as ``<name>.launcher.log.<order>``)."""
@@ -326,7 +338,7 @@ class PoolService:
         if log.exists():
             log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
         for d in (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
-                  self._resized_at):
+                  self._resized_at, self._recent_peak):
             d.pop(name, None)
         self._event({"event": "reuse", "job": name, "previous_order": old["order"], "previous_state": old["state"]})
 
@@ -399,7 +411,7 @@ class PoolService:
 
     def set_report(self, name: str, report: Any, caller: Caller | None = None) -> dict[str, Any]:
         """A report from outside the job's store (an inference frontend's rate and queue)."""
-        report = _check_report(report)
+        report = check_report(report)
         with self._lock:
             self._job(name)
             self._authorize(name, caller, "report for")
@@ -417,142 +429,6 @@ class PoolService:
             raise NoSuchJob(f"job: no job '{name}' in the pool")
         return self.jobs[name]
 
-    def lease_env(self, l: Any) -> dict[str, str]:
-        """What a worker on this lease is told (and, where the platform can, held to)."""
-        d = self.inventory.at(l.device)
-        env = {"DRA_LEASE_ID": str(l.id), "DRA_DEVICE": l.device, "DRA_DEVICE_SHARE": f"{l.share:g}",
-               "DRA_ENFORCEMENT": d.enforcement, "DRA_NODE": d.node}
-        if d.enforcement == "cgroup" and self.slots is not None:
-            env["DRA_CGROUPS"] = ":".join(self.slots.paths(l.device, l.id))
-            env["OMP_NUM_THREADS"] = str(max(1, math.ceil(d.compute * l.share)))
-        elif d.enforcement in ("cuda_visible_devices", "mps"):
-            # The GPU's index: the trailing number of the id's last part (gpu3, node2/gpu1, g0).
-            digits = re.search(r"(\d+)$", l.device.split("/")[-1]) if "/mig" not in l.device else None
-            env["CUDA_VISIBLE_DEVICES"] = digits.group(1) if digits else l.device
-            if l.share < 1.0:
-                # Memory fraction: the worker sets torch.cuda.set_per_process_memory_fraction (soft).
-                env["DRA_CUDA_MEMORY_FRACTION"] = f"{l.share:g}"
-                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, int(100 * l.share)))
-                env["DRA_ENFORCEMENT"] = "mps" if d.enforcement == "mps" else "soft"
-        return env
-
-    def sync_request(self, name: str, body: dict[str, Any], caller: Caller | None = None) -> dict[str, Any]:
-        """``sync`` from an API body, every field checked for its type."""
-        def ids(key: str) -> list[int]:
-            v = body.get(key, [])
-            if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                raise ValueError(f"{key}: must be a list of lease ids (integers)")
-            return v
-
-        for key in ("done", "failed"):
-            if not isinstance(body.get(key, False), bool):
-                raise ValueError(f"{key}: must be true or false")
-        for key in ("reason", "launcher"):
-            if body.get(key) is not None and not isinstance(body[key], str):
-                raise ValueError(f"{key}: must be a string")
-        report = body.get("report")
-        return self.sync(name, ids("heartbeats"), ids("released"), None if report is None else _check_report(report),
-                         body.get("done", False), body.get("failed", False), body.get("reason"),
-                         body.get("launcher"), caller)
-
-    def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None,
-             done: bool = False, failed: bool = False, reason: str | None = None, launcher: str | None = None,
-             caller: Caller | None = None) -> dict[str, Any]:
-        """A launcher's periodic call: its live leases, the leases its exited workers held, the
-        job's report. Answers with the job's leases (new ones to start workers on) and the leases
-        the pool wants back. ``launcher``: the caller's launch id (a second launcher is refused)."""
-        now = time.time()
-        with self._lock:
-            job = self._job(name)
-            self._authorize(name, caller, "run")
-            self._check_launcher(name, job, launcher, caller)
-            changed, removed = [], []
-            for lid in heartbeats:
-                if self.book.contains(lid) and self.book.at(lid).job == name:
-                    self.book.heartbeat(lid, now)
-                    changed.append(self.book.at(lid))
-                    if lid not in self._running:
-                        self._running[lid] = now
-                        self._event({"event": "worker_start", "job": name, "lease": lid,
-                                     "device": self.book.at(lid).device})
-            if self.node_check is not None and released:
-                # A worker that ended may have ended with its node: asked now, before its device
-                # could be granted again (the watcher would see it within a second).
-                nodes = {self.inventory.at(self.book.at(lid).device).node for lid in released
-                         if self.book.contains(lid) and self.inventory.contains(self.book.at(lid).device)}
-                for node in sorted(nodes):
-                    why = self.node_check(node)
-                    if why:
-                        self.remove_node(node, why)
-            for lid in released:
-                if self.book.contains(lid) and self.book.at(lid).job == name:
-                    was = self.book.at(lid)
-                    if was.state == "active":
-                        # A member left on its own (its policy shrank it, or it was the one the job
-                        # chose to let go): one lease the pool asked back is no longer owed.
-                        for other in self.book.of_job(name):
-                            if other.state == "releasing" and other.id != lid:
-                                self._set_state(other.id, "active")
-                                changed.append(self.book.at(other.id))
-                                break
-                    self._release(lid, "worker exited", removed)
-            if report:
-                self.reports[name] = {**self.reports.get(name, {}), **report}
-                self._observe_curve(name, report)
-                if isinstance(report.get("step"), int) and report["step"] >= 1 and "first_step_at" not in job["info"]:
-                    job["info"]["first_step_at"] = now
-                    self._event({"event": "first_step", "job": name})
-            if job["state"] == "waiting" and self.book.count(name) > 0:
-                job["state"] = "running"
-                job["started_at"] = now
-                self._event({"event": "start", "job": name, "workers": self.book.count(name)})
-            if (done or failed) and job["state"] in ("running", "waiting", "cancelled"):
-                state = "cancelled" if job["state"] == "cancelled" else ("failed" if failed else "finished")
-                self._end(name, state, reason, removed, now)
-                steps = float((self.reports.get(name) or {}).get("step") or 0)
-                if state == "finished" and steps > 0 and job["spec"].get("kind", "training") == "training":
-                    spec = job["spec"]
-                    self.remaining.record_completion(self._job_class(name), steps, float(spec.get("declared_steps") or 0),
-                                                     self._curves.get(name, []))
-            self._save_job(name)
-            self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
-            leases = [{"id": l.id, "device": l.device, "share": l.share, "state": l.state, "env": self.lease_env(l)}
-                      for l in self.book.of_job(name)]
-            answer = {"state": job["state"], "leases": leases,
-                      "release": [l.id for l in self.book.of_job(name) if l.state == "releasing"],
-                      "min_size": job["spec"]["min_size"], "max_size": job["spec"]["max_size"]}
-        if removed or released:
-            self._wake.set()
-        return answer
-
-    def _job_class(self, name: str) -> str:
-        return str(self.jobs[name]["spec"].get("job_class") or name)
-
-    def _observe_curve(self, name: str, report: dict[str, Any]) -> None:
-        """The job's smoothed loss by step, as its reports give it (thinned to 256 points)."""
-        step, loss = report.get("step"), report.get("loss")
-        if not isinstance(step, (int, float)) or not isinstance(loss, (int, float)) or not math.isfinite(loss) or loss <= 0:
-            return
-        curve = self._curves.setdefault(name, [])
-        if not curve or curve[-1][0] < step:
-            curve.append((float(step), float(loss)))
-            if len(curve) > 256:
-                del curve[::2]
-
-    def _check_launcher(self, name: str, job: dict[str, Any], launcher: str | None, caller: Caller | None) -> None:
-        if launcher is None:
-            return  # an in-process caller (tests, an embedding program)
-        rec = job["info"].get("launcher")
-        if rec is None:  # a launcher started by hand (dra run --pool ... --job NAME): the first one is the job's
-            pid = caller.pid if caller is not None else 0
-            ref = _launchers.LauncherRef(launcher, pid, _launchers.proc_start(pid) if pid else None)
-            job["info"]["launcher"] = ref.to_json()
-            if pid:
-                self.launchers[name] = ref
-            self._event({"event": "launcher", "job": name, "pid": pid, "by_hand": True})
-        elif rec.get("id") != launcher:
-            raise Superseded(f"job: '{name}' is run by another launcher (pid {rec.get('pid')}); this one stops")
-
     def _set_state(self, lid: int, state: str) -> None:
         l = self.book.release(lid)
         l.state = state
@@ -563,12 +439,14 @@ class PoolService:
         removed.append(lid)
         self._running.pop(lid, None)
         self.counters["releases"] += 1
+        cpu = None
         if self.slots is not None and self.slots.has(l.device):
+            cpu = self.slots.lease_usage_s(l.device, l.id)  # what the job used of the slot (accounting)
             # No compute without a lease: whatever is still in its cgroup (a child the worker
             # left behind, a worker whose launcher stopped checking in) is stopped.
             self.slots.remove_lease(l.device, l.id, kill=True)
         self._event({"event": "release", "job": l.job, "lease": lid, "device": l.device, "reason": reason,
-                     "held_s": time.time() - l.granted_at})
+                     "held_s": time.time() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu})})
 
     def _end(self, name: str, state: str, reason: str | None, removed: list[int], now: float) -> None:
         """A job ends: its leases go back, one ``finish`` event says how and why."""
@@ -587,18 +465,8 @@ class PoolService:
                      **({"reason": reason} if reason else {})})
 
     # ------------------------------------------------------------------------------------------
-    # the loop
+    # the loop (dra.pool._loop) and the launchers' calls (dra.pool._launcher_api)
     # ------------------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dra-pool", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
     def close(self, remove_slots: bool = True) -> None:
         """Stops the loop and lets the state go. Launchers are not waited for: they keep their
         jobs running, and a daemon started on this state adopts them."""
@@ -612,207 +480,6 @@ class PoolService:
         self._state_lock.release()
         if remove_slots and self.slots is not None:
             self.slots.close()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.tick_s)
-            self._wake.clear()
-            try:
-                self.tick()
-            except Exception as e:  # noqa: BLE001 - the loop must live; the error is an event
-                self.internal_error("loop", e)
-
-    def _entries(self, states: tuple[str, ...], urgent: dict[str, int] | None = None) -> list[Any]:
-        urgent = urgent or {}
-        return [_p.JobEntry(self._requests[name], j["submitted_at"], j["order"], urgent.get(name, 0))
-                for name, j in self.jobs.items() if j["state"] in states]
-
-    def tick(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        with self._lock:
-            removed: list[int] = []
-            changed: list[Any] = []
-            # 1. Leases whose workers stopped checking in come back.
-            for lid in self.book.expired(now, self.heartbeat_timeout_s):
-                self.counters["reclaims"] += 1
-                job = self.book.at(lid).job
-                self._release(lid, f"no heartbeat for {self.heartbeat_timeout_s:g} s", removed)
-                j = self.jobs.get(job)
-                if j is not None and j["state"] in ("waiting", "running") and self.book.count(job) == 0:
-                    # Nothing of the job checks in any more (its launcher is gone): it is lost.
-                    self._end(job, "failed", "lost: no heartbeat from its launcher", removed, now)
-            # 2. Launchers that ended without a last word; leases of jobs that ended.
-            if now - self._last_check >= 0.25:
-                self._last_check = now
-                self._check_launchers(now, removed)
-            for l in self.book.all():
-                if self.jobs.get(l.job, {}).get("state") in ("finished", "failed", None):
-                    self._release(l.id, "job gone", removed)
-            # 3. Inference whose SLO is at risk first, then admission (waiting jobs, jobs below
-            # their minimum); a service short of replicas never waits for the next re-plan.
-            live = ("running",) if self.draining else ("waiting", "running")
-            urgent = self._inference_wants(now) if self.mode == "dynamic" else {}
-            plan = self.scheduler.admit(self.inventory, self._entries(live, urgent), self.book, now)
-            changed += self._apply(plan, now)
-            # 4. Scaling (dynamic): inference follows its load, the arbiter divides the rest.
-            if self.mode == "dynamic" and now - self._last_scale >= self.scale_every_s:
-                self._last_scale = now
-                changed += self._scale(now)
-            if changed or removed:
-                self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
-            # 5. A job's launcher starts at submission, so it is warm (store, fork server with torch
-            # imported) by the time the job is granted devices. One that cannot start fails its job
-            # at once, with one event, and the others are launched all the same.
-            if self.launch_jobs and self.url is not None:
-                for name in [n for n, j in self.jobs.items() if j["state"] == "waiting" and n not in self.launchers]:
-                    self._launch(name, now)
-
-    def _check_launchers(self, now: float, removed: list[int]) -> None:
-        self._exiting = [p for p in self._exiting if p.poll() is None]
-        for name, ref in list(self.launchers.items()):
-            j = self.jobs.get(name)
-            if j is None or ref.alive():
-                continue
-            self.launchers.pop(name)
-            if j["state"] in ("waiting", "running"):
-                code = ref.exit_code()
-                log = self.logs_dir / f"{name}.launcher.log"
-                self._end(name, "failed", f"its launcher exited{'' if code is None else f' (code {code})'} before the "
-                          f"job ended; see {log}", removed, now)
-            elif j["state"] == "cancelled":
-                for l in self.book.of_job(name):
-                    self._release(l.id, "job ended", removed)
-
-    def _launch(self, name: str, now: float) -> None:
-        assert self.url is not None
-        job = self.jobs[name]
-        spec = job["spec"]
-        env = {} if self.orphan_limit_s is None else {"DRA_POOL_ORPHAN_LIMIT_S": f"{self.orphan_limit_s:g}"}
-        if spec.get("network") == "private":
-            env["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface the job has
-        try:
-            ref = _launchers.start(name, self.url, self._owner(name), spec.get("cwd") or "/",
-                                   self.logs_dir / f"{name}.launcher.log", env, spec.get("network") == "private")
-        except (OSError, ValueError, subprocess.SubprocessError) as e:
-            removed: list[int] = []
-            self._end(name, "failed", f"its launcher could not start: {e}", removed, now)
-            self._save_leases([], removed)
-            return
-        self.launchers[name] = ref
-        job["info"]["launcher"] = ref.to_json()
-        self._save_job(name)
-        self._event({"event": "launch", "job": name, "pid": ref.pid, "user": self._owner(name).user})
-
-    def _apply(self, plan: Any, now: float) -> list[Any]:
-        changed = []
-        for g in plan.grants:
-            l = self.book.grant(self.inventory, g.job, g.device, g.share, now)
-            self.book.heartbeat(l.id, now + max(0.0, self.start_grace_s - self.heartbeat_timeout_s))
-            l = self.book.at(l.id)
-            if self.slots is not None and self.slots.has(l.device):
-                self.slots.make_lease(l.device, l.id, l.share, self._owner(g.job).uid)
-            changed.append(l)
-            self.counters["grants"] += 1
-            info = self.jobs[g.job]["info"]
-            if "first_grant_at" not in info:
-                info["first_grant_at"] = now
-                self._save_job(g.job)
-            self._event({"event": "grant", "job": g.job, "lease": l.id, "device": g.device, "share": g.share,
-                         "reason": g.reason})
-        for r in plan.releases:
-            if not self.book.contains(r.lease) or self.book.at(r.lease).state == "releasing":
-                continue
-            self.book.mark_releasing(r.lease)
-            changed.append(self.book.at(r.lease))
-            kind = "preempt" if r.preemption else "shrink"
-            self.counters["preemptions" if r.preemption else "moves"] += 1
-            self._event({"event": kind, "job": r.job, "lease": r.lease, "device": self.book.at(r.lease).device,
-                         "reason": r.reason, "for_job": r.for_job})
-        return changed
-
-    def _autoscaler(self, name: str) -> Any:
-        a = self.autoscalers.get(name)
-        if a is None:
-            spec = self.jobs[name]["spec"]
-            cfg = dict(spec.get("autoscale", {}))
-            cfg.update(min_replicas=spec["min_size"], max_replicas=spec["max_size"])
-            a = self.autoscalers[name] = _p.ReplicaAutoscaler(_p.AutoscalerConfig(**cfg))
-        return a
-
-    def _inference_wants(self, now: float) -> dict[str, int]:
-        """Feeds every running inference service's load to its autoscaler (once per tick) and
-        returns the services that want more replicas than they have now: their SLO is at risk,
-        and the scheduler serves them before any admission or growth."""
-        urgent = {}
-        for name, j in self.jobs.items():
-            report = self.reports.get(name)
-            if j["state"] != "running" or j["spec"]["kind"] != "inference" or not report:
-                continue
-            current = self.book.count(name, False)
-            want = self._autoscaler(name).update(now, float(report.get("rate_rps", 0.0)), float(report.get("queue", 0.0)),
-                                                 current, float(report.get("replica_rps", 0.0)))
-            self.replicas_wanted[name] = want
-            report["replicas_wanted"] = want
-            if want > current:
-                urgent[name] = want
-        return urgent
-
-    def _scale(self, now: float) -> list[Any]:
-        running = [n for n, j in self.jobs.items() if j["state"] == "running"]
-        # Elastic jobs still waiting take part too (holding nothing): the arbiter's fairness then
-        # shrinks running jobs in place to make room for them (p = -1: everyone gets a device
-        # before anyone gets a second). Rigid waiting jobs wait for admission (and preemption).
-        waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting" and j["spec"]["elastic"]
-                   and not self.draining]
-        if not running:
-            return []
-        jobs = []
-        curves: dict[str, str] = {}  # where each training job's speedup curve came from
-        for name in running + waiting:
-            spec = self.jobs[name]["spec"]
-            sj = _p.ScaleJob()
-            sj.job, sj.kind, sj.priority, sj.elastic = name, spec["kind"], spec["priority"], spec["elastic"]
-            sj.min_size, sj.max_size = spec["min_size"], spec["max_size"]
-            sj.current = self.book.count(name, False)
-            report = self.reports.get(name)
-            age = now - (self.jobs[name]["started_at"] or now)
-            cost = float(spec.get("resize_cost_s", 3.0))
-            sj.change_penalty = min(1.0, max(0.0, age / (age + cost))) if cost > 0 and name in running else 1.0
-            if spec["kind"] == "inference":
-                sj.replicas_wanted = self.replicas_wanted.get(name, -1)
-            else:
-                try:
-                    sj.speedup, source = fit_speedup(report, spec["max_size"])
-                except (TypeError, ValueError, KeyError, AttributeError):  # a report the job got wrong
-                    sj.speedup, source = fit_speedup(None, spec["max_size"])
-                    source = "prior (report unreadable)"
-                curves[name] = source
-                estimate = self.remaining.estimate(self._job_class(name), float((report or {}).get("step") or 0),
-                                                   float(spec.get("declared_steps") or 0), self._curves.get(name, []))
-                sj.remaining_size_s = remaining_size_s(estimate, report, sj.speedup, sj.current)
-                # Cooldown: a training job resized in the last resize_cooldown_s is not grown again
-                # (its curve is flat above its size); it can still give devices back.
-                if name in running and now - self._resized_at.get(name, -1e9) < float(spec.get("resize_cooldown_s", 10.0)):
-                    k = max(sj.current, 1)
-                    sj.speedup = sj.speedup[: k + 1] + [sj.speedup[k]] * (len(sj.speedup) - k - 1)
-            jobs.append(sj)
-        capacity = len(self.inventory)
-        # The arbiter divides identical devices: the whole inventory is its capacity (a pool of
-        # several device types is scaled as one; placement still honours each request's type).
-        targets = _p.plan_sizes(jobs, capacity, self.arbiter, self.completion)
-        plan = self.scheduler.resize(self.inventory, self._entries(("running",)), targets, self.book, now)
-        for name in running:
-            cur = self.book.count(name, False)
-            want = targets.get(name, cur)
-            if want != cur and self.jobs[name]["spec"]["elastic"] and self._planned.get(name) != (cur, want):
-                self._planned[name] = (cur, want)
-                self._event({"event": "plan", "job": name, "from": cur, "to": want, "curve": curves.get(name),
-                             "speedup": [round(x, 3) for x in jobs[(running + waiting).index(name)].speedup]})
-        for g in plan.grants:
-            self._resized_at[g.job] = now
-        for r in plan.releases:
-            self._resized_at[r.job] = now
-        return self._apply(plan, now)
 
     # ------------------------------------------------------------------------------------------
     # views
@@ -850,19 +517,6 @@ class PoolService:
     def metrics(self) -> str:
         """Prometheus text exposition (format 0.0.4)."""
         return prometheus(self.status())
-
-
-def _check_report(report: Any) -> dict[str, Any]:
-    """A report is a JSON object of at most 64 kB; the fields the autoscaler reads are numbers."""
-    if not isinstance(report, dict):
-        raise ValueError("report: must be a JSON object")
-    if len(json.dumps(report)) > 65536:
-        raise ValueError("report: larger than 64 kB; report rates, queue lengths and sizes only")
-    for k in ("rate_rps", "queue", "replica_rps"):
-        v = report.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-            raise ValueError(f"report.{k}: must be a finite number >= 0, got {json.dumps(v)[:40]}")
-    return report
 
 
 def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic", name: str = "pool",

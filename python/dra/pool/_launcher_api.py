@@ -1,0 +1,178 @@
+"""The pool's side of its launchers (one per job, ``dra run --pool``): their periodic ``sync``
+(heartbeats of the leases they run workers on, leases whose workers exited, the job's report, its
+end) answered with the job's leases and the leases the pool wants back, and what a worker on a
+lease is told. A mixin of ``dra.pool.service.PoolService``, whose state (jobs, lease book, lock)
+it reads and changes under the service's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from typing import Any
+
+from dra.pool import _launchers
+from dra.pool._auth import Caller
+
+
+class Superseded(RuntimeError):
+    """A launcher that is not the job's own (HTTP 409): it stops."""
+
+
+def check_report(report: Any) -> dict[str, Any]:
+    """A report is a JSON object of at most 64 kB; the fields the autoscaler reads are numbers."""
+    if not isinstance(report, dict):
+        raise ValueError("report: must be a JSON object")
+    if len(json.dumps(report)) > 65536:
+        raise ValueError("report: larger than 64 kB; report rates, queue lengths and sizes only")
+    for k in ("rate_rps", "queue", "replica_rps"):
+        v = report.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            raise ValueError(f"report.{k}: must be a finite number >= 0, got {json.dumps(v)[:40]}")
+    return report
+
+
+class LauncherAPI:
+    """``sync`` and its helpers (see the module's docstring)."""
+
+    def lease_env(self, l: Any) -> dict[str, str]:
+        """What a worker on this lease is told (and, where the platform can, held to)."""
+        d = self.inventory.at(l.device)
+        env = {"DRA_LEASE_ID": str(l.id), "DRA_DEVICE": l.device, "DRA_DEVICE_SHARE": f"{l.share:g}",
+               "DRA_ENFORCEMENT": d.enforcement, "DRA_NODE": d.node}
+        if d.enforcement == "cgroup" and self.slots is not None:
+            env["DRA_CGROUPS"] = ":".join(self.slots.paths(l.device, l.id))
+            env["OMP_NUM_THREADS"] = str(max(1, math.ceil(d.compute * l.share)))
+        elif d.enforcement in ("cuda_visible_devices", "mps"):
+            # The GPU's index: the trailing number of the id's last part (gpu3, node2/gpu1, g0).
+            digits = re.search(r"(\d+)$", l.device.split("/")[-1]) if "/mig" not in l.device else None
+            env["CUDA_VISIBLE_DEVICES"] = digits.group(1) if digits else l.device
+            if l.share < 1.0:
+                # Memory fraction: the worker sets torch.cuda.set_per_process_memory_fraction (soft).
+                env["DRA_CUDA_MEMORY_FRACTION"] = f"{l.share:g}"
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, int(100 * l.share)))
+                env["DRA_ENFORCEMENT"] = "mps" if d.enforcement == "mps" else "soft"
+        return env
+
+    def sync_request(self, name: str, body: dict[str, Any], caller: Caller | None = None) -> dict[str, Any]:
+        """``sync`` from an API body, every field checked for its type."""
+        def ids(key: str) -> list[int]:
+            v = body.get(key, [])
+            if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"{key}: must be a list of lease ids (integers)")
+            return v
+
+        for key in ("done", "failed"):
+            if not isinstance(body.get(key, False), bool):
+                raise ValueError(f"{key}: must be true or false")
+        for key in ("reason", "launcher"):
+            if body.get(key) is not None and not isinstance(body[key], str):
+                raise ValueError(f"{key}: must be a string")
+        report = body.get("report")
+        return self.sync(name, ids("heartbeats"), ids("released"), None if report is None else check_report(report),
+                         body.get("done", False), body.get("failed", False), body.get("reason"),
+                         body.get("launcher"), caller)
+
+    def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None,
+             done: bool = False, failed: bool = False, reason: str | None = None, launcher: str | None = None,
+             caller: Caller | None = None) -> dict[str, Any]:
+        """A launcher's periodic call: its live leases, the leases its exited workers held, the
+        job's report. Answers with the job's leases (new ones to start workers on) and the leases
+        the pool wants back. ``launcher``: the caller's launch id (a second launcher is refused)."""
+        now = time.time()
+        with self._lock:
+            job = self._job(name)
+            self._authorize(name, caller, "run")
+            self._check_launcher(name, job, launcher, caller)
+            if "ready_at" not in job["info"]:  # its launcher is up (store, warm fork server): it can run workers now
+                job["info"]["ready_at"] = now
+                self._event({"event": "ready", "job": name})
+            changed, removed = [], []
+            for lid in heartbeats:
+                if self.book.contains(lid) and self.book.at(lid).job == name:
+                    self.book.heartbeat(lid, now)
+                    changed.append(self.book.at(lid))
+                    if lid not in self._running:
+                        self._running[lid] = now
+                        self._event({"event": "worker_start", "job": name, "lease": lid,
+                                     "device": self.book.at(lid).device})
+            if self.node_check is not None and released:
+                # A worker that ended may have ended with its node: asked now, before its device
+                # could be granted again (the watcher would see it within a second).
+                nodes = {self.inventory.at(self.book.at(lid).device).node for lid in released
+                         if self.book.contains(lid) and self.inventory.contains(self.book.at(lid).device)}
+                for node in sorted(nodes):
+                    why = self.node_check(node)
+                    if why:
+                        self.remove_node(node, why)
+            for lid in released:
+                if self.book.contains(lid) and self.book.at(lid).job == name:
+                    was = self.book.at(lid)
+                    if was.state == "active":
+                        # A member left on its own (its policy shrank it, or it was the one the job
+                        # chose to let go): one lease the pool asked back is no longer owed.
+                        for other in self.book.of_job(name):
+                            if other.state == "releasing" and other.id != lid:
+                                self._set_state(other.id, "active")
+                                changed.append(self.book.at(other.id))
+                                break
+                    self._release(lid, "worker exited", removed)
+            if report:
+                self.reports[name] = {**self.reports.get(name, {}), **report}
+                self._observe_curve(name, report)
+                if isinstance(report.get("step"), int) and report["step"] >= 1 and "first_step_at" not in job["info"]:
+                    job["info"]["first_step_at"] = now
+                    self._event({"event": "first_step", "job": name})
+            if job["state"] == "waiting" and self.book.count(name) > 0:
+                job["state"] = "running"
+                job["started_at"] = now
+                self._event({"event": "start", "job": name, "workers": self.book.count(name)})
+            if (done or failed) and job["state"] in ("running", "waiting", "cancelled"):
+                state = "cancelled" if job["state"] == "cancelled" else ("failed" if failed else "finished")
+                self._end(name, state, reason, removed, now)
+                steps = float((self.reports.get(name) or {}).get("step") or 0)
+                if state == "finished" and steps > 0 and job["spec"].get("kind", "training") == "training":
+                    spec = job["spec"]
+                    self.remaining.record_completion(self._job_class(name), steps, float(spec.get("declared_steps") or 0),
+                                                     self._curves.get(name, []))
+            self._save_job(name)
+            self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
+            leases = [{"id": l.id, "device": l.device, "share": l.share, "state": l.state, "env": self.lease_env(l)}
+                      for l in self.book.of_job(name)]
+            answer = {"state": job["state"], "leases": leases,
+                      "release": [l.id for l in self.book.of_job(name) if l.state == "releasing"],
+                      "min_size": job["spec"]["min_size"], "max_size": job["spec"]["max_size"]}
+        if removed or released:
+            self._wake.set()
+        return answer
+
+    def _job_class(self, name: str) -> str:
+        return str(self.jobs[name]["spec"].get("job_class") or name)
+
+    def _observe_curve(self, name: str, report: dict[str, Any]) -> None:
+        """The job's smoothed loss by step, as its reports give it (thinned to 256 points)."""
+        step, loss = report.get("step"), report.get("loss")
+        if not isinstance(step, (int, float)) or not isinstance(loss, (int, float)) or not math.isfinite(loss) or loss <= 0:
+            return
+        curve = self._curves.setdefault(name, [])
+        if not curve or curve[-1][0] < step:
+            curve.append((float(step), float(loss)))
+            if len(curve) > 256:
+                del curve[::2]
+
+    def _check_launcher(self, name: str, job: dict[str, Any], launcher: str | None, caller: Caller | None) -> None:
+        if launcher is None:
+            return  # an in-process caller (tests, an embedding program)
+        rec = job["info"].get("launcher")
+        if rec is None:  # a launcher started by hand (dra run --pool ... --job NAME): the first one is the job's
+            pid = caller.pid if caller is not None else 0
+            ref = _launchers.LauncherRef(launcher, pid, _launchers.proc_start(pid) if pid else None)
+            job["info"]["launcher"] = ref.to_json()
+            if pid:
+                self.launchers[name] = ref
+            self._event({"event": "launcher", "job": name, "pid": pid, "by_hand": True})
+        elif rec.get("id") != launcher:
+            raise Superseded(f"job: '{name}' is run by another launcher (pid {rec.get('pid')}); this one stops")
+

@@ -1,0 +1,257 @@
+"""The pool's scheduling loop: every ``tick_s`` and after every change, leases whose workers stopped
+checking in come back, launchers that ended are noticed, inference whose SLO is at risk is served,
+waiting jobs are admitted, the arbiter re-plans training jobs (dynamic, every ``scale_every_s``),
+and waiting jobs get their launchers. Decisions are the C++ core's (``dra._core.pool``); this
+mixin of ``dra.pool.service.PoolService`` carries them out on the service's state, under its lock.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from typing import Any
+
+from dra._core import pool as _p
+from dra.pool import _launchers
+from dra.pool._spec import fit_speedup, remaining_size_s
+
+
+class SchedulingLoop:
+    """The loop's thread and one ``tick`` (see the module's docstring)."""
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dra-pool", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.tick_s)
+            self._wake.clear()
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001 - the loop must live; the error is an event
+                self.internal_error("loop", e)
+
+    def _entries(self, states: tuple[str, ...], urgent: dict[str, int] | None = None) -> list[Any]:
+        urgent = urgent or {}
+        return [_p.JobEntry(self._requests[name], j["submitted_at"], j["order"], urgent.get(name, 0))
+                for name, j in self.jobs.items() if j["state"] in states and self._ready(name)]
+
+    def _ready(self, name: str) -> bool:
+        """Whether a job can be given devices now. In ``dynamic``, a waiting job whose launcher has
+        not checked in yet (still importing torch into its fork server, seconds on a loaded host)
+        waits for it: a lease granted earlier would sit idle, or be taken from a running job that
+        could have used it meanwhile. The baselines grant at once, as a batch scheduler does (its
+        job's start-up then counts as cold start). A pool that starts no launchers (its caller runs
+        the jobs) grants at once too."""
+        j = self.jobs[name]
+        return (self.mode != "dynamic" or j["state"] != "waiting" or "ready_at" in j["info"]
+                or not self.launch_jobs or self.url is None)
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            removed: list[int] = []
+            changed: list[Any] = []
+            # 1. Leases whose workers stopped checking in come back.
+            for lid in self.book.expired(now, self.heartbeat_timeout_s):
+                self.counters["reclaims"] += 1
+                job = self.book.at(lid).job
+                self._release(lid, f"no heartbeat for {self.heartbeat_timeout_s:g} s", removed)
+                j = self.jobs.get(job)
+                if j is not None and j["state"] in ("waiting", "running") and self.book.count(job) == 0:
+                    # Nothing of the job checks in any more (its launcher is gone): it is lost.
+                    self._end(job, "failed", "lost: no heartbeat from its launcher", removed, now)
+            # 2. Launchers that ended without a last word; leases of jobs that ended.
+            if now - self._last_check >= 0.25:
+                self._last_check = now
+                self._check_launchers(now, removed)
+            for l in self.book.all():
+                if self.jobs.get(l.job, {}).get("state") in ("finished", "failed", None):
+                    self._release(l.id, "job gone", removed)
+            # 3. Inference whose SLO is at risk first, then admission (waiting jobs, jobs below
+            # their minimum); a service short of replicas never waits for the next re-plan.
+            live = ("running",) if self.draining else ("waiting", "running")
+            urgent = self._inference_wants(now) if self.mode == "dynamic" else {}
+            plan = self.scheduler.admit(self.inventory, self._entries(live, urgent), self.book, now)
+            changed += self._apply(plan, now)
+            # 4. Scaling (dynamic): inference follows its load, the arbiter divides the rest.
+            if self.mode == "dynamic" and now - self._last_scale >= self.scale_every_s:
+                self._last_scale = now
+                changed += self._scale(now)
+            if changed or removed:
+                self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
+            # 5. A job's launcher starts at submission, so it is warm (store, fork server with torch
+            # imported) by the time the job is granted devices. One that cannot start fails its job
+            # at once, with one event, and the others are launched all the same.
+            if self.launch_jobs and self.url is not None:
+                for name in [n for n, j in self.jobs.items() if j["state"] == "waiting" and n not in self.launchers]:
+                    self._launch(name, now)
+
+    def _check_launchers(self, now: float, removed: list[int]) -> None:
+        self._exiting = [p for p in self._exiting if p.poll() is None]
+        for name, ref in list(self.launchers.items()):
+            j = self.jobs.get(name)
+            if j is None or ref.alive():
+                continue
+            self.launchers.pop(name)
+            if j["state"] in ("waiting", "running"):
+                code = ref.exit_code()
+                log = self.logs_dir / f"{name}.launcher.log"
+                why = ""
+                if code == 126:  # _isolate could not start it as the job's user: its one line says why
+                    try:
+                        why = ": " + log.read_text(errors="replace").strip().splitlines()[-1][:300]
+                    except (OSError, IndexError):
+                        pass
+                self._end(name, "failed", f"its launcher exited{'' if code is None else f' (code {code})'} before the "
+                          f"job ended{why}; see {log}", removed, now)
+            elif j["state"] == "cancelled":
+                for l in self.book.of_job(name):
+                    self._release(l.id, "job ended", removed)
+
+    def _launch(self, name: str, now: float) -> None:
+        assert self.url is not None
+        job = self.jobs[name]
+        spec = job["spec"]
+        env = {} if self.orphan_limit_s is None else {"DRA_POOL_ORPHAN_LIMIT_S": f"{self.orphan_limit_s:g}"}
+        if spec.get("network") == "private":
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface the job has
+        try:
+            ref = _launchers.start(name, self.url, self._owner(name), spec.get("cwd") or "/",
+                                   self.logs_dir / f"{name}.launcher.log", env, spec.get("network") == "private")
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            removed: list[int] = []
+            self._end(name, "failed", f"its launcher could not start: {e}", removed, now)
+            self._save_leases([], removed)
+            return
+        self.launchers[name] = ref
+        job["info"]["launcher"] = ref.to_json()
+        self._save_job(name)
+        self._event({"event": "launch", "job": name, "pid": ref.pid, "user": self._owner(name).user})
+
+    def _apply(self, plan: Any, now: float) -> list[Any]:
+        changed = []
+        for g in plan.grants:
+            l = self.book.grant(self.inventory, g.job, g.device, g.share, now)
+            self.book.heartbeat(l.id, now + max(0.0, self.start_grace_s - self.heartbeat_timeout_s))
+            l = self.book.at(l.id)
+            if self.slots is not None and self.slots.has(l.device):
+                self.slots.make_lease(l.device, l.id, l.share, self._owner(g.job).uid)
+            changed.append(l)
+            self.counters["grants"] += 1
+            info = self.jobs[g.job]["info"]
+            if "first_grant_at" not in info:
+                info["first_grant_at"] = now
+                self._save_job(g.job)
+            self._event({"event": "grant", "job": g.job, "lease": l.id, "device": g.device, "share": g.share,
+                         "reason": g.reason})
+        for r in plan.releases:
+            if not self.book.contains(r.lease) or self.book.at(r.lease).state == "releasing":
+                continue
+            self.book.mark_releasing(r.lease)
+            changed.append(self.book.at(r.lease))
+            kind = "preempt" if r.preemption else "shrink"
+            self.counters["preemptions" if r.preemption else "moves"] += 1
+            self._event({"event": kind, "job": r.job, "lease": r.lease, "device": self.book.at(r.lease).device,
+                         "reason": r.reason, "for_job": r.for_job})
+        return changed
+
+    def _autoscaler(self, name: str) -> Any:
+        a = self.autoscalers.get(name)
+        if a is None:
+            spec = self.jobs[name]["spec"]
+            cfg = dict(spec.get("autoscale", {}))
+            cfg.update(min_replicas=spec["min_size"], max_replicas=spec["max_size"])
+            a = self.autoscalers[name] = _p.ReplicaAutoscaler(_p.AutoscalerConfig(**cfg))
+        return a
+
+    def _inference_wants(self, now: float) -> dict[str, int]:
+        """Feeds every running inference service's load to its autoscaler (once per tick) and
+        returns the services that want more replicas than they have now: their SLO is at risk,
+        and the scheduler serves them before any admission or growth."""
+        urgent = {}
+        for name, j in self.jobs.items():
+            report = self.reports.get(name)
+            if j["state"] != "running" or j["spec"]["kind"] != "inference" or not report:
+                continue
+            current = self.book.count(name, False)
+            want = self._autoscaler(name).update(now, float(report.get("rate_rps", 0.0)), float(report.get("queue", 0.0)),
+                                                 current, float(report.get("replica_rps", 0.0)))
+            self.replicas_wanted[name] = want
+            report["replicas_wanted"] = want
+            if want > current:
+                urgent[name] = want
+        return urgent
+
+    def _scale(self, now: float) -> list[Any]:
+        running = [n for n, j in self.jobs.items() if j["state"] == "running"]
+        # Elastic jobs still waiting take part too (holding nothing): the arbiter's fairness then
+        # shrinks running jobs in place to make room for them (p = -1: everyone gets a device
+        # before anyone gets a second). Rigid waiting jobs wait for admission (and preemption).
+        waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting" and j["spec"]["elastic"]
+                   and not self.draining and self._ready(n)]
+        if not running:
+            return []
+        jobs = []
+        curves: dict[str, str] = {}  # where each training job's speedup curve came from
+        for name in running + waiting:
+            spec = self.jobs[name]["spec"]
+            sj = _p.ScaleJob()
+            sj.job, sj.kind, sj.priority, sj.elastic = name, spec["kind"], spec["priority"], spec["elastic"]
+            sj.min_size, sj.max_size = spec["min_size"], spec["max_size"]
+            sj.current = self.book.count(name, False)
+            report = self.reports.get(name)
+            age = now - (self.jobs[name]["started_at"] or now)
+            cost = float(spec.get("resize_cost_s", 3.0))
+            sj.change_penalty = min(1.0, max(0.0, age / (age + cost))) if cost > 0 and name in running else 1.0
+            if spec["kind"] == "inference":
+                sj.replicas_wanted = self.replicas_wanted.get(name, -1)
+            else:
+                try:
+                    sj.speedup, source = fit_speedup(report, spec["max_size"])
+                except (TypeError, ValueError, KeyError, AttributeError):  # a report the job got wrong
+                    sj.speedup, source = fit_speedup(None, spec["max_size"])
+                    source = "prior (report unreadable)"
+                curves[name] = source
+                estimate = self.remaining.estimate(self._job_class(name), float((report or {}).get("step") or 0),
+                                                   float(spec.get("declared_steps") or 0), self._curves.get(name, []))
+                sj.remaining_size_s = remaining_size_s(estimate, report, sj.speedup, sj.current)
+                # Cooldown: a training job resized in the last resize_cooldown_s is not grown past
+                # the largest size it ran at in that window (its curve is flat above it); it can
+                # still give devices back. So a job that lost a device to inference or a
+                # preemption takes it back as soon as one is free, not resize_cooldown_s later.
+                cooldown = float(spec.get("resize_cooldown_s", 10.0))
+                peak = self._recent_peak.get(name)
+                if peak is None or sj.current >= peak[1] or now - peak[0] >= cooldown:
+                    peak = self._recent_peak[name] = (now, sj.current)
+                if name in running and now - self._resized_at.get(name, -1e9) < cooldown:
+                    k = max(sj.current, peak[1], 1)
+                    sj.speedup = sj.speedup[: k + 1] + [sj.speedup[k]] * (len(sj.speedup) - k - 1)
+            jobs.append(sj)
+        capacity = len(self.inventory)
+        # The arbiter divides identical devices: the whole inventory is its capacity (a pool of
+        # several device types is scaled as one; placement still honours each request's type).
+        targets = _p.plan_sizes(jobs, capacity, self.arbiter, self.completion)
+        plan = self.scheduler.resize(self.inventory, self._entries(("running",)), targets, self.book, now)
+        for name in running:
+            cur = self.book.count(name, False)
+            want = targets.get(name, cur)
+            if want != cur and self.jobs[name]["spec"]["elastic"] and self._planned.get(name) != (cur, want):
+                self._planned[name] = (cur, want)
+                self._event({"event": "plan", "job": name, "from": cur, "to": want, "curve": curves.get(name),
+                             "speedup": [round(x, 3) for x in jobs[(running + waiting).index(name)].speedup]})
+        for g in plan.grants:
+            self._resized_at[g.job] = now
+        for r in plan.releases:
+            self._resized_at[r.job] = now
+        return self._apply(plan, now)
+
