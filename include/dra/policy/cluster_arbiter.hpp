@@ -22,6 +22,12 @@ struct arbiter_job {
   int current = 0;              ///< devices it holds now
   double change_penalty = 1.0;  ///< multiplier on its speedup at any allocation other than `current`
   int min_devices = 0;          ///< devices it must keep when it has them (0: may be preempted)
+  /// Value of holding any device at all, added to speedup[k] for every k >= 1 and never scaled by
+  /// the change penalty (completion_config::admission: starting a waiting job beats growing one).
+  double presence = 0.0;
+  /// Devices it gets before any job gets more, whatever it holds now (a fairness floor, e.g.
+  /// completion_config::fair_floor of its fair allocation); never taken away by the local search.
+  int guaranteed = 0;
 };
 
 struct arbiter_config {
@@ -75,6 +81,20 @@ struct completion_config {
   double exponent = 2.0;  ///< c of completion_weights (heSRPT's 1 / (1 - a) for speedup k^a)
   double tilt = 1.0;      ///< exponent of the weight (1: heSRPT's; 0: remaining work is ignored)
   double power = 1.0;     ///< the arbiter's power-mean exponent (1: heSRPT's weighted sum)
+  /// Under a utilitarian objective (power > 0), the value of holding any device, in units of a
+  /// job's speedup at its fair share, times its weight (arbiter_job::presence): with a large value a
+  /// device starts a waiting job before it adds to a running one, as a fair objective (power < 0)
+  /// does by itself, so a short job is not kept waiting by the restart penalty of the job it would
+  /// take a device from. 0: off.
+  double admission = 0.0;
+  /// Tail guard: every job first gets this share (rounded down) of what the fair objective
+  /// (Pollux's: power -1, no weights) would give it now, and only the rest is divided by remaining
+  /// work, so a long job is never starved below a fraction of its fair share. 0: off.
+  double fair_floor = 0.0;
+  /// Light-load fallback (a caller that can tell contention, e.g. the simulator): while the jobs'
+  /// knees (the fewest devices reaching this share of the best goodput each may have) fit the
+  /// cluster, nobody waits for anybody and the fair objective allocates, unweighted. 0: always weighted.
+  double light_load_knee = 0.0;
 
   void validate() const {
     if (!(exponent >= 1.0) || !std::isfinite(exponent))
@@ -83,9 +103,17 @@ struct completion_config {
       dra::detail::throw_invalid("tilt", "must be a finite number >= 0, got " + std::to_string(tilt));
     if (!std::isfinite(power) || power == 0.0)
       dra::detail::throw_invalid("power", "must be finite and non-zero, got " + std::to_string(power));
+    if (!(admission >= 0.0) || !std::isfinite(admission))
+      dra::detail::throw_invalid("admission", "must be a finite number >= 0 (0: off), got " + std::to_string(admission));
+    if (!(fair_floor >= 0.0 && fair_floor <= 1.0))
+      dra::detail::throw_invalid("fair_floor", "must lie in [0, 1] (0: off), got " + std::to_string(fair_floor));
+    if (!(light_load_knee >= 0.0 && light_load_knee <= 1.0))
+      dra::detail::throw_invalid("light_load_knee", "must lie in [0, 1] (0: off), got " + std::to_string(light_load_knee));
   }
   /// The factor a job's speedup curve is multiplied by.
   double factor(double weight) const { return std::pow(weight, power > 0.0 ? tilt : -tilt); }
+  /// A job's arbiter_job::presence for its weight, `unit` being its speedup at its fair share.
+  double presence(double weight, double unit) const { return power > 0.0 ? admission * factor(weight) * unit : 0.0; }
 };
 
 class cluster_arbiter {
@@ -97,7 +125,7 @@ class cluster_arbiter {
   static double effective(const arbiter_job& job, int k) {
     if (k <= 0 || job.speedup.empty()) return 0.0;
     const double s = job.speedup[static_cast<std::size_t>(std::min<int>(k, static_cast<int>(job.speedup.size()) - 1))];
-    return k == job.current ? s : s * job.change_penalty;
+    return (k == job.current ? s : s * job.change_penalty) + job.presence;
   }
 
   /// Power mean of effective speedups for an allocation.
@@ -115,6 +143,8 @@ class cluster_arbiter {
       for (double s : jobs[j].speedup)
         if (!(s >= 0.0) || !std::isfinite(s))
           dra::detail::throw_invalid("speedup", "job " + std::to_string(j) + " has a negative or non-finite speedup");
+      if (!(jobs[j].presence >= 0.0) || !std::isfinite(jobs[j].presence))
+        dra::detail::throw_invalid("presence", "job " + std::to_string(j) + " has a negative or non-finite presence (use 0 for none)");
       if (!(jobs[j].change_penalty >= 0.0 && jobs[j].change_penalty <= 1.0))
         dra::detail::throw_invalid("change_penalty", "must lie in [0, 1] (job " + std::to_string(j) + ")");
     }
@@ -136,11 +166,16 @@ class cluster_arbiter {
         flat[offset[j] + k] = term(effective(jobs[j], static_cast<int>(k)));
     std::vector<int> alloc(n, 0);
     int free = capacity;
-    // Jobs that must keep what they hold (non-preemptible) keep it first.
+    // Jobs that must keep what they hold (non-preemptible) keep it first, then guaranteed floors.
     for (std::size_t j = 0; j < n; ++j) {
       const int keep = std::min({jobs[j].min_devices, jobs[j].current, max_devices(jobs[j])});
       if (keep > 0 && keep <= free) alloc[j] = keep, free -= keep;
     }
+    for (std::size_t j = 0; j < n; ++j) {
+      const int more = std::min({std::max(jobs[j].guaranteed, 0), max_devices(jobs[j]), alloc[j] + free}) - alloc[j];
+      if (more > 0) alloc[j] += more, free -= more;
+    }
+    const std::vector<int> floors(alloc);
     // Greedy: best objective gain per device over every (job, increment) pair.
     // Minimising the sum of terms when p < 0 is maximising the mean; the sign flips for p > 0.
     // Each job's best increment sits in a max-heap (rate, then lower index first). `free` only
@@ -226,7 +261,8 @@ class cluster_arbiter {
       double best = 0.0;
       std::size_t from = n, to = n;
       for (std::size_t a = 0; a < n && b1 != n; ++a) {
-        if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current)) continue;
+        if (alloc[a] == 0 || alloc[a] <= std::min(jobs[a].min_devices, jobs[a].current) || alloc[a] <= floors[a])
+          continue;
         const std::size_t b = a != b1 ? b1 : b2;
         if (b == n) continue;
         const auto ka = static_cast<std::size_t>(alloc[a]);
