@@ -29,29 +29,6 @@ inline int explore_cap(const job_view& v) {
   return std::min(v.max_devices, std::max(2 * seen, 1));
 }
 
-/// Whether the jobs contend for the cluster: the sum of their knees (the fewest devices, within
-/// their exploration caps, that reach `share` of the best goodput each could have now; the
-/// linear prior's before a model) exceeds the capacity. Reads views only.
-inline bool contended(const std::vector<job_view*>& jobs, int capacity, double share, const sim_config& config) {
-  long demand = 0;
-  for (job_view* v : jobs) {
-    const int most = explore_cap(*v);
-    int knee = std::max(1, static_cast<int>(std::ceil(share * most - 1e-9)));
-    if (v->model && v->model->fitted()) {
-      double top = 0.0;
-      for (int k = 1; k <= most; ++k) top = std::max(top, curve_at(*v, k, config));
-      for (int k = 1; k <= most; ++k)
-        if (curve_at(*v, k, config) >= share * top) {
-          knee = k;
-          break;
-        }
-    }
-    demand += knee;
-    if (demand > capacity) return true;
-  }
-  return false;
-}
-
 /// Inputs of one cluster decision besides the jobs: the cluster, the clock, the settings, and for
 /// oracle_ policies only, each job's true remaining epochs.
 struct cluster_context {
@@ -79,18 +56,15 @@ struct cluster_request {
 ///    heSRPT completion weight (policy::completion_weights of its remaining size: the time one
 ///    device would need for its remaining work, the estimate's Gittins size x work per epoch / the
 ///    goodput of one device; jobs without a model count as the smallest), and the arbiter maximises
-///    their weighted sum (policy::completion_config, p = 1), with Pollux's restart penalty.
+///    their weighted sum (policy::completion_config, p = 1), with Pollux's restart penalty; holding
+///    any device is worth completion.admission fair shares times the weight (arbiter_job::presence),
+///    so waiting jobs start before running ones grow.
 inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cluster_context& ctx) {
   const sim_config& config = *ctx.config;
   const std::string& p = config.policy;
+  const bool ca = p == "convergence_aware" || p == "oracle_convergence_aware";
   const std::size_t n = jobs.size();
   if (n == 0) return {{}, config.arbiter};
-  // convergence_aware ranks by remaining work only while the jobs contend for the cluster; below
-  // that it allocates as Pollux does (completion_config::light_load_knee).
-  const bool ca_policy = p == "convergence_aware" || p == "oracle_convergence_aware";
-  const bool ca = ca_policy && (!(config.completion.light_load_knee > 0.0) ||
-                                contended(jobs, ctx.capacity, config.completion.light_load_knee, config));
-  const bool pollux_base = p == "pollux" || (ca_policy && !ca);
   // Remaining size (one-device seconds) and completion weights.
   std::vector<double> weight(n, 1.0);
   if (ca) {
@@ -155,7 +129,7 @@ inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cl
       for (int k = 1; k <= most; ++k) a.speedup[static_cast<std::size_t>(k)] = scale / fair * static_cast<double>(k);
     } else {
       const int fair_k = std::clamp(fair, 1, v.max_devices);
-      double base = pollux_base ? predicted_best(v, 1, fair_k, config).goodput : curve_at(v, fair_k, config);
+      double base = p == "pollux" ? predicted_best(v, 1, fair_k, config).goodput : curve_at(v, fair_k, config);
       if (!(base > 0.0)) base = curve_at(v, 1, config);
       for (int k = 1; k <= most; ++k)
         a.speedup[static_cast<std::size_t>(k)] = base > 0.0 ? scale * curve_at(v, k, config) / base : 0.0;
@@ -168,19 +142,6 @@ inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cl
     const int restarts = std::max(0, v.restarts);
     a.change_penalty = cost > 0.0 ? std::clamp(std::max(age - restarts * cost, 0.0) / (age + cost), 0.0, 1.0) : 1.0;
     in.push_back(std::move(a));
-  }
-  if (ca && config.completion.fair_floor > 0.0) {
-    // Tail guard: each job first gets its floor share of the fair (unweighted, Pollux's objective)
-    // allocation; only the rest is divided by remaining work.
-    std::vector<policy::arbiter_job> fair = in;
-    for (std::size_t i = 0; i < n; ++i) {
-      const double f = config.completion.factor(weight[i]);
-      for (double& s : fair[i].speedup) s = f > 0.0 ? s / f : s;
-      fair[i].presence = 0.0;
-    }
-    const std::vector<int> share = policy::cluster_arbiter(config.arbiter).allocate(fair, ctx.capacity);
-    for (std::size_t i = 0; i < n; ++i)
-      in[i].guaranteed = static_cast<int>(std::floor(config.completion.fair_floor * share[i] + 1e-9));
   }
   policy::arbiter_config ac = config.arbiter;
   if (ca) ac.p = config.completion.power;
