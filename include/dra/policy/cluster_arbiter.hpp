@@ -94,7 +94,8 @@ struct completion_config {
     if (!std::isfinite(power) || power == 0.0)
       dra::detail::throw_invalid("power", "must be finite and non-zero, got " + std::to_string(power));
     if (!(admission >= 0.0) || !std::isfinite(admission))
-      dra::detail::throw_invalid("admission", "must be a finite number >= 0 (0: off), got " + std::to_string(admission));
+      dra::detail::throw_invalid("admission",
+                                 "must be a finite number >= 0 (0: off), got " + std::to_string(admission));
   }
   /// The factor a job's speedup curve is multiplied by.
   double factor(double weight) const { return std::pow(weight, power > 0.0 ? tilt : -tilt); }
@@ -130,7 +131,8 @@ class cluster_arbiter {
         if (!(s >= 0.0) || !std::isfinite(s))
           dra::detail::throw_invalid("speedup", "job " + std::to_string(j) + " has a negative or non-finite speedup");
       if (!(jobs[j].presence >= 0.0) || !std::isfinite(jobs[j].presence))
-        dra::detail::throw_invalid("presence", "job " + std::to_string(j) + " has a negative or non-finite presence (use 0 for none)");
+        dra::detail::throw_invalid(
+            "presence", "job " + std::to_string(j) + " has a negative or non-finite presence (use 0 for none)");
       if (!(jobs[j].change_penalty >= 0.0 && jobs[j].change_penalty <= 1.0))
         dra::detail::throw_invalid("change_penalty", "must lie in [0, 1] (job " + std::to_string(j) + ")");
     }

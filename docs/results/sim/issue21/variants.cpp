@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dra/sim/csv.hpp"
@@ -45,16 +46,15 @@ int main(int argc, char** argv) {
     auto eq = kv.find('=');
     std::string k = kv.substr(0, eq);
     double v = atof(kv.c_str() + eq + 1);
-#define OPT(name, field) \
-  if (k == name) {       \
-    field = v;           \
-    continue;            \
-  }
-    OPT("exponent", c.completion.exponent)
-    OPT("tilt", c.completion.tilt) OPT("power", c.completion.power) OPT("admission", c.completion.admission)
-        OPT("fair_floor", c.completion.fair_floor) OPT("knee", c.completion.light_load_knee)
-
-            fprintf(stderr, "unknown %s\n", k.c_str());
+    const std::pair<const char*, double*> settings[] = {
+        {"exponent", &c.completion.exponent},     {"tilt", &c.completion.tilt},
+        {"power", &c.completion.power},           {"admission", &c.completion.admission},
+        {"fair_floor", &c.completion.fair_floor}, {"knee", &c.completion.light_load_knee}};
+    bool known = false;
+    for (const auto& [name, field] : settings)
+      if (k == name) *field = v, known = true;
+    if (known) continue;
+    fprintf(stderr, "unknown %s\n", k.c_str());
     return 2;
   }
   auto r = simulate(lib, jobs, c);
