@@ -1,7 +1,7 @@
 // The driver of variants.json (simulated, 2026-12-02): one policy, with completion settings given as
 // key=value, on one workload and load; prints the case's average and p99 JCT, reallocations and
 // each job's (name, application, submit, JCT, reallocations, device-seconds, wait for its first
-// device). Built against commit a1c727a, which still has the fair floor and the light-load
+// device). Built against commit 6f04db9, which still has the fair floor and the light-load
 // fallback that were measured and dropped:
 //   g++ -O2 -DNDEBUG -std=c++17 -Iinclude -I/usr/include/eigen3 variants.cpp -o variants
 //   ./variants convergence_aware 0.5 1.0 3 admission=0.3   # policy, declared sigma, load, workload
