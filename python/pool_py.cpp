@@ -181,7 +181,9 @@ void bind_pool(py::module_& root) {
       .def_readwrite("speedup", &dra::policy::arbiter_job::speedup)
       .def_readwrite("current", &dra::policy::arbiter_job::current)
       .def_readwrite("change_penalty", &dra::policy::arbiter_job::change_penalty)
-      .def_readwrite("min_devices", &dra::policy::arbiter_job::min_devices);
+      .def_readwrite("min_devices", &dra::policy::arbiter_job::min_devices)
+      .def_readwrite("presence", &dra::policy::arbiter_job::presence,
+                     "Value of holding any device, added at every k >= 1 and never scaled by the change penalty.");
   py::class_<dra::policy::cluster_arbiter>(m, "ClusterArbiter",
                                            "include/dra/policy/cluster_arbiter.hpp (the simulator's).")
       .def(py::init<dra::policy::arbiter_config>(),
@@ -195,6 +197,8 @@ void bind_pool(py::module_& root) {
   cc.def_readwrite("exponent", &dra::policy::completion_config::exponent)
       .def_readwrite("tilt", &dra::policy::completion_config::tilt)
       .def_readwrite("power", &dra::policy::completion_config::power)
+      .def_readwrite("admission", &dra::policy::completion_config::admission,
+                     "Value of holding any device (times the job's weight) under power > 0: waiting jobs start first.")
       .def("validate", &dra::policy::completion_config::validate);
   m.def(
       "plan_sizes",

@@ -265,6 +265,29 @@ TEST_CASE("sim.arbiter.power_mean") {
     a.change_penalty = b.change_penalty = 1.0;
     CHECK(arbiter.allocate({a, b}, 8) == std::vector<int>{4, 4});
   }
+  SUBCASE("presence: under a weighted sum a waiting job starts before a running one keeps growing") {
+    // A job that has run for a while holds all 4 devices and scales linearly; a new job arrives.
+    // Without presence, taking one device costs the runner 1.3 (4 - 3 x 0.9: the device and its
+    // restart penalty) and the newcomer's first device brings 0.5 (its own start penalty), so the
+    // newcomer waits; with one device's worth of presence each, it starts (5.2 > 5).
+    const dra::policy::cluster_arbiter sum(dra::policy::arbiter_config{1.0});
+    arbiter_job running = linear(4), waiting = linear(4);
+    running.current = 4, running.change_penalty = 0.9;
+    waiting.current = 0, waiting.change_penalty = 0.5;
+    CHECK(sum.allocate({running, waiting}, 4) == std::vector<int>{4, 0});
+    running.presence = waiting.presence = 1.0;
+    CHECK(sum.allocate({running, waiting}, 4) == std::vector<int>{3, 1});
+    // The restart penalty never discounts presence.
+    CHECK(dra::policy::cluster_arbiter::effective(waiting, 1) == doctest::Approx(0.5 + 1.0));
+    waiting.presence = -1.0;
+    CHECK_THROWS_WITH_AS(sum.allocate({running, waiting}, 4), doctest::Contains("presence"), std::invalid_argument);
+    dra::policy::completion_config c;
+    CHECK(c.presence(2.0, 0.25) == doctest::Approx(c.admission * 2.0 * 0.25));
+    c.power = -1.0;  // the fair objective admits by itself
+    CHECK(c.presence(2.0, 0.25) == 0.0);
+    c.admission = -0.1;
+    CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("admission"), std::invalid_argument);
+  }
   SUBCASE("bad input") {
     arbiter_job bad;
     bad.speedup = {0.0, -1.0};

@@ -161,6 +161,9 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
       const double s = j->speedup.size() > ku ? j->speedup[ku] : static_cast<double>(k);
       a.speedup[ku] = w * std::max(0.0, std::isfinite(s) ? s : 0.0);
     }
+    // Starting a waiting job beats growing a running one (completion_config::admission; one
+    // worker is the unit of a pool's speedups).
+    if (completion) a.presence = priority_weight(j->priority) * completion->presence(completion_weight[t], 1.0);
     a.current = j->current;
     a.change_penalty = std::clamp(j->change_penalty, 0.0, 1.0);
     a.min_devices = j->min_size;

@@ -56,7 +56,9 @@ struct cluster_request {
 ///    heSRPT completion weight (policy::completion_weights of its remaining size: the time one
 ///    device would need for its remaining work, the estimate's Gittins size x work per epoch / the
 ///    goodput of one device; jobs without a model count as the smallest), and the arbiter maximises
-///    their weighted sum (policy::completion_config, p = 1), with Pollux's restart penalty.
+///    their weighted sum (policy::completion_config, p = 1), with Pollux's restart penalty; holding
+///    any device is worth completion.admission fair shares times the weight (arbiter_job::presence),
+///    so waiting jobs start before running ones grow.
 inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cluster_context& ctx) {
   const sim_config& config = *ctx.config;
   const std::string& p = config.policy;
@@ -121,6 +123,7 @@ inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cl
         a.speedup[static_cast<std::size_t>(k)] = w * (!fitted      ? scale / fair * static_cast<double>(k)
                                                       : base > 0.0 ? scale * curve_at(v, k, config) / base
                                                                    : 0.0);
+      a.presence = config.completion.presence(weight[i], scale);
     } else if (!fitted) {
       // Pollux's prior before any measurement: linear speedup.
       for (int k = 1; k <= most; ++k) a.speedup[static_cast<std::size_t>(k)] = scale / fair * static_cast<double>(k);

@@ -54,8 +54,9 @@ struct sim_config : policy::policy_sections {
   /// devices it may use (what a lone job does; the study's runs are alone).
   bool cluster_arbitration = true;
   /// convergence_aware on a shared cluster: how remaining work tilts the arbiter
-  /// (policy::completion_config: heSRPT weights, exponent 2; tilt 1; weighted sum, p = 1).
-  policy::completion_config completion{2.0, 1.0, 1.0};
+  /// (policy::completion_config: heSRPT weights, exponent 2; tilt 1; weighted sum, p = 1; a
+  /// waiting job's first device worth 0.3 fair shares, so it starts before a running job grows).
+  policy::completion_config completion{2.0, 1.0, 1.0, 0.3};
   /// convergence_aware: the remaining-work statistic jobs are ranked by: "gittins" (the estimate's
   /// Gittins size, which uses its spread), "median" or "mean".
   std::string completion_rank = "gittins";

@@ -453,6 +453,14 @@ class ArbiterJob:
     def min_devices(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def presence(self) -> float:
+        """
+        Value of holding any device, added at every k >= 1 and never scaled by the change penalty.
+        """
+    @presence.setter
+    def presence(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
     def speedup(self) -> list[float]:
         ...
     @speedup.setter
@@ -475,6 +483,14 @@ class CompletionConfig:
         Keyword construction; unknown keywords and invalid values raise ValueError.
         """
     def validate(self) -> None:
+        ...
+    @property
+    def admission(self) -> float:
+        """
+        Value of holding any device (times the job's weight) under power > 0: waiting jobs start first.
+        """
+    @admission.setter
+    def admission(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def exponent(self) -> float:
