@@ -125,7 +125,10 @@ def calibrate_buckets(lan, args, workdir: Path, progress) -> tuple[float, dict]:
     return best, per_step_s
 
 
-def run_measured(args, progress) -> tuple[dict, dict]:
+def run_measured(args, progress, on_seed=None) -> tuple[dict, dict]:
+    """Every method on every link and seed. `on_seed(runs, links, seeds)` is called after each
+    seed of the last link (every earlier link then has all its seeds): a long run leaves a
+    summary of the seeds done so far if it is stopped."""
     from dra_bench._netns import RateLimitedLan, available
 
     ok, why = available()
@@ -151,6 +154,8 @@ def run_measured(args, progress) -> tuple[dict, dict]:
                         progress(f"{rate} {method} seed {seed}: final acc {pts[-1]['acc']:.4f}, "
                                  f"{args.target:.0%} at " + (f"step {hit[1]} ({hit[0]:.1f} s)" if hit else "never") +
                                  f", wire {pts[-1]['wire_tx_bytes'] / 1e6:.2f} MB ({time.monotonic() - t0:.0f} s)")
+                    if on_seed is not None and rate == args.rates[-1]:
+                        on_seed(runs, links, seed + 1)
     return runs, links
 
 
@@ -384,8 +389,31 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict] = []
     extra: dict = {}
+
+    def save(report: dict) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json + ".tmp", "w") as fh:
+            json.dump(report, fh, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+
+    def partial(runs, links, seeds: int) -> None:
+        """The summary of the seeds done so far, marked incomplete (replaced by the full report)."""
+        if not args.json:
+            return
+        report = {"suite": "sage", "complete": False, "seeds_done": seeds,
+                  "measured": {"runs": runs, "links": links, "config": dict(vars(args))}}
+        try:  # the raw runs are kept even if the summary of a partial set fails
+            r, detail = summarise_measured(runs, links, args)
+            report.update(write_report("sage", r, None), complete=False)
+            report["measured"]["detail"] = detail
+        except Exception as exc:  # noqa: BLE001
+            report["summary_error"] = repr(exc)
+            progress(f"partial summary failed: {exc!r}")
+        save(report)
+        progress(f"partial report ({seeds} of {args.seeds} seeds): {args.json}")
+
     if not args.skip_measured:
-        runs, links = run_measured(args, progress)
+        runs, links = run_measured(args, progress, partial)
         r, detail = summarise_measured(runs, links, args)
         rows += r
         extra["measured"] = {"detail": detail, "runs": runs, "config": {k: v for k, v in vars(args).items()}}
@@ -398,10 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         extra["zeus_replay"] = replay
     report = write_report("sage", rows, None)
     if args.json:
-        report.update(extra)
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+        report.update(extra, complete=True)
+        save(report)
         print(f"  json: {args.json}")
     return 0
 
