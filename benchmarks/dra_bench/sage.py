@@ -125,7 +125,10 @@ def calibrate_buckets(lan, args, workdir: Path, progress) -> tuple[float, dict]:
     return best, per_step_s
 
 
-def run_measured(args, progress) -> tuple[dict, dict]:
+def run_measured(args, progress, on_seed=None) -> tuple[dict, dict]:
+    """Every method on every link and seed. `on_seed(runs, links, seeds)` is called after each
+    seed of the last link (every earlier link then has all its seeds): a long run leaves a
+    summary of the seeds done so far if it is stopped."""
     from dra_bench._netns import RateLimitedLan, available
 
     ok, why = available()
@@ -142,7 +145,7 @@ def run_measured(args, progress) -> tuple[dict, dict]:
                 links[rate].update(ddp_bucket_mb=bucket, ddp_calibration_s_per_step=calib)
                 runs[rate] = {}
                 methods = METHODS_TTA + (METHODS_ONCE if rate == args.rates[0] else ())
-                for seed in range(args.seeds):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     for method in methods:
                         t0 = time.monotonic()
                         pts = run_method(lan, method, args, seed, Path(tmp), bucket_mb=bucket)
@@ -151,6 +154,8 @@ def run_measured(args, progress) -> tuple[dict, dict]:
                         progress(f"{rate} {method} seed {seed}: final acc {pts[-1]['acc']:.4f}, "
                                  f"{args.target:.0%} at " + (f"step {hit[1]} ({hit[0]:.1f} s)" if hit else "never") +
                                  f", wire {pts[-1]['wire_tx_bytes'] / 1e6:.2f} MB ({time.monotonic() - t0:.0f} s)")
+                    if on_seed is not None and rate == args.rates[-1]:
+                        on_seed(runs, links, seed + 1 - args.first_seed)
     return runs, links
 
 
@@ -292,6 +297,44 @@ def run_replay(args, progress) -> tuple[list[dict], dict]:
     return rows, out
 
 
+# Settings that must agree between merged reports (the seeds, outputs and calibration may differ).
+MERGE_KEYS = ("world", "steps", "ramp_start", "ramp_steps", "sparsify_every", "hidden", "rank", "eval_every", "target",
+              "rates", "latency_ms", "burst_bytes")
+
+
+def merge_reports(args, ap) -> tuple[dict, dict]:
+    """The runs of several reports (other seeds of the same settings), joined: every seed once."""
+    runs: dict[str, dict[str, list]] = {}
+    links: dict = {}
+    seen: set[int] = set()
+    for path in args.merge:
+        with open(path) as fh:
+            report = json.load(fh)
+        measured = report.get("measured") or {}
+        config = measured.get("config")
+        if not config or "runs" not in measured:
+            ap.error(f"--merge: {path} holds no measured runs")
+        for k in MERGE_KEYS:
+            if config.get(k) != getattr(args, k):
+                ap.error(f"--merge: {path} ran with {k}={config.get(k)!r}, this command has {getattr(args, k)!r}; "
+                         "give the same settings")
+        first = config.get("first_seed", 0)
+        done = report.get("seeds_done", config["seeds"]) if report.get("complete") is False else config["seeds"]
+        seeds = set(range(first, first + done))
+        if seeds & seen:
+            ap.error(f"--merge: {path} repeats seeds {sorted(seeds & seen)}")
+        seen |= seeds
+        for rate, methods in measured["runs"].items():
+            for method, per_seed in methods.items():
+                runs.setdefault(rate, {}).setdefault(method, []).extend(per_seed[:done])
+        for rate, link in (measured.get("links") or (measured.get("detail") or {}).get("links") or {}).items():
+            links.setdefault(rate, {**link, "merged_from": []})["merged_from"].append(
+                {"file": os.path.basename(path), "seeds": sorted(seeds), "effective_mbit": link.get("effective_mbit"),
+                 "rtt_ms": link.get("rtt_ms"), "ddp_bucket_mb": link.get("ddp_bucket_mb")})
+    args.seeds, args.first_seed = len(seen), min(seen)
+    return runs, links
+
+
 def plot(runs, links, args, path: Path) -> None:
     import matplotlib
 
@@ -350,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ramp-steps", type=int, default=200, help="sparsity ramp length")
     ap.add_argument("--sparsify-every", type=int, default=50, help="steps between mask updates")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="run seeds first-seed .. first-seed + seeds - 1 (a long run split over processes)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no new runs: summarise the measured runs of these reports (same settings, other seeds) "
+                         "together, with this command's settings checked against theirs")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--rank", type=int, default=2, help="PowerSGD rank (dra and the torch hook)")
     ap.add_argument("--eval-every", type=int, default=5)
@@ -373,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in args.rates:
         if r not in RATES:
             ap.error(f"--rates: '{r}' unknown; use {', '.join(RATES)}")
+    if args.merge and args.skip_measured:
+        ap.error("--merge summarises measured runs: drop --skip-measured")
     if args.seeds < 1:
         ap.error("--seeds: at least 1 (the goals are judged on >= 5)")
     args.bucket_candidates = [float(x) for x in args.bucket_candidates.split(",") if x]
@@ -384,8 +434,32 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict] = []
     extra: dict = {}
+    merged = merge_reports(args, ap) if args.merge else None
+
+    def save(report: dict) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json + ".tmp", "w") as fh:
+            json.dump(report, fh, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+
+    def partial(runs, links, seeds: int) -> None:
+        """The summary of the seeds done so far, marked incomplete (replaced by the full report)."""
+        if not args.json:
+            return
+        report = {"suite": "sage", "complete": False, "seeds_done": seeds,
+                  "measured": {"runs": runs, "links": links, "config": dict(vars(args))}}
+        try:  # the raw runs are kept even if the summary of a partial set fails
+            r, detail = summarise_measured(runs, links, args)
+            report.update(write_report("sage", r, None), complete=False)
+            report["measured"]["detail"] = detail
+        except Exception as exc:  # noqa: BLE001
+            report["summary_error"] = repr(exc)
+            progress(f"partial summary failed: {exc!r}")
+        save(report)
+        progress(f"partial report ({seeds} of {args.seeds} seeds): {args.json}")
+
     if not args.skip_measured:
-        runs, links = run_measured(args, progress)
+        runs, links = merged if merged else run_measured(args, progress, partial)
         r, detail = summarise_measured(runs, links, args)
         rows += r
         extra["measured"] = {"detail": detail, "runs": runs, "config": {k: v for k, v in vars(args).items()}}
@@ -398,10 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         extra["zeus_replay"] = replay
     report = write_report("sage", rows, None)
     if args.json:
-        report.update(extra)
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+        report.update(extra, complete=True)
+        save(report)
         print(f"  json: {args.json}")
     return 0
 

