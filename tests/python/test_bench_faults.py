@@ -111,7 +111,7 @@ def test_trials_reproduce_from_their_seed():
 def _campaign(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "faults.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "dra.bench", "faults", "--no-churn", "--json", str(out), *args],
+        [sys.executable, "-m", "dra.bench", "faults", "--no-churn", "--fuzz-cases", "0", "--json", str(out), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
