@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 
 #include "dra/error.hpp"
@@ -95,6 +96,20 @@ const std::map<std::string, family>& families() {
   return table;
 }
 
+// The connection to the store at host:port that every case shares (made once, generous timeout).
+std::shared_ptr<store_client> connection(const std::string& host, int port) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<store_client>> open;
+  const std::string address = host + ":" + std::to_string(port);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& c = open[address];
+  if (!c || c->gone()) c = std::make_shared<store_client>(host, port, false, "", 30s);
+  // The store closes a connection on which add() met a value that is not a counter (the last case
+  // may have done so): one round trip finds out, and the client reconnects.
+  c->exists("dra-fuzz-probe");
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> store_key_families() {
@@ -111,29 +126,14 @@ std::string read_store_value(const std::string& host, int port, const std::strin
     for (const auto& name : store_key_families()) known += (known.empty() ? "" : ", ") + name;
     throw std::invalid_argument("family: unknown store key family '" + family + "'; known: " + known);
   }
-  launch_info launch;
-  launch.store_host = host;
-  launch.store_port = port;
-  launch.job_prefix = job;
-  // A new connection to c10d's store now and then waits out its connect timeout on a loaded host
-  // (about 1 in 200 here): the check is about the values, so a connection is tried three times.
-  auto connected = [](auto make) {
-    for (int attempt = 1;; ++attempt) {
-      try {
-        return make();
-      } catch (const dra::timeout_error&) {
-        if (attempt == 3) throw;
-      }
-    }
-  };
-  auto other = connected([&] {
-    return std::make_unique<store_client>(host, port, false, job, 2s);  // "another client": writes the value as bytes
-  });
-  if (it->second.before) it->second.before(*other);
-  other->set_text(it->second.key, value);
-  other->exists(it->second.key);  // c10d's set is not acknowledged: the value has landed once this answers
-  auto made = connected([&] { return std::make_unique<store_protocol>(launch, 5s); });
-  store_protocol& protocol = *made;
+  // Every case of a run goes over one connection per store (each case under its own job prefix):
+  // thousands of new connections to c10d's store made some wait out their connect timeout on a
+  // loaded host.
+  const auto base = connection(host, port);
+  store_client other(*base, job, 2s);  // "another client": writes the value as bytes
+  if (it->second.before) it->second.before(other);
+  other.set_text(it->second.key, value);
+  store_protocol protocol(std::make_unique<store_client>(*base, job, 5s), job);
   try {
     it->second.read(protocol);
   } catch (const dra::error& e) {

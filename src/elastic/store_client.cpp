@@ -37,9 +37,12 @@ std::vector<std::uint8_t> bytes(const std::string& s) {
 }
 
 // Polls until something accepts a TCP connection at host:port, or throws dra::timeout_error at
-// the deadline. Each attempt is a non-blocking connect bounded by the time left.
-void wait_until_listening(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
+// the deadline. Each attempt is a non-blocking connect bounded by the time left. With
+// `refused_ends`, a refused connection ends the wait at once (a store that was there and is gone).
+void wait_until_listening(const std::string& host, int port, std::chrono::steady_clock::time_point deadline,
+                          bool refused_ends = false) {
   std::string last = "nothing accepted a connection";
+  bool refused = false;
   for (;;) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -63,9 +66,11 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
             ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
             ok = err == 0;
             if (!ok) last = std::strerror(err);
+            refused = refused || err == ECONNREFUSED;
           }
         } else if (!ok) {
           last = std::strerror(errno);
+          refused = refused || errno == ECONNREFUSED;
         }
         if (ok) {
           // A connect to a free local port in the ephemeral range can connect the socket to itself
@@ -87,7 +92,7 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
       }
       ::freeaddrinfo(found);
     }
-    if (std::chrono::steady_clock::now() >= deadline)
+    if (std::chrono::steady_clock::now() >= deadline || (refused_ends && refused))
       throw dra::timeout_error(
           "dra: the store at " + host + ":" + std::to_string(port) + " could not be reached (" + last +
           "); check MASTER_ADDR/MASTER_PORT or DRA_STORE (or the address given to dra) and that the "
@@ -141,12 +146,12 @@ store_client::store_client(const std::string& host, int port, bool host_store, c
   store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp_);
 }
 
-void store_client::connect(std::chrono::steady_clock::time_point deadline) {
+void store_client::connect(std::chrono::steady_clock::time_point deadline, bool refused_ends) {
   // c10d's own connect loop overruns the timeout it is given (it measured about twice a 30 s
   // timeout) and logs a stack trace per attempt: a client first waits, with its own bounded
   // loop, until the port accepts a connection, so that an absent store is reported at the
   // deadline dra promises, and a store that starts a moment later is still found.
-  wait_until_listening(host_, port_, deadline);
+  wait_until_listening(host_, port_, deadline, refused_ends);
   try {
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(port_);
@@ -169,8 +174,9 @@ bool store_client::reconnect() {
   if (gone_) return false;
   try {
     // A store that closed this connection but still listens answers at once; one that is gone
-    // refuses connections: two seconds tell them apart.
-    connect(std::chrono::steady_clock::now() + std::min(timeout_, std::chrono::milliseconds(2000)));
+    // refuses the connection, which ends the attempt at once (waiting would hold the leader in
+    // its step while its peers' collectives time out). Two seconds bound a host that does not answer.
+    connect(std::chrono::steady_clock::now() + std::min(timeout_, std::chrono::milliseconds(2000)), true);
     tcp_->setTimeout(timeout_);
     store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_, tcp_);
     return true;
@@ -179,6 +185,17 @@ bool store_client::reconnect() {
     return false;
   }
 }
+
+store_client::store_client(const store_client& connection, const std::string& prefix,
+                           std::chrono::milliseconds timeout)
+    : host_(connection.host_),
+      port_(connection.port_),
+      prefix_(prefix),
+      address_(connection.address_),
+      timeout_(timeout),
+      tcp_(connection.tcp_),
+      store_(c10::make_intrusive<c10d::PrefixStore>(prefix, connection.tcp_)),
+      gone_(connection.gone_) {}
 
 store_client::~store_client() = default;
 

@@ -41,6 +41,10 @@ class store_client {
   /// port). Keys live under `prefix`.
   store_client(const std::string& host, int port, bool host_store, const std::string& prefix,
                std::chrono::milliseconds timeout);
+  /// Another view of `connection`'s store under `prefix`, over the same TCP connection (c10d's
+  /// client serializes its operations), waiting at most `timeout`: no new connection to make. A
+  /// view that has to reconnect makes its own.
+  store_client(const store_client& connection, const std::string& prefix, std::chrono::milliseconds timeout);
   ~store_client();
 
   const std::string& address() const noexcept { return address_; }
@@ -67,13 +71,15 @@ class store_client {
   /// A store op failed and the store did not answer a new connection: it is gone for good, and
   /// every later op fails at once.
   bool gone() const noexcept { return gone_; }
+  const std::string& host() const noexcept { return host_; }
+  int port() const noexcept { return port_; }
 
  private:
   template <class F>
   auto guarded(const std::string& key, F&& f) -> decltype(f());
   /// A new connection to the store (the old one was closed); false when nothing answers.
   bool reconnect();
-  void connect(std::chrono::steady_clock::time_point deadline);
+  void connect(std::chrono::steady_clock::time_point deadline, bool refused_ends = false);
 
   std::string host_;
   int port_ = 0;

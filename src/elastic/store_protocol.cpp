@@ -203,14 +203,16 @@ store_protocol::store_protocol(const launch_info& launch, std::chrono::milliseco
                                              timeout)),
       values_(launch.job_prefix) {}
 
+store_protocol::store_protocol(std::unique_ptr<store_client> client, const std::string& job_prefix)
+    : host_(client->host()), prefix_(job_prefix), timeout_(client->timeout()), client_(std::move(client)),
+      values_(job_prefix) {}
+
 store_protocol::~store_protocol() = default;
 
 void store_protocol::start_heartbeat(int uid, std::chrono::milliseconds interval, std::chrono::milliseconds stale,
                                      std::chrono::milliseconds late_grace) {
   if (heartbeat_) return;
-  const std::string& address = client_->address();
-  const int port = std::stoi(address.substr(address.rfind(':') + 1));
-  auto own = std::make_unique<store_client>(host_, port, false, prefix_, timeout_);
+  auto own = std::make_unique<store_client>(host_, client_->port(), false, prefix_, timeout_);
   beat_stale_ = stale;
   late_grace_ = late_grace;
   heartbeat_ = std::make_unique<heartbeat>(std::move(own), key("beat/", uid), interval);

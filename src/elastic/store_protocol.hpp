@@ -96,6 +96,8 @@ struct size_limit {
 class store_protocol {
  public:
   store_protocol(const launch_info& launch, std::chrono::milliseconds timeout);
+  /// Over a client already connected (its prefix is the job's).
+  store_protocol(std::unique_ptr<store_client> client, const std::string& job_prefix);
   ~store_protocol();
 
   std::string address() const;

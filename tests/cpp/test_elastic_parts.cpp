@@ -590,6 +590,23 @@ TEST_CASE("elastic.store_client.a_bad_counter_is_reported_and_the_connection_liv
   CHECK(c.add("n", 1) == 6);
 }
 
+TEST_CASE("elastic.store_client.a_store_that_is_gone_fails_at_once") {
+  // The leader's store ops run inside its step: a store that died must fail them at once (a
+  // refused connection), not after a reconnect loop its peers' collectives time out on.
+  auto server = make_server();
+  ed::store_client c("127.0.0.1", server->getPort(), false, "dra/parts-gone/0", 10s);
+  c.set_text("k", "1");
+  CHECK(c.exists("k"));
+  server.reset();  // the store process dies: its port refuses connections
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(c.try_get("k"), dra::membership_error);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  CHECK(c.gone());
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(c.set_text("k", "2"), dra::membership_error);  // later ops: at once
+  CHECK(std::chrono::steady_clock::now() - t1 < 100ms);
+}
+
 TEST_CASE("elastic.store_protocol.values_another_client_wrote_are_ignored_or_handled") {
   // The values the fault campaign found other clients could write (issue 23): none may raise
   // anything but a dra::error the controller handles.

@@ -59,9 +59,6 @@ _FIELDS = ("max_size", "min_size", "leave", "epoch", "members", "joined", "recov
 def run(address: str, cases: int, seed: int = 0) -> dict[str, Any]:
     """`cases` cases spread over every key family; returns the counts, and the crashes (each the
     smallest value Hypothesis found for it) with their family."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-
     from dra._core import _testing
 
     host, port = address.rsplit(":", 1)
@@ -72,21 +69,7 @@ def run(address: str, cases: int, seed: int = 0) -> dict[str, Any]:
     counter = iter(range(10**9))
     t0 = time.monotonic()
     for family in families:
-
-        @hypothesis_seed(seed)
-        @settings(
-            max_examples=per_family,
-            deadline=None,
-            database=None,
-            derandomize=False,
-            phases=(Phase.generate, Phase.shrink),
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(value=_values())
-        def case(value: bytes, family: str = family) -> None:
-            outcome = _testing.read_store_value(host, int(port), f"fuzz/{os.getpid()}/{next(counter)}", family, value)
-            outcomes[f"{family}: {outcome.split(':')[0]}"] += 1
-
+        case = _case(family, host, int(port), per_family, seed, counter, outcomes)
         # The warnings the protocol prints (one per value it ignores) are its normal answer here.
         stderr = io.StringIO()
         try:
@@ -106,6 +89,30 @@ def run(address: str, cases: int, seed: int = 0) -> dict[str, Any]:
         "by_family": dict(sorted(outcomes.items())),
         "wall_s": round(time.monotonic() - t0, 1),
     }
+
+
+def _case(family: str, host: str, port: int, examples: int, seed: int, counter: Any, outcomes: Any) -> Any:
+    """The Hypothesis test of one key family (a closure: @given refuses a function with defaults)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from dra._core import _testing
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(value=_values())
+    def case(value: bytes) -> None:
+        outcome = _testing.read_store_value(host, port, f"fuzz/{os.getpid()}/{next(counter)}", family, value)
+        outcomes[f"{family}: {outcome.split(':')[0]}"] += 1
+
+    return case
 
 
 @contextlib.contextmanager
