@@ -37,9 +37,14 @@ from dra_bench._faults.trial import Action, Fault, JobSpec, View
 def _filesystem_fault(kind: str, what: str, rng: random.Random, job: JobSpec) -> Fault:
     job.checkpoint_every = 4
     step = _step(rng, job, 4, 20)
-    # The leader writes events after the fault: a shrink and a grow follow it.
-    job.schedule = {step + 3: job.nproc - 1, step + 8: job.nproc}
-    fault = Fault(kind, f"the events and checkpoint folder {what} at step {step} (resizes at {step + 3}, {step + 8})")
+    # The leader writes events after the fault: a shrink and a grow follow it. A full disk leaves
+    # the events file the rest of its last page (up to 4 KiB, 6 or 7 events): four of each follow
+    # it, so that a write runs out of room mid-line.
+    pairs = 4 if kind == "fs_full" else 1
+    job.schedule = {}
+    for k in range(pairs):
+        job.schedule.update({step + 2 + 4 * k: job.nproc - 1, step + 4 + 4 * k: job.nproc})
+    fault = Fault(kind, f"the events and checkpoint folder {what} at step {step} (resizes at {sorted(job.schedule)})")
     fault.fs = "dir" if kind == "fs_notdir" else "tmpfs"
     fault.actions = [Action("fs", step, _in_step_delay(rng, job), sig=0)]
     return fault

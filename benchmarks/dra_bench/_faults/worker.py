@@ -21,6 +21,8 @@ outside (kill -9, SIGSTOP) are sent by the trial's driver.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -111,11 +113,18 @@ def checkpoint(step: int) -> None:
     if not every or ctl.rank != 0 or (step + 1) % every:
         return
     path = os.path.join(job.get("fs_dir") or out, "ckpt.pt")
+    # Serialized in memory, then written with Python's file calls: a failing filesystem raises
+    # OSError (torch.save onto a path raises RuntimeError for a read-only, full or missing folder).
+    buffer = io.BytesIO()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "dra": ctl.state_dict()}, buffer)
     try:
-        torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "dra": ctl.state_dict()}, path + ".tmp")
+        with open(path + ".tmp", "wb") as f:
+            f.write(buffer.getbuffer())
         os.replace(path + ".tmp", path)
         records.write(ctl.uid, {"kind": "checkpoint", "step": step, "ok": True})
     except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(path + ".tmp")  # a partial file (a full disk) is not left behind
         records.write(ctl.uid, {"kind": "checkpoint", "step": step, "ok": False, "error": str(e)[:200]})
 
 
