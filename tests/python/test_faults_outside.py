@@ -62,7 +62,9 @@ def test_another_client_writing_bad_values_into_every_key_does_not_stop_the_job(
     spec = make_trial(5, "store_fuzz", "py", FAULT_TIMEOUT_S)
     run, v = _run(spec, tmp_path, store)
     assert v.survived, v.problems
-    assert run.fuzz_writes > 200  # one bad value every 20 ms while it trained and resized
+    # One bad value every 20 ms from step 1 to the end (32 steps and two resizes: about 4 s here,
+    # about 200 values; fewer on a slower host, where each write takes longer).
+    assert run.fuzz_writes > 100
     assert (v.samples_lost, v.samples_repeated) == (0, 0)
     assert any("ignoring the store value" in text for text in _outputs(run).values())
 

@@ -343,6 +343,10 @@ def run_trial(
     procs: dict[str, subprocess.Popen] = {}
     job_id = f"faults-{spec.seed}-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
     fuzz = None
+    if spec.fault.fuzz_interval_s > 0:
+        # Before the job starts: on a loaded host importing torch.distributed took longer than the
+        # whole trial, and the outside writer wrote nothing.
+        import torch.distributed  # noqa: F401
     try:
         for name in job.names():
             procs[name] = launcher.start(name, job, out, store.address, job_id, spec.fault.specs.get(name, []))
