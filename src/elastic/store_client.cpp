@@ -186,8 +186,7 @@ bool store_client::reconnect() {
   }
 }
 
-store_client::store_client(const store_client& connection, const std::string& prefix,
-                           std::chrono::milliseconds timeout)
+store_client::store_client(const store_client& connection, const std::string& prefix, std::chrono::milliseconds timeout)
     : host_(connection.host_),
       port_(connection.port_),
       prefix_(prefix),

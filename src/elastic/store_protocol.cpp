@@ -204,7 +204,10 @@ store_protocol::store_protocol(const launch_info& launch, std::chrono::milliseco
       values_(launch.job_prefix) {}
 
 store_protocol::store_protocol(std::unique_ptr<store_client> client, const std::string& job_prefix)
-    : host_(client->host()), prefix_(job_prefix), timeout_(client->timeout()), client_(std::move(client)),
+    : host_(client->host()),
+      prefix_(job_prefix),
+      timeout_(client->timeout()),
+      client_(std::move(client)),
       values_(job_prefix) {}
 
 store_protocol::~store_protocol() = default;
