@@ -169,24 +169,19 @@ def run_agent_trial(spec: TrialSpec, out: Path, _launcher: object, timeout_s: fl
         store.close()
 
 
-@register(
-    "launcher_sigterm", "dra run (which hosts the store) gets SIGTERM mid-training: no worker may outlive it by 5 s",
-    languages=("py",), klass="launcher",
-)  # fmt: skip
-def _launcher_sigterm(rng: random.Random, job: JobSpec) -> Fault:
-    step = _step(rng, job)
-    return Fault("launcher_sigterm", f"SIGTERM of dra run at step {step}", actions=[Action("launcher", step, sig=0)],
-                 runner=run_launcher_trial)  # fmt: skip
+def _launcher_death(kind: str, signame: str):
+    def make(rng: random.Random, job: JobSpec) -> Fault:
+        step = _step(rng, job)
+        return Fault(kind, f"{signame} of dra run at step {step}", actions=[Action("launcher", step, sig=0)],
+                     runner=run_launcher_trial)  # fmt: skip
+
+    return make
 
 
-@register(
-    "launcher_sigkill", "dra run (which hosts the store) gets SIGKILL mid-training: no worker may outlive it by 5 s",
-    languages=("py",), klass="launcher",
-)  # fmt: skip
-def _launcher_sigkill(rng: random.Random, job: JobSpec) -> Fault:
-    step = _step(rng, job)
-    return Fault("launcher_sigkill", f"SIGKILL of dra run at step {step}", actions=[Action("launcher", step, sig=0)],
-                 runner=run_launcher_trial)  # fmt: skip
+for _signame in ("SIGTERM", "SIGKILL"):
+    _kind = f"launcher_{_signame.lower()}"
+    register(_kind, f"dra run (which hosts the store) gets {_signame} mid-training: no worker may outlive it by 5 s",
+             languages=("py",), klass="launcher")(_launcher_death(_kind, _signame))  # fmt: skip
 
 
 @register(

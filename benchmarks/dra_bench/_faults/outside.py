@@ -96,16 +96,21 @@ def _store_fuzz(rng: random.Random, job: JobSpec) -> Fault:
 
 
 # ---- exceptions in the training loop ------------------------------------------------------------------
+def _where_an_exception_hits(rng: random.Random, job: JobSpec) -> tuple[int, str, str, str]:
+    """The step, "leader" or "member", the process's name, and before ("step") or after backward."""
+    step = _step(rng, job)
+    who = rng.choice(("leader", "member"))
+    name = "r0" if who == "leader" else f"r{rng.randint(1, job.nproc - 1)}"
+    return step, who, name, rng.choice(("step", "after_reduce"))
+
+
 @register(
     "exception_uncaught",
     "an exception nobody catches in a member's or the leader's step: the process ends, the others resume",
     klass="exceptions",
 )
 def _exception_uncaught(rng: random.Random, job: JobSpec) -> Fault:
-    step = _step(rng, job)
-    who = rng.choice(("leader", "member"))
-    name = "r0" if who == "leader" else f"r{rng.randint(1, job.nproc - 1)}"
-    where = rng.choice(("step", "after_reduce"))
+    step, who, name, where = _where_an_exception_hits(rng, job)
     return Fault(
         "exception_uncaught",
         f"an uncaught exception in the {who} ({name}) at step {step} ({'before backward' if where == 'step' else 'after backward'})",
@@ -121,10 +126,7 @@ def _exception_uncaught(rng: random.Random, job: JobSpec) -> Fault:
     klass="exceptions",
 )
 def _exception_caught(rng: random.Random, job: JobSpec) -> Fault:
-    step = _step(rng, job)
-    who = rng.choice(("leader", "member"))
-    name = "r0" if who == "leader" else f"r{rng.randint(1, job.nproc - 1)}"
-    where = rng.choice(("step", "after_reduce"))
+    step, who, name, where = _where_an_exception_hits(rng, job)
     what = "the batch it was handed" if where == "step" else "its optimizer step and dra.step"
     return Fault(
         "exception_caught",
