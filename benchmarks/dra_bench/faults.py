@@ -53,7 +53,7 @@ from dra_bench._faults.kinds import CLASSES, KINDS, make_trial, unavailable
 from dra_bench._faults.trial import Fault, JobSpec, LocalLauncher, StoreProcess, TrialSpec, run_trial
 from dra_bench._report import result, write_report
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (benchmarks/dra_bench/faults.py)
 CPP_BINARY = ROOT / "build" / "cpp" / "examples" / "cpp" / "dra_elastic_train"
 
 

@@ -139,6 +139,12 @@ def test_a_fixed_seed_subset_of_the_campaign_survives(tmp_path):
     assert rows["resume_stop_s_p50"]["samples"] == 1
 
 
+def test_the_cpp_example_is_looked_for_in_this_repository_build():
+    # It was looked for one folder above the repository: every campaign ran Python workers only and
+    # the C++ tests were skipped.
+    assert CPP_BINARY.parents[4] == Path(__file__).resolve().parents[2], CPP_BINARY
+
+
 @pytest.mark.skipif(not CPP_BINARY.exists(), reason=f"C++ example not built: {CPP_BINARY}")
 def test_a_fixed_seed_subset_survives_with_cpp_workers(tmp_path):
     # C++ workers, two trials at once: a member killed, a joiner killed, two kills within 100 ms,
