@@ -61,7 +61,7 @@ def test_the_store_fuzzer_finds_no_value_the_protocol_does_not_handle(store):
 def test_another_client_writing_bad_values_into_every_key_does_not_stop_the_job(tmp_path, store):
     spec = make_trial(5, "store_fuzz", "py", FAULT_TIMEOUT_S)
     run, v = _run(spec, tmp_path, store)
-    assert v.survived, v.problems
+    assert v.survived and v.fired, v.problems
     # One bad value every 20 ms from step 1 to the end (32 steps and two resizes: about 4 s here,
     # about 200 values; fewer on a slower host, where each write takes longer).
     assert run.fuzz_writes > 100

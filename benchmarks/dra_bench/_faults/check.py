@@ -193,6 +193,7 @@ def judge(run: TrialRun) -> Verdict:
         return judge_launcher(run)
     spec, job, v = run.spec, run.spec.job, Verdict()
     v.fuzz_writes = run.fuzz_writes
+    v.fired = run.fuzz_writes > 0  # an outside writer's fault is its values: no action, no record
     recs = load_records(run.out)
     # Who was hit: driver-side actions (by name) and in-process faults (their records name the uid).
     killed: set[str] = set()
