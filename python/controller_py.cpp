@@ -459,8 +459,32 @@ void dra::python::bind_controller(py::module_& m) {
            py::arg("store_address") = py::none(), py::arg("join") = py::none(), py::arg("phase_hook") = py::none())
       .def("reduce_gradients", &controller::reduce_gradients, py::arg("params"), nogil(),
            "After backward: averages the gradients over the step's global batch (False: the step failed).")
-      .def("_begin_reduction", &controller::begin_reduction, py::arg("params"), nogil(),
-           "Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now).")
+      .def(
+          "_begin_reduction",
+          [](controller& c, const std::vector<at::Tensor>& params, int in_flight, int skipped) {
+            return c.begin_reduction(params, batch_check{in_flight, skipped});
+          },
+          py::arg("params"), py::arg("in_flight") = -1, py::arg("skipped") = 0, nogil(),
+          "Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); "
+          "in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the "
+          "previous reduced batch (the job's exactly-once check).")
+      .def("_catch_up_missed_step", &controller::catch_up_missed_step,
+           "The previous backward never reached dra.step: commit its step as the world did (and resync).")
+      .def("_abandon", &controller::abandon, py::arg("why"), nogil(),
+           "This process leaves the job mid-training (an uncaught exception): peers fail at once and do not wait.")
+      .def_property_readonly(
+          "_refusal",
+          [](const controller& c) -> py::object {
+            const auto& r = c.refusal();
+            if (!r) return py::none();
+            py::dict d;
+            d["step"] = r->step;
+            d["reason"] = r->reason;
+            d["excess"] = r->excess;
+            return d;
+          },
+          "The latest step was refused (a rank did not train its batch; it is redone): step, reason, and the "
+          "batches this rank holds beyond the world's. None otherwise.")
       .def("_gradient_ready", &controller::gradient_ready, py::arg("index"), nogil(),
            "params[index]'s gradient is accumulated: its bucket is all-reduced once complete.")
       .def("_complete_handoff", &controller::complete_handoff, nogil(),

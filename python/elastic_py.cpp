@@ -33,6 +33,14 @@ class py_state_provider final : public state_provider {
     }
     return out;
   }
+  state_layout layout() override {
+    py::gil_scoped_acquire gil;
+    state_layout out;
+    py::function f = py::get_override(static_cast<const state_provider*>(this), "layout");
+    if (!f) return out;  // optional in Python
+    for (const auto& [k, v] : f().cast<py::dict>()) out[k.cast<std::string>()] = v.cast<std::string>();
+    return out;
+  }
   snapshot collect() override {
     py::gil_scoped_acquire gil;
     auto r = call("collect")().cast<py::tuple>();

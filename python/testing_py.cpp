@@ -1,6 +1,7 @@
 // dra._core._testing: bindings that only tests and benchmarks use, kept out of what users import
 // (dra.testing re-exports them): the elastic world's membership functions, a no-op call (the
-// baseline of dra.step's cost), the C++ timing loops and the NCCL test world.
+// baseline of dra.step's cost), the C++ timing loops, the NCCL test world and the store fuzzer's
+// entry point.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,6 +10,7 @@
 
 #include "bindings.hpp"
 #include "dra/elastic/membership.hpp"
+#include "dra/torch/elastic/store_check.hpp"
 
 namespace py = pybind11;
 using namespace dra::elastic;
@@ -50,6 +52,19 @@ void dra::python::bind_testing(py::module_& m) {
         return out;
       },
       py::arg("n"), py::arg("seed"), py::arg("epoch"), "The deterministic sample order of a data epoch (int64 array).");
+  e.def("store_key_families", &dra::elastic::testing::store_key_families,
+        "The store keys the elastic protocol reads, one per family (the store fuzzer's keys).");
+  e.def(
+      "read_store_value",
+      [](const std::string& host, int port, const std::string& job, const std::string& family, py::bytes value) {
+        const std::string raw = value;
+        py::gil_scoped_release nogil;
+        return dra::elastic::testing::read_store_value(host, port, job, family, raw);
+      },
+      py::arg("host"), py::arg("port"), py::arg("job"), py::arg("family"), py::arg("value"),
+      "Writes value into the key of family (under the job prefix) as another client would, runs the protocol's "
+      "readers of that key: 'read', 'ignored' (warned once) or 'handled: ...' (a dra error the protocol handles); "
+      "anything else raises (a crash).");
   bind_bench(e);
   bind_nccl_testing(e);
 }

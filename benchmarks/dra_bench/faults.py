@@ -2,9 +2,13 @@
 
 Each trial runs a small elastic job on loopback (Python workers, or the LibTorch example
 ``dra_elastic_train`` as C++ workers) against a dedicated store (``python -m dra store``) and
-injects one fault drawn from the kinds of ``dra_bench._faults.kinds``: kill -9 of a member, of
-the leader, of two members within 100 ms, of a joiner or a standby, inside a phase of a resize;
-SIGSTOP past the fault timeout then SIGCONT; the store killed; a slow peer. Every trial checks
+injects one fault drawn from the kinds of ``dra_bench._faults.kinds``, in six classes: process
+faults (kill -9 of a member, of the leader, of two members within 100 ms, of a joiner or a
+standby, inside a phase of a resize; SIGSTOP past the fault timeout then SIGCONT; the store
+killed; a slow peer), the filesystem under the events and checkpoints (read-only, full, not a
+folder), another client writing bad values into the job's store keys, the launcher's death
+(``dra run`` SIGTERM/SIGKILL, the torchrun agent hosting the rendezvous), exceptions in the
+training loop (caught and uncaught), and joiners that do not match the world. Every trial checks
 exactly-once data from the committed steps' sample records, identical state on the final members,
 that every process ended (with the exit code its fault gives it), and the time from the fault to
 resumed training (``dra_bench._faults.check``). Trial ``i`` has seed ``--seed + i``; trials go
@@ -17,7 +21,11 @@ Rows: ``faults_survived`` (fraction; baseline: the trials), ``samples_lost``,
 mid-step: a member, the leader, a joiner after admission; baseline: the goal
 ``fault_timeout_s + 1.5 s``), ``resume_any_kill_s_p99`` (every kill, inside a resize and two at
 once included), ``resume_stop_s_p50`` (SIGSTOP past the timeout),
-``rss_growth_mb_per_resize``; the failures with their seeds and reproduction commands.
+``rss_growth_mb_per_resize``; one row per class (``class_<name>``: the jobs lost, with the trials,
+samples lost and repeated, hung trials and resume p50/p99 of that class; orphans for launchers);
+``store_fuzz_crashes`` (the protocol-level store fuzzer: ``--fuzz-cases`` values against every
+reader of every key; baseline: the cases); the failures with their seeds and reproduction
+commands.
 
     python -m dra.bench faults                      # a few minutes
     python -m dra.bench faults --trials 1000 --json docs/results/faults/faults.json
@@ -41,11 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from dra_bench._faults.check import Verdict, judge, load_records
-from dra_bench._faults.kinds import KINDS, make_trial
+from dra_bench._faults.kinds import CLASSES, KINDS, make_trial, unavailable
 from dra_bench._faults.trial import Fault, JobSpec, LocalLauncher, StoreProcess, TrialSpec, run_trial
 from dra_bench._report import result, write_report
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (benchmarks/dra_bench/faults.py)
 CPP_BINARY = ROOT / "build" / "cpp" / "examples" / "cpp" / "dra_elastic_train"
 
 
@@ -76,8 +84,15 @@ def find_cpp_binary(given: str | None) -> Path | None:
 def plan(args: argparse.Namespace, languages: list[str]) -> list[TrialSpec]:
     if args.trial:
         seed, kind, lang = args.trial.split(":")
+        args.trials = 1
         return [make_trial(int(seed), kind, lang, args.fault_timeout_s)]
     kinds = args.kinds.split(",") if args.kinds else sorted(KINDS)
+    for kind in list(kinds):
+        why = unavailable(kind)
+        if why:
+            print(f"[faults] {kind} not run: {why}", file=sys.stderr)
+            args.not_run[kind] = why
+            kinds.remove(kind)
     # Every (kind, language) pair once per round, the languages alternating from one kind to the
     # next and swapping each round: the first round already runs every kind, in both languages.
     pairs = []
@@ -88,6 +103,8 @@ def plan(args: argparse.Namespace, languages: list[str]) -> list[TrialSpec]:
                 pairs.append((kind, langs[(j + r) % len(langs)]))
     if not pairs:
         raise SystemExit(f"no fault kind among {kinds} runs on the languages {languages}")
+    if args.trials is None:  # every kind once in each of its languages (a one-language kind once per round)
+        args.trials = len(pairs)
     return [make_trial(args.seed + i, *pairs[i % len(pairs)], args.fault_timeout_s) for i in range(args.trials)]
 
 
@@ -133,6 +150,7 @@ def summarise(
     args: argparse.Namespace,
     churned: dict[str, Any] | None,
     campaign_s: float = math.nan,
+    fuzzed: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     n = len(results)
     survived = sum(v.survived for _, v, _ in results)
@@ -232,6 +250,47 @@ def summarise(
             p99=percentile(stop, 99),
         ),
     ]
+    for klass in CLASSES:
+        mine = [(spec, v) for spec, v, _ in results if KINDS[spec.kind].klass == klass]
+        if not mine:
+            continue
+        resumes = [v.resume_s for _, v in mine if v.resume_s is not None]
+        extra: dict[str, Any] = {}
+        if klass == "launcher":
+            extra["orphans"] = sum(v.orphans for _, v in mine)
+        if klass == "store_writers":
+            extra["values_written"] = sum(v.fuzz_writes for _, v in mine)
+        rows.append(
+            result(
+                f"class_{klass}",
+                sum(v.job_lost for _, v in mine),
+                "jobs lost",
+                ("trials", len(mine)),
+                label=label,
+                kinds=sorted({spec.kind for spec, _ in mine}),
+                survived=sum(v.survived for _, v in mine),
+                samples_lost=sum(v.samples_lost for _, v in mine),
+                samples_repeated=sum(v.samples_repeated for _, v in mine),
+                hung=sum(bool(v.hung) for _, v in mine),
+                resume_s_p50=percentile(resumes, 50),
+                resume_s_p99=percentile(resumes, 99),
+                resume_samples=len(resumes),
+                **extra,
+            )
+        )
+    if args.not_run:
+        rows.append(result("kinds_not_run", len(args.not_run), "kinds", None, label=label, why=args.not_run))
+    if fuzzed is not None:
+        rows.append(
+            result(
+                "store_fuzz_crashes",
+                len(fuzzed["crashes"]),
+                "crashes",
+                ("cases", fuzzed["cases"]),
+                label=f"measured, {fuzzed['cases']} values against every reader of {fuzzed['families']} key families",
+                **fuzzed,
+            )
+        )
     if churned is not None:
         growth = list(churned["growth_mb_per_resize"].values())
         rows.append(
@@ -253,8 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--trials",
         type=int,
-        default=18,
-        help="number of trials (default 18: every kind in both languages once, a few minutes here)",
+        default=None,
+        help="number of trials (default: every kind in each of its languages once, a few minutes here)",
+    )
+    p.add_argument(
+        "--fuzz-cases",
+        type=int,
+        default=10200,
+        help="values the protocol-level store fuzzer writes (over every key family; 0: none)",
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the first trial (trial i has seed + i)")
     p.add_argument("--kinds", default="", help=f"comma-separated fault kinds (default all: {', '.join(sorted(KINDS))})")
@@ -271,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--keep", metavar="DIR", help="keep every trial's records and outputs under DIR")
     args = p.parse_args(argv)
-    if args.trials < 1:
+    args.not_run = {}
+    if args.trials is not None and args.trials < 1:
         p.error(f"--trials: must be >= 1, got {args.trials}")
+    if args.fuzz_cases < 0:
+        p.error(f"--fuzz-cases: must be >= 0, got {args.fuzz_cases}")
     if not 1 <= args.jobs <= 16:
         p.error(f"--jobs: expected 1..16 trials at once, got {args.jobs}")
     for k in filter(None, args.kinds.split(",")):
@@ -294,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     store = StoreProcess()
     results: list[tuple[TrialSpec, Verdict, float]] = []
     churned = None
+    fuzzed = None
     campaign_s = math.nan
     interrupted = False
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM ends the campaign like Ctrl-C
@@ -351,14 +420,31 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_churn and not args.trial and not interrupted:
             churned = churn(args, launcher, store, tmp)
             print(f"[faults] churn: {churned['growth_mb_per_resize']} MB per resize", flush=True)
+        if args.fuzz_cases and not args.trial and not interrupted:
+            from dra_bench._faults import fuzz
+
+            if not store.alive():
+                store.close()
+                store = StoreProcess()
+            fuzzed = fuzz.run(store.address, args.fuzz_cases, args.seed)
+            print(
+                f"[faults] store fuzzer: {fuzzed['cases']} values, {len(fuzzed['crashes'])} crashes "
+                f"({fuzzed['read']} read, {fuzzed['ignored']} ignored, {fuzzed['handled']} handled) in {fuzzed['wall_s']} s",
+                flush=True,
+            )
     finally:
         store.close()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    write_report("faults", summarise(results, args, churned, campaign_s), args.json)
+    write_report("faults", summarise(results, args, churned, campaign_s, fuzzed), args.json)
     if interrupted:
         print(f"[faults] interrupted: the report covers {len(results)} of {len(specs)} trials", flush=True)
-    ok = not interrupted and all(v.survived for _, v, _ in results) and (churned is None or churned["survived"])
+    ok = (
+        not interrupted
+        and all(v.survived for _, v, _ in results)
+        and (churned is None or churned["survived"])
+        and (fuzzed is None or not fuzzed["crashes"])
+    )
     return 0 if ok else 1
 
 

@@ -330,7 +330,7 @@ int main(int argc, char** argv) try {
       const std::vector<std::int64_t> ids = sampler->indices();
       const std::int64_t data_epoch = sampler->epoch(), world_epoch = ctl.epoch(), step = ctl.step_index();
       const int rank = ctl.rank(), world = ctl.world_size();
-      faults.fire("step", step, uid, step, world_epoch);
+      if (faults.fire("step", step, uid, step, world_epoch)) continue;  // a caught exception: the batch is skipped
       if (opt.compute_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt.compute_ms));
       optimizer.zero_grad();
       double loss_value = 0.0;
@@ -349,7 +349,7 @@ int main(int argc, char** argv) try {
                              ", \"rank\": " + std::to_string(rank) + ", \"world\": " + std::to_string(world) +
                              ", \"ids\": " + example::json_list(ids));
       const bool reduced = ctl.reduce_gradients(params);  // false: a peer failed, the step is redone
-      faults.fire("after_reduce", step, uid, step, world_epoch);
+      if (faults.fire("after_reduce", step, uid, step, world_epoch)) continue;  // no optimizer step, no ctl.step
       if (reduced) optimizer.step();
       const bool was_member = ctl.is_member();
       const auto r = ctl.step(loss_value);

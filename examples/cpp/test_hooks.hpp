@@ -6,8 +6,10 @@
 //                reduction), "commit", "world" (after each world change entered), "fault" (an
 //                in-process fault about to happen), "final". The same records as the Python worker
 //                of the campaign (benchmarks/dra_bench/_faults/worker.py).
-//   fault_spec   --test-fault ACTION:WHERE:INDEX[:SECONDS],...: this process kills itself (kill) or
-//                stalls (sleep SECONDS) in a phase of its INDEX-th world change (rebuild,
+//   fault_spec   --test-fault ACTION:WHERE:INDEX[:SECONDS],...: this process kills itself (kill),
+//                stalls (sleep SECONDS), throws an exception nobody catches (raise) or one the
+//                training loop catches and skips the rest of the step for (catch; step and
+//                after_reduce only) in a phase of its INDEX-th world change (rebuild,
 //                state_transfer, reshard; 0 is its first: the start or its admission), at the start
 //                of step INDEX (step), or at step INDEX between the gradient reduction and the step
 //                boundary (after_reduce). The grammar of benchmarks/dra_bench/_faults/spec.py.
@@ -73,7 +75,7 @@ class record_log {
 };
 
 struct fault_spec {
-  std::string action;  // kill | sleep
+  std::string action;  // kill | sleep | raise | catch
   std::string where;   // rebuild | state_transfer | reshard | step | after_reduce
   std::int64_t index = 0;
   double seconds = 0.0;
@@ -92,7 +94,7 @@ inline std::vector<fault_spec> parse_fault_specs(const std::string& text) {
     while (std::getline(ps, p, ':')) parts.push_back(p);
     const auto bad = [&] {
       return std::invalid_argument(
-          "--test-fault: expected ACTION:WHERE:INDEX[:SECONDS] (kill|sleep, rebuild|"
+          "--test-fault: expected ACTION:WHERE:INDEX[:SECONDS] (kill|sleep|raise|catch, rebuild|"
           "state_transfer|reshard|step|after_reduce), got '" +
           item + "'");
     };
@@ -100,7 +102,7 @@ inline std::vector<fault_spec> parse_fault_specs(const std::string& text) {
     fault_spec f;
     f.action = parts[0];
     f.where = parts[1];
-    if ((f.action != "kill" && f.action != "sleep") ||
+    if ((f.action != "kill" && f.action != "sleep" && f.action != "raise" && f.action != "catch") ||
         (f.where != "rebuild" && f.where != "state_transfer" && f.where != "reshard" && f.where != "step" &&
          f.where != "after_reduce"))
       throw bad();
@@ -117,12 +119,14 @@ inline std::vector<fault_spec> parse_fault_specs(const std::string& text) {
 }
 
 /// The in-process faults of this process: fire() acts on the first unfired spec matching `where`
-/// and `index`, after writing its "fault" record.
+/// and `index`, after writing its "fault" record. True: the training loop skips the rest of the
+/// step (an exception it caught).
 class fault_plan {
  public:
   fault_plan(std::vector<fault_spec> specs, record_log& log) : specs_(std::move(specs)), log_(log) {}
   bool empty() const { return specs_.empty(); }
-  void fire(const std::string& where, std::int64_t index, int uid, std::int64_t step, std::int64_t epoch) {
+  bool fire(const std::string& where, std::int64_t index, int uid, std::int64_t step, std::int64_t epoch) {
+    bool skip = false;
     for (auto& f : specs_) {
       if (f.fired || f.where != where || f.index != index) continue;
       f.fired = true;
@@ -132,8 +136,17 @@ class fault_plan {
                   static_cast<long long>(step));
       std::fflush(stdout);
       if (f.action == "kill") std::raise(SIGKILL);
+      if (f.action == "raise") throw std::runtime_error("test hook: an exception nobody catches in " + where);
+      if (f.action == "catch") {
+        try {
+          throw std::runtime_error("test hook: an exception the training loop catches");
+        } catch (const std::runtime_error&) {
+          skip = true;  // the loop goes on with its next batch
+        }
+      }
       std::this_thread::sleep_for(std::chrono::duration<double>(f.seconds));
     }
+    return skip;
   }
 
  private:

@@ -76,8 +76,9 @@ class Controller(_core.Controller):
         sampler._check_trainable()
         opts = _core.Options(**options)  # parsed and validated before anything is built
         if opts.events_path:
-            os.makedirs(os.path.dirname(os.path.abspath(opts.events_path)), exist_ok=True)
+            _make_events_dir(opts.events_path)
         self._skipping = False
+        self._awaiting_step = False  # a backward ran and its dra.step has not come yet
         # The C++ side holds the provider; the Python object behind its overrides must live as long.
         self._state = _state.TorchState(model, optimizer, scheduler)
         super().__init__(
@@ -91,13 +92,15 @@ class Controller(_core.Controller):
         sampler._follow(self)
         self.sampler = sampler
         # The end of a script that never calls finish() (a ported DDP loop): members meet once more
-        # and the leader tells standbys to go, when the interpreter exits.
+        # and the leader tells standbys to go, when the interpreter exits. An uncaught exception
+        # leaves the job at once instead (the peers do not wait for this process).
         atexit.register(_finish_at_exit, weakref.ref(self))
         # A DataLoader's worker processes hold copies of this process's sockets: they die with it,
         # so that its peers see its connections close at once when it is killed.
         _process.die_with_parent_on_fork()
         if os.environ.get("DRA_STOP_ON_SIGTERM") == "1":
             _stop_on_sigterm(self)
+        _leave_on_uncaught_exception(self)
         self.model = _wrappers.ElasticDataParallel(model, self)
         self.optimizer = _wrappers.ElasticOptimizer(optimizer, self)
         self.scheduler = _wrappers.ElasticScheduler(scheduler, self) if scheduler is not None else None
@@ -111,13 +114,21 @@ class Controller(_core.Controller):
     def _step_checked(self, value: Any, signals: dict[str, Any], stacklevel: int) -> StepStatus:
         if self.sampler is not None and self._skipping:
             # A stale prefetched batch was trained on locally: neither reduced nor committed.
-            self._skipping = False
+            self._awaiting_step = self._skipping = False
             self.sampler._consumed()
             return self._skip_step()
         extra = {k: _as_float(v, k) for k, v in signals.items() if v is not None}
+        self._awaiting_step = False  # this backward's step, from here on
         # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
         status = self._step(value, **extra) if isinstance(value, float) else self._step_tensor(value, **extra)
         if self.sampler is not None:
+            refusal = self._refusal
+            if refusal is not None:  # a rank did not train its batch: the step is redone
+                self.sampler._refused(refusal["excess"])
+            elif self.sampler._skipped_now:
+                # An asynchronous backend committed the step before it could tell (it reported it):
+                # the batches this rank skipped are dropped, so that the next steps line up again.
+                self.sampler._refused(self.sampler._skipped_now)
             self.sampler._consumed()
         if self.nonfinite_started:
             _warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1)
@@ -203,6 +214,17 @@ def _stop_on_sigterm(controller: Controller) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def _make_events_dir(path: str) -> None:
+    """The events file's folder; one that cannot be made is warned about, never raised (diagnostics
+    never stop training: the controller warns again, once, if the file cannot be written)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"events_path: cannot make {folder!r} ({e}); training goes on without the events file",
+                      RuntimeWarning, stacklevel=3)
+
+
 def _finish_at_exit(ref: weakref.ref[Controller]) -> None:
     controller = ref()
     if controller is not None:
@@ -234,6 +256,29 @@ def _release_torchrun_exit_barrier(controller: Controller) -> None:
                       "<val_ignored>")
     except Exception as e:  # noqa: BLE001 - the store is gone: the agents' barrier times out as torchrun's would
         print(f"[dra] torchrun's exit barrier not released ({e})", file=sys.stderr, flush=True)
+
+
+_leaving: list[weakref.ref[Controller]] = []
+
+
+def _leave_on_uncaught_exception(controller: Controller) -> None:
+    """An exception nobody catches ends the process: before Python prints it, the controller leaves
+    the job (its peers' step fails at once and their recovery does not wait for this process),
+    instead of meeting them at finish() at exit, which they would never reach."""
+    _leaving[:] = [r for r in _leaving if r() is not None] + [weakref.ref(controller)]
+    if getattr(sys.excepthook, "_dra", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        for ref in _leaving:
+            ctl = ref()
+            if ctl is not None:
+                ctl._abandon(f"uncaught {kind.__name__}: {value}"[:300])
+        previous(kind, value, tb)
+
+    hook._dra = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _engine_options(config: _core.EngineConfig) -> dict[str, Any]:
@@ -336,10 +381,21 @@ def _loss_value(value: Any) -> Any:
             raise ValueError(
                 f"dra.step: expected a 0-d tensor as the loss, got shape {tuple(value.shape)}; pass loss.mean() or loss.sum()"
             )
-        if not value.is_floating_point():
-            raise ValueError(f"dra.step: the loss holds {value.dtype}, expected a floating-point tensor")
-        return value.detach()
+        return _real_loss_tensor(value).detach()
     return _as_float(value)
+
+
+def _real_loss_tensor(value: Any) -> Any:
+    """The one rule for a loss tensor's dtype, on every device: floating point as it is; an integer
+    one (int64 accuracy counts, say) as float64, as `_as_float` takes a Python int; bool and complex
+    raise ValueError."""
+    import torch
+
+    if value.is_floating_point():
+        return value
+    if value.dtype == torch.bool or value.is_complex():
+        raise ValueError(f"dra.step: the loss holds {value.dtype}, expected a real number (floating point or integer)")
+    return value.to(torch.float64)
 
 
 # dra.step: a C function. `dra.step(<float or 0-d tensor>)` on a controller without a world steps

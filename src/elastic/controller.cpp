@@ -75,7 +75,7 @@ controller::controller(controller_options options, launch_info launch, std::shar
   if (launch.join) {
     // From 10000 up: never a rank torchrun handed out. A launcher may have claimed it already.
     uid_ = launch.join_uid >= 0 ? launch.join_uid : store_->claim_late_uid();
-    universe_size_ = store_->universe();
+    universe_size_ = store_->universe(launch.universe_size);
   } else {
     uid_ = launch.uid;
     universe_size_ = launch.universe_size;
@@ -94,13 +94,15 @@ controller::controller(controller_options options, launch_info launch, std::shar
   engine_ = resize_engine(options_.engine);  // with the job's limits (the leader holds a reference)
   status_.signals = &engine_.signals();
   signature_ = state_->signature();
+  layout_ = state_->layout();
+  layout_["codec"] = hook_ ? compression().codec : "none";
   std::vector<int> others = {0};
   if (!joined_late_) {
     others.clear();
     for (int u = 0; u < universe_size_; ++u) others.push_back(u);
   }
-  store_->check_consistency(uid_, detail::config_fingerprint(options_, *sampler_, start_size_), signature_, others,
-                            !joined_late_);
+  store_->check_consistency(uid_, detail::config_fingerprint(options_, *sampler_, start_size_), signature_, layout_,
+                            others, !joined_late_);
   if (!launch.join && uid_ < start_size_) {
     world_change start;
     for (int u = 0; u < start_size_; ++u) start.members.push_back(u);
@@ -197,11 +199,28 @@ void controller::stop_at_boundary() noexcept {
   finish();
 }
 
+void controller::abandon(const std::string& why) noexcept {
+  if (role_ == role::local || role_ == role::finished || role_ == role::rejected || !store_) return;
+  try {
+    if (deferred_) deferred_->wait();  // its thread uses the communicator
+    deferred_.reset();
+    if (comm_) comm_->revoke();  // the peers' collectives fail now, not after fault_timeout_s
+    comm_.reset();
+    if (role_ == role::candidate || role_ == role::released) store_->withdraw(uid_);
+  } catch (const std::exception&) {
+    // Leaving anyway.
+  }
+  store_->mark_gone(uid_);
+  std::fprintf(stderr, "[dra] process %d leaves the job mid-training: %s\n", uid_, why.c_str());
+  std::fflush(stderr);
+  role_ = role::finished;
+}
+
 // ---- decisions (the leader publishes, every member reads) ----------------------------------------
 void controller::leader_decides() {
   const auto t0 = clock_type::now();
-  auto d =
-      leader_->decide({step_index_, epoch_, members_, signature_, sampler_->global_batch(), samples_, world_loss_});
+  auto d = leader_->decide(
+      {step_index_, epoch_, members_, signature_, layout_, sampler_->global_batch(), samples_, world_loss_});
   if (leader_->decided()) {
     status_.decided = true;
     status_.decision = leader_->last();
@@ -264,6 +283,7 @@ void controller::apply_decision() {
     leave(options_.release == release_mode::exit);
     return;
   }
+  if (!follows(epoch_, d.epoch)) return;
   world_change c(change_cause::resize, d.epoch, dec.members);
   c.joined = dec.join;
   c.left = dec.leave;

@@ -1,10 +1,14 @@
 #include "event_log.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <nlohmann/json.hpp>
-#include <stdexcept>
 
 namespace dra::elastic::detail {
 
@@ -91,6 +95,11 @@ void event_log::rejected(std::int64_t step, std::int64_t epoch, int uid, const s
   write(ev);
 }
 
+void event_log::refused(std::int64_t step, std::int64_t epoch, const std::string& reason) {
+  json ev = {{"event", "refused"}, {"step", step}, {"epoch", epoch}, {"reason", reason}};
+  write(ev);
+}
+
 const std::string& event_log::last() const noexcept {
   static const std::string none;
   return lines_.empty() ? none : lines_.back();
@@ -99,15 +108,55 @@ const std::string& event_log::last() const noexcept {
 template <class Json>
 void event_log::write(Json& ev) {
   ev["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  lines_.push_back(ev.dump());
+  // Text from peers or the store (a reason) may hold bytes that are not UTF-8: replaced, not thrown.
+  lines_.push_back(ev.dump(-1, ' ', false, json::error_handler_t::replace));
   const std::string& line = lines_.back();
   if (!path_.empty()) {
-    std::ofstream f(path_, std::ios::app);
-    if (!f) throw std::runtime_error("dra: cannot append to events_path '" + path_ + "'");
-    f << line << '\n';
+    if (append(line)) {
+      if (unwritten_ > 0)
+        std::fprintf(stderr, "[dra] events_path '%s' is writable again; %zu event(s) were not written to it\n",
+                     path_.c_str(), unwritten_);
+      unwritten_ = 0;
+    } else {
+      if (unwritten_ == 0)
+        std::fprintf(stderr,
+                     "[dra] cannot append to events_path '%s' (%s): events are kept in memory and on stderr, "
+                     "training goes on (warned once)\n",
+                     path_.c_str(), std::strerror(errno));
+      ++unwritten_;
+    }
   }
   std::fprintf(stderr, "[dra] %s\n", line.c_str());
   std::fflush(stderr);
+}
+
+bool event_log::append(const std::string& line) const noexcept {
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  struct stat before{};
+  const bool sized = ::fstat(fd, &before) == 0;
+  const std::string record = line + "\n";
+  std::size_t done = 0;
+  int error = 0;
+  while (done < record.size()) {
+    const ssize_t n = ::write(fd, record.data() + done, record.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (done < record.size() && done > 0 && sized) {
+    // A partial line (a full disk took part of it): cut it back, so that readers never see half a
+    // record. With O_APPEND the line went to the end of the file as it was before.
+    if (::ftruncate(fd, before.st_size) != 0) {
+      // Nothing more to do: the next whole line starts after the fragment.
+    }
+  }
+  ::close(fd);
+  if (done < record.size()) errno = error != 0 ? error : EIO;
+  return done == record.size();
 }
 
 void status_line::restart() noexcept {

@@ -1,7 +1,9 @@
 #pragma once
 // Events of an elastic world and the leader's status line (internal to dra::dra). An event is a
 // struct, serialised once into a JSON line: kept in memory (the controller's events()), appended
-// to the events file, and printed on stderr.
+// to the events file, and printed on stderr. Diagnostics never stop training: a line is appended
+// whole or not at all (one write of the whole line; a short one, on a full disk, is cut back), and
+// a file that cannot be written is warned about once and skipped until it can again.
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -59,6 +61,8 @@ class event_log {
   explicit event_log(std::string path) : path_(std::move(path)) {}
   void world(const world_event& e);
   void rejected(std::int64_t step, std::int64_t epoch, int uid, const std::string& reason);
+  /// A step refused because a rank did not train its batch (it is redone).
+  void refused(std::int64_t step, std::int64_t epoch, const std::string& reason);
   /// The job's end, on the leader: one line on stdout with its steps, energy and codec bytes (not an
   /// event: readers of the events file expect world changes).
   static void print_summary(std::int64_t steps, int world, const job_figures& f) noexcept;
@@ -69,9 +73,12 @@ class event_log {
  private:
   template <class Json>
   void write(Json& ev);
+  /// Appends `line` and a newline to the file, whole or not at all; false (errno set) when not.
+  bool append(const std::string& line) const noexcept;
 
   std::string path_;
   std::vector<std::string> lines_;
+  std::size_t unwritten_ = 0;  ///< lines not written since the file last failed (0: it works)
 };
 
 }  // namespace dra::elastic::detail

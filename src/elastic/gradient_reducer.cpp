@@ -5,6 +5,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
+#include <array>
 #include <limits>
 
 #include "dra/error.hpp"
@@ -14,8 +16,19 @@ namespace dra::elastic::detail {
 reduction_tail read_tail(const at::Tensor& tail) {
   const at::Tensor t = tail.to(at::kCPU, at::kDouble);  // a CUDA tail would synchronise: the controller defers those
   const double* p = t.data_ptr<double>();
-  return {p[0], p[1], p[2] > 0.5, p[3], p[4], p[5] > 0.5};
+  return {p[0], p[1], p[2] > 0.5, p[3], p[4], p[5] > 0.5, p[6], p[7], p[8], p[9], p[10]};
 }
+
+namespace {
+// The exactly-once slots [skipped, skip mask, depth ranks, depth sum, depth square sum].
+std::array<float, 5> batch_slots(const tail_input& in) {
+  const bool skipped = in.skipped > 0;
+  const float mask = skipped && in.rank >= 0 && in.rank < 24 ? static_cast<float>(1 << in.rank) : 0.0f;
+  const bool known = in.in_flight >= 0;
+  const auto depth = static_cast<float>(known ? in.in_flight : 0);
+  return {static_cast<float>(std::max(in.skipped, 0)), mask, known ? 1.0f : 0.0f, depth, depth * depth};
+}
+}  // namespace
 
 void write_tail(at::Tensor& dst, const tail_input& in) {
   if (dst.device().is_cpu()) {
@@ -27,6 +40,8 @@ void write_tail(at::Tensor& dst, const tail_input& in) {
     p[3] = static_cast<float>(in.energy_j);
     p[4] = in.energy_measured ? 0.0f : 1.0f;
     p[5] = in.stop ? 1.0f : 0.0f;
+    const auto slots = batch_slots(in);
+    std::copy(slots.begin(), slots.end(), p + 6);
     return;
   }
   at::Tensor slot = dst.narrow(0, 0, 1);
@@ -42,6 +57,8 @@ void write_tail(at::Tensor& dst, const tail_input& in) {
   dst.narrow(0, 3, 1).fill_(in.energy_j);
   dst.narrow(0, 4, 1).fill_(in.energy_measured ? 0.0 : 1.0);
   dst.narrow(0, 5, 1).fill_(in.stop ? 1.0 : 0.0);
+  const auto slots = batch_slots(in);
+  for (std::size_t i = 0; i < slots.size(); ++i) dst.narrow(0, 6 + static_cast<std::int64_t>(i), 1).fill_(slots[i]);
 }
 
 gradient_reducer::gradient_reducer(std::size_t bucket_bytes, std::size_t first_bucket_bytes)

@@ -1,9 +1,17 @@
 #pragma once
-// The per-step gradient reduction of an elastic world (internal to dra::dra), bucketed as DDP's so
-// communication overlaps backward on CUDA (one bucket on a synchronous communicator such as Gloo).
-// The last bucket carries a short tail (the previous step's loss and sample count, its energy, the
-// leader's decision flag) so that a step needs no other collective. docs/design/nccl.md, "The
-// controller on NCCL".
+// The per-step gradient reduction of an elastic world (internal to dra::dra), bucketed as DDP's:
+// the parameters are laid out in reverse order into float32 buckets (the first one small, so that
+// communication starts early in backward, then ~25 MiB each); backward reports each gradient as it
+// is ready (ready()), and a bucket is all-reduced as soon as all of its gradients are in and every
+// earlier bucket was launched, so every rank launches the same buckets in the same order. On CUDA
+// the all-reduces run on a stream of their own, ordered after the gradients and overlapping the
+// rest of backward; finish() makes the caller's stream wait for them. A synchronous communicator
+// (Gloo) would block backward for each bucket, so there every gradient goes into one bucket (one
+// all-reduce per step). The last bucket carries a
+// short tail that rides along so that steps need no other collective: the previous step's loss
+// (sum and sample count), its energy, the leader's "a decision is published" flag, a member's stop
+// request, and the exactly-once check of this step's batches (each rank's batches skipped and batches in flight).
+// A bucket_hook (gradient codecs) may transform buckets around their all-reduce.
 #include <ATen/Tensor.h>
 #include <c10/core/Stream.h>
 
@@ -26,6 +34,12 @@ struct reduction_tail {
   double energy_j = 0.0;    ///< the previous step's energy, summed over the world's processes
   double not_measured = 0;  ///< processes whose energy figure is an estimate
   bool stop = false;        ///< a member asked the job to stop (controller::request_stop)
+  // This step's batches: a rank that did not train one (it skipped it) is caught here.
+  double skipped = 0;       ///< batches the ranks skipped since their previous reduced one
+  double skip_mask = 0;     ///< sum of 2^rank over the ranks < 24 that skipped
+  double depth_ranks = 0;   ///< ranks that know how many batches they hold in flight
+  double depth_sum = 0;     ///< and the sum of those counts
+  double depth_sq_sum = 0;  ///< and of their squares (unequal counts: a rank skipped a batch)
 };
 
 /// This rank's contribution to the tail: the loss as a 0-d tensor (any device: a device loss is
@@ -38,17 +52,20 @@ struct tail_input {
   double energy_j = 0.0;
   bool energy_measured = false;
   bool stop = false;  ///< this process asks the job to stop
+  int rank = 0;
+  int skipped = 0;     ///< batches this rank skipped since its previous reduced one
+  int in_flight = -1;  ///< batches handed to this rank's loop and not yet stepped (-1: unknown)
 };
 
-/// The tail as floats [loss sum, count, flag, energy J, not-measured count, stop requests] in a
-/// tensor, read on the host.
+/// The tail as floats [loss sum, count, flag, energy J, not-measured count, stop requests,
+/// skipped, skip mask, depth ranks, depth sum, depth square sum] in a tensor, read on the host.
 reduction_tail read_tail(const at::Tensor& tail);
 /// Writes `in` into `dst` (kTail floats, on any device) without reading a device loss on the host.
 void write_tail(at::Tensor& dst, const tail_input& in);
 
 class gradient_reducer {
  public:
-  static constexpr std::int64_t kTail = 6;
+  static constexpr std::int64_t kTail = 11;
   explicit gradient_reducer(std::size_t bucket_bytes = std::size_t{25} << 20,
                             std::size_t first_bucket_bytes = std::size_t{1} << 20);
 

@@ -41,7 +41,7 @@ void job_control::set_capacity(int min_size, int max_size, const std::vector<int
 
 std::string job_control::report() {
   const auto j = client_->store.try_get(job_keys::report);
-  return j ? j->dump() : std::string();
+  return j ? *j : std::string();
 }
 
 bool job_control::done() {

@@ -73,12 +73,20 @@ std::optional<published_decision> leader::decide(const world_view& view) {
     last_ = d;
     decided_ = true;
     if (d.join.empty() && d.leave.empty() && d.batch_scale == 1.0) return std::nullopt;  // hold: costs nothing more
-    published_decision p{std::move(d), store_.next_epoch(), view.step};
+    published_decision p{std::move(d), store_.next_epoch(view.epoch), view.step};
     store_.publish_decision(view.epoch, p);
-    (void)t0;
+    if (skipped_since_ >= 0) {
+      std::fprintf(stderr, "[dra] decisions taken again from step %lld (skipped since step %lld)\n",
+                   static_cast<long long>(view.step), static_cast<long long>(skipped_since_));
+      skipped_since_ = -1;
+    }
     return p;
   } catch (const dra::error& e) {
-    std::fprintf(stderr, "[dra] decision at step %lld skipped: %s\n", static_cast<long long>(view.step), e.what());
+    // Once per streak: with the store gone it would say so at every step.
+    if (skipped_since_ < 0)
+      std::fprintf(stderr, "[dra] decision at step %lld skipped: %s (further skipped decisions are not printed)\n",
+                   static_cast<long long>(view.step), e.what());
+    if (skipped_since_ < 0) skipped_since_ = view.step;
     return std::nullopt;
   }
 }
@@ -87,9 +95,9 @@ void leader::look_outside(const world_view& view, bool force) {
   const auto now = clock_type::now();
   if (!force && now - outside_read_ < std::chrono::duration<double>(options_.capacity_poll_s)) return;
   outside_read_ = now;
-  candidates_ = store_.admissible_candidates(view.members, view.signature, [&](int uid, const std::string& why) {
-    log_.rejected(view.step, view.epoch, uid, why);
-  });
+  candidates_ = store_.admissible_candidates(
+      view.members, view.signature, view.layout,
+      [&](int uid, const std::string& why) { log_.rejected(view.step, view.epoch, uid, why); });
   limit_ = store_.limit();
   if (limit_ && !limit_->leave.empty()) {
     // A candidate the outside actor names in `leave` is never admitted: it is dismissed, and

@@ -24,6 +24,7 @@ struct world_view {
   std::int64_t epoch = 0;
   const std::vector<int>& members;
   const std::vector<tensor_spec>& signature;
+  const state_layout& layout;
   std::int64_t global_batch = 1;
   std::int64_t samples = 0;  ///< samples committed since the process started
   double loss = 0.0;
@@ -63,6 +64,7 @@ class leader {
     double seconds = 0.0;        ///< how long it was measured
   };
   std::map<int, measured_rate> rates_;
+  std::int64_t skipped_since_ = -1;  ///< the first step whose decision the store made skip (-1: none)
   /// A scheduled size not reached yet (a grow waits for its processes to stand by again): kept
   /// and retried at every step until the world has that size or the next schedule entry.
   struct scheduled_size {

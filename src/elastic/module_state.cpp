@@ -1,10 +1,13 @@
 // Model signatures and the LibTorch state provider (module parameters/buffers + optimizer).
 #include <ATen/CPUGeneratorImpl.h>
+#include <cxxabi.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <typeinfo>
 
 #include "dra/error.hpp"
 #include "dra/torch/elastic/state.hpp"
@@ -57,23 +60,45 @@ std::string dtype_name(const at::Tensor& t) {
 }
 }  // namespace
 
-std::string signature_mismatch(const std::vector<tensor_spec>& world, const std::vector<tensor_spec>& joiner) {
-  std::map<std::string, const tensor_spec*> a, b;
-  for (const auto& s : world) a[s.name] = &s;
-  for (const auto& s : joiner) b[s.name] = &s;
+std::string signature_mismatch(const std::vector<tensor_spec>& a, const std::vector<tensor_spec>& b,
+                               const std::string& a_name, const std::string& b_name) {
+  std::map<std::string, const tensor_spec*> in_a, in_b;
+  for (const auto& s : a) in_a[s.name] = &s;
+  for (const auto& s : b) in_b[s.name] = &s;
   std::vector<std::string> missing, extra;
-  for (const auto& [n, _] : a)
-    if (!b.count(n)) missing.push_back(n);
-  for (const auto& [n, _] : b)
-    if (!a.count(n)) extra.push_back(n);
-  if (!missing.empty()) return "joiner's model lacks " + list_some(missing);
-  if (!extra.empty()) return "joiner's model has unexpected " + list_some(extra);
-  for (const auto& s : world) {  // in the model's order: the first differing tensor is named
-    const tensor_spec* o = b[s.name];
+  for (const auto& [n, _] : in_a)
+    if (!in_b.count(n)) missing.push_back(n);
+  for (const auto& [n, _] : in_b)
+    if (!in_a.count(n)) extra.push_back(n);
+  if (!missing.empty()) return b_name + "'s model lacks " + list_some(missing);
+  if (!extra.empty()) return b_name + "'s model has unexpected " + list_some(extra);
+  for (const auto& s : a) {  // in the model's order: the first differing tensor is named
+    const tensor_spec* o = in_b[s.name];
     if (s.shape != o->shape || s.dtype != o->dtype)
-      return "'" + s.name + "': world has shape " + shape_text(s.shape) + " " + s.dtype + ", joiner has " +
-             shape_text(o->shape) + " " + o->dtype;
+      return "'" + s.name + "': " + a_name + " has shape " + shape_text(s.shape) + " " + s.dtype + ", " + b_name +
+             " has " + shape_text(o->shape) + " " + o->dtype;
   }
+  return {};
+}
+
+std::string signature_mismatch(const std::vector<tensor_spec>& world, const std::vector<tensor_spec>& joiner) {
+  return signature_mismatch(world, joiner, "world", "joiner");
+}
+
+std::string layout_mismatch(const state_layout& a, const state_layout& b, const std::string& a_name,
+                            const std::string& b_name) {
+  auto shown = [](const state_layout& l, const std::string& part) {
+    const auto it = l.find(part);
+    return it == l.end() ? std::string("none") : "'" + it->second + "'";
+  };
+  std::vector<std::string> parts;
+  for (const auto& [k, _] : a) parts.push_back(k);
+  for (const auto& [k, _] : b)
+    if (!a.count(k)) parts.push_back(k);
+  for (const auto& part : parts)
+    if (shown(a, part) != shown(b, part))
+      return "the " + part + " differs: " + a_name + " has " + shown(a, part) + ", " + b_name + " has " +
+             shown(b, part) + " (the state it hands over could not be loaded)";
   return {};
 }
 
@@ -86,6 +111,25 @@ std::vector<tensor_spec> module_state::signature() {
     out.push_back({p.key(), p.value().sizes().vec(), dtype_name(p.value())});
   for (const auto& b : module_.named_buffers())
     out.push_back({b.key(), b.value().sizes().vec(), dtype_name(b.value())});
+  return out;
+}
+
+state_layout module_state::layout() {
+  state_layout out;
+  if (optimizer_ == nullptr) return out;
+  // The class (an SGD's state cannot be loaded into an Adam) and each group's size.
+  const auto& o = *optimizer_;
+  std::string name = typeid(o).name();
+  int status = 0;
+  if (char* readable = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status)) {
+    if (status == 0) name = readable;
+    std::free(readable);
+  }
+  out["optimizer"] = name;
+  std::string groups;
+  for (const auto& g : optimizer_->param_groups())
+    groups += (groups.empty() ? "" : ", ") + std::to_string(g.params().size()) + " params";
+  out["optimizer.param_groups"] = "[" + groups + "]";
   return out;
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "deferred_reads.hpp"
@@ -29,8 +30,10 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 }  // namespace
 
 // ---- the reduction --------------------------------------------------------------------------------
-bool controller::begin_reduction(const std::vector<at::Tensor>& params) {
+bool controller::begin_reduction(const std::vector<at::Tensor>& params, const batch_check& check) {
+  catch_up_missed_step();
   reduced_ = true;
+  batch_ = check;
   if (role_ != role::member || !comm_ || !failure_.empty()) return false;
   if (comm_->size() == 1) {
     // Alone in the world: the gradient already is the global batch's mean; only the loss is queued.
@@ -41,13 +44,54 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params) {
     pending_loss_->stop = stop_requested();
     detail::write_tail(solo_tail_, *pending_loss_);
     reads_->push(step_index_, solo_tail_);
+    if (check.skipped > 0)  // no peer to compare with: this process's own count tells
+      refused_ = step_refusal{step_index_, "this process did not train its batch (a caught exception or a `continue`)",
+                              check.skipped};
     return false;
   }
   // The leader's "a decision is published" flag rides with the reduction, so that steps without a
   // resize never touch the store.
   pending_loss_->decision_flag = pending_ != nullptr && comm_->rank() == 0;
   pending_loss_->stop = stop_requested();  // a stop request rides along too: every member learns it at once
+  pending_loss_->rank = comm_->rank();
+  pending_loss_->skipped = check.skipped;
+  pending_loss_->in_flight = check.in_flight;
   reducer_->begin(*comm_, params, sampler_->share_weight(), *pending_loss_);
+  return true;
+}
+
+// The previous reduction was never followed by step() (the trainer caught an exception after
+// backward and went on): the world committed that step, this process did not, and whether its
+// optimizer applied the update is unknown. It commits the step as the world did and takes the
+// world's state again through a recovery (holding none, so another member's state wins).
+bool controller::catch_up_missed_step() noexcept {
+  if (!reduced_ || !failure_.empty() || role_ != role::member || !comm_) return false;
+  reduced_ = false;
+  if (refused_) {
+    // The world refused that step: nothing was committed anywhere, and it is redone.
+    refusal_ = std::move(refused_);
+    refused_.reset();
+    pending_loss_->count = 0.0;
+    pending_loss_->energy_j = 0.0;
+    return false;
+  }
+  const std::int64_t missed = step_index_;
+  sampler_->commit();
+  ++step_index_;
+  if (comm_->size() == 1) {
+    std::fprintf(stderr,
+                 "[dra] process %d reduced step %lld but did not call step(): counted as committed; its optimizer "
+                 "update is this process's own (call dra.step after every backward)\n",
+                 uid_, static_cast<long long>(missed));
+    return true;
+  }
+  std::fprintf(stderr,
+               "[dra] rank %d (process %d) reduced step %lld but did not call step() (an exception caught after "
+               "backward?): it takes the world's state again (call dra.step after every backward)\n",
+               comm_->rank(), uid_, static_cast<long long>(missed));
+  holds_state_ = false;
+  failure_ = "rank " + std::to_string(comm_->rank()) + " (process " + std::to_string(uid_) +
+             ") skipped step() after step " + std::to_string(missed) + "'s reduction";
   return true;
 }
 
@@ -57,15 +101,46 @@ void controller::gradient_ready(std::size_t index) {
 
 bool controller::finish_reduction() {
   if (role_ == role::local) return true;
-  if (!reducer_->active()) return failure_.empty() && role_ == role::member;
+  if (!reducer_->active()) return failure_.empty() && !refused_ && role_ == role::member;
+  at::Tensor tail;
   try {
-    reads_->push(step_index_, reducer_->finish());
+    tail = reducer_->finish();
+    reads_->push(step_index_, tail);
   } catch (const dra::error& e) {
     failure_ = e.what();
     comm_->revoke();  // in-flight work stops; NCCL >= 2.28 keeps it shrinkable for the survivors
     return false;
   }
-  return true;
+  // A synchronous world reads the tail now: a step in which a rank did not train its batch is
+  // refused before any optimizer applies it. (An asynchronous one reports it at its read steps.)
+  return comm_->asynchronous() || check_batches(tail);
+}
+
+bool controller::check_batches(const at::Tensor& tail) {
+  const auto t = detail::read_tail(tail);
+  const double n = t.depth_ranks;
+  const double mean = n > 0 ? t.depth_sum / n : 0.0;
+  const bool unequal = n > 1 && t.depth_sq_sum / n - mean * mean > 0.25 / n;
+  if (t.skipped < 0.5 && !unequal) return true;
+  std::string who;
+  const auto mask = static_cast<std::uint32_t>(std::llround(t.skip_mask));
+  for (int r = 0; r < 24; ++r)
+    if ((mask >> r) & 1U) who += (who.empty() ? "" : ", ") + std::to_string(r);
+  step_refusal r;
+  r.step = step_index_;
+  if (!who.empty()) {
+    r.reason = "rank(s) " + who + " did not train their batch (a caught exception or a `continue`)";
+  } else if (t.skipped >= 0.5) {
+    r.reason = std::to_string(std::llround(t.skipped)) + " batch(es) skipped by ranks >= 24";
+  } else {
+    r.reason = "the ranks hold different numbers of batches in flight (this rank " + std::to_string(batch_.in_flight) +
+               ", the world's mean " + std::to_string(mean) + "): a rank skipped a batch";
+  }
+  r.excess = std::max(batch_.skipped, batch_.in_flight >= 0 && batch_.in_flight > mean + 0.25
+                                          ? static_cast<int>(std::ceil(batch_.in_flight - mean - 0.25))
+                                          : 0);
+  refused_ = std::move(r);
+  return false;
 }
 
 bool controller::reduce_gradients(const std::vector<at::Tensor>& params) {
@@ -123,10 +198,17 @@ const step_status& controller::step(double loss, const step_signals& extra) {
 const step_status& controller::step(const at::Tensor& loss, const step_signals& extra) {
   if (!loss.defined() || loss.numel() != 1)
     dra::detail::throw_invalid("loss", "expected a 0-d tensor (loss.mean() or loss.sum())");
-  if (!at::isFloatingType(loss.scalar_type()))
+  // One rule on every device: floating point, or an integer taken as its value (as a Python int
+  // is); bool and complex are no loss.
+  const auto type = loss.scalar_type();
+  if (type == at::kBool || at::isComplexType(type) || !(at::isFloatingType(type) || at::isIntegralType(type, false)))
     dra::detail::throw_invalid(
-        "loss", std::string("expected a floating-point tensor, got ") + c10::toString(loss.scalar_type()));
+        "loss", std::string("expected a real number (a floating-point or integer tensor), got ") + c10::toString(type));
   if (loss.device().is_cpu()) return step_impl(nullptr, loss.item<double>(), extra);
+  if (!at::isFloatingType(type)) {
+    const at::Tensor as_float = loss.to(at::kDouble);  // stays on the device: never read here
+    return step_impl(&as_float, kNaN, extra);
+  }
   return step_impl(&loss, kNaN, extra);
 }
 
@@ -153,15 +235,25 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
           "dra: step() without a gradient reduction this step; call reduce_gradients() after backward (Python: call "
           "backward() on the output of controller.model)");
     reduced_ = false;
+    refusal_.reset();
     complete_handoff();  // normally done by the optimizer wrapper before its step
     const std::size_t events_before = log_->lines().size();
     if (!failure_.empty()) {
       std::string reason = failure_;
       failure_.clear();
+      refused_.reset();
       recover(reason);
     } else {
-      commit(device_loss, loss, extra);
-      const std::int64_t committed = step_index_ - 1;
+      const bool refused = refused_.has_value();
+      if (refused) {
+        refuse_step();
+      } else {
+        refusals_in_a_row_ = 0;
+        commit(device_loss, loss, extra);
+      }
+      // The rows read: up to this step's reduction (a refused step's reduction still carries the
+      // previous step's loss and the leader's flag).
+      const std::int64_t committed = refused ? step_index_ : step_index_ - 1;
       const bool deferred = comm_->asynchronous();
       try {
         read_reductions(committed);
@@ -172,15 +264,16 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
         recover(std::string("reduction failed: ") + e.what());
       }
       // After the optimizer step (the protocol's order), with the signals of this step's loss.
-      if (hook_ && role_ == role::member) hook_->step_committed(engine_.signals());
+      if (hook_ && role_ == role::member && !refused) hook_->step_committed(engine_.signals());
+      // A refused step is no boundary for new decisions (the leader's flag read now still applies).
       if (role_ == role::member && stop_seen_) {
         stop_at_boundary();  // before any decision: a grow would admit joiners into a world that ends
       } else if (role_ == role::member && options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1) {
-        decide_at_boundary();  // an outside actor steering at exact steps: decided and applied here
+        if (!refused) decide_at_boundary();  // an outside actor steering at exact steps: decided and applied here
       } else if (role_ == role::member && decision_flag_) {
         decision_flag_ = false;  // the leader flagged a decision in a reduction read now: apply it
         apply_decision();
-      } else if (role_ == role::member && comm_ && comm_->rank() == 0 && !pending_ &&
+      } else if (role_ == role::member && comm_ && comm_->rank() == 0 && !pending_ && !refused &&
                  (!deferred || decision_point(committed))) {
         leader_decides();
       }
@@ -253,17 +346,50 @@ void controller::read_reductions(std::int64_t committed) {
     if (r.values[2] > 0.5) decision_flag_ = true;
     if (r.values[5] > 0.5) stop_seen_ = true;
     note_world_energy(r.values[3], r.values[4] > 0.5);
+    if (deferred && r.values[6] > 0.5 && comm_->rank() == 0) {
+      // Read steps only: the step was applied already. Loud, never silent.
+      std::fprintf(stderr,
+                   "[dra] step %lld: %lld batch(es) were skipped by a rank (a caught exception or a `continue`) and "
+                   "their samples were not trained; on an asynchronous backend a skipped batch is reported, not "
+                   "redone\n",
+                   static_cast<long long>(r.step), static_cast<long long>(std::llround(r.values[6])));
+      log_->refused(r.step, epoch_, "skipped batch not redone (asynchronous backend)");
+    }
   }
   status_.loss = world_loss_;
 }
 
 const step_status& controller::skip_step() noexcept {
   reduced_ = false;
+  refused_.reset();
   if (reducer_) reducer_->cancel();
   status_.committed = false;
   status_.decided = false;
   status_.event.clear();
   return status_;
+}
+
+// The step is not applied (the optimizer wrappers skipped it) and not committed: the same samples
+// are trained again. What its reduction carried (the previous step's loss and energy) was read
+// and is not sent again.
+void controller::refuse_step() {
+  refusal_ = std::move(refused_);
+  refused_.reset();
+  pending_loss_->count = 0.0;
+  pending_loss_->energy_j = 0.0;
+  status_.committed = false;
+  const int rank = comm_ ? comm_->rank() : 0;
+  if (refusal_->excess > 0)
+    std::fprintf(stderr,
+                 "[dra] rank %d (process %d) did not train %d batch(es) before step %lld (a caught exception or a "
+                 "`continue`): the step is refused on every rank and redone\n",
+                 rank, uid_, refusal_->excess, static_cast<long long>(refusal_->step));
+  if (rank == 0) log_->refused(refusal_->step, epoch_, refusal_->reason);
+  if (++refusals_in_a_row_ >= 4)
+    throw dra::state_mismatch_error("dra: step " + std::to_string(refusal_->step) + " was refused " +
+                                    std::to_string(refusals_in_a_row_) + " times in a row: " + refusal_->reason +
+                                    "; give every rank the same DataLoader settings and let every rank step every "
+                                    "batch it is handed");
 }
 
 void controller::note_world_energy(double joules, bool estimated) {

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dra/error.hpp"
+#include "store_values.hpp"
 
 namespace dra::elastic::detail {
 
@@ -36,9 +37,12 @@ std::vector<std::uint8_t> bytes(const std::string& s) {
 }
 
 // Polls until something accepts a TCP connection at host:port, or throws dra::timeout_error at
-// the deadline. Each attempt is a non-blocking connect bounded by the time left.
-void wait_until_listening(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
+// the deadline. Each attempt is a non-blocking connect bounded by the time left. With
+// `refused_ends`, a refused connection ends the wait at once (a store that was there and is gone).
+void wait_until_listening(const std::string& host, int port, std::chrono::steady_clock::time_point deadline,
+                          bool refused_ends = false) {
   std::string last = "nothing accepted a connection";
+  bool refused = false;
   for (;;) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -62,9 +66,11 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
             ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
             ok = err == 0;
             if (!ok) last = std::strerror(err);
+            refused = refused || err == ECONNREFUSED;
           }
         } else if (!ok) {
           last = std::strerror(errno);
+          refused = refused || errno == ECONNREFUSED;
         }
         if (ok) {
           // A connect to a free local port in the ephemeral range can connect the socket to itself
@@ -86,7 +92,7 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
       }
       ::freeaddrinfo(found);
     }
-    if (std::chrono::steady_clock::now() >= deadline)
+    if (std::chrono::steady_clock::now() >= deadline || (refused_ends && refused))
       throw dra::timeout_error(
           "dra: the store at " + host + ":" + std::to_string(port) + " could not be reached (" + last +
           "); check MASTER_ADDR/MASTER_PORT or DRA_STORE (or the address given to dra) and that the "
@@ -102,82 +108,144 @@ std::string text(const std::vector<std::uint8_t>& b) {
 
 store_client::store_client(const std::string& host, int port, bool host_store, const std::string& prefix,
                            std::chrono::milliseconds timeout)
-    : timeout_(timeout) {
+    : host_(host), port_(port), prefix_(prefix), timeout_(timeout) {
   if (port < 0 || port > 65535)
     dra::detail::throw_invalid("store_port", "must lie in [0, 65535], got " + std::to_string(port));
   if (timeout.count() <= 0) dra::detail::throw_invalid("store_timeout", "must be > 0");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (host_store) {
+    try {
+      c10d::TCPStoreOptions o;
+      o.port = static_cast<std::uint16_t>(port);
+      o.isServer = true;
+      // Multi-tenant like torch's env:// rendezvous: a script that keeps its own
+      // init_process_group() on the same MASTER_PORT (rank 0 hosting, as under torchrun with
+      // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) shares this process's server instead of failing with
+      // EADDRINUSE, whichever of the two starts first.
+      o.multiTenant = true;
+      o.waitWorkers = false;
+      o.timeout = timeout;
+      server_ = c10::make_intrusive<c10d::TCPStore>(host, o);
+    } catch (const std::exception& e) {
+      const std::string why = first_line(e);
+      const bool in_use = why.find("in use") != std::string::npos || why.find("EADDRINUSE") != std::string::npos;
+      throw dra::timeout_error(
+          "dra: the store at " + host + ":" + std::to_string(port) + " could not be started (" + why + "); " +
+          (in_use ? "another process listens on that port: a second job or launcher on the same MASTER_PORT, or a "
+                    "store started without multi-tenancy (give each job its own MASTER_PORT, or point DRA_STORE at "
+                    "a dedicated `dra store`)"
+                  : "check MASTER_ADDR/MASTER_PORT (or the address given to dra)"));
+    }
+    port_ = server_->getPort();
+    tcp_ = server_;
+  } else {
+    connect(deadline);
+  }
+  address_ = host + ":" + std::to_string(port_);
+  tcp_->setTimeout(timeout);
+  store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp_);
+}
+
+void store_client::connect(std::chrono::steady_clock::time_point deadline, bool refused_ends) {
   // c10d's own connect loop overruns the timeout it is given (it measured about twice a 30 s
   // timeout) and logs a stack trace per attempt: a client first waits, with its own bounded
   // loop, until the port accepts a connection, so that an absent store is reported at the
   // deadline dra promises, and a store that starts a moment later is still found.
-  if (!host_store) wait_until_listening(host, port, deadline);
+  wait_until_listening(host_, port_, deadline, refused_ends);
   try {
     c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(port);
-    o.isServer = host_store;
-    // Multi-tenant like torch's env:// rendezvous: a script that keeps its own
-    // init_process_group() on the same MASTER_PORT (rank 0 hosting, as under torchrun with
-    // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) shares this process's server instead of failing with
-    // EADDRINUSE, whichever of the two starts first.
-    o.multiTenant = host_store;
+    o.port = static_cast<std::uint16_t>(port_);
+    o.isServer = false;
     o.waitWorkers = false;
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    o.timeout = host_store ? timeout : std::max(std::chrono::milliseconds(1000), left);
-    tcp_ = c10::make_intrusive<c10d::TCPStore>(host, o);
+    o.timeout = std::max(std::chrono::milliseconds(1000), left);
+    tcp_ = c10::make_intrusive<c10d::TCPStore>(host_, o);
   } catch (const std::exception& e) {
-    const std::string why = first_line(e);
-    const bool in_use =
-        host_store && (why.find("in use") != std::string::npos || why.find("EADDRINUSE") != std::string::npos);
-    throw dra::timeout_error(
-        "dra: the store at " + host + ":" + std::to_string(port) + " could not be " +
-        (host_store ? "started" : "reached within " + std::to_string(timeout.count()) + " ms") + " (" + why + "); " +
-        (in_use ? "another process listens on that port: a second job or launcher on the same MASTER_PORT, or a "
-                  "store started without multi-tenancy (give each job its own MASTER_PORT, or point DRA_STORE at "
-                  "a dedicated `dra store`)"
-                : "check MASTER_ADDR/MASTER_PORT (or the address given to dra) and that the store process runs"));
+    throw dra::timeout_error("dra: the store at " + host_ + ":" + std::to_string(port_) +
+                             " could not be reached within " + std::to_string(timeout_.count()) + " ms (" +
+                             first_line(e) +
+                             "); check MASTER_ADDR/MASTER_PORT (or the address given to dra) and that the store "
+                             "process runs");
   }
-  address_ = host + ":" + std::to_string(tcp_->getPort());
-  tcp_->setTimeout(timeout);
-  store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp_);
 }
+
+bool store_client::reconnect() {
+  if (gone_) return false;
+  try {
+    // A store that closed this connection but still listens answers at once; one that is gone
+    // refuses the connection, which ends the attempt at once (waiting would hold the leader in
+    // its step while its peers' collectives time out). Two seconds bound a host that does not answer.
+    connect(std::chrono::steady_clock::now() + std::min(timeout_, std::chrono::milliseconds(2000)), true);
+    tcp_->setTimeout(timeout_);
+    store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_, tcp_);
+    return true;
+  } catch (const std::exception&) {
+    gone_ = true;
+    return false;
+  }
+}
+
+store_client::store_client(const store_client& connection, const std::string& prefix, std::chrono::milliseconds timeout)
+    : host_(connection.host_),
+      port_(connection.port_),
+      prefix_(prefix),
+      address_(connection.address_),
+      timeout_(timeout),
+      tcp_(connection.tcp_),
+      store_(c10::make_intrusive<c10d::PrefixStore>(prefix, connection.tcp_)),
+      gone_(connection.gone_) {}
 
 store_client::~store_client() = default;
 
 template <class F>
 auto store_client::guarded(const std::string& key, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const dra::error&) {
-    throw;
-  } catch (const std::exception& e) {
-    const std::string line = first_line(e);
-    if (mentions_timeout(line))
-      throw dra::timeout_error("dra: waiting for '" + key + "' on the store at " + address_ + " timed out (" + line +
-                               ")");
-    throw dra::membership_error("dra: the store at " + address_ + " failed during '" + key + "': " + line);
+  std::string line;
+  if (!gone_) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        return f();
+      } catch (const dra::error&) {
+        throw;
+      } catch (const std::exception& e) {
+        line = first_line(e);
+        if (mentions_timeout(line))
+          throw dra::timeout_error("dra: waiting for '" + key + "' on the store at " + address_ + " timed out (" +
+                                   line + ")");
+      }
+      // The connection failed: the store closed it (it does so to a client whose add() met a
+      // value that is not a counter) or it is gone. One new connection, one more try.
+      if (attempt == 0 && !reconnect()) break;
+    }
+  } else {
+    line = "it stopped answering earlier";
   }
+  gone_ = gone_ || !line.empty();
+  throw dra::membership_error("dra: the store at " + address_ + " failed during '" + key + "': " + line);
 }
 
 void store_client::set(const std::string& key, const nlohmann::json& value) {
+  set_text(key, value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+void store_client::set_text(const std::string& key, const std::string& value) {
   guarded(key, [&] {
-    store_->set(key, bytes(value.dump()));
+    store_->set(key, bytes(value));
     return 0;
   });
 }
 
-nlohmann::json store_client::get(const std::string& key, std::optional<std::chrono::milliseconds> timeout) {
+std::string store_client::get(const std::string& key, std::optional<std::chrono::milliseconds> timeout) {
   return guarded(key, [&] {
     store_->wait({key}, timeout.value_or(timeout_));
-    return nlohmann::json::parse(text(store_->get(key)));
+    return text(store_->get(key));
   });
 }
 
-std::optional<nlohmann::json> store_client::try_get(const std::string& key) {
-  return guarded(key, [&]() -> std::optional<nlohmann::json> {
+std::optional<std::string> store_client::try_get(const std::string& key) {
+  return guarded(key, [&]() -> std::optional<std::string> {
     if (!store_->check({key})) return std::nullopt;
-    return nlohmann::json::parse(text(store_->get(key)));
+    return text(store_->get(key));
   });
 }
 
@@ -186,11 +254,27 @@ bool store_client::exists(const std::string& key) {
 }
 
 std::int64_t store_client::add(const std::string& key, std::int64_t amount) {
+  if (!gone_) {
+    try {
+      return store_->add(key, amount);
+    } catch (const std::exception& e) {
+      if (mentions_timeout(first_line(e)) || !reconnect())
+        throw dra::membership_error("dra: the store at " + address_ + " failed during '" + key + "': " + first_line(e));
+    }
+    // Reconnected: the store is there. Did the add meet a value it cannot add to?
+    const auto now = try_get(key);
+    if (now && !counter_accepts(*now))
+      throw bad_counter("dra: '" + key + "' on the store at " + address_ + " does not hold a counter", *now);
+  }
   return guarded(key, [&] { return store_->add(key, amount); });
 }
 
+std::string store_client::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
+  return guarded(key, [&] { return text(store_->compareSet(key, bytes(expected), bytes(desired))); });
+}
+
 bool store_client::claim(const std::string& key, const std::string& value) {
-  return guarded(key, [&] { return text(store_->compareSet(key, {}, bytes(value))) == value; });
+  return compare_set(key, "", value) == value;
 }
 
 void store_client::erase(const std::string& key) {
@@ -204,21 +288,11 @@ void store_client::append_list(const std::string& key, int item) {
   });
 }
 
-std::vector<int> store_client::read_list(const std::string& key) {
-  const std::string raw = guarded(key, [&]() -> std::string {
+std::string store_client::read_list(const std::string& key) {
+  return guarded(key, [&]() -> std::string {
     if (!store_->check({key})) return {};
     return text(store_->get(key));
   });
-  std::vector<int> out;
-  std::size_t pos = 0;
-  while (pos < raw.size()) {
-    const auto comma = raw.find(',', pos);
-    const auto item = raw.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!item.empty()) out.push_back(std::stoi(item));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
 }
 
 }  // namespace dra::elastic::detail

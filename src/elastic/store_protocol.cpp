@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -24,11 +26,76 @@ json signature_json(const std::vector<tensor_spec>& sig) {
   return out;
 }
 
-std::vector<tensor_spec> signature_from_json(const json& j) {
+// A signature as signature_json wrote it, or nothing.
+std::optional<std::vector<tensor_spec>> signature_from_json(const json& j) {
+  if (!j.is_array()) return std::nullopt;
   std::vector<tensor_spec> out;
-  for (const auto& e : j)
-    out.push_back({e.at(0).get<std::string>(), e.at(1).get<std::vector<std::int64_t>>(), e.at(2).get<std::string>()});
+  for (const auto& e : j) {
+    if (!e.is_array() || e.size() != 3 || !e[0].is_string() || !e[1].is_array() || !e[2].is_string())
+      return std::nullopt;
+    tensor_spec t{e[0].get<std::string>(), {}, e[2].get<std::string>()};
+    for (const auto& d : e[1]) {
+      if (!d.is_number_integer()) return std::nullopt;
+      t.shape.push_back(d.get<std::int64_t>());
+    }
+    out.push_back(std::move(t));
+  }
   return out;
+}
+
+json layout_json(const state_layout& l) {
+  json out = json::object();
+  for (const auto& [k, v] : l) out[k] = v;
+  return out;
+}
+
+// A layout as layout_json wrote it (absent: none), or nothing.
+std::optional<state_layout> layout_from_json(const json& j) {
+  state_layout out;
+  if (j.is_null()) return out;
+  if (!j.is_object()) return std::nullopt;
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_string()) return std::nullopt;
+    out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
+// What a process registers: {"model": signature, "layout": layout} (sig/<uid>) or
+// {"sig": signature, "layout": layout} (waiting/<uid>).
+struct registration {
+  std::vector<tensor_spec> signature;
+  state_layout layout;
+};
+std::optional<registration> registration_from_json(const json& j, const char* model_field) {
+  if (!j.is_object() || !j.contains(model_field)) return std::nullopt;
+  auto sig = signature_from_json(j.at(model_field));
+  auto layout = layout_from_json(j.value("layout", json()));
+  if (!sig || !layout) return std::nullopt;
+  return registration{std::move(*sig), std::move(*layout)};
+}
+
+// The joiners' admission message, or nothing when it is not one.
+std::optional<admission_result> admission_from_json(const json& msg, int uid) {
+  admission_result r;
+  for (const char* field : {"rejected", "dismissed"}) {
+    if (!msg.is_object() || !msg.contains(field)) continue;
+    const auto why = string_field(msg, field);
+    if (!why) return std::nullopt;
+    r.what =
+        std::string(field) == "rejected" ? admission_result::outcome::rejected : admission_result::outcome::dismissed;
+    r.why = *why;
+    return r;
+  }
+  const auto epoch = int_field(msg, "epoch", 1, kMaxEpoch);
+  const auto members = msg.is_object() && msg.contains("members") ? uid_array(msg.at("members")) : std::nullopt;
+  const auto joined = msg.is_object() && msg.contains("joined") ? uid_array(msg.at("joined")) : std::nullopt;
+  const auto recovery = msg.is_object() ? msg.value("recovery", json(false)) : json();
+  if (!epoch || !members || !joined || !recovery.is_boolean()) return std::nullopt;
+  if (std::find(members->begin(), members->end(), uid) == members->end()) return std::nullopt;
+  r.what = admission_result::outcome::admitted;
+  r.admitted = {*epoch, *members, *joined, recovery.get<bool>()};
+  return r;
 }
 
 std::string key(const char* base, std::int64_t id) {
@@ -49,18 +116,37 @@ json to_json(const policy::decision& d) {
           {"policy", d.policy}};
 }
 
-policy::decision decision_from_json(const json& j) {
+std::optional<policy::decision> decision_from_json(const json& j) {
+  if (!j.is_object()) return std::nullopt;
   policy::decision d;
-  const auto action = j.at("action").get<std::string>();
-  d.kind = action == "grow" ? policy::action::grow : action == "shrink" ? policy::action::shrink : policy::action::hold;
-  d.target_size = j.at("target").get<int>();
-  d.members = j.at("members").get<std::vector<int>>();
-  d.join = j.at("joined").get<std::vector<int>>();
-  d.leave = j.at("left").get<std::vector<int>>();
-  d.batch_scale = j.at("batch_scale").get<double>();
-  d.lr_scale = j.at("lr_scale").get<double>();
-  d.reason = j.at("reason").get<std::string>();
-  d.policy = j.at("policy").get<std::string>();
+  const auto action = string_field(j, "action");
+  if (!action || (*action != "grow" && *action != "shrink" && *action != "hold")) return std::nullopt;
+  d.kind = *action == "grow"     ? policy::action::grow
+           : *action == "shrink" ? policy::action::shrink
+                                 : policy::action::hold;
+  const auto target = int_field(j, "target", 0, kMaxUid);
+  auto members = j.contains("members") ? uid_array(j.at("members")) : std::nullopt;
+  auto join = j.contains("joined") ? uid_array(j.at("joined")) : std::nullopt;
+  auto leave = j.contains("left") ? uid_array(j.at("left")) : std::nullopt;
+  const auto number = [&](const char* name) -> std::optional<double> {
+    const auto it = j.find(name);
+    if (it == j.end() || !it->is_number()) return std::nullopt;
+    const double v = it->get<double>();
+    return std::isfinite(v) && v > 0.0 ? std::optional<double>(v) : std::nullopt;
+  };
+  const auto batch_scale = number("batch_scale"), lr_scale = number("lr_scale");
+  const auto reason = string_field(j, "reason"), policy_name = string_field(j, "policy");
+  if (!target || !members || members->empty() || !join || !leave || !batch_scale || !lr_scale || !reason ||
+      !policy_name)
+    return std::nullopt;
+  d.target_size = static_cast<int>(*target);
+  d.members = std::move(*members);
+  d.join = std::move(*join);
+  d.leave = std::move(*leave);
+  d.batch_scale = *batch_scale;
+  d.lr_scale = *lr_scale;
+  d.reason = *reason;
+  d.policy = *policy_name;
   return d;
 }
 
@@ -82,10 +168,16 @@ class store_protocol::heartbeat {
  private:
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
+    std::int64_t beats = 0;
     while (!stop_) {
       lock.unlock();
       try {
-        client_->add(key_, 1);
+        try {
+          client_->add(key_, 1);
+        } catch (const bad_counter&) {
+          // Another client wrote over the counter: any new value is a beat to the readers.
+          client_->set_text(key_, std::to_string(++beats));
+        }
       } catch (const std::exception&) {
         return;
       }
@@ -108,19 +200,34 @@ store_protocol::store_protocol(const launch_info& launch, std::chrono::milliseco
       prefix_(launch.job_prefix),
       timeout_(timeout),
       client_(std::make_unique<store_client>(launch.store_host, launch.store_port, launch.host_store, launch.job_prefix,
-                                             timeout)) {}
+                                             timeout)),
+      values_(launch.job_prefix) {}
+
+store_protocol::store_protocol(std::unique_ptr<store_client> client, const std::string& job_prefix)
+    : host_(client->host()),
+      prefix_(job_prefix),
+      timeout_(client->timeout()),
+      client_(std::move(client)),
+      values_(job_prefix) {}
 
 store_protocol::~store_protocol() = default;
 
 void store_protocol::start_heartbeat(int uid, std::chrono::milliseconds interval, std::chrono::milliseconds stale,
                                      std::chrono::milliseconds late_grace) {
   if (heartbeat_) return;
-  const std::string& address = client_->address();
-  const int port = std::stoi(address.substr(address.rfind(':') + 1));
-  auto own = std::make_unique<store_client>(host_, port, false, prefix_, timeout_);
+  auto own = std::make_unique<store_client>(host_, client_->port(), false, prefix_, timeout_);
   beat_stale_ = stale;
   late_grace_ = late_grace;
   heartbeat_ = std::make_unique<heartbeat>(std::move(own), key("beat/", uid), interval);
+}
+
+void store_protocol::mark_gone(int uid) noexcept {
+  heartbeat_.reset();  // stops beating first: a recovery that looks now sees it still
+  try {
+    client_->set("gone/" + std::to_string(uid), 1);
+  } catch (const std::exception&) {
+    // The store is gone too: its stopped heartbeat tells the survivors.
+  }
 }
 
 std::string store_protocol::address() const {
@@ -131,40 +238,80 @@ const c10::intrusive_ptr<c10d::Store>& store_protocol::store() const {
 }
 
 int store_protocol::claim_late_uid() {
-  return kLateUidBase + static_cast<int>(client_->add("late_uid", 1)) - 1;
+  // Late joiners number themselves from the counter; registered uids tell how far it had got
+  // when something overwrote it.
+  std::int64_t floor = 0;
+  for (int uid : registered_candidates()) floor = std::max<std::int64_t>(floor, uid - kLateUidBase + 1);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::int64_t n = 0;
+    try {
+      n = client_->add("late_uid", 1);
+    } catch (const bad_counter& b) {
+      repair_counter("late_uid", b.value(), floor);
+      continue;
+    }
+    if (n > floor && n <= kMaxUid - kLateUidBase) return kLateUidBase + static_cast<int>(n) - 1;
+    repair_counter("late_uid", std::to_string(n), floor);
+  }
+  throw dra::membership_error("dra: 'late_uid' on the store keeps being overwritten; no late joiner uid claimed");
 }
 void store_protocol::set_universe(int size) {
   client_->set("universe", size);
 }
-int store_protocol::universe() {
-  return client_->get("universe").get<int>();
+int store_protocol::universe(int launched) {
+  const std::string raw = client_->get("universe");
+  const auto n = values_.int_of("universe", raw, 1, 1 << 20);
+  return n ? static_cast<int>(*n) : launched;
+}
+
+std::int64_t store_protocol::repair_counter(const std::string& key, const std::string& seen, std::int64_t floor) {
+  // Far past anything handed out before the overwrite (a counter moves by one per world change):
+  // compare-and-set, so that two repairs at once agree.
+  const std::int64_t to = std::min(kMaxEpoch, floor + (std::int64_t{1} << 20));
+  values_.warn(key, seen, "a counter that cannot count from it; set to " + std::to_string(to));
+  client_->compare_set(key, seen, std::to_string(to));
+  return to;
 }
 
 void store_protocol::check_consistency(int uid, const json& config, const std::vector<tensor_spec>& signature,
-                                       const std::vector<int>& others, bool compare_signatures) {
+                                       const state_layout& layout, const std::vector<int>& others,
+                                       bool compare_signatures) {
   client_->set(key("cfg/", uid), config);
-  client_->set(key("sig/", uid), signature_json(signature));
+  client_->set(key("sig/", uid), {{"model", signature_json(signature)}, {"layout", layout_json(layout)}});
+  const std::string me = "process " + std::to_string(uid);
   for (int other : others) {
     if (other == uid) continue;
-    const json theirs = client_->get(key("cfg/", other));
-    if (theirs != config) {
+    const std::string them = "process " + std::to_string(other);
+    const std::string cfg_key = key("cfg/", other);
+    const auto theirs = values_.object_of(cfg_key, client_->get(cfg_key));
+    if (theirs && *theirs != config) {
       std::string diff;
       for (const auto& [k, v] : config.items())
-        if (!theirs.contains(k) || theirs.at(k) != v) diff += (diff.empty() ? "'" : ", '") + k + "'";
-      throw std::invalid_argument("dra: inconsistent configuration: process " + std::to_string(uid) + " and process " +
-                                  std::to_string(other) + " differ in [" + diff +
+        if (!theirs->contains(k) || theirs->at(k) != v) diff += (diff.empty() ? "'" : ", '") + k + "'";
+      throw std::invalid_argument("dra: inconsistent configuration: " + me + " and " + them + " differ in [" + diff +
                                   "]; every process of a job must pass the same options");
     }
     if (!compare_signatures) continue;
-    const std::string problem = signature_mismatch(signature_from_json(client_->get(key("sig/", other))), signature);
+    const std::string sig_key = key("sig/", other);
+    const std::string raw = client_->get(sig_key);
+    const auto j = values_.json_of(sig_key, raw);
+    const auto reg = j ? registration_from_json(*j, "model") : std::nullopt;
+    if (!reg) {
+      if (j) values_.warn(sig_key, raw, "not a model signature and layout");
+      continue;
+    }
+    std::string problem = signature_mismatch(reg->signature, signature, them, me);
+    if (problem.empty()) problem = layout_mismatch(reg->layout, layout, them, me);
     if (!problem.empty())
-      throw dra::state_mismatch_error("dra: process " + std::to_string(uid) + "'s model differs from process " +
-                                      std::to_string(other) + "'s: " + problem);
+      throw dra::state_mismatch_error("dra: " + me + "'s state differs from " + them + "'s: " + problem);
   }
 }
 
-void store_protocol::register_candidate(int uid, const std::vector<tensor_spec>& signature) {
-  client_->set(key("waiting/", uid), {{"sig", signature_json(signature)}});
+void store_protocol::register_candidate(int uid, const std::vector<tensor_spec>& signature,
+                                        const state_layout& layout) {
+  const std::string text = json{{"sig", signature_json(signature)}, {"layout", layout_json(layout)}}.dump();
+  last_registration_[uid] = text;
+  client_->set_text(key("waiting/", uid), text);
   client_->append_list("cands", uid);
 }
 
@@ -182,7 +329,7 @@ void store_protocol::dismiss(int uid, const std::string& why) {
 }
 
 std::vector<int> store_protocol::registered_candidates() {
-  auto ids = client_->read_list("cands");
+  auto ids = values_.uid_list_of("cands", client_->read_list("cands"));
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
@@ -190,16 +337,30 @@ std::vector<int> store_protocol::registered_candidates() {
 
 std::vector<int> store_protocol::admissible_candidates(const std::vector<int>& members,
                                                        const std::vector<tensor_spec>& signature,
+                                                       const state_layout& layout,
                                                        const std::function<void(int, const std::string&)>& rejected) {
   std::vector<int> out;
   for (int uid : registered_candidates()) {
     if (rank_of(members, uid) >= 0) continue;
-    const auto info = client_->try_get(key("waiting/", uid));
-    if (!info) continue;
-    const std::string problem = signature_mismatch(signature, signature_from_json(info->at("sig")));
+    const std::string waiting = key("waiting/", uid);
+    const auto raw = client_->try_get(waiting);
+    if (!raw) continue;
+    const auto j = values_.json_of(waiting, *raw);
+    const auto reg = j ? registration_from_json(*j, "sig") : std::nullopt;
+    if (!reg) {
+      // Not a registration (something wrote over it): not admitted; the candidate writes it again.
+      if (j) values_.warn(waiting, *raw, "not a candidate's registration");
+      continue;
+    }
+    std::string problem = signature_mismatch(signature, reg->signature);
+    if (!problem.empty()) problem = "model mismatch: " + problem;
+    if (problem.empty()) {
+      problem = layout_mismatch(layout, reg->layout, "world", "joiner");
+      if (!problem.empty()) problem = "state mismatch: " + problem;
+    }
     if (!problem.empty()) {
-      client_->erase(key("waiting/", uid));
-      client_->set(key("admit/", uid), {{"rejected", "model mismatch: " + problem}});
+      client_->erase(waiting);
+      client_->set(key("admit/", uid), {{"rejected", problem}});
       rejected(uid, problem);
       continue;
     }
@@ -224,8 +385,17 @@ void store_protocol::admit(const std::vector<int>& joined, const admission& a) {
 admission_result store_protocol::wait_for_admission(int uid) {
   // Polled (not a blocking wait) so that the job's end is noticed too; 5 ms keeps the admission
   // latency small next to a rebuild.
+  const std::string waiting = key("waiting/", uid);
   for (std::int64_t polls = 1;; ++polls) {
     if (auto r = poll_admission(uid, polls % 20 == 0)) return *r;
+    if (polls % 200 == 0 && last_registration_.count(uid)) {
+      // Something wrote over this registration or the candidates' list: write it again (a missing
+      // registration was taken by an admission on its way).
+      const auto now = client_->try_get(waiting);
+      if (now && *now != last_registration_.at(uid)) client_->set_text(waiting, last_registration_.at(uid));
+      const auto cands = registered_candidates();
+      if (now && std::find(cands.begin(), cands.end(), uid) == cands.end()) client_->append_list("cands", uid);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -233,29 +403,58 @@ admission_result store_protocol::wait_for_admission(int uid) {
 std::optional<admission_result> store_protocol::poll_admission(int uid, bool check_done) {
   const std::string admit_key = key("admit/", uid);
   if (!client_->exists(admit_key)) {
-    if (check_done && client_->exists("done")) {
+    if (check_done && done()) {
       withdraw(uid);  // the leader waits for this before it leaves (it may host the store)
       return admission_result{};
     }
     return std::nullopt;
   }
-  const json msg = client_->get(admit_key);
+  const std::string raw = client_->get(admit_key);
   client_->erase(admit_key);
-  admission_result r;
-  if (msg.contains("rejected") || msg.contains("dismissed")) {
-    const bool rejected = msg.contains("rejected");
-    r.what = rejected ? admission_result::outcome::rejected : admission_result::outcome::dismissed;
-    r.why = msg.at(rejected ? "rejected" : "dismissed").get<std::string>();
-    return r;
+  const auto j = values_.json_of(admit_key, raw);
+  auto r = j ? admission_from_json(*j, uid) : std::nullopt;
+  if (!r) {
+    if (j) values_.warn(admit_key, raw, "not an admission, rejection or dismissal of process " + std::to_string(uid));
+    // Not a message for this candidate: it keeps waiting (registered again if an admission
+    // erased its registration on its way here; the world's recovery then keeps it).
+    const auto cands = registered_candidates();
+    if (!client_->exists(key("waiting/", uid)) && last_registration_.count(uid))
+      client_->set_text(key("waiting/", uid), last_registration_.at(uid));
+    if (std::find(cands.begin(), cands.end(), uid) == cands.end()) client_->append_list("cands", uid);
+    return std::nullopt;
   }
-  r.what = admission_result::outcome::admitted;
-  r.admitted = {msg.at("epoch").get<std::int64_t>(), msg.at("members").get<std::vector<int>>(),
-                msg.at("joined").get<std::vector<int>>(), msg.value("recovery", false)};
   return r;
 }
 
-std::int64_t store_protocol::next_epoch() {
-  return client_->add("epoch_seq", 1);
+std::int64_t store_protocol::next_epoch(std::int64_t known) {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::int64_t e = 0;
+    try {
+      e = client_->add("epoch_seq", 1);
+    } catch (const bad_counter& b) {
+      repair_counter("epoch_seq", b.value(), known);
+      continue;
+    }
+    // An epoch at or below one this process already knows was handed out before: the counter
+    // was set back by another client.
+    if (e > known && e <= kMaxEpoch) return e;
+    repair_counter("epoch_seq", std::to_string(e), known);
+  }
+  throw dra::membership_error("dra: 'epoch_seq' on the store keeps being overwritten; no new world epoch");
+}
+
+bool store_protocol::claim_child(std::int64_t parent, std::int64_t child) {
+  const std::string k = key("child/", parent);
+  const std::string mine = json{{"parent", parent}, {"child", child}}.dump();
+  const std::string now = client_->compare_set(k, "", mine);
+  if (now == mine) return true;
+  const auto j = values_.object_of(k, now);
+  const auto held = j ? int_field(*j, "child", 0, kMaxEpoch) : std::nullopt;
+  if (!held || int_field(*j, "parent", 0, kMaxEpoch) != parent) {
+    if (j) values_.warn(k, now, "not a claim of the world after epoch " + std::to_string(parent));
+    return true;  // a value that is not a claim cannot tell: go on
+  }
+  return *held == child;
 }
 
 void store_protocol::publish_decision(std::int64_t current_epoch, const published_decision& d) {
@@ -263,10 +462,25 @@ void store_protocol::publish_decision(std::int64_t current_epoch, const publishe
                {{"decision", to_json(d.decision)}, {"epoch", d.epoch}, {"decided_step", d.decided_step}});
 }
 
+std::optional<published_decision> store_protocol::decision_of(const std::string& k, const std::string& raw) {
+  const auto j = values_.object_of(k, raw);
+  if (!j) return std::nullopt;
+  auto d = j->contains("decision") ? decision_from_json(j->at("decision")) : std::nullopt;
+  const auto epoch = int_field(*j, "epoch", 1, kMaxEpoch);
+  const auto step = int_field(*j, "decided_step", 0, std::numeric_limits<std::int64_t>::max());
+  if (!d || !epoch || !step) {
+    values_.warn(k, raw, "not a published decision");
+    return std::nullopt;
+  }
+  return published_decision{std::move(*d), *epoch, *step};
+}
+
 published_decision store_protocol::read_decision(std::int64_t current_epoch, std::chrono::milliseconds timeout) {
-  const json j = client_->get(key("dec/", current_epoch), timeout);
-  return {decision_from_json(j.at("decision")), j.at("epoch").get<std::int64_t>(),
-          j.at("decided_step").get<std::int64_t>()};
+  const std::string k = key("dec/", current_epoch);
+  const std::string raw = client_->get(k, timeout);
+  if (auto d = decision_of(k, raw)) return *d;
+  throw dra::membership_error("dra: the decision of world epoch " + std::to_string(current_epoch) +
+                              " on the store does not parse (another client wrote over it)");
 }
 
 void store_protocol::publish_boundary(std::int64_t epoch, std::int64_t step, bool decided) {
@@ -276,19 +490,26 @@ void store_protocol::publish_boundary(std::int64_t epoch, std::int64_t step, boo
 }
 
 bool store_protocol::read_boundary(std::int64_t epoch, std::int64_t step, std::chrono::milliseconds timeout) {
-  return client_->get(key("word/", epoch) + "/" + std::to_string(step), timeout).get<int>() != 0;
+  const std::string k = key("word/", epoch) + "/" + std::to_string(step);
+  const auto word = values_.int_of(k, client_->get(k, timeout), 0, 1);
+  if (!word)
+    throw dra::membership_error("dra: the leader's word at step " + std::to_string(step) +
+                                " on the store does not parse (another client wrote over it)");
+  return *word != 0;
 }
 
 std::optional<published_decision> store_protocol::try_read_decision(std::int64_t epoch) {
-  const auto j = client_->try_get(key("dec/", epoch));
-  if (!j) return std::nullopt;
-  return published_decision{decision_from_json(j->at("decision")), j->at("epoch").get<std::int64_t>(),
-                            j->at("decided_step").get<std::int64_t>()};
+  const std::string k = key("dec/", epoch);
+  const auto raw = client_->try_get(k);
+  return raw ? decision_of(k, *raw) : std::nullopt;
 }
 
 store_protocol::decided_world store_protocol::latest_decided_world(std::int64_t epoch, std::vector<int> members) {
   decided_world w{epoch, std::move(members), {}};
+  // Epochs only grow along the chain: a decision that points back (written over by another
+  // client) ends it rather than looping.
   while (auto next = try_read_decision(w.epoch)) {
+    if (next->epoch <= w.epoch) break;
     w.epoch = next->epoch;
     w.members = next->decision.members;
     w.joiners = next->decision.join;
@@ -299,13 +520,32 @@ store_protocol::decided_world store_protocol::latest_decided_world(std::int64_t 
 agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const std::vector<int>& old_members, int uid,
                                              bool holds_state, std::chrono::milliseconds window,
                                              const std::vector<int>& admit_if_waiting) {
-  const std::string base = key("fault/", failed_epoch);
+  // Room 0 is fault/<epoch>; a result that does not parse (another client wrote over it) sends
+  // every survivor that read it to the next room, where they check in and agree again.
+  constexpr int kRooms = 4;
+  for (int room = 0; room < kRooms; ++room) {
+    const std::string base = key("fault/", failed_epoch) + (room == 0 ? "" : "/r" + std::to_string(room));
+    if (auto a = agree_in_room(base, failed_epoch, old_members, uid, holds_state, window, admit_if_waiting)) {
+      if (a->members.empty())
+        throw dra::membership_error("dra: the training state is lost: every process that held it failed (world epoch " +
+                                    std::to_string(failed_epoch) + ")");
+      return *a;
+    }
+  }
+  throw dra::membership_error("dra: the survivors' agreement after world epoch " + std::to_string(failed_epoch) +
+                              " was written over " + std::to_string(kRooms) + " times on the store");
+}
+
+std::optional<agreement> store_protocol::agree_in_room(const std::string& base, std::int64_t failed_epoch,
+                                                       const std::vector<int>& old_members, int uid, bool holds_state,
+                                                       std::chrono::milliseconds window,
+                                                       const std::vector<int>& admit_if_waiting) {
   client_->set(base + "/alive/" + std::to_string(uid), holds_state ? 1 : 0);
   const auto start = clock_type::now();
   const auto deadline = start + window;
   const auto late_deadline = deadline + late_grace_;
   // Each missing member's last heartbeat value and when this process saw it change.
-  std::map<int, std::pair<std::int64_t, clock_type::time_point>> beats;
+  std::map<int, std::pair<std::string, clock_type::time_point>> beats;
   std::vector<int> alive;
   bool decided = false;
   for (;;) {
@@ -321,15 +561,16 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
         alive.push_back(u);
         continue;
       }
+      if (const auto gone = client_->try_get(key("gone/", u)); gone && values_.int_of(key("gone/", u), *gone, 1, 1))
+        continue;  // it left the job: dead now
       const auto beat = beat_stale_.count() > 0 ? client_->try_get(key("beat/", u)) : std::nullopt;
-      if (!beat || !beat->is_number_integer()) {  // no heartbeat: the window decides
+      if (!beat) {  // no heartbeat: the window decides
         waiting = waiting || now < deadline;
         continue;
       }
-      const auto value = beat->get<std::int64_t>();
       auto seen = beats.find(u);
-      if (seen == beats.end() || seen->second.first != value)
-        seen = beats.insert_or_assign(u, std::make_pair(value, now)).first;
+      if (seen == beats.end() || seen->second.first != *beat)
+        seen = beats.insert_or_assign(u, std::make_pair(*beat, now)).first;
       const bool beating = now - seen->second.second < beat_stale_;
       waiting = waiting || (beating && now < late_deadline);
     }
@@ -340,8 +581,11 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
     // The processes that hold the training state come first: rank 0 of the agreed world sends
     // it to the others (a joiner whose handoff was cut off holds none).
     std::vector<int> holders, others;
-    for (int u : survivors(old_members, alive))
-      (client_->get(base + "/alive/" + std::to_string(u)).get<int>() == 1 ? holders : others).push_back(u);
+    for (int u : survivors(old_members, alive)) {
+      const std::string k = base + "/alive/" + std::to_string(u);
+      const auto held = values_.int_of(k, client_->get(k), 0, 1);  // unreadable: not a holder
+      (held && *held == 1 ? holders : others).push_back(u);
+    }
     std::vector<int> kept;  // joiners that never got their admission and still wait
     for (int u : admit_if_waiting) {
       if (std::find(alive.begin(), alive.end(), u) != alive.end()) continue;
@@ -351,7 +595,7 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
       }
       if (client_->exists(key("waiting/", u))) kept.push_back(u);
     }
-    const std::int64_t epoch = next_epoch();
+    const std::int64_t epoch = next_epoch(failed_epoch);
     json proposal = {{"epoch", epoch}, {"members", json::array()}};
     if (!holders.empty()) {
       holders.insert(holders.end(), others.begin(), others.end());
@@ -367,28 +611,56 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
       }
     }
   }
-  const json result = client_->get(base + "/result", 2 * window + late_grace_ + std::chrono::seconds(5));
-  agreement a{result.at("epoch").get<std::int64_t>(), result.at("members").get<std::vector<int>>()};
-  if (a.members.empty())
-    throw dra::membership_error("dra: the training state is lost: every process that held it failed (world epoch " +
-                                std::to_string(failed_epoch) + ")");
-  return a;
+  const std::string k = base + "/result";
+  const std::string raw = client_->get(k, 2 * window + late_grace_ + std::chrono::seconds(5));
+  const auto j = values_.object_of(k, raw);
+  const auto epoch = j ? int_field(*j, "epoch", failed_epoch + 1, kMaxEpoch) : std::nullopt;
+  const auto members = j && j->contains("members") ? uid_array(j->at("members")) : std::nullopt;
+  if (!epoch || !members) {
+    if (j) values_.warn(k, raw, "not a survivors' agreement");
+    return std::nullopt;
+  }
+  return agreement{*epoch, *members};
 }
 
 void store_protocol::mark_done() {
   client_->set("done", 1);
 }
 bool store_protocol::done() {
-  return client_->exists("done");
+  // A flag the leader sets to 1; anything else another client wrote there is not the job's end.
+  const auto raw = client_->try_get("done");
+  return raw && values_.int_of("done", *raw, 1, 1).has_value();
 }
 
 std::optional<size_limit> store_protocol::limit() {
-  const auto j = client_->try_get("capacity");
-  if (!j) return std::nullopt;
+  const auto raw = client_->try_get("capacity");
+  if (!raw) {
+    last_limit_.reset();
+    return std::nullopt;
+  }
+  const auto j = values_.object_of("capacity", *raw);
+  if (!j) return last_limit_;
   size_limit l;
-  l.max_size = j->value("max_size", 0);
-  l.min_size = j->value("min_size", 0);
-  if (j->contains("leave")) l.leave = j->at("leave").get<std::vector<int>>();
+  // Each field absent or a non-negative integer; "leave" a list of uids.
+  const auto field = [&](const char* name, int& out) {
+    if (!j->contains(name)) return true;
+    const auto v = int_field(*j, name, 0, kMaxUid);
+    if (v) out = static_cast<int>(*v);
+    return v.has_value();
+  };
+  bool ok = field("max_size", l.max_size) && field("min_size", l.min_size);
+  if (ok && j->contains("leave")) {
+    auto leave = uid_array(j->at("leave"));
+    ok = leave.has_value();
+    if (leave) l.leave = std::move(*leave);
+  }
+  if (!ok) {
+    values_.warn("capacity", *raw,
+                 "expected {\"max_size\": int >= 0, \"min_size\": int >= 0, \"leave\": [uids]}; the last good limit "
+                 "stays in force");
+    return last_limit_;
+  }
+  last_limit_ = l;
   return l;
 }
 

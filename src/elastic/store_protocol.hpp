@@ -1,11 +1,42 @@
 #pragma once
-// The elastic world's protocol over the job's c10d store (internal to dra::dra): the key schema and
-// every agreement that goes through the store, so the controller never names a key and each
-// agreement is testable alone. The keys and what each holds: docs/design/elastic.md, "The store
-// protocol".
+// The elastic world's protocol over the job's c10d store (internal to dra::dra): the key schema
+// and every agreement that goes through the store. The controller never names a key.
+//
+// Any client of the store can write any of these keys: every value read is parsed through
+// store_values (a value that does not parse is ignored with one warning: absent, the last good
+// value, or a dra::error the controller handles), and the counters are repaired when a value they
+// cannot count from was written over them.
+//
+// Keys, under "dra/<job>/<restart>/":
+//   universe, late_uid          processes launched together; the counter late joiners number from
+//   cfg/<uid>, sig/<uid>        each process's configuration, model signature and state layout
+//                               (compared at start)
+//   epoch_seq                   the world epochs handed out (decisions and recoveries take the next)
+//   dec/<epoch>                 the leader's decision for the world of <epoch> (its members learn
+//                               that one exists from a flag in the next gradient all-reduce)
+//   cands, waiting/<uid>        registered candidates; a waiting one's model signature
+//   admit/<uid>                 a candidate's admission (epoch, members, joined), rejection, or
+//                               dismissal (named in capacity's "leave" before it was admitted)
+//   fault/<epoch>/alive/<uid>   survivors' check-in after a failure in the world of <epoch>
+//   beat/<uid>                  a counter each process's heartbeat thread raises (liveness: a
+//                               member that neither checks in nor beats is dead)
+//   fault/<epoch>/result        the first stored proposal of the next world (everyone adopts it);
+//                               one that does not parse sends every survivor to the next room,
+//                               fault/<epoch>/r<k>/..., where they agree again
+//   gone/<uid>                  a process that left the job mid-training (an uncaught exception): a
+//                               recovery does not wait for it
+//   child/<epoch>               the world that followed the world of <epoch> (claimed by the first
+//                               member to enter it): a group of survivors that agreed on another
+//                               world after overwritten keys split them steps out instead of
+//                               training on as a second world
+//   done                        the job finished
+//   capacity                    written by an outside actor (a device pool, an RL coordinator):
+//                               {"max_size", "min_size", "leave": [uids that must go now]}
+//   report                      written by the leader at most once a second: the job's live state
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,6 +46,7 @@
 #include "dra/policy/types.hpp"
 #include "dra/torch/elastic/controller.hpp"
 #include "store_client.hpp"
+#include "store_values.hpp"
 
 namespace dra::elastic::detail {
 
@@ -64,6 +96,8 @@ struct size_limit {
 class store_protocol {
  public:
   store_protocol(const launch_info& launch, std::chrono::milliseconds timeout);
+  /// Over a client already connected (its prefix is the job's).
+  store_protocol(std::unique_ptr<store_client> client, const std::string& job_prefix);
   ~store_protocol();
 
   std::string address() const;
@@ -74,24 +108,28 @@ class store_protocol {
   /// A late joiner's uid: 10000 + the number of late joiners before it.
   int claim_late_uid();
   void set_universe(int size);
-  int universe();
-  /// Publishes this process's configuration and signature, then compares them with those of
-  /// `others`. Throws std::invalid_argument naming the options that differ, or
-  /// dra::state_mismatch_error naming the first differing tensor (signatures compared only when
-  /// `compare_signatures`: a late joiner's model is checked at admission instead).
+  /// `launched` (the fallback, from WORLD_SIZE) when the stored value does not parse.
+  int universe(int launched);
+  /// Publishes this process's configuration, signature and state layout, then compares them with
+  /// those of `others`. Throws std::invalid_argument naming the options that differ, or
+  /// dra::state_mismatch_error naming the first differing tensor or layout part (compared only
+  /// when `compare_signatures`: a late joiner's state is checked at admission instead). A stored
+  /// value that does not parse is not compared (warned).
   void check_consistency(int uid, const nlohmann::json& config, const std::vector<tensor_spec>& signature,
-                         const std::vector<int>& others, bool compare_signatures);
+                         const state_layout& layout, const std::vector<int>& others, bool compare_signatures);
 
   // -- candidates ----------------------------------------------------------------------------
-  void register_candidate(int uid, const std::vector<tensor_spec>& signature);
+  void register_candidate(int uid, const std::vector<tensor_spec>& signature, const state_layout& layout);
   /// Withdraws a waiting candidate; a store already gone is ignored (the job is over anyway).
   void withdraw(int uid) noexcept;
   /// Ends a waiting candidate's wait without admitting it (its device is being taken back).
   void dismiss(int uid, const std::string& why);
   std::vector<int> registered_candidates();
   /// The registered candidates that are waiting and not in `members`, ascending. A candidate
-  /// whose model differs from `signature` is rejected on the spot and reported to `rejected`.
+  /// whose model or state layout differs from the world's is rejected on the spot (before anything
+  /// is sent) and reported to `rejected`.
   std::vector<int> admissible_candidates(const std::vector<int>& members, const std::vector<tensor_spec>& signature,
+                                         const state_layout& layout,
                                          const std::function<void(int uid, const std::string& why)>& rejected);
   /// True while any registered candidate is still waiting.
   bool any_waiting();
@@ -106,7 +144,13 @@ class store_protocol {
   std::optional<admission_result> poll_admission(int uid, bool check_done);
 
   // -- decisions ------------------------------------------------------------------------------
-  std::int64_t next_epoch();
+  /// A new world epoch, above `known` (the highest epoch this process knows of): a counter
+  /// overwritten with a value it cannot count from, or one that would hand out an old epoch, is
+  /// set far past `known` first.
+  std::int64_t next_epoch(std::int64_t known);
+  /// Records that the world of `child` follows the world of `parent`; false when another world
+  /// already followed it (this process's group was split from the others: it must step out).
+  bool claim_child(std::int64_t parent, std::int64_t child);
   void publish_decision(std::int64_t current_epoch, const published_decision& d);
   published_decision read_decision(std::int64_t current_epoch, std::chrono::milliseconds timeout);
   /// The decision published for the world of `epoch`, if any (a recovery resumes an interrupted grow).
@@ -153,25 +197,41 @@ class store_protocol {
   /// for `late_grace` past the recovery's window. Stops with the protocol, or when the store goes.
   void start_heartbeat(int uid, std::chrono::milliseconds interval, std::chrono::milliseconds stale,
                        std::chrono::milliseconds late_grace);
+  /// This process leaves the job mid-training (an uncaught exception): its heartbeat stops and a
+  /// recovery takes it for dead at once. Never throws.
+  void mark_gone(int uid) noexcept;
 
   // -- the job's end and the outside ---------------------------------------------------------
   void mark_done();
   bool done();
+  /// The outside limit; a value that does not parse leaves the last good one in force (warned).
   std::optional<size_limit> limit();
   void publish_report(const nlohmann::json& report);
+  /// Store values ignored so far because they did not parse.
+  std::size_t ignored_values() const { return values_.warnings(); }
 
  private:
   class heartbeat;
+  std::optional<published_decision> decision_of(const std::string& key, const std::string& raw);
+  /// One room of agree_on_survivors; nothing when its result does not parse.
+  std::optional<agreement> agree_in_room(const std::string& base, std::int64_t failed_epoch,
+                                         const std::vector<int>& old_members, int uid, bool holds_state,
+                                         std::chrono::milliseconds window, const std::vector<int>& admit_if_waiting);
+  std::int64_t repair_counter(const std::string& key, const std::string& seen, std::int64_t floor);
   std::string host_, prefix_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<store_client> client_;
-  std::unique_ptr<heartbeat> heartbeat_;  // last: stopped first
+  store_values values_;
+  std::optional<size_limit> last_limit_;
+  std::map<int, std::string> last_registration_;  ///< what register_candidate wrote, by uid
+  std::unique_ptr<heartbeat> heartbeat_;          // last: stopped first
   std::chrono::milliseconds beat_stale_{0}, late_grace_{0};
 };
 
 nlohmann::json to_json(const policy::decision& d);
 /// What every process of a job must agree on (compared at start by check_consistency).
 nlohmann::json config_fingerprint(const controller_options& o, const elastic_sampler& sampler, int start_size);
-policy::decision decision_from_json(const nlohmann::json& j);
+/// A decision as to_json wrote it, or nothing when `j` is not one.
+std::optional<policy::decision> decision_from_json(const nlohmann::json& j);
 
 }  // namespace dra::elastic::detail

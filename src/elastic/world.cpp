@@ -32,7 +32,7 @@ void controller::wait_for_admission() {
   for (;;) {
     role_ = role::candidate;
     holds_state_ = false;
-    store_->register_candidate(uid_, signature_);
+    store_->register_candidate(uid_, signature_, layout_);
     if (admitted(store_->wait_for_admission(uid_))) return;
   }
 }
@@ -101,7 +101,7 @@ bool controller::try_join() {
   if (!registered_) {
     role_ = role::candidate;
     holds_state_ = false;
-    store_->register_candidate(uid_, signature_);
+    store_->register_candidate(uid_, signature_, layout_);
     registered_ = true;
   }
   const auto r = store_->poll_admission(uid_, true);
@@ -316,11 +316,34 @@ void controller::leave(bool exit) {
 }
 
 // ---- faults -------------------------------------------------------------------------------------
+// The world of `child` follows the world of `parent`. When another world followed it already, this
+// process's group of survivors was split from the others (another client wrote over a key they
+// agreed through, so they read different results): it steps out (stands by, or exits) rather than
+// train on as a second world over the same samples.
+bool controller::follows(std::int64_t parent, std::int64_t child) {
+  try {
+    if (store_->claim_child(parent, child)) return true;
+  } catch (const dra::error&) {
+    return true;  // the store's trouble shows in the rebuild
+  }
+  std::printf(
+      "[dra] process %d steps out: another world already followed world epoch %lld (the survivors were "
+      "split by store values another client wrote over); %s\n",
+      uid_, static_cast<long long>(parent),
+      options_.release == release_mode::exit      ? "exiting"
+      : options_.release == release_mode::standby ? "standing by"
+                                                  : "returning to the caller");
+  std::fflush(stdout);
+  leave(options_.release == release_mode::exit);
+  return false;
+}
+
 void controller::recover(std::string reason) {
   // The event reports the change against the world that was running when the failure hit, even
   // when a member dies again during the recovery and it takes several attempts.
   const std::vector<int> running = running_members_;
   const std::string first_reason = reason;
+  std::vector<int> gone;  // over every attempt: a retried recovery still names the first victims
   for (int attempt = 0; attempt <= options_.max_resize_retries; ++attempt) {
     const auto t0 = clock_type::now();
     // Stop in-flight work: Gloo closes its connections (peers still blocked on it fail at once);
@@ -354,9 +377,12 @@ void controller::recover(std::string reason) {
       leave(options_.release == release_mode::exit);
       return;
     }
-    world_change c(change_cause::fault, agreed.epoch, agreed.members);
     for (int u : world)
-      if (!contains(agreed.members, u)) c.left.push_back(u);  // only the dead (or unreachable)
+      if (!contains(agreed.members, u) && !contains(gone, u)) gone.push_back(u);  // the dead (or unreachable)
+    if (!follows(decided.epoch, agreed.epoch)) return;
+    world_change c(change_cause::fault, agreed.epoch, agreed.members);
+    for (int u : gone)
+      if (!contains(agreed.members, u)) c.left.push_back(u);
     for (int u : agreed.members)
       if (!contains(running, u)) c.joined.push_back(u);  // joiners of an interrupted grow, kept
     c.reason = "peer failure: " + first_reason;

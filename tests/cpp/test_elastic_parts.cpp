@@ -2,10 +2,12 @@
 // real c10d TCPStore, the chunked tensor transfer and the state handoff over real Gloo, the
 // gradient reducer over real Gloo, and the event log. One std::thread per simulated process;
 // doctest assertions only on the test thread.
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,9 +21,11 @@
 #include "dra/error.hpp"
 #include "dra/torch/comm/gloo.hpp"
 #include "dra/torch/elastic/codec_hook.hpp"
+#include "dra/torch/elastic/store_check.hpp"
 #include "event_log.hpp"
 #include "gradient_reducer.hpp"
 #include "handoff.hpp"
+#include "store_client.hpp"
 #include "store_protocol.hpp"
 #include "world_change.hpp"
 
@@ -127,7 +131,7 @@ TEST_CASE("elastic.store_protocol.consistency_names_what_differs") {
         ed::store_protocol store(client_of(port, "cfg"), 10s);
         json cfg = mine;
         if (uid == 1) cfg["decide_every"] = 20;
-        store.check_consistency(uid, cfg, sig, {0, 1}, true);
+        store.check_consistency(uid, cfg, sig, {}, {0, 1}, true);
       },
       errors);
   for (const auto& e : errors) {
@@ -141,14 +145,29 @@ TEST_CASE("elastic.store_protocol.consistency_names_what_differs") {
         ed::store_protocol store(client_of(port, "sig"), 10s);
         auto s = sig;
         if (uid == 1) s[0].shape = {2, 4};
-        store.check_consistency(uid, mine, s, {0, 1}, true);
+        store.check_consistency(uid, mine, s, {}, {0, 1}, true);
       },
       errors);
-  for (const auto& e : errors) {
-    CHECK(e.find("'w': world has shape") != std::string::npos);
-    CHECK(e.find("[2, 3]") != std::string::npos);
-    CHECK(e.find("[2, 4]") != std::string::npos);
-  }
+  // Each founder names each side by its process, with that process's own shape (not "world" and
+  // "joiner", which founders are not, and not swapped).
+  CHECK_MESSAGE(errors[0].find("process 0's state differs from process 1's: 'w': process 1 has shape [2, 4] "
+                               "torch.float32, process 0 has [2, 3]") != std::string::npos,
+                errors[0]);
+  CHECK_MESSAGE(errors[1].find("process 1's state differs from process 0's: 'w': process 0 has shape [2, 3] "
+                               "torch.float32, process 1 has [2, 4]") != std::string::npos,
+                errors[1]);
+  // The rest of the state's layout (an optimizer of another class) is compared the same way.
+  run_threads(
+      2,
+      [&](int uid) {
+        ed::store_protocol store(client_of(port, "layout"), 10s);
+        const state_layout layout = {{"optimizer", uid == 0 ? "torch.optim.sgd.SGD" : "torch.optim.adam.Adam"}};
+        store.check_consistency(uid, mine, sig, layout, {0, 1}, true);
+      },
+      errors);
+  CHECK_MESSAGE(errors[0].find("the optimizer differs: process 1 has 'torch.optim.adam.Adam', process 0 has "
+                               "'torch.optim.sgd.SGD'") != std::string::npos,
+                errors[0]);
 }
 
 TEST_CASE("elastic.store_protocol.admission_rejection_and_the_end") {
@@ -163,7 +182,7 @@ TEST_CASE("elastic.store_protocol.admission_rejection_and_the_end") {
     while (registered.load() < 3) std::this_thread::sleep_for(5ms);
     std::vector<std::pair<int, std::string>> rejected;
     const auto cands = leader.admissible_candidates(
-        {0}, world_sig, [&](int uid, const std::string& why) { rejected.emplace_back(uid, why); });
+        {0}, world_sig, {}, [&](int uid, const std::string& why) { rejected.emplace_back(uid, why); });
     // 11 has another model: rejected on the spot; 10 is admitted; 12 waits until the job is done.
     if (cands == std::vector<int>{10, 12} && rejected.size() == 1 && rejected[0].first == 11) {
       leader.admit({10}, {5, {0, 10}, {10}});
@@ -177,7 +196,7 @@ TEST_CASE("elastic.store_protocol.admission_rejection_and_the_end") {
         ed::store_protocol me(client_of(port, "admit"), 10s);
         auto sig = world_sig;
         if (i == 1) sig[0].shape = {5};
-        me.register_candidate(10 + i, sig);
+        me.register_candidate(10 + i, sig, {});
         ++registered;
         results[static_cast<std::size_t>(i)] = me.wait_for_admission(10 + i);
       },
@@ -201,7 +220,7 @@ TEST_CASE("elastic.store_protocol.decision_roundtrip") {
   w.size = 3;
   w.active = {0, 1, 5};
   w.candidates = {7, 9};
-  ed::published_decision d{dra::policy::plan_resize(w, 5, 2.0, 1.5, "grow to 5"), store.next_epoch(), 42};
+  ed::published_decision d{dra::policy::plan_resize(w, 5, 2.0, 1.5, "grow to 5"), store.next_epoch(0), 42};
   d.decision.policy = "goodput";
   CHECK_FALSE(store.try_read_decision(3).has_value());
   store.publish_decision(3, d);
@@ -265,7 +284,7 @@ TEST_CASE("elastic.store_protocol.pool_limit_and_report") {
   CHECK(l->min_size == 1);
   CHECK(l->leave == std::vector<int>{10001});
   // A candidate named in "leave" is dismissed: its wait ends with the reason, not an admission.
-  store.register_candidate(10001, {});
+  store.register_candidate(10001, {}, {});
   store.dismiss(10001, "its device is being taken back");
   const auto r = store.wait_for_admission(10001);
   CHECK(r.what == ed::store_protocol::outcome::dismissed);
@@ -516,8 +535,144 @@ TEST_CASE("elastic.event_log.one_json_line_per_event") {
   int n = 0;
   while (std::getline(f, line)) CHECK(line == log.lines()[static_cast<std::size_t>(n++)]);
   CHECK(n == 2);
+  // An events file that cannot be written never stops training: the event is kept (in memory and
+  // on stderr) and the next write tries again.
   ed::event_log broken("/nonexistent-dir/events.jsonl");
-  CHECK_THROWS_WITH(broken.rejected(0, 0, 1, "x"), doctest::Contains("events_path"));
+  CHECK_NOTHROW(broken.rejected(0, 0, 1, "x"));
+  CHECK_NOTHROW(broken.rejected(1, 0, 2, "y"));
+  CHECK(broken.lines().size() == 2);
+}
+
+TEST_CASE("elastic.event_log.a_record_is_written_whole_or_not_at_all") {
+  // A file size limit stands for a full disk: the write stops mid-line (EFBIG after a short write,
+  // as ENOSPC does when the last page fills). The partial line is cut back; later lines that fit
+  // are whole; nothing throws.
+  const std::string path = (std::filesystem::temp_directory_path() / "test_elastic_parts_full.jsonl").string();
+  std::remove(path.c_str());
+  ed::event_log log(path);
+  log.rejected(0, 1, 10000, "first");
+  const auto first = std::filesystem::file_size(path);
+  struct rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = first + 40;  // room for 40 bytes of the next ~100-byte line
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  CHECK_NOTHROW(log.rejected(1, 1, 10001, std::string(60, 'x')));
+  CHECK_NOTHROW(log.rejected(2, 1, 10002, std::string(60, 'y')));
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK(std::filesystem::file_size(path) == first);  // the partial lines were cut back
+  log.rejected(3, 1, 10003, "after");                // room again: written
+  std::ifstream f(path);
+  std::string line;
+  std::vector<json> lines;
+  while (std::getline(f, line)) lines.push_back(json::parse(line));  // every line whole
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1]["reason"] == "after");
+  CHECK(log.lines().size() == 4);  // nothing lost in memory
+}
+
+TEST_CASE("elastic.store_client.a_bad_counter_is_reported_and_the_connection_lives") {
+  // c10d's store closes the connection of a client whose add() meets a value that is not a
+  // counter; the client reconnects once and reports the value, and the store is not "gone".
+  auto server = make_server();
+  ed::store_client c("127.0.0.1", server->getPort(), false, "dra/parts-counter/0", 10s);
+  c.set_text("n", "garbage");
+  try {
+    c.add("n", 1);
+    FAIL("add() on garbage did not throw");
+  } catch (const ed::bad_counter& e) {
+    CHECK(e.value() == "garbage");
+  }
+  CHECK_FALSE(c.gone());
+  c.set_text("n", "5");
+  CHECK(c.add("n", 1) == 6);
+}
+
+TEST_CASE("elastic.store_client.a_store_that_is_gone_fails_at_once") {
+  // The leader's store ops run inside its step: a store that died must fail them at once (a
+  // refused connection), not after a reconnect loop its peers' collectives time out on.
+  auto server = make_server();
+  ed::store_client c("127.0.0.1", server->getPort(), false, "dra/parts-gone/0", 10s);
+  c.set_text("k", "1");
+  CHECK(c.exists("k"));
+  server.reset();  // the store process dies: its port refuses connections
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(c.try_get("k"), dra::membership_error);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  CHECK(c.gone());
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(c.set_text("k", "2"), dra::membership_error);  // later ops: at once
+  CHECK(std::chrono::steady_clock::now() - t1 < 100ms);
+}
+
+TEST_CASE("elastic.store_protocol.values_another_client_wrote_are_ignored_or_handled") {
+  // The values the fault campaign found other clients could write (issue 23): none may raise
+  // anything but a dra::error the controller handles.
+  auto server = make_server();
+  const int port = server->getPort();
+  const auto raw_set = [&](const std::string& job, const std::string& key, const std::string& v) {
+    server->set("dra/parts-" + job + "/0/" + key, std::vector<std::uint8_t>(v.begin(), v.end()));
+    server->get("dra/parts-" + job + "/0/" + key);  // landed
+  };
+  ed::store_protocol p(client_of(port, "values"), 10s);
+  // capacity: a wrong type keeps the last good limit.
+  raw_set("values", "capacity", R"({"max_size": 2})");
+  REQUIRE(p.limit().has_value());
+  raw_set("values", "capacity", R"({"max_size": "2"})");
+  REQUIRE(p.limit().has_value());
+  CHECK(p.limit()->max_size == 2);
+  raw_set("values", "capacity", R"({"max_size": 3, "leave": [1.5]})");
+  CHECK(p.limit()->max_size == 2);
+  // cands: items that are not uids are left out.
+  raw_set("values", "cands", "xx,1e9,10000,");
+  CHECK(p.registered_candidates() == std::vector<int>{10000});
+  // epoch_seq: garbage (c10d cannot add to it) or an old value: set far past the known epoch.
+  raw_set("values", "epoch_seq", "garbage");
+  const auto e = p.next_epoch(40);
+  CHECK(e > 40);
+  raw_set("values", "epoch_seq", "3");
+  CHECK(p.next_epoch(e) > e);
+  // dec/<epoch>: not a decision. A member that must read it fails with a handled error; a recovery
+  // following the decisions stops there.
+  raw_set("values", "dec/5", R"({"decision": {"action": "grow", "target": "x"}, "epoch": 6, "decided_step": 1})");
+  CHECK_THROWS_AS(p.read_decision(5, 1s), dra::membership_error);
+  CHECK_FALSE(p.try_read_decision(5).has_value());
+  CHECK(p.latest_decided_world(5, {0, 1}).epoch == 5);
+  // fault/<epoch>/result and beat/<uid> garbage: the survivors agree in the next room.
+  raw_set("values", "fault/7/result", "\xff{");
+  raw_set("values", "beat/1", "not a counter");
+  const auto a = p.agree_on_survivors(7, {0, 1}, 0, true, 50ms);
+  CHECK(a.members == std::vector<int>{0});
+  CHECK(a.epoch > 7);
+  // admit/<uid>: not an admission: the candidate keeps waiting.
+  p.register_candidate(10000, {}, {});
+  raw_set("values", "admit/10000", "[1, 2]");
+  CHECK_FALSE(p.poll_admission(10000, true).has_value());
+  // universe: the launched size instead.
+  raw_set("values", "universe", "\"two\"");
+  CHECK(p.universe(3) == 3);
+  // Every family with values of every kind: read, ignored, or handled; never anything else.
+  const std::vector<std::string> values = {"",
+                                           "garbage",
+                                           "[]",
+                                           "{}",
+                                           "-1",
+                                           "1e400",
+                                           R"({"epoch": "x"})",
+                                           std::string(1 << 20, 'x'),
+                                           "\xff\xfe",
+                                           "99999999999999999999999"};
+  int n = 0;
+  for (const auto& family : dra::elastic::testing::store_key_families())
+    for (const auto& v : values) {
+      std::string outcome;
+      CHECK_NOTHROW(outcome = dra::elastic::testing::read_store_value("127.0.0.1", port,
+                                                                      "dra/fuzz/" + std::to_string(n++), family, v));
+      CHECK_MESSAGE((outcome == "read" || outcome == "ignored" || outcome.rfind("handled: ", 0) == 0),
+                    family << " [value " << (n - 1) % static_cast<int>(values.size()) << "]: " << outcome);
+    }
 }
 
 TEST_CASE("elastic.handoff.route_of_each_cause") {

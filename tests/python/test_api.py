@@ -110,6 +110,32 @@ def test_step_rejects_non_scalar_loss(bad) -> None:
     assert dra.default_controller().signals.accepted == 0
 
 
+def test_after_a_long_nonfinite_streak_the_signals_decide_again() -> None:
+    # Issue 23, decided: a streak of non-finite losses (50 here) is "diverging" while it lasts, so
+    # the policy holds; none of it entered the state, so the first finite loss after it gives the
+    # phase back (the policy grows again). A job whose parameters took the NaN (a rank's NaN
+    # gradient summed into everyone's) has only NaN losses after it and holds, as it should.
+    for t in range(200):
+        dra.step(power_law(t))
+    before = dra.default_controller().signals.phase
+    with pytest.warns(RuntimeWarning, match="non-finite loss"):
+        for _ in range(50):
+            dra.step(float("nan"))
+    assert dra.default_controller().signals.diverging
+    dra.step(power_law(200))
+    sig = dra.default_controller().signals
+    assert not sig.diverging and sig.nonfinite_streak == 0
+    assert sig.phase == before != "diverging"
+
+
+def test_an_integer_loss_tensor_is_taken_as_its_value_and_bool_is_refused() -> None:
+    # Issue 23, decided: one rule on every device (CPU here; CUDA converts on the device).
+    dra.step(torch.tensor(3, dtype=torch.int64))
+    assert dra.default_controller().signals.loss == 3.0
+    with pytest.raises(ValueError, match="real number"):
+        dra.step(torch.tensor(True))
+
+
 def test_nonfinite_loss_warns_once_per_streak_and_never_raises() -> None:
     for t in range(50):
         dra.step(power_law(t))

@@ -111,7 +111,7 @@ def test_trials_reproduce_from_their_seed():
 def _campaign(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "faults.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "dra.bench", "faults", "--no-churn", "--json", str(out), *args],
+        [sys.executable, "-m", "dra.bench", "faults", "--no-churn", "--fuzz-cases", "0", "--json", str(out), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -137,6 +137,12 @@ def test_a_fixed_seed_subset_of_the_campaign_survives(tmp_path):
     assert rows["resume_s_p50"]["samples"] == 1  # the leader killed mid-step
     assert rows["resume_any_kill_s_p99"]["samples"] == 2  # and the kill inside a resize
     assert rows["resume_stop_s_p50"]["samples"] == 1
+
+
+def test_the_cpp_example_is_looked_for_in_this_repository_build():
+    # It was looked for one folder above the repository: every campaign ran Python workers only and
+    # the C++ tests were skipped.
+    assert CPP_BINARY.parents[4] == Path(__file__).resolve().parents[2], CPP_BINARY
 
 
 @pytest.mark.skipif(not CPP_BINARY.exists(), reason=f"C++ example not built: {CPP_BINARY}")

@@ -6,6 +6,8 @@ logged: world events, parameter digests after every world change, every committe
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from _elastic_harness import Job, check_exactly_once
 
@@ -206,7 +208,10 @@ def test_store_dying_mid_training_leaves_the_end_of_training_and_the_code_after_
     assert job.store.returncode == -9
     assert codes == {"r0": 0, "r1": 0}, [job.output(n)[-2000:] for n in codes]
     leader = job.output("r0")
-    assert "decision at step 6 skipped" in leader, leader[-3000:]  # a decision touched the dead store
+    # A decision touched the dead store (the scheduled one at step 6, or an earlier look outside):
+    # said once for the whole streak (issue 23: it used to be said at every step).
+    skipped = re.findall(r"decision at step (\d+) skipped", leader)
+    assert len(skipped) == 1 and 2 <= int(skipped[0]) <= 6, leader[-3000:]
     assert "the job's end could not be announced" in leader, leader[-3000:]
     finals = {r["uid"]: r for r in job.records("final")}
     assert sorted(finals) == [0, 1] and finals[0]["step"] == finals[1]["step"] == N // 16

@@ -9,9 +9,18 @@
 - **Training completed** on every process that ended as a member, and their state digests are
   identical (parameters, buffers, optimizer state).
 - **Every process ended** within the trial's deadline (else it *hung*), with the exit code its
-  fault gives it: -9 for a process killed, 0 for every other one.
-- **Only the dead are reported gone**: no fault event names a process that no fault hit.
+  fault gives it: -9 for a process killed, 1 for one that raised an exception nobody caught or a
+  joiner refused at admission, 0 for every other one.
+- **Only the dead are reported gone**: no fault event names a process that no fault hit (a process
+  that stepped out of a world split by overwritten store keys is not a failure of an outside-writer
+  trial).
+- **Diagnostics never stop training**: every line of the events file is a whole record, and a
+  process warns about an events file it cannot write at most once.
 - **Resume time**: from the fault to the first step committed by a world formed after it.
+- **A job is lost** when no process finished training as a member (the report counts them per
+  class). A launcher's trial is judged on what its launcher leaves behind: no worker may still run
+  5 s after the launcher died, no committed sample may be repeated, and a job whose other agents
+  live on must complete.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ class Verdict:
     fault_time: float | None = None
     resume_s: float | None = None
     notes: list[str] = field(default_factory=list)  # what the reader should know; not problems
+    job_lost: bool = False  # no process finished training as a member
+    orphans: int = 0  # workers still running 5 s after their launcher died
+    fuzz_writes: int = 0  # bad values another client wrote into the job's keys
 
     @property
     def survived(self) -> bool:
@@ -52,6 +64,9 @@ class Verdict:
             "fired": self.fired,
             "resume_s": self.resume_s,
             "notes": self.notes,
+            "job_lost": self.job_lost,
+            "orphans": self.orphans,
+            "fuzz_writes": self.fuzz_writes,
         }
 
 
@@ -67,11 +82,29 @@ def load_records(out: Path) -> list[dict[str, Any]]:
     return recs
 
 
-def load_events(out: Path) -> list[dict[str, Any]]:
-    path = out / "events.jsonl"
-    if not path.exists():
+def events_path(out: Path) -> Path | None:
+    """The trial's events file (a filesystem trial's is copied out of its broken folder)."""
+    for path in (out / "fs-copy" / "events.jsonl", out / "fs" / "events.jsonl", out / "events.jsonl"):
+        if path.is_file():
+            return path
+    return None
+
+
+def load_events(out: Path, partial: list[str] | None = None) -> list[dict[str, Any]]:
+    """The events; a line that is not a whole record is left out and reported to `partial`."""
+    path = events_path(out)
+    if path is None:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    events = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if partial is not None:
+                partial.append(f"line {n} of the events file is not a whole record: {line[:80]!r}")
+    return events
 
 
 def exactly_once(recs: list[dict[str, Any]], dataset: int, epochs: int) -> tuple[int, int, list[str]]:
@@ -129,8 +162,38 @@ def landed_after_training(recs: list[dict[str, Any]], fault_time: float, total_s
     return steps >= set(range(total_steps)) and max((r["time"] for r in commits), default=math.inf) <= fault_time
 
 
-def judge(run: TrialRun) -> Verdict:
+def judge_launcher(run: TrialRun) -> Verdict:
+    """A launcher's trial: orphans, repeated samples, and (torchrun agents) a job lost."""
     spec, job, v = run.spec, run.spec.job, Verdict()
+    recs = load_records(run.out)
+    v.fired = any(a.hit is not None for a in run.actions)
+    v.fault_time = next((a.fired_wall for a in run.actions if a.hit is not None), None)
+    for note in run.notes:
+        if note.startswith("orphans:"):
+            v.orphans = len(note.split("[", 1)[1].split("]", 1)[0].split(","))
+            v.problems.append(note)
+        else:
+            v.notes.append(note)
+    _, v.samples_repeated, _ = exactly_once(recs, job.dataset, job.epochs)
+    if v.samples_repeated:
+        v.problems.append(f"{v.samples_repeated} committed samples repeated")
+    finals = [r for r in recs if r["kind"] == "final" and r["member"] and r["step"] == job.total_steps]
+    if spec.kind == "agent_rdzv_host":
+        v.job_lost = not finals
+        if v.job_lost:
+            v.problems.append("job lost: no worker finished training after the rendezvous host's agent died")
+        else:
+            v.samples_lost, _, problems = exactly_once(recs, job.dataset, job.epochs)
+            v.problems += problems
+    return v
+
+
+def judge(run: TrialRun) -> Verdict:
+    if run.spec.fault.runner is not None:
+        return judge_launcher(run)
+    spec, job, v = run.spec, run.spec.job, Verdict()
+    v.fuzz_writes = run.fuzz_writes
+    v.fired = run.fuzz_writes > 0  # an outside writer's fault is its values: no action, no record
     recs = load_records(run.out)
     # Who was hit: driver-side actions (by name) and in-process faults (their records name the uid).
     killed: set[str] = set()
@@ -162,7 +225,7 @@ def judge(run: TrialRun) -> Verdict:
     for name, code in sorted(run.codes.items()):
         if code is None:
             continue
-        want = -9 if name in killed else 0
+        want = -9 if name in killed else spec.fault.expect_codes.get(name, 0)
         if code != want:
             tail = (run.out / f"out-{name}.txt").read_text(errors="replace")[-600:].strip().replace("\n", " | ")
             v.problems.append(f"{name} exited {code}, expected {want}: {tail}")
@@ -173,6 +236,7 @@ def judge(run: TrialRun) -> Verdict:
     finals = [r for r in recs if r["kind"] == "final"]
     members = [r for r in finals if r["member"]]
     if not members:
+        v.job_lost = True
         v.problems.append("no process finished training as a member")
     elif any(r["step"] != job.total_steps for r in members):
         v.problems.append(
@@ -189,7 +253,19 @@ def judge(run: TrialRun) -> Verdict:
             v.problems.append(f"{name} exited 0 without its final record")
 
     alive_uids = {run.uid_of[n] for n in run.codes if n not in hit and n in run.uid_of}
-    for ev in load_events(run.out):
+    outputs = {n: (run.out / f"out-{n}.txt").read_text(errors="replace") for n in run.codes if (run.out / f"out-{n}.txt").exists()}
+    if spec.fault.allow_step_out:
+        # Survivors split by overwritten store keys: the group that found another world ahead of it
+        # stepped out (stood by) instead of training as a second world. Alive, not dead, not a fault.
+        alive_uids -= {run.uid_of[n] for n, text in outputs.items() if "steps out" in text and n in run.uid_of}
+    for name, text in outputs.items():
+        warned = text.count("cannot append to events_path")
+        if warned > 1:
+            v.problems.append(f"{name} warned {warned} times about the events file (once is the rule)")
+    partial: list[str] = []
+    events = load_events(run.out, partial)
+    v.problems += partial
+    for ev in events:
         if ev.get("event") != "fault":
             continue
         if spec.fault.expect_no_fault_event:

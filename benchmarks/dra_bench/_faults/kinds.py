@@ -2,6 +2,9 @@
 
 A kind turns a seeded random generator into one trial: the job (how many processes, who stands by,
 which resizes are scheduled) and the fault (in-process specs for a process, driver-side actions).
+Each kind belongs to a class, one row of the report: ``process`` (the kinds here: kill -9, SIGSTOP,
+the store, a slow peer), and the classes of ``outside`` (filesystem, store_writers, exceptions,
+joiners) and ``launchers`` (launcher).
 Everything random about a trial comes from its seed, so a trial reproduces from
 ``(seed, kind, language)``. Later parts add their own kinds with ``register``: a kind that needs
 another launcher (``dra run``'s workers, an emulated NCCL world, RL roles) says so in
@@ -27,21 +30,39 @@ class FaultKind:
     doc: str
     build: Callable[[random.Random, JobSpec], Fault]  # may adjust the job
     languages: tuple[str, ...] = ("py", "cpp")
+    klass: str = "process"  # the report's row: process, filesystem, store_writers, launcher, exceptions, joiners
+    needs: Callable[[], str] | None = None  # why this machine cannot run the kind ("" : it can)
 
 
 KINDS: dict[str, FaultKind] = {}
+CLASSES = ("process", "filesystem", "store_writers", "launcher", "exceptions", "joiners")
 
 
-def register(name: str, doc: str, languages: tuple[str, ...] = ("py", "cpp")):
-    """Decorator: registers `build(rng, job) -> Fault` as the fault kind `name`."""
+def register(
+    name: str,
+    doc: str,
+    languages: tuple[str, ...] = ("py", "cpp"),
+    klass: str = "process",
+    needs: Callable[[], str] | None = None,
+):
+    """Decorator: registers `build(rng, job) -> Fault` as the fault kind `name` of the class `klass`;
+    `needs()` says why a machine cannot run it ("" when it can)."""
+    if klass not in CLASSES:
+        raise ValueError(f"klass: unknown fault class '{klass}'; known: {', '.join(CLASSES)}")
 
     def wrap(build: Callable[[random.Random, JobSpec], Fault]) -> Callable[[random.Random, JobSpec], Fault]:
         if name in KINDS:
             raise ValueError(f"fault kind '{name}' is registered twice")
-        KINDS[name] = FaultKind(name, doc, build, languages)
+        KINDS[name] = FaultKind(name, doc, build, languages, klass, needs)
         return build
 
     return wrap
+
+
+def unavailable(kind: str) -> str:
+    """Why this machine cannot run `kind` ("" when it can)."""
+    needs = KINDS[kind].needs
+    return needs() if needs is not None else ""
 
 
 def make_trial(seed: int, kind: str, language: str, fault_timeout_s: float = 2.0) -> TrialSpec:
@@ -223,3 +244,8 @@ def _slow_peer(rng: random.Random, job: JobSpec) -> Fault:
         specs={name: [FaultSpec("sleep", phase, change, round(stall, 3))]},
         expect_no_fault_event=True,
     )
+
+
+# Faults from outside the processes (filesystem, store writers, exceptions, joiners) and the
+# launchers' deaths register their kinds on import.
+from dra_bench._faults import launchers, outside  # noqa: E402, F401

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ class JobSpec:
     decide_every: int = 100000
     ballast_mb: float = 0.0  # extra state handed over (Python only)
     private_store: bool = False  # a store of its own (the store is killed)
+    variants: dict[str, str] = field(default_factory=dict)  # process name -> "model", "optimizer", "dtype"
+    fs_dir: str = ""  # events and checkpoints go here (a filesystem trial breaks it); "" : the trial's folder
+    checkpoint_every: int = 0  # rank 0 saves a checkpoint every N committed steps (Python only)
 
     @property
     def total_steps(self) -> int:
@@ -66,6 +70,11 @@ class Fault:
     actions: list[Action] = field(default_factory=list)  # driver-side
     measure_resume: bool = False  # a mid-step fault: time to resumed training is reported
     expect_no_fault_event: bool = False  # nothing should be declared dead (a slow peer)
+    expect_codes: dict[str, int] = field(default_factory=dict)  # exit codes other than 0 / -9 (by name)
+    fs: str = ""  # "tmpfs": the trial's fs_dir is a small tmpfs (mounted here, root only); "dir": a folder
+    fuzz_interval_s: float = 0.0  # > 0: an outside client writes bad values into the job's keys this often
+    allow_step_out: bool = False  # processes may step out of a split world (overwritten store keys)
+    runner: Callable[..., TrialRun] | None = None  # a trial run another way (a launcher's trial)
 
 
 @dataclass
@@ -139,7 +148,7 @@ class LocalLauncher:
             str(job.decide_every),
             "--verify",
             "--events",
-            str(out / "events.jsonl"),
+            str(Path(job.fs_dir or out) / "events.jsonl"),
             "--log-samples",
             str(out),
             "--fault-timeout-ms",
@@ -175,6 +184,7 @@ class LocalLauncher:
             cfg.update(out=str(out), schedule={str(k): v for k, v in job.schedule.items()})
             env["DRA_FAULT_JOB"] = json.dumps(cfg)
             env["DRA_FAULT_SPEC"] = ",".join(str(s) for s in specs)
+            env["DRA_FAULT_VARIANT"] = job.variants.get(name, "")
         with open(out / f"out-{name}.txt", "w") as fh:
             return subprocess.Popen(
                 self.command(job, out, specs), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
@@ -184,8 +194,11 @@ class LocalLauncher:
 class View:
     """What the driver knows of a running trial: the processes, and the records they wrote so far."""
 
-    def __init__(self, out: Path, procs: dict[str, subprocess.Popen], store: StoreProcess, rng: random.Random) -> None:
-        self.out, self.procs, self.store, self.rng = out, procs, store, rng
+    def __init__(
+        self, out: Path, procs: dict[str, subprocess.Popen], store: StoreProcess, rng: random.Random, job_id: str = ""
+    ) -> None:
+        self.out, self.procs, self.store, self.rng, self.job_id = out, procs, store, rng, job_id
+        self.fs: Any = None  # a filesystem trial's folder (dra_bench._faults.tamper.TrialFilesystem)
         self.uid_of: dict[str, int] = {n: int(n[1:]) for n in procs if n.startswith("r")}
         self.step = -1  # the highest step any member attempted
         self.world: tuple[int, list[int]] = (-1, [])  # (world epoch, members) of the latest world record
@@ -247,9 +260,9 @@ class View:
 @dataclass
 class Action:
     """A driver-side fault: once any member attempted step `at_step`, wait `delay_s`, then send
-    `sig` to the process `target` names (see View.pick; 'store': the store). With `resume_after_s`
-    the process gets SIGCONT that long after (a SIGSTOP past the timeout, or a short one: a slow
-    peer)."""
+    `sig` to the process `target` names (see View.pick; 'store': the store), or run `call(view)`
+    (which returns what it hit, or None). With `resume_after_s` the process gets SIGCONT that long
+    after (a SIGSTOP past the timeout, or a short one: a slow peer)."""
 
     target: str
     at_step: int
@@ -261,6 +274,7 @@ class Action:
     fired_wall: float = 0.0  # wall clock, comparable with the records' times
     hit: str | None = None  # the process name (or 'store') it hit
     resumed: bool = False
+    call: Callable[[View], str | None] | None = None
 
     @property
     def done(self) -> bool:
@@ -279,6 +293,9 @@ class Action:
 
     def _fire(self, view: View, now: float) -> None:
         self.fired_at, self.fired_wall = now, time.time()
+        if self.call is not None:
+            self.hit = self.call(view)
+            return
         if self.target == "store":
             if view.store.alive():
                 self.hit = "store"
@@ -305,27 +322,46 @@ class TrialRun:
     uid_of: dict[str, int]
     actions: list[Action]
     wall_s: float
+    fuzz_writes: int = 0  # values an outside client wrote into the job's keys
+    notes: list[str] = field(default_factory=list)
 
 
 def run_trial(
     spec: TrialSpec, out: Path, launcher: LocalLauncher, shared_store: StoreProcess | None, timeout_s: float
 ) -> TrialRun:
+    if spec.fault.runner is not None:
+        return spec.fault.runner(spec, out, launcher, timeout_s)
     out.mkdir(parents=True, exist_ok=True)
     job = spec.job
+    from dra_bench._faults import tamper  # filesystem and outside-writer helpers
+
+    fs = tamper.TrialFilesystem(out, spec.fault.fs) if spec.fault.fs else None
+    if fs is not None:
+        job.fs_dir = str(fs.path)
     store = StoreProcess() if job.private_store or shared_store is None else shared_store
     t0 = time.monotonic()
     procs: dict[str, subprocess.Popen] = {}
     job_id = f"faults-{spec.seed}-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
+    fuzz = None
+    if spec.fault.fuzz_interval_s > 0:
+        # Before the job starts: on a loaded host importing torch.distributed took longer than the
+        # whole trial, and the outside writer wrote nothing.
+        import torch.distributed  # noqa: F401
     try:
         for name in job.names():
             procs[name] = launcher.start(name, job, out, store.address, job_id, spec.fault.specs.get(name, []))
-        view = View(out, procs, store, random.Random(spec.seed * 7919 + 1))
+        view = View(out, procs, store, random.Random(spec.seed * 7919 + 1), job_id)
+        view.fs = fs
+        if spec.fault.fuzz_interval_s > 0:
+            fuzz = tamper.StoreFuzzer(view, spec.seed, spec.fault.fuzz_interval_s)
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
             view.refresh()
             now = time.monotonic()
             for a in spec.fault.actions:
                 a.poll(view, now)
+            if fuzz is not None and view.step >= 1:
+                fuzz.start()
             if all(p.poll() is not None for p in procs.values()):
                 # Stopped processes are all resumed by now (a resume is due before the end).
                 if all(a.done or a.fired_at is None for a in spec.fault.actions):
@@ -333,8 +369,13 @@ def run_trial(
             time.sleep(POLL_S)
         codes: dict[str, int | None] = {n: p.poll() for n, p in procs.items()}
         view.refresh()
-        return TrialRun(spec, out, codes, dict(view.uid_of), spec.fault.actions, time.monotonic() - t0)
+        run = TrialRun(spec, out, codes, dict(view.uid_of), spec.fault.actions, time.monotonic() - t0)
+        if fuzz is not None:
+            run.fuzz_writes = fuzz.stop()
+        return run
     finally:
+        if fuzz is not None:
+            fuzz.stop()
         for p in procs.values():
             if p.poll() is None:
                 try:
@@ -344,3 +385,5 @@ def run_trial(
             p.wait()
         if store is not shared_store:
             store.close()
+        if fs is not None:
+            fs.close()

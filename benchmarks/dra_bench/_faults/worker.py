@@ -10,6 +10,8 @@ Trains a small MLP on seeded synthetic data under the elastic controller, as the
 - ``commit``: a step this process committed, with the world epoch its reduction ran in;
 - ``world``: after every world change this process entered (rank, members, RSS);
 - ``fault``: an in-process fault about to happen (written before it);
+- ``checkpoint``: rank 0's checkpoint, every ``checkpoint_every`` committed steps (whether it was
+  written; a failing filesystem makes it fail, and the loop, as a careful trainer's, goes on);
 - ``final``: after the training loop (role, committed steps, the state digest, RSS).
 
 The job is described by ``DRA_FAULT_JOB`` (JSON, the same for every process); in-process faults
@@ -19,6 +21,8 @@ outside (kill -9, SIGSTOP) are sent by the trial's driver.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -40,12 +44,20 @@ gen = torch.Generator().manual_seed(7)
 X = torch.randn(N, D, generator=gen)
 Y = X @ torch.randn(D, 1, generator=gen) + 0.1 * torch.randn(N, 1, generator=gen)
 torch.manual_seed(100 + int(os.environ.get("RANK", "0")))  # different on purpose: the handoff aligns them
-net = torch.nn.Sequential(torch.nn.Linear(D, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+# A joiner that differs from the world (a mismatched-joiner trial): another model, optimizer or dtype.
+variant = os.environ.get("DRA_FAULT_VARIANT", "")
+hidden = 48 if variant == "model" else 32
+net = torch.nn.Sequential(torch.nn.Linear(D, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
+if variant == "dtype":
+    net = net.double()
 if job.get("ballast_mb", 0) > 0:
     # State that is handed over but not all-reduced (a buffer): a big model's handoff without the
     # cost of reducing its gradients every step. Filled, so that its pages are resident.
     net.register_buffer("ballast", torch.full((int(job["ballast_mb"] * 262144),), 1.0))
-opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+if variant == "optimizer":
+    opt = torch.optim.Adam(net.parameters(), lr=0.01)
+else:
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
 sampler = de.ElasticSampler(N, job["global_batch"], seed=job.get("seed", 0))
 
 
@@ -65,6 +77,14 @@ records = Records()
 world_changes = 0
 
 
+class CaughtFault(Exception):
+    """An exception the training loop catches (the ``catch`` action): the rest of the step is skipped."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
 def act(spec: FaultSpec, ctl, where: str) -> None:
     records.write(
         ctl.uid, {"kind": "fault", "action": spec.action, "where": where, "step": ctl.step_index, "epoch": ctl.epoch}
@@ -73,6 +93,39 @@ def act(spec: FaultSpec, ctl, where: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.action == "sleep":
         time.sleep(spec.seconds)
+    elif spec.action == "raise":
+        raise RuntimeError(f"test fault: an exception nobody catches, {where} of step {ctl.step_index}")
+    elif spec.action == "catch":
+        raise CaughtFault(f"test fault: an exception the loop catches, {where} of step {ctl.step_index}", where)
+
+
+def fire(where: str, step: int) -> None:
+    for spec in specs:
+        if spec.where == where and spec.index == step and not spec.fired:
+            spec.fired = True
+            act(spec, ctl, where)
+
+
+def checkpoint(step: int) -> None:
+    """What a careful trainer does: rank 0 saves now and then, and a save that fails is reported, not
+    fatal (the filesystem trials make it fail)."""
+    every = job.get("checkpoint_every", 0)
+    if not every or ctl.rank != 0 or (step + 1) % every:
+        return
+    path = os.path.join(job.get("fs_dir") or out, "ckpt.pt")
+    # Serialized in memory, then written with Python's file calls: a failing filesystem raises
+    # OSError (torch.save onto a path raises RuntimeError for a read-only, full or missing folder).
+    buffer = io.BytesIO()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "dra": ctl.state_dict()}, buffer)
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(buffer.getbuffer())
+        os.replace(path + ".tmp", path)
+        records.write(ctl.uid, {"kind": "checkpoint", "step": step, "ok": True})
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(path + ".tmp")  # a partial file (a full disk) is not left behind
+        records.write(ctl.uid, {"kind": "checkpoint", "step": step, "ok": False, "error": str(e)[:200]})
 
 
 def on_phase(ctl, phase: str) -> None:
@@ -113,7 +166,7 @@ ctl = de.init(
     resize_schedule={int(k): v for k, v in job["schedule"].items()},
     fault_timeout_s=job["fault_timeout_s"],
     verify=True,
-    events_path=os.path.join(out, "events.jsonl"),
+    events_path=os.path.join(job.get("fs_dir") or out, "events.jsonl"),
 )
 if ctl.is_member and ctl.uid < job["start_size"]:
     # The first world trains once the expected candidates registered, so that a scheduled grow
@@ -123,39 +176,40 @@ if ctl.is_member and ctl.uid < job["start_size"]:
 record_world(ctl)
 loss_fn = torch.nn.MSELoss()
 compute_s = job.get("compute_ms", 0) / 1000.0
+missed_step = False  # the previous step was reduced but never stepped: the next backward commits it first
 for _ in ctl.epochs(job["epochs"]):
     for idx in sampler:
-        step, wepoch, depoch = ctl.step_index, ctl.epoch, sampler.epoch
-        for spec in specs:
-            if spec.where == "step" and spec.index == step and not spec.fired:
-                spec.fired = True
-                act(spec, ctl, "step")
-        if compute_s:
-            time.sleep(compute_s)  # stands for a real model's compute: a step lasts about as long
-        idx_t = torch.as_tensor(idx)
-        loss = loss_fn(ctl.model(X[idx_t]), Y[idx_t])
-        ctl.optimizer.zero_grad()
-        records.write(
-            ctl.uid,
-            {
-                "kind": "attempt",
-                "step": step,
-                "data_epoch": depoch,
-                "world_epoch": wepoch,
-                "rank": ctl.rank,
-                "world": ctl.world_size,
-                "ids": [int(i) for i in idx],
-            },
-        )
-        loss.backward()  # the reduction runs at the end of backward
-        for spec in specs:
-            if spec.where == "after_reduce" and spec.index == step and not spec.fired:
-                spec.fired = True
-                act(spec, ctl, "after_reduce")
-        ctl.optimizer.step()
-        st = dra.step(loss)
+        step, wepoch, depoch = ctl.step_index + missed_step, ctl.epoch, sampler.epoch
+        missed_step = False
+        try:
+            fire("step", step)
+            if compute_s:
+                time.sleep(compute_s)  # stands for a real model's compute: a step lasts about as long
+            idx_t = torch.as_tensor(idx)
+            loss = loss_fn(ctl.model(X[idx_t].to(net[0].weight.dtype)), Y[idx_t].to(net[0].weight.dtype))
+            ctl.optimizer.zero_grad()
+            records.write(
+                ctl.uid,
+                {
+                    "kind": "attempt",
+                    "step": step,
+                    "data_epoch": depoch,
+                    "world_epoch": wepoch,
+                    "rank": ctl.rank,
+                    "world": ctl.world_size,
+                    "ids": [int(i) for i in idx],
+                },
+            )
+            loss.backward()  # the reduction runs at the end of backward
+            fire("after_reduce", step)
+            ctl.optimizer.step()
+            st = dra.step(loss)
+        except CaughtFault as e:
+            missed_step = e.where == "after_reduce"
+            continue  # a trainer that logs a failed step and goes on with its next batch
         if st.committed:
             records.write(ctl.uid, {"kind": "commit", "step": step, "data_epoch": depoch, "world_epoch": wepoch})
+            checkpoint(step)
         if ctl.epoch != wepoch:
             record_world(ctl)
 # The code after the loop (a final checkpoint in a real job) must run whatever happened to the

@@ -30,6 +30,11 @@ def signature_mismatch(mine: list[list[Any]], theirs: list[list[Any]]) -> str | 
     return _m.signature_mismatch([tuple(x) for x in mine], [tuple(x) for x in theirs])
 
 
+def _class_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.split(".")[-1])
 
@@ -43,6 +48,18 @@ class TorchState(_m.StateProvider):
 
     def signature(self) -> list[list[Any]]:
         return model_signature(self.model)
+
+    def layout(self) -> dict[str, str]:
+        """What else the handoff sends, as the joiner must be able to load it: the optimizer's class
+        and parameter groups (their sizes), the LR scheduler's class. Compared at start
+        and admission, so a joiner with an Adam where the world has an SGD is refused before anything
+        is sent."""
+        out: dict[str, str] = {}
+        if self.optimizer is not None:
+            out["optimizer"] = _class_name(self.optimizer)
+            out["optimizer.param_groups"] = "[" + ", ".join(f"{len(g['params'])} params" for g in self.optimizer.param_groups) + "]"
+        out["scheduler"] = _class_name(self.scheduler) if self.scheduler is not None else "none"
+        return out
 
     def collect(self) -> tuple[list[torch.Tensor], bytes, int]:
         """The tensors (the model's, then the optimizer's), the manifest, and the index of the first

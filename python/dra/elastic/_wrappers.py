@@ -51,11 +51,22 @@ class ElasticDataParallel(torch.nn.Module):
             self._queued = True
             self.reduce_s = 0.0
             torch.autograd.Variable._execution_engine.queue_callback(self._sync)
+            if ctl._awaiting_step:
+                # The previous backward never reached dra.step (an exception caught after it): that
+                # batch is done with, and the world committed its step without this process.
+                ctl._awaiting_step = False
+                ctl._skipping = False
+                ctl._catch_up_missed_step()
+                if ctl.sampler is not None:
+                    if ctl._refusal is not None:  # that step was refused by the world: it is redone
+                        ctl.sampler._refused(ctl._refusal["excess"])
+                    ctl.sampler._consumed()
             if ctl.sampler is not None and not ctl.sampler._current_is_fresh():
                 ctl._skipping = True
                 self._active = False
             else:
-                self._active = ctl._begin_reduction(self._params)
+                in_flight, skipped = ctl.sampler._batch_check() if ctl.sampler is not None else (-1, 0)
+                self._active = ctl._begin_reduction(self._params, in_flight, skipped)
         if self._active:
             t0 = time.perf_counter()
             ctl._gradient_ready(index)
@@ -64,6 +75,7 @@ class ElasticDataParallel(torch.nn.Module):
     def _sync(self) -> None:
         self._queued = False
         ctl = self.controller
+        ctl._awaiting_step = True
         t0 = time.perf_counter()
         ok = False if ctl._skipping else ctl._finish_reduction()
         self.reduce_s += time.perf_counter() - t0

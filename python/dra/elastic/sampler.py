@@ -29,6 +29,13 @@ locally but drops it (no reduction, no commit; ``ctl.batch_dropped`` tells user 
 batches are computed for the new world. At the end of an epoch, while batches are still in flight,
 the iterator yields one-sample padding batches (dropped the same way) instead of stopping, so that
 an epoch whose last steps a world change invalidated is still finished.
+
+A training loop that skips a batch it was handed (an exception caught before backward, a
+``continue``) holds one batch more in flight than the other ranks, and than it did at its previous
+step: the check that rides with the step's reduction refuses that step on every rank (nothing is
+applied or committed), this rank drops the batches it skipped, and the step is redone with the
+same samples. The in-flight count is a loader's prefetch plus the batch in hand, the same on every
+rank of a world whose ranks run the same loop.
 """
 
 from __future__ import annotations
@@ -61,8 +68,16 @@ class ElasticSampler:
         self._native = _m.Sampler(int(dataset_size), int(global_batch), int(seed), bool(drop_last), bool(shuffle))
         self._controller: Any = None
         self._requested: int | None = None  # the data epoch the training loop asked for (set_epoch)
-        # Batches handed out and not yet consumed: (world epoch, cursor) they assume; None for padding.
-        self._in_flight: collections.deque[tuple[int, int] | None] = collections.deque()
+        self._reset_flight()
+
+    def _reset_flight(self) -> None:
+        # Batches handed out and not yet consumed: (world epoch, generation, cursor) they assume; None
+        # for padding. A refused step starts a new generation: every batch in flight is stale.
+        self._in_flight: collections.deque[tuple[int, int, int] | None] = collections.deque()
+        self._generation = 0
+        self._iterating = False
+        self._depth_seen: int | None = None  # batches in flight at this iterator's previous reduced batch
+        self._skipped_now = 0  # batches skipped before the one being stepped (this rank's own count)
 
     # -- geometry ---------------------------------------------------------------------------
     dataset_size = property(lambda self: self._native.dataset_size)
@@ -130,6 +145,8 @@ class ElasticSampler:
         """This rank's share of each step left in the data epoch, computed when the loader asks."""
         native, ctl = self._native, self._controller
         self._in_flight.clear()
+        self._depth_seen = None
+        self._iterating = True
         if ctl is not None:
             _end_if_finished(self, None)
         data_epoch = native.epoch
@@ -147,7 +164,7 @@ class ElasticSampler:
             share = native.global_batch // world + (1 if rank < native.global_batch % world else 0)
             yield self.order()[:max(1, min(share, int(native.dataset_size)))]
             return
-        tag: int | None = None
+        tag: tuple[int, int] | None = None
         base = ahead = world = rank = 0
         while True:
             if ctl is not None and ctl.stopped and not getattr(ctl, "_epochs_driven", False):
@@ -155,9 +172,10 @@ class ElasticSampler:
             if native.epoch != data_epoch or (ctl is not None and not ctl.is_member):
                 return
             world_epoch = ctl.epoch if ctl is not None else 0
-            if world_epoch != tag or (not self._in_flight and native.cursor != base + ahead * native.global_batch):
-                # A new world (or a failed step): restart the predictions from what is committed.
-                tag, base, ahead, world, rank = world_epoch, native.cursor, 0, native.world, native.rank
+            now = (world_epoch, self._generation)
+            if now != tag or (not self._in_flight and native.cursor != base + ahead * native.global_batch):
+                # A new world, a refused step (or a failed one): restart the predictions from what is committed.
+                tag, base, ahead, world, rank = now, native.cursor, 0, native.world, native.rank
             cursor = base + ahead * native.global_batch
             if cursor >= native.epoch_size:
                 if not any(item is not None for item in self._in_flight):
@@ -166,7 +184,7 @@ class ElasticSampler:
                 yield self._padding()  # padding while batches in flight may still be dropped
                 continue
             ahead += 1
-            self._in_flight.append((world_epoch, cursor))
+            self._in_flight.append((world_epoch, self._generation, cursor))
             yield self._share(cursor, world, rank)
 
     def _padding(self) -> np.ndarray:
@@ -185,7 +203,27 @@ class ElasticSampler:
         if not self._in_flight:
             return True  # indices taken directly (sampler.indices()), not through the iterator
         head = self._in_flight[0]
-        return head is not None and head == (self._controller.epoch, self._native.cursor)
+        return head is not None and head == (self._controller.epoch, self._generation, self._native.cursor)
+
+    def _batch_check(self) -> tuple[int, int]:
+        """For the batch about to be reduced: the batches in flight (-1 without the iterator) and how
+        many more than at this iterator's previous reduced batch (batches the loop skipped)."""
+        if not self._iterating:
+            return -1, 0
+        depth = len(self._in_flight)
+        skipped = depth - self._depth_seen if self._depth_seen is not None and depth > self._depth_seen else 0
+        self._depth_seen = depth - skipped
+        self._skipped_now = skipped
+        return depth, skipped
+
+    def _refused(self, excess: int) -> None:
+        """The world refused the step: the batches this rank skipped (the oldest in flight, before
+        the one in hand) are dropped, and every batch in flight is stale from now on."""
+        for _ in range(min(excess, max(len(self._in_flight) - 1, 0))):
+            self._in_flight.popleft()
+        self._generation += 1
+        self._depth_seen = None
+        self._skipped_now = 0
 
     def _consumed(self) -> None:
         if self._in_flight:
@@ -275,7 +313,7 @@ class DistributedSampler(ElasticSampler):
         self._torch_epoch = 0  # the latest set_epoch, for the torch order outside the controller
         self._controller = None
         self._requested = None
-        self._in_flight = collections.deque()
+        self._reset_flight()
         self._orders: dict[int, np.ndarray] = {}
         self._loader_batches: set[int] = set()
         self.batch_size: int | None = None

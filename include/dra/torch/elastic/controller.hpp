@@ -228,6 +228,26 @@ struct process_energy {
   std::string scope;
 };
 
+/// What the trainer knows of the batch it is about to reduce, for the job's exactly-once check
+/// (Python's sampler iterator knows it; a trainer that takes sampler.indices() each step never
+/// skips a batch: a failed step hands it the same indices again).
+struct batch_check {
+  /// Batches handed to the training loop and not yet stepped, this one included (-1: unknown).
+  /// Every rank of a world holds as many; one that holds more skipped a batch.
+  int in_flight = -1;
+  /// Batches this rank was handed and skipped since its previous reduced batch (a caught
+  /// exception, a `continue`).
+  int skipped = 0;
+};
+
+/// A step the world refused because a rank did not train its batch: nothing was applied or
+/// committed, and the step is redone with the same samples.
+struct step_refusal {
+  std::int64_t step = 0;
+  std::string reason;  ///< names the ranks that skipped when the world can tell
+  int excess = 0;      ///< batches this rank holds beyond the world's (the ones it skipped)
+};
+
 /// How often the host read values the device produced (the loss, what rides with the reductions)
 /// and how often such a read had to wait for the device: what "no synchronisation per step" means.
 struct device_read_stats {
@@ -275,7 +295,7 @@ class controller {
   /// step (false: nothing to reduce on this rank now, e.g. a failed step); gradient_ready(i) when
   /// params[i]'s gradient is accumulated (buckets are all-reduced as they fill, on CUDA on a stream
   /// of their own); finish_reduction at the end of backward (false: the step failed).
-  bool begin_reduction(const std::vector<at::Tensor>& params);
+  bool begin_reduction(const std::vector<at::Tensor>& params, const batch_check& check = {});
   void gradient_ready(std::size_t index);
   bool finish_reduction();
   /// Transforms gradient buckets around their all-reduce (the hook point for gradient codecs);
@@ -343,11 +363,26 @@ class controller {
   bool stop_requested() const noexcept { return stop_requested_.load(std::memory_order_relaxed); }
   /// Training ended because a member asked to stop (request_stop()).
   bool stopped() const noexcept { return stopped_; }
+  /// This process leaves the job now, in the middle of training (an uncaught exception is on its
+  /// way out of the trainer): the communicator is closed, so the peers' step fails at once, and the
+  /// process is marked gone on the store with its heartbeat stopped, so their recovery does not
+  /// wait for it. Never throws; the process is finished afterwards (finish() does nothing).
+  void abandon(const std::string& why) noexcept;
+  /// The trainer's previous reduction never reached step() (it caught an exception after backward
+  /// and went on): the world committed that step, so this process commits it too and takes the
+  /// world's state again at its next step (a recovery in which it holds no state). begin_reduction()
+  /// does this itself; Python's model wrapper calls it first, to tell which batch is in hand.
+  /// Returns whether a step was missed.
+  bool catch_up_missed_step() noexcept;
+  /// The latest step() refused the step (a rank did not train its batch), or nothing.
+  const std::optional<step_refusal>& refusal() const noexcept { return refusal_; }
 
   role current_role() const noexcept { return role_; }
   bool is_local() const noexcept { return role_ == role::local; }
   bool is_member() const noexcept { return role_ == role::member || role_ == role::local; }
-  bool failed() const noexcept { return !failure_.empty(); }
+  /// The current step's reduction failed (it is redone after a recovery) or the world refused it
+  /// (it is redone): its update must not be applied.
+  bool failed() const noexcept { return !failure_.empty() || refused_.has_value(); }
   int uid() const noexcept { return uid_; }
   /// The rank in the world now (-1 outside it). After the job finished, the rank this process had
   /// in the last world (-1 if it was not a member then), so that "save on rank 0" after the
@@ -409,6 +444,9 @@ class controller {
   void stop_at_boundary() noexcept;
   void recover(std::string reason);
   void hook(change_phase phase);
+  bool check_batches(const at::Tensor& tail);
+  void refuse_step();
+  bool follows(std::int64_t parent, std::int64_t child);
 
   controller_options options_;
   resize_engine engine_;
@@ -465,6 +503,11 @@ class controller {
   bool nonfinite_started_ = false;
   std::optional<std::uint64_t> last_digest_;
   std::vector<tensor_spec> signature_;
+  state_layout layout_;                  ///< the rest of the state a handoff sends (compared at start and admission)
+  batch_check batch_;                    ///< the batch being reduced (begin_reduction)
+  std::optional<step_refusal> refused_;  ///< this step is refused (set at its reduction)
+  std::optional<step_refusal> refusal_;  ///< the latest step() was a refusal
+  int refusals_in_a_row_ = 0;
   step_status status_;
 };
 

@@ -4,6 +4,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,17 @@ struct tensor_spec {
 
 /// A readable description of the first difference between two model signatures ("" when equal).
 std::string signature_mismatch(const std::vector<tensor_spec>& world, const std::vector<tensor_spec>& joiner);
+/// The same, naming the two sides ("process 0" and "process 1" for two founding processes).
+std::string signature_mismatch(const std::vector<tensor_spec>& a, const std::vector<tensor_spec>& b,
+                               const std::string& a_name, const std::string& b_name);
+
+/// What else of the state a handoff sends besides the model's tensors, as named parts (the
+/// optimizer's class and parameter groups, the LR scheduler's class, the gradient codec): a joiner
+/// whose layout differs could not load the world's state, so it is refused before anything is sent.
+using state_layout = std::map<std::string, std::string>;
+/// The first part that differs, said plainly ("" when equal).
+std::string layout_mismatch(const state_layout& a, const state_layout& b, const std::string& a_name,
+                            const std::string& b_name);
 
 /// The trainer's state, as the controller hands it over: the controller moves the bytes
 /// (manifest, then the tensors in bounded chunks) and adds its own part (step counter, sampler
@@ -35,6 +47,8 @@ class state_provider {
   virtual ~state_provider() = default;
   /// The model's parameters and buffers (name, shape, dtype), compared at start and admission.
   virtual std::vector<tensor_spec> signature() = 0;
+  /// The rest of the state's layout (state_layout), compared at start and admission. Default: none.
+  virtual state_layout layout() { return {}; }
   /// Sender: every tensor to hand over (contiguous tensors) and an opaque manifest that
   /// describes them and carries the non-tensor state.
   struct snapshot {
@@ -72,6 +86,8 @@ class module_state final : public state_provider {
   /// Both must outlive the controller. `optimizer` may be null (plain parameter updates).
   module_state(torch::nn::Module& module, torch::optim::Optimizer* optimizer);
   std::vector<tensor_spec> signature() override;
+  /// The optimizer's class and its parameter groups (sizes).
+  state_layout layout() override;
   snapshot collect() override;
   std::vector<at::Tensor> prepare(const std::string& manifest) override;
   void load(const std::string& manifest, const std::vector<at::Tensor>& tensors) override;
