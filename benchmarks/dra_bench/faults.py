@@ -7,7 +7,7 @@ faults (kill -9 of a member, of the leader, of two members within 100 ms, of a j
 standby, inside a phase of a resize; SIGSTOP past the fault timeout then SIGCONT; the store
 killed; a slow peer), the filesystem under the events and checkpoints (read-only, full, not a
 folder), another client writing bad values into the job's store keys, the launcher's death
-(``dra run`` SIGTERM/SIGKILL, the torchrun agent hosting the rendezvous), exceptions in the
+(``dra run`` SIGTERM/SIGKILL, the first torchrun agent of the crash recipe), exceptions in the
 training loop (caught and uncaught), and joiners that do not match the world. Every trial checks
 exactly-once data from the committed steps' sample records, identical state on the final members,
 that every process ended (with the exit code its fault gives it), and the time from the fault to

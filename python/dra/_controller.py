@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import warnings
 import weakref
@@ -98,6 +99,10 @@ class Controller(_core.Controller):
         # A DataLoader's worker processes hold copies of this process's sockets: they die with it,
         # so that its peers see its connections close at once when it is killed.
         _process.die_with_parent_on_fork()
+        # Under torchrun the agent supervises its node's workers: when it is killed, its worker dies
+        # with it (as under `dra run`) instead of training on as an orphan nobody restarts or stops.
+        if os.environ.get("TORCHELASTIC_RUN_ID") and os.getppid() != 1:
+            _process.die_with_parent(signal.SIGKILL, os.getppid())
         if os.environ.get("DRA_STOP_ON_SIGTERM") == "1":
             _stop_on_sigterm(self)
         _leave_on_uncaught_exception(self)

@@ -181,7 +181,7 @@ def judge_launcher(run: TrialRun) -> Verdict:
     if spec.kind == "agent_rdzv_host":
         v.job_lost = not finals
         if v.job_lost:
-            v.problems.append("job lost: no worker finished training after the rendezvous host's agent died")
+            v.problems.append("job lost: no worker finished training after the first agent died")
         else:
             v.samples_lost, _, problems = exactly_once(recs, job.dataset, job.epochs)
             v.problems += problems

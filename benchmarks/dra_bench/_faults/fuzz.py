@@ -76,7 +76,8 @@ def run(address: str, cases: int, seed: int = 0) -> dict[str, Any]:
             with contextlib.redirect_stderr(stderr), _quiet_fd2():
                 case()
         except Exception as e:  # noqa: BLE001 - a crash: Hypothesis re-raises the smallest one
-            crashes.append({"family": family, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            inner = [f"{type(x).__name__}: {str(x)[:300]}" for x in getattr(e, "exceptions", ())]  # a FlakyFailure's
+            crashes.append({"family": family, "error": f"{type(e).__name__}: {str(e)[:300]}", "raised": inner})
     total = sum(outcomes.values())
     by = collections.Counter(k.split(": ")[1] for k in outcomes.elements())
     return {

@@ -4,10 +4,13 @@
   the job's store) gets SIGTERM or SIGKILL mid-training. Nothing may be left behind: every worker
   must be gone 5 s after the launcher died (an orphan keeps training without its store and loses
   the job at the next fault), and no committed sample may be repeated.
-- ``agent_rdzv_host``: three torchrun agents (one worker each) on one c10d rendezvous, the workers
-  on a dedicated store (``DRA_STORE``); the agent that hosts the rendezvous is killed. The job must
-  go on with the other agents' workers (it is lost when they are stopped), and the dead agent's
-  worker must not run on as an orphan.
+- ``agent_rdzv_host``: three torchrun agents (one worker each) as docs/guide/elastic.md's crash
+  recipe runs them: the c10d rendezvous and the workers on one dedicated store (``DRA_STORE``); the
+  first agent, the one that would host the rendezvous without that store, is killed. The job must go
+  on with the other agents' workers (it is lost when they are stopped), and the dead agent's worker
+  must not run on as an orphan (a worker under torchrun dies with its agent). With the rendezvous on
+  an agent's node instead, that agent's death ends every agent (torch's ``RendezvousConnectionError``):
+  not survived, as the guide says; this trial does not run that layout.
 
 These trials run their own launchers (``Fault.runner``); the checker reads the same worker records
 as every other trial, and the runner adds its own problems (orphans, a lost job) to the run's notes.
@@ -149,18 +152,15 @@ def run_launcher_trial(spec: TrialSpec, out: Path, _launcher: object, timeout_s:
 def run_agent_trial(spec: TrialSpec, out: Path, _launcher: object, timeout_s: float) -> TrialRun:
     out.mkdir(parents=True, exist_ok=True)
     job, token = spec.job, uuid.uuid4().hex
-    store = StoreProcess()
-    rdzv = StoreProcess()  # only for a free port: the agent of node 0 hosts the rendezvous there
-    port = rdzv.port
-    rdzv.close()
+    store = StoreProcess()  # docs/guide/elastic.md's recipe: the rendezvous and the job on one dedicated store
     procs: dict[str, subprocess.Popen] = {}
     try:
         for node in range(job.nproc):
             env = _worker_env(job, out, token)
             env.update(DRA_STORE=store.address, LOGLEVEL="WARNING")
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={job.nproc}", "--nproc-per-node=1",
-                   "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=faults-{token[:8]}",
-                   f"--rdzv-conf=is_host={1 if node == 0 else 0}", f"--local-addr=127.0.0.{node + 1}",
+                   "--rdzv-backend=c10d", f"--rdzv-endpoint={store.address}", f"--rdzv-id=faults-{token[:8]}",
+                   f"--local-addr=127.0.0.{node + 1}",
                    "--max-restarts=0", "-m", "dra_bench._faults.worker"]  # fmt: skip
             with open(out / f"out-agent{node}.txt", "w") as fh:
                 procs[f"agent{node}"] = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
@@ -186,11 +186,11 @@ for _signame in ("SIGTERM", "SIGKILL"):
 
 @register(
     "agent_rdzv_host",
-    "torchrun, one agent per node on a c10d rendezvous and a dedicated store: the rendezvous host's agent is killed",
+    "torchrun, one agent per node, rendezvous and job on a dedicated store (the recipe): the first agent is killed",
     languages=("py",), klass="launcher",
 )  # fmt: skip
 def _agent_rdzv_host(rng: random.Random, job: JobSpec) -> Fault:
     job.nproc = job.start_size = job.max_size = 3
     step = _step(rng, job)
-    return Fault("agent_rdzv_host", f"SIGKILL of the torchrun agent hosting the rendezvous at step {step}",
+    return Fault("agent_rdzv_host", f"SIGKILL of the first torchrun agent at step {step}",
                  actions=[Action("agent0", step, sig=0)], runner=run_agent_trial)  # fmt: skip
