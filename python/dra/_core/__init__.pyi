@@ -1131,9 +1131,17 @@ class Controller:
     @typing.overload
     def __init__(self, options: Options, state: elastic.StateProvider, sampler: elastic.Sampler, *, store_address: typing.Any = None, join: typing.Any = None, phase_hook: typing.Any = None) -> None:
         ...
-    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor]) -> bool:
+    def _abandon(self, why: str) -> None:
         """
-        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now).
+        This process leaves the job mid-training (an uncaught exception): peers fail at once and do not wait.
+        """
+    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor], in_flight: typing.SupportsInt | typing.SupportsIndex = -1, skipped: typing.SupportsInt | typing.SupportsIndex = 0) -> bool:
+        """
+        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the previous reduced batch (the job's exactly-once check).
+        """
+    def _catch_up_missed_step(self) -> bool:
+        """
+        The previous backward never reached dra.step: commit its step as the world did (and resync).
         """
     def _complete_handoff(self) -> None:
         """
@@ -1192,6 +1200,11 @@ class Controller:
     def try_join(self) -> bool:
         """
         rejoin() without waiting: True once admitted, False while waiting or when the job has ended.
+        """
+    @property
+    def _refusal(self) -> typing.Any:
+        """
+        The latest step was refused (a rank did not train its batch; it is redone): step, reason, and the batches this rank holds beyond the world's. None otherwise.
         """
     @property
     def compression(self) -> typing.Any:

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import torch
 import typing
-__all__: list[str] = ['NcclWorld', 'bench_engine_step_ns', 'bench_estimator_update_ns', 'bench_policy_decision_ns', 'epoch_order', 'handoff_sources', 'leader_of', 'next_members', 'noop', 'pick_joiners', 'pick_leavers', 'rank_mapping', 'rank_of', 'rank_share', 'step_batch', 'survivors']
+__all__: list[str] = ['NcclWorld', 'bench_engine_step_ns', 'bench_estimator_update_ns', 'bench_policy_decision_ns', 'epoch_order', 'handoff_sources', 'leader_of', 'next_members', 'noop', 'pick_joiners', 'pick_leavers', 'rank_mapping', 'rank_of', 'rank_share', 'read_store_value', 'step_batch', 'store_key_families', 'survivors']
 class NcclWorld:
     """
     One process's NCCL world (dra's NCCL backend): rebuild() builds the communicator of an epoch; collectives run on the tensor's current CUDA stream.
@@ -114,9 +114,17 @@ def rank_share(begin: typing.SupportsInt | typing.SupportsIndex, end: typing.Sup
     """
     (begin, end) of one rank's share of a batch.
     """
+def read_store_value(host: str, port: typing.SupportsInt | typing.SupportsIndex, job: str, family: str, value: bytes) -> str:
+    """
+    Writes value into the key of family (under the job prefix) as another client would, runs the protocol's readers of that key: 'read', 'ignored' (warned once) or 'handled: ...' (a dra error the protocol handles); anything else raises (a crash).
+    """
 def step_batch(cursor: typing.SupportsInt | typing.SupportsIndex, global_batch: typing.SupportsInt | typing.SupportsIndex, epoch_size: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, int]:
     """
     (begin, end) of one step's samples.
+    """
+def store_key_families() -> list[str]:
+    """
+    The store keys the elastic protocol reads, one per family (the store fuzzer's keys).
     """
 def survivors(current: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], alive: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> list[int]:
     ...
