@@ -8,6 +8,7 @@ void bind_signals(pybind11::module_& m);
 void bind_policy(pybind11::module_& m);
 void bind_build(pybind11::module_& m);
 void bind_controller(pybind11::module_& m);
+void bind_step(pybind11::module_& m);  // dra.step (python/step_py.cpp), after bind_controller
 void bind_elastic(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
 void bind_nccl(pybind11::module_& comm);             // into dra._core.comm

@@ -26,6 +26,7 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_build(m);
   dra::python::bind_elastic(m);  // before the controller: its signature names these types
   dra::python::bind_controller(m);
+  dra::python::bind_step(m);
   dra::python::bind_comm(m);
   dra::python::bind_rl(m);
   dra::python::bind_testing(m);

@@ -12,7 +12,13 @@ torch_prefix="$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake
 export PATH="$root/.venv/bin:$PATH"
 
 echo "== C++: configure, build and run the doctest suites (ctest) =="
+# ccache (installed by setup.sh): dra's own sources come out of the cache setup's build filled, when
+# they are compiled by the same compiler under the same name (ccache tells c++ from g++).
+cxx_args=()
+py_cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' build/py/CMakeCache.txt 2>/dev/null || true)"
+[ -n "$py_cxx" ] && cxx_args=(-DCMAKE_CXX_COMPILER="$py_cxx")
 cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache "${cxx_args[@]}" \
   -DPython_EXECUTABLE="$root/.venv/bin/python" -DCMAKE_INSTALL_PREFIX="$root/build/install" >/dev/null
 cmake --build build/cpp -j "$jobs"
 ctest --test-dir build/cpp --output-on-failure -j "$jobs" --timeout 300
@@ -36,7 +42,11 @@ cmake --build build/consumer-core -j "$jobs"
 ./build/consumer-core/dra_all_core_headers
 
 echo "== Python: pytest =="
-.venv/bin/python -m pytest -q "$@"
+# Most tests wait on real processes (a fault timeout, a store, a resize), so several test files run
+# at once (pytest-xdist); one file's tests stay together on one worker, in order, with its fixtures.
+# DRA_TEST_WORKERS=0 runs everything in this process.
+workers="${DRA_TEST_WORKERS:-3}"
+.venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"
 
 echo "== lint: ruff and clang-format =="
 "$root/scripts/lint.sh"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_bench._blob import blob_model
+from dra_bench._store import StoreProcess
 from dra_bench._report import result, write_report
 from dra_bench.torchft_baseline import torchft_rows
 
@@ -153,19 +154,11 @@ def _worker_restart(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 # the parent: launches the jobs and measures
 # ---------------------------------------------------------------------------------------------
-def _spawn_store() -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline()
-    if "listening" not in line:
-        raise RuntimeError(f"store did not start: {line}")
-    return proc, int(line.rsplit(":", 1)[1])
-
-
 def _run_direct(mode: str, mb: float, out: str, chunk_mb: float, timeout: float, *, nproc: int = 4,
                 backend: str = "gloo", device: str = "cpu") -> None:
     """Runs one measured job of `nproc` processes (the dra worker: shrink nproc -> nproc/2 -> back)."""
-    store, port = _spawn_store()
+    store = StoreProcess()
+    port = store.port
     try:
         procs = []
         for rank in range(nproc):
@@ -180,10 +173,7 @@ def _run_direct(mode: str, mb: float, out: str, chunk_mb: float, timeout: float,
             if p.returncode != 0:
                 raise RuntimeError(f"{mode} worker failed ({p.returncode}):\n{text[-3000:]}")
     finally:
-        store.kill()
-        store.wait()
-        if store.stdout is not None:
-            store.stdout.close()
+        store.close()
 
 
 def _torchrun_restart(mb: float, nproc: int, tmp: str, timeout: float) -> float:

@@ -28,25 +28,12 @@ from typing import Any
 
 import torch
 
+from dra_bench._store import StoreProcess
 from dra_bench.nccl import TinyLM
 
 SUITE = "elastic_gpu"
 DEVICE = "cuda"  # --device cpu: the same script over Gloo on the CPU (to check the script itself)
 BACKEND = "nccl"
-
-
-def start_store() -> tuple[subprocess.Popen, int]:
-    store = subprocess.Popen(
-        [sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    line = store.stdout.readline()
-    if "listening" not in line:
-        store.kill()
-        raise RuntimeError(f"the store did not start: {line}")
-    return store, int(line.rsplit(":", 1)[1])
 
 
 def sync() -> None:
@@ -202,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     from dra_bench._report import result, write_report  # noqa: PLC0415
 
-    store, port = start_store()
+    store = StoreProcess()
+    port = store.port
     os.environ.update(
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "1", "RANK": "0", "DRA_JOB_ID": "gpucheck"}
     )
@@ -215,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             checks.update(comm_paths=[], comm_lifecycle_ok=True)  # NCCL's communicator needs a GPU
         dra_t, ddp_t, info = elastic_loop(args, checks)
     finally:
-        store.kill()
-        store.wait()
+        store.close()
     med_dra, med_ddp = statistics.median(dra_t), statistics.median(ddp_t)
     reads = info["reads"]
     results = [

@@ -1,9 +1,11 @@
-// Small helpers the controller's translation units share (controller.cpp, world.cpp).
+// Small helpers the controller's translation units share (controller.cpp, world.cpp, options).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 namespace dra::elastic::detail {
@@ -12,6 +14,13 @@ using clock_type = std::chrono::steady_clock;
 
 inline double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// A number as %g prints it (option values and checks in messages).
+inline std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 inline bool contains(const std::vector<int>& v, int x) {

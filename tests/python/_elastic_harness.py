@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from dra_bench._store import StoreProcess
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "elastic_worker.py"
 
@@ -26,13 +28,9 @@ class Job:
         self.tmp, self.nproc = Path(tmp), nproc
         self.cfg = {"out": str(self.tmp), **cfg}
         self.procs: dict[str, subprocess.Popen] = {}
-        self.store = subprocess.Popen(
-            [sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        line = self.store.stdout.readline()  # "[dra] store listening on HOST:PORT" once it is up
-        assert "listening" in line, line + self.store.stdout.read()
-        self.port = int(line.rsplit(":", 1)[1])
+        self._store = StoreProcess()  # its output drained: a full pipe would block the store
+        self.store = self._store.proc
+        self.port = self._store.port
 
     def env(self, **extra):
         env = dict(os.environ)
@@ -67,11 +65,7 @@ class Job:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        if self.store.poll() is None:
-            self.store.send_signal(signal.SIGKILL)
-            self.store.wait()
-        if self.store.stdout is not None:
-            self.store.stdout.close()
+        self._store.close()
 
     def output(self, name: str) -> str:
         return (self.tmp / f"out-{name}.txt").read_text()

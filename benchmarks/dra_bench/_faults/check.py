@@ -229,6 +229,14 @@ def judge(run: TrialRun) -> Verdict:
         if code != want:
             tail = (run.out / f"out-{name}.txt").read_text(errors="replace")[-600:].strip().replace("\n", " | ")
             v.problems.append(f"{name} exited {code}, expected {want}: {tail}")
+    for name, variant in job.variants.items():
+        # A mismatched joiner's fault is its request to join: it fired when admission refused it
+        # (its output names the refusal); one that exited for another reason is a problem.
+        text = (run.out / f"out-{name}.txt").read_text(errors="replace") if (run.out / f"out-{name}.txt").exists() else ""
+        if "StateMismatchError" in text:
+            v.fired = True
+        elif run.codes.get(name) is not None:
+            v.problems.append(f"{name} (another {variant}) was not refused at admission (no StateMismatchError)")
 
     v.samples_lost, v.samples_repeated, data_problems = exactly_once(recs, job.dataset, job.epochs)
     v.problems += data_problems

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_bench._store import StoreProcess  # noqa: F401 - the trials' store, imported from here by the suite
 from dra_bench._faults.spec import FaultSpec
 
 POLL_S = 0.02
@@ -86,37 +87,6 @@ class TrialSpec:
 
     def repro(self) -> str:
         return f"python -m dra.bench faults --trial {self.seed}:{self.kind}:{self.job.language}"
-
-
-class StoreProcess:
-    """``python -m dra store`` on a free loopback port."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dra", "store", "--port", "0", "--host", "127.0.0.1"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        line = self.proc.stdout.readline()  # "[dra] store listening on HOST:PORT" once it is up
-        if "listening" not in line:
-            self.close()
-            raise RuntimeError(f"the store did not start: {line}")
-        self.port = int(line.rsplit(":", 1)[1])
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 class LocalLauncher:

@@ -20,43 +20,28 @@
 
 namespace dra::sim {
 
-struct rl_event_config {
-  int devices = 8;
-  policy::rl_pipeline pipeline = policy::rl_pipeline::one_step_off;
+/// The event simulator's configuration: the phase simulator's (workload.hpp), its checks
+/// included, plus the barrier switch and the within-step oracle's lookahead.
+struct rl_event_config : rl_sim_config {
   /// Per-phase barrier: batch k + 1 starts generating only once batch k is generated (and the
   /// step before trained), as in the phase model (pipeline.hpp). false: no barrier.
   bool barrier = false;
-  rl_workload workload{};
-  rl_cost_model costs{};
-  /// Rollout devices the dynamic run starts with (0: half of the devices).
-  int initial_rollout = 0;
-  policy::stage_balance_config policy{};
   /// Windows the within-step oracle looks ahead when it tries every trainer count (>= 1).
   int oracle_lookahead = 2;
 
   void validate() const {
-    if (devices < 2)
-      dra::detail::throw_invalid("devices", "must be >= 2 (one per role), got " + std::to_string(devices));
-    if (initial_rollout < 0 || initial_rollout >= devices)
-      dra::detail::throw_invalid("initial_rollout",
-                                 "must lie in [1, devices - 1] (0: half), got " + std::to_string(initial_rollout));
+    rl_sim_config::validate();
     if (oracle_lookahead < 1 || oracle_lookahead > 4)
       dra::detail::throw_invalid("oracle_lookahead",
                                  "must lie in [1, 4] windows, got " + std::to_string(oracle_lookahead));
-    workload.validate();
-    costs.validate();
-    costs.check_fits(workload.prompt_tokens + workload.max_generation_tokens);
-    stage_policy().validate();
+    stage_policy().validate();  // with the group size, which the phase simulator's check leaves out
   }
+  /// The phase simulator's policy, with the group size the event simulator schedules by.
   policy::stage_balance_config stage_policy() const {
-    auto p = policy;
-    p.devices = devices;
-    p.pipeline = pipeline;
-    p.generation.max_concurrency = costs.max_concurrency;
+    auto p = rl_sim_config::stage_policy();
     p.group_size = workload.group_size;
     return p;
   }
-  int start_rollout() const { return initial_rollout > 0 ? initial_rollout : std::max(1, devices / 2); }
 };
 
 /// One run's state and event loop; the schedules that drive it are rl_event_sim's (events.hpp).
