@@ -209,7 +209,6 @@ py::object event_dict(const std::string& line) {
   return py::module_::import("json").attr("loads")(line);
 }
 
-
 }  // namespace
 
 void dra::python::bind_controller(py::module_& m) {

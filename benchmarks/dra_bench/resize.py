@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from dra_bench._blob import blob_model
-from dra_bench._store import StoreProcess
 from dra_bench._report import result, write_report
+from dra_bench._store import StoreProcess
 from dra_bench.torchft_baseline import torchft_rows
 
 _STEPS = 9

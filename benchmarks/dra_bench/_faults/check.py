@@ -232,8 +232,8 @@ def judge(run: TrialRun) -> Verdict:
     for name, variant in job.variants.items():
         # A mismatched joiner's fault is its request to join: it fired when admission refused it
         # (its output names the refusal); one that exited for another reason is a problem.
-        text = (run.out / f"out-{name}.txt").read_text(errors="replace") if (run.out / f"out-{name}.txt").exists() else ""
-        if "StateMismatchError" in text:
+        log = run.out / f"out-{name}.txt"
+        if "StateMismatchError" in (log.read_text(errors="replace") if log.exists() else ""):
             v.fired = True
         elif run.codes.get(name) is not None:
             v.problems.append(f"{name} (another {variant}) was not refused at admission (no StateMismatchError)")

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_bench._store import StoreProcess  # noqa: F401 - the trials' store, imported from here by the suite
 from dra_bench._faults.spec import FaultSpec
+from dra_bench._store import StoreProcess  # noqa: F401 - the trials' store, imported from here by the suite
 
 POLL_S = 0.02
 
