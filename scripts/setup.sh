@@ -4,6 +4,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# ccache keys on paths relative to the checkout, so that two checkouts share the cache (see step 3).
+export CCACHE_BASEDIR="$root"
 say() { printf '[setup] %s\n' "$*"; }
 
 # 1. C++ dependencies from Debian: Eigen (dra::core), doctest (C++ tests), and the Gloo headers

@@ -10,6 +10,7 @@ cd "$root"
 jobs="${DRA_BUILD_JOBS:-2}"
 torch_prefix="$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
 export PATH="$root/.venv/bin:$PATH"
+export CCACHE_BASEDIR="$root"  # as setup.sh: paths relative to the checkout in ccache's keys
 
 echo "== C++: configure, build and run the doctest suites (ctest) =="
 # ccache (installed by setup.sh): dra's own sources come out of the cache setup's build filled, when
