@@ -304,6 +304,7 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
                                    "--epochs", "20", "--out", str(tmp_path / "high")]})
         states = client.wait(["low", "high"], timeout_s=240)
         assert states == {"low": "finished", "high": "finished"}, (tmp_path / "state" / "events.jsonl").read_text()[-3000:]
+        low_report = next(j for j in client.status()["jobs"] if j["name"] == "low")["report"] or {}
         metrics = client.metrics()
         assert 'dra_pool_events_total{pool="' in metrics and "dra_pool_slot_cpu_seconds_total" in metrics
     finally:
@@ -327,12 +328,21 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     # machine may still cause an unrelated fault, which the world survives).
     assert any(e["event"] == "resize" and e["left"] == [leave["uid"]] for e in ctl), ctl
     assert not [e for e in ctl if e["event"] == "fault" and leave["uid"] in e["left"]], ctl
-    # Once the high job ended, the lease came back to the low job: a joiner admitted in place.
-    joiner = next(e for e in launcher if e["event"] == "worker_start" and e["join"])
-    assert joiner["uid"] >= 10000
-    assert any(e["event"] == "resize" and joiner["uid"] in e["joined"] for e in ctl), ctl
+    # Once the high job ended, the lease came back to the low job: a joiner admitted in place. The
+    # pool grows a job by the speedup the job measured itself: on a machine loaded by other work
+    # (other test files run beside this one) its two workers may have been no faster than one, and
+    # then holding one worker is the right answer. Nothing else excuses it.
+    joiner = next((e for e in launcher if e["event"] == "worker_start" and e["join"]), None)
     low = json.loads((tmp_path / "low" / "result.json").read_text())
-    assert low["accuracy"] > 0.9 and low["resizes"] >= 2
+    assert low["accuracy"] > 0.9
+    if joiner is None:
+        curve, source = fit_speedup(low_report, 2)
+        assert source == "rates" and curve[2] < 1.6, ("no grant back though a second worker pays", source, curve,
+                                                      low_report.get("rates"))
+    else:
+        assert joiner["uid"] >= 10000
+        assert any(e["event"] == "resize" and joiner["uid"] in e["joined"] for e in ctl), ctl
+        assert low["resizes"] >= 2
     assert json.loads((tmp_path / "high" / "result.json").read_text())["accuracy"] > 0.9
     png = plot(tmp_path / "state" / "events.jsonl", tmp_path / "gantt.png")
     assert png.stat().st_size > 5000

@@ -49,7 +49,7 @@ def test_task_reward_is_verifiable_and_partial() -> None:
 def test_sampling_depends_only_on_the_sequence_and_the_weights() -> None:
     model = init_model(0, ModelConfig(d_model=32, layers=1, heads=2))
     stream = PromptStream([40.0, 80.0], seed=1)
-    prompts = stream.prompts(0, 6)
+    prompts = stream.prompts(0, 3)
 
     def generate(order: list[int], slots: int) -> dict[int, list[int]]:
         eng = RolloutEngine(model, slots, seed=5)
@@ -62,9 +62,9 @@ def test_sampling_depends_only_on_the_sequence_and_the_weights() -> None:
             todo = todo[n:]
         return out
 
-    a = generate([0, 1, 2, 3, 4, 5], 12)
-    b = generate([5, 3, 1, 0, 2, 4], 2)  # other order, other batching
-    assert a == b and len(a) == 12
+    a = generate([0, 1, 2], 6)
+    b = generate([2, 0, 1], 2)  # other order, other batching
+    assert a == b and len(a) == 6
     n1 = gumbel_noise(1, __import__("torch").tensor([7]), __import__("torch").tensor([3]), 5)
     n2 = gumbel_noise(1, __import__("torch").tensor([7]), __import__("torch").tensor([3]), 5)
     assert bool((n1 == n2).all()) and n1.std() > 0
