@@ -159,3 +159,31 @@ def test_a_fixed_seed_subset_survives_with_cpp_workers(tmp_path):
     assert (survived["value"], survived["not_fired"]) == (1.0, 0), survived["failures"]
     assert sorted(survived["by_kind"]) == sorted(f"{k}/cpp" for k in kinds.split(","))
     assert rows["samples_lost"]["value"] == 0 and rows["hung"]["value"] == 0
+
+
+def test_the_benchmarks_store_keeps_serving_after_its_output_fills_a_pipe():
+    # c10d logs ~100 bytes for each add() on a value that is not a counter (an outside writer's
+    # doing). The store's output pipe was read for its "listening" line only; once it filled, the
+    # store blocked on the write and every client waited out its timeout. The pipe is cut to one
+    # page here (4 KiB, ~40 such lines) so that a few dozen bad add()s fill it.
+    import fcntl
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from dra_bench._store import StoreProcess
+
+    store = StoreProcess()
+    try:
+        fcntl.fcntl(store.proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ
+        TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10)).set("garbage", "xx")
+        for _ in range(60):
+            client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
+            with pytest.raises(Exception):  # noqa: B017 - c10d raises DistNetworkError or DistStoreError
+                client.add("garbage", 1)
+        assert store.output_tail().count("Error processing client message") >= 40
+        after = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
+        after.set("still", "serving")
+        assert after.get("still") == b"serving"
+    finally:
+        store.close()
