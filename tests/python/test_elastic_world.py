@@ -7,6 +7,7 @@ logged: world events, parameter digests after every world change, every committe
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from _elastic_harness import Job, check_exactly_once
@@ -217,3 +218,42 @@ def test_store_dying_mid_training_leaves_the_end_of_training_and_the_code_after_
     assert sorted(finals) == [0, 1] and finals[0]["step"] == finals[1]["step"] == N // 16
     assert finals[0]["digest"] == finals[1]["digest"]
     check_exactly_once(job, N, 1)
+
+
+def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_path):
+    # Issue 23 (one trial in 1,000 of outside store writers hung): a standby learns the job's end
+    # from the "done" key. Another client that wrote over it right after the leader set it left
+    # the standby waiting for an admission forever. The leader now writes "done" again while a
+    # candidate still waits. Here a writer overwrites it every 20 ms from the moment it appears.
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    job = Job(tmp_path, 3, start_size=2, max_size=2, epochs=1, dataset_size=N, fault_timeout_s=2.0)
+    job.start_all()
+    store = TCPStore("127.0.0.1", job.port, is_master=False, timeout=timedelta(seconds=10))
+    stop, overwrites = threading.Event(), []
+
+    def writer():
+        try:
+            while not stop.is_set() and not store.check(["dra/t/0/done"]):
+                time.sleep(0.005)
+            while not stop.is_set():
+                store.set("dra/t/0/done", "garbage")
+                overwrites.append(time.monotonic())
+                time.sleep(0.02)
+        except Exception:  # noqa: BLE001 - job.wait() closes the store once every process exited
+            return
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        codes = job.wait(120)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert codes == {"r0": 0, "r1": 0, "r2": 0}, [job.output(n)[-2000:] for n in codes]
+    assert overwrites, "the writer never saw the job's end"
+    finals = {r["uid"]: r for r in job.records("final")}
+    assert sorted(finals) == [0, 1, 2] and finals[2]["role"] != "member"
