@@ -18,6 +18,12 @@ echo "== C++: configure, build and run the doctest suites (ctest) =="
 cxx_args=()
 py_cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' build/py/CMakeCache.txt 2>/dev/null || true)"
 [ -n "$py_cxx" ] && cxx_args=(-DCMAKE_CXX_COMPILER="$py_cxx")
+# A build/cpp configured with another compiler is configured afresh: CMake's own reset on a compiler
+# change drops the other -D settings (Python_EXECUTABLE, through which the NCCL headers are found).
+cpp_cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' build/cpp/CMakeCache.txt 2>/dev/null || true)"
+if [ -n "$py_cxx" ] && [ -n "$cpp_cxx" ] && [ "$cpp_cxx" != "$py_cxx" ]; then
+  rm -rf build/cpp/CMakeCache.txt build/cpp/CMakeFiles
+fi
 cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache "${cxx_args[@]}" \
   -DPython_EXECUTABLE="$root/.venv/bin/python" -DCMAKE_INSTALL_PREFIX="$root/build/install" >/dev/null

@@ -384,9 +384,14 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         r = dra("submit", "--name", "inf", "--kind", "inference", "--device-type", "gpu-80gb", "--fraction", "0.5",
                 "--env", "GREETING=hi", "--", "sleep", "600")
         assert r.returncode == 0, r.stderr
-        time.sleep(0.5)
-        st = json.loads(dra("status", "--json").stdout)
-        lease = next(l for l in st["leases"] if l["job"] == "inf")
+        deadline = time.monotonic() + 60  # the daemon grants it at its next scheduling pass (later on a loaded host)
+        while True:
+            st = json.loads(dra("status", "--json").stdout)
+            lease = next((l for l in st["leases"] if l["job"] == "inf"), None)
+            if lease is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert lease is not None, st
         assert lease["device"] == "g0" and lease["share"] == 0.5
         assert next(j for j in st["jobs"] if j["name"] == "inf")["user"] == "root" or os.geteuid() != 0
         assert "inf#" in dra("status").stdout
