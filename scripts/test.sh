@@ -54,8 +54,8 @@ echo "== Python: pytest =="
 # DRA_TEST_WORKERS=0 runs everything in this process.
 workers="${DRA_TEST_WORKERS:-3}"
 .venv/bin/python -m pytest -q -n "$workers" --dist loadfile -m "not serial" "$@"
-# Tests marked serial (a pool's preemption and grant-back, timed by real jobs) run alone afterwards;
-# exit code 5 (none selected, when arguments name other tests) is not a failure.
+# Tests marked serial (none at present: for a timing-sensitive test that cannot share the host)
+# run alone afterwards; exit code 5 (none selected) is not a failure.
 .venv/bin/python -m pytest -q -m serial "$@" || [ $? -eq 5 ]
 
 echo "== lint: ruff and clang-format =="

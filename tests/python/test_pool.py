@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,7 +267,6 @@ def test_a_joiner_named_in_leave_is_dismissed_and_exits_0(tmp_path: Path) -> Non
         leader.wait()
 
 
-@pytest.mark.serial  # on a loaded host (other test files beside it) its low job failed or was not grown back
 @pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
 def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     """Two CPU slots. A low-priority elastic job is admitted on its request (both slots). A
@@ -586,3 +587,50 @@ def test_a_launcher_gives_up_after_the_operators_limit(tmp_path: Path) -> None:
     ref.popen.wait(timeout=30)
     events = _launcher_events(tmp_path / "state" / "logs" / "j.launcher.log")
     assert ref.popen.returncode == 3 and any(e["event"] == "pool_lost" for e in events), events
+
+
+def test_a_silent_but_live_launcher_keeps_its_lease_until_the_silence_limit(tmp_path: Path) -> None:
+    """A launcher that stops calling (SIGSTOP: what a loaded host or a stalled daemon looks like
+    from the loop) while its process lives is late, not lost: one heartbeat_late event, the same
+    lease, the job finishes. Past silence_limit_s it counts as hung: it is killed, the lease comes
+    back, the job fails as lost. Without the rule the first job failed after 0.5 s of silence."""
+    svc = PoolService(declared(1), tmp_path / "state", heartbeat_timeout_s=0.5, silence_limit_s=4.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    try:
+        def launcher_of(name: str) -> Any:
+            log = tmp_path / "state" / "logs" / f"{name}.launcher.log"
+            deadline = time.time() + 90
+            while time.time() < deadline and not (
+                    log.exists() and any(e["event"] == "worker_start" for e in _launcher_events(log))):
+                time.sleep(0.1)
+            return svc.launchers[name]
+
+        client.submit({"name": "slow", "cwd": str(tmp_path), "command": ["sleep", "4"]})
+        ref = launcher_of("slow")
+        lease = client.status()["leases"][0]["id"]
+        os.kill(ref.pid, signal.SIGSTOP)
+        time.sleep(2.0)  # four heartbeat timeouts
+        os.kill(ref.pid, signal.SIGCONT)
+        assert client.wait(["slow"], timeout_s=60) == {"slow": "finished"}
+        events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+        late = [e for e in events if e["event"] == "heartbeat_late"]
+        assert len(late) == 1 and late[0]["job"] == "slow" and late[0]["lease"] == lease, late
+        assert [e["reason"] for e in events if e["event"] == "release" and e["lease"] == lease] != [
+            "no heartbeat for 0.5 s"]
+
+        client.submit({"name": "hung", "cwd": str(tmp_path), "command": ["sleep", "60"]})
+        ref = launcher_of("hung")
+        os.kill(ref.pid, signal.SIGSTOP)
+        assert client.wait(["hung"], timeout_s=30) == {"hung": "failed"}
+        ref.popen.wait(timeout=10)
+        assert ref.popen.returncode == -signal.SIGKILL
+        events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+        end = next(e for e in events if e["event"] == "finish" and e["job"] == "hung")
+        assert "lost" in end["reason"], end
+        late = next(e for e in events if e["event"] == "heartbeat_late" and e["job"] == "hung")
+        assert end["time"] - late["time"] >= 4.0 - 0.5 - 0.2
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="^silence_limit_s"):
+        PoolService(declared(1), tmp_path / "other", heartbeat_timeout_s=3.0, silence_limit_s=1.0)

@@ -7,6 +7,8 @@ mixin of ``dra.pool.service.PoolService`` carries them out on the service's stat
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -61,10 +63,17 @@ class SchedulingLoop:
         with self._lock:
             removed: list[int] = []
             changed: list[Any] = []
-            # 1. Leases whose workers stopped checking in come back.
-            for lid in self.book.expired(now, self.heartbeat_timeout_s):
+            # 1. Leases whose workers stopped checking in come back, unless the job's launcher is
+            # still alive: then it is late (a loaded host, a stalled daemon), not lost, for up to
+            # silence_limit_s, after which it counts as hung and is stopped.
+            expired = self.book.expired(now, self.heartbeat_timeout_s)
+            self._late &= set(expired)
+            for lid in expired:
+                lease = self.book.at(lid)
+                job = lease.job
+                if self._late_not_lost(lid, lease, now):
+                    continue
                 self.counters["reclaims"] += 1
-                job = self.book.at(lid).job
                 self._release(lid, f"no heartbeat for {self.heartbeat_timeout_s:g} s", removed)
                 j = self.jobs.get(job)
                 if j is not None and j["state"] in ("waiting", "running") and self.book.count(job) == 0:
@@ -95,6 +104,32 @@ class SchedulingLoop:
             if self.launch_jobs and self.url is not None:
                 for name in [n for n, j in self.jobs.items() if j["state"] == "waiting" and n not in self.launchers]:
                     self._launch(name, now)
+
+    def _late_not_lost(self, lid: int, lease: Any, now: float) -> bool:
+        """Whether an expired lease is only late: its job's launcher (a process of this host) is
+        alive and has been silent for less than ``silence_limit_s``. The first time, one
+        ``heartbeat_late`` event; past the limit the launcher is taken as hung and killed (its
+        workers go with the lease's cgroup), and the lease is reclaimed."""
+        ref = self.launchers.get(lease.job)
+        if ref is None or not ref.alive():
+            return False
+        silent = now - lease.heartbeat_at
+        if silent < self.silence_limit_s:
+            if lid not in self._late:
+                self._late.add(lid)
+                self._event({"event": "heartbeat_late", "job": lease.job, "lease": lid, "silent_s": round(silent, 3),
+                             "limit_s": self.silence_limit_s})
+            return True
+        self._late.discard(lid)
+        # Hung: its session (the launcher leads one, its workers in it) is stopped, so that no
+        # second world can start on these devices beside it.
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(ref.pid, signal.SIGKILL)
+                break
+            except OSError:
+                continue
+        return False
 
     def _check_launchers(self, now: float, removed: list[int]) -> None:
         self._exiting = [p for p in self._exiting if p.poll() is None]

@@ -53,7 +53,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         service = make_service(args.inventory, state, mode=args.mode, name=args.name, memory_gb=args.slot_memory_gb,
                                heartbeat_timeout_s=args.heartbeat_timeout_s, scale_every_s=args.scale_every_s,
-                               orphan_limit_s=args.orphan_limit_s, guarantee_slots=not args.no_slot_guarantee,
+                               orphan_limit_s=args.orphan_limit_s, silence_limit_s=args.silence_limit_s,
+                               guarantee_slots=not args.no_slot_guarantee,
                                completion_aware=args.completion_aware)
     except BaseException:
         server.close()
@@ -157,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--name", default="pool")
     s.add_argument("--slot-memory-gb", type=float, default=2.0)
     s.add_argument("--heartbeat-timeout-s", type=float, default=3.0)
+    s.add_argument("--silence-limit-s", type=float, default=None,
+                   help="how long a lease past its heartbeat timeout stays with a job whose launcher is still alive "
+                        "(a loaded host) before the launcher counts as hung (default: max(30, 10 x the timeout))")
     s.add_argument("--scale-every-s", type=float, default=2.0)
     s.add_argument("--completion-aware", action="store_true",
                    help="tilt the arbiter by each training job's remaining work (its declared_steps, steps and loss; "

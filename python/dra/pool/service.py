@@ -51,7 +51,9 @@ class PoolService(SchedulingLoop, LauncherAPI):
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
     (None for GPUs or declared devices: leases are then enforced by the launcher's environment).
     ``orphan_limit_s``: how long a job's launcher keeps its workers running while this daemon is
-    away (None: until it is back). ``ray_address``: the Ray cluster the devices are on (every job
+    away (None: until it is back). ``silence_limit_s``: how long a lease past its heartbeat timeout
+    stays with a job whose launcher process is still alive (None: the larger of 30 s and ten
+    heartbeat timeouts); then the launcher counts as hung, is killed and the lease reclaimed. ``ray_address``: the Ray cluster the devices are on (every job
     then runs through Ray)."""
 
     def __init__(self, devices: list[Any], state_dir: str | Path, *, mode: str = "dynamic",
@@ -59,11 +61,15 @@ class PoolService(SchedulingLoop, LauncherAPI):
                  heartbeat_timeout_s: float = 3.0, start_grace_s: float = 60.0, aging_s: float = 120.0, name: str = "pool",
                  launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None,
                  orphan_limit_s: float | None = None, ray_address: str | None = None,
-                 state_lock: StateLock | None = None, completion_aware: bool = False) -> None:
+                 state_lock: StateLock | None = None, completion_aware: bool = False,
+                 silence_limit_s: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
         if heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s: must be > 0, got {heartbeat_timeout_s}")
+        if silence_limit_s is not None and not silence_limit_s >= heartbeat_timeout_s:
+            raise ValueError(f"silence_limit_s: must be >= heartbeat_timeout_s ({heartbeat_timeout_s:g} s), got "
+                             f"{silence_limit_s} (None: the larger of 30 s and 10 heartbeat timeouts)")
         if orphan_limit_s is not None and orphan_limit_s <= 0:
             raise ValueError(f"orphan_limit_s: must be > 0 (or None: no limit), got {orphan_limit_s}")
         self.name = name
@@ -82,6 +88,10 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self.tick_s = tick_s
         self.scale_every_s = scale_every_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        # A lease past its heartbeat timeout whose job's launcher is alive is late, not lost, for
+        # this long (a loaded host or a stalled daemon); then the launcher counts as hung.
+        self.silence_limit_s = silence_limit_s if silence_limit_s is not None else max(30.0, 10 * heartbeat_timeout_s)
+        self._late: set[int] = set()  # leases reported late once (event heartbeat_late)
         self.start_grace_s = start_grace_s  # a new lease's worker may take this long to check in first
         self.launch_jobs = launch_jobs
         self.on_event = on_event
