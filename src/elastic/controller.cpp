@@ -172,8 +172,10 @@ void controller::finish() noexcept {
       // torchrun agent), leaving at once would take the store away before they read "done": wait
       // (bounded) until every waiting candidate withdrew. Meanwhile "done" is written again
       // whenever another client wrote over it: a standby that read that value instead would wait
-      // for an admission forever (seen once in 1,000 trials of outside store writers).
-      const auto deadline = clock_type::now() + options_.fault_timeout_ms() + std::chrono::seconds(1);
+      // for an admission forever (seen in 1,000-trial campaigns of outside store writers). The
+      // candidates are those registered now and every one seen before (a candidates' list written
+      // over reads as empty); a standby on a loaded host may poll late: two fault timeouts.
+      const auto deadline = clock_type::now() + 2 * options_.fault_timeout_ms() + std::chrono::seconds(1);
       while (store_->any_waiting() && clock_type::now() < deadline) {
         if (!store_->done()) store_->mark_done();
         std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -94,10 +94,6 @@ std::optional<admission_result> admission_from_json(const json& msg, int uid) {
   return r;
 }
 
-std::string key(const char* base, std::int64_t id) {
-  return std::string(base) + std::to_string(id);
-}
-
 }  // namespace
 
 void store_protocol::check_consistency(int uid, const json& config, const std::vector<tensor_spec>& signature,
@@ -159,6 +155,7 @@ std::vector<int> store_protocol::registered_candidates() {
   auto ids = values_.uid_list_of("cands", client_->read_list("cands"));
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  seen_candidates_.insert(ids.begin(), ids.end());
   return ids;
 }
 
@@ -197,7 +194,8 @@ std::vector<int> store_protocol::admissible_candidates(const std::vector<int>& m
 }
 
 bool store_protocol::any_waiting() {
-  for (int uid : registered_candidates())
+  (void)registered_candidates();  // adds the ones registered now to those seen
+  for (int uid : seen_candidates_)
     if (client_->exists(key("waiting/", uid))) return true;
   return false;
 }

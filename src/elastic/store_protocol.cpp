@@ -18,14 +18,6 @@ namespace dra::elastic::detail {
 using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
-namespace {
-
-std::string key(const char* base, std::int64_t id) {
-  return std::string(base) + std::to_string(id);
-}
-
-}  // namespace
-
 json to_json(const policy::decision& d) {
   return {{"action", policy::to_string(d.kind)},
           {"target", d.target_size},

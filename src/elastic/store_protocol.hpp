@@ -40,6 +40,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,11 @@ namespace dra::elastic::detail {
 
 /// Late joiners' uids are kLateUidBase + n, n from the store's "late_uid" counter.
 constexpr int kLateUidBase = 10000;
+
+/// A per-process or per-epoch key of the schema above: `base` ("beat/", "dec/", ...) and the id.
+inline std::string key(const char* base, std::int64_t id) {
+  return std::string(base) + std::to_string(id);
+}
 
 /// The leader's decision as every member reads it: the decision value object and where it applies.
 struct published_decision {
@@ -131,7 +137,9 @@ class store_protocol {
   std::vector<int> admissible_candidates(const std::vector<int>& members, const std::vector<tensor_spec>& signature,
                                          const state_layout& layout,
                                          const std::function<void(int uid, const std::string& why)>& rejected);
-  /// True while any registered candidate is still waiting.
+  /// True while any candidate is still waiting: one registered now, or one this process saw
+  /// registered earlier (a list another client wrote over reads as empty, and the job's end must
+  /// still reach the candidates it lost).
   bool any_waiting();
   void admit(const std::vector<int>& joined, const admission& a);
   using outcome = admission_result::outcome;
@@ -224,6 +232,7 @@ class store_protocol {
   store_values values_;
   std::optional<size_limit> last_limit_;
   std::map<int, std::string> last_registration_;  ///< what register_candidate wrote, by uid
+  std::set<int> seen_candidates_;                 ///< every uid registered_candidates() returned
   std::unique_ptr<heartbeat> heartbeat_;          // last: stopped first
   std::chrono::milliseconds beat_stale_{0}, late_grace_{0};
 };

@@ -220,11 +220,14 @@ def test_store_dying_mid_training_leaves_the_end_of_training_and_the_code_after_
     check_exactly_once(job, N, 1)
 
 
-def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_path):
+@pytest.mark.parametrize("also_cands", [False, True], ids=["done", "done-and-cands"])
+def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_path, also_cands):
     # Issue 23 (one trial in 1,000 of outside store writers hung): a standby learns the job's end
     # from the "done" key. Another client that wrote over it right after the leader set it left
     # the standby waiting for an admission forever. The leader now writes "done" again while a
-    # candidate still waits. Here a writer overwrites it every 20 ms from the moment it appears.
+    # candidate still waits. Here a writer overwrites it every 20 ms from the moment it appears;
+    # with also_cands the candidates' list too (the rerun of the campaign hung so again: the list
+    # read as empty, so the leader saw nobody waiting and left at once).
     import threading
     from datetime import timedelta
 
@@ -240,6 +243,8 @@ def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_pat
             while not stop.is_set() and not store.check(["dra/t/0/done"]):
                 time.sleep(0.005)
             while not stop.is_set():
+                if also_cands:
+                    store.set("dra/t/0/cands", "garbage")
                 store.set("dra/t/0/done", "garbage")
                 overwrites.append(time.monotonic())
                 time.sleep(0.02)
