@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -1047,4 +1048,51 @@ TEST_CASE("rl.policy.decide_window_lends_waiting_trainers_and_takes_idle_devices
         p.decide_window(bad);
       },
       "idle_rollout");
+}
+
+TEST_CASE("rl.events.growing_lengths_do_not_make_rollout_devices_look_faster") {
+  // The `longgen` scenario (python/dra/rl/__init__.py: 8 devices, reasoning lengths doubling over
+  // 200 steps, KV-limited decode): a batch's time hardly shrinks past 4 rollout devices (its long
+  // generations wait for KV room and for the batch before theirs), while the lengths' growth made
+  // the batch times grow at a fixed split. Fitted on the bulk term alone, that growth made every
+  // extra rollout device look worth ~90 s a batch: the policy lent trainers it did not gain from
+  // (x1.02-1.03 of the best split on these seeds, mean 4.4-4.6 rollout devices; now <= x1.008).
+  for (std::uint64_t seed : {1, 2, 3}) {
+    CAPTURE(seed);
+    rl_event_config c;
+    c.devices = 8;
+    auto& w = c.workload;
+    w.steps = 200;
+    w.seed = seed;
+    w.prompts_per_step = 64;
+    w.group_size = 8;
+    w.prompt_tokens = 512.0;
+    w.max_generation_tokens = 20480.0;
+    w.drift_final_scale = 2.0;
+    w.updates_per_step = 8;
+    w.lengths = length_model::reasoning;
+    w.reasoning = {2000.0, 0.7, 0.35, 0.1, 4.0};
+    auto& k = c.costs;
+    k.max_concurrency = 256;
+    k.kv_capacity_tokens = 270000.0;
+    k.decode_fixed_s = 0.022;
+    k.decode_per_sequence_s = 8e-5;
+    k.decode_per_kilotoken_s = 3.9e-5;
+    k.prefill_per_kilotoken_s = 0.04;
+    k.train_per_token_s = 3.3e-4;
+    k.train_fixed_s = k.sync_fixed_s = 0.5;
+    k.weight_sync_s = k.weight_load_s = k.switch_weights_s = 1.3;
+    k.switch_agree_s = 0.05;
+    k.switch_rebuild_s = 0.5;
+    k.switch_optimizer_s = 4.0;
+    k.rollout_start_s = 5.0;
+    const rl_event_sim sim({}, c);
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 3; r <= 5; ++r)  // the best split (4) and its neighbours
+      best = std::min(best, sim.run_static(r, dra::policy::rl_pipeline::one_step_off, false).total_s);
+    const auto dynamic = sim.run_dynamic();
+    CHECK(dynamic.exactly_once);
+    CHECK(dynamic.total_s < 1.015 * best);
+    CHECK(dynamic.mean_rollout_devices < 4.3);
+  }
 }

@@ -43,6 +43,7 @@ class stage_balance_policy {
         generation_(config_.generation),
         training_(config_.training) {
     batch_fit_.reset(Eigen::Vector2d(1.0, 1.0), config_.generation.prior_weight);
+    split_fit_.reset(Eigen::Vector3d(1.0, 1.0, 0.0), config_.generation.prior_weight);
   }
 
   const stage_balance_config& config() const noexcept { return config_; }
@@ -66,13 +67,15 @@ class stage_balance_policy {
   }
   /// A batch of `sequences` generated in `seconds` (its first sequence handed out to its last
   /// finished) on `rollout` devices on average: scales the bulk and tail terms of the rollout
-  /// model to what the pipeline really takes (queueing, preemption, prefill). False: ignored.
+  /// model to what the pipeline really takes (queueing, preemption, prefill), and fits how a
+  /// fresh batch's time depends on the rollout devices (split_features). False: ignored.
   bool observe_batch(double rollout, int sequences, double seconds) {
     if (!(rollout >= 1.0) || sequences < 1 || !std::isfinite(seconds) || !(seconds > 0.0) ||
         lengths_.observations() == 0 || generation_.observations() == 0)
       return false;
     const auto f = batch_features(rollout, sequences);
     batch_fit_.add(Eigen::Vector2d(f.first, f.second), seconds, config_.generation.forgetting);
+    split_fit_.add(split_features(rollout, sequences), seconds, config_.generation.forgetting);
     ++batches_;
     return true;
   }
@@ -305,14 +308,16 @@ class stage_balance_policy {
             : std::max(std::max(tail_scale * tail_s(now.wait_in_flight), queued_tail_s(now.wait_queued, rollout_busy)),
                        wait_work * tok / rollout_busy);
     const double next_work = now.next_exists ? bulk_scale * work_tokens(now.next_queued, now.next_in_flight) : 0.0;
+    const double queued_work =
+        bulk_scale * mean * ((now.next_exists ? now.next_queued : 0) + (now.wait_complete ? 0 : now.wait_queued));
     const double next_tail = now.next_exists ? tail_scale * tail_s(now.next_in_flight) : 0.0;
     const double engine = engine_starts_ > 0 ? engine_start_s_ : 0.0;
     const double update_tokens = now.sequences_per_step * (prompt + mean) / now.updates_per_step;
     const auto update_s = [&](int train) { return training_.step_time_s(train, update_tokens / train); };
-    // A fresh batch on `rollout` devices: its bulk, or its longest sequence started late.
+    // A fresh batch on `rollout` devices: its bulk, its longest sequence started late, and the part
+    // that grows with the lengths whatever the split (split_features).
     const auto batch_s = [&](int rollout) {
-      const auto f = batch_features(rollout, now.sequences_per_step);
-      return std::max(0.0, batch_fit_.predict(Eigen::Vector2d(f.first, f.second)));
+      return std::max(0.0, split_fit_.predict(split_features(rollout, now.sequences_per_step)));
     };
     // The critical path, times from now: this step's end with `train` trainers, then each later
     // step at `later` trainers; the objective is when the last of them ends.
@@ -326,13 +331,17 @@ class stage_balance_policy {
       const double updates = now.updates_left * update_s(train) + weight_sync_s_;
       double end_prev = out.wait_s + cost + updates;  // this step's end
       // Batch s + 1: what is left of it on the busy devices, lenders after their engine start.
+      // Sequences in flight stay on their devices; lenders can only take queued ones.
       double next_done = 0.0;
       if (now.next_exists) {
         const int lenders = std::max(0, rollout - now.rollout);
         const double busy = std::max(1, std::min(rollout_busy, rollout));
         const double work = (next_work + wait_work) * tok;
         double gen = work / busy;
-        if (lenders > 0 && gen > engine) gen = (work + lenders * engine) / (busy + lenders);
+        if (lenders > 0 && gen > engine) {
+          const double in_flight = std::max(0.0, work - queued_work * tok);
+          gen = std::min(gen, std::max(in_flight / busy, (work + lenders * engine) / (busy + lenders)));
+        }
         next_done = std::max(std::max(gen, next_tail),
                              queued_tail_s(now.next_queued, busy + lenders) + (lenders > 0 ? engine : 0.0));
       }
@@ -422,6 +431,15 @@ class stage_balance_policy {
   std::pair<double, double> batch_features(double rollout, int sequences) const {
     return {sequences * lengths_.mean() * token_cost_s() / std::max(1.0, rollout), fresh_tail_s(sequences, rollout)};
   }
+  // A fresh batch's time at a split: the two terms and the bulk spread over every device, which
+  // grows with the lengths but not with the rollout devices. Lengths grow over training; without
+  // that term the fit puts the growth on the bulk, the one term that shrinks with more rollout
+  // devices, and the policy lends trainers to rollout for batch times that do not come (in the
+  // event model's `longgen`, a batch takes as long on 4, 5 or 6 rollout devices: its tail bounds it).
+  Eigen::Vector3d split_features(double rollout, int sequences) const {
+    const auto f = batch_features(rollout, sequences);
+    return {f.first, f.second, f.first * std::max(1.0, rollout) / config_.devices};
+  }
 
   // The sketch as a table: conditional quantiles and means of the residual length L - g given L > g.
   class length_table {
@@ -507,7 +525,8 @@ class stage_balance_policy {
   double decode_weight_ = 0.0, decode_concurrency_ = 0.0, decode_context_ = 0.0;
   double engine_start_s_ = 0.0;
   unsigned long long engine_starts_ = 0;
-  detail::online_ridge<2> batch_fit_;
+  detail::online_ridge<2> batch_fit_;  // scales the bulk and tail terms (work in flight)
+  detail::online_ridge<3> split_fit_;  // a fresh batch's time at a split
   unsigned long long batches_ = 0;
   stage_action pending_direction_ = stage_action::hold;
   int pending_count_ = 0;
