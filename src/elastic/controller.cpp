@@ -10,6 +10,8 @@
 // rejected.
 #include "dra/torch/elastic/controller.hpp"
 
+#include <ATen/Functions.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -263,6 +265,8 @@ void controller::apply_decision() {
   const auto t0 = clock_type::now();
   detail::published_decision d;
   const bool leader = comm_ && comm_->rank() == 0 && pending_;
+  std::string failed;
+  bool store_gone = false;
   try {
     if (leader) {
       d = *pending_;
@@ -271,8 +275,40 @@ void controller::apply_decision() {
       d = store_->read_decision(epoch_, options_.fault_timeout_ms() + std::chrono::seconds(1));
     }
   } catch (const dra::error& e) {
+    failed = e.what();
+    store_gone = store_->gone();
+  }
+  // Every member is at this boundary: one small all-reduce tells whether each one holds the
+  // decision. A store that died between the decision's publication and its reading leaves some or
+  // all without it, and no world change can go through a dead store: then every member skips the
+  // decision and the world trains on at its size. Any other failure is recovered from, by all.
+  if (comm_ && comm_->size() > 1) {
+    at::Tensor misses = at::zeros({2}, at::kFloat);
+    if (!failed.empty()) misses[store_gone ? 0 : 1] = 1.0;
+    try {
+      comm_->all_reduce_sum(misses);
+    } catch (const dra::error& e) {
+      comm_->abort();
+      recover("agreeing on the decision of epoch " + std::to_string(epoch_) + ": " + e.what());
+      return;
+    }
+    const float gone = misses[0].item<float>(), other = misses[1].item<float>();
+    if (other == 0.0f && gone > 0.0f) {
+      pending_.reset();
+      decision_flag_ = false;
+      std::fprintf(stderr,
+                   "[dra] decision of epoch %lld skipped on every member: the store is gone for %d of %d (%s); "
+                   "the world trains on at size %d\n",
+                   static_cast<long long>(epoch_), static_cast<int>(gone), comm_->size(),
+                   failed.empty() ? "this process read it" : failed.c_str(), comm_->size());
+      std::fflush(stderr);
+      return;
+    }
+    if (other > 0.0f && failed.empty()) failed = "another member could not read it";
+  }
+  if (!failed.empty()) {
     if (comm_) comm_->abort();
-    recover("decision of epoch " + std::to_string(epoch_) + " not received: " + e.what());
+    recover("decision of epoch " + std::to_string(epoch_) + " not received: " + failed);
     return;
   }
   pending_.reset();

@@ -147,6 +147,10 @@ void store_protocol::mark_gone(int uid) noexcept {
 std::string store_protocol::address() const {
   return client_->address();
 }
+
+bool store_protocol::gone() const noexcept {
+  return client_->gone();
+}
 const c10::intrusive_ptr<c10d::Store>& store_protocol::store() const {
   return client_->store();
 }

@@ -107,6 +107,8 @@ class store_protocol {
   ~store_protocol();
 
   std::string address() const;
+  /// Whether the store stopped answering this process (a reconnection failed too).
+  bool gone() const noexcept;
   /// The job-prefixed store (communicators rendezvous under it).
   const c10::intrusive_ptr<c10d::Store>& store() const;
 

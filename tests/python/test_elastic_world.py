@@ -220,6 +220,27 @@ def test_store_dying_mid_training_leaves_the_end_of_training_and_the_code_after_
     check_exactly_once(job, N, 1)
 
 
+def test_store_dying_between_a_decision_and_its_reading_skips_the_decision_on_every_member(tmp_path):
+    # Issue 23's rerun lost 4 kill_store jobs in 1,000 trials: the leader published a decision
+    # (dec/0), the store died before the members read it, and every member failed on 'dec/0'. Here
+    # the store dies right after the step whose boundary decided the scheduled shrink: the members
+    # learn of the decision from the next reduction, cannot read it, and every member (the leader
+    # too) skips it together; the world trains on at its size to the end.
+    job = Job(tmp_path, 2, start_size=2, epochs=1, dataset_size=N, schedule={"6": 1}, step_sleep_s=0.05,
+              kill_store={"uid": 0, "step": 6, "point": "after_step"})
+    job.cfg["store_pid"] = job.store.pid
+    job.start_all()
+    codes = job.wait(240)
+    assert job.store.returncode == -9
+    assert codes == {"r0": 0, "r1": 0}, [job.output(n)[-2000:] for n in codes]
+    for name in ("r0", "r1"):
+        assert "skipped on every member" in job.output(name), job.output(name)[-3000:]
+    finals = {r["uid"]: r for r in job.records("final")}
+    assert sorted(finals) == [0, 1] and finals[0]["step"] == finals[1]["step"] == N // 16
+    assert finals[0]["digest"] == finals[1]["digest"]
+    check_exactly_once(job, N, 1)
+
+
 @pytest.mark.parametrize("also_cands", [False, True], ids=["done", "done-and-cands"])
 def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_path, also_cands):
     # Issue 23 (one trial in 1,000 of outside store writers hung): a standby learns the job's end
