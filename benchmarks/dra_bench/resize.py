@@ -78,6 +78,12 @@ def _worker_dra(args: argparse.Namespace) -> None:
             ctl.optimizer.step()
             dra.step(loss)
             steps += 1
+            if steps == 5 and ctl.rank == 0:
+                # The grow at step 6 admits the standbys registered by then: wait for them (bounded),
+                # so that a loaded host's slow standby does not turn the grow into a hold.
+                deadline = time.monotonic() + 60.0
+                while len(ctl.registered_candidates()) < n - n // 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
     if os.environ["RANK"] == "0":  # host reads of device values (the NCCL suite's "syncs per step")
         Path(args.out, "reads.json").write_text(json.dumps(dict(ctl.device_reads, steps=steps)))
 
