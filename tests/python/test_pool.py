@@ -604,6 +604,11 @@ def test_a_silent_but_live_launcher_keeps_its_lease_until_the_silence_limit(tmp_
             while time.time() < deadline and not (
                     log.exists() and any(e["event"] == "worker_start" for e in _launcher_events(log))):
                 time.sleep(0.1)
+            # ... and the launcher heartbeated the lease (a new lease's first deadline is the start
+            # grace, 60 s ahead: stopped before its first heartbeat, it would not expire in time).
+            while time.time() < deadline and not any(
+                    l["job"] == name and 0 <= l["heartbeat_age_s"] < 0.4 for l in client.status()["leases"]):
+                time.sleep(0.05)
             return svc.launchers[name]
 
         client.submit({"name": "slow", "cwd": str(tmp_path), "command": ["sleep", "4"]})
