@@ -65,6 +65,18 @@ void dra::python::bind_testing(py::module_& m) {
       "Writes value into the key of family (under the job prefix) as another client would, runs the protocol's "
       "readers of that key: 'read', 'ignored' (warned once) or 'handled: ...' (a dra error the protocol handles); "
       "anything else raises (a crash).");
+  e.def(
+      "agree_after_failure",
+      [](const std::string& host, int port, const std::string& job, int uid, const std::vector<int>& old_members,
+         bool holds_state, int window_ms, int stale_ms) {
+        py::gil_scoped_release nogil;
+        return dra::elastic::testing::agree_after_failure(host, port, job, uid, old_members, holds_state, window_ms,
+                                                          stale_ms);
+      },
+      py::arg("host"), py::arg("port"), py::arg("job"), py::arg("uid"), py::arg("old_members"),
+      py::arg("holds_state"), py::arg("window_ms"), py::arg("stale_ms"),
+      "One survivors' agreement after world epoch 1 by uid: 'members ...', 'elsewhere ...' (it holds no state "
+      "and members that beat never came: it steps out) or 'handled: ...'.");
   bind_bench(e);
   bind_nccl_testing(e);
 }

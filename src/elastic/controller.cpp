@@ -175,10 +175,18 @@ void controller::finish() noexcept {
       // (bounded) until every waiting candidate withdrew. Meanwhile "done" is written again
       // whenever another client wrote over it: a standby that read that value instead would wait
       // for an admission forever (seen in 1,000-trial campaigns of outside store writers). The
-      // candidates are those registered now and every one seen before (a candidates' list written
-      // over reads as empty); a standby on a loaded host may poll late: two fault timeouts.
-      const auto deadline = clock_type::now() + 2 * options_.fault_timeout_ms() + std::chrono::seconds(1);
-      while (store_->any_waiting() && clock_type::now() < deadline) {
+      // candidates are those registered now, every one seen before and every former member (a
+      // candidates' list written over reads as empty); a standby on a loaded host may poll late:
+      // two fault timeouts. When another client has written into this job's keys, "done" is kept
+      // for a little longer than a candidate takes to register again (1 s), so that a candidate
+      // this process never saw is still told.
+      const auto start = clock_type::now();
+      const auto deadline = start + 2 * options_.fault_timeout_ms() + std::chrono::seconds(1);
+      const auto keep_until = start + std::chrono::milliseconds(1500);
+      for (;;) {
+        const bool waiting = store_->any_waiting(members_);  // reads the list: a value written over is warned
+        const auto now = clock_type::now();
+        if (now >= deadline || (!waiting && !(store_->tampered() && now < keep_until))) break;
         if (!store_->done()) store_->mark_done();
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }

@@ -193,11 +193,20 @@ std::vector<int> store_protocol::admissible_candidates(const std::vector<int>& m
   return out;
 }
 
-bool store_protocol::any_waiting() {
+bool store_protocol::any_waiting(const std::vector<int>& members) {
   (void)registered_candidates();  // adds the ones registered now to those seen
   for (int uid : seen_candidates_)
-    if (client_->exists(key("waiting/", uid))) return true;
+    if (std::find(members.begin(), members.end(), uid) == members.end() && client_->exists(key("waiting/", uid)))
+      return true;
   return false;
+}
+
+void store_protocol::note_members(const std::vector<int>& members) {
+  seen_candidates_.insert(members.begin(), members.end());
+}
+
+bool store_protocol::tampered() const {
+  return values_.warnings() > 0;
 }
 
 void store_protocol::admit(const std::vector<int>& joined, const admission& a) {

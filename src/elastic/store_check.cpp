@@ -2,6 +2,7 @@
 // "another client" into one key, and every reader of the protocol that reads that key.
 #include "dra/torch/elastic/store_check.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -60,14 +61,14 @@ const std::map<std::string, family>& families() {
         {},
         [](store_protocol& p) {
           p.registered_candidates();
-          p.any_waiting();
+          p.any_waiting({0});
           p.admissible_candidates({0}, kSignature, kLayout, [](int, const std::string&) {});
         }}},
       {"waiting/<uid>",
        {"waiting/10000", [](store_client& c) { c.append_list("cands", 10000); },
         [](store_protocol& p) {
           p.admissible_candidates({0}, kSignature, kLayout, [](int, const std::string&) {});
-          p.any_waiting();
+          p.any_waiting({0});
         }}},
       {"admit/<uid>",
        {"admit/10000",
@@ -149,6 +150,22 @@ std::string read_store_value(const std::string& host, int port, const std::strin
     return "handled: " + what;
   }
   return protocol.ignored_values() > 0 ? "ignored" : "read";
+}
+
+std::string agree_after_failure(const std::string& host, int port, const std::string& job, int uid,
+                                const std::vector<int>& old_members, bool holds_state, int window_ms, int stale_ms) {
+  store_protocol protocol(std::make_unique<store_client>(host, port, false, job, 5s), job);
+  const std::chrono::milliseconds window(window_ms), stale(stale_ms);
+  protocol.start_heartbeat(uid, std::max(stale / 5, std::chrono::milliseconds(1)), stale, window);
+  try {
+    const auto a = protocol.agree_on_survivors(1, old_members, uid, holds_state, window, {});
+    const auto& uids = a.members.empty() ? a.elsewhere : a.members;
+    std::string out = a.members.empty() ? "elsewhere" : "members";
+    for (int u : uids) out += " " + std::to_string(u);
+    return out;
+  } catch (const dra::error& e) {
+    return std::string("handled: ") + e.what();
+  }
 }
 
 }  // namespace dra::elastic::testing

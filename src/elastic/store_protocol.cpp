@@ -291,7 +291,7 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
   for (int room = 0; room < kRooms; ++room) {
     const std::string base = key("fault/", failed_epoch) + (room == 0 ? "" : "/r" + std::to_string(room));
     if (auto a = agree_in_room(base, failed_epoch, old_members, uid, holds_state, window, admit_if_waiting)) {
-      if (a->members.empty())
+      if (a->members.empty() && a->elsewhere.empty())
         throw dra::membership_error("dra: the training state is lost: every process that held it failed (world epoch " +
                                     std::to_string(failed_epoch) + ")");
       return *a;
@@ -311,7 +311,7 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
   const auto late_deadline = deadline + late_grace_;
   // Each missing member's last heartbeat value and when this process saw it change.
   std::map<int, std::pair<std::string, clock_type::time_point>> beats;
-  std::vector<int> alive;
+  std::vector<int> alive, beating;  // beating: old members not here whose heartbeat still moves
   bool decided = false;
   for (;;) {
     if (client_->exists(base + "/result")) {
@@ -320,6 +320,7 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
     }
     const auto now = clock_type::now();
     alive.clear();
+    beating.clear();
     bool waiting = false;  // for a member that may still check in
     for (int u : old_members) {
       if (client_->exists(base + "/alive/" + std::to_string(u))) {
@@ -336,8 +337,9 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
       auto seen = beats.find(u);
       if (seen == beats.end() || seen->second.first != *beat)
         seen = beats.insert_or_assign(u, std::make_pair(*beat, now)).first;
-      const bool beating = now - seen->second.second < beat_stale_;
-      waiting = waiting || (beating && now < late_deadline);
+      const bool beats = now - seen->second.second < beat_stale_;
+      if (beats) beating.push_back(u);
+      waiting = waiting || (beats && now < late_deadline);
     }
     if (alive.size() == old_members.size() || !waiting) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -362,6 +364,10 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
     }
     const std::int64_t epoch = next_epoch(failed_epoch);
     json proposal = {{"epoch", epoch}, {"members", json::array()}};
+    // Nobody here holds the state, and members of the world are alive (beating) but never came:
+    // they are training elsewhere (this room came from a decision another client wrote), so the
+    // state is not lost: the ones here step out.
+    if (holders.empty() && !beating.empty()) proposal["elsewhere"] = beating;
     if (!holders.empty()) {
       holders.insert(holders.end(), others.begin(), others.end());
       holders.insert(holders.end(), kept.begin(), kept.end());
@@ -385,7 +391,9 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
     if (j) values_.warn(k, raw, "not a survivors' agreement");
     return std::nullopt;
   }
-  return agreement{*epoch, *members};
+  agreement a{*epoch, *members, {}};
+  if (members->empty() && j->contains("elsewhere")) a.elsewhere = uid_array(j->at("elsewhere")).value_or(std::vector<int>{});
+  return a;
 }
 
 void store_protocol::mark_done() {

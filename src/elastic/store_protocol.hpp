@@ -87,6 +87,9 @@ struct admission_result {
 struct agreement {
   std::int64_t epoch = 0;
   std::vector<int> members;
+  /// No member here held the state while these members of the world were alive elsewhere (their
+  /// heartbeat moved, they never came): the ones here were split off and step out; members is empty.
+  std::vector<int> elsewhere;
 };
 
 /// An outside actor's limit on the job's size (a device pool, an RL coordinator), when one is set:
@@ -139,10 +142,15 @@ class store_protocol {
   std::vector<int> admissible_candidates(const std::vector<int>& members, const std::vector<tensor_spec>& signature,
                                          const state_layout& layout,
                                          const std::function<void(int uid, const std::string& why)>& rejected);
-  /// True while any candidate is still waiting: one registered now, or one this process saw
-  /// registered earlier (a list another client wrote over reads as empty, and the job's end must
-  /// still reach the candidates it lost).
-  bool any_waiting();
+  /// True while any candidate outside `members` is still waiting: one registered now, one this
+  /// process saw registered earlier, or one that was a member of a world this process was in (a
+  /// member a shrink stood by waits as a candidate). A list another client wrote over reads as
+  /// empty, and the job's end must still reach the candidates it lost.
+  bool any_waiting(const std::vector<int>& members);
+  /// Remembers the uids of a world this process entered (any_waiting looks for them too).
+  void note_members(const std::vector<int>& members);
+  /// Whether a value another client wrote was found in this job's keys (warned).
+  bool tampered() const;
   void admit(const std::vector<int>& joined, const admission& a);
   using outcome = admission_result::outcome;
   using wait_result = admission_result;
@@ -234,7 +242,7 @@ class store_protocol {
   store_values values_;
   std::optional<size_limit> last_limit_;
   std::map<int, std::string> last_registration_;  ///< what register_candidate wrote, by uid
-  std::set<int> seen_candidates_;                 ///< every uid registered_candidates() returned
+  std::set<int> seen_candidates_;                 ///< every uid registered_candidates() returned or note_members noted
   std::unique_ptr<heartbeat> heartbeat_;          // last: stopped first
   std::chrono::milliseconds beat_stale_{0}, late_grace_{0};
 };

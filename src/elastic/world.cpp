@@ -135,6 +135,7 @@ void controller::enter_world(const world_change& change) {
   // Members and epoch first: when the build fails, the recovery runs for this new epoch.
   const std::vector<int> old_members = members_;
   members_ = change.members;
+  if (store_) store_->note_members(members_);  // a member stood by later waits as a candidate
   epoch_ = change.epoch;
   if (device_released_) {
     state_->restore_device();  // a standby admitted again: its state comes back to the device
@@ -367,6 +368,19 @@ void controller::recover(std::string reason) {
     const auto agreed =
         store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
                                    options_.fault_timeout_ms() + std::chrono::seconds(1), decided.joiners);
+    if (agreed.members.empty()) {
+      // Members of the world that hold the state are alive elsewhere (agree_on_survivors): this
+      // process followed a decision another client wrote, and the world trains on without it.
+      std::printf("[dra] process %d steps out: it holds no state and %zu member(s) of world epoch %lld are alive "
+                  "elsewhere (a decision another client wrote over led it here); %s\n",
+                  uid_, agreed.elsewhere.size(), static_cast<long long>(decided.epoch),
+                  options_.release == release_mode::exit      ? "exiting"
+                  : options_.release == release_mode::standby ? "standing by"
+                                                              : "returning to the caller");
+      std::fflush(stdout);
+      leave(options_.release == release_mode::exit);
+      return;
+    }
     if (!contains(agreed.members, uid_)) {
       std::printf("[dra] process %d was left out of epoch %lld (arrived late); %s\n", uid_,
                   static_cast<long long>(agreed.epoch),

@@ -241,31 +241,42 @@ def test_store_dying_between_a_decision_and_its_reading_skips_the_decision_on_ev
     check_exactly_once(job, N, 1)
 
 
-@pytest.mark.parametrize("also_cands", [False, True], ids=["done", "done-and-cands"])
-def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_path, also_cands):
-    # Issue 23 (one trial in 1,000 of outside store writers hung): a standby learns the job's end
-    # from the "done" key. Another client that wrote over it right after the leader set it left
-    # the standby waiting for an admission forever. The leader now writes "done" again while a
-    # candidate still waits. Here a writer overwrites it every 20 ms from the moment it appears;
-    # with also_cands the candidates' list too (the rerun of the campaign hung so again: the list
-    # read as empty, so the leader saw nobody waiting and left at once).
+@pytest.mark.parametrize("case", ["done", "done-and-cands", "stood-by-member", "never-seen-candidate"])
+def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_path, case):
+    # Issue 23 (trials of outside store writers hung): a standby learns the job's end from the
+    # "done" key. Another client that wrote over it right after the leader set it left the standby
+    # waiting for an admission forever. The leader now writes "done" again while a candidate still
+    # waits. Here a writer overwrites it every 20 ms from the moment it appears, and:
+    # - done-and-cands: the candidates' list too, from then on (a rerun of the campaign hung so:
+    #   the list read as empty, the leader saw nobody waiting and left at once);
+    # - stood-by-member: the list reads as empty from the start (a valid value: nothing warned), and
+    #   the standby is a member a shrink stood by: the leader looks for its former members too;
+    # - never-seen-candidate: the list is garbage from the start, so the leader never sees the
+    #   candidate; having read a foreign value, it keeps "done" for 1.5 s, longer than a candidate
+    #   takes to register again (the third rerun hung so on 380:store_fuzz:cpp).
     import threading
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
-    job = Job(tmp_path, 3, start_size=2, max_size=2, epochs=1, dataset_size=N, fault_timeout_s=2.0)
-    job.start_all()
+    if case == "stood-by-member":
+        job = Job(tmp_path, 3, start_size=3, max_size=3, schedule={"4": 2}, epochs=1, dataset_size=N,
+                  fault_timeout_s=2.0)
+    else:
+        job = Job(tmp_path, 3, start_size=2, max_size=2, epochs=1, dataset_size=N, fault_timeout_s=2.0)
+    early_cands = {"stood-by-member": "", "never-seen-candidate": "garbage"}.get(case)
     store = TCPStore("127.0.0.1", job.port, is_master=False, timeout=timedelta(seconds=10))
     stop, overwrites = threading.Event(), []
 
     def writer():
         try:
             while not stop.is_set() and not store.check(["dra/t/0/done"]):
+                if early_cands is not None:
+                    store.set("dra/t/0/cands", early_cands)
                 time.sleep(0.005)
             while not stop.is_set():
-                if also_cands:
-                    store.set("dra/t/0/cands", "garbage")
+                if case != "done":
+                    store.set("dra/t/0/cands", early_cands if early_cands is not None else "garbage")
                 store.set("dra/t/0/done", "garbage")
                 overwrites.append(time.monotonic())
                 time.sleep(0.02)
@@ -274,6 +285,7 @@ def test_a_standby_learns_the_end_though_another_client_writes_over_done(tmp_pat
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
+    job.start_all()
     try:
         codes = job.wait(120)
     finally:

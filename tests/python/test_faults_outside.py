@@ -16,6 +16,7 @@ before its fix, and the store fuzzer on a few hundred values.
 from __future__ import annotations
 
 import json
+import time
 import sys
 from pathlib import Path
 
@@ -182,3 +183,45 @@ def test_the_fault_kinds_of_every_class_are_registered():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize("other_beats", [True, False], ids=["holder-alive-elsewhere", "holder-dead"])
+def test_a_process_led_into_a_room_of_its_own_steps_out_when_the_holders_beat_elsewhere(store, other_beats):
+    # Issue 23's third rerun (trial 57:store_fuzz:py): a decision another client wrote led a
+    # process that held no state into a recovery room nobody else came to, and it ended with
+    # "the training state is lost" while the world trained on. In the room, the member that holds
+    # the state beats but never comes: the process steps out ("elsewhere"). A holder whose
+    # heartbeat stood still is dead, and then the state is lost indeed.
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from dra import _core
+
+    job = f"dra/split-{int(other_beats)}/0"
+    client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
+    client.set(f"{job}/beat/1", "1")
+    stop = threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            if other_beats:
+                client.add(f"{job}/beat/1", 1)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        got = _core._testing.agree_after_failure("127.0.0.1", store.port, job, uid=3, old_members=[1, 3],
+                                                 holds_state=False, window_ms=600, stale_ms=300)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    if other_beats:
+        assert got == "elsewhere 1", got
+        assert took >= 1.1  # waited the window and the late grace for a member that beats
+    else:
+        assert got.startswith("handled: dra: the training state is lost"), got

@@ -255,6 +255,50 @@ def test_zeus_side_by_side_runs():
     assert math.isfinite(zr.summarise(recs, 0.5, t.max_power, 3)["energy_j_last"])
 
 
+def test_dra_and_zeus_draw_the_same_training_paths_from_streams_seeded_alike():
+    """Common random numbers: run for run, a batch size gets the same traced path (epochs to
+    target) in dra's replay as in Zeus's simulator when both streams have the same seed, and
+    another seed gives other paths (so the check can fail)."""
+    import contextlib
+    import io
+
+    import pandas as pd
+    from dra.energy import zeus_replay as zr
+
+    ok, why = zr.zeus_available()
+    assert ok, f"the zeus package must import (requirements-dev.txt): {why}"
+    from zeus._legacy.job import Job
+    from zeus._legacy.policy.optimizer import JITPowerLimitOptimizer, PruningGTSBatchSizeOptimizer
+    from zeus._legacy.simulate import Simulator
+
+    job = next(j for j in zr.JOBS if j.dataset == "librispeech")  # seeds differ widely in epochs to target
+    t = zr.load_trace(job, "v100")
+    root = zr.data_dir()
+    sim = Simulator(pd.read_csv(root / "summary_train.csv"), pd.read_csv(root / "summary_power_v100.csv"),
+                    PruningGTSBatchSizeOptimizer(seed=0, verbose=False), JITPowerLimitOptimizer(verbose=False),
+                    seed=0, verbose=False)
+    zjob = Job(job.dataset, job.network, job.optimizer, job.target_metric, job.max_epochs, t.job.default_bs)
+    pick = np.random.default_rng(5)
+    runs = [(int(pick.choice(t.batch_sizes)), int(pick.choice(t.power_limits))) for _ in range(60)]
+    runs = [(bs, pl) for bs, pl in runs if (bs, pl) in t.power]
+    z_stream, same, other = (np.random.default_rng(11), np.random.default_rng(11), np.random.default_rng(12))
+    matched = differed = 0
+    for bs, pl in runs:
+        with contextlib.redirect_stdout(io.StringIO()):
+            energy, _, reached = sim._run_job(zjob, bs, pl, z_stream, np.inf, 0.5, False)
+        tpe, watts = t.power[(bs, pl)]
+
+        def agrees(target: float) -> bool:
+            if math.isnan(target) or target > job.max_epochs:
+                return not reached
+            return reached and energy == pytest.approx(target * tpe * watts, rel=1e-9)
+
+        matched += agrees(zr.draw_path(t, bs, same))
+        differed += not agrees(zr.draw_path(t, bs, other))
+    assert len(runs) >= 30 and matched == len(runs), (matched, len(runs))
+    assert differed > 0
+
+
 def test_energy_policy_selectable_in_engine_config():
     import dra
 

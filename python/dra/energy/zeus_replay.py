@@ -73,6 +73,7 @@ JOBS = (
     ZeusJob("squad", "bert_base_uncased", "adamw", 84.0, 6, 32, 110.0, 88_641),
     ZeusJob("sentiment140", "bert_base_uncased", "adamw", 0.84, 10, 128, 110.0, 1_600_000),
 )
+LEARNER_STREAM = 0x6472  # dra's learner draws from default_rng([seed, LEARNER_STREAM]); paths from default_rng(seed)
 LINK_BYTES_PER_S = 100e9 / 8  # world-size model: a 100 Gbit/s link between GPUs (stated)
 
 
@@ -220,8 +221,12 @@ class DraLearner:
 
     PRIOR_CV = 0.2  # a stated prior spread of epochs to target (20 %), used until two runs of one batch exist
 
-    def __init__(self, trace: Trace, eta: float, beta: float, rng: np.random.Generator, worlds=(1,), sparsities=(0.0,)):
+    def __init__(self, trace: Trace, eta: float, beta: float, rng: np.random.Generator, worlds=(1,), sparsities=(0.0,),
+                 paths: np.random.Generator | None = None):
         self.t, self.eta, self.beta, self.rng = trace, eta, beta, rng
+        # The traces' randomness (which seed's training path a run follows) has its own stream,
+        # apart from the learner's own draws: see draw_path.
+        self.paths = paths if paths is not None else rng
         self.worlds, self.sparsities = worlds, sparsities
         self.seen: dict[int, list[float]] = {}  # batch -> epochs observed (inf when stopped early)
         self.profiled: set[int] = set()
@@ -298,8 +303,7 @@ class DraLearner:
         for _ in range(20):
             k = self._choose()
             bs, pl, n = int(k.global_batch), int(k.power_limit_w), k.world_size
-            seeds = self.t.epochs[bs]
-            target = seeds[int(self.rng.integers(len(seeds)))]
+            target = draw_path(self.t, bs, self.paths)
             tpe, watts = _world_epoch(self.t, bs, pl, n)
             profile = bs not in self.profiled
             # The first epoch of a new batch size profiles every power limit (Zeus's JIT rule).
@@ -326,8 +330,22 @@ class DraLearner:
         raise RuntimeError(f"{self.t.job.name}: no run reached the target in 20 tries")
 
 
+def draw_path(trace: Trace, bs: int, paths: np.random.Generator) -> float:
+    """Which of the traced seeds' training paths a run at batch size `bs` follows: its epochs to
+    target (nan: never reached). Drawn as Zeus's simulator draws it (one row of the batch size's
+    rows, in the traces' order, by ``Generator.choice(k, 1, replace=False)``), so that a stream
+    seeded alike gives both learners the same paths whenever they run the same batch size: common
+    random numbers, the comparison then measures the decisions and not the luck of the draws."""
+    seeds = trace.epochs[bs]
+    return seeds[int(paths.choice(len(seeds), size=1, replace=False)[0])]
+
+
 def run_dra(trace: Trace, eta: float, beta: float, recurrences: int, seed: int, worlds=(1,), sparsities=(0.0,)) -> list[list[Run]]:
-    learner = DraLearner(trace, eta, beta, np.random.default_rng(seed), worlds, sparsities)
+    """dra's learner over `recurrences`. The training paths come from ``default_rng(seed)``, the
+    stream Zeus's simulator draws its paths from at the same seed (common random numbers); the
+    learner's own draws (Thompson sampling) come from a stream of their own."""
+    learner = DraLearner(trace, eta, beta, np.random.default_rng([seed, LEARNER_STREAM]), worlds, sparsities,
+                         paths=np.random.default_rng(seed))
     return [learner.recur() for _ in range(recurrences)]
 
 

@@ -21,4 +21,13 @@ std::vector<std::string> store_key_families();
 std::string read_store_value(const std::string& host, int port, const std::string& job, const std::string& family,
                              const std::string& value);
 
+/// One survivors' agreement after world epoch 1 (the recovery's first step) by process `uid` of
+/// `old_members`, under job prefix `job`, with this process's heartbeat running (`stale_ms`: a
+/// member whose beat/<uid> counter stood still that long is dead; late members are waited for up to
+/// another `window_ms`). Returns "members <uids>", "elsewhere <uids>" (nobody here held the state
+/// and these members beat but never came: this process steps out) or "handled: <what>" (a
+/// dra::error, such as the state being lost).
+std::string agree_after_failure(const std::string& host, int port, const std::string& job, int uid,
+                                const std::vector<int>& old_members, bool holds_state, int window_ms, int stale_ms);
+
 }  // namespace dra::elastic::testing
