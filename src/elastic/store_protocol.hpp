@@ -146,7 +146,7 @@ class store_protocol {
   /// process saw registered earlier, or one that was a member of a world this process was in (a
   /// member a shrink stood by waits as a candidate). A list another client wrote over reads as
   /// empty, and the job's end must still reach the candidates it lost.
-  bool any_waiting(const std::vector<int>& members);
+  bool any_waiting(const std::vector<int>& members = {});
   /// Remembers the uids of a world this process entered (any_waiting looks for them too).
   void note_members(const std::vector<int>& members);
   /// Whether a value another client wrote was found in this job's keys (warned).
