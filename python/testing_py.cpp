@@ -73,8 +73,8 @@ void dra::python::bind_testing(py::module_& m) {
         return dra::elastic::testing::agree_after_failure(host, port, job, uid, old_members, holds_state, window_ms,
                                                           stale_ms);
       },
-      py::arg("host"), py::arg("port"), py::arg("job"), py::arg("uid"), py::arg("old_members"),
-      py::arg("holds_state"), py::arg("window_ms"), py::arg("stale_ms"),
+      py::arg("host"), py::arg("port"), py::arg("job"), py::arg("uid"), py::arg("old_members"), py::arg("holds_state"),
+      py::arg("window_ms"), py::arg("stale_ms"),
       "One survivors' agreement after world epoch 1 by uid: 'members ...', 'elsewhere ...' (it holds no state "
       "and members that beat never came: it steps out) or 'handled: ...'.");
   bind_bench(e);

@@ -392,7 +392,8 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
     return std::nullopt;
   }
   agreement a{*epoch, *members, {}};
-  if (members->empty() && j->contains("elsewhere")) a.elsewhere = uid_array(j->at("elsewhere")).value_or(std::vector<int>{});
+  if (members->empty() && j->contains("elsewhere"))
+    a.elsewhere = uid_array(j->at("elsewhere")).value_or(std::vector<int>{});
   return a;
 }
 

@@ -371,12 +371,13 @@ void controller::recover(std::string reason) {
     if (agreed.members.empty()) {
       // Members of the world that hold the state are alive elsewhere (agree_on_survivors): this
       // process followed a decision another client wrote, and the world trains on without it.
-      std::printf("[dra] process %d steps out: it holds no state and %zu member(s) of world epoch %lld are alive "
-                  "elsewhere (a decision another client wrote over led it here); %s\n",
-                  uid_, agreed.elsewhere.size(), static_cast<long long>(decided.epoch),
-                  options_.release == release_mode::exit      ? "exiting"
-                  : options_.release == release_mode::standby ? "standing by"
-                                                              : "returning to the caller");
+      std::printf(
+          "[dra] process %d steps out: it holds no state and %zu member(s) of world epoch %lld are alive "
+          "elsewhere (a decision another client wrote over led it here); %s\n",
+          uid_, agreed.elsewhere.size(), static_cast<long long>(decided.epoch),
+          options_.release == release_mode::exit      ? "exiting"
+          : options_.release == release_mode::standby ? "standing by"
+                                                      : "returning to the caller");
       std::fflush(stdout);
       leave(options_.release == release_mode::exit);
       return;

@@ -16,8 +16,8 @@ before its fix, and the store fuzzer on a few hundred values.
 from __future__ import annotations
 
 import json
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest

@@ -263,6 +263,7 @@ def test_dra_and_zeus_draw_the_same_training_paths_from_streams_seeded_alike():
     import io
 
     import pandas as pd
+
     from dra.energy import zeus_replay as zr
 
     ok, why = zr.zeus_available()
