@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 #include "deferred_reads.hpp"
 #include "dra/energy/readers.hpp"
@@ -317,6 +318,15 @@ void controller::leave(bool exit) {
 }
 
 // ---- faults -------------------------------------------------------------------------------------
+namespace {
+// What a process that leaves the world does next, as its messages say it.
+const char* what_leaving_does(const std::optional<release_mode>& release) {
+  return release == release_mode::exit      ? "exiting"
+         : release == release_mode::standby ? "standing by"
+                                            : "returning to the caller";
+}
+}  // namespace
+
 // The world of `child` follows the world of `parent`. When another world followed it already, this
 // process's group of survivors was split from the others (another client wrote over a key they
 // agreed through, so they read different results): it steps out (stands by, or exits) rather than
@@ -330,10 +340,7 @@ bool controller::follows(std::int64_t parent, std::int64_t child) {
   std::printf(
       "[dra] process %d steps out: another world already followed world epoch %lld (the survivors were "
       "split by store values another client wrote over); %s\n",
-      uid_, static_cast<long long>(parent),
-      options_.release == release_mode::exit      ? "exiting"
-      : options_.release == release_mode::standby ? "standing by"
-                                                  : "returning to the caller");
+      uid_, static_cast<long long>(parent), what_leaving_does(options_.release));
   std::fflush(stdout);
   leave(options_.release == release_mode::exit);
   return false;
@@ -374,20 +381,14 @@ void controller::recover(std::string reason) {
       std::printf(
           "[dra] process %d steps out: it holds no state and %zu member(s) of world epoch %lld are alive "
           "elsewhere (a decision another client wrote over led it here); %s\n",
-          uid_, agreed.elsewhere.size(), static_cast<long long>(decided.epoch),
-          options_.release == release_mode::exit      ? "exiting"
-          : options_.release == release_mode::standby ? "standing by"
-                                                      : "returning to the caller");
+          uid_, agreed.elsewhere.size(), static_cast<long long>(decided.epoch), what_leaving_does(options_.release));
       std::fflush(stdout);
       leave(options_.release == release_mode::exit);
       return;
     }
     if (!contains(agreed.members, uid_)) {
       std::printf("[dra] process %d was left out of epoch %lld (arrived late); %s\n", uid_,
-                  static_cast<long long>(agreed.epoch),
-                  options_.release == release_mode::exit      ? "exiting"
-                  : options_.release == release_mode::standby ? "standing by"
-                                                              : "returning to the caller");
+                  static_cast<long long>(agreed.epoch), what_leaving_does(options_.release));
       std::fflush(stdout);
       leave(options_.release == release_mode::exit);
       return;
