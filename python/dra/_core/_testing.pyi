@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import torch
 import typing
-__all__: list[str] = ['NcclWorld', 'bench_engine_step_ns', 'bench_estimator_update_ns', 'bench_policy_decision_ns', 'epoch_order', 'handoff_sources', 'leader_of', 'next_members', 'noop', 'pick_joiners', 'pick_leavers', 'rank_mapping', 'rank_of', 'rank_share', 'read_store_value', 'step_batch', 'store_key_families', 'survivors']
+__all__: list[str] = ['NcclWorld', 'agree_after_failure', 'bench_engine_step_ns', 'bench_estimator_update_ns', 'bench_policy_decision_ns', 'epoch_order', 'handoff_sources', 'leader_of', 'next_members', 'noop', 'pick_joiners', 'pick_leavers', 'rank_mapping', 'rank_of', 'rank_share', 'read_store_value', 'step_batch', 'store_key_families', 'survivors']
 class NcclWorld:
     """
     One process's NCCL world (dra's NCCL backend): rebuild() builds the communicator of an epoch; collectives run on the tensor's current CUDA stream.
@@ -70,6 +70,10 @@ class NcclWorld:
     @property
     def size(self) -> int:
         ...
+def agree_after_failure(host: str, port: typing.SupportsInt | typing.SupportsIndex, job: str, uid: typing.SupportsInt | typing.SupportsIndex, old_members: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], holds_state: bool, window_ms: typing.SupportsInt | typing.SupportsIndex, stale_ms: typing.SupportsInt | typing.SupportsIndex) -> str:
+    """
+    One survivors' agreement after world epoch 1 by uid: 'members ...', 'elsewhere ...' (it holds no state and members that beat never came: it steps out) or 'handled: ...'.
+    """
 def bench_engine_step_ns(steps: typing.SupportsInt | typing.SupportsIndex = 1000000, decide_every: typing.SupportsInt | typing.SupportsIndex = 10) -> float:
     """
     Nanoseconds per ResizeEngine.step, timed in C++ (benchmark helper).
