@@ -413,6 +413,7 @@ def test_cli_serve_submit_status_cancel_drain_on_the_socket_and_tcp_with_a_token
         with pytest.raises(ValueError, match="^min_size: must be an integer"):
             PoolClient(sock).submit({"name": "typed", "min_size": "2", "command": ["true"]})
         r = dra("cancel", "inf")
+        assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["state"] == "cancelled", r.stderr
         assert json.loads(dra("drain").stdout)["draining"] is True
         r = dra("submit", "--name", "late", "--", "true")

@@ -73,12 +73,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+CLI_TIMEOUT_S = 30.0
+
+
 def _client(args: argparse.Namespace) -> Any:
     from dra.pool import _auth
     from dra.pool.server import PoolClient
 
     token = _auth.load_token(args.token_file) if getattr(args, "token_file", None) else None
-    return PoolClient(args.pool, token=token)
+    # A person at the command line would rather wait than be told a busy daemon is gone: on a
+    # loaded host one answer (a scheduling pass, a state write) can take seconds.
+    return PoolClient(args.pool, timeout_s=CLI_TIMEOUT_S, token=token)
 
 
 def _submit(args: argparse.Namespace, command: list[str]) -> int:

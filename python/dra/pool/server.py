@@ -299,6 +299,9 @@ class PoolClient:
                 code = r.status
             except (ConnectionError, TimeoutError, OSError, http.client.HTTPException) as e:
                 if time.monotonic() >= deadline:
+                    if isinstance(e, TimeoutError):
+                        raise ConnectionError(f"pool {self.url} did not answer within {self.timeout_s:g} s (the daemon "
+                                              "is busy or stopped); try again, or check that it runs") from None
                     raise ConnectionError(f"pool {self.url} unreachable: {e}") from None
                 time.sleep(0.2)
                 continue
