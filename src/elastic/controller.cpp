@@ -71,6 +71,11 @@ controller::controller(controller_options options, launch_info launch, std::shar
     dra::detail::throw_invalid(
         "backend", "'" + options_.backend + "' cannot hand state to joiners yet (no point-to-point); use 'gloo'");
   store_ = std::make_unique<detail::store_protocol>(launch, options_.store_timeout_ms());
+  // The leader touches the store inside its step while its peers wait in the next collective: a
+  // reconnection (a store that closed the connection, or one dying) stays well inside their fault
+  // timeout, so that a store's death alone never makes the world declare its leader dead.
+  store_->bound_reconnects(
+      std::clamp(options_.fault_timeout_ms() / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(2000)));
   leader_ = std::make_unique<detail::leader>(*store_, engine_, options_, *log_);
   role_ = role::candidate;
   joined_late_ = launch.join;

@@ -146,12 +146,12 @@ store_client::store_client(const std::string& host, int port, bool host_store, c
   store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp_);
 }
 
-void store_client::connect(std::chrono::steady_clock::time_point deadline, bool refused_ends) {
+void store_client::connect(std::chrono::steady_clock::time_point deadline, bool reconnecting) {
   // c10d's own connect loop overruns the timeout it is given (it measured about twice a 30 s
   // timeout) and logs a stack trace per attempt: a client first waits, with its own bounded
   // loop, until the port accepts a connection, so that an absent store is reported at the
   // deadline dra promises, and a store that starts a moment later is still found.
-  wait_until_listening(host_, port_, deadline, refused_ends);
+  wait_until_listening(host_, port_, deadline, reconnecting);
   try {
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(port_);
@@ -159,7 +159,9 @@ void store_client::connect(std::chrono::steady_clock::time_point deadline, bool 
     o.waitWorkers = false;
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    o.timeout = std::max(std::chrono::milliseconds(1000), left);
+    // A first connection gets at least a second; a reconnection only what is left of its bound
+    // (c10d retries a reset or refused connection until this timeout).
+    o.timeout = std::max(std::chrono::milliseconds(reconnecting ? 50 : 1000), left);
     tcp_ = c10::make_intrusive<c10d::TCPStore>(host_, o);
   } catch (const std::exception& e) {
     throw dra::timeout_error("dra: the store at " + host_ + ":" + std::to_string(port_) +
@@ -175,8 +177,9 @@ bool store_client::reconnect() {
   try {
     // A store that closed this connection but still listens answers at once; one that is gone
     // refuses the connection, which ends the attempt at once (waiting would hold the leader in
-    // its step while its peers' collectives time out). Two seconds bound a host that does not answer.
-    connect(std::chrono::steady_clock::now() + std::min(timeout_, std::chrono::milliseconds(2000)), true);
+    // its step while its peers' collectives time out). reconnect_within_ bounds a host that does
+    // not answer, and a dying store whose lingering listener accepts and then resets.
+    connect(std::chrono::steady_clock::now() + std::min(timeout_, reconnect_within_), true);
     tcp_->setTimeout(timeout_);
     store_ = c10::make_intrusive<c10d::PrefixStore>(prefix_, tcp_);
     return true;
@@ -194,6 +197,7 @@ store_client::store_client(const store_client& connection, const std::string& pr
       timeout_(timeout),
       tcp_(connection.tcp_),
       store_(c10::make_intrusive<c10d::PrefixStore>(prefix, connection.tcp_)),
+      reconnect_within_(connection.reconnect_within_),
       gone_(connection.gone_) {}
 
 store_client::~store_client() = default;

@@ -71,6 +71,11 @@ class store_client {
   /// A store op failed and the store did not answer a new connection: it is gone for good, and
   /// every later op fails at once.
   bool gone() const noexcept { return gone_; }
+  /// How long one reconnection may take, c10d's own retries included (default 2 s). A process
+  /// whose peers wait for it in a collective bounds it below their fault timeout: a store that
+  /// dies while accepting (its listening socket lingers a moment, then resets) must not hold the
+  /// leader in its step until the others declare it dead, with no store left to recover through.
+  void set_reconnect_within(std::chrono::milliseconds bound) noexcept { reconnect_within_ = bound; }
   const std::string& host() const noexcept { return host_; }
   int port() const noexcept { return port_; }
 
@@ -79,7 +84,7 @@ class store_client {
   auto guarded(const std::string& key, F&& f) -> decltype(f());
   /// A new connection to the store (the old one was closed); false when nothing answers.
   bool reconnect();
-  void connect(std::chrono::steady_clock::time_point deadline, bool refused_ends = false);
+  void connect(std::chrono::steady_clock::time_point deadline, bool reconnecting = false);
 
   std::string host_;
   int port_ = 0;
@@ -89,6 +94,7 @@ class store_client {
   c10::intrusive_ptr<c10d::TCPStore> server_;  // this process hosts the store: keeps it alive
   c10::intrusive_ptr<c10d::TCPStore> tcp_;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds reconnect_within_{2000};
   bool gone_ = false;
 };
 

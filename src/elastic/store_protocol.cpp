@@ -148,6 +148,10 @@ std::string store_protocol::address() const {
   return client_->address();
 }
 
+void store_protocol::bound_reconnects(std::chrono::milliseconds bound) noexcept {
+  client_->set_reconnect_within(bound);
+}
+
 bool store_protocol::gone() const noexcept {
   return client_->gone();
 }

@@ -112,6 +112,8 @@ class store_protocol {
   std::string address() const;
   /// Whether the store stopped answering this process (a reconnection failed too).
   bool gone() const noexcept;
+  /// Bounds how long this process's store operations may spend reconnecting (store_client).
+  void bound_reconnects(std::chrono::milliseconds bound) noexcept;
   /// The job-prefixed store (communicators rendezvous under it).
   const c10::intrusive_ptr<c10d::Store>& store() const;
 

@@ -2,8 +2,12 @@
 // real c10d TCPStore, the chunked tensor transfer and the state handoff over real Gloo, the
 // gradient reducer over real Gloo, and the event log. One std::thread per simulated process;
 // doctest assertions only on the test thread.
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -600,11 +604,59 @@ TEST_CASE("elastic.store_client.a_store_that_is_gone_fails_at_once") {
   server.reset();  // the store process dies: its port refuses connections
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(c.try_get("k"), dra::membership_error);
-  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1500ms);  // a reconnect loop takes 2 s and more
   CHECK(c.gone());
   const auto t1 = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(c.set_text("k", "2"), dra::membership_error);  // later ops: at once
   CHECK(std::chrono::steady_clock::now() - t1 < 100ms);
+}
+
+TEST_CASE("elastic.store_client.a_dying_store_that_accepts_then_resets_is_given_up_within_the_bound") {
+  // The faults campaign's kill_store losses: a store killed while its listening socket lingers
+  // accepts the reconnection and then resets it, and c10d retried that for its whole 2 s
+  // timeout inside the leader's step; its peers (fault timeout 2 s) declared it dead and had no
+  // store left to recover through. A reconnection now stays within set_reconnect_within().
+  auto server = make_server();
+  const int port = server->getPort();
+  ed::store_client c("127.0.0.1", port, false, "dra/parts-dying/0", 10s);
+  c.set_reconnect_within(200ms);
+  c.set_text("k", "1");
+  server.reset();
+  // What the dying store's port does: accept, then reset (SO_LINGER 0), for as long as the test needs.
+  const int lsn = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lsn >= 0);
+  const int one = 1;
+  ::setsockopt(lsn, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lsn, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(lsn, 16) == 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> resets{0};
+  std::thread resetter([&] {
+    const auto until = std::chrono::steady_clock::now() + 10s;  // bounded whatever happens
+    while (!stop && std::chrono::steady_clock::now() < until) {
+      pollfd p{lsn, POLLIN, 0};
+      if (::poll(&p, 1, 20) != 1) continue;
+      const int fd = ::accept(lsn, nullptr, nullptr);
+      if (fd < 0) continue;
+      const linger hard{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+      ::close(fd);
+      ++resets;
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(c.try_get("k"), dra::membership_error);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  stop = true;
+  resetter.join();
+  ::close(lsn);
+  CHECK(resets.load() >= 1);  // the reconnection met the resetting listener
+  CHECK(took < 1500ms);       // c10d's own retries took its 2 s timeout
+  CHECK(c.gone());
 }
 
 TEST_CASE("elastic.store_protocol.values_another_client_wrote_are_ignored_or_handled") {
