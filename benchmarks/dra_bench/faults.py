@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=1, help="trials run at once (default 1; more shortens a long run, adds contention)"
     )
     p.add_argument("--keep", metavar="DIR", help="keep every trial's records and outputs under DIR")
+    p.add_argument("--keep-failed", metavar="DIR",
+                   help="copy the records and outputs of each trial that failed under DIR (a long campaign's evidence)")
     args = p.parse_args(argv)
     args.not_run = {}
     if args.trials is not None and args.trials < 1:
@@ -389,8 +391,10 @@ def main(argv: list[str] | None = None) -> int:
             *(f"           {problem[:300]}" for problem in v.problems[:4]),
             *([f"           reproduce: {spec.repro()}"] if not v.survived else []),
         ]
-        if args.keep:
+        if args.keep or (args.keep_failed and not v.survived):
             (run.out / "verdict.json").write_text(json.dumps({"spec": spec.fault.description, **v.to_dict()}))
+        if args.keep_failed and not v.survived:
+            shutil.copytree(run.out, Path(args.keep_failed) / run.out.name, dirs_exist_ok=True)
         with lock:
             done += 1
             print(f"[faults] {done}/{len(specs)} seed {spec.seed} " + "\n".join(lines), flush=True)
