@@ -313,8 +313,17 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
   const auto start = clock_type::now();
   const auto deadline = start + window;
   const auto late_deadline = deadline + late_grace_;
-  // Each missing member's last heartbeat value and when this process saw it change.
-  std::map<int, std::pair<std::string, clock_type::time_point>> beats;
+  // Each missing member's last heartbeat value, when this process saw it change, and whether it
+  // saw it change at all (a member it saw beat is alive: on a loaded host, or with a store shared
+  // by many jobs, its beats can come further apart than beat_stale_, and it is then given the late
+  // grace between two beats before it is taken for dead; a killed member, whose value never moves
+  // here, is still taken for dead after beat_stale_).
+  struct seen_beat {
+    std::string value;
+    clock_type::time_point at;
+    bool moved = false;
+  };
+  std::map<int, seen_beat> beats;
   std::vector<int> alive, beating;  // beating: old members not here whose heartbeat still moves
   bool decided = false;
   for (;;) {
@@ -339,9 +348,12 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
         continue;
       }
       auto seen = beats.find(u);
-      if (seen == beats.end() || seen->second.first != *beat)
-        seen = beats.insert_or_assign(u, std::make_pair(*beat, now)).first;
-      const bool beats = now - seen->second.second < beat_stale_;
+      if (seen == beats.end())
+        seen = beats.emplace(u, seen_beat{*beat, now, false}).first;
+      else if (seen->second.value != *beat)
+        seen->second = seen_beat{*beat, now, true};
+      const auto stale = seen->second.moved ? std::max(beat_stale_, late_grace_) : beat_stale_;
+      const bool beats = now - seen->second.at < stale;
       if (beats) beating.push_back(u);
       waiting = waiting || (beats && now < late_deadline);
     }

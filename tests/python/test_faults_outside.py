@@ -225,3 +225,40 @@ def test_a_process_led_into_a_room_of_its_own_steps_out_when_the_holders_beat_el
         assert took >= 1.1  # waited the window and the late grace for a member that beats
     else:
         assert got.startswith("handled: dra: the training state is lost"), got
+
+
+def test_a_member_whose_beats_come_further_apart_than_the_stale_time_is_waited_for(store):
+    # Issue 23's campaign (trial 278:kill_standby:cpp, 5 trials sharing one store at load 16): a
+    # recovery left out two live members. A member this process saw beat is alive: its beats may
+    # come further apart than the stale time on a loaded host, and it is given the late grace
+    # between two beats. Here member 1 beats at 0.1 s, then every 0.6 s (the stale time is 0.3 s,
+    # the window and the grace 1 s), and checks in at 1.6 s: it is a member of the agreed world.
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from dra import _core
+
+    job = "dra/slow-beats/0"
+    client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
+    client.set(f"{job}/beat/1", "1")
+    stop = threading.Event()
+
+    def slow_member():
+        for pause in (0.1, 0.6, 0.6):  # beats at 0.1, 0.7 and 1.3 s
+            if stop.wait(pause):
+                return
+            client.add(f"{job}/beat/1", 1)
+        if not stop.wait(0.3):
+            client.set(f"{job}/fault/1/alive/1", "1")  # checks in at 1.6 s, holding the state
+
+    thread = threading.Thread(target=slow_member, daemon=True)
+    thread.start()
+    try:
+        got = _core._testing.agree_after_failure("127.0.0.1", store.port, job, uid=3, old_members=[1, 3],
+                                                 holds_state=True, window_ms=1000, stale_ms=300)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert got == "members 1 3", got
