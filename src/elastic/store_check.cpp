@@ -91,6 +91,7 @@ const std::map<std::string, family>& families() {
       {"gone/<uid>", {"gone/1", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 1ms); }}},
       {"capacity", {"capacity", {}, [](store_protocol& p) { p.limit(); }}},
       {"child/<epoch>", {"child/5", {}, [](store_protocol& p) { p.claim_child(5, 6); }}},
+      {"child/<epoch>/again", {"child/5/again", {}, [](store_protocol& p) { p.claim_child(5, 6); }}},
       {"word/<epoch>/<step>", {"word/3/10", {}, [](store_protocol& p) { p.read_boundary(3, 10, 50ms); }}},
       {"done", {"done", {}, [](store_protocol& p) { p.done(); }}},
   };

@@ -212,18 +212,29 @@ std::int64_t store_protocol::next_epoch(std::int64_t known) {
   throw dra::membership_error("dra: 'epoch_seq' on the store keeps being overwritten; no new world epoch");
 }
 
-bool store_protocol::claim_child(std::int64_t parent, std::int64_t child) {
-  const std::string k = key("child/", parent);
+store_protocol::claim store_protocol::claim_key(const std::string& k, std::int64_t parent, std::int64_t child) {
   const std::string mine = json{{"parent", parent}, {"child", child}}.dump();
-  const std::string now = client_->compare_set(k, "", mine);
-  if (now == mine) return true;
-  const auto j = values_.object_of(k, now);
-  const auto held = j ? int_field(*j, "child", 0, kMaxEpoch) : std::nullopt;
-  if (!held || int_field(*j, "parent", 0, kMaxEpoch) != parent) {
+  std::string expected;  // absent
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const std::string now = client_->compare_set(k, expected, mine);
+    if (now == mine) return claim::mine;
+    const auto j = values_.object_of(k, now);
+    const auto held = j ? int_field(*j, "child", 0, kMaxEpoch) : std::nullopt;
+    if (held && int_field(*j, "parent", 0, kMaxEpoch) == parent) return *held == child ? claim::mine : claim::other;
     if (j) values_.warn(k, now, "not a claim of the world after epoch " + std::to_string(parent));
-    return true;  // a value that is not a claim cannot tell: go on
+    expected = now;  // a value that is no claim: replace exactly it (another client may write again)
   }
-  return *held == child;
+  return claim::unknown;
+}
+
+bool store_protocol::claim_child(std::int64_t parent, std::int64_t child) {
+  // Two keys: another client that writes over one of them after the first world claimed it (and
+  // a second group then claims what it wrote) still finds the first world's claim in the other.
+  // A value that is no claim is replaced; only another world's claim stops this one.
+  const std::string k = key("child/", parent);
+  const claim first = claim_key(k, parent, child);
+  const claim second = claim_key(k + "/again", parent, child);
+  return first != claim::other && second != claim::other;
 }
 
 void store_protocol::publish_decision(std::int64_t current_epoch, const published_decision& d) {

@@ -25,10 +25,11 @@
 //                               fault/<epoch>/r<k>/..., where they agree again
 //   gone/<uid>                  a process that left the job mid-training (an uncaught exception): a
 //                               recovery does not wait for it
-//   child/<epoch>               the world that followed the world of <epoch> (claimed by the first
-//                               member to enter it): a group of survivors that agreed on another
-//                               world after overwritten keys split them steps out instead of
-//                               training on as a second world
+//   child/<epoch>, child/<epoch>/again
+//                               the world that followed the world of <epoch> (claimed by the first
+//                               member to enter it, in both keys): a group of survivors that agreed
+//                               on another world after overwritten keys split them steps out
+//                               instead of training on as a second world
 //   done                        the job finished
 //   capacity                    written by an outside actor (a device pool, an RL coordinator):
 //                               {"max_size", "min_size", "leave": [uids that must go now]}
@@ -238,6 +239,10 @@ class store_protocol {
                                          const std::vector<int>& old_members, int uid, bool holds_state,
                                          std::chrono::milliseconds window, const std::vector<int>& admit_if_waiting);
   std::int64_t repair_counter(const std::string& key, const std::string& seen, std::int64_t floor);
+  enum class claim { mine, other, unknown };
+  /// One key of claim_child: this world's claim, another world's, or unknown (values that are no
+  /// claim kept coming back).
+  claim claim_key(const std::string& k, std::int64_t parent, std::int64_t child);
   std::string host_, prefix_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<store_client> client_;

@@ -397,11 +397,21 @@ void controller::recover(std::string reason) {
       if (!contains(agreed.members, u) && !contains(gone, u)) gone.push_back(u);  // the dead (or unreachable)
     if (!follows(decided.epoch, agreed.epoch)) return;
     world_change c(change_cause::fault, agreed.epoch, agreed.members);
-    for (int u : gone)
-      if (!contains(agreed.members, u)) c.left.push_back(u);
+    // Left: members of the running world that are gone. A joiner of an interrupted grow that did
+    // not come (dead, or still waiting for an admission another client wrote over) never was a
+    // member: the reason names it, and a live one may still be admitted later.
+    std::string not_joined;
+    for (int u : gone) {
+      if (contains(agreed.members, u)) continue;
+      if (contains(running, u))
+        c.left.push_back(u);
+      else
+        not_joined += (not_joined.empty() ? "" : ", ") + std::to_string(u);
+    }
     for (int u : agreed.members)
       if (!contains(running, u)) c.joined.push_back(u);  // joiners of an interrupted grow, kept
     c.reason = "peer failure: " + first_reason;
+    if (!not_joined.empty()) c.reason += "; joiner(s) " + not_joined + " of the interrupted grow did not come";
     c.before = static_cast<int>(running.size());
     c.agree_s = seconds_since(t0);
     try {

@@ -659,6 +659,26 @@ TEST_CASE("elastic.store_client.a_dying_store_that_accepts_then_resets_is_given_
   CHECK(c.gone());
 }
 
+TEST_CASE("elastic.store_protocol.a_claim_written_over_still_stops_a_second_world") {
+  // The faults campaign (trial 57:store_fuzz:py on 36886ff): the first world after epoch 0 claimed
+  // child/0, another client wrote garbage over it, and a second group of survivors took the
+  // garbage for "no claim" and trained as a second world. The claim is held in two keys.
+  auto server = make_server();
+  const int port = server->getPort();
+  ed::store_protocol first(client_of(port, "split"), 10s);
+  ed::store_protocol second(client_of(port, "split"), 10s);
+  CHECK(first.claim_child(0, 7));
+  CHECK(first.claim_child(0, 7));  // a member of the same world claims it again
+  const std::string garbage = "[[[[";
+  server->set("dra/parts-split/0/child/0", std::vector<std::uint8_t>(garbage.begin(), garbage.end()));
+  CHECK_FALSE(second.claim_child(0, 9));  // the other key still holds world 7's claim
+  // Garbage before any claim is no claim: the first world replaces it.
+  server->set("dra/parts-split/0/child/1", std::vector<std::uint8_t>(garbage.begin(), garbage.end()));
+  server->set("dra/parts-split/0/child/1/again", std::vector<std::uint8_t>(garbage.begin(), garbage.end()));
+  CHECK(second.claim_child(1, 11));
+  CHECK_FALSE(first.claim_child(1, 12));
+}
+
 TEST_CASE("elastic.store_protocol.values_another_client_wrote_are_ignored_or_handled") {
   // The values the fault campaign found other clients could write (issue 23): none may raise
   // anything but a dra::error the controller handles.

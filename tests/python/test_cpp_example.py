@@ -341,6 +341,32 @@ def test_survives_a_process_killed_during_a_resize(procs, tmp_path, phase):
     _check_exactly_once(recs, total_steps=40, epochs=2)
 
 
+@pytest.mark.timeout(200)
+def test_a_joiner_killed_in_the_grow_is_named_in_the_reason_not_among_those_who_left(procs, tmp_path):
+    """The joiner (uid 2) kills itself while the grow from 2 to 3 rebuilds the world: the running
+    world (0, 1) recovers at its size. The fault event's `left` is against the running world, so it
+    is empty; the joiner that did not come is named in the reason (the faults campaign's trial
+    171:store_fuzz:py listed a live joiner, whose admission another client wrote over, as left)."""
+    events = tmp_path / "events.jsonl"
+    _start_by_hand(procs, 3, ["--epochs", "1", "--dataset", str(DATASET), "--global-batch", str(BATCH),
+                              "--start-size", "2", "--decide-every", "100000", "--schedule", "6:3",
+                              "--events", str(events), "--fault-timeout-ms", "3000"],
+                   faults={2: "kill:rebuild:0"})
+    try:
+        codes = procs.wait(150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job did not finish: " + "\n".join(procs.output(f"r{u}")[-2000:] for u in range(3)))
+    outs = {uid: procs.output(f"r{uid}") for uid in range(3)}
+    assert codes["r2"] == -signal.SIGKILL, outs[2][-3000:]
+    assert codes["r0"] == 0 and codes["r1"] == 0, (outs[0][-3000:], outs[1][-3000:])
+    faults = [e for e in _events(events) if e["event"] == "fault"]
+    assert len(faults) == 1, faults
+    fault = faults[0]
+    assert (fault["before"], fault["after"], fault["left"], fault["members"], fault["joined"]) == (
+        2, 2, [], [0, 1], []), fault
+    assert "joiner(s) 2 of the interrupted grow did not come" in fault["reason"], fault["reason"]
+
+
 def _start_by_hand(procs: Processes, n: int, args: list[str], faults: dict[int, str] | None = None) -> None:
     """n processes without torchrun; rank 0 hosts the store (DRA_HOST_STORE=1); `faults` gives a
     process its --test-fault specs."""
