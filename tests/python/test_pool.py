@@ -640,3 +640,41 @@ def test_a_silent_but_live_launcher_keeps_its_lease_until_the_silence_limit(tmp_
         server.close()
     with pytest.raises(ValueError, match="^silence_limit_s"):
         PoolService(declared(1), tmp_path / "other", heartbeat_timeout_s=3.0, silence_limit_s=1.0)
+
+
+def test_the_daemon_reads_a_whole_request_before_it_answers(tmp_path: Path) -> None:
+    """A client that sends its headers and then, a moment later, its body (what http.client does:
+    two writes, and a loaded host deschedules it between them) gets the answer, whatever the route.
+    Before, a cancel (which needs no body) was answered on the headers and the connection closed:
+    the body's write met a broken pipe and `dra pool cancel` said the pool was unreachable (CI).
+    A client that stalls mid-body gets its thread back after the handler's timeout."""
+    svc = PoolService(declared(1), tmp_path / "state", launch_jobs=False)
+    server = PoolServer(svc).start()
+    try:
+        def ask(path: str, body: bytes, pause_s: float) -> tuple[int, dict]:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(str(server.socket_path))
+                s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+                time.sleep(pause_s)  # the daemon has long answered and closed, if it did not wait
+                s.sendall(body)  # BrokenPipeError here, before the fix
+                raw = b""
+                while chunk := s.recv(65536):
+                    raw += chunk
+            head, _, payload = raw.partition(b"\r\n\r\n")
+            return int(head.split()[1]), json.loads(payload)
+
+        PoolClient(server.url).submit({"name": "a", "command": ["true"]})
+        for _ in range(3):
+            code, answer = ask("/jobs/nobody/cancel", b"{}", 0.3)
+            assert code == 404 and "nobody" in answer["error"], answer
+        code, answer = ask("/jobs/a/cancel", b"{}", 0.3)
+        assert code == 200 and answer == {"job": "a", "state": "cancelled"}, answer
+        code, answer = ask("/drain", b'{"undo": 1}', 0.3)
+        assert code == 400 and answer["error"].startswith("undo:"), answer
+        # The client library reads the daemon's answer even when it refused the request early.
+        with pytest.raises(ValueError, match="^body: .* bytes; the pool reads"):
+            PoolClient(server.url).submit({"name": "huge", "command": ["true"], "pad": "x" * (5 << 20)})
+        assert PoolClient(server.url).status()["pool"] == svc.name  # and the daemon serves on
+    finally:
+        server.close()

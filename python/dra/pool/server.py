@@ -41,8 +41,13 @@ MAX_BODY = 4 << 20  # bytes: a job spec or a launcher's sync is a few kB
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+class _ClientGone(Exception):
+    """The client stopped sending mid-request: there is no one to answer."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: Any
+    timeout = 60.0  # s: a client that connects and then stalls gives its thread back
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
@@ -55,17 +60,30 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _body(self) -> dict[str, Any]:
+    def _read_body(self) -> None:
+        """Reads the declared body, whatever the route: a daemon that answered before reading it
+        (a cancel needs none) would close on bytes still coming, and the client would see a broken
+        pipe instead of the answer. Bounded by MAX_BODY and by the handler's timeout."""
+        self._raw = b""
         try:
             n = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             raise ValueError("body: Content-Length is not a number") from None
-        if n > MAX_BODY:
-            raise ValueError(f"body: {n} bytes is more than the {MAX_BODY} the pool reads; send a smaller request")
-        if not n:
+        if n < 0 or n > MAX_BODY:
+            raise ValueError(f"body: {n} bytes; the pool reads 0 to {MAX_BODY}; send a smaller request")
+        if n:
+            try:
+                self._raw = self.rfile.read(n)
+            except OSError:  # a client stalled past the handler's timeout, or reset
+                raise _ClientGone from None
+            if len(self._raw) < n:  # it hung up mid-body
+                raise _ClientGone
+
+    def _body(self) -> dict[str, Any]:
+        if not self._raw:
             return {}
         try:
-            value = json.loads(self.rfile.read(n))
+            value = json.loads(self._raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"body: not JSON ({e}); send a JSON object") from None
         if not isinstance(value, dict):
@@ -86,6 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         s: PoolService = self.server.dra_service
         try:
+            self._read_body()
             caller = self._caller()
             if method == "GET" and parts == ["status"]:
                 return self._send(200, s.status(caller))
@@ -109,6 +128,9 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST" and len(parts) == 3 and parts[0] == "jobs" and parts[2] == "sync":
                 return self._send(200, s.sync_request(parts[1], self._body(), caller))
             return self._send(404, {"error": f"path: no route {method} {self.path}"})
+        except _ClientGone:
+            self.close_connection = True
+            return None
         except NoSuchJob as e:
             return self._send(404, {"error": str(e)})
         except ValueError as e:
@@ -293,7 +315,10 @@ class PoolClient:
         while True:
             conn = self._connection()
             try:
-                conn.request(method, path, body=data, headers=headers)
+                try:
+                    conn.request(method, path, body=data, headers=headers)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the daemon answered before it took everything (a refused request): read why
                 r = conn.getresponse()
                 text = r.read().decode()
                 code = r.status
