@@ -678,3 +678,80 @@ def test_the_daemon_reads_a_whole_request_before_it_answers(tmp_path: Path) -> N
         assert PoolClient(server.url).status()["pool"] == svc.name  # and the daemon serves on
     finally:
         server.close()
+
+
+def test_a_caller_who_floods_the_socket_ties_up_only_its_own_share(tmp_path: Path) -> None:
+    """Stalled connections from one user (connected, nothing sent) use up that user's share: the
+    next call of that user gets a 503 naming the limit and the fix, another user (nobody, when
+    there is one) is answered, and once the stalled connections close the first user is answered
+    again. Stalled connections are dropped after the handler's timeout."""
+    import pwd
+    import shutil
+    import tempfile
+
+    from dra.pool import server as S
+
+    svc = PoolService(declared(1), tmp_path / "state", launch_jobs=False)
+    where = Path(tempfile.mkdtemp(prefix="dra-flood-"))  # nobody reaches it (pytest's folders are 0700)
+    os.chmod(where, 0o711)
+    server = PoolServer(svc, socket_path=where / "pool.sock", max_connections_per_peer=3).start()
+    stalled = []
+    try:
+        for _ in range(3):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(server.socket_path))
+            stalled.append(s)
+        with pytest.raises(ConnectionError, match="refused the call: connections: 3 already open from uid "):
+            PoolClient(server.url).status()
+        try:
+            nobody = pwd.getpwnam("nobody")
+        except KeyError:
+            nobody = None
+        if os.geteuid() == 0 and nobody is not None:
+            # Another user's call, from a child that became nobody (no interpreter to start: the
+            # test's one may not be executable by nobody): a plain HTTP request on the socket.
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                answer = b"child failed"
+                try:
+                    os.setgroups([])
+                    os.setgid(nobody.pw_gid)
+                    os.setuid(nobody.pw_uid)
+                    with socket.socket(socket.AF_UNIX) as c:
+                        c.settimeout(10)
+                        c.connect(str(server.socket_path))
+                        c.sendall(b"GET /status HTTP/1.0\r\n\r\n")
+                        answer = b""
+                        while chunk := c.recv(65536):
+                            answer += chunk
+                finally:
+                    os.write(write, answer[:200])
+                    os._exit(0)
+            os.close(write)
+            answer = os.read(read, 200)
+            os.close(read)
+            os.waitpid(pid, 0)
+            assert answer.startswith(b"HTTP/1.0 200"), answer
+        for s in stalled:
+            s.close()
+        assert PoolClient(server.url, retry_s=10).status()["pool"] == svc.name
+        with pytest.raises(ValueError, match="max_connections_per_peer"):
+            PoolServer(svc, socket_path=tmp_path / "b.sock", max_connections_per_peer=0)
+        # A stalled connection is dropped after the handler's timeout (shortened here).
+        old, S._Handler.timeout = S._Handler.timeout, 0.5
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(server.socket_path))
+                s.sendall(b"POST /drain HTTP/1.1\r\nContent-Length: 10\r\n\r\n{")  # 9 bytes short
+                s.settimeout(10)
+                t = time.monotonic()
+                assert s.recv(100) == b""  # closed, nothing answered
+                assert time.monotonic() - t < 5
+        finally:
+            S._Handler.timeout = old
+    finally:
+        for s in stalled:
+            s.close()
+        server.close()
+        shutil.rmtree(where, ignore_errors=True)

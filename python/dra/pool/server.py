@@ -14,7 +14,9 @@ token (bound to loopback unless the operator insists). The standard library only
 
 Answers: 400 {"error": "<field>: <problem>; <fix>"} for a bad request (the client raises
 ValueError), 401 without a valid token on TCP, 403 when the caller may not (PermissionError), 404
-for an unknown job (ValueError), 409 for a launcher that is not the job's (RuntimeError).
+for an unknown job (ValueError), 409 for a launcher that is not the job's (RuntimeError), 503 to
+a peer with 64 connections already open (the client retries for its ``retry_s``, then raises
+ConnectionError). A whole request is read before it is answered; one stalled 60 s is dropped.
 Nothing in a request is unpickled or evaluated: bodies are JSON objects, checked field by field.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import http.server
 import json
 import os
 import socket
@@ -29,7 +32,7 @@ import socketserver
 import stat
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +155,57 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _BoundedThreads(socketserver.ThreadingMixIn):
+    """A thread per connection, at most ``per_peer`` at once from one peer: a Unix socket's user
+    (the kernel says who), or on TCP, where nobody is known before the token, every client together.
+    A caller who opens connections and stalls them ties up its own share (each is dropped after
+    the handler's timeout), never the threads that answer other users or the jobs' launchers,
+    which call on the Unix socket as their owners."""
+
     daemon_threads = True
+    per_peer = 64
+
+    def _peer(self, request: socket.socket) -> str:
+        return "tcp"
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        key = self._peer(request)
+        lock = vars(self).setdefault("_open_lock", threading.Lock())
+        open_ = vars(self).setdefault("_open", {})
+        with lock:
+            busy = open_.get(key, 0) >= self.per_peer
+            if not busy:
+                open_[key] = open_.get(key, 0) + 1
+        if busy:
+            body = json.dumps({"error": f"connections: {self.per_peer} already open from {key}; close some (each "
+                                        "is answered and closed; a stalled one is dropped after "
+                                        f"{_Handler.timeout:g} s) and try again"}).encode()
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+
+        def run() -> None:
+            try:
+                self.process_request_thread(request, client_address)
+            finally:
+                with lock:
+                    open_[key] -= 1
+
+        threading.Thread(target=run, name="dra-pool-call", daemon=True).start()
+
+
+class _UnixServer(_BoundedThreads, socketserver.UnixStreamServer):
+    def _peer(self, request: socket.socket) -> str:
+        return f"uid {_auth.peer_credentials(request).uid}"
+
+
+class _TcpServer(_BoundedThreads, http.server.HTTPServer):
+    pass
 
 
 def _bind_unix(path: Path) -> _UnixServer:
@@ -191,7 +243,9 @@ class PoolServer:
 
     def __init__(self, service: PoolService | None = None, *, socket_path: str | Path | None = None,
                  host: str = "127.0.0.1", port: int | None = None, token: str | None = None,
-                 allow_remote: bool = False) -> None:
+                 allow_remote: bool = False, max_connections_per_peer: int = 64) -> None:
+        if not isinstance(max_connections_per_peer, int) or max_connections_per_peer < 1:
+            raise ValueError(f"max_connections_per_peer: {max_connections_per_peer!r}; give an integer >= 1")
         if socket_path is None:
             if service is None:
                 raise ValueError("socket: give a socket path or a service (whose state directory holds it)")
@@ -207,13 +261,12 @@ class PoolServer:
                 raise ValueError(f"host: {host} is reachable from other machines; the pool binds to loopback "
                                  "unless told --allow-remote (then anyone with the token runs jobs here)")
             try:
-                tcp = ThreadingHTTPServer((host, port), _Handler)
+                tcp = _TcpServer((host, port), _Handler)
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
                     raise ValueError(f"port: {host}:{port} is in use (another pool or program listens there); "
                                      "stop it or give another --port") from None
                 raise ValueError(f"host: cannot listen on {host}:{port}: {e.strerror}") from None
-            tcp.daemon_threads = True
             tcp.dra_token = token
             self._servers.append(tcp)
             self.tcp_url = f"http://{host}:{tcp.server_address[1]}"
@@ -225,6 +278,8 @@ class PoolServer:
             raise
         unix.dra_token = None
         self._servers.insert(0, unix)
+        for srv in self._servers:
+            srv.per_peer = max_connections_per_peer
         self.service: PoolService | None = None
         self._threads: list[threading.Thread] = []
         if service is not None:
@@ -338,6 +393,11 @@ class PoolClient:
                 msg = json.loads(text).get("error", text)
             except (json.JSONDecodeError, AttributeError):
                 msg = text
+            if code == 503:  # this caller's connections are all in use: transient
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise ConnectionError(f"pool {self.url} refused the call: {msg}")
             if code in (400, 404):
                 raise ValueError(msg)
             if code in (401, 403):
