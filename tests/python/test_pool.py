@@ -755,3 +755,23 @@ def test_a_caller_who_floods_the_socket_ties_up_only_its_own_share(tmp_path: Pat
             s.close()
         server.close()
         shutil.rmtree(where, ignore_errors=True)
+
+
+def test_tcp_without_the_token_is_answered_401_and_a_large_body_is_not_read(tmp_path: Path) -> None:
+    """On TCP a caller without the token gets its 401 whatever it sends (the request read first, so
+    the answer arrives), but the daemon reads at most 64 kB from it: a larger body is closed unread."""
+    svc = PoolService(declared(1), tmp_path / "state", launch_jobs=False)
+    server = PoolServer(svc, port=0, token="s3cret-token-for-the-test").start()
+    try:
+        with pytest.raises(PermissionError, match="^token: missing or wrong"):
+            PoolClient(server.tcp_url, token="wrong").cancel("x")
+        with pytest.raises(PermissionError, match="^token: missing or wrong"):
+            PoolClient(server.tcp_url).submit({"name": "a", "command": ["true"], "pad": "x" * 1000})
+        host, port = server.tcp_url[len("http://"):].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n")
+            assert s.recv(100) == b""  # closed, nothing answered, nothing read
+        ok = PoolClient(server.tcp_url, token="s3cret-token-for-the-test")
+        assert ok.submit({"name": "a", "command": ["true"]})["job"] == "a"
+    finally:
+        server.close()

@@ -41,6 +41,7 @@ from dra.pool._spec import schema
 from dra.pool.service import NoSuchJob, PoolService, Superseded
 
 MAX_BODY = 4 << 20  # bytes: a job spec or a launcher's sync is a few kB
+PREAUTH_BODY = 64 << 10  # bytes read from a TCP caller without the token, to answer its 401 cleanly
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -63,17 +64,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _read_body(self) -> None:
+    def _read_body(self, limit: int) -> None:
         """Reads the declared body, whatever the route: a daemon that answered before reading it
         (a cancel needs none) would close on bytes still coming, and the client would see a broken
-        pipe instead of the answer. Bounded by MAX_BODY and by the handler's timeout."""
+        pipe instead of the answer. Bounded by ``limit`` and by the handler's timeout."""
         self._raw = b""
         try:
             n = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             raise ValueError("body: Content-Length is not a number") from None
-        if n < 0 or n > MAX_BODY:
-            raise ValueError(f"body: {n} bytes; the pool reads 0 to {MAX_BODY}; send a smaller request")
+        if n < 0 or n > limit:
+            if not self._authenticated:
+                raise _ClientGone  # a large body without the token: closed unread and unanswered
+            raise ValueError(f"body: {n} bytes; the pool reads 0 to {limit}; send a smaller request")
         if n:
             try:
                 self._raw = self.rfile.read(n)
@@ -94,11 +97,13 @@ class _Handler(BaseHTTPRequestHandler):
         return value
 
     def _caller(self) -> _auth.Caller:
+        self._authenticated = self.server.dra_token is None
         if self.server.dra_token is None:  # the Unix socket: the kernel says who connected
             return _auth.peer_credentials(self.request)
         given = self.headers.get("Authorization", "")
         token = given[len("Bearer "):] if given.startswith("Bearer ") else None
-        if not _auth.token_matches(token, self.server.dra_token):
+        self._authenticated = _auth.token_matches(token, self.server.dra_token)
+        if not self._authenticated:
             raise _auth.Unauthenticated("token: missing or wrong; give the pool's token (--token-file or "
                                         "DRA_POOL_TOKEN), or use the pool's Unix socket")
         return _auth.Caller(os.geteuid(), os.getegid(), 0, "token")
@@ -107,8 +112,10 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         s: PoolService = self.server.dra_service
         try:
-            self._read_body()
-            caller = self._caller()
+            try:
+                caller = self._caller()
+            finally:  # refused or not, the request is read first (up to 64 kB without the token)
+                self._read_body(MAX_BODY if self._authenticated else PREAUTH_BODY)
             if method == "GET" and parts == ["status"]:
                 return self._send(200, s.status(caller))
             if method == "GET" and parts == ["metrics"]:
