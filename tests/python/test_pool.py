@@ -672,6 +672,8 @@ def test_the_daemon_reads_a_whole_request_before_it_answers(tmp_path: Path) -> N
         assert code == 200 and answer == {"job": "a", "state": "cancelled"}, answer
         code, answer = ask("/drain", b'{"undo": 1}', 0.3)
         assert code == 400 and answer["error"].startswith("undo:"), answer
+        code, answer = ask("/jobs", b"[" * 100_000, 0.0)  # a JSON bomb: a 400, not the daemon's 500
+        assert code == 400 and answer["error"].startswith("body: nested too deeply"), answer
         # The client library reads the daemon's answer even when it refused the request early.
         with pytest.raises(ValueError, match="^body: .* bytes; the pool reads"):
             PoolClient(server.url).submit({"name": "huge", "command": ["true"], "pad": "x" * (5 << 20)})

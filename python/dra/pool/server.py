@@ -92,6 +92,8 @@ class _Handler(BaseHTTPRequestHandler):
             value = json.loads(self._raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"body: not JSON ({e}); send a JSON object") from None
+        except RecursionError:
+            raise ValueError("body: nested too deeply to read; send a flat JSON object (a job spec nests 3 levels)") from None
         if not isinstance(value, dict):
             raise ValueError("body: must be a JSON object")
         return value
