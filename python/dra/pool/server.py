@@ -64,17 +64,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _read_body(self, limit: int) -> None:
+    def _read_body(self, trusted: bool) -> None:
         """Reads the declared body, whatever the route: a daemon that answered before reading it
         (a cancel needs none) would close on bytes still coming, and the client would see a broken
-        pipe instead of the answer. Bounded by ``limit`` and by the handler's timeout."""
+        pipe instead of the answer. Bounded by MAX_BODY (PREAUTH_BODY for a TCP caller without the
+        token) and by the handler's timeout."""
         self._raw = b""
+        limit = MAX_BODY if trusted else PREAUTH_BODY
         try:
             n = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             raise ValueError("body: Content-Length is not a number") from None
         if n < 0 or n > limit:
-            if not self._authenticated:
+            if not trusted:
                 raise _ClientGone  # a large body without the token: closed unread and unanswered
             raise ValueError(f"body: {n} bytes; the pool reads 0 to {limit}; send a smaller request")
         if n:
@@ -98,14 +100,18 @@ class _Handler(BaseHTTPRequestHandler):
             raise ValueError("body: must be a JSON object")
         return value
 
-    def _caller(self) -> _auth.Caller:
-        self._authenticated = self.server.dra_token is None
-        if self.server.dra_token is None:  # the Unix socket: the kernel says who connected
-            return _auth.peer_credentials(self.request)
+    def _trusted(self) -> bool:
+        """The Unix socket (the kernel says who connected), or TCP with the pool's token."""
+        if self.server.dra_token is None:
+            return True
         given = self.headers.get("Authorization", "")
         token = given[len("Bearer "):] if given.startswith("Bearer ") else None
-        self._authenticated = _auth.token_matches(token, self.server.dra_token)
-        if not self._authenticated:
+        return _auth.token_matches(token, self.server.dra_token)
+
+    def _caller(self, trusted: bool) -> _auth.Caller:
+        if self.server.dra_token is None:
+            return _auth.peer_credentials(self.request)
+        if not trusted:
             raise _auth.Unauthenticated("token: missing or wrong; give the pool's token (--token-file or "
                                         "DRA_POOL_TOKEN), or use the pool's Unix socket")
         return _auth.Caller(os.geteuid(), os.getegid(), 0, "token")
@@ -114,10 +120,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         s: PoolService = self.server.dra_service
         try:
-            try:
-                caller = self._caller()
-            finally:  # refused or not, the request is read first (up to 64 kB without the token)
-                self._read_body(MAX_BODY if self._authenticated else PREAUTH_BODY)
+            trusted = self._trusted()
+            self._read_body(trusted)  # refused or not, the request is read before it is answered
+            caller = self._caller(trusted)
             if method == "GET" and parts == ["status"]:
                 return self._send(200, s.status(caller))
             if method == "GET" and parts == ["metrics"]:
@@ -174,17 +179,20 @@ class _BoundedThreads(socketserver.ThreadingMixIn):
     daemon_threads = True
     per_peer = 64
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: dict[str, int] = {}  # connections being answered, per peer
+        self._open_lock = threading.Lock()
+
     def _peer(self, request: socket.socket) -> str:
         return "tcp"
 
     def process_request(self, request: Any, client_address: Any) -> None:
         key = self._peer(request)
-        lock = vars(self).setdefault("_open_lock", threading.Lock())
-        open_ = vars(self).setdefault("_open", {})
-        with lock:
-            busy = open_.get(key, 0) >= self.per_peer
+        with self._open_lock:
+            busy = self._open.get(key, 0) >= self.per_peer
             if not busy:
-                open_[key] = open_.get(key, 0) + 1
+                self._open[key] = self._open.get(key, 0) + 1
         if busy:
             body = json.dumps({"error": f"connections: {self.per_peer} already open from {key}; close some (each "
                                         "is answered and closed; a stalled one is dropped after "
@@ -202,8 +210,8 @@ class _BoundedThreads(socketserver.ThreadingMixIn):
             try:
                 self.process_request_thread(request, client_address)
             finally:
-                with lock:
-                    open_[key] -= 1
+                with self._open_lock:
+                    self._open[key] -= 1
 
         threading.Thread(target=run, name="dra-pool-call", daemon=True).start()
 
