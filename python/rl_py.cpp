@@ -70,6 +70,8 @@ void dra::python::bind_rl(py::module_& m) {
                                            "Decode slots and priors of the generation model.");
   def_kwargs_init<generation_model_config>(gcfg);
   gcfg.def_readwrite("max_concurrency", &generation_model_config::max_concurrency)
+      .def_readwrite("kv_capacity_tokens", &generation_model_config::kv_capacity_tokens,
+                     "Tokens of context one rollout device's KV cache holds (0: not limited).")
       .def_readwrite("prior_iteration_fixed_s", &generation_model_config::prior_iteration_fixed_s)
       .def_readwrite("prior_iteration_per_sequence_s", &generation_model_config::prior_iteration_per_sequence_s)
       .def_readwrite("prior_iteration_per_kilotoken_s", &generation_model_config::prior_iteration_per_kilotoken_s)
@@ -96,6 +98,8 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("prior_switch_cost_s", &stage_balance_config::prior_switch_cost_s)
       .def_readwrite("switch_cost_smoothing", &stage_balance_config::switch_cost_smoothing)
       .def_readwrite("weight_sync_smoothing", &stage_balance_config::weight_sync_smoothing)
+      .def_readwrite("batch_smoothing", &stage_balance_config::batch_smoothing,
+                     "Weight of a new batch in the measured scale of the fresh-batch model.")
       .def_readwrite("group_size", &stage_balance_config::group_size,
                      "Samples per prompt (GRPO's group): their lengths move together, so a step varies like "
                      "sequences / group_size independent draws (1: independent).")

@@ -14,6 +14,9 @@ namespace dra::policy {
 struct generation_model_config {
   /// Most sequences one rollout device decodes at once (KV-cache slots).
   int max_concurrency = 128;
+  /// Tokens of context one rollout device's KV cache holds (0: not limited). With it, a device
+  /// decodes at most this many tokens' worth of sequences at once (vLLM reports its cache size).
+  double kv_capacity_tokens = 0.0;
   // Priors of t_iter = a + b c + k S (S in kilotokens of context) and their weight.
   double prior_iteration_fixed_s = 0.01;
   double prior_iteration_per_sequence_s = 1e-4;
@@ -24,7 +27,8 @@ struct generation_model_config {
   void validate() const {
     if (max_concurrency < 1)
       dra::detail::throw_invalid("max_concurrency", "must be >= 1 sequence, got " + std::to_string(max_concurrency));
-    for (auto [name, v] : {std::pair{"prior_iteration_fixed_s", prior_iteration_fixed_s},
+    for (auto [name, v] : {std::pair{"kv_capacity_tokens", kv_capacity_tokens},
+                           std::pair{"prior_iteration_fixed_s", prior_iteration_fixed_s},
                            std::pair{"prior_iteration_per_sequence_s", prior_iteration_per_sequence_s},
                            std::pair{"prior_iteration_per_kilotoken_s", prior_iteration_per_kilotoken_s}}) {
       if (!(v >= 0.0) || !std::isfinite(v))

@@ -43,7 +43,6 @@ class stage_balance_policy {
         generation_(config_.generation),
         training_(config_.training) {
     batch_fit_.reset(Eigen::Vector2d(1.0, 1.0), config_.generation.prior_weight);
-    split_fit_.reset(Eigen::Vector3d(1.0, 1.0, 0.0), config_.generation.prior_weight);
   }
 
   const stage_balance_config& config() const noexcept { return config_; }
@@ -63,20 +62,29 @@ class stage_balance_policy {
     decode_weight_ = config_.generation.forgetting * decode_weight_ + tokens;
     decode_concurrency_ += (concurrency - decode_concurrency_) * tokens / decode_weight_;
     decode_context_ += (context_tokens - decode_context_) * tokens / decode_weight_;
+    decode_peak_ = std::max(static_cast<double>(concurrency), decode_peak_ * config_.generation.forgetting);
     return true;
   }
   /// A batch of `sequences` generated in `seconds` (its first sequence handed out to its last
   /// finished) on `rollout` devices on average: scales the bulk and tail terms of the rollout
-  /// model to what the pipeline really takes (queueing, preemption, prefill), and fits how a
-  /// fresh batch's time depends on the rollout devices (split_features). False: ignored.
+  /// model to what the pipeline really takes (queueing, preemption, prefill), and the scale of the
+  /// fresh-batch model (fresh_batch_s). False: ignored.
   bool observe_batch(double rollout, int sequences, double seconds) {
     if (!(rollout >= 1.0) || sequences < 1 || !std::isfinite(seconds) || !(seconds > 0.0) ||
         lengths_.observations() == 0 || generation_.observations() == 0)
       return false;
     const auto f = batch_features(rollout, sequences);
     batch_fit_.add(Eigen::Vector2d(f.first, f.second), seconds, config_.generation.forgetting);
-    split_fit_.add(split_features(rollout, sequences), seconds, config_.generation.forgetting);
-    ++batches_;
+    // A device given more sequences than it ever decoded at once was held at that concurrency (its
+    // KV cache or its admission rule, whatever the configured limits say); one that never filled
+    // up leaves the configured limits in force.
+    saturated_at_ = sequences / rollout > 1.05 * decode_peak_ ? decode_peak_ : 0.0;
+    const double model = fresh_batch_s(rollout, sequences);
+    if (model > 0.0) {
+      const double r = std::log(seconds / model);
+      batch_log_scale_ = batches_ == 0 ? r : batch_log_scale_ + config_.batch_smoothing * (r - batch_log_scale_);
+      ++batches_;
+    }
     return true;
   }
   /// A rollout engine started on a device that left the trainers (its own time, not the step's).
@@ -314,11 +322,11 @@ class stage_balance_policy {
     const double engine = engine_starts_ > 0 ? engine_start_s_ : 0.0;
     const double update_tokens = now.sequences_per_step * (prompt + mean) / now.updates_per_step;
     const auto update_s = [&](int train) { return training_.step_time_s(train, update_tokens / train); };
-    // A fresh batch on `rollout` devices: its bulk, its longest sequence started late, and the part
-    // that grows with the lengths whatever the split (split_features).
-    const auto batch_s = [&](int rollout) {
-      return std::max(0.0, split_fit_.predict(split_features(rollout, now.sequences_per_step)));
-    };
+    // A fresh batch on `rollout` devices: the decode model's time at that split, scaled by what the
+    // batches really took (one scale: the split's effect comes from the model, which one split's
+    // measurements could not identify).
+    const double batch_scale = batches_ > 0 ? std::exp(batch_log_scale_) : 1.0;
+    const auto batch_s = [&](int rollout) { return batch_scale * fresh_batch_s(rollout, now.sequences_per_step); };
     // The critical path, times from now: this step's end with `train` trainers, then each later
     // step at `later` trainers; the objective is when the last of them ends.
     const std::int64_t steps_ahead =
@@ -372,6 +380,13 @@ class stage_balance_policy {
     };
     const std::string view = detail::fmt("wait %.3g s, ", out.wait_s) + at(now.train, out.predicted_current_s);
     const double saving = out.predicted_current_s - best_s;
+    // A move in the window holds for the steps after: it waits until fresh batches calibrated the
+    // batch model (on its priors alone, a first guess could hold a split no measurement revisits).
+    if (best != now.train && !in_step && batches_ < kCalibrationBatches) {
+      out.reason = "hold: the batch model has seen " + std::to_string(batches_) + " of " +
+                   std::to_string(kCalibrationBatches) + " batches (" + view + " -> " + at(best, best_s) + ")";
+      return out;
+    }
     if (best == now.train || !(saving > config_.min_relative_gain * out.predicted_current_s)) {
       out.reason = best == now.train
                        ? "hold: balanced (" + view + ")"
@@ -431,14 +446,25 @@ class stage_balance_policy {
   std::pair<double, double> batch_features(double rollout, int sequences) const {
     return {sequences * lengths_.mean() * token_cost_s() / std::max(1.0, rollout), fresh_tail_s(sequences, rollout)};
   }
-  // A fresh batch's time at a split: the two terms and the bulk spread over every device, which
-  // grows with the lengths but not with the rollout devices. Lengths grow over training; without
-  // that term the fit puts the growth on the bulk, the one term that shrinks with more rollout
-  // devices, and the policy lends trainers to rollout for batch times that do not come (in the
-  // event model's `longgen`, a batch takes as long on 4, 5 or 6 rollout devices: its tail bounds it).
-  Eigen::Vector3d split_features(double rollout, int sequences) const {
-    const auto f = batch_features(rollout, sequences);
-    return {f.first, f.second, f.first * std::max(1.0, rollout) / config_.devices};
+  // A fresh batch's time on `rollout` devices, before the measured scale: its bulk decoded at the
+  // concurrency the split leaves each device (the slots, the KV cache or the sequences it holds,
+  // whichever is fewest; an iteration's fixed cost is shared by the sequences it decodes), plus its
+  // longest sequence started late (the drain after the bulk, at low concurrency). Fewer rollout
+  // devices each decode more at once, so short generations gain little from more devices, and the
+  // tail does not shrink with them. Combined by max instead of the sum, the model held a drifting
+  // workload's split too long and lent trainers under SGLang-like admission (results/rl/issue24).
+  double fresh_batch_s(double rollout, int sequences) const {
+    if (sequences <= 0 || lengths_.observations() == 0) return 0.0;
+    const double mean = lengths_.mean();
+    const double context = prompts_.mean() + 0.5 * mean;
+    const double per_device = sequences / std::max(1.0, rollout);
+    double cap = config_.generation.max_concurrency;
+    if (config_.generation.kv_capacity_tokens > 0.0)
+      cap = std::min(cap, config_.generation.kv_capacity_tokens / std::max(1.0, context));
+    if (saturated_at_ > 0.0) cap = std::min(cap, saturated_at_);
+    const double c = std::max(1.0, std::min(cap, per_device));
+    const double bulk = per_device * mean / c * generation_.iteration_time_s(c, c * context);
+    return bulk + fresh_tail_s(sequences, rollout);
   }
 
   // The sketch as a table: conditional quantiles and means of the residual length L - g given L > g.
@@ -526,7 +552,10 @@ class stage_balance_policy {
   double engine_start_s_ = 0.0;
   unsigned long long engine_starts_ = 0;
   detail::online_ridge<2> batch_fit_;  // scales the bulk and tail terms (work in flight)
-  detail::online_ridge<3> split_fit_;  // a fresh batch's time at a split
+  static constexpr unsigned long long kCalibrationBatches = 2;
+  double batch_log_scale_ = 0.0;  // log of measured / fresh_batch_s, smoothed
+  double decode_peak_ = 0.0;      // most sequences decoded at once, forgetting like the fit
+  double saturated_at_ = 0.0;     // the concurrency devices were held at (0: never full)
   unsigned long long batches_ = 0;
   stage_action pending_direction_ = stage_action::hold;
   int pending_count_ = 0;

@@ -42,6 +42,8 @@ struct stage_balance_config {
   double switch_cost_smoothing = 0.5;
   /// Weight of a new measurement in the smoothed weight-sync time.
   double weight_sync_smoothing = 0.2;
+  /// Weight of a new batch's measured time in the scale applied to the fresh-batch model.
+  double batch_smoothing = 0.3;
   /// Generation lengths: half-life in sequences (the recent distribution follows a drift).
   signals::quantile_sketch_config lengths{0.01, 1.0, 1e7, 4096.0};
   /// One-step-off objective: E[max(rollout, train)] over the batches' spread (true), or the max of
@@ -79,6 +81,8 @@ struct stage_balance_config {
       dra::detail::throw_invalid("switch_cost_smoothing", "must lie in (0, 1]");
     if (!(weight_sync_smoothing > 0.0 && weight_sync_smoothing <= 1.0))
       dra::detail::throw_invalid("weight_sync_smoothing", "must lie in (0, 1]");
+    if (!(batch_smoothing > 0.0 && batch_smoothing <= 1.0))
+      dra::detail::throw_invalid("batch_smoothing", "must lie in (0, 1], got " + std::to_string(batch_smoothing));
     lengths.validate();
     generation.validate();
     training.validate();

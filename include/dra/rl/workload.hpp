@@ -279,6 +279,7 @@ struct rl_sim_config {
     p.devices = devices;
     p.pipeline = pipeline;
     p.generation.max_concurrency = costs.max_concurrency;
+    p.generation.kv_capacity_tokens = costs.kv_capacity_tokens > 0.0 ? costs.kv_admit_limit() : 0.0;
     return p;
   }
   int start_rollout() const { return initial_rollout > 0 ? initial_rollout : std::max(1, devices / 2); }

@@ -1408,6 +1408,14 @@ class GenerationModelConfig:
     def forgetting(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
+    def kv_capacity_tokens(self) -> float:
+        """
+        Tokens of context one rollout device's KV cache holds (0: not limited).
+        """
+    @kv_capacity_tokens.setter
+    def kv_capacity_tokens(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
     def max_concurrency(self) -> int:
         ...
     @max_concurrency.setter
@@ -1449,6 +1457,14 @@ class StageBalanceConfig:
         Keyword construction; unknown keywords and invalid values raise ValueError.
         """
     def validate(self) -> None:
+        ...
+    @property
+    def batch_smoothing(self) -> float:
+        """
+        Weight of a new batch in the measured scale of the fresh-batch model.
+        """
+    @batch_smoothing.setter
+    def batch_smoothing(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def cooldown_steps(self) -> int:
