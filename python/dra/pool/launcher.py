@@ -82,7 +82,8 @@ class Launcher:
         limit = os.environ.get("DRA_POOL_ORPHAN_LIMIT_S")
         self.orphan_limit_s = float(limit) if limit else None  # None: wait for the pool as long as it takes
         self.away_since: float | None = None
-        self.client = PoolClient(pool, retry_s=0.0) if pool else None
+        # Short calls: the sync loop also watches the workers; a slow daemon is asked again next tick.
+        self.client = PoolClient(pool, timeout_s=5.0, retry_s=0.0) if pool else None
         spec: dict[str, Any] = PoolClient(pool, retry_s=30.0).job_spec(job) if pool else {}
         self.command = command or spec.get("command")
         if not self.command:

@@ -351,10 +351,12 @@ def default_url() -> str:
 
 class PoolClient:
     """Talks to a pool daemon at ``url``: ``unix:PATH`` (or a path) or ``http://host:port`` (with
-    ``token``, default ``$DRA_POOL_TOKEN`` or the file ``$DRA_POOL_TOKEN_FILE``). ``retry_s``: how
-    long a call keeps retrying while the daemon is unreachable; 0 fails at once."""
+    ``token``, default ``$DRA_POOL_TOKEN`` or the file ``$DRA_POOL_TOKEN_FILE``). ``timeout_s``: how
+    long one call waits for the daemon's answer (a daemon on a loaded host can take seconds; the
+    CLI waits as long). ``retry_s``: how long a call keeps retrying while the daemon is
+    unreachable; 0 fails at once."""
 
-    def __init__(self, url: str, timeout_s: float = 5.0, retry_s: float = 0.0, token: str | None = None) -> None:
+    def __init__(self, url: str, timeout_s: float = 30.0, retry_s: float = 0.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retry_s = retry_s
