@@ -199,6 +199,19 @@ def test_the_policy_follows_lengths_that_drift_to_the_best_split(seed: int) -> N
     assert dynamic["mean_rollout_devices"] > 2.5
 
 
+def test_a_split_that_pays_over_the_run_is_taken_back_despite_its_one_off_cost() -> None:
+    # azure_code, seed 4: the best split is 1 rollout / 7 train. A trainer lent to rollout in step 1
+    # was never taken back: going back costs a measured 7.25 s optimizer handover once and saves
+    # about 1.5 s on every later step, but the cost was charged inside the 6-step horizon (2.1 %
+    # predicted gain, under min_relative_gain), so the policy stayed at x1.098 of the best split.
+    doc = rl.simulate_pipeline("azure_code", steps=200, seed=4)
+    best = min(r["total_s"] for r in doc["barrier_free"])
+    dynamic = doc["dynamic"]
+    assert dynamic["exactly_once"]
+    assert dynamic["total_s"] <= 1.05 * best, (dynamic["total_s"] / best, dynamic["switch_log"])
+    assert dynamic["mean_rollout_devices"] < 1.5
+
+
 def test_pipeline_plots(tmp_path) -> None:
     from dra.rl.plots import plot_pipeline
 

@@ -327,13 +327,19 @@ class stage_balance_policy {
     // measurements could not identify).
     const double batch_scale = batches_ > 0 ? std::exp(batch_log_scale_) : 1.0;
     const auto batch_s = [&](int rollout) { return batch_scale * fresh_batch_s(rollout, now.sequences_per_step); };
+    // Between two updates a move is for the rest of this step (the window decides the next one);
+    // in the window it holds for the steps after.
+    const bool in_step = now.wait_complete && now.updates_left < now.updates_per_step;
     // The critical path, times from now: this step's end with `train` trainers, then each later
     // step at `later` trainers; the objective is when the last of them ends.
     const std::int64_t steps_ahead =
         now.remaining_steps < 0 ? 6 : std::min<std::int64_t>(6, std::max<std::int64_t>(1, now.remaining_steps));
     const auto objective = [&](int train, int later) {
       const int rollout = config_.devices - train;
-      const double cost = train == now.train
+      // A move between two updates lasts the rest of this step: its cost counts against the gain
+      // within the horizon. One in the window holds for the steps after: the horizon's gain is
+      // compared without it, and the cost must pay back within the steps left (below).
+      const double cost = !in_step || train == now.train
                               ? 0.0
                               : switch_cost_s(train < now.train ? stage_action::to_rollout : stage_action::to_train);
       const double updates = now.updates_left * update_s(train) + weight_sync_s_;
@@ -364,9 +370,6 @@ class stage_balance_policy {
     const int lo = std::max(config_.min_train, now.train - config_.max_move);
     const int hi =
         std::min(config_.devices - config_.min_rollout, now.train + std::min(now.idle_rollout, config_.max_move));
-    // Between two updates a move is for the rest of this step (the window decides the next one);
-    // in the window it holds for the steps after.
-    const bool in_step = now.wait_complete && now.updates_left < now.updates_per_step;
     out.predicted_current_s = objective(now.train, now.train);
     int best = now.train;
     double best_s = out.predicted_current_s;
