@@ -65,7 +65,11 @@ def test_a_cpp_trainer_takes_the_options_a_launcher_gives_it(tmp_path):
     here the resize schedule, the events file and the policy come only from there."""
     options = {"policy": "none", "start_size": 1, "resize_schedule": {"5": 2}, "events_path": str(tmp_path / "ev.jsonl"),
                "verify": True}
-    r = _run(tmp_path, CURRENT, 2, "--epochs", "2", "--dataset", "160", "--global-batch", "16", options=options)
+    # --wait-candidates 1: the first world trains once the second process stands by, so that the
+    # grow at step 5 finds it (on a loaded host the 20 steps ended before it came up, and the
+    # scheduled size was never reached).
+    r = _run(tmp_path, CURRENT, 2, "--epochs", "2", "--dataset", "160", "--global-batch", "16", "--wait-candidates", "1",
+             options=options)
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
     events = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
     assert [(e["event"], e["after"]) for e in events] == [("start", 1), ("resize", 2)]
