@@ -965,6 +965,28 @@ TEST_CASE("rl.events.where_the_oracle_gains_the_policy_gains") {
   CHECK(in_step);
 }
 
+TEST_CASE("rl.events.the_oracle_paying_switches_and_the_sampled_lookahead_are_whole_runs") {
+  // The two references of docs/results/rl/issue24 (lookahead.cpp): the oracle at the measured
+  // switch costs, and its search on lengths drawn from the finished sequences.
+  const auto config = small_events(30);
+  rl_event_sim sim(lognormal_lengths(5.5, 1.0), config);
+  const auto paid = sim.run_oracle(false);
+  check_run(paid, config);
+  CHECK(paid.name == "oracle_within_step_paid");
+  double charged = 0.0;
+  for (const auto& s : paid.switch_log) charged += s.total_s;
+  CHECK(paid.switches > 0);
+  CHECK(charged > 0.0);  // it pays what the policy pays
+  for (const auto& s : sim.run_oracle().switch_log) CHECK(s.total_s == 0.0);
+  const auto la = sim.run_lookahead_sampled(3);
+  check_run(la, config);
+  CHECK(la.name == "lookahead_sampled");
+  CHECK(la.switches > 0);
+  for (const auto& s : la.switch_log) CHECK(contains(s.reason, "lookahead: "));
+  CHECK(sim.run_lookahead_sampled(3).total_s == la.total_s);  // its draws are seeded
+  expect_invalid([&] { (void)sim.run_lookahead_sampled(0); }, "samples");
+}
+
 TEST_CASE("rl.events.where_nothing_can_be_gained_the_policy_holds") {
   // Constant lengths, starting at the best split: no tail, no idle device worth moving.
   const auto config = small_events(30, 1);

@@ -102,7 +102,13 @@ class rl_event_engine {
     int trained = 0, generated_count = 0, duplicates = 0;
     policy::stage_balance_policy* policy = nullptr;
     rl_run_result result;
+    // The lengths its sequences have: the workload's, or those a look-ahead drew (events.hpp).
+    const std::vector<std::vector<double>>* lengths = nullptr;
   };
+  const std::vector<std::vector<double>>& L(const state& s) const { return s.lengths ? *s.lengths : batches_; }
+  double length_of(int id) const {
+    return batches_[static_cast<std::size_t>(id / n())][static_cast<std::size_t>(id % n())];
+  }
   static double sum(const std::vector<double>& v) {
     double s = 0.0;
     for (double x : v) s += x;
@@ -209,7 +215,7 @@ class rl_event_engine {
     g = 1;
     ++s.generated_count;
     const int b = id / n();
-    const double length = batches_[static_cast<std::size_t>(b)][static_cast<std::size_t>(id % n())];
+    const double length = L(s)[static_cast<std::size_t>(b)][static_cast<std::size_t>(id % n())];
     if (s.policy) s.policy->observe_generation(config_.workload.prompt_tokens, length);
     auto& bs = s.batches[static_cast<std::size_t>(b)];
     if (--bs.remaining == 0) {
@@ -274,7 +280,7 @@ class rl_event_engine {
       for (auto& other : bs.assigned)
         if (other.size() > q->size()) q = &other;
     const int id = q->front();
-    const rollout_item it{id, batches_[static_cast<std::size_t>(id / n())][static_cast<std::size_t>(id % n())],
+    const rollout_item it{id, L(s)[static_cast<std::size_t>(id / n())][static_cast<std::size_t>(id % n())],
                           config_.workload.prompt_tokens, 0.0, config_.workload.max_generation_tokens};
     const double before = dv.rd.clock;
     if (!dv.rd.admit(it, s.cost_model)) return false;
@@ -338,7 +344,7 @@ class rl_event_engine {
     const auto& bs = s.batches[static_cast<std::size_t>(s.next_step)];
     if (!bs.open || bs.remaining > 0) return;
     if (!s.window_fired) fire(s, 0, {});  // the boundary happens at the latest now
-    const auto& batch = batches_[static_cast<std::size_t>(s.next_step)];
+    const auto& batch = L(s)[static_cast<std::size_t>(s.next_step)];
     s.train_tokens = sum(batch) + config_.workload.prompt_tokens * static_cast<double>(batch.size());
     s.training = true;
     s.publishing = false;

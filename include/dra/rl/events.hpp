@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,15 +64,35 @@ class rl_event_sim : private rl_event_engine {
   }
 
   /// oracle_within_step: in every boundary window, every feasible trainer count is simulated ahead
-  /// `oracle_lookahead` windows with the true lengths and free switches, and the one whose step
-  /// starts earliest is taken. A clairvoyant greedy reference, not a proof of optimality.
-  rl_run_result run_oracle() const {
+  /// `oracle_lookahead` windows with the true lengths, and the one whose step starts earliest is
+  /// taken. A clairvoyant greedy reference, not a proof of optimality. `free_switches`: every switch
+  /// costs nothing (the ceiling the reports use); false: the measured costs, as the policy pays
+  /// them (oracle_within_step_paid).
+  rl_run_result run_oracle(bool free_switches = true) const {
     rl_cost_model free = config_.costs;
-    free.switch_agree_s = free.switch_rebuild_s = free.switch_weights_s = free.switch_optimizer_s = 0.0;
-    free.rollout_start_s = 0.0;
+    if (free_switches) {
+      free.switch_agree_s = free.switch_rebuild_s = free.switch_weights_s = free.switch_optimizer_s = 0.0;
+      free.rollout_start_s = 0.0;
+    }
     state s = initial(config_.start_rollout(), config_.pipeline, config_.barrier, free);
-    simulate(s, oracle_controller{this}, -1);
-    return finish(s, "oracle_within_step", 0);
+    simulate(s, oracle_controller{this, 0, config_.devices}, -1);
+    return finish(s, free_switches ? "oracle_within_step" : "oracle_within_step_paid", 0);
+  }
+
+  /// lookahead_sampled: the oracle's search without its clairvoyance. Every length not generated
+  /// yet is drawn (`samples` times) from the run's most recent finished sequences, a sequence in
+  /// flight conditioned on what it generated so far; the trainer count whose look-ahead step starts
+  /// earliest on average is taken, at the measured switch costs. It reads the run's true cost model
+  /// and the engine's state (which device holds which sequence), so it is a reference for what the
+  /// length distribution alone allows, not a policy: docs/results/rl/issue24/README.md. It moves
+  /// at most `max_move` devices at once (every count is one more chance to pick a loser on the
+  /// draws' noise).
+  rl_run_result run_lookahead_sampled(int samples, int max_move = 2) const {
+    if (samples < 1) dra::detail::throw_invalid("samples", "must be >= 1, got " + std::to_string(samples));
+    if (max_move < 1) dra::detail::throw_invalid("max_move", "must be >= 1, got " + std::to_string(max_move));
+    state s = initial(config_.start_rollout(), config_.pipeline, config_.barrier, config_.costs);
+    simulate(s, oracle_controller{this, samples, max_move}, -1);
+    return finish(s, "lookahead_sampled", 0);
   }
 
   /// Colocated time sharing: every device generates a batch (on-policy), hands its memory over,
@@ -162,9 +183,11 @@ class rl_event_sim : private rl_event_engine {
   };
   struct oracle_controller {
     const rl_event_sim* sim;
+    int samples;   // 0: the true lengths
+    int max_move;  // devices moved at most at once
     void operator()(state& s, bool at_open) const {
       const auto& bs = s.batches[static_cast<std::size_t>(std::min(s.next_step, sim->steps() - 1))];
-      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s);
+      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s, samples, max_move);
     }
   };
 
@@ -219,30 +242,73 @@ class rl_event_sim : private rl_event_engine {
     }
   }
 
-  void consult_oracle(state& s) const {
+  void consult_oracle(state& s, int samples, int max_move) const {
     if (s.next_step >= steps()) return;
     const auto idle_list = idle_devices(s);
     const int t = static_cast<int>(s.members.size());
-    const int lo = std::max(1, config_.policy.min_train);
-    const int hi =
-        std::min(config_.devices - std::max(1, config_.policy.min_rollout), t + static_cast<int>(idle_list.size()));
+    const int lo = std::max({1, config_.policy.min_train, t - max_move});
+    const int hi = std::min({config_.devices - std::max(1, config_.policy.min_rollout),
+                             t + static_cast<int>(idle_list.size()), t + max_move});
     const int target = std::min(steps(), s.next_step + config_.oracle_lookahead);
-    int best = t;
-    double best_s = std::numeric_limits<double>::infinity();
-    for (int cand = lo; cand <= hi; ++cand) {
-      state trial = s;
+    // When the look-ahead step starts with `cand` trainers, from `from` (hold after the move).
+    const auto start_of = [&](const state& from, int cand) {
+      state trial = from;
       apply(trial, cand, idle_list);
       simulate(trial, hold_controller{}, target);
-      const double when = trial.next_step >= steps() && !trial.training ? trial.now
-                          : trial.training                              ? trial.step_start_s
-                                                                        : trial.now;
-      if (when < best_s - 1e-9 || (std::abs(when - best_s) <= 1e-9 && std::abs(cand - t) < std::abs(best - t)))
-        best = cand, best_s = when;
+      return trial.next_step >= steps() && !trial.training ? trial.now
+             : trial.training                              ? trial.step_start_s
+                                                           : trial.now;
+    };
+    std::vector<double> when(static_cast<std::size_t>(hi + 1), 0.0);
+    if (samples == 0) {
+      for (int cand = lo; cand <= hi; ++cand) when[static_cast<std::size_t>(cand)] = start_of(s, cand);
+    } else {
+      // What a leader has seen: the most recent finished sequences.
+      std::vector<double> seen;
+      for (std::size_t id = s.generated.size(); id-- > 0 && seen.size() < 2048;)
+        if (s.generated[id]) seen.push_back(length_of(static_cast<int>(id)));
+      if (seen.size() < static_cast<std::size_t>(n())) return;  // hold until a batch was seen
+      std::sort(seen.begin(), seen.end());
+      const double limit = config_.workload.max_generation_tokens;
+      for (int k = 0; k < samples; ++k) {
+        std::mt19937_64 rng(config_.workload.seed * 1000003ULL + static_cast<std::uint64_t>(s.now * 1000.0) +
+                            7919ULL * static_cast<std::uint64_t>(k));
+        const auto draw = [&](double generated) {  // a length above what it generated so far
+          const auto above = std::upper_bound(seen.begin(), seen.end(), generated);
+          if (above == seen.end()) return std::min(limit, generated + 1.0);
+          return above[static_cast<std::ptrdiff_t>(rng() % static_cast<std::uint64_t>(seen.end() - above))];
+        };
+        std::vector<std::vector<double>> drawn = batches_;
+        state base = s;
+        for (auto& dv : base.dev)
+          dv.rd.resample([&](int id, double generated) {
+            return drawn[static_cast<std::size_t>(id / n())][static_cast<std::size_t>(id % n())] = draw(generated);
+          });
+        for (int b = s.next_step; b <= std::min(steps() - 1, target + 1); ++b) {
+          auto& lengths = drawn[static_cast<std::size_t>(b)];
+          const auto& bs = s.batches[static_cast<std::size_t>(b)];
+          if (!bs.open)
+            for (double& v : lengths) v = draw(0.0);
+          else
+            for (const auto& queue : bs.assigned)
+              for (int id : queue) lengths[static_cast<std::size_t>(id % n())] = draw(0.0);
+        }
+        base.lengths = &drawn;
+        for (int cand = lo; cand <= hi; ++cand) when[static_cast<std::size_t>(cand)] += start_of(base, cand) / samples;
+      }
     }
+    int best = -1;
+    for (int cand = lo; cand <= hi; ++cand) {
+      const double w = when[static_cast<std::size_t>(cand)];
+      const double b = best < 0 ? std::numeric_limits<double>::infinity() : when[static_cast<std::size_t>(best)];
+      if (w < b - 1e-9 || (std::abs(w - b) <= 1e-9 && std::abs(cand - t) < std::abs(best - t))) best = cand;
+    }
+    if (best < 0) return;
     apply(s, best, idle_list);
     if (s.sw.direction != policy::stage_action::hold)
-      s.sw.record.reason = "oracle: " + std::to_string(best) + " trainers start step " + std::to_string(target) +
-                           detail_fmt(" earliest (%.4g s)", best_s);
+      s.sw.record.reason = std::string(samples ? "lookahead: " : "oracle: ") + std::to_string(best) +
+                           " trainers start step " + std::to_string(target) +
+                           detail_fmt(" earliest (%.4g s)", when[static_cast<std::size_t>(best)]);
   }
   void apply(state& s, int trainers, const std::vector<int>& idle_list) const {
     const int t = static_cast<int>(s.members.size());

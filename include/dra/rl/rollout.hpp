@@ -64,6 +64,18 @@ class rollout_device {
     clock += c.prefill_per_kilotoken_s * ctx / 1000.0;
     return true;
   }
+  /// Gives every sequence held here (active or preempted) the length f(id, generated so far)
+  /// (at least one token more): a look-ahead on drawn lengths (events.hpp).
+  template <class F>
+  void resample(F f) {
+    for (auto& a : active_) {
+      const double g = a.generated + (iteration_ - a.start);
+      a.length = std::max(g + 1.0, f(a.id, g));
+      a.finish = a.start + std::max(1.0, std::round(a.length - a.generated));
+    }
+    std::make_heap(active_.begin(), active_.end(), later);
+    for (auto& w : waiting_) w.length = std::max(w.generated + 1.0, f(w.id, w.generated));
+  }
   /// Re-admits preempted sequences first (front first); true when any was admitted.
   bool admit_waiting(const rl_cost_model& c) {
     bool any = false;
