@@ -978,13 +978,35 @@ TEST_CASE("rl.events.the_oracle_paying_switches_and_the_sampled_lookahead_are_wh
   CHECK(paid.switches > 0);
   CHECK(charged > 0.0);  // it pays what the policy pays
   for (const auto& s : sim.run_oracle().switch_log) CHECK(s.total_s == 0.0);
-  const auto la = sim.run_lookahead_sampled(3);
-  check_run(la, config);
-  CHECK(la.name == "lookahead_sampled");
-  CHECK(la.switches > 0);
-  for (const auto& s : la.switch_log) CHECK(contains(s.reason, "lookahead: "));
-  CHECK(sim.run_lookahead_sampled(3).total_s == la.total_s);  // its draws are seeded
+  for (const bool grouped : {true, false}) {
+    CAPTURE(grouped);
+    const auto la = sim.run_lookahead_sampled(3, 2, grouped);
+    check_run(la, config);
+    CHECK(la.name == (grouped ? "lookahead_sampled" : "lookahead_sampled_independent"));
+    CHECK(la.switches > 0);
+    for (const auto& s : la.switch_log) CHECK(contains(s.reason, "lookahead: "));
+    CHECK(sim.run_lookahead_sampled(3, 2, grouped).total_s == la.total_s);  // its draws are seeded
+  }
   expect_invalid([&] { (void)sim.run_lookahead_sampled(0); }, "samples");
+  expect_invalid([&] { (void)sim.run_lookahead_sampled(3, 0); }, "max_move");
+}
+
+TEST_CASE("rl.events.draws_that_follow_the_grpo_groups_look_ahead_better") {
+  // Reasoning lengths: a prompt's samples share a scale, so a group's finished siblings say how long
+  // the rest will run. The look-ahead that draws by group ends sooner than the one that draws each
+  // length alone (x0.932 / 0.924 / 0.921 against x0.951 / 0.938 / 0.935 of the best split).
+  for (std::uint64_t seed : {1, 2, 3}) {
+    CAPTURE(seed);
+    auto config = small_events(30);
+    config.workload.seed = seed;
+    config.workload.lengths = length_model::reasoning;
+    config.workload.reasoning = {500.0, 0.7, 0.35, 0.1, 4.0};
+    const rl_event_sim sim({}, config);
+    const auto grouped = sim.run_lookahead_sampled(3, 2, true);
+    const auto independent = sim.run_lookahead_sampled(3, 2, false);
+    check_run(grouped, config);
+    CHECK(grouped.total_s < 0.99 * independent.total_s);
+  }
 }
 
 TEST_CASE("rl.events.where_nothing_can_be_gained_the_policy_holds") {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <utility>
@@ -75,24 +76,26 @@ class rl_event_sim : private rl_event_engine {
       free.rollout_start_s = 0.0;
     }
     state s = initial(config_.start_rollout(), config_.pipeline, config_.barrier, free);
-    simulate(s, oracle_controller{this, 0, config_.devices}, -1);
+    simulate(s, oracle_controller{this, 0, config_.devices, false}, -1);
     return finish(s, free_switches ? "oracle_within_step" : "oracle_within_step_paid", 0);
   }
 
   /// lookahead_sampled: the oracle's search without its clairvoyance. Every length not generated
-  /// yet is drawn (`samples` times) from the run's most recent finished sequences, a sequence in
-  /// flight conditioned on what it generated so far; the trainer count whose look-ahead step starts
-  /// earliest on average is taken, at the measured switch costs. It reads the run's true cost model
-  /// and the engine's state (which device holds which sequence), so it is a reference for what the
-  /// length distribution alone allows, not a policy: docs/results/rl/issue24/README.md. It moves
-  /// at most `max_move` devices at once (every count is one more chance to pick a loser on the
-  /// draws' noise).
-  rl_run_result run_lookahead_sampled(int samples, int max_move = 2) const {
+  /// yet is drawn (`samples` times) from what the run has seen, a sequence in flight above what it
+  /// generated so far; the trainer count whose look-ahead step starts earliest on average is taken,
+  /// at the measured switch costs, moving at most `max_move` devices at once (every count is one
+  /// more chance to pick a loser on the draws' noise). `grouped`: a sequence's draw follows its
+  /// GRPO group (the log-scale of its finished siblings, else of a recent finished group, plus a
+  /// recent within-group deviation); false: independent draws from the 2,048 most recent finished
+  /// sequences (lookahead_sampled_independent). It reads the run's true cost model and which device
+  /// holds which sequence, so it is a reference for what observable lengths allow, not a policy:
+  /// docs/results/rl/issue24/README.md.
+  rl_run_result run_lookahead_sampled(int samples, int max_move = 2, bool grouped = true) const {
     if (samples < 1) dra::detail::throw_invalid("samples", "must be >= 1, got " + std::to_string(samples));
     if (max_move < 1) dra::detail::throw_invalid("max_move", "must be >= 1, got " + std::to_string(max_move));
     state s = initial(config_.start_rollout(), config_.pipeline, config_.barrier, config_.costs);
-    simulate(s, oracle_controller{this, samples, max_move}, -1);
-    return finish(s, "lookahead_sampled", 0);
+    simulate(s, oracle_controller{this, samples, max_move, grouped}, -1);
+    return finish(s, grouped ? "lookahead_sampled" : "lookahead_sampled_independent", 0);
   }
 
   /// Colocated time sharing: every device generates a batch (on-policy), hands its memory over,
@@ -185,9 +188,10 @@ class rl_event_sim : private rl_event_engine {
     const rl_event_sim* sim;
     int samples;   // 0: the true lengths
     int max_move;  // devices moved at most at once
+    bool grouped;  // draws follow the GRPO groups
     void operator()(state& s, bool at_open) const {
       const auto& bs = s.batches[static_cast<std::size_t>(std::min(s.next_step, sim->steps() - 1))];
-      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s, samples, max_move);
+      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s, samples, max_move, grouped);
     }
   };
 
@@ -242,7 +246,7 @@ class rl_event_sim : private rl_event_engine {
     }
   }
 
-  void consult_oracle(state& s, int samples, int max_move) const {
+  void consult_oracle(state& s, int samples, int max_move, bool grouped_draws) const {
     if (s.next_step >= steps()) return;
     const auto idle_list = idle_devices(s);
     const int t = static_cast<int>(s.members.size());
@@ -270,28 +274,68 @@ class rl_event_sim : private rl_event_engine {
       if (seen.size() < static_cast<std::size_t>(n())) return;  // hold until a batch was seen
       std::sort(seen.begin(), seen.end());
       const double limit = config_.workload.max_generation_tokens;
+      // GRPO groups: the recent finished groups' log-scales and their samples' spread within them.
+      const int group = std::max(1, config_.workload.group_size);
+      const bool grouped = grouped_draws && group > 1;
+      std::vector<double> factors, residuals;
+      double mean_log = 0.0;
+      if (grouped) {
+        for (int gid = static_cast<int>(s.generated.size()) / group; gid-- > 0 && factors.size() < 256;) {
+          bool done = true;
+          double m = 0.0;
+          for (int id = gid * group; id < gid * group + group; ++id)
+            done = done && s.generated[static_cast<std::size_t>(id)], m += std::log(length_of(id)) / group;
+          if (!done) continue;
+          factors.push_back(m);
+          for (int id = gid * group; id < gid * group + group; ++id) residuals.push_back(std::log(length_of(id)) - m);
+        }
+        if (factors.empty()) return;
+        for (double f : factors) mean_log += f / static_cast<double>(factors.size());
+        for (double& f : factors) f -= mean_log;
+      }
       for (int k = 0; k < samples; ++k) {
         std::mt19937_64 rng(config_.workload.seed * 1000003ULL + static_cast<std::uint64_t>(s.now * 1000.0) +
                             7919ULL * static_cast<std::uint64_t>(k));
-        const auto draw = [&](double generated) {  // a length above what it generated so far
+        const auto draw_pool = [&](double generated) {  // a length above what it generated so far
           const auto above = std::upper_bound(seen.begin(), seen.end(), generated);
           if (above == seen.end()) return std::min(limit, generated + 1.0);
           return above[static_cast<std::ptrdiff_t>(rng() % static_cast<std::uint64_t>(seen.end() - above))];
+        };
+        std::map<int, double> factor;  // per group: its log-scale over the groups' mean, drawn once
+        // A group's scale: its finished siblings' log-lengths and one draw of a recent group's scale,
+        // averaged (the draw weighs as one sibling); each sample adds a recent within-group deviation.
+        const auto draw = [&](int id, double generated) {
+          if (!grouped) return draw_pool(generated);
+          const int gid = id / group;
+          auto it = factor.find(gid);
+          if (it == factor.end()) {
+            double known = 0.0;
+            int siblings = 0;
+            for (int m = gid * group; m < gid * group + group; ++m)
+              if (s.generated[static_cast<std::size_t>(m)]) known += std::log(length_of(m)) - mean_log, ++siblings;
+            const double prior = factors[rng() % factors.size()];
+            it = factor.emplace(gid, (known + prior) / (siblings + 1)).first;
+          }
+          for (int tries = 0; tries < 32; ++tries) {
+            const double v = std::min(limit, std::exp(mean_log + it->second + residuals[rng() % residuals.size()]));
+            if (v > generated) return v;
+          }
+          return draw_pool(generated);
         };
         std::vector<std::vector<double>> drawn = batches_;
         state base = s;
         for (auto& dv : base.dev)
           dv.rd.resample([&](int id, double generated) {
-            return drawn[static_cast<std::size_t>(id / n())][static_cast<std::size_t>(id % n())] = draw(generated);
+            return drawn[static_cast<std::size_t>(id / n())][static_cast<std::size_t>(id % n())] = draw(id, generated);
           });
         for (int b = s.next_step; b <= std::min(steps() - 1, target + 1); ++b) {
           auto& lengths = drawn[static_cast<std::size_t>(b)];
           const auto& bs = s.batches[static_cast<std::size_t>(b)];
           if (!bs.open)
-            for (double& v : lengths) v = draw(0.0);
+            for (int i = 0; i < n(); ++i) lengths[static_cast<std::size_t>(i)] = draw(b * n() + i, 0.0);
           else
             for (const auto& queue : bs.assigned)
-              for (int id : queue) lengths[static_cast<std::size_t>(id % n())] = draw(0.0);
+              for (int id : queue) lengths[static_cast<std::size_t>(id % n())] = draw(id, 0.0);
         }
         base.lengths = &drawn;
         for (int cand = lo; cand <= hi; ++cand) when[static_cast<std::size_t>(cand)] += start_of(base, cand) / samples;

@@ -1,11 +1,13 @@
 // How much of the within-step oracle's gain is its clairvoyance (simulated, 2026-12-03): on the
 // `longgen` scenario (the settings of python/dra/rl/__init__.py, as in tests/cpp/test_rl.cpp), the
 // best static barrier-free split, the stage-balance policy, the oracle with free switches (the
-// reports' ceiling), the same oracle paying the measured switch costs, and lookahead_sampled: the
-// oracle's search on lengths drawn from the finished sequences instead of the true ones
-// (events.hpp, run_lookahead_sampled). From the repository root:
+// reports' ceiling), the same oracle paying the measured switch costs, and the oracle's search on
+// lengths drawn from what the run has seen instead of the true ones (events.hpp,
+// run_lookahead_sampled): lookahead_sampled (draws that follow the GRPO groups) and
+// lookahead_sampled_independent (independent draws). From the repository root:
 //   g++ -O2 -DNDEBUG -std=c++17 -Iinclude -I/usr/include/eigen3 docs/results/rl/issue24/lookahead.cpp -o lookahead
-//   ./lookahead SEED [SAMPLES=12] [STEPS=200] [reserve]   # reserve: longgen_reserve (SGLang-like admission)
+//   ./lookahead SEED [SAMPLES=12] [STEPS=200] [longgen|reserve] [both|grouped|independent]
+// reserve: longgen_reserve (SGLang-like admission).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +18,7 @@
 int main(int argc, char** argv) {
   using namespace dra::sim;
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s SEED [SAMPLES] [STEPS] [reserve]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s SEED [SAMPLES] [STEPS] [longgen|reserve] [both|grouped|independent]\n", argv[0]);
     return 2;
   }
   const auto seed = static_cast<std::uint64_t>(std::atoll(argv[1]));
@@ -60,13 +62,15 @@ int main(int argc, char** argv) {
   std::printf("%s seed %llu, %d steps: best static split %d rollout, %.0f s\n", reserve ? "longgen_reserve" : "longgen",
               static_cast<unsigned long long>(seed), w.steps, best_r, best);
   const auto row = [&](const rl_run_result& r) {
-    std::printf("  %-24s x%.4f  switches %4d  mean rollout devices %.2f\n", r.name.c_str(), r.total_s / best, r.switches,
-                r.mean_rollout_devices);
+    std::printf("  %-24s x%.4f  switches %4d  mean rollout devices %.2f\n", r.name.c_str(), r.total_s / best,
+                r.switches, r.mean_rollout_devices);
     std::fflush(stdout);
   };
   row(sim.run_dynamic());
   row(sim.run_oracle(true));
   row(sim.run_oracle(false));
-  row(sim.run_lookahead_sampled(samples));
+  const char* which = argc > 5 ? argv[5] : "both";
+  if (std::strcmp(which, "independent") != 0) row(sim.run_lookahead_sampled(samples, 2, true));
+  if (std::strcmp(which, "grouped") != 0) row(sim.run_lookahead_sampled(samples, 2, false));
   return 0;
 }
