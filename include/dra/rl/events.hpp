@@ -246,6 +246,68 @@ class rl_event_sim : private rl_event_engine {
     }
   }
 
+  // What a leader has seen of the lengths, and draws from it for a look-ahead: the 2,048 most
+  // recent finished sequences and, by GRPO group, the log-scales of the 256 most recent finished
+  // groups and their samples' deviations within a group. Reads finished sequences only.
+  class observed_lengths {
+   public:
+    observed_lengths(const rl_event_sim& sim, const state& s, bool grouped)
+        : s_(s),
+          sim_(sim),
+          group_(std::max(1, sim.config_.workload.group_size)),
+          limit_(sim.config_.workload.max_generation_tokens) {
+      for (std::size_t id = s.generated.size(); id-- > 0 && seen_.size() < 2048;)
+        if (s.generated[id]) seen_.push_back(sim.length_of(static_cast<int>(id)));
+      std::sort(seen_.begin(), seen_.end());
+      if (!grouped || group_ < 2) return;
+      for (int gid = static_cast<int>(s.generated.size()) / group_; gid-- > 0 && scales_.size() < 256;) {
+        bool done = true;
+        for (int id = gid * group_; id < (gid + 1) * group_; ++id)
+          done = done && s.generated[static_cast<std::size_t>(id)];
+        if (!done) continue;
+        double m = 0.0;
+        for (int id = gid * group_; id < (gid + 1) * group_; ++id) m += std::log(sim.length_of(id)) / group_;
+        scales_.push_back(m);
+        for (int id = gid * group_; id < (gid + 1) * group_; ++id)
+          deviations_.push_back(std::log(sim.length_of(id)) - m);
+      }
+      for (double m : scales_) mean_log_ += m / static_cast<double>(scales_.size());
+      for (double& m : scales_) m -= mean_log_;
+    }
+    bool ready() const { return seen_.size() >= static_cast<std::size_t>(sim_.n()); }
+    /// A length for sequence `id` above what it generated. By group: the group's log-scale is the
+    /// mean of its finished siblings' and of one recent group's (drawn once per sample into
+    /// `scales`), plus a recent within-group deviation; else a recent finished length.
+    double draw(int id, double generated, std::mt19937_64& rng, std::map<int, double>& scales) const {
+      if (!scales_.empty()) {
+        const int gid = id / group_;
+        auto it = scales.find(gid);
+        if (it == scales.end()) {
+          double known = 0.0;
+          int siblings = 0;
+          for (int m = gid * group_; m < (gid + 1) * group_; ++m)
+            if (s_.generated[static_cast<std::size_t>(m)]) known += std::log(sim_.length_of(m)) - mean_log_, ++siblings;
+          it = scales.emplace(gid, (known + scales_[rng() % scales_.size()]) / (siblings + 1)).first;
+        }
+        for (int tries = 0; tries < 32; ++tries) {
+          const double v = std::min(limit_, std::exp(mean_log_ + it->second + deviations_[rng() % deviations_.size()]));
+          if (v > generated) return v;
+        }
+      }
+      const auto above = std::upper_bound(seen_.begin(), seen_.end(), generated);
+      if (above == seen_.end()) return std::min(limit_, generated + 1.0);
+      return above[static_cast<std::ptrdiff_t>(rng() % static_cast<std::uint64_t>(seen_.end() - above))];
+    }
+
+   private:
+    const state& s_;
+    const rl_event_sim& sim_;
+    int group_;
+    double limit_;
+    std::vector<double> seen_, scales_, deviations_;
+    double mean_log_ = 0.0;
+  };
+
   void consult_oracle(state& s, int samples, int max_move, bool grouped_draws) const {
     if (s.next_step >= steps()) return;
     const auto idle_list = idle_devices(s);
@@ -267,61 +329,13 @@ class rl_event_sim : private rl_event_engine {
     if (samples == 0) {
       for (int cand = lo; cand <= hi; ++cand) when[static_cast<std::size_t>(cand)] = start_of(s, cand);
     } else {
-      // What a leader has seen: the most recent finished sequences.
-      std::vector<double> seen;
-      for (std::size_t id = s.generated.size(); id-- > 0 && seen.size() < 2048;)
-        if (s.generated[id]) seen.push_back(length_of(static_cast<int>(id)));
-      if (seen.size() < static_cast<std::size_t>(n())) return;  // hold until a batch was seen
-      std::sort(seen.begin(), seen.end());
-      const double limit = config_.workload.max_generation_tokens;
-      // GRPO groups: the recent finished groups' log-scales and their samples' spread within them.
-      const int group = std::max(1, config_.workload.group_size);
-      const bool grouped = grouped_draws && group > 1;
-      std::vector<double> factors, residuals;
-      double mean_log = 0.0;
-      if (grouped) {
-        for (int gid = static_cast<int>(s.generated.size()) / group; gid-- > 0 && factors.size() < 256;) {
-          bool done = true;
-          double m = 0.0;
-          for (int id = gid * group; id < gid * group + group; ++id)
-            done = done && s.generated[static_cast<std::size_t>(id)], m += std::log(length_of(id)) / group;
-          if (!done) continue;
-          factors.push_back(m);
-          for (int id = gid * group; id < gid * group + group; ++id) residuals.push_back(std::log(length_of(id)) - m);
-        }
-        if (factors.empty()) return;
-        for (double f : factors) mean_log += f / static_cast<double>(factors.size());
-        for (double& f : factors) f -= mean_log;
-      }
+      const observed_lengths seen(*this, s, grouped_draws);
+      if (!seen.ready()) return;  // hold until a batch was seen
       for (int k = 0; k < samples; ++k) {
         std::mt19937_64 rng(config_.workload.seed * 1000003ULL + static_cast<std::uint64_t>(s.now * 1000.0) +
                             7919ULL * static_cast<std::uint64_t>(k));
-        const auto draw_pool = [&](double generated) {  // a length above what it generated so far
-          const auto above = std::upper_bound(seen.begin(), seen.end(), generated);
-          if (above == seen.end()) return std::min(limit, generated + 1.0);
-          return above[static_cast<std::ptrdiff_t>(rng() % static_cast<std::uint64_t>(seen.end() - above))];
-        };
-        std::map<int, double> factor;  // per group: its log-scale over the groups' mean, drawn once
-        // A group's scale: its finished siblings' log-lengths and one draw of a recent group's scale,
-        // averaged (the draw weighs as one sibling); each sample adds a recent within-group deviation.
-        const auto draw = [&](int id, double generated) {
-          if (!grouped) return draw_pool(generated);
-          const int gid = id / group;
-          auto it = factor.find(gid);
-          if (it == factor.end()) {
-            double known = 0.0;
-            int siblings = 0;
-            for (int m = gid * group; m < gid * group + group; ++m)
-              if (s.generated[static_cast<std::size_t>(m)]) known += std::log(length_of(m)) - mean_log, ++siblings;
-            const double prior = factors[rng() % factors.size()];
-            it = factor.emplace(gid, (known + prior) / (siblings + 1)).first;
-          }
-          for (int tries = 0; tries < 32; ++tries) {
-            const double v = std::min(limit, std::exp(mean_log + it->second + residuals[rng() % residuals.size()]));
-            if (v > generated) return v;
-          }
-          return draw_pool(generated);
-        };
+        std::map<int, double> scales;  // per group, drawn once per sample
+        const auto draw = [&](int id, double generated) { return seen.draw(id, generated, rng, scales); };
         std::vector<std::vector<double>> drawn = batches_;
         state base = s;
         for (auto& dv : base.dev)
