@@ -400,7 +400,10 @@ void dra::python::bind_rl(py::module_& m) {
       "rl_sim_events",
       [](const std::vector<double>& lengths, const std::string& source, int devices, const rl_workload& workload,
          const rl_cost_model& costs, const stage_balance_config& policy, int initial_rollout, int oracle_lookahead,
-         const std::function<void(int, int)>& progress) {
+         const std::function<void(int, int)>& progress, int lookahead_samples) {
+        if (lookahead_samples < 0)
+          dra::detail::throw_invalid("lookahead_samples", "must be >= 0 (0: no look-ahead references), got " +
+                                                              std::to_string(lookahead_samples));
         length_distribution dist{lengths, source};
         rl_event_config c;
         c.devices = devices;
@@ -410,14 +413,30 @@ void dra::python::bind_rl(py::module_& m) {
         c.initial_rollout = initial_rollout;
         c.oracle_lookahead = oracle_lookahead;
         rl_event_report r;
+        std::vector<rl_run_result> references;  // lookahead_samples > 0: paid oracle, look-aheads
         {
           const rl_event_sim sim(dist, c);
           py::gil_scoped_release release;
+          int runs = 0;
           r = sim.report([&](int done, int total) {
+            runs = total;
             if (!progress) return;
             py::gil_scoped_acquire acquire;
-            progress(done, total);
+            progress(done, total + (lookahead_samples > 0 ? 3 : 0));
           });
+          const auto tick = [&] {
+            if (!progress) return;
+            py::gil_scoped_acquire acquire;
+            progress(runs + static_cast<int>(references.size()), runs + 3);
+          };
+          if (lookahead_samples > 0) {
+            references.push_back(sim.run_oracle(false));
+            tick();
+            references.push_back(sim.run_lookahead_sampled(lookahead_samples, 2, true));
+            tick();
+            references.push_back(sim.run_lookahead_sampled(lookahead_samples, 2, false));
+            tick();
+          }
         }
         py::dict d;
         d["length_source"] = r.length_source;
@@ -430,15 +449,21 @@ void dra::python::bind_rl(py::module_& m) {
         d["dynamic"] = dict_of(r.dynamic);
         d["oracle_within_step"] = dict_of(r.oracle);
         d["colocated"] = dict_of(r.colocated);
+        if (!references.empty()) {
+          py::dict refs;
+          for (const auto& x : references) refs[py::str(x.name)] = dict_of(x);
+          d["references"] = refs;
+        }
         return d;
       },
       py::arg("lengths"), py::arg("source"), py::arg("devices") = 8,
       py::arg_v("workload", rl_workload{}, "RlWorkload()"), py::arg_v("costs", rl_cost_model{}, "RlCostModel()"),
       py::arg_v("policy", stage_balance_config{}, "StageBalanceConfig()"), py::arg("initial_rollout") = 0,
-      py::arg("oracle_lookahead") = 2, py::arg("progress") = nullptr,
+      py::arg("oracle_lookahead") = 2, py::arg("progress") = nullptr, py::arg("lookahead_samples") = 0,
       "The event simulator: every static split one-step-off without and with the per-phase barrier and "
       "synchronous, the stage-balance policy moving devices inside a step, the within-step oracle and "
-      "colocated time sharing, on the same lengths.");
+      "colocated time sharing, on the same lengths; with lookahead_samples > 0 also the references "
+      "oracle_within_step_paid, lookahead_sampled and lookahead_sampled_independent.");
 
   m.def(
       "rl_sim_sweep",

@@ -184,6 +184,29 @@ def test_pipeline_report_in_three_parts() -> None:
         rl.simulate_pipeline("longgen", steps=2, costs={"kv_capacity_tokens": 1000.0})
 
 
+def test_the_lookahead_references_come_when_asked_for() -> None:
+    # The oracle at the measured switch costs and its search on drawn lengths (by group, and alone):
+    # whole runs (every sequence generated and trained once), in the JSON only when asked for.
+    small = {"steps": 6, "devices": 4, "workload": {"prompts_per_step": 16, "group_size": 4}}
+    seen: list[tuple[int, int]] = []
+    doc = rl.simulate_pipeline("longgen", lookahead_samples=2, progress=lambda d, t: seen.append((d, t)), **small)
+    refs = doc["references"]
+    assert sorted(refs) == ["lookahead_sampled", "lookahead_sampled_independent", "oracle_within_step_paid"]
+    for name, run in refs.items():
+        assert run["name"] == name and run["exactly_once"]
+    assert sum(w["total_s"] for w in refs["oracle_within_step_paid"]["switch_log"]) > 0.0  # it pays
+    assert seen[-1][0] == seen[-1][1]  # the progress counts the references too
+    assert doc["settings"]["lookahead_samples"] == 2
+    assert "references" not in rl.simulate_pipeline("longgen", **small)
+    with pytest.raises(ValueError, match="lookahead_samples: must be an integer >= 0"):
+        rl.simulate_pipeline("longgen", lookahead_samples=-1, **small)
+    text = rl.pipeline_markdown(doc)
+    assert "References (not dra's result; 2 draws per decision):" in text and "- lookahead_sampled: x" in text
+    cli = subprocess.run([sys.executable, "-m", "dra.sim.cli", "rl", "--scenario", "long_tail", "--lookahead-samples", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and "--lookahead-samples" in cli.stderr and "--pipeline-scenario" in cli.stderr
+
+
 @pytest.mark.parametrize("seed", [1, 4])
 def test_the_policy_follows_lengths_that_drift_to_the_best_split(seed: int) -> None:
     # Azure conversation lengths growing x4 over 200 steps: the best static split is 3 rollout / 5

@@ -2550,9 +2550,9 @@ def rl_read_lengths(path: str, column: str = 'GeneratedTokens') -> list[float]:
     """
     One numeric column of a CSV (default: the Azure trace's GeneratedTokens); errors name file, line and column.
     """
-def rl_sim_events(lengths: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], source: str, devices: typing.SupportsInt | typing.SupportsIndex = 8, workload: RlWorkload = ..., costs: RlCostModel = ..., policy: StageBalanceConfig = ..., initial_rollout: typing.SupportsInt | typing.SupportsIndex = 0, oracle_lookahead: typing.SupportsInt | typing.SupportsIndex = 2, progress: collections.abc.Callable[[int, int], None] = None) -> dict:
+def rl_sim_events(lengths: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], source: str, devices: typing.SupportsInt | typing.SupportsIndex = 8, workload: RlWorkload = ..., costs: RlCostModel = ..., policy: StageBalanceConfig = ..., initial_rollout: typing.SupportsInt | typing.SupportsIndex = 0, oracle_lookahead: typing.SupportsInt | typing.SupportsIndex = 2, progress: collections.abc.Callable[[int, int], None] = None, lookahead_samples: typing.SupportsInt | typing.SupportsIndex = 0) -> dict:
     """
-    The event simulator: every static split one-step-off without and with the per-phase barrier and synchronous, the stage-balance policy moving devices inside a step, the within-step oracle and colocated time sharing, on the same lengths.
+    The event simulator: every static split one-step-off without and with the per-phase barrier and synchronous, the stage-balance policy moving devices inside a step, the within-step oracle and colocated time sharing, on the same lengths; with lookahead_samples > 0 also the references oracle_within_step_paid, lookahead_sampled and lookahead_sampled_independent.
     """
 def rl_sim_sweep(lengths: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], source: str, devices: typing.SupportsInt | typing.SupportsIndex = 8, pipeline: str = 'one_step_off', workload: RlWorkload = ..., costs: RlCostModel = ..., policy: StageBalanceConfig = ..., initial_rollout: typing.SupportsInt | typing.SupportsIndex = 0, progress: collections.abc.Callable[[int, int], None] = None) -> dict:
     """

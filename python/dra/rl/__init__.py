@@ -321,12 +321,23 @@ def simulate_pipeline(
     initial_rollout: int = 0,
     oracle_lookahead: int = 2,
     progress: Callable[[int, int], None] | None = None,
+    lookahead_samples: int = 0,
 ) -> dict[str, Any]:
     """The event simulator on one setting: every static split one-step-off without and with the
     per-phase barrier and synchronous, the stage-balance policy moving devices inside a step, the
     within-step oracle and colocated time sharing, all on the same lengths; with a ``summary``
     (the three-part report) and the checks against published figures. ``scenario`` names a preset
-    of :data:`PIPELINE_SCENARIOS`; explicit arguments override its fields."""
+    of :data:`PIPELINE_SCENARIOS`; explicit arguments override its fields.
+
+    ``lookahead_samples`` > 0 adds ``references``: the oracle paying the measured switch costs
+    (``oracle_within_step_paid``) and its search on lengths drawn from what the run has seen,
+    ``lookahead_samples`` draws per decision, by GRPO group (``lookahead_sampled``) or each alone
+    (``lookahead_sampled_independent``). They are references, not dra's result, and slow: minutes
+    per run at 200 steps (docs/results/rl/issue24/README.md)."""
+    if isinstance(lookahead_samples, bool) or not isinstance(lookahead_samples, int) or lookahead_samples < 0:
+        raise ValueError(
+            f"lookahead_samples: must be an integer >= 0 (0: no look-ahead references), got {lookahead_samples!r}"
+        )
     preset: dict[str, Any] = {}
     if scenario is not None:
         if scenario not in PIPELINE_SCENARIOS:
@@ -344,7 +355,9 @@ def simulate_pipeline(
     c = {**(preset.get("costs") or {}), **(costs or {})}
     p = {**(preset.get("policy") or {}), **(policy or {})}
     wl, cm, pc = _workload(w), _configure(_core.RlCostModel, c), _configure(_core.StageBalanceConfig, p)
-    doc = _core.rl_sim_events(lengths, source, devices, wl, cm, pc, initial_rollout, oracle_lookahead, progress)
+    doc = _core.rl_sim_events(
+        lengths, source, devices, wl, cm, pc, initial_rollout, oracle_lookahead, progress, lookahead_samples
+    )
     doc["settings"] = {
         "scenario": scenario,
         "label": "simulated",
@@ -355,6 +368,7 @@ def simulate_pipeline(
         "policy": p,
         "initial_rollout": initial_rollout,
         "oracle_lookahead": oracle_lookahead,
+        "lookahead_samples": lookahead_samples,
     }
     doc["summary"] = pipeline_summary(doc)
     return doc
@@ -457,4 +471,12 @@ def pipeline_markdown(doc: dict[str, Any]) -> str:
         f"Checks (colocated): rollout {100 * s['checks']['colocated_rollout_share']:.0f} % of the step time, the last 10 % of sequences "
         f"{100 * s['checks']['colocated_tail_share']:.0f} % of the rollout.",
     ]
+    refs = doc.get("references") or {}
+    if refs:
+        best_s = doc["barrier_free"][doc["best_barrier_free"]]["total_s"]
+        gain = best_s - orc["total_s"]
+        lines += ["", f"References (not dra's result; {st.get('lookahead_samples', 0)} draws per decision):"]
+        for name, run in refs.items():
+            part = f", {100 * (best_s - run['total_s']) / gain:.0f} % of the oracle's gain" if gain > 0 else ""
+            lines.append(f"- {name}: x{run['total_s'] / best_s:.3f} of the best static time{part}, {run['switches']} switches.")
     return "\n".join(lines) + "\n"

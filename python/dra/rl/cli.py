@@ -50,6 +50,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--initial-rollout", type=int, default=0, help="rollout devices the dynamic run starts with (0: half)")
+    p.add_argument("--lookahead-samples", type=int, default=0, metavar="N",
+                   help="with --pipeline-scenario: also the references (the oracle paying switches, its search on N "
+                        "draws of the lengths by group and alone); slow: minutes per run at 200 steps")
     p.add_argument("--workload", action="append", metavar="NAME=VALUE", help="RlWorkload field (repeatable)")
     p.add_argument("--cost", action="append", metavar="NAME=VALUE", help="RlCostModel field (repeatable)")
     p.add_argument("--policy", action="append", metavar="NAME=VALUE", help="StageBalanceConfig field (repeatable)")
@@ -72,7 +75,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         doc = rl.simulate_pipeline(args.pipeline_scenario, devices=args.devices, steps=args.steps, seed=args.seed,
                                    workload=_assignments(args.workload, "--workload"), costs=_assignments(args.cost, "--cost"),
                                    policy=_assignments(args.policy, "--policy"), initial_rollout=args.initial_rollout,
-                                   progress=progress)
+                                   progress=progress, lookahead_samples=args.lookahead_samples)
     except (ValueError, FileNotFoundError) as exc:
         print(f"dra-sim rl: error: {exc}", file=sys.stderr)
         return 2
@@ -98,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pipeline_scenario:
         return run_pipeline(args)
+    if args.lookahead_samples:
+        print("dra-sim rl: error: --lookahead-samples: the references run in the event model; add --pipeline-scenario NAME",
+              file=sys.stderr)
+        return 2
 
     names: list[str | None] = list(rl.SCENARIOS) if args.all_scenarios else [args.scenario]
     docs = []
