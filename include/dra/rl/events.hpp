@@ -85,9 +85,9 @@ class rl_event_sim : private rl_event_engine {
   /// generated so far; the trainer count whose look-ahead step starts earliest on average is taken,
   /// at the measured switch costs, moving at most `max_move` devices at once (every count is one
   /// more chance to pick a loser on the draws' noise). `grouped`: a sequence's draw follows its
-  /// GRPO group (the log-scale of its finished siblings, else of a recent finished group, plus a
-  /// recent within-group deviation); false: independent draws from the 2,048 most recent finished
-  /// sequences (lookahead_sampled_independent). It reads the run's true cost model and which device
+  /// GRPO group (observed_lengths: a random-effects model of the groups' log-scales, which weighs
+  /// its finished siblings by how much groups differ); false: independent draws from the 2,048 most
+  /// recent finished sequences (lookahead_sampled_independent). It reads the run's true cost model and which device
   /// holds which sequence, so it is a reference for what observable lengths allow, not a policy:
   /// docs/results/rl/issue24/README.md.
   rl_run_result run_lookahead_sampled(int samples, int max_move = 2, bool grouped = true) const {
@@ -248,7 +248,9 @@ class rl_event_sim : private rl_event_engine {
 
   // What a leader has seen of the lengths, and draws from it for a look-ahead: the 2,048 most
   // recent finished sequences and, by GRPO group, the log-scales of the 256 most recent finished
-  // groups and their samples' deviations within a group. Reads finished sequences only.
+  // groups and their samples' deviations within a group (a random-effects model: how much a
+  // group's finished siblings say of the rest depends on how much groups differ beyond their
+  // samples' spread). Reads finished sequences only.
   class observed_lengths {
    public:
     observed_lengths(const rl_event_sim& sim, const state& s, bool grouped)
@@ -271,13 +273,26 @@ class rl_event_sim : private rl_event_engine {
         for (int id = gid * group_; id < (gid + 1) * group_; ++id)
           deviations_.push_back(std::log(sim.length_of(id)) - m);
       }
+      if (scales_.size() < 2) {
+        scales_.clear();  // too few groups to tell them apart: independent draws
+        return;
+      }
       for (double m : scales_) mean_log_ += m / static_cast<double>(scales_.size());
       for (double& m : scales_) m -= mean_log_;
+      // A random-effects view of the groups: within-group variance sigma^2, and what the groups'
+      // means vary by beyond it, tau^2 (0 when a prompt's samples do not move together).
+      double within = 0.0, between = 0.0;
+      for (double d : deviations_) within += d * d;
+      within /= static_cast<double>(scales_.size()) * (group_ - 1);
+      for (double m : scales_) between += m * m / static_cast<double>(scales_.size() - 1);
+      within_ = within;
+      between_ = std::max(0.0, between - within / group_);
     }
     bool ready() const { return seen_.size() >= static_cast<std::size_t>(sim_.n()); }
-    /// A length for sequence `id` above what it generated. By group: the group's log-scale is the
-    /// mean of its finished siblings' and of one recent group's (drawn once per sample into
-    /// `scales`), plus a recent within-group deviation; else a recent finished length.
+    /// A length for sequence `id` above what it generated. By group: the group's log-scale is drawn
+    /// once per sample (into `scales`) from its posterior given its k finished siblings (normal, mean
+    /// k tau^2 / (k tau^2 + sigma^2) times their mean deviation, variance tau^2 sigma^2 /
+    /// (k tau^2 + sigma^2)), plus a recent within-group deviation; else a recent finished length.
     double draw(int id, double generated, std::mt19937_64& rng, std::map<int, double>& scales) const {
       if (!scales_.empty()) {
         const int gid = id / group_;
@@ -287,7 +302,10 @@ class rl_event_sim : private rl_event_engine {
           int siblings = 0;
           for (int m = gid * group_; m < (gid + 1) * group_; ++m)
             if (s_.generated[static_cast<std::size_t>(m)]) known += std::log(sim_.length_of(m)) - mean_log_, ++siblings;
-          it = scales.emplace(gid, (known + scales_[rng() % scales_.size()]) / (siblings + 1)).first;
+          const double precision = siblings * between_ + within_;
+          const double mean = precision > 0.0 ? between_ * known / precision : 0.0;
+          const double sd = precision > 0.0 ? std::sqrt(between_ * within_ / precision) : 0.0;
+          it = scales.emplace(gid, mean + sd * std::normal_distribution<double>()(rng)).first;
         }
         for (int tries = 0; tries < 32; ++tries) {
           const double v = std::min(limit_, std::exp(mean_log_ + it->second + deviations_[rng() % deviations_.size()]));
@@ -305,7 +323,7 @@ class rl_event_sim : private rl_event_engine {
     int group_;
     double limit_;
     std::vector<double> seen_, scales_, deviations_;
-    double mean_log_ = 0.0;
+    double mean_log_ = 0.0, within_ = 0.0, between_ = 0.0;
   };
 
   void consult_oracle(state& s, int samples, int max_move, bool grouped_draws) const {
