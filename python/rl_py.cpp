@@ -106,6 +106,17 @@ void dra::python::bind_rl(py::module_& m) {
       .def_readwrite("expected_max", &stage_balance_config::expected_max,
                      "One-step-off objective: E[max(rollout, train)] over the batches' spread (True), or the max "
                      "of the two means (False).")
+      .def_readwrite("planner", &stage_balance_config::planner,
+                     "How the event simulator's dynamic run decides: 'window' (decide_window, what the live leader "
+                     "runs) or 'lookahead' (trainer counts tried on the event model with the fitted costs and drawn "
+                     "lengths; event simulator only).")
+      .def_readwrite("lookahead_draws", &stage_balance_config::lookahead_draws,
+                     "planner='lookahead': draws of the lengths not generated yet per decision.")
+      .def_readwrite("lookahead_max_move", &stage_balance_config::lookahead_max_move,
+                     "planner='lookahead': most devices moved by one decision.")
+      .def_readwrite("lookahead_terminal_steps", &stage_balance_config::lookahead_terminal_steps,
+                     "planner='lookahead': more times a trial counts its split's last step (the value of a move "
+                     "after the horizon).")
       .def_readwrite("lengths", &stage_balance_config::lengths)
       .def_readwrite("generation", &stage_balance_config::generation)
       .def_readwrite("training", &stage_balance_config::training)
@@ -447,6 +458,7 @@ void dra::python::bind_rl(py::module_& m) {
         d["best_barrier"] = r.best_barrier;
         d["best_synchronous"] = r.best_synchronous;
         d["dynamic"] = dict_of(r.dynamic);
+        d["dynamic_lookahead"] = dict_of(r.lookahead);
         d["oracle_within_step"] = dict_of(r.oracle);
         d["colocated"] = dict_of(r.colocated);
         if (!references.empty()) {

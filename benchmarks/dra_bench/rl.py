@@ -15,6 +15,8 @@ devices moved inside a step; ``dra.rl.simulate_pipeline``), simulated:
   (the best split of the same one-step-off pipeline without a barrier): dra's part;
 - ``rl_sim_time_longgen_barrier_free``: the best split with the per-phase barrier, that same split
   without it against it (``best_static_split`` with the barrier): the barrier's part, not dra's;
+- ``rl_sim_time_longgen_lookahead`` and ``rl_sim_oracle_share_longgen_lookahead``: the same two
+  figures for the policy with the look-ahead planner (event simulator only).
 - ``rl_sim_oracle_share_longgen``: the fraction of the within-step oracle's time saving the policy
   captured; ``rl_sim_oracle_longgen``: the oracle against the best static split;
 - the same rows with a ``.<scenario>`` suffix for the other event scenarios, and
@@ -94,7 +96,7 @@ def pipeline_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
         "exactly_once": s["exactly_once"],
     }
     share = s["oracle"]["oracle_share"]
-    return [
+    rows = [
         result(f"rl_sim_time_longgen{suffix}", doc["dynamic"]["total_s"], "s", ("best_static_split", best["total_s"]),
                goal_ratio="<= 0.67 (DynaResize: -33 %)", part="resizing (dra's)", **common),
         result(f"rl_sim_time_longgen_barrier_free{suffix}", same["total_s"], "s", ("best_static_split", barrier["total_s"]),
@@ -106,6 +108,17 @@ def pipeline_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
         result(f"rl_sim_oracle_longgen{suffix}", doc["oracle_within_step"]["total_s"], "s", ("best_static_split", best["total_s"]),
                note="oracle_within_step: clairvoyant greedy with free switches, a reference, not a proof of optimality", **common),
     ]
+    la = s.get("lookahead_planner")
+    if la:
+        note = "the stage-balance policy with planner='lookahead' (event simulator only; the live leader runs 'window')"
+        rows += [
+            result(f"rl_sim_time_longgen_lookahead{suffix}", la["dynamic_s"], "s", ("best_static_split", best["total_s"]),
+                   goal_ratio="<= 0.67 (DynaResize: -33 %)", part="resizing (dra's)", note=note,
+                   lookahead_switches=la["switches"], **common),
+            result(f"rl_sim_oracle_share_longgen_lookahead{suffix}", la["oracle_share"] if la["oracle_share"] is not None else float("nan"),
+                   "fraction", goal=">= 0.6", note=note, **common),
+        ]
+    return rows
 
 
 def _json_object(parser: argparse.ArgumentParser, flag: str, text: str, what: str, example: str) -> dict[str, Any]:

@@ -156,6 +156,8 @@ def test_bad_options_are_named(live) -> None:
         LiveConfig(handoff="lazy").validate()
     with pytest.raises(ValueError, match="group_size"):
         LiveConfig(group_size=1).validate()
+    with pytest.raises(ValueError, match="policy.planner: the live leader runs the 'window' planner only, got 'lookahead'"):
+        LiveConfig(policy={"planner": "lookahead"}).validate()
 
 
 def test_bench_rows_from_rotating_rounds(tmp_path) -> None:

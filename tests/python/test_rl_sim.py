@@ -174,8 +174,20 @@ def test_pipeline_report_in_three_parts() -> None:
     assert 0.0 < s["checks"]["colocated_rollout_share"] < 1.0 and 0.0 < s["checks"]["colocated_tail_share"] < 1.0
     roles = doc["dynamic"]["roles"]
     assert all(r + t + m == 4 for r, t, m in zip(roles["rollout"], roles["train"], roles["moving"]))
+    # 4. the look-ahead planner, on the same lengths, beside the window planner
+    la, run = s["lookahead_planner"], doc["dynamic_lookahead"]
+    assert run["name"] == "dynamic_lookahead" and run["exactly_once"] and la["live"] is False
+    assert la["dynamic_time_vs_best_static"] == pytest.approx(run["total_s"] / best["total_s"])
+    assert la["oracle_share"] is None if gain <= 0 else la["oracle_share"] == pytest.approx((best["total_s"] - run["total_s"]) / gain)
     text = rl.pipeline_markdown(doc)
     assert "Removing the barrier (not dra's)" in text and "Resizing (dra's)" in text
+    assert "4. The look-ahead planner (planner='lookahead', event simulator only" in text
+    # planner='lookahead' makes it the headline too: the same run, seeded alike
+    head = rl.simulate_pipeline("longgen", steps=4, devices=4, workload={"prompts_per_step": 16, "group_size": 4},
+                                policy={"planner": "lookahead"})
+    assert head["dynamic"]["total_s"] == head["dynamic_lookahead"]["total_s"] == run["total_s"]
+    with pytest.raises(ValueError, match="planner: must be 'window' or 'lookahead', got 'greedy'"):
+        rl.simulate_pipeline("longgen", steps=2, policy={"planner": "greedy"})
     with pytest.raises(ValueError, match="scenario: unknown scenario"):
         rl.simulate_pipeline("nope")
     with pytest.raises(ValueError, match="trace/workload"):
@@ -259,5 +271,8 @@ def test_bench_rl_pipeline_rows(tmp_path) -> None:
     assert b["baseline"]["name"] == "best_static_split" and b["baseline"]["value"] == pytest.approx(min(b["static_barrier_s"].values()))
     assert b["value"] == pytest.approx(b["static_barrier_free_s"][str(b["split_rollout"])])
     assert rows["rl_sim_oracle_share_longgen"]["unit"] == "fraction"
+    la = rows["rl_sim_time_longgen_lookahead"]
+    assert la["baseline"]["name"] == "best_static_split" and la["baseline"]["value"] == rows["rl_sim_time_longgen"]["baseline"]["value"]
+    assert rows["rl_sim_oracle_share_longgen_lookahead"]["unit"] == "fraction"
     assert rows["rl_sim_tail_sweep.w0.2"]["tail_weight"] == 0.2
     assert all(r["label"] == "simulated" for r in rows.values())

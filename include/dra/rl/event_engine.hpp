@@ -285,6 +285,7 @@ class rl_event_engine {
     const double before = dv.rd.clock;
     if (!dv.rd.admit(it, s.cost_model)) return false;
     s.busy_s += dv.rd.clock - before;
+    if (s.policy) s.policy->observe_prefill(it.prompt + it.generated, dv.rd.clock - before);
     q->pop_front();
     --bs.queued;
     return true;

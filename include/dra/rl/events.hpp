@@ -29,6 +29,7 @@ struct rl_event_report {
   std::vector<rl_run_result> barrier_free, barrier, synchronous;  ///< static splits 1 .. devices - 1
   std::size_t best_barrier_free = 0, best_barrier = 0, best_synchronous = 0;
   rl_run_result dynamic, oracle, colocated;
+  rl_run_result lookahead;  ///< the policy with planner "lookahead" (dynamic: the configured one)
   std::string length_source;
 };
 
@@ -54,14 +55,24 @@ class rl_event_sim : private rl_event_engine {
   }
   rl_run_result run_static(int rollout) const { return run_static(rollout, config_.pipeline, config_.barrier); }
 
-  /// The stage-balance policy deciding in every boundary window (no per-phase barrier).
-  rl_run_result run_dynamic() const {
-    policy::stage_balance_policy pol(config_.stage_policy());
+  /// The stage-balance policy deciding in every boundary window (no per-phase barrier), by its
+  /// planner: decide_window, or the look-ahead on the event model with the costs the policy
+  /// fitted (nothing of the truth but which device holds which sequence, what each generated so
+  /// far, the finished lengths and the engines' configured limits: slots, KV budget, admission).
+  rl_run_result run_dynamic() const { return run_dynamic(config_.policy.planner); }
+  /// The same with the planner named ("window" or "lookahead").
+  rl_run_result run_dynamic(const std::string& planner) const {
+    auto pc = config_.stage_policy();
+    pc.planner = planner;
+    policy::stage_balance_policy pol(pc);
     state s = initial(config_.start_rollout(), config_.pipeline, config_.barrier, config_.costs);
     s.policy = &pol;
-    simulate(s, policy_controller{this}, -1);
+    if (pc.planner == "lookahead")
+      simulate(s, oracle_controller{this, pc.lookahead_draws, pc.lookahead_max_move, true, true}, -1);
+    else
+      simulate(s, policy_controller{this}, -1);
     s.policy = nullptr;
-    return finish(s, "dynamic", 0);
+    return finish(s, planner == "lookahead" ? "dynamic_lookahead" : "dynamic", 0);
   }
 
   /// oracle_within_step: in every boundary window, every feasible trainer count is simulated ahead
@@ -146,12 +157,13 @@ class rl_event_sim : private rl_event_engine {
     return r;
   }
 
-  /// Every static split in the three pipelines, the policy, the oracle and colocated.
+  /// Every static split in the three pipelines, the policy with each planner, the oracle and
+  /// colocated.
   rl_event_report report(const std::function<void(int, int)>& progress = nullptr) const {
     rl_event_report out;
     out.length_source = source_;
     const int splits = config_.devices - 1;
-    const int total = 3 * splits + 3;
+    const int total = 3 * splits + 4;
     int done = 0;
     const auto tick = [&] {
       if (progress) progress(++done, total);
@@ -167,7 +179,9 @@ class rl_event_sim : private rl_event_engine {
     out.best_barrier_free = best_of(out.barrier_free);
     out.best_barrier = best_of(out.barrier);
     out.best_synchronous = best_of(out.synchronous);
-    out.dynamic = run_dynamic();
+    out.dynamic = run_dynamic();  // the configured planner
+    tick();
+    out.lookahead = config_.policy.planner == "lookahead" ? out.dynamic : run_dynamic("lookahead");
     tick();
     out.oracle = run_oracle();
     tick();
@@ -186,12 +200,13 @@ class rl_event_sim : private rl_event_engine {
   };
   struct oracle_controller {
     const rl_event_sim* sim;
-    int samples;   // 0: the true lengths
-    int max_move;  // devices moved at most at once
-    bool grouped;  // draws follow the GRPO groups
+    int samples;          // 0: the true lengths
+    int max_move;         // devices moved at most at once
+    bool grouped;         // draws follow the GRPO groups
+    bool fitted = false;  // the costs s.policy fitted, not the true ones
     void operator()(state& s, bool at_open) const {
       const auto& bs = s.batches[static_cast<std::size_t>(std::min(s.next_step, sim->steps() - 1))];
-      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s, samples, max_move, grouped);
+      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s, samples, max_move, grouped, fitted);
     }
   };
 
@@ -326,7 +341,39 @@ class rl_event_sim : private rl_event_engine {
     double mean_log_ = 0.0, within_ = 0.0, between_ = 0.0;
   };
 
-  void consult_oracle(state& s, int samples, int max_move, bool grouped_draws) const {
+  // The cost model a leader has learned: the engines' configured limits, every time as `pol`
+  // fitted or measured it, the switch parts as the run's last switch of each kind measured them.
+  rl_cost_model fitted_costs(const state& s, const policy::stage_balance_policy& pol) const {
+    const rl_cost_model& truth = s.cost_model;
+    rl_cost_model c;
+    c.max_concurrency = truth.max_concurrency;  // configured engine limits, not measurements
+    c.kv_capacity_tokens = truth.kv_capacity_tokens;
+    c.kv_watermark = truth.kv_watermark;
+    c.kv_reserve_ratio = truth.kv_reserve_ratio;
+    c.decode_fixed_s = pol.generation().fixed_s();
+    c.decode_per_sequence_s = pol.generation().per_sequence_s();
+    c.decode_per_kilotoken_s = pol.generation().per_kilotoken_s();
+    c.prefill_per_kilotoken_s = pol.prefill_per_kilotoken_s();
+    const auto& train = pol.training();
+    c.train_fixed_s = train.compute_time_s(0.0);
+    c.train_per_token_s = std::max(0.0, train.compute_time_s(1000.0) - c.train_fixed_s) / 1000.0;
+    c.sync_fixed_s = train.sync_time_s(2);
+    c.sync_per_rank_s = std::max(0.0, train.sync_time_s(3) - c.sync_fixed_s);
+    c.weight_sync_s = c.weight_load_s = pol.weight_sync_s();
+    c.rollout_start_s = pol.engine_start_s();
+    c.switch_agree_s = c.switch_weights_s = c.switch_optimizer_s = 0.0;
+    c.switch_rebuild_s = pol.config().prior_switch_cost_s;
+    for (auto it = s.result.switch_log.rbegin(); it != s.result.switch_log.rend(); ++it) {
+      c.switch_agree_s = it->agree_s, c.switch_rebuild_s = it->rebuild_s;
+      if (it->direction == "to_train") {
+        c.switch_weights_s = it->weights_s, c.switch_optimizer_s = it->optimizer_s;
+        break;
+      }
+    }
+    return c;
+  }
+
+  void consult_oracle(state& s, int samples, int max_move, bool grouped_draws, bool fitted = false) const {
     if (s.next_step >= steps()) return;
     const auto idle_list = idle_devices(s);
     const int t = static_cast<int>(s.members.size());
@@ -335,17 +382,54 @@ class rl_event_sim : private rl_event_engine {
                              t + static_cast<int>(idle_list.size()), t + max_move});
     const int target = std::min(steps(), s.next_step + config_.oracle_lookahead);
     // When the look-ahead step starts with `cand` trainers, from `from` (hold after the move).
-    const auto start_of = [&](const state& from, int cand) {
-      state trial = from;
-      apply(trial, cand, idle_list);
-      simulate(trial, hold_controller{}, target);
+    // The planner (fitted) also values what follows the horizon, `terminal` more steps (at most
+    // the steps left; lookahead_terminal_steps). A join: at its split's last step time in the
+    // trial, or at the current split's (the hold trial's) after lending the device back,
+    // whichever is less; a device whose handover pays back over several steps is then worth
+    // taking. A lend is for a tail: after the horizon the split is taken as back where it was.
+    const int terminal =
+        fitted ? std::min(s.policy->config().lookahead_terminal_steps, std::max(0, steps() - target)) : 0;
+    rl_cost_model costs = s.cost_model;
+    if (fitted) costs = fitted_costs(s, *s.policy);
+    const double lend_back_s = costs.switch_agree_s + costs.switch_rebuild_s;
+    const auto value = [&](const std::vector<std::pair<double, double>>& runs, int cand) {
+      const auto [at, rate] = runs[static_cast<std::size_t>(cand)];
+      const double held = runs[static_cast<std::size_t>(t)].second;
+      if (terminal == 0 || rate <= 0.0 || held <= 0.0) return at;
+      if (cand <= t) return at + terminal * held;
+      return at + std::min(terminal * rate, terminal * held + lend_back_s);
+    };
+    const auto started = [&](const state& trial) {
       return trial.next_step >= steps() && !trial.training ? trial.now
              : trial.training                              ? trial.step_start_s
                                                            : trial.now;
     };
+    // Between two updates the decision is taken inside the update's end (train_event): a trial
+    // goes on from there as the run does, starting the next update after the boundary.
+    const bool between_updates = s.training && !s.publishing && s.train_event_s <= s.now;
+    const auto start_of = [&](const state& from, int cand) {
+      state trial = from;
+      trial.policy = nullptr;  // a trial observes nothing
+      apply(trial, cand, idle_list);
+      if (between_updates) {
+        if (!trial.window_fired) fire(trial, 0, {});
+        start_update(trial);
+      }
+      double before = 0.0;
+      if (terminal > 0 && target - 1 > s.next_step) {
+        simulate(trial, hold_controller{}, target - 1);
+        before = started(trial);
+      }
+      simulate(trial, hold_controller{}, target);
+      const double at = started(trial);
+      return std::pair<double, double>{at, before > 0.0 ? at - before : 0.0};
+    };
     std::vector<double> when(static_cast<std::size_t>(hi + 1), 0.0);
+    std::vector<double> sq(static_cast<std::size_t>(hi + 1), 0.0);  // sum over draws of (value - hold's)^2
+    std::vector<std::pair<double, double>> runs(static_cast<std::size_t>(hi + 1));
     if (samples == 0) {
-      for (int cand = lo; cand <= hi; ++cand) when[static_cast<std::size_t>(cand)] = start_of(s, cand);
+      for (int cand = lo; cand <= hi; ++cand) runs[static_cast<std::size_t>(cand)] = start_of(s, cand);
+      for (int cand = lo; cand <= hi; ++cand) when[static_cast<std::size_t>(cand)] = value(runs, cand);
     } else {
       const observed_lengths seen(*this, s, grouped_draws);
       if (!seen.ready()) return;  // hold until a batch was seen
@@ -356,6 +440,7 @@ class rl_event_sim : private rl_event_engine {
         const auto draw = [&](int id, double generated) { return seen.draw(id, generated, rng, scales); };
         std::vector<std::vector<double>> drawn = batches_;
         state base = s;
+        base.cost_model = costs;
         for (auto& dv : base.dev)
           dv.rd.resample([&](int id, double generated) {
             return drawn[static_cast<std::size_t>(id / n())][static_cast<std::size_t>(id % n())] = draw(id, generated);
@@ -370,7 +455,13 @@ class rl_event_sim : private rl_event_engine {
               for (int id : queue) lengths[static_cast<std::size_t>(id % n())] = draw(id, 0.0);
         }
         base.lengths = &drawn;
-        for (int cand = lo; cand <= hi; ++cand) when[static_cast<std::size_t>(cand)] += start_of(base, cand) / samples;
+        for (int cand = lo; cand <= hi; ++cand) runs[static_cast<std::size_t>(cand)] = start_of(base, cand);
+        const double hold = value(runs, t);
+        for (int cand = lo; cand <= hi; ++cand) {
+          const double v = value(runs, cand);
+          when[static_cast<std::size_t>(cand)] += v / samples;
+          sq[static_cast<std::size_t>(cand)] += (v - hold) * (v - hold);
+        }
       }
     }
     int best = -1;
@@ -380,6 +471,14 @@ class rl_event_sim : private rl_event_engine {
       if (w < b - 1e-9 || (std::abs(w - b) <= 1e-9 && std::abs(cand - t) < std::abs(best - t))) best = cand;
     }
     if (best < 0) return;
+    // The planner moves only when the draws agree: its saving over holding must exceed one standard
+    // error of that saving across the draws (the same draws for every count), else it holds.
+    if (fitted && best != t && samples > 1) {
+      const auto b = static_cast<std::size_t>(best);
+      const double saving = when[static_cast<std::size_t>(t)] - when[b];
+      const double var = std::max(0.0, (sq[b] - samples * saving * saving) / (samples - 1));
+      if (!(saving > std::sqrt(var / samples))) return;
+    }
     apply(s, best, idle_list);
     if (s.sw.direction != policy::stage_action::hold)
       s.sw.record.reason = std::string(samples ? "lookahead: " : "oracle: ") + std::to_string(best) +

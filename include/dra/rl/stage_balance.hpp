@@ -94,6 +94,17 @@ class stage_balance_policy {
         engine_starts_ == 0 ? seconds : engine_start_s_ + config_.switch_cost_smoothing * (seconds - engine_start_s_);
     ++engine_starts_;
   }
+  /// A prefill of `tokens` tokens of context (an admission, or a preempted sequence re-admitted)
+  /// measured at `seconds`: the per-kilotoken cost, smoothed like the switch costs.
+  void observe_prefill(double tokens, double seconds) noexcept {
+    if (!(tokens > 0.0) || !std::isfinite(tokens) || !std::isfinite(seconds) || seconds < 0.0) return;
+    const double per_kilotoken = 1000.0 * seconds / tokens;
+    prefill_per_kilotoken_s_ =
+        prefills_ == 0
+            ? per_kilotoken
+            : prefill_per_kilotoken_s_ + config_.switch_cost_smoothing * (per_kilotoken - prefill_per_kilotoken_s_);
+    ++prefills_;
+  }
   /// One measured training step of `devices` ranks at `tokens_per_device` each.
   bool observe_train(int devices, double tokens_per_device, double step_s, double sync_s) noexcept {
     return training_.observe(devices, tokens_per_device, step_s, sync_s);
@@ -422,6 +433,10 @@ class stage_balance_policy {
   const generation_model& generation() const noexcept { return generation_; }
   const throughput_model& training() const noexcept { return training_; }
   double weight_sync_s() const noexcept { return weight_sync_s_; }
+  /// Engine start on a device leaving the trainers: measured, else the prior switch cost.
+  double engine_start_s() const noexcept { return engine_starts_ > 0 ? engine_start_s_ : config_.prior_switch_cost_s; }
+  /// Prefill per 1000 tokens of context: measured, else 0.
+  double prefill_per_kilotoken_s() const noexcept { return prefill_per_kilotoken_s_; }
 
  private:
   struct smoothed {
@@ -554,6 +569,8 @@ class stage_balance_policy {
   double decode_weight_ = 0.0, decode_concurrency_ = 0.0, decode_context_ = 0.0;
   double engine_start_s_ = 0.0;
   unsigned long long engine_starts_ = 0;
+  double prefill_per_kilotoken_s_ = 0.0;
+  unsigned long long prefills_ = 0;
   detail::online_ridge<2> batch_fit_;  // scales the bulk and tail terms (work in flight)
   static constexpr unsigned long long kCalibrationBatches = 2;
   double batch_log_scale_ = 0.0;  // log of measured / fresh_batch_s, smoothed

@@ -54,6 +54,20 @@ struct stage_balance_config {
   int group_size = 1;
   generation_model_config generation{};
   throughput_model_config training{};
+  /// How the event simulator's dynamic run decides in each boundary window: "window"
+  /// (decide_window: an analytic model of the critical path; what the live leader runs) or
+  /// "lookahead" (every trainer count within lookahead_max_move tried on the pipeline's own event
+  /// model, with the costs fitted here and lookahead_draws draws of every length not generated
+  /// yet, by GRPO group; event simulator only: docs/design/rl.md, "The look-ahead planner").
+  std::string planner = "window";
+  int lookahead_draws = 8;
+  int lookahead_max_move = 2;
+  /// planner="lookahead": a move's value after the horizon, in steps. A join counts this many more
+  /// steps at its split's last simulated step time (or at the current split's after lending the
+  /// device back, whichever is less): a handover that pays back only over several steps is then
+  /// worth making. A lend is for a tail: after the horizon the split is taken as back where it
+  /// was. 0: the horizon alone.
+  int lookahead_terminal_steps = 3;
 
   void validate() const {
     if (devices < 2)
@@ -69,6 +83,17 @@ struct stage_balance_config {
     if (hysteresis_decisions < 1)
       dra::detail::throw_invalid("hysteresis_decisions", "must be >= 1, got " + std::to_string(hysteresis_decisions));
     if (max_move < 1) dra::detail::throw_invalid("max_move", "must be >= 1, got " + std::to_string(max_move));
+    if (planner != "window" && planner != "lookahead")
+      dra::detail::throw_invalid("planner", "must be 'window' or 'lookahead', got '" + planner + "'");
+    if (lookahead_draws < 1 || lookahead_draws > 64)
+      dra::detail::throw_invalid("lookahead_draws",
+                                 "must lie in [1, 64] draws per decision, got " + std::to_string(lookahead_draws));
+    if (lookahead_terminal_steps < 0)
+      dra::detail::throw_invalid("lookahead_terminal_steps",
+                                 "must be >= 0 steps, got " + std::to_string(lookahead_terminal_steps));
+    if (lookahead_max_move < 1)
+      dra::detail::throw_invalid("lookahead_max_move",
+                                 "must be >= 1 device, got " + std::to_string(lookahead_max_move));
     if (group_size < 1)
       dra::detail::throw_invalid("group_size", "must be >= 1 (samples per prompt), got " + std::to_string(group_size));
     if (!(min_relative_gain >= 0.0 && min_relative_gain < 1.0))

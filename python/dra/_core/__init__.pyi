@@ -1501,6 +1501,30 @@ class StageBalanceConfig:
     def hysteresis_decisions(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def lookahead_draws(self) -> int:
+        """
+        planner='lookahead': draws of the lengths not generated yet per decision.
+        """
+    @lookahead_draws.setter
+    def lookahead_draws(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def lookahead_max_move(self) -> int:
+        """
+        planner='lookahead': most devices moved by one decision.
+        """
+    @lookahead_max_move.setter
+    def lookahead_max_move(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def lookahead_terminal_steps(self) -> int:
+        """
+        planner='lookahead': more times a trial counts its split's last step (the value of a move after the horizon).
+        """
+    @lookahead_terminal_steps.setter
+    def lookahead_terminal_steps(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
     def max_move(self) -> int:
         ...
     @max_move.setter
@@ -1537,6 +1561,14 @@ class StageBalanceConfig:
         """
     @pipeline.setter
     def pipeline(self, arg1: str) -> None:
+        ...
+    @property
+    def planner(self) -> str:
+        """
+        How the event simulator's dynamic run decides: 'window' (decide_window, what the live leader runs) or 'lookahead' (trainer counts tried on the event model with the fitted costs and drawn lengths; event simulator only).
+        """
+    @planner.setter
+    def planner(self, arg0: str) -> None:
         ...
     @property
     def prior_switch_cost_s(self) -> float:

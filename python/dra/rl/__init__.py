@@ -388,8 +388,20 @@ def pipeline_summary(doc: dict[str, Any]) -> dict[str, Any]:
     best_bf, best_br, best_sy = bf[doc["best_barrier_free"]], br[doc["best_barrier"]], sy[doc["best_synchronous"]]
     same_split = bf[doc["best_barrier"]]
     dyn, oracle, colo = doc["dynamic"], doc["oracle_within_step"], doc["colocated"]
+    la = doc.get("dynamic_lookahead")
     gain_oracle = best_bf["total_s"] - oracle["total_s"]
     gain_dyn = best_bf["total_s"] - dyn["total_s"]
+    lookahead = None
+    if la is not None:
+        lookahead = {
+            "dynamic_s": la["total_s"],
+            "dynamic_time_vs_best_static": la["total_s"] / best_bf["total_s"],
+            "oracle_share": (best_bf["total_s"] - la["total_s"]) / gain_oracle if gain_oracle > 0 else None,
+            "switches": la["switches"],
+            "hidden_fraction": la["hidden_fraction"],
+            "mean_rollout": la["mean_rollout_devices"],
+            "live": False,  # the live leader runs the window planner
+        }
     return {
         "label": "simulated",
         "barrier": {
@@ -416,6 +428,7 @@ def pipeline_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "oracle_share": gain_dyn / gain_oracle if gain_oracle > 0 else None,
             "goal_share": 0.6,
         },
+        "lookahead_planner": lookahead,
         "others": {
             "best_synchronous_rollout": best_sy["rollout"],
             "best_synchronous_time_vs_best_static": best_sy["total_s"] / best_bf["total_s"],
@@ -430,7 +443,7 @@ def pipeline_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "colocated_rollout_share": colo["rollout_share"],
             "colocated_tail_share": colo["tail_share"],
         },
-        "exactly_once": all(r["exactly_once"] for r in [*bf, *br, *sy, dyn, oracle, colo]),
+        "exactly_once": all(r["exactly_once"] for r in [*bf, *br, *sy, dyn, oracle, colo, *([la] if la else [])]),
     }
 
 
@@ -467,6 +480,16 @@ def pipeline_markdown(doc: dict[str, Any]) -> str:
         f"(goal <= {r['goal_time_ratio']}).",
         f"3. Oracle: x{o['oracle_time_vs_best_static']:.3f} of the best static time; share of its gain captured: "
         + (f"{100 * share:.0f} %" if share is not None else "n/a (the oracle gains nothing)") + f" (goal >= {100 * o['goal_share']:.0f} %).",
+    ]
+    la = s.get("lookahead_planner")
+    if la:
+        lines.append(
+            f"4. The look-ahead planner (planner='lookahead', event simulator only; the live leader runs the window planner): "
+            f"time x{la['dynamic_time_vs_best_static']:.3f} of the best static split, "
+            + (f"{100 * la['oracle_share']:.0f} % of the oracle's gain" if la["oracle_share"] is not None else "the oracle gains nothing")
+            + f", {la['switches']} switches."
+        )
+    lines += [
         "",
         f"Checks (colocated): rollout {100 * s['checks']['colocated_rollout_share']:.0f} % of the step time, the last 10 % of sequences "
         f"{100 * s['checks']['colocated_tail_share']:.0f} % of the rollout.",

@@ -6,7 +6,7 @@
 // run_lookahead_sampled): lookahead_sampled (draws that follow the GRPO groups) and
 // lookahead_sampled_independent (independent draws). From the repository root:
 //   g++ -O2 -DNDEBUG -std=c++17 -Iinclude -I/usr/include/eigen3 docs/results/rl/issue24/lookahead.cpp -o lookahead
-//   ./lookahead SEED [SAMPLES=12] [STEPS=200] [longgen|reserve] [both|grouped|independent]
+//   ./lookahead SEED [SAMPLES=12] [STEPS=200] [longgen|reserve] [both|grouped|independent|fitted|all]
 // reserve: longgen_reserve (SGLang-like admission).
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +18,8 @@
 int main(int argc, char** argv) {
   using namespace dra::sim;
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s SEED [SAMPLES] [STEPS] [longgen|reserve] [both|grouped|independent]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s SEED [SAMPLES] [STEPS] [longgen|reserve] [both|grouped|independent|fitted|all]\n",
+                 argv[0]);
     return 2;
   }
   const auto seed = static_cast<std::uint64_t>(std::atoll(argv[1]));
@@ -66,11 +67,24 @@ int main(int argc, char** argv) {
                 r.switches, r.mean_rollout_devices);
     std::fflush(stdout);
   };
-  row(sim.run_dynamic());
-  row(sim.run_oracle(true));
-  row(sim.run_oracle(false));
   const char* which = argc > 5 ? argv[5] : "both";
-  if (std::strcmp(which, "independent") != 0) row(sim.run_lookahead_sampled(samples, 2, true));
-  if (std::strcmp(which, "grouped") != 0) row(sim.run_lookahead_sampled(samples, 2, false));
+  if (std::strcmp(which, "fitted") != 0) {  // fitted: that row alone
+    row(sim.run_dynamic());
+    row(sim.run_oracle(true));
+    row(sim.run_oracle(false));
+  }
+  if (std::strcmp(which, "independent") != 0 && std::strcmp(which, "fitted") != 0)
+    row(sim.run_lookahead_sampled(samples, 2, true));
+  if (std::strcmp(which, "grouped") != 0 && std::strcmp(which, "fitted") != 0)
+    row(sim.run_lookahead_sampled(samples, 2, false));
+  if (std::strcmp(which, "fitted") == 0 || std::strcmp(which, "all") == 0) {  // the policy's look-ahead planner
+    rl_event_config p = c;
+    p.policy.planner = "lookahead";
+    p.policy.lookahead_draws = samples;
+    if (const char* k = std::getenv("TERMINAL_STEPS")) p.policy.lookahead_terminal_steps = std::atoi(k);
+    auto r = rl_event_sim({}, p).run_dynamic();
+    r.name = "dynamic (lookahead)";
+    row(r);
+  }
   return 0;
 }

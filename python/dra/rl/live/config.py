@@ -55,6 +55,10 @@ class LiveConfig:
         if self.updates_per_step < 1 or (self.prompts_per_step * self.group_size) % self.updates_per_step:
             raise ValueError(f"updates_per_step: must divide the step's batch ({self.prompts_per_step * self.group_size} sequences), "
                              f"got {self.updates_per_step}")
+        planner = self.policy.get("planner", "window")
+        if planner != "window":
+            raise ValueError(f"policy.planner: the live leader runs the 'window' planner only, got {planner!r}; "
+                             "the 'lookahead' planner runs in the event simulator (dra.rl.simulate_pipeline)")
         if self.prompts_per_step * self.group_size < self.slots:
             raise ValueError(f"prompts_per_step x group_size: a step's batch ({self.prompts_per_step * self.group_size}) must give "
                              f"every one of the {self.slots} slots at least one sample when all but one train")
