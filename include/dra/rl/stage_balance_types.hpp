@@ -60,7 +60,7 @@ struct stage_balance_config {
   /// model, with the costs fitted here and lookahead_draws draws of every length not generated
   /// yet, by GRPO group; event simulator only: docs/design/rl.md, "The look-ahead planner").
   std::string planner = "window";
-  int lookahead_draws = 8;
+  int lookahead_draws = 12;
   int lookahead_max_move = 2;
   /// planner="lookahead": a move's value after the horizon, in steps. A join counts this many more
   /// steps at its split's last simulated step time (or at the current split's after lending the

@@ -7,7 +7,9 @@
 // lookahead_sampled_independent (independent draws). From the repository root:
 //   g++ -O2 -DNDEBUG -std=c++17 -Iinclude -I/usr/include/eigen3 docs/results/rl/issue24/lookahead.cpp -o lookahead
 //   ./lookahead SEED [SAMPLES=12] [STEPS=200] [longgen|reserve] [both|grouped|independent|fitted|all]
-// reserve: longgen_reserve (SGLang-like admission).
+// reserve: longgen_reserve (SGLang-like admission). fitted: the stage-balance policy with the
+// look-ahead planner alone (SAMPLES draws per decision; TERMINAL_STEPS=K in the environment sets
+// lookahead_terminal_steps); all: every row above and that one.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
