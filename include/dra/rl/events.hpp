@@ -363,13 +363,13 @@ class rl_event_sim : private rl_event_engine {
     c.rollout_start_s = pol.engine_start_s();
     c.switch_agree_s = c.switch_weights_s = c.switch_optimizer_s = 0.0;
     c.switch_rebuild_s = pol.config().prior_switch_cost_s;
-    for (auto it = s.result.switch_log.rbegin(); it != s.result.switch_log.rend(); ++it) {
-      c.switch_agree_s = it->agree_s, c.switch_rebuild_s = it->rebuild_s;
+    const auto& log = s.result.switch_log;
+    if (!log.empty()) c.switch_agree_s = log.back().agree_s, c.switch_rebuild_s = log.back().rebuild_s;
+    for (auto it = log.rbegin(); it != log.rend(); ++it)
       if (it->direction == "to_train") {
         c.switch_weights_s = it->weights_s, c.switch_optimizer_s = it->optimizer_s;
         break;
       }
-    }
     return c;
   }
 

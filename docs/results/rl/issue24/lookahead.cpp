@@ -6,10 +6,11 @@
 // run_lookahead_sampled): lookahead_sampled (draws that follow the GRPO groups) and
 // lookahead_sampled_independent (independent draws). From the repository root:
 //   g++ -O2 -DNDEBUG -std=c++17 -Iinclude -I/usr/include/eigen3 docs/results/rl/issue24/lookahead.cpp -o lookahead
-//   ./lookahead SEED [SAMPLES=12] [STEPS=200] [longgen|reserve] [both|grouped|independent|fitted|all]
+//   ./lookahead SEED [SAMPLES=12] [STEPS=200] [longgen|reserve] [both|grouped|independent|fitted|planner|all]
 // reserve: longgen_reserve (SGLang-like admission). fitted: the stage-balance policy with the
 // look-ahead planner alone (SAMPLES draws per decision; TERMINAL_STEPS=K in the environment sets
-// lookahead_terminal_steps); all: every row above and that one.
+// lookahead_terminal_steps); planner: the window planner, the oracle and the look-ahead planner;
+// all: every row above and that one.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +21,8 @@
 int main(int argc, char** argv) {
   using namespace dra::sim;
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s SEED [SAMPLES] [STEPS] [longgen|reserve] [both|grouped|independent|fitted|all]\n",
+    std::fprintf(stderr,
+                 "usage: %s SEED [SAMPLES] [STEPS] [longgen|reserve] [both|grouped|independent|fitted|planner|all]\n",
                  argv[0]);
     return 2;
   }
@@ -70,11 +72,13 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
   const char* which = argc > 5 ? argv[5] : "both";
+  const bool planner = std::strcmp(which, "planner") == 0;
   if (std::strcmp(which, "fitted") != 0) {  // fitted: that row alone
     row(sim.run_dynamic());
     row(sim.run_oracle(true));
-    row(sim.run_oracle(false));
+    if (!planner) row(sim.run_oracle(false));
   }
+  if (planner) which = "fitted";  // planner: the window planner, the oracle and the look-ahead planner
   if (std::strcmp(which, "independent") != 0 && std::strcmp(which, "fitted") != 0)
     row(sim.run_lookahead_sampled(samples, 2, true));
   if (std::strcmp(which, "grouped") != 0 && std::strcmp(which, "fitted") != 0)
