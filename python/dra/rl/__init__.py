@@ -324,8 +324,10 @@ def simulate_pipeline(
     lookahead_samples: int = 0,
 ) -> dict[str, Any]:
     """The event simulator on one setting: every static split one-step-off without and with the
-    per-phase barrier and synchronous, the stage-balance policy moving devices inside a step, the
-    within-step oracle and colocated time sharing, all on the same lengths; with a ``summary``
+    per-phase barrier and synchronous, the stage-balance policy moving devices inside a step
+    (``dynamic``: the configured planner, "window" by default; ``dynamic_lookahead``: the
+    look-ahead planner), the within-step oracle and colocated time sharing, all on the same
+    lengths; with a ``summary``
     (the three-part report) and the checks against published figures. ``scenario`` names a preset
     of :data:`PIPELINE_SCENARIOS`; explicit arguments override its fields.
 
@@ -382,7 +384,9 @@ def pipeline_summary(doc: dict[str, Any]) -> dict[str, Any]:
     2. ``resizing``: the stage-balance policy against the best static split of the same pipeline
        (one-step-off, no barrier): dra's gain;
     3. ``oracle_share``: the part of the within-step oracle's gain the policy captured (None when
-       the oracle gains nothing).
+       the oracle gains nothing);
+    4. ``lookahead_planner``: the same two figures for the look-ahead planner (event simulator
+       only; None for a result without its run).
     Times are total times to the same number of steps; ``*_time_vs_*`` is a ratio (< 1: faster)."""
     bf, br, sy = doc["barrier_free"], doc["barrier"], doc["synchronous"]
     best_bf, best_br, best_sy = bf[doc["best_barrier_free"]], br[doc["best_barrier"]], sy[doc["best_synchronous"]]
