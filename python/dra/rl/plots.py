@@ -108,8 +108,9 @@ def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]
 
 def plot_pipeline(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     """Two PNGs of one ``dra.rl.simulate_pipeline`` result (simulated): the rollout devices over
-    time of the policy, the oracle and the best static split (``rl-<scenario>-roles.png``), and
-    every static split in each pipeline against the policy, the oracle and colocated time sharing
+    time of the policy (with each planner), the oracle and the best static split
+    (``rl-<scenario>-roles.png``), and every static split in each pipeline against the policy,
+    the look-ahead planner, the oracle and colocated time sharing
     (``rl-<scenario>-static-vs-dynamic.png``)."""
     plt = _pyplot()
     st = doc["settings"]
@@ -119,8 +120,11 @@ def plot_pipeline(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     best = doc["barrier_free"][doc["best_barrier_free"]]
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    for label, run, style in (("stage balance (in-step moves)", doc["dynamic"], {"linewidth": 1.0}),
-                              ("oracle_within_step", doc["oracle_within_step"], {"linewidth": 0.8, "alpha": 0.7})):
+    lines = [("stage balance (in-step moves)", doc["dynamic"], {"linewidth": 1.0})]
+    if doc.get("dynamic_lookahead") and doc["dynamic"]["name"] != "dynamic_lookahead":
+        lines.append(("look-ahead planner (simulator only)", doc["dynamic_lookahead"], {"linewidth": 0.8, "alpha": 0.8}))
+    lines.append(("oracle_within_step", doc["oracle_within_step"], {"linewidth": 0.8, "alpha": 0.7}))
+    for label, run, style in lines:
         r = run["roles"]
         ax.step(list(r["t"]) + [run["total_s"]], list(r["rollout"]) + [r["rollout"][-1]], where="post", label=label, **style)
     ax.hlines(best["rollout"], 0, best["total_s"], colors="black", linestyles="--", linewidth=1.2,
@@ -142,9 +146,12 @@ def plot_pipeline(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     for i, (label, runs) in enumerate((("one-step-off, no barrier", doc["barrier_free"]), ("one-step-off, per-phase barrier", doc["barrier"]),
                                        ("synchronous", doc["synchronous"]))):
         ax.bar([x + (i - 1) * width for x in splits], [r["total_s"] for r in runs], width, label=f"static: {label}")
-    for label, run, color in (("stage balance (in-step moves)", doc["dynamic"], "black"), ("oracle_within_step", doc["oracle_within_step"], "green"),
-                              ("colocated time sharing", doc["colocated"], "grey")):
-        ax.axhline(run["total_s"], color=color, linewidth=1.3, linestyle="-" if color == "black" else "--", label=label)
+    levels = [("stage balance (in-step moves)", doc["dynamic"], "black", "-")]
+    if doc.get("dynamic_lookahead") and doc["dynamic"]["name"] != "dynamic_lookahead":
+        levels.append(("look-ahead planner (simulator only)", doc["dynamic_lookahead"], "purple", ":"))
+    levels += [("oracle_within_step", doc["oracle_within_step"], "green", "--"), ("colocated time sharing", doc["colocated"], "grey", "--")]
+    for label, run, color, style in levels:
+        ax.axhline(run["total_s"], color=color, linewidth=2.2 if style == ":" else 1.3, linestyle=style, label=label)
     ax.set_xticks(splits)
     ax.set_xticklabels([f"{r}/{devices - r}" for r in splits])
     ax.set_xlabel("static split (rollout / train devices)")
