@@ -156,8 +156,9 @@ def test_bad_options_are_named(live) -> None:
         LiveConfig(handoff="lazy").validate()
     with pytest.raises(ValueError, match="group_size"):
         LiveConfig(group_size=1).validate()
-    with pytest.raises(ValueError, match="policy.planner: the live leader runs the 'window' planner only, got 'lookahead'"):
-        LiveConfig(policy={"planner": "lookahead"}).validate()
+    with pytest.raises(ValueError, match="policy.planner: must be 'window' .* or 'lookahead' .*, got 'oracle'"):
+        LiveConfig(policy={"planner": "oracle"}).validate()
+    LiveConfig(policy={"planner": "lookahead"}).validate()
 
 
 def test_bench_rows_from_rotating_rounds(tmp_path) -> None:
@@ -223,3 +224,18 @@ def test_pipeline_dynamic_run_decides_at_boundaries(live_longgen) -> None:
     assert dyn["decisions"][0]["reason"].startswith("hold: no")
     with pytest.raises(ValueError, match="updates_per_step"):
         LiveConfig(updates_per_step=3).validate()
+
+
+def test_pipeline_lookahead_planner_runs_live_on_the_leaders_snapshot(live_longgen) -> None:
+    """planner="lookahead" live: every decision comes from StageBalancePolicy.plan on the leader's
+    snapshot (the sequences in flight and their progress, the queues, the finished lengths); the run
+    stays exactly-once whatever it moves."""
+    dyn = live_longgen.run_pipeline("dynamic-lookahead", None, policy={"planner": "lookahead"})
+    assert dyn["ledger"]["exactly_once"] and dyn["final_weights_identical"]
+    assert dyn["controller"]["committed_steps"] == [8]
+    planned = [d for d in dyn["decisions"] if "plan_ms" in d]
+    assert planned and len(planned) == len(dyn["decisions"]), dyn["decisions"]
+    assert all(d["reason"].startswith("lookahead") for d in planned)
+    moves = [d for d in planned if d["action"] != "hold"]
+    assert len(dyn["switch_log"]) == len(moves)
+    assert all(0.0 <= d["plan_ms"] < 5000.0 for d in planned)

@@ -101,6 +101,52 @@ def test_policy_binding_decides_and_names_bad_input() -> None:
     assert sketch.observations == 3 and sketch.quantile(1.0) == pytest.approx(3.0, rel=0.011)
 
 
+def _last_step_snapshot(trainers: int) -> dict:
+    """4 slots, 3 steps of 4 prompts x 2 samples; the last step's batch is generated and nothing is
+    left to generate: `trainers` slots train, the others sit idle with the newest weights."""
+    n = 8
+    members = list(range(4 - trainers, 4))
+    return {"now_s": 100.0, "seed": 1, "steps": 3, "prompts_per_step": 4, "group_size": 2, "updates_per_step": 2,
+            "prompt_tokens": 16.0, "max_generation_tokens": 4096.0, "max_concurrency": 32, "step": 2, "published": 2,
+            "members": members,
+            "slots": [{"role": "train" if s in members else "rollout", "version": 2, "clock_s": 100.0} for s in range(4)],
+            "batches": [{"open": True, "opened_s": 60.0, "complete_s": 99.0, "rollout_at_open": 4 - trainers, "remaining": 0,
+                         "queued": [[] for _ in range(4)]}],
+            "lengths": [[1000.0 + 100.0 * (i % 3) for i in range(n)] for _ in range(3)]}
+
+
+def test_lookahead_planner_plans_on_a_leaders_snapshot_and_names_bad_input() -> None:
+    """StageBalancePolicy.plan: the planner the live leader runs (and the simulator, on its own state)."""
+    policy = rl.StageBalancePolicy(rl.StageBalanceConfig(devices=4, group_size=2, prior_switch_cost_s=0.5))
+    for _ in range(8):  # training: 20 s of compute per step on one device, shared by the trainers
+        for t in (1, 2):
+            policy.observe_train(t, 8 * 1016.0 / t, 0.1 + 20.0 / 2 / t + (0.2 if t > 1 else 0.0), 0.2 if t > 1 else 0.0)
+        for c in (8, 4, 1):
+            policy.observe_decode(c, c * 1500.0, 10.0, 10.0 * (0.01 + 1e-4 * c))
+    # Only the last step is left and it is all compute: the idle slots join (two at most per move).
+    mv = policy.plan(_last_step_snapshot(1))
+    assert mv["join"] == [0, 1] and mv["leave"] == [] and mv["trainers"] == 3, mv
+    assert mv["reason"].startswith("lookahead: 3 trainers")
+    # The same step with a switch measured at 60 s to agree: no join pays, the planner holds.
+    held = policy.plan({**_last_step_snapshot(1), "last_switch": {"agree_s": 60.0, "rebuild_s": 0.5}})
+    assert held["join"] == [] and held["leave"] == [] and held["trainers"] == 1, held
+    bad = [({"steps": "3"}, "snapshot.steps: wrong type"),
+           ({"stepz": 3}, "snapshot.stepz: unknown key"),
+           ({"members": [0]}, "members"),
+           ({"lengths": [[0.0] * 8] * 3}, "lengths: batch 0"),
+           ({"step": 3}, "step: must lie in"),
+           ({"slots": [{"role": "trainer"}] * 4}, "role must be 'rollout', 'train' or 'starting'")]
+    for change, message in bad:
+        with pytest.raises(ValueError, match=message):
+            policy.plan({**_last_step_snapshot(1), **change})
+    snap = _last_step_snapshot(1)
+    del snap["published"]
+    with pytest.raises(ValueError, match="snapshot.published: missing"):
+        policy.plan(snap)
+    with pytest.raises(ValueError, match="configured for 4 devices but the snapshot has 5 slots"):
+        policy.plan({**_last_step_snapshot(1), "slots": _last_step_snapshot(1)["slots"] + [{"role": "rollout"}]})
+
+
 def test_cli_writes_json_markdown_and_plot(tmp_path) -> None:
     out = tmp_path / "rl.json"
     md = tmp_path / "rl.md"

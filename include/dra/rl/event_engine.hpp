@@ -53,6 +53,9 @@ class rl_event_engine {
  protected:
   rl_event_engine(const length_distribution& lengths, rl_event_config config)
       : config_((config.validate(), std::move(config))), batches_(draw_batches(lengths, config_.workload)) {}
+  // With the lengths given (a leader's view: 0 where a sequence is not finished).
+  rl_event_engine(rl_event_config config, std::vector<std::vector<double>> lengths)
+      : config_((config.validate(), std::move(config))), batches_(std::move(lengths)) {}
 
   enum class role { rollout, train, starting };
   struct device {

@@ -19,6 +19,7 @@
 #include "dra/error.hpp"
 #include "dra/rl/event_engine.hpp"
 #include "dra/rl/rollout.hpp"
+#include "dra/rl/snapshot.hpp"
 #include "dra/rl/stage_balance.hpp"
 #include "dra/rl/workload.hpp"
 
@@ -68,7 +69,7 @@ class rl_event_sim : private rl_event_engine {
     state s = initial(config_.start_rollout(), config_.pipeline, config_.barrier, config_.costs);
     s.policy = &pol;
     if (pc.planner == "lookahead")
-      simulate(s, oracle_controller{this, pc.lookahead_draws, pc.lookahead_max_move, true, true}, -1);
+      simulate(s, planner_controller{this}, -1);
     else
       simulate(s, policy_controller{this}, -1);
     s.policy = nullptr;
@@ -107,6 +108,53 @@ class rl_event_sim : private rl_event_engine {
     state s = initial(config_.start_rollout(), config_.pipeline, config_.barrier, config_.costs);
     simulate(s, oracle_controller{this, samples, max_move, grouped}, -1);
     return finish(s, grouped ? "lookahead_sampled" : "lookahead_sampled_independent", 0);
+  }
+
+  /// The look-ahead planner on a leader's view of its pipeline: every trainer count within the
+  /// policy's lookahead_max_move is tried on this event model, from the state the snapshot
+  /// describes, with the costs `pol` fitted, the last switch's measured parts and lookahead_draws
+  /// draws of every length not generated yet (by GRPO group); the count whose look-ahead step
+  /// starts earliest (valued past the horizon, a saving over holding beyond one standard error)
+  /// is the answer. The live leader calls it (python/dra/rl/live/pipeline.py) and so does this
+  /// simulator's dynamic run (snapshot_of its own state): one code path.
+  static planner_move plan(const pipeline_snapshot& snap, policy::stage_balance_policy& pol) {
+    const auto& pc = pol.config();
+    if (pc.devices != static_cast<int>(snap.slots.size()))
+      dra::detail::throw_invalid("slots", "the policy is configured for " + std::to_string(pc.devices) +
+                                              " devices but the snapshot has " + std::to_string(snap.slots.size()) +
+                                              " slots; configure StageBalanceConfig.devices to match");
+    snap.validate();
+    rl_event_config c;
+    c.devices = pc.devices;
+    c.pipeline = policy::rl_pipeline::one_step_off;
+    auto& w = c.workload;
+    w.steps = snap.steps;
+    w.prompts_per_step = snap.prompts_per_step;
+    w.group_size = snap.group_size;
+    w.updates_per_step = snap.updates_per_step;
+    w.prompt_tokens = snap.prompt_tokens;
+    w.max_generation_tokens = snap.max_generation_tokens;
+    w.seed = snap.seed;
+    c.costs.max_concurrency = snap.max_concurrency;
+    c.costs.kv_capacity_tokens = snap.kv_capacity_tokens;
+    c.costs.kv_watermark = snap.kv_watermark;
+    c.costs.kv_reserve_ratio = snap.kv_reserve_ratio;
+    c.policy = pc;
+    c.oracle_lookahead = snap.horizon_windows;
+    const rl_event_sim sim(std::move(c), snap.lengths);
+    state s = sim.restore(snap);
+    s.policy = &pol;
+    const std::vector<int> before = s.members;
+    sim.consult_oracle(s, pc.lookahead_draws, pc.lookahead_max_move, true, true, snap.last_switch);
+    s.policy = nullptr;
+    planner_move mv;
+    mv.trainers = static_cast<int>(s.members.size());
+    for (int m : before)
+      if (std::find(s.members.begin(), s.members.end(), m) == s.members.end()) mv.leave.push_back(m);
+    for (int m : s.members)
+      if (std::find(before.begin(), before.end(), m) == before.end()) mv.join.push_back(m);
+    mv.reason = s.sw.record.reason;
+    return mv;
   }
 
   /// Colocated time sharing: every device generates a batch (on-policy), hands its memory over,
@@ -198,15 +246,21 @@ class rl_event_sim : private rl_event_engine {
     const rl_event_sim* sim;
     void operator()(state& s, bool at_open) const { sim->consult_policy(s, at_open); }
   };
-  struct oracle_controller {
+  struct planner_controller {
     const rl_event_sim* sim;
-    int samples;          // 0: the true lengths
-    int max_move;         // devices moved at most at once
-    bool grouped;         // draws follow the GRPO groups
-    bool fitted = false;  // the costs s.policy fitted, not the true ones
     void operator()(state& s, bool at_open) const {
       const auto& bs = s.batches[static_cast<std::size_t>(std::min(s.next_step, sim->steps() - 1))];
-      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s, samples, max_move, grouped, fitted);
+      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_planner(s);
+    }
+  };
+  struct oracle_controller {
+    const rl_event_sim* sim;
+    int samples;   // 0: the true lengths
+    int max_move;  // devices moved at most at once
+    bool grouped;  // draws follow the GRPO groups
+    void operator()(state& s, bool at_open) const {
+      const auto& bs = s.batches[static_cast<std::size_t>(std::min(s.next_step, sim->steps() - 1))];
+      if (at_open || (bs.open && bs.remaining == 0)) sim->consult_oracle(s, samples, max_move, grouped);
     }
   };
 
@@ -343,7 +397,8 @@ class rl_event_sim : private rl_event_engine {
 
   // The cost model a leader has learned: the engines' configured limits, every time as `pol`
   // fitted or measured it, the switch parts as the run's last switch of each kind measured them.
-  rl_cost_model fitted_costs(const state& s, const policy::stage_balance_policy& pol) const {
+  rl_cost_model fitted_costs(const state& s, const policy::stage_balance_policy& pol,
+                             const measured_switch& last) const {
     const rl_cost_model& truth = s.cost_model;
     rl_cost_model c;
     c.max_concurrency = truth.max_concurrency;  // configured engine limits, not measurements
@@ -363,17 +418,156 @@ class rl_event_sim : private rl_event_engine {
     c.rollout_start_s = pol.engine_start_s();
     c.switch_agree_s = c.switch_weights_s = c.switch_optimizer_s = 0.0;
     c.switch_rebuild_s = pol.config().prior_switch_cost_s;
-    const auto& log = s.result.switch_log;
-    if (!log.empty()) c.switch_agree_s = log.back().agree_s, c.switch_rebuild_s = log.back().rebuild_s;
-    for (auto it = log.rbegin(); it != log.rend(); ++it)
-      if (it->direction == "to_train") {
-        c.switch_weights_s = it->weights_s, c.switch_optimizer_s = it->optimizer_s;
-        break;
-      }
+    if (last.agree_s >= 0.0) c.switch_agree_s = last.agree_s, c.switch_rebuild_s = std::max(0.0, last.rebuild_s);
+    if (last.weights_s >= 0.0)
+      c.switch_weights_s = last.weights_s, c.switch_optimizer_s = std::max(0.0, last.optimizer_s);
     return c;
   }
+  static measured_switch measured_of(const std::vector<rl_switch_record>& log) {
+    measured_switch m;
+    if (!log.empty()) m.agree_s = log.back().agree_s, m.rebuild_s = log.back().rebuild_s;
+    for (auto it = log.rbegin(); it != log.rend(); ++it)
+      if (it->direction == "to_train") {
+        m.weights_s = it->weights_s, m.optimizer_s = it->optimizer_s;
+        break;
+      }
+    return m;
+  }
 
-  void consult_oracle(state& s, int samples, int max_move, bool grouped_draws, bool fitted = false) const {
+  // ---- the planner's view: a snapshot of a state, and a state rebuilt from one ------------------
+  rl_event_sim(rl_event_config config, std::vector<std::vector<double>> lengths)
+      : rl_event_engine(std::move(config), std::move(lengths)), source_("a leader's snapshot") {}
+
+  pipeline_snapshot snapshot_of(const state& s) const {
+    pipeline_snapshot p;
+    const auto& w = config_.workload;
+    const auto& c = s.cost_model;
+    p.now_s = s.now;
+    p.seed = w.seed;
+    p.steps = w.steps;
+    p.prompts_per_step = w.prompts_per_step;
+    p.group_size = w.group_size;
+    p.updates_per_step = w.updates_per_step;
+    p.prompt_tokens = w.prompt_tokens;
+    p.max_generation_tokens = w.max_generation_tokens;
+    p.max_concurrency = c.max_concurrency;
+    p.kv_capacity_tokens = c.kv_capacity_tokens;
+    p.kv_watermark = c.kv_watermark;
+    p.kv_reserve_ratio = c.kv_reserve_ratio;
+    p.horizon_windows = config_.oracle_lookahead;
+    p.step = s.next_step;
+    p.training = s.training;
+    p.update = s.training ? s.update : 0;
+    p.published = s.published;
+    p.trainers_free_s = s.trainers_free_s;
+    p.members = s.members;
+    for (const auto& dv : s.dev) {
+      pipeline_slot sl;
+      sl.role = dv.r == role::train ? "train" : dv.r == role::starting ? "starting" : "rollout";
+      sl.version = dv.version;
+      sl.clock_s = dv.r == role::starting ? dv.ready_s : dv.rd.clock;
+      dv.rd.for_each_active([&](int id, double g) { sl.in_flight.push_back({id, g, 0.0}); });
+      std::size_t i = 0;
+      dv.rd.for_each_admitted([&](int, double g0) { sl.in_flight[i++].admitted_at = g0; });
+      dv.rd.for_each_waiting([&](int id, double g) { sl.waiting.emplace_back(id, g); });
+      p.slots.push_back(std::move(sl));
+    }
+    for (int b = s.next_step; b < steps(); ++b) {
+      const auto& bs = s.batches[static_cast<std::size_t>(b)];
+      if (!bs.open) break;
+      pipeline_batch pb;
+      pb.open = true;
+      pb.opened_s = bs.opened_s;
+      pb.complete_s = bs.complete_s;
+      pb.rollout_at_open = bs.rollout_at_open;
+      pb.remaining = bs.remaining;
+      for (const auto& q : bs.assigned) pb.queued.emplace_back(q.begin(), q.end());
+      p.batches.push_back(std::move(pb));
+    }
+    p.lengths = batches_;
+    for (std::size_t id = 0; id < s.generated.size(); ++id)
+      if (!s.generated[id]) p.lengths[id / static_cast<std::size_t>(n())][id % static_cast<std::size_t>(n())] = 0.0;
+    p.last_switch = measured_of(s.result.switch_log);
+    return p;
+  }
+
+  // The state a snapshot describes (validated), on this engine (whose lengths are the snapshot's).
+  state restore(const pipeline_snapshot& p) const {
+    state s;
+    s.cost_model = config_.costs;
+    s.pipeline = policy::rl_pipeline::one_step_off;
+    s.now = p.now_s;
+    s.members = p.members;
+    s.dev.resize(p.slots.size());
+    for (std::size_t d = 0; d < p.slots.size(); ++d) {
+      const auto& sl = p.slots[d];
+      device& dv = s.dev[d];
+      dv.r = sl.role == "train" ? role::train : sl.role == "starting" ? role::starting : role::rollout;
+      dv.version = sl.version;
+      dv.ready_s = sl.clock_s;
+      // In the order given, with placeholder lengths rising in remaining tokens (the look-ahead
+      // draws every length): the engine's order is kept, and with it the order of the draws.
+      double rank = 1.0;
+      for (const auto& q : sl.in_flight)
+        dv.rd.resume({q.id, q.generated + rank++, config_.workload.prompt_tokens, q.admitted_at,
+                      config_.workload.max_generation_tokens},
+                     q.generated - q.admitted_at);
+      for (const auto& [id, g] : sl.waiting)
+        dv.rd.resume_waiting({id, g + 1.0, config_.workload.prompt_tokens, g, config_.workload.max_generation_tokens});
+      dv.rd.clock = sl.clock_s;
+    }
+    s.batches.resize(static_cast<std::size_t>(steps()));
+    for (int b = 0; b < p.step; ++b) {
+      auto& bs = s.batches[static_cast<std::size_t>(b)];
+      bs.open = true;
+      bs.complete_s = 0.0;
+    }
+    for (std::size_t i = 0; i < p.batches.size(); ++i) {
+      const auto& pb = p.batches[i];
+      if (!pb.open) break;
+      auto& bs = s.batches[static_cast<std::size_t>(p.step) + i];
+      bs.open = true;
+      bs.opened_s = pb.opened_s;
+      bs.complete_s = pb.complete_s;
+      bs.rollout_at_open = pb.rollout_at_open;
+      bs.remaining = pb.remaining;
+      bs.assigned.resize(p.slots.size());
+      for (std::size_t d = 0; d < pb.queued.size(); ++d) {
+        bs.assigned[d].assign(pb.queued[d].begin(), pb.queued[d].end());
+        bs.queued += static_cast<int>(pb.queued[d].size());
+      }
+    }
+    s.generated.assign(static_cast<std::size_t>(steps()) * static_cast<std::size_t>(n()), 0);
+    for (std::size_t id = 0; id < s.generated.size(); ++id)
+      s.generated[id] = batches_[id / static_cast<std::size_t>(n())][id % static_cast<std::size_t>(n())] > 0.0;
+    s.published = p.published;
+    s.next_step = p.step;
+    s.training = p.training;
+    s.update = p.training ? p.update : 0;
+    s.trainers_free_s = p.trainers_free_s;
+    s.window_open = !p.training;
+    s.window_fired = false;
+    if (p.training) {  // the boundary before an update: its predecessor ended now
+      s.train_event_s = s.now;
+      s.train_tokens = sum(batches_[static_cast<std::size_t>(p.step)]) + config_.workload.prompt_tokens * n();
+    }
+    return s;
+  }
+
+  // The simulator's own dynamic run with the planner: through the leader's view, as live.
+  void consult_planner(state& s) const {
+    if (s.policy == nullptr || s.next_step >= steps()) return;
+    const planner_move mv = plan(snapshot_of(s), *s.policy);
+    if (mv.leave.empty() && mv.join.empty()) return;
+    fire(s, static_cast<int>(mv.leave.size()), mv.join);
+    if (static_cast<int>(s.members.size()) != mv.trainers)
+      throw std::logic_error("rl_event_sim: the planner's move does not apply to the state it was planned on");
+    s.sw.record.reason = mv.reason;
+  }
+
+  // fitted: the planner (the costs s.policy fitted, `last` the last switch's measured parts).
+  void consult_oracle(state& s, int samples, int max_move, bool grouped_draws, bool fitted = false,
+                      const measured_switch& last = {}) const {
     if (s.next_step >= steps()) return;
     const auto idle_list = idle_devices(s);
     const int t = static_cast<int>(s.members.size());
@@ -390,7 +584,7 @@ class rl_event_sim : private rl_event_engine {
     const int terminal =
         fitted ? std::min(s.policy->config().lookahead_terminal_steps, std::max(0, steps() - target)) : 0;
     rl_cost_model costs = s.cost_model;
-    if (fitted) costs = fitted_costs(s, *s.policy);
+    if (fitted) costs = fitted_costs(s, *s.policy, last);
     const double lend_back_s = costs.switch_agree_s + costs.switch_rebuild_s;
     const auto value = [&](const std::vector<std::pair<double, double>>& runs, int cand) {
       const auto [at, rate] = runs[static_cast<std::size_t>(cand)];

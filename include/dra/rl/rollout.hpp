@@ -76,6 +76,31 @@ class rollout_device {
     std::make_heap(active_.begin(), active_.end(), later);
     for (auto& w : waiting_) w.length = std::max(w.generated + 1.0, f(w.id, w.generated));
   }
+  /// Sequences preempted here, with what each generated, front (re-admitted first) to back.
+  template <class F>
+  void for_each_waiting(F f) const {
+    for (const auto& w : waiting_) f(w.id, w.generated);
+  }
+  /// Puts back a sequence that was decoding here (a leader's snapshot, snapshot.hpp): no
+  /// admission check, no prefill. `s.generated` is what it had generated when it was admitted,
+  /// `decoded` the tokens it generated here since. Sequences resumed in order with increasing
+  /// remaining tokens (length - generated) keep that order.
+  void resume(const rollout_item& s, double decoded) {
+    const double start = iteration_ - decoded;
+    active_.push_back({start + std::max(1.0, std::round(s.length - s.generated)), start, s.id, s.prompt, s.generated,
+                       s.length, s.limit});
+    std::push_heap(active_.begin(), active_.end(), later);
+    base_ += s.prompt + s.generated - start;
+    prompts_ += s.prompt;
+    limits_ += s.limit;
+  }
+  /// What each active sequence had generated when it was admitted here, with its id.
+  template <class F>
+  void for_each_admitted(F f) const {
+    for (const auto& a : active_) f(a.id, a.generated);
+  }
+  /// Puts back a preempted sequence, at the back of the waiting list.
+  void resume_waiting(const rollout_item& s) { waiting_.push_back(s); }
   /// Re-admits preempted sequences first (front first); true when any was admitted.
   bool admit_waiting(const rl_cost_model& c) {
     bool any = false;

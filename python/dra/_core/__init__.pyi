@@ -1982,6 +1982,10 @@ class StageBalancePolicy:
         """
     def observe_weight_sync(self, seconds: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
+    def plan(self, snapshot: dict) -> dict:
+        """
+        The look-ahead planner on a leader's view of its pipeline (include/dra/rl/snapshot.hpp): every trainer count within lookahead_max_move tried on the event model with the costs fitted here (lookahead_draws draws of the lengths not generated yet); returns {'trainers', 'leave', 'join', 'reason'} (slots that leave the trainers / join them; both empty: hold). The simulator's planner='lookahead' runs the same call on its own state. Keys: now_s, seed, steps, prompts_per_step, group_size, updates_per_step, prompt_tokens, max_generation_tokens, max_concurrency, [kv_capacity_tokens, kv_watermark, kv_reserve_ratio, horizon_windows], step, [update, training], published, [trainers_free_s], members (the trainers' slots, leader first), slots (per slot: role 'rollout'/'train'/'starting', version, clock_s, in_flight [(id, generated[, admitted_at])], waiting [(id, generated)]), batches (from `step` on: open, opened_s, complete_s, rollout_at_open, remaining, queued: per slot, ids), lengths (per batch, per sequence: the finished length, 0 if not finished), [last_switch: agree_s, rebuild_s, weights_s, optimizer_s]. A sequence's id is batch * sequences_per_step + prompt * group_size + sample.
+        """
     def predict(self, rollout: typing.SupportsInt | typing.SupportsIndex, sequences: typing.SupportsInt | typing.SupportsIndex) -> dict:
         ...
     def predict_all(self, sequences: typing.SupportsInt | typing.SupportsIndex) -> list:

@@ -56,9 +56,9 @@ class LiveConfig:
             raise ValueError(f"updates_per_step: must divide the step's batch ({self.prompts_per_step * self.group_size} sequences), "
                              f"got {self.updates_per_step}")
         planner = self.policy.get("planner", "window")
-        if planner != "window":
-            raise ValueError(f"policy.planner: the live leader runs the 'window' planner only, got {planner!r}; "
-                             "the 'lookahead' planner runs in the event simulator (dra.rl.simulate_pipeline)")
+        if planner not in ("window", "lookahead"):
+            raise ValueError(f"policy.planner: must be 'window' (decide_window) or 'lookahead' (the look-ahead planner on the "
+                             f"leader's snapshot), got {planner!r}")
         if self.prompts_per_step * self.group_size < self.slots:
             raise ValueError(f"prompts_per_step x group_size: a step's batch ({self.prompts_per_step * self.group_size}) must give "
                              f"every one of the {self.slots} slots at least one sample when all but one train")

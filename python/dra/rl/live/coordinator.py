@@ -182,11 +182,13 @@ class LiveRL:
         return self.run("warmup", self.config.slots // 2, steps=steps)
 
     def run_pipeline(self, name: str, rollout: int | None, *, steps: int | None = None,
-                     schedule: dict[tuple[int, int], int] | None = None) -> dict[str, Any]:
-        """One run without a per-phase barrier, devices moved inside a step (``dra.rl.live.pipeline``)."""
+                     schedule: dict[tuple[int, int], int] | None = None, policy: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One run without a per-phase barrier, devices moved inside a step (``dra.rl.live.pipeline``).
+        `policy`: StageBalanceConfig options for this run in place of the config's (e.g.
+        ``{"planner": "lookahead"}``)."""
         from dra.rl.live.pipeline import run_pipeline
 
-        return run_pipeline(self, name, rollout, steps=steps, schedule=dict(schedule or {}))
+        return run_pipeline(self, name, rollout, steps=steps, schedule=dict(schedule or {}), policy=policy)
 
     def run(self, name: str, rollout: int | None, *, steps: int | None = None, schedule: dict[int, int] | None = None,
             digests: bool = False) -> dict[str, Any]:

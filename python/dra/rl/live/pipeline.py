@@ -5,10 +5,13 @@ version max(b - 1, 0) and opens as soon as that version is published; step k tra
 soon as it is generated, in ``updates_per_step`` mini-batch updates (each an optimizer step of
 the trainers' ``dra.elastic`` world, so the world may change at each one's boundary); the leader
 stages each step's weights in a file that a rollout worker loads when it starts generating the
-next version (no broadcast, no barrier). The dynamic run asks ``StageBalancePolicy.decide_window``
-(the code the simulator evaluates) at every boundary: lend waiting trainers to rollout, take idle
-rollout workers into training. A ledger checks that every sequence is generated once and trained
-once. docs/design/rl.md ("Live"), docs/guide/rl.md.
+next version (no broadcast, no barrier). The dynamic run asks the stage-balance policy at every
+boundary (the code the simulator evaluates): ``decide_window`` (planner "window") or
+``StageBalancePolicy.plan`` on the leader's snapshot of the pipeline (planner "lookahead": the
+sequences in flight and what each generated, the queues, the finished lengths, the training step's
+progress, the last switch's parts); it lends waiting trainers to rollout and takes idle rollout
+workers into training. A ledger checks that every sequence is generated once and trained once.
+docs/design/rl.md ("Live"), docs/guide/rl.md.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import dra.rl as rl
 from dra._core.elastic import JobControl
+from dra.rl.live.task import MAX_ANSWER
 
 # `live` below is a dra.rl.live.coordinator.LiveRL (not imported: the coordinator imports this
 # module, and one direction keeps the package free of import cycles).
@@ -63,13 +67,17 @@ class _Batch:
 
 
 def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | None = None,
-                 schedule: dict[tuple[int, int], int] | None = None) -> dict[str, Any]:
+                 schedule: dict[tuple[int, int], int] | None = None, policy: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run of the pipeline without a per-phase barrier: `rollout` slots generate at the start
     and throughout (static), or None: the stage-balance policy moves slots at every boundary
     (dynamic, starting at half). `schedule` ({(step, update): rollout slots}) asks for moves at
     given boundaries through the same path (tests): update 0 is the step's window; a move to
-    training takes idle rollout slots only, and none before the first update."""
+    training takes idle rollout slots only, and none before the first update. `policy`: the
+    stage-balance options of this run (default: the config's)."""
     c = live.config if steps is None else replace(live.config, steps=steps)
+    if policy is not None:
+        c = replace(c, policy=dict(policy))
+        c.validate()
     n_slots = c.slots
     n = c.prompts_per_step * c.group_size
     m = c.updates_per_step
@@ -104,13 +112,14 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
     published: dict[int, Path] = {0: stage / "v0.bin"}
     _stage_start(live, published[0])
 
-    policy = None
+    stage_policy = None
+    planner = c.policy.get("planner", "window")
     if dynamic:
         opts = {"devices": n_slots, "min_relative_gain": 0.05, "prior_switch_cost_s": 0.5, "group_size": c.group_size, **c.policy}
         cfg = rl.StageBalanceConfig(**opts)
         cfg.generation.max_concurrency = c.rollout_slots
         cfg.lengths.half_life = 4.0 * n
-        policy = rl.StageBalancePolicy(cfg)
+        stage_policy = rl.StageBalancePolicy(cfg)
 
     def required(b: int) -> int:
         return max(0, b - 1)
@@ -118,6 +127,14 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
     batches = [_Batch(n_slots) for _ in range(c.steps)]
     ledger: dict[int, str] = {}
     progress: dict[int, int] = {}   # tokens generated so far by a sequence in flight
+    # What the look-ahead planner's snapshot needs: each sequence's id in the pipeline's numbering
+    # (batch * n + prompt * group + sample), the finished lengths, the sequences each slot
+    # decodes in its engine's order and when it last reported their progress.
+    seq_id: dict[int, int] = {}
+    lengths = [[0.0] * n for _ in range(c.steps)]
+    decoding: dict[int, list[int]] = {s: [] for s in range(n_slots)}
+    reported = {s: 0.0 for s in range(n_slots)}
+    prompt_tokens: list[float] = []
     flight_batch: dict[int, int] = {}
     version_of = {s: 0 for s in range(n_slots)}  # the weights a slot holds (-1: unpublished, mid-step)
     session: dict[int, int] = {}  # slot -> the version it is generating with
@@ -152,6 +169,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
                     if key in ledger:
                         raise AssertionError(f"ledger: sequence {key} queued twice")
                     ledger[key] = "queued"
+                    seq_id[key] = b * n + i
+                    prompt_tokens.append(float(len(prompt.tokens)))
                     bt.assigned[to[i % len(to)]].append({"prompt": {"pid": prompt.pid, "symbol": prompt.symbol, "target": prompt.target,
                                                                     "tokens": prompt.tokens}, "sample": j, "batch": b})
                     i += 1
@@ -183,6 +202,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             out += batches[b].take(slot, count - len(out))
         for g in out:
             key = g["prompt"]["pid"] * 64 + g["sample"]
+            decoding[slot].append(key)
             ledger[key] = "generating"
             flight_batch[key] = g["batch"]
             progress[key] = 0
@@ -239,6 +259,49 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
                 "wait_in_flight": flight(step), "next_exists": nb is not None,
                 "next_queued": (nb.queued if nb.open else n) if nb else 0, "next_in_flight": flight(step + 1) if nb else []}
 
+    def snapshot(updates_left: int) -> dict[str, Any]:
+        """The leader's view of the pipeline at this boundary (include/dra/rl/snapshot.hpp)."""
+        t = now()
+        members = trainers + pending_join
+        slots = []
+        for s in range(n_slots):
+            flight = [(seq_id[k], float(progress.get(k, 0))) for k in decoding[s]]
+            slots.append({"role": "train" if s in members else "rollout", "version": version_of[s],
+                          "clock_s": reported[s] if flight else t, "in_flight": flight})
+        open_ = []
+        for b in range(step, c.steps):
+            bt = batches[b]
+            if not bt.open:
+                break
+            open_.append({"open": True, "opened_s": bt.opened_t, "complete_s": bt.complete_t, "rollout_at_open": bt.rollout_at_open,
+                          "remaining": bt.remaining,
+                          "queued": [[seq_id[g["prompt"]["pid"] * 64 + g["sample"]] for g in bt.assigned[s]] for s in range(n_slots)]})
+        last: dict[str, float] = {}
+        log = record["switch_log"]
+        if log:
+            last.update(agree_s=float(log[-1]["agree_s"]), rebuild_s=float(log[-1].get("boundary_s", 0.0)))
+        joins = [x for x in log if x["direction"] == "to_train"]
+        if joins:
+            last.update(weights_s=float(joins[-1]["exposed_s"]), optimizer_s=float(joins[-1]["deferred_optimizer_s"]))
+        return {"now_s": t, "seed": c.seed, "steps": c.steps, "prompts_per_step": c.prompts_per_step, "group_size": c.group_size,
+                "updates_per_step": m, "prompt_tokens": statistics.fmean(prompt_tokens),
+                "max_generation_tokens": float(MAX_ANSWER + 1), "max_concurrency": c.rollout_slots,
+                "step": step, "update": m - updates_left, "training": updates_left < m, "published": max(published),
+                "trainers_free_s": t, "members": members, "slots": slots, "batches": open_, "lengths": lengths,
+                "last_switch": last}
+
+    def ask_planner(updates_left: int) -> dict[str, Any]:
+        """The look-ahead planner's move as a decision of the window planner's form."""
+        t_plan = time.perf_counter()
+        mv = stage_policy.plan(snapshot(updates_left))
+        plan_ms = 1e3 * (time.perf_counter() - t_plan)
+        if mv["leave"]:
+            return {"action": "to_rollout", "moved": len(mv["leave"]), "reason": mv["reason"], "payback_steps": None, "plan_ms": plan_ms}
+        if mv["join"]:
+            return {"action": "to_train", "moved": len(mv["join"]), "join": mv["join"], "reason": mv["reason"], "payback_steps": None,
+                    "plan_ms": plan_ms}
+        return {"action": "hold", "moved": 0, "reason": "lookahead: hold", "payback_steps": None, "plan_ms": plan_ms}
+
     def decide(updates_left: int) -> None:
         """At a boundary of the trainers' world (once): the policy's move, made at once. Before the
         first update there is no boundary to move at (nothing was committed yet)."""
@@ -251,16 +314,20 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             d = {"action": "to_rollout" if target > rollout_now else "to_train" if target < rollout_now else "hold",
                  "moved": abs(target - rollout_now), "reason": f"schedule: {target} rollout slots at step {at[0]}, update {at[1]}",
                  "payback_steps": None}
-        elif policy is not None:
-            d = policy.decide_window(**window_state(updates_left))
+        elif stage_policy is not None and planner == "lookahead":
+            d = ask_planner(updates_left)
+        elif stage_policy is not None:
+            d = stage_policy.decide_window(**window_state(updates_left))
         else:
             return
-        record["decisions"].append({"t": now(), "step": step, "updates_left": updates_left, "action": d["action"], "reason": d["reason"]})
+        record["decisions"].append({"t": now(), "step": step, "updates_left": updates_left, "action": d["action"], "reason": d["reason"],
+                                    **({"plan_ms": d["plan_ms"]} if "plan_ms" in d else {})})
         if d["action"] == "to_rollout" and d["moved"] > 0:
             leave = trainers[len(trainers) - min(d["moved"], len(trainers) - 1):]
             lend(leave, d, updates_left)
         elif d["action"] == "to_train" and d["moved"] > 0:
-            join = idle_slots()[: d["moved"]]
+            idle = idle_slots()
+            join = [s for s in d["join"] if s in idle] if "join" in d else idle[: d["moved"]]
             if join:
                 borrow(join, d, updates_left)
 
@@ -364,8 +431,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
         sync = statistics.fmean(st["sync_s"] for st in ts.values())
         blocking = max(st.get("boundary_s", 0.0) + st.get("join_s", 0.0) + st.get("deferred_wait_s", 0.0) for st in ts.values())
         step_record["updates"].append({"members": len(ts), "seconds": t_up, "blocking_s": blocking})
-        if policy is not None:
-            policy.observe_train(len(ts), tokens / len(ts), t_up, min(sync, t_up))
+        if stage_policy is not None:
+            stage_policy.observe_train(len(ts), tokens / len(ts), t_up, min(sync, t_up))
         if pending_switch is not None:
             events = [st["event"] for st in ts.values() if st.get("event")] + ([pending_switch["event"]] if pending_switch.get("event") else [])
             deferred = max((st.get("deferred_s", 0.0) for st in ts.values()), default=0.0)
@@ -377,8 +444,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
                 exposed = pending_switch["agree_s"] + blocking
             sw = {**pending_switch, "exposed_s": exposed, "deferred_optimizer_s": deferred, "event": events[0] if events else None}
             record["switch_log"].append(sw)
-            if policy is not None:
-                policy.observe_switch(sw["direction"], exposed)
+            if stage_policy is not None:
+                stage_policy.observe_switch(sw["direction"], exposed)
             pending_switch = None
         update += 1
         if update < m:
@@ -390,8 +457,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
         published[step + 1] = stage / f"v{step + 1}.bin"
         if not published[step + 1].is_file():
             raise RuntimeError(f"step {step}: the leader did not stage its weights ({published[step + 1]})")
-        if policy is not None:
-            policy.observe_weight_sync(float(lead.get("publish_s", 0.0)))
+        if stage_policy is not None:
+            stage_policy.observe_weight_sync(float(lead.get("publish_s", 0.0)))
         for s in trainers:
             version_of[s] = step + 1
         step_record["end_s"] = now()
@@ -429,6 +496,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             slot = by_conn[id(conn)]
             msg = conn.recv()
             if "gen" in msg:
+                reported[slot] = now()
                 if msg.get("progress"):
                     for key, tokens in msg["progress"]:
                         progress[key] = tokens
@@ -440,15 +508,17 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
                     ledger[key] = "generated"
                     b = flight_batch.pop(key)
                     progress.pop(key, None)
+                    decoding[slot].remove(key)
+                    lengths[b][seq_id[key] % n] = float(max(1, len(t["tokens"])))
                     bt = batches[b]
                     bt.generated.append(t)
                     bt.remaining -= 1
-                    if policy is not None:
-                        policy.observe_generation(float(len(t["prompt"])), float(len(t["tokens"])))
+                    if stage_policy is not None:
+                        stage_policy.observe_generation(float(len(t["prompt"])), float(len(t["tokens"])))
                     if bt.remaining == 0:
                         bt.complete_t = now()
-                        if policy is not None:
-                            policy.observe_batch(0.5 * (bt.rollout_at_open + (n_slots - len(trainers))), n, bt.complete_t - bt.opened_t)
+                        if stage_policy is not None:
+                            stage_policy.observe_batch(0.5 * (bt.rollout_at_open + (n_slots - len(trainers))), n, bt.complete_t - bt.opened_t)
                     if b == step:
                         completions += 1
                         decided |= completions % max(1, n // 16) == 0
@@ -462,11 +532,11 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             elif "rollout_done" in msg:
                 st = msg["rollout_done"]
                 session.pop(slot, None)
-                if policy is not None:
+                if stage_policy is not None:
                     for cc, ctx, iters, secs in st["segments"]:
-                        policy.observe_decode(int(cc), float(ctx), float(iters), float(secs))
+                        stage_policy.observe_decode(int(cc), float(ctx), float(iters), float(secs))
                     if st.get("engine_start_s", 0.0) > 0.0:
-                        policy.observe_engine_start(st["engine_start_s"] + st.get("load_s", 0.0))
+                        stage_policy.observe_engine_start(st["engine_start_s"] + st.get("load_s", 0.0))
                 if roles[slot] == "rollout" and not start_session(slot) and not training and update == 0:
                     decide(m)  # an idle rollout worker in the window
                 try_start_step()
