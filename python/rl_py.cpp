@@ -214,9 +214,9 @@ void dra::python::bind_rl(py::module_& m) {
                      "One-step-off objective: E[max(rollout, train)] over the batches' spread (True), or the max "
                      "of the two means (False).")
       .def_readwrite("planner", &stage_balance_config::planner,
-                     "How the event simulator's dynamic run decides: 'window' (decide_window, what the live leader "
-                     "runs) or 'lookahead' (trainer counts tried on the event model with the fitted costs and drawn "
-                     "lengths; event simulator only).")
+                     "How the dynamic run decides, live and in the event simulator: 'window' (decide_window) or "
+                     "'lookahead' (StageBalancePolicy.plan on the leader's snapshot: trainer counts tried on the event "
+                     "model with the fitted costs and drawn lengths).")
       .def_readwrite("lookahead_draws", &stage_balance_config::lookahead_draws,
                      "planner='lookahead': draws of the lengths not generated yet per decision.")
       .def_readwrite("lookahead_max_move", &stage_balance_config::lookahead_max_move,

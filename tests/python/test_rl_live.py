@@ -239,3 +239,16 @@ def test_pipeline_lookahead_planner_runs_live_on_the_leaders_snapshot(live_longg
     moves = [d for d in planned if d["action"] != "hold"]
     assert len(dyn["switch_log"]) == len(moves)
     assert all(0.0 <= d["plan_ms"] < 5000.0 for d in planned)
+
+
+def test_bench_pipeline_rows_run_both_planners_beside_every_static_split(tmp_path) -> None:
+    from dra_bench._rl_live import live_pipeline_rows
+
+    cfg = tiny(slots=3, trace="reasoning", drift=2.0, updates_per_step=2)
+    rows = {r["name"]: r for r in live_pipeline_rows(steps=3, rounds=1, config=cfg, out_dir=str(tmp_path), quiet=True)}
+    thr, la = rows["rl_live_throughput_longgen"], rows["rl_live_throughput_longgen_lookahead"]
+    runs = {"static-1", "static-2", "dynamic", "dynamic-lookahead", "static-1-aa"}
+    assert set(thr["median_samples_per_s"]) == runs and la["baseline"] == thr["baseline"]
+    assert la["value"] == thr["median_samples_per_s"]["dynamic-lookahead"] and la["label"] == "measured"
+    assert len(la["per_round_gain"]) == 1 and la["planner_ms_median"] > 0.0
+    assert thr["exactly_once"] and thr["final_weights_identical"] and "rl_live_aa_spread" in rows

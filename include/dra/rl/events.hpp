@@ -3,9 +3,9 @@
 // device, training steps start when their batch is generated, and devices change role inside a
 // step, at the trainers' boundary window. Pipelines: one-step-off without a per-phase barrier (the
 // regime where moving devices pays), the same with the barrier, and synchronous. Schedules: a
-// static split, the stage-balance policy (decide_window, the code the live leader runs), the
-// within-step oracle (clairvoyant, free switches) and colocated time sharing. What is modelled
-// and why: docs/design/rl.md.
+// static split, the stage-balance policy (decide_window, or the look-ahead planner on a leader's
+// snapshot: plan, the code the live leader runs), the within-step oracle (clairvoyant, free
+// switches) and colocated time sharing. What is modelled and why: docs/design/rl.md.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -57,9 +57,10 @@ class rl_event_sim : private rl_event_engine {
   rl_run_result run_static(int rollout) const { return run_static(rollout, config_.pipeline, config_.barrier); }
 
   /// The stage-balance policy deciding in every boundary window (no per-phase barrier), by its
-  /// planner: decide_window, or the look-ahead on the event model with the costs the policy
-  /// fitted (nothing of the truth but which device holds which sequence, what each generated so
-  /// far, the finished lengths and the engines' configured limits: slots, KV budget, admission).
+  /// planner: decide_window, or the look-ahead planner on a leader's snapshot of this run's state
+  /// (plan: which device holds which sequence, what each generated so far, the queues, the
+  /// finished lengths, the costs the policy fitted and the engines' configured limits; nothing of
+  /// the truth), as the live leader runs it.
   rl_run_result run_dynamic() const { return run_dynamic(config_.policy.planner); }
   /// The same with the planner named ("window" or "lookahead").
   rl_run_result run_dynamic(const std::string& planner) const {

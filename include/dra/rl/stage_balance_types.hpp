@@ -54,11 +54,11 @@ struct stage_balance_config {
   int group_size = 1;
   generation_model_config generation{};
   throughput_model_config training{};
-  /// How the event simulator's dynamic run decides in each boundary window: "window"
-  /// (decide_window: an analytic model of the critical path; what the live leader runs) or
-  /// "lookahead" (every trainer count within lookahead_max_move tried on the pipeline's own event
-  /// model, with the costs fitted here and lookahead_draws draws of every length not generated
-  /// yet, by GRPO group; event simulator only: docs/design/rl.md, "The look-ahead planner").
+  /// How the dynamic run decides in each boundary window, live and in the event simulator:
+  /// "window" (decide_window: an analytic model of the critical path) or "lookahead" (every
+  /// trainer count within lookahead_max_move tried on the pipeline's own event model, from the
+  /// leader's snapshot, with the costs fitted here and lookahead_draws draws of every length not
+  /// generated yet, by GRPO group: rl_event_sim::plan; docs/design/rl.md, "The look-ahead planner").
   std::string planner = "window";
   int lookahead_draws = 12;
   int lookahead_max_move = 2;
