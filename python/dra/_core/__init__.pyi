@@ -1565,7 +1565,7 @@ class StageBalanceConfig:
     @property
     def planner(self) -> str:
         """
-        How the event simulator's dynamic run decides: 'window' (decide_window, what the live leader runs) or 'lookahead' (trainer counts tried on the event model with the fitted costs and drawn lengths; event simulator only).
+        How the dynamic run decides, live and in the event simulator: 'window' (decide_window) or 'lookahead' (StageBalancePolicy.plan on the leader's snapshot: trainer counts tried on the event model with the fitted costs and drawn lengths).
         """
     @planner.setter
     def planner(self, arg0: str) -> None:
