@@ -20,7 +20,7 @@ namespace dra::sim {
 /// samples of one prompt are consecutive: a GRPO group).
 struct pipeline_sequence {
   int id = 0;
-  double generated = 0.0;  ///< tokens generated so far
+  double generated = 0.0;    ///< tokens generated so far
   double admitted_at = 0.0;  ///< tokens it had generated when this slot admitted it (> 0: resumed after a preemption)
 };
 
@@ -52,8 +52,8 @@ struct pipeline_batch {
 
 /// The parts of the last switches, as measured (negative: none measured yet; the policy's prior).
 struct measured_switch {
-  double agree_s = -1.0, rebuild_s = -1.0;       ///< the last switch of either direction
-  double weights_s = -1.0, optimizer_s = -1.0;   ///< the last join
+  double agree_s = -1.0, rebuild_s = -1.0;      ///< the last switch of either direction
+  double weights_s = -1.0, optimizer_s = -1.0;  ///< the last join
 };
 
 struct pipeline_snapshot {
@@ -74,10 +74,10 @@ struct pipeline_snapshot {
   /// Windows the look-ahead runs ahead (the oracle's oracle_lookahead).
   int horizon_windows = 2;
   // Training.
-  int step = 0;            ///< the step the trainers train next (or are training)
-  int update = 0;          ///< training: the update about to start (the boundary before it)
-  bool training = false;   ///< false: the step's window (the trainers wait for its batch)
-  int published = 0;       ///< policy versions published (steps trained)
+  int step = 0;           ///< the step the trainers train next (or are training)
+  int update = 0;         ///< training: the update about to start (the boundary before it)
+  bool training = false;  ///< false: the step's window (the trainers wait for its batch)
+  int published = 0;      ///< policy versions published (steps trained)
   double trainers_free_s = 0.0;
   std::vector<int> members;  ///< the trainers' slots, the leader first
   std::vector<pipeline_slot> slots;
@@ -102,7 +102,8 @@ struct pipeline_snapshot {
       bad("update", "must lie in [0, updates_per_step - 1], got " + std::to_string(update));
     if (training && update == 0) bad("update", "training: the boundary before update >= 1 (update 0 is the window)");
     if (lengths.size() != static_cast<std::size_t>(steps))
-      bad("lengths", "one list per batch: " + std::to_string(steps) + " expected, got " + std::to_string(lengths.size()));
+      bad("lengths",
+          "one list per batch: " + std::to_string(steps) + " expected, got " + std::to_string(lengths.size()));
     const auto n = static_cast<std::size_t>(sequences_per_step());
     for (std::size_t b = 0; b < lengths.size(); ++b) {
       if (lengths[b].size() != n)
@@ -110,15 +111,17 @@ struct pipeline_snapshot {
                            " entries; one per sequence (" + std::to_string(n) + ") expected");
       for (double v : lengths[b])
         if (!(v >= 0.0) || (b < static_cast<std::size_t>(step) && !(v > 0.0)))
-          bad("lengths", "batch " + std::to_string(b) + ": a length is a finite number > 0 (0: not finished; every "
-                                                         "sequence of a trained batch is finished)");
+          bad("lengths", "batch " + std::to_string(b) +
+                             ": a length is a finite number > 0 (0: not finished; every "
+                             "sequence of a trained batch is finished)");
     }
     const int total = steps * sequences_per_step();
     int trainers = 0;
     for (std::size_t d = 0; d < slots.size(); ++d) {
       const auto& sl = slots[d];
       if (sl.role != "rollout" && sl.role != "train" && sl.role != "starting")
-        bad("slots", "slot " + std::to_string(d) + ": role must be 'rollout', 'train' or 'starting', got '" + sl.role + "'");
+        bad("slots",
+            "slot " + std::to_string(d) + ": role must be 'rollout', 'train' or 'starting', got '" + sl.role + "'");
       trainers += sl.role == "train";
       const auto check = [&](int id, double generated, double admitted_at) {
         if (id < 0 || id >= total || !(generated >= 0.0) || !(admitted_at >= 0.0 && admitted_at <= generated))
