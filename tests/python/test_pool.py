@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -606,6 +607,35 @@ def test_a_launcher_gives_up_after_the_operators_limit(tmp_path: Path) -> None:
     ref.popen.wait(timeout=30)
     events = _launcher_events(tmp_path / "state" / "logs" / "j.launcher.log")
     assert ref.popen.returncode == 3 and any(e["event"] == "pool_lost" for e in events), events
+
+
+def test_a_launcher_whose_pool_state_directory_is_removed_stops_its_job(tmp_path: Path) -> None:
+    """Without an orphan limit a launcher waits for its daemon as long as it takes, but a pool on a
+    Unix socket whose state directory was removed cannot come back: the launcher stops its workers
+    and exits (event pool_lost) instead of waiting forever (a test's cleanup left such launchers
+    behind for good)."""
+    state = tmp_path / "state"
+    svc = PoolService(declared(1), state, heartbeat_timeout_s=2.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    client.submit({"name": "j", "cwd": str(tmp_path), "command": ["sleep", "137.25"]})
+    log_path = state / "logs" / "j.launcher.log"
+    deadline = time.time() + 90
+    while time.time() < deadline and not (
+            log_path.exists() and any(e["event"] == "worker_start" for e in _launcher_events(log_path))):
+        time.sleep(0.2)
+    ref = svc.launchers["j"]
+    server.close()
+    time.sleep(1.0)
+    assert ref.popen.poll() is None, "the launcher must outlive its daemon while the state directory is there"
+    with open(log_path) as log:  # the launcher writes on into the removed file: read it through this handle
+        shutil.rmtree(state)
+        ref.popen.wait(timeout=30)
+        events = [json.loads(x[len("[dra run] "):]) for x in log.read().splitlines() if x.startswith("[dra run] ")]
+    lost = [e for e in events if e["event"] == "pool_lost"]
+    assert ref.popen.returncode == 3 and lost and "state directory" in lost[0]["error"], events
+    ps = subprocess.run(["pgrep", "-f", "sleep 137.25"], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", f"the worker outlived its launcher: {ps.stdout}"
 
 
 def test_a_silent_but_live_launcher_keeps_its_lease_until_the_silence_limit(tmp_path: Path) -> None:

@@ -15,9 +15,11 @@ launcher"). Python workers start from a fork server that imported torch once (``
 
 A pool job's launcher runs as the job's user and outlives the daemon: while the pool is
 unreachable its workers keep running (``DRA_POOL_ORPHAN_LIMIT_S``, when the operator set one, is
-how long), and when the pool is back it reports what happened meanwhile. It shows its launch id
-(``DRA_LAUNCH_ID``) at every call, so the pool never lets a second launcher drive the same job;
-one that cannot start tells the pool why, and the job fails at once."""
+how long; a pool on a Unix socket whose state directory was removed cannot come back, and its
+launchers stop their workers and exit), and when the pool is back it reports what happened
+meanwhile. It shows its launch id (``DRA_LAUNCH_ID``) at every call, so the pool never lets a
+second launcher drive the same job; one that cannot start tells the pool why, and the job fails
+at once."""
 
 from __future__ import annotations
 
@@ -84,6 +86,10 @@ class Launcher:
         self.away_since: float | None = None
         # Short calls: the sync loop also watches the workers; a slow daemon is asked again next tick.
         self.client = PoolClient(pool, timeout_s=5.0, retry_s=0.0) if pool else None
+        # A pool on a Unix socket lives in its state directory: once that directory is gone, no
+        # daemon can come back to this job (a new one there would not know its launch id).
+        path = pool[len("unix:"):] if pool and pool.startswith("unix:") else None
+        self.pool_dir = Path(path).parent if path and os.path.isabs(path) else None
         spec: dict[str, Any] = PoolClient(pool, retry_s=30.0).job_spec(job) if pool else {}
         self.command = command or spec.get("command")
         if not self.command:
@@ -253,6 +259,9 @@ class Launcher:
             if self.away_since is None:
                 self.away_since = time.time()
                 self._say(event="pool_unreachable", error=str(e), limit_s=self.orphan_limit_s)
+            if self._pool_dir_gone():
+                raise TimeoutError(f"the pool's state directory {self.pool_dir} is gone: no daemon can come "
+                                   "back to this job") from None
             if self.orphan_limit_s is not None and time.time() - self.away_since > self.orphan_limit_s:
                 raise TimeoutError(f"the pool was unreachable for more than {self.orphan_limit_s:g} s "
                                    "(the operator's limit)") from None
@@ -261,6 +270,18 @@ class Launcher:
             self._say(event="pool_back", away_s=time.time() - self.away_since)
             self.away_since = None
         return answer
+
+    def _pool_dir_gone(self) -> bool:
+        """Whether the Unix-socket pool's state directory no longer exists (not merely unreadable)."""
+        if self.pool_dir is None:
+            return False
+        try:
+            os.stat(self.pool_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:
+            return False
+        return False
 
     def _run_pool(self) -> int:
         from dra.pool.service import Superseded
