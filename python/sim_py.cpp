@@ -101,6 +101,7 @@ void dra::python::bind_sim(py::module_& m) {
       .def_readonly("reallocation_cost_s", &sim_result::reallocation_cost_s)
       .def_readonly("makespan_s", &sim_result::makespan_s)
       .def_readonly("first_submit_s", &sim_result::first_submit_s)
+      .def_readonly("end_s", &sim_result::end_s)
       .def_readonly("wall_s", &sim_result::wall_s)
       .def_readonly("all_completed", &sim_result::all_completed)
       .def_readonly("jobs", &sim_result::jobs)

@@ -178,6 +178,9 @@ class SimResult:
     def capacity(self) -> int:
         ...
     @property
+    def end_s(self) -> float:
+        ...
+    @property
     def first_submit_s(self) -> float:
         ...
     @property

@@ -322,3 +322,12 @@ def test_bench_rl_pipeline_rows(tmp_path) -> None:
     assert rows["rl_sim_oracle_share_longgen_lookahead"]["unit"] == "fraction"
     assert rows["rl_sim_tail_sweep.w0.2"]["tail_weight"] == 0.2
     assert all(r["label"] == "simulated" for r in rows.values())
+
+
+def test_cli_refuses_phase_model_flags_with_a_pipeline_scenario(capsys):
+    """--trace, --drift, --constant-length, --scenario and --pipeline shape the phase model only: with
+    --pipeline-scenario they were silently ignored (the same JSON as without them)."""
+    from dra.sim import cli
+
+    assert cli.main(["rl", "--pipeline-scenario", "longgen", "--steps", "2", "--quiet", "--drift", "8"]) == 2
+    assert "--drift: not used by --pipeline-scenario" in capsys.readouterr().err

@@ -236,3 +236,42 @@ def test_cli_study_writes_json_and_markdown(tmp_path):
     assert "training_time_change" in doc["policies"]["goodput"]
     assert "| goodput |" in md.read_text()
     assert "vs static_best_hindsight" in md.read_text()
+
+
+def test_foreign_inputs_unfinished_jobs_collisions_and_bad_outputs_are_named(tmp_path, capsys):
+    """What an outside user's inputs met (each was a traceback or a silent wrong result): a header
+    with no jobs; jobs still running at the horizon (30 days after the first arrival, the arrivals
+    shifted by weeks changing nothing), whose policies' averages cover different jobs: said in the
+    table, on stderr and in the JSON, with cluster utilisation at most 1; the same workload given
+    twice keeps both results; output paths that cannot be written are refused before any run."""
+    header = tmp_path / "header.csv"
+    header.write_text("name,time,application,num_replicas,batch_size\n")
+    with pytest.raises(ValueError, match="no jobs"):
+        sim.replay(header)
+    small = _small_workload(tmp_path, 4)
+    late = tmp_path / "late.csv"
+    rows = small.read_text().splitlines()
+    cells = [r.split(",") for r in rows[1:]]
+    t = rows[0].split(",").index("time")
+    for c in cells:
+        c[t] = str(int(c[t]) + 40 * 86400)
+    late.write_text("\n".join([rows[0], *(",".join(c) for c in cells)]) + "\n")
+    a = sim.replay(small, policies=["static"], jobs_detail=False)["policies"]["static"]
+    b = sim.replay(late, policies=["static"], jobs_detail=False)["policies"]["static"]
+    assert a["completed"] == b["completed"] == 4 and a["avg_jct_s"] == pytest.approx(b["avg_jct_s"])
+    tiny = sim.replay(W1, policies=["static"], nodes=1, devices_per_node=1, jobs_detail=False)
+    s = tiny["policies"]["static"]
+    assert 0 < s["unfinished"] < s["jobs"] and s["completed"] + s["unfinished"] == s["jobs"]
+    assert s["cluster_utilization"] <= 1.0 + 1e-9
+    assert "jobs unfinished at the horizon" in sim.markdown_replay(tiny) and f"{s['completed']}/{s['jobs']}" in sim.markdown_replay(tiny)
+    out = tmp_path / "two.json"
+    assert cli.main(["replay", "--workload", str(small), "--workload", str(small), "--policy", "static", "--no-jobs",
+                     "--quiet", "--json", str(out)]) == 0
+    assert len(json.loads(out.read_text())["workloads"]) == 2
+    capsys.readouterr()
+    assert cli.main(["replay", "--workload", str(small), "--policy", "static", "--quiet", "--json", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert cli.main(["replay", "--workload", str(small), "--policy", "static", "--quiet", "--plots", str(small)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="resamples"):
+        sim.replay(small, policies=["static"], resamples=0)

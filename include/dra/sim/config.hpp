@@ -38,7 +38,7 @@ struct sim_config : policy::policy_sections {
   /// them (faithful to the reference); the study may lift them, since the profiles measure ncf on
   /// up to 64 devices and the limit is a choice of the reference's Pollux policy.
   bool reference_limits = true;
-  /// Stop simulating after this much simulated time (jobs not done are reported incomplete).
+  /// Stop simulating this long after the first arrival (jobs not done are reported incomplete).
   double max_time_s = 30.0 * 24 * 3600;
   bool record_timeline = true;
 

@@ -48,6 +48,7 @@ struct sim_result {
   double reallocation_cost_s = 0.0;
   double makespan_s = 0.0;  ///< last completion (from t = 0)
   double first_submit_s = 0.0;
+  double end_s = 0.0;  ///< when the simulation stopped (every job done, or the horizon reached)
   std::vector<job_result> jobs;
   std::vector<timeline_point> timeline;
   double wall_s = 0.0;  ///< simulator run time

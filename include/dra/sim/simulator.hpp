@@ -2,6 +2,7 @@
 // The cluster simulator's loop: jobs arrive, the policy decides every interval, jobs advance
 // analytically in between (training.hpp). The model and its parts: docs/design/simulator.md;
 // every deviation from Pollux's reference simulator: docs/guide/simulator.md.
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -30,7 +31,7 @@ class simulator {
   const sim_config& config() const noexcept { return state_.config(); }
   int capacity() const noexcept { return state_.capacity(); }
 
-  /// Runs to completion (or max_time_s). `progress(now, done, total)` is called once per tick
+  /// Runs to completion (or max_time_s after the first arrival). `progress(now, done, total)` is called once per tick
   /// when given; returning false stops the run early.
   sim_result run(const std::function<bool(double, std::size_t, std::size_t)>& progress = nullptr) {
     const auto wall_start = std::chrono::steady_clock::now();
@@ -44,7 +45,9 @@ class simulator {
     double now = 0.0;
     std::size_t done = 0;
     double last_compute = 0.0, last_busy = 0.0;
-    while (done < jobs.size() && now < config.max_time_s) {
+    double first = jobs.empty() ? 0.0 : jobs.front().spec.submit_s;
+    for (const auto& j : jobs) first = std::min(first, j.spec.submit_s);
+    while (done < jobs.size() && now < first + config.max_time_s) {
       // Advance every job by one interval, then decide at the new time (as the reference does).
       for (auto& j : jobs) detail::advance(j, now, config.interval_s, config);
       now += config.interval_s;
@@ -76,7 +79,8 @@ class simulator {
       }
       if (progress && !progress(now, done, jobs.size())) break;
     }
-    out.first_submit_s = jobs.empty() ? 0.0 : jobs.front().spec.submit_s;
+    out.first_submit_s = first;
+    out.end_s = now;
     for (const auto& j : jobs) {
       job_result r;
       r.name = j.spec.name;

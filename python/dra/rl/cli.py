@@ -100,6 +100,17 @@ def run(args: argparse.Namespace) -> int:
     import dra.rl as rl
 
     if args.pipeline_scenario:
+        # The event model's setting comes from its scenario and --workload/--cost/--policy; the
+        # phase model's own options would be silently ignored there.
+        ignored = [flag for flag, given in (("--scenario", args.scenario), ("--all-scenarios", args.all_scenarios),
+                                            ("--trace", args.trace), ("--constant-length", args.constant_length is not None),
+                                            ("--drift", args.drift is not None),
+                                            ("--pipeline", args.pipeline != "one_step_off")) if given]
+        if ignored:
+            print(f"dra-sim rl: error: {', '.join(ignored)}: not used by --pipeline-scenario (the event model takes its "
+                  "setting from the scenario and --workload NAME=VALUE); drop them or drop --pipeline-scenario",
+                  file=sys.stderr)
+            return 2
         return run_pipeline(args)
     if args.lookahead_samples:
         print("dra-sim rl: error: --lookahead-samples: the references run in the event model; add --pipeline-scenario NAME",

@@ -32,7 +32,7 @@ from dra.sim._inputs import (
     restart_cost_from_resize_report,
 )
 from dra.sim._replay import replay, summarize
-from dra.sim._report import markdown_replay, markdown_study
+from dra.sim._report import markdown_replay, markdown_study, unfinished_note
 from dra.sim._stats import bootstrap_ci
 from dra.sim._study import study
 
@@ -52,6 +52,7 @@ __all__ = [
     "load_profiles",
     "markdown_replay",
     "markdown_study",
+    "unfinished_note",
     "parse_cost",
     "published_for",
     "published_jct",

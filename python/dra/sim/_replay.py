@@ -82,7 +82,10 @@ def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
     gpu_s = sum(j["gpu_seconds"] for j in jobs)
     busy_s = sum(j["busy_gpu_seconds"] for j in jobs)
     compute_s = sum(j["compute_gpu_seconds"] for j in jobs)
-    span = max(result["makespan_s"] - result["first_submit_s"], 1e-9)
+    # Over the time the simulation ran: to the last completion, or to the horizon when jobs were
+    # still running there (their device time counts up to it).
+    end = result["makespan_s"] if len(done) == len(jobs) else max(result["end_s"], result["makespan_s"])
+    span = max(end - result["first_submit_s"], 1e-9)
     attain = [a for a in (_metric_attainment(profiles, j) for j in done) if a is not None]
     by_app: dict[str, list[float]] = {}
     for j in done:
@@ -102,6 +105,8 @@ def summarize(result: dict[str, Any], profiles: Any) -> dict[str, Any]:
         "final_metric_by_application": {k: sum(v) / len(v) for k, v in sorted(by_app.items())},
         "completed": len(done),
         "jobs": len(jobs),
+        "unfinished": len(jobs) - len(done),
+        "end_s": result["end_s"],
         "reallocations": sum(j["reallocations"] for j in jobs),
         "stopped_early": sum(bool(j.get("stopped_early")) for j in jobs),
         "reallocation_cost_s": result["reallocation_cost_s"],
@@ -195,8 +200,12 @@ def replay(
     ``cost_mode="same"`` charges every policy ``reallocation_cost`` per change (policy quality);
     ``"system"`` charges each its system's mechanism (``costs_by_policy``: dra's in-place resize
     or a checkpoint-restart), listed per policy in ``reallocation_cost_s_by_policy``."""
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples: must be an integer >= 1, got {resamples!r}")
     profiles = load_profiles(traces)
     jobs = read_workload(workload, profiles)
+    if not jobs:
+        raise ValueError(f"workload {workload}: no jobs (a header row only); give at least one job row")
     names = list(policies) if policies else [p for p in POLICIES if not p.startswith("oracle_")]
     for p in names:
         if p not in POLICIES:

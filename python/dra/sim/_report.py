@@ -18,6 +18,8 @@ def _pct(d: dict[str, Any] | None, pct: bool = True) -> str:
     k = 100.0
     unit = " %" if pct else " pt"
     est = d["estimate"]
+    if est is None or not math.isfinite(est):
+        return "-"
     if d.get("ci95") is None:
         return f"{est * k:+.1f}{unit}"
     return f"{est * k:+.1f}{unit} [{d['ci95'][0] * k:+.1f}, {d['ci95'][1] * k:+.1f}]"
@@ -31,25 +33,42 @@ def _cost_label(doc: dict[str, Any]) -> str:
     return f"system view, each mechanism's own cost: {each}"
 
 
+def unfinished_note(doc: dict[str, Any]) -> str:
+    """A warning when some policy left jobs unfinished at the simulation's horizon ("" when none):
+    its JCT figures then cover the finished jobs only, a different set for each policy."""
+    short = {p: a for p, a in doc["policies"].items() if a.get("unfinished")}
+    if not short:
+        return ""
+    each = ", ".join(f"{p} {a['unfinished']} of {a['jobs']}" for p, a in short.items())
+    horizon = max(a["end_s"] for a in short.values()) / 86400.0
+    return (f"**Warning: jobs unfinished at the horizon** ({each}; the simulation stops 30 days after the first "
+            f"arrival, here at day {horizon:.1f}). Averages, p99 and makespan cover each policy's finished jobs only, "
+            "so they are not comparable across policies; the paired changes (vs) use the jobs finished under both. "
+            "Give the cluster more devices (--nodes, --devices-per-node) or a lighter workload.")
+
+
 def markdown_replay(doc: dict[str, Any]) -> str:
     published = doc.get("published_avg_jct_s", {})
     load = f", load {doc['load']}x" if doc.get("load") else ""
     lines = [
         f"### {doc['workload']}{load} ({_cost_label(doc)}; simulated)",
         "",
-        "| policy | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation (busy/held) | cluster util. | final metric | reallocations | JCT vs pollux | p99 vs pollux | wall (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | finished | avg JCT (s) | p99 JCT (s) | makespan (s) | GPU-hours | utilisation (busy/held) | cluster util. | final metric | reallocations | JCT vs pollux | p99 vs pollux | wall (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, a in doc["policies"].items():
         vs = a.get("vs", {}).get("pollux", {})
         bound = " (oracle: upper bound)" if p.startswith("oracle_") else ""
         lines.append(
-            f"| {p}{bound} | {_fmt(a['avg_jct_s'])} | {_fmt(a['p99_jct_s'])} | {_fmt(a['makespan_s'])} | {_fmt(a['gpu_hours'], '.1f')} | "
+            f"| {p}{bound} | {a['completed']}/{a['jobs']} | {_fmt(a['avg_jct_s'])} | {_fmt(a['p99_jct_s'])} | {_fmt(a['makespan_s'])} | {_fmt(a['gpu_hours'], '.1f')} | "
             f"{_fmt(a['utilization'], '.3f')} | {_fmt(a['cluster_utilization'], '.3f')} | {_fmt(a['final_metric'], '.4f')} | "
             f"{a['reallocations']} | {_pct(vs.get('jct_change'))} | {_pct(vs.get('p99_jct_change'))} | {_fmt(a['wall_s'], '.2f')} |"
         )
     for p, v in published.items():
-        lines.append(f"| {p} (published) | {_fmt(v)} | | | | | | | | | | |")
+        lines.append(f"| {p} (published) | | {_fmt(v)} | | | | | | | | | | |")
+    short = unfinished_note(doc)
+    if short:
+        lines.append("\n" + short)
     d = doc.get("declarations")
     if d:
         lines.append(

@@ -19,6 +19,10 @@ def bootstrap_ci(
     index array (all runs for the estimate, resampled ones for the interval)."""
     import numpy as np
 
+    if resamples < 1:
+        raise ValueError(f"resamples: must be >= 1, got {resamples}")
+    if n == 0:  # nothing to compare (no run or job finished under both)
+        return float("nan"), float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     estimate = float(statistic(np.arange(n)))
     draws = np.array([statistic(rng.integers(0, n, n)) for _ in range(resamples)], dtype=float)

@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in profiles.names():
                 print(f"  {name}: {profiles.info(name)}")
             return 0
+        _check_outputs(args)
         if getattr(args, "plots", None) and getattr(args, "no_jobs", False):
             raise ValueError("--plots needs the per-job records and timelines; drop --no-jobs")
         if args.command == "replay":
@@ -171,14 +172,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 docs.append(doc)
             text = "\n".join(sim.markdown_replay(d) for d in docs)
+            for d in docs:
+                note = sim.unfinished_note(d)
+                if note:
+                    print(f"[dra-sim] {d['workload']}: {note}", file=sys.stderr)
+            keys = _unique([f"{d['workload']}@{d['load']}x" if d.get("load") else d["file"] for d in docs])
             if args.json:
-                key = lambda d: f"{d['workload']}@{d['load']}x" if d.get("load") else d["file"]  # noqa: E731
-                write_json(docs[0] if len(docs) == 1 else {"workloads": {key(d): d for d in docs}}, args.json)
+                write_json(docs[0] if len(docs) == 1 else {"workloads": dict(zip(keys, docs))}, args.json)
             if args.plots:
                 from dra.sim.plots import plot_replay
 
-                for d in docs:
-                    for path in plot_replay(d, args.plots):
+                labels = _unique([f"{d['workload']}-load{d['load']}" if d.get("load") else d["workload"] for d in docs])
+                for d, label in zip(docs, labels):
+                    for path in plot_replay(d, args.plots, label=label):
                         print(f"[dra-sim] wrote {path}", file=sys.stderr)
         else:
             doc = sim.study(
@@ -211,14 +217,39 @@ def main(argv: list[str] | None = None) -> int:
 
                 for path in plot_study(doc, args.plots):
                     print(f"[dra-sim] wrote {path}", file=sys.stderr)
+        print(text)
+        if args.markdown:
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown).write_text(text)
     except (ValueError, FileNotFoundError) as exc:
         print(f"dra-sim: error: {exc}", file=sys.stderr)
         return 2
-    print(text)
-    if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown).write_text(text)
+    except OSError as exc:  # an output path that cannot be written
+        print(f"dra-sim: error: cannot write {exc.filename or ''}: {exc.strerror or exc}; give a writable path",
+              file=sys.stderr)
+        return 2
     return 0
+
+
+def _unique(names: list[str]) -> list[str]:
+    """The names with a #2, #3... suffix on repeats, so no result overwrites another."""
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuses output paths that cannot be written before any simulation runs."""
+    for flag in ("json", "markdown"):
+        path = getattr(args, flag, None)
+        if path and Path(path).is_dir():
+            raise ValueError(f"--{flag}: {path} is a directory; give a file path")
+    plots = getattr(args, "plots", None)
+    if plots and Path(plots).exists() and not Path(plots).is_dir():
+        raise ValueError(f"--plots: {plots} is a file; give a directory")
 
 
 if __name__ == "__main__":

@@ -15,14 +15,16 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
-    """JCT distribution (CDF), devices allocated over time, and utilisation over time, per policy."""
+def plot_replay(doc: dict[str, Any], folder: str | Path, label: str | None = None) -> list[Path]:
+    """JCT distribution (CDF), devices allocated over time, and utilisation over time, per policy.
+    Files are named ``<label>-<cost>-*.png``; the label defaults to the workload's name and load."""
     import numpy as np
 
     plt = _pyplot()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = doc["workload"]
+    label = label or (f"{name}-load{doc['load']}" if doc.get("load") else name)
     system = doc.get("cost_mode", "same") == "system"
     cost = doc["reallocation_cost_s"]
     cost_tag = "system" if system else f"cost{cost:g}"
@@ -43,7 +45,7 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     ax.set_title(f"{name}: JCT distribution (simulated, {cost_text})")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    path = folder / f"{name}-{cost_tag}-jct.png"
+    path = folder / f"{label}-{cost_tag}-jct.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -68,7 +70,7 @@ def plot_replay(doc: dict[str, Any], folder: str | Path) -> list[Path]:
         ax.set_title(f"{name}: {suffix} over time (simulated, {cost_text})")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        path = folder / f"{name}-{cost_tag}-{suffix}.png"
+        path = folder / f"{label}-{cost_tag}-{suffix}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
