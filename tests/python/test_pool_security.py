@@ -16,7 +16,9 @@ import json
 import os
 import pwd
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,70 @@ def test_a_user_who_cannot_run_the_pools_python_is_refused_at_submission(tmp_pat
     events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
     refused = [e for e in events if e["event"] == "refused"]
     assert len(refused) == 1 and refused[0]["job"] == "theirs" and str(python) in refused[0]["error"], refused
+
+
+@as_root
+@with_nobody
+def test_the_jobs_directory_is_entered_as_the_job_user_and_its_logs_never_follow_a_planted_link(tmp_path: Path) -> None:
+    """Two ways past the privilege boundary an outside review found. (1) The launcher's cwd was
+    entered by root before the uid was dropped: a directory swapped in after the submission's check
+    (a link to one the user may not enter) was entered anyway. _isolate now enters it as the job's
+    user. (2) Worker logs were opened through links in a folder others could write into: a root
+    job appended its output to a file of root's. Log folders must be the job user's own and not
+    writable by others, and log files are opened 0600 without following a link."""
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="dra-cwd-"))  # pytest's own folders are 0700: nobody could enter none
+    base.chmod(0o755)
+    try:
+        _entered_as_the_user(base, nobody)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    _private_logs(tmp_path, nobody)
+
+
+def _entered_as_the_user(tmp_path: Path, nobody: pwd.struct_passwd) -> None:
+    import subprocess
+
+    from dra.pool import _isolate
+
+    closed = tmp_path / "closed"
+    (closed / "inner").mkdir(parents=True)
+    closed.chmod(0o700)  # root's: nobody may not enter closed/inner
+    (closed / "inner").chmod(0o755)
+    tmp_path.chmod(0o755)
+    isolate = [sys.executable, "-I", _isolate.__file__, "--uid", str(nobody.pw_uid), "--gid", str(nobody.pw_gid),
+               "--groups", str(nobody.pw_gid)]
+    r = subprocess.run([*isolate, "--cwd", str(closed / "inner"), "--", "/bin/pwd"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 126 and "Permission denied" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    r = subprocess.run([*isolate, "--cwd", str(open_dir), "--", "/bin/pwd"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == str(open_dir), (r.returncode, r.stdout, r.stderr)
+
+
+
+def _private_logs(tmp_path: Path, nobody: pwd.struct_passwd) -> None:
+    from dra.pool._spawner import open_private_log, private_log_dir
+
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    os.chown(planted, nobody.pw_uid, nobody.pw_gid)  # another user's folder
+    (planted / "job.1.log").symlink_to(victim)
+    with pytest.raises(ValueError, match="not by this job's user"):
+        private_log_dir(planted)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    with pytest.raises(ValueError, match="writable by others"):
+        private_log_dir(shared)
+    mine = private_log_dir(tmp_path / "mine")
+    assert (mine.stat().st_mode & 0o777) == 0o700
+    (mine / "job.2.log").symlink_to(victim)
+    with pytest.raises(OSError):
+        open_private_log(mine / "job.2.log")
+    with open_private_log(mine / "job.3.log") as f:
+        f.write(b"x")
+    assert ((mine / "job.3.log").stat().st_mode & 0o777) == 0o600 and victim.read_text() == "root's\n"

@@ -1,11 +1,13 @@
 """Starts a pool job's launcher as its owner, optionally in a network namespace of its own.
 
-    python -I -m dra.pool._isolate --uid U --gid G --groups G1,G2 [--private-network] -- COMMAND...
+    python -I -m dra.pool._isolate --uid U --gid G --groups G1,G2 --cwd DIR [--private-network] -- COMMAND...
 
 Run as root by the daemon; in this order: a new network namespace with only loopback up (with
 ``--private-network``: the job's c10d store, which has no authentication, then answers the job's
-own processes only), the supplementary groups, the gid, the uid (no way back to root), then exec
-of the command (same pid: the daemon keeps knowing its launcher). Any failure exits 126 with the
+own processes only), the supplementary groups, the gid, the uid (no way back to root), the change
+to the job's directory (as the job's user: a directory it may not enter stays closed, whatever
+was swapped in after the submission's check), then exec of the command (same pid: the daemon keeps
+knowing its launcher). Any failure exits 126 with the
 reason on stderr (the launcher's log), and the job fails with it.
 """
 
@@ -53,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gid", type=int, required=True)
     p.add_argument("--groups", default="")
     p.add_argument("--private-network", action="store_true")
+    p.add_argument("--cwd", default="/", help="the job's directory, entered after the uid is dropped")
     args = p.parse_args(argv[:i])
     command = argv[i + 1:]
     try:
         if args.private_network:
             private_network()
         become(args.uid, args.gid, [int(g) for g in args.groups.split(",") if g])
+        os.chdir(args.cwd)
         os.execvpe(command[0], command, os.environ)
     except (OSError, ValueError, IndexError) as e:
         print(f"[dra pool] cannot start the job's launcher as uid {args.uid}: {e}", file=sys.stderr, flush=True)

@@ -75,7 +75,8 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
           private_network: bool = False) -> LauncherRef:
     """Starts the launcher of a pool job as its owner in its own session: a root daemon starts it
     through ``_isolate`` (a private network namespace when asked, then the owner's groups, gid and
-    uid, then exec); raises OSError when it cannot start (a missing cwd, say)."""
+    uid, then its cwd, entered as the owner, then exec); raises OSError when it cannot start (a
+    missing cwd, say)."""
     launch_id = secrets.token_hex(8)
     cmd = [sys.executable, "-m", "dra", "run", "--pool", url, "--job", name]
     extra: dict[str, Any] = {}
@@ -83,8 +84,11 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
         from dra.pool import _isolate
 
         cmd = [sys.executable, "-I", _isolate.__file__, "--uid", str(owner.uid), "--gid", str(owner.gid),
-               "--groups", ",".join(map(str, owner.groups)), *(["--private-network"] if private_network else []),
-               "--", *cmd]
+               "--groups", ",".join(map(str, owner.groups)), "--cwd", cwd,
+               *(["--private-network"] if private_network else []), "--", *cmd]
+        if not os.path.isdir(cwd):  # said at once; entering it is _isolate's, as the job's user
+            raise FileNotFoundError(f"cwd: {cwd} is not a directory (any more)")
+        cwd = "/"  # root never enters the job's directory: a swapped-in one would be entered as root
     else:
         extra = run_as_kwargs(owner)
     fd = open_log(log, owner)

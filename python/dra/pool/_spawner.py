@@ -7,10 +7,12 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from dra import _process
 
@@ -31,6 +33,32 @@ def is_python(cmd: list[str]) -> bool:
     return bool(args) and (args[0] == "-m" and len(args) > 1 or not args[0].startswith("-"))
 
 
+def private_log_dir(path: Path) -> Path:
+    """The folder of a job's logs, made 0700 when new; refused when it is a symbolic link, belongs
+    to another user or others may write into it: a file planted there (a link to a file of this
+    user's) would take the job's output, as this user."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(path)
+    problem = None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        problem = "a symbolic link or not a directory"
+    elif st.st_uid != os.geteuid():
+        problem = f"owned by uid {st.st_uid}, not by this job's user (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem:
+        raise ValueError(f"log: {path} is {problem}; remove it, or give the job a log folder of its own "
+                         "(the spec's 'log', dra run --log-dir)")
+    return path
+
+
+def open_private_log(path: Path) -> Any:
+    """A log file for appending, 0600 when new, never through a symbolic link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "ab")
+
+
 class Spawner:
     """Starts worker processes, from the zygote (Python commands) or as plain processes."""
 
@@ -47,7 +75,7 @@ class Spawner:
             env = dict(os.environ, DRA_PARENT_PID=str(os.getpid()))
             self.zygote = subprocess.Popen([sys.executable, "-m", "dra.pool._zygote", ",".join(preload)],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                           stderr=open(log, "ab"), start_new_session=True)
+                                           stderr=open_private_log(log), start_new_session=True)
             assert self.zygote.stdout is not None
             first = json.loads(self.zygote.stdout.readline() or b"{}")
             if not first.get("ready"):
@@ -85,7 +113,7 @@ class Spawner:
         trampoline = [sys.executable, "-I", "-S", _process.__file__]
         for path in cgroups:
             trampoline += ["--cgroup", path]
-        out = open(log, "ab")
+        out = open_private_log(log)
         p = subprocess.Popen([*trampoline, "--", *cmd], env=dict(env, DRA_PARENT_PID=str(os.getpid())), cwd=cwd,
                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         out.close()

@@ -30,7 +30,7 @@ def _child(msg: dict, out_fd: int, zygote: int) -> None:
     _process.die_with_parent(signal.SIGKILL, zygote)  # the fork server goes only with its launcher
     # stdout/stderr become the worker's log and stdin /dev/null (dup2 closes the zygote's pipes
     # in this process); opened above 2 first, so dup2 never closes what it just opened.
-    log = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(msg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(log, 1)
     os.dup2(log, 2)

@@ -34,7 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from dra.pool._spawner import Spawner, is_python
+from dra.pool._spawner import Spawner, is_python, private_log_dir
 
 
 class JobStore:
@@ -104,8 +104,7 @@ class Launcher:
         # (SIGTERM, then SIGKILL 5 s later): only for a job that does not follow the contract.
         self.shrink_grace_s = float(shrink_grace_s if shrink_grace_s is not None else spec.get("shrink_grace_s", 30.0))
         self.poll_s = poll_s
-        self.log_dir = Path(spec.get("log") or log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = private_log_dir(Path(spec.get("log") or log_dir))
         use_zygote = zygote and spec.get("zygote", True) and is_python(self.command)
         preload = preload if preload is not None else spec.get("preload", ["torch", "dra", "dra.elastic"])
         self.store = JobStore(job, store_host, advertise)
