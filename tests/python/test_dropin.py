@@ -222,6 +222,41 @@ def test_the_program_after_the_dashes_is_the_one_that_runs(procs, tmp_path):
     assert procs.output("again").count("attempt 1") == 2
 
 
+def test_an_uncaught_exception_on_every_rank_fails_the_job_and_on_one_rank_is_survived(procs, tmp_path):
+    """Workers run from dra's fork server: an exception nobody catches must go through
+    sys.excepthook there as in an interpreter (dra's hook makes the process leave the job). Printed
+    by hand, every process went on to finish the job at exit, and a crash on every rank was
+    reported as a finished job with exit status 0 (torchrun: 1)."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, torch\n"
+        "import dra, dra.elastic as de\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "torch.manual_seed(0)\n"
+        "ds = TensorDataset(torch.randn(128, 4), torch.randint(0, 2, (128,)))\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "sampler = de.DistributedSampler(ds, seed=0)\n"
+        "loader = DataLoader(ds, batch_size=8, sampler=sampler)\n"
+        "ctl = de.init(model, opt, sampler, policy='none')\n"
+        "for ep in ctl.epochs(2):\n"
+        "    for x, y in loader:\n"
+        "        loss = torch.nn.functional.cross_entropy(ctl.model(x), y)\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
+        "        st = dra.step(loss)\n"
+        "        if st.step == 3 and os.environ['CRASH'] in ('all', str(ctl.uid)):\n"
+        "            raise RuntimeError('user bug')\n")
+    every = procs.start("every", [*DRA, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "a"), str(script)],
+                        CRASH="all")
+    assert every.wait(120) == 1, procs.output("every")
+    assert procs.output("every").count("leaves the job mid-training: uncaught RuntimeError") == 2, procs.output("every")
+    assert "job finished at step" not in procs.output("every"), procs.output("every")
+    one = procs.start("one", [*DRA, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "b"), str(script)],
+                      CRASH="1")
+    assert one.wait(120) == 0, procs.output("one")
+    assert "survived 1 worker failure(s) in place" in procs.output("one"), procs.output("one")
+
+
 # ---- the ports ------------------------------------------------------------------------------------
 def _code_lines(path: Path) -> list[str]:
     """A script's lines without its module docstring (the example's prose differs, not its code)."""

@@ -61,10 +61,10 @@ def _child(msg: dict, out_fd: int, zygote: int) -> None:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001 - report like an interpreter would
-        import traceback
-
-        traceback.print_exc()
+    except BaseException:  # noqa: BLE001 - as an interpreter does: through sys.excepthook
+        # (dra's hook makes an uncaught exception leave the job; printed by hand, the process went
+        # on to finish the job at exit, and a crash on every rank was reported as a finished job)
+        sys.excepthook(*sys.exc_info())
         code = 1
     try:
         # An interpreter's exit runs the atexit handlers (a ported DDP script's controller finishes
