@@ -125,6 +125,29 @@ def test_slot_quota_affinity_and_accounting_are_real(tmp_path: Path) -> None:
     assert not Path(_cgroup.ROOT, "cpu", "dra", f"t{os.getpid()}").exists()
 
 
+def test_a_huge_max_size_costs_no_more_than_the_pool_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_size up to 10^6 is a valid request (it only caps growth), but every decision built each
+    job's speedup curve that long: a few such jobs from any user kept the daemon half a core busy.
+    Curves now stop at the pool's device count; the job still runs and grows to the pool's size."""
+    from dra.pool import _loop
+
+    sizes: list[int] = []
+    real = _loop.fit_speedup
+    monkeypatch.setattr(_loop, "fit_speedup", lambda report, n, *a: (sizes.append(n), real(report, n, *a))[1])
+    svc = PoolService(declared(3), tmp_path, launch_jobs=False, heartbeat_timeout_s=120.0)
+    try:
+        svc.submit({"name": "big", "min_size": 1, "max_size": 1_000_000})
+        t = time.time()
+        held: list[int] = []
+        for i in range(4):
+            held = [l["id"] for l in svc.sync("big", held, [], None)["leases"]]  # its launcher's call
+            svc.tick(t + 10.0 * i)  # past scale_every_s each time
+        assert sizes and max(sizes) == 3, sizes
+        assert len([l for l in svc.sync("big", held, [], None)["leases"] if l["state"] == "active"]) == 3
+    finally:
+        svc.close()
+
+
 def test_restart_keeps_every_lease_and_ids_continue(tmp_path: Path) -> None:
     svc = PoolService(declared(3), tmp_path, launch_jobs=False)
     svc.submit({"name": "a", "min_size": 2, "max_size": 2})

@@ -238,11 +238,15 @@ class SchedulingLoop:
             return []
         jobs = []
         curves: dict[str, str] = {}  # where each training job's speedup curve came from
+        # No job can hold more than the pool has (now: a Ray pool's inventory follows its nodes), so
+        # curves stop there: a max_size of 10^6 cost every decision a curve that long (a user could
+        # load the daemon with a few such jobs).
+        most = max(1, len(self.inventory))
         for name in running + waiting:
             spec = self.jobs[name]["spec"]
             sj = _p.ScaleJob()
             sj.job, sj.kind, sj.priority, sj.elastic = name, spec["kind"], spec["priority"], spec["elastic"]
-            sj.min_size, sj.max_size = spec["min_size"], spec["max_size"]
+            sj.min_size, sj.max_size = spec["min_size"], max(spec["min_size"], min(spec["max_size"], most))
             sj.current = self.book.count(name, False)
             report = self.reports.get(name)
             age = now - (self.jobs[name]["started_at"] or now)
@@ -252,9 +256,9 @@ class SchedulingLoop:
                 sj.replicas_wanted = self.replicas_wanted.get(name, -1)
             else:
                 try:
-                    sj.speedup, source = fit_speedup(report, spec["max_size"])
+                    sj.speedup, source = fit_speedup(report, sj.max_size)
                 except (TypeError, ValueError, KeyError, AttributeError):  # a report the job got wrong
-                    sj.speedup, source = fit_speedup(None, spec["max_size"])
+                    sj.speedup, source = fit_speedup(None, sj.max_size)
                     source = "prior (report unreadable)"
                 curves[name] = source
                 estimate = self.remaining.estimate(self._job_class(name), float((report or {}).get("step") or 0),
