@@ -94,6 +94,28 @@ def test_one_daemon_per_state_a_corrupt_state_is_named_and_drain_undone(tmp_path
 
 
 @pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
+def test_one_pool_per_name_and_names_that_stay_under_dra(tmp_path: Path) -> None:
+    """A pool's cgroups are dra/<name> whatever its state directory: a second daemon with the
+    same name shared them and, when it stopped, removed them under the first one's running jobs
+    (their workers ended up with no limits). The name is now locked for the pool's life, and a
+    name that would leave dra/ (../../x) is refused before anything is made."""
+    spec = _cgroup.SlotSpec("slot0", 0.25, "0", None)
+    name = f"once{os.getpid()}"
+    first = _cgroup.Slots(name, [spec])
+    try:
+        with pytest.raises(ValueError, match=f"a pool named '{name}' is running"):
+            _cgroup.Slots(name, [spec])
+        assert Path(_cgroup.ROOT, "cpu", "dra", name, "slot0").is_dir()  # untouched
+    finally:
+        first.close()
+    _cgroup.Slots(name, [spec]).close()  # free again
+    for bad in ("../../evil", "", ".hidden", "a/b", "x" * 65):
+        with pytest.raises(ValueError, match="^name: "):
+            _cgroup.Slots(bad, [spec])
+    assert not Path(_cgroup.ROOT, "cpu", "evil").exists()
+
+
+@pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
 def test_slot_quota_affinity_and_accounting_are_real(tmp_path: Path) -> None:
     spec = _cgroup.SlotSpec("slot0", 0.25, "0", 0.5)
     slots = _cgroup.Slots(f"t{os.getpid()}", [spec])

@@ -16,8 +16,12 @@ not only a cap (the quota still caps it).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import re
 import signal
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +94,11 @@ class Slots:
         why = available()
         if why:
             raise RuntimeError(f"CPU slots are not possible here: {why}")
+        if not isinstance(pool, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", pool):
+            raise ValueError(f"name: {pool!r} cannot name the pool's cgroups (dra/<name>); use 1-64 letters, digits, "
+                             "'_', '.' or '-', not starting with '.' or '-'")
         self.pool = pool
+        self._lock = _name_lock(pool)
         self.specs = {s.id: s for s in specs}
         self.mems = _read(ROOT / "cpuset" / "cpuset.mems") or "0"
         for c in CONTROLLERS:
@@ -226,6 +234,30 @@ class Slots:
         for s in self.specs:
             self._remove(self._rel(s))
         self._remove(f"dra/{self.pool}")
+        if self._lock is not None:
+            os.close(self._lock)  # the flock goes with the descriptor
+            self._lock = None
+
+
+def _name_lock(pool: str) -> int:
+    """An exclusive flock on the pool name (a file in /run, else the temporary folder), held for
+    the Slots' life: two daemons with one name would share dra/<name> and the one that stops would
+    remove the other's cgroups under its running jobs."""
+    folder = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+    path = folder / f"dra-pool-{pool}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            raise ValueError(f"name: a pool named {pool!r} is running (daemon pid {holder}) and owns the cgroups "
+                             f"dra/{pool}; give this pool another --name") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def join(paths: list[str], pid: int | None = None) -> None:
