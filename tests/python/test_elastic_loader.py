@@ -103,3 +103,31 @@ def test_the_readme_status_example_runs_alone_and_under_torchrun(tmp_path):
     both = alone.stdout + _torchrun(script, tmp_path)
     lines = [line for line in both.splitlines() if line.startswith("step ")]
     assert lines and all(" phase " in line and " decision " in line for line in lines), both[-3000:]
+
+
+def test_padding_batches_have_the_usual_size_so_batch_norm_models_train_with_loader_workers(tmp_path):
+    """At an epoch's end, with DataLoader workers, the sampler pads with batches that are trained
+    locally and dropped. They held one sample, which a BatchNorm1d model cannot train on: a ported
+    script with num_workers=1 failed at its first epoch's end ("Expected more than 1 value per
+    channel when training"). Padding now has the usual per-rank size."""
+    script = tmp_path / "bn.py"
+    script.write_text(
+        "import torch, dra, dra.elastic as de\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "torch.manual_seed(0)\n"
+        "ds = TensorDataset(torch.randn(120, 6), torch.randint(0, 2, (120,)))\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "sampler = de.DistributedSampler(ds, seed=0)\n"
+        "loader = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=1)\n"
+        "ctl = de.init(model, opt, sampler, policy='none')\n"
+        "for ep in ctl.epochs(2):\n"
+        "    for x, y in loader:\n"
+        "        loss = torch.nn.functional.cross_entropy(ctl.model(x), y)\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
+        "        dra.step(loss)\n"
+        "print('steps', ctl.step_index)\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "steps 16" in proc.stdout, proc.stdout[-3000:]  # 120 / 16 = 7.5: 8 steps an epoch, 2 epochs

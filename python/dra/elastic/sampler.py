@@ -27,8 +27,8 @@ it is when asked for, and tagged with the world epoch and the position it assume
 after the world changed, or after a failed step, no longer matches: the model wrapper trains on it
 locally but drops it (no reduction, no commit; ``ctl.batch_dropped`` tells user code), and the next
 batches are computed for the new world. At the end of an epoch, while batches are still in flight,
-the iterator yields one-sample padding batches (dropped the same way) instead of stopping, so that
-an epoch whose last steps a world change invalidated is still finished.
+the iterator yields padding batches of the usual size (dropped the same way) instead of stopping, so
+that an epoch whose last steps a world change invalidated is still finished.
 
 A training loop that skips a batch it was handed (an exception caught before backward, a
 ``continue``) holds one batch more in flight than the other ranks, and than it did at its previous
@@ -160,9 +160,7 @@ class ElasticSampler:
             # one batch of the usual size, dropped if trained, so that next(iter(loader)) sees what
             # torch's loader would.
             self._in_flight.append(None)
-            world, rank = max(native.world, 1), native.rank
-            share = native.global_batch // world + (1 if rank < native.global_batch % world else 0)
-            yield self.order()[:max(1, min(share, int(native.dataset_size)))]
+            yield self._usual_batch()
             return
         tag: tuple[int, int] | None = None
         base = ahead = world = rank = 0
@@ -187,8 +185,17 @@ class ElasticSampler:
             self._in_flight.append((world_epoch, self._generation, cursor))
             yield self._share(cursor, world, rank)
 
+    def _usual_batch(self) -> np.ndarray:
+        """A batch of this rank's usual size (the first samples of the order)."""
+        native = self._native
+        world, rank = max(native.world, 1), native.rank
+        share = native.global_batch // world + (1 if rank < native.global_batch % world else 0)
+        return self.order()[:max(1, min(share, int(native.dataset_size)))]
+
     def _padding(self) -> np.ndarray:
-        return self.order()[:1]
+        # Of the usual size, not one sample: a model with batch normalisation cannot train on a
+        # batch of one (a ported script with DataLoader workers failed at its first epoch's end).
+        return self._usual_batch()
 
     # -- the controller's side -----------------------------------------------------------------
     def _check_trainable(self) -> None:
