@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -331,3 +332,16 @@ def test_cli_refuses_phase_model_flags_with_a_pipeline_scenario(capsys):
 
     assert cli.main(["rl", "--pipeline-scenario", "longgen", "--steps", "2", "--quiet", "--drift", "8"]) == 2
     assert "--drift: not used by --pipeline-scenario" in capsys.readouterr().err
+
+
+def test_cli_names_values_of_the_wrong_type_instead_of_a_traceback(capsys):
+    """--seed -1, --cost NAME=abc and --policy cooldown_steps=1.5 reached the bindings unchecked
+    (TypeError: incompatible function arguments); each is now a named error, exit 2."""
+    from dra.sim import cli
+
+    for argv, said in ((["--seed", "-1"], "--seed: -1 is out of range"),
+                       (["--cost", "switch_optimizer_s=abc"], "switch_optimizer_s: 'abc' is not of type float"),
+                       (["--policy", "cooldown_steps=1.5"], "cooldown_steps: 1.5 is not of type int")):
+        with pytest.raises(SystemExit) if argv[0] == "--seed" else contextlib.nullcontext():
+            assert cli.main(["rl", "--scenario", "long_tail", "--steps", "2", "--quiet", *argv]) == 2
+        assert said in capsys.readouterr().err

@@ -92,7 +92,22 @@ def trace_lengths(trace: str | os.PathLike[str], column: str = "GeneratedTokens"
 
 
 def _configure(cls: Any, values: dict[str, Any] | None) -> Any:
-    return cls(**(values or {}))
+    """``cls(**values)``, with a value of the wrong type named (pybind's own message lists
+    signatures), e.g. ``--cost switch_optimizer_s=abc``."""
+    try:
+        return cls(**(values or {}))
+    except TypeError:
+        obj = cls()
+        for key, value in (values or {}).items():
+            if not hasattr(obj, key):
+                raise ValueError(f"{key}: not a field of {cls.__name__}; use one of "
+                                 f"{', '.join(k for k in dir(obj) if not k.startswith('_'))}") from None
+            try:
+                setattr(obj, key, value)
+            except TypeError:
+                want = type(getattr(obj, key)).__name__
+                raise ValueError(f"{key}: {value!r} is not of type {want}; give a value of that type") from None
+        raise
 
 
 def simulate(

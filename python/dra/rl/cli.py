@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dra.sim.cli import seed_arg
+
 
 def _assignments(items: list[str] | None, flag: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -48,7 +50,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--pipeline", choices=["one_step_off", "synchronous"], default="one_step_off")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=seed_arg, default=1)
     p.add_argument("--initial-rollout", type=int, default=0, help="rollout devices the dynamic run starts with (0: half)")
     p.add_argument("--lookahead-samples", type=int, default=0, metavar="N",
                    help="with --pipeline-scenario: also the references (the oracle paying switches, its search on N "
@@ -76,7 +78,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
                                    workload=_assignments(args.workload, "--workload"), costs=_assignments(args.cost, "--cost"),
                                    policy=_assignments(args.policy, "--policy"), initial_rollout=args.initial_rollout,
                                    progress=progress, lookahead_samples=args.lookahead_samples)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, TypeError, OverflowError) as exc:  # TypeError: a NAME=VALUE of the wrong type
         print(f"dra-sim rl: error: {exc}", file=sys.stderr)
         return 2
     text = rl.pipeline_markdown(doc)
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                     progress=progress,
                 )
             )
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, TypeError, OverflowError) as exc:  # TypeError: a NAME=VALUE of the wrong type
         print(f"dra-sim rl: error: {exc}", file=sys.stderr)
         return 2
     text = "\n".join(rl.markdown(d) for d in docs)

@@ -20,6 +20,28 @@ from pathlib import Path
 from dra._jsonio import write_json
 
 
+def seed_arg(text: str) -> int:
+    """A seed: an integer in [0, 2^64)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer; give a seed in [0, 2^64)") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; give a seed in [0, 2^64)")
+    return value
+
+
+def finite_arg(text: str) -> float:
+    """A finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"'{text}' is not finite; give a finite number")
+    return value
+
+
 def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     import dra.sim as sim
 
@@ -81,14 +103,14 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     rp.add_argument("--declared-none", type=float, default=0.0, metavar="SHARE", help="share of jobs that declare nothing (default 0)")
     rp.add_argument("--early-stop", type=float, default=0.0, metavar="SHARE",
                     help="share of jobs that stop early on a plateau (the truth; default 0)")
-    rp.add_argument("--declaration-seed", type=int, default=1, help="seed of the declarations and early stopping (default 1)")
+    rp.add_argument("--declaration-seed", type=seed_arg, default=1, help="seed of the declarations and early stopping (default 1)")
     common(rp, "pollux")
 
     st = sub.add_parser("study", help="the generated static-vs-dynamic study")
     st.add_argument("--runs", type=int, default=1500)
-    st.add_argument("--seed", type=int, default=1)
+    st.add_argument("--seed", type=seed_arg, default=1)
     st.add_argument(
-        "--quota-scale", type=float, default=1.0, help="dynamic jobs may hold up to this x their request (default 1: the same budget)"
+        "--quota-scale", type=finite_arg, default=1.0, help="dynamic jobs may hold up to this x their request (default 1: the same budget)"
     )
     st.add_argument("--no-noise", action="store_true", help="no throughput/efficiency noise")
     st.add_argument("--perturb", action="store_true", help="untuned requests: batch and devices x 2^{-1,0,1} (default: as made)")
