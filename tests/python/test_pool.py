@@ -870,3 +870,19 @@ def test_tcp_without_the_token_is_answered_401_and_a_large_body_is_not_read(tmp_
         assert ok.submit({"name": "a", "command": ["true"]})["job"] == "a"
     finally:
         server.close()
+
+
+def test_cli_names_a_spec_that_is_not_an_object_and_a_port_out_of_range(tmp_path: Path) -> None:
+    """A spec file holding a list, or no JSON at all, and --port 99999 were tracebacks
+    (TypeError, JSONDecodeError, OverflowError); each is a named error, exit 2, nothing made."""
+    listed = tmp_path / "list.json"
+    listed.write_text("[1]")
+    text = tmp_path / "notes.txt"
+    text.write_text("name = j\n")
+    cases = [(["submit", "--pool", f"unix:{tmp_path}/none.sock", "--spec", str(listed), "--", "true"], "holds a JSON list"),
+             (["submit", "--pool", f"unix:{tmp_path}/none.sock", "--spec", str(text), "--", "true"], "is not JSON"),
+             (["serve", "--port", "99999", "--state", str(tmp_path / "st")], "99999 is not a port")]
+    for argv, said in cases:
+        r = subprocess.run([sys.executable, "-m", "dra", "pool", *argv], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    assert not (tmp_path / "st").exists()
