@@ -123,6 +123,8 @@ def _jsonable(doc: dict[str, Any]) -> dict[str, Any]:
     for name, sample in out.items():
         if name.startswith("sim_run."):
             assert isinstance(sample.pop("wall_s"), float)
+            end = sample.pop("end_s")  # added after the golden was taken: when the simulation stopped
+            assert isinstance(end, float) and end >= sample["makespan_s"], (name, end)
     return out
 
 

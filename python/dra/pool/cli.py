@@ -27,6 +27,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dra._argtypes import port_arg
+
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -84,17 +86,6 @@ def _client(args: argparse.Namespace) -> Any:
     # A person at the command line would rather wait than be told a busy daemon is gone: on a
     # loaded host one answer (a scheduling pass, a state write) can take seconds.
     return PoolClient(args.pool, timeout_s=CLI_TIMEOUT_S, token=token)
-
-
-def _port(text: str) -> int:
-    """A TCP port: 0 (any free one) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a port number; give 0-65535") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port; give 0-65535 (0: any free one)")
-    return value
 
 
 def _submit(args: argparse.Namespace, command: list[str]) -> int:
@@ -176,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--inventory", default="auto", help="slots:N, slots:NxC, nvml, auto, ray[:ADDRESS] or a JSON file")
     s.add_argument("--state", default="dra-pool", help="state directory (SQLite, events.jsonl, logs, the socket)")
     s.add_argument("--socket", default=None, help="the API's Unix socket (default <state>/pool.sock)")
-    s.add_argument("--port", type=_port, default=None, help="also serve TCP on this port (needs the token)")
+    s.add_argument("--port", type=port_arg, default=None, help="also serve TCP on this port (needs the token)")
     s.add_argument("--host", default="127.0.0.1", help="TCP address (loopback unless --allow-remote)")
     s.add_argument("--token-file", default=None, help="TCP token file, mode 0600 (default <state>/token, made if absent)")
     s.add_argument("--allow-remote", action="store_true", help="let --host be reachable from other machines")

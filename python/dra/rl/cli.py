@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dra.sim.cli import seed_arg
+from dra._argtypes import seed_arg
 
 
 def _assignments(items: list[str] | None, flag: str) -> dict[str, Any]:

@@ -17,29 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from dra._argtypes import finite_arg, seed_arg
 from dra._jsonio import write_json
-
-
-def seed_arg(text: str) -> int:
-    """A seed: an integer in [0, 2^64)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer; give a seed in [0, 2^64)") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"{value} is out of range; give a seed in [0, 2^64)")
-    return value
-
-
-def finite_arg(text: str) -> float:
-    """A finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"'{text}' is not finite; give a finite number")
-    return value
 
 
 def _parser(with_rl: bool = True) -> argparse.ArgumentParser:

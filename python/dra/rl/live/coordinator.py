@@ -9,6 +9,7 @@ and moves whole slots by resizing the trainers' ``dra.elastic`` world in place t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -33,6 +34,8 @@ from dra.pool import _cgroup as cg
 from dra.rl.live.config import LiveConfig, task_lengths
 from dra.rl.live.pretrain import pretrain
 from dra.rl.live.task import PROMPT_TOKENS, PromptStream
+
+_INSTANCES = itertools.count()
 
 
 class WorkerError(RuntimeError):
@@ -73,7 +76,7 @@ class LiveRL:
         self.slot_manager: cg.Slots | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.conns: dict[int, Any] = {}
-        self.job = f"rl-{os.getpid()}"
+        self.job = f"rl-{os.getpid()}-{next(_INSTANCES)}"  # its cgroups' name: one per coordinator (a name is locked)
         self._runs = 0
         self._digests = False
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=config.timeout_s))
