@@ -16,8 +16,6 @@ not only a cap (the quota still caps it).
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import re
 import signal
@@ -25,6 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from dra.pool._state import exclusive_lock
 
 ROOT = Path(os.environ.get("DRA_CGROUP_ROOT", "/sys/fs/cgroup"))
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
@@ -244,20 +244,9 @@ def _name_lock(pool: str) -> int:
     the Slots' life: two daemons with one name would share dra/<name> and the one that stops would
     remove the other's cgroups under its running jobs."""
     folder = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
-    path = folder / f"dra-pool-{pool}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            raise ValueError(f"name: a pool named {pool!r} is running (daemon pid {holder}) and owns the cgroups "
-                             f"dra/{pool}; give this pool another --name") from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return exclusive_lock(folder / f"dra-pool-{pool}.lock",
+                          lambda pid: f"name: a pool named {pool!r} is running (daemon pid {pid}) and owns the "
+                                      f"cgroups dra/{pool}; give this pool another --name")
 
 
 def join(paths: list[str], pid: int | None = None) -> None:

@@ -19,25 +19,33 @@ from pathlib import Path
 from typing import Any
 
 
+def exclusive_lock(path: str | Path, busy: Any) -> int:
+    """An exclusive ``flock`` on ``path`` (made 0600, never through a link), held by the returned
+    descriptor and released by the kernel however its holder ends; the holder's pid is written in
+    it. When another process holds it, ValueError(busy(that pid))."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            raise ValueError(busy(holder)) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class StateLock:
     """An exclusive lock on a state directory (``flock`` on ``<dir>/lock``, released by the kernel
     when its holder exits however it exits): two daemons on one state would double-book devices."""
 
     def __init__(self, state_dir: str | Path) -> None:
         self.path = Path(state_dir) / "lock"
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise ValueError(f"state: another pool daemon (pid {holder}) serves {Path(state_dir).resolve()}; "
-                                 "stop it first, or give this one another --state directory") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd: int | None = fd
+        self.fd: int | None = exclusive_lock(
+            self.path, lambda pid: f"state: another pool daemon (pid {pid}) serves {Path(state_dir).resolve()}; "
+                                   "stop it first, or give this one another --state directory")
 
     def release(self) -> None:
         if self.fd is not None:
