@@ -361,13 +361,15 @@ void dra::python::bind_controller(py::module_& m) {
            "After backward: averages the gradients over the step's global batch (False: the step failed).")
       .def(
           "_begin_reduction",
-          [](controller& c, const std::vector<at::Tensor>& params, int in_flight, int skipped) {
-            return c.begin_reduction(params, batch_check{in_flight, skipped});
+          [](controller& c, const std::vector<at::Tensor>& params, int in_flight, int skipped, int micro) {
+            if (micro < 1) dra::detail::throw_invalid("micro", "must be >= 1, got " + std::to_string(micro));
+            return c.begin_reduction(params, batch_check{in_flight, skipped, micro});
           },
-          py::arg("params"), py::arg("in_flight") = -1, py::arg("skipped") = 0, nogil(),
+          py::arg("params"), py::arg("in_flight") = -1, py::arg("skipped") = 0, py::arg("micro") = 1, nogil(),
           "Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); "
           "in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the "
-          "previous reduced batch (the job's exactly-once check).")
+          "previous reduced batch (the job's exactly-once check); micro: the loader batches this gradient carries "
+          "(accumulated under no_sync), whose commit consumes as many steps of the sampler.")
       .def("_catch_up_missed_step", &controller::catch_up_missed_step,
            "The previous backward never reached dra.step: commit its step as the world did (and resync).")
       .def("_abandon", &controller::abandon, py::arg("why"), nogil(),
@@ -393,6 +395,9 @@ void dra::python::bind_controller(py::module_& m) {
           "handoff", [](const controller& c) { return dict_of(c.last_handoff()); },
           "This process's latest state handoff: bytes moved at the change, bytes skipped (the joiner held "
           "them), bytes deferred, the deferred transfer's seconds and how long the optimizer step waited for it.")
+      .def("_set_buffers", &controller::set_buffers, py::arg("buffers"),
+           "The module's buffers, averaged over the world at every committed step before any decision (integers "
+           "rounded); a failed all-reduce leaves them and fails the next step. Empty: not averaged.")
       .def("_finish_reduction", &controller::finish_reduction, nogil(),
            "End of backward: the remaining buckets, the gradients written back (False: the step failed).")
       .def(

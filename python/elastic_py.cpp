@@ -122,7 +122,8 @@ static void bind_sampler_and_state(py::module_& e) {
       .def("indices", [](elastic_sampler& s) { return to_array(s.indices()); })
       .def("step_indices", [](elastic_sampler& s) { return to_array(s.step_indices()); })
       .def("set_world", &elastic_sampler::set_world, py::arg("world"), py::arg("rank"))
-      .def("commit", &elastic_sampler::commit)
+      .def("commit", &elastic_sampler::commit, py::arg("steps") = 1,
+           "The current step's samples are consumed (steps: that many consecutive steps, accumulated batches).")
       .def("next_epoch", &elastic_sampler::next_epoch)
       .def("position",
            [](const elastic_sampler& s) {

@@ -8,6 +8,7 @@ job, the loss's validation, and the warnings.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import sys
@@ -49,6 +50,7 @@ class Controller(_core.Controller):
         scheduler: Any = None,
         store_address: tuple[str, int] | None = None,
         join: bool | None = None,
+        broadcast_buffers: bool = True,
         **options: Any,
     ) -> None:
         if config is not None:
@@ -70,6 +72,9 @@ class Controller(_core.Controller):
 
         options = {**_environment_options(), **options}
 
+        _check_training_objects(model, optimizer, scheduler)
+        if not isinstance(broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers: expected True or False, got {broadcast_buffers!r}")
         if not isinstance(sampler, ElasticSampler):
             raise ValueError(
                 f"sampler: expected a dra.elastic.DistributedSampler or ElasticSampler, got {type(sampler).__name__}"
@@ -80,6 +85,15 @@ class Controller(_core.Controller):
             _make_events_dir(opts.events_path)
         self._skipping = False
         self._awaiting_step = False  # a backward ran and its dra.step has not come yet
+        self._micro_fresh = 0  # batches accumulated under no_sync() since the previous reduction
+        self._micro_step_due = False  # the latest backward was a no_sync() micro-batch
+        self._window_open = False  # no_sync() backwards ran since the previous reducing one
+        # Optimizer steps taken (a hook on the user's optimizer, any way it is stepped), and as many
+        # as the previous reducing backward saw: accumulation without no_sync() is told apart.
+        self._optimizer_steps = self._optimizer_steps_seen = 0
+        self._warned_accumulation = False
+        if hasattr(optimizer, "register_step_post_hook"):
+            optimizer.register_step_post_hook(functools.partial(_count_optimizer_step, weakref.ref(self)))
         # The C++ side holds the provider; the Python object behind its overrides must live as long.
         self._state = _state.TorchState(model, optimizer, scheduler)
         super().__init__(
@@ -92,6 +106,10 @@ class Controller(_core.Controller):
         )
         sampler._follow(self)
         self.sampler = sampler
+        if broadcast_buffers:
+            # BatchNorm's running statistics (and any buffer): the world's mean at every step, so
+            # that every rank holds the same state, as DDP's broadcast_buffers keeps it.
+            self._set_buffers([b for b in model.buffers() if b is not None])
         # The end of a script that never calls finish() (a ported DDP loop): members meet once more
         # and the leader tells standbys to go, when the interpreter exits. An uncaught exception
         # leaves the job at once instead (the peers do not wait for this process).
@@ -117,6 +135,11 @@ class Controller(_core.Controller):
         return self._step_checked(_loss_value(loss), signals, stacklevel=3)
 
     def _step_checked(self, value: Any, signals: dict[str, Any], stacklevel: int) -> StepStatus:
+        if self.sampler is not None and self._micro_step_due:
+            # A micro-batch of a gradient-accumulation window: consumed at its backward, committed
+            # with the window's last batch.
+            self._micro_step_due = False
+            return self._skip_step()
         if self.sampler is not None and self._skipping:
             # A stale prefetched batch was trained on locally: neither reduced nor committed.
             self._awaiting_step = self._skipping = False
@@ -151,7 +174,7 @@ class Controller(_core.Controller):
         status with ``committed`` False for them)."""
         if self.sampler is None:
             return False
-        return self._skipping or not self.is_member or not self.sampler._current_is_fresh()
+        return self._skipping or not self.is_member or not self.sampler._current_is_fresh(self._micro_fresh)
 
     def _skip_update(self) -> bool:
         """Whether the current step's update must not be applied (failed or stale)."""
@@ -160,13 +183,37 @@ class Controller(_core.Controller):
     def epochs(self, num_epochs: int, start: int = 0) -> Iterator[int]:
         """Data epochs ``start, start+1, ... num_epochs-1``, from wherever the world stands (a
         joiner starts mid-run); the end of the last one ends training for this process
-        (``finish()``). ``start`` restarts a whole job from an epoch-granular checkpoint."""
+        (``finish()``). ``start`` restarts a whole job from an epoch-granular checkpoint.
+
+        Each epoch is yielded once. A body that leaves the loader before the epoch's end (a
+        ``break``) ends that data epoch: its remaining samples are not trained, as with torch's
+        sampler, whose next ``set_epoch`` starts a new order (break on what every rank sees alike:
+        the step index, the status's world loss). A body that trains nothing raises."""
         if self.sampler is None:
             raise ValueError("epochs: a controller without a sampler has no data epochs (use dra.elastic.init)")
-        self.sampler._start_at(int(start))
+        for name, value in (("num_epochs", num_epochs), ("start", start)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"epochs: {name} must be an integer >= 0, got {value!r}")
+        self.sampler._start_at(start)
         self._epochs_driven = True  # a stop ends this loop (the code after it runs), not the process
-        while self.next_epoch(int(num_epochs)):
-            yield self.sampler.epoch
+        sampler = self.sampler
+        while self.next_epoch(num_epochs):
+            epoch, steps = sampler.epoch, self.step_index
+            yield epoch
+            if not self.is_member or self.stopped or sampler.epoch != epoch or sampler.exhausted:
+                continue
+            if self.step_index == steps:
+                raise RuntimeError(
+                    f"epochs: the body of data epoch {epoch} trained no step ({len(sampler)} left); iterate the "
+                    "loader inside it and call dra.step after each optimizer step, e.g. `for epoch in "
+                    "ctl.epochs(n): for x, y in loader: ...`")
+            # The body left the loader early: the rest of this data epoch is not trained.
+            position = sampler.state_dict()
+            left = int(sampler.epoch_size) - position["cursor"]
+            if self.rank == 0:
+                print(f"[dra] data epoch {epoch} left after step {self.step_index}: its last {left} sample(s) are not "
+                      "trained (the loop left the loader early)", file=sys.stderr, flush=True)
+            sampler._native.set_position(epoch, int(sampler.epoch_size), position["global_batch"], position["seed"])
         _release_torchrun_exit_barrier(self)
 
     def state_dict(self) -> dict[str, Any]:
@@ -185,6 +232,43 @@ class Controller(_core.Controller):
 
     def __repr__(self) -> str:
         return f"<dra.Controller {self.role} uid={self.uid} rank={self.rank} world={self.world_size} step={self.step_index}>"
+
+
+def _check_training_objects(model: Any, optimizer: Any, scheduler: Any) -> None:
+    """What an elastic job trains with, checked before anything joins a world: a module, an
+    optimizer of its parameters, and (optional) a scheduler of that optimizer."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}; "
+                         "dra.elastic.init(model, optimizer, sampler) takes the module first")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__} {optimizer!r:.60}; "
+            "dra.elastic.init(model, optimizer, sampler) and dra.elastic.DistributedDataParallel(module, optimizer, "
+            "sampler, device_ids=...) take the optimizer second (where torch's DDP takes device_ids)")
+    owned = {id(p) for p in model.parameters()}
+    stepped = [p for group in optimizer.param_groups for p in group["params"]]
+    if stepped and not any(id(p) in owned for p in stepped):
+        raise ValueError("optimizer: none of its parameters belongs to the model; build it from model.parameters() "
+                         "of the module given to dra.elastic.init (before wrapping)")
+    if scheduler is None:
+        return
+    missing = [n for n in ("step", "state_dict", "load_state_dict") if not callable(getattr(scheduler, n, None))]
+    if missing or isinstance(scheduler, (torch.optim.Optimizer, torch.nn.Module)):
+        raise ValueError(f"scheduler: expected an LR scheduler (torch.optim.lr_scheduler.*), got "
+                         f"{type(scheduler).__name__}" + (f" without {', '.join(missing)}" if missing else "") +
+                         "; pass scheduler=None when there is none")
+    owner = getattr(scheduler, "optimizer", None)
+    if owner is not None and owner is not optimizer:
+        raise ValueError("scheduler: it schedules another optimizer than the one given; build it from the same "
+                         "optimizer object")
+
+
+def _count_optimizer_step(ref: weakref.ref[Controller], *_: Any) -> None:
+    ctl = ref()
+    if ctl is not None:
+        ctl._optimizer_steps += 1
 
 
 def _environment_options() -> dict[str, Any]:

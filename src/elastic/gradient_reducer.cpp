@@ -16,17 +16,25 @@ namespace dra::elastic::detail {
 reduction_tail read_tail(const at::Tensor& tail) {
   const at::Tensor t = tail.to(at::kCPU, at::kDouble);  // a CUDA tail would synchronise: the controller defers those
   const double* p = t.data_ptr<double>();
-  return {p[0], p[1], p[2] > 0.5, p[3], p[4], p[5] > 0.5, p[6], p[7], p[8], p[9], p[10]};
+  return {p[0], p[1], p[2] > 0.5, p[3], p[4], p[5] > 0.5, p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
 }
 
 namespace {
-// The exactly-once slots [skipped, skip mask, depth ranks, depth sum, depth square sum].
-std::array<float, 5> batch_slots(const tail_input& in) {
+// The exactly-once slots [skipped, skip mask, depth ranks, depth sum, depth square sum, micro sum,
+// micro square sum].
+std::array<float, 7> batch_slots(const tail_input& in) {
   const bool skipped = in.skipped > 0;
   const float mask = skipped && in.rank >= 0 && in.rank < 24 ? static_cast<float>(1 << in.rank) : 0.0f;
   const bool known = in.in_flight >= 0;
   const auto depth = static_cast<float>(known ? in.in_flight : 0);
-  return {static_cast<float>(std::max(in.skipped, 0)), mask, known ? 1.0f : 0.0f, depth, depth * depth};
+  const auto micro = static_cast<float>(std::max(in.micro, 1));
+  return {static_cast<float>(std::max(in.skipped, 0)),
+          mask,
+          known ? 1.0f : 0.0f,
+          depth,
+          depth * depth,
+          micro,
+          micro * micro};
 }
 }  // namespace
 

@@ -56,7 +56,8 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params, const ba
   pending_loss_->rank = comm_->rank();
   pending_loss_->skipped = check.skipped;
   pending_loss_->in_flight = check.in_flight;
-  reducer_->begin(*comm_, params, sampler_->share_weight(), *pending_loss_);
+  pending_loss_->micro = check.micro;
+  reducer_->begin(*comm_, params, sampler_->share_weight(check.micro), *pending_loss_);
   return true;
 }
 
@@ -76,7 +77,8 @@ bool controller::catch_up_missed_step() noexcept {
     return false;
   }
   const std::int64_t missed = step_index_;
-  sampler_->commit();
+  sampler_->commit(batch_.micro);
+  batch_ = {};
   ++step_index_;
   if (comm_->size() == 1) {
     std::fprintf(stderr,
@@ -121,14 +123,21 @@ bool controller::check_batches(const at::Tensor& tail) {
   const double n = t.depth_ranks;
   const double mean = n > 0 ? t.depth_sum / n : 0.0;
   const bool unequal = n > 1 && t.depth_sq_sum / n - mean * mean > 0.25 / n;
-  if (t.skipped < 0.5 && !unequal) return true;
+  const double ranks = comm_->size();
+  const double micro = t.micro_sum / ranks;
+  const bool uneven = ranks > 1 && t.micro_sq_sum / ranks - micro * micro > 0.25 / ranks;
+  if (t.skipped < 0.5 && !unequal && !uneven) return true;
   std::string who;
   const auto mask = static_cast<std::uint32_t>(std::llround(t.skip_mask));
   for (int r = 0; r < 24; ++r)
     if ((mask >> r) & 1U) who += (who.empty() ? "" : ", ") + std::to_string(r);
   step_refusal r;
   r.step = step_index_;
-  if (!who.empty()) {
+  if (uneven && t.skipped < 0.5 && !unequal) {
+    r.reason = "the ranks accumulated different numbers of batches (this rank " + std::to_string(batch_.micro) +
+               ", the world's mean " + std::to_string(micro) +
+               "): a batch prefetched for an earlier world was dropped on some ranks only";
+  } else if (!who.empty()) {
     r.reason = "rank(s) " + who + " did not train their batch (a caught exception or a `continue`)";
   } else if (t.skipped >= 0.5) {
     r.reason = std::to_string(std::llround(t.skipped)) + " batch(es) skipped by ranks >= 24";
@@ -147,6 +156,39 @@ bool controller::reduce_gradients(const std::vector<at::Tensor>& params) {
   if (begin_reduction(params))
     for (std::size_t i = 0; i < params.size(); ++i) gradient_ready(i);
   return finish_reduction();
+}
+
+void controller::average_buffers() {
+  if (buffers_.empty() || role_ != role::member || !comm_ || comm_->size() < 2 || !failure_.empty()) return;
+  const auto device = comm_->device();
+  std::vector<at::Tensor> floats, counts;
+  for (const auto& b : buffers_) (at::isFloatingType(b.scalar_type()) ? floats : counts).push_back(b);
+  const double n = comm_->size();
+  auto average = [&](std::vector<at::Tensor>& group, at::ScalarType type) {
+    if (group.empty()) return;
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& b : group) flat_parts.push_back(b.detach().reshape({-1}).to(device, type));
+    at::Tensor flat = at::cat(flat_parts);  // a copy: a failed all-reduce leaves the buffers as they were
+    try {
+      comm_->all_reduce_sum(flat);
+    } catch (const dra::error& e) {
+      failure_ = std::string("buffer averaging failed: ") + e.what();
+      comm_->revoke();
+      return;
+    }
+    flat.div_(n);
+    std::int64_t at = 0;
+    for (auto& b : group) {
+      at::Tensor part = flat.narrow(0, at, b.numel()).view(b.sizes());
+      at += b.numel();
+      if (!at::isFloatingType(b.scalar_type())) part = part.round();
+      b.detach().copy_(part);
+    }
+  };
+  const bool wide =
+      std::any_of(floats.begin(), floats.end(), [](const at::Tensor& b) { return b.scalar_type() == at::kDouble; });
+  average(floats, wide ? at::kDouble : at::kFloat);
+  average(counts, at::kDouble);
 }
 
 void controller::set_bucket_hook(std::shared_ptr<bucket_hook> hook) {
@@ -250,6 +292,7 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
       } else {
         refusals_in_a_row_ = 0;
         commit(device_loss, loss, extra);
+        average_buffers();  // every member commits this step: before a decision changes the world
       }
       // The rows read: up to this step's reduction (a refused step's reduction still carries the
       // previous step's loss and the leader's flag).
@@ -346,6 +389,14 @@ void controller::read_reductions(std::int64_t committed) {
     if (r.values[2] > 0.5) decision_flag_ = true;
     if (r.values[5] > 0.5) stop_seen_ = true;
     note_world_energy(r.values[3], r.values[4] > 0.5);
+    const double ranks = comm_->size(), micro = r.values[11] / ranks;
+    if (deferred && ranks > 1 && r.values[12] / ranks - micro * micro > 0.25 / ranks && comm_->rank() == 0) {
+      std::fprintf(stderr,
+                   "[dra] step %lld: the ranks accumulated different numbers of batches (mean %.2f); on an "
+                   "asynchronous backend this is reported, not redone: their data positions now differ\n",
+                   static_cast<long long>(r.step), micro);
+      log_->refused(r.step, epoch_, "uneven gradient accumulation not redone (asynchronous backend)");
+    }
     if (deferred && r.values[6] > 0.5 && comm_->rank() == 0) {
       // Read steps only: the step was applied already. Loud, never silent.
       std::fprintf(stderr,
@@ -375,6 +426,7 @@ const step_status& controller::skip_step() noexcept {
 void controller::refuse_step() {
   refusal_ = std::move(refused_);
   refused_.reset();
+  batch_ = {};
   pending_loss_->count = 0.0;
   pending_loss_->energy_j = 0.0;
   status_.committed = false;
@@ -414,8 +466,9 @@ void controller::commit(const at::Tensor* device_loss, double loss, const step_s
     pending_loss_->energy_j = e.joules;
     pending_loss_->energy_measured = e.source == dra::energy::energy_source::measured;
   }
-  const auto samples = sampler_->step_range().size();
-  sampler_->commit();
+  const auto samples = sampler_->samples(batch_.micro);
+  sampler_->commit(batch_.micro);
+  batch_ = {};
   const std::int64_t committed = step_index_++;
   apply_signals(extra);
   samples_ += samples;

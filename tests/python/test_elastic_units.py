@@ -121,6 +121,67 @@ def test_single_process_elastic_controller_trains_and_keeps_steps(monkeypatch):
         dra.reset()
 
 
+def _alone(monkeypatch, dataset: int = 40, batch: int = 8):
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    sampler = de.ElasticSampler(dataset, batch, seed=0)
+    return net, opt, sampler
+
+
+def test_an_epoch_left_early_is_yielded_once_and_an_empty_body_raises(monkeypatch, capfd):
+    net, opt, sampler = _alone(monkeypatch)
+    ctl = de.init(net, opt, sampler)
+    try:
+        x, y = torch.randn(40, 3), torch.randn(40, 1)
+        yielded, seen = [], []
+        for epoch in ctl.epochs(3):
+            yielded.append(epoch)
+            for i, idx in enumerate(sampler):
+                seen.append((epoch, len(idx)))
+                loss = torch.nn.functional.mse_loss(ctl.model(x[torch.as_tensor(idx)]), y[torch.as_tensor(idx)])
+                ctl.optimizer.zero_grad()
+                loss.backward()
+                ctl.optimizer.step()
+                dra.step(loss)
+                if i == 1:
+                    break  # two steps of five per epoch, as a `limit_train_batches` loop does
+        assert yielded == [0, 1, 2] and len(seen) == 6 and ctl.step_index == 6
+        assert "its last 24 sample(s) are not trained" in capfd.readouterr().err
+    finally:
+        dra.reset()
+
+    net, opt, sampler = _alone(monkeypatch)
+    ctl = de.init(net, opt, sampler)
+    try:
+        with pytest.raises(RuntimeError, match="the body of data epoch 0 trained no step"):
+            for _ in ctl.epochs(3):
+                pass
+    finally:
+        dra.reset()
+
+
+def test_init_names_what_it_was_given_in_place_of_the_optimizer_or_scheduler(monkeypatch):
+    net, opt, sampler = _alone(monkeypatch)
+    other = torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1)
+    cases = [
+        ((net, net, sampler), {}, "optimizer: expected a torch.optim.Optimizer, got Linear"),
+        ((opt, opt, sampler), {}, "model: expected a torch.nn.Module, got SGD"),
+        ((net, other, sampler), {}, "none of its parameters belongs to the model"),
+        ((net, opt, sampler), {"scheduler": opt}, "scheduler: expected an LR scheduler"),
+        ((net, opt, sampler), {"scheduler": torch.optim.lr_scheduler.StepLR(other, 1)}, "schedules another optimizer"),
+        ((net, opt, sampler), {"broadcast_buffers": "yes"}, "broadcast_buffers: expected True or False"),
+    ]
+    for args, kw, message in cases:
+        with pytest.raises(ValueError, match=message):
+            de.init(*args, **kw)
+    ctl = de.init(net, opt, sampler, scheduler=torch.optim.lr_scheduler.StepLR(opt, 1))  # the right objects work
+    dra.reset()
+    assert ctl.uid == 0
+
+
 def test_bad_options_raise_value_error(monkeypatch):
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

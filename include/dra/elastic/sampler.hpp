@@ -70,10 +70,21 @@ class elastic_sampler {
   index_range step_range() const { return step_batch(cursor_, global_batch_, epoch_size()); }
   /// This rank's share of the current step.
   index_range share_range() const { return rank_share(step_range(), world_, rank_); }
-  /// Fraction of the step's samples that are this rank's (its gradient's weight in the mean).
-  double share_weight() const {
-    const auto step = step_range();
-    return step.size() > 0 ? static_cast<double>(share_range().size()) / static_cast<double>(step.size()) : 0.0;
+  /// Fraction of the samples of the `steps` steps from the cursor that are this rank's (its
+  /// gradient's weight in the mean; several steps: one reduction for accumulated batches).
+  double share_weight(int steps = 1) const {
+    std::int64_t mine = 0, all = 0;
+    for_steps(steps, [&](index_range step) {
+      mine += rank_share(step, world_, rank_).size();
+      all += step.size();
+    });
+    return all > 0 ? static_cast<double>(mine) / static_cast<double>(all) : 0.0;
+  }
+  /// Samples of the `steps` steps from the cursor (the epoch's end cuts them).
+  std::int64_t samples(int steps = 1) const {
+    std::int64_t all = 0;
+    for_steps(steps, [&](index_range step) { all += step.size(); });
+    return all;
   }
 
   /// The epoch's global order (cached per epoch).
@@ -117,8 +128,10 @@ class elastic_sampler {
     world_ = world;
     rank_ = rank;
   }
-  /// The current step's samples are consumed.
-  void commit() { cursor_ = step_range().end; }
+  /// The current step's samples are consumed (`steps` consecutive steps: accumulated batches).
+  void commit(int steps = 1) {
+    for (int i = 0; i < steps && !exhausted(); ++i) cursor_ = step_range().end;
+  }
   void next_epoch() noexcept {
     ++epoch_;
     cursor_ = 0;
@@ -152,6 +165,17 @@ class elastic_sampler {
   }
 
  private:
+  /// Calls `f` with each of the (at most) `steps` step ranges from the cursor, within the epoch.
+  template <class F>
+  void for_steps(int steps, F&& f) const {
+    std::int64_t cursor = cursor_;
+    for (int i = 0; i < std::max(steps, 1) && cursor < epoch_size(); ++i) {
+      const auto step = step_batch(cursor, global_batch_, epoch_size());
+      f(step);
+      cursor = step.end;
+    }
+  }
+
   std::int64_t dataset_size_;
   std::int64_t global_batch_;
   std::uint64_t seed_;

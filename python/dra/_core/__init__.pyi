@@ -1135,9 +1135,9 @@ class Controller:
         """
         This process leaves the job mid-training (an uncaught exception): peers fail at once and do not wait.
         """
-    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor], in_flight: typing.SupportsInt | typing.SupportsIndex = -1, skipped: typing.SupportsInt | typing.SupportsIndex = 0) -> bool:
+    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor], in_flight: typing.SupportsInt | typing.SupportsIndex = -1, skipped: typing.SupportsInt | typing.SupportsIndex = 0, micro: typing.SupportsInt | typing.SupportsIndex = 1) -> bool:
         """
-        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the previous reduced batch (the job's exactly-once check).
+        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the previous reduced batch (the job's exactly-once check); micro: the loader batches this gradient carries (accumulated under no_sync), whose commit consumes as many steps of the sampler.
         """
     def _catch_up_missed_step(self) -> bool:
         """
@@ -1154,6 +1154,10 @@ class Controller:
     def _gradient_ready(self, index: typing.SupportsInt | typing.SupportsIndex) -> None:
         """
         params[index]'s gradient is accumulated: its bucket is all-reduced once complete.
+        """
+    def _set_buffers(self, buffers: collections.abc.Sequence[torch.Tensor]) -> None:
+        """
+        The module's buffers, averaged over the world at every committed step before any decision (integers rounded); a failed all-reduce leaves them and fails the next step. Empty: not averaged.
         """
     def _skip_step(self) -> StepStatus:
         """

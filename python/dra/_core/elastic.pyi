@@ -13,8 +13,10 @@ class Sampler:
     """
     def __init__(self, dataset_size: typing.SupportsInt | typing.SupportsIndex, global_batch: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex = 0, drop_last: bool = False, shuffle: bool = True) -> None:
         ...
-    def commit(self) -> None:
-        ...
+    def commit(self, steps: typing.SupportsInt | typing.SupportsIndex = 1) -> None:
+        """
+        The current step's samples are consumed (steps: that many consecutive steps, accumulated batches).
+        """
     def indices(self) -> numpy.typing.NDArray[numpy.int64]:
         ...
     def indices_at(self, cursor: typing.SupportsInt | typing.SupportsIndex, world: typing.SupportsInt | typing.SupportsIndex, rank: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.int64]:

@@ -59,18 +59,15 @@ def DistributedDataParallel(  # noqa: N802
     ``device_ids``/``output_device`` (the model is already on its device, as DDP wants it),
     ``find_unused_parameters``, ``gradient_as_bucket_view``, ``static_graph`` and
     ``bucket_cap_mb`` change nothing (unused parameters count as zero; buckets are dra's own);
-    ``broadcast_buffers``: buffers are not re-broadcast each forward, they travel with the state at
-    every world change (the first world starts from rank 0's, as DDP's broadcast does).
+    ``broadcast_buffers`` (True, as DDP's): the module's buffers (BatchNorm's running statistics)
+    become the world's mean at every committed step, so every rank holds the same state; False:
+    each rank's follow its own batches (they still travel with the state at every world change).
     ``process_group`` must stay None (the elastic world is the group) and ``dim`` 0."""
-    if not hasattr(optimizer, "param_groups"):
-        raise ValueError(f"optimizer: expected a torch optimizer, got {type(optimizer).__name__} {optimizer!r:.60}; "
-                         "dra.elastic.DistributedDataParallel(module, optimizer, sampler, device_ids=...) takes the "
-                         "optimizer and the training sampler where torch's takes device_ids")
     if process_group is not None:
         raise ValueError("process_group: leave it None; the elastic world is the group (it changes with resizes)")
     if dim != 0:
         raise ValueError(f"dim: only 0 (the batch dimension) is supported, got {dim}")
     if device_ids is not None and (not isinstance(device_ids, (list, tuple)) or len(device_ids) > 1):
         raise ValueError(f"device_ids: one device at most (one per process, as DDP wants), got {device_ids!r}")
-    del output_device, broadcast_buffers, bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view, static_graph
-    return init(module, optimizer, sampler, **options).model
+    del output_device, bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view, static_graph
+    return init(module, optimizer, sampler, broadcast_buffers=broadcast_buffers, **options).model

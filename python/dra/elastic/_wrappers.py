@@ -8,8 +8,11 @@ Nothing of the user's objects is patched: the wrappers hold them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -26,7 +29,12 @@ class ElasticDataParallel(torch.nn.Module):
     once complete (on CUDA on a stream of its own) while backward goes on; the end of backward
     waits for the rest. A batch that a data loader prefetched for a world that has changed since
     is trained on locally and then dropped (no reduction). As with DDP, ``.module`` is the model;
-    ``.controller`` is the process's dra.Controller."""
+    ``.controller`` is the process's dra.Controller.
+
+    Gradient accumulation is DDP's recipe: every backward of a window but the last inside
+    ``with model.no_sync():``; the last one reduces the window's summed gradients, and its
+    ``dra.step`` commits the window's batches as one step (a micro-batch's ``dra.step`` commits
+    nothing). A failure redoes the whole window."""
 
     def __init__(self, module: torch.nn.Module, controller: Any) -> None:
         super().__init__()
@@ -34,6 +42,10 @@ class ElasticDataParallel(torch.nn.Module):
         self.controller = controller
         self._queued = False
         self._active = False
+        self._no_sync = False  # inside no_sync(): this backward accumulates locally
+        self._micro = False  # the running backward is a micro-batch (no_sync)
+        self._zeroing = False  # the running backward's batch is dropped inside a window: its gradient counts as 0
+        self._pre_hooks = False
         #: Seconds the latest backward spent inside the gradient reductions (blocking all-reduces on
         #: CPU; on CUDA only their launch): the exposed communication of a step.
         self.reduce_s = 0.0
@@ -44,37 +56,113 @@ class ElasticDataParallel(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
-    def _on_grad(self, index: int, _param: torch.Tensor) -> None:
-        ctl = self.controller
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """DDP's ``no_sync``: a backward inside accumulates its gradient locally, unreduced; the
+        next backward outside reduces everything accumulated since the previous reduction, and
+        its step consumes all those batches at once (every rank must accumulate as many; a batch
+        dropped for a changed world adds nothing)."""
+        if not self._pre_hooks:
+            # Before a gradient is accumulated: a dropped batch inside a window must add nothing.
+            for p in self._params:
+                p.register_hook(self._pre_grad)
+            self._pre_hooks = True
+        previous, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = previous
+
+    def _pre_grad(self, grad: torch.Tensor) -> torch.Tensor | None:
         if not self._queued:
-            # The first gradient of this backward: the reduction starts (unless the batch is stale).
-            self._queued = True
-            self.reduce_s = 0.0
-            torch.autograd.Variable._execution_engine.queue_callback(self._sync)
-            if ctl._awaiting_step:
-                # The previous backward never reached dra.step (an exception caught after it): that
-                # batch is done with, and the world committed its step without this process.
-                ctl._awaiting_step = False
-                ctl._skipping = False
-                ctl._catch_up_missed_step()
-                if ctl.sampler is not None:
-                    if ctl._refusal is not None:  # that step was refused by the world: it is redone
-                        ctl.sampler._refused(ctl._refusal["excess"])
-                    ctl.sampler._consumed()
-            if ctl.sampler is not None and not ctl.sampler._current_is_fresh():
-                ctl._skipping = True
-                self._active = False
-            else:
-                in_flight, skipped = ctl.sampler._batch_check() if ctl.sampler is not None else (-1, 0)
-                self._active = ctl._begin_reduction(self._params, in_flight, skipped)
+            self._start_backward(-1)
+        return torch.zeros_like(grad) if self._zeroing else None
+
+    def _on_grad(self, index: int, _param: torch.Tensor) -> None:
+        if not self._queued:
+            self._start_backward(index)
         if self._active:
             t0 = time.perf_counter()
-            ctl._gradient_ready(index)
+            self.controller._gradient_ready(index)
             self.reduce_s += time.perf_counter() - t0
+
+    def _carries_gradient(self, firing: int) -> bool:
+        """Whether a gradient from before this backward is still held (not stepped, not zeroed):
+        one parameter other than the one whose hook fires is probed."""
+        for i, p in enumerate(self._params):
+            if i != firing and p.grad is not None:
+                return bool(p.grad.count_nonzero() > 0)
+        return False
+
+    def _check_accumulation(self, firing: int) -> None:
+        """A reducing backward while the gradient of the previous reduced one is still held and
+        no optimizer step came between: gradient accumulation without ``no_sync()``."""
+        ctl = self.controller
+        stepped = ctl._optimizer_steps != ctl._optimizer_steps_seen
+        ctl._optimizer_steps_seen = ctl._optimizer_steps
+        if stepped or ctl._window_open or not self._carries_gradient(firing):
+            return
+        if ctl._awaiting_step:
+            raise RuntimeError(
+                "dra: gradient accumulation without no_sync(): this backward adds to the gradient of a previous "
+                "reduced backward that neither an optimizer step nor dra.step followed. Accumulate as with DDP: wrap "
+                "every backward of the window but the last in `with model.no_sync():`, then optimizer.step() and "
+                "dra.step(loss) once per window (docs/guide/elastic.md, \"Gradient accumulation\")")
+        if not ctl._warned_accumulation:
+            ctl._warned_accumulation = True
+            warnings.warn(
+                "dra: gradients accumulate over several dra.step calls without an optimizer step between: each batch "
+                "is committed as its own step, and a failure inside the window drops the gradients of its earlier "
+                "batches. Wrap every backward of the window but the last in `with model.no_sync():` and call "
+                "dra.step once per window", stacklevel=4)
+
+    def _start_backward(self, firing: int) -> None:
+        """The first gradient of this backward: the reduction starts (unless the batch is stale or
+        a micro-batch of a window)."""
+        ctl = self.controller
+        if not self._no_sync:
+            self._check_accumulation(firing)
+        self._queued = True
+        self.reduce_s = 0.0
+        torch.autograd.Variable._execution_engine.queue_callback(self._sync)
+        ctl._micro_step_due = False  # a micro-batch whose dra.step never came
+        if ctl._awaiting_step:
+            # The previous backward never reached dra.step (an exception caught after it): that
+            # batch is done with, and the world committed its step without this process.
+            ctl._awaiting_step = False
+            ctl._skipping = False
+            ctl._catch_up_missed_step()
+            if ctl.sampler is not None:
+                if ctl._refusal is not None:  # that step was refused by the world: it is redone
+                    ctl.sampler._refused(ctl._refusal["excess"])
+                ctl.sampler._consumed()
+        before = ctl._micro_fresh  # batches of this window trained so far
+        fresh = ctl.sampler is None or ctl.sampler._current_is_fresh(before)
+        self._micro = self._no_sync
+        self._zeroing = not fresh and (self._micro or before > 0)
+        self._active = False
+        if self._micro:
+            ctl._micro_fresh += int(fresh)
+        elif not fresh and before == 0:
+            ctl._skipping = True
+        else:
+            in_flight, skipped = ctl.sampler._batch_check() if ctl.sampler is not None else (-1, 0)
+            self._active = ctl._begin_reduction(self._params, in_flight, skipped, before + int(fresh))
 
     def _sync(self) -> None:
         self._queued = False
         ctl = self.controller
+        self._zeroing = False
+        if self._micro:
+            # A micro-batch: trained locally, its gradient kept for the window's reduction. It is
+            # consumed now; its dra.step (if the loop calls one) commits nothing.
+            self._micro = False
+            ctl._micro_step_due = ctl._window_open = True
+            if ctl.sampler is not None:
+                ctl.sampler._consumed()
+            return
+        ctl._micro_fresh = 0  # the window closes with this reduction (a failed one is redone whole)
+        ctl._window_open = False
         ctl._awaiting_step = True
         t0 = time.perf_counter()
         ok = False if ctl._skipping else ctl._finish_reduction()

@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -76,6 +77,8 @@ class ElasticSampler:
         self._in_flight: collections.deque[tuple[int, int, int] | None] = collections.deque()
         self._generation = 0
         self._iterating = False
+        self._pass_steps: int | None = None  # steps left when the loader's current pass began
+        self._pass_token: object = None
         self._depth_seen: int | None = None  # batches in flight at this iterator's previous reduced batch
         self._skipped_now = 0  # batches skipped before the one being stepped (this rank's own count)
 
@@ -143,10 +146,26 @@ class ElasticSampler:
 
     def _steps(self) -> Iterator[np.ndarray]:
         """This rank's share of each step left in the data epoch, computed when the loader asks."""
+        token = self._pass_token = object()
+        try:
+            yield from self._pass()
+        finally:
+            if self._pass_token is token:  # not a newer pass's
+                self._pass_steps = None
+
+    def _pass(self) -> Iterator[np.ndarray]:
         native, ctl = self._native, self._controller
+        if ctl is not None and ctl._micro_fresh:
+            # A gradient-accumulation window left open by the previous pass over the loader: its
+            # batches were never reduced, so they are handed out again (and trained again).
+            warnings.warn(f"dra: {ctl._micro_fresh} batch(es) accumulated under no_sync() were never followed by a "
+                          "reducing backward before the loader's pass ended; they are trained again (close each "
+                          "window with a backward outside no_sync(), the epoch's last batch included)", stacklevel=3)
+            ctl._micro_fresh = 0
         self._in_flight.clear()
         self._depth_seen = None
         self._iterating = True
+        self._pass_steps = ElasticSampler.__len__(self)
         if ctl is not None:
             _end_if_finished(self, None)
         data_epoch = native.epoch
@@ -171,9 +190,11 @@ class ElasticSampler:
                 return
             world_epoch = ctl.epoch if ctl is not None else 0
             now = (world_epoch, self._generation)
-            if now != tag or (not self._in_flight and native.cursor != base + ahead * native.global_batch):
+            # Where the loop stands: what is committed, and the batches of an open accumulation window.
+            held = native.cursor + (ctl._micro_fresh * native.global_batch if ctl is not None else 0)
+            if now != tag or (not self._in_flight and held != base + ahead * native.global_batch):
                 # A new world, a refused step (or a failed one): restart the predictions from what is committed.
-                tag, base, ahead, world, rank = now, native.cursor, 0, native.world, native.rank
+                tag, base, ahead, world, rank = now, held, 0, native.world, native.rank
             cursor = base + ahead * native.global_batch
             if cursor >= native.epoch_size:
                 if not any(item is not None for item in self._in_flight):
@@ -205,12 +226,14 @@ class ElasticSampler:
         self._controller = controller
         _FOLLOWED[0] = weakref.ref(controller)
 
-    def _current_is_fresh(self) -> bool:
-        """Whether the batch being trained on is the one the world's current step needs."""
+    def _current_is_fresh(self, ahead: int = 0) -> bool:
+        """Whether the batch being trained on is the one the world's current step needs (``ahead``
+        steps after it: the batches of a gradient-accumulation window trained so far)."""
         if not self._in_flight:
             return True  # indices taken directly (sampler.indices()), not through the iterator
         head = self._in_flight[0]
-        return head is not None and head == (self._controller.epoch, self._generation, self._native.cursor)
+        cursor = self._native.cursor + ahead * self._native.global_batch
+        return head is not None and head == (self._controller.epoch, self._generation, cursor)
 
     def _batch_check(self) -> tuple[int, int]:
         """For the batch about to be reduced: the batches in flight (-1 without the iterator) and how
@@ -501,6 +524,10 @@ def _batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> I
 
 def _num_batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> int:
     if sampler._controller is not None:
+        # During a pass, the steps it began with (as torch's length stays put while a loop runs:
+        # `i + 1 == len(loader)` finds the pass's last batch); between passes, the steps left.
+        if sampler._pass_steps is not None:
+            return sampler._pass_steps
         return ElasticSampler.__len__(sampler)
     n = len(sampler)
     return n // batch_size if drop_last else -(-n // batch_size)
@@ -530,7 +557,7 @@ def _patch_batch_sampler() -> None:
 
     def __len__(self: Any) -> int:  # noqa: N807
         if isinstance(self.sampler, DistributedSampler) and self.sampler._controller is not None:
-            return ElasticSampler.__len__(self.sampler)
+            return _num_batches(self.sampler, self.batch_size, self.drop_last)
         return torch_len(self)
 
     BatchSampler.__init__ = __init__

@@ -238,6 +238,10 @@ struct batch_check {
   /// Batches this rank was handed and skipped since its previous reduced batch (a caught
   /// exception, a `continue`).
   int skipped = 0;
+  /// Loader batches whose gradients this reduction carries (gradient accumulation: the batches
+  /// trained under `no_sync()` since the previous reduction, and this one). Its commit consumes
+  /// as many consecutive steps of the sampler; every rank of the world must carry as many.
+  int micro = 1;
 };
 
 /// A step the world refused because a rank did not train its batch: nothing was applied or
@@ -298,6 +302,12 @@ class controller {
   bool begin_reduction(const std::vector<at::Tensor>& params, const batch_check& check = {});
   void gradient_ready(std::size_t index);
   bool finish_reduction();
+  /// The module's buffers (BatchNorm's running statistics and counts) to average over the world
+  /// at every committed step, before any decision (DDP's broadcast_buffers makes them equal too):
+  /// each becomes the world's mean on every rank, integer buffers rounded. A failed all-reduce
+  /// leaves them as they were and fails the step that follows (it recovers). Empty: not averaged
+  /// (they still travel with the state at world changes).
+  void set_buffers(std::vector<at::Tensor> buffers) { buffers_ = std::move(buffers); }
   /// Transforms gradient buckets around their all-reduce (the hook point for gradient codecs);
   /// null: plain all-reduce. Every process of the world must install the same hook, before its
   /// first step (the `compress` option installs a codec_hook in the constructor). The hook's
@@ -429,6 +439,7 @@ class controller {
   const step_status& step_impl(const at::Tensor* device_loss, double loss, const step_signals& extra);
   const step_status& step_local(const at::Tensor* device_loss, double loss);
   void commit(const at::Tensor* device_loss, double loss, const step_signals& extra);
+  void average_buffers();
   void read_reductions(std::int64_t committed);
   bool decision_point(std::int64_t committed) const;
   bool read_due(std::int64_t committed) const;
@@ -505,6 +516,7 @@ class controller {
   std::vector<tensor_spec> signature_;
   state_layout layout_;                  ///< the rest of the state a handoff sends (compared at start and admission)
   batch_check batch_;                    ///< the batch being reduced (begin_reduction)
+  std::vector<at::Tensor> buffers_;      ///< averaged at every committed step (set_buffers)
   std::optional<step_refusal> refused_;  ///< this step is refused (set at its reduction)
   std::optional<step_refusal> refusal_;  ///< the latest step() was a refusal
   int refusals_in_a_row_ = 0;
