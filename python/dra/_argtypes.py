@@ -37,3 +37,39 @@ def port_arg(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a port; give 0-65535 (0: any free one)")
     return value
+
+
+def positive_arg(text: str) -> float:
+    """A finite number > 0 (a duration, a size)."""
+    value = finite_arg(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not > 0; give a finite number > 0")
+    return value
+
+
+def nonnegative_arg(text: str) -> float:
+    """A finite number >= 0."""
+    value = finite_arg(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; give a finite number >= 0")
+    return value
+
+
+def fraction_arg(text: str) -> float:
+    """A share of one device: a finite number in (0, 1]."""
+    value = finite_arg(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]; give a share of one device in (0, 1] "
+                                         "(more than a device: ask for more workers)")
+    return value
+
+
+def count_arg(text: str) -> int:
+    """A count: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer; give an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1; give an integer >= 1")
+    return value

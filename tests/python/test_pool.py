@@ -886,3 +886,278 @@ def test_cli_names_a_spec_that_is_not_an_object_and_a_port_out_of_range(tmp_path
         r = subprocess.run([sys.executable, "-m", "dra", "pool", *argv], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
     assert not (tmp_path / "st").exists()
+
+
+def test_nul_bytes_newlines_and_non_finite_numbers_in_a_spec_are_refused_by_name(tmp_path: Path) -> None:
+    """A NUL byte anywhere a spec's strings reach a program (a command argument, a variable's name
+    or value, cwd, log, a controller option, the user), a name or variable ending in a newline (the
+    schema's "$" was Python's, which matches before one), and NaN or Infinity (Python's JSON reader
+    takes them; NaN passes every range check) were accepted, and failed later in the job's launcher
+    or never; each is refused at submission naming the field, through the API, over HTTP and from
+    the CLI, and nothing is allocated."""
+    svc = PoolService(declared(1), tmp_path / "state", launch_jobs=False)
+    server = PoolServer(svc).start()
+    try:
+        cases = [({"command": ["echo", "a\0b"]}, r"^command\[1\]: contains a NUL byte \(\\0\) at character 1"),
+                 ({"env": {"K": "v\0"}}, r"^env\.K: contains a NUL byte"),
+                 ({"env": {"K\0": "v"}}, r"^env: the name \"K\\u0000\" contains a NUL byte"),
+                 ({"cwd": "/tmp\0/x"}, r"^cwd: contains a NUL byte"),
+                 ({"log": "/tmp/logs\0"}, r"^log: contains a NUL byte"),
+                 ({"options": {"events_path": "/x\0"}}, r"^options\.events_path: contains a NUL byte"),
+                 ({"user": "ro\0ot"}, r"^user: contains a NUL byte"),
+                 ({"name": "a\n"}, r"^name: \"a\\n\" is not valid"),
+                 ({"env": {"PATH\n": "v"}}, r"^env: \"PATH\\n\" is not a variable name"),
+                 ({"fraction": float("nan")}, r"^fraction: must be a finite number, got nan"),
+                 ({"resize_cost_s": float("inf")}, r"^resize_cost_s: must be a finite number, got inf"),
+                 ({"autoscale": {"replica_rps": float("nan")}}, r"^autoscale\.replica_rps: must be a finite number")]
+        for extra, said in cases:
+            spec = {"name": "a", "command": ["true"], **extra}
+            with pytest.raises(ValueError, match=said):
+                svc.submit(spec)
+            with pytest.raises(ValueError, match=said):  # the same answer over HTTP (400)
+                PoolClient(server.url).submit(spec)
+        # From the CLI: a spec file holding \u0000 (a command line itself cannot hold a NUL).
+        spec_file = tmp_path / "spec.json"
+        spec_file.write_text(json.dumps({"name": "a", "env": {"GREETING": "hi\0there"}}))
+        r = subprocess.run([sys.executable, "-m", "dra", "pool", "submit", "--pool", server.url, "--spec",
+                            str(spec_file), "--", "true"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.startswith("dra pool submit: env.GREETING: contains a NUL byte"), r.stderr
+        svc.tick()
+        assert not svc.jobs and len(svc.book) == 0
+    finally:
+        server.close()
+    events = (tmp_path / "state" / "events.jsonl")
+    assert not events.exists() or '"submit"' not in events.read_text()
+
+
+@pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
+def test_a_fraction_too_small_for_its_lease_to_hold_a_worker_is_refused(tmp_path: Path) -> None:
+    """On a CPU slot a lease's fraction is its cgroup's CPU quota and memory limit: 0.0001 of a
+    slot was accepted, and its worker was killed by the OOM killer as it started. Refused now,
+    naming the value and the least fraction that works: 0.01 anywhere (the finest share any
+    enforcement holds), a memory limit under 256 MiB or under the job's memory_gb, and a CPU quota
+    under the kernel's 1 ms per period; slots with less memory than a worker needs are refused
+    when the pool starts. Nothing is allocated."""
+    name = f"frac{os.getpid()}"
+    svc = make_service("slots:1", tmp_path / "state", name=name, memory_gb=1.0, launch_jobs=False)
+    try:
+        for spec, said in [({"fraction": 0.0001}, r"^fraction: must be >= 0\.01, got 0\.0001"),
+                           ({"fraction": 0.1}, r"^fraction: 0\.1 of slot0 is a memory limit of 102 MiB \(0\.1 x 1 GB\), "
+                                               r"less than the 256 MiB a worker needs to start .*; ask for a fraction "
+                                               r">= 0\.25"),
+                           ({"fraction": 0.25, "memory_gb": 0.5},
+                            r"^fraction: 0\.25 of slot0 is a memory limit of 256 MiB .* less than the 0\.5 GB its "
+                            r"memory_gb asks for; ask for a fraction >= 0\.5")]:
+            with pytest.raises(ValueError, match=said):
+                svc.submit({"name": "a", **spec})
+        svc.tick()
+        assert not svc.jobs and len(svc.book) == 0
+        assert svc.submit({"name": "a", "fraction": 0.25})["state"] == "waiting"  # 256 MiB: enough
+    finally:
+        svc.close()
+    # A slot of a twentieth of a core: 0.1 of it would be a 0.5 ms quota, which the kernel refuses.
+    svc = make_service("slots:1x0.05", tmp_path / "state2", name=name, memory_gb=4.0, launch_jobs=False)
+    try:
+        with pytest.raises(ValueError, match=r"^fraction: 0\.1 of slot0 \(0\.05 cores\) is a CPU quota of 0\.5 ms per "
+                                             r"100 ms, less than the kernel's least \(1 ms, cpu\.cfs_quota_us\); ask "
+                                             r"for a fraction >= 0\.2"):
+            svc.submit({"name": "a", "fraction": 0.1})
+        assert svc.submit({"name": "a", "fraction": 0.2})["state"] == "waiting"
+    finally:
+        svc.close()
+    with pytest.raises(ValueError, match=r"^slot memory: 0\.1 GB a slot \(--slot-memory-gb\) is less than a worker "
+                                         r"needs to start \(256 MiB"):
+        make_service("slots:1", tmp_path / "state3", name=name, memory_gb=0.1)
+    assert not Path(_cgroup.ROOT, "memory", "dra", name).exists()
+
+
+@pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
+def test_a_failed_job_says_why_a_missing_command_and_an_out_of_memory_kill(tmp_path: Path) -> None:
+    """A job whose command does not exist (exit 127) and one killed by its lease's memory cgroup
+    (a process that fills 600 MiB under a 256 MiB limit) ended with reason null. Now the reason
+    gives the exit code or signal, the worker log's last line, and for the OOM kill the limit and
+    the cgroup's counts (memory.oom_control, memory.failcnt); the release event counts the kill."""
+    name = f"why{os.getpid()}"
+    svc = make_service("slots:1", tmp_path / "state", name=name, memory_gb=1.0, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    try:
+        client.submit({"name": "nx", "cwd": str(tmp_path), "fraction": 0.5,
+                       "command": ["no-such-program-here", "--flag"]})
+        client.submit({"name": "oom", "cwd": str(tmp_path), "fraction": 0.25,
+                       "command": [sys.executable, "-c", "import time; x = b'x' * (600 << 20); time.sleep(60)"]})
+        assert client.wait(["nx", "oom"], timeout_s=120) == {"nx": "failed", "oom": "failed"}
+        why = {j["name"]: j["reason"] for j in client.status()["jobs"]}
+    finally:
+        server.close()
+    assert "exit code 127 (command not found)" in why["nx"], why
+    assert "cannot start 'no-such-program-here'" in why["nx"], why  # the worker log's last line
+    assert "killed by SIGKILL (signal 9); out of memory: its lease's memory limit (256 MiB) was reached" in why["oom"], why
+    assert "OOM killer" in why["oom"] and "oom_kill +1" in why["oom"], why
+    events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+    finish = {e["job"]: e for e in events if e["event"] == "finish"}
+    assert finish["nx"]["reason"] == why["nx"] and finish["oom"]["reason"] == why["oom"]
+    release = next(e for e in events if e["event"] == "release" and e["job"] == "oom")
+    assert release["oom_kills"] >= 1 and release["memory_limit_mb"] == 256, release
+    assert not Path(_cgroup.ROOT, "memory", "dra", name).exists()
+
+
+def test_a_state_the_pool_cannot_read_is_named_with_its_file_not_a_traceback(tmp_path: Path) -> None:
+    """A corrupt SQLite file was already named; a row that parses but is not what the pool wrote
+    (a spec that is a list, a size that is a string, an info that is a number, a spec without its
+    kind, a lease whose share is text, a counter that is not JSON, an owner record that is not
+    one) raised TypeError or AttributeError at start (a traceback from the CLI), or started a pool
+    whose every status call failed. Each is a ValueError naming the file, the row and what to do;
+    a state path that is a file, and a database path that is a folder, too."""
+    import sqlite3
+
+    corruptions = [("UPDATE jobs SET spec='[1, 2]'", "job 'a': its stored spec is a JSON list, not an object"),
+                   ("UPDATE jobs SET spec=json_set(spec, '$.min_size', 'x')",
+                    "job 'a': its stored spec's min_size is \"x\", not an integer"),
+                   ("UPDATE jobs SET info='7'", "job 'a': its stored info is a JSON int, not an object"),
+                   ("UPDATE jobs SET spec=json_remove(spec, '$.kind')", "job 'a': its stored spec lacks kind"),
+                   ("UPDATE jobs SET spec='{'", "job 'a': its stored spec or info is not JSON"),
+                   ("UPDATE jobs SET info='{\"owner\": 3}'", "job 'a': its owner or launcher record is unreadable"),
+                   ("INSERT INTO leases VALUES (1, 'a', 'd0', 'abc', 0, 0, 'active')",
+                    "lease 1: its share 'abc' is not a number in (0, 1]"),
+                   ("INSERT OR REPLACE INTO meta VALUES ('next_lease', 'oops')", "meta 'next_lease': its value is not JSON")]
+    for i, (sql, said) in enumerate(corruptions):
+        state = tmp_path / f"s{i}"
+        svc = PoolService(declared(1), state, launch_jobs=False)
+        svc.submit({"name": "a"})
+        svc.close()
+        db = sqlite3.connect(state / "pool.sqlite")
+        db.execute(sql)
+        db.commit()
+        db.close()
+        with pytest.raises(ValueError) as err:
+            PoolService(declared(1), state, launch_jobs=False)
+        assert str(err.value).startswith(f"state: {state / 'pool.sqlite'} is not a readable pool state") \
+            and said in str(err.value) and "move it away" in str(err.value), (sql, err.value)
+        PoolService(declared(1), state / "x", launch_jobs=False).close()  # the state's lock was let go
+    # Types are checked, not today's ranges: a fraction an older pool took (below 0.01) still reads.
+    db = sqlite3.connect(tmp_path / "s0" / "pool.sqlite")
+    db.execute("""UPDATE jobs SET spec='{"name": "a", "kind": "training", "device_type": "any", "memory_gb": 0,
+                  "fraction": 0.005, "min_size": 1, "max_size": 1, "priority": "normal", "elastic": true,
+                  "gang": false}'""")
+    db.commit()
+    db.close()
+    PoolService(declared(1), tmp_path / "s0", launch_jobs=False).close()
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dbdir" / "pool.sqlite").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"^state: .*afile exists and is not a directory; give --state a directory"):
+        PoolService(declared(1), tmp_path / "afile", launch_jobs=False)
+    with pytest.raises(ValueError, match=r"^state: .*dbdir/pool\.sqlite cannot be the pool's database .*; move it away"):
+        PoolService(declared(1), tmp_path / "dbdir", launch_jobs=False)
+    # The CLI: exit 2, one line naming the file, no traceback.
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"devices": [{"id": "d0", "type": "cpu-slot", "memory_gb": 2}]}))
+    for state, said in [(tmp_path / "s1", "its stored spec's min_size"), (tmp_path / "afile", "is not a directory")]:
+        r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--inventory", str(inv), "--state", str(state)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and said in r.stderr and str(state) in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_every_numeric_pool_option_refuses_a_bad_value_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dra pool serve --scale-every-s -5` (a re-plan at every tick) and NaN, infinite, zero or
+    negative durations, sizes and shares were accepted; each is refused by argparse naming the
+    option and the value, before anything is made; the service refuses the same values from
+    Python."""
+    from dra.pool.cli import main
+
+    state = str(tmp_path / "st")
+    cases = [(["serve", "--scale-every-s", "-5"], "argument --scale-every-s: -5 is not > 0"),
+             (["serve", "--scale-every-s", "0"], "argument --scale-every-s: 0 is not > 0"),
+             (["serve", "--heartbeat-timeout-s", "nan"], "argument --heartbeat-timeout-s: 'nan' is not finite"),
+             (["serve", "--silence-limit-s", "-1"], "argument --silence-limit-s: -1 is not > 0"),
+             (["serve", "--orphan-limit-s", "inf"], "argument --orphan-limit-s: 'inf' is not finite"),
+             (["serve", "--slot-memory-gb", "0"], "argument --slot-memory-gb: 0 is not > 0"),
+             (["serve", "--port", "-1"], "argument --port: -1 is not a port"),
+             (["submit", "--fraction", "0"], "argument --fraction: 0 is not in (0, 1]"),
+             (["submit", "--fraction", "nan"], "argument --fraction: 'nan' is not finite"),
+             (["submit", "--memory-gb", "-1"], "argument --memory-gb: -1 is negative"),
+             (["submit", "--min-size", "0"], "argument --min-size: 0 is not >= 1"),
+             (["submit", "--max-size", "two"], "argument --max-size: 'two' is not an integer")]
+    for argv, said in cases:
+        # (A serve that took its options would stop at the missing inventory, not serve on.)
+        more = ["--state", state, "--inventory", str(tmp_path / "none.json")] if argv[0] == "serve" else ["--name", "x"]
+        with pytest.raises(SystemExit) as done:
+            main(["pool", *argv, *more])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and said in err, (argv, err)
+    assert not Path(state).exists()
+    for key, value in [("scale_every_s", -5.0), ("scale_every_s", float("nan")), ("heartbeat_timeout_s", float("nan")),
+                       ("tick_s", float("inf")), ("start_grace_s", -1.0), ("orphan_limit_s", 0.0)]:
+        with pytest.raises(ValueError, match=f"^{key}: must be a finite number of seconds"):
+            PoolService(declared(1), tmp_path / "svc", launch_jobs=False, **{key: value})
+
+
+def test_a_serve_that_fails_to_start_leaves_nothing_it_made(tmp_path: Path) -> None:
+    """`dra pool serve --port N` with N in use left the token file it had written (and the state
+    folder it had made) behind. A start that fails removes what it made: a new state folder (and
+    the parents it made), or the files it added to an existing one, whose other files stay; a
+    start that fails beside a running daemon of that state leaves that daemon's files alone."""
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"devices": [{"id": "d0", "type": "cpu-slot", "memory_gb": 2}]}))
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        for state in (tmp_path / "new" / "deeper" / "state", existing):
+            r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--inventory", str(inv), "--state",
+                                str(state), "--port", port], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2 and f"port: 127.0.0.1:{port} is in use" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
+    # A bad inventory after the state was opened: the database and lock it made go too.
+    r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--inventory", str(tmp_path / "none.json"),
+                        "--state", str(existing)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "inventory:" in r.stderr, r.stderr
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
+    # Beside a running daemon (no TCP): the second start's token goes, the first one's files stay.
+    running = tmp_path / "running"
+    serve = _serve(tmp_path, "--inventory", str(inv), "--state", str(running))
+    try:
+        assert "serving" in serve.stdout.readline()
+        files = sorted(p.name for p in running.iterdir())
+        r = subprocess.run([sys.executable, "-m", "dra", "pool", "serve", "--inventory", str(inv), "--state",
+                            str(running), "--port", "0"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "a pool already listens" in r.stderr, r.stderr
+        assert sorted(p.name for p in running.iterdir()) == files and "token" not in files
+        assert PoolClient(f"unix:{running / 'pool.sock'}").status()["pool"] == "pool"
+    finally:
+        serve.terminate()
+        serve.wait(timeout=10)
+        serve.stdout.close()
+
+
+def test_a_reused_name_forgets_everything_of_the_old_job(tmp_path: Path) -> None:
+    """Forgetting an ended job so its name can be used again kept its loss curve: the new job of
+    that name was estimated from the old job's curve, and its own points (steps below the old
+    job's last) were never recorded. Every table the pool keeps by job name now lets the old job
+    go; the new job's curve is its own."""
+    svc = PoolService(declared(1), tmp_path, launch_jobs=False, scale_every_s=0.001)
+    try:
+        svc.submit({"name": "a"})
+        svc.tick()
+        lease = svc.sync("a", [], [], None)["leases"][0]["id"]
+        for step, loss in ((10, 2.0), (20, 1.0), (30, 0.5)):
+            svc.sync("a", [lease], [], {"step": step, "loss": loss, "rate_rps": 1.0})
+        time.sleep(0.01)
+        svc.tick()  # a re-plan: the arbiter's peaks recorded for "a"
+        svc.sync("a", [], [lease], None, done=True)
+        assert svc.status()["jobs"][0]["state"] == "finished"
+        svc.submit({"name": "a"})
+        kept = [k for k, v in vars(svc).items() if isinstance(v, dict) and "a" in v and k not in ("jobs", "_requests")]
+        assert kept == [], kept
+        assert svc.status()["jobs"][0]["report"] is None
+        svc.tick()
+        lease = svc.sync("a", [], [], None)["leases"][0]["id"]
+        svc.sync("a", [lease], [], {"step": 1, "loss": 9.0})
+        assert svc._curves["a"] == [(1.0, 9.0)]
+    finally:
+        svc.close()

@@ -16,6 +16,7 @@ not only a cap (the quota still caps it).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -29,6 +30,14 @@ from dra.pool._state import exclusive_lock
 ROOT = Path(os.environ.get("DRA_CGROUP_ROOT", "/sys/fs/cgroup"))
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 PERIOD_US = 100_000
+#: The kernel's least CPU quota per period (``cpu.cfs_quota_us`` refuses less than 1 ms): a lease
+#: whose share of its slot comes to less cannot be held to that share.
+MIN_QUOTA_US = 1000
+#: The least memory limit a lease may get (MiB): a Python process that imports torch and dra and
+#: runs one step of a small model peaks at 160 MiB in a memory cgroup here (torch 2.13 CPU build,
+#: warm page cache; at 128 MiB the kernel's OOM killer stops it while it imports torch), plus room
+#: for the job's model and data.
+MIN_LEASE_MEMORY_MB = 256
 MAX_SHARES = 262_144  # the kernel's largest cpu.shares (v1)
 
 
@@ -140,6 +149,32 @@ class Slots:
     def has(self, slot: str) -> bool:
         return slot in self.specs
 
+    def lease_limits_problem(self, slot: str, share: float, memory_gb: float = 0.0) -> str | None:
+        """Why a lease of ``share`` of this slot could not hold a worker (``fraction: ...; fix``),
+        or None: its CPU quota below the kernel's least (``MIN_QUOTA_US``), its memory limit below
+        ``MIN_LEASE_MEMORY_MB`` or below the ``memory_gb`` the job asks for."""
+        s = self.specs[slot]
+        quota_us = s.cpus * share * PERIOD_US
+        if quota_us < MIN_QUOTA_US:
+            least = _round_up(MIN_QUOTA_US / (s.cpus * PERIOD_US))
+            return (f"fraction: {share:g} of {slot} ({s.cpus:g} cores) is a CPU quota of {quota_us / 1000:.3g} ms per "
+                    f"{PERIOD_US // 1000} ms, less than the kernel's least ({MIN_QUOTA_US // 1000} ms, cpu.cfs_quota_us); "
+                    f"ask for a fraction >= {least:g}")
+        if s.memory_gb is None:
+            return None
+        need_mb = max(MIN_LEASE_MEMORY_MB, memory_gb * 1024)
+        have_mb = s.memory_gb * share * 1024
+        if have_mb + 1e-6 < need_mb:
+            why = (f"the {memory_gb:g} GB its memory_gb asks for" if memory_gb * 1024 > MIN_LEASE_MEMORY_MB else
+                   f"the {MIN_LEASE_MEMORY_MB} MiB a worker needs to start (a Python process with torch peaks at about "
+                   "160 MiB; the kernel's OOM killer would stop it)")
+            least = _round_up(need_mb / (s.memory_gb * 1024))
+            fix = (f"ask for a fraction >= {least:g}" if least <= 1 else
+                   f"no share of {slot} is enough: its operator must give the slots more memory (--slot-memory-gb)")
+            return (f"fraction: {share:g} of {slot} is a memory limit of {have_mb:.3g} MiB ({share:g} x "
+                    f"{s.memory_gb:g} GB), less than {why}; {fix}")
+        return None
+
     # -- leases ----------------------------------------------------------------------------------
     def make_lease(self, slot: str, lease: int, share: float, owner_uid: int | None = None) -> list[str]:
         """A child cgroup for one lease with its share of the slot's quota and memory; its
@@ -185,6 +220,10 @@ class Slots:
             return int(_read(ROOT / "cpuacct" / self._rel(slot, lease) / "cpuacct.usage")) / 1e9
         except (OSError, ValueError):
             return None
+
+    def lease_memory(self, slot: str, lease: int) -> dict[str, int] | None:
+        """A lease's memory cgroup: its limit and what it refused (``memory_state``)."""
+        return memory_state(ROOT / "memory" / self._rel(slot, lease))
 
     def quota_cpus(self, slot: str) -> float:
         """The slot's hard CPU quota in cores (``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``)."""
@@ -239,6 +278,11 @@ class Slots:
             self._lock = None
 
 
+def _round_up(x: float) -> float:
+    """``x`` rounded up to three decimals (a fraction to suggest that is surely enough)."""
+    return math.ceil(x * 1000 - 1e-9) / 1000
+
+
 def _name_lock(pool: str) -> int:
     """An exclusive flock on the pool name (a file in /run, else the temporary folder), held for
     the Slots' life: two daemons with one name would share dra/<name> and the one that stops would
@@ -247,6 +291,25 @@ def _name_lock(pool: str) -> int:
     return exclusive_lock(folder / f"dra-pool-{pool}.lock",
                           lambda pid: f"name: a pool named {pool!r} is running (daemon pid {pid}) and owns the "
                                       f"cgroups dra/{pool}; give this pool another --name")
+
+
+def memory_state(path: str | Path) -> dict[str, int] | None:
+    """A memory cgroup's limit and what it refused (cgroups v1; readable by anyone): ``limit``,
+    ``max_usage`` (bytes), ``failcnt`` (charges refused at the limit) and ``oom_kills``
+    (processes the kernel's OOM killer stopped for this cgroup, ``memory.oom_control``). None
+    when it cannot be read (gone, or not a memory cgroup)."""
+    p = Path(path)
+    try:
+        oom = dict(line.split(" ", 1) for line in _read(p / "memory.oom_control").splitlines())
+        return {"limit": int(_read(p / "memory.limit_in_bytes")), "max_usage": int(_read(p / "memory.max_usage_in_bytes")),
+                "failcnt": int(_read(p / "memory.failcnt")), "oom_kills": int(oom.get("oom_kill", 0))}
+    except (OSError, ValueError):
+        return None
+
+
+def memory_cgroup(paths: list[str]) -> str | None:
+    """The memory controller's directory among a lease's cgroups (``DRA_CGROUPS``)."""
+    return next((p for p in paths if os.path.exists(os.path.join(p, "memory.limit_in_bytes"))), None)
 
 
 def join(paths: list[str], pid: int | None = None) -> None:

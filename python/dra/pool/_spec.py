@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import re
 from typing import Any
 
 from dra import _core
@@ -16,6 +18,10 @@ AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down
                     "queue_per_replica")
 
 _NUMBER = {"type": "number"}
+#: The least share of a device a worker may ask for: the finest share any enforcement holds (a GPU
+#: fraction's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is a whole percent). On a CPU slot the floor is
+#: higher and depends on the slot (its quota and memory: PoolService refuses less at submission).
+MIN_FRACTION = 0.01
 _SECONDS = {"type": "number", "minimum": 0, "maximum": 86400 * 365}
 
 #: A job spec (JSON Schema, draft 2020-12). ``x-fix`` is the hint an error message ends with.
@@ -31,8 +37,11 @@ SPEC_SCHEMA: dict[str, Any] = {
         "kind": {"enum": ["training", "inference"]},
         "device_type": {"type": "string", "minLength": 1, "x-fix": "name a type the pool has, or 'any'"},
         "memory_gb": {"type": "number", "minimum": 0, "x-fix": "give the memory each worker needs in GB"},
-        "fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
-                     "x-fix": "for more than one device ask for more workers (min_size/max_size)"},
+        "fraction": {"type": "number", "minimum": MIN_FRACTION, "maximum": 1,
+                     "x-fix": f"give a share of one device in [{MIN_FRACTION}, 1] ({MIN_FRACTION} is the finest any "
+                              "lease is held to: MPS thread percentages are whole percents, and a CPU slot's lease "
+                              "has its own, larger floor); for more than one device ask for more workers "
+                              "(min_size/max_size)"},
         "min_size": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
         "max_size": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
         "priority": {"enum": ["low", "normal", "high", "critical"]},
@@ -81,7 +90,14 @@ def _validator() -> Any:
     # JSON Schema counts 2.0 as an integer; a size of 2.0 is a client's mistake worth naming.
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _c, x: isinstance(x, int) and not isinstance(x, bool))
-    return jsonschema.validators.extend(base, type_checker=checker)(SPEC_SCHEMA)
+
+    def pattern(_v: Any, regex: str, instance: Any, _s: Any) -> Any:
+        # JSON Schema's patterns are ECMA-262's, whose "$" is the end of the string; Python's also
+        # matches before a final newline, so a name "a\n" or a variable "PATH\n" passed.
+        if isinstance(instance, str) and not re.search(re.sub(r"(?<!\\)\$$", r"\\Z", regex), instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r}")
+
+    return jsonschema.validators.extend(base, validators={"pattern": pattern}, type_checker=checker)(SPEC_SCHEMA)
 
 
 _VALIDATOR: Any = None
@@ -131,6 +147,34 @@ def _message(err: Any) -> str:
     return f"{field or 'spec'}: {err.message}" + (f"; {fix}" if fix else "")
 
 
+def _unusable(value: Any, path: list[Any]) -> tuple[list[Any], str] | None:
+    """The first value anywhere in a spec (keys included) that no program can be given, as
+    (path, problem): a string with a NUL byte (the kernel ends every argument, variable and path at
+    the first NUL; Python refuses one only when the job starts, in its launcher) or a number that
+    is not finite (JSON has no NaN or Infinity, yet Python's reader takes them, and NaN passes
+    every range check)."""
+    nul = "contains a NUL byte (\\0){}, which no program can be given (the kernel ends strings there); remove it"
+    if isinstance(value, str):
+        if "\0" in value:
+            return path, nul.format(f" at character {value.index(chr(0))}")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return path, f"must be a finite number, got {value}; give a finite number"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and "\0" in k:
+                return path, f"the name {json.dumps(k)[:60]} " + nul.format("")
+            found = _unusable(v, [*path, k])
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _unusable(v, [*path, i])
+            if found:
+                return found
+    return None
+
+
 def validate_spec(spec: Any) -> dict[str, Any]:
     """Checks a job spec's fields for types and ranges (the schema above) and returns a copy with
     the scheduler's defaults filled in; raises ValueError(``field: problem; fix``) for the first
@@ -141,12 +185,24 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         raise ValueError(f"spec: must be a JSON object of job fields, got {_JSON_TYPES.get(type(spec), type(spec).__name__)}")
     if _VALIDATOR is None:
         _VALIDATOR = _validator()
+    order = {k: i for i, k in enumerate(spec)}
+    problems: list[tuple[tuple[int, int, int], str]] = []
     errors = list(_VALIDATOR.iter_errors(spec))
     if errors:
-        order = {k: i for i, k in enumerate(spec)}
         first = min(errors, key=lambda e: (order.get(e.absolute_path[0], -1) if e.absolute_path else -1,
                                            len(e.absolute_path)))
-        raise ValueError(_message(first))
+        problems.append(((order.get(first.absolute_path[0], -1) if first.absolute_path else -1,
+                          len(first.absolute_path), 1), _message(first)))
+    # Strings and numbers the schema lets through that no program can take (NUL bytes, NaN):
+    # a field's value, or the spec's own keys (an unknown key with a NUL is named unknown first).
+    for key, value in spec.items():
+        found = _unusable(value, [key])
+        if found:
+            path, problem = found
+            problems.append(((order[key], len(path), 0), f"{_where(path)}: {problem}"))
+            break
+    if problems:
+        raise ValueError(min(problems)[1])
     return copy.deepcopy(spec)
 
 

@@ -21,45 +21,54 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from dra._argtypes import port_arg
+from dra._argtypes import count_arg, fraction_arg, nonnegative_arg, port_arg, positive_arg
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from dra.pool import _auth
+    from dra.pool import _auth, _state
     from dra.pool.server import PoolServer
     from dra.pool.service import make_service
 
     state = Path(args.state)
-    state.mkdir(parents=True, exist_ok=True)
-    token = None
-    if args.port is not None:
-        token = _auth.load_token(args.token_file or state / "token", create=args.token_file is None)
-        if args.host not in LOOPBACK:
-            if not args.allow_remote:
-                raise ValueError(f"host: {args.host} is reachable from other machines; the pool binds to loopback "
-                                 "(127.0.0.1) unless told --allow-remote")
-            print(f"[dra pool] WARNING: the pool's API listens on {args.host}:{args.port}, reachable from other "
-                  f"machines in clear text: anyone who has the token runs jobs here as any user", file=sys.stderr,
-                  flush=True)
-    # Listeners first: a socket or port in use fails before the pool makes any cgroup.
-    server = PoolServer(socket_path=args.socket or state / "pool.sock", host=args.host, port=args.port, token=token,
-                        allow_remote=args.allow_remote)
+    created = _first_missing(state)  # the topmost folder this start makes (None: the state was there)
+    _state.state_dir(state)
+    before = set(os.listdir(state)) if created is None else set()
+    token_path = None if args.port is None or args.token_file else state / "token"
+    made_token = token_path is not None and not token_path.exists() and not token_path.is_symlink()
     try:
-        service = make_service(args.inventory, state, mode=args.mode, name=args.name, memory_gb=args.slot_memory_gb,
-                               heartbeat_timeout_s=args.heartbeat_timeout_s, scale_every_s=args.scale_every_s,
-                               orphan_limit_s=args.orphan_limit_s, silence_limit_s=args.silence_limit_s,
-                               guarantee_slots=not args.no_slot_guarantee,
-                               completion_aware=args.completion_aware)
+        token = None
+        if args.port is not None:
+            token = _auth.load_token(args.token_file or state / "token", create=args.token_file is None)
+            if args.host not in LOOPBACK:
+                if not args.allow_remote:
+                    raise ValueError(f"host: {args.host} is reachable from other machines; the pool binds to loopback "
+                                     "(127.0.0.1) unless told --allow-remote")
+                print(f"[dra pool] WARNING: the pool's API listens on {args.host}:{args.port}, reachable from other "
+                      f"machines in clear text: anyone who has the token runs jobs here as any user", file=sys.stderr,
+                      flush=True)
+        # Listeners first: a socket or port in use fails before the pool makes any cgroup.
+        server = PoolServer(socket_path=args.socket or state / "pool.sock", host=args.host, port=args.port,
+                            token=token, allow_remote=args.allow_remote)
+        try:
+            service = make_service(args.inventory, state, mode=args.mode, name=args.name,
+                                   memory_gb=args.slot_memory_gb, heartbeat_timeout_s=args.heartbeat_timeout_s,
+                                   scale_every_s=args.scale_every_s, orphan_limit_s=args.orphan_limit_s,
+                                   silence_limit_s=args.silence_limit_s, guarantee_slots=not args.no_slot_guarantee,
+                                   completion_aware=args.completion_aware)
+        except BaseException:
+            server.close()
+            raise
     except BaseException:
-        server.close()
+        _undo_start(state, created, before, token_path if made_token else None)
         raise
     server.attach(service).start()
     devs = ", ".join(f"{d.id} ({d.type}, {d.enforcement})" for d in service.inventory.devices)
@@ -73,6 +82,44 @@ def _serve(args: argparse.Namespace) -> int:
     # Slots are kept when leases are live, so a restarted daemon finds its running jobs' cgroups.
     server.close(remove_slots=not any(l.state for l in service.book.all()))
     return 0
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist yet (None: ``path`` exists)."""
+    missing = None
+    for p in (path.absolute(), *path.absolute().parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing = p
+    return missing
+
+
+def _undo_start(state: Path, created: Path | None, before: set[str], token: Path | None) -> None:
+    """A start that failed (a port or socket in use, a bad inventory, a state that cannot be read)
+    leaves nothing it made: the token file it wrote, and under the state's lock (unless another
+    daemon serves that state now: then what is there is that daemon's) the state folder it made,
+    or the files it added to one that was there. The pool's cgroups and its own lock are already
+    undone by make_service."""
+    from dra.pool._state import StateLock
+
+    if token is not None:
+        token.unlink(missing_ok=True)
+    try:
+        lock = StateLock(state)
+    except (ValueError, OSError):
+        return
+    try:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        else:
+            for name in set(os.listdir(state)) - before:
+                p = state / name
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+    finally:
+        lock.release()
 
 
 CLI_TIMEOUT_S = 30.0
@@ -173,16 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--allow-remote", action="store_true", help="let --host be reachable from other machines")
     s.add_argument("--mode", choices=["dynamic", "static", "static_naive"], default="dynamic")
     s.add_argument("--name", default="pool")
-    s.add_argument("--slot-memory-gb", type=float, default=2.0)
-    s.add_argument("--heartbeat-timeout-s", type=float, default=3.0)
-    s.add_argument("--silence-limit-s", type=float, default=None,
+    s.add_argument("--slot-memory-gb", type=positive_arg, default=2.0, help="each CPU slot's memory limit (GB)")
+    s.add_argument("--heartbeat-timeout-s", type=positive_arg, default=3.0)
+    s.add_argument("--silence-limit-s", type=positive_arg, default=None,
                    help="how long a lease past its heartbeat timeout stays with a job whose launcher is still alive "
                         "(a loaded host) before the launcher counts as hung (default: max(30, 10 x the timeout))")
-    s.add_argument("--scale-every-s", type=float, default=2.0)
+    s.add_argument("--scale-every-s", type=positive_arg, default=2.0)
     s.add_argument("--completion-aware", action="store_true",
                    help="tilt the arbiter by each training job's remaining work (its declared_steps, steps and loss; "
                         "the simulator's convergence_aware policy)")
-    s.add_argument("--orphan-limit-s", type=float, default=None,
+    s.add_argument("--orphan-limit-s", type=positive_arg, default=None,
                    help="how long launchers keep jobs running while the daemon is away (default: no limit)")
     s.add_argument("--no-slot-guarantee", action="store_true",
                    help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
@@ -193,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("--name")
     sb.add_argument("--kind", choices=["training", "inference"])
     sb.add_argument("--device-type", dest="device_type")
-    sb.add_argument("--memory-gb", dest="memory_gb", type=float)
-    sb.add_argument("--fraction", type=float)
-    sb.add_argument("--min-size", dest="min_size", type=int)
-    sb.add_argument("--max-size", dest="max_size", type=int)
+    sb.add_argument("--memory-gb", dest="memory_gb", type=nonnegative_arg)
+    sb.add_argument("--fraction", type=fraction_arg)
+    sb.add_argument("--min-size", dest="min_size", type=count_arg)
+    sb.add_argument("--max-size", dest="max_size", type=count_arg)
     sb.add_argument("--priority")
     sb.add_argument("--rigid", action="store_true", help="a fixed size (elastic=false)")
     sb.add_argument("--env", action="append", metavar="KEY[=VALUE]",

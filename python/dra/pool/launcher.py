@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import signal
@@ -34,6 +35,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from dra._argtypes import count_arg, nonnegative_arg
+from dra.pool import _cgroup
 from dra.pool._spawner import Spawner, is_python, private_log_dir
 
 
@@ -103,6 +106,8 @@ class Launcher:
         # A member the pool asked to leave that is still there after this long is stopped
         # (SIGTERM, then SIGKILL 5 s later): only for a job that does not follow the contract.
         self.shrink_grace_s = float(shrink_grace_s if shrink_grace_s is not None else spec.get("shrink_grace_s", 30.0))
+        if not 0 <= self.shrink_grace_s < math.inf:
+            raise ValueError(f"shrink_grace_s: must be a finite number >= 0, got {self.shrink_grace_s}")
         self.poll_s = poll_s
         self.log_dir = private_log_dir(Path(spec.get("log") or log_dir))
         use_zygote = zygote and spec.get("zygote", True) and is_python(self.command)
@@ -123,6 +128,7 @@ class Launcher:
         self.started_world = False
         self.first_world = 0
         self.events: list[dict[str, Any]] = []
+        self.failures: list[str] = []  # how each worker that failed ended (the job's reason if all fail)
 
     def _options(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The controller options a pool job gets through DRA_OPTIONS (the script's keywords win)."""
@@ -153,9 +159,14 @@ class Launcher:
         cgroups = [p for p in env.get("DRA_CGROUPS", "").split(":") if p]
         wid = f"{self.job}.{lease['id']}"
         log = self.log_dir / f"{wid}.log"
+        # The lease's memory cgroup and its slot's, as they were before the worker ran: an OOM kill
+        # counted there later is the worker's (docs/guide/pool.md, "Why a job failed").
+        memory = _cgroup.memory_cgroup(cgroups)
+        watched = [("lease's", memory), ("slot's", os.path.dirname(memory))] if memory else []
         pid = self.spawner.spawn(wid, list(self.command), env, cgroups, log, self.cwd)
         self.workers[lease["id"]] = {"wid": wid, "pid": pid, "lease": lease["id"], "device": lease.get("device"),
-                                     "uid": uid, "started": time.time(), "asked": None, "signals": 0, "join": join}
+                                     "uid": uid, "started": time.time(), "asked": None, "signals": 0, "join": join,
+                                     "log": log, "memory": [(whose, p, _cgroup.memory_state(p)) for whose, p in watched]}
         self._say(event="worker_start", lease=lease["id"], device=lease.get("device"), pid=pid, join=join, uid=uid)
 
     def _reap(self) -> tuple[list[int], list[int]]:
@@ -170,9 +181,45 @@ class Launcher:
             self.ended.add(lid)
             freed.append(lid)
             codes.append(code)
+            why = self._exit_why(w, code) if code != 0 else None
+            if why:
+                self.failures.append(why)
             self._say(event="worker_exit", lease=lid, uid=w["uid"], code=code, ran_s=time.time() - w["started"],
-                      asked=w["asked"] is not None)
+                      asked=w["asked"] is not None, **({"why": why} if why else {}))
         return freed, codes
+
+    def _exit_why(self, w: dict[str, Any], code: int) -> str:
+        """How a worker ended, in words: its exit code or signal, an OOM kill its lease's memory
+        cgroup (or its slot's) counted while it ran, and the last line of its log."""
+        if code < 0:
+            what = f"killed by {_signal_name(-code)}"
+        else:
+            what = f"exit code {code}" + {127: " (command not found)", 126: " (command found but not executable)"}.get(
+                code, f" (128 + {_signal_name(code - 128)}: a command it ran was killed by that signal)"
+                if 128 < code < 160 else "")
+        for whose, path, before in w["memory"]:
+            now = _cgroup.memory_state(path)
+            if now is None or before is None or now["oom_kills"] <= before["oom_kills"]:
+                continue
+            if whose == "slot's" and code not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+                continue  # the slot's count is shared: another lease's process may have been the one killed
+            what += (f"; out of memory: its {whose} memory limit ({now['limit'] / 2**20:.0f} MiB) was reached and the "
+                     f"kernel's OOM killer stopped a process in it (memory.oom_control oom_kill "
+                     f"+{now['oom_kills'] - before['oom_kills']}, memory.failcnt {now['failcnt']}): give it more "
+                     "memory (a larger fraction, --slot-memory-gb) or make it use less")
+            break
+        text = f"worker on lease {w['lease']} (uid {w['uid']}): {what}"
+        last = _last_line(w["log"])
+        return text + (f"; its log ({os.path.abspath(w['log'])}) ends: {last}" if last else "")
+
+    def _failure(self) -> str:
+        """Why the job failed: every worker is gone and none said the job was done."""
+        if not self.failures:
+            return "every worker ended (exit code 0) before the job said it was done"
+        shown = self.failures[-3:]
+        more = len(self.failures) - len(shown)
+        return ("no worker is left and the job did not finish: " + "; ".join(shown)
+                + (f" (and {more} earlier worker failure(s))" if more else ""))[:2000]
 
     # -- giving leases back ----------------------------------------------------------------------
     def _give_back(self, answer: dict[str, Any], report: dict[str, Any] | None) -> None:
@@ -243,7 +290,7 @@ class Launcher:
         return 0 if ok else (next((c for c in codes if c != 0), 1) & 0xFF or 1)
 
     def _sync(self, heartbeats: list[int], released: list[int], report: dict[str, Any] | None, done: bool = False,
-              failed: bool = False) -> dict[str, Any] | None:
+              failed: bool = False, reason: str | None = None) -> dict[str, Any] | None:
         """One call to the pool; None while it is unreachable (the workers carry on, and what
         happened meanwhile is reported when it is back)."""
         from dra.pool.service import Superseded
@@ -251,7 +298,7 @@ class Launcher:
         assert self.client is not None
         try:
             answer = self.client.sync(self.job, heartbeats, released, report, done=done, failed=failed,
-                                      launcher=self.launch_id)
+                                      reason=reason, launcher=self.launch_id)
         except (ConnectionError, RuntimeError) as e:
             if isinstance(e, Superseded):
                 raise
@@ -321,7 +368,8 @@ class Launcher:
                     # linger); freed now, they would be granted to it again.
                     self._sync(list(self.workers) + released, [], None)
             failed = self.started_world and not self.workers and not done
-            answer = self._sync(list(self.workers), released, report, done=done, failed=failed)
+            answer = self._sync(list(self.workers), released, report, done=done, failed=failed,
+                                reason=self._failure() if failed else None)
             if answer is None:  # the pool is away: keep supervising, report later
                 time.sleep(max(self.poll_s, 0.2))
                 continue
@@ -347,6 +395,24 @@ class Launcher:
             time.sleep(self.poll_s)
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return f"{signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        return f"signal {number}"
+
+
+def _last_line(path: Path, limit: int = 300) -> str:
+    """The last non-empty line of a worker's log (its error, as a rule), at most ``limit`` characters."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+            lines = [x.strip() for x in f.read().decode(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
+
+
 def _tell_pool_failed(pool: str, job: str, reason: str) -> None:
     """A pool job's launcher that cannot run it says why, so the job fails at once."""
     from dra.pool.server import PoolClient
@@ -367,13 +433,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dra run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pool", help="pool URL (http://host:port); without it the job runs --nproc workers here")
     p.add_argument("--job", default=None, help="job name (a pool job's name; default: 'job')")
-    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--nproc", type=count_arg, default=1)
     p.add_argument("--store-host", default="127.0.0.1", help="address the job's store listens on")
     p.add_argument("--advertise", default=None, help="address workers reach the store at (default: --store-host)")
     p.add_argument("--log-dir", default="dra-logs")
     p.add_argument("--no-zygote", action="store_true", help="start plain processes instead of forking a warm one")
     p.add_argument("--preload", default=None, help="modules the fork server imports (default torch,dra,dra.elastic)")
-    p.add_argument("--shrink-grace-s", type=float, default=None,
+    p.add_argument("--shrink-grace-s", type=nonnegative_arg, default=None,
                    help="stop a worker the pool asked back that has not left after this long (default 30)")
     p.add_argument("--ray", default=None, help="start workers on a Ray cluster (address, or 'auto')")
     args = p.parse_args(argv)
@@ -381,8 +447,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--job is required with --pool")
     if not args.pool and not command:
         p.error("give the worker command after '--', e.g. dra run --nproc 2 -- python train.py")
-    if args.nproc < 1:
-        p.error(f"--nproc must be >= 1, got {args.nproc}")
     try:
         launcher = Launcher(command or None, job=args.job or "job", pool=args.pool, nproc=args.nproc,
                             store_host=args.store_host, advertise=args.advertise, log_dir=args.log_dir,

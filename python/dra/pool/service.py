@@ -18,6 +18,7 @@ preemption) and ``static_naive`` (the same, priorities ignored: first come first
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from typing import Any
 
 from dra import _core
 from dra._core import pool as _p
-from dra.pool import _auth, _cgroup, _inventory, _launchers
+from dra.pool import _auth, _cgroup, _inventory, _launchers, _state
 from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
@@ -45,6 +46,17 @@ ENDED = ("finished", "failed", "cancelled")
 
 class NoSuchJob(ValueError):
     """No job of that name (HTTP 404)."""
+
+
+def _check_seconds(key: str, value: Any, positive: bool = False, optional: bool = False) -> None:
+    """A duration option: a finite number of seconds, > 0 when ``positive`` else >= 0 (None when
+    ``optional``); ValueError naming it otherwise (NaN passes every comparison, so it is named too)."""
+    if value is None and optional:
+        return
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < 0 or (positive and value == 0)):
+        raise ValueError(f"{key}: must be a finite number of seconds {'> 0' if positive else '>= 0'}"
+                         f"{' (or None)' if optional else ''}, got {value!r}")
 
 
 class PoolService(SchedulingLoop, LauncherAPI):
@@ -65,19 +77,19 @@ class PoolService(SchedulingLoop, LauncherAPI):
                  silence_limit_s: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
-        if heartbeat_timeout_s <= 0:
-            raise ValueError(f"heartbeat_timeout_s: must be > 0, got {heartbeat_timeout_s}")
+        for key, value in (("tick_s", tick_s), ("heartbeat_timeout_s", heartbeat_timeout_s),
+                           ("orphan_limit_s", orphan_limit_s), ("silence_limit_s", silence_limit_s)):
+            _check_seconds(key, value, positive=True, optional=key in ("orphan_limit_s", "silence_limit_s"))
+        for key, value in (("scale_every_s", scale_every_s), ("start_grace_s", start_grace_s), ("aging_s", aging_s)):
+            _check_seconds(key, value)  # scale_every_s 0: a re-plan at every tick
         if silence_limit_s is not None and not silence_limit_s >= heartbeat_timeout_s:
             raise ValueError(f"silence_limit_s: must be >= heartbeat_timeout_s ({heartbeat_timeout_s:g} s), got "
                              f"{silence_limit_s} (None: the larger of 30 s and 10 heartbeat timeouts)")
-        if orphan_limit_s is not None and orphan_limit_s <= 0:
-            raise ValueError(f"orphan_limit_s: must be > 0 (or None: no limit), got {orphan_limit_s}")
         self.name = name
         self.mode = mode
         self.inventory = _p.Inventory(devices)
         self.slots = slots
-        self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir = _state.state_dir(state_dir)
         os.chmod(self.state_dir, 0o711)  # others may reach the socket in it, not list or read it
         self._state_lock = state_lock or StateLock(self.state_dir)
         try:
@@ -263,6 +275,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
                             f"only, not of {owner.user}; ask its operator, or serve a pool of your own")
         req = make_request(spec)
         req.validate(self.inventory)
+        self._check_lease_limits(req)
         if self.mode != "dynamic":  # the baselines: the request, rigid, for life
             req.min_size = req.max_size
             req.elastic = False
@@ -324,6 +337,20 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self._wake.set()
         return {"job": req.job, "state": "waiting"}
 
+    def _check_lease_limits(self, req: Any) -> None:
+        """On CPU slots a lease's share is its cgroup's CPU quota and memory limit: a fraction that
+        gives a worker less than it can run in (a quota under the kernel's 1 ms, a memory limit the
+        OOM killer would stop it at, or less memory than its memory_gb) is refused, naming the
+        least fraction that works, on every slot the job could be placed on."""
+        if self.slots is None:
+            return
+        for d in self.inventory.devices:
+            if (req.device_type in ("any", d.type) and d.memory_gb + 1e-9 >= req.memory_gb
+                    and self.slots.has(d.id)):
+                problem = self.slots.lease_limits_problem(d.id, req.fraction, req.memory_gb)
+                if problem:
+                    raise ValueError(problem)
+
     def _check_interpreter(self, job: str, owner: Owner) -> None:
         """The job's launcher runs this daemon's interpreter as the job's user: a user who cannot
         run it is refused at submission, with one event naming the interpreter and the fix (its
@@ -341,14 +368,22 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self._event({"event": "refused", "job": job, "user": owner.user, "error": error})
         raise ValueError(error)
 
+    def _per_job(self) -> tuple[dict[str, Any], ...]:
+        """Every table the pool keeps by job name besides the job's record (``jobs``, ``_requests``,
+        replaced by a new job of the name): what reusing a name forgets. A new one belongs here."""
+        return (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
+                self._resized_at, self._recent_peak, self._curves)
+
     def _forget(self, name: str, old: dict[str, Any]) -> None:
-        """A name used again once its job ended: the old job's record is replaced (its events stay
-        in events.jsonl; its launcher log is kept as ``<name>.launcher.log.<order>``)."""
+        """A name used again once its job ended: the old job's record is replaced and everything
+        kept about it (its report, loss curve, autoscaler, plans) forgotten; its events stay in
+        events.jsonl, its launcher log is kept as ``<name>.launcher.log.<order>``, and a finished
+        job's completion stays in its class's remaining-work history (jobs of a class share it; a
+        job's class is its ``job_class``, else its name)."""
         log = self.logs_dir / f"{name}.launcher.log"
         if log.exists():
             log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
-        for d in (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
-                  self._resized_at, self._recent_peak):
+        for d in self._per_job():
             d.pop(name, None)
         self._event({"event": "reuse", "job": name, "previous_order": old["order"], "previous_state": old["state"]})
 
@@ -450,17 +485,24 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self._running.pop(lid, None)
         self.counters["releases"] += 1
         cpu = None
+        extra: dict[str, Any] = {}
         if self.slots is not None and self.slots.has(l.device):
             cpu = self.slots.lease_usage_s(l.device, l.id)  # what the job used of the slot (accounting)
+            memory = self.slots.lease_memory(l.device, l.id)
+            if memory and memory["oom_kills"]:  # the kernel's OOM killer stopped processes at the lease's limit
+                extra = {"oom_kills": memory["oom_kills"], "memory_limit_mb": round(memory["limit"] / 2**20)}
             # No compute without a lease: whatever is still in its cgroup (a child the worker
             # left behind, a worker whose launcher stopped checking in) is stopped.
             self.slots.remove_lease(l.device, l.id, kill=True)
         self._event({"event": "release", "job": l.job, "lease": lid, "device": l.device, "reason": reason,
-                     "held_s": time.time() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu})})
+                     "held_s": time.time() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu}), **extra})
 
     def _end(self, name: str, state: str, reason: str | None, removed: list[int], now: float) -> None:
         """A job ends: its leases go back, one ``finish`` event says how and why."""
         j = self.jobs[name]
+        if state == "failed" and not reason:  # a failed job always says why, if only where to look
+            reason = (f"its launcher reported a failure without a reason; see its launcher log "
+                      f"({self.logs_dir / (name + '.launcher.log')}) and its workers' logs")
         j["state"] = state
         j["finished_at"] = j["finished_at"] or now
         if reason:
@@ -538,7 +580,7 @@ def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic"
     or a corrupt state fails without leaving anything behind."""
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    _state.state_dir(state_dir)
     lock = StateLock(state_dir)  # fails now, before any cgroup exists, if another daemon holds it
     slots = None
     try:
@@ -554,6 +596,10 @@ def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic"
             service.node_check = cluster.node_gone
             return service
         devices, specs = _inventory.discover(inventory, memory_gb=memory_gb)
+        if specs and memory_gb is not None and not (math.isfinite(memory_gb) and memory_gb * 1024 >= _cgroup.MIN_LEASE_MEMORY_MB):
+            raise ValueError(f"slot memory: {memory_gb:g} GB a slot (--slot-memory-gb) is less than a worker needs to "
+                             f"start ({_cgroup.MIN_LEASE_MEMORY_MB} MiB: a Python process with torch peaks at about "
+                             f"160 MiB); give at least {_cgroup.MIN_LEASE_MEMORY_MB / 1024:g}")
         slots = _cgroup.Slots(name, specs, guarantee=guarantee_slots) if specs else None
         return PoolService(devices, state_dir, mode=mode, slots=slots, name=name, state_lock=lock, **options)
     except Exception:
