@@ -62,7 +62,9 @@ def DistributedDataParallel(  # noqa: N802
     ``broadcast_buffers`` (True, as DDP's): the module's buffers (BatchNorm's running statistics)
     become the world's mean at every committed step, so every rank holds the same state; False:
     each rank's follow its own batches (they still travel with the state at every world change).
-    ``process_group`` must stay None (the elastic world is the group) and ``dim`` 0."""
+    ``process_group`` must stay None (the elastic world is the group) and ``dim`` 0. Gradient
+    accumulation is DDP's: ``with model.no_sync():`` around every backward of a window but the
+    last (docs/guide/elastic.md, "Gradient accumulation")."""
     if process_group is not None:
         raise ValueError("process_group: leave it None; the elastic world is the group (it changes with resizes)")
     if dim != 0:
