@@ -345,3 +345,74 @@ def test_cli_names_values_of_the_wrong_type_instead_of_a_traceback(capsys):
         with pytest.raises(SystemExit) if argv[0] == "--seed" else contextlib.nullcontext():
             assert cli.main(["rl", "--scenario", "long_tail", "--steps", "2", "--quiet", *argv]) == 2
         assert said in capsys.readouterr().err
+
+
+def _rl_args(*argv: str):
+    import argparse
+
+    from dra.rl import cli as rl_cli
+
+    parser = argparse.ArgumentParser(prog="dra-sim")
+    rl_cli.add_parser(parser.add_subparsers(dest="command"))
+    return rl_cli, parser.parse_args(["rl", *argv])
+
+
+def test_cli_refuses_runs_above_the_documented_bounds():
+    """`--steps 100000000` or `--devices 100000` ran for hours (the phase model costs about
+    2.5e-6 s x steps x devices x (devices + 48) here; 1024 devices at 200 steps did not end in 5
+    minutes). Refused at once, naming the bound; a run just inside the bounds is accepted. Each case
+    in its own process with a timeout: without the bounds it would run on."""
+    for argv, said in (
+        (["--steps", "100001"], "argument --steps: 100001 is above the bound 100000"),
+        (["--devices", "1025"], "argument --devices: 1025 is above the bound 1024"),
+        (["--devices", "512", "--steps", "2000"], "above the bound steps x devices x (devices + 48) <= 240,000,000"),
+        (["--workload", "steps=200000"], "--workload steps=200000: above the bound 100,000"),
+        # The event model (a 200-step longgen run takes 3-4 minutes here; its planner grows faster).
+        (["--pipeline-scenario", "longgen", "--steps", "1000"], "above the bound steps x (devices + 16) x (1 + lookahead"),
+        (["--pipeline-scenario", "longgen", "--lookahead-samples", "64"], "give at most --steps 87 at this size"),
+        (["--pipeline-scenario", "azure_code", "--devices", "65"], "above the event model's bound 64"),
+    ):
+        scenario = [] if "--pipeline-scenario" in argv else ["--scenario", "long_tail"]
+        proc = subprocess.run([sys.executable, "-m", "dra.sim.cli", "rl", *scenario, "--quiet", *argv],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and said in proc.stderr, (argv, proc.stderr)
+    for argv in (["--scenario", "long_tail", "--steps", "100000"], ["--scenario", "long_tail", "--devices", "512", "--steps", "800"],
+                 ["--scenario", "long_tail", "--devices", "1024", "--steps", "200"],
+                 ["--pipeline-scenario", "longgen"], ["--pipeline-scenario", "longgen", "--lookahead-samples", "12"],
+                 ["--pipeline-scenario", "azure_code", "--devices", "64", "--steps", "200"]):
+        rl_cli, args = _rl_args(*argv)
+        assert rl_cli._check(args) is None, argv
+
+
+def test_cli_refuses_options_that_would_be_ignored_and_non_decimal_numbers(tmp_path, capsys):
+    """Silently ignored before: --scenario under --all-scenarios, --steps/--seed/--drift beside the
+    --workload field that overrides them, --seed where every length is the same (nothing is drawn:
+    the same JSON for every seed). Numbers such as '1_000' or ' 5 ' (Python's int()/float()) were
+    taken; a --trace CSV that repeats a column was read from the first."""
+    from dra.sim import cli
+
+    for argv, said in (
+        (["--steps", "2", "--scenario", "long_tail", "--all-scenarios"], "--scenario long_tail: not used with --all-scenarios"),
+        (["--scenario", "long_tail", "--steps", "5", "--workload", "steps=7"], "--steps 5 and --workload steps=7 set the same thing"),
+        (["--scenario", "long_tail", "--seed", "5", "--workload", "seed=7"], "--seed 5 and --workload seed=7"),
+        (["--steps", "2", "--drift", "2", "--workload", "drift_final_scale=3"], "--drift 2.0 and --workload drift_final_scale=3"),
+        (["--steps", "2", "--constant-length", "100", "--seed", "3"],
+         "--seed: not used here, every generation has the same length (--constant-length)"),
+        (["--steps", "2", "--scenario", "training_bound", "--seed", "3"], "(scenario training_bound)"),
+        (["--steps", "2", "--pipeline-scenario", "longgen", "--pipeline", "one_step_off"], "--pipeline: not used by --pipeline-scenario"),
+    ):
+        assert cli.main(["rl", "--quiet", *argv]) == 2, argv
+        assert said in capsys.readouterr().err, argv
+    for flag, value in (("--steps", "1_000"), ("--steps", " 5 "), ("--devices", "0x10"), ("--constant-length", "1e3"),
+                        ("--drift", "inf"), ("--seed", "+5"), ("--initial-rollout", "-1")):
+        with pytest.raises(SystemExit):
+            cli.main(["rl", "--scenario", "long_tail", "--quiet", flag, value])
+        err = capsys.readouterr().err
+        assert f"argument {flag}: " in err and ("plain" in err or "out of range" in err), (flag, value, err)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("GeneratedTokens,GeneratedTokens\n5,7\n")
+    assert cli.main(["rl", "--trace", str(trace), "--steps", "2", "--quiet"]) == 2
+    assert "column 'GeneratedTokens' appears twice" in capsys.readouterr().err
+    trace.write_text("GeneratedTokens\n5\n0x10\n")
+    assert cli.main(["rl", "--trace", str(trace), "--steps", "2", "--quiet"]) == 2
+    assert "trace.csv:3: column 'GeneratedTokens' (1): '0x10' is not a plain decimal" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -259,7 +260,13 @@ def test_foreign_inputs_unfinished_jobs_collisions_and_bad_outputs_are_named(tmp
     a = sim.replay(small, policies=["static"], jobs_detail=False)["policies"]["static"]
     b = sim.replay(late, policies=["static"], jobs_detail=False)["policies"]["static"]
     assert a["completed"] == b["completed"] == 4 and a["avg_jct_s"] == pytest.approx(b["avg_jct_s"])
-    tiny = sim.replay(W1, policies=["static"], nodes=1, devices_per_node=1, jobs_detail=False)
+    # A one-device cluster (every request cut to one device: larger ones are refused, see
+    # test_a_job_requesting_more_devices_than_the_cluster_has_is_refused_by_name).
+    one = tmp_path / "one-device.csv"
+    rows1 = W1.read_text().splitlines()
+    r = rows1[0].split(",").index("num_replicas")
+    one.write_text("\n".join([rows1[0], *(",".join(c[:r] + ["1"] + c[r + 1:]) for c in (x.split(",") for x in rows1[1:]))]) + "\n")
+    tiny = sim.replay(one, policies=["static"], nodes=1, devices_per_node=1, jobs_detail=False)
     s = tiny["policies"]["static"]
     assert 0 < s["unfinished"] < s["jobs"] and s["completed"] + s["unfinished"] == s["jobs"]
     assert s["cluster_utilization"] <= 1.0 + 1e-9
@@ -275,3 +282,186 @@ def test_foreign_inputs_unfinished_jobs_collisions_and_bad_outputs_are_named(tmp
     assert "is a file" in capsys.readouterr().err
     with pytest.raises(ValueError, match="resamples"):
         sim.replay(small, policies=["static"], resamples=0)
+
+
+def _workload(tmp_path: Path, rows: list[str], header: str = "name,time,application,num_replicas,batch_size",
+              name: str = "w.csv") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_a_job_requesting_more_devices_than_the_cluster_has_is_refused_by_name(tmp_path, capsys):
+    """Such a job was silently capped at the cluster (static and Tiresias ran it on fewer devices
+    than it asked for: another workload than the one given). It is refused before anything runs,
+    naming each job, its line, its request, the cluster and both fixes; a request of exactly the
+    cluster's size runs."""
+    w = _workload(tmp_path, ["fits,0,cifar10,4,512", "big,10,cifar10,6,512", "bigger,20,cifar10,9,512"])
+    with pytest.raises(ValueError) as err:
+        sim.replay(w, policies=["static"], nodes=1, devices_per_node=4, jobs_detail=False)
+    msg = str(err.value)
+    assert "2 job(s) request more devices than the simulated cluster has (4)" in msg
+    assert "line 3 job 'big' requests 6" in msg and "line 4 job 'bigger' requests 9" in msg and "'fits'" not in msg
+    assert "--nodes 1 x --devices-per-node 4" in msg and "num_replicas in those rows to at most 4" in msg
+    out = tmp_path / "out.json"
+    assert cli.main(["replay", "--workload", str(w), "--nodes", "1", "--policy", "static", "--quiet", "--json", str(out)]) == 2
+    assert "job 'big' requests 6" in capsys.readouterr().err and not out.exists()
+    # Checked for every workload before any is simulated (a good first one does not run first).
+    good = _workload(tmp_path, ["fits,0,cifar10,4,512"], name="good.csv")
+    assert cli.main(["replay", "--workload", str(good), "--workload", str(w), "--nodes", "1", "--policy", "static",
+                     "--no-jobs", "--json", str(out)]) == 2
+    assert "[dra-sim]" not in capsys.readouterr().err and not out.exists()
+    fits = sim.replay(good, policies=["static"], nodes=1, devices_per_node=4, jobs_detail=True)
+    assert fits["jobs"][0]["max_devices"] == 4 and fits["policies"]["static"]["completed"] == 1
+    # The study's request pool: its cluster is 64 devices.
+    pool = _workload(tmp_path, ["ok,0,cifar10,64,4096", "huge,0,cifar10,65,4096"], name="pool.csv")
+    with pytest.raises(ValueError, match=r"line 3 job 'huge' requests 65.*study's cluster is fixed at 64"):
+        sim.study(1, workloads=[pool], resamples=10)
+    # ... nor more than its batch can split (cifar10's smallest per-device batch is 32: 128 / 32 = 4).
+    pool = _workload(tmp_path, ["ok,0,cifar10,4,128", "thin,0,cifar10,5,128"], name="pool.csv")
+    with pytest.raises(ValueError, match=r"line 3 job 'thin' requests 5 devices at batch 128, at most 4"):
+        sim.study(1, workloads=[pool], resamples=10)
+    ok = sim.study(1, workloads=[_workload(tmp_path, ["ok,0,cifar10,4,128"], name="ok.csv")], resamples=10,
+                   policies=["static"])
+    assert ok["specs"][0]["replicas"] == 4
+
+
+def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
+    """An option another option's value makes useless was silently ignored (the same results as
+    without it): --in-place-cost/--restart-cost under --cost-mode same, --reallocation-cost under
+    system, a mechanism's cost when no policy run uses it, --declaration-seed with nothing to draw,
+    --declared-sigma/--declared-none against a declared_epochs column, and in the study
+    --jobs-per-cluster alone, --price-floor shared or without convergence_aware, the dynamic
+    policies' options with only the static baselines. Each is refused, naming the option."""
+    with pytest.raises(ValueError, match=r"in_place_cost \(--in-place-cost\): not used by cost mode 'same'"):
+        sim.costs_by_policy(["pollux"], "same", in_place_cost=0.2)
+    with pytest.raises(ValueError, match=r"restart_cost \(--restart-cost\): not used by cost mode 'same'"):
+        sim.costs_by_policy(["pollux"], "same", restart_cost=20)
+    with pytest.raises(ValueError, match=r"--reallocation-cost\) 5: not used by cost mode 'system'"):
+        sim.costs_by_policy(["pollux"], "system", cost=5)
+    with pytest.raises(ValueError, match=r"--in-place-cost\) 0.2: no policy run here resizes in place \(policies: pollux, static\)"):
+        sim.costs_by_policy(["pollux", "static"], "system", in_place_cost=0.2)
+    with pytest.raises(ValueError, match=r"--restart-cost\) 20: no policy run here restarts"):
+        sim.costs_by_policy(["convergence_aware"], "system", restart_cost=20)
+    # Where each is used, it is used.
+    assert sim.costs_by_policy(["pollux", "convergence_aware"], "system", in_place_cost=0.2, restart_cost=20) == {
+        "pollux": 20.0, "convergence_aware": 0.2}
+    assert sim.costs_by_policy(["pollux"], "same", cost=5) == {"pollux": 5.0}
+    small = _small_workload(tmp_path, 3)
+    out = tmp_path / "o.json"
+    for argv, said in (
+        (["--in-place-cost", "999"], "--in-place-cost): not used by cost mode 'same'"),
+        (["--cost-mode", "system", "--reallocation-cost", "5"], "--reallocation-cost) 5: not used by cost mode 'system'"),
+        (["--declaration-seed", "3"], "--declaration-seed: not used here"),
+    ):
+        assert cli.main(["replay", "--workload", str(small), "--policy", "static", "--quiet", "--json", str(out), *argv]) == 2
+        assert said in capsys.readouterr().err and not out.exists()
+    lines = small.read_text().splitlines()
+    declared = _workload(tmp_path, [ln + ",7" for ln in lines[1:]], header=lines[0] + ",declared_epochs", name="d.csv")
+    with pytest.raises(ValueError, match="declared_sigma .*has a declared_epochs column"):
+        sim.replay(declared, policies=["static"], declared_sigma=0.5)
+    with pytest.raises(ValueError, match="declared_none_share .*has a declared_epochs column"):
+        sim.replay(declared, policies=["static"], declared_none_share=0.5)
+    with pytest.raises(ValueError, match="no job declares anything"):
+        sim.replay(small, policies=["static"], declared_none_share=1.0, declared_sigma=0.5)
+    for argv, said in (
+        (["--jobs-per-cluster", "10"], "--jobs-per-cluster: not used here"),
+        (["--shared-cluster", "--price-floor", "0.2"], "--price-floor: not used here, it is convergence_aware's per-job price"),
+        (["--policy", "goodput", "--price-floor", "0.2"], "convergence_aware's, which is not run (policies: goodput)"),
+        (["--policy", "static", "--gns-estimate-sigma", "0.1"], "--gns-estimate-sigma: not used here"),
+        (["--policy", "static", "--declared-sigma", "0.1"], "--declared-sigma: not used here"),
+        (["--policy", "static", "--old-target-rule"], "--old-target-rule: not used here"),
+        (["--reference-limits", "--workloads", str(_workload(tmp_path, ["a,0,cifar10,2,128"], name="no-ncf.csv"))],
+         "--reference-limits): no application of the request pool"),
+    ):
+        assert cli.main(["study", "--runs", "1", "--quiet", "--json", str(out), *argv]) == 2
+        assert said in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("cell", ["0x10", "1_000", "inf", "nan", " 5 ", "1e3", "+5", "-5", "5s", "\u0665"])
+def test_numbers_in_a_workload_must_be_plain_decimals(tmp_path, cell):
+    """The C++ reader's strtod took '0x10' as 16 s, '1e3' as 1000, '+5' and ' 5 ' as 5: a time in a
+    workload is now only digits with an optional fraction, named by file, line, column and value.
+    The same for num_replicas and batch_size."""
+    profiles = sim.load_profiles()
+    w = _workload(tmp_path, ["a,0,cifar10,2,128", f"b,{cell},cifar10,2,128"])
+    with pytest.raises(ValueError, match=rf"w\.csv:3: column 'time' \(2\): '{re.escape(cell)}'"):
+        sim.read_workload(w, profiles)
+    w = _workload(tmp_path, [f"a,0,cifar10,{cell},128"])
+    with pytest.raises(ValueError, match=rf"w\.csv:2: column 'num_replicas' \(4\): '{re.escape(cell)}'"):
+        sim.read_workload(w, profiles)
+    w = _workload(tmp_path, [f"a,0,cifar10,2,{cell}"])
+    with pytest.raises(ValueError, match=rf"w\.csv:2: column 'batch_size' \(5\): '{re.escape(cell)}'"):
+        sim.read_workload(w, profiles)
+
+
+def test_plain_decimal_times_are_read_as_written(tmp_path):
+    w = _workload(tmp_path, ["a,0,cifar10,2,128", "b,16,cifar10,2,128", "c,16.5,cifar10,2,128", "d,.5,cifar10,2,128"])
+    assert [j["submit_s"] for j in sim.read_workload(w, sim.load_profiles())] == [0.0, 16.0, 16.5, 0.5]
+
+
+@pytest.mark.parametrize("value", ["0x10", "1_000", "inf", "nan", " 5 ", "1e3", "-5"])
+def test_numbers_on_the_command_line_must_be_plain_decimals(tmp_path, capsys, value):
+    """--interval took '1_000', ' 5 ' and '1e3' (Python's float()), the costs the same, the counts
+    '1_000' and ' 5 ' (int()): each is refused, naming the option and the value."""
+    small = _small_workload(tmp_path, 2)
+    for argv, flag in ((["replay", "--workload", str(small), "--interval", value], "--interval"),
+                       (["study", "--runs", value], "--runs"),
+                       (["replay", "--workload", str(small), "--nodes", value], "--nodes"),
+                       (["study", "--seed", value], "--seed")):
+        with pytest.raises(SystemExit):
+            cli.main([*argv, "--quiet"])
+        err = capsys.readouterr().err
+        assert f"argument {flag}: " in err and value.strip() in err, err
+    with pytest.raises(ValueError, match=f"reallocation cost: '{re.escape(value)}' is not a number of seconds"):
+        sim.parse_cost(value)
+    assert cli.main(["replay", "--workload", str(small), "--policy", "static", "--quiet", "--reallocation-cost", value]) == 2
+    assert f"'{value}' is not a number of seconds" in capsys.readouterr().err
+
+
+def test_a_column_the_header_repeats_is_refused(tmp_path):
+    """The reader took the first of two columns of one name and silently ignored the other."""
+    w = _workload(tmp_path, ["a,5,cifar10,2,128,99999"], header="name,time,application,num_replicas,batch_size,time")
+    with pytest.raises(ValueError, match=r"w\.csv:1: column 'time' appears twice in the header \(columns 2 and 6\)"):
+        sim.read_workload(w, sim.load_profiles())
+    with pytest.raises(ValueError, match="appears twice"):
+        sim.replay(w, policies=["static"])
+    # The same in a profile folder (--traces).
+    import shutil
+
+    traces = tmp_path / "traces"
+    shutil.copytree(DATA / "traces", traces)
+    placements = traces / "cifar10" / "placements.csv"
+    head, *rest = placements.read_text().splitlines()
+    placements.write_text("\n".join([head + ",step_time", *(r + ",0.1" for r in rest)]) + "\n")
+    with pytest.raises(ValueError, match=r"placements\.csv:1: column 'step_time' appears twice.*a profile file"):
+        sim.load_profiles(traces)
+
+
+def test_runs_above_the_documented_bounds_are_refused(tmp_path, capsys):
+    """How much one command simulates is bounded (docs/guide/simulator.md, "Inputs and bounds"):
+    beyond, a study ran for hours (a run costs about 0.09 s of CPU, a bootstrap resample about 24 us
+    per run) or a cluster of a billion nodes was accepted. Each is refused naming the bound; the
+    documented sizes are accepted. The study cases run in a process with a timeout: without the
+    bounds they would run on."""
+    for argv, said in (
+        (["--runs", "10001"], "argument --runs: 10001 is above the bound 10000"),
+        (["--resamples", "100001"], "argument --resamples: 100001 is above the bound 100000"),
+        (["--runs", "10000", "--resamples", "2001"], "above the bound runs x resamples <= 20,000,000"),
+        (["--shared-cluster", "--jobs-per-cluster", "641"], "argument --jobs-per-cluster: 641 is above the bound 640"),
+    ):
+        proc = subprocess.run([sys.executable, "-m", "dra.sim.cli", "study", "--quiet", "--no-jobs", *argv],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and said in proc.stderr, (argv, proc.stderr)
+    small = _small_workload(tmp_path, 2)
+    out = tmp_path / "o.json"
+    for argv, said in ((["--nodes", "4097"], "argument --nodes: 4097 is above the bound 4096"),
+                       (["--interval", "0.5"], "argument --interval: 0.5 is out of range; give a number >= 1")):
+        with pytest.raises(SystemExit):
+            cli.main(["replay", "--workload", str(small), "--policy", "static", "--quiet", "--json", str(out), *argv])
+        assert said in capsys.readouterr().err and not out.exists()
+    with pytest.raises(ValueError, match=r"nodes \(--nodes\): must be a whole number in \[1, 4096\], got 5000"):
+        sim.replay(small, policies=["static"], nodes=5000)
+    assert cli.main(["replay", "--workload", str(small), "--policy", "static", "--quiet", "--json", str(out),
+                     "--nodes", "4096", "--devices-per-node", "9", "--interval", "1"]) == 0
+    assert json.loads(out.read_text())["cluster"] == {"nodes": 4096, "devices_per_node": 9}

@@ -16,10 +16,29 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra._argtypes import seed_arg
+from dra.sim._args import check_csv, decimal_arg, integer_arg, seed_arg
+
+#: Bounds of how much one ``dra-sim rl`` run simulates (docs/guide/simulator.md, "Bounds"), measured
+#: on the project's 2-core machine: the phase model takes about
+#: ``PHASE_S_PER_WORK x steps x devices x (devices + 48)`` seconds (8 devices: 1.2 ms per step;
+#: 64: 21 ms; 512: 0.7 s), its JSON about 135 bytes per step and device.
+MAX_STEPS = 100_000
+MAX_DEVICES = 1024
+MAX_WORK = 240_000_000  # steps x devices x (devices + 48): about 10 minutes
+PHASE_S_PER_WORK = 2.5e-6
+#: The event model (--pipeline-scenario) costs about ``EVENT_S_PER_WORK x steps x (devices + 16)
+#: x (1 + lookahead samples / 8)`` seconds on the costliest shipped setting (longgen: 0.75 s per
+#: step at 8 devices, 1.5 s at 32; 12 look-ahead samples 2-2.5x); its planner and oracle grow
+#: faster than linearly in steps and devices, hence the tighter bounds.
+MAX_EVENT_WORK = 19_000  # about 10 minutes
+MAX_EVENT_DEVICES = 64
+EVENT_S_PER_WORK = 0.031
+MAX_LOOKAHEAD_SAMPLES = 64
 
 
 def _assignments(items: list[str] | None, flag: str) -> dict[str, Any]:
@@ -35,6 +54,23 @@ def _assignments(items: list[str] | None, flag: str) -> dict[str, Any]:
     return out
 
 
+def _progress(label: str, quiet: bool) -> Callable[[int, int], None]:
+    """Progress on stderr after each schedule: how many and the time so far. (No estimate of the
+    rest: the last schedules, the policy's, the planner's and the oracle's, can take most of the run.)"""
+    start = time.monotonic()
+
+    def report(done: int, total: int) -> None:
+        if not quiet:
+            spent = _duration(time.monotonic() - start)
+            print(f"[dra-sim rl] {label}: {done}/{total} schedules, {spent}", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Registers the ``rl`` subcommand on a ``dra-sim`` subparsers object."""
     import dra.rl as rl
@@ -45,14 +81,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--pipeline-scenario", choices=list(rl.PIPELINE_SCENARIOS),
                    help="the event model on a named setting (no per-phase barrier, devices moved inside a step)")
     p.add_argument("--trace", help=f"length trace: {', '.join(rl.TRACES)} or a CSV path with a GeneratedTokens column")
-    p.add_argument("--constant-length", type=float, help="every generation this many tokens (no tail)")
-    p.add_argument("--drift", type=float, help="lengths grow to this multiple over the run (default 1: none)")
-    p.add_argument("--devices", type=int, default=8)
-    p.add_argument("--pipeline", choices=["one_step_off", "synchronous"], default="one_step_off")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--seed", type=seed_arg, default=1)
-    p.add_argument("--initial-rollout", type=int, default=0, help="rollout devices the dynamic run starts with (0: half)")
-    p.add_argument("--lookahead-samples", type=int, default=0, metavar="N",
+    p.add_argument("--constant-length", type=decimal_arg("tokens", low=1.0), help="every generation this many tokens (no tail)")
+    p.add_argument("--drift", type=decimal_arg(low=0.0, low_open=True),
+                   help="lengths grow to this multiple over the run (default 1: none)")
+    p.add_argument("--devices", type=integer_arg(low=2, high=MAX_DEVICES), default=8,
+                   help=f"devices split between rollout and training, 2-{MAX_DEVICES} (default 8)")
+    p.add_argument("--pipeline", choices=["one_step_off", "synchronous"],
+                   help="phase model: one_step_off (default) or synchronous")
+    p.add_argument("--steps", type=integer_arg(low=1, high=MAX_STEPS),
+                   help=f"RL steps, at most {MAX_STEPS:,} (default 200); steps x devices x (devices + 48) at most "
+                        f"{MAX_WORK:,}, with --pipeline-scenario steps x (devices + 16) x (1 + lookahead samples / 8) "
+                        f"at most {MAX_EVENT_WORK:,} (each about 10 minutes)")
+    p.add_argument("--seed", type=seed_arg, help="seed of the lengths drawn (default 1); not with constant lengths")
+    p.add_argument("--initial-rollout", type=integer_arg(low=0), default=0,
+                   help="rollout devices the dynamic run starts with (0: half)")
+    p.add_argument("--lookahead-samples", type=integer_arg(low=0, high=MAX_LOOKAHEAD_SAMPLES), default=0, metavar="N",
                    help="with --pipeline-scenario: also the references (the oracle paying switches, its search on N "
                         "draws of the lengths by group and alone); slow: minutes per run at 200 steps")
     p.add_argument("--workload", action="append", metavar="NAME=VALUE", help="RlWorkload field (repeatable)")
@@ -69,9 +112,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     """The event model: one named setting, the three-part report."""
     import dra.rl as rl
 
-    def progress(done: int, total: int) -> None:
-        if not args.quiet:
-            print(f"[dra-sim rl] {args.pipeline_scenario}: {done}/{total} schedules", file=sys.stderr, flush=True)
+    progress = _progress(args.pipeline_scenario, args.quiet)
 
     try:
         doc = rl.simulate_pipeline(args.pipeline_scenario, devices=args.devices, steps=args.steps, seed=args.seed,
@@ -98,16 +139,84 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options together, or None: an option another one makes useless (it
+    would be silently ignored), a trace file the reader would misread, a run above the bounds.
+    Sets ``args.steps`` and ``args.seed`` to their defaults where not given."""
+    import dra.rl as rl
+
+    try:
+        workload = _assignments(args.workload, "--workload")
+    except ValueError as exc:
+        return str(exc)
+    # --workload NAME=VALUE overrides the flag of the same setting: both given, the flag is ignored.
+    for flag, field, value in (("--steps", "steps", args.steps), ("--seed", "seed", args.seed),
+                               ("--drift", "drift_final_scale", args.drift)):
+        if value is not None and field in workload:
+            return (f"{flag} {value} and --workload {field}={workload[field]} set the same thing (the --workload value "
+                    f"would win, {flag} would be ignored); give one")
+    if args.scenario and args.all_scenarios:
+        return (f"--scenario {args.scenario}: not used with --all-scenarios, which runs every scenario; "
+                "drop one of them")
+    if not args.pipeline_scenario:
+        scenarios = list(rl.SCENARIOS) if args.all_scenarios else [args.scenario]
+        constant = [n for n in scenarios if args.constant_length is not None
+                    or (args.trace is None and rl.SCENARIOS.get(n or "", {}).get("constant_length") is not None)]
+        if (args.seed is not None or "seed" in workload) and len(constant) == len(scenarios):
+            return ("--seed: not used here, every generation has the same length "
+                    f"({'--constant-length' if args.constant_length is not None else 'scenario ' + str(constant[0])}), "
+                    "so nothing is drawn; drop --seed or give lengths from a trace (--trace)")
+    if args.trace and args.trace not in rl.TRACES and Path(args.trace).is_file():
+        try:
+            check_csv(args.trace, {"GeneratedTokens": "decimal"})
+        except ValueError as exc:
+            return f"--trace: {exc}"
+    steps = workload.get("steps", args.steps if args.steps is not None else 200)
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > MAX_STEPS:
+        return f"--workload steps={steps}: above the bound {MAX_STEPS:,}; give at most {MAX_STEPS:,}"
+    if isinstance(steps, int) and not isinstance(steps, bool) and args.pipeline_scenario:
+        if args.devices > MAX_EVENT_DEVICES:
+            return (f"--devices {args.devices}: above the event model's bound {MAX_EVENT_DEVICES} (--pipeline-scenario: "
+                    f"its planner and oracle grow faster than the devices); give at most {MAX_EVENT_DEVICES}")
+        factor = 1 + args.lookahead_samples / 8
+        work = steps * (args.devices + 16) * factor
+        if work > MAX_EVENT_WORK:
+            most = int(MAX_EVENT_WORK / ((args.devices + 16) * factor))
+            extra = f" x (1 + --lookahead-samples {args.lookahead_samples} / 8)" if args.lookahead_samples else ""
+            return (f"--steps {steps} at --devices {args.devices}{extra}: about {EVENT_S_PER_WORK * work / 60:.0f} minutes "
+                    f"of simulation on a 2-core machine in the event model, above the bound steps x (devices + 16) x "
+                    f"(1 + lookahead samples / 8) <= {MAX_EVENT_WORK:,} (about 10 minutes); give at most --steps {most} "
+                    "at this size")
+    elif isinstance(steps, int) and not isinstance(steps, bool):
+        runs = len(rl.SCENARIOS) if args.all_scenarios else 1
+        work = steps * args.devices * (args.devices + 48) * runs
+        if work > MAX_WORK:
+            most = MAX_WORK // (args.devices * (args.devices + 48) * runs)
+            return (f"--steps {steps} at --devices {args.devices}{' x ' + str(runs) + ' scenarios' if runs > 1 else ''}: "
+                    f"about {PHASE_S_PER_WORK * work / 60:.0f} minutes of simulation on a 2-core machine, above the "
+                    f"bound steps x devices x (devices + 48) <= {MAX_WORK:,} (about 10 minutes); give at most "
+                    f"--steps {most} at this size, or fewer --devices")
+    if args.steps is None:
+        args.steps = 200
+    if args.seed is None:
+        args.seed = 1
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import dra.rl as rl
 
+    problem = _check(args)
+    if problem:
+        print(f"dra-sim rl: error: {problem}", file=sys.stderr)
+        return 2
     if args.pipeline_scenario:
         # The event model's setting comes from its scenario and --workload/--cost/--policy; the
         # phase model's own options would be silently ignored there.
         ignored = [flag for flag, given in (("--scenario", args.scenario), ("--all-scenarios", args.all_scenarios),
                                             ("--trace", args.trace), ("--constant-length", args.constant_length is not None),
                                             ("--drift", args.drift is not None),
-                                            ("--pipeline", args.pipeline != "one_step_off")) if given]
+                                            ("--pipeline", args.pipeline is not None)) if given]
         if ignored:
             print(f"dra-sim rl: error: {', '.join(ignored)}: not used by --pipeline-scenario (the event model takes its "
                   "setting from the scenario and --workload NAME=VALUE); drop them or drop --pipeline-scenario",
@@ -124,10 +233,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for name in names:
 
-            def progress(done: int, total: int, name: str | None = name) -> None:
-                if not args.quiet:
-                    print(f"[dra-sim rl] {name or 'custom'}: {done}/{total} schedules", file=sys.stderr, flush=True)
-
+            progress = _progress(name or "custom", args.quiet)
             docs.append(
                 rl.simulate(
                     name,
@@ -135,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
                     constant_length=args.constant_length,
                     drift=args.drift,
                     devices=args.devices,
-                    pipeline=args.pipeline,
+                    pipeline=args.pipeline or "one_step_off",
                     steps=args.steps,
                     seed=args.seed,
                     workload=_assignments(args.workload, "--workload"),

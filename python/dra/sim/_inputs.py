@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dra import _sim
+from dra.sim._args import PLAIN_DECIMAL, check_csv, plain_decimal
 
 POLICIES: tuple[str, ...] = tuple(_sim.sim_policy_names)
 #: Dynamic policies `dra-sim study` compares by default with the static baselines: the DRA
@@ -48,7 +49,10 @@ def default_data_dir() -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _profiles_cached(traces: str) -> Any:
-    return _sim.SimProfiles(traces)
+    profiles = _sim.SimProfiles(traces)
+    for csv in sorted(Path(traces).glob("*/*.csv")):  # a repeated column name: the reader takes the first
+        check_csv(csv, what=" (a profile file)")
+    return profiles
 
 
 def load_profiles(traces: str | os.PathLike[str] | None = None) -> Any:
@@ -57,9 +61,45 @@ def load_profiles(traces: str | os.PathLike[str] | None = None) -> Any:
     return _profiles_cached(str(Path(path).resolve()))
 
 
+#: The numeric columns of a workload CSV and how each must be written (``_args.check_csv``).
+WORKLOAD_NUMBERS: dict[str, str] = {
+    "time": "decimal",
+    "num_replicas": "integer",
+    "batch_size": "decimal",
+    "declared_epochs": "decimal_or_empty",
+}
+
+
+def read_workload_rows(path: str | os.PathLike[str], profiles: Any = None) -> tuple[list[dict[str, Any]], list[int]]:
+    """``read_workload`` and the file line of each job."""
+    try:  # first, so a number's form is named the same way whatever the C++ reader thinks of its value
+        lines = check_csv(path, WORKLOAD_NUMBERS)
+    except OSError:
+        lines = None  # the reader names a file it cannot open
+    jobs = list(_sim.sim_read_workload(str(path), profiles))
+    return jobs, lines if lines is not None else check_csv(path, WORKLOAD_NUMBERS)
+
+
 def read_workload(path: str | os.PathLike[str], profiles: Any = None) -> list[dict[str, Any]]:
-    """Jobs of a workload CSV; a malformed row raises ValueError naming file, line and column."""
-    return list(_sim.sim_read_workload(str(path), profiles))
+    """Jobs of a workload CSV; a malformed row raises ValueError naming file, line and column. A
+    column name the header repeats and a number that is not a plain decimal (``0x10``, ``1e3``,
+    ``+5``, `` 5 ``) are refused too."""
+    return read_workload_rows(path, profiles)[0]
+
+
+def check_requests(path: str | os.PathLike[str], jobs: list[dict[str, Any]], lines: list[int], capacity: int,
+                   fix: str) -> None:
+    """Refuses jobs that request more devices than the simulated cluster has (they could never run
+    as requested; capping them would simulate another workload), naming each (the first five)."""
+    big = [(line, j) for line, j in zip(lines, jobs) if j["replicas"] > capacity]
+    if not big:
+        return
+    named = "; ".join(f"line {line} job '{j['name']}' requests {j['replicas']}" for line, j in big[:5])
+    more = f" (and {len(big) - 5} more)" if len(big) > 5 else ""
+    raise ValueError(
+        f"{path}: {len(big)} job(s) request more devices than the simulated cluster has ({capacity}): {named}{more}; "
+        f"{fix}, or lower num_replicas in those rows to at most {capacity}"
+    )
 
 
 def published_jct(data_dir: Path | None = None) -> dict[str, Any]:
@@ -145,35 +185,65 @@ def costs_by_policy(
     policies: list[str],
     mode: str = "same",
     *,
-    cost: float | str = POLLUX_REALLOCATION_COST_S,
+    cost: float | str | None = None,
     in_place_cost: float | str | None = None,
     restart_cost: float | str | None = None,
 ) -> dict[str, float]:
-    """Seconds each policy pays per reallocation. ``same``: ``cost`` for all. ``system``: policies
-    whose system resizes in place pay ``in_place_cost`` (default: the measured resize report's
-    slower resize), the others ``restart_cost`` (default: Pollux's 30 s; a resize report gives the
-    measured torchrun restart)."""
+    """Seconds each policy pays per reallocation. ``same``: ``cost`` for all (default: Pollux's
+    30 s). ``system``: policies whose system resizes in place pay ``in_place_cost`` (default: the
+    measured resize report's slower resize), the others ``restart_cost`` (default: Pollux's 30 s;
+    a resize report gives the measured torchrun restart). A cost the mode or the policies would
+    not use is refused (it would be silently ignored): ``in_place_cost``/``restart_cost`` under
+    ``same``, ``cost`` under ``system``, ``in_place_cost`` when no policy resizes in place,
+    ``restart_cost`` when none restarts."""
     if mode not in COST_MODES:
         raise ValueError(f"cost mode: '{mode}' is not one of {', '.join(COST_MODES)}")
     if mode == "same":
-        value = parse_cost(cost)
+        given = [n for n, v in (("in_place_cost (--in-place-cost)", in_place_cost),
+                                ("restart_cost (--restart-cost)", restart_cost)) if v is not None]
+        if given:
+            raise ValueError(
+                f"{' and '.join(given)}: not used by cost mode 'same', where every policy pays the one reallocation "
+                "cost (--reallocation-cost); drop it, or charge each policy its own mechanism with cost mode 'system' "
+                "(--cost-mode system)"
+            )
+        value = parse_cost(POLLUX_REALLOCATION_COST_S if cost is None else cost)
         return {p: value for p in policies}
+    if cost is not None:
+        raise ValueError(
+            f"reallocation cost (--reallocation-cost) {cost}: not used by cost mode 'system', where each policy pays "
+            "its own mechanism's cost; give --in-place-cost / --restart-cost instead, or use cost mode 'same'"
+        )
     mechanism = {e["name"]: e["mechanism"] for e in _sim.policy_registry()}
+    in_place_policies = [p for p in policies if mechanism.get(p) == "in_place"]
+    restart_policies = [p for p in policies if mechanism.get(p) != "in_place"]
+    for given, users, name, kind in ((in_place_cost, in_place_policies, "in_place_cost (--in-place-cost)", "resizes in place"),
+                                     (restart_cost, restart_policies, "restart_cost (--restart-cost)", "restarts from a checkpoint")):
+        if given is not None and not users:
+            those = [p for p in POLICIES if (mechanism.get(p) == "in_place") == (kind == "resizes in place")]
+            raise ValueError(
+                f"{name} {given}: no policy run here {kind} (policies: {', '.join(policies)}), so it would be ignored; "
+                f"drop it or add one that does ({', '.join(those)})"
+            )
     if in_place_cost is None:
         in_place_cost = str(DEFAULT_RESIZE_REPORT) if DEFAULT_RESIZE_REPORT.is_file() else "inplace"
-    in_place = parse_cost(in_place_cost)
+    in_place = parse_cost(in_place_cost, "in-place cost")
     if restart_cost is None:
         restart = POLLUX_REALLOCATION_COST_S
     elif isinstance(restart_cost, str) and restart_cost.strip().lower().endswith(".json"):
         restart = restart_cost_from_resize_report(restart_cost.strip())
     else:
-        restart = parse_cost(restart_cost)
-    return {p: in_place if mechanism.get(p) == "in_place" else restart for p in policies}
+        restart = parse_cost(restart_cost, "restart cost")
+    return {p: in_place if p in in_place_policies else restart for p in policies}
 
 
-def parse_cost(text: str | float) -> float:
+def parse_cost(text: str | float, what: str = "reallocation cost") -> float:
     """A reallocation cost in seconds; ``inplace`` means the in-place resize cost, ``pollux`` 30 s,
-    a path to a ``dra.bench resize`` JSON report the cost it measured (``cost_from_resize_report``)."""
+    a path to a ``dra.bench resize`` JSON report the cost it measured (``cost_from_resize_report``).
+    Seconds are written as a plain decimal (``30``, ``0.23``): ``0x10``, ``1e3``, ``1_000``, `` 5 ``,
+    ``inf`` and ``nan`` are refused."""
+    if isinstance(text, bool):
+        raise ValueError(f"{what}: {text!r} is not a number of seconds")
     if isinstance(text, (int, float)):
         value = float(text)
     elif text.strip().lower().endswith(".json"):
@@ -183,10 +253,13 @@ def parse_cost(text: str | float) -> float:
     elif text.strip().lower() == "pollux":
         value = POLLUX_REALLOCATION_COST_S
     else:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"reallocation cost: '{text}' is not a number of seconds, 'inplace' or 'pollux'") from None
+        parsed = plain_decimal(text)
+        if parsed is None:
+            raise ValueError(
+                f"{what}: '{text}' is not a number of seconds, 'inplace', 'pollux' or a `dra.bench resize` JSON report; "
+                f"write seconds as {PLAIN_DECIMAL}"
+            )
+        value = parsed
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"reallocation cost: must be a finite number of seconds >= 0, got {text}")
+        raise ValueError(f"{what}: must be a finite number of seconds >= 0, got {text}")
     return value

@@ -12,13 +12,17 @@ from typing import Any
 from dra import _sim
 from dra.sim._inputs import (
     POLICIES,
-    POLLUX_REALLOCATION_COST_S,
+    check_requests,
     costs_by_policy,
     load_profiles,
     published_for,
-    read_workload,
+    read_workload_rows,
 )
 from dra.sim._stats import _percentile, bootstrap_ci
+
+#: The largest cluster a replay takes (--nodes): 4,096 nodes of up to 9 devices; the simulator's
+#: work per decision grows with the devices, and no workload fills more.
+MAX_NODES = 4096
 
 
 def _metric_attainment(profiles: Any, job: dict[str, Any]) -> float | None:
@@ -167,11 +171,52 @@ def _stderr_progress(label: str, quiet: bool) -> Callable[[float, int, int], boo
     return report
 
 
+def check_workload(
+    workload: str | os.PathLike[str],
+    profiles: Any,
+    *,
+    nodes: int = 16,
+    devices_per_node: int = 4,
+    declared_sigma: float = 0.0,
+    declared_none_share: float = 0.0,
+    early_stop_share: float = 0.0,
+) -> list[dict[str, Any]]:
+    """The jobs of a workload once every input of its replay is checked (nothing simulated yet):
+    the cluster, the declaration settings, the CSV, and that no job requests more devices than the
+    cluster has. ``dra-sim replay`` checks every workload so before simulating any."""
+    for name, value, top in (("nodes", nodes, MAX_NODES), ("devices_per_node", devices_per_node, 9)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise ValueError(f"{name} (--{name.replace('_', '-')}): must be a whole number in [1, {top}], got {value!r}")
+    for name, value, top in (("declared_sigma", declared_sigma, None), ("declared_none_share", declared_none_share, 1.0),
+                             ("early_stop_share", early_stop_share, 1.0)):
+        if not value >= 0 or not math.isfinite(value) or (top is not None and value > top):
+            raise ValueError(f"{name}: must lie in [0, {top if top is not None else 'inf'}), got {value}")
+    jobs, lines = read_workload_rows(workload, profiles)
+    if not jobs:
+        raise ValueError(f"workload {workload}: no jobs (a header row only); give at least one job row")
+    check_requests(workload, jobs, lines, nodes * devices_per_node,
+                   f"give a bigger cluster (--nodes {nodes} x --devices-per-node {devices_per_node} now)")
+    if jobs[0].get("declared_from_file"):
+        unused = [f for f, v in (("declared_sigma (--declared-sigma)", declared_sigma),
+                                 ("declared_none_share (--declared-none)", declared_none_share)) if v > 0]
+        if unused:
+            raise ValueError(
+                f"{' and '.join(unused)}: {workload} has a declared_epochs column, whose declarations are kept as "
+                "they are, so it would change nothing; drop it, or drop the column to let jobs declare their budget"
+            )
+    elif declared_none_share >= 1.0 and declared_sigma > 0:
+        raise ValueError(
+            f"declared_sigma (--declared-sigma) {declared_sigma}: with declared_none_share 1 no job declares anything, "
+            "so it would change nothing; drop one of them"
+        )
+    return jobs
+
+
 def replay(
     workload: str | os.PathLike[str],
     *,
     policies: Iterable[str] | None = None,
-    reallocation_cost: float | str = POLLUX_REALLOCATION_COST_S,
+    reallocation_cost: float | str | None = None,
     traces: str | os.PathLike[str] | None = None,
     interval_s: float = 60.0,
     nodes: int = 16,
@@ -197,15 +242,12 @@ def replay(
     ``--json`` document: ``{"workload", "load", "policies": {name: aggregates + "vs": {baseline:
     changes}}, "baselines", "jobs": [...], "timelines": {...}, "published_avg_jct_s"}``.
 
-    ``cost_mode="same"`` charges every policy ``reallocation_cost`` per change (policy quality);
+    ``cost_mode="same"`` charges every policy ``reallocation_cost`` (default: Pollux's 30 s) per
+    change (policy quality);
     ``"system"`` charges each its system's mechanism (``costs_by_policy``: dra's in-place resize
     or a checkpoint-restart), listed per policy in ``reallocation_cost_s_by_policy``."""
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
         raise ValueError(f"resamples: must be an integer >= 1, got {resamples!r}")
-    profiles = load_profiles(traces)
-    jobs = read_workload(workload, profiles)
-    if not jobs:
-        raise ValueError(f"workload {workload}: no jobs (a header row only); give at least one job row")
     names = list(policies) if policies else [p for p in POLICIES if not p.startswith("oracle_")]
     for p in names:
         if p not in POLICIES:
@@ -214,10 +256,10 @@ def replay(
         names, cost_mode, cost=reallocation_cost, in_place_cost=in_place_cost, restart_cost=restart_cost
     )
     cost = costs[names[0]] if cost_mode == "same" else None
-    for name, value, top in (("declared_sigma", declared_sigma, None), ("declared_none_share", declared_none_share, 1.0),
-                             ("early_stop_share", early_stop_share, 1.0)):
-        if not value >= 0 or (top is not None and value > top):
-            raise ValueError(f"{name}: must lie in [0, {top if top is not None else 'inf'}), got {value}")
+    profiles = load_profiles(traces)
+    jobs = check_workload(workload, profiles, nodes=nodes, devices_per_node=devices_per_node,
+                          declared_sigma=declared_sigma, declared_none_share=declared_none_share,
+                          early_stop_share=early_stop_share)
     published = published_for(workload)
     name = published.get("workload", Path(workload).stem)
     out: dict[str, Any] = {

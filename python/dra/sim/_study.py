@@ -14,12 +14,41 @@ from dra.sim._inputs import (
     SHARED_POLICIES,
     STUDY_BASELINES,
     STUDY_POLICIES,
+    check_requests,
     default_data_dir,
     load_profiles,
     parse_cost,
     read_workload,
+    read_workload_rows,
 )
 from dra.sim._stats import bootstrap_ci
+
+#: The study's cluster: 16 nodes x 4 devices (``dra::sim::study_config``'s default, as the artifact's).
+STUDY_CLUSTER_DEVICES = 16 * 4
+
+
+def _request_pool(workloads: Iterable[str | os.PathLike[str]], profiles: Any) -> list[dict[str, Any]]:
+    """The rows of the given workload CSVs, refusing any request the study would cut: more devices
+    than its cluster, or than its batch can split at the smallest measured per-device batch."""
+    pool: list[dict[str, Any]] = []
+    for w in workloads:
+        jobs, lines = read_workload_rows(w, profiles)
+        check_requests(w, jobs, lines, STUDY_CLUSTER_DEVICES,
+                       f"the study's cluster is fixed at {STUDY_CLUSTER_DEVICES} devices (16 nodes x 4)")
+        thin = []
+        for line, j in zip(lines, jobs):
+            least = profiles.info(j["application"])["min_local_batch"]
+            most = max(1, int(j["batch"] / least + 1e-9))
+            if j["replicas"] > most:
+                thin.append(f"line {line} job '{j['name']}' requests {j['replicas']} devices at batch {j['batch']:g}, "
+                            f"at most {most} at {j['application']}'s smallest per-device batch {least:g}")
+        if thin:
+            raise ValueError(
+                f"{w}: {len(thin)} request(s) the study would cut to fewer devices: {'; '.join(thin[:5])}"
+                f"{f' (and {len(thin) - 5} more)' if len(thin) > 5 else ''}; lower num_replicas or raise batch_size"
+            )
+        pool += jobs
+    return pool
 
 
 def _default_pool(profiles: Any) -> list[dict[str, Any]]:
@@ -95,7 +124,15 @@ def study(
         if p not in POLICIES:
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
     names = [p for p in names if p != "static"]
-    pool = [j for w in workloads for j in read_workload(w, profiles)] if workloads else _default_pool(profiles)
+    pool = _request_pool(workloads, profiles) if workloads else _default_pool(profiles)
+    if reference_limits:
+        limited = sorted(a for a in {j["application"] for j in pool} if profiles.info(a)["max_replicas"] > 0)
+        if not limited:
+            have = ", ".join(f"{a}: {profiles.info(a)['max_replicas']}" for a in profiles.names() if profiles.info(a)["max_replicas"] > 0)
+            raise ValueError(
+                f"reference_limits (--reference-limits): no application of the request pool has a reference limit "
+                f"(limits: {have or 'none'}), so it would change nothing; drop it or add such rows"
+            )
     floor = float(_sim.sim_default_job_price_floor) if price_floor is None else float(price_floor)
     gns_sigma = 0.2 if gns_estimate_sigma is None else float(gns_estimate_sigma)
     if not declared_sigma >= 0 or not gns_sigma >= 0:
@@ -163,7 +200,7 @@ def study(
         for g in sorted(set(clusters[sel].tolist())):
             part = sel & (clusters == g)
             end = np.nanmax(np.where(m["done"][part], m["end"][part], np.nan))
-            avail += 16 * 4 * float(end - np.min(submit[part]))
+            avail += STUDY_CLUSTER_DEVICES * float(end - np.min(submit[part]))
             busy += float(np.nansum(m["busy_s"][part]))
         return busy / avail if avail > 0 else float("nan")
 

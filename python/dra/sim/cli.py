@@ -17,17 +17,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra._argtypes import finite_arg, seed_arg
 from dra._jsonio import write_json
+from dra.sim._args import decimal_arg, integer_arg, seed_arg
+
+#: Bounds of the options that set how much is simulated (docs/guide/simulator.md, "Inputs and
+#: bounds"), measured on the project's 2-core machine: a study run takes about 0.09 s of CPU (1,500:
+#: about 2 minutes), a bootstrap resample about 24 us per run (2,000 x 1,500: about 70 s).
+MAX_RUNS = 10_000  # about 15 minutes
+MAX_JOBS_PER_CLUSTER = 640  # twice the largest shipped workload (2.0x: 320 jobs) on the 64-device cluster
+MAX_RESAMPLES = 100_000
+MAX_BOOTSTRAP = 20_000_000  # runs x resamples: about 8 minutes of bootstrap
+MIN_INTERVAL_S = 1.0  # one decision per simulated second at most (workload-1 under Pollux: 10 s of CPU)
 
 
 def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     import dra.sim as sim
+    from dra.sim._replay import MAX_NODES
 
     parser = argparse.ArgumentParser(prog="dra-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser, default_cost: str) -> None:
+    def common(p: argparse.ArgumentParser, default_cost: str | None, default_cost_text: str) -> None:
         p.add_argument("--traces", help="profile folder (default: the copy dra ships, data/pollux/traces)")
         p.add_argument(
             "--policy",
@@ -41,9 +51,10 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
             default=default_cost,
             help=f"seconds of no progress per reallocation; 'pollux' = 30, 'inplace' = {sim.IN_PLACE_RESIZE_COST_S:g} "
             "(stand-in for the measured in-place resize cost), or the JSON report of `python -m dra.bench resize` "
-            f"(its measured shrink/grow time) (default: {default_cost})",
+            f"(its measured shrink/grow time) (default: {default_cost_text})",
         )
-        p.add_argument("--interval", type=float, default=60.0, help="seconds between allocation decisions (default 60)")
+        p.add_argument("--interval", type=decimal_arg("seconds", low=MIN_INTERVAL_S), default=60.0,
+                       help=f"seconds between allocation decisions, at least {MIN_INTERVAL_S:g} (default 60)")
         p.add_argument("--json", metavar="PATH", help="write results as JSON")
         p.add_argument("--markdown", metavar="PATH", help="also write the markdown table to PATH")
         p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
@@ -57,8 +68,10 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
         action="store_true",
         help="every shipped workload (1-8) at every relative load (0.5, 1.0, 1.5, 2.0x): 32 replays",
     )
-    rp.add_argument("--nodes", type=int, default=16)
-    rp.add_argument("--devices-per-node", type=int, default=4)
+    rp.add_argument("--nodes", type=integer_arg(low=1, high=MAX_NODES), default=16,
+                    help=f"nodes of the simulated cluster, at most {MAX_NODES} (default 16)")
+    rp.add_argument("--devices-per-node", type=integer_arg(low=1, high=9), default=4,
+                    help="devices per node, 1-9 (default 4); no job may request more than nodes x devices-per-node")
     rp.add_argument(
         "--cost-mode",
         choices=list(sim.COST_MODES),
@@ -77,28 +90,36 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
         help="system view: seconds per checkpoint-restart, 'pollux' (30), or a `dra.bench resize` JSON "
         "(its measured torchrun restart) (default: 30)",
     )
-    rp.add_argument("--declared-sigma", type=float, default=0.0,
-                    help="jobs declare their epoch budget x exp(sigma z) (default 0: exactly; a declared_epochs column is kept)")
-    rp.add_argument("--declared-none", type=float, default=0.0, metavar="SHARE", help="share of jobs that declare nothing (default 0)")
-    rp.add_argument("--early-stop", type=float, default=0.0, metavar="SHARE",
+    rp.add_argument("--declared-sigma", type=decimal_arg(), default=0.0,
+                    help="jobs declare their epoch budget x exp(sigma z) (default 0: exactly; refused with a workload "
+                         "that has a declared_epochs column, which is kept)")
+    rp.add_argument("--declared-none", type=decimal_arg(high=1.0), default=0.0, metavar="SHARE",
+                    help="share of jobs that declare nothing (default 0)")
+    rp.add_argument("--early-stop", type=decimal_arg(high=1.0), default=0.0, metavar="SHARE",
                     help="share of jobs that stop early on a plateau (the truth; default 0)")
-    rp.add_argument("--declaration-seed", type=seed_arg, default=1, help="seed of the declarations and early stopping (default 1)")
-    common(rp, "pollux")
+    rp.add_argument("--declaration-seed", type=seed_arg,
+                    help="seed of the declarations and early stopping (default 1); only with --declared-sigma, "
+                         "--declared-none or --early-stop above 0")
+    common(rp, None, "pollux with --cost-mode same")
 
     st = sub.add_parser("study", help="the generated static-vs-dynamic study")
-    st.add_argument("--runs", type=int, default=1500)
+    st.add_argument("--runs", type=integer_arg(low=1, high=MAX_RUNS), default=1500,
+                    help=f"generated runs, at most {MAX_RUNS:,} (default 1500)")
     st.add_argument("--seed", type=seed_arg, default=1)
     st.add_argument(
-        "--quota-scale", type=finite_arg, default=1.0, help="dynamic jobs may hold up to this x their request (default 1: the same budget)"
+        "--quota-scale", type=decimal_arg(low=0.0, low_open=True), default=1.0,
+        help="dynamic jobs may hold up to this x their request (default 1: the same budget)"
     )
     st.add_argument("--no-noise", action="store_true", help="no throughput/efficiency noise")
     st.add_argument("--perturb", action="store_true", help="untuned requests: batch and devices x 2^{-1,0,1} (default: as made)")
     st.add_argument("--shared-cluster", action="store_true", help="runs contend for one cluster in groups (default: each alone)")
-    st.add_argument("--jobs-per-cluster", type=int, default=160, help="runs per shared cluster (default 160)")
+    st.add_argument("--jobs-per-cluster", type=integer_arg(low=1, high=MAX_JOBS_PER_CLUSTER),
+                    help=f"with --shared-cluster: runs per shared cluster, at most {MAX_JOBS_PER_CLUSTER:,} (default 160)")
     st.add_argument(
         "--price-floor",
-        type=float,
-        help="convergence_aware per job: price floor per device in single-device goodputs (default 0.1; 0 minimises time)",
+        type=decimal_arg(high=1.0),
+        help="convergence_aware per job (not with --shared-cluster): price floor per device in single-device goodputs, "
+        "0-1 (default 0.1; 0 minimises time)",
     )
     st.add_argument(
         "--reference-limits",
@@ -106,13 +127,15 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
         help="apply the reference's per-application limits (ncf: one device); default: what the profiles measure",
     )
     st.add_argument("--workloads", action="append", metavar="CSV", help="request pool (default: the shipped workloads)")
-    st.add_argument("--declared-sigma", type=float, default=0.0, help="runs declare their epoch budget x exp(sigma z) (default 0)")
-    st.add_argument("--gns-estimate-sigma", type=float, default=None,
-                    help="log-normal spread of each run's own noise-scale estimate per epoch (default 0.2)")
+    st.add_argument("--declared-sigma", type=decimal_arg(),
+                    help="runs declare their epoch budget x exp(sigma z) (default 0); needs a dynamic policy")
+    st.add_argument("--gns-estimate-sigma", type=decimal_arg(),
+                    help="log-normal spread of each run's own noise-scale estimate per epoch (default 0.2); needs a dynamic policy")
     st.add_argument("--old-target-rule", action="store_true",
                     help="judge the target by the metric of the geometric-mean batch (the earlier rule) instead of the work done")
-    st.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples for the CIs (default 2000)")
-    common(st, "inplace")
+    st.add_argument("--resamples", type=integer_arg(low=1, high=MAX_RESAMPLES), default=2000,
+                    help=f"bootstrap resamples for the CIs, at most {MAX_RESAMPLES:,} (default 2000)")
+    common(st, "inplace", "inplace")
 
     sub.add_parser("profiles", help="list the shipped profiles and their measured noise levels")
     if with_rl:
@@ -132,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_rl(args)
     import dra.sim as sim
+    from dra.sim._replay import check_workload
 
     try:
         if args.command == "profiles":
@@ -143,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_outputs(args)
         if getattr(args, "plots", None) and getattr(args, "no_jobs", False):
             raise ValueError("--plots needs the per-job records and timelines; drop --no-jobs")
+        _check_together(args)
         if args.command == "replay":
             workloads = list(args.workload or [])
             if args.all_loads:
@@ -151,6 +176,16 @@ def main(argv: list[str] | None = None) -> int:
                     workloads += [str(root / folder / f"workload-{i}.csv") for i in range(1, 9)]
             if not workloads:
                 raise ValueError("replay: give --workload CSV (repeatable) or --all-loads")
+            # Every input checked before anything is simulated: a bad second workload must not cost
+            # the first one's simulation first.
+            sim.costs_by_policy(args.policy or [p for p in sim.POLICIES if not p.startswith("oracle_")], args.cost_mode,
+                                cost=args.reallocation_cost,
+                                in_place_cost=args.in_place_cost, restart_cost=args.restart_cost)
+            profiles = sim.load_profiles(args.traces)
+            for w in workloads:
+                check_workload(w, profiles, nodes=args.nodes, devices_per_node=args.devices_per_node,
+                               declared_sigma=args.declared_sigma, declared_none_share=args.declared_none,
+                               early_stop_share=args.early_stop)
             docs = []
             for w in workloads:
                 doc = sim.replay(
@@ -164,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                     declared_sigma=args.declared_sigma,
                     declared_none_share=args.declared_none,
                     early_stop_share=args.early_stop,
-                    declaration_seed=args.declaration_seed,
+                    declaration_seed=1 if args.declaration_seed is None else args.declaration_seed,
                     quiet=args.quiet,
                     jobs_detail=not args.no_jobs,
                     cost_mode=args.cost_mode,
@@ -199,14 +234,14 @@ def main(argv: list[str] | None = None) -> int:
                 reference_limits=args.reference_limits,
                 perturb=args.perturb,
                 shared_cluster=args.shared_cluster,
-                jobs_per_cluster=args.jobs_per_cluster,
+                jobs_per_cluster=160 if args.jobs_per_cluster is None else args.jobs_per_cluster,
                 traces=args.traces,
                 workloads=args.workloads,
                 quiet=args.quiet,
                 resamples=args.resamples,
                 jobs_detail=not args.no_jobs,
                 price_floor=args.price_floor,
-                declared_sigma=args.declared_sigma,
+                declared_sigma=args.declared_sigma or 0.0,
                 gns_estimate_sigma=args.gns_estimate_sigma,
                 target_by_work=not args.old_target_rule,
             )
@@ -240,6 +275,47 @@ def _unique(names: list[str]) -> list[str]:
         seen[n] = seen.get(n, 0) + 1
         out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
     return out
+
+
+def _check_together(args: argparse.Namespace) -> None:
+    """Refuses what the options given are together: one that the others make useless (it would be
+    silently ignored), or a study above the bootstrap's bound. (The cost options of replay are
+    checked by ``costs_by_policy``; a workload's declared_epochs column against --declared-sigma /
+    --declared-none by ``check_workload``.)"""
+    import dra.sim as sim
+
+    unused: list[tuple[str, str]] = []
+    if args.command == "replay":
+        if args.declaration_seed is not None and not (args.declared_sigma or args.declared_none or args.early_stop):
+            unused.append(("--declaration-seed", "draws nothing while --declared-sigma, --declared-none and --early-stop "
+                           "are 0 (jobs declare their budget exactly, none stops early); drop it or set one of them"))
+    elif args.command == "study":
+        if args.runs * args.resamples > MAX_BOOTSTRAP:
+            raise ValueError(
+                f"--runs {args.runs} x --resamples {args.resamples}: above the bound runs x resamples <= {MAX_BOOTSTRAP:,} "
+                f"(the bootstrap alone would take about {args.runs * args.resamples * 24e-6 / 60:.0f} minutes); give at most "
+                f"--resamples {MAX_BOOTSTRAP // args.runs} at {args.runs} runs"
+            )
+        dynamic = [p for p in (args.policy or (sim.SHARED_POLICIES if args.shared_cluster else sim.STUDY_POLICIES))
+                   if p != "static"]
+        if args.jobs_per_cluster is not None and not args.shared_cluster:
+            unused.append(("--jobs-per-cluster", "groups runs on a shared cluster; each run is alone without "
+                           "--shared-cluster: add it or drop --jobs-per-cluster"))
+        if args.price_floor is not None and args.shared_cluster:
+            unused.append(("--price-floor", "is convergence_aware's per-job price; on a shared cluster it is "
+                           "arbitrated by the cluster objective: drop --price-floor or --shared-cluster"))
+        elif args.price_floor is not None and "convergence_aware" not in dynamic:
+            unused.append(("--price-floor", f"is convergence_aware's, which is not run (policies: {', '.join(dynamic) or 'static only'}); "
+                           "add --policy convergence_aware or drop --price-floor"))
+        if not dynamic:
+            for flag, given in (("--declared-sigma", args.declared_sigma is not None),
+                                ("--gns-estimate-sigma", args.gns_estimate_sigma is not None),
+                                ("--old-target-rule", args.old_target_rule)):
+                if given:
+                    unused.append((flag, "is seen by the dynamic policies only, and only the static baselines run; "
+                                   "add a dynamic --policy or drop it"))
+    if unused:
+        raise ValueError("; ".join(f"{flag}: not used here, it {why}" for flag, why in unused))
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -1,0 +1,146 @@
+"""Numbers as ``dra-sim`` reads them, on its command line and in the CSV files it is given.
+
+Only plain decimals are numbers here: ASCII digits with an optional fraction (``60``, ``0.5``,
+``.5``). Python's ``int()``/``float()`` and C's ``strtod`` also take ``0x10`` (hex), ``1_000``,
+``1e3``, ``+5``, `` 5 ``, ``inf`` and ``nan``; a time or a count written so is almost always a
+mistake (a hex dump, a spreadsheet's formatting), so each is refused with the value, where it was
+and what to write instead. The shared types of :mod:`dra._argtypes` are left as they are (other
+commands use them)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+_INTEGER = re.compile(r"[0-9]+", re.ASCII)
+
+#: What a plain decimal is, for error messages.
+PLAIN_DECIMAL = "digits with an optional fraction, e.g. 60 or 0.5 (no sign, exponent, hex, underscores, spaces, inf or nan)"
+PLAIN_INTEGER = "digits only, e.g. 8 (no sign, fraction, exponent, hex, underscores or spaces)"
+
+
+def plain_decimal(text: object) -> float | None:
+    """``text`` as a float when it is a plain finite non-negative decimal, else None."""
+    if not isinstance(text, str) or not _DECIMAL.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def plain_integer(text: object) -> int | None:
+    """``text`` as an int when it is plain digits, else None."""
+    if not isinstance(text, str) or not _INTEGER.fullmatch(text):
+        return None
+    return int(text)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}" if value != int(value) or abs(value) >= 1e15 else str(int(value))
+
+
+def decimal_arg(unit: str = "", *, low: float = 0.0, low_open: bool = False, high: float | None = None,
+                why_high: str = "") -> Callable[[str], float]:
+    """An argparse type: a plain decimal in [low, high] (``low_open``: above low)."""
+    words = f" of {unit}" if unit else ""
+
+    def parse(text: str) -> float:
+        value = plain_decimal(text)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a plain decimal number{words}; write {PLAIN_DECIMAL}")
+        if value < low or (low_open and value == low):
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give a number {'>' if low_open else '>='} {_fmt(low)}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{text} is above the bound {_fmt(high)}{why_high}; give at most {_fmt(high)}")
+        return value
+
+    parse.__name__ = "decimal"
+    return parse
+
+
+def integer_arg(*, low: int = 0, high: int | None = None, why_high: str = "") -> Callable[[str], int]:
+    """An argparse type: plain digits, a value in [low, high]."""
+
+    def parse(text: str) -> int:
+        value = plain_integer(text)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a plain whole number; write {PLAIN_INTEGER}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; give a whole number >= {low}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above the bound {high}{why_high}; give at most {high}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def seed_arg(text: str) -> int:
+    """A seed: plain digits, a value in [0, 2^64)."""
+    if re.fullmatch(r"-[0-9]+", text, re.ASCII):
+        raise argparse.ArgumentTypeError(f"{text} is out of range; give a seed in [0, 2^64)")
+    value = plain_integer(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a plain whole number; give a seed in [0, 2^64), {PLAIN_INTEGER}")
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; give a seed in [0, 2^64)")
+    return value
+
+
+def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, what: str = "") -> list[int]:
+    """Checks a CSV file the simulator's C++ reader (``dra::sim::csv_table``) reads, for what that
+    reader lets through: a column name the header repeats (the reader takes the first, the other is
+    silently ignored) and, in the columns of ``numbers`` (name -> ``"decimal"``, ``"decimal_or_empty"``
+    or ``"integer"``), a cell that is not a plain decimal (``strtod`` reads ``0x10`` as 16). Splits
+    lines as that reader does (plain commas, no quoting, spaces and tabs around a cell trimmed, blank
+    lines skipped, a UTF-8 byte-order mark dropped); stops at a row whose field count differs from
+    the header's, which that reader refuses. Returns the file line of each data row checked. Raises
+    ValueError naming file, line, column and value."""
+    numbers = numbers or {}
+    text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    header: list[str] | None = None
+    lines: list[int] = []
+    columns: dict[str, int] = {}
+    for line_no, raw in enumerate(text.split("\n"), start=1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if not line:
+            continue
+        cells = line.split(",")
+        if header is None:
+            if line_no == 1 and cells[0].startswith("\ufeff"):
+                cells[0] = cells[0][1:]
+            header = [c.strip(" \t") for c in cells]
+            seen: dict[str, int] = {}
+            for i, name in enumerate(header):
+                if name in seen:
+                    raise ValueError(
+                        f"{path}:{line_no}: column '{name}' appears twice in the header (columns {seen[name] + 1} and "
+                        f"{i + 1}); the reader would use the first and silently ignore the other{what}. Keep one "
+                        "(rename or delete the other)"
+                    )
+                seen[name] = i
+            columns = {name: seen[name] for name in numbers if name in seen}
+            if not numbers:
+                break  # the header was all to check
+            continue
+        if len(cells) != len(header):
+            break  # the C++ reader refuses this row already
+        lines.append(line_no)
+        for name, kind in numbers.items():
+            if name not in columns:
+                continue
+            col = columns[name]
+            cell = cells[col]
+            if kind == "decimal_or_empty" and cell.strip(" \t") == "":
+                continue
+            ok = plain_integer(cell) is not None if kind == "integer" else plain_decimal(cell) is not None
+            if not ok:
+                form = PLAIN_INTEGER if kind == "integer" else PLAIN_DECIMAL
+                raise ValueError(
+                    f"{path}:{line_no}: column '{name}' ({col + 1}): '{cell}' is not a plain "
+                    f"{'whole number' if kind == 'integer' else 'decimal number'}; write {form}"
+                )
+    return lines
