@@ -73,3 +73,29 @@ def count_arg(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not >= 1; give an integer >= 1")
     return value
+
+
+def nonnegative_int_arg(text: str) -> int:
+    """An integer >= 0 (a rank, a number of restarts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer; give an integer >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give an integer >= 0")
+    return value
+
+
+def std_streams_arg(text: str) -> int:
+    """torchrun's ``--tee`` / ``--redirects`` for every local rank: 0 (none), 1 (stdout), 2 (stderr), 3 (both)."""
+    try:
+        value = int(text)
+    except ValueError:
+        more = (" (a per-rank map such as 0:3,1:0 is not taken here: give one value for every rank, and "
+                "--local-ranks-filter to choose the ranks shown)") if ":" in text else ""
+        raise argparse.ArgumentTypeError(f"'{text}' is not one of 0, 1, 2, 3{more}; give 0 (none), 1 (stdout), "
+                                         "2 (stderr) or 3 (both)") from None
+    if not 0 <= value <= 3:
+        raise argparse.ArgumentTypeError(f"{value} is not one of 0, 1, 2, 3; give 0 (none), 1 (stdout), 2 (stderr) "
+                                         "or 3 (both)")
+    return value

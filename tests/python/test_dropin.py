@@ -148,6 +148,54 @@ def test_one_dra_command_with_every_subcommand_and_the_old_entry_points():
     assert run(sys.executable, "-m", "dra.bench", "--help").returncode == 0
 
 
+def test_every_numeric_option_of_dra_run_refuses_a_bad_value_by_name(tmp_path):
+    """`dra run --shrink-grace-s -5` (a worker asked back stopped at once, or never: nan, inf) and
+    NaN, infinite, zero or negative intervals, timeouts, ranks, ports and stream codes went through
+    (or failed later with int()'s message, naming no option). Each is refused before anything
+    starts: exit 2, the option and the value named; the values the docs use still run."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*DRA, "run", *args], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+    cases = [(["--shrink-grace-s", "-5"], "argument --shrink-grace-s: -5 is negative"),
+             (["--shrink-grace-s", "nan"], "argument --shrink-grace-s: 'nan' is not finite"),
+             (["--shrink-grace-s", "inf"], "argument --shrink-grace-s: 'inf' is not finite"),
+             (["--shrink-grace-s", "soon"], "argument --shrink-grace-s: 'soon' is not a number"),
+             (["--monitor-interval", "0"], "argument --monitor-interval/--monitor_interval: 0 is not > 0"),
+             (["--monitor_interval", "nan"], "argument --monitor-interval/--monitor_interval: 'nan' is not finite"),
+             (["--shutdown-timeout", "-1"], "argument --shutdown-timeout/--shutdown_timeout: -1 is negative"),
+             (["--shutdown-timeout", "inf"], "argument --shutdown-timeout/--shutdown_timeout: 'inf' is not finite"),
+             (["--fence-timeout-s", "0"], "argument --fence-timeout-s: 0 is not > 0"),
+             (["--fence-timeout-s=-inf"], "argument --fence-timeout-s: '-inf' is not finite"),
+             (["--max-restarts", "-1"], "argument --max-restarts/--max_restarts: -1 is negative"),
+             (["--max-restarts", "1.5"], "argument --max-restarts/--max_restarts: '1.5' is not an integer"),
+             (["--node-rank", "-1"], "argument --node-rank/--node_rank: -1 is negative"),
+             (["--master-port", "70000"], "argument --master-port/--master_port: 70000 is not a port"),
+             (["--master-port", "http"], "argument --master-port/--master_port: 'http' is not a port number"),
+             (["--tee", "4"], "argument -t/--tee: 4 is not one of 0, 1, 2, 3"),
+             (["--tee", "0:3,1:0"], "argument -t/--tee: '0:3,1:0' is not one of 0, 1, 2, 3 (a per-rank map"),
+             (["--redirects", "all"], "argument -r/--redirects: 'all' is not one of 0, 1, 2, 3"),
+             (["--nproc", "0"], "--nproc-per-node: must be >= 1, got 0; give a number of workers >= 1"),
+             (["--nproc", "two"], "--nproc-per-node: expected a number, 'cpu', 'gpu' or 'auto', got 'two'"),
+             (["--nnodes", "3:2"], "--nnodes: needs 1 <= MIN <= MAX, got '3:2'"),
+             (["--nnodes", "2", "--node-rank", "2", "--master-port", "29500"],
+              "--node-rank: 2 is not a node of --nnodes 2; give 0 to 1"),
+             (["--nnodes", "2", "--node-rank", "0", "--master-port", "0"], "--master-port: 0 (a free port picked"),
+             (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "host:port"],
+              "--rdzv-endpoint: expected HOST:PORT with a port 1-65535, got 'host:port'"),
+             # A pool job: refused before the pool is called (there is none at this address).
+             (["--pool", f"unix:{tmp_path}/none.sock", "--job", "j", "--shrink-grace-s", "-1"],
+              "argument --shrink-grace-s: -1 is negative")]
+    for args, said in cases:
+        r = run(*args, "--", "true")
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "dra-logs").exists()  # nothing started
+    # The values the docs and tests use still run a job.
+    ok = run("--nproc", "1", "--tee", "0", "--redirects", "3", "--monitor-interval", "0.05", "--shutdown-timeout", "0",
+             "--max-restarts", "0", "--fence-timeout-s", "10", "--shrink-grace-s", "0", "--", "true")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
 # ---- torchrun's environment and console ---------------------------------------------------------
 ENV_DUMP = """
 import json, os, sys

@@ -414,6 +414,50 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     assert png.stat().st_size > 5000
 
 
+def test_a_job_whose_last_workers_crash_after_a_shrink_fails_with_the_crash(tmp_path: Path) -> None:
+    """A plain script (no elastic controller: its store never says done) on two devices. A
+    high-priority job arrives and the pool takes one lease back; the worker on it is stopped
+    with SIGTERM (the script ignores the contract, shrink_grace_s 0), traps it and exits 0. The
+    remaining worker then exits 3. The launcher counted the asked worker's exit 0 as the job
+    finishing and the job ended "finished" with no reason; it fails, naming exit code 3. The high
+    job's plain worker exits 0 on its own: finished."""
+    svc = PoolService(declared(2), tmp_path / "state", heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    left = tmp_path / "left"
+    # Every worker: on SIGTERM (the launcher's, it was asked to leave) mark it and exit 0; once a
+    # worker has left, crash with exit code 3.
+    script = (f"trap 'touch {left}; exit 0' TERM; echo started; "
+              f"while [ ! -e {left} ]; do sleep 0.05; done; echo crashing; exit 3")
+    try:
+        client.submit({"name": "low", "min_size": 1, "max_size": 2, "priority": "low", "shrink_grace_s": 0.0,
+                       "cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": ["sh", "-c", script]})
+        deadline = time.time() + 90
+        workers = 0
+        while time.time() < deadline and workers != 2:
+            workers = next(j for j in client.status()["jobs"] if j["name"] == "low")["workers"]
+            time.sleep(0.1)
+        assert workers == 2, client.status()
+        client.submit({"name": "high", "min_size": 1, "max_size": 1, "elastic": False, "priority": "high",
+                       "cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": ["sh", "-c", "sleep 0.5"]})
+        states = client.wait(["low", "high"], timeout_s=120)
+        jobs = {j["name"]: j for j in client.status()["jobs"]}
+    finally:
+        server.close()
+    events = _events(tmp_path / "state")
+    assert states == {"low": "failed", "high": "finished"}, (states, events[-10:])
+    assert any(e["event"] == "preempt" and e["job"] == "low" and e["for_job"] == "high" for e in events), events
+    launcher = _launcher_events(tmp_path / "state" / "logs" / "low.launcher.log")
+    exits = [e for e in launcher if e["event"] == "worker_exit"]
+    # The asked worker exited 0 (after the launcher's SIGTERM), the other one crashed (the launcher
+    # may see both exits at the same look, in either order).
+    assert sorted((e["code"], e["asked"], e["signalled"]) for e in exits) == [(0, True, True), (3, False, False)], exits
+    reason = jobs["low"]["reason"]
+    assert reason and "exit code 3" in reason and "no worker is left and the job did not finish" in reason, reason
+    finish = next(e for e in events if e["event"] == "finish" and e["job"] == "low")
+    assert finish["state"] == "failed" and finish["reason"] == reason, finish
+
+
 def _serve(tmp_path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dra", "pool", "serve", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -24,6 +24,7 @@ import os
 import sys
 import uuid
 
+from dra._argtypes import nonnegative_arg, nonnegative_int_arg, port_arg, positive_arg, std_streams_arg
 from dra.launch.node import NodeLauncher, RunConfig
 
 
@@ -40,33 +41,35 @@ def parser() -> argparse.ArgumentParser:
     _both(p, "nproc-per-node", "--nproc", dest="nproc_per_node", default="1",
           help="workers on this node: a number, 'cpu', 'gpu' or 'auto' (torchrun's)")
     _both(p, "nnodes", default="1", help="nodes: N or MIN:MAX")
-    _both(p, "node-rank", dest="node_rank", type=int, default=None, help="this node's rank (static rendezvous)")
+    _both(p, "node-rank", dest="node_rank", type=nonnegative_int_arg, default=None, help="this node's rank (static rendezvous)")
     _both(p, "rdzv-backend", dest="rdzv_backend", default="static", choices=["static", "c10d"])
     _both(p, "rdzv-endpoint", dest="rdzv_endpoint", default="", help="HOST:PORT of the c10d rendezvous store "
           "(a `dra store` there lets the job survive any node)")
     _both(p, "rdzv-id", "--job", dest="rdzv_id", default=None, help="the job's id, the same on every node (DRA_JOB_ID)")
     _both(p, "rdzv-conf", dest="rdzv_conf", default="", help="key=value,... passed to torch's rendezvous")
     p.add_argument("--standalone", action="store_true", help="one node, a store of its own (the default for one node)")
-    _both(p, "max-restarts", dest="max_restarts", type=int, default=0,
+    _both(p, "max-restarts", dest="max_restarts", type=nonnegative_int_arg, default=0,
           help="a dra job: replacements started for dead workers (they join in place); another job: whole-group "
                "restarts, as torchrun")
-    _both(p, "monitor-interval", dest="monitor_interval", type=float, default=0.1)
+    _both(p, "monitor-interval", dest="monitor_interval", type=positive_arg, default=0.1,
+          help="seconds between looks at the workers (> 0)")
     p.add_argument("--role", default="default", help="ROLE_NAME and the console prefix")
     _both(p, "no-python", "--no_python", dest="no_python", action="store_true", help="run the script as an executable")
     p.add_argument("-m", "--module", action="store_true", help="the script is a module (python -m)")
     _both(p, "run-path", dest="run_path", action="store_true", help="accepted for torchrun's sake (a script is run by path)")
     _both(p, "log-dir", dest="log_dir", default="dra-logs", help="each worker's output file: <log-dir>/<job>.<rank>.log")
-    p.add_argument("-r", "--redirects", default=None, help="torchrun's: workers' output to files only (0-3)")
-    p.add_argument("-t", "--tee", default=None, help="torchrun's: workers' output to files and the console (0-3; "
-                   "default here: 3, prefixed)")
+    p.add_argument("-r", "--redirects", type=std_streams_arg, default=None,
+                   help="torchrun's: workers' output to files only (0-3)")
+    p.add_argument("-t", "--tee", type=std_streams_arg, default=None,
+                   help="torchrun's: workers' output to files and the console (0-3; default here: 3, prefixed)")
     _both(p, "local-ranks-filter", dest="local_ranks_filter", default="", help="local ranks shown on the console, e.g. 0,2")
     _both(p, "master-addr", dest="master_addr", default="127.0.0.1")
-    _both(p, "master-port", dest="master_port", type=int, default=None)
+    _both(p, "master-port", dest="master_port", type=port_arg, default=None)
     _both(p, "local-addr", dest="local_addr", default=None)
     _both(p, "start-method", dest="start_method", default=None,
           help="accepted for torchrun's sake: workers are forked from a warm interpreter (same interpreter) or started")
-    _both(p, "shutdown-timeout", dest="shutdown_timeout", type=float, default=30.0,
-          help="seconds from SIGTERM to SIGKILL when the job is stopped")
+    _both(p, "shutdown-timeout", dest="shutdown_timeout", type=nonnegative_arg, default=30.0,
+          help="seconds from SIGTERM to SIGKILL when the job is stopped (>= 0)")
     _both(p, "signals-to-handle", dest="signals_to_handle", default=None, help="accepted for torchrun's sake")
     # dra's own
     p.add_argument("--store-host", default="127.0.0.1", help="address the one-node store listens on")
@@ -74,10 +77,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-zygote", action="store_true", help="plain processes, never the warm fork server")
     p.add_argument("--preload", default=None, help="modules the fork server imports (default torch,dra,dra.elastic)")
     p.add_argument("--options", default=None, help="elastic options for every worker, a JSON object (DRA_OPTIONS)")
-    p.add_argument("--fence-timeout-s", type=float, default=10.0,
-                   help="several nodes: a node that cannot reach the job's store this long stops its workers")
+    p.add_argument("--fence-timeout-s", type=positive_arg, default=10.0,
+                   help="several nodes: a node that cannot reach the job's store this long stops its workers (> 0)")
     p.add_argument("--pool", default=None, help="run a device pool's job (its workers follow the pool's leases)")
-    p.add_argument("--shrink-grace-s", type=float, default=None, help="pool: stop a worker asked back after this long")
+    p.add_argument("--shrink-grace-s", type=nonnegative_arg, default=None,
+                   help="pool: stop a worker asked back after this long (seconds >= 0; default: the job's shrink_grace_s, 30)")
     p.add_argument("--ray", default=None, help="pool: workers on a Ray cluster")
     p.add_argument("training_script", nargs="?", default=None)
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -105,7 +109,7 @@ def _nproc(value: str) -> int:
     except ValueError:
         raise ValueError(f"--nproc-per-node: expected a number, 'cpu', 'gpu' or 'auto', got {value!r}") from None
     if n < 1:
-        raise ValueError(f"--nproc-per-node: must be >= 1, got {n}")
+        raise ValueError(f"--nproc-per-node: must be >= 1, got {n}; give a number of workers >= 1, 'cpu', 'gpu' or 'auto'")
     return n
 
 
@@ -163,12 +167,20 @@ def main(argv: list[str] | None = None) -> int:
             dra.Options(**json.loads(args.options))  # a bad option is named before anything starts
             os.environ["DRA_OPTIONS"] = args.options
         lo, hi = _nnodes(args.nnodes)
-        tee = int(args.tee) if args.tee is not None else (0 if args.redirects not in (None, "0") else 3)
+        tee = args.tee if args.tee is not None else (0 if args.redirects not in (None, 0) else 3)
         run_id = args.rdzv_id or (uuid.uuid4().hex[:12] if args.standalone else "job")
         conf = dict(kv.split("=", 1) for kv in args.rdzv_conf.split(",") if "=" in kv)
         if hi > 1 and args.rdzv_backend == "static" and args.rdzv_endpoint and args.master_port is None:
             host, _, port = args.rdzv_endpoint.rpartition(":")
+            if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) <= 65535:
+                raise ValueError(f"--rdzv-endpoint: expected HOST:PORT with a port 1-65535, got {args.rdzv_endpoint!r}")
             args.master_addr, args.master_port = host, int(port)
+        if hi > 1 and args.rdzv_backend == "static":
+            if args.node_rank is not None and args.node_rank >= hi:
+                raise ValueError(f"--node-rank: {args.node_rank} is not a node of --nnodes {args.nnodes}; give 0 to {hi - 1}")
+            if args.master_port == 0:
+                raise ValueError("--master-port: 0 (a free port picked at random) cannot be found by the other nodes; "
+                                 "give the port node 0 listens on")
         cfg = RunConfig(
             command=command, nproc=_nproc(args.nproc_per_node), min_nodes=lo, max_nodes=hi, node_rank=args.node_rank,
             rdzv_backend=args.rdzv_backend if hi > 1 or args.rdzv_endpoint else "static",
@@ -181,8 +193,6 @@ def main(argv: list[str] | None = None) -> int:
             fence_timeout_s=args.fence_timeout_s)
         if cfg.rdzv_backend == "c10d" and not cfg.rdzv_endpoint:
             raise ValueError("--rdzv-backend c10d: give --rdzv-endpoint HOST:PORT")
-        if cfg.max_restarts < 0:
-            raise ValueError(f"--max-restarts: must be >= 0, got {cfg.max_restarts}")
     except ValueError as e:
         print(f"dra run: {e}", file=sys.stderr)
         return 2

@@ -129,6 +129,10 @@ class Launcher:
         self.first_world = 0
         self.events: list[dict[str, Any]] = []
         self.failures: list[str] = []  # how each worker that failed ended (the job's reason if all fail)
+        # Workers that exited 0 on their own: neither asked to leave (a shrink) nor signalled by
+        # this launcher. Only these say a job that never wrote done finished; one that exited 0
+        # because it was asked back says nothing about the job.
+        self.finished_workers = 0
 
     def _options(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The controller options a pool job gets through DRA_OPTIONS (the script's keywords win)."""
@@ -181,11 +185,14 @@ class Launcher:
             self.ended.add(lid)
             freed.append(lid)
             codes.append(code)
+            own = w["asked"] is None and w["signals"] == 0  # it ended by itself, not at the pool's or our word
+            if code == 0 and own:
+                self.finished_workers += 1
             why = self._exit_why(w, code) if code != 0 else None
             if why:
                 self.failures.append(why)
             self._say(event="worker_exit", lease=lid, uid=w["uid"], code=code, ran_s=time.time() - w["started"],
-                      asked=w["asked"] is not None, **({"why": why} if why else {}))
+                      asked=w["asked"] is not None, signalled=w["signals"] > 0, **({"why": why} if why else {}))
         return freed, codes
 
     def _exit_why(self, w: dict[str, Any], code: int) -> str:
@@ -208,14 +215,17 @@ class Launcher:
                      f"+{now['oom_kills'] - before['oom_kills']}, memory.failcnt {now['failcnt']}): give it more "
                      "memory (a larger fraction, --slot-memory-gb) or make it use less")
             break
-        text = f"worker on lease {w['lease']} (uid {w['uid']}): {what}"
+        asked = ", asked to leave" if w["asked"] is not None else ""
+        text = f"worker on lease {w['lease']} (uid {w['uid']}{asked}): {what}"
         last = _last_line(w["log"])
         return text + (f"; its log ({os.path.abspath(w['log'])}) ends: {last}" if last else "")
 
     def _failure(self) -> str:
-        """Why the job failed: every worker is gone and none said the job was done."""
+        """Why the job failed: every worker is gone, the job did not say it was done and no worker
+        ended on its own with exit code 0."""
         if not self.failures:
-            return "every worker ended (exit code 0) before the job said it was done"
+            return ("every worker left because it was asked to (a shrink) and none ended on its own: the job "
+                    "neither said it was done nor had a worker exit 0 by itself")
         shown = self.failures[-3:]
         more = len(self.failures) - len(shown)
         return ("no worker is left and the job did not finish: " + "; ".join(shown)
@@ -285,7 +295,7 @@ class Launcher:
             time.sleep(self.poll_s)
         _, c = self._reap()
         codes += c
-        ok = self.store.done() or any(code == 0 for code in codes)
+        ok = self.store.done() or self.finished_workers > 0
         self._say(event="job_end", ok=ok, codes=codes)
         return 0 if ok else (next((c for c in codes if c != 0), 1) & 0xFF or 1)
 
@@ -350,7 +360,10 @@ class Launcher:
             released += freed
             codes += c
             report = self.store.report()
-            done = self.store.done() or (self.started_world and not self.workers and any(x == 0 for x in codes))
+            # Finished: the job said so, or every worker is gone and one of them exited 0 on its own
+            # (a plain script). A worker that exited 0 because it was asked to leave does not count:
+            # a job that gave a lease back and whose last workers then crashed failed.
+            done = self.store.done() or (self.started_world and not self.workers and self.finished_workers > 0)
             if done:  # the job finished: its workers end by themselves (the leader writes results)
                 t_done = time.time()
                 leader = ((report or {}).get("members") or [0])[0]
