@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import numbers
 import os
 import signal
 import sys
@@ -63,7 +64,8 @@ class Controller(_core.Controller):
         if model is None:
             given = [n for n, v in (("optimizer", optimizer), ("sampler", sampler), ("scheduler", scheduler)) if v is not None]
             if given:
-                raise ValueError(f"{given[0]}: an elastic controller needs model= as well (dra.elastic.init)")
+                raise ValueError(f"model: None, with {' and '.join(given)} given; an elastic controller needs the module "
+                                 "(dra.elastic.init(model, optimizer, sampler))")
             super().__init__(_core.Options(**options))
             self.model = self.optimizer = self.scheduler = self.sampler = None
             return
@@ -88,6 +90,7 @@ class Controller(_core.Controller):
         self._micro_fresh = 0  # batches accumulated under no_sync() since the previous reduction
         self._micro_step_due = False  # the latest backward was a no_sync() micro-batch
         self._window_open = False  # no_sync() backwards ran since the previous reducing one
+        self._accumulates = False  # the model was ever put in no_sync(): the loader drops stale batches unseen
         # Optimizer steps taken (a hook on the user's optimizer, any way it is stepped), and as many
         # as the previous reducing backward saw: accumulation without no_sync() is told apart.
         self._optimizer_steps = self._optimizer_steps_seen = 0
@@ -192,8 +195,9 @@ class Controller(_core.Controller):
         if self.sampler is None:
             raise ValueError("epochs: a controller without a sampler has no data epochs (use dra.elastic.init)")
         for name, value in (("num_epochs", num_epochs), ("start", start)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"epochs: {name} must be an integer >= 0, got {value!r}")
+        num_epochs, start = int(num_epochs), int(start)
         self.sampler._start_at(start)
         self._epochs_driven = True  # a stop ends this loop (the code after it runs), not the process
         sampler = self.sampler
@@ -207,12 +211,20 @@ class Controller(_core.Controller):
                     f"epochs: the body of data epoch {epoch} trained no step ({len(sampler)} left); iterate the "
                     "loader inside it and call dra.step after each optimizer step, e.g. `for epoch in "
                     "ctl.epochs(n): for x, y in loader: ...`")
-            # The body left the loader early: the rest of this data epoch is not trained.
+            # The body left the loader early: the rest of this data epoch is not trained, an open
+            # accumulation window included (its gradients are dropped with it).
             position = sampler.state_dict()
             left = int(sampler.epoch_size) - position["cursor"]
+            window = ""
+            if self._micro_fresh:
+                window = f", {self._micro_fresh} batch(es) of an open accumulation window among them (their gradients dropped)"
+                self._micro_fresh = 0
+                self._window_open = False
+                for p in self.model._params:
+                    p.grad = None
             if self.rank == 0:
                 print(f"[dra] data epoch {epoch} left after step {self.step_index}: its last {left} sample(s) are not "
-                      "trained (the loop left the loader early)", file=sys.stderr, flush=True)
+                      f"trained (the loop left the loader early){window}", file=sys.stderr, flush=True)
             sampler._native.set_position(epoch, int(sampler.epoch_size), position["global_batch"], position["seed"])
         _release_torchrun_exit_barrier(self)
 

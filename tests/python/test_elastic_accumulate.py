@@ -127,3 +127,39 @@ def test_batch_norm_buffers_are_the_worlds_mean_at_every_step_unless_turned_off(
         assert len(digests) == 1 and grow[0]["params_identical"] is True
     else:
         assert len(digests) == 3 and grow[0]["params_identical"] is False
+
+
+def test_a_grow_near_an_epochs_end_with_prefetching_loaders_keeps_the_windows_aligned(tmp_path):
+    # A window of 5 that does not divide the epoch (141 samples, 36 batches per pass at world 2's
+    # launch size), loader workers prefetching, a grow at step 1 and a shrink at step 4 over 3
+    # epochs: the batches a world change makes stale never reach the loop, so its own counters
+    # (`(i + 1) % accum`, `i + 1 == len(loader)`) agree on every rank and on the joiner.
+    job = Job(tmp_path, 3, start_size=2, schedule={"1": 3, "4": 2}, epochs=3, dataset_size=141, batch_size=B,
+              accumulate=5, workers=2, prefetch=2)
+    _start_all(job)
+    codes = job.wait(240)
+    assert codes == {"r0": 0, "r1": 0, "r2": 0}, [job.output(n)[-3000:] for n in codes]
+    check_exactly_once(job, 141, 3)
+    assert all(e["params_identical"] for e in job.events() if e.get("params_identical") is not None)
+    assert not [e for e in job.events() if e["event"] == "refused"], job.events()
+
+
+def test_nanogpts_require_backward_grad_sync_accumulates_like_no_sync(tmp_path):
+    job = Job(tmp_path, 2, epochs=1, dataset_size=N, batch_size=B, accumulate=K, workers=2, momentum=0.0,
+              flag_style=True)
+    _start_all(job)
+    codes = job.wait(180)
+    assert codes == {"r0": 0, "r1": 0}, [job.output(n)[-3000:] for n in codes]
+    check_exactly_once(job, N, 1)
+    finals = _finals(job)
+    assert finals[0]["digest"] == finals[1]["digest"] and finals[0]["step"] == -(-19 // K)
+
+
+def test_accumulating_without_no_sync_is_refused_when_the_first_parameter_is_unused(tmp_path):
+    # The unused parameter holds a zero gradient after a reduction: every parameter is looked at.
+    job = Job(tmp_path, 2, epochs=1, dataset_size=60, batch_size=B, accumulate=K, workers=0, no_sync=False,
+              unused_first=True)
+    _start_all(job)
+    codes = job.wait(90)
+    assert codes == {"r0": 1, "r1": 1}, [job.output(n)[-2000:] for n in codes]
+    assert all("gradient accumulation without no_sync()" in job.output(n) for n in codes)

@@ -163,6 +163,34 @@ def test_an_epoch_left_early_is_yielded_once_and_an_empty_body_raises(monkeypatc
         dra.reset()
 
 
+def test_a_break_inside_an_open_accumulation_window_drops_the_window_with_the_epoch(monkeypatch, capfd):
+    net, opt, sampler = _alone(monkeypatch)
+    ctl = de.init(net, opt, sampler)
+    try:
+        x, y = torch.randn(40, 3), torch.randn(40, 1)
+        for epoch in ctl.epochs(np.int64(2)):  # a numpy integer is an integer
+            if epoch == 1:  # the open window of epoch 0 went with it
+                assert all(p.grad is None for p in net.parameters())
+            for i, idx in enumerate(sampler):
+                loss = torch.nn.functional.mse_loss(ctl.model(x[torch.as_tensor(idx)]), y[torch.as_tensor(idx)])
+                if i % 3 < 2 and i != 4:  # 5 batches an epoch: the last closes its window
+                    with ctl.model.no_sync():
+                        loss.backward()
+                else:
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    dra.step(loss)
+                if epoch == 0 and i == 3:
+                    break  # one batch into the second window
+        err = capfd.readouterr().err
+        assert "1 batch(es) of an open accumulation window among them (their gradients dropped)" in err
+        assert "trained again" not in err
+        assert ctl.step_index == 1 + 2  # one window in epoch 0, two (3 + 2 batches) in epoch 1
+    finally:
+        dra.reset()
+
+
 def test_init_names_what_it_was_given_in_place_of_the_optimizer_or_scheduler(monkeypatch):
     net, opt, sampler = _alone(monkeypatch)
     other = torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1)
@@ -173,6 +201,7 @@ def test_init_names_what_it_was_given_in_place_of_the_optimizer_or_scheduler(mon
         ((net, opt, sampler), {"scheduler": opt}, "scheduler: expected an LR scheduler"),
         ((net, opt, sampler), {"scheduler": torch.optim.lr_scheduler.StepLR(other, 1)}, "schedules another optimizer"),
         ((net, opt, sampler), {"broadcast_buffers": "yes"}, "broadcast_buffers: expected True or False"),
+        ((None, opt, sampler), {}, "model: None, with optimizer and sampler given"),
     ]
     for args, kw, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -46,6 +46,7 @@ class ElasticDataParallel(torch.nn.Module):
         self._micro = False  # the running backward is a micro-batch (no_sync)
         self._zeroing = False  # the running backward's batch is dropped inside a window: its gradient counts as 0
         self._pre_hooks = False
+        self._forward_sync: bool | None = None  # the latest forward's decision (DDP's), until its backward
         #: Seconds the latest backward spent inside the gradient reductions (blocking all-reduces on
         #: CPU; on CUDA only their launch): the exposed communication of a step.
         self.reduce_s = 0.0
@@ -54,7 +55,30 @@ class ElasticDataParallel(torch.nn.Module):
             p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, index))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            # As DDP decides it: the backward of this forward does not reduce when no_sync() (or
+            # require_backward_grad_sync False) held while the forward ran.
+            self._forward_sync = not self._no_sync
         return self.module(*args, **kwargs)
+
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """DDP's flag (nanoGPT sets it): False makes backwards accumulate locally, as no_sync()."""
+        return not self._no_sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        if not value:
+            self._register_pre_hooks()
+        self._no_sync = not value
+
+    def _register_pre_hooks(self) -> None:
+        if not self._pre_hooks:
+            # Before a gradient is accumulated: a dropped batch inside a window must add nothing.
+            for p in self._params:
+                p.register_hook(self._pre_grad)
+            self._pre_hooks = True
+            self.controller._accumulates = True
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -62,11 +86,7 @@ class ElasticDataParallel(torch.nn.Module):
         next backward outside reduces everything accumulated since the previous reduction, and
         its step consumes all those batches at once (every rank must accumulate as many; a batch
         dropped for a changed world adds nothing)."""
-        if not self._pre_hooks:
-            # Before a gradient is accumulated: a dropped batch inside a window must add nothing.
-            for p in self._params:
-                p.register_hook(self._pre_grad)
-            self._pre_hooks = True
+        self._register_pre_hooks()
         previous, self._no_sync = self._no_sync, True
         try:
             yield
@@ -87,12 +107,11 @@ class ElasticDataParallel(torch.nn.Module):
             self.reduce_s += time.perf_counter() - t0
 
     def _carries_gradient(self, firing: int) -> bool:
-        """Whether a gradient from before this backward is still held (not stepped, not zeroed):
-        one parameter other than the one whose hook fires is probed."""
-        for i, p in enumerate(self._params):
-            if i != firing and p.grad is not None:
-                return bool(p.grad.count_nonzero() > 0)
-        return False
+        """Whether a gradient from before this backward is still held (not stepped, not zeroed)
+        by a parameter other than the one whose hook fires (an unused one holds zeros: every one
+        is looked at; this runs only when no optimizer step came since the previous reduction)."""
+        return any(i != firing and p.grad is not None and bool(p.grad.count_nonzero() > 0)
+                   for i, p in enumerate(self._params))
 
     def _check_accumulation(self, firing: int) -> None:
         """A reducing backward while the gradient of the previous reduced one is still held and
@@ -120,7 +139,11 @@ class ElasticDataParallel(torch.nn.Module):
         """The first gradient of this backward: the reduction starts (unless the batch is stale or
         a micro-batch of a window)."""
         ctl = self.controller
-        if not self._no_sync:
+        # A micro-batch when no_sync held at its backward or at its forward (DDP decides at the
+        # forward: `with model.no_sync():` around the forward alone accumulates there too).
+        micro = self._no_sync or self._forward_sync is False
+        self._forward_sync = None
+        if not micro:
             self._check_accumulation(firing)
         self._queued = True
         self.reduce_s = 0.0
@@ -138,7 +161,7 @@ class ElasticDataParallel(torch.nn.Module):
                 ctl.sampler._consumed()
         before = ctl._micro_fresh  # batches of this window trained so far
         fresh = ctl.sampler is None or ctl.sampler._current_is_fresh(before)
-        self._micro = self._no_sync
+        self._micro = micro
         self._zeroing = not fresh and (self._micro or before > 0)
         self._active = False
         if self._micro:

@@ -79,6 +79,8 @@ class ElasticSampler:
         self._iterating = False
         self._pass_steps: int | None = None  # steps left when the loader's current pass began
         self._pass_token: object = None
+        self._peeked = False  # this pass is a loop behind the world's: one batch, dropped if trained
+        self._delivered = 0
         self._depth_seen: int | None = None  # batches in flight at this iterator's previous reduced batch
         self._skipped_now = 0  # batches skipped before the one being stepped (this rank's own count)
 
@@ -147,6 +149,8 @@ class ElasticSampler:
     def _steps(self) -> Iterator[np.ndarray]:
         """This rank's share of each step left in the data epoch, computed when the loader asks."""
         token = self._pass_token = object()
+        self._peeked = False
+        self._delivered = 0  # batches of this pass the loop has received
         try:
             yield from self._pass()
         finally:
@@ -179,6 +183,7 @@ class ElasticSampler:
             # one batch of the usual size, dropped if trained, so that next(iter(loader)) sees what
             # torch's loader would.
             self._in_flight.append(None)
+            self._peeked = True
             yield self._usual_batch()
             return
         tag: tuple[int, int] | None = None
@@ -205,6 +210,18 @@ class ElasticSampler:
             ahead += 1
             self._in_flight.append((world_epoch, self._generation, cursor))
             yield self._share(cursor, world, rank)
+
+    def _pass_length(self) -> int:
+        """The loader's length during a pass: the batches the loop has received in it plus the
+        steps after the one in hand (the steps it began with, as long as no step is redone; a
+        failure's redone steps lengthen it, so `i + 1 == len(loader)` still finds the last one)."""
+        head = self._in_flight[0] if self._in_flight else None
+        if head is None or self._delivered == 0:
+            return max(int(self._pass_steps or 0), self._delivered)
+        native = self._native
+        g = int(native.global_batch)
+        after = max(0, int(native.epoch_size) - (head[2] + g))
+        return self._delivered + -(-after // g)
 
     def _usual_batch(self) -> np.ndarray:
         """A batch of this rank's usual size (the first samples of the order)."""
@@ -527,7 +544,7 @@ def _num_batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) 
         # During a pass, the steps it began with (as torch's length stays put while a loop runs:
         # `i + 1 == len(loader)` finds the pass's last batch); between passes, the steps left.
         if sampler._pass_steps is not None:
-            return sampler._pass_steps
+            return sampler._pass_length()
         return ElasticSampler.__len__(sampler)
     n = len(sampler)
     return n // batch_size if drop_last else -(-n // batch_size)
@@ -564,6 +581,44 @@ def _patch_batch_sampler() -> None:
     BatchSampler.__iter__ = __iter__
     BatchSampler.__len__ = __len__
     BatchSampler._dra_follows_elastic_samplers = True
+    _patch_loader_iterator()
+
+
+def _elastic_sampler_of(index_sampler: Any) -> ElasticSampler | None:
+    """The followed elastic sampler behind a DataLoader's batch sampler, if any."""
+    for candidate in (index_sampler, getattr(index_sampler, "sampler", None)):
+        if isinstance(candidate, ElasticSampler) and candidate._controller is not None:
+            return candidate
+    return None
+
+
+def _patch_loader_iterator() -> None:
+    """In a job that accumulates gradients (no_sync), a batch the loader prefetched for a world
+    that has changed since, or a padding batch, is dropped before the loop sees it: the loop's
+    own counters (``(i + 1) % accum``, ``i + 1 == len(loader)``) then count only batches that
+    train, alike on every rank and on a joiner. Without accumulation such batches reach the loop
+    and are dropped after their backward (``ctl.batch_dropped``), as before."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    if getattr(_BaseDataLoaderIter, "_dra_drops_stale_batches", False):
+        return
+    torch_next = _BaseDataLoaderIter.__next__
+
+    def __next__(self: Any) -> Any:  # noqa: N807
+        while True:
+            data = torch_next(self)
+            sampler = _elastic_sampler_of(getattr(self, "_index_sampler", None))
+            if sampler is None:
+                return data
+            ctl = sampler._controller
+            if (not getattr(ctl, "_accumulates", False) or sampler._peeked or not ctl.is_member
+                    or sampler._current_is_fresh(ctl._micro_fresh)):
+                sampler._delivered += 1
+                return data
+            sampler._consumed()  # stale or padding: never trained
+
+    _BaseDataLoaderIter.__next__ = __next__
+    _BaseDataLoaderIter._dra_drops_stale_batches = True
 
 
 def _torch_order(n: int, shuffle: bool, seed: int) -> np.ndarray:

@@ -29,6 +29,17 @@ torch.manual_seed(int(os.environ.get("RANK", "0")))
 layers = [torch.nn.Linear(8, 16)] + ([torch.nn.BatchNorm1d(16)] if cfg.get("batch_norm") else []) + [
     torch.nn.ReLU(), torch.nn.Linear(16, 1)]
 model = torch.nn.Sequential(*layers)
+if cfg.get("unused_first"):
+    class WithUnused(torch.nn.Module):  # its first parameter never gets a gradient
+        def __init__(self, body: torch.nn.Module) -> None:
+            super().__init__()
+            self.aux = torch.nn.Parameter(torch.zeros(3))
+            self.body = body
+
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            return self.body(v)
+
+    model = WithUnused(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.05), momentum=cfg.get("momentum", 0.9))
 sampler = dra.elastic.DistributedSampler(dataset, shuffle=True, seed=5)
 workers = cfg.get("workers", 2)
@@ -54,6 +65,8 @@ for epoch in range(cfg.get("epochs", 2)):
         if not ctl.batch_dropped:
             window += [int(v) for v in ids]
             fresh += 1
+        if cfg.get("flag_style"):  # nanoGPT's form: DDP's flag, set before the forward
+            model.require_backward_grad_sync = last
         loss = loss_fn(model(xb), yb) / K
         if not cfg.get("no_sync", True):  # accumulation without no_sync(): every backward reduces
             loss.backward()
@@ -63,11 +76,12 @@ for epoch in range(cfg.get("epochs", 2)):
             if last or per_micro_step:
                 dra.step(loss)
             continue
-        if last:
+        if last or cfg.get("flag_style"):
             loss.backward()
         else:
             with model.no_sync():
                 loss.backward()
+        if not last:
             if per_micro_step:
                 st = dra.step(loss)
                 assert not st.committed, "a micro-batch's dra.step committed"
