@@ -68,6 +68,16 @@ TEST_CASE("sim.csv.malformed_row_names_file_line_column") {
   CHECK_THROWS_WITH_AS(csv_table::parse_text("a,b\n1,2\n3\n", "x.csv"), doctest::Contains("x.csv:3: column 2"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS((void)t.column("nope"), doctest::Contains("missing column 'nope'"), std::invalid_argument);
+  // Decimal numbers only (strtod alone reads hexadecimal, inf and nan), and one column per name.
+  const auto odd = csv_table::parse_text("t\n0x10\ninf\n1e3\n", "o.csv");
+  CHECK_THROWS_WITH_AS((void)odd.number(0, 0),
+                       doctest::Contains("o.csv:2: column 't' (1): '0x10' is not a finite decimal"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)odd.number(1, 0), doctest::Contains("'inf'"), std::invalid_argument);
+  CHECK(odd.number(2, 0) == 1000.0);
+  CHECK_THROWS_WITH_AS(csv_table::parse_text("a,b,a\n1,2,3\n", "d.csv"),
+                       doctest::Contains("d.csv:1: column 'a' appears twice in the header (columns 1 and 3)"),
+                       std::invalid_argument);
 
   // Through the workload reader, with the profile checks.
   const fs::path bad = fs::temp_directory_path() / ("dra_sim_bad_" + std::to_string(::getpid()) + ".csv");
@@ -615,4 +625,16 @@ TEST_CASE("sim.target.by_work_matches_the_trace_at_one_batch") {
   CHECK(by_work.jobs[0].reached_target);
   CHECK(by_work.jobs[0].epochs == by_metric.jobs[0].epochs);
   CHECK(by_work.jobs[0].epochs < shipped().at("cifar10").max_epochs());
+}
+
+TEST_CASE("sim.requests_above_the_cluster_are_refused") {
+  // Capped, such a job would be another job (its batch per device, its throughput): refused.
+  const profile_library lib = profile_library::load(toy_traces().string());
+  sim_config c;
+  c.policy = "static";
+  c.nodes = 1;
+  c.devices_per_node = 2;
+  CHECK_THROWS_WITH_AS((void)simulate(lib, {{"big", 0.0, "toy", 4, 10.0}}, c),
+                       doctest::Contains("job 'big' requests 4 devices but the cluster has 2"), std::invalid_argument);
+  CHECK_NOTHROW((void)simulate(lib, {{"fits", 0.0, "toy", 2, 10.0}}, c));
 }

@@ -48,7 +48,10 @@ class cluster_state {
       // workloads all request 32768, the batch the reference forces), which keep the user's batch.
       if (cluster_ && j.app->adaptive_fixed_batch() <= 0.0) j.fixed_batch = 0.0;
       j.max_devices = job_cap(j);
-      if (baseline_) j.spec.replicas = std::min(j.spec.replicas, capacity_);
+      if (j.spec.replicas > capacity_)  // capped, it would be another job (batch per device, throughput)
+        dra::detail::throw_invalid("replicas", "job '" + j.spec.name + "' requests " + std::to_string(j.spec.replicas) +
+                                                   " devices but the cluster has " + std::to_string(capacity_) +
+                                                   "; simulate a larger cluster or request fewer devices");
       j.est = std::make_unique<signals::convergence_estimator>(config_.estimator);
       j.model = std::make_unique<policy::perf_model>();
       if (!cluster_ && entry_.make) {

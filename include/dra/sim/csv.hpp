@@ -36,9 +36,12 @@ class csv_table {
 
   const std::string& text(std::size_t row, std::size_t col) const { return cells_.at(row).at(col); }
 
-  /// The cell as a finite number; throws "<file>:<line>: column '<name>' (<n>): '<text>' is not a number".
+  /// The cell as a finite decimal number (digits, a point, an exponent: no hexadecimal, no inf or
+  /// nan); throws "<file>:<line>: column '<name>' (<n>): '<text>' is not a finite number".
   double number(std::size_t row, std::size_t col) const {
     const std::string& cell = text(row, col);
+    if (cell.find_first_not_of("0123456789.eE+-") != std::string::npos)
+      fail(row, col, "'" + cell + "' is not a finite decimal number; write it in plain digits (e.g. 16, 0.5, 1e3)");
     const char* begin = cell.c_str();
     char* end = nullptr;
     errno = 0;
@@ -81,6 +84,12 @@ class csv_table {
       if (!have_header) {
         if (line_no == 1 && cells.size() >= 1 && cells[0].size() >= 3 && cells[0].compare(0, 3, "\xEF\xBB\xBF") == 0)
           cells[0].erase(0, 3);  // UTF-8 byte-order mark
+        for (std::size_t i = 0; i < cells.size(); ++i)
+          for (std::size_t k = 0; k < i; ++k)
+            if (cells[i] == cells[k])
+              throw std::invalid_argument(source + ":" + std::to_string(line_no) + ": column '" + cells[i] +
+                                          "' appears twice in the header (columns " + std::to_string(k + 1) + " and " +
+                                          std::to_string(i + 1) + "); keep one");
         t.header_ = std::move(cells);
         have_header = true;
         continue;
