@@ -293,7 +293,9 @@ def test_an_uncaught_exception_on_every_rank_fails_the_job_and_on_one_rank_is_su
         "        opt.zero_grad(); loss.backward(); opt.step()\n"
         "        st = dra.step(loss)\n"
         "        if st.step == 3 and os.environ['CRASH'] in ('all', str(ctl.uid)):\n"
-        "            raise RuntimeError('user bug')\n")
+        "            raise RuntimeError('user bug')\n"
+        "        if st.step == 3 and os.environ['CRASH'] == 'exit':\n"
+        "            raise SystemExit(1)\n")
     every = procs.start("every", [*DRA, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "a"), str(script)],
                         CRASH="all")
     assert every.wait(120) == 1, procs.output("every")
@@ -303,6 +305,12 @@ def test_an_uncaught_exception_on_every_rank_fails_the_job_and_on_one_rank_is_su
                       CRASH="1")
     assert one.wait(120) == 0, procs.output("one")
     assert "survived 1 worker failure(s) in place" in procs.output("one"), procs.output("one")
+    # sys.exit(1) on every rank: not an exception (no hook sees it) and the controller finishes at
+    # exit, marking the job done; every worker exiting non-zero is still a failure, as torchrun's.
+    gone = procs.start("gone", [*DRA, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "c"), str(script)],
+                       CRASH="exit")
+    assert gone.wait(120) == 1, procs.output("gone")
+    assert "every worker of this node exited non-zero" in procs.output("gone"), procs.output("gone")
 
 
 # ---- the ports ------------------------------------------------------------------------------------

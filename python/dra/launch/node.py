@@ -368,10 +368,17 @@ class NodeLauncher:
             return 1  # as torchrun: a job stopped by a signal did not finish
         if self.fenced:
             return 1
-        # A dra job succeeded when it finished (its leader marked it done), whoever died on the way;
-        # any other job, as under torchrun, when every worker of its last attempt exited 0.
-        ok = done if self._is_dra_job() else all(e["code"] == 0 for e in self.exits if not e.get("stopped")
-                                                 and e.get("attempt", self.restart_count) == self.restart_count)
+        # A dra job succeeded when it finished (its leader marked it done), whoever died on the way,
+        # and some worker of it exited 0 (every one exiting non-zero, `sys.exit(1)` on every rank
+        # after its controller finished at exit, failed); any other job, as under torchrun, when
+        # every worker of its last attempt exited 0.
+        if self._is_dra_job():
+            ok = done and any(e["code"] == 0 for e in self.exits)
+            if done and not ok:
+                self._say("the job marked itself done, but every worker of this node exited non-zero")
+        else:
+            ok = all(e["code"] == 0 for e in self.exits if not e.get("stopped")
+                     and e.get("attempt", self.restart_count) == self.restart_count)
         if ok:
             survived = f"; survived {len(failures)} worker failure(s) in place" if failures and done else ""
             self._say(f"job {self.cfg.run_id} finished{survived}")
