@@ -90,10 +90,10 @@ def seed_arg(text: str) -> int:
     return value
 
 
-def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, what: str = "") -> list[int]:
+def check_csv(path: str | Path, numbers: dict[str, str] | None = None) -> list[int]:
     """Checks a CSV file the simulator's C++ reader (``dra::sim::csv_table``) reads, for what that
-    reader lets through: a column name the header repeats (the reader takes the first, the other is
-    silently ignored) and, in the columns of ``numbers`` (name -> ``"decimal"``, ``"decimal_or_empty"``
+    reader lets through (it refuses hexadecimal, inf, nan and a repeated column name itself): in the
+    columns of ``numbers`` (name -> ``"decimal"``, ``"decimal_or_empty"``
     or ``"integer"``), a cell that is not a plain decimal (``strtod`` reads ``0x10`` as 16). Splits
     lines as that reader does (plain commas, no quoting, spaces and tabs around a cell trimmed, blank
     lines skipped, a UTF-8 byte-order mark dropped); stops at a row whose field count differs from
@@ -114,14 +114,8 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, what: 
                 cells[0] = cells[0][1:]
             header = [c.strip(" \t") for c in cells]
             seen: dict[str, int] = {}
-            for i, name in enumerate(header):
-                if name in seen:
-                    raise ValueError(
-                        f"{path}:{line_no}: column '{name}' appears twice in the header (columns {seen[name] + 1} and "
-                        f"{i + 1}); the reader would use the first and silently ignore the other{what}. Keep one "
-                        "(rename or delete the other)"
-                    )
-                seen[name] = i
+            for i, name in enumerate(header):  # a name repeated: the C++ reader refuses it, by name
+                seen.setdefault(name, i)
             columns = {name: seen[name] for name in numbers if name in seen}
             if not numbers:
                 break  # the header was all to check

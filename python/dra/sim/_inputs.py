@@ -49,10 +49,7 @@ def default_data_dir() -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _profiles_cached(traces: str) -> Any:
-    profiles = _sim.SimProfiles(traces)
-    for csv in sorted(Path(traces).glob("*/*.csv")):  # a repeated column name: the reader takes the first
-        check_csv(csv, what=" (a profile file)")
-    return profiles
+    return _sim.SimProfiles(traces)  # its C++ reader refuses a repeated column name
 
 
 def load_profiles(traces: str | os.PathLike[str] | None = None) -> Any:
