@@ -367,11 +367,11 @@ class DistributedSampler(ElasticSampler):
         if batch_size is not None:
             self.batches(batch_size)
 
-    def batches(self, batch_size: int) -> _StepBatches:
+    def batches(self, batch_size: int) -> _loader.StepBatches:
         """The per-rank batch: returns a batch sampler over this sampler, for
         ``DataLoader(dataset, batch_sampler=sampler.batches(32))``."""
         self._bind_batch(batch_size)
-        return _StepBatches(self)
+        return _loader.StepBatches(self)
 
     def _bind_batch(self, batch_size: int, drop_last: bool = False) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -510,117 +510,6 @@ class DistributedSampler(ElasticSampler):
             self.set_epoch(self._requested)  # set before the controller followed (a restarted job)
 
 
-class _StepBatches:
-    """``sampler.batches(B)``: the per-step shares of a DistributedSampler as a batch sampler."""
-
-    def __init__(self, sampler: DistributedSampler) -> None:
-        self.sampler = sampler
-        self.batch_size = sampler.batch_size
-        self.drop_last = sampler._options["drop_last"]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return _batches(self.sampler, self.batch_size or 1, self.drop_last)
-
-    def __len__(self) -> int:
-        return _num_batches(self.sampler, self.batch_size or 1, self.drop_last)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sampler, name)
-
-
-def _batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
-    if sampler._controller is not None:
-        return (b.tolist() for b in sampler._steps())
-    ids = list(sampler)  # outside the controller: torch's per-rank list, batched as torch's BatchSampler does
-    stop = len(ids) - len(ids) % batch_size if drop_last else len(ids)
-    return (ids[i:i + batch_size] for i in range(0, stop, batch_size))
-
-
-def _num_batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> int:
-    if sampler._controller is not None:
-        # During a pass, the steps it began with (as torch's length stays put while a loop runs:
-        # `i + 1 == len(loader)` finds the pass's last batch); between passes, the steps left.
-        if sampler._pass_steps is not None:
-            return sampler._pass_length()
-        return ElasticSampler.__len__(sampler)
-    n = len(sampler)
-    return n // batch_size if drop_last else -(-n // batch_size)
-
-
-def _patch_batch_sampler() -> None:
-    """torch's DataLoader with ``batch_size=B, sampler=<our DistributedSampler>`` builds a
-    ``BatchSampler`` that groups the sampler's ids by B. For the sampler the controller follows,
-    each step's share must come from the world as it is when the loader asks (it changes size with
-    the world), so a BatchSampler over it takes the shares from the sampler; over anything else it
-    is torch's, unchanged. Done once, at import of dra.elastic."""
-    from torch.utils.data import BatchSampler
-
-    if getattr(BatchSampler, "_dra_follows_elastic_samplers", False):
-        return
-    torch_init, torch_iter, torch_len = BatchSampler.__init__, BatchSampler.__iter__, BatchSampler.__len__
-
-    def __init__(self: Any, sampler: Any, batch_size: int, drop_last: bool) -> None:  # noqa: N807
-        torch_init(self, sampler, batch_size, drop_last)
-        if isinstance(sampler, DistributedSampler):
-            sampler._bind_batch(batch_size, drop_last)
-
-    def __iter__(self: Any) -> Iterator[list[int]]:  # noqa: N807
-        if isinstance(self.sampler, DistributedSampler) and self.sampler._controller is not None:
-            return _batches(self.sampler, self.batch_size, self.drop_last)
-        return torch_iter(self)
-
-    def __len__(self: Any) -> int:  # noqa: N807
-        if isinstance(self.sampler, DistributedSampler) and self.sampler._controller is not None:
-            return _num_batches(self.sampler, self.batch_size, self.drop_last)
-        return torch_len(self)
-
-    BatchSampler.__init__ = __init__
-    BatchSampler.__iter__ = __iter__
-    BatchSampler.__len__ = __len__
-    BatchSampler._dra_follows_elastic_samplers = True
-    _patch_loader_iterator()
-
-
-def _elastic_sampler_of(index_sampler: Any) -> ElasticSampler | None:
-    """The followed elastic sampler behind a DataLoader's batch sampler, if any."""
-    for candidate in (index_sampler, getattr(index_sampler, "sampler", None)):
-        if isinstance(candidate, ElasticSampler) and candidate._controller is not None:
-            return candidate
-    return None
-
-
-def _patch_loader_iterator() -> None:
-    """In a job that accumulates gradients (no_sync), a batch the loader prefetched for a world
-    that has changed since, or a padding batch, is dropped before the loop sees it: the loop's
-    own counters (``(i + 1) % accum``, ``i + 1 == len(loader)``) then count only batches that
-    train, alike on every rank and on a joiner. Without accumulation such batches reach the loop
-    and are dropped after their backward (``ctl.batch_dropped``), as before."""
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-    if getattr(_BaseDataLoaderIter, "_dra_drops_stale_batches", False):
-        return
-    torch_next = _BaseDataLoaderIter.__next__
-
-    def __next__(self: Any) -> Any:  # noqa: N807
-        while True:
-            data = torch_next(self)
-            sampler = _elastic_sampler_of(getattr(self, "_index_sampler", None))
-            if sampler is None:
-                return data
-            ctl = sampler._controller
-            if (not getattr(ctl, "_accumulates", False) or sampler._peeked or not ctl.is_member
-                    or sampler._current_is_fresh(ctl._micro_fresh)):
-                sampler._delivered += 1
-                return data
-            sampler._consumed()  # stale or padding: never trained
-
-    _BaseDataLoaderIter.__next__ = __next__
-    _BaseDataLoaderIter._dra_drops_stale_batches = True
-
-
 def _torch_order(n: int, shuffle: bool, seed: int) -> np.ndarray:
     """torch's DistributedSampler order of an epoch: randperm seeded with seed + epoch."""
     import torch
@@ -632,4 +521,6 @@ def _torch_order(n: int, shuffle: bool, seed: int) -> np.ndarray:
     return torch.randperm(n, generator=g).numpy()
 
 
-_patch_batch_sampler()
+from dra.elastic import _loader  # noqa: E402 - torch's DataLoader follows the classes above
+
+_loader.install()
