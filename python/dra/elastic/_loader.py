@@ -1,20 +1,21 @@
 """torch's DataLoader over dra's elastic samplers: the batch sampler that takes each step's share
 from the world as it is when the loader asks, the loader's length during a pass, and (in a job
 that accumulates gradients) batches a world change made stale dropped before the loop sees them.
-Installed once, at import of dra.elastic (sampler.py calls ``install``)."""
+Installed once, at import of dra.elastic (sampler.py calls ``install`` with its classes)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from dra.elastic.sampler import DistributedSampler, ElasticSampler
+#: The sampler classes (dra.elastic.sampler's, given to install: that module imports this one).
+_classes: dict[str, Any] = {}
 
 
 class StepBatches:
     """``sampler.batches(B)``: the per-step shares of a DistributedSampler as a batch sampler."""
 
-    def __init__(self, sampler: DistributedSampler) -> None:
+    def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
         self.batch_size = sampler.batch_size
         self.drop_last = sampler._options["drop_last"]
@@ -32,7 +33,7 @@ class StepBatches:
         return getattr(self.sampler, name)
 
 
-def _batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
+def _batches(sampler: Any, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
     if sampler._controller is not None:
         return (b.tolist() for b in sampler._steps())
     ids = list(sampler)  # outside the controller: torch's per-rank list, batched as torch's BatchSampler does
@@ -40,18 +41,18 @@ def _batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> I
     return (ids[i:i + batch_size] for i in range(0, stop, batch_size))
 
 
-def _num_batches(sampler: DistributedSampler, batch_size: int, drop_last: bool) -> int:
+def _num_batches(sampler: Any, batch_size: int, drop_last: bool) -> int:
     if sampler._controller is not None:
         # During a pass, the steps it began with (as torch's length stays put while a loop runs:
         # `i + 1 == len(loader)` finds the pass's last batch); between passes, the steps left.
         if sampler._pass_steps is not None:
             return sampler._pass_length()
-        return ElasticSampler.__len__(sampler)
+        return _classes["elastic"].__len__(sampler)
     n = len(sampler)
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def install() -> None:
+def install(elastic: type, distributed: type) -> None:
     """torch's DataLoader with ``batch_size=B, sampler=<our DistributedSampler>`` builds a
     ``BatchSampler`` that groups the sampler's ids by B. For the sampler the controller follows,
     each step's share must come from the world as it is when the loader asks (it changes size with
@@ -60,22 +61,24 @@ def install() -> None:
     (_patch_loader_iterator)."""
     from torch.utils.data import BatchSampler
 
+    _classes.update(elastic=elastic, distributed=distributed)
+
     if getattr(BatchSampler, "_dra_follows_elastic_samplers", False):
         return
     torch_init, torch_iter, torch_len = BatchSampler.__init__, BatchSampler.__iter__, BatchSampler.__len__
 
     def __init__(self: Any, sampler: Any, batch_size: int, drop_last: bool) -> None:  # noqa: N807
         torch_init(self, sampler, batch_size, drop_last)
-        if isinstance(sampler, DistributedSampler):
+        if isinstance(sampler, _classes["distributed"]):
             sampler._bind_batch(batch_size, drop_last)
 
     def __iter__(self: Any) -> Iterator[list[int]]:  # noqa: N807
-        if isinstance(self.sampler, DistributedSampler) and self.sampler._controller is not None:
+        if isinstance(self.sampler, _classes["distributed"]) and self.sampler._controller is not None:
             return _batches(self.sampler, self.batch_size, self.drop_last)
         return torch_iter(self)
 
     def __len__(self: Any) -> int:  # noqa: N807
-        if isinstance(self.sampler, DistributedSampler) and self.sampler._controller is not None:
+        if isinstance(self.sampler, _classes["distributed"]) and self.sampler._controller is not None:
             return _num_batches(self.sampler, self.batch_size, self.drop_last)
         return torch_len(self)
 
@@ -86,10 +89,10 @@ def install() -> None:
     _patch_loader_iterator()
 
 
-def _elastic_sampler_of(index_sampler: Any) -> ElasticSampler | None:
+def _elastic_sampler_of(index_sampler: Any) -> Any:
     """The followed elastic sampler behind a DataLoader's batch sampler, if any."""
     for candidate in (index_sampler, getattr(index_sampler, "sampler", None)):
-        if isinstance(candidate, ElasticSampler) and candidate._controller is not None:
+        if isinstance(candidate, _classes["elastic"]) and candidate._controller is not None:
             return candidate
     return None
 

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from dra._core import elastic as _m
+from dra.elastic import _loader
 
 
 class ElasticSampler:
@@ -521,6 +522,4 @@ def _torch_order(n: int, shuffle: bool, seed: int) -> np.ndarray:
     return torch.randperm(n, generator=g).numpy()
 
 
-from dra.elastic import _loader  # noqa: E402 - torch's DataLoader follows the classes above
-
-_loader.install()
+_loader.install(ElasticSampler, DistributedSampler)
