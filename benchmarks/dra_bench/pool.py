@@ -72,8 +72,8 @@ def decision_ms(jobs: int = 1000, devices: int = 6000, repeats: int = 7) -> tupl
 def handover_s(repeats: int, tmp: Path) -> list[float]:
     """A one-slot pool, job 'a' running, job 'b' waiting; 'a' ends: seconds from the release of
     its lease to b's first committed step on it."""
+    from dra.pool.factory import make_service
     from dra.pool.server import PoolClient, PoolServer
-    from dra.pool.service import make_service
 
     out = []
     for r in range(repeats):

@@ -183,8 +183,8 @@ def _attack(tmp: Path, user: str, timeout_s: float) -> dict[str, Any]:
     cgroup's limits). Returns {"escalations": n, "attempts": {what: outcome}}: every attempt must
     be refused and the user's job must run as that user. Needs root (RuntimeError otherwise)."""
     from dra.pool import _auth
+    from dra.pool.factory import make_service
     from dra.pool.server import PoolClient, PoolServer
-    from dra.pool.service import make_service
 
     if os.geteuid() != 0:
         raise RuntimeError("the security check needs root (it runs a pool as root and attacks it as another user)")

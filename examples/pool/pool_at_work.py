@@ -282,9 +282,9 @@ JOBS = ["serve", "cnn-digits", "mlp-digits", "mlp-cancer"]  # the colour order o
 
 def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, int]], replica_rps: float,
              out: Path) -> dict[str, Any]:
+    from dra.pool.factory import make_service
     from dra.pool.gantt import plot
     from dra.pool.server import PoolClient, PoolServer
-    from dra.pool.service import make_service
 
     state = out / mode
     for f in ("events.jsonl", "pool.sqlite", "pool.sqlite-wal", "pool.sqlite-shm"):

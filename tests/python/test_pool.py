@@ -23,9 +23,10 @@ import pytest
 from dra._core import pool as P
 from dra.pool import _cgroup
 from dra.pool._spec import fit_speedup
+from dra.pool.factory import make_service
 from dra.pool.gantt import plot
 from dra.pool.server import PoolClient, PoolServer
-from dra.pool.service import PoolService, make_service, speedup_curve
+from dra.pool.service import PoolService, speedup_curve
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "pool" / "train.py"

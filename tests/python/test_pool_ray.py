@@ -28,8 +28,8 @@ TRAIN = ROOT / "examples" / "pool" / "train.py"
 def test_ray_two_nodes_node_removed_while_training(tmp_path: Path) -> None:
     from ray.cluster_utils import Cluster
 
+    from dra.pool.factory import make_service
     from dra.pool.server import PoolClient, PoolServer
-    from dra.pool.service import make_service
 
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 1, "resources": {"dra_slot": 1, "dra_node_a": 1},
@@ -80,7 +80,7 @@ def test_ray_two_nodes_node_removed_while_training(tmp_path: Path) -> None:
 
 
 def test_ray_bad_address_fails_fast(tmp_path: Path) -> None:
-    from dra.pool.service import make_service
+    from dra.pool.factory import make_service
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -11,8 +11,9 @@ CLI: ``dra pool serve | submit | status | cancel | drain`` and ``dra run``; see 
 
 from __future__ import annotations
 
+from dra.pool.factory import make_service
 from dra.pool.launcher import Launcher
 from dra.pool.server import PoolClient, PoolServer
-from dra.pool.service import PoolService, make_service, speedup_curve
+from dra.pool.service import PoolService, speedup_curve
 
 __all__ = ["Launcher", "PoolClient", "PoolServer", "PoolService", "make_service", "speedup_curve"]

@@ -35,8 +35,8 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def _serve(args: argparse.Namespace) -> int:
     from dra.pool import _auth, _state
+    from dra.pool.factory import make_service
     from dra.pool.server import PoolServer
-    from dra.pool.service import make_service
 
     state = Path(args.state)
     created = _first_missing(state)  # the topmost folder this start makes (None: the state was there)
