@@ -35,8 +35,9 @@ def _sim_samples() -> dict[str, Any]:
     out: dict[str, Any] = {"sim_read_workload": jobs, "sim_profile_info": {a: profiles.info(a) for a in profiles.names()}}
     for policy in ("static", "convergence_aware"):
         out[f"sim_run.{policy}"] = _sim.sim_run(profiles, jobs, policy, 30.0, 600.0, 2, 4)
-    # Stopped early: jobs that never started or finished (None where the functions wrote None).
-    out["sim_run.stopped"] = _sim.sim_run(profiles, jobs, "static", 30.0, 600.0, 1, 1, progress=lambda now, *_: now < 1800.0)
+    # Stopped early: jobs that never started or finished (None where the functions wrote None); one
+    # node of 6, as many as the largest request (a request above the cluster is refused).
+    out["sim_run.stopped"] = _sim.sim_run(profiles, jobs, "static", 30.0, 600.0, 1, 6, progress=lambda now, *_: now < 1800.0)
     out["sim_study"] = _sim.sim_study(profiles, jobs, 2, 5, ["convergence_aware"], 30.0, 1.0, 600.0)
     return out
 
