@@ -7,6 +7,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 "$root/scripts/setup.sh"
 
+# c10d looks up the name of the peer on a process's first connection. Where the resolver drops such
+# queries (a sandbox that resolves only its package registries), every test process would wait out
+# glibc's 5 s x 2 attempts; dra copes (src/elastic/store_client.cpp, tests/python/test_store_resolver.py),
+# and the suite bounds that wait to a second.
+export RES_OPTIONS="${RES_OPTIONS:-timeout:1 attempts:1}"
+
 jobs="${DRA_BUILD_JOBS:-2}"
 torch_prefix="$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
 export PATH="$root/.venv/bin:$PATH"

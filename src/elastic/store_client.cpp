@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -100,6 +102,32 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
+// c10d names the peer of every socket it opens: a reverse lookup (getnameinfo without
+// NI_NUMERICHOST, of the v4-mapped address, which /etc/hosts seldom lists) that it gives up for
+// the rest of the process once one fails. On a host whose resolver does not answer, a process's
+// first connection therefore waits out the resolver's timeouts (glibc: 5 s x 2 attempts per
+// server) inside c10d's own connect timeout, and a store timeout of 10 s fails against a store
+// that is up. The first contact of a process gets at least kFirstContact (the store was seen
+// listening first, so an absent store is still named at the deadline), and a slow one is named
+// once, with the fix.
+std::atomic<bool> contacted{false};
+constexpr std::chrono::milliseconds kFirstContact{45000};
+
+std::chrono::milliseconds contact_budget(std::chrono::milliseconds wanted) {
+  return contacted.load() ? wanted : std::max(wanted, kFirstContact);
+}
+
+void contact_made(std::chrono::steady_clock::time_point began, const std::string& address) {
+  if (contacted.exchange(true)) return;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  if (took < 3.0) return;
+  std::cerr << "[dra] the first connection to the store at " << address << " took " << static_cast<int>(took)
+            << " s. The usual cause: c10d looks up the name of each peer it connects to, and this host's "
+               "resolver (/etc/resolv.conf) does not answer; each process waits for it once. Make the resolver "
+               "answer, or bound its wait: RES_OPTIONS='timeout:1 attempts:1'.\n"
+            << std::flush;
+}
+
 std::string text(const std::vector<std::uint8_t>& b) {
   return {b.begin(), b.end()};
 }
@@ -124,8 +152,10 @@ store_client::store_client(const std::string& host, int port, bool host_store, c
       // EADDRINUSE, whichever of the two starts first.
       o.multiTenant = true;
       o.waitWorkers = false;
-      o.timeout = timeout;
+      o.timeout = contact_budget(timeout);  // the server connects a client of its own
+      const auto began = std::chrono::steady_clock::now();
       server_ = c10::make_intrusive<c10d::TCPStore>(host, o);
+      contact_made(began, host + ":" + std::to_string(server_->getPort()));
     } catch (const std::exception& e) {
       const std::string why = first_line(e);
       const bool in_use = why.find("in use") != std::string::npos || why.find("EADDRINUSE") != std::string::npos;
@@ -162,7 +192,10 @@ void store_client::connect(std::chrono::steady_clock::time_point deadline, bool 
     // A first connection gets at least a second; a reconnection only what is left of its bound
     // (c10d retries a reset or refused connection until this timeout).
     o.timeout = std::max(std::chrono::milliseconds(reconnecting ? 50 : 1000), left);
+    if (!reconnecting) o.timeout = contact_budget(o.timeout);
+    const auto began = std::chrono::steady_clock::now();
     tcp_ = c10::make_intrusive<c10d::TCPStore>(host_, o);
+    contact_made(began, host_ + ":" + std::to_string(port_));
   } catch (const std::exception& e) {
     throw dra::timeout_error("dra: the store at " + host_ + ":" + std::to_string(port_) +
                              " could not be reached within " + std::to_string(timeout_.count()) + " ms (" +

@@ -47,8 +47,10 @@ c10::intrusive_ptr<c10d::TCPStore> make_server() {
   o.port = 0;
   o.isServer = true;
   o.waitWorkers = false;
-  o.timeout = 10s;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  o.timeout = 60s;  // c10d's first connection in a process may wait out a stalled resolver (store_client.cpp)
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  store->setTimeout(10s);
+  return store;
 }
 
 // One client per rank thread: a TCPStore serialises its blocking calls, so threads sharing one
@@ -58,8 +60,10 @@ c10::intrusive_ptr<c10d::Store> make_client(std::uint16_t port) {
   o.port = port;
   o.isServer = false;
   o.waitWorkers = false;
-  o.timeout = 10s;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  o.timeout = 60s;  // c10d's first connection in a process may wait out a stalled resolver (store_client.cpp)
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  store->setTimeout(10s);
+  return store;
 }
 
 rebuild_request request(std::uint64_t epoch, std::vector<int> old_members, std::vector<int> new_members, int self,

@@ -62,8 +62,10 @@ c10::intrusive_ptr<c10d::TCPStore> make_server() {
   o.port = 0;
   o.isServer = true;
   o.waitWorkers = false;
-  o.timeout = 10s;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  o.timeout = 60s;  // c10d's first connection in a process may wait out a stalled resolver (store_client.cpp)
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  store->setTimeout(10s);
+  return store;
 }
 
 launch_info launch(int port, int uid, int universe, const std::string& job, bool host = false, bool join = false) {
