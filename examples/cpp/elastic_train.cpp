@@ -349,7 +349,14 @@ int main(int argc, char** argv) try {
                              ", \"rank\": " + std::to_string(rank) + ", \"world\": " + std::to_string(world) +
                              ", \"ids\": " + example::json_list(ids));
       const bool reduced = ctl.reduce_gradients(params);  // false: a peer failed, the step is redone
-      if (faults.fire("after_reduce", step, uid, step, world_epoch)) continue;  // no optimizer step, no ctl.step
+      if (faults.fire("after_reduce", step, uid, step, world_epoch)) {
+        // No optimizer step, no ctl.step: the world commits the step's batches without this rank's
+        // update (the next reduction catches up; the batch taken before it is stale, and redone).
+        records.write(uid, "\"kind\": \"commit\", \"step\": " + std::to_string(step) +
+                               ", \"data_epoch\": " + std::to_string(data_epoch) +
+                               ", \"world_epoch\": " + std::to_string(world_epoch) + ", \"update\": false");
+        continue;
+      }
       if (reduced) optimizer.step();
       const bool was_member = ctl.is_member();
       const auto r = ctl.step(loss_value);

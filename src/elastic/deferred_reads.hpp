@@ -22,7 +22,7 @@ namespace dra::elastic::detail {
 
 class deferred_reads {
  public:
-  static constexpr std::int64_t kWidth = 13;  ///< gradient_reducer::kTail
+  static constexpr std::int64_t kWidth = 15;  ///< gradient_reducer::kTail
   struct row {
     std::int64_t step = 0;
     std::array<double, kWidth> values{};

@@ -16,13 +16,13 @@ namespace dra::elastic::detail {
 reduction_tail read_tail(const at::Tensor& tail) {
   const at::Tensor t = tail.to(at::kCPU, at::kDouble);  // a CUDA tail would synchronise: the controller defers those
   const double* p = t.data_ptr<double>();
-  return {p[0], p[1], p[2] > 0.5, p[3], p[4], p[5] > 0.5, p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
+  return {p[0], p[1], p[2] > 0.5, p[3], p[4], p[5] > 0.5, p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13], p[14]};
 }
 
 namespace {
 // The exactly-once slots [skipped, skip mask, depth ranks, depth sum, depth square sum, micro sum,
-// micro square sum].
-std::array<float, 7> batch_slots(const tail_input& in) {
+// micro square sum, missed, stale].
+std::array<float, 9> batch_slots(const tail_input& in) {
   const bool skipped = in.skipped > 0;
   const float mask = skipped && in.rank >= 0 && in.rank < 24 ? static_cast<float>(1 << in.rank) : 0.0f;
   const bool known = in.in_flight >= 0;
@@ -34,7 +34,9 @@ std::array<float, 7> batch_slots(const tail_input& in) {
           depth,
           depth * depth,
           micro,
-          micro * micro};
+          micro * micro,
+          in.missed ? 1.0f : 0.0f,
+          in.stale ? 1.0f : 0.0f};
 }
 }  // namespace
 

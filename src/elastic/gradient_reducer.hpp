@@ -42,6 +42,8 @@ struct reduction_tail {
   double depth_sq_sum = 0;  ///< and of their squares (unequal counts: a rank skipped a batch)
   double micro_sum = 0;     ///< loader batches the ranks' gradients carry (accumulation), summed
   double micro_sq_sum = 0;  ///< and their squares (unequal: the ranks accumulated different batches)
+  double missed = 0;        ///< ranks that did not call step() after their previous reduction
+  double stale = 0;         ///< of them, those whose batch was taken before that step was committed
 };
 
 /// This rank's contribution to the tail: the loss as a 0-d tensor (any device: a device loss is
@@ -55,21 +57,23 @@ struct tail_input {
   bool energy_measured = false;
   bool stop = false;  ///< this process asks the job to stop
   int rank = 0;
-  int skipped = 0;     ///< batches this rank skipped since its previous reduced one
-  int in_flight = -1;  ///< batches handed to this rank's loop and not yet stepped (-1: unknown)
-  int micro = 1;       ///< loader batches this rank's gradient carries (gradient accumulation)
+  int skipped = 0;      ///< batches this rank skipped since its previous reduced one
+  int in_flight = -1;   ///< batches handed to this rank's loop and not yet stepped (-1: unknown)
+  int micro = 1;        ///< loader batches this rank's gradient carries (gradient accumulation)
+  bool missed = false;  ///< this rank did not call step() after its previous reduction
+  bool stale = false;   ///< and its batch was taken before it caught up (this step repeats the missed one's)
 };
 
 /// The tail as floats [loss sum, count, flag, energy J, not-measured count, stop requests,
-/// skipped, skip mask, depth ranks, depth sum, depth square sum, micro sum, micro square sum] in a
-/// tensor, read on the host.
+/// skipped, skip mask, depth ranks, depth sum, depth square sum, micro sum, micro square sum,
+/// missed, stale] in a tensor, read on the host.
 reduction_tail read_tail(const at::Tensor& tail);
 /// Writes `in` into `dst` (kTail floats, on any device) without reading a device loss on the host.
 void write_tail(at::Tensor& dst, const tail_input& in);
 
 class gradient_reducer {
  public:
-  static constexpr std::int64_t kTail = 13;
+  static constexpr std::int64_t kTail = 15;
   explicit gradient_reducer(std::size_t bucket_bytes = std::size_t{25} << 20,
                             std::size_t first_bucket_bytes = std::size_t{1} << 20);
 

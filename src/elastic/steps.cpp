@@ -31,7 +31,9 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // ---- the reduction --------------------------------------------------------------------------------
 bool controller::begin_reduction(const std::vector<at::Tensor>& params, const batch_check& check) {
-  catch_up_missed_step();
+  // A miss found only now (a C++ trainer: Python catches up before its backward) was found after
+  // the trainer took its batch, which the sampler then still held for the missed step: stale.
+  const bool stale = catch_up_missed_step() && missed_.has_value();
   reduced_ = true;
   batch_ = check;
   if (role_ != role::member || !comm_ || !failure_.empty()) return false;
@@ -57,14 +59,20 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params, const ba
   pending_loss_->skipped = check.skipped;
   pending_loss_->in_flight = check.in_flight;
   pending_loss_->micro = check.micro;
+  pending_loss_->missed = missed_.has_value();
+  pending_loss_->stale = stale;
   reducer_->begin(*comm_, params, sampler_->share_weight(check.micro), *pending_loss_);
   return true;
 }
 
-// The previous reduction was never followed by step() (the trainer caught an exception after
-// backward and went on): the world committed that step, this process did not, and whether its
-// optimizer applied the update is unknown. It commits the step as the world did and takes the
-// world's state again through a recovery (holding none, so another member's state wins).
+// The previous reduction was never followed by step(): the trainer skipped the update after
+// backward (a `continue` on a non-finite gradient norm: every rank alike, since they share the
+// reduced gradient) or caught an exception there. The world committed that step, this process did
+// not, and whether its optimizer applied the update is unknown. It commits the step as the world
+// did. On a synchronous backend the miss rides with the next reduction, and the world settles it
+// there (settle_missed_step): identical states go on, a differing one is taken again. On an
+// asynchronous one (NCCL: the tail is read steps later) the process takes the world's state again
+// at once through a recovery (holding none, so another member's state wins).
 bool controller::catch_up_missed_step() noexcept {
   if (!reduced_ || !failure_.empty() || role_ != role::member || !comm_) return false;
   reduced_ = false;
@@ -85,6 +93,13 @@ bool controller::catch_up_missed_step() noexcept {
                  "[dra] process %d reduced step %lld but did not call step(): counted as committed; its optimizer "
                  "update is this process's own (call dra.step after every backward)\n",
                  uid_, static_cast<long long>(missed));
+    return true;
+  }
+  // The missed step has no loss or energy figure of this rank's to report.
+  pending_loss_->count = 0.0;
+  pending_loss_->energy_j = 0.0;
+  if (!comm_->asynchronous()) {
+    missed_ = missed;
     return true;
   }
   std::fprintf(stderr,
@@ -120,6 +135,17 @@ bool controller::finish_reduction() {
 
 bool controller::check_batches(const at::Tensor& tail) {
   const auto t = detail::read_tail(tail);
+  if (t.missed >= 0.5 && !settle_missed_step(t.missed)) return false;
+  if (t.stale >= 0.5) {
+    // Those ranks' gradients are of the missed step's batch again: nothing is applied, and the
+    // step is redone on the batch the sampler now hands out.
+    refused_ = step_refusal{step_index_,
+                            std::to_string(std::llround(t.stale)) +
+                                " rank(s) computed this step on the batch of the step they did not call step() for "
+                                "(taken before that step was committed)",
+                            0};
+    return false;
+  }
   const double n = t.depth_ranks;
   const double mean = n > 0 ? t.depth_sum / n : 0.0;
   const bool unequal = n > 1 && t.depth_sq_sum / n - mean * mean > 0.25 / n;
@@ -149,6 +175,65 @@ bool controller::check_batches(const at::Tensor& tail) {
                                           ? static_cast<int>(std::ceil(batch_.in_flight - mean - 0.25))
                                           : 0);
   refused_ = std::move(r);
+  return false;
+}
+
+// Ranks did not call step() after the previous reduction (the tail counts them; every rank reads
+// the same count, so all take this path together). Their optimizers may or may not have applied
+// that update: the world compares its state digests against the reference, the first rank that
+// did call step() (rank 0 when none did). Identical everywhere (every rank skipped the update, or
+// every rank applied it): the world goes on, and this step's gradient, computed on those states,
+// stands. Otherwise the ranks that differ take the reference's state again through a recovery that
+// every rank enters, and this step is redone.
+bool controller::settle_missed_step(double missed) {
+  const std::optional<std::int64_t> mine = missed_;
+  missed_.reset();
+  const auto ranks = static_cast<long long>(std::llround(missed));
+  const long long step = step_index_ - 1;  // the missed step (a rank that missed it committed it since)
+  double differ = 0.0;
+  int reference = 0;
+  try {
+    at::Tensor who = at::zeros({comm_->size()});
+    who[comm_->rank()] = mine ? 1.0 : 0.0;
+    comm_->all_reduce_sum(who);
+    const auto flags = who.contiguous();
+    for (int r = comm_->size() - 1; r >= 0; --r)
+      if (flags[r].item<double>() < 0.5) reference = r;
+    const std::uint64_t digest = state_digest();
+    at::Tensor theirs = at::full({1}, static_cast<std::int64_t>(digest), at::kLong);
+    comm_->broadcast(theirs, reference);
+    const bool same = theirs.item<std::int64_t>() == static_cast<std::int64_t>(digest);
+    if (!same) holds_state_ = false;
+    at::Tensor count = at::full({1}, same ? 0.0 : 1.0);
+    comm_->all_reduce_sum(count);
+    differ = count.item<double>();
+  } catch (const dra::error& e) {
+    failure_ = std::string("comparing states after a missed step() failed: ") + e.what();
+    comm_->revoke();
+    return false;
+  }
+  if (differ < 0.5) {
+    if (comm_->rank() == 0 && !missed_said_)
+      std::fprintf(stderr,
+                   "[dra] %lld of %d rank(s) did not call step() after step %lld's reduction (an update skipped on "
+                   "purpose, as for a non-finite gradient norm, or an exception caught after backward); every "
+                   "rank's state is still identical, so the world goes on: that step's batches count as consumed "
+                   "and it reports no loss (said once)\n",
+                   ranks, comm_->size(), step);
+    missed_said_ = true;
+    return true;
+  }
+  if (!holds_state_)
+    std::fprintf(stderr,
+                 "[dra] rank %d (process %d)%s: its state differs from rank %d's, and it takes that state again "
+                 "(call dra.step after every backward)\n",
+                 comm_->rank(), uid_,
+                 mine ? (" did not call step() after step " + std::to_string(*mine) + "'s reduction").c_str()
+                      : " called step() while other ranks did not",
+                 reference);
+  failure_ = std::to_string(ranks) + " rank(s) did not call step() after step " + std::to_string(step) +
+             "'s reduction and " + std::to_string(std::llround(differ)) +
+             " rank(s) hold a state that differs from rank " + std::to_string(reference) + "'s";
   return false;
 }
 

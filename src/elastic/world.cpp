@@ -211,6 +211,7 @@ void controller::enter_world(const world_change& change) {
   const double reshard_s = seconds_since(t2);
   role_ = role::member;
   holds_state_ = true;
+  missed_.reset();  // a world just entered holds one state: a step missed before it is settled
   failure_.clear();
   running_members_ = members_;
   log_->status.restart();

@@ -70,31 +70,55 @@ def test_another_client_writing_bad_values_into_every_key_does_not_stop_the_job(
     assert any("ignoring the store value" in text for text in _outputs(run).values())
 
 
-@pytest.mark.parametrize(("who", "where"), [("r1", "step"), ("r0", "after_reduce")], ids=["member-before-backward", "leader-after-backward"])
+@pytest.mark.parametrize(("who", "where"), [("r1", "step"), ("r0", "after_reduce"), ("r0 r1 r2", "after_reduce")],
+                         ids=["member-before-backward", "leader-after-backward", "every-rank-after-backward"])
 def test_a_trainer_that_catches_an_exception_and_goes_on_loses_no_sample(tmp_path, store, who, where):
     # Before backward the rank skips the batch it was handed: the next step's reduction shows it,
     # every rank refuses that step and redoes it. After backward (no optimizer step, no dra.step):
-    # the world committed the step; the rank commits it too and takes the world's state again.
+    # the world committed the step; the rank commits it too, and the next reduction tells that its
+    # state differs, so it takes the world's state again. Every rank after backward (a skipped
+    # update, as for a non-finite gradient norm): the states are still identical and the job goes
+    # on, with no recovery (it used to end with "the training state is lost").
     job = JobSpec(language="py", nproc=3, start_size=3, max_size=3, fault_timeout_s=FAULT_TIMEOUT_S)
-    fault = Fault("exception_caught", f"{who} catches at {where} of step 6", specs={who: [FaultSpec("catch", where, 6)]})
+    ranks = who.split()
+    fault = Fault("exception_caught", f"{who} catch at {where} of step 6",
+                  specs={r: [FaultSpec("catch", where, 6)] for r in ranks})
     run, v = _run(TrialSpec(11, "exception_caught", job, fault), tmp_path, store)
     assert v.survived, v.problems
     assert (v.samples_lost, v.samples_repeated) == (0, 0)
-    text = _outputs(run)[who]
+    outputs = _outputs(run)
+    text = outputs[ranks[0]]
+    events = load_events(run.out)
     if where == "step":
         assert "did not train 1 batch(es) before step 6" in text, text[-2000:]
-        assert any(e["event"] == "refused" and e["step"] == 6 for e in load_events(run.out))
+        assert any(e["event"] == "refused" and e["step"] == 6 for e in events)
+    elif len(ranks) == 1:
+        assert "did not call step() after step 6's reduction: its state differs from rank 1's" in text, text[-2000:]
+        assert any(e["event"] == "fault" for e in events), events
     else:
-        assert "reduced step 6 but did not call step()" in text, text[-2000:]
+        assert "3 of 3 rank(s) did not call step() after step 6's reduction" in text, text[-2000:]
+        assert "every rank's state is still identical" in text
+        assert not [e for e in events if e["event"] in ("fault", "refused")], events  # judge: identical digests
 
 
 @pytest.mark.skipif(not CPP_BINARY.exists(), reason=f"C++ example not built: {CPP_BINARY}")
-def test_a_cpp_trainer_that_skips_step_after_its_reduction_takes_the_world_state_again(tmp_path, store):
+@pytest.mark.parametrize("who", ["r1", "r0 r1 r2"], ids=["one-rank", "every-rank"])
+def test_a_cpp_trainer_that_skips_step_after_its_reduction_loses_no_sample(tmp_path, store, who):
+    # A C++ trainer takes its next batch before the controller learns of the miss (at the next
+    # reduction): that step is computed on the missed step's batch again, refused and redone. One
+    # rank: its state differs and it takes the world's again. Every rank: the job goes on.
     job = JobSpec(language="cpp", nproc=3, start_size=3, max_size=3, fault_timeout_s=FAULT_TIMEOUT_S)
-    fault = Fault("exception_caught", "r1 catches after backward of step 6", specs={"r1": [FaultSpec("catch", "after_reduce", 6)]})
+    ranks = who.split()
+    fault = Fault("exception_caught", f"{who} catch after backward of step 6",
+                  specs={r: [FaultSpec("catch", "after_reduce", 6)] for r in ranks})
     run, v = _run(TrialSpec(12, "exception_caught", job, fault), tmp_path, store, CPP_BINARY)
     assert v.survived, v.problems
     assert (v.samples_lost, v.samples_repeated) == (0, 0)
+    events = load_events(run.out)
+    if len(ranks) == 3:
+        assert "every rank's state is still identical" in _outputs(run)["r0"]
+        assert not [e for e in events if e["event"] == "fault"], events
+        assert any(e["event"] == "refused" and e["step"] == 7 for e in events), events
 
 
 def test_an_uncaught_exception_in_the_leader_costs_no_more_than_a_kill(tmp_path, store):

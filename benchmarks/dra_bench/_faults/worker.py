@@ -206,6 +206,11 @@ for _ in ctl.epochs(job["epochs"]):
             st = dra.step(loss)
         except CaughtFault as e:
             missed_step = e.where == "after_reduce"
+            if missed_step:
+                # Reduced, never stepped: the world commits the step's batches without this rank's
+                # update (dra counts them consumed at the next backward), whoever else stepped.
+                records.write(ctl.uid, {"kind": "commit", "step": step, "data_epoch": depoch, "world_epoch": wepoch,
+                                        "update": False})
             continue  # a trainer that logs a failed step and goes on with its next batch
         if st.committed:
             records.write(ctl.uid, {"kind": "commit", "step": step, "data_epoch": depoch, "world_epoch": wepoch})

@@ -378,10 +378,14 @@ class controller {
   /// process is marked gone on the store with its heartbeat stopped, so their recovery does not
   /// wait for it. Never throws; the process is finished afterwards (finish() does nothing).
   void abandon(const std::string& why) noexcept;
-  /// The trainer's previous reduction never reached step() (it caught an exception after backward
-  /// and went on): the world committed that step, so this process commits it too and takes the
-  /// world's state again at its next step (a recovery in which it holds no state). begin_reduction()
-  /// does this itself; Python's model wrapper calls it first, to tell which batch is in hand.
+  /// The trainer's previous reduction never reached step() (it skipped the update after backward,
+  /// or caught an exception there, and went on): the world committed that step, so this process
+  /// commits it too. On a synchronous backend the miss rides with the next reduction, where the
+  /// world compares state digests: a differing state is taken again (a recovery), identical ones
+  /// go on. On an asynchronous one the process takes the world's state again at its next step.
+  /// begin_reduction() does this itself, but then the batch in hand was taken before the missed
+  /// step was committed (the missed step's, from the sampler): that step is refused and redone.
+  /// Called before taking the next batch (Python's model wrapper does), it avoids the redo.
   /// Returns whether a step was missed.
   bool catch_up_missed_step() noexcept;
   /// The latest step() refused the step (a rank did not train its batch), or nothing.
@@ -456,6 +460,7 @@ class controller {
   void recover(std::string reason);
   void hook(change_phase phase);
   bool check_batches(const at::Tensor& tail);
+  bool settle_missed_step(double missed);
   void refuse_step();
   bool follows(std::int64_t parent, std::int64_t child);
 
@@ -517,6 +522,8 @@ class controller {
   state_layout layout_;                  ///< the rest of the state a handoff sends (compared at start and admission)
   batch_check batch_;                    ///< the batch being reduced (begin_reduction)
   std::vector<at::Tensor> buffers_;      ///< averaged at every committed step (set_buffers)
+  std::optional<std::int64_t> missed_;   ///< the step whose reduction this rank did not follow by step()
+  bool missed_said_ = false;             ///< the all-identical outcome of a missed step was reported
   std::optional<step_refusal> refused_;  ///< this step is refused (set at its reduction)
   std::optional<step_refusal> refusal_;  ///< the latest step() was a refusal
   int refusals_in_a_row_ = 0;
