@@ -27,12 +27,17 @@ class StoreProcess:
             text=True,
             errors="replace",
         )
-        line = self.proc.stdout.readline()  # "[dra] store listening on HOST:PORT" once it is up
+        # "[dra] store listening on HOST:PORT" once it is up; c10d may warn before it (a resolver that
+        # does not answer its reverse lookup: "The hostname of the client socket cannot be retrieved").
+        self._lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        line = self.proc.stdout.readline()
+        while line and "listening" not in line and len(self._lines) < 100:
+            self._lines.append(line)
+            line = self.proc.stdout.readline()
         if "listening" not in line:
             self.close()
-            raise RuntimeError(f"the store did not start: {line}")
+            raise RuntimeError(f"the store did not start: {''.join(self._lines) + line}")
         self.port = int(line.rsplit(":", 1)[1])
-        self._lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self._drain = threading.Thread(target=self._read, name="dra-store-output", daemon=True)
         self._drain.start()
 
