@@ -349,15 +349,24 @@ int main(int argc, char** argv) try {
                              ", \"rank\": " + std::to_string(rank) + ", \"world\": " + std::to_string(world) +
                              ", \"ids\": " + example::json_list(ids));
       const bool reduced = ctl.reduce_gradients(params);  // false: a peer failed, the step is redone
+      // A missed ctl.step (at after_reduce, no optimizer step either): the world commits the step's
+      // batches whatever this rank did with them (the next reduction catches up; the batch taken
+      // before it is stale, and redone).
+      const auto missed = [&](bool updated) {
+        if (!reduced) return;  // a failed reduction: the step is redone, nothing was committed
+        records.write(uid, "\"kind\": \"commit\", \"step\": " + std::to_string(step) + ", \"data_epoch\": " +
+                               std::to_string(data_epoch) + ", \"world_epoch\": " + std::to_string(world_epoch) +
+                               ", \"update\": " + (updated ? "true" : "false"));
+      };
       if (faults.fire("after_reduce", step, uid, step, world_epoch)) {
-        // No optimizer step, no ctl.step: the world commits the step's batches without this rank's
-        // update (the next reduction catches up; the batch taken before it is stale, and redone).
-        records.write(uid, "\"kind\": \"commit\", \"step\": " + std::to_string(step) +
-                               ", \"data_epoch\": " + std::to_string(data_epoch) +
-                               ", \"world_epoch\": " + std::to_string(world_epoch) + ", \"update\": false");
+        missed(false);
         continue;
       }
       if (reduced) optimizer.step();
+      if (faults.fire("after_update", step, uid, step, world_epoch)) {
+        missed(true);
+        continue;
+      }
       const bool was_member = ctl.is_member();
       const auto r = ctl.step(loss_value);
       if (reduced && (!r.committed || r.step != step))

@@ -8,11 +8,12 @@
 //                of the campaign (benchmarks/dra_bench/_faults/worker.py).
 //   fault_spec   --test-fault ACTION:WHERE:INDEX[:SECONDS],...: this process kills itself (kill),
 //                stalls (sleep SECONDS), throws an exception nobody catches (raise) or one the
-//                training loop catches and skips the rest of the step for (catch; step and
-//                after_reduce only) in a phase of its INDEX-th world change (rebuild,
-//                state_transfer, reshard; 0 is its first: the start or its admission), at the start
-//                of step INDEX (step), or at step INDEX between the gradient reduction and the step
-//                boundary (after_reduce). The grammar of benchmarks/dra_bench/_faults/spec.py.
+//                training loop catches and skips the rest of the step for (catch; step,
+//                after_reduce and after_update only) in a phase of its INDEX-th world change
+//                (rebuild, state_transfer, reshard; 0 is its first: the start or its admission), at
+//                the start of step INDEX (step), or at step INDEX between the gradient reduction and
+//                the optimizer step (after_reduce) or between the optimizer step and the step
+//                boundary (after_update). The grammar of benchmarks/dra_bench/_faults/spec.py.
 #pragma once
 
 #include <unistd.h>
@@ -95,7 +96,7 @@ inline std::vector<fault_spec> parse_fault_specs(const std::string& text) {
     const auto bad = [&] {
       return std::invalid_argument(
           "--test-fault: expected ACTION:WHERE:INDEX[:SECONDS] (kill|sleep|raise|catch, rebuild|"
-          "state_transfer|reshard|step|after_reduce), got '" +
+          "state_transfer|reshard|step|after_reduce|after_update), got '" +
           item + "'");
     };
     if (parts.size() < 3 || parts.size() > 4) throw bad();
@@ -104,7 +105,7 @@ inline std::vector<fault_spec> parse_fault_specs(const std::string& text) {
     f.where = parts[1];
     if ((f.action != "kill" && f.action != "sleep" && f.action != "raise" && f.action != "catch") ||
         (f.where != "rebuild" && f.where != "state_transfer" && f.where != "reshard" && f.where != "step" &&
-         f.where != "after_reduce"))
+         f.where != "after_reduce" && f.where != "after_update"))
       throw bad();
     try {
       f.index = std::stoll(parts[2]);

@@ -70,35 +70,56 @@ def test_another_client_writing_bad_values_into_every_key_does_not_stop_the_job(
     assert any("ignoring the store value" in text for text in _outputs(run).values())
 
 
-@pytest.mark.parametrize(("who", "where"), [("r1", "step"), ("r0", "after_reduce"), ("r0 r1 r2", "after_reduce")],
-                         ids=["member-before-backward", "leader-after-backward", "every-rank-after-backward"])
-def test_a_trainer_that_catches_an_exception_and_goes_on_loses_no_sample(tmp_path, store, who, where):
+# Which rank catches an exception where in step 6: "step" is before the forward, "after_reduce"
+# after backward (no optimizer step, no dra.step), "after_update" after the optimizer step (no
+# dra.step).
+CATCHES = {
+    "member-before-backward": {"r1": "step"},
+    "leader-after-backward": {"r0": "after_reduce"},
+    "every-rank-after-backward": {"r0": "after_reduce", "r1": "after_reduce", "r2": "after_reduce"},
+    "member-after-its-update": {"r1": "after_update"},
+    "every-rank-leader-updated": {"r0": "after_update", "r1": "after_reduce", "r2": "after_reduce"},
+}
+
+
+@pytest.mark.parametrize("case", list(CATCHES))
+def test_a_trainer_that_catches_an_exception_and_goes_on_loses_no_sample(tmp_path, store, case):
     # Before backward the rank skips the batch it was handed: the next step's reduction shows it,
-    # every rank refuses that step and redoes it. After backward (no optimizer step, no dra.step):
-    # the world committed the step; the rank commits it too, and the next reduction tells that its
-    # state differs, so it takes the world's state again. Every rank after backward (a skipped
-    # update, as for a non-finite gradient norm): the states are still identical and the job goes
-    # on, with no recovery (it used to end with "the training state is lost").
+    # every rank refuses that step and redoes it. After backward the world committed the step; the
+    # rank commits it too, and the next reduction compares the states with the first rank that did
+    # call dra.step (rank 0 when none did). One rank without its update: its state differs, and it
+    # takes the world's again. One rank with its update: identical, nothing to do. Every rank
+    # without the update (as on a non-finite gradient norm): identical, the job goes on (it used to
+    # end with "the training state is lost"). Every rank, the leader alone updated: the others
+    # take the leader's state.
+    catches = CATCHES[case]
     job = JobSpec(language="py", nproc=3, start_size=3, max_size=3, fault_timeout_s=FAULT_TIMEOUT_S)
-    ranks = who.split()
-    fault = Fault("exception_caught", f"{who} catch at {where} of step 6",
-                  specs={r: [FaultSpec("catch", where, 6)] for r in ranks})
+    fault = Fault("exception_caught", f"{catches} in step 6",
+                  specs={r: [FaultSpec("catch", where, 6)] for r, where in catches.items()})
     run, v = _run(TrialSpec(11, "exception_caught", job, fault), tmp_path, store)
     assert v.survived, v.problems
-    assert (v.samples_lost, v.samples_repeated) == (0, 0)
+    assert (v.samples_lost, v.samples_repeated) == (0, 0)  # the judge also compares the final digests
     outputs = _outputs(run)
-    text = outputs[ranks[0]]
+    first = next(iter(catches))
+    text, leader = outputs[first], outputs["r0"]
     events = load_events(run.out)
-    if where == "step":
+    recovered = [e for e in events if e["event"] == "fault"]
+    if case == "member-before-backward":
         assert "did not train 1 batch(es) before step 6" in text, text[-2000:]
         assert any(e["event"] == "refused" and e["step"] == 6 for e in events)
-    elif len(ranks) == 1:
+    elif case == "leader-after-backward":
         assert "did not call step() after step 6's reduction: its state differs from rank 1's" in text, text[-2000:]
-        assert any(e["event"] == "fault" for e in events), events
+        assert len(recovered) == 1, events
+    elif case == "every-rank-leader-updated":
+        for r in ("r1", "r2"):
+            assert "did not call step() after step 6's reduction: its state differs from rank 0's" in outputs[r]
+        assert "its state differs" not in leader
+        assert len(recovered) == 1 and "differs from rank 0's" in recovered[0]["reason"], events
     else:
-        assert "3 of 3 rank(s) did not call step() after step 6's reduction" in text, text[-2000:]
-        assert "every rank's state is still identical" in text
-        assert not [e for e in events if e["event"] in ("fault", "refused")], events  # judge: identical digests
+        n = len(catches)
+        assert f"{n} of 3 rank(s) did not call step() after step 6's reduction" in leader, leader[-2000:]
+        assert "every rank's state is still identical" in leader
+        assert not recovered and not [e for e in events if e["event"] == "refused"], events
 
 
 @pytest.mark.skipif(not CPP_BINARY.exists(), reason=f"C++ example not built: {CPP_BINARY}")

@@ -6,11 +6,12 @@ the Python worker, ``--test-fault`` for examples/cpp/elastic_train.cpp):
 - ACTION: ``kill`` (SIGKILL of the process itself), ``sleep`` (stall for SECONDS: a slow peer),
   ``raise`` (an exception nobody catches: the process ends with it) or ``catch`` (an exception the
   training loop catches, skipping the rest of that step: at ``step`` the batch it was handed, at
-  ``after_reduce`` the optimizer step and the step boundary);
+  ``after_reduce`` the optimizer step and the step boundary, at ``after_update`` the step boundary);
 - WHERE: ``rebuild``, ``state_transfer`` or ``reshard`` (a phase of a world change: INDEX counts
   this process's world changes from 0, its first one being the start or its admission), ``step``
-  (the start of step INDEX, before the forward) or ``after_reduce`` (step INDEX, after the gradient
-  reduction and before the step boundary).
+  (the start of step INDEX, before the forward), ``after_reduce`` (step INDEX, after the gradient
+  reduction and before the optimizer step) or ``after_update`` (step INDEX, after the optimizer step
+  and before the step boundary).
 
 The process writes a ``fault`` record before it acts.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ACTIONS = ("kill", "sleep", "raise", "catch")
-WHERE = ("rebuild", "state_transfer", "reshard", "step", "after_reduce")
+WHERE = ("rebuild", "state_transfer", "reshard", "step", "after_reduce", "after_update")
 
 
 @dataclass

@@ -203,14 +203,15 @@ for _ in ctl.epochs(job["epochs"]):
             loss.backward()  # the reduction runs at the end of backward
             fire("after_reduce", step)
             ctl.optimizer.step()
+            fire("after_update", step)
             st = dra.step(loss)
         except CaughtFault as e:
-            missed_step = e.where == "after_reduce"
-            if missed_step:
-                # Reduced, never stepped: the world commits the step's batches without this rank's
-                # update (dra counts them consumed at the next backward), whoever else stepped.
+            missed_step = e.where in ("after_reduce", "after_update")
+            if missed_step and not ctl._skip_update():
+                # Reduced, never stepped: the world commits the step's batches whatever this rank did
+                # with them (dra counts them consumed at the next backward), whoever else stepped.
                 records.write(ctl.uid, {"kind": "commit", "step": step, "data_epoch": depoch, "world_epoch": wepoch,
-                                        "update": False})
+                                        "update": e.where == "after_update"})
             continue  # a trainer that logs a failed step and goes on with its next batch
         if st.committed:
             records.write(ctl.uid, {"kind": "commit", "step": step, "data_epoch": depoch, "world_epoch": wepoch})
