@@ -84,6 +84,7 @@ class cluster_state {
   /// The policy's registry entry (how it is scheduled).
   const policy::policy_entry& entry() const noexcept { return entry_; }
   std::vector<job_state>& jobs() noexcept { return jobs_; }
+  const std::vector<job_state>& jobs() const noexcept { return jobs_; }
 
   /// Jobs submitted by `now` and not done, in arrival order.
   std::vector<job_state*> active(double now) {

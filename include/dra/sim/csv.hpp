@@ -58,8 +58,9 @@ class csv_table {
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(begin, &end, 10);
-    if (cell.empty() || end == begin || *end != '\0' || errno == ERANGE)
-      fail(row, col, "'" + cell + "' is not an integer");
+    if (!cell.empty() && end != begin && *end == '\0' && errno == ERANGE)
+      fail(row, col, "'" + cell + "' is too large an integer");
+    if (cell.empty() || end == begin || *end != '\0') fail(row, col, "'" + cell + "' is not an integer");
     return v;
   }
 
@@ -79,7 +80,8 @@ class csv_table {
     while (std::getline(in, line)) {
       ++line_no;
       if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.empty()) continue;  // blank lines (e.g. a trailing newline) carry no data
+      // Blank lines (a trailing newline, a line of spaces an editor left) carry no data.
+      if (line.find_first_not_of(" \t") == std::string::npos) continue;
       std::vector<std::string> cells = split(line);
       if (!have_header) {
         if (line_no == 1 && cells.size() >= 1 && cells[0].size() >= 3 && cells[0].compare(0, 3, "\xEF\xBB\xBF") == 0)

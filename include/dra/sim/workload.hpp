@@ -142,7 +142,7 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
       t.fail(r, c_app, "no profile for application '" + j.application + "' (have: " + have + ")");
     }
     const long long k = t.integer(r, c_rep);
-    if (k < 1 || k > 1 << 20) t.fail(r, c_rep, "num_replicas must be >= 1");
+    if (k < 1 || k > 1 << 20) t.fail(r, c_rep, "num_replicas " + t.text(r, c_rep) + " is outside [1, 1048576]");
     j.replicas = static_cast<int>(k);
     j.batch = t.number(r, c_bsz);
     if (!(j.batch > 0.0)) t.fail(r, c_bsz, "batch_size must be > 0");

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra.sim._args import check_csv, decimal_arg, integer_arg, seed_arg
+from dra.sim._args import check_csv, check_output_paths, decimal_arg, integer_arg, seed_arg
 
 #: Bounds of how much one ``dra-sim rl`` run simulates (docs/guide/simulator.md, "Bounds"), measured
 #: on the project's 2-core machine: the phase model takes about
@@ -155,6 +155,10 @@ def _check(args: argparse.Namespace) -> str | None:
         if value is not None and field in workload:
             return (f"{flag} {value} and --workload {field}={workload[field]} set the same thing (the --workload value "
                     f"would win, {flag} would be ignored); give one")
+    try:
+        check_output_paths(args.json, args.markdown, args.plots)
+    except ValueError as exc:
+        return str(exc)
     if args.scenario and args.all_scenarios:
         return (f"--scenario {args.scenario}: not used with --all-scenarios, which runs every scenario; "
                 "drop one of them")

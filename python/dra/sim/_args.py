@@ -38,6 +38,16 @@ def plain_integer(text: object) -> int | None:
     return int(text)
 
 
+def too_large(text: object) -> bool:
+    """A plain decimal whose value does not fit a float (``999...9``, 309 digits and more)."""
+    return isinstance(text, str) and bool(_DECIMAL.fullmatch(text)) and not math.isfinite(float(text))
+
+
+def shown_value(text: str) -> str:
+    """``text`` for a message: quoted, at most 40 characters of it."""
+    return f"'{text}'" if len(text) <= 40 else f"'{text[:20]}...' ({len(text)} characters)"
+
+
 def _fmt(value: float) -> str:
     return f"{value:g}" if value != int(value) or abs(value) >= 1e15 else str(int(value))
 
@@ -49,8 +59,11 @@ def decimal_arg(unit: str = "", *, low: float = 0.0, low_open: bool = False, hig
 
     def parse(text: str) -> float:
         value = plain_decimal(text)
+        if value is None and too_large(text):
+            raise argparse.ArgumentTypeError(f"{shown_value(text)} is too large; give "
+                                             f"{'at most ' + _fmt(high) if high is not None else 'a smaller number'}")
         if value is None:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a plain decimal number{words}; write {PLAIN_DECIMAL}")
+            raise argparse.ArgumentTypeError(f"{shown_value(text)} is not a plain decimal number{words}; write {PLAIN_DECIMAL}")
         if value < low or (low_open and value == low):
             raise argparse.ArgumentTypeError(f"{text} is out of range; give a number {'>' if low_open else '>='} {_fmt(low)}")
         if high is not None and value > high:
@@ -90,23 +103,33 @@ def seed_arg(text: str) -> int:
     return value
 
 
-def check_csv(path: str | Path, numbers: dict[str, str] | None = None) -> list[int]:
+def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, utf8: bool = False) -> list[int]:
     """Checks a CSV file the simulator's C++ reader (``dra::sim::csv_table``) reads, for what that
     reader lets through (it refuses hexadecimal, inf, nan and a repeated column name itself): in the
     columns of ``numbers`` (name -> ``"decimal"``, ``"decimal_or_empty"``
-    or ``"integer"``), a cell that is not a plain decimal (``strtod`` reads ``0x10`` as 16). Splits
-    lines as that reader does (plain commas, no quoting, spaces and tabs around a cell trimmed, blank
-    lines skipped, a UTF-8 byte-order mark dropped); stops at a row whose field count differs from
-    the header's, which that reader refuses. Returns the file line of each data row checked. Raises
-    ValueError naming file, line, column and value."""
+    or ``"integer"``), a cell that is not a plain decimal (``strtod`` reads ``0x10`` as 16); with
+    ``utf8``, a line that is not UTF-8 text (its text reaches Python, whose decoding error named
+    neither file nor line). Splits lines as that reader does (plain commas, no quoting, spaces and
+    tabs around a cell trimmed, blank lines and lines of spaces skipped, a UTF-8 byte-order mark
+    dropped); stops at a row whose field count differs from the header's, which that reader refuses.
+    Returns the file line of each data row checked. Raises ValueError naming file, line, column and
+    value."""
     numbers = numbers or {}
-    text = Path(path).read_bytes().decode("utf-8", errors="replace")
     header: list[str] | None = None
     lines: list[int] = []
     columns: dict[str, int] = {}
-    for line_no, raw in enumerate(text.split("\n"), start=1):
+    for line_no, data in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
+        try:
+            raw = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if utf8:
+                raise ValueError(
+                    f"{path}:{line_no}: byte 0x{data[exc.start]:02x} (byte {exc.start + 1} of the line) is not "
+                    "UTF-8 text; save the file as UTF-8"
+                ) from None
+            raw = data.decode("utf-8", errors="replace")
         line = raw[:-1] if raw.endswith("\r") else raw
-        if not line:
+        if not line.strip(" \t"):
             continue
         cells = line.split(",")
         if header is None:
@@ -131,6 +154,9 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None) -> list[i
             if kind == "decimal_or_empty" and cell.strip(" \t") == "":
                 continue
             ok = plain_integer(cell) is not None if kind == "integer" else plain_decimal(cell) is not None
+            if not ok and kind != "integer" and too_large(cell):
+                raise ValueError(f"{path}:{line_no}: column '{name}' ({col + 1}): {shown_value(cell)} is too large a number; "
+                                 "give a smaller one")
             if not ok:
                 form = PLAIN_INTEGER if kind == "integer" else PLAIN_DECIMAL
                 raise ValueError(
@@ -138,3 +164,33 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None) -> list[i
                     f"{'whole number' if kind == 'integer' else 'decimal number'}; write {form}"
                 )
     return lines
+
+
+def check_output_paths(json: str | None = None, markdown: str | None = None, plots: str | None = None) -> None:
+    """Refuses, before anything is simulated, an output path that cannot be written: empty, a folder
+    where a file goes or a file where a folder goes, or in a place where nothing can be created (a
+    read-only folder, ``/proc``). Raises ValueError naming the option, the path and the fix."""
+    import tempfile
+
+    for flag, path, folder_wanted in (("--json", json, False), ("--markdown", markdown, False), ("--plots", plots, True)):
+        if path is None:
+            continue
+        want = "a folder" if folder_wanted else "a file path"
+        if not path.strip():
+            raise ValueError(f"{flag}: the path is empty; give {want}")
+        p = Path(path)
+        if not folder_wanted and p.is_dir():
+            raise ValueError(f"{flag}: {path} is a directory; give a file path")
+        if folder_wanted and p.exists() and not p.is_dir():
+            raise ValueError(f"{flag}: {path} is a file; give a directory")
+        folder = p if folder_wanted else p.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent  # the nearest folder that exists: the rest is created
+        if not folder.is_dir():
+            raise ValueError(f"{flag}: {path}: {folder} is a file, so nothing can be created under it; give {want} elsewhere")
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ValueError(f"{flag}: {path}: cannot create files in {folder} ({exc.strerror or exc}); "
+                             "give a writable path") from None

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dra import _sim
-from dra.sim._args import PLAIN_DECIMAL, check_csv, plain_decimal
+from dra.sim._args import PLAIN_DECIMAL, check_csv, plain_decimal, shown_value, too_large
 
 POLICIES: tuple[str, ...] = tuple(_sim.sim_policy_names)
 #: Dynamic policies `dra-sim study` compares by default with the static baselines: the DRA
@@ -70,11 +70,11 @@ WORKLOAD_NUMBERS: dict[str, str] = {
 def read_workload_rows(path: str | os.PathLike[str], profiles: Any = None) -> tuple[list[dict[str, Any]], list[int]]:
     """``read_workload`` and the file line of each job."""
     try:  # first, so a number's form is named the same way whatever the C++ reader thinks of its value
-        lines = check_csv(path, WORKLOAD_NUMBERS)
+        lines = check_csv(path, WORKLOAD_NUMBERS, utf8=True)  # a job's name becomes a Python str
     except OSError:
         lines = None  # the reader names a file it cannot open
     jobs = list(_sim.sim_read_workload(str(path), profiles))
-    return jobs, lines if lines is not None else check_csv(path, WORKLOAD_NUMBERS)
+    return jobs, lines if lines is not None else check_csv(path, WORKLOAD_NUMBERS, utf8=True)
 
 
 def read_workload(path: str | os.PathLike[str], profiles: Any = None) -> list[dict[str, Any]]:
@@ -251,6 +251,8 @@ def parse_cost(text: str | float, what: str = "reallocation cost") -> float:
         value = POLLUX_REALLOCATION_COST_S
     else:
         parsed = plain_decimal(text)
+        if parsed is None and too_large(text):
+            raise ValueError(f"{what}: {shown_value(text)} is too large a number of seconds; give a smaller one")
         if parsed is None:
             raise ValueError(
                 f"{what}: '{text}' is not a number of seconds, 'inplace', 'pollux' or a `dra.bench resize` JSON report; "

@@ -23,6 +23,9 @@ from dra.sim._stats import _percentile, bootstrap_ci
 #: The largest cluster a replay takes (--nodes): 4,096 nodes of up to 9 devices; the simulator's
 #: work per decision grows with the devices, and no workload fills more.
 MAX_NODES = 4096
+#: A simulation stops this long after the first arrival (``dra::sim::sim_config::max_time_s``); jobs
+#: not done by then are reported unfinished.
+HORIZON_S = 30 * 86400.0
 
 
 def _metric_attainment(profiles: Any, job: dict[str, Any]) -> float | None:
@@ -196,6 +199,17 @@ def check_workload(
         raise ValueError(f"workload {workload}: no jobs (a header row only); give at least one job row")
     check_requests(workload, jobs, lines, nodes * devices_per_node,
                    f"give a bigger cluster (--nodes {nodes} x --devices-per-node {devices_per_node} now)")
+    first = min(j["submit_s"] for j in jobs)
+    late = [(line, j) for line, j in zip(lines, jobs) if j["submit_s"] >= first + HORIZON_S]
+    if late:
+        named = "; ".join(f"line {line} job '{j['name']}' at {j['submit_s']:g} s (day {(j['submit_s'] - first) / 86400:.1f})"
+                          for line, j in late[:5])
+        more = f" (and {len(late) - 5} more)" if len(late) > 5 else ""
+        raise ValueError(
+            f"{workload}: {len(late)} job(s) arrive {HORIZON_S / 86400:g} days or more after the first arrival "
+            f"({first:g} s), when the simulation stops, so they could never run: {named}{more}; split the workload "
+            f"into spans of under {HORIZON_S / 86400:g} days (are the times in seconds?)"
+        )
     if jobs[0].get("declared_from_file"):
         unused = [f for f, v in (("declared_sigma (--declared-sigma)", declared_sigma),
                                  ("declared_none_share (--declared-none)", declared_none_share)) if v > 0]

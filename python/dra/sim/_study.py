@@ -33,6 +33,12 @@ def _request_pool(workloads: Iterable[str | os.PathLike[str]], profiles: Any) ->
     pool: list[dict[str, Any]] = []
     for w in workloads:
         jobs, lines = read_workload_rows(w, profiles)
+        if jobs and jobs[0].get("declared_from_file"):
+            raise ValueError(
+                f"{w}: its declared_epochs column is not used by the study, whose runs declare their budget as "
+                "--declared-sigma draws it (it would be silently ignored); drop the column, or replay the workload "
+                "(dra-sim replay keeps it)"
+            )
         check_requests(w, jobs, lines, STUDY_CLUSTER_DEVICES,
                        f"the study's cluster is fixed at {STUDY_CLUSTER_DEVICES} devices (16 nodes x 4)")
         thin = []

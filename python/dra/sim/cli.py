@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from dra._jsonio import write_json
-from dra.sim._args import decimal_arg, integer_arg, seed_arg
+from dra.sim._args import check_output_paths, decimal_arg, integer_arg, seed_arg
 
 #: Bounds of the options that set how much is simulated (docs/guide/simulator.md, "Inputs and
 #: bounds"), measured on the project's 2-core machine: a study run takes about 0.09 s of CPU (1,500:
@@ -28,6 +28,7 @@ MAX_JOBS_PER_CLUSTER = 640  # twice the largest shipped workload (2.0x: 320 jobs
 MAX_RESAMPLES = 100_000
 MAX_BOOTSTRAP = 20_000_000  # runs x resamples: about 8 minutes of bootstrap
 MIN_INTERVAL_S = 1.0  # one decision per simulated second at most (workload-1 under Pollux: 10 s of CPU)
+MAX_INTERVAL_S = 86_400.0  # one decision a day: a job waits up to an interval to start, and a run stops after 30 days
 
 
 def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
@@ -53,8 +54,12 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
             "(stand-in for the measured in-place resize cost), or the JSON report of `python -m dra.bench resize` "
             f"(its measured shrink/grow time) (default: {default_cost_text})",
         )
-        p.add_argument("--interval", type=decimal_arg("seconds", low=MIN_INTERVAL_S), default=60.0,
-                       help=f"seconds between allocation decisions, at least {MIN_INTERVAL_S:g} (default 60)")
+        p.add_argument("--interval", type=decimal_arg("seconds", low=MIN_INTERVAL_S, high=MAX_INTERVAL_S,
+                                                      why_high=" (one decision a day; a job waits up to an interval for "
+                                                      "its first devices and a simulation stops 30 days after the first "
+                                                      "arrival)"),
+                       default=60.0,
+                       help=f"seconds between allocation decisions, {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:,.0f} (default 60)")
         p.add_argument("--json", metavar="PATH", help="write results as JSON")
         p.add_argument("--markdown", metavar="PATH", help="also write the markdown table to PATH")
         p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
@@ -257,8 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
             Path(args.markdown).write_text(text)
-    except (ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:
         print(f"dra-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        outputs = {getattr(args, k, None) for k in ("json", "markdown", "plots")} - {None}
+        if exc.filename is None or not any(str(exc.filename).startswith(str(o)) for o in outputs):
+            print(f"dra-sim: error: {exc}", file=sys.stderr)  # a message of ours (no profiles found, ...) or an input
+            return 2
+        print(f"dra-sim: error: cannot write {exc.filename}: {exc.strerror or exc}; give a writable path", file=sys.stderr)
         return 2
     except OSError as exc:  # an output path that cannot be written
         print(f"dra-sim: error: cannot write {exc.filename or ''}: {exc.strerror or exc}; give a writable path",
@@ -320,13 +332,7 @@ def _check_together(args: argparse.Namespace) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuses output paths that cannot be written before any simulation runs."""
-    for flag in ("json", "markdown"):
-        path = getattr(args, flag, None)
-        if path and Path(path).is_dir():
-            raise ValueError(f"--{flag}: {path} is a directory; give a file path")
-    plots = getattr(args, "plots", None)
-    if plots and Path(plots).exists() and not Path(plots).is_dir():
-        raise ValueError(f"--plots: {plots} is a file; give a directory")
+    check_output_paths(getattr(args, "json", None), getattr(args, "markdown", None), getattr(args, "plots", None))
 
 
 if __name__ == "__main__":

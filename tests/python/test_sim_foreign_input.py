@@ -1,0 +1,140 @@
+"""dra-sim fed inputs the project never shipped (an outside review): each case was a hang, a
+traceback, a silent wrong result or a message that named neither the value nor the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import dra.sim as sim
+from dra import _sim
+from dra.sim import cli
+
+HEADER = "name,time,application,num_replicas,batch_size"
+
+
+def _csv(tmp_path: Path, rows: list[str], name: str = "w.csv", header: str = HEADER, end: str = "\n") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join([header, *rows]) + end)
+    return path
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> str:
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(n in err for n in needles), err
+    return err
+
+
+def test_arrivals_far_from_zero_skip_the_idle_ticks():
+    """Unix timestamps as times: the simulator ticked every interval from 0 (28 million ticks for
+    1.7e9 s; 1e12 s ended in std::bad_alloc after minutes). Idle ticks are skipped on the grid, so a
+    shift by a multiple of the interval gives the same JCT, a few ticks in."""
+    profiles = sim.load_profiles()
+    job = {"name": "a", "submit_s": 107.0, "application": "cifar10", "replicas": 2, "batch": 2048.0}
+    ticks: list[float] = []
+
+    def progress(now: float, done: int, total: int) -> bool:
+        ticks.append(now)
+        return len(ticks) < 500
+
+    base = _sim.sim_run(profiles, [job], "static", 30.0, 60.0, 16, 4, record_timeline=False)
+    far = _sim.sim_run(profiles, [dict(job, submit_s=107.0 + 1_000_000_000_020)], "static", 30.0, 60.0, 16, 4,
+                       record_timeline=False, progress=progress)
+    assert far["all_completed"] and far["jobs"][0]["jct_s"] == pytest.approx(base["jobs"][0]["jct_s"], abs=1e-3)
+    assert len(ticks) < 500
+
+
+def test_a_job_arriving_after_the_horizon_is_refused_by_line(tmp_path, capsys):
+    """A job 31 days after the first was reported 'unfinished' with advice to add devices: it can
+    never run, since a simulation stops 30 days after the first arrival."""
+    w = _csv(tmp_path, ["a,0,cifar10,2,2048", "b,2678400,cifar10,2,2048"])
+    out = tmp_path / "o.json"
+    _refused(capsys, ["replay", "--workload", str(w), "--quiet", "--json", str(out)], "line 3 job 'b'", "30 days")
+    assert not out.exists()
+
+
+def test_a_workload_that_is_not_utf8_names_file_and_line(tmp_path, capsys):
+    """A Latin-1 job name failed with Python's bare "'utf-8' codec can't decode byte 0xe9"."""
+    w = tmp_path / "latin1.csv"
+    w.write_bytes(HEADER.encode() + b"\na,0,cifar10,2,2048\ncaf\xe9,0,cifar10,2,2048\n")
+    _refused(capsys, ["replay", "--workload", str(w), "--quiet"], f"{w}:3:", "0xe9", "UTF-8")
+    _refused(capsys, ["study", "--runs", "1", "--quiet", "--workloads", str(w)], f"{w}:3:", "UTF-8")
+
+
+def test_a_line_of_spaces_is_blank(tmp_path):
+    """A trailing line of spaces was 'expected 5 comma-separated fields like the header, got 1'."""
+    plain = _csv(tmp_path, ["a,0,cifar10,2,2048"], "plain.csv")
+    spaced = _csv(tmp_path, ["a,0,cifar10,2,2048", "   \t", ""], "spaced.csv", end="\r\n  \n")
+    a = sim.replay(plain, policies=["static"], jobs_detail=False)["policies"]["static"]
+    b = sim.replay(spaced, policies=["static"], jobs_detail=False)["policies"]["static"]
+    assert a["avg_jct_s"] == b["avg_jct_s"] and b["jobs"] == 1
+
+
+def test_numbers_too_large_are_named_so(tmp_path, capsys):
+    """A 400-digit number was 'not a plain decimal number; write digits...' (it is digits), printed
+    whole; num_replicas 2000000 was told 'num_replicas must be >= 1'."""
+    huge = "9" * 400
+    w = _csv(tmp_path, [f"a,{huge},cifar10,2,2048"])
+    err = _refused(capsys, ["replay", "--workload", str(w), "--quiet"], "column 'time'", "too large")
+    assert huge not in err
+    w = _csv(tmp_path, ["a,0,cifar10,2000000,2048"], "reps.csv")
+    _refused(capsys, ["replay", "--workload", str(w), "--quiet"], "num_replicas 2000000 is outside [1, 1048576]")
+    w = _csv(tmp_path, ["a,0,cifar10,99999999999999999999,2048"], "reps2.csv")
+    _refused(capsys, ["replay", "--workload", str(w), "--quiet"], "too large an integer")
+    with pytest.raises(SystemExit):
+        cli.main(["replay", "--workload", str(w), "--interval", huge])
+    assert "too large" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="too large"):
+        sim.parse_cost(huge)
+
+
+def test_an_interval_longer_than_a_day_is_refused(tmp_path, capsys):
+    """--interval 100000000 ran, no job ever started, and the warning advised more devices."""
+    w = _csv(tmp_path, ["a,0,cifar10,2,2048"])
+    with pytest.raises(SystemExit):
+        cli.main(["replay", "--workload", str(w), "--quiet", "--interval", "100000000"])
+    assert "above the bound 86400" in capsys.readouterr().err
+
+
+def test_a_study_pool_with_declarations_is_refused(tmp_path, capsys):
+    """The study silently ignored a --workloads file's declared_epochs column."""
+    w = _csv(tmp_path, ["a,0,cifar10,2,2048,3"], header=HEADER + ",declared_epochs")
+    _refused(capsys, ["study", "--runs", "1", "--quiet", "--workloads", str(w)], "declared_epochs", "drop the column")
+
+
+def test_unwritable_outputs_are_refused_before_simulating(tmp_path, capsys):
+    """--json '' was silently ignored; --json under /proc failed after the simulation with a bare
+    '[Errno 2]'; dra-sim rl --plots on a file ended in a FileExistsError traceback."""
+    w = _csv(tmp_path, ["a,0,cifar10,2,2048"])
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    base = ["replay", "--workload", str(w), "--quiet", "--policy", "static"]
+    _refused(capsys, [*base, "--json", ""], "--json", "empty")
+    _refused(capsys, [*base, "--markdown", str(a_file / "x.md")], "--markdown", "is a file")
+    if Path("/proc/self").is_dir():
+        _refused(capsys, [*base, "--json", "/proc/x.json"], "--json", "cannot create files in /proc")
+    _refused(capsys, ["rl", "--steps", "5", "--quiet", "--json", str(tmp_path / "r.json"), "--plots", str(a_file)],
+             "--plots", "is a file")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_duplicate_names_reordered_and_extra_columns_change_nothing(tmp_path):
+    """Foreign layouts that already worked, kept working: columns in another order with extra ones,
+    repeated job names, rows out of arrival order, a BOM and CRLF line ends."""
+    rows = ["a,107,cifar10,6,2048", "b,110,deepspeech2,6,320", "c,135,ncf,1,32768"]
+    base = _csv(tmp_path, rows, "base.csv")
+    other = tmp_path / "other.csv"
+    cells = [r.split(",") for r in rows]
+    lines = ["user,batch_size,application,time,num_replicas,name"]
+    lines += [f"u,{c[4]},{c[2]},{c[1]},{c[3]},job" for c in reversed(cells)]
+    other.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    a = sim.replay(base, policies=["static", "pollux"])
+    b = sim.replay(other, policies=["static", "pollux"])
+    for p in ("static", "pollux"):
+        assert a["policies"][p]["avg_jct_s"] == b["policies"][p]["avg_jct_s"]
+    assert sorted(j["jct_s"] for j in a["jobs"]) == sorted(j["jct_s"] for j in b["jobs"])
+    json.dumps(b)
