@@ -1141,7 +1141,7 @@ class Controller:
         """
     def _catch_up_missed_step(self) -> bool:
         """
-        The previous backward never reached dra.step: commit its step as the world did (and resync).
+        The previous backward never reached dra.step: commit its step as the world did; the world then compares states at the next reduction (Gloo) or this rank takes the world's state again (NCCL). Returns whether a step was missed.
         """
     def _complete_handoff(self) -> None:
         """
