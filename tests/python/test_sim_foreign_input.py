@@ -138,3 +138,12 @@ def test_duplicate_names_reordered_and_extra_columns_change_nothing(tmp_path):
         assert a["policies"][p]["avg_jct_s"] == b["policies"][p]["avg_jct_s"]
     assert sorted(j["jct_s"] for j in a["jobs"]) == sorted(j["jct_s"] for j in b["jobs"])
     json.dumps(b)
+
+
+def test_the_unfinished_warning_names_a_reallocation_cost_that_keeps_jobs_from_finishing(tmp_path):
+    """--reallocation-cost 100000000000: no job finished, and the warning advised only more devices."""
+    w = _csv(tmp_path, ["a,0,cifar10,2,2048"])
+    doc = sim.replay(w, policies=["static"], reallocation_cost="100000000000", jobs_detail=False)
+    note = sim.unfinished_note(doc)
+    assert "static 1 of 1" in note and "smaller --reallocation-cost (1e+11 s per change" in note
+    assert "reallocation-cost" not in sim.unfinished_note(sim.replay(w, policies=["static"], jobs_detail=False))

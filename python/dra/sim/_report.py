@@ -44,7 +44,18 @@ def unfinished_note(doc: dict[str, Any]) -> str:
     return (f"**Warning: jobs unfinished at the horizon** ({each}; the simulation stops 30 days after the first "
             f"arrival, here at day {horizon:.1f}). Averages, p99 and makespan cover each policy's finished jobs only, "
             "so they are not comparable across policies; the paired changes (vs) use the jobs finished under both. "
-            "Give the cluster more devices (--nodes, --devices-per-node) or a lighter workload.")
+            f"Give the cluster more devices (--nodes, --devices-per-node) or a lighter workload{_cost_hint(doc, short)}.")
+
+
+def _cost_hint(doc: dict[str, Any], short: dict[str, Any]) -> str:
+    """The cost as a cause too, when a policy that left jobs unfinished paid at least an interval per change."""
+    costs = doc.get("reallocation_cost_s_by_policy") or {}
+    interval = doc.get("interval_s") or 60.0
+    big = sorted({c for p, c in costs.items() if p in short and c >= interval})
+    if not big:
+        return ""
+    return (f", or a smaller --reallocation-cost ({', '.join(f'{c:g}' for c in big)} s per change here, at least the "
+            f"{interval:g} s between decisions)")
 
 
 def markdown_replay(doc: dict[str, Any]) -> str:
