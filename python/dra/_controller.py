@@ -97,6 +97,7 @@ class Controller(_core.Controller):
         self._warned_accumulation = False
         if hasattr(optimizer, "register_step_post_hook"):
             optimizer.register_step_post_hook(functools.partial(_count_optimizer_step, weakref.ref(self)))
+        _watch_other_optimizers(self, model, optimizer)
         # The C++ side holds the provider; the Python object behind its overrides must live as long.
         self._state = _state.TorchState(model, optimizer, scheduler)
         super().__init__(
@@ -281,6 +282,48 @@ def _count_optimizer_step(ref: weakref.ref[Controller], *_: Any) -> None:
     ctl = ref()
     if ctl is not None:
         ctl._optimizer_steps += 1
+
+
+_watched: list[weakref.ref[Controller]] = []
+
+
+def _watch_other_optimizers(controller: Controller, model: Any, optimizer: Any) -> None:
+    """Only the optimizer given to the controller travels with the state (to joiners, and from the
+    new rank 0 after a fault). Another optimizer stepping the model's parameters (a GAN's second
+    Adam) keeps a state of its own on each process: a joiner's starts empty, and the ranks' updates
+    diverge silently after the first grow. Refused at its first step, before it updates anything."""
+    import torch
+
+    controller._model_params = {id(p): name for name, p in model.named_parameters()}
+    controller._given_optimizer = weakref.ref(optimizer)
+    controller._foreign_checked = weakref.WeakKeyDictionary()
+    _watched[:] = [r for r in _watched if r() is not None] + [weakref.ref(controller)]
+    if getattr(torch.optim.Optimizer, "_dra_watches_steps", False):
+        return
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(_check_foreign_optimizer)
+    torch.optim.Optimizer._dra_watches_steps = True
+
+
+def _check_foreign_optimizer(optimizer: Any, *_: Any) -> None:
+    for ref in _watched:
+        ctl = ref()
+        if ctl is None or ctl._given_optimizer() is optimizer or ctl.role == "finished":
+            continue
+        names = ctl._foreign_checked.get(optimizer)
+        if names is None:
+            names = [ctl._model_params[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in ctl._model_params]
+            ctl._foreign_checked[optimizer] = names
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise RuntimeError(
+                f"dra: an optimizer ({type(optimizer).__name__}) that is not the one given to dra.elastic.init steps the "
+                f"model's parameters ({shown}); its state would not travel to processes that join or take over, so the "
+                "ranks would diverge after a resize. Give dra one optimizer over every parameter, with a parameter "
+                "group per part (torch.optim.Adam([{'params': G.parameters()}, {'params': D.parameters(), 'lr': ...}])): "
+                "torch's optimizers skip parameters whose .grad is None, so one optimizer can step the parts apart "
+                "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
 
 
 def _environment_options() -> dict[str, Any]:

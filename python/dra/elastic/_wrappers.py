@@ -135,6 +135,31 @@ class ElasticDataParallel(torch.nn.Module):
                 "batches. Wrap every backward of the window but the last in `with model.no_sync():` and call "
                 "dra.step once per window", stacklevel=4)
 
+    def _check_one_reduction_per_batch(self) -> None:
+        """A reducing backward on the batch whose previous reducing backward has not reached
+        ``dra.step`` yet (no new batch came from the loader between them): two losses
+        backpropagated one after the other on one batch, as a GAN's discriminator and generator
+        steps. A step reduces once and consumes its batch once; the second backward would be
+        counted as the next step, consuming the next batch's samples unseen. Raised before anything
+        is reduced (on every rank alike: they run the same loop)."""
+        ctl = self.controller
+        sampler = ctl.sampler
+        if sampler is None or not sampler._iterating or sampler._delivered == 0:
+            self._reduced_at = None  # indices taken without a DataLoader: batches cannot be told apart
+            return
+        here = (sampler._pass_token, sampler._delivered)
+        previous, self._reduced_at = getattr(self, "_reduced_at", None), here
+        if ctl._awaiting_step and previous == here:
+            self._reduced_at = None
+            raise RuntimeError(
+                "dra: a second backward that reduces gradients on the same batch before dra.step (two losses "
+                "backpropagated one after the other, as a GAN's discriminator and generator steps): a step reduces its "
+                "gradients once and commits its batch once, so this one would be counted as the next step and that "
+                "step's samples never trained. Backpropagate once per batch: e.g. compute the generator's loss through "
+                "the discriminator with its parameters frozen (D.requires_grad_(False)), call (d_loss + "
+                "g_loss).backward(), step one optimizer holding both models (param groups), then dra.step once "
+                "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
+
     def _start_backward(self, firing: int) -> None:
         """The first gradient of this backward: the reduction starts (unless the batch is stale or
         a micro-batch of a window)."""
@@ -149,6 +174,8 @@ class ElasticDataParallel(torch.nn.Module):
         self.reduce_s = 0.0
         torch.autograd.Variable._execution_engine.queue_callback(self._sync)
         ctl._micro_step_due = False  # a micro-batch whose dra.step never came
+        if not micro:
+            self._check_one_reduction_per_batch()
         if ctl._awaiting_step:
             # The previous backward never reached dra.step (an exception caught after it): that
             # batch is done with, and the world committed its step without this process.

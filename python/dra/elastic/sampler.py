@@ -160,6 +160,7 @@ class ElasticSampler:
 
     def _pass(self) -> Iterator[np.ndarray]:
         native, ctl = self._native, self._controller
+        self._check_process()
         if ctl is not None and ctl._micro_fresh:
             # A gradient-accumulation window left open by the previous pass over the loader: its
             # batches were never reduced, so they are handed out again (and trained again).
@@ -242,7 +243,21 @@ class ElasticSampler:
 
     def _follow(self, controller: Any) -> None:
         self._controller = controller
+        self._pid = os.getpid()
         _FOLLOWED[0] = weakref.ref(controller)
+
+    def _check_process(self) -> None:
+        """The sampler the controller follows hands out steps only in the training process: its
+        position moves there, with each commit. A copy in another process (a DataLoader worker
+        running an IterableDataset's ``__iter__`` over it) would never see a step commit and would
+        hand out the same steps again and again (an epoch that never ends)."""
+        if self._controller is None or getattr(self, "_pid", None) in (None, os.getpid()):
+            return
+        raise RuntimeError(
+            f"dra: the elastic sampler the controller follows is iterated in process {os.getpid()}, not in the training "
+            f"process {self._pid} (a DataLoader worker running an IterableDataset's __iter__ over it?); there its position "
+            "never moves and it would yield the same steps forever. Give it to the DataLoader as batch_sampler= (or "
+            "batch_size=B, sampler=...; the workers then load the samples), or iterate it with num_workers=0")
 
     def _current_is_fresh(self, ahead: int = 0) -> bool:
         """Whether the batch being trained on is the one the world's current step needs (``ahead``
@@ -470,6 +485,7 @@ class DistributedSampler(ElasticSampler):
         sampler asks step by step instead, following the world as it changes)."""
         if self._controller is None:
             return iter(self._torch_sampler())
+        self._check_process()
         native = self._native
         cursors = range(native.cursor, native.epoch_size, native.global_batch)
         return (int(i) for c in cursors for i in self._share(c, native.world, native.rank))
