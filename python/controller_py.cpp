@@ -371,8 +371,9 @@ void dra::python::bind_controller(py::module_& m) {
           "previous reduced batch (the job's exactly-once check); micro: the loader batches this gradient carries "
           "(accumulated under no_sync), whose commit consumes as many steps of the sampler.")
       .def("_catch_up_missed_step", &controller::catch_up_missed_step,
-           "The previous backward never reached dra.step: commit its step as the world did; the world then compares states "
-           "at the next reduction (Gloo) or this rank takes the world's state again (NCCL). Returns whether a step was missed.")
+           "The previous backward never reached dra.step: commit its step as the world did; the world then compares "
+           "states at the next reduction (Gloo) or this rank takes the world's state again (NCCL). Returns whether a "
+           "step was missed.")
       .def("_abandon", &controller::abandon, py::arg("why"), nogil(),
            "This process leaves the job mid-training (an uncaught exception): peers fail at once and do not wait.")
       .def_property_readonly(

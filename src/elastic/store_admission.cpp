@@ -1,6 +1,7 @@
 // The joiners' side of the store protocol: registration, consistency checks against the world,
 // candidacy and admission. The keys and agreements of a running world are in store_protocol.cpp.
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -220,8 +221,22 @@ admission_result store_protocol::wait_for_admission(int uid) {
   // Polled (not a blocking wait) so that the job's end is noticed too; 5 ms keeps the admission
   // latency small next to a rebuild.
   const std::string waiting = key("waiting/", uid);
+  const auto since = clock_type::now();
+  std::map<int, beat_seen> beats;
   for (std::int64_t polls = 1;; ++polls) {
     if (auto r = poll_admission(uid, polls % 20 == 0)) return *r;
+    if (polls % 50 == 0 && beat_stale_.count() > 0) {
+      if (const auto lost = state_holders_lost(uid, beats, since)) {
+        if (done()) continue;  // the job ended meanwhile: the next poll withdraws and returns
+        withdraw(uid);
+        throw dra::membership_error("dra: process " + std::to_string(uid) +
+                                    " waited for its admission while every process that held the training state left "
+                                    "the job (" +
+                                    *lost +
+                                    "): the state is lost and nobody is left to admit this process; restart the job "
+                                    "from a checkpoint");
+      }
+    }
     if (polls % 200 == 0 && last_registration_.count(uid)) {
       // Something wrote over this registration or the candidates' list: write it again (a missing
       // registration was taken by an admission on its way).
@@ -232,6 +247,49 @@ admission_result store_protocol::wait_for_admission(int uid) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+std::optional<std::string> store_protocol::state_holders_lost(int uid, std::map<int, beat_seen>& seen,
+                                                              clock_type::time_point waiting_since) {
+  // Every process of the job: the universe launched together and the late joiners numbered so far.
+  std::vector<int> uids;
+  const auto universe_raw = client_->try_get("universe");
+  const auto universe = universe_raw ? values_.int_of("universe", *universe_raw, 1, 1 << 20) : std::nullopt;
+  if (!universe) return std::nullopt;  // the job has not started: nothing to judge
+  for (int u = 0; u < *universe; ++u) uids.push_back(u);
+  const auto late_raw = client_->try_get("late_uid");
+  const auto late = late_raw ? values_.int_of("late_uid", *late_raw, 0, kMaxUid - kLateUidBase) : std::nullopt;
+  if (late && *late > (1 << 16)) return std::nullopt;  // more than any job launches: a value written over it
+  for (std::int64_t n = 0; late && n < *late; ++n) uids.push_back(kLateUidBase + static_cast<int>(n));
+  const auto now = clock_type::now();
+  // As long as a recovery waits for a member that beats but is late, and then some.
+  const auto stale = std::max(beat_stale_, late_grace_) + beat_stale_;
+  std::string lost;
+  int judged = 0;
+  for (int u : uids) {
+    if (u == uid || client_->exists(key("waiting/", u))) continue;  // a waiting candidate holds no state
+    std::string why;
+    if (const auto g = client_->try_get(key("gone/", u)); g && values_.int_of(key("gone/", u), *g, 1, 1)) {
+      why = "left";
+    } else if (const auto beat = client_->try_get(key("beat/", u))) {
+      auto it = seen.find(u);
+      if (it == seen.end() || it->second.value != *beat) {
+        seen[u] = beat_seen{*beat, now};
+        return std::nullopt;  // it beats (or this is the first look): alive
+      }
+      if (now - it->second.at < stale) return std::nullopt;
+      why = "no heartbeat for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - it->second.at).count()) + " s";
+    } else {
+      // Never beat: still starting, unless it has had the store's whole timeout to do so.
+      if (now - waiting_since < timeout_) return std::nullopt;
+      why = "never started";
+    }
+    ++judged;
+    lost += (lost.empty() ? "" : ", ") + std::string("process ") + std::to_string(u) + " " + why;
+  }
+  if (judged == 0) return std::nullopt;  // no other process at all: a world of candidates only waits
+  return lost;
 }
 
 std::optional<admission_result> store_protocol::poll_admission(int uid, bool check_done) {

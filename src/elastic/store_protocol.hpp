@@ -158,7 +158,11 @@ class store_protocol {
   using outcome = admission_result::outcome;
   using wait_result = admission_result;
   /// Waits (polling, so the job's end is noticed too) until this candidate is admitted or
-  /// rejected, or the job is done (then it withdraws).
+  /// rejected, or the job is done (then it withdraws). Throws dra::membership_error (after
+  /// withdrawing) when every other process that may hold the training state is gone: each one not
+  /// itself waiting left the job (gone/<uid>), or its heartbeat stood still for longer than a
+  /// recovery waits for a late member, or it never beat within the store's timeout; nobody is
+  /// left to admit this candidate or hand it the state.
   admission_result wait_for_admission(int uid);
   /// One look: the candidate's admission or rejection, the job's end (then it withdraws), or
   /// nothing yet.
@@ -239,6 +243,14 @@ class store_protocol {
                                          const std::vector<int>& old_members, int uid, bool holds_state,
                                          std::chrono::milliseconds window, const std::vector<int>& admit_if_waiting);
   std::int64_t repair_counter(const std::string& key, const std::string& seen, std::int64_t floor);
+  /// A waiting candidate's look at the other processes' liveness (see wait_for_admission): a
+  /// description of the lost state holders, or nothing while one may be alive.
+  struct beat_seen {
+    std::string value;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::optional<std::string> state_holders_lost(int uid, std::map<int, beat_seen>& seen,
+                                                std::chrono::steady_clock::time_point waiting_since);
   enum class claim { mine, other, unknown };
   /// One key of claim_child: this world's claim, another world's, or unknown (values that are no
   /// claim kept coming back).

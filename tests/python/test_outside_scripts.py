@@ -213,3 +213,31 @@ def test_a_second_optimizer_is_refused_and_one_with_parameter_groups_stays_ident
     assert code == 0, logs[-3000:]
     assert '"event":"resize"' in logs.replace(" ", ""), "the grow happened"
     _check_exactly_once(records, epochs=2)
+
+
+LONE_MEMBER_DIES = COMMON + '''
+import signal
+sampler = de.DistributedSampler(DS, seed=0)
+loader = DataLoader(DS, batch_size=32, sampler=sampler)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+ctl = de.init(net, opt, sampler)
+for epoch in ctl.epochs(3):
+    for x, y, ids in loader:
+        loss = torch.nn.functional.cross_entropy(ctl.model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        st = dra.step(loss)
+        if st.step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)  # the only member dies: the state is lost
+'''
+
+
+def test_a_candidate_is_told_when_every_process_holding_the_state_is_gone(tmp_path):
+    # One member (start_size 1), one candidate waiting to be admitted at step 10; the member is
+    # killed at step 5. The candidate was never told and waited until the launcher was stopped;
+    # now it withdraws and raises MembershipError naming the dead member, and the job fails.
+    code, logs, _ = _run(tmp_path, "lone_member", LONE_MEMBER_DIES, options=GROW, timeout=120)
+    assert code not in (0, None), logs[-3000:]
+    assert "every process that held the training state left the job" in logs, logs[-3000:]
+    assert "process 0 no heartbeat" in logs, logs[-3000:]
