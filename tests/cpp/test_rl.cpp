@@ -1203,3 +1203,19 @@ TEST_CASE("rl.events.growing_lengths_do_not_make_rollout_devices_look_faster") {
     CHECK(dynamic.mean_rollout_devices < 4.4);
   }
 }
+
+TEST_CASE("rl.sim.hidden_share_stays_a_share_when_a_switch_delays_more_than_it_costs") {
+  // A switch whose knock-on delay exceeded its own cost (exposed 30 s of a 10 s switch) is wholly
+  // exposed, not "-200 % hidden"; the others count their hidden parts. Before, the run's share
+  // was 1 - exposed / total over all switches, and went negative (an outside review saw -135715 %).
+  dra::sim::rl_run_result r;
+  dra::sim::rl_switch_record a, b;
+  a.total_s = 10.0, a.exposed_s = 30.0;
+  b.total_s = 10.0, b.exposed_s = 2.0;
+  r.switch_log = {a, b};
+  CHECK(dra::sim::hidden_share(r) == doctest::Approx(0.4));  // (0 + 8) / 20
+  CHECK(dra::sim::hidden_share(dra::sim::rl_run_result{}) == 0.0);
+  b.exposed_s = 0.0;
+  r.switch_log = {b};
+  CHECK(dra::sim::hidden_share(r) == doctest::Approx(1.0));
+}

@@ -477,7 +477,7 @@ class rl_event_sim : private rl_leader_view {
     r.mean_rollout_devices = r.total_s > 0.0 ? weighted / r.total_s : 0.0;
     r.switches = static_cast<int>(r.switch_log.size());
     for (const auto& w : r.switch_log) r.switch_total_s += w.total_s, r.switch_exposed_s += w.exposed_s;
-    r.hidden_fraction = r.switch_total_s > 0.0 ? 1.0 - r.switch_exposed_s / r.switch_total_s : 0.0;
+    r.hidden_fraction = hidden_share(r);
     return r;
   }
 

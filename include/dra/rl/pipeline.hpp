@@ -323,7 +323,7 @@ class rl_pipeline_sim {
       r.mean_rollout_devices /= r.total_s;
       r.bubble_fraction /= config_.devices * r.total_s;
     }
-    r.hidden_fraction = r.switch_total_s > 0.0 ? 1.0 - r.switch_exposed_s / r.switch_total_s : 0.0;
+    r.hidden_fraction = hidden_share(r);
     return r;
   }
 

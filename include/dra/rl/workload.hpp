@@ -339,6 +339,19 @@ struct rl_run_result {
   std::vector<rl_role_sample> roles;
 };
 
+/// The share of the run's switch time hidden behind the other stage: each switch's hidden part
+/// (its cost minus what it delayed, at least 0 and at most its cost) over the switches' cost; 0
+/// without switches. A switch that delayed its phase by more than its own cost (a knock-on delay)
+/// counts as wholly exposed here; switch_exposed_s keeps the whole delay.
+inline double hidden_share(const rl_run_result& r) {
+  double total = 0.0, hidden = 0.0;
+  for (const auto& w : r.switch_log) {
+    total += w.total_s;
+    hidden += std::clamp(w.total_s - w.exposed_s, 0.0, std::max(0.0, w.total_s));
+  }
+  return total > 0.0 ? hidden / total : 0.0;
+}
+
 struct rl_sweep_result {
   std::vector<rl_run_result> statics;  ///< rollout = 1 .. devices - 1
   std::size_t best_static = 0;         ///< index of the static split with the least total time
