@@ -241,3 +241,54 @@ def test_a_candidate_is_told_when_every_process_holding_the_state_is_gone(tmp_pa
     assert code not in (0, None), logs[-3000:]
     assert "every process that held the training state left the job" in logs, logs[-3000:]
     assert "process 0 no heartbeat" in logs, logs[-3000:]
+
+
+SAM = COMMON + '''
+mode = sys.argv[1]
+sampler = de.DistributedSampler(DS, seed=0)
+loader = DataLoader(DS, batch_size=32, sampler=sampler)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10))
+opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+model = de.DistributedDataParallel(net, opt, sampler)
+ctl = model.controller
+for epoch in ctl.epochs(2):
+    for x, y, ids in loader:
+        params = list(net.parameters())
+        if mode == "no_sync":  # SAM's DDP recipe: the first pass's local gradient under no_sync
+            with model.no_sync():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+            grads = [p.grad.clone() for p in params]
+            opt.zero_grad()
+        else:  # the recipe for dra: the first pass's gradient without a backward
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            norm = torch.norm(torch.stack([g.norm() for g in grads]))
+            old = [p.detach().clone() for p in params]
+            for p, g in zip(params, grads):
+                p.add_(0.05 * g / (norm + 1e-12))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        with torch.no_grad():
+            for p, o in zip(params, old):
+                p.copy_(o)
+        opt.step(); opt.zero_grad()
+        st = dra.step(loss)
+        rec(epoch=epoch, committed=st.committed, ids=ids.tolist())
+rec(final=True, member=ctl.rank >= 0, digest=digest(net))
+'''
+
+
+def test_sams_second_pass_on_the_batch_a_no_sync_pass_trained_is_refused_and_the_recipe_trains_once(tmp_path):
+    # SAM with the first pass under no_sync: the window counted two batches for one (half of every
+    # epoch silently never trained); now refused by name, with the recipe.
+    code, logs, _ = _run(tmp_path, "sam_no_sync", SAM, "no_sync")
+    assert code == 1, logs[-3000:]
+    assert "a second backward on the batch a no_sync() backward already trained" in logs, logs[-3000:]
+    assert "torch.autograd.grad" in logs, logs[-3000:]
+    # The recipe (the first pass's gradient by torch.autograd.grad): every sample once per epoch
+    # across a grow, identical states.
+    code, logs, records = _run(tmp_path, "sam_recipe", SAM, "autograd", options=GROW)
+    assert code == 0, logs[-3000:]
+    _check_exactly_once(records, epochs=2)

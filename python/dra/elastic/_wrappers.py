@@ -160,6 +160,29 @@ class ElasticDataParallel(torch.nn.Module):
                 "g_loss).backward(), step one optimizer holding both models (param groups), then dra.step once "
                 "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
 
+    def _check_one_batch_per_micro(self, micro: bool) -> None:
+        """A backward on the batch a no_sync() backward of this window already trained (no new batch
+        came from the loader between them): SAM's two passes (the first under no_sync), or one
+        loader batch split into chunks each backpropagated under no_sync. Every backward of a
+        window is counted as a batch of its own, so the window would commit (and consume) batches
+        it never trained. Raised before this backward changes anything (on every rank alike)."""
+        ctl = self.controller
+        sampler = ctl.sampler
+        if sampler is None or not sampler._iterating or sampler._delivered == 0:
+            self._micro_at = None  # indices taken without a DataLoader: batches cannot be told apart
+            return
+        here = (sampler._pass_token, sampler._delivered)
+        last, self._micro_at = getattr(self, "_micro_at", None), (here if micro else None)
+        if ctl._window_open and last == here:
+            self._micro_at = None
+            raise RuntimeError(
+                "dra: a second backward on the batch a no_sync() backward already trained (SAM's two passes, or one "
+                "batch split into chunks): dra counts every backward of an accumulation window as a batch of its own, "
+                "so the window would commit batches it never trained. For SAM, take the first pass's gradient with "
+                "torch.autograd.grad(loss, params) (no no_sync(), no backward), then backpropagate the second pass "
+                "once; for chunks, let the DataLoader hand out the chunks (a smaller batch_size) or sum the chunks' "
+                "losses into one backward (docs/guide/compatibility.md, \"Limits of the drop-in\")")
+
     def _start_backward(self, firing: int) -> None:
         """The first gradient of this backward: the reduction starts (unless the batch is stale or
         a micro-batch of a window)."""
@@ -167,6 +190,7 @@ class ElasticDataParallel(torch.nn.Module):
         # A micro-batch when no_sync held at its backward or at its forward (DDP decides at the
         # forward: `with model.no_sync():` around the forward alone accumulates there too).
         micro = self._no_sync or self._forward_sync is False
+        self._check_one_batch_per_micro(micro)
         self._forward_sync = None
         if not micro:
             self._check_accumulation(firing)
