@@ -147,3 +147,18 @@ def test_the_unfinished_warning_names_a_reallocation_cost_that_keeps_jobs_from_f
     note = sim.unfinished_note(doc)
     assert "static 1 of 1" in note and "smaller --reallocation-cost (1e+11 s per change" in note
     assert "reallocation-cost" not in sim.unfinished_note(sim.replay(w, policies=["static"], jobs_detail=False))
+
+
+def test_a_report_that_cannot_be_written_whole_leaves_the_earlier_one_and_no_debris(tmp_path):
+    # write_json (every dra-sim / dra-sim rl / bench report) writes beside the target and renames:
+    # a failure part way (here a value JSON cannot hold) leaves the earlier report as it was.
+    from dra._jsonio import write_json
+
+    path = tmp_path / "report.json"
+    write_json({"avg_jct_s": 1.5, "p99": float("inf")}, path)
+    before = path.read_text()
+    assert json.loads(before) == {"avg_jct_s": 1.5, "p99": None}
+    with pytest.raises(TypeError):
+        write_json({"avg_jct_s": 2.0, "bad": object()}, path)
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
