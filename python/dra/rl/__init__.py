@@ -106,6 +106,9 @@ def _configure(cls: Any, values: dict[str, Any] | None) -> Any:
                 setattr(obj, key, value)
             except TypeError:
                 want = type(getattr(obj, key)).__name__
+                if want == "float" and isinstance(value, str) and value.strip().lower().lstrip("+-") in (
+                        "nan", "inf", "infinity"):
+                    raise ValueError(f"{key}: {value!r} is not a finite number; give a finite value") from None
                 raise ValueError(f"{key}: {value!r} is not of type {want}; give a value of that type") from None
         raise
 
