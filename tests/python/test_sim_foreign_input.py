@@ -162,3 +162,13 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_earlier_one_and_no_deb
         write_json({"avg_jct_s": 2.0, "bad": object()}, path)
     assert path.read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_control_characters_are_refused_and_shown_visibly(tmp_path, capsys):
+    """A NUL inside a job name was accepted (and reached the reports); a tab before a number was
+    refused with the tab printed invisibly ('	107'). Both are now named with escapes."""
+    w = _csv(tmp_path, ["job\x001,0,cifar10,2,2048"], "nul.csv")
+    _refused(capsys, ["replay", "--workload", str(w), "--quiet"], "column 'name' (1): 'job\\x001' holds a control "
+             "character (\\x00)")
+    w = _csv(tmp_path, ["a,\t107x,cifar10,2,2048"], "tab.csv")
+    _refused(capsys, ["replay", "--workload", str(w), "--quiet"], "'\\t107x' is not a plain decimal number")

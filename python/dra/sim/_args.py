@@ -44,8 +44,12 @@ def too_large(text: object) -> bool:
 
 
 def shown_value(text: str) -> str:
-    """``text`` for a message: quoted, at most 40 characters of it."""
-    return f"'{text}'" if len(text) <= 40 else f"'{text[:20]}...' ({len(text)} characters)"
+    """``text`` for a message: quoted, at most 40 characters of it, control characters (a tab, a
+    NUL) written visibly as escapes."""
+    def visible(part: str) -> str:
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in part)
+
+    return f"'{visible(text)}'" if len(text) <= 40 else f"'{visible(text[:20])}...' ({len(text)} characters)"
 
 
 def _fmt(value: float) -> str:
@@ -145,6 +149,12 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, utf8: 
             continue
         if len(cells) != len(header):
             break  # the C++ reader refuses this row already
+        for col, cell in enumerate(cells):
+            bad = next((c for c in cell if (ord(c) < 32 and c != "\t") or ord(c) == 127), None)
+            if bad is not None:
+                name = header[col] if col < len(header) else str(col + 1)
+                raise ValueError(f"{path}:{line_no}: column '{name}' ({col + 1}): {shown_value(cell)} holds a control "
+                                 f"character ({repr(bad)[1:-1]}); remove it")
         lines.append(line_no)
         for name, kind in numbers.items():
             if name not in columns:
@@ -160,7 +170,7 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, utf8: 
             if not ok:
                 form = PLAIN_INTEGER if kind == "integer" else PLAIN_DECIMAL
                 raise ValueError(
-                    f"{path}:{line_no}: column '{name}' ({col + 1}): '{cell}' is not a plain "
+                    f"{path}:{line_no}: column '{name}' ({col + 1}): {shown_value(cell)} is not a plain "
                     f"{'whole number' if kind == 'integer' else 'decimal number'}; write {form}"
                 )
     return lines
