@@ -324,7 +324,7 @@ def _end_if_finished(sampler: ElasticSampler, epoch: int | None) -> None:
     if not ctl.stopped and (ctl.rank >= 0 or (epoch is not None and epoch <= sampler._native.epoch)):
         return  # a normal end as a member (later passes yield nothing), or a loop still behind
     # step_index is this process's last step in a world: where it stood by, not where the job ended.
-    why = (f"the job was stopped (this process's last step: {ctl.step_index})" if ctl.stopped else
+    why = (f"the job was stopped at step {ctl.step_index}" if ctl.stopped else
            f"the job finished while this process stood by (since its step {ctl.step_index})")
     print(f"[dra] {why}: process {ctl.uid} ends here (a range epoch loop; "
           "with ctl.epochs() the loop ends and the code after it runs)", file=sys.stderr, flush=True)
