@@ -77,8 +77,20 @@ def main(argv: list[str]) -> None:
     try:
         os.execvp(command[0], command)
     except OSError as e:
-        print(f"[dra run] cannot start {command[0]!r}: {e}", file=sys.stderr, flush=True)
-        os._exit(127)
+        # As a shell says it: 127 for a command not found, 126 for one found that cannot run (a
+        # directory, a file without execute permission), whose reason is named.
+        import errno
+        import shutil
+
+        found = shutil.which(command[0]) or (command[0] if os.sep in command[0] else None)
+        if found and os.path.isdir(found):
+            why = f"{found} is a directory, not a program; give the program to run in it"
+        elif found and e.errno == errno.EACCES:
+            why = f"{found} is not executable by uid {os.getuid()} ({e.strerror}); chmod +x it or run it with its interpreter"
+        else:
+            why = str(e)
+        print(f"[dra run] cannot start {command[0]!r}: {why}", file=sys.stderr, flush=True)
+        os._exit(127 if e.errno == errno.ENOENT else 126)
 
 
 if __name__ == "__main__":

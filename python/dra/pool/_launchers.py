@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dra.pool._auth import Owner, run_as_kwargs
+from dra.pool._spawner import module_command
 
 #: Variables of the daemon's environment a job's launcher gets (the rest of a root daemon's
 #: environment, tokens included, is not the job's business); the job's own ``env`` comes on top.
@@ -78,7 +79,7 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
     uid, then its cwd, entered as the owner, then exec); raises OSError when it cannot start (a
     missing cwd, say)."""
     launch_id = secrets.token_hex(8)
-    cmd = [sys.executable, "-m", "dra", "run", "--pool", url, "--job", name]
+    cmd = module_command("dra", "run", "--pool", url, "--job", name)  # the job's directory is not on its sys.path
     extra: dict[str, Any] = {}
     if os.geteuid() == 0:
         from dra.pool import _isolate

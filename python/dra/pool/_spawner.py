@@ -17,6 +17,18 @@ from typing import Any
 from dra import _process
 
 
+def module_command(module: str, *args: str) -> list[str]:
+    """``python -m module args`` for the pool's own processes (a job's launcher, its fork server)
+    without the working directory on ``sys.path``: they run in the job's directory, which may be
+    one others can write to (a root job started from /tmp), and ``-m`` puts it first, so a planted
+    ``argparse/`` or ``torch/`` there would run as the job's user (root). ``-P`` on Python 3.11+;
+    on 3.10 the same through ``-c``."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module, *args]
+    return [sys.executable, "-c", "import runpy, sys; del sys.path[0]; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)", *args]
+
+
 def is_python(cmd: list[str]) -> bool:
     """Whether ``cmd`` runs this very interpreter (the same executable in the same environment:
     another virtual environment's python has other packages) on a script or a module, in a form
@@ -73,7 +85,7 @@ class Spawner:
             # The fork server dies with this launcher (it arms its parent-death signal at start),
             # and its workers with it: none is left running without the job's store.
             env = dict(os.environ, DRA_PARENT_PID=str(os.getpid()))
-            self.zygote = subprocess.Popen([sys.executable, "-m", "dra.pool._zygote", ",".join(preload)],
+            self.zygote = subprocess.Popen(module_command("dra.pool._zygote", ",".join(preload)),
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                            stderr=open_private_log(log), start_new_session=True)
             assert self.zygote.stdout is not None

@@ -147,23 +147,73 @@ def _message(err: Any) -> str:
     return f"{field or 'spec'}: {err.message}" + (f"; {fix}" if fix else "")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's "\\ud800" alone: a str Python cannot encode
+#: The kernel's limits on what a program is started with (execve): one argument or ``NAME=value``
+#: at most MAX_ARG_STRLEN bytes with its NUL, and all of them together, with a pointer each, at
+#: most ARG_MAX (the stack limit / 4 on Linux). The pool adds its own variables to a worker's
+#: (DRA_*, PATH, ...): EXEC_RESERVE bytes are kept for them.
+MAX_ARG_STRLEN = 32 * 4096
+EXEC_RESERVE = 64 << 10
+
+
+def _arg_max() -> int:
+    import os
+
+    try:
+        return int(os.sysconf("SC_ARG_MAX"))
+    except (ValueError, OSError):
+        return 2 << 20
+
+
+def _too_big_to_exec(spec: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, problem) when the job's command and variables cannot start a program: the launcher
+    would meet E2BIG ("Argument list too long") only when it starts a worker."""
+    fix = "pass large data in a file (or through the job's cwd) instead"
+    total = 0
+    items: list[tuple[str, str]] = []
+    for i, a in enumerate(spec.get("command") or []):
+        items.append((f"command[{i}]", a))
+    for k, v in (spec.get("env") or {}).items():
+        items.append((f"env.{k}", f"{k}={v}"))
+    if spec.get("options"):
+        items.append(("options", "DRA_OPTIONS=" + json.dumps(spec["options"])))  # the workers get them in one variable
+    for field, text in items:
+        n = len(text.encode()) + 1
+        if n > MAX_ARG_STRLEN:
+            return field, (f"{n} bytes; the kernel starts a program with at most {MAX_ARG_STRLEN - 1} bytes in one "
+                           f"argument or variable (MAX_ARG_STRLEN); {fix}")
+        total += n + 8
+    limit = _arg_max() - EXEC_RESERVE
+    if total > limit:
+        field = "env" if spec.get("env") else "command"
+        return field, (f"the command and variables take {total} bytes; the kernel starts a program with at most "
+                       f"{limit + EXEC_RESERVE} (ARG_MAX), {EXEC_RESERVE} of them kept for the pool's own variables; {fix}")
+    return None
+
+
 def _unusable(value: Any, path: list[Any]) -> tuple[list[Any], str] | None:
     """The first value anywhere in a spec (keys included) that no program can be given, as
     (path, problem): a string with a NUL byte (the kernel ends every argument, variable and path at
     the first NUL; Python refuses one only when the job starts, in its launcher) or a number that
     is not finite (JSON has no NaN or Infinity, yet Python's reader takes them, and NaN passes
-    every range check)."""
+    every range check), or a lone surrogate (JSON's ``"\\ud800"``: not text, so it cannot be
+    encoded for the kernel; the launcher failed on it, and a job class holding one stalled the loop)."""
     nul = "contains a NUL byte (\\0){}, which no program can be given (the kernel ends strings there); remove it"
     if isinstance(value, str):
         if "\0" in value:
             return path, nul.format(f" at character {value.index(chr(0))}")
+        bad = _SURROGATE.search(value)
+        if bad:
+            return path, (f"contains a lone surrogate ({ascii(bad.group())}) at character {bad.start()}, which is not "
+                          "text (it has no UTF-8 form: no program, variable or path can hold it); remove it")
     elif isinstance(value, float):
         if not math.isfinite(value):
             return path, f"must be a finite number, got {value}; give a finite number"
     elif isinstance(value, dict):
         for k, v in value.items():
-            if isinstance(k, str) and "\0" in k:
-                return path, f"the name {json.dumps(k)[:60]} " + nul.format("")
+            if isinstance(k, str) and ("\0" in k or _SURROGATE.search(k)):
+                return path, f"the name {json.dumps(k)[:60]} " + (nul.format("") if "\0" in k else
+                                                                  "contains a lone surrogate, which is not text; remove it")
             found = _unusable(v, [*path, k])
             if found:
                 return found
@@ -203,6 +253,9 @@ def validate_spec(spec: Any) -> dict[str, Any]:
             break
     if problems:
         raise ValueError(min(problems)[1])
+    too_big = _too_big_to_exec(spec)
+    if too_big:
+        raise ValueError(f"{too_big[0]}: {too_big[1]}")
     return copy.deepcopy(spec)
 
 

@@ -53,6 +53,7 @@ def _child(msg: dict, out_fd: int, zygote: int) -> None:
             sys.modules["torch"].set_num_threads(int(threads))
         argv = list(msg["argv"])
         if argv[0] == "-m":
+            sys.path.insert(0, os.getcwd())  # as `python -m` does (the fork server itself runs without it)
             sys.argv = [argv[1], *argv[2:]]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
@@ -106,6 +107,9 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, launcher_gone)
     _process.die_with_parent(signal.SIGTERM, launcher)
+    # Started without its directory (the job's) on sys.path: a module there is preloaded only when
+    # nothing installed has its name, so one planted there shadows neither the standard library nor torch.
+    sys.path.append(os.getcwd())
     for name in (sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []):
         importlib.import_module(name)
     if "torch" in sys.modules:

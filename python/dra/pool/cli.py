@@ -30,7 +30,7 @@ from typing import Any
 
 from dra._argtypes import count_arg, fraction_arg, nonnegative_arg, port_arg, positive_arg
 
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 
 
 def _serve(args: argparse.Namespace) -> int:

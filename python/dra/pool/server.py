@@ -16,7 +16,8 @@ Answers: 400 {"error": "<field>: <problem>; <fix>"} for a bad request (the clien
 ValueError), 401 without a valid token on TCP, 403 when the caller may not (PermissionError), 404
 for an unknown job (ValueError), 409 for a launcher that is not the job's (RuntimeError), 503 to
 a peer with 64 connections already open (the client retries for its ``retry_s``, then raises
-ConnectionError). A whole request is read before it is answered; one stalled 60 s is dropped.
+ConnectionError). A whole request is read before it is answered; one stalled 60 s, or not whole
+60 s after it connected (a byte at a time), is dropped.
 Nothing in a request is unpickled or evaluated: bodies are JSON objects, checked field by field.
 """
 
@@ -42,7 +43,7 @@ from dra.pool.service import NoSuchJob, PoolService, Superseded
 
 MAX_BODY = 4 << 20  # bytes: a job spec or a launcher's sync is a few kB
 PREAUTH_BODY = 64 << 10  # bytes read from a TCP caller without the token, to answer its 401 cleanly
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 
 
 class _ClientGone(Exception):
@@ -122,6 +123,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             trusted = self._trusted()
             self._read_body(trusted)  # refused or not, the request is read before it is answered
+            if not self.server.request_read(self.request):
+                raise _ClientGone  # cut off at the request's deadline: a partial request is not acted on
             caller = self._caller(trusted)
             if method == "GET" and parts == ["status"]:
                 return self._send(200, s.status(caller))
@@ -178,11 +181,53 @@ class _BoundedThreads(socketserver.ThreadingMixIn):
 
     daemon_threads = True
     per_peer = 64
+    request_s = 60.0  # the most a request may take to arrive whole, however it trickles
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         self._open: dict[str, int] = {}  # connections being answered, per peer
         self._open_lock = threading.Lock()
+        # Connections whose request has not arrived whole yet, and when each must have: the
+        # handler's timeout drops one that stalls, but one that sends a byte every minute never
+        # stalls (slowloris), and 64 of those held TCP (one share for all) for as long as they liked.
+        self._reading: dict[Any, float] = {}
+        self._late: set[Any] = set()  # cut off: what arrived of them is not acted on
+        self._reaper_stop = threading.Event()
+        super().__init__(*args, **kwargs)  # a bind that fails calls server_close: the above exists
+        threading.Thread(target=self._reap, name="dra-pool-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
+        while not self._reaper_stop.wait(min(1.0, self.request_s / 4)):
+            now = time.monotonic()
+            with self._open_lock:
+                late = [r for r, t in self._reading.items() if t < now]
+                for r in late:
+                    del self._reading[r]
+                    self._late.add(r)
+            for r in late:
+                try:
+                    r.shutdown(socket.SHUT_RDWR)  # its handler's read ends; the handler finishes
+                except OSError:
+                    pass
+
+    def request_read(self, request: Any) -> bool:
+        """The handler read the whole request: answering it is not bounded by ``request_s``. False
+        when the request was cut off at its deadline (what the handler read of it is incomplete)."""
+        with self._open_lock:
+            self._reading.pop(request, None)
+            return request not in self._late
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone mid-answer (a reset, a connection cut off at its deadline) is no error of
+        the daemon's: nothing is printed. Anything else is the base class's traceback."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[misc]
+
+    def server_close(self) -> None:
+        self._reaper_stop.set()
+        super().server_close()  # type: ignore[misc]
 
     def _peer(self, request: socket.socket) -> str:
         return "tcp"
@@ -206,12 +251,17 @@ class _BoundedThreads(socketserver.ThreadingMixIn):
             self.shutdown_request(request)
             return
 
+        with self._open_lock:
+            self._reading[request] = time.monotonic() + self.request_s
+
         def run() -> None:
             try:
                 self.process_request_thread(request, client_address)
             finally:
                 with self._open_lock:
                     self._open[key] -= 1
+                    self._reading.pop(request, None)
+                    self._late.discard(request)
 
         threading.Thread(target=run, name="dra-pool-call", daemon=True).start()
 
@@ -223,6 +273,10 @@ class _UnixServer(_BoundedThreads, socketserver.UnixStreamServer):
 
 class _TcpServer(_BoundedThreads, http.server.HTTPServer):
     pass
+
+
+class _TcpServer6(_TcpServer):
+    address_family = socket.AF_INET6
 
 
 def _bind_unix(path: Path) -> _UnixServer:
@@ -260,9 +314,11 @@ class PoolServer:
 
     def __init__(self, service: PoolService | None = None, *, socket_path: str | Path | None = None,
                  host: str = "127.0.0.1", port: int | None = None, token: str | None = None,
-                 allow_remote: bool = False, max_connections_per_peer: int = 64) -> None:
+                 allow_remote: bool = False, max_connections_per_peer: int = 64, request_s: float = 60.0) -> None:
         if not isinstance(max_connections_per_peer, int) or max_connections_per_peer < 1:
             raise ValueError(f"max_connections_per_peer: {max_connections_per_peer!r}; give an integer >= 1")
+        if not isinstance(request_s, (int, float)) or not 0 < request_s < float("inf"):
+            raise ValueError(f"request_s: {request_s!r}; give a finite number of seconds > 0")
         if socket_path is None:
             if service is None:
                 raise ValueError("socket: give a socket path or a service (whose state directory holds it)")
@@ -278,7 +334,9 @@ class PoolServer:
                 raise ValueError(f"host: {host} is reachable from other machines; the pool binds to loopback "
                                  "unless told --allow-remote (then anyone with the token runs jobs here)")
             try:
-                tcp = _TcpServer((host, port), _Handler)
+                # An IPv6 address (``::1``, one of the loopback names) needs an IPv6 socket: the
+                # default family refused it ("Address family for hostname not supported").
+                tcp = (_TcpServer6 if ":" in host else _TcpServer)((host.strip("[]"), port), _Handler)
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
                     raise ValueError(f"port: {host}:{port} is in use (another pool or program listens there); "
@@ -286,7 +344,7 @@ class PoolServer:
                 raise ValueError(f"host: cannot listen on {host}:{port}: {e.strerror}") from None
             tcp.dra_token = token
             self._servers.append(tcp)
-            self.tcp_url = f"http://{host}:{tcp.server_address[1]}"
+            self.tcp_url = f"http://{'[' + host.strip('[]') + ']' if ':' in host else host}:{tcp.server_address[1]}"
         try:
             unix = _bind_unix(self.socket_path)
         except Exception:
@@ -297,6 +355,7 @@ class PoolServer:
         self._servers.insert(0, unix)
         for srv in self._servers:
             srv.per_peer = max_connections_per_peer
+            srv.request_s = float(request_s)
         self.service: PoolService | None = None
         self._threads: list[threading.Thread] = []
         if service is not None:

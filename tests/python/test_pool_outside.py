@@ -1,0 +1,243 @@
+"""The pool against an outside attacker and a careless user who never saw the code (a review that
+found each of these): every test runs a real pool with real launchers and processes, no mocks.
+The attacks of the user ``nobody`` through the API are tests/python/test_pool_security.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dra._core import pool as P
+from dra.pool.server import PoolClient, PoolServer
+from dra.pool.service import PoolService
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher runs as root only in a pool run by root")
+
+
+def declared(n: int) -> list:
+    return [P.Device(id=f"d{i}", type="cpu-slot", memory_gb=2.0) for i in range(n)]
+
+
+def _events(state: Path) -> list[dict]:
+    return [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+
+
+@as_root
+def test_a_root_job_in_a_directory_others_write_runs_none_of_their_modules(tmp_path: Path) -> None:
+    """A root job started from a directory anyone may write to (/tmp, say): its launcher ran
+    ``python -m dra run`` there and the fork server ``python -m dra.pool._zygote``, and ``-m`` puts
+    the working directory first on sys.path, so an ``argparse/`` or ``torch/`` planted there by
+    another user ran as root. The pool's own processes now start without it (``-P``); a worker run
+    with ``-m`` still finds the job's modules there, as ``python -m`` does."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    marker = tmp_path / "pwned"
+    for module in ("argparse", "torch", "numpy"):
+        (shared / module).mkdir()
+        (shared / module / "__init__.py").write_text(
+            f"open({str(marker)!r}, 'a').write(__name__ + ' as uid %d\\n' % __import__('os').getuid())\n"
+            "raise SystemExit('planted module ran')\n")
+    (shared / "jobmod.py").write_text("print('jobmod ran')\n")
+    script = tmp_path / "job.py"
+    script.write_text("import argparse\nprint('script ran; argparse from', argparse.__file__)\n")
+    state = tmp_path / "state"
+    svc = PoolService(declared(2), state, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    logs = tmp_path / "logs"
+    try:
+        client.submit({"name": "plain", "cwd": str(shared), "log": str(logs), "command": ["true"]})
+        client.submit({"name": "script", "cwd": str(shared), "log": str(logs), "command": [sys.executable, str(script)]})
+        client.submit({"name": "module", "cwd": str(shared), "log": str(logs), "preload": ["json"],
+                       "command": [sys.executable, "-m", "jobmod"]})
+        states = client.wait(["plain", "script", "module"], timeout_s=120)
+    finally:
+        server.close()
+    launcher_logs = {n: (state / "logs" / f"{n}.launcher.log").read_text(errors="replace") for n in states}
+    assert not marker.exists(), (marker.read_text(), launcher_logs)
+    assert states == {"plain": "finished", "script": "finished", "module": "finished"}, (states, launcher_logs)
+    out = "".join(p.read_text(errors="replace") for p in logs.glob("*.log"))
+    assert "script ran; argparse from" in out and "jobmod ran" in out, out  # -m finds the job's module in its cwd
+    assert str(shared / "argparse") not in out, out
+
+
+def _trickle(connect, head: bytes, every_s: float, limit_s: float) -> float | None:
+    """Sends ``head`` then one byte every ``every_s`` (never a whole request); the seconds after
+    which the daemon closed the connection, None if it was still open after ``limit_s``."""
+
+    s = connect()
+    t0 = time.monotonic()
+    try:
+        s.sendall(head)
+        s.settimeout(every_s)
+        while time.monotonic() - t0 < limit_s:
+            try:
+                if s.recv(4096) == b"":
+                    return time.monotonic() - t0
+            except TimeoutError:
+                pass
+            try:
+                s.sendall(b"a")
+            except OSError:
+                return time.monotonic() - t0
+        return None
+    finally:
+        s.close()
+
+
+def test_a_request_that_trickles_in_is_cut_off_at_its_deadline_and_not_acted_on(tmp_path: Path) -> None:
+    """Slowloris: a connection that sends a byte every few seconds never stalls, so the handler's
+    60 s timeout never dropped it, and 64 of them (TCP has one share for every caller, before the
+    token) shut the operator out of TCP for as long as the attacker liked. A request must now
+    arrive whole within ``request_s`` (60 s) of its connection; one that does not is closed, and
+    what arrived of it is not acted on (a drain whose body was cut off drains nothing)."""
+    svc = PoolService(declared(1), tmp_path / "state", scale_every_s=1000.0)
+    token = "t" * 32
+    server = PoolServer(svc, port=0, token=token, request_s=1.5, max_connections_per_peer=2).start()
+    port = int(server.tcp_url.rsplit(":", 1)[1])
+    try:
+        def tcp() -> socket.socket:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+        def unix() -> socket.socket:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(server.socket_path))
+            return s
+
+        cut = _trickle(tcp, b"GET /status HTTP/1.0\r\nX-Slow: ", 0.2, 10.0)
+        assert cut is not None and cut < 6.0, cut
+        cut = _trickle(unix, b"GET /status HTTP/1.0\r\nX-Slow: ", 0.2, 10.0)
+        assert cut is not None and cut < 6.0, cut
+        # The body of an operator's drain, a byte at a time: cut off, and the pool not drained.
+        cut = _trickle(unix, b"POST /drain HTTP/1.0\r\nContent-Length: 60000\r\n\r\n{\"undo\": false", 0.2, 10.0)
+        assert cut is not None and cut < 6.0, cut
+        client = PoolClient(server.tcp_url, token=token)
+        assert client.status()["draining"] is False
+        assert PoolClient(server.url).status()["draining"] is False
+    finally:
+        server.close()
+    events = _events(tmp_path / "state") if (tmp_path / "state" / "events.jsonl").exists() else []
+    assert not [e for e in events if e["event"] in ("error", "drain")], events
+
+
+def test_text_that_is_not_text_and_a_job_too_big_to_exec_are_refused_at_submission(tmp_path: Path) -> None:
+    """JSON's "\\ud800" (a lone surrogate) is read as a Python string that has no UTF-8 form: in a
+    command, a variable or a log path the job failed later with a launcher's one-line error, in a
+    cwd the refusal named no field, in a device type the daemon answered 500 (the C++ binding
+    refused it), and in a job class every scheduling tick logged an internal error. A variable or
+    argument of more than 128 KiB (the kernel's MAX_ARG_STRLEN), or more than ARG_MAX of them, made
+    the launcher die with a traceback ("Argument list too long") when it started the worker. Each
+    is now a 400 naming the field, and nothing is kept or allocated."""
+    svc = PoolService(declared(1), tmp_path / "state", scale_every_s=1000.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    base = {"name": "j", "cwd": str(tmp_path), "command": ["true"]}
+    cases = {
+        "command[1]": {"command": ["echo", "\ud800"]},
+        "env.A": {"env": {"A": "x\udc80"}},
+        "cwd": {"cwd": "/tmp/\ud800"},
+        "log": {"log": str(tmp_path / "\ud800")},
+        "device_type": {"device_type": "\ud800"},
+        "job_class": {"job_class": "\ud800"},
+    }
+    try:
+        for field, extra in cases.items():
+            with pytest.raises(ValueError, match="^" + re.escape(field) + r": contains a lone surrogate \('\\ud[8c][0-9a-f]{2}'\) at character \d+"):
+                client.submit({**base, **extra})
+        with pytest.raises(ValueError, match=r"^env\.BIG: 200005 bytes; the kernel starts a program with at most 131071 "
+                                             r"bytes in one argument or variable \(MAX_ARG_STRLEN\); pass large data in a file"):
+            client.submit({**base, "env": {"BIG": "x" * 200000}})
+        with pytest.raises(ValueError, match=r"^command\[1\]: 131073 bytes"):
+            client.submit({**base, "command": ["echo", "y" * 131072]})
+        with pytest.raises(ValueError, match=r"^env: the command and variables take \d+ bytes; the kernel starts a "
+                                             r"program with at most \d+ \(ARG_MAX\)"):
+            client.submit({**base, "env": {f"V{i}": "y" * 100000 for i in range(40)}})
+        with pytest.raises(ValueError, match=r"^options: \d+ bytes"):
+            client.submit({**base, "options": {"events_path": "/tmp/" + "e" * 140000}})
+        assert client.status()["jobs"] == [] and not svc.book.all()  # nothing kept, nothing allocated
+        client.submit({**base, "env": {"OK": "z" * 100000}})  # large but within the limits: it runs
+        assert client.wait(["j"], timeout_s=120) == {"j": "finished"}
+    finally:
+        server.close()
+    assert not [e for e in _events(tmp_path / "state") if e["event"] == "error"]
+
+
+def test_a_command_that_is_a_directory_or_not_executable_says_so(tmp_path: Path) -> None:
+    """A careless user's command: a directory, or a script without execute permission. The job
+    failed with "exit code 127 (command not found)" and "[Errno 13] Permission denied": the program
+    was found, and the directory was not named as such. Now 126 (found, cannot run, as a shell
+    says) with the reason and the fix."""
+    svc = PoolService(declared(2), tmp_path / "state", heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    try:
+        client.submit({"name": "dir", "cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": [str(tmp_path)]})
+        client.submit({"name": "noexec", "cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": [str(script)]})
+        assert client.wait(["dir", "noexec"], timeout_s=120) == {"dir": "failed", "noexec": "failed"}
+        why = {j["name"]: j.get("reason", "") for j in client.status()["jobs"]}
+    finally:
+        server.close()
+    assert "exit code 126 (command found but not executable)" in why["dir"], why
+    assert f"{tmp_path} is a directory, not a program" in why["dir"], why
+    assert f"{script} is not executable" in why["noexec"] and "chmod +x" in why["noexec"], why  # root too: no x bit
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+def test_tcp_on_the_ipv6_loopback_serves_with_the_token(tmp_path: Path) -> None:
+    """``--host ::1`` is one of the loopback names the pool accepts without --allow-remote, yet it
+    failed to start: "host: cannot listen on ::1:0: Address family for hostname not supported"
+    (the TCP server was IPv4 only)."""
+    svc = PoolService(declared(1), tmp_path / "state", scale_every_s=1000.0)
+    token = "t" * 32
+    server = PoolServer(svc, host="::1", port=0, token=token).start()
+    try:
+        assert server.tcp_url is not None and server.tcp_url.startswith("http://[::1]:"), server.tcp_url
+        assert PoolClient(server.tcp_url, token=token).status()["pool"] == svc.name
+        with pytest.raises(PermissionError, match="^token: missing or wrong"):
+            PoolClient(server.tcp_url, token="w" * 32).status()
+    finally:
+        server.close()
+
+
+def test_a_client_that_hangs_up_before_its_answer_prints_no_traceback(tmp_path: Path,
+                                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """A caller that sends its request and resets the connection before reading the answer (a
+    killed client, a port scanner): the daemon's write of the answer failed and socketserver
+    printed a 30-line traceback to the daemon's output, once per such caller."""
+    import struct
+
+    svc = PoolService(declared(1), tmp_path / "state", scale_every_s=1000.0)
+    server = PoolServer(svc, port=0, token="t" * 32).start()
+    port = int(server.tcp_url.rsplit(":", 1)[1])
+    try:
+        for _ in range(30):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+            s.sendall(b"GET /status HTTP/1.0\r\n\r\n")
+            s.close()
+        time.sleep(0.5)
+        assert PoolClient(server.tcp_url, token="t" * 32).status()["pool"] == svc.name  # still serving
+    finally:
+        server.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err[-2000:]
