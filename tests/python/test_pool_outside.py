@@ -241,3 +241,28 @@ def test_a_client_that_hangs_up_before_its_answer_prints_no_traceback(tmp_path: 
         server.close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err[-2000:]
+
+
+def test_methods_the_api_does_not_use_get_a_json_405(tmp_path: Path) -> None:
+    """PUT, DELETE and PATCH got Python's HTML 501 page; now a JSON 405 naming the methods the API
+    takes, after the token check like every other request (no token: 401)."""
+    import urllib.error
+    import urllib.request
+
+    svc = PoolService(declared(1), tmp_path / "state", scale_every_s=1000.0)
+    token = "t" * 32
+    server = PoolServer(svc, port=0, token=token).start()
+    try:
+        for method in ("PUT", "DELETE", "PATCH"):
+            for auth, code in ((f"Bearer {token}", 405), (None, 401)):
+                req = urllib.request.Request(f"{server.tcp_url}/jobs/x", data=b"{}", method=method)
+                if auth:
+                    req.add_header("Authorization", auth)
+                with pytest.raises(urllib.error.HTTPError) as err:
+                    urllib.request.urlopen(req, timeout=10)
+                assert err.value.code == code, (method, auth, err.value.code)
+                body = json.loads(err.value.read())
+                if code == 405:
+                    assert body["error"].startswith(f"method: the pool's API takes GET and POST, not {method}")
+    finally:
+        server.close()

@@ -147,6 +147,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, s.set_report(parts[1], self._body(), caller))
             if method == "POST" and len(parts) == 3 and parts[0] == "jobs" and parts[2] == "sync":
                 return self._send(200, s.sync_request(parts[1], self._body(), caller))
+            if method not in ("GET", "POST"):
+                return self._send(405, {"error": f"method: the pool's API takes GET and POST, not {method}; "
+                                                 "see docs/guide/pool.md for its routes"})
             return self._send(404, {"error": f"path: no route {method} {self.path}"})
         except _ClientGone:
             self.close_connection = True
@@ -170,6 +173,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self._route("POST")
+
+    # Other methods get a JSON answer too (the base class answered them with an HTML 501 page).
+    def do_PUT(self) -> None:  # noqa: N802
+        self._route("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._route("DELETE")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._route("PATCH")
 
 
 class _BoundedThreads(socketserver.ThreadingMixIn):
