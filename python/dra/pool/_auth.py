@@ -172,8 +172,9 @@ def load_token(path: str | Path, create: bool = False) -> str:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ValueError(f"token file: {path} does not exist; give the pool's token file (--token-file) or "
-                         "set DRA_POOL_TOKEN") from None
+        raise ValueError(f"token file: {path} does not exist; give the path of an existing token file (`dra pool "
+                         "serve` without --token-file writes one, mode 0600, in its state directory; a client may "
+                         "set DRA_POOL_TOKEN instead)") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"token file: {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
                          f"run chmod 600 {path}")
