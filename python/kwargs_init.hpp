@@ -28,7 +28,21 @@ void def_kwargs_init(Class& cls) {
                 }
                 throw py::value_error("unknown option '" + key + "'; valid options: " + valid);
               }
-              py::setattr(self, key.c_str(), item.second);
+              try {
+                py::setattr(self, key.c_str(), item.second);
+              } catch (py::error_already_set& e) {
+                if (!e.matches(PyExc_TypeError)) throw;
+                // pybind11's own message lists the setter's signature: name the field, the value
+                // and the type it takes instead.
+                const auto want = py::type::of(py::getattr(self, key.c_str())).attr("__name__").cast<std::string>();
+                const auto given = py::repr(item.second).cast<std::string>();
+                const auto given_type = py::type::of(item.second).attr("__name__").cast<std::string>();
+                if (want == given_type)  // an integer beyond the field's C++ type (a negative seed, 2**70)
+                  throw py::value_error(key + ": " + given.substr(0, 80) + " is out of range for this field; give a " +
+                                        "smaller or non-negative integer");
+                throw py::value_error(key + ": " + given.substr(0, 80) + " (" + given_type + ") is not of type " +
+                                      want + "; give a value of that type");
+              }
             }
             if constexpr (Validate) config->validate();
             return config;

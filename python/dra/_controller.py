@@ -57,6 +57,10 @@ class Controller(_core.Controller):
         if config is not None:
             if not isinstance(config, _core.EngineConfig):
                 raise ValueError(f"config: expected a dra.EngineConfig, got {type(config).__name__}")
+            if config.declared_steps != 0:
+                raise ValueError(f"declared_steps: {config.declared_steps}: dra.Controller takes no declared budget (it "
+                                 "would be ignored); leave EngineConfig.declared_steps at 0 here, or drive a "
+                                 "dra.ResizeEngine(config) yourself")
             engine_keys = set(_engine_options(config)) | {"min_size", "max_size"}
             if engine_keys & set(options):
                 raise ValueError("pass either an EngineConfig or keyword options for the engine, not both")
@@ -452,9 +456,12 @@ def _as_float(value: Any, what: str = "the loss") -> float:
     """A value dra.step takes (the loss, a signal): a real number or a 0-d tensor; anything else
     raises ValueError naming dra.step and the value (the same rule alone and in an elastic job)."""
     if isinstance(value, float):
-        return value
+        return float(value)  # a numpy float64 (a float subclass) as a plain float
     if isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if getattr(value, "is_meta", False) is True:
+        raise ValueError(f"dra.step: {what} is a tensor on the meta device, which holds no value; compute it on a real "
+                         "device (cpu or cuda) and pass that tensor, or its float")
     item = getattr(value, "item", None)
     shape = getattr(value, "shape", None)
     if item is None or shape is None or isinstance(value, (str, bytes)):
@@ -507,9 +514,13 @@ def reset(controller: Controller | None = None) -> Controller:
     return _default
 
 
-def _step_slow(loss: Any, **signals: Any) -> StepStatus:
+def _step_slow(*args: Any, **signals: Any) -> StepStatus:
     """dra.step for everything the C++ fast path does not take (elastic worlds, keywords, device
     tensors, values to check, a subclass's own step())."""
+    if len(args) != 1:
+        raise TypeError(f"dra.step: takes the loss as its one positional argument, got {len(args)}; pass the "
+                        "optional signals by keyword (dra.step(loss, validation=..., step_time_s=...))")
+    loss = args[0]
     controller = _default if _default is not None else default_controller()
     if type(controller).step is not Controller.step:
         return controller.step(loss, **signals)
@@ -541,6 +552,26 @@ def _real_loss_tensor(value: Any) -> Any:
         raise ValueError(f"dra.step: the loss holds {value.dtype}, expected a real number (floating point or integer)")
     return value.to(torch.float64)
 
+
+def _refuse_copy(what: str, fix: str) -> Any:
+    def refuse(self: Any, *_: Any) -> Any:
+        raise TypeError(f"{type(self).__name__}: {what}; {fix}")
+
+    return refuse
+
+
+for _cls, _what, _fix in (
+    (_core.StepStatus, "the controller's live status (the same object every step, changed by the next "
+     "dra.step) cannot be pickled or copied", "keep status.to_dict(), a plain dict"),
+    (_core.ConvergenceSignals, "a view into the estimator (changed by the next step) cannot be pickled or copied",
+     "keep signals.to_dict(), a plain dict"),
+    (_core.Decision, "a decision cannot be pickled or copied", "keep decision.to_dict(), a plain dict"),
+    (_core.Controller, "a controller holds a live engine (and, in a job, its world's connections): it cannot be "
+     "pickled or copied", "make another one with dra.Controller(**options) where it is needed"),
+):
+    for _name in ("__reduce_ex__", "__copy__", "__deepcopy__"):
+        setattr(_cls, _name, _refuse_copy(_what, _fix))
+del _cls, _what, _fix, _name
 
 # dra.step: a C function. `dra.step(<float or 0-d tensor>)` on a controller without a world steps
 # the C++ controller directly (no Python frame; a CUDA loss is not read); every other call runs

@@ -93,24 +93,30 @@ def trace_lengths(trace: str | os.PathLike[str], column: str = "GeneratedTokens"
 
 def _configure(cls: Any, values: dict[str, Any] | None) -> Any:
     """``cls(**values)``, with a value of the wrong type named (pybind's own message lists
-    signatures), e.g. ``--cost switch_optimizer_s=abc``."""
-    try:
-        return cls(**(values or {}))
-    except TypeError:
-        obj = cls()
-        for key, value in (values or {}).items():
-            if not hasattr(obj, key):
-                raise ValueError(f"{key}: not a field of {cls.__name__}; use one of "
-                                 f"{', '.join(k for k in dir(obj) if not k.startswith('_'))}") from None
-            try:
-                setattr(obj, key, value)
-            except TypeError:
-                want = type(getattr(obj, key)).__name__
-                if want == "float" and isinstance(value, str) and value.strip().lower().lstrip("+-") in (
-                        "nan", "inf", "infinity"):
-                    raise ValueError(f"{key}: {value!r} is not a finite number; give a finite value") from None
-                raise ValueError(f"{key}: {value!r} is not of type {want}; give a value of that type") from None
-        raise
+    signatures), e.g. ``--cost switch_optimizer_s=abc``: each value is tried on a scratch object
+    first, then the object is built (and validated) from all of them."""
+    scratch = cls()
+    for key, value in (values or {}).items():
+        if key.startswith("_") or not hasattr(scratch, key) or callable(getattr(scratch, key)):
+            break  # cls(**values) names the unknown option and the valid ones
+        try:
+            setattr(scratch, key, value)
+        except TypeError:
+            want = type(getattr(scratch, key)).__name__
+            if want == "float" and isinstance(value, str) and value.strip().lower().lstrip("+-") in (
+                    "nan", "inf", "infinity"):
+                raise ValueError(f"{key}: {value!r} is not a finite number; give a finite value") from None
+            if want == "int" and isinstance(value, int) and not isinstance(value, bool):
+                raise ValueError(f"{key}: {value!r} is out of range for this field; give a smaller or non-negative "
+                                 "integer") from None
+            raise ValueError(f"{key}: {value!r} is not of type {want}; give a value of that type") from None
+    return cls(**(values or {}))
+
+
+def _check_int(name: str, value: Any) -> None:
+    """An integer argument checked here (pybind's own message for another type lists signatures)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})")
 
 
 def simulate(
@@ -136,6 +142,8 @@ def simulate(
     ``constant_length``. ``workload``/``costs``/``policy`` set fields of ``RlWorkload``,
     ``RlCostModel`` and ``StageBalanceConfig`` (unknown names raise ValueError). Returns the runs
     and a ``summary`` with the ratios."""
+    for name, value in (("devices", devices), ("initial_rollout", initial_rollout)):
+        _check_int(name, value)
     preset: dict[str, Any] = {}
     if scenario is not None:
         if scenario not in SCENARIOS:
@@ -358,6 +366,8 @@ def simulate_pipeline(
         raise ValueError(
             f"lookahead_samples: must be an integer >= 0 (0: no look-ahead references), got {lookahead_samples!r}"
         )
+    for name, value in (("devices", devices), ("initial_rollout", initial_rollout), ("oracle_lookahead", oracle_lookahead)):
+        _check_int(name, value)
     preset: dict[str, Any] = {}
     if scenario is not None:
         if scenario not in PIPELINE_SCENARIOS:

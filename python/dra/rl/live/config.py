@@ -6,7 +6,9 @@ warm-up, the stage-balance policy's options for dynamic runs. docs/guide/rl.md (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import dra.rl as rl
@@ -42,6 +44,35 @@ class LiveConfig:
     handoff: str = "deferred"
 
     def validate(self) -> None:
+        # Types and ranges first, each named with its value, before any slot, process or model is made.
+        for name in ("slots", "steps", "prompts_per_step", "group_size", "rollout_slots", "updates_per_step",
+                     "pretrain_steps", "pretrain_batch", "seed", "pretrain_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})")
+        for name, low in (("rollout_slots", 1), ("pretrain_steps", 0), ("pretrain_batch", 1), ("seed", 0),
+                          ("pretrain_seed", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name}: must be >= {low}, got {getattr(self, name)}")
+        for name in ("cpus_per_slot", "lr", "clip", "max_grad_norm", "length_scale", "pretrain_lr", "timeout_s", "drift"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+        if not isinstance(self.use_cgroups, bool):
+            raise ValueError(f"use_cgroups: expected True or False, got {self.use_cgroups!r}")
+        if not isinstance(self.model, ModelConfig):
+            raise ValueError(f"model: expected a dra.rl.live.model.ModelConfig, got {self.model!r:.80}; "
+                             "e.g. model=ModelConfig(**{'d_model': 64})")
+        if not isinstance(self.policy, dict):
+            raise ValueError(f"policy: expected a dict of StageBalanceConfig options, got {self.policy!r:.80}")
+        unknown = sorted(k for k in self.policy if k != "planner" and
+                         (not isinstance(k, str) or k.startswith("_") or not hasattr(rl.StageBalanceConfig(), k)))
+        if unknown:
+            valid = ", ".join(k for k in dir(rl.StageBalanceConfig()) if not k.startswith("_") and k != "validate")
+            raise ValueError(f"policy: unknown option {unknown[0]!r}; valid options: {valid}")
+        if self.trace != "reasoning" and str(self.trace) not in rl.TRACES and not Path(str(self.trace)).is_file():
+            raise ValueError(f"trace: {self.trace!r} is neither a shipped trace ({', '.join(rl.TRACES)}), 'reasoning' nor "
+                             "a CSV file")
         if self.slots < 2:
             raise ValueError(f"slots: must be >= 2 (one per role), got {self.slots}")
         if self.steps < 1:
