@@ -881,13 +881,22 @@ def test_a_caller_who_floods_the_socket_ties_up_only_its_own_share(tmp_path: Pat
         # A stalled connection is dropped after the handler's timeout (shortened here).
         old, S._Handler.timeout = S._Handler.timeout, 0.5
         try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(str(server.socket_path))
-                s.sendall(b"POST /drain HTTP/1.1\r\nContent-Length: 10\r\n\r\n{")  # 9 bytes short
-                s.settimeout(10)
-                t = time.monotonic()
-                assert s.recv(100) == b""  # closed, nothing answered
+            deadline = time.monotonic() + 20
+            while True:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(server.socket_path))
+                    s.sendall(b"POST /drain HTTP/1.1\r\nContent-Length: 10\r\n\r\n{")  # 9 bytes short
+                    s.settimeout(10)
+                    t = time.monotonic()
+                    answer = s.recv(100)
+                # 503: the threads of the connections closed above have not all ended yet (a loaded
+                # host); the documented transient answer, tried again as the client does.
+                if answer.startswith(b"HTTP/1.0 503") and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                assert answer == b""  # closed, nothing answered
                 assert time.monotonic() - t < 5
+                break
         finally:
             S._Handler.timeout = old
     finally:
