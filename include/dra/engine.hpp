@@ -60,8 +60,12 @@ struct engine_config : policy::policy_sections {
                                  "must be >= 0 (0: no budget), got " + std::to_string(declared_steps));
     if (decide_every < 1)
       dra::detail::throw_invalid("decide_every", "must be >= 1, got " + std::to_string(decide_every));
-    if (!(costs.resize_cost_s >= 0.0)) dra::detail::throw_invalid("resize_cost_s", "must be >= 0");
-    if (!(costs.horizon_steps > 0.0)) dra::detail::throw_invalid("horizon_steps", "must be > 0");
+    if (!(costs.resize_cost_s >= 0.0) || !std::isfinite(costs.resize_cost_s))
+      dra::detail::throw_invalid("resize_cost_s",
+                                 "must be a finite number >= 0 (seconds), got " + std::to_string(costs.resize_cost_s));
+    if (!(costs.horizon_steps > 0.0) || !std::isfinite(costs.horizon_steps))
+      dra::detail::throw_invalid("horizon_steps",
+                                 "must be a finite number > 0 (steps), got " + std::to_string(costs.horizon_steps));
   }
 };
 
@@ -100,8 +104,9 @@ class resize_engine {
   /// Step index of the latest step() call (accepted or not), -1 before the first.
   std::int64_t last_step() const noexcept { return last_step_; }
 
-  /// One training step's loss. Decides every `decide_every` steps. Never throws: a non-finite
-  /// loss is counted in the signals and the step still advances.
+  /// One training step's loss. Decides every `decide_every` steps. Never throws on the loss: a
+  /// non-finite one is counted in the signals and the step still advances. (A world() set to fewer
+  /// than one rank throws std::invalid_argument naming world.size at the decision.)
   const engine_status& step(std::int64_t step, double loss) {
     observe(step, loss);
     if (++steps_since_decision_ >= config_.decide_every) {
@@ -177,7 +182,7 @@ class resize_engine {
     }
     signals::work_observation o;
     o.declared = config_.declared_steps > 0 ? static_cast<double>(config_.declared_steps) : std::nan("");
-    o.done = static_cast<double>(std::max<std::int64_t>(world_.step + 1, 0));
+    o.done = std::max(static_cast<double>(world_.step) + 1.0, 0.0);
     o.curve = curve_;
     remaining_estimate_ = remaining_.estimate(o);
     if (remaining_estimate_.sources & 1) world_.remaining_steps = std::llround(remaining_estimate_.median);

@@ -92,7 +92,7 @@ struct reader {
     return s;
   }
   std::vector<float> get_floats() {
-    const auto n = get<std::uint64_t>();
+    const auto n = count(sizeof(float));
     need(n * sizeof(float));
     std::vector<float> v(n);
     std::memcpy(v.data(), in.data() + pos, n * sizeof(float));
@@ -101,14 +101,22 @@ struct reader {
   }
   std::vector<std::uint8_t> get_bits() {
     const auto n = get<std::uint64_t>();
+    if (n / 8 > in.size() - pos) need(in.size() - pos + 1);  // (n + 7) / 8 without overflow
     need((n + 7) / 8);
     std::vector<std::uint8_t> v(n);
     for (std::size_t i = 0; i < n; ++i) v[i] = (in[pos + i / 8] >> (i % 8)) & 1u;
     pos += (n + 7) / 8;
     return v;
   }
+  /// A length field of entries of at least `bytes_each` bytes each, refused (as truncated) when the
+  /// bytes left cannot hold that many: a corrupt length must not become a huge allocation.
+  std::uint64_t count(std::size_t bytes_each) {
+    const auto n = get<std::uint64_t>();
+    if (n > (in.size() - pos) / bytes_each) need(in.size() - pos + 1);
+    return n;
+  }
   void need(std::size_t n) const {
-    if (pos + n > in.size())
+    if (n > in.size() - pos)
       dra::detail::throw_invalid("state", "codec state truncated; pass the bytes save_state() returned");
   }
 };
@@ -220,7 +228,7 @@ class gradient_codec {
       dra::detail::throw_invalid(
           "state", "state of codec '" + n + "' cannot load into '" + name() + "'; build the same codec first");
     const auto steps = r.get<std::int64_t>();
-    std::vector<std::vector<float>> error(r.get<std::uint64_t>());
+    std::vector<std::vector<float>> error(r.count(sizeof(std::uint64_t)));
     for (auto& e : error) e = r.get_floats();
     auto extra = load_extra(r);  // validates before anything changes
     steps_ = steps;
@@ -260,8 +268,27 @@ class gradient_codec {
     return error_[i];
   }
   static void check_world(const collective& world) {
-    if (world.world_size() < 1) dra::detail::throw_invalid("world", "world_size must be >= 1");
+    if (world.world_size() < 1)
+      dra::detail::throw_invalid("world", "world_size must be >= 1, got " + std::to_string(world.world_size()));
   }
+  /// What every reduce() checks before it touches anything: the world, and tensors whose shape has
+  /// no negative dimension and whose data is set when they hold elements.
+  static void check_inputs(const std::vector<tensor_ref>& grads, const collective& world) {
+    check_world(world);
+    for (std::size_t t = 0; t < grads.size(); ++t) {
+      for (const auto d : grads[t].shape)
+        if (d < 0)
+          dra::detail::throw_invalid("grads", "tensor " + std::to_string(t) + " has a negative dimension (" +
+                                                  std::to_string(d) + ") in its shape; pass the tensor's sizes");
+      if (grads[t].data == nullptr && grads[t].size() > 0)
+        dra::detail::throw_invalid("grads", "tensor " + std::to_string(t) + " has " + std::to_string(grads[t].size()) +
+                                                " elements and no data; point tensor_ref::data at them");
+    }
+  }
+  /// What a residual may carry to later steps: a non-finite value (a NaN or inf gradient, or an
+  /// fp16 overflow) goes out in the step that produced it, as fp32 would send it, and is not
+  /// carried: once in the residual it would make every later step of that entry non-finite.
+  static float carried(float residual) noexcept { return std::isfinite(residual) ? residual : 0.0f; }
   /// Appends the values riding along (reduce_with) to the buffer of the codec's first all-reduce;
   /// returns where they start (exact_ then waits for ride_back).
   std::size_t ride_along(std::vector<float>& buf) const {

@@ -15,7 +15,7 @@ class fp32_codec final : public gradient_codec {
  public:
   std::string name() const override { return "fp32"; }
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
-    check_world(world);
+    check_inputs(grads, world);
     std::vector<float> buf;
     for (const auto& g : grads) buf.insert(buf.end(), g.data, g.data + g.size());
     bytes_.sent += 4 * buf.size();
@@ -40,7 +40,7 @@ class half_codec final : public gradient_codec {
   explicit half_codec(format f) : format_(f) {}
   std::string name() const override { return format_ == format::fp16 ? "fp16" : "bf16"; }
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
-    check_world(world);
+    check_inputs(grads, world);
     std::vector<float> buf;
     for (std::size_t t = 0; t < grads.size(); ++t) {
       const auto& g = grads[t];
@@ -49,7 +49,7 @@ class half_codec final : public gradient_codec {
       for (std::size_t i = 0; i < n; ++i) {
         const float want = g.data[i] + err[i];
         const float sent = round(want);
-        err[i] = want - sent;
+        err[i] = carried(want - sent);
         buf.push_back(sent);
       }
       bytes_.sent += 2 * n;
@@ -92,7 +92,7 @@ class masked_codec final : public gradient_codec {
   const std::vector<std::vector<std::uint8_t>>& masks() const noexcept { return masks_; }
 
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
-    check_world(world);
+    check_inputs(grads, world);
     if (keep_ == 0.0 && masks_.size() != grads.size())
       dra::detail::throw_invalid("masks", std::to_string(masks_.size()) + " masks for " + std::to_string(grads.size()) +
                                               " tensors; call set_masks with one mask per tensor first");
@@ -116,7 +116,7 @@ class masked_codec final : public gradient_codec {
           packed.push_back(v);
           if (err) (*err)[i] = 0.0f;
         } else if (err) {
-          (*err)[i] = v;
+          (*err)[i] = carried(v);
         }
       }
       bytes_.dense += 4 * n;
@@ -140,8 +140,12 @@ class masked_codec final : public gradient_codec {
     std::vector<std::vector<std::uint8_t>> out;
     for (const auto& g : grads) {
       const std::size_t n = g.size();
+      if (n == 0) {  // nothing to keep (a zero dimension)
+        out.emplace_back();
+        continue;
+      }
       const std::size_t k =
-          std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(keep_ * static_cast<double>(n))));
+          std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(keep_ * static_cast<double>(n))), 1, n);
       std::vector<std::uint32_t> idx(n);
       std::iota(idx.begin(), idx.end(), 0u);
       for (std::size_t i = 0; i < k; ++i) {  // partial Fisher-Yates: the same k indices on every rank
@@ -169,21 +173,24 @@ class topk_codec final : public gradient_codec {
       dra::detail::throw_invalid("fraction", "must lie in (0, 1], got " + std::to_string(fraction));
   }
   std::string name() const override { return "topk"; }
+  static float magnitude(float v) noexcept { return std::isnan(v) ? INFINITY : std::fabs(v); }
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
-    check_world(world);
+    check_inputs(grads, world);
     const int w = world.world_size();
     for (std::size_t t = 0; t < grads.size(); ++t) {
       auto& g = grads[t];
       const std::size_t n = g.size();
       auto& err = error_for(t, n);
+      if (n == 0) continue;  // nothing to send (a zero dimension); every rank has the same shapes
       for (std::size_t i = 0; i < n; ++i) err[i] += g.data[i];
       const std::size_t k =
-          std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(fraction_ * static_cast<double>(n))));
+          std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(fraction_ * static_cast<double>(n))), 1, n);
       std::vector<std::uint32_t> idx(n);
       std::iota(idx.begin(), idx.end(), 0u);
       std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k - 1), idx.end(),
                        [&](std::uint32_t a, std::uint32_t b) {
-                         const float fa = std::fabs(err[a]), fb = std::fabs(err[b]);
+                         // A NaN ranks as the largest (a strict weak order; it is sent now).
+                         const float fa = magnitude(err[a]), fb = magnitude(err[b]);
                          return fa > fb || (fa == fb && a < b);
                        });
       struct pair {
@@ -195,6 +202,7 @@ class topk_codec final : public gradient_codec {
         mine[i] = {idx[i], err[idx[i]]};
         err[idx[i]] = 0.0f;
       }
+      for (std::size_t i = 0; i < n; ++i) err[i] = carried(err[i]);
       std::vector<pair> all(k * static_cast<std::size_t>(w));
       world.allgather(mine.data(), k * sizeof(pair), all.data());
       std::fill(g.data, g.data + n, 0.0f);
@@ -211,37 +219,59 @@ class topk_codec final : public gradient_codec {
   double fraction_;
 };
 
-/// Builds a codec from a spec string: "fp32", "fp16", "bf16", "powersgd:4", "topk:0.01",
-/// "random:0.1" (random-k from a shared seed), "masked" or "masked:<max sparsity>" (sparse
-/// training's sync, rigl.hpp, configured by `sparsity`; the number overrides its max_sparsity).
+/// Builds a codec from a spec string: "fp32", "fp16", "bf16", "powersgd:4" (a whole rank >= 1; 4
+/// when omitted), "topk:0.01" (a fraction in (0, 1]; 0.01 when omitted), "random:0.1" (random-k from
+/// a shared seed; a keep fraction in (0, 1], 0.1 when omitted), "masked" or "masked:<max sparsity>"
+/// (sparse training's sync, rigl.hpp, configured by `sparsity`; the number overrides its
+/// max_sparsity). Anything else, an argument to a codec that takes none, an empty or non-finite
+/// number, or a fractional rank throws std::invalid_argument naming the spec and the fix.
 inline std::unique_ptr<gradient_codec> make_codec(const std::string& spec, std::uint64_t seed = 0,
                                                   rigl_config sparsity = {}) {
   const auto colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
   const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  auto bad = [&](const std::string& problem) { dra::detail::throw_invalid("codec", "'" + spec + "': " + problem); };
   auto number = [&](double fallback) {
-    if (arg.empty()) return fallback;
+    if (colon == std::string::npos) return fallback;
+    if (arg.empty()) bad("no number after ':'; write '" + kind + "' for the default or '" + kind + ":<number>'");
+    double v = 0.0;
     try {
       std::size_t used = 0;
-      const double v = std::stod(arg, &used);
+      v = std::stod(arg, &used);
       if (used != arg.size()) throw std::invalid_argument(arg);
-      return v;
     } catch (const std::exception&) {
-      dra::detail::throw_invalid("codec", "'" + spec + "': '" + arg + "' is not a number");
+      bad("'" + arg + "' is not a number");
     }
+    if (!std::isfinite(v)) bad("'" + arg + "' is not a finite number");
+    return v;
   };
-  if (kind == "fp32") return std::make_unique<fp32_codec>();
-  if (kind == "fp16") return std::make_unique<half_codec>(half_codec::format::fp16);
-  if (kind == "bf16") return std::make_unique<half_codec>(half_codec::format::bf16);
-  if (kind == "powersgd") return std::make_unique<powersgd_codec>(static_cast<int>(number(4.0)), seed);
-  if (kind == "topk") return std::make_unique<topk_codec>(number(0.01));
-  if (kind == "random") return std::make_unique<masked_codec>(number(0.1), seed);
+  if (kind == "fp32" || kind == "fp16" || kind == "bf16") {
+    if (colon != std::string::npos) bad(kind + " takes no argument; write '" + kind + "'");
+    if (kind == "fp32") return std::make_unique<fp32_codec>();
+    return std::make_unique<half_codec>(kind == "fp16" ? half_codec::format::fp16 : half_codec::format::bf16);
+  }
+  if (kind == "powersgd") {
+    const double r = number(4.0);
+    if (!(r >= 1.0 && r <= 65536.0) || r != std::floor(r))
+      bad("the rank must be a whole number in [1, 65536], got " + arg + "; e.g. powersgd:4");
+    return std::make_unique<powersgd_codec>(static_cast<int>(r), seed);
+  }
+  if (kind == "topk") {
+    const double f = number(0.01);
+    if (!(f > 0.0 && f <= 1.0)) bad("the fraction kept must lie in (0, 1], got " + arg + "; e.g. topk:0.01");
+    return std::make_unique<topk_codec>(f);
+  }
+  if (kind == "random") {
+    const double f = number(0.1);
+    if (!(f > 0.0 && f <= 1.0)) bad("the keep fraction must lie in (0, 1], got " + arg + "; e.g. random:0.1");
+    return std::make_unique<masked_codec>(f, seed);
+  }
   if (kind == "masked") {
-    if (!arg.empty()) sparsity.max_sparsity = number(0.9);
+    if (colon != std::string::npos) sparsity.max_sparsity = number(0.9);
     try {
       return std::make_unique<masked_sync_codec>(sparsity, seed);
     } catch (const std::invalid_argument& e) {
-      dra::detail::throw_invalid("codec", "'" + spec + "': " + e.what());
+      bad(e.what());
     }
   }
   dra::detail::throw_invalid("codec",

@@ -26,7 +26,7 @@ class powersgd_codec final : public gradient_codec {
   }
 
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
-    check_world(world);
+    check_inputs(grads, world);
     using mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     const float inv = 1.0f / static_cast<float>(world.world_size());
     struct job {
@@ -40,7 +40,7 @@ class powersgd_codec final : public gradient_codec {
       const auto& g = grads[t];
       const std::size_t n = g.size();
       bytes_.dense += 4 * n;
-      if (g.shape.size() < 2) {
+      if (g.shape.size() < 2 || n == 0) {  // a vector, a scalar or no elements (a zero dimension)
         plain.push_back(t);
         continue;
       }
@@ -118,7 +118,13 @@ class powersgd_codec final : public gradient_codec {
       out.noalias() = p * q.transpose();
       auto& err = error_for(b.t, grads[b.t].size());
       Eigen::Map<mat>(err.data(), b.rows, b.cols) = m[j] - out;
-      q_[b.t].assign(q.data(), q.data() + q.size());  // warm start for the next step
+      for (auto& e : err) e = carried(e);
+      // Warm start for the next step; a non-finite Q (a NaN gradient on some rank: Q is the mean, so
+      // every rank sees it) would stay non-finite for good, so the seeded start is taken again.
+      if (q.allFinite())
+        q_[b.t].assign(q.data(), q.data() + q.size());
+      else
+        q_[b.t].clear();
       off += static_cast<std::size_t>(b.rows * b.r);
       qoff += static_cast<std::size_t>(b.cols * b.r);
     }
@@ -137,7 +143,7 @@ class powersgd_codec final : public gradient_codec {
       dra::detail::throw_invalid("state", "PowerSGD state of rank " + std::to_string(rank) + " cannot load into rank " +
                                               std::to_string(rank_) + "; build the codec with the same rank");
     extra_state e;
-    e.blocks.resize(r.get<std::uint64_t>());
+    e.blocks.resize(r.count(sizeof(std::uint64_t)));
     for (auto& b : e.blocks) b = r.get_floats();
     return e;
   }

@@ -153,7 +153,7 @@ class masked_sync_codec final : public gradient_codec {
   const mask_update& last_update() const noexcept { return last_; }
 
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
-    check_world(world);
+    check_inputs(grads, world);
     std::vector<std::vector<std::int64_t>> shapes;
     for (const auto& g : grads) shapes.push_back(g.shape);
     masks_.fit(shapes);
@@ -195,6 +195,7 @@ class masked_sync_codec final : public gradient_codec {
         buf.push_back(err[i]);
         err[i] = 0.0f;
       }
+      for (auto& e : err) e = carried(e);
     }
     bytes_.sent += 4 * buf.size();
     const std::size_t at = ride_along(buf);

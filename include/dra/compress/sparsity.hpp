@@ -121,7 +121,8 @@ inline mask_update rigl_update(std::vector<std::uint8_t>& mask, const float* wei
 /// RigL's cosine decay of the swapped fraction: alpha/2 (1 + cos(pi t / t_end)), 0 after t_end.
 inline double rigl_update_fraction(double alpha, std::int64_t step, std::int64_t end_step) {
   if (end_step <= 0 || step >= end_step) return 0.0;
-  return 0.5 * alpha * (1.0 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(end_step)));
+  return 0.5 * alpha *
+         (1.0 + std::cos(3.14159265358979323846 * static_cast<double>(step) / static_cast<double>(end_step)));
 }
 
 /// Zhu & Gupta's gradual schedule: 0 until `start`, `final` after start + steps, cubic in between.

@@ -36,7 +36,8 @@ struct arbiter_config {
     if (!std::isfinite(p) || p == 0.0)
       dra::detail::throw_invalid(
           "p", "must be finite and non-zero (use a small |p| for near-geometric mean), got " + std::to_string(p));
-    if (!(epsilon > 0.0)) dra::detail::throw_invalid("epsilon", "must be > 0, got " + std::to_string(epsilon));
+    if (!(epsilon > 0.0) || !std::isfinite(epsilon))
+      dra::detail::throw_invalid("epsilon", "must be a finite number > 0, got " + std::to_string(epsilon));
     if (max_moves < 0) dra::detail::throw_invalid("max_moves", "must be >= 0");
   }
 };
@@ -46,10 +47,16 @@ struct arbiter_config {
 /// jobs from the largest remaining size (rank 1) to the smallest (rank m); rank i gets
 /// (i^c - (i-1)^c)^(1/c) with c = 1 / (1 - a). Only the order of the sizes matters, so a size known
 /// to within a factor still ranks right; equal sizes get equal weights. c = 1 is equal weights;
-/// large c tends to shortest first.
-inline std::vector<double> completion_weights(const std::vector<double>& size, double c) {
+/// large c tends to shortest first. A size that is not a number (a job whose remaining work is
+/// unknown) counts as infinite: the largest, so it gets the smallest weight.
+inline std::vector<double> completion_weights(const std::vector<double>& sizes, double c) {
   if (!(c >= 1.0) || !std::isfinite(c))
     dra::detail::throw_invalid("c", "must be a finite number >= 1, got " + std::to_string(c));
+  // A NaN would break the sort's order and the grouping of equal sizes below (it equals nothing,
+  // not even itself: the grouping never advanced and the call never returned).
+  std::vector<double> size(sizes);
+  for (double& s : size)
+    if (std::isnan(s)) s = std::numeric_limits<double>::infinity();
   std::vector<std::size_t> order(size.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return size[a] > size[b]; });
@@ -117,6 +124,9 @@ class cluster_arbiter {
 
   /// Power mean of effective speedups for an allocation.
   double objective(const std::vector<arbiter_job>& jobs, const std::vector<int>& alloc) const {
+    if (alloc.size() != jobs.size())
+      dra::detail::throw_invalid("alloc", "needs one allocation per job (" + std::to_string(jobs.size()) + "), got " +
+                                              std::to_string(alloc.size()));
     if (jobs.empty()) return 0.0;
     double sum = 0.0;
     for (std::size_t j = 0; j < jobs.size(); ++j) sum += term(effective(jobs[j], alloc[j]));

@@ -113,6 +113,10 @@ class constrained_policy {
 
   decision decide(const signals::convergence_signals& sig, const world_state& world, const capacity& cap,
                   const cost_model& costs, const throughput_predictor& throughput) {
+    if (world.size < 1)
+      dra::detail::throw_invalid(
+          "world.size",
+          "must be >= 1 (the ranks in the active world, the leader included), got " + std::to_string(world.size));
     const decision_inputs in{sig, world, cap, costs, throughput};
     decision out;
     out.policy = inner_->name();

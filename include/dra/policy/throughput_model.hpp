@@ -62,14 +62,17 @@ struct throughput_model_config {
   double forgetting = 0.99;
 
   void validate() const {
-    if (!(gamma >= 1.0)) dra::detail::throw_invalid("gamma", "must be >= 1, got " + std::to_string(gamma));
+    if (!(gamma >= 1.0) || !std::isfinite(gamma))
+      dra::detail::throw_invalid("gamma", "must be a finite number >= 1, got " + std::to_string(gamma));
     for (auto [name, v] : {std::pair{"prior_compute_fixed_s", prior_compute_fixed_s},
                            std::pair{"prior_compute_per_sample_s", prior_compute_per_sample_s},
                            std::pair{"prior_sync_fixed_s", prior_sync_fixed_s},
                            std::pair{"prior_sync_per_rank_s", prior_sync_per_rank_s}}) {
-      if (!(v >= 0.0)) dra::detail::throw_invalid(name, "must be >= 0, got " + std::to_string(v));
+      if (!(v >= 0.0) || !std::isfinite(v))
+        dra::detail::throw_invalid(name, "must be a finite number >= 0 (seconds), got " + std::to_string(v));
     }
-    if (!(prior_weight > 0.0)) dra::detail::throw_invalid("prior_weight", "must be > 0");
+    if (!(prior_weight > 0.0) || !std::isfinite(prior_weight))
+      dra::detail::throw_invalid("prior_weight", "must be a finite number > 0, got " + std::to_string(prior_weight));
     if (!(forgetting > 0.0 && forgetting <= 1.0)) dra::detail::throw_invalid("forgetting", "must lie in (0, 1]");
   }
 };

@@ -81,12 +81,12 @@ struct request {
                                     std::to_string(min_size) + " and max_size " + std::to_string(max_size) +
                                     "; set them equal or make the request elastic");
     (void)priority_level();
-    const double slots = max_slots(inv);
-    if (min_size > static_cast<int>(std::floor(slots + 1e-9)))
+    // In double: a tiny fraction makes room for more workers than an int holds.
+    const double slots = std::floor(max_slots(inv) + 1e-9);
+    if (static_cast<double>(min_size) > slots)
       throw_invalid("min_size", std::to_string(min_size) + " workers of fraction " + std::to_string(fraction) +
                                     " can never fit: the pool has room for " +
-                                    std::to_string(static_cast<int>(std::floor(slots + 1e-9))) +
-                                    " such workers; lower min_size");
+                                    std::to_string(static_cast<long long>(slots)) + " such workers; lower min_size");
   }
 
   /// Whether a device is suitable for one of this request's workers (type and memory).

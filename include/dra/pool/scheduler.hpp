@@ -77,6 +77,7 @@ class scheduler {
   /// Admission: first the missing replicas of inference services whose SLO is at risk
   /// (`urgent_size`), then the missing workers of jobs below their min_size; see the file comment.
   plan admit(const inventory& inv, const std::vector<job_entry>& jobs, const lease_book& book, double now) const {
+    check_jobs(jobs);
     admission a{inv, book, {}, free_shares(inv, book), std::vector<double>(inv.size(), 0.0), {}, {}, {}};
     // Devices that leases being released will give back; reserved for the jobs that asked.
     for (const auto& l : book.all())
@@ -108,6 +109,7 @@ class scheduler {
   /// near the job's own, higher priority first; a grow that finds too few devices is partial.
   plan resize(const inventory& inv, const std::vector<job_entry>& jobs, const std::map<std::string, int>& targets,
               const lease_book& book, double now) const {
+    check_jobs(jobs);
     plan out;
     std::vector<double> free = free_shares(inv, book);
     for (const job_entry* j : by_priority(jobs, book, now)) {
@@ -148,6 +150,7 @@ class scheduler {
   /// the devices the job holds already; fewer than n when fewer fit.
   std::vector<std::string> place(const inventory& inv, const request& req, int n, const std::vector<double>& free,
                                  const std::vector<std::string>& near) const {
+    check_shape(req, "req");
     if (free.size() != inv.size())
       dra::detail::throw_invalid("free", "needs one share per device (" + std::to_string(inv.size()) + "), got " +
                                              std::to_string(free.size()));
@@ -167,6 +170,28 @@ class scheduler {
 
  private:
   static constexpr double eps = 1e-9;
+
+  // What the plan needs of each request whether or not the caller ran request::validate (which
+  // also checks it against the inventory): a fraction in (0, 1], 1 <= min_size <= max_size, and
+  // each job listed once (entries are found by name).
+  static void check_shape(const request& r, const std::string& where) {
+    using dra::detail::throw_invalid;
+    if (!(r.fraction > 0.0 && r.fraction <= 1.0))
+      throw_invalid(where + ".fraction", "job '" + r.job + "': must lie in (0, 1], got " + std::to_string(r.fraction) +
+                                             "; run request::validate before scheduling");
+    if (r.min_size < 1 || r.min_size > r.max_size)
+      throw_invalid(where + ".min_size", "job '" + r.job + "': needs 1 <= min_size <= max_size, got " +
+                                             std::to_string(r.min_size) + " and " + std::to_string(r.max_size) +
+                                             "; run request::validate before scheduling");
+  }
+  static void check_jobs(const std::vector<job_entry>& jobs) {
+    std::set<std::string> seen;
+    for (const auto& j : jobs) {
+      check_shape(j.req, "jobs");
+      if (!seen.insert(j.req.job).second)
+        dra::detail::throw_invalid("jobs", "job '" + j.req.job + "' is listed twice; list each job once");
+    }
+  }
 
   // One admission round's working state.
   struct admission {
@@ -326,16 +351,17 @@ class scheduler {
     if (groups.empty()) {
       // Where to start: the smallest locality group that holds all n; else the smallest node that
       // holds all n (from its largest group); else the largest node. Map order breaks ties.
-      std::map<std::pair<std::string, int>, int> group_room;
-      std::map<std::string, int> node_room;
+      // Workers that fit, in double: a small fraction fits more than an int holds.
+      std::map<std::pair<std::string, int>, double> group_room;
+      std::map<std::string, double> node_room;
       for (std::size_t i = 0; i < devs.size(); ++i)
         if (req.suits(devs[i])) {
-          const int r = static_cast<int>(std::floor(free[i] / frac + eps));
+          const double r = std::floor(free[i] / frac + eps);
           group_room[{devs[i].node, devs[i].group}] += r;
           node_room[devs[i].node] += r;
         }
       auto pick = [n](const auto& room, auto& best) {  // smallest that holds n, else largest
-        int best_room = -1;
+        double best_room = -1.0;
         bool best_holds = false;
         for (const auto& [key, r] : room) {
           if (r <= 0) continue;
@@ -354,10 +380,10 @@ class scheduler {
         std::string node;
         if (pick(node_room, node) == 0) return got;
         nodes.insert(node);
-        std::map<std::pair<std::string, int>, int> inside;  // its largest group first
+        std::map<std::pair<std::string, int>, double> inside;  // its largest group first
         for (const auto& [key, r] : group_room)
           if (key.first == node) inside[key] = r;
-        int most = 0;
+        double most = 0.0;
         for (const auto& [key, r] : inside)
           if (r > most) most = r, g = key;
         groups.insert(g);

@@ -48,7 +48,7 @@ inline double normal_quantile(double p) {
         ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1.0);
   }
   const double e = normal_cdf(x) - p;
-  const double u = e * std::sqrt(2.0 * M_PI) * std::exp(x * x / 2.0);
+  const double u = e * 2.5066282746310002 * std::exp(x * x / 2.0);  // sqrt(2 pi): M_PI is not standard C++
   return x - u / (1.0 + x * u / 2.0);
 }
 
@@ -141,7 +141,7 @@ struct remaining_work_config {
     positive("curve_sigma", curve_sigma);
     positive("uninformed_sigma", uninformed_sigma);
     positive("min_sigma", min_sigma);
-    if (!(prior_count >= 0.0))
+    if (!(prior_count >= 0.0) || !std::isfinite(prior_count))
       dra::detail::throw_invalid("prior_count", "must be >= 0, got " + std::to_string(prior_count));
     if (min_class_jobs < 1)
       dra::detail::throw_invalid("min_class_jobs", "must be >= 1, got " + std::to_string(min_class_jobs));
@@ -262,8 +262,11 @@ class remaining_work_estimator {
     return it == classes_.end() ? 0 : static_cast<int>(it->second.totals.n);
   }
 
+  /// Every figure of the result is finite and >= 0 whatever the observation: a `done` that is negative
+  /// or not a finite number counts as 0 (nothing known to be done; the device pool passes what a job
+  /// reported, unchecked), and a total beyond the largest double is reported as the largest double.
   work_estimate estimate(const work_observation& obs) const {
-    const double done = std::max(obs.done, 0.0);
+    const double done = std::isfinite(obs.done) ? std::max(obs.done, 0.0) : 0.0;
     const auto it = classes_.find(obs.job_class);
     const class_history* hist = it == classes_.end() ? nullptr : &it->second;
     double precision = 0.0, weighted = 0.0;
@@ -336,6 +339,9 @@ class remaining_work_estimator {
                                   ? std::exp(mu + sigma * sigma / 2.0) * detail::normal_cdf(sigma - z0) / tail_mass
                                   : done * (1.0 + sigma);
     out.mean = std::max(mean_total - done, out.median);
+    // A total beyond the largest double (a declaration or a done near it) is reported as that.
+    for (double* v : {&out.median, &out.mean, &out.tail})
+      if (*v > std::numeric_limits<double>::max()) *v = std::numeric_limits<double>::max();
     return out;
   }
 
