@@ -22,6 +22,7 @@ import pytest
 
 from dra._core import pool as P
 from dra.pool import _cgroup
+from dra.pool._launcher_api import check_report
 from dra.pool._spec import fit_speedup
 from dra.pool.factory import make_service
 from dra.pool.gantt import plot
@@ -379,6 +380,8 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events]
     assert "preempt" in kinds and kinds.count("finish") == 2
+    # The controller's own report passes the pool's check (one that did not would be dropped).
+    assert "report_refused" not in kinds and low_report.get("rates") and check_report(low_report) is low_report
     pre = next(e for e in events if e["event"] == "preempt")
     assert pre["job"] == "low" and pre["for_job"] == "high"
     # Nothing was taken from "low" before high's launcher could run a worker (dynamic mode).

@@ -266,3 +266,41 @@ def test_methods_the_api_does_not_use_get_a_json_405(tmp_path: Path) -> None:
                     assert body["error"].startswith(f"method: the pool's API takes GET and POST, not {method}")
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("field,value", [
+    ("step", "12"), ("step", -1), ("step", 2**60), ("step", 3.5), ("samples_per_s", "fast"),
+    ("samples_per_s", -2.0), ("global_batch", True), ("desired_size", "2"), ("loss", "low"),
+    ("rates", {"two": 5.0}), ("rates", {"2": "5"}), ("rates", [1, 2]), ("rate_s", {"0": 1.0}),
+    ("throughput", {"compute_fixed_s": "0.1"}), ("throughput", {"observations": 2.5}), ("policy", 3),
+])
+def test_a_malformed_report_is_dropped_naming_its_field_and_the_pool_scales_on(tmp_path: Path, field: str,
+                                                                               value: object) -> None:
+    # A job's report is its leader's store value, relayed by its launcher: any process of the job
+    # can write it. A step or rate that was not a number failed every scaling pass of the pool
+    # (float('12') works, float('fast') raises inside the tick), for every job: no job was grown,
+    # shrunk or launched any more. Now the report is dropped with the field named, the call's
+    # heartbeats still count, and the pool goes on scaling the others.
+    svc = PoolService(declared(3), tmp_path / "state", launch_jobs=False, scale_every_s=1000.0)
+    try:
+        svc.submit({"name": "a", "min_size": 1, "max_size": 2})
+        svc.tick()
+        held = [lease.id for lease in svc.book.of_job("a")]
+        good = {"step": 40, "samples_per_s": 100.0, "global_batch": 32, "loss": 0.7, "policy": "goodput",
+                "desired_size": 2, "rates": {"1": 60.0, "2": 100.0}, "rate_s": {"1": 20.0, "2": 20.0},
+                "throughput": {"compute_fixed_s": 0.01, "compute_per_sample_s": 0.001, "sync_fixed_s": 0.002,
+                               "sync_per_rank_s": 0.0, "observations": 12}}
+        assert "report_refused" not in svc.sync_request("a", {"heartbeats": held, "report": good})
+        answer = svc.sync_request("a", {"heartbeats": held, "report": {**good, field: value}})
+        assert answer["report_refused"].startswith(f"report.{field}"), answer
+        assert svc.reports["a"]["step"] == 40  # the good report stands
+        svc.submit({"name": "b", "min_size": 1, "max_size": 1})
+        svc._scale(time.time())  # raised before, on every pass
+        svc.tick()
+        assert svc.book.count("b", False) == 1
+        refused = [e for e in _events(tmp_path / "state") if e["event"] == "report_refused"]
+        assert len(refused) == 1 and refused[0]["job"] == "a"
+        svc.sync_request("a", {"heartbeats": held, "report": {**good, field: value}})  # the same problem again
+        assert len([e for e in _events(tmp_path / "state") if e["event"] == "report_refused"]) == 1
+    finally:
+        svc.close()

@@ -21,16 +21,71 @@ class Superseded(RuntimeError):
     """A launcher that is not the job's own (HTTP 409): it stops."""
 
 
+_INT_LIMIT = 2**53  # larger integers do not survive JSON's doubles in other readers
+
+
+def _finite(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _shown(v: Any) -> str:
+    return json.dumps(v)[:40]
+
+
 def check_report(report: Any) -> dict[str, Any]:
-    """A report is a JSON object of at most 64 kB; the fields the autoscaler reads are numbers."""
+    """A report is a JSON object of at most 64 kB. The fields the pool reads (the inference
+    autoscaler's and those the arbiter fits a training job's speedup curve and remaining work to)
+    have their types and ranges checked here, before any is kept: one job's malformed report would
+    otherwise fail every scaling pass of the pool, for every job. Other fields are kept as they are."""
     if not isinstance(report, dict):
         raise ValueError("report: must be a JSON object")
     if len(json.dumps(report)) > 65536:
         raise ValueError("report: larger than 64 kB; report rates, queue lengths and sizes only")
-    for k in ("rate_rps", "queue", "replica_rps"):
+
+    def number(where: str, v: Any, nullable: bool = False) -> None:
+        if v is None and nullable:
+            return
+        if not _finite(v) or v < 0:
+            raise ValueError(f"{where}: must be a finite number >= 0{' or null' if nullable else ''}, got {_shown(v)}")
+
+    def integer(where: str, v: Any, low: int = 0) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _INT_LIMIT:
+            raise ValueError(f"{where}: must be an integer in [{low}, 2^53], got {_shown(v)}")
+
+    for k in ("rate_rps", "queue", "replica_rps", "samples_per_s", "time"):
+        if k in report:
+            number(f"report.{k}", report[k], nullable=k in ("samples_per_s", "time"))
+    for k in ("step", "epoch", "world", "candidates", "global_batch"):
+        if k in report and report[k] is not None:
+            integer(f"report.{k}", report[k])
+    if report.get("desired_size") is not None:
+        integer("report.desired_size", report["desired_size"], low=-1)
+    for k in ("loss", "gns"):  # a loss may be negative; NaN arrives as null
         v = report.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-            raise ValueError(f"report.{k}: must be a finite number >= 0, got {json.dumps(v)[:40]}")
+        if v is not None and not _finite(v):
+            raise ValueError(f"report.{k}: must be a finite number or null, got {_shown(v)}")
+    for k in ("policy", "phase"):
+        if report.get(k) is not None and not isinstance(report[k], str):
+            raise ValueError(f"report.{k}: must be a string, got {_shown(report[k])}")
+    for k in ("rates", "rate_s"):  # {world size: samples/s (or seconds measured at that size)}
+        v = report.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise ValueError(f"report.{k}: must be an object {{world size: number}}, got {_shown(v)}")
+        for size, x in v.items():
+            if not (size.isascii() and size.isdigit() and 1 <= int(size) <= 1_000_000):
+                raise ValueError(f"report.{k}: keys are world sizes (\"1\" to \"1000000\"), got {_shown(size)}")
+            number(f"report.{k}.{size}", x)
+    tp = report.get("throughput")
+    if tp is not None:
+        if not isinstance(tp, dict):
+            raise ValueError(f"report.throughput: must be an object of numbers, got {_shown(tp)}")
+        for k in ("compute_fixed_s", "compute_per_sample_s", "sync_fixed_s", "sync_per_rank_s"):
+            if k in tp and not _finite(tp[k]):
+                raise ValueError(f"report.throughput.{k}: must be a finite number, got {_shown(tp[k])}")
+        if "observations" in tp:
+            integer("report.throughput.observations", tp["observations"])
     return report
 
 
@@ -70,10 +125,25 @@ class LauncherAPI:
         for key in ("reason", "launcher"):
             if body.get(key) is not None and not isinstance(body[key], str):
                 raise ValueError(f"{key}: must be a string")
-        report = body.get("report")
-        return self.sync(name, ids("heartbeats"), ids("released"), None if report is None else check_report(report),
-                         body.get("done", False), body.get("failed", False), body.get("reason"),
-                         body.get("launcher"), caller)
+        report, refused = body.get("report"), None
+        if report is not None:
+            # A malformed report is dropped, not the call: its heartbeats, exits and end still
+            # count (the report is the job leader's store value, relayed). The job's events say
+            # why, once per distinct problem.
+            try:
+                report = check_report(report)
+            except ValueError as e:
+                report, refused = None, str(e)
+        answer = self.sync(name, ids("heartbeats"), ids("released"), report, body.get("done", False),
+                           body.get("failed", False), body.get("reason"), body.get("launcher"), caller)
+        if refused is not None:
+            answer["report_refused"] = refused
+            with self._lock:
+                job = self.jobs.get(name)
+                if job is not None and job["info"].get("report_refused") != refused:
+                    job["info"]["report_refused"] = refused
+                    self._event({"event": "report_refused", "job": name, "reason": refused})
+        return answer
 
     def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None,
              done: bool = False, failed: bool = False, reason: str | None = None, launcher: str | None = None,

@@ -87,6 +87,7 @@ class Launcher:
         limit = os.environ.get("DRA_POOL_ORPHAN_LIMIT_S")
         self.orphan_limit_s = float(limit) if limit else None  # None: wait for the pool as long as it takes
         self.away_since: float | None = None
+        self._report_refused: str | None = None  # the last report the pool dropped, and why
         # Short calls: the sync loop also watches the workers; a slow daemon is asked again next tick.
         self.client = PoolClient(pool, timeout_s=5.0, retry_s=0.0) if pool else None
         # A pool on a Unix socket lives in its state directory: once that directory is gone, no
@@ -325,6 +326,10 @@ class Launcher:
         if self.away_since is not None:
             self._say(event="pool_back", away_s=time.time() - self.away_since)
             self.away_since = None
+        refused = answer.get("report_refused") if isinstance(answer, dict) else None
+        if refused and refused != self._report_refused:
+            self._report_refused = refused  # said once per distinct problem: the pool drops such reports
+            self._say(event="report_refused", reason=refused)
         return answer
 
     def _pool_dir_gone(self) -> bool:
