@@ -90,19 +90,34 @@ rigl_config rigl_config_from(const py::dict& d) {
   return c;
 }
 
-// Float32 C-contiguous arrays (or None) as read-only pointers, one per tensor.
-std::vector<const float*> pointers(const std::vector<py::object>& arrays, std::vector<py::array>& keep) {
+// Float32 C-contiguous arrays (or None) as read-only pointers, one per tensor; `sizes` (when given)
+// receives each one's number of entries (0 for None), which the callers check against the tensors':
+// the C++ side reads that many floats through the bare pointer.
+std::vector<const float*> pointers(const std::vector<py::object>& arrays, std::vector<py::array>& keep,
+                                   std::vector<std::size_t>* sizes = nullptr) {
   std::vector<const float*> out;
   for (const auto& a : arrays) {
     if (a.is_none()) {
       out.push_back(nullptr);
+      if (sizes) sizes->push_back(0);
       continue;
     }
     keep.push_back(py::array_t < float, py::array::c_style | py::array::forcecast > ::ensure(a));
     if (!keep.back()) dra::detail::throw_invalid("weights", "expected float32 arrays (or None)");
     out.push_back(static_cast<const float*>(keep.back().data()));
+    if (sizes) sizes->push_back(static_cast<std::size_t>(keep.back().size()));
   }
   return out;
+}
+
+// Refuses an array whose number of entries differs from its tensor's (`what`: "weights" or "grads").
+void check_sizes(const char* what, const std::vector<const float*>& ptrs, const std::vector<std::size_t>& sizes,
+                 const std::vector<std::size_t>& expected) {
+  for (std::size_t t = 0; t < ptrs.size() && t < expected.size(); ++t)
+    if (ptrs[t] != nullptr && sizes[t] != expected[t])
+      dra::detail::throw_invalid(what, "array " + std::to_string(t) + " has " + std::to_string(sizes[t]) +
+                                           " entries for a tensor of " + std::to_string(expected[t]) +
+                                           "; pass each parameter's own values, one array per tensor, in order");
 }
 
 py::array mask_array(const std::vector<std::uint8_t>& m) {
@@ -136,10 +151,13 @@ void bind_compress(py::module_& m) {
             auto r = refs(grads);
             std::vector<py::array> keep;
             if (!weights.is_none()) {
-              const auto w = pointers(weights.cast<std::vector<py::object>>(), keep);
+              std::vector<std::size_t> sizes, expected;
+              const auto w = pointers(weights.cast<std::vector<py::object>>(), keep, &sizes);
               if (w.size() != r.size())
                 dra::detail::throw_invalid(
                     "weights", std::to_string(w.size()) + " weights for " + std::to_string(r.size()) + " gradients");
+              for (const auto& g : r) expected.push_back(g.size());
+              check_sizes("weights", w, sizes, expected);
               for (std::size_t i = 0; i < r.size(); ++i) r[i].weights = w[i];
             }
             py_collective coll(std::move(world));
@@ -225,7 +243,12 @@ void bind_compress(py::module_& m) {
   m.def(
       "make_codec",
       [](const std::string& spec, std::uint64_t seed, const py::dict& sparsity) {
-        return make_codec(spec, seed, rigl_config_from(sparsity));
+        const auto config = rigl_config_from(sparsity);
+        // The RigL options configure 'masked' only: with another codec they would be ignored.
+        if (!sparsity.empty() && spec.rfind("masked", 0) != 0)
+          dra::detail::throw_invalid("sparsity", "configures the 'masked' codec only, the spec is '" + spec +
+                                                     "'; use 'masked[:<max sparsity>]' or drop sparsity");
+        return make_codec(spec, seed, config);
       },
       py::arg("spec"), py::arg("seed") = 0, py::arg("sparsity") = py::dict(),
       "fp32, fp16, bf16, powersgd:<rank>, topk:<fraction>, random:<keep fraction>, masked[:<max sparsity>] "
@@ -233,10 +256,19 @@ void bind_compress(py::module_& m) {
 
   m.def(
       "rigl_update",
-      [](py::array_t<std::uint8_t, py::array::c_style> mask,
-         py::array_t<float, py::array::c_style | py::array::forcecast> weights,
+      [](const py::array& mask_in, py::array_t<float, py::array::c_style | py::array::forcecast> weights,
          py::array_t<float, py::array::c_style | py::array::forcecast> grads, double sparsity, double update_fraction,
          std::uint64_t tie_seed) {
+        // The mask is updated in place: a converted copy (a bool or int array, a strided view) would
+        // take the update and be thrown away, leaving the caller's mask unchanged. Refused instead.
+        if (!py::isinstance<py::array_t<std::uint8_t>>(mask_in) || mask_in.dtype().kind() != 'u' ||
+            mask_in.itemsize() != 1 || !(mask_in.flags() & py::array::c_style) || !mask_in.writeable())
+          dra::detail::throw_invalid("mask",
+                                     "must be a writable C-contiguous uint8 array (it is updated in place), got " +
+                                         py::str(mask_in.dtype()).cast<std::string>() +
+                                         ((mask_in.flags() & py::array::c_style) ? "" : ", not contiguous") +
+                                         "; pass np.ascontiguousarray(mask, dtype=np.uint8) and use that array");
+        auto mask = py::reinterpret_borrow<py::array_t<std::uint8_t>>(mask_in);
         const auto n = static_cast<std::size_t>(weights.size());
         if (static_cast<std::size_t>(grads.size()) != n || static_cast<std::size_t>(mask.size()) != n)
           dra::detail::throw_invalid("mask", "mask, weights and grads need the same number of entries");
@@ -280,8 +312,18 @@ void bind_compress(py::module_& m) {
           [](rigl_masks& r, std::int64_t step, double target, const std::vector<py::object>& weights,
              const std::vector<py::object>& grads) {
             std::vector<py::array> keep;
-            const auto w = pointers(weights, keep);
-            const auto g = pointers(grads, keep);
+            std::vector<std::size_t> wsizes, gsizes;
+            const auto w = pointers(weights, keep, &wsizes);
+            const auto g = pointers(grads, keep, &gsizes);
+            // Only a sparsified tensor's arrays are read (its mask's size); a dense one's are ignored.
+            auto expected = [&](const std::vector<std::size_t>& sizes) {
+              std::vector<std::size_t> out;
+              for (std::size_t t = 0; t < sizes.size(); ++t)
+                out.push_back(r.sparsified(t) ? r.mask(t).size() : sizes[t]);
+              return out;
+            };
+            check_sizes("weights", w, wsizes, expected(wsizes));
+            check_sizes("grads", g, gsizes, expected(gsizes));
             const auto u = r.update(step, target, w, g);
             return py::make_tuple(u.dropped, u.regrown, u.active);
           },

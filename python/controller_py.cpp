@@ -141,6 +141,11 @@ std::string to_json(py::handle v, const std::string& name) {
     for (auto item : value) ok = ok && plain(item);
   }
   if (ok && py::isinstance<py::float_>(value) && !std::isfinite(value.cast<double>())) ok = false;
+  if (ok && py::isinstance<py::dict>(value))  // a NaN or inf inside: name the key, not the whole dict
+    for (auto item : value.cast<py::dict>())
+      if (py::isinstance<py::float_>(item.second) && !std::isfinite(item.second.cast<double>()))
+        bad(name + "." + py::str(item.first).cast<std::string>(),
+            "must be a finite number, got " + py::repr(item.second).cast<std::string>());
   if (!ok) bad(name, "expected " + option_expects(name) + ", got " + shown(v));
   try {
     return dumps(value, py::arg("allow_nan") = false).cast<std::string>();

@@ -194,6 +194,12 @@ void controller_options::validate() const {
   if (backend.empty()) dra::detail::throw_invalid("backend", "must name a backend, e.g. 'gloo'");
   sparsity.validate();
   if (!compress.empty()) codec_hook::validate_spec(compress, sparsity);
+  // `sparsity` configures the 'masked' codec only: with another codec (or none) it would be ignored.
+  if (!(sparsity == dra::compress::rigl_config{}) && compress.rfind("masked", 0) != 0)
+    dra::detail::throw_invalid("sparsity",
+                               "configures sparse training, which runs with compress='masked' only; "
+                               "compress is '" +
+                                   compress + "': set compress='masked' or drop sparsity");
   if (batch == batch_mode::adascale && engine.policy != "goodput")
     dra::detail::throw_invalid("batch_mode",
                                "'adascale' adapts the global batch by the gradient noise scale, which only "

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -284,6 +285,17 @@ class gradient_codec {
         dra::detail::throw_invalid("grads", "tensor " + std::to_string(t) + " has " + std::to_string(grads[t].size()) +
                                                 " elements and no data; point tensor_ref::data at them");
     }
+  }
+  /// For a codec that addresses entries with 32-bit indices (top-k's pairs, the random and RigL
+  /// masks' index lists): a larger tensor would wrap its indices and silently send or place the
+  /// wrong entries. Checked before anything changes.
+  void check_indexable(const std::vector<tensor_ref>& grads) const {
+    for (std::size_t t = 0; t < grads.size(); ++t)
+      if (grads[t].size() > std::numeric_limits<std::uint32_t>::max())
+        dra::detail::throw_invalid("grads", "tensor " + std::to_string(t) + " has " + std::to_string(grads[t].size()) +
+                                                " elements; '" + name() +
+                                                "' indexes at most 4294967295 per tensor: split the "
+                                                "parameter, or use fp32, fp16, bf16 or powersgd for it");
   }
   /// What a residual may carry to later steps: a non-finite value (a NaN or inf gradient, or an
   /// fp16 overflow) goes out in the step that produced it, as fp32 would send it, and is not

@@ -93,6 +93,7 @@ class masked_codec final : public gradient_codec {
 
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
     check_inputs(grads, world);
+    if (keep_ > 0.0) check_indexable(grads);  // the random masks' index lists
     if (keep_ == 0.0 && masks_.size() != grads.size())
       dra::detail::throw_invalid("masks", std::to_string(masks_.size()) + " masks for " + std::to_string(grads.size()) +
                                               " tensors; call set_masks with one mask per tensor first");
@@ -176,6 +177,7 @@ class topk_codec final : public gradient_codec {
   static float magnitude(float v) noexcept { return std::isnan(v) ? INFINITY : std::fabs(v); }
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
     check_inputs(grads, world);
+    check_indexable(grads);
     const int w = world.world_size();
     for (std::size_t t = 0; t < grads.size(); ++t) {
       auto& g = grads[t];

@@ -59,13 +59,17 @@ class rigl_masks {
       dra::detail::throw_invalid("weights", std::to_string(weights.size()) + " weights and " +
                                                 std::to_string(grads.size()) + " gradients for " +
                                                 std::to_string(masks_.size()) + " tensors");
+    // Everything is checked before the first mask changes: a refusal leaves every mask as it was.
+    if (!(target >= 0.0 && target < 1.0))
+      dra::detail::throw_invalid("sparsity", "the target must lie in [0, 1), got " + std::to_string(target));
+    for (std::size_t t = 0; t < masks_.size(); ++t)
+      if (!masks_[t].empty() && (weights[t] == nullptr || grads[t] == nullptr))
+        dra::detail::throw_invalid(
+            "weights", "tensor " + std::to_string(t) + " is sparsified: its weights and dense gradient are needed");
     const double fraction = rigl_update_fraction(config_.alpha, step, config_.end_step);
     mask_update total;
     for (std::size_t t = 0; t < masks_.size(); ++t) {
       if (masks_[t].empty()) continue;
-      if (weights[t] == nullptr || grads[t] == nullptr)
-        dra::detail::throw_invalid(
-            "weights", "tensor " + std::to_string(t) + " is sparsified: its weights and dense gradient are needed");
       const auto u = rigl_update(masks_[t], weights[t], grads[t], masks_[t].size(), target, fraction,
                                  rigl_tie_seed(seed_, step, t));
       total.dropped += u.dropped;
@@ -154,6 +158,7 @@ class masked_sync_codec final : public gradient_codec {
 
   void reduce(std::vector<tensor_ref>& grads, collective& world) override {
     check_inputs(grads, world);
+    check_indexable(grads);
     std::vector<std::vector<std::int64_t>> shapes;
     for (const auto& g : grads) shapes.push_back(g.shape);
     masks_.fit(shapes);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ inline mask_update rigl_update(std::vector<std::uint8_t>& mask, const float* wei
     dra::detail::throw_invalid("sparsity", "must lie in [0, 1), got " + std::to_string(sparsity));
   if (!(update_fraction >= 0.0 && update_fraction <= 1.0))
     dra::detail::throw_invalid("update_fraction", "must lie in [0, 1], got " + std::to_string(update_fraction));
+  if (n > std::numeric_limits<std::uint32_t>::max())  // its index lists are 32-bit: they would wrap
+    dra::detail::throw_invalid("mask", "has " + std::to_string(n) +
+                                           " entries; RigL's update indexes at most 4294967295 per tensor: split the "
+                                           "parameter");
   mask_update out;
   if (n == 0) return out;
   const std::size_t target =

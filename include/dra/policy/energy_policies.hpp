@@ -133,7 +133,10 @@ inline energy_choice choose_setting(const energy_objective& obj, const std::vect
                                                   " candidates; give one per candidate");
   auto usable = [&](std::size_t i) {
     const auto& p = preds[i];
-    return p.valid && std::isfinite(p.time_s) && std::isfinite(p.energy_j) && p.time_s >= 0.0 && p.energy_j >= 0.0;
+    // Zeus's cost reads max_power_w too: a NaN (or negative) one would make a cost no comparison
+    // can rank, and the first such candidate would win by default. Such a prediction is skipped.
+    return p.valid && std::isfinite(p.time_s) && std::isfinite(p.energy_j) && std::isfinite(p.max_power_w) &&
+           p.time_s >= 0.0 && p.energy_j >= 0.0 && p.max_power_w >= 0.0;
   };
   auto argmin = [&](auto&& key, auto&& keep) {
     std::size_t best = candidates.size();
@@ -211,14 +214,21 @@ struct energy_policy_config {
 
   void validate() const {
     objective.validate();
-    if (!(watts_per_device > 0.0))
-      dra::detail::throw_invalid("watts_per_device", "must be > 0, got " + std::to_string(watts_per_device));
-    if (!(max_watts_per_device >= watts_per_device))
-      dra::detail::throw_invalid("max_watts_per_device",
-                                 "must be >= watts_per_device (" + std::to_string(watts_per_device) + ")");
-    if (!(min_per_rank_batch > 0.0)) dra::detail::throw_invalid("min_per_rank_batch", "must be > 0");
-    if (!(max_per_rank_batch >= min_per_rank_batch))
-      dra::detail::throw_invalid("max_per_rank_batch", "must be >= min_per_rank_batch");
+    if (!(watts_per_device > 0.0 && std::isfinite(watts_per_device)))
+      dra::detail::throw_invalid("watts_per_device",
+                                 "must be a finite number > 0 (W), got " + std::to_string(watts_per_device));
+    if (!(max_watts_per_device >= watts_per_device && std::isfinite(max_watts_per_device)))
+      dra::detail::throw_invalid("max_watts_per_device", "must be a finite number >= watts_per_device (" +
+                                                             std::to_string(watts_per_device) + "), got " +
+                                                             std::to_string(max_watts_per_device));
+    if (!(min_per_rank_batch > 0.0 && std::isfinite(min_per_rank_batch)))
+      dra::detail::throw_invalid("min_per_rank_batch",
+                                 "must be a finite number > 0, got " + std::to_string(min_per_rank_batch));
+    // The batch candidates double from min to max: an infinite max would never end the list.
+    if (!(max_per_rank_batch >= min_per_rank_batch && std::isfinite(max_per_rank_batch)))
+      dra::detail::throw_invalid("max_per_rank_batch", "must be a finite number >= min_per_rank_batch (" +
+                                                           std::to_string(min_per_rank_batch) + "), got " +
+                                                           std::to_string(max_per_rank_batch));
     if (!(job_deadline_s > 0.0)) dra::detail::throw_invalid("job_deadline_s", "must be > 0 (infinity: none)");
     if (!(job_budget_j > 0.0)) dra::detail::throw_invalid("job_budget_j", "must be > 0 (infinity: none)");
   }

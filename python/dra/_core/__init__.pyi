@@ -2576,7 +2576,7 @@ def rank_for_noise_scale(gns: typing.SupportsFloat | typing.SupportsIndex, valid
     ...
 def rigl_tie_seed(seed: typing.SupportsInt | typing.SupportsIndex, step: typing.SupportsInt | typing.SupportsIndex, tensor: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
-def rigl_update(mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], weights: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], grads: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], sparsity: typing.SupportsFloat | typing.SupportsIndex, update_fraction: typing.SupportsFloat | typing.SupportsIndex, tie_seed: typing.SupportsInt | typing.SupportsIndex = 0) -> tuple[int, int, int]:
+def rigl_update(mask: numpy.ndarray, weights: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], grads: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], sparsity: typing.SupportsFloat | typing.SupportsIndex, update_fraction: typing.SupportsFloat | typing.SupportsIndex, tie_seed: typing.SupportsInt | typing.SupportsIndex = 0) -> tuple[int, int, int]:
     """
     RigL's mask update in place (uint8 mask; grads: the dense gradient); returns (dropped, regrown, active). Ties are broken by keys drawn from tie_seed (rigl_tie_seed), the same on every rank.
     """

@@ -96,14 +96,72 @@ class Trace:
     power: dict[tuple[int, int], tuple[float, float]]  # (batch, power limit) -> (time_per_epoch, avg power)
     batch_sizes: list[int] = field(default_factory=list)
     power_limits: list[int] = field(default_factory=list)
+    root: Path | None = None  # the directory the traces were read from (None: the shipped ones)
 
     @property
     def max_power(self) -> float:
         return float(max(self.power_limits))
 
+    def limits_for(self, bs: int) -> list[int]:
+        """The power limits traced at batch size `bs` (a trace need not hold every limit at every batch)."""
+        return [pl for pl in self.power_limits if (bs, pl) in self.power]
+
     def epoch_cost(self, eta: float, bs: int, pl: int, n: int = 1) -> float:
         tpe, watts = self.power[(bs, pl)]
         return eta * tpe * watts * n + (1 - eta) * n * self.max_power * tpe
+
+
+TRAIN_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "target_metric", "target_epoch")
+POWER_COLUMNS = ("dataset", "network", "batch_size", "optimizer", "power_limit", "time_per_epoch", "average_power")
+
+
+def _rows(path: Path, columns: tuple[str, ...]):
+    """(line number, row) of a Zeus-format CSV, its columns in any order; a missing file or column is
+    refused naming it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such trace file; a Zeus-format directory holds summary_train.csv and "
+                                "summary_power_<gpu>.csv")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        have = reader.fieldnames or []
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (the header has "
+                             f"{', '.join(have) if have else 'nothing'}); a Zeus-format trace needs {', '.join(columns)}")
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _number(path: Path, line: int, row: dict, column: str, kind: str) -> float:
+    """A value of one row, checked: ``whole`` a whole number > 0, ``positive`` a finite number > 0,
+    ``epoch`` the epoch the target was reached (>= 1; empty, nan or inf: never reached, as nan),
+    ``finite`` any finite number. Anything else is refused naming the file, line, column and value."""
+    text = (row.get(column) or "").strip()
+    if kind == "epoch" and text.lower() in ("", "nan", "inf", "+inf"):
+        return math.nan
+    try:
+        v = float(text)
+        problem = ""
+    except ValueError:
+        v, problem = math.nan, "is not a number"
+    if not problem:
+        if kind == "whole" and not (math.isfinite(v) and v > 0 and v == int(v)):
+            problem = "must be a whole number > 0"
+        elif kind == "positive" and not (math.isfinite(v) and v > 0):
+            problem = "must be a finite number > 0"
+        elif kind == "epoch" and not (math.isfinite(v) and v >= 1):
+            problem = "must be an epoch >= 1 (leave it empty or write nan where the target was never reached)"
+        elif kind == "finite" and not math.isfinite(v):
+            problem = "must be a finite number"
+    if problem == "is not a number" and kind == "epoch":
+        problem += " (leave it empty or write nan where the target was never reached)"
+    if problem:
+        raise ValueError(f"{path}, line {line}: {column} {text!r} {problem}; fix or drop that row")
+    return v
+
+
+def _job_row(row: dict, job: ZeusJob) -> bool:
+    return (row["dataset"], row["network"], row["optimizer"]) == (job.dataset, job.network, job.optimizer)
 
 
 def default_batch(job: ZeusJob, gpu: str, root: Path | None = None) -> int:
@@ -111,40 +169,71 @@ def default_batch(job: ZeusJob, gpu: str, root: Path | None = None) -> int:
     (``get_job_with_defaults`` in ``run_alibaba.py``, the NSDI '23 reproduction script of Zeus's repository):
     the paper's b0, capped at the largest batch size the GPU's power trace holds for the dataset
     (a smaller GPU's memory fits less: P100's traces stop below some of the paper's b0)."""
-    root = root or data_dir()
-    with open(root / f"summary_power_{gpu}.csv", newline="") as f:
-        sizes = [int(row["batch_size"]) for row in csv.DictReader(f) if row["dataset"] == job.dataset]
+    root = Path(root) if root is not None else data_dir()
+    path = _power_path(root, gpu)
+    sizes = [int(_number(path, line, row, "batch_size", "whole"))
+             for line, row in _rows(path, POWER_COLUMNS) if row["dataset"] == job.dataset]
     if not sizes:
-        raise ValueError(f"{job.name}: no {gpu} power trace for dataset {job.dataset}")
+        raise ValueError(f"{job.name}: no {gpu} power trace for dataset {job.dataset} in {path}")
     return min(job.default_bs, max(sizes))
 
 
+def _power_path(root: Path, gpu: str) -> Path:
+    path = root / f"summary_power_{gpu}.csv"
+    if gpu not in GPUS and not path.is_file():
+        raise ValueError(f"gpu '{gpu}': no trace {path}; use one of {', '.join(GPUS)} (the shipped sets), or give "
+                         "root= a directory with that GPU's summary_power_<gpu>.csv")
+    return path
+
+
 def load_trace(job: ZeusJob, gpu: str = "v100", root: Path | None = None) -> Trace:
-    """One job's traces on `gpu`; `job.default_bs` becomes that GPU's b0 (default_batch)."""
-    if gpu not in GPUS:
-        raise ValueError(f"gpu '{gpu}': use one of {', '.join(GPUS)}")
-    root = root or data_dir()
+    """One job's traces on `gpu`; `job.default_bs` becomes that GPU's b0 (default_batch).
+
+    `root`: a directory of Zeus-format traces (``summary_train.csv``, ``summary_power_<gpu>.csv``,
+    columns in any order); the shipped ones when None. The job's rows are checked (batch sizes and
+    power limits whole and > 0, epoch times and powers finite and > 0, target epochs >= 1, or empty
+    or nan where never reached; one row per batch size and power limit), and so are b0's row at the
+    maximum power limit (the baseline's) and one batch size at least reaching the target within the
+    job's epoch cap: a bad trace is refused naming the file, line and value. A batch size need not
+    be traced at every power limit (``Trace.limits_for``)."""
+    root = Path(root) if root is not None else data_dir()
+    power_path = _power_path(root, gpu)
     job = replace(job, default_bs=default_batch(job, gpu, root))
     epochs: dict[int, list[float]] = {}
-    with open(root / "summary_train.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            if (row["dataset"], row["network"], row["optimizer"]) != (job.dataset, job.network, job.optimizer):
-                continue
-            if not math.isclose(float(row["target_metric"]), job.target_metric):
-                continue
-            e = float(row["target_epoch"]) if row["target_epoch"] else math.nan
-            epochs.setdefault(int(row["batch_size"]), []).append(e)
+    train_path = root / "summary_train.csv"
+    for line, row in _rows(train_path, TRAIN_COLUMNS):
+        if not _job_row(row, job):
+            continue
+        if not math.isclose(_number(train_path, line, row, "target_metric", "finite"), job.target_metric):
+            continue
+        e = _number(train_path, line, row, "target_epoch", "epoch")
+        epochs.setdefault(int(_number(train_path, line, row, "batch_size", "whole")), []).append(e)
     power: dict[tuple[int, int], tuple[float, float]] = {}
-    with open(root / f"summary_power_{gpu}.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            if (row["dataset"], row["network"], row["optimizer"]) != (job.dataset, job.network, job.optimizer):
-                continue
-            power[(int(row["batch_size"]), int(row["power_limit"]))] = (float(row["time_per_epoch"]), float(row["average_power"]))
-    batches = sorted(b for b in epochs if any((b, pl) in power for pl in {p for _, p in power}))
+    seen_at: dict[tuple[int, int], int] = {}
+    for line, row in _rows(power_path, POWER_COLUMNS):
+        if not _job_row(row, job):
+            continue
+        key = (int(_number(power_path, line, row, "batch_size", "whole")),
+               int(_number(power_path, line, row, "power_limit", "whole")))
+        if key in seen_at:
+            raise ValueError(f"{power_path}, line {line}: batch {key[0]} at {key[1]} W is on line {seen_at[key]} too; "
+                             "keep one row per (batch size, power limit)")
+        seen_at[key] = line
+        power[key] = (_number(power_path, line, row, "time_per_epoch", "positive"),
+                      _number(power_path, line, row, "average_power", "positive"))
+    traced = {b for b, _ in power}
+    batches = sorted(b for b in epochs if b in traced)
     limits = sorted({p for _, p in power})
     if job.default_bs not in batches:
         raise ValueError(f"{job.name} on {gpu}: default batch {job.default_bs} missing from the traces")
-    return Trace(job, gpu, epochs, power, batches, limits)
+    if (job.default_bs, limits[-1]) not in power:
+        raise ValueError(f"{job.name} on {gpu}: {power_path} has no row for the default batch {job.default_bs} at "
+                         f"the maximum power limit {limits[-1]} W, where the baseline runs; add that row")
+    trace = Trace(job, gpu, epochs, power, batches, limits, root)
+    if all(math.isinf(_mean_epochs(trace, b)) for b in batches):
+        raise ValueError(f"{job.name} on {gpu}: no batch size reaches the target {job.target_metric} within "
+                         f"{job.max_epochs} epochs in every seed of {train_path}; nothing to replay")
+    return trace
 
 
 @dataclass
@@ -240,7 +329,7 @@ class DraLearner:
         self._sweeping = True
 
     def _best_pl(self, bs: int) -> int:
-        return min(self.t.power_limits, key=lambda pl: (self.t.epoch_cost(self.eta, bs, pl), -pl))
+        return min(self.t.limits_for(bs), key=lambda pl: (self.t.epoch_cost(self.eta, bs, pl), -pl))
 
     def _sweep_next(self) -> int | None:
         if self.t.job.default_bs not in self.seen:
@@ -307,8 +396,9 @@ class DraLearner:
             tpe, watts = _world_epoch(self.t, bs, pl, n)
             profile = bs not in self.profiled
             # The first epoch of a new batch size profiles every power limit (Zeus's JIT rule).
-            first_t = statistics.fmean(self.t.power[(bs, p)][0] for p in self.t.power_limits) if profile else tpe
-            first_e = statistics.fmean(self.t.power[(bs, p)][0] * self.t.power[(bs, p)][1] for p in self.t.power_limits) if profile else tpe * watts
+            limits = self.t.limits_for(bs)  # the limits traced at this batch size
+            first_t = statistics.fmean(self.t.power[(bs, p)][0] for p in limits) if profile else tpe
+            first_e = statistics.fmean(self.t.power[(bs, p)][0] * self.t.power[(bs, p)][1] for p in limits) if profile else tpe * watts
             self.profiled.add(bs)
             cap = self.t.job.max_epochs
             if math.isfinite(self.min_cost):
@@ -366,7 +456,7 @@ def run_zeus(trace: Trace, eta: float, beta: float, recurrences: int, seed: int)
     from zeus._legacy.policy.optimizer import JITPowerLimitOptimizer, PruningGTSBatchSizeOptimizer
     from zeus._legacy.simulate import Simulator
 
-    root = data_dir()
+    root = trace.root or data_dir()  # the traces the dra side replays, not always the shipped ones
     train = pd.read_csv(root / "summary_train.csv")
     power = pd.read_csv(root / f"summary_power_{trace.gpu}.csv")
     j = trace.job
