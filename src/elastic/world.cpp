@@ -365,6 +365,14 @@ void controller::recover(std::string reason) {
       if (lost) holds_state_ = false;
       deferred_.reset();
     }
+    // No recovery goes through a dead store: say so with the failure that called for one (the
+    // store's own message names only the key it could not read).
+    if (store_->gone())
+      throw dra::membership_error(
+          "dra: process " + std::to_string(uid_) + " cannot recover from '" + first_reason + "': the store at " +
+          store_->address() +
+          " is gone and every world change goes through it; restart the job from its last "
+          "checkpoint, with the store outside any process that may die (e.g. torchrun's agent)");
     // Survivors converge on the latest world that was decided: a member that failed before it
     // learnt of a decision follows it into the decided world (whose joiners may be waiting in it).
     const auto decided = store_->latest_decided_world(epoch_, members_);

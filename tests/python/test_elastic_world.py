@@ -235,9 +235,10 @@ def test_store_dying_between_a_decision_and_its_reading_skips_the_decision_on_ev
     job.start_all()
     codes = job.wait(240)
     assert job.store.returncode == -9
-    assert codes == {"r0": 0, "r1": 0}, [job.output(n)[-2000:] for n in codes]
+    said = {n: [line for line in job.output(n).splitlines() if "[dra]" in line or "Error" in line] for n in codes}
+    assert codes == {"r0": 0, "r1": 0}, said
     for name in ("r0", "r1"):
-        assert "skipped on every member" in job.output(name), job.output(name)[-3000:]
+        assert "skipped on every member" in job.output(name), said
     finals = {r["uid"]: r for r in job.records("final")}
     assert sorted(finals) == [0, 1] and finals[0]["step"] == finals[1]["step"] == N // 16
     assert finals[0]["digest"] == finals[1]["digest"]
