@@ -61,6 +61,8 @@ void bind_pool(py::module_& root) {
       .def("validate", &request::validate, py::arg("inventory"))
       .def("priority_level", &request::priority_level);
   m.def("priority_names", &priority_names);
+  m.attr("MIN_FRACTION") = dra::pool::min_fraction;
+  m.attr("MAX_WORKERS") = dra::pool::max_workers;
 
   py::class_<lease>(m, "Lease", "A share of one device held by one worker of one job.")
       .def(py::init<>())

@@ -242,14 +242,23 @@ TEST_CASE("outside.scheduler.odd_requests") {
   }
   dra::pool::scheduler scheduler;
   dra::pool::lease_book book;
-  // A tiny (valid) fraction: request::validate cast 4e12 slots to int (undefined; it refused
-  // the request, "room for -2147483648 such workers") and placement summed rooms in int.
+  // A tiny fraction: request::validate cast 4e12 slots to int (undefined; it refused the request,
+  // "room for -2147483648 such workers") and placement summed rooms in int. With a huge max_size
+  // as well (1e-9 and 2^31 - 1), admit ran for minutes. Both are refused now, by validate and by
+  // the scheduler (the same limits as the pool's job spec); the finest share still schedules.
   dra::pool::job_entry tiny;
   tiny.req.job = "tiny";
   tiny.req.fraction = 1e-12;
   tiny.req.max_size = 3;
+  CHECK(message_of([&] { tiny.req.validate(inv); }).rfind("fraction: must lie in [0.01, 1], got 1e-12", 0) == 0);
+  CHECK(message_of([&] { (void)scheduler.admit(inv, {tiny}, book, 0.0); }).rfind("jobs.fraction: job 'tiny'", 0) == 0);
+  tiny.req.fraction = dra::pool::min_fraction;
   tiny.req.validate(inv);
   CHECK(scheduler.admit(inv, {tiny}, book, 0.0).grants.size() == 3);
+  tiny.req.max_size = 2147483647;
+  CHECK(message_of([&] { tiny.req.validate(inv); }) ==
+        "max_size: must be <= 1000000, got 2147483647; ask for at most the workers the job can use");
+  CHECK(message_of([&] { (void)scheduler.admit(inv, {tiny}, book, 0.0); }).rfind("jobs.min_size: job 'tiny'", 0) == 0);
   // An unvalidated request with fraction 0 divided by zero and cast inf to int.
   dra::pool::job_entry zero;
   zero.req.job = "zero";

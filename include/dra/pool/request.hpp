@@ -5,6 +5,7 @@
 // pool's inventory and names the field and the fix; nothing is allocated for a bad request.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ inline int priority_level(const std::string& name) {
   return static_cast<int>(it - n.begin());
 }
 
+/// The least share of a device a worker may ask for: the finest share any enforcement holds (a
+/// GPU fraction's MPS thread percentage is a whole percent). A smaller one also lets a request ask
+/// for more workers than any scheduling round can place (1e-9 of each of 4 devices: 4e9 slots).
+inline constexpr double min_fraction = 0.01;
+/// The most workers one request may ask for.
+inline constexpr int max_workers = 1000000;
+
 inline const std::vector<std::string>& workload_kinds() {
   static const std::vector<std::string> kinds{"training", "inference"};
   return kinds;
@@ -39,7 +47,7 @@ struct request {
   std::string kind = "training";    ///< "training" (data-parallel workers) or "inference" (replicas)
   std::string device_type = "any";  ///< a type from the inventory, or "any"
   double memory_gb = 0.0;           ///< memory each worker needs on its device (0: no requirement)
-  double fraction = 1.0;            ///< share of one device per worker, in (0, 1]
+  double fraction = 1.0;            ///< share of one device per worker, in [min_fraction, 1]
   int min_size = 1;                 ///< workers the job needs to run at all
   int max_size = 1;                 ///< workers it can use
   std::string priority = "normal";  ///< low | normal | high | critical
@@ -69,10 +77,14 @@ struct request {
     if (memory_gb > most + 1e-9)
       throw_invalid("memory_gb", std::to_string(memory_gb) + " GB is more than any '" + device_type +
                                      "' device has (largest: " + std::to_string(most) + " GB); ask for at most that");
-    if (!(fraction > 0.0 && fraction <= 1.0))
-      throw_invalid("fraction", "must lie in (0, 1], got " + std::to_string(fraction) +
-                                    "; for more than one device ask for more workers (min_size/max_size)");
+    if (!(fraction >= min_fraction && fraction <= 1.0))
+      throw_invalid("fraction", "must lie in [0.01, 1], got " + shown(fraction) +
+                                    " (0.01 is the finest share any lease is held to); for more than one device "
+                                    "ask for more workers (min_size/max_size)");
     if (min_size < 1) throw_invalid("min_size", "must be >= 1, got " + std::to_string(min_size));
+    if (max_size > max_workers)
+      throw_invalid("max_size", "must be <= " + std::to_string(max_workers) + ", got " + std::to_string(max_size) +
+                                    "; ask for at most the workers the job can use");
     if (min_size > max_size)
       throw_invalid("min_size", "min_size " + std::to_string(min_size) + " > max_size " + std::to_string(max_size) +
                                     "; make min_size <= max_size");
@@ -87,6 +99,13 @@ struct request {
       throw_invalid("min_size", std::to_string(min_size) + " workers of fraction " + std::to_string(fraction) +
                                     " can never fit: the pool has room for " +
                                     std::to_string(static_cast<long long>(slots)) + " such workers; lower min_size");
+  }
+
+  /// A fraction as a user wrote it (std::to_string shows 1e-9 as 0.000000).
+  static std::string shown(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return buf;
   }
 
   /// Whether a device is suitable for one of this request's workers (type and memory).

@@ -4,7 +4,7 @@ The device pool's core: inventory, requests, scheduler, leases, scaling.
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['ArbiterConfig', 'ArbiterJob', 'AutoscalerConfig', 'ClusterArbiter', 'CompletionConfig', 'Device', 'GrantOrder', 'Inventory', 'JobEntry', 'Lease', 'LeaseBook', 'Plan', 'ReleaseOrder', 'ReplicaAutoscaler', 'Request', 'ScaleJob', 'Scheduler', 'SchedulerConfig', 'completion_weights', 'plan_sizes', 'priority_names', 'priority_weight']
+__all__: list[str] = ['ArbiterConfig', 'ArbiterJob', 'AutoscalerConfig', 'ClusterArbiter', 'CompletionConfig', 'Device', 'GrantOrder', 'Inventory', 'JobEntry', 'Lease', 'LeaseBook', 'MAX_WORKERS', 'MIN_FRACTION', 'Plan', 'ReleaseOrder', 'ReplicaAutoscaler', 'Request', 'ScaleJob', 'Scheduler', 'SchedulerConfig', 'completion_weights', 'plan_sizes', 'priority_names', 'priority_weight']
 class Device:
     """
     One device of the pool (a GPU, a MIG instance, a CPU slot).
@@ -522,3 +522,5 @@ def priority_names() -> list[str]:
     ...
 def priority_weight(priority: str) -> float:
     ...
+MAX_WORKERS: int = 1000000
+MIN_FRACTION: float = 0.01

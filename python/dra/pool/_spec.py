@@ -21,7 +21,9 @@ _NUMBER = {"type": "number"}
 #: The least share of a device a worker may ask for: the finest share any enforcement holds (a GPU
 #: fraction's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is a whole percent). On a CPU slot the floor is
 #: higher and depends on the slot (its quota and memory: PoolService refuses less at submission).
-MIN_FRACTION = 0.01
+#: The core's request check holds the same limits (``dra::pool::min_fraction``, ``max_workers``).
+MIN_FRACTION: float = _p.MIN_FRACTION
+MAX_WORKERS: int = _p.MAX_WORKERS
 _SECONDS = {"type": "number", "minimum": 0, "maximum": 86400 * 365}
 
 #: A job spec (JSON Schema, draft 2020-12). ``x-fix`` is the hint an error message ends with.
@@ -42,8 +44,8 @@ SPEC_SCHEMA: dict[str, Any] = {
                               "lease is held to: MPS thread percentages are whole percents, and a CPU slot's lease "
                               "has its own, larger floor); for more than one device ask for more workers "
                               "(min_size/max_size)"},
-        "min_size": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
-        "max_size": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+        "min_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
+        "max_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
         "priority": {"enum": ["low", "normal", "high", "critical"]},
         "elastic": {"type": "boolean"},
         "gang": {"type": "boolean"},
