@@ -54,6 +54,22 @@ class Controller(_core.Controller):
         broadcast_buffers: bool = True,
         **options: Any,
     ) -> None:
+        try:
+            self._build(config, model, optimizer, sampler, scheduler, store_address, join, broadcast_buffers, options)
+        except BaseException:
+            if not self.__dict__.get("_built"):
+                # The C++ part was never made: the half-made object stays reachable from the
+                # traceback's frames, where a debugger, pytest or a crash reporter calls its repr
+                # (or a method). Those read an object that does not exist and crashed the process
+                # (SIGSEGV). It gets an inert local controller instead, and says it failed.
+                _core.Controller.__init__(self, _core.Options())
+                self.model = self.optimizer = self.scheduler = self.sampler = None
+                self.__dict__["_failed"] = True
+            raise
+
+    def _build(self, config: Any, model: Any, optimizer: Any, sampler: Any, scheduler: Any,
+               store_address: tuple[str, int] | None, join: bool | None, broadcast_buffers: bool,
+               options: dict[str, Any]) -> None:
         if config is not None:
             if not isinstance(config, _core.EngineConfig):
                 raise ValueError(f"config: expected a dra.EngineConfig, got {type(config).__name__}")
@@ -71,6 +87,7 @@ class Controller(_core.Controller):
                 raise ValueError(f"model: None, with {' and '.join(given)} given; an elastic controller needs the module "
                                  "(dra.elastic.init(model, optimizer, sampler))")
             super().__init__(_core.Options(**options))
+            self._built = True
             self.model = self.optimizer = self.scheduler = self.sampler = None
             return
         from dra.elastic import _state, _wrappers
@@ -112,6 +129,7 @@ class Controller(_core.Controller):
             join=join,
             phase_hook=_testing_phase_hook(),
         )
+        self._built = True
         sampler._follow(self)
         self.sampler = sampler
         if broadcast_buffers:
@@ -248,6 +266,8 @@ class Controller(_core.Controller):
         self.resume_at(int(state["step_index"]))
 
     def __repr__(self) -> str:
+        if self.__dict__.get("_failed"):
+            return "<dra.Controller whose construction failed (an inert local controller)>"
         return f"<dra.Controller {self.role} uid={self.uid} rank={self.rank} world={self.world_size} step={self.step_index}>"
 
 

@@ -339,6 +339,25 @@ const step_status& controller::step(const at::Tensor& loss, const step_signals& 
   return step_impl(&loss, kNaN, extra);
 }
 
+void controller::say_if_loss_never_positive() {
+  // The loss-trend signals fit log(loss): a loss that is never positive (a negative log-likelihood
+  // bound, a reward to maximise passed as its negative) leaves them empty, and the phase stays
+  // warmup for the whole run. Said once, when the warmup would have ended.
+  if (nonpositive_said_) return;
+  const auto& s = engine_.signals();
+  if (s.accepted < std::max<std::uint64_t>(engine_.config().estimator.warmup_steps, 1) ||
+      s.nonpositive_count != s.accepted)
+    return;
+  nonpositive_said_ = true;
+  std::fprintf(stderr,
+               "[dra] step %lld: every loss so far (%llu steps, the latest %g) is <= 0: the convergence signals fit "
+               "log(loss), so the loss trend and plateau stay empty and the phase stays warmup; pass dra.step a "
+               "quantity that is positive and falls as training converges (e.g. loss minus a known lower bound) "
+               "(said once)\n",
+               static_cast<long long>(s.step), static_cast<unsigned long long>(s.accepted), s.loss);
+  std::fflush(stderr);
+}
+
 void controller::note_loss(double loss) {
   input_nonfinite_streak_ = std::isfinite(loss) ? 0 : input_nonfinite_streak_ + 1;
   if (input_nonfinite_streak_ == 1) nonfinite_started_ = true;
@@ -354,6 +373,7 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
   if (role_ == role::local) {
     step_local(device_loss, loss);
     apply_signals(extra);
+    say_if_loss_never_positive();
     return status_;
   }
   if (role_ == role::member) {
@@ -409,6 +429,7 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
     }
     if (log_->lines().size() > events_before) status_.event = log_->last();
   }
+  if (role_ == role::member && comm_ && comm_->rank() == 0) say_if_loss_never_positive();
   status_.world_size = world_size();
   status_.rank = rank();
   status_.epoch = epoch_;

@@ -118,3 +118,40 @@ def test_live_config_names_a_bad_setting_before_anything_starts(kwargs, message)
     with pytest.raises(ValueError, match=message):
         LiveConfig(**kwargs).validate()
     LiveConfig(policy={"planner": "lookahead", "cooldown_steps": 2}).validate()
+
+
+@pytest.mark.parametrize("losses,said", [
+    ([-1.0 - 0.01 * i for i in range(40)], True),  # a negative log-likelihood bound, a reward passed negated
+    ([0.0] * 40, True),
+    ([-1.0] * 5 + [0.5] + [-1.0] * 34, False),  # one positive loss: the fit has something
+    ([2.0 / (1 + i) for i in range(40)], False),
+])
+def test_a_loss_that_is_never_positive_is_said_once(capfd, losses, said) -> None:
+    # The loss-trend signals fit log(loss): a loss never positive left them empty and the phase in
+    # warmup for the whole run, and nothing said so.
+    dra.reset(dra.Controller(decide_every=10, estimator={"warmup_steps": 16}))
+    for loss in losses:
+        status = dra.step(torch.tensor(loss))
+    dra.step(-5.0)
+    err = capfd.readouterr().err
+    assert err.count("is <= 0: the convergence signals fit log(loss)") == (1 if said else 0), err
+    if said:
+        assert status.signals.phase == "warmup" and "step 15: every loss so far (16 steps" in err
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"warmup_steps": 16},  # an unknown option: no world
+    {"model": torch.nn.Linear(2, 1), "optimizer": None, "sampler": None},  # an elastic job's objects refused
+])
+def test_a_controller_whose_construction_failed_is_safe_to_look_at(kwargs) -> None:
+    # The half-made object stays reachable from the traceback's frames, where pytest (on a failing
+    # test), a debugger or a crash reporter calls its repr: that read a C++ object that was never
+    # made and killed the process with SIGSEGV.
+    with pytest.raises((ValueError, TypeError)) as info:
+        dra.Controller(**kwargs)
+    made = [e.frame.f_locals["self"] for e in info.traceback
+            if isinstance(e.frame.f_locals.get("self"), dra.Controller)]
+    assert made
+    for ctl in made:
+        assert repr(ctl) == "<dra.Controller whose construction failed (an inert local controller)>"
+        assert ctl.status.world_size == 1 and ctl.world_size == 1

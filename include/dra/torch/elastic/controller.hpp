@@ -448,6 +448,7 @@ class controller {
   bool decision_point(std::int64_t committed) const;
   bool read_due(std::int64_t committed) const;
   void note_loss(double loss);
+  void say_if_loss_never_positive();
   void note_world_energy(double joules, bool estimated);
   detail::job_figures figures() const;
   void start_energy_meter();
@@ -524,6 +525,7 @@ class controller {
   std::vector<at::Tensor> buffers_;      ///< averaged at every committed step (set_buffers)
   std::optional<std::int64_t> missed_;   ///< the step whose reduction this rank did not follow by step()
   bool missed_said_ = false;             ///< the all-identical outcome of a missed step was reported
+  bool nonpositive_said_ = false;        ///< a loss never positive was reported
   std::optional<step_refusal> refused_;  ///< this step is refused (set at its reduction)
   std::optional<step_refusal> refusal_;  ///< the latest step() was a refusal
   int refusals_in_a_row_ = 0;
