@@ -97,6 +97,20 @@ def test_rl_simulate_pipeline_names_a_bad_device_count() -> None:
         rl.simulate_pipeline(devices=4.0, steps=2)
 
 
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: rl.simulate(devices=10**6, steps=2), r"devices: 1000000 is above the phase model's bound 1024"),
+    (lambda: rl.simulate(steps=10**9), r"steps: 1000000000 is above the bound 100,000"),
+    (lambda: rl.simulate(workload={"steps": 10**9}), r"steps: 1000000000 is above the bound"),
+    (lambda: rl.simulate_pipeline(devices=4096, steps=2), r"devices: 4096 is above the event model's bound 64"),
+    (lambda: rl.simulate_pipeline(steps=2, lookahead_samples=10**6), r"lookahead_samples: 1000000 is above the bound 64"),
+])
+def test_rl_simulations_refuse_sizes_that_would_not_end(call, message) -> None:
+    # dra-sim rl bounded them; the Python API ran on silently (devices=10**6 for hours: every static
+    # split is simulated; 256 devices in the event model took 74 s for 20 steps).
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"slots": 2.5}, r"slots: expected an integer, got 2\.5"),
     ({"slots": "4"}, r"slots: expected an integer, got '4'"),

@@ -113,6 +113,34 @@ def _configure(cls: Any, values: dict[str, Any] | None) -> Any:
     return cls(**(values or {}))
 
 
+#: Bounds of how much one simulation runs (``simulate``, ``simulate_pipeline``,
+#: ``dra-sim rl``; docs/guide/rl.md, "Bounds"), measured
+#: on the project's 2-core machine: the phase model takes about
+#: ``PHASE_S_PER_WORK x steps x devices x (devices + 48)`` seconds (8 devices: 1.2 ms per step;
+#: 64: 21 ms; 512: 0.7 s), its JSON about 135 bytes per step and device.
+MAX_STEPS = 100_000
+MAX_DEVICES = 1024
+MAX_WORK = 240_000_000  # steps x devices x (devices + 48): about 10 minutes
+PHASE_S_PER_WORK = 2.5e-6
+#: The event model (--pipeline-scenario) costs about ``EVENT_S_PER_WORK x steps x (devices + 16)
+#: x (1 + lookahead samples / 8)`` seconds on the costliest shipped setting (longgen: 0.75 s per
+#: step at 8 devices, 1.5 s at 32; 12 look-ahead samples 2-2.5x); its planner and oracle grow
+#: faster than linearly in steps and devices, hence the tighter bounds.
+MAX_EVENT_WORK = 19_000  # about 10 minutes
+MAX_EVENT_DEVICES = 64
+EVENT_S_PER_WORK = 0.031
+MAX_LOOKAHEAD_SAMPLES = 64
+
+
+def _check_bounds(devices: int, steps: Any, most_devices: int, model: str) -> None:
+    """The sizes past which a run cannot end in reasonable time (the CLI also bounds the work)."""
+    if devices > most_devices:
+        raise ValueError(f"devices: {devices} is above the {model}'s bound {most_devices} (every static split is "
+                         f"simulated, and the cost grows faster than the devices); give at most {most_devices}")
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > MAX_STEPS:
+        raise ValueError(f"steps: {steps} is above the bound {MAX_STEPS:,}; give at most {MAX_STEPS:,}")
+
+
 def _check_int(name: str, value: Any) -> None:
     """An integer argument checked here (pybind's own message for another type lists signatures)."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -144,6 +172,7 @@ def simulate(
     and a ``summary`` with the ratios."""
     for name, value in (("devices", devices), ("initial_rollout", initial_rollout)):
         _check_int(name, value)
+    _check_bounds(devices, (workload or {}).get("steps", steps), MAX_DEVICES, "phase model")
     preset: dict[str, Any] = {}
     if scenario is not None:
         if scenario not in SCENARIOS:
@@ -366,8 +395,12 @@ def simulate_pipeline(
         raise ValueError(
             f"lookahead_samples: must be an integer >= 0 (0: no look-ahead references), got {lookahead_samples!r}"
         )
+    if lookahead_samples > MAX_LOOKAHEAD_SAMPLES:
+        raise ValueError(f"lookahead_samples: {lookahead_samples} is above the bound {MAX_LOOKAHEAD_SAMPLES}; give at "
+                         f"most {MAX_LOOKAHEAD_SAMPLES}")
     for name, value in (("devices", devices), ("initial_rollout", initial_rollout), ("oracle_lookahead", oracle_lookahead)):
         _check_int(name, value)
+    _check_bounds(devices, (workload or {}).get("steps", steps), MAX_EVENT_DEVICES, "event model")
     preset: dict[str, Any] = {}
     if scenario is not None:
         if scenario not in PIPELINE_SCENARIOS:

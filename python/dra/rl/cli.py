@@ -21,24 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# The bounds of how much one run simulates are dra.rl's (docs/guide/rl.md, "Bounds").
+from dra.rl import (
+    EVENT_S_PER_WORK,
+    MAX_DEVICES,
+    MAX_EVENT_DEVICES,
+    MAX_EVENT_WORK,
+    MAX_LOOKAHEAD_SAMPLES,
+    MAX_STEPS,
+    MAX_WORK,
+    PHASE_S_PER_WORK,
+)
 from dra.sim._args import check_csv, check_output_paths, decimal_arg, integer_arg, seed_arg
-
-#: Bounds of how much one ``dra-sim rl`` run simulates (docs/guide/simulator.md, "Bounds"), measured
-#: on the project's 2-core machine: the phase model takes about
-#: ``PHASE_S_PER_WORK x steps x devices x (devices + 48)`` seconds (8 devices: 1.2 ms per step;
-#: 64: 21 ms; 512: 0.7 s), its JSON about 135 bytes per step and device.
-MAX_STEPS = 100_000
-MAX_DEVICES = 1024
-MAX_WORK = 240_000_000  # steps x devices x (devices + 48): about 10 minutes
-PHASE_S_PER_WORK = 2.5e-6
-#: The event model (--pipeline-scenario) costs about ``EVENT_S_PER_WORK x steps x (devices + 16)
-#: x (1 + lookahead samples / 8)`` seconds on the costliest shipped setting (longgen: 0.75 s per
-#: step at 8 devices, 1.5 s at 32; 12 look-ahead samples 2-2.5x); its planner and oracle grow
-#: faster than linearly in steps and devices, hence the tighter bounds.
-MAX_EVENT_WORK = 19_000  # about 10 minutes
-MAX_EVENT_DEVICES = 64
-EVENT_S_PER_WORK = 0.031
-MAX_LOOKAHEAD_SAMPLES = 64
 
 
 def _assignments(items: list[str] | None, flag: str) -> dict[str, Any]:
