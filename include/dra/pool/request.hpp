@@ -72,11 +72,12 @@ struct request {
                                        (have.empty() ? "no devices" : have) + " (or ask for 'any')");
     }
     if (!(memory_gb >= 0.0) || !std::isfinite(memory_gb))
-      throw_invalid("memory_gb", "must be a finite number >= 0, got " + std::to_string(memory_gb));
+      throw_invalid("memory_gb", "must be a finite number >= 0, got " + shown(memory_gb));
     const double most = inv.max_memory_gb(device_type);
     if (memory_gb > most + 1e-9)
-      throw_invalid("memory_gb", std::to_string(memory_gb) + " GB is more than any '" + device_type +
-                                     "' device has (largest: " + std::to_string(most) + " GB); ask for at most that");
+      throw_invalid("memory_gb", shown(memory_gb) + " GB is more than any " +
+                                     (device_type == "any" ? std::string() : "'" + device_type + "' ") +
+                                     "device has (largest: " + shown(most) + " GB); ask for at most that");
     if (!(fraction >= min_fraction && fraction <= 1.0))
       throw_invalid("fraction", "must lie in [0.01, 1], got " + shown(fraction) +
                                     " (0.01 is the finest share any lease is held to); for more than one device "
@@ -96,7 +97,7 @@ struct request {
     // In double: a tiny fraction makes room for more workers than an int holds.
     const double slots = std::floor(max_slots(inv) + 1e-9);
     if (static_cast<double>(min_size) > slots)
-      throw_invalid("min_size", std::to_string(min_size) + " workers of fraction " + std::to_string(fraction) +
+      throw_invalid("min_size", std::to_string(min_size) + " workers of fraction " + shown(fraction) +
                                     " can never fit: the pool has room for " +
                                     std::to_string(static_cast<long long>(slots)) + " such workers; lower min_size");
   }
