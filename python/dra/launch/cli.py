@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import uuid
 
 from dra._argtypes import nonnegative_arg, nonnegative_int_arg, port_arg, positive_arg, std_streams_arg
-from dra.launch.node import NodeLauncher, RunConfig
+from dra.launch.node import NodeLauncher, RunConfig, log_dir
 
 
 def _both(p: argparse.ArgumentParser, name: str, *extra: str, **kw) -> None:
@@ -88,6 +89,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The most workers one node starts (a typo such as 80000 for 8 would fork until the machine gives out)
+#: and the most nodes a job names (each node's worker count is gathered by key).
+MAX_NPROC = 1024
+MAX_NODES = 65536
+
+
 def _nproc(value: str) -> int:
     if value in ("cpu", "auto"):
         try:
@@ -110,6 +117,9 @@ def _nproc(value: str) -> int:
         raise ValueError(f"--nproc-per-node: expected a number, 'cpu', 'gpu' or 'auto', got {value!r}") from None
     if n < 1:
         raise ValueError(f"--nproc-per-node: must be >= 1, got {n}; give a number of workers >= 1, 'cpu', 'gpu' or 'auto'")
+    if n > MAX_NPROC:
+        raise ValueError(f"--nproc-per-node: {n} workers on one node is more than {MAX_NPROC}; give the workers "
+                         "this node runs (one per device or core), or 'cpu', 'gpu' or 'auto'")
     return n
 
 
@@ -121,6 +131,8 @@ def _nnodes(value: str) -> tuple[int, int]:
         raise ValueError(f"--nnodes: expected N or MIN:MAX, got {value!r}") from None
     if not 1 <= a <= b:
         raise ValueError(f"--nnodes: needs 1 <= MIN <= MAX, got {value!r}")
+    if b > MAX_NODES:
+        raise ValueError(f"--nnodes: {b} nodes is more than {MAX_NODES}; give the number of nodes (N or MIN:MAX)")
     return a, b
 
 
@@ -130,19 +142,97 @@ def _command(args: argparse.Namespace, after_dashes: list[str]) -> list[str]:
     if args.no_python and args.module:
         raise ValueError("--no-python and --module cannot go together (torchrun's rule)")
     if args.no_python:
+        _check_program(args.training_script, "--no-python: ")
         return [args.training_script, *args.training_script_args]
     if args.module:
         return [sys.executable, "-u", "-m", args.training_script, *args.training_script_args]
+    _check_script(args.training_script)
     return [sys.executable, "-u", args.training_script, *args.training_script_args]
 
 
-def _ranks(text: str) -> set[int] | None:
+def _check_script(script: str) -> None:
+    """A script python can run: a file, or a folder or zip with ``__main__.py`` (refused here, before
+    anything starts, rather than as a traceback from every worker)."""
+    where = f" (relative to {os.getcwd()})" if not os.path.isabs(script) else ""
+    if not os.path.exists(script):
+        raise ValueError(f"the training script {script!r} does not exist{where}; give the path of the script, "
+                         "-m for a module, or the command after '--'")
+    if os.path.isdir(script) and not os.path.isfile(os.path.join(script, "__main__.py")):
+        raise ValueError(f"the training script {script!r} is a directory without __main__.py; give the script in it")
+    if not os.access(script, os.R_OK):
+        raise ValueError(f"the training script {script!r} cannot be read by this user; make it readable (chmod +r)")
+
+
+def _check_program(program: str, what: str = "") -> None:
+    """A program found as a shell finds it (on PATH, or by its path), executable."""
+    if shutil.which(program) is not None:
+        return
+    if os.sep in program and os.path.isfile(program):
+        raise ValueError(f"{what}{program!r} is not executable; make it so (chmod +x), or run it with its interpreter")
+    where = "does not exist" if os.sep in program else "is not a program on PATH"
+    raise ValueError(f"{what}{program!r} {where}; give the path of the program to run")
+
+
+def _ranks(text: str, nproc: int) -> set[int] | None:
     if not text:
         return None
     try:
-        return {int(x) for x in text.split(",") if x.strip()}
+        ranks = {int(x) for x in text.split(",") if x.strip()}
     except ValueError:
         raise ValueError(f"--local-ranks-filter: expected ranks such as 0,2, got {text!r}") from None
+    outside = sorted(r for r in ranks if not 0 <= r < nproc)
+    if outside:
+        raise ValueError(f"--local-ranks-filter: {','.join(map(str, outside))} is not a local rank of "
+                         f"--nproc-per-node {nproc}; give local ranks 0 to {nproc - 1}")
+    return ranks
+
+
+def _conf(text: str) -> dict[str, str]:
+    """``--rdzv-conf key=value,...``."""
+    items = [kv for kv in text.split(",") if kv.strip()]
+    bad = [kv for kv in items if "=" not in kv or not kv.split("=", 1)[0].strip()]
+    if bad:
+        raise ValueError(f"--rdzv-conf: {bad[0]!r} is not key=value; give key=value,... (e.g. join_timeout=600)")
+    return {k.strip(): v.strip() for k, v in (kv.split("=", 1) for kv in items)}
+
+
+def _endpoint(text: str, default_port: int | None) -> str:
+    """``--rdzv-endpoint HOST[:PORT]`` checked (torchrun's c10d default port: 29400) and its host resolved."""
+    host, colon, port = text.rpartition(":")
+    if not colon or host.endswith(":") and not host.startswith("["):  # no port, or a bare IPv6 address
+        host, port = text, ""
+    if not port and default_port is not None:
+        port = str(default_port)
+    if port == "0":
+        raise ValueError(f"--rdzv-endpoint: {text!r}: port 0 (a free port picked at random) cannot be found by other "
+                         "nodes; give the port the store listens on (one node needs no --rdzv-* flags, or --standalone)")
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) <= 65535:
+        raise ValueError(f"--rdzv-endpoint: expected HOST:PORT with a port 1-65535, got {text!r}")
+    _resolve(host.strip("[]"), "--rdzv-endpoint")
+    return f"{host}:{int(port)}"
+
+
+def _resolve(host: str, flag: str) -> None:
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as e:
+        raise ValueError(f"{flag}: cannot resolve the host {host!r} ({e}); give a name or address the nodes "
+                         "reach each other at") from None
+
+
+def _check_listen(host: str) -> None:
+    """The one-node store listens on ``--store-host``: an address of this machine."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.bind(infos[0][4])
+    except (OSError, UnicodeError) as e:
+        raise ValueError(f"--store-host: cannot listen on {host!r} ({e}); give an address of this machine "
+                         "(127.0.0.1, or 0.0.0.0 with --advertise for workers elsewhere)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,19 +251,44 @@ def main(argv: list[str] | None = None) -> int:
         command = _command(args, after)
         if not command:
             p.error("give the script (dra run [flags] train.py ARGS) or the command after '--'")
+        if after:
+            _check_program(after[0], "the command after '--': ")
         if args.options is not None:
             import dra
 
-            dra.Options(**json.loads(args.options))  # a bad option is named before anything starts
+            try:
+                options = json.loads(args.options)
+            except ValueError as e:
+                raise ValueError(f"--options: {args.options!r} is not JSON ({e}); give a JSON object such as "
+                                 """'{"policy": "none"}'""") from None
+            if not isinstance(options, dict):
+                raise ValueError(f"--options: {args.options!r} is not a JSON object; give one such as "
+                                 """'{"policy": "none"}'""")
+            dra.Options(**options)  # a bad option is named before anything starts
             os.environ["DRA_OPTIONS"] = args.options
         lo, hi = _nnodes(args.nnodes)
+        if args.standalone and hi > 1:
+            raise ValueError(f"--standalone is one node, --nnodes {args.nnodes} is more; drop --standalone and give "
+                             "--rdzv-backend c10d --rdzv-endpoint HOST:PORT (or --node-rank with --master-addr/--master-port)")
+        if hi > 1 and args.rdzv_backend == "static" and not args.rdzv_endpoint and (
+                args.node_rank is None or args.master_port is None):
+            raise ValueError(f"--nnodes {args.nnodes}: give --rdzv-backend c10d --rdzv-endpoint HOST:PORT, or --node-rank "
+                             "with --master-addr and --master-port")
+        nproc = _nproc(args.nproc_per_node)
         tee = args.tee if args.tee is not None else (0 if args.redirects not in (None, 0) else 3)
         run_id = args.rdzv_id or (uuid.uuid4().hex[:12] if args.standalone else "job")
-        conf = dict(kv.split("=", 1) for kv in args.rdzv_conf.split(",") if "=" in kv)
+        if "/" in run_id or "\0" in run_id or run_id in (".", ".."):
+            raise ValueError(f"--rdzv-id: {run_id!r} cannot name the job's log files (<log-dir>/<id>.<rank>.log); "
+                             "give an id without '/'")
+        conf = _conf(args.rdzv_conf)
+        if args.rdzv_endpoint and (args.rdzv_backend == "c10d" or hi > 1):
+            args.rdzv_endpoint = _endpoint(args.rdzv_endpoint, default_port=29400 if args.rdzv_backend == "c10d" else None)
+        if hi == 1 and not args.rdzv_endpoint:
+            _check_listen(args.store_host)
+        elif args.rdzv_backend == "static" and not args.rdzv_endpoint:
+            _resolve(args.master_addr, "--master-addr")
         if hi > 1 and args.rdzv_backend == "static" and args.rdzv_endpoint and args.master_port is None:
             host, _, port = args.rdzv_endpoint.rpartition(":")
-            if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) <= 65535:
-                raise ValueError(f"--rdzv-endpoint: expected HOST:PORT with a port 1-65535, got {args.rdzv_endpoint!r}")
             args.master_addr, args.master_port = host, int(port)
         if hi > 1 and args.rdzv_backend == "static":
             if args.node_rank is not None and args.node_rank >= hi:
@@ -182,25 +297,39 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--master-port: 0 (a free port picked at random) cannot be found by the other nodes; "
                                  "give the port node 0 listens on")
         cfg = RunConfig(
-            command=command, nproc=_nproc(args.nproc_per_node), min_nodes=lo, max_nodes=hi, node_rank=args.node_rank,
+            command=command, nproc=nproc, min_nodes=lo, max_nodes=hi, node_rank=args.node_rank,
             rdzv_backend=args.rdzv_backend if hi > 1 or args.rdzv_endpoint else "static",
             rdzv_endpoint=args.rdzv_endpoint, run_id=run_id, rdzv_conf=conf, max_restarts=args.max_restarts,
             monitor_interval=args.monitor_interval, role=args.role, log_dir=args.log_dir, tee=tee,
-            local_ranks=_ranks(args.local_ranks_filter), master_addr=args.master_addr, master_port=args.master_port,
+            local_ranks=_ranks(args.local_ranks_filter, nproc), master_addr=args.master_addr, master_port=args.master_port,
             local_addr=args.local_addr, shutdown_timeout=args.shutdown_timeout, store_host=args.store_host,
             advertise=args.advertise, zygote=not args.no_zygote,
             preload=args.preload.split(",") if args.preload else ["torch", "dra", "dra.elastic"],
             fence_timeout_s=args.fence_timeout_s)
         if cfg.rdzv_backend == "c10d" and not cfg.rdzv_endpoint:
             raise ValueError("--rdzv-backend c10d: give --rdzv-endpoint HOST:PORT")
+        log_dir(cfg.log_dir)  # a folder the logs can go to, before anything starts
     except ValueError as e:
         print(f"dra run: {e}", file=sys.stderr)
         return 2
+    launcher = None
     try:
-        return NodeLauncher(cfg).run()
+        launcher = NodeLauncher(cfg)
+        code = launcher.run()
     except (OSError, RuntimeError, TimeoutError, ValueError) as e:  # a rendezvous or a store that failed
         print(f"dra run: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        code = 1
+    except Exception as e:
+        if not type(e).__module__.startswith("torch.distributed.elastic.rendezvous"):
+            raise
+        # torch's RendezvousError family (not an OSError): an endpoint that never answered, a closed rendezvous
+        cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+        print(f"dra run: {type(e).__name__}: {e}{cause}; check --rdzv-endpoint {cfg.rdzv_endpoint} (a `dra store` "
+              "listening there, or this node's address) and --rdzv-id", file=sys.stderr)
+        code = 1
+    if launcher is not None and launcher.console_stuck:
+        os._exit(code)  # every worker has ended; the console's flush at exit would wait on it
+    return code
 
 
 def _run_pool(args: argparse.Namespace, command: list[str] | None, p: argparse.ArgumentParser) -> int:

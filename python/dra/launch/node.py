@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,13 +72,17 @@ class Worker:
     pid: int = 0
     started: float = 0.0
     join: bool = False
+    attempt: int = 0  #: the whole-group attempt it belongs to (a job without dra)
 
 
 class NodeLauncher:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.log_dir = Path(cfg.log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir(cfg.log_dir)
+        self._log_failed = False
+        #: the console blocked the copy of the workers' output at the end: the process must leave without
+        #: the interpreter's shutdown (its final flush of stdout would wait on that console)
+        self.console_stuck = False
         self.signals: list[int] = []
         self.workers: dict[str, Worker] = {}
         self.exits: list[dict[str, Any]] = []
@@ -92,12 +97,27 @@ class NodeLauncher:
         self._capacity_t = 0.0
         self._is_dra: bool | None = None
         self._store_lost_since: float | None = None
+        #: process groups of workers that exited leaving processes behind (their children), killed
+        #: at the end; a group checked every look, so its id is dropped as soon as it empties
+        self.leftovers: set[int] = set()
 
     # -- messages ------------------------------------------------------------------------------
     def _say(self, text: str) -> None:
         print(f"[dra run] {text}", file=sys.stderr, flush=True)
-        with open(self.log_dir / f"{self.cfg.run_id}.launcher.log", "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+        self._log_only(text)
+
+    def _log_only(self, text: str) -> None:
+        from dra.pool._spawner import open_private_log
+
+        path = self.log_dir / f"{self.cfg.run_id}.launcher.log"
+        try:  # never through a link planted in the folder; a full disk does not stop the job
+            with open_private_log(path) as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n".encode())
+        except OSError as e:
+            if not self._log_failed:
+                self._log_failed = True
+                print(f"[dra run] cannot write {path} ({e}): the launcher's lines go to the console only", file=sys.stderr,
+                      flush=True)
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -108,9 +128,7 @@ class NodeLauncher:
         use_zygote = cfg.zygote and is_python(cfg.command)
         self.tee = Tee()
         try:
-            self.placement = self._meet()
-            if self.signals:
-                return 1
+            self.placement = self._meet_or_stop()
             self.spawner = Spawner(use_zygote, cfg.preload, self.log_dir / f"{cfg.run_id}.zygote.log")
             self._connect_job()
             p = self.placement
@@ -123,11 +141,14 @@ class NodeLauncher:
             return self._finish()
         finally:
             for w in list(self.workers.values()):
-                self.spawner.kill(w.wid, signal.SIGKILL)
+                _kill_group(w.pid, signal.SIGKILL)
+            for pgid in self.leftovers:
+                _kill_group(pgid, signal.SIGKILL)
             if self.spawner is not None:
                 self.spawner.close()
-            if self.tee is not None:
-                self.tee.close()
+            if self.tee is not None and not self.tee.close():
+                self.console_stuck = True
+                self._log_only("the console did not take the workers' last output in 5 s: the rest is in their log files")
             if self.placement is not None:
                 self.placement.close()
             # The store and its clients go now, not at the interpreter's exit (where their C++
@@ -135,6 +156,33 @@ class NodeLauncher:
             self.job = self.placement = self.beats = None
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _meet_or_stop(self) -> rendezvous.Placement:
+        """``_meet``, stoppable: torch's store connects and waits inside C++ (up to the rendezvous
+        timeout, 600 s), where no Python signal handler runs. It runs in a thread; a stopping signal
+        before the nodes met ends the launcher at once (exit 1): no worker has started, and the
+        thread blocked in C++ cannot be joined, so the process leaves without its interpreter's
+        shutdown."""
+        box: dict[str, Any] = {}
+
+        def meet() -> None:
+            try:
+                box["placement"] = self._meet()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+
+        thread = threading.Thread(target=meet, name="dra-run-rendezvous", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.1)
+            if self.signals:
+                self._say(f"{signal.Signals(self.signals[0]).name} before the nodes met: stopped (no worker started)")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(1)
+        if "error" in box:
+            raise box["error"]
+        return box["placement"]
 
     def _meet(self) -> rendezvous.Placement:
         cfg = self.cfg
@@ -197,7 +245,7 @@ class NodeLauncher:
         uid = self.job.claim_late_uid() if join else rank
         suffix = f".uid{uid}" if join else ""
         w = Worker(local_rank, rank, uid, f"{cfg.run_id}.{rank}{suffix}.a{self.restart_count}",
-                   self.log_dir / f"{cfg.run_id}.{rank}{suffix}.log", join=join)
+                   self.log_dir / f"{cfg.run_id}.{rank}{suffix}.log", join=join, attempt=self.restart_count)
         if console_wanted(local_rank, cfg.tee, cfg.local_ranks) and self.tee is not None:
             self.tee.follow(w.log, prefix_for(cfg.role, local_rank))
         w.pid = self.spawner.spawn(w.wid, list(cfg.command), self._env(w), [], w.log, cfg.cwd)
@@ -227,10 +275,14 @@ class NodeLauncher:
         forwarded_at: float | None = None
         killed = False
         while self.workers:
-            for wid, code in self.spawner.poll():
-                w = self.workers.pop(wid, None)
-                if w is not None:
-                    self._exited(w, code)
+            # Every exit seen now leaves the live set before any is handled: a group stopped for the
+            # first would otherwise wait out --shutdown-timeout for the others, already gone.
+            ended = [(self.workers.pop(wid), code) for wid, code in self.spawner.poll() if wid in self.workers]
+            for w, code in ended:
+                if _group_alive(w.pid):
+                    self.leftovers.add(w.pid)
+                self._exited(w, code)
+            self.leftovers = {g for g in self.leftovers if _group_alive(g)}
             if self.signals and forwarded_at is None:
                 name = signal.Signals(self.signals[0]).name
                 self._say(f"{name}: stopping the job (SIGTERM to every worker: a dra job ends cleanly at the same "
@@ -269,7 +321,10 @@ class NodeLauncher:
 
     def _signal_all(self, sig: int) -> None:
         for w in self.workers.values():
-            self.spawner.kill(w.wid, sig)
+            if sig == signal.SIGKILL:
+                _kill_group(w.pid, sig)  # the processes it started too
+            else:  # SIGTERM to the worker alone: its DataLoader workers serve it until it stops
+                self.spawner.kill(w.wid, sig)
 
     def _exited(self, w: Worker, code: int) -> None:
         if self.tee is not None:
@@ -277,10 +332,10 @@ class NodeLauncher:
         ran = time.time() - w.started
         record = {"rank": w.rank, "local_rank": w.local_rank, "uid": w.uid, "pid": w.pid, "code": code,
                   "time": time.time(), "ran_s": round(ran, 3), "join": w.join, "error_file": self._error(w),
-                  "attempt": self.restart_count}
+                  "attempt": w.attempt}
         self.exits.append(record)
-        if code == 0 or self.signals:
-            return
+        if code == 0 or self.signals or w.attempt != self.restart_count:
+            return  # (a worker of a group already stopped and restarted: its exit is recorded, nothing more)
         how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ else f"code {code}"
         if self._is_dra_job():
             done = self._job_done()
@@ -399,6 +454,52 @@ class NodeLauncher:
                       f"  log       : {self.log_dir / (self.cfg.run_id + '.' + str(e['rank']) + '.log')}"]
         lines.append("=" * 60)
         print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def log_dir(path: str | Path) -> Path:
+    """The folder of the job's logs (``--log-dir``), made 0700 when new. Refused, naming the flag, when
+    it is a file, cannot be written, is a symbolic link, belongs to another user or others may write
+    into it (a link planted there would take the launcher's and the workers' output), as the
+    device pool's launcher refuses it."""
+    from dra.pool._spawner import private_log_dir
+
+    path = Path(path)
+    try:
+        private_log_dir(path)
+    except FileExistsError:
+        raise ValueError(f"--log-dir: {str(path)!r} exists and is not a folder; give a folder for the workers' "
+                         "logs") from None
+    except OSError as e:
+        raise ValueError(f"--log-dir: cannot make {str(path)!r} ({e.strerror}); give a folder this user can "
+                         "create and write") from None
+    except ValueError as e:
+        raise ValueError(f"--log-dir: {e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"--log-dir: cannot write into {str(path)!r}; give a folder this user can write")
+    return path
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process group (a worker's: each is a session leader) has a process left."""
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    """``sig`` to a worker and every process it started in its session (as torchrun's killpg)."""
+    if pgid <= 1:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _free_port() -> int:
