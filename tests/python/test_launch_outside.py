@@ -296,3 +296,41 @@ def test_a_blocked_console_neither_freezes_the_launcher_nor_keeps_it_from_exitin
     err = (tmp_path / "err.txt").read_text()
     assert code == 1 and "SIGTERM: stopping the job" in err, err
     assert not _wait_gone(token)
+
+
+# ---- several nodes on this machine: torch's static form ----------------------------------------
+def test_static_nodes_refuse_a_node_rank_given_twice_and_another_nnodes(tmp_path, token):
+    """Two launchers given --node-rank 1 both ran ranks 1 (two processes with one rank in one job),
+    and a node given another --nnodes waited 600 s for a node that never comes: each is refused,
+    naming the flag."""
+    def launch(name: str, *flags: str) -> subprocess.Popen:
+        with open(tmp_path / f"{name}.txt", "w") as out:
+            return subprocess.Popen([*DRA, "run", "--no-zygote", "--log-dir", str(tmp_path / name), *flags, "--", "sleep", "4"],
+                                    cwd=tmp_path, env=_env(token), stdout=out, stderr=subprocess.STDOUT)
+
+    with socket_port() as port:
+        pass
+    common = ["--nnodes", "2", "--master-port", str(port)]
+    procs = [launch("n0", *common, "--node-rank", "0"), launch("n1a", *common, "--node-rank", "1"),
+             launch("n1b", *common, "--node-rank", "1")]
+    try:
+        codes = [p.wait(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    outs = {n: (tmp_path / f"{n}.txt").read_text() for n in ("n0", "n1a", "n1b")}
+    assert codes[0] == 0 and sorted(codes[1:]) == [0, 1], (codes, outs)
+    assert sum("--node-rank 1: another launcher joined this job" in o for o in outs.values()) == 1, outs
+    with socket_port() as port:
+        pass
+    procs = [launch("m0", "--nnodes", "2", "--master-port", str(port), "--node-rank", "0"),
+             launch("m1", "--nnodes", "3", "--master-port", str(port), "--node-rank", "1")]
+    try:
+        code = procs[1].wait(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    out = (tmp_path / "m1.txt").read_text()
+    assert code == 1 and "--nnodes: this node (rank 1) has 3, node 0 has 2; give every node the same --nnodes" in out, out

@@ -82,6 +82,20 @@ def static(run_id: str, nproc: int, nnodes: int, node_rank: int, master_addr: st
     store = dist.TCPStore(master_addr, master_port, None, node_rank == 0, timedelta(seconds=timeout_s),
                           wait_for_workers=False)
     ours = _prefixed(store)
+    # Each node rank once, and one --nnodes for all (node 0's store is new with every launch): a
+    # second launcher given the same --node-rank ran the same ranks twice, and a node told another
+    # --nnodes waited for a node that never comes.
+    if node_rank != 0:
+        ours.wait(["nnodes/0"], timedelta(seconds=timeout_s))
+        theirs = int(ours.get("nnodes/0"))
+        if theirs != nnodes:
+            raise ValueError(f"--nnodes: this node (rank {node_rank}) has {nnodes}, node 0 has {theirs}; give every node "
+                             "the same --nnodes")
+    else:
+        ours.set("nnodes/0", str(nnodes))
+    if ours.add(f"claim/{node_rank}", 1) > 1:
+        raise ValueError(f"--node-rank {node_rank}: another launcher joined this job ({master_addr}:{master_port}) "
+                         "as that node already; give each node its own --node-rank")
     nprocs = _gather_nprocs(ours, node_rank, nnodes, nproc, timeout_s)
     return Placement(run_id, node_rank, nnodes, sum(nprocs[:node_rank]), sum(nprocs), nprocs, master_addr,
                      master_port, ours, server=store if node_rank == 0 else None)
