@@ -14,6 +14,7 @@ import torch
 
 import dra
 import dra.rl as rl
+from dra import _core
 
 
 @pytest.fixture(autouse=True)
@@ -169,3 +170,22 @@ def test_a_controller_whose_construction_failed_is_safe_to_look_at(kwargs) -> No
     for ctl in made:
         assert repr(ctl) == "<dra.Controller whose construction failed (an inert local controller)>"
         assert ctl.status.world_size == 1 and ctl.world_size == 1
+
+
+@pytest.mark.parametrize(("stmt", "message"), [
+    ("cfg.estimator.window = '8'", r"^window: '8' \(str\) is not of type int; give a value of that type$"),
+    ("cfg.estimator.warmup_steps = -1", r"^warmup_steps: -1 is out of range for this field"),
+    ("cfg.policy = 5", r"^policy: 5 \(int\) is not of type str"),
+    ("cfg.min_size = 2", r"^unknown option 'min_size'; valid options: convergence, .*decide_every"),
+    ("cfg.throughput.prior_sync_fixed_s = 'nan'", r"^prior_sync_fixed_s: 'nan' is not a finite number"),
+    ("core.RlWorkload().steps = 2.5", r"^steps: 2\.5 \(float\) is not of type int"),
+])
+def test_assigning_a_config_field_names_it(stmt, message) -> None:
+    # A value of the wrong type assigned after construction raised pybind11's TypeError listing
+    # the setter's signature ("(): incompatible function arguments ... Invoked with: <...>, -1"),
+    # and a misspelt field an AttributeError that named no valid one.
+    cfg = dra.EngineConfig()
+    with pytest.raises(ValueError, match=message):
+        exec(stmt, {"cfg": cfg, "core": _core})
+    cfg.estimator.window = 16  # a right value still goes through
+    assert cfg.estimator.window == 16

@@ -340,9 +340,9 @@ def test_cli_names_values_of_the_wrong_type_instead_of_a_traceback(capsys):
     from dra.sim import cli
 
     for argv, said in ((["--seed", "-1"], "--seed: -1 is out of range"),
-                       (["--cost", "switch_optimizer_s=abc"], "switch_optimizer_s: 'abc' is not of type float"),
+                       (["--cost", "switch_optimizer_s=abc"], "switch_optimizer_s: 'abc' (str) is not of type float"),
                        (["--cost", "decode_fixed_s=nan"], "decode_fixed_s: 'nan' is not a finite number"),
-                       (["--policy", "cooldown_steps=1.5"], "cooldown_steps: 1.5 is not of type int")):
+                       (["--policy", "cooldown_steps=1.5"], "cooldown_steps: 1.5 (float) is not of type int")):
         with pytest.raises(SystemExit) if argv[0] == "--seed" else contextlib.nullcontext():
             assert cli.main(["rl", "--scenario", "long_tail", "--steps", "2", "--quiet", *argv]) == 2
         assert said in capsys.readouterr().err

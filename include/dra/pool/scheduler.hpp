@@ -172,14 +172,15 @@ class scheduler {
   static constexpr double eps = 1e-9;
 
   // What the plan needs of each request whether or not the caller ran request::validate (which
-  // also checks it against the inventory): a fraction in [min_fraction, 1],
-  // 1 <= min_size <= max_size <= max_workers (a round's work grows with them), and
+  // also checks it against the inventory): a fraction in (0, 1] (validate's finer floor is not
+  // held here: a pool's stored jobs from before it must still schedule),
+  // 1 <= min_size <= max_size <= max_workers (a round's work grows with max_size), and
   // each job listed once (entries are found by name).
   static void check_shape(const request& r, const std::string& where) {
     using dra::detail::throw_invalid;
-    if (!(r.fraction >= min_fraction && r.fraction <= 1.0))
-      throw_invalid(where + ".fraction", "job '" + r.job + "': must lie in [0.01, 1], got " +
-                                             request::shown(r.fraction) + "; run request::validate before scheduling");
+    if (!(r.fraction > 0.0 && r.fraction <= 1.0))
+      throw_invalid(where + ".fraction", "job '" + r.job + "': must lie in (0, 1], got " + request::shown(r.fraction) +
+                                             "; run request::validate before scheduling");
     if (r.min_size < 1 || r.min_size > r.max_size || r.max_size > max_workers)
       throw_invalid(where + ".min_size", "job '" + r.job + "': needs 1 <= min_size <= max_size, got " +
                                              std::to_string(r.min_size) + " and " + std::to_string(r.max_size) +

@@ -91,28 +91,6 @@ def trace_lengths(trace: str | os.PathLike[str], column: str = "GeneratedTokens"
     return list(_lengths_cached(str(Path(path).resolve()), column))
 
 
-def _configure(cls: Any, values: dict[str, Any] | None) -> Any:
-    """``cls(**values)``, with a value of the wrong type named (pybind's own message lists
-    signatures), e.g. ``--cost switch_optimizer_s=abc``: each value is tried on a scratch object
-    first, then the object is built (and validated) from all of them."""
-    scratch = cls()
-    for key, value in (values or {}).items():
-        if key.startswith("_") or not hasattr(scratch, key) or callable(getattr(scratch, key)):
-            break  # cls(**values) names the unknown option and the valid ones
-        try:
-            setattr(scratch, key, value)
-        except TypeError:
-            want = type(getattr(scratch, key)).__name__
-            if want == "float" and isinstance(value, str) and value.strip().lower().lstrip("+-") in (
-                    "nan", "inf", "infinity"):
-                raise ValueError(f"{key}: {value!r} is not a finite number; give a finite value") from None
-            if want == "int" and isinstance(value, int) and not isinstance(value, bool):
-                raise ValueError(f"{key}: {value!r} is out of range for this field; give a smaller or non-negative "
-                                 "integer") from None
-            raise ValueError(f"{key}: {value!r} is not of type {want}; give a value of that type") from None
-    return cls(**(values or {}))
-
-
 #: Bounds of how much one simulation runs (``simulate``, ``simulate_pipeline``,
 #: ``dra-sim rl``; docs/guide/rl.md, "Bounds"), measured
 #: on the project's 2-core machine: the phase model takes about
@@ -194,7 +172,7 @@ def simulate(
     w = {"steps": steps, "seed": seed, "drift_final_scale": drift, **(preset.get("workload") or {}), **(workload or {})}
     c = {**(preset.get("costs") or {}), **(costs or {})}
     p = {**(preset.get("policy") or {}), **(policy or {})}
-    wl, cm, pc = _configure(_core.RlWorkload, w), _configure(_core.RlCostModel, c), _configure(_core.StageBalanceConfig, p)
+    wl, cm, pc = _core.RlWorkload(**w), _core.RlCostModel(**c), _core.StageBalanceConfig(**p)
     raw = _core.rl_sim_sweep(lengths, source, devices, pipeline, wl, cm, pc, initial_rollout, progress)
     best = raw["statics"][raw["best_static"]]
     dyn, oracle, colo = raw["dynamic"], raw["oracle"], raw["colocated"]
@@ -349,7 +327,7 @@ def _settings(config: Any) -> dict[str, Any]:
 def _workload(values: dict[str, Any]) -> Any:
     values = dict(values)
     reasoning = values.pop("reasoning", None)
-    w = _configure(_core.RlWorkload, values)
+    w = _core.RlWorkload(**values)
     if reasoning is not None:
         w.reasoning = reasoning if isinstance(reasoning, _core.ReasoningLengths) else _core.ReasoningLengths(**reasoning)
         w.validate()
@@ -417,7 +395,7 @@ def simulate_pipeline(
     source = "reasoning lengths (data/rl-lengths)" if reasoning else f"{TRACES.get(trace or 'conv', trace)}:GeneratedTokens"
     c = {**(preset.get("costs") or {}), **(costs or {})}
     p = {**(preset.get("policy") or {}), **(policy or {})}
-    wl, cm, pc = _workload(w), _configure(_core.RlCostModel, c), _configure(_core.StageBalanceConfig, p)
+    wl, cm, pc = _workload(w), _core.RlCostModel(**c), _core.StageBalanceConfig(**p)
     doc = _core.rl_sim_events(
         lengths, source, devices, wl, cm, pc, initial_rollout, oracle_lookahead, progress, lookahead_samples
     )
