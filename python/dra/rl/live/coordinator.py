@@ -12,7 +12,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -31,6 +33,7 @@ import torch.distributed as dist
 import dra.rl as rl
 from dra._core.elastic import JobControl
 from dra.pool import _cgroup as cg
+from dra.pool._state import exclusive_lock
 from dra.rl.live.config import LiveConfig, task_lengths
 from dra.rl.live.pretrain import pretrain
 from dra.rl.live.task import PROMPT_TOKENS, PromptStream
@@ -40,6 +43,31 @@ _INSTANCES = itertools.count()
 
 class WorkerError(RuntimeError):
     pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP, a debugger): state T or t in /proc/<pid>/stat."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _child_setup(cgroup_paths: list[str] | None) -> None:
@@ -58,7 +86,49 @@ class LiveRL:
     def __init__(self, config: LiveConfig, out_dir: str | Path, *, quiet: bool = False) -> None:
         config.validate()
         self.config, self.out, self.quiet = config, Path(out_dir), quiet
+        self.slot_manager: cg.Slots | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.conns: dict[int, Any] = {}
+        self.weights: Path | None = None
+        self._out_lock: int | None = None
+        if config.use_cgroups:  # before the warm-up, which can take minutes
+            why = cg.available()
+            if why:
+                raise RuntimeError(f"use_cgroups: {why}; run as root on a machine with cgroups v1, or pass "
+                                   "use_cgroups=False (--no-cgroups)")
         self.out.mkdir(parents=True, exist_ok=True)
+        # One run per out directory at a time: two would share the worker logs, the events files, the
+        # staged weights (a rollout worker would load the other run's policy) and runs.json.
+        self._out_lock = exclusive_lock(self.out / ".dra-rl-live.lock", lambda pid: (
+            f"out: another live RL run (pid {pid}) is using {self.out}; give this run another out directory (--out)"))
+        try:
+            self._remove_leftovers()
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    def _remove_leftovers(self) -> None:
+        """What a run killed before its close() left: its start weights and staged versions in this
+        out directory (locked, so nobody else's), and the cgroups of coordinators no longer alive."""
+        for f in (self.out / "cache").glob("rl-live-start-*.pt"):
+            f.unlink(missing_ok=True)
+        shutil.rmtree(self.out / "stage", ignore_errors=True)
+        if not self.config.use_cgroups:
+            return
+        for d in sorted((cg.ROOT / "cpu" / "dra").glob("rl-*-*")):
+            m = re.fullmatch(r"rl-(\d+)-\d+", d.name)
+            if m is None or _alive(int(m.group(1))):
+                continue
+            if any(_read_text(f) for c in cg.CONTROLLERS for f in (cg.ROOT / c / "dra" / d.name).glob("**/cgroup.procs")):
+                continue  # processes inside: not ours to move
+            try:
+                cg.Slots(d.name, []).close()  # takes the name's lock: a live holder is never touched
+            except (ValueError, OSError):
+                pass
+
+    def _setup(self) -> None:
+        config, quiet = self.config, self.quiet
         # The reasoning workload is scaled to the model's longest answer already (length_scale is for traces).
         scale = 1.0 if config.trace == "reasoning" else config.length_scale
         self.stream = PromptStream(task_lengths(config.trace), length_scale=scale, seed=config.seed)
@@ -67,15 +137,12 @@ class LiveRL:
                          seed=config.pretrain_seed, config=config.model, cache_dir=self.out / "cache", quiet=quiet)
         import torch
 
-        self.weights = self.out / "cache" / f"rl-live-start-{os.getpid()}.pt"  # what every run starts from
+        self.weights = self.out / "cache" / f"rl-live-start-{os.getpid()}.pt"  # what every run starts from (removed by close())
         self.weights.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), self.weights)
         from dra.rl.live.model import parameter_count
 
         self.parameters = parameter_count(model)
-        self.slot_manager: cg.Slots | None = None
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.conns: dict[int, Any] = {}
         self.job = f"rl-{os.getpid()}-{next(_INSTANCES)}"  # its cgroups' name: one per coordinator (a name is locked)
         self._runs = 0
         self._digests = False
@@ -83,11 +150,7 @@ class LiveRL:
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             # A terminated benchmark still stops its workers and removes its cgroups (close()).
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        try:
-            self._start_workers()
-        except BaseException:
-            self.close()
-            raise
+        self._start_workers()
 
     def log(self, text: str) -> None:
         if not self.quiet:
@@ -97,9 +160,6 @@ class LiveRL:
     def _start_workers(self) -> None:
         c = self.config
         if c.use_cgroups:
-            why = cg.available()
-            if why:
-                raise RuntimeError(f"use_cgroups: {why}; run as root on a machine with cgroups v1, or pass use_cgroups=False")
             self.slot_manager = cg.Slots(self.job, cg.plan_slots(c.slots, cpus=c.cpus_per_slot, memory_gb=None))
         auth = secrets.token_bytes(16)
         listener = Listener(("127.0.0.1", 0), authkey=auth)
@@ -124,9 +184,11 @@ class LiveRL:
         while len(accepted) < c.slots:
             for i, p in enumerate(self.procs):
                 if p.poll() is not None:
-                    raise WorkerError(f"slot {i}: worker exited with {p.returncode} at start (see {self.out / f'worker-{i}.log'})")
+                    raise self._failure(i, f"slot {i}: worker exited with {p.returncode} at start")
             if time.monotonic() > deadline:
-                raise WorkerError(f"only {len(accepted)} of {c.slots} workers connected within {c.timeout_s:g} s")
+                quota = f" on {c.cpus_per_slot:g} CPU per slot" if self.slot_manager else ""
+                raise WorkerError(f"only {len(accepted)} of {c.slots} workers connected within {c.timeout_s:g} s (each imports torch "
+                                  f"at start{quota}, several CPU seconds); raise timeout_s or cpus_per_slot")
             time.sleep(0.05)
         listener.close()
         for conn in accepted:
@@ -144,28 +206,80 @@ class LiveRL:
     def _recv(self, slot: int) -> dict[str, Any]:
         conn = self.conns[slot]
         if not conn.poll(self.config.timeout_s):
-            raise WorkerError(f"slot {slot}: no answer within {self.config.timeout_s:g} s (see {self.out / f'worker-{slot}.log'})")
+            raise self._failure(slot, f"slot {slot}: no answer within {self.config.timeout_s:g} s")
         try:
             return conn.recv()
-        except EOFError:
-            raise WorkerError(f"slot {slot}: worker died (see {self.out / f'worker-{slot}.log'})") from None
+        except (EOFError, OSError):
+            raise self._failure(slot, f"slot {slot}: worker died") from None
+
+    def _failure(self, slot: int | None, what: str) -> WorkerError:
+        """The error for a worker that died or did not answer, naming the slot that failed first as
+        far as can be told: the others often fail *because* of it (a collective with a dead or
+        stopped peer), and the slot read first is not necessarily the culprit. A worker killed by
+        a signal is named before those that exited with an error; every worker's state follows."""
+        deadline = time.monotonic() + 2.0  # the collateral failures take a moment to show
+        while time.monotonic() < deadline and not any((p.poll() or 0) < 0 for p in self.procs):
+            if all(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.05)
+        states = []
+        killed = None
+        for i, p in enumerate(self.procs):
+            code = p.poll()
+            if code is None:
+                states.append(f"slot {i} {'stopped' if _stopped(p.pid) else 'running'}")
+            elif code < 0:
+                name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+                states.append(f"slot {i} killed by {name}")
+                killed = killed if killed is not None else (i, name)
+            else:
+                states.append(f"slot {i} exited {code}")
+        stopped = [i for i, p in enumerate(self.procs) if p.poll() is None and _stopped(p.pid)]
+        if killed is not None and killed[0] != slot:
+            what = f"slot {killed[0]}: worker killed by {killed[1]} ({what})"
+        elif killed is not None:
+            what = f"slot {slot}: worker killed by {killed[1]}"
+        elif stopped and slot not in stopped:
+            what = f"slot {stopped[0]}: worker stopped (SIGSTOP), the others wait for it ({what})"
+        culprit = killed[0] if killed is not None else (stopped[0] if stopped else slot)
+        log = f"; see {self.out / f'worker-{culprit}.log'}" if culprit is not None else ""
+        return WorkerError(f"{what}; workers: {', '.join(states)}{log}")
 
     def close(self) -> None:
+        """Stops the workers (all within one 10 s grace, then killed), removes the slots' cgroups, the
+        start weights, the staged versions and the out directory's lock. Safe to call twice."""
         for conn in self.conns.values():
             try:
                 conn.send({"cmd": "stop"})
             except OSError:
                 pass
+        for i, p in enumerate(self.procs):
+            if i not in self.conns and p.poll() is None:  # never connected: no stop can reach it
+                p.kill()
+        deadline = time.monotonic() + 10.0
         for p in self.procs:
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
                 p.kill()
                 p.wait()
         self.procs = []
+        for conn in self.conns.values():
+            conn.close()
+        self.conns = {}
         if self.slot_manager is not None:
             self.slot_manager.close()
             self.slot_manager = None
+        if self.weights is not None:
+            self.weights.unlink(missing_ok=True)
+            self.weights = None
+        if self._out_lock is not None:
+            shutil.rmtree(self.out / "stage", ignore_errors=True)
+            os.close(self._out_lock)
+            self._out_lock = None
 
     def __enter__(self) -> LiveRL:
         return self
@@ -191,7 +305,12 @@ class LiveRL:
         ``{"planner": "lookahead"}``)."""
         from dra.rl.live.pipeline import run_pipeline
 
-        return run_pipeline(self, name, rollout, steps=steps, schedule=dict(schedule or {}), policy=policy)
+        try:
+            return run_pipeline(self, name, rollout, steps=steps, schedule=dict(schedule or {}), policy=policy)
+        except (BrokenPipeError, ConnectionResetError) as e:  # a send to (or read from) a worker that died
+            raise self._failure(None, f"{name}: lost a worker ({e})") from None
+        finally:  # the run's staged versions (one file of the weights per step) go with it
+            shutil.rmtree(self.out / "stage", ignore_errors=True)
 
     def run(self, name: str, rollout: int | None, *, steps: int | None = None, schedule: dict[int, int] | None = None,
             digests: bool = False) -> dict[str, Any]:
@@ -199,6 +318,12 @@ class LiveRL:
         stage-balance policy decides (dynamic, starting at half). `schedule` ({phase: rollout
         slots}) asks for switches at given phases through the same path (tests, experiments);
         `digests` records every trainer's parameter and optimizer-state digest after each step."""
+        try:
+            return self._run(name, rollout, steps=steps, schedule=schedule, digests=digests)
+        except (BrokenPipeError, ConnectionResetError) as e:  # a send to (or read from) a worker that died
+            raise self._failure(None, f"{name}: lost a worker ({e})") from None
+
+    def _run(self, name: str, rollout: int | None, *, steps: int | None, schedule: dict[int, int] | None, digests: bool) -> dict[str, Any]:
         c = self.config
         self._digests = digests
         if steps is not None:
@@ -224,7 +349,7 @@ class LiveRL:
         # The job's contract keys (docs/guide/elastic.md, "Driving a job from outside"), one API for
         # every outside actor (the launcher and the pool use it too).
         self._control = JobControl(f"127.0.0.1:{self.store.port}", job_id, timeout_s=c.timeout_s)
-        events_path = self.out / "events" / f"{self._runs}-{name}.jsonl"
+        events_path = self.out / "events" / f"{job_id}.jsonl"  # unique: events files are appended to
         job = {"id": job_id, "steps": c.steps, "global_batch": c.prompts_per_step * c.group_size,
                "options": {"policy": "none", "release": "return", "start_size": len(trainers), "capacity_poll_s": 0.0,
                            "handoff": c.handoff, "fault_timeout_s": max(30.0, c.timeout_s / 4), "store_timeout_s": c.timeout_s,
@@ -410,13 +535,14 @@ class LiveRL:
         while waiting:
             ready = wait(waiting, timeout=self.config.timeout_s)
             if not ready:
-                raise WorkerError(f"phase {p}: no worker answered within {self.config.timeout_s:g} s")
+                silent = [by_conn[id(c)] for c in waiting]
+                raise self._failure(silent[0], f"phase {p}: slots {silent} did not answer within {self.config.timeout_s:g} s")
             for conn in ready:
                 slot = by_conn[id(conn)]
                 try:
                     msg = conn.recv()
-                except EOFError:
-                    raise WorkerError(f"slot {slot}: worker died in phase {p} (see {self.out / f'worker-{slot}.log'})") from None
+                except (EOFError, OSError):
+                    raise self._failure(slot, f"slot {slot}: worker died in phase {p}") from None
                 now = time.perf_counter()
                 if "gen" in msg:
                     for t in msg["finished"]:

@@ -87,6 +87,11 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
     split = n_slots // 2 if dynamic else int(rollout)
     if not 1 <= split < n_slots:
         raise ValueError(f"rollout: must lie in [1, {n_slots - 1}], got {rollout}")
+    # Every trainer needs a sequence of each mini-batch (one with none fails in its forward).
+    most = n_slots - 1 if dynamic else n_slots - min([split, *schedule.values()])
+    if n // m < most:
+        raise ValueError(f"updates_per_step: a mini-batch of {n // m} sequences ({n} / {m}) cannot give each of up to {most} trainers "
+                         f"one; use updates_per_step <= {n // most}, or more prompts_per_step x group_size")
     mb = n // m
     live._runs += 1
     run_id = f"{live._runs}-{name}"
@@ -96,7 +101,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
     live._uid = {s: i for i, s in enumerate(trainers + rollout_slots)}
     # The job's contract keys, through the one API every outside actor uses (docs/guide/elastic.md).
     live._control = JobControl(f"127.0.0.1:{live.store.port}", job_id, timeout_s=c.timeout_s)
-    events_path = live.out / "events" / f"{run_id}.jsonl"
+    events_path = live.out / "events" / f"{job_id}.jsonl"  # unique: events files are appended to
     job = {"id": job_id, "steps": c.steps * m, "global_batch": mb,
            "options": {"policy": "none", "release": "return", "start_size": len(trainers), "capacity_poll_s": 0.0,
                        "handoff": c.handoff, "fault_timeout_s": max(30.0, c.timeout_s / 4), "store_timeout_s": c.timeout_s,
@@ -491,10 +496,13 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
     while step < c.steps or session:
         ready = wait(list(live.conns.values()), timeout=c.timeout_s)
         if not ready:
-            raise RuntimeError(f"{name}: no worker answered within {c.timeout_s:g} s (step {step}, update {update})")
+            raise live._failure(None, f"{name}: no worker answered within {c.timeout_s:g} s (step {step}, update {update})")
         for conn in ready:
             slot = by_conn[id(conn)]
-            msg = conn.recv()
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                raise live._failure(slot, f"slot {slot}: worker died in {name} (step {step}, update {update})") from None
             if "gen" in msg:
                 reported[slot] = now()
                 if msg.get("progress"):

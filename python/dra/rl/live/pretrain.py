@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,7 +58,7 @@ def pretrain(
             print(f"[dra.rl pretrain] step {step}/{steps} loss {loss.item():.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")  # two warm-ups at once never share one
         torch.save(model.state_dict(), tmp)
         tmp.replace(path)
     return model
