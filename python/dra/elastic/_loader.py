@@ -108,6 +108,20 @@ def _patch_loader_iterator() -> None:
     if getattr(_BaseDataLoaderIter, "_dra_drops_stale_batches", False):
         return
     torch_next = _BaseDataLoaderIter.__next__
+    torch_next_index = _BaseDataLoaderIter._next_index
+
+    def _next_index(self: Any) -> Any:
+        # A rank whose share of a step is empty (the epoch's last step has fewer samples than the
+        # world has ranks) still takes part in the step's reduction, weighing zero. torch's fetch
+        # cannot load an empty batch (default_collate raises IndexError on []), so the loader loads
+        # a batch of the usual size instead: its gradient and loss weigh zero (the weight is the
+        # rank's share of the step's samples), so it trains nothing.
+        index = torch_next_index(self)
+        if hasattr(index, "__len__") and len(index) == 0:
+            sampler = _elastic_sampler_of(getattr(self, "_index_sampler", None))
+            if sampler is not None:
+                return sampler._usual_batch().tolist()
+        return index
 
     def __next__(self: Any) -> Any:  # noqa: N807
         while True:
@@ -123,4 +137,5 @@ def _patch_loader_iterator() -> None:
             sampler._consumed()  # stale or padding: never trained
 
     _BaseDataLoaderIter.__next__ = __next__
+    _BaseDataLoaderIter._next_index = _next_index
     _BaseDataLoaderIter._dra_drops_stale_batches = True

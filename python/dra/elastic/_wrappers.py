@@ -213,7 +213,9 @@ class ElasticDataParallel(torch.nn.Module):
         before = ctl._micro_fresh  # batches of this window trained so far
         fresh = ctl.sampler is None or ctl.sampler._current_is_fresh(before)
         self._micro = micro
-        self._zeroing = not fresh and (self._micro or before > 0)
+        # A stale batch inside a window, or one loaded in place of an empty share, adds nothing.
+        self._zeroing = (not fresh and (self._micro or before > 0)) or (
+            fresh and ctl.sampler is not None and ctl.sampler._current_is_empty())
         self._active = False
         if self._micro:
             ctl._micro_fresh += int(fresh)

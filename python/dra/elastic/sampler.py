@@ -268,6 +268,14 @@ class ElasticSampler:
         cursor = self._native.cursor + ahead * self._native.global_batch
         return head is not None and head == (self._controller.epoch, self._generation, cursor)
 
+    def _current_is_empty(self) -> bool:
+        """Whether this rank's share of the batch being trained on (a fresh one) is empty: the
+        loader then loaded a batch of the usual size in its place, which must add no gradient."""
+        if not self._in_flight or self._in_flight[0] is None:
+            return False
+        native = self._native
+        return len(self._share(self._in_flight[0][2], native.world, native.rank)) == 0
+
     def _batch_check(self) -> tuple[int, int]:
         """For the batch about to be reduced: the batches in flight (-1 without the iterator) and how
         many more than at this iterator's previous reduced batch (batches the loop skipped)."""
