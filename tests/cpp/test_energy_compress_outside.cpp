@@ -86,3 +86,32 @@ TEST_CASE("codecs with 32-bit indices refuse a tensor of more than 2^32 elements
     CHECK(codec->steps() == 0);
   }
 }
+
+TEST_CASE("rigl_config refuses a schedule whose masks would never move (training stayed dense, silently)") {
+  auto what = [](const dra::compress::rigl_config& c) {
+    try {
+      c.validate();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  dra::compress::rigl_config c;  // RigL's defaults: every 100, end_step 10000
+  CHECK(what(c).empty());
+  c.end_step = 100;  // the first update would be step 100, not below end_step
+  CHECK(what(c) ==
+        "end_step: the masks would never move: they update at multiples of every (100) below end_step (100); the "
+        "first would be step 100; give end_step > 100 (RigL: about 75 % of training)");
+  c.end_step = 0;
+  CHECK(what(c).rfind("end_step: the masks would never move", 0) == 0);
+  c.end_step = 101;
+  CHECK(what(c).empty());
+  c.ramp_steps = 50;  // a ramp that starts after the last update
+  c.ramp_start = 100;
+  c.end_step = 150;
+  CHECK(what(c).find("after ramp_start (100); the first would be step 200; give end_step > 200") != std::string::npos);
+  c.end_step = 201;
+  CHECK(what(c).empty());
+  c.ramp_start = std::numeric_limits<std::int64_t>::max() - 1;  // no overflow on the way
+  CHECK(what(c).find("the first would be step past 2^63") != std::string::npos);
+}

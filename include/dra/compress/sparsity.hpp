@@ -190,6 +190,20 @@ struct rigl_config {
     if (end_step < 0) dra::detail::throw_invalid("end_step", "must be >= 0, got " + std::to_string(end_step));
     if (ramp_start < 0 || ramp_steps < 0)
       dra::detail::throw_invalid("ramp_steps", "ramp_start and ramp_steps must be >= 0 (0 steps: follow the phase)");
+    // The masks move only at steps k * every < end_step (after ramp_start, with a ramp: before it
+    // the ramp's target is dense). With none, training stays dense and nothing says so.
+    const std::int64_t k = (ramp_steps > 0 ? ramp_start / every : 0) + 1;  // the first update: step k * every
+    if (k > (end_step - 1) / every) {
+      const std::string first =
+          k <= std::numeric_limits<std::int64_t>::max() / every ? std::to_string(k * every) : std::string("past 2^63");
+      dra::detail::throw_invalid(
+          "end_step", "the masks would never move: they update at multiples of every (" + std::to_string(every) +
+                          ") below end_step (" + std::to_string(end_step) + ")" +
+                          (ramp_steps > 0 ? " and, with a ramp, after ramp_start (" + std::to_string(ramp_start) + ")"
+                                          : std::string()) +
+                          "; the first would be step " + first + "; give end_step > " + first +
+                          " (RigL: about 75 % of training)");
+    }
   }
   /// The target at a mask update: the cubic ramp, or the phase rule from the current sparsity.
   double target(double current, std::int64_t step, signals::training_phase phase) const {
