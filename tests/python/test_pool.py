@@ -111,6 +111,9 @@ def test_one_pool_per_name_and_names_that_stay_under_dra(tmp_path: Path) -> None
     finally:
         first.close()
     _cgroup.Slots(name, [spec]).close()  # free again
+    # Each name's lock file went with its pool: every closed pool used to leave one in /run
+    # (130 of them after a day of live RL runs).
+    assert not _cgroup._name_lock_path(name).exists()
     for bad in ("../../evil", "", ".hidden", "a/b", "x" * 65):
         with pytest.raises(ValueError, match="^name: "):
             _cgroup.Slots(bad, [spec])

@@ -304,3 +304,35 @@ def test_a_malformed_report_is_dropped_naming_its_field_and_the_pool_scales_on(t
         assert len([e for e in _events(tmp_path / "state") if e["event"] == "report_refused"]) == 1
     finally:
         svc.close()
+
+
+def test_a_lock_file_removed_by_its_last_holder_is_never_held_twice(tmp_path: Path, monkeypatch) -> None:
+    # release_lock removes the lock file (pools' name locks piled up in /run). A process that
+    # opened the old file just before the holder let go then gets its flock on a file no path
+    # names, while a third process locks the path's new file: two holders. exclusive_lock keeps a
+    # lock only on the file the path names once it is held. The race is forced here: the holder
+    # lets go between the taker's open and its flock.
+    import fcntl
+
+    from dra.pool import _state
+
+    path = tmp_path / "name.lock"
+    holder = _state.exclusive_lock(path, lambda pid: f"busy {pid}")
+    real_flock, calls = fcntl.flock, []
+
+    def flock_after_the_holder_let_go(fd: int, op: int) -> None:
+        if not calls:
+            _state.release_lock(path, holder)  # the file this fd opened is removed now
+        calls.append(fd)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(_state.fcntl, "flock", flock_after_the_holder_let_go)
+    fd = _state.exclusive_lock(path, lambda pid: f"busy {pid}")
+    monkeypatch.undo()
+    assert len(calls) == 2  # the first lock was on the removed file: taken again on the new one
+    held, named = os.fstat(fd), os.stat(path)
+    assert (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+    with pytest.raises(ValueError, match=f"^busy {os.getpid()}$"):  # so another taker is refused
+        _state.exclusive_lock(path, lambda pid: f"busy {pid}")
+    _state.release_lock(path, fd)
+    assert not path.exists()

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra.pool._state import exclusive_lock
+from dra.pool._state import exclusive_lock, release_lock
 
 ROOT = Path(os.environ.get("DRA_CGROUP_ROOT", "/sys/fs/cgroup"))
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
@@ -274,7 +274,7 @@ class Slots:
             self._remove(self._rel(s))
         self._remove(f"dra/{self.pool}")
         if self._lock is not None:
-            os.close(self._lock)  # the flock goes with the descriptor
+            release_lock(_name_lock_path(self.pool), self._lock)  # no lock file left behind in /run
             self._lock = None
 
 
@@ -283,12 +283,16 @@ def _round_up(x: float) -> float:
     return math.ceil(x * 1000 - 1e-9) / 1000
 
 
+def _name_lock_path(pool: str) -> Path:
+    folder = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+    return folder / f"dra-pool-{pool}.lock"
+
+
 def _name_lock(pool: str) -> int:
     """An exclusive flock on the pool name (a file in /run, else the temporary folder), held for
     the Slots' life: two daemons with one name would share dra/<name> and the one that stops would
     remove the other's cgroups under its running jobs."""
-    folder = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
-    return exclusive_lock(folder / f"dra-pool-{pool}.lock",
+    return exclusive_lock(_name_lock_path(pool),
                           lambda pid: f"name: a pool named {pool!r} is running (daemon pid {pid}) and owns the "
                                       f"cgroups dra/{pool}; give this pool another --name")
 

@@ -23,19 +23,41 @@ from typing import Any
 def exclusive_lock(path: str | Path, busy: Any) -> int:
     """An exclusive ``flock`` on ``path`` (made 0600, never through a link), held by the returned
     descriptor and released by the kernel however its holder ends; the holder's pid is written in
-    it. When another process holds it, ValueError(busy(that pid))."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    it. When another process holds it, ValueError(busy(that pid)). A holder may remove the file
+    when it lets go (``release_lock``): the lock taken here is the one on the file the path names
+    once it is held, never on a file another holder removed meanwhile."""
+    for _ in range(100):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise ValueError(busy(holder)) from None
+            raise
+        held = os.fstat(fd)
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)  # its holder removed that file as it let go: take the one the path names now
+    raise RuntimeError(f"{path}: the lock file kept being replaced; is another program removing it?")
+
+
+def release_lock(path: str | Path, fd: int) -> None:
+    """Lets go of ``exclusive_lock(path)`` and removes its file (when it is still the one held)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            raise ValueError(busy(holder)) from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        held, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            os.unlink(path)
+    except OSError:
+        pass  # gone already, or not ours to remove: the descriptor still lets go
+    os.close(fd)
 
 
 def state_dir(path: str | Path) -> Path:

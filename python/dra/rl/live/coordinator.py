@@ -33,7 +33,7 @@ import torch.distributed as dist
 import dra.rl as rl
 from dra._core.elastic import JobControl
 from dra.pool import _cgroup as cg
-from dra.pool._state import exclusive_lock
+from dra.pool._state import exclusive_lock, release_lock
 from dra.rl.live.config import LiveConfig, task_lengths
 from dra.rl.live.pretrain import pretrain
 from dra.rl.live.task import PROMPT_TOKENS, PromptStream
@@ -278,7 +278,7 @@ class LiveRL:
             self.weights = None
         if self._out_lock is not None:
             shutil.rmtree(self.out / "stage", ignore_errors=True)
-            os.close(self._out_lock)
+            release_lock(self.out / ".dra-rl-live.lock", self._out_lock)
             self._out_lock = None
 
     def __enter__(self) -> LiveRL:
