@@ -189,3 +189,23 @@ def test_assigning_a_config_field_names_it(stmt, message) -> None:
         exec(stmt, {"cfg": cfg, "core": _core})
     cfg.estimator.window = 16  # a right value still goes through
     assert cfg.estimator.window == 16
+
+
+def test_the_live_reward_figure_of_a_one_step_run_shows_its_point(tmp_path, monkeypatch) -> None:
+    # A 1-step run's curve was one point drawn as a line (nothing shown) and the axis claimed a
+    # 10-step mean. Points get markers, and the label names the mean the runs can have.
+    import matplotlib.pyplot as plt
+
+    from dra.rl.plots import plot_rewards
+
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)  # keep the figure to look at it
+    runs = {"static-2": {"rewards": [0.25]}, "dynamic": {"rewards": [0.5]}}
+    assert plot_rewards(runs, [], tmp_path / "r.png", window=10).stat().st_size > 5000
+    ax = plt.gcf().axes[0]
+    assert [line.get_marker() for line in ax.lines] == ["o", "o"]
+    assert ax.get_ylabel() == "mean reward of the batch"
+    plot_rewards({"dynamic": {"rewards": [0.1 * i for i in range(30)]}}, [], tmp_path / "s.png", window=10)
+    ax = plt.gcf().axes[0]
+    assert ax.get_ylabel() == "mean reward of the batch (mean of the last 10 steps)"
+    assert ax.lines[0].get_marker() in ("None", None, "")
+    plt.close("all")

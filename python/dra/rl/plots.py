@@ -89,13 +89,18 @@ def plot_rewards(runs: dict[str, dict[str, Any]], seed_runs: list[dict[str, Any]
     curves should lie on each other."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, r in [*runs.items(), *((r["name"], r) for r in seed_runs)]:
+    every = [*runs.items(), *((r["name"], r) for r in seed_runs)]
+    longest = max((len(r["rewards"]) for _, r in every), default=0)
+    window = max(1, min(window, longest))  # the mean a short run can have (a 1-step run: none)
+    for name, r in every:
         style = {"linewidth": 2.2, "color": "black"} if name == "dynamic" else {"linewidth": 0.9, "alpha": 0.7}
+        if len(r["rewards"]) < 20:
+            style["marker"] = "o"  # a curve of one point draws no line
         ax.plot(range(len(r["rewards"])), _smoothed(r["rewards"], window), label=name, **style)
         if window > 1 and "exact" in r:
             ax.plot(range(len(r["exact"])), _smoothed(r["exact"], window), label=f"{name}: exact answers", linestyle="--", **style)
     ax.set_xlabel("step (batch generated)")
-    ax.set_ylabel("mean reward of the batch" + (f" ({window}-step mean)" if window > 1 else ""))
+    ax.set_ylabel("mean reward of the batch" + (f" (mean of the last {window} steps)" if window > 1 else ""))
     ax.set_title("live GRPO: reward per step [measured]")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
