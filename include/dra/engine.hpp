@@ -135,8 +135,16 @@ class resize_engine {
     return committed_steps > 0 && committed_steps % config_.decide_every == 0;
   }
 
-  /// The remaining-work estimate at the latest decision (steps; median, mean, tail).
-  const signals::work_estimate& remaining() const noexcept { return remaining_estimate_; }
+  /// The remaining-work estimate at the latest decision (steps; median, mean, tail). Without a
+  /// declared budget the policy does not read it, so it is computed here, when asked for (the
+  /// curve fit costs tens of microseconds: at every decision it made dra.step 10x dearer).
+  const signals::work_estimate& remaining() const {
+    if (remaining_stale_) {
+      remaining_estimate_ = remaining_.estimate(remaining_observation_);
+      remaining_stale_ = false;
+    }
+    return remaining_estimate_;
+  }
 
   /// Takes a decision now from the current signals and world.
   const policy::decision& decide() {
@@ -180,12 +188,15 @@ class resize_engine {
         curve_ = std::move(half);
       }
     }
-    signals::work_observation o;
+    auto& o = remaining_observation_;
     o.declared = config_.declared_steps > 0 ? static_cast<double>(config_.declared_steps) : std::nan("");
     o.done = std::max(static_cast<double>(world_.step) + 1.0, 0.0);
     o.curve = curve_;
-    remaining_estimate_ = remaining_.estimate(o);
-    if (remaining_estimate_.sources & 1) world_.remaining_steps = std::llround(remaining_estimate_.median);
+    remaining_stale_ = true;
+    // Only a declared budget reaches the policy (world.remaining_steps); otherwise remaining()
+    // computes the same estimate from this observation when someone asks.
+    if (config_.declared_steps > 0 && (remaining().sources & 1))
+      world_.remaining_steps = std::llround(remaining_estimate_.median);
   }
 
   engine_config config_;
@@ -199,7 +210,9 @@ class resize_engine {
   std::int64_t last_step_ = -1;
   signals::remaining_work_estimator remaining_{config_.remaining_work};
   std::vector<std::pair<double, double>> curve_;
-  signals::work_estimate remaining_estimate_;
+  signals::work_observation remaining_observation_;  ///< what the latest decision knew
+  mutable signals::work_estimate remaining_estimate_;
+  mutable bool remaining_stale_ = false;
 };
 
 }  // namespace dra
