@@ -336,3 +336,29 @@ def test_a_lock_file_removed_by_its_last_holder_is_never_held_twice(tmp_path: Pa
         _state.exclusive_lock(path, lambda pid: f"busy {pid}")
     _state.release_lock(path, fd)
     assert not path.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder another user owns")
+def test_a_log_folder_the_jobs_user_cannot_own_is_refused_at_submission(tmp_path: Path) -> None:
+    # The launcher refuses a log folder that is another user's, writable by others or a link (a
+    # file planted there would take the job's output); that was said only when the job was
+    # granted devices and launched, as a failed job. It is now refused at submission.
+    svc = PoolService(declared(1), tmp_path / "state", scale_every_s=1000.0)
+    try:
+        theirs = tmp_path / "dra-logs"  # the default: <cwd>/dra-logs
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(ValueError, match=rf"^log: {theirs} is owned by uid 65534, not by this job's user"):
+            svc.submit({"name": "a", "cwd": str(tmp_path), "command": ["true"]})
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        with pytest.raises(ValueError, match=r"is writable by others \(mode 777\)"):
+            svc.submit({"name": "a", "cwd": str(tmp_path), "log": "shared", "command": ["true"]})
+        (tmp_path / "link").symlink_to(tmp_path)
+        with pytest.raises(ValueError, match=r"is a symbolic link or not a directory"):
+            svc.submit({"name": "a", "cwd": str(tmp_path), "log": str(tmp_path / "link"), "command": ["true"]})
+        assert svc.jobs == {}  # nothing was accepted
+        svc.submit({"name": "a", "cwd": str(tmp_path), "log": "mine", "command": ["true"]})  # new: made 0700
+    finally:
+        svc.close()

@@ -45,20 +45,28 @@ def is_python(cmd: list[str]) -> bool:
     return bool(args) and (args[0] == "-m" and len(args) > 1 or not args[0].startswith("-"))
 
 
+def log_dir_problem(path: Path, uid: int) -> str | None:
+    """Why an existing folder cannot hold the logs of a job run as ``uid`` (None: it can, or it
+    does not exist yet): a symbolic link or not a directory, another user's, or writable by others
+    (a file planted there, a link to a file of this user's, would take the job's output)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return "a symbolic link or not a directory"
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by this job's user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def private_log_dir(path: Path) -> Path:
-    """The folder of a job's logs, made 0700 when new; refused when it is a symbolic link, belongs
-    to another user or others may write into it: a file planted there (a link to a file of this
-    user's) would take the job's output, as this user."""
+    """The folder of a job's logs, made 0700 when new; refused as ``log_dir_problem`` says."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = os.lstat(path)
-    problem = None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        problem = "a symbolic link or not a directory"
-    elif st.st_uid != os.geteuid():
-        problem = f"owned by uid {st.st_uid}, not by this job's user (uid {os.geteuid()})"
-    elif st.st_mode & 0o022:
-        problem = f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    problem = log_dir_problem(path, os.geteuid())
     if problem:
         raise ValueError(f"log: {path} is {problem}; remove it, or give the job a log folder of its own "
                          "(the spec's 'log', dra run --log-dir)")

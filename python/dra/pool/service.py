@@ -35,6 +35,7 @@ from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
 from dra.pool._metrics import prometheus
+from dra.pool._spawner import log_dir_problem
 from dra.pool._spec import REQUEST_FIELDS, make_request, speedup_curve, validate_spec
 from dra.pool._state import StateDB, StateLock
 
@@ -312,6 +313,13 @@ class PoolService(SchedulingLoop, LauncherAPI):
             if why:
                 raise ValueError(f"cwd: {why}; give a directory the job's user ({owner.user}) can enter")
             self._check_interpreter(req.job, owner)
+            # The launcher makes the log folder as the job's user, and refuses one that is not its
+            # own: said now, not when the job is granted devices.
+            logs = Path(spec["cwd"], spec.get("log") or "dra-logs")
+            why = log_dir_problem(logs, owner.uid)
+            if why:
+                raise ValueError(f"log: {logs} is {why}; give the job a log folder of its own ('log', dra pool "
+                                 "submit --log) or remove that one")
         with self._lock:
             if self.draining:
                 raise ValueError(f"name: the pool is draining; job '{req.job}' was not accepted (dra pool drain --undo "
