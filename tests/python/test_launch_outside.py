@@ -334,3 +334,11 @@ def test_static_nodes_refuse_a_node_rank_given_twice_and_another_nnodes(tmp_path
             p.wait()
     out = (tmp_path / "m1.txt").read_text()
     assert code == 1 and "--nnodes: this node (rank 1) has 3, node 0 has 2; give every node the same --nnodes" in out, out
+
+
+def test_help_lists_each_spelling_of_a_flag_once() -> None:
+    # --help listed "--no-python, --no_python, --no_python".
+    from dra.launch.cli import parser
+
+    for action in parser()._actions:
+        assert len(action.option_strings) == len(set(action.option_strings)), action.option_strings

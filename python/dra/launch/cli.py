@@ -32,7 +32,7 @@ from dra.launch.node import NodeLauncher, RunConfig, log_dir
 def _both(p: argparse.ArgumentParser, name: str, *extra: str, **kw) -> None:
     """A flag under torchrun's two spellings (--nproc-per-node and --nproc_per_node)."""
     names = [f"--{name}", *extra]
-    if "-" in name:
+    if "-" in name and "--" + name.replace("-", "_") not in names:
         names.append("--" + name.replace("-", "_"))
     p.add_argument(*names, **kw)
 
@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     _both(p, "monitor-interval", dest="monitor_interval", type=positive_arg, default=0.1,
           help="seconds between looks at the workers (> 0)")
     p.add_argument("--role", default="default", help="ROLE_NAME and the console prefix")
-    _both(p, "no-python", "--no_python", dest="no_python", action="store_true", help="run the script as an executable")
+    _both(p, "no-python", dest="no_python", action="store_true", help="run the script as an executable")
     p.add_argument("-m", "--module", action="store_true", help="the script is a module (python -m)")
     _both(p, "run-path", dest="run_path", action="store_true", help="accepted for torchrun's sake (a script is run by path)")
     _both(p, "log-dir", dest="log_dir", default="dra-logs", help="each worker's output file: <log-dir>/<job>.<rank>.log")
