@@ -9,18 +9,27 @@ import sys
 import dra_bench
 
 
+#: Modules of the package that are not suites: Pollux's reference driver (run under its own
+#: Python 3.8 by the sim suite) and the pool suite's security check.
+HELPERS = {"pollux_reference", "pool_security"}
+SHORT = {"step": "step_overhead"}  # short suite names
+
+
 def suites() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(dra_bench.__path__) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules(dra_bench.__path__)
+                  if not m.name.startswith("_") and m.name not in HELPERS)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     available = suites()
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: python -m dra.bench <suite> [--json PATH] [options]\nsuites: {', '.join(available)}")
+        named = [f"{n} ({', '.join(k for k, v in SHORT.items() if v == n)})" if n in SHORT.values() else n
+                 for n in available]
+        print(f"usage: python -m dra.bench <suite> [--json PATH] [options]\nsuites: {', '.join(named)}")
         return 0 if argv else 2
     name = argv.pop(0)
-    name = {"step": "step_overhead"}.get(name, name)  # short suite names
+    name = SHORT.get(name, name)
     if name not in available:
         print(f"dra.bench: unknown suite '{name}'; available: {', '.join(available)}", file=sys.stderr)
         return 2

@@ -222,3 +222,15 @@ def test_engine_remaining_is_the_latest_decisions_estimate():
     for s in range(400, 405):  # steps without a decision leave the decision's estimate as it was
         f.step(s, 0.2)
     assert f.remaining.median == median
+
+
+def test_bench_help_lists_the_suites_and_nothing_else() -> None:
+    # `python -m dra.bench --help` listed pollux_reference and pool_security (helper modules: one
+    # needs Python 3.8) as suites, and not the short name `step` the README uses.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "dra.bench", "--help"], capture_output=True, text=True, timeout=120)
+    listed = out.stdout.split("suites: ", 1)[1].strip()
+    assert "pollux_reference" not in listed and "pool_security" not in listed, listed
+    assert "step_overhead (step)" in listed and "sim" in listed.split(", "), listed
