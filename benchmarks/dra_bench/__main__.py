@@ -8,7 +8,6 @@ import sys
 
 import dra_bench
 
-
 #: Modules of the package that are not suites: Pollux's reference driver (run under its own
 #: Python 3.8 by the sim suite) and the pool suite's security check.
 HELPERS = {"pollux_reference", "pool_security"}
