@@ -234,3 +234,13 @@ def test_bench_help_lists_the_suites_and_nothing_else() -> None:
     listed = out.stdout.split("suites: ", 1)[1].strip()
     assert "pollux_reference" not in listed and "pool_security" not in listed, listed
     assert "step_overhead (step)" in listed and "sim" in listed.split(", "), listed
+
+
+def test_a_pool_cli_output_cut_short_by_its_reader_says_nothing() -> None:
+    # `dra pool schema | head` ended with "dra pool schema: [Errno 32] Broken pipe".
+    import subprocess
+    import sys
+
+    out = subprocess.run(f"{sys.executable} -m dra pool schema | true", shell=True, capture_output=True, text=True,
+                         timeout=120)
+    assert "Broken pipe" not in out.stderr, out.stderr

@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         client = _client(args)
         print(json.dumps(client.cancel(args.name) if args.command == "cancel" else client.drain(undo=args.undo)))
         return 0
+    except BrokenPipeError:  # the reader went away (dra pool schema | head): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit's flush
+        return 1
     except (ValueError, ConnectionError, PermissionError, RuntimeError, json.JSONDecodeError, OSError) as e:
         print(f"dra pool {args.command}: {e}", file=sys.stderr)
         return 2
