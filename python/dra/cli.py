@@ -33,14 +33,28 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def serve_store(port: int, host: str = "0.0.0.0") -> None:
+def serve_store(port: int, host: str = "127.0.0.1") -> None:
     """Hosts a c10d TCPStore until killed: a dedicated store for elastic jobs, which must outlive
     every process of the job (point them at it with ``DRA_STORE=host:port``, and torchrun's
-    ``--rdzv-endpoint``). Prints ``[dra] store listening on HOST:PORT`` once it is up."""
+    ``--rdzv-endpoint``). Prints ``[dra] store listening on HOST:PORT`` once it is up.
+
+    A c10d store has no authentication (torchrun's neither): whoever reaches it can write the
+    job's keys. It listens on the loopback unless told otherwise; an address other nodes reach is
+    warned about once, naming what to do."""
+    import ipaddress
     import time
     from datetime import timedelta
 
     import torch.distributed as dist
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        print(f"[dra] warning: the store on {host} has no authentication: anyone who reaches that address and port "
+              "can write the job's keys; bind it to the nodes' private network and keep the port firewalled from "
+              "everyone else", file=sys.stderr, flush=True)
 
     store = dist.TCPStore(host, int(port), None, True, timedelta(seconds=60), wait_for_workers=False)
     print(f"[dra] store listening on {host}:{store.port}", flush=True)
@@ -56,7 +70,9 @@ def _store(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="dra store", description=serve_store.__doc__)
     p.add_argument("--port", type=int, required=True, help="port to listen on (0: a free one, printed)")
-    p.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default: the loopback, one node; for several nodes the address they "
+                        "reach, e.g. 0.0.0.0 or the private network's: the store has no authentication)")
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         p.error(f"--port: must lie in [0, 65535], got {args.port}")

@@ -244,3 +244,24 @@ def test_a_pool_cli_output_cut_short_by_its_reader_says_nothing() -> None:
     out = subprocess.run(f"{sys.executable} -m dra pool schema | true", shell=True, capture_output=True, text=True,
                          timeout=120)
     assert "Broken pipe" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("extra", "listens", "warned"), [([], "127.0.0.1", False), (["--host", "0.0.0.0"], "0.0.0.0", True)])
+def test_dra_store_listens_on_the_loopback_unless_told_and_warns_beyond_it(extra, listens, warned) -> None:
+    # A c10d store has no authentication; `dra store` bound every interface by default, silently.
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "dra", "store", "--port", "0", *extra], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith(f"[dra] store listening on {listens}:"), line
+    finally:
+        p.terminate()
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+    assert ("has no authentication" in err) == warned, err
