@@ -5,12 +5,14 @@
   inside a resize for real.
 - the elastic world's membership functions and a no-op binding call (dra.step's cost baseline),
   from ``dra._core._testing``.
-- ``tagged_processes(name, value)``: the live processes whose environment holds ``name=value``.
+- ``tagged_processes(name, value)``: the live processes whose environment holds ``name=value``;
+  ``kill_tagged(name, value)`` sends them SIGKILL.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,8 @@ __all__ = [
     "set_phase_hook",
     "step_batch",
     "survivors",
+    "tagged_processes",
+    "kill_tagged",
 ]
 
 
@@ -71,3 +75,15 @@ def tagged_processes(name: str, value: str) -> list[int]:
         except OSError:  # gone meanwhile, or not ours to read
             pass
     return found
+
+
+def kill_tagged(name: str, value: str) -> list[int]:
+    """SIGKILL to every live process ``tagged_processes`` finds (what a test left running);
+    returns their pids."""
+    pids = tagged_processes(name, value)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.testing import tagged_processes
+from dra.testing import kill_tagged
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,11 +87,7 @@ def _run(tmp_path: Path, nproc: int, options: dict, cfg: dict, timeout: float = 
     except subprocess.TimeoutExpired as e:
         code, out = -1, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
     finally:
-        for pid in tagged_processes("DRA_TEST_TOKEN", token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged("DRA_TEST_TOKEN", token)
     records = [json.loads(line) for f in sorted(tmp_path.glob("log-*.jsonl"))
                for line in f.read_text().splitlines() if line.strip()]
     return code, out, records

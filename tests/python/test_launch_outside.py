@@ -31,7 +31,7 @@ import pytest
 
 from dra.launch import cli
 from dra.launch.tee import Tee
-from dra.testing import tagged_processes
+from dra.testing import kill_tagged, tagged_processes
 
 DRA = [sys.executable, "-m", "dra"]
 pytestmark = pytest.mark.timeout(120)
@@ -41,11 +41,7 @@ pytestmark = pytest.mark.timeout(120)
 def token():
     value = uuid.uuid4().hex
     yield value
-    for pid in tagged_processes("DRA_TEST_TOKEN", value):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_tagged("DRA_TEST_TOKEN", value)
 
 
 def _env(token: str) -> dict[str, str]:

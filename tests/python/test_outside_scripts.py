@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.testing import tagged_processes
+from dra.testing import kill_tagged
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -160,11 +159,7 @@ def _run(tmp_path: Path, name: str, script: str, *args: str, options: dict | Non
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        for pid in tagged_processes("DRA_TEST_TOKEN", token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged("DRA_TEST_TOKEN", token)
     logs = "".join(p.read_text(errors="replace") for p in sorted((out / "logs").glob("*.log")))
     assert code is not None, f"{name}: still running after {timeout} s\n{logs[-3000:]}"
     records = [json.loads(line) for f in out.glob("rec-*.jsonl") for line in f.read_text().splitlines()]
