@@ -338,3 +338,24 @@ def test_help_lists_each_spelling_of_a_flag_once() -> None:
 
     for action in parser()._actions:
         assert len(action.option_strings) == len(set(action.option_strings)), action.option_strings
+
+
+def test_a_node_waiting_for_the_others_says_so_and_gives_up_at_the_join_timeout(tmp_path, token):
+    """Node 0 of a static job whose other node never came waited 600 s without a word, and torch's
+    join_timeout (--rdzv-conf) was ignored: it now says which nodes it waits for and ends at the
+    timeout, naming them and the flag."""
+    with socket_port() as port:
+        pass
+    start = time.monotonic()
+    out = subprocess.run([*DRA, "run", "--no-zygote", "--log-dir", str(tmp_path / "logs"), "--nnodes", "2",
+                          "--node-rank", "0", "--master-port", str(port), "--rdzv-conf", "join_timeout=4", "--", "true"],
+                         cwd=tmp_path, env=_env(token), capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said
+    assert "node 0: waiting for node(s) 1 to join" in said, said
+    assert "node(s) 1 did not join within 4 s (--rdzv-conf join_timeout=S waits longer)" in said, said
+    assert took < 60, took
+    bad = subprocess.run([*DRA, "run", "--rdzv-conf", "join_timeout=-1", "--", "true"], cwd=tmp_path, env=_env(token),
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "join_timeout='-1' is not a number of seconds > 0" in bad.stderr, bad.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -196,6 +197,18 @@ def _conf(text: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in (kv.split("=", 1) for kv in items)}
 
 
+def _join_timeout(conf: dict[str, str]) -> float:
+    """How long a node waits for the others (torchrun's ``--rdzv-conf join_timeout=S``, 600 s)."""
+    text = conf.get("join_timeout", "600")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"--rdzv-conf: join_timeout={text!r} is not a number of seconds > 0; give e.g. join_timeout=600")
+    return value
+
+
 def _endpoint(text: str, default_port: int | None) -> str:
     """``--rdzv-endpoint HOST[:PORT]`` checked (torchrun's c10d default port: 29400) and its host resolved."""
     host, colon, port = text.rpartition(":")
@@ -305,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             local_addr=args.local_addr, shutdown_timeout=args.shutdown_timeout, store_host=args.store_host,
             advertise=args.advertise, zygote=not args.no_zygote,
             preload=args.preload.split(",") if args.preload else ["torch", "dra", "dra.elastic"],
-            fence_timeout_s=args.fence_timeout_s)
+            fence_timeout_s=args.fence_timeout_s, rdzv_timeout_s=_join_timeout(conf))
         if cfg.rdzv_backend == "c10d" and not cfg.rdzv_endpoint:
             raise ValueError("--rdzv-backend c10d: give --rdzv-endpoint HOST:PORT")
         log_dir(cfg.log_dir)  # a folder the logs can go to, before anything starts

@@ -16,6 +16,7 @@ process group under its own prefix, the launchers' under ``dra_run/``.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -59,11 +60,32 @@ def _prefixed(store: Any) -> Any:
 
 
 def _gather_nprocs(store: Any, group_rank: int, group_world_size: int, nproc: int, timeout_s: float) -> list[int]:
-    """Every node's worker count, in node-rank order (each node publishes its own)."""
+    """Every node's worker count, in node-rank order (each node publishes its own). A long wait
+    says on stderr which nodes it still waits for, and for how long yet (every 30 s, or half the
+    timeout when that is shorter)."""
+    say_every_s = min(30.0, timeout_s / 2)
     store.set(f"nproc/{group_rank}", str(nproc))
     keys = [f"nproc/{g}" for g in range(group_world_size)]
-    store.wait(keys, timedelta(seconds=timeout_s))
-    return [int(store.get(k)) for k in keys]
+    start = time.monotonic()
+    said = start
+    while True:
+        left = timeout_s - (time.monotonic() - start)
+        try:
+            store.wait(keys, timedelta(seconds=max(0.001, min(left, say_every_s))))
+            return [int(store.get(k)) for k in keys]
+        except Exception as e:  # noqa: BLE001 - torch raises its DistStoreError (a RuntimeError) on a timeout
+            if "timeout" not in str(e).lower() and "timed out" not in str(e).lower():
+                raise
+        now = time.monotonic()
+        if now - start >= timeout_s:
+            missing = [g for g in range(group_world_size) if not store.check([f"nproc/{g}"])]
+            raise TimeoutError(f"node {group_rank}: node(s) {', '.join(map(str, missing))} did not join within "
+                               f"{timeout_s:g} s (--rdzv-conf join_timeout=S waits longer)")
+        if now - said >= say_every_s * 0.95:
+            said = now
+            missing = [g for g in range(group_world_size) if not store.check([f"nproc/{g}"])]
+            print(f"[dra run] node {group_rank}: waiting for node(s) {', '.join(map(str, missing))} to join "
+                  f"({timeout_s - (now - start):.0f} s left)", file=sys.stderr, flush=True)
 
 
 def local(run_id: str, nproc: int, host: str, advertise: str | None) -> Placement:
