@@ -143,3 +143,27 @@ def test_workers_too_slow_to_start_name_the_fix(tmp_path) -> None:
     # 0.01 CPU per slot: importing torch takes minutes, far past timeout_s.
     with pytest.raises(WorkerError, match=r"only \d of 3 workers connected within 2 s .*0.01 CPU per slot.*raise timeout_s or cpus_per_slot"):
         LiveRL(tiny(cpus_per_slot=0.01, timeout_s=2), tmp_path, quiet=True)
+
+
+def test_ctrl_c_of_the_cli_ends_it_with_one_line_and_no_traceback(tmp_path):
+    # Ctrl-C printed a KeyboardInterrupt traceback (the cleanup itself was complete).
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "dra.rl.live.coordinator", "--out", str(tmp_path / "out"), "--steps",
+                          "200", "--rollout", "1", "--no-cgroups", "--pretrain-steps", "0"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while "phase 1/200" not in line and time.monotonic() < deadline:  # a run under way
+            line = p.stderr.readline()
+            assert line or p.poll() is None, "the coordinator ended before its first phase"
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=60)[1]
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert "interrupted after 0 complete run(s)" in err and "Traceback" not in err, err

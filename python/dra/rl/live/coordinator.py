@@ -699,11 +699,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = LiveConfig(steps=args.steps, use_cgroups=not args.no_cgroups, cpus_per_slot=args.cpus_per_slot, pretrain_steps=args.pretrain_steps)
     runs = []
-    with LiveRL(cfg, args.out) as live:
-        for r in args.rollout or []:
-            runs.append(live.run(f"static-{r}", r))
-        if args.dynamic:
-            runs.append(live.run("dynamic", None))
+    try:
+        with LiveRL(cfg, args.out) as live:  # its close() stops the workers and removes their cgroups
+            for r in args.rollout or []:
+                runs.append(live.run(f"static-{r}", r))
+            if args.dynamic:
+                runs.append(live.run("dynamic", None))
+    except KeyboardInterrupt:
+        print(f"[dra.rl live] interrupted after {len(runs)} complete run(s); its workers are stopped and cleaned up",
+              file=sys.stderr)
+        return 130
     with open(Path(args.out) / "runs.json", "w") as f:
         json.dump(runs, f, indent=1, default=str)
     if args.plots:
