@@ -27,10 +27,12 @@ struct autoscaler_config {
 
   void validate() const {
     using dra::detail::throw_invalid;
-    if (!(replica_rps > 0.0)) throw_invalid("replica_rps", "must be > 0, got " + std::to_string(replica_rps));
+    if (!(replica_rps > 0.0)) throw_invalid("replica_rps", "must be > 0, got " + request::shown(replica_rps));
     if (!(down_utilisation > 0.0 && down_utilisation < target_utilisation && target_utilisation <= up_utilisation))
       throw_invalid("down_utilisation",
-                    "need 0 < down_utilisation < target_utilisation <= up_utilisation (hysteresis band)");
+                    "need 0 < down_utilisation < target_utilisation <= up_utilisation (hysteresis band), got " +
+                        request::shown(down_utilisation) + " < " + request::shown(target_utilisation) +
+                        " <= " + request::shown(up_utilisation) + "; reorder them");
     if (!(down_delay_s >= 0.0)) throw_invalid("down_delay_s", "must be >= 0");
     if (!(queue_per_replica > 0.0)) throw_invalid("queue_per_replica", "must be > 0");
     if (min_replicas < 0 || max_replicas < min_replicas)
@@ -51,25 +53,27 @@ class replica_autoscaler {
     const auto& c = config_;
     const double per = replica_rps > 0.0 && std::isfinite(replica_rps) ? replica_rps : c.replica_rps;
     const double load = std::max(0.0, rate_rps) / per;  // replicas' worth of work
-    const int backlog = static_cast<int>(std::floor(std::max(0.0, queue) / c.queue_per_replica));
-    const int aim = static_cast<int>(std::ceil(load / c.target_utilisation - 1e-9)) + backlog;
+    // In doubles, clamped before any int: a burst of 3e9 requests/s (or a queue of 1e10) overflowed
+    // the int and the service asked for no replica at all.
+    const double backlog = std::floor(std::max(0.0, queue) / c.queue_per_replica);
+    const double aim = std::ceil(load / c.target_utilisation - 1e-9) + backlog;
     if (current != seen_current_) {  // a change (ours or anyone's) starts a new window
       seen_current_ = current;
       window_.clear();
     }
     window_.push_back({now, load});
     while (window_.size() > 1 && window_[1].first <= now - c.down_delay_s) window_.pop_front();
-    int want = current;
+    double want = current;
     if (current < c.min_replicas || load > c.up_utilisation * current || queue >= c.queue_per_replica) {
-      want = std::max({current, aim, current + backlog});  // a backlog means the replicas are saturated
+      want = std::max({static_cast<double>(current), aim, current + backlog});  // a backlog: replicas saturated
     } else if (now - window_.front().first >= c.down_delay_s - 1e-9) {
       const double mean = mean_load(now);
       if (mean < c.down_utilisation * current) {
-        want = std::max(static_cast<int>(std::ceil(mean / c.target_utilisation - 1e-9)), current - 1);
+        want = std::max(std::ceil(mean / c.target_utilisation - 1e-9), current - 1.0);
         window_.clear();  // the next step down waits another window
       }
     }
-    return std::clamp(want, c.min_replicas, c.max_replicas);
+    return static_cast<int>(std::clamp(want, static_cast<double>(c.min_replicas), static_cast<double>(c.max_replicas)));
   }
 
   /// Time-weighted mean of the load over the window (each sample holds until the next; the

@@ -190,7 +190,7 @@ class LauncherAPI:
                                 break
                     self._release(lid, "worker exited", removed)
             if report:
-                self.reports[name] = {**self.reports.get(name, {}), **report}
+                self._keep_report(name, report, now)
                 self._observe_curve(name, report)
                 if isinstance(report.get("step"), int) and report["step"] >= 1 and "first_step_at" not in job["info"]:
                     job["info"]["first_step_at"] = now

@@ -18,6 +18,8 @@ from dra._core import pool as _p
 from dra.pool import _launchers
 from dra.pool._spec import fit_speedup, remaining_size_s
 
+REPORT_STALE_S = 30.0  # an inference service's load report older than this counts as no load
+
 
 class SchedulingLoop:
     """The loop's thread and one ``tick`` (see the module's docstring)."""
@@ -219,8 +221,19 @@ class SchedulingLoop:
             if j["state"] != "running" or j["spec"]["kind"] != "inference" or not report:
                 continue
             current = self.book.count(name, False)
-            want = self._autoscaler(name).update(now, float(report.get("rate_rps", 0.0)), float(report.get("queue", 0.0)),
-                                                 current, float(report.get("replica_rps", 0.0)))
+            rate, queue = float(report.get("rate_rps", 0.0)), float(report.get("queue", 0.0))
+            at = self._load_at.get(name)
+            if at is not None and now - at > REPORT_STALE_S:
+                # Its frontend stopped reporting (gone, hung, or it reports only when there is
+                # traffic): its last load would hold the replicas of its last peak forever, while
+                # training waits for them. No news counts as no load: down to min_size, a replica
+                # per down_delay_s; the next report counts again.
+                rate = queue = 0.0
+                if name not in self._stale:
+                    self._stale[name] = at
+                    self._event({"event": "report_stale", "job": name, "silent_s": round(now - at, 3),
+                                 "limit_s": REPORT_STALE_S})
+            want = self._autoscaler(name).update(now, rate, queue, current, float(report.get("replica_rps", 0.0)))
             self.replicas_wanted[name] = want
             report["replicas_wanted"] = want
             if want > current:

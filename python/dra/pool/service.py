@@ -134,6 +134,8 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self.reports: dict[str, dict[str, Any]] = {}
         self.autoscalers: dict[str, Any] = {}
         self.replicas_wanted: dict[str, int] = {}  # inference: the autoscaler's latest answer
+        self._load_at: dict[str, float] = {}  # when a job last reported its load (rate_rps or queue)
+        self._stale: dict[str, float] = {}  # inference whose load report went stale (event said once)
         self.draining = bool(self.db.get_meta("draining", False))
         self.counters = {"grants": 0, "releases": 0, "preemptions": 0, "reclaims": 0, "moves": 0}
         self.launchers: dict[str, _launchers.LauncherRef] = {}
@@ -293,6 +295,9 @@ class PoolService(SchedulingLoop, LauncherAPI):
                                                          max_replicas=req.max_size))
             except (ValueError, TypeError) as e:
                 raise ValueError(f"autoscale.{e}") from None
+            if req.kind != "inference":  # it would be kept and never read
+                raise ValueError(f"autoscale: only an inference service has a replica autoscaler; this job's kind is "
+                                 f"'{req.kind}': drop autoscale, or give kind: inference")
         if self.ray_address is not None:
             if spec.get("ray") is False or (isinstance(spec.get("ray"), str) and spec["ray"] != self.ray_address):
                 raise ValueError(f"ray: this pool's devices are the Ray cluster's at {self.ray_address}; its jobs run "
@@ -380,7 +385,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
         """Every table the pool keeps by job name besides the job's record (``jobs``, ``_requests``,
         replaced by a new job of the name): what reusing a name forgets. A new one belongs here."""
         return (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
-                self._resized_at, self._recent_peak, self._curves)
+                self._resized_at, self._recent_peak, self._curves, self._load_at, self._stale)
 
     def _forget(self, name: str, old: dict[str, Any]) -> None:
         """A name used again once its job ended: the old job's record is replaced and everything
@@ -468,8 +473,15 @@ class PoolService(SchedulingLoop, LauncherAPI):
         with self._lock:
             self._job(name)
             self._authorize(name, caller, "report for")
-            self.reports[name] = {**self.reports.get(name, {}), **report}
+            self._keep_report(name, report, time.time())
         return {"job": name}
+
+    def _keep_report(self, name: str, report: dict[str, Any], now: float) -> None:
+        """Merges a checked report into the job's; one with the load (rate_rps, queue) refreshes it."""
+        self.reports[name] = {**self.reports.get(name, {}), **report}
+        if "rate_rps" in report or "queue" in report:
+            self._load_at[name] = now
+            self._stale.pop(name, None)
 
     def job_spec(self, name: str, caller: Caller | None = None) -> dict[str, Any]:
         with self._lock:
