@@ -114,3 +114,17 @@ def test_a_service_whose_reports_stop_gives_its_replicas_back_to_training(tmp_pa
         assert svc.book.count("serve", False) == 3
     finally:
         svc.close()
+
+
+@pytest.mark.parametrize("high, low, devices", [("high", "low", 3), ("critical", "low", 5), ("high", "normal", 3)])
+def test_a_higher_priority_class_gets_more_devices_not_fewer(high: str, low: str, devices: int) -> None:
+    # The priority weight multiplied each speedup; at Pollux's p = -1 (the pool's arbiter) that
+    # made a higher class worth less per device: a critical job got 1 device of 5, a low one 4.
+    def job(name: str, priority: str) -> P.ScaleJob:
+        j = P.ScaleJob()
+        j.job, j.priority, j.min_size, j.max_size, j.current = name, priority, 1, 4, 1
+        j.speedup = [0.0, 1.0, 1.818, 2.5, 3.077]
+        return j
+
+    sizes = P.plan_sizes([job("lo", low), job("hi", high)], devices, P.ClusterArbiter(P.ArbiterConfig()))
+    assert sizes["hi"] > sizes["lo"] >= 1 and sizes["hi"] + sizes["lo"] == devices

@@ -154,11 +154,17 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     for (const auto* j : training) size.push_back(std::max(j->remaining_size_s, 0.0));
     completion_weight = policy::completion_weights(size, completion->exponent);
   }
+  policy::arbiter_config ac = arbiter.config();
+  if (completion) ac.p = completion->power;
   std::vector<policy::arbiter_job> in;
   for (std::size_t t = 0; t < training.size(); ++t) {
     const scale_job* j = training[t];
     policy::arbiter_job a;
-    const double w = priority_weight(j->priority) * (completion ? completion->factor(completion_weight[t]) : 1.0);
+    // The priority weight w enters the power mean as (sum w s^p)^(1/p), i.e. the speedup scaled by
+    // w^(1/p): at Pollux's p = -1 a speedup scaled by w itself made a higher class worth less per
+    // device (a critical job got 1 device of 5, a low one 4).
+    const double w = std::pow(priority_weight(j->priority), 1.0 / ac.p) *
+                     (completion ? completion->factor(completion_weight[t]) : 1.0);
     a.speedup.assign(static_cast<std::size_t>(j->max_size) + 1, 0.0);
     for (int k = 1; k <= j->max_size; ++k) {
       const auto ku = static_cast<std::size_t>(k);
@@ -173,8 +179,6 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     a.min_devices = j->min_size;
     in.push_back(std::move(a));
   }
-  policy::arbiter_config ac = arbiter.config();
-  if (completion) ac.p = completion->power;
   const std::vector<int> alloc = policy::cluster_arbiter(ac).allocate(in, left);
   for (std::size_t i = 0; i < training.size(); ++i)
     out[training[i]->job] = std::max(alloc[i], std::min(training[i]->min_size, training[i]->current));
