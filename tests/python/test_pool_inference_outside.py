@@ -128,3 +128,40 @@ def test_a_higher_priority_class_gets_more_devices_not_fewer(high: str, low: str
 
     sizes = P.plan_sizes([job("lo", low), job("hi", high)], devices, P.ClusterArbiter(P.ArbiterConfig()))
     assert sizes["hi"] > sizes["lo"] >= 1 and sizes["hi"] + sizes["lo"] == devices
+
+
+def test_a_low_priority_service_does_not_take_a_critical_training_jobs_devices_at_a_re_plan(tmp_path: Path) -> None:
+    # Inference-first shrank training of the service's class or lower only, but the re-plan gave
+    # a low-priority service's burst every device a critical training job held above its minimum.
+    svc = PoolService(_devices(4), tmp_path, launch_jobs=False, scale_every_s=0.0, heartbeat_timeout_s=1e6)
+    try:
+        svc.submit({"name": "serve", "kind": "inference", "min_size": 1, "max_size": 4, "priority": "low"})
+        svc.submit({"name": "train", "min_size": 1, "max_size": 4, "priority": "critical"})
+        svc.submit({"name": "scratch", "min_size": 1, "max_size": 4, "priority": "low"})
+        t0 = time.time()
+        for k in range(5):
+            _play(svc, t0 + 0.05 * k)
+        held = svc.book.count("train", False)
+        assert svc.book.count("serve", False) == 1 and held >= 2
+        svc.set_report("serve", {"rate_rps": 100.0})
+        for k in range(5, 20):
+            _play(svc, t0 + 0.05 * k)
+        # The critical job keeps what it held (the low one is at its minimum, never taken).
+        assert svc.book.count("train", False) == held
+        assert svc.book.count("serve", False) == 4 - held - svc.book.count("scratch", False)
+    finally:
+        svc.close()
+
+
+def test_a_service_of_the_training_jobs_class_or_higher_still_takes_its_devices_at_a_re_plan() -> None:
+    def job(name: str, kind: str, priority: str, current: int, wanted: int = -1) -> P.ScaleJob:
+        j = P.ScaleJob()
+        j.job, j.kind, j.priority, j.min_size, j.max_size, j.current = name, kind, priority, 1, 4, current
+        j.replicas_wanted = wanted
+        return j
+
+    arbiter = P.ClusterArbiter(P.ArbiterConfig())
+    for service, served in (("critical", 3), ("high", 1), ("low", 1)):
+        sizes = P.plan_sizes([job("serve", "inference", service, 1, 4), job("train", "training", "critical", 3)], 4,
+                             arbiter)
+        assert sizes["serve"] == served and sizes["train"] == 4 - served, (service, sizes)

@@ -139,7 +139,14 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
   for (const auto* j : training) training_min += std::min(j->min_size, j->current);
   for (const auto* j : inference) {
     const int want = std::clamp(j->replicas_wanted < 0 ? j->current : j->replicas_wanted, j->min_size, j->max_size);
-    const int k = std::max(std::min(want, left - training_min), std::min(j->min_size, std::max(left, 0)));
+    // Past its minimum a service takes devices from training of its own class or lower only (as the
+    // scheduler's inference-first does): a low-priority service's burst left a critical training
+    // job at its minimum at the next re-plan.
+    int above = 0;
+    for (const auto* t : training)
+      if (priority_level(t->priority) > priority_level(j->priority))
+        above += t->current - std::min(t->min_size, t->current);
+    const int k = std::max(std::min(want, left - training_min - above), std::min(j->min_size, std::max(left, 0)));
     out[j->job] = std::max(k, 0);
     left -= out[j->job];
   }
