@@ -239,6 +239,31 @@ void controller::abandon(const std::string& why) noexcept {
   role_ = role::finished;
 }
 
+// ---- the loss each step() is given ---------------------------------------------------------------
+void controller::say_if_loss_never_positive() {
+  // The loss-trend signals fit log(loss): a loss that is never positive (a negative log-likelihood
+  // bound, a reward to maximise passed as its negative) leaves them empty, and the phase stays
+  // warmup for the whole run. Said once, when the warmup would have ended.
+  if (nonpositive_said_) return;
+  const auto& s = engine_.signals();
+  if (s.accepted < std::max<std::uint64_t>(engine_.config().estimator.warmup_steps, 1) ||
+      s.nonpositive_count != s.accepted)
+    return;
+  nonpositive_said_ = true;
+  std::fprintf(stderr,
+               "[dra] step %lld: every loss so far (%llu steps, the latest %g) is <= 0: the convergence signals fit "
+               "log(loss), so the loss trend and plateau stay empty and the phase stays warmup; pass dra.step a "
+               "quantity that is positive and falls as training converges (e.g. loss minus a known lower bound) "
+               "(said once)\n",
+               static_cast<long long>(s.step), static_cast<unsigned long long>(s.accepted), s.loss);
+  std::fflush(stderr);
+}
+
+void controller::note_loss(double loss) {
+  input_nonfinite_streak_ = std::isfinite(loss) ? 0 : input_nonfinite_streak_ + 1;
+  if (input_nonfinite_streak_ == 1) nonfinite_started_ = true;
+}
+
 // ---- decisions (the leader publishes, every member reads) ----------------------------------------
 void controller::leader_decides() {
   const auto t0 = clock_type::now();

@@ -7,7 +7,9 @@ quotas, rollout and trainer roles switched in place at step boundaries.
 - CPU slots are the device pool's (``dra.pool._cgroup``: cgroups v1, a hard quota per slot)
 - ``config``: the settings (``LiveConfig``) and the task's length workloads
 - ``worker``: the process on one slot; ``coordinator``: the slots and the phase-by-phase pipeline;
-  ``pipeline``: the pipeline without a per-phase barrier (devices moved inside a step)
+  ``pipeline``: the pipeline without a per-phase barrier (devices moved inside a step);
+  ``processes``: starting a worker in its slot, leftovers of killed runs, which worker failed;
+  ``cli``: the command line (``python -m dra.rl.live.coordinator``)
 
 The measured rows of ``python -m dra.bench rl --live`` are benchmark code: benchmarks/dra_bench/_rl_live.py.
 

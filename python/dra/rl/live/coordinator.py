@@ -10,9 +10,7 @@ and moves whole slots by resizing the trainers' ``dra.elastic`` world in place t
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -36,48 +34,10 @@ from dra.pool import _cgroup as cg
 from dra.pool._state import exclusive_lock, release_lock
 from dra.rl.live.config import LiveConfig, task_lengths
 from dra.rl.live.pretrain import pretrain
+from dra.rl.live.processes import WorkerError, child_setup, remove_leftovers, worker_failure
 from dra.rl.live.task import PROMPT_TOKENS, PromptStream
 
 _INSTANCES = itertools.count()
-
-
-class WorkerError(RuntimeError):
-    pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stopped(pid: int) -> bool:
-    """Whether a process is stopped (SIGSTOP, a debugger): state T or t in /proc/<pid>/stat."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
-
-
-def _child_setup(cgroup_paths: list[str] | None) -> None:
-    """In the worker before exec: into its slot's cgroups, and killed if the coordinator dies
-    (Linux PR_SET_PDEATHSIG), so no worker outlives an interrupted run."""
-    import ctypes
-
-    if cgroup_paths:
-        cg.join(cgroup_paths)
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
 
 
 class LiveRL:
@@ -102,30 +62,11 @@ class LiveRL:
         self._out_lock = exclusive_lock(self.out / ".dra-rl-live.lock", lambda pid: (
             f"out: another live RL run (pid {pid}) is using {self.out}; give this run another out directory (--out)"))
         try:
-            self._remove_leftovers()
+            remove_leftovers(self.out, self.config.use_cgroups)
             self._setup()
         except BaseException:
             self.close()
             raise
-
-    def _remove_leftovers(self) -> None:
-        """What a run killed before its close() left: its start weights and staged versions in this
-        out directory (locked, so nobody else's), and the cgroups of coordinators no longer alive."""
-        for f in (self.out / "cache").glob("rl-live-start-*.pt"):
-            f.unlink(missing_ok=True)
-        shutil.rmtree(self.out / "stage", ignore_errors=True)
-        if not self.config.use_cgroups:
-            return
-        for d in sorted((cg.ROOT / "cpu" / "dra").glob("rl-*-*")):
-            m = re.fullmatch(r"rl-(\d+)-\d+", d.name)
-            if m is None or _alive(int(m.group(1))):
-                continue
-            if any(_read_text(f) for c in cg.CONTROLLERS for f in (cg.ROOT / c / "dra" / d.name).glob("**/cgroup.procs")):
-                continue  # processes inside: not ours to move
-            try:
-                cg.Slots(d.name, []).close()  # takes the name's lock: a live holder is never touched
-            except (ValueError, OSError):
-                pass
 
     def _setup(self) -> None:
         config, quiet = self.config, self.quiet
@@ -179,7 +120,7 @@ class LiveRL:
             paths = self.slot_manager.paths(f"slot{i}") if self.slot_manager else None
             with open(self.out / f"worker-{i}.log", "ab") as log:  # the child keeps its own descriptor
                 self.procs.append(subprocess.Popen([sys.executable, "-m", "dra.rl.live.worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                   preexec_fn=lambda p=paths: _child_setup(p), start_new_session=True))
+                                                   preexec_fn=lambda p=paths: child_setup(p), start_new_session=True))
         deadline = time.monotonic() + c.timeout_s
         while len(accepted) < c.slots:
             for i, p in enumerate(self.procs):
@@ -213,37 +154,7 @@ class LiveRL:
             raise self._failure(slot, f"slot {slot}: worker died") from None
 
     def _failure(self, slot: int | None, what: str) -> WorkerError:
-        """The error for a worker that died or did not answer, naming the slot that failed first as
-        far as can be told: the others often fail *because* of it (a collective with a dead or
-        stopped peer), and the slot read first is not necessarily the culprit. A worker killed by
-        a signal is named before those that exited with an error; every worker's state follows."""
-        deadline = time.monotonic() + 2.0  # the collateral failures take a moment to show
-        while time.monotonic() < deadline and not any((p.poll() or 0) < 0 for p in self.procs):
-            if all(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(0.05)
-        states = []
-        killed = None
-        for i, p in enumerate(self.procs):
-            code = p.poll()
-            if code is None:
-                states.append(f"slot {i} {'stopped' if _stopped(p.pid) else 'running'}")
-            elif code < 0:
-                name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-                states.append(f"slot {i} killed by {name}")
-                killed = killed if killed is not None else (i, name)
-            else:
-                states.append(f"slot {i} exited {code}")
-        stopped = [i for i, p in enumerate(self.procs) if p.poll() is None and _stopped(p.pid)]
-        if killed is not None and killed[0] != slot:
-            what = f"slot {killed[0]}: worker killed by {killed[1]} ({what})"
-        elif killed is not None:
-            what = f"slot {slot}: worker killed by {killed[1]}"
-        elif stopped and slot not in stopped:
-            what = f"slot {stopped[0]}: worker stopped (SIGSTOP), the others wait for it ({what})"
-        culprit = killed[0] if killed is not None else (stopped[0] if stopped else slot)
-        log = f"; see {self.out / f'worker-{culprit}.log'}" if culprit is not None else ""
-        return WorkerError(f"{what}; workers: {', '.join(states)}{log}")
+        return worker_failure(self.procs, slot, what, self.out)
 
     def close(self) -> None:
         """Stops the workers (all within one 10 s grace, then killed), removes the slots' cgroups, the
@@ -684,42 +595,6 @@ def columns(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "phases": {k: [p[k] for p in run["phases"]] for k in keys}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m dra.rl.live.coordinator", description="One live RL run (or several).")
-    parser.add_argument("--out", default="out/rl-live")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rollout", type=int, action="append", help="static split(s) to run (rollout slots)")
-    parser.add_argument("--dynamic", action="store_true", help="also run the stage-balance policy")
-    parser.add_argument("--no-cgroups", action="store_true")
-    parser.add_argument("--cpus-per-slot", type=float, default=0.2)
-    parser.add_argument("--pretrain-steps", type=int, default=400)
-    parser.add_argument("--plots", metavar="DIR", help="write the runs' reward curves (rl-live-rewards-<steps>.png) into DIR")
-    args = parser.parse_args(argv)
-    cfg = LiveConfig(steps=args.steps, use_cgroups=not args.no_cgroups, cpus_per_slot=args.cpus_per_slot, pretrain_steps=args.pretrain_steps)
-    runs = []
-    try:
-        with LiveRL(cfg, args.out) as live:  # its close() stops the workers and removes their cgroups
-            for r in args.rollout or []:
-                runs.append(live.run(f"static-{r}", r))
-            if args.dynamic:
-                runs.append(live.run("dynamic", None))
-    except KeyboardInterrupt:
-        print(f"[dra.rl live] interrupted after {len(runs)} complete run(s); its workers are stopped and cleaned up",
-              file=sys.stderr)
-        return 130
-    with open(Path(args.out) / "runs.json", "w") as f:
-        json.dump(runs, f, indent=1, default=str)
-    if args.plots:
-        from dra.rl.plots import plot_rewards
-
-        plot_rewards({r["name"]: r for r in runs}, [], Path(args.plots) / f"rl-live-rewards-{args.steps}.png", window=10)
-    for r in runs:
-        print(f"{r['name']}: {r['samples_per_s']:.3f} samples/s, {r['total_s']:.1f} s, switches {r['switches']}, "
-              f"exactly once {r['ledger']['exactly_once']}, rewards {r['rewards'][0]:.3f} -> {r['rewards'][-1]:.3f}")
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m dra.rl.live.coordinator: the command line is dra.rl.live.cli's
+    from dra.rl.live.cli import main
     sys.exit(main())
