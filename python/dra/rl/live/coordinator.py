@@ -595,6 +595,6 @@ def columns(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "phases": {k: [p[k] for p in run["phases"]] for k in keys}}
 
 
-if __name__ == "__main__":  # python -m dra.rl.live.coordinator: the command line is dra.rl.live.cli's
-    from dra.rl.live.cli import main
-    sys.exit(main())
+if __name__ == "__main__":  # python -m dra.rl.live.coordinator runs dra.rl.live.cli (no import cycle)
+    import runpy
+    runpy.run_module("dra.rl.live.cli", run_name="__main__")

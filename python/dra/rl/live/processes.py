@@ -66,8 +66,15 @@ def remove_leftovers(out: Path, use_cgroups: bool) -> None:
         m = re.fullmatch(r"rl-(\d+)-\d+", d.name)
         if m is None or _alive(int(m.group(1))):
             continue
-        if any(_read_text(f) for c in cg.CONTROLLERS for f in (cg.ROOT / c / "dra" / d.name).glob("**/cgroup.procs")):
-            continue  # processes inside: not ours to move
+        def occupied() -> bool:
+            return any(_read_text(f) for c in cg.CONTROLLERS for f in (cg.ROOT / c / "dra" / d.name).glob("**/cgroup.procs"))
+
+        # Its workers die with it (PR_SET_PDEATHSIG), a moment later on a loaded host: wait for them.
+        deadline = time.monotonic() + 5.0
+        while occupied() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if occupied():
+            continue  # processes still inside: not ours to move
         try:
             cg.Slots(d.name, []).close()  # takes the name's lock: a live holder is never touched
         except (ValueError, OSError):
