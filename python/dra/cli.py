@@ -43,10 +43,10 @@ def serve_store(port: int, host: str = "127.0.0.1") -> None:
     warned about once, naming what to do."""
     import ipaddress
     import time
-    from datetime import timedelta
 
-    import torch.distributed as dist
+    from dra.launch.rendezvous import host_store
 
+    store = host_store(host, int(port))
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -55,8 +55,6 @@ def serve_store(port: int, host: str = "127.0.0.1") -> None:
         print(f"[dra] warning: the store on {host} has no authentication: anyone who reaches that address and port "
               "can write the job's keys; bind it to the nodes' private network and keep the port firewalled from "
               "everyone else", file=sys.stderr, flush=True)
-
-    store = dist.TCPStore(host, int(port), None, True, timedelta(seconds=60), wait_for_workers=False)
     print(f"[dra] store listening on {host}:{store.port}", flush=True)
     try:
         while True:
@@ -76,7 +74,11 @@ def _store(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         p.error(f"--port: must lie in [0, 65535], got {args.port}")
-    serve_store(args.port, args.host)
+    try:
+        serve_store(args.port, args.host)
+    except ValueError as e:
+        print(f"dra store: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -359,3 +359,33 @@ def test_a_node_waiting_for_the_others_says_so_and_gives_up_at_the_join_timeout(
     bad = subprocess.run([*DRA, "run", "--rdzv-conf", "join_timeout=-1", "--", "true"], cwd=tmp_path, env=_env(token),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "join_timeout='-1' is not a number of seconds > 0" in bad.stderr, bad.stderr
+
+
+def test_a_store_address_that_cannot_listen_is_refused_at_once_naming_the_address_and_the_fix(tmp_path, token):
+    """A port another program holds, and an address this node does not have: `dra store` and node 0
+    of `dra run` said torch's EADDRINUSE in a traceback, or retried the listen for 60 s."""
+    import socket
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        runs = {
+            "store": DRA + ["store", "--port", str(port)],
+            "run": DRA + ["run", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                          "--master-port", str(port), "--log-dir", str(tmp_path / "logs"), str(script)],
+        }
+        for what, argv in runs.items():
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env(token))
+            assert r.returncode != 0, (what, r.stdout, r.stderr)
+            assert f"127.0.0.1:{port} is in use" in r.stderr, (what, r.stderr)
+            assert ("--port" if what == "store" else "--master-port") in r.stderr.split("in use")[1], r.stderr
+            assert "Traceback" not in r.stderr and "DistNetworkError" not in r.stderr, r.stderr
+    start = time.monotonic()
+    r = subprocess.run(DRA + ["store", "--port", "0", "--host", "192.0.2.1"], capture_output=True, text=True,
+                       timeout=60, env=_env(token))  # TEST-NET-1: never an address of this machine
+    assert r.returncode == 2 and "192.0.2.1: not an address of this node" in r.stderr, r.stderr
+    assert time.monotonic() - start < 20, "refused only after torch's listen retries"
+    assert "no authentication" not in r.stderr, "warned about a store that never listened"

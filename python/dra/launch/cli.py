@@ -329,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launcher = NodeLauncher(cfg)
         code = launcher.run()
-    except (OSError, RuntimeError, TimeoutError, ValueError) as e:  # a rendezvous or a store that failed
+    except ValueError as e:  # refused with its fix (a port in use, a node rank taken)
+        print(f"dra run: {e}", file=sys.stderr)
+        code = 1
+    except (OSError, RuntimeError, TimeoutError) as e:  # a rendezvous or a store that failed
         print(f"dra run: {type(e).__name__}: {e}", file=sys.stderr)
         code = 1
     except Exception as e:

@@ -23,6 +23,37 @@ from datetime import timedelta
 from typing import Any
 
 
+def host_store(host: str, port: int, timeout_s: float = 60.0, flag: str = "--port") -> Any:
+    """A c10d TCPStore this process hosts at host:port (0: a free port). An address this node does
+    not have, or a port another program holds, is refused at once naming the address and the fix
+    (torch retries such a listen until its timeout, then names only the errno)."""
+    import errno
+    import socket
+
+    import torch.distributed as dist
+
+    try:  # a probe first: its error is immediate and exact
+        family, kind, proto, _, address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except socket.gaierror as e:
+        raise ValueError(f"{host}: not an address this node can resolve ({e.strerror}); give an address or host "
+                         "name of this node (127.0.0.1 for one node)") from None
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            free = " (0 picks a free one)" if flag == "--port" else ""
+            raise ValueError(f"{flag} {port}: {host}:{port} is in use (another store or program listens there); give "
+                             f"another {flag}{free}, or stop what holds it (ss -ltnp 'sport = :{port}' names it)") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"{host}: not an address of this node, so no store can listen there; give one of this "
+                             "node's addresses (ip -brief address lists them; 127.0.0.1 for one node)") from None
+        if e.errno == errno.EACCES:
+            raise ValueError(f"{flag} {port}: this user may not listen on port {port}; give a port above 1023") from None
+        raise
+    return dist.TCPStore(host, int(port), None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 @dataclass
 class Placement:
     """This node's place in the job once the nodes met."""
@@ -90,9 +121,7 @@ def _gather_nprocs(store: Any, group_rank: int, group_world_size: int, nproc: in
 
 def local(run_id: str, nproc: int, host: str, advertise: str | None) -> Placement:
     """One node: a store of our own on a free port."""
-    import torch.distributed as dist
-
-    server = dist.TCPStore(host, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+    server = host_store(host, 0)
     return Placement(run_id, 0, 1, 0, nproc, [nproc], advertise or host, server.port, _prefixed(server), server=server)
 
 
@@ -101,8 +130,11 @@ def static(run_id: str, nproc: int, nnodes: int, node_rank: int, master_addr: st
     """torch's static rendezvous: node 0 hosts the store at master_addr:master_port."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(master_addr, master_port, None, node_rank == 0, timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    if node_rank == 0:
+        store = host_store(master_addr, master_port, timeout_s, flag="--master-port")
+    else:
+        store = dist.TCPStore(master_addr, master_port, None, False, timedelta(seconds=timeout_s),
+                              wait_for_workers=False)
     ours = _prefixed(store)
     # Each node rank once, and one --nnodes for all (node 0's store is new with every launch): a
     # second launcher given the same --node-rank ran the same ranks twice, and a node told another
