@@ -17,11 +17,13 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from dataclasses import asdict
 from datetime import timedelta
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Listener, wait
 from pathlib import Path
 from typing import Any
@@ -102,36 +104,46 @@ class LiveRL:
         c = self.config
         if c.use_cgroups:
             self.slot_manager = cg.Slots(self.job, cg.plan_slots(c.slots, cpus=c.cpus_per_slot, memory_gb=None))
+        # The workers connect to a Unix socket in a directory only this user can enter (another
+        # user's connect is refused by the kernel, so none can stall the accepts or reach the
+        # pickled messages), and each shows the key it was given (its environment is its own).
         auth = secrets.token_bytes(16)
-        listener = Listener(("127.0.0.1", 0), authkey=auth)
+        sock_dir = tempfile.mkdtemp(prefix="dra-rl-")  # 0700
+        listener = Listener(os.path.join(sock_dir, "coordinator.sock"), "AF_UNIX", authkey=auth)
         accepted: list[Any] = []
 
         def accept() -> None:
-            for _ in range(c.slots):
+            while len(accepted) < c.slots:
                 try:
                     accepted.append(listener.accept())
+                except AuthenticationError:  # a peer without the key: dropped, the next one is taken
+                    continue
                 except OSError:
                     return
 
-        threading.Thread(target=accept, daemon=True).start()
-        for i in range(c.slots):
-            env = dict(os.environ, DRA_RL_COORD=f"127.0.0.1:{listener.address[1]}", DRA_RL_SLOT=str(i), DRA_RL_AUTH=auth.hex(),
-                       OMP_NUM_THREADS="1")
-            paths = self.slot_manager.paths(f"slot{i}") if self.slot_manager else None
-            with open(self.out / f"worker-{i}.log", "ab") as log:  # the child keeps its own descriptor
-                self.procs.append(subprocess.Popen([sys.executable, "-m", "dra.rl.live.worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                   preexec_fn=lambda p=paths: child_setup(p), start_new_session=True))
-        deadline = time.monotonic() + c.timeout_s
-        while len(accepted) < c.slots:
-            for i, p in enumerate(self.procs):
-                if p.poll() is not None:
-                    raise self._failure(i, f"slot {i}: worker exited with {p.returncode} at start")
-            if time.monotonic() > deadline:
-                quota = f" on {c.cpus_per_slot:g} CPU per slot" if self.slot_manager else ""
-                raise WorkerError(f"only {len(accepted)} of {c.slots} workers connected within {c.timeout_s:g} s (each imports torch "
-                                  f"at start{quota}, several CPU seconds); raise timeout_s or cpus_per_slot")
-            time.sleep(0.05)
-        listener.close()
+        try:
+            threading.Thread(target=accept, daemon=True).start()
+            for i in range(c.slots):
+                env = dict(os.environ, DRA_RL_COORD=listener.address, DRA_RL_SLOT=str(i), DRA_RL_AUTH=auth.hex(),
+                           OMP_NUM_THREADS="1")
+                paths = self.slot_manager.paths(f"slot{i}") if self.slot_manager else None
+                with open(self.out / f"worker-{i}.log", "ab") as log:  # the child keeps its own descriptor
+                    self.procs.append(subprocess.Popen([sys.executable, "-m", "dra.rl.live.worker"], env=env, stdout=log,
+                                                       stderr=subprocess.STDOUT, preexec_fn=lambda p=paths: child_setup(p),
+                                                       start_new_session=True))
+            deadline = time.monotonic() + c.timeout_s
+            while len(accepted) < c.slots:
+                for i, p in enumerate(self.procs):
+                    if p.poll() is not None:
+                        raise self._failure(i, f"slot {i}: worker exited with {p.returncode} at start")
+                if time.monotonic() > deadline:
+                    quota = f" on {c.cpus_per_slot:g} CPU per slot" if self.slot_manager else ""
+                    raise WorkerError(f"only {len(accepted)} of {c.slots} workers connected within {c.timeout_s:g} s (each imports "
+                                      f"torch at start{quota}, several CPU seconds); raise timeout_s or cpus_per_slot")
+                time.sleep(0.05)
+        finally:
+            listener.close()
+            shutil.rmtree(sock_dir, ignore_errors=True)
         for conn in accepted:
             hello = conn.recv()
             self.conns[hello["hello"]] = conn

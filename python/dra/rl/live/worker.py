@@ -8,7 +8,8 @@ same process, and a rollout worker that becomes a trainer joins with ``ctl.try_j
 sent only what it lacks (no weights, the optimizer state during its first step). Which
 trajectories a trainer trains on comes from the controller's sampler, so each is trained exactly
 once whatever the world did; every generation carries its policy version (docs/design/rl.md).
-Control messages come from the coordinator over a ``multiprocessing.connection`` (pickled dicts)."""
+Control messages come from the coordinator over a ``multiprocessing.connection`` (pickled dicts) on a Unix
+socket in a directory only the coordinator's user can enter, after the key the coordinator gave it."""
 
 from __future__ import annotations
 
@@ -332,9 +333,9 @@ class SlotWorker:
 
 
 def main() -> int:
-    host, port = os.environ["DRA_RL_COORD"].rsplit(":", 1)
     slot = int(os.environ["DRA_RL_SLOT"])
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["DRA_RL_AUTH"]))
+    # The coordinator's Unix socket, in a directory only its user can enter, and its key.
+    conn = Client(os.environ["DRA_RL_COORD"], "AF_UNIX", authkey=bytes.fromhex(os.environ["DRA_RL_AUTH"]))
     conn.send({"hello": slot, "pid": os.getpid()})
     init = conn.recv()
     worker = SlotWorker(slot, conn, init)
