@@ -18,6 +18,10 @@ namespace {
 
 constexpr int kTagHeader = 71;
 constexpr std::int64_t kFixed = 4;  // head: own, manifest, hook state lengths, tensor count
+// What a receiver accepts in a header (a sender's own values are far below): entries (2^25
+// tensors, deferred) and bytes of each meta part (the controller's, the manifest, the hook state).
+constexpr std::int64_t kMaxHeader = kFixed + 1 + (std::int64_t{2} << 25);
+constexpr std::int64_t kMaxPartBytes = std::int64_t{1} << 40;
 
 std::int64_t byte_size(const at::Tensor& t) {
   return static_cast<std::int64_t>(t.numel() * t.element_size());
@@ -192,12 +196,30 @@ handoff_result send_state(comm::communicator& comm, comm::tensor_transfer& trans
 
 handoff_result recv_state(comm::communicator& comm, comm::tensor_transfer& transfer, int src, state_provider& state,
                           handoff_header& header, bool deferred) {
+  // The header comes from another process: its length, sizes and counts are checked before
+  // anything is sized from them or read at an index they give.
+  const auto malformed = [src](const std::string& what) {
+    return dra::state_mismatch_error("dra: the state handoff from rank " + std::to_string(src) +
+                                     " has a malformed header (" + what + "); not loaded");
+  };
   at::Tensor length = at::zeros({1}, at::kLong);
   comm.recv(length, src, kTagHeader);
-  at::Tensor head = at::empty({length.item<std::int64_t>()}, at::kLong);
+  const std::int64_t head_len = length.item<std::int64_t>();
+  if (head_len < kFixed || head_len > kMaxHeader)
+    throw malformed("length " + std::to_string(head_len) + ", expected " + std::to_string(kFixed) + " to " +
+                    std::to_string(kMaxHeader));
+  at::Tensor head = at::empty({head_len}, at::kLong);
   comm.recv(head, src, kTagHeader);
   const auto* h = head.data_ptr<std::int64_t>();
   const std::int64_t own_len = h[0], manifest_len = h[1], hook_len = h[2], n = h[3];
+  for (const std::int64_t part : {own_len, manifest_len, hook_len})
+    if (part < 0 || part > kMaxPartBytes)
+      throw malformed("a part of " + std::to_string(part) + " bytes, expected 0 to " + std::to_string(kMaxPartBytes));
+  if (n < 0 || head_len != kFixed + n + (deferred ? 1 + n : 0))
+    throw malformed(std::to_string(n) + " tensors in a header of " + std::to_string(head_len) + " entries" +
+                    (deferred ? " (deferred)" : ""));
+  if (deferred && (h[kFixed + n] < 0 || h[kFixed + n] > n))
+    throw malformed("first deferrable tensor " + std::to_string(h[kFixed + n]) + " of " + std::to_string(n));
   at::Tensor meta = at::empty({own_len + manifest_len + hook_len}, at::kByte);
   transfer.recv(comm, {meta}, src);
   const char* base = static_cast<const char*>(meta.data_ptr());
