@@ -49,13 +49,15 @@ class Controller(_core.Controller):
         optimizer: Any = None,
         sampler: Any = None,
         scheduler: Any = None,
+        extra_state: dict[str, Any] | None = None,
         store_address: tuple[str, int] | None = None,
         join: bool | None = None,
         broadcast_buffers: bool = True,
         **options: Any,
     ) -> None:
         try:
-            self._build(config, model, optimizer, sampler, scheduler, store_address, join, broadcast_buffers, options)
+            self._build(config, model, optimizer, sampler, scheduler, extra_state, store_address, join,
+                        broadcast_buffers, options)
         except BaseException:
             if not self.__dict__.get("_built"):
                 # The C++ part was never made: the half-made object stays reachable from the
@@ -67,7 +69,7 @@ class Controller(_core.Controller):
                 self.__dict__["_failed"] = True
             raise
 
-    def _build(self, config: Any, model: Any, optimizer: Any, sampler: Any, scheduler: Any,
+    def _build(self, config: Any, model: Any, optimizer: Any, sampler: Any, scheduler: Any, extra_state: Any,
                store_address: tuple[str, int] | None, join: bool | None, broadcast_buffers: bool,
                options: dict[str, Any]) -> None:
         if config is not None:
@@ -82,7 +84,8 @@ class Controller(_core.Controller):
                 raise ValueError("pass either an EngineConfig or keyword options for the engine, not both")
             options = {**_engine_options(config), **options}
         if model is None:
-            given = [n for n, v in (("optimizer", optimizer), ("sampler", sampler), ("scheduler", scheduler)) if v is not None]
+            given = [n for n, v in (("optimizer", optimizer), ("sampler", sampler), ("scheduler", scheduler),
+                                    ("extra_state", extra_state)) if v is not None]
             if given:
                 raise ValueError(f"model: None, with {' and '.join(given)} given; an elastic controller needs the module "
                                  "(dra.elastic.init(model, optimizer, sampler))")
@@ -96,6 +99,7 @@ class Controller(_core.Controller):
         options = {**_environment_options(), **options}
 
         _check_training_objects(model, optimizer, scheduler)
+        _check_extra_state(extra_state, model, optimizer, scheduler)
         if not isinstance(broadcast_buffers, bool):
             raise ValueError(f"broadcast_buffers: expected True or False, got {broadcast_buffers!r}")
         if not isinstance(sampler, ElasticSampler):
@@ -120,7 +124,7 @@ class Controller(_core.Controller):
             optimizer.register_step_post_hook(functools.partial(_count_optimizer_step, weakref.ref(self)))
         _watch_other_optimizers(self, model, optimizer)
         # The C++ side holds the provider; the Python object behind its overrides must live as long.
-        self._state = _state.TorchState(model, optimizer, scheduler)
+        self._state = _state.TorchState(model, optimizer, scheduler, extra_state)
         super().__init__(
             opts,
             self._state,
@@ -205,6 +209,14 @@ class Controller(_core.Controller):
     def _skip_update(self) -> bool:
         """Whether the current step's update must not be applied (failed or stale)."""
         return self.failed or self._skipping or not self.is_member
+
+    @property
+    def update_skipped(self) -> bool:
+        """After backward: whether this step's update is not applied (its reduction failed and it
+        will be redone, or its batch is dropped), as ``ctl.optimizer.step()`` skips it. Guard every
+        other update of state by it: ``scaler.step``/``scaler.update`` of a GradScaler (whose
+        ``step`` raises on a step without gradients), an EMA's ``update_parameters``."""
+        return self._skip_update()
 
     def epochs(self, num_epochs: int, start: int = 0) -> Iterator[int]:
         """Data epochs ``start, start+1, ... num_epochs-1``, from wherever the world stands (a
@@ -300,6 +312,25 @@ def _check_training_objects(model: Any, optimizer: Any, scheduler: Any) -> None:
     if owner is not None and owner is not optimizer:
         raise ValueError("scheduler: it schedules another optimizer than the one given; build it from the same "
                          "optimizer object")
+
+
+def _check_extra_state(extra_state: Any, model: Any, optimizer: Any, scheduler: Any) -> None:
+    """``extra_state``: named objects whose state travels with the training state (a GradScaler, an
+    EMA's AveragedModel), each with ``state_dict()`` and ``load_state_dict()``."""
+    if extra_state is None:
+        return
+    if not isinstance(extra_state, dict):
+        raise ValueError(f"extra_state: expected a dict of name -> object with state_dict() and load_state_dict(), "
+                         f"got {type(extra_state).__name__}")
+    for name, obj in extra_state.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"extra_state: names must be non-empty strings, got {name!r}")
+        missing = [n for n in ("state_dict", "load_state_dict") if not callable(getattr(obj, n, None))]
+        if missing:
+            raise ValueError(f"extra_state['{name}']: {type(obj).__name__} has no {' or '.join(missing)}; give an "
+                             "object whose state_dict() and load_state_dict() hold its state")
+        if obj is model or obj is optimizer or (scheduler is not None and obj is scheduler):
+            raise ValueError(f"extra_state['{name}']: the model, optimizer and scheduler travel already; leave it out")
 
 
 def _count_optimizer_step(ref: weakref.ref[Controller], *_: Any) -> None:

@@ -5,7 +5,8 @@ manifest, then every tensor in chunks of at most ``chunk_mb`` (straight from and
 storage where a chunk is one piece of one tensor), plus its own part (step counter, sampler
 position). This provider says what the state is: the model's parameters and buffers, the
 optimizer's tensors, and in the manifest (a pickle) the optimizer's param groups and scalar state,
-the LR scheduler and the torch/Python/NumPy RNG states.
+the LR scheduler, the ``extra_state`` objects' state dicts (a GradScaler, an EMA model) and the
+torch/Python/NumPy RNG states.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ def _dtype(name: str) -> torch.dtype:
 
 
 class TorchState(_m.StateProvider):
-    """Model + optimizer + LR scheduler + RNG state of one process."""
+    """Model + optimizer + LR scheduler + extra state + RNG state of one process."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                 extra_state: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.extra_state = dict(extra_state or {})
 
     def signature(self) -> list[list[Any]]:
         return model_signature(self.model)
@@ -59,6 +62,8 @@ class TorchState(_m.StateProvider):
             out["optimizer"] = _class_name(self.optimizer)
             out["optimizer.param_groups"] = "[" + ", ".join(f"{len(g['params'])} params" for g in self.optimizer.param_groups) + "]"
         out["scheduler"] = _class_name(self.scheduler) if self.scheduler is not None else "none"
+        for name, obj in self.extra_state.items():
+            out[f"extra_state.{name}"] = _class_name(obj)
         return out
 
     def collect(self) -> tuple[list[torch.Tensor], bytes, int]:
@@ -94,6 +99,8 @@ class TorchState(_m.StateProvider):
             "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
             if self.scheduler is not None
             else None,
+            # Whole state dicts (tensors pickled with them): an EMA model or a GradScaler.
+            "extra_state": {name: obj.state_dict() for name, obj in self.extra_state.items()},
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         }
         return tensors, pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL), first_deferrable if first_deferrable >= 0 else len(tensors)
@@ -112,6 +119,10 @@ class TorchState(_m.StateProvider):
                 targets.append(mine.detach() if mine.is_contiguous() else torch.empty_like(mine))
             else:
                 targets.append(torch.empty(shape, dtype=_dtype(dtype)))
+        # Loaded here, before the joiner's first forward also with handoff="deferred" (load() comes
+        # after it then): a GradScaler's scale must be the world's when that backward is reduced.
+        for name, sd in self._manifest.get("extra_state", {}).items():
+            self.extra_state[name].load_state_dict(sd)
         return targets
 
     def load(self, manifest: bytes, tensors: list[torch.Tensor]) -> None:

@@ -1,0 +1,147 @@
+"""Outside review of the training state a third-party script holds besides its model, optimizer and
+LR scheduler: a GradScaler and an EMA model (torch.optim.swa_utils.AveragedModel), given as
+``extra_state``, travel to joiners and to the survivors of a crash, and a GradScaler guarded by
+``ctl.update_skipped`` survives a failed step and an epoch's padding batches. Real processes under
+`dra run`, real Gloo.
+
+Every process a test starts carries an environment token; the test kills exactly those at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import dra.elastic as de
+from dra.testing import kill_tagged
+
+# A script with AMP's loss scaling and an EMA, configured by the environment (CFG, JSON). The scaler
+# grows its scale every 2 steps, so a joiner's fresh scaler (or a survivor's that counted a failed
+# step) differs from the world's within a few steps; its scaled gradients would then be reduced with
+# the others' and every rank's parameters would drift apart.
+SCRIPT = r'''
+import json, os, signal, torch
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+torch.manual_seed(0)
+x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
+data = TensorDataset(torch.arange(96), x, (x.sum(1) > 0).long())
+sampler = de.DistributedSampler(data, seed=0)
+loader = DataLoader(data, batch_size=4, sampler=sampler, num_workers=cfg.get("workers", 0))
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+ema = torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+ctl = de.init(model, opt, sampler, extra_state={"scaler": scaler, "ema": ema})
+log = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+for epoch in ctl.epochs(cfg.get("epochs", 2)):
+    for ids, xb, yb in loader:
+        if [ctl.uid, ctl.step_index] == cfg.get("kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss = torch.nn.functional.cross_entropy(ctl.model(xb), yb)
+        ctl.optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        if not ctl.update_skipped:  # a failed step (redone) or a dropped batch: nothing is applied
+            scaler.unscale_(ctl.optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(ctl.optimizer)
+            scaler.update()
+            ema.update_parameters(model)
+        st = dra.step(loss)
+        if st.committed:
+            log.write(json.dumps({"kind": "step", "ids": ids.tolist()}) + "\n")
+            log.flush()
+log.write(json.dumps({"kind": "final", "uid": ctl.uid, "rank": ctl.rank, "step": ctl.step_index,
+                      "scaler": scaler.state_dict(), "n_averaged": int(ema.n_averaged),
+                      "params": [p.detach().flatten().tolist() for p in model.parameters()],
+                      "ema": [p.detach().flatten().tolist() for p in ema.parameters()]}) + "\n")
+log.close()
+'''
+
+
+def _run(tmp_path: Path, nproc: int, options: dict, cfg: dict, timeout: float = 50) -> tuple[int, str, list[dict]]:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    token = uuid.uuid4().hex
+    env = dict(os.environ, DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               CFG=json.dumps(dict(cfg, out=str(tmp_path))))
+    for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+              "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_LAUNCHER"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "dra", "run", "--nproc", str(nproc), "--log-dir", str(tmp_path / "logs"),
+           "--options", json.dumps(options), str(script)]
+    try:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
+        code, out = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as e:
+        code, out = -1, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    finally:
+        kill_tagged("DRA_TEST_TOKEN", token)
+    records = [json.loads(line) for f in sorted(tmp_path.glob("log-*.jsonl"))
+               for line in f.read_text().splitlines() if line.strip()]
+    return code, out, records
+
+
+def _assert_same_state_everywhere(records: list[dict], members: int, steps: int) -> None:
+    finals = [r for r in records if r["kind"] == "final" and r["rank"] >= 0]
+    assert len(finals) == members, finals
+    first = finals[0]
+    for other in finals[1:]:
+        # The world's scale, the EMA's count and values, and so the parameters, bit for bit.
+        assert other["scaler"] == first["scaler"], (first["uid"], other["uid"])
+        assert other["n_averaged"] == first["n_averaged"] == steps
+        assert other["ema"] == first["ema"]
+        assert other["params"] == first["params"]
+
+
+def _assert_each_sample_once_per_epoch(records: list[dict], epochs: int) -> None:
+    seen = Counter(i for r in records if r["kind"] == "step" for i in r["ids"])
+    assert sorted(seen) == list(range(96)) and set(seen.values()) == {epochs}, seen
+
+
+@pytest.mark.timeout(60)
+def test_grad_scaler_and_ema_reach_a_joiner(tmp_path: Path) -> None:
+    """2 -> 3 at step 5: the joiner takes the world's GradScaler (its scale grew twice since) and EMA
+    (a fresh scaler scaled its gradients 4x off the others': every rank's parameters drifted)."""
+    code, out, records = _run(tmp_path, 3, {"policy": "none", "start_size": 2, "resize_schedule": {"5": 3}}, {})
+    assert code == 0, out[-3000:]
+    _assert_same_state_everywhere(records, members=3, steps=16)
+    _assert_each_sample_once_per_epoch(records, 2)
+
+
+@pytest.mark.timeout(60)
+def test_grad_scaler_survives_a_killed_worker_and_padding_batches(tmp_path: Path) -> None:
+    """A worker killed at step 5 (its peers' step fails: no gradients) and DataLoader workers (an
+    epoch's padding batches are dropped): ``scaler.step`` raised AssertionError on both ("No inf
+    checks were recorded") and took the job down; guarded by ``ctl.update_skipped`` the scaler and
+    the EMA count each committed step once."""
+    code, out, records = _run(tmp_path, 3, {"policy": "none"}, {"kill": [1, 5], "workers": 2})
+    assert code == 0, out[-3000:]
+    assert "No inf checks" not in out
+    _assert_same_state_everywhere(records, members=2, steps=16)
+    _assert_each_sample_once_per_epoch(records, 2)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("extra", "message"), [
+    ([torch.amp.GradScaler("cpu")], "extra_state: expected a dict"),
+    ({"gen": torch.Generator()}, "extra_state['gen']: Generator has no state_dict or load_state_dict"),
+    ({"": torch.amp.GradScaler("cpu")}, "names must be non-empty strings"),
+])
+def test_extra_state_refused_by_name(extra: object, message: str) -> None:
+    """A bad ``extra_state`` is refused before anything joins a world, naming the entry."""
+    model = torch.nn.Linear(2, 1)
+    sampler = de.DistributedSampler(torch.utils.data.TensorDataset(torch.zeros(4, 2)))
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        de.init(model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, extra_state=extra)
