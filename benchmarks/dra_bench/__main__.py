@@ -7,6 +7,7 @@ import pkgutil
 import sys
 
 import dra_bench
+from dra.sim._args import check_output_path
 
 #: Modules of the package that are not suites: Pollux's reference driver (run under its own
 #: Python 3.8 by the sim suite) and the pool suite's security check.
@@ -32,8 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     if name not in available:
         print(f"dra.bench: unknown suite '{name}'; available: {', '.join(available)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"dra_bench.{name}")
-    return int(module.main(argv) or 0)
+    json_path = next((v for flag, v in zip(argv, argv[1:]) if flag == "--json"), None)
+    json_path = next((a.partition("=")[2] for a in argv if a.startswith("--json=")), json_path)
+    try:
+        if json_path is not None and "--help" not in argv and "-h" not in argv:
+            check_output_path("--json", json_path)  # before the suite's minutes of work, not after
+        module = importlib.import_module(f"dra_bench.{name}")
+        return int(module.main(argv) or 0)
+    except ValueError as e:  # a value the suite or dra refused, named by it
+        print(f"python -m dra.bench {name}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -99,3 +99,10 @@ def std_streams_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{value} is not one of 0, 1, 2, 3; give 0 (none), 1 (stdout), 2 (stderr) "
                                          "or 3 (both)")
     return value
+
+
+def path_arg(text: str) -> str:
+    """A path: not empty (``Path("")`` is the current folder, which an empty value would silently mean)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a path (or leave the option out for its default)")
+    return text

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import sys
 
+from dra._console import console
+
 _COMMANDS = {
     "run": "launch a training job (torchrun's flags; workers survive each other)",
     "pool": "the device pool: serve, submit, status, cancel, drain",
@@ -82,6 +84,19 @@ def _store(argv: list[str]) -> int:
     return 0
 
 
+def _info(argv: list[str]) -> int:
+    import argparse
+    import json
+
+    import dra
+
+    argparse.ArgumentParser(prog="dra info", description="Prints what this build of dra contains (version, torch, "
+                            "compiler, backends), as JSON.").parse_args(argv)
+    print(json.dumps(dra.build_info(), indent=2))
+    return 0
+
+
+@console("dra")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -99,12 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "store":
         return _store(rest)
     if command == "info":
-        import json
-
-        import dra
-
-        print(json.dumps(dra.build_info(), indent=2))
-        return 0
+        return _info(rest)
     if command == "sim":
         from dra.sim.cli import main as sim
 

@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from dra._console import console
+
 
 def _has_suites(folder: Path) -> bool:
     return (folder / "dra_bench" / "__main__.py").is_file()
@@ -34,6 +36,7 @@ def locate() -> Path | None:
     return None
 
 
+@console("python -m dra.bench")
 def main(argv: list[str] | None = None) -> int:
     folder = locate()
     if folder is None:

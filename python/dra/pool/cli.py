@@ -28,7 +28,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dra._argtypes import count_arg, fraction_arg, nonnegative_arg, port_arg, positive_arg
+from dra._argtypes import count_arg, fraction_arg, nonnegative_arg, path_arg, port_arg, positive_arg
+from dra._console import console
 
 LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 
@@ -193,6 +194,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+@console("dra")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
@@ -212,11 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     url = default_url()
     s = pool.add_parser("serve", help="run the pool daemon")
     s.add_argument("--inventory", default="auto", help="slots:N, slots:NxC, nvml, auto, ray[:ADDRESS] or a JSON file")
-    s.add_argument("--state", default="dra-pool", help="state directory (SQLite, events.jsonl, logs, the socket)")
-    s.add_argument("--socket", default=None, help="the API's Unix socket (default <state>/pool.sock)")
+    s.add_argument("--state", type=path_arg, default="dra-pool", help="state directory (SQLite, events.jsonl, logs, the socket)")
+    s.add_argument("--socket", type=path_arg, default=None, help="the API's Unix socket (default <state>/pool.sock)")
     s.add_argument("--port", type=port_arg, default=None, help="also serve TCP on this port (needs the token)")
     s.add_argument("--host", default="127.0.0.1", help="TCP address (loopback unless --allow-remote)")
-    s.add_argument("--token-file", default=None, help="TCP token file, mode 0600 (default <state>/token, made if absent)")
+    s.add_argument("--token-file", type=path_arg, default=None, help="TCP token file, mode 0600 (default <state>/token, made if absent)")
     s.add_argument("--allow-remote", action="store_true", help="let --host be reachable from other machines")
     s.add_argument("--mode", choices=["dynamic", "static", "static_naive"], default="dynamic")
     s.add_argument("--name", default="pool")
@@ -235,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
     sb = pool.add_parser("submit", help="submit a job (its command after '--')")
     sb.add_argument("--pool", default=url)
-    sb.add_argument("--token-file", default=None, help="the pool's token file (TCP)")
-    sb.add_argument("--spec", help="a JSON job spec; flags override its fields")
+    sb.add_argument("--token-file", type=path_arg, default=None, help="the pool's token file (TCP)")
+    sb.add_argument("--spec", type=path_arg, help="a JSON job spec; flags override its fields")
     sb.add_argument("--name")
     sb.add_argument("--kind", choices=["training", "inference"])
     sb.add_argument("--device-type", dest="device_type")
@@ -248,22 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("--rigid", action="store_true", help="a fixed size (elastic=false)")
     sb.add_argument("--env", action="append", metavar="KEY[=VALUE]",
                     help="a variable for the job (KEY alone: its value here); repeatable. PATH is passed by default")
-    sb.add_argument("--cwd", default=None, help="the job's working directory (default: this one)")
-    sb.add_argument("--log", default=None, help="directory for the workers' logs (default <cwd>/dra-logs)")
+    sb.add_argument("--cwd", type=path_arg, default=None, help="the job's working directory (default: this one)")
+    sb.add_argument("--log", type=path_arg, default=None, help="directory for the workers' logs (default <cwd>/dra-logs)")
     sb.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                     help="run through the pool's Ray cluster (a Ray pool does it anyway)")
     sb.add_argument("--user", default=None, help="run the job as this user (operators only)")
     st = pool.add_parser("status", help="devices, leases and jobs")
     st.add_argument("--pool", default=url)
-    st.add_argument("--token-file", default=None)
+    st.add_argument("--token-file", type=path_arg, default=None)
     st.add_argument("--json", action="store_true")
     c = pool.add_parser("cancel", help="cancel a job (its workers are stopped, its leases released)")
     c.add_argument("--pool", default=url)
-    c.add_argument("--token-file", default=None)
+    c.add_argument("--token-file", type=path_arg, default=None)
     c.add_argument("name")
     d = pool.add_parser("drain", help="accept no new job; running ones finish")
     d.add_argument("--pool", default=url)
-    d.add_argument("--token-file", default=None)
+    d.add_argument("--token-file", type=path_arg, default=None)
     d.add_argument("--undo", action="store_true", help="accept jobs again")
     pool.add_parser("schema", help="print the job spec's JSON Schema")
     args = p.parse_args(argv)
@@ -282,9 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         client = _client(args)
         print(json.dumps(client.cancel(args.name) if args.command == "cancel" else client.drain(undo=args.undo)))
         return 0
-    except BrokenPipeError:  # the reader went away (dra pool schema | head): nothing to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit's flush
-        return 1
+    except BrokenPipeError:
+        raise  # the reader went away (dra pool schema | head): @console ends quietly
     except (ValueError, ConnectionError, PermissionError, RuntimeError, json.JSONDecodeError, OSError) as e:
         print(f"dra pool {args.command}: {e}", file=sys.stderr)
         return 2

@@ -312,6 +312,10 @@ def _bind_unix(path: Path) -> _UnixServer:
     old = os.umask(0o177)  # no window in which the socket is open to others with wrong rights
     try:
         server.server_bind()
+    except OSError as e:
+        server.server_close()
+        raise ValueError(f"socket: cannot create {path} ({e.strerror or e}); give a --socket path in an existing "
+                         "folder this user may write") from None
     finally:
         os.umask(old)
     os.chmod(path, 0o666)  # anyone may connect; the peer credentials decide what they may do

@@ -164,9 +164,9 @@ def _check(args: argparse.Namespace) -> str | None:
             return ("--seed: not used here, every generation has the same length "
                     f"({'--constant-length' if args.constant_length is not None else 'scenario ' + str(constant[0])}), "
                     "so nothing is drawn; drop --seed or give lengths from a trace (--trace)")
-    if args.trace and args.trace not in rl.TRACES and Path(args.trace).is_file():
+    if args.trace and args.trace not in rl.TRACES and Path(args.trace).exists():
         try:
-            check_csv(args.trace, {"GeneratedTokens": "decimal"})
+            check_csv(args.trace, {"GeneratedTokens": "decimal"}, utf8=True)
         except ValueError as exc:
             return f"--trace: {exc}"
     steps = workload.get("steps", args.steps if args.steps is not None else 200)

@@ -119,6 +119,8 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, utf8: 
     Returns the file line of each data row checked. Raises ValueError naming file, line, column and
     value."""
     numbers = numbers or {}
+    if Path(path).is_dir():  # the C++ reader opens a folder and reads it as an empty file
+        raise ValueError(f"{path} is a directory; give a CSV file")
     header: list[str] | None = None
     lines: list[int] = []
     columns: dict[str, int] = {}
@@ -177,30 +179,36 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, utf8: 
 
 
 def check_output_paths(json: str | None = None, markdown: str | None = None, plots: str | None = None) -> None:
-    """Refuses, before anything is simulated, an output path that cannot be written: empty, a folder
-    where a file goes or a file where a folder goes, or in a place where nothing can be created (a
-    read-only folder, ``/proc``). Raises ValueError naming the option, the path and the fix."""
+    """Refuses, before anything is simulated, an output path that cannot be written (see
+    :func:`check_output_path`)."""
+    for flag, path, folder_wanted in (("--json", json, False), ("--markdown", markdown, False), ("--plots", plots, True)):
+        if path is not None:
+            check_output_path(flag, path, folder=folder_wanted)
+
+
+def check_output_path(flag: str, path: str, *, folder: bool = False) -> None:
+    """Refuses, before any work, an output path that cannot be written: empty, a folder where a
+    file goes (``folder`` False) or a file where a folder goes, or in a place where nothing can be
+    created (a read-only folder, ``/proc``). Raises ValueError naming the option, the path and the
+    fix."""
     import tempfile
 
-    for flag, path, folder_wanted in (("--json", json, False), ("--markdown", markdown, False), ("--plots", plots, True)):
-        if path is None:
-            continue
-        want = "a folder" if folder_wanted else "a file path"
-        if not path.strip():
-            raise ValueError(f"{flag}: the path is empty; give {want}")
-        p = Path(path)
-        if not folder_wanted and p.is_dir():
-            raise ValueError(f"{flag}: {path} is a directory; give a file path")
-        if folder_wanted and p.exists() and not p.is_dir():
-            raise ValueError(f"{flag}: {path} is a file; give a directory")
-        folder = p if folder_wanted else p.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent  # the nearest folder that exists: the rest is created
-        if not folder.is_dir():
-            raise ValueError(f"{flag}: {path}: {folder} is a file, so nothing can be created under it; give {want} elsewhere")
-        try:
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as exc:
-            raise ValueError(f"{flag}: {path}: cannot create files in {folder} ({exc.strerror or exc}); "
-                             "give a writable path") from None
+    want = "a folder" if folder else "a file path"
+    if not path.strip():
+        raise ValueError(f"{flag}: the path is empty; give {want}")
+    p = Path(path)
+    if not folder and p.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory; give a file path")
+    if folder and p.exists() and not p.is_dir():
+        raise ValueError(f"{flag}: {path} is a file; give a directory")
+    where = p if folder else p.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent  # the nearest folder that exists: the rest is created
+    if not where.is_dir():
+        raise ValueError(f"{flag}: {path}: {where} is a file, so nothing can be created under it; give {want} elsewhere")
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag}: {path}: cannot create files in {where} ({exc.strerror or exc}); "
+                         "give a writable path") from None

@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dra._console import console
 from dra._jsonio import write_json
 from dra.sim._args import check_output_paths, decimal_arg, integer_arg, seed_arg
 
@@ -152,6 +153,7 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+@console("dra-sim")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(with_rl=bool(argv) and argv[0] == "rl").parse_args(argv)
@@ -265,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"dra-sim: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # stdout's reader went away (dra-sim ... | head): @console ends quietly; no output path is at fault
     except FileNotFoundError as exc:
         outputs = {getattr(args, k, None) for k in ("json", "markdown", "plots")} - {None}
         if exc.filename is None or not any(str(exc.filename).startswith(str(o)) for o in outputs):

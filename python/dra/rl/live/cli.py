@@ -7,24 +7,42 @@ import json
 import sys
 from pathlib import Path
 
+from dra._argtypes import count_arg, nonnegative_int_arg, positive_arg
 from dra.rl.live.config import LiveConfig
 from dra.rl.live.coordinator import LiveRL
+from dra.sim._args import check_output_path
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    slots = LiveConfig().slots
     parser = argparse.ArgumentParser(prog="python -m dra.rl.live.coordinator", description="One live RL run (or several).")
     parser.add_argument("--out", default="out/rl-live")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rollout", type=int, action="append", help="static split(s) to run (rollout slots)")
+    parser.add_argument("--steps", type=count_arg, default=10)
+    parser.add_argument("--rollout", type=count_arg, action="append",
+                        help=f"static split(s) to run (rollout slots, 1-{slots - 1} of {slots})")
     parser.add_argument("--dynamic", action="store_true", help="also run the stage-balance policy")
     parser.add_argument("--no-cgroups", action="store_true")
-    parser.add_argument("--cpus-per-slot", type=float, default=0.2)
-    parser.add_argument("--pretrain-steps", type=int, default=400)
+    parser.add_argument("--cpus-per-slot", type=positive_arg, default=0.2)
+    parser.add_argument("--pretrain-steps", type=nonnegative_int_arg, default=400)
     parser.add_argument("--plots", metavar="DIR", help="write the runs' reward curves (rl-live-rewards-<steps>.png) into DIR")
     args = parser.parse_args(argv)
-    cfg = LiveConfig(steps=args.steps, use_cgroups=not args.no_cgroups, cpus_per_slot=args.cpus_per_slot, pretrain_steps=args.pretrain_steps)
+    # Everything checked before the warm-up and the workers, which take minutes.
+    if not args.rollout and not args.dynamic:
+        parser.error("nothing to run; give --rollout N (a static split, repeatable) and/or --dynamic")
+    for r in args.rollout or []:
+        if r >= slots:
+            parser.error(f"argument --rollout: {r} leaves no slot to train; give 1-{slots - 1} ({slots} slots)")
+    try:
+        check_output_path("--out", args.out, folder=True)
+        if args.plots is not None:
+            check_output_path("--plots", args.plots, folder=True)
+        cfg = LiveConfig(steps=args.steps, use_cgroups=not args.no_cgroups, cpus_per_slot=args.cpus_per_slot,
+                         pretrain_steps=args.pretrain_steps)
+        cfg.validate()
+    except ValueError as e:
+        parser.error(str(e))
     runs = []
     try:
         with LiveRL(cfg, args.out) as live:  # its close() stops the workers and removes their cgroups
