@@ -142,3 +142,59 @@ def test_another_user_cannot_stall_or_reach_the_live_rl_coordinator(tmp_path: Pa
     assert told, "the coordinator listened on nothing this test saw"
     assert not any(line.startswith("connected unix") for line in lines), lines
     assert any(line.startswith("refused unix") for line in lines), lines  # it was told the socket, and refused
+
+
+class _Custom:
+    """A type torch's restricted loader does not know."""
+
+
+class _Planted:
+    """A pickle that runs code when unpickled: it creates the file it names."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204
+        return (Path.touch, (Path(self.path),))
+
+
+def test_a_peers_state_manifest_runs_no_code_and_a_state_joiners_cannot_load_is_named_at_the_sender(tmp_path: Path) -> None:
+    """The state handoff's manifest comes from another process of the world, that is from whoever
+    the store admitted (a c10d store has no authentication). It was read with pickle.loads: a
+    manifest that unpickles to code ran that code as the joiner."""
+    import pickle
+
+    import torch
+
+    from dra.elastic._state import TorchState
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    joiner = TorchState(model, opt, None)
+    planted = tmp_path / "ran"
+    for payload in (pickle.dumps({"entries": [], "x": _Planted(str(planted))}),
+                    pickle.dumps(_Planted(str(planted)), protocol=2)):
+        with pytest.raises(ValueError, match="restricted loader"):
+            joiner.prepare(payload)
+        assert not planted.exists(), "the joiner ran the peer's code"
+
+    # A real manifest travels (RNG states included) and loads.
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=10)
+    sender = TorchState(model, opt, sched)
+    tensors, manifest, _ = sender.collect()
+    other = torch.nn.Linear(3, 2)
+    other_opt = torch.optim.AdamW(other.parameters())
+    receiver = TorchState(other, other_opt, torch.optim.lr_scheduler.OneCycleLR(other_opt, 0.1, total_steps=10))
+    targets = receiver.prepare(manifest)
+    for dst, src in zip(targets, tensors):
+        dst.copy_(src)
+    receiver.load(manifest, targets)
+    assert torch.equal(other.weight, model.weight)
+    assert other_opt.state_dict()["state"][0]["exp_avg"].equal(opt.state_dict()["state"][0]["exp_avg"])
+
+    # A scheduler state that holds a type the joiners' loader refuses: named at the sender, with the fix.
+    sched.custom = _Custom()
+    with pytest.raises(ValueError, match=r"the scheduler state holds a type .*add_safe_globals"):
+        TorchState(model, opt, sched).collect()

@@ -4,14 +4,20 @@ The controller (``dra::elastic::controller``, src/elastic/controller.cpp) moves 
 manifest, then every tensor in chunks of at most ``chunk_mb`` (straight from and into the tensors'
 storage where a chunk is one piece of one tensor), plus its own part (step counter, sampler
 position). This provider says what the state is: the model's parameters and buffers, the
-optimizer's tensors, and in the manifest (a pickle) the optimizer's param groups and scalar state,
+optimizer's tensors, and in the manifest the optimizer's param groups and scalar state,
 the LR scheduler, the ``extra_state`` objects' state dicts (a GradScaler, an EMA model) and the
 torch/Python/NumPy RNG states.
+
+The manifest comes from another process, so it is never unpickled as such: it is written with
+``torch.save`` and read with ``torch.load(weights_only=True)``, torch's restricted loader for
+untrusted files (tensors, numbers, strings, containers and the few torch types a state dict holds;
+no code). A state holding any other type is refused at the sender's first handoff, naming where it
+is and how to allow it (``torch.serialization.add_safe_globals`` on every process).
 """
 
 from __future__ import annotations
 
-import pickle
+import io
 import random
 from typing import Any
 
@@ -40,6 +46,50 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.split(".")[-1])
 
 
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes) -> Any:
+    """A peer's manifest, through torch's restricted loader: no code runs whatever the bytes."""
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError or ValueError
+        raise ValueError(f"state handoff: the world's state manifest was refused by torch's restricted loader "
+                         f"({str(e).splitlines()[0]}); every process must run the same script, and a type a "
+                         "state dict holds beyond tensors, numbers, strings and containers must be allowed "
+                         "on every process with torch.serialization.add_safe_globals([...])") from None
+
+
+def _check_loadable(manifest: dict[str, Any]) -> None:
+    """Each part of the manifest through the loader the joiners use, so that a type they would
+    refuse is named at the sender, with where it sits."""
+    parts = {"optimizer": manifest["optimizer"], "scheduler": manifest["scheduler"]}
+    parts.update({f"extra_state['{k}']": v for k, v in manifest["extra_state"].items()})
+    for where, part in parts.items():
+        try:
+            torch.load(io.BytesIO(_dumps(part)), weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"state handoff: the {where} state holds a type joiners may not load from a peer "
+                             f"({str(e).splitlines()[0]}); keep such state to tensors, numbers, strings and "
+                             "containers, or allow the type on every process with "
+                             "torch.serialization.add_safe_globals([...]) before dra.init") from None
+
+
+def _numpy_rng_state() -> tuple[Any, ...]:
+    """NumPy's global RNG state with its key array as a tensor (the restricted loader takes no
+    ndarray)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)
+
+
+def _numpy_rng_from(state: tuple[Any, ...]) -> tuple[Any, ...]:
+    name, keys, pos, has_gauss, cached = state
+    return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
+
+
 class TorchState(_m.StateProvider):
     """Model + optimizer + LR scheduler + extra state + RNG state of one process."""
 
@@ -48,6 +98,7 @@ class TorchState(_m.StateProvider):
         super().__init__()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state = dict(extra_state or {})
+        self._checked = False
 
     def signature(self) -> list[list[Any]]:
         return model_signature(self.model)
@@ -99,14 +150,17 @@ class TorchState(_m.StateProvider):
             "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
             if self.scheduler is not None
             else None,
-            # Whole state dicts (tensors pickled with them): an EMA model or a GradScaler.
+            # Whole state dicts (their tensors inside the manifest): an EMA model or a GradScaler.
             "extra_state": {name: obj.state_dict() for name, obj in self.extra_state.items()},
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": _numpy_rng_state()},
         }
-        return tensors, pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL), first_deferrable if first_deferrable >= 0 else len(tensors)
+        if not self._checked:  # once: what a peer's restricted loader will refuse, named here
+            _check_loadable(manifest)
+            self._checked = True
+        return tensors, _dumps(manifest), first_deferrable if first_deferrable >= 0 else len(tensors)
 
     def prepare(self, manifest: bytes) -> list[torch.Tensor]:
-        self._manifest = pickle.loads(manifest)
+        self._manifest = _loads(manifest)
         model_sd = self.model.state_dict()
         targets: list[torch.Tensor] = []
         for kind, key, shape, dtype in self._manifest["entries"]:
@@ -148,7 +202,7 @@ class TorchState(_m.StateProvider):
         rng = meta["rng"]
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        np.random.set_state(_numpy_rng_from(rng["numpy"]))
         self._manifest = None
 
     def scale_learning_rate(self, factor: float) -> None:
