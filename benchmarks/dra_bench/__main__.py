@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -41,7 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"dra_bench.{name}")
         return int(module.main(argv) or 0)
     except ValueError as e:  # a value the suite or dra refused, named by it
-        print(f"python -m dra.bench {name}: error: {e}", file=sys.stderr)
+        if os.environ.get("DRA_TRACEBACK"):
+            raise
+        # A ValueError can also be a defect deep in a suite: where it came from, and how to see all of it.
+        where = e.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        at = f" (at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}; DRA_TRACEBACK=1 shows the " \
+             "whole traceback)" if where is not None else ""
+        print(f"python -m dra.bench {name}: error: {e}{at}", file=sys.stderr)
         return 2
 
 
