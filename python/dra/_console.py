@@ -26,7 +26,8 @@ def console(prog: str) -> Callable[[F], F]:
                 return rc
             except KeyboardInterrupt:
                 try:
-                    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+                    # On a line of its own: a progress line ("\r... 3/40 runs") may be open.
+                    print(f"\n{prog}: interrupted", file=sys.stderr, flush=True)
                 except OSError:
                     pass
                 return 130
