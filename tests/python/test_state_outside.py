@@ -145,3 +145,37 @@ def test_extra_state_refused_by_name(extra: object, message: str) -> None:
     sampler = de.DistributedSampler(torch.utils.data.TensorDataset(torch.zeros(4, 2)))
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         de.init(model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, extra_state=extra)
+
+
+def test_an_emas_tensors_travel_as_tensors_not_in_the_manifest() -> None:
+    """An EMA of a large model was serialised whole into the handoff's manifest (one message, not
+    chunked, not covered by verify=True); its tensors are now in the tensor list, after the optimizer's."""
+    from dra.elastic._state import TorchState
+
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ema = torch.optim.swa_utils.AveragedModel(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    for _ in range(3):
+        model(torch.randn(4, 256)).sum().backward()
+        opt.step()
+        ema.update_parameters(model)
+    tensors, manifest, first_deferrable = TorchState(model, opt, None, {"ema": ema, "scaler": scaler}).collect()
+    ema_sd = ema.state_dict()
+    assert len(tensors) == 2 + 2 + len(ema_sd), "model, momentum buffers, then the EMA's tensors"
+    assert first_deferrable == 2
+    assert len(manifest) < 64 * 1024, f"a {len(manifest)}-byte manifest carries the EMA's tensors"
+
+    other = torch.nn.Linear(256, 256)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    other_ema = torch.optim.swa_utils.AveragedModel(other)
+    other_scaler = torch.amp.GradScaler("cpu")
+    receiver = TorchState(other, other_opt, None, {"ema": other_ema, "scaler": other_scaler})
+    targets = receiver.prepare(manifest)
+    assert other_scaler.get_scale() == 1024.0, "a state without tensors is loaded before the first forward"
+    for dst, src in zip(targets, tensors):
+        dst.copy_(src)
+    receiver.load(manifest, targets)
+    for k, v in ema_sd.items():
+        assert torch.equal(other_ema.state_dict()[k], v), k
+    assert int(other_ema.n_averaged) == 3

@@ -6,7 +6,8 @@ storage where a chunk is one piece of one tensor), plus its own part (step count
 position). This provider says what the state is: the model's parameters and buffers, the
 optimizer's tensors, and in the manifest the optimizer's param groups and scalar state,
 the LR scheduler, the ``extra_state`` objects' state dicts (a GradScaler, an EMA model) and the
-torch/Python/NumPy RNG states.
+torch/Python/NumPy RNG states. The tensors of those state dicts (an EMA's copy of the model)
+travel as tensors, after the optimizer's.
 
 The manifest comes from another process, so it is never unpickled as such: it is written with
 ``torch.save`` and read with ``torch.load(weights_only=True)``, torch's restricted loader for
@@ -67,7 +68,7 @@ def _check_loadable(manifest: dict[str, Any]) -> None:
     """Each part of the manifest through the loader the joiners use, so that a type they would
     refuse is named at the sender, with where it sits."""
     parts = {"optimizer": manifest["optimizer"], "scheduler": manifest["scheduler"]}
-    parts.update({f"extra_state['{k}']": v for k, v in manifest["extra_state"].items()})
+    parts.update({f"extra_state['{k}']": v["plain"] for k, v in manifest["extra_state"].items()})
     for where, part in parts.items():
         try:
             torch.load(io.BytesIO(_dumps(part)), weights_only=True)
@@ -143,6 +144,19 @@ class TorchState(_m.StateProvider):
                     else:
                         plain[pid][k] = v
             opt_meta = {"param_groups": sd["param_groups"], "plain_state": plain}
+        # extra_state: its state dicts' tensors (an EMA's copy of the model) travel with the others,
+        # in chunks and covered by verify=True; the rest (a GradScaler's scale) in the manifest.
+        extra_meta: dict[str, dict[str, Any]] = {}
+        for name, obj in self.extra_state.items():
+            sd = obj.state_dict()
+            rest = {}
+            for k, v in sd.items():
+                if torch.is_tensor(v):
+                    tensors.append(v.detach().contiguous())
+                    entries.append(("extra", (name, k), list(v.shape), str(v.dtype)))
+                else:
+                    rest[k] = v
+            extra_meta[name] = {"keys": list(sd.keys()), "plain": rest}
         manifest = {
             "entries": entries,
             "optimizer": opt_meta,
@@ -150,8 +164,7 @@ class TorchState(_m.StateProvider):
             "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
             if self.scheduler is not None
             else None,
-            # Whole state dicts (their tensors inside the manifest): an EMA model or a GradScaler.
-            "extra_state": {name: obj.state_dict() for name, obj in self.extra_state.items()},
+            "extra_state": extra_meta,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": _numpy_rng_state()},
         }
         if not self._checked:  # once: what a peer's restricted loader will refuse, named here
@@ -173,25 +186,41 @@ class TorchState(_m.StateProvider):
                 targets.append(mine.detach() if mine.is_contiguous() else torch.empty_like(mine))
             else:
                 targets.append(torch.empty(shape, dtype=_dtype(dtype)))
-        # Loaded here, before the joiner's first forward also with handoff="deferred" (load() comes
-        # after it then): a GradScaler's scale must be the world's when that backward is reduced.
-        for name, sd in self._manifest.get("extra_state", {}).items():
-            self.extra_state[name].load_state_dict(sd)
+        # A state without tensors (a GradScaler's) is loaded here, before the joiner's first forward
+        # also with handoff="deferred" (load() comes after it then): the scale must be the world's
+        # when that backward is reduced. One with tensors (an EMA, used after the optimizer's step)
+        # is loaded in load(), once they arrived.
+        with_tensors = {key[0] for kind, key, _, _ in self._manifest["entries"] if kind == "extra"}
+        for name, meta in self._manifest["extra_state"].items():
+            if name not in with_tensors:
+                self._load_extra(name, meta, {})
         return targets
+
+    def _load_extra(self, name: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        if name not in self.extra_state:
+            raise ValueError(f"state handoff: the world sends extra_state '{name}', which this process does not have")
+        values = {**meta["plain"], **tensors}
+        self.extra_state[name].load_state_dict({k: values[k] for k in meta["keys"]})
 
     def load(self, manifest: bytes, tensors: list[torch.Tensor]) -> None:
         meta = self._manifest
         model_sd = self.model.state_dict()
         opt_tensors: dict[Any, dict[str, torch.Tensor]] = {}
+        extra_tensors: dict[str, dict[str, torch.Tensor]] = {}
         with torch.no_grad():
             for (kind, key, _, _), t in zip(meta["entries"], tensors):
                 if kind == "model":
                     dst = model_sd[key]
                     if dst.data_ptr() != t.data_ptr():
                         dst.copy_(t)
+                elif kind == "extra":
+                    name, k = key
+                    extra_tensors.setdefault(name, {})[k] = t
                 else:
                     pid, k = key
                     opt_tensors.setdefault(pid, {})[k] = t
+        for name, by_key in extra_tensors.items():
+            self._load_extra(name, meta["extra_state"][name], by_key)
         if self.optimizer is not None and meta["optimizer"] is not None:
             state = {pid: dict(v) for pid, v in meta["optimizer"]["plain_state"].items()}
             for pid, d in opt_tensors.items():
