@@ -57,6 +57,8 @@ SPEC_SCHEMA: dict[str, Any] = {
                 "x-fix": 'give variables as {"NAME": "value"}, every value a string'},
         "cwd": {"type": "string", "pattern": "^/", "x-fix": "give an absolute path to an existing directory"},
         "log": {"type": "string", "minLength": 1, "x-fix": "give a directory for the workers' logs"},
+        "log_limit_mb": {"type": "number", "minimum": 1, "maximum": 2**30,
+                         "x-fix": "give the most MiB one worker's log may hold (default 1024)"},
         "autoscale": {"type": "object", "additionalProperties": False,
                       "properties": {k: {**_NUMBER, "minimum": 0} for k in AUTOSCALE_FIELDS},
                       "x-fix": "valid: " + ", ".join(AUTOSCALE_FIELDS)},

@@ -64,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
                                    memory_gb=args.slot_memory_gb, heartbeat_timeout_s=args.heartbeat_timeout_s,
                                    scale_every_s=args.scale_every_s, orphan_limit_s=args.orphan_limit_s,
                                    silence_limit_s=args.silence_limit_s, guarantee_slots=not args.no_slot_guarantee,
-                                   completion_aware=args.completion_aware)
+                                   completion_aware=args.completion_aware, warm_launchers=args.warm_launchers)
         except BaseException:
             server.close()
             raise
@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the simulator's convergence_aware policy)")
     s.add_argument("--orphan-limit-s", type=positive_arg, default=None,
                    help="how long launchers keep jobs running while the daemon is away (default: no limit)")
+    s.add_argument("--warm-launchers", type=count_arg, default=4,
+                   help="how many of one user's waiting jobs have their launcher (and its torch) started before "
+                        "they get devices (default 4); the others start theirs as those are granted or end")
     s.add_argument("--no-slot-guarantee", action="store_true",
                    help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
     sb = pool.add_parser("submit", help="submit a job (its command after '--')")

@@ -67,7 +67,9 @@ class PoolService(SchedulingLoop, LauncherAPI):
     away (None: until it is back). ``silence_limit_s``: how long a lease past its heartbeat timeout
     stays with a job whose launcher process is still alive (None: the larger of 30 s and ten
     heartbeat timeouts); then the launcher counts as hung, is killed and the lease reclaimed. ``ray_address``: the Ray cluster the devices are on (every job
-    then runs through Ray)."""
+    then runs through Ray). ``warm_launchers``: how many of one user's waiting jobs that hold no
+    lease have their launcher started ahead of their devices (each is some 450 MB with torch
+    imported, outside every lease)."""
 
     def __init__(self, devices: list[Any], state_dir: str | Path, *, mode: str = "dynamic",
                  slots: _cgroup.Slots | None = None, tick_s: float = 0.05, scale_every_s: float = 2.0,
@@ -75,7 +77,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
                  launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None,
                  orphan_limit_s: float | None = None, ray_address: str | None = None,
                  state_lock: StateLock | None = None, completion_aware: bool = False,
-                 silence_limit_s: float | None = None) -> None:
+                 silence_limit_s: float | None = None, warm_launchers: int = 4) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
         for key, value in (("tick_s", tick_s), ("heartbeat_timeout_s", heartbeat_timeout_s),
@@ -83,6 +85,8 @@ class PoolService(SchedulingLoop, LauncherAPI):
             _check_seconds(key, value, positive=True, optional=key in ("orphan_limit_s", "silence_limit_s"))
         for key, value in (("scale_every_s", scale_every_s), ("start_grace_s", start_grace_s), ("aging_s", aging_s)):
             _check_seconds(key, value)  # scale_every_s 0: a re-plan at every tick
+        if isinstance(warm_launchers, bool) or not isinstance(warm_launchers, int) or warm_launchers < 1:
+            raise ValueError(f"warm_launchers: must be an integer >= 1, got {warm_launchers!r}")
         if silence_limit_s is not None and not silence_limit_s >= heartbeat_timeout_s:
             raise ValueError(f"silence_limit_s: must be >= heartbeat_timeout_s ({heartbeat_timeout_s:g} s), got "
                              f"{silence_limit_s} (None: the larger of 30 s and 10 heartbeat timeouts)")
@@ -107,6 +111,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self._late: set[int] = set()  # leases reported late once (event heartbeat_late)
         self.start_grace_s = start_grace_s  # a new lease's worker may take this long to check in first
         self.launch_jobs = launch_jobs
+        self.warm_launchers = warm_launchers
         self.on_event = on_event
         self.orphan_limit_s = orphan_limit_s
         self.ray_address = ray_address

@@ -1,0 +1,84 @@
+"""Jobs that misbehave, submitted by a legitimate but careless or greedy user (an outside review
+that found each of these): a worker that prints in a hot loop, a user who queues a sweep of jobs.
+Neither may harm the pool or other jobs. Every test runs a real pool with real launchers and
+processes, no mocks."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dra._core import pool as P
+from dra.pool.server import PoolClient, PoolServer
+from dra.pool.service import PoolService
+
+
+def declared(n: int) -> list:
+    return [P.Device(id=f"d{i}", type="cpu-slot", memory_gb=2.0) for i in range(n)]
+
+
+def _events(state: Path) -> list[dict]:
+    return [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_floods_its_log_keeps_its_tail_under_the_jobs_limit(tmp_path: Path) -> None:
+    """One print in a hot loop wrote 1.3 GB of log in 10 s on a third of a core, on the disk the
+    pool's state and every other job's files share. A worker's log is now held under the job's
+    ``log_limit_mb``: past it the launcher cuts it to a line saying how much was dropped and the
+    log's tail, which holds the worker's last words."""
+    svc = PoolService(declared(1), tmp_path / "state", heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    logs = tmp_path / "logs"
+    spew = ("import sys, time\nprint('FIRST', flush=True)\nline = 'x' * 199 + '\\n'\n"
+            "for i in range(40):\n    sys.stdout.write(line * 1000)\n    sys.stdout.flush()\n    time.sleep(0.02)\n"
+            "print('LAST', flush=True)\n")
+    try:
+        client.submit({"name": "spew", "cwd": str(tmp_path), "log": str(logs), "log_limit_mb": 1,
+                       "command": [sys.executable, "-c", spew]})
+        assert client.wait(["spew"], timeout_s=50) == {"spew": "finished"}
+    finally:
+        server.close()
+    (log,) = logs.glob("spew.*.log")
+    text = log.read_text()
+    assert log.stat().st_size <= 2**20, log.stat().st_size  # 8 MB written
+    assert text.startswith("[dra run] this log passed its limit (1048576 bytes"), text[:200]
+    assert text.rstrip().endswith("LAST") and "FIRST" not in text
+    cut = [json.loads(x[len("[dra run] "):]) for x in (tmp_path / "state" / "logs" / "spew.launcher.log").read_text()
+           .splitlines() if '"log_cut"' in x]
+    assert len(cut) == 1 and cut[0]["limit_bytes"] == 2**20 and cut[0]["dropped_bytes"] > 0, cut
+
+
+@pytest.mark.timeout(60)
+def test_one_users_queue_of_jobs_warms_only_a_few_launchers_and_all_of_them_run(tmp_path: Path) -> None:
+    """Every waiting job's launcher started at submission and imported torch (some 450 MB with its
+    fork server, outside every lease): a user's sweep of a hundred queued jobs ran the host out
+    of memory. At most ``warm_launchers`` of one user's jobs that hold no device now have one,
+    highest class first; the next starts as one is granted devices, and every job runs."""
+    state = tmp_path / "state"
+    svc = PoolService(declared(1), state, heartbeat_timeout_s=5.0, warm_launchers=2)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    try:
+        client.submit({"name": "hold", "cwd": str(tmp_path), "command": ["sleep", "8"]})
+        for i in range(4):
+            client.submit({"name": f"q{i}", "cwd": str(tmp_path), "command": ["true"]})
+        client.submit({"name": "urgent", "cwd": str(tmp_path), "priority": "high", "command": ["true"]})
+        deadline = time.time() + 20
+        while time.time() < deadline and len([e for e in _events(state) if e["event"] == "launch"]) < 3:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        # hold and q0 warm at once; once hold holds the device, the high-class job is next
+        launched = [e["job"] for e in _events(state) if e["event"] == "launch"]
+        assert launched == ["hold", "q0", "urgent"], launched
+        names = ["hold", "urgent"] + [f"q{i}" for i in range(4)]
+        assert client.wait(names, timeout_s=45) == {n: "finished" for n in names}
+    finally:
+        server.close()
+    launched = [e["job"] for e in _events(state) if e["event"] == "launch"]
+    assert launched == ["hold", "q0", "urgent", "q1", "q2", "q3"], launched
