@@ -30,6 +30,7 @@ from dra.sim._inputs import (
     published_jct,
     read_workload,
     restart_cost_from_resize_report,
+    workload_path,
 )
 from dra.sim._replay import replay, summarize
 from dra.sim._report import markdown_replay, markdown_study, unfinished_note
@@ -61,4 +62,5 @@ __all__ = [
     "restart_cost_from_resize_report",
     "study",
     "summarize",
+    "workload_path",
 ]

@@ -184,6 +184,20 @@ def check_output_paths(json: str | None = None, markdown: str | None = None, plo
     for flag, path, folder_wanted in (("--json", json, False), ("--markdown", markdown, False), ("--plots", plots, True)):
         if path is not None:
             check_output_path(flag, path, folder=folder_wanted)
+    if plots is not None:
+        check_plotting("--plots")
+
+
+def check_plotting(flag: str) -> None:
+    """Refuses, before any work, plots asked for where matplotlib is missing: dra installs it only
+    with its ``plot`` extra (the project's venv has it), and the import would fail after the run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(
+            f"{flag}: the plots need matplotlib, which is not installed here ({exc}); "
+            "pip install 'dra[plot]' (or matplotlib), or drop " + flag
+        ) from None
 
 
 def check_output_path(flag: str, path: str, *, folder: bool = False) -> None:

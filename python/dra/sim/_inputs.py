@@ -47,6 +47,23 @@ def default_data_dir() -> Path:
     )
 
 
+def workload_path(workload: str | os.PathLike[str]) -> Path:
+    """Where a workload CSV is: the path as given when it is there (or absolute); else a relative
+    path looked up in the copy dra ships, either as the docs write it from a checkout
+    (``data/pollux/workloads/workload-1.csv``) or relative to that folder
+    (``workloads-1.5/workload-3.csv``), so the documented commands work from an installed package
+    in any folder. The path as given when neither holds it (its reader then names it)."""
+    given = Path(workload)
+    if given.exists() or given.is_absolute():
+        return given
+    parts = given.parts[2:] if given.parts[:2] == ("data", "pollux") else given.parts
+    try:
+        shipped = default_data_dir().joinpath(*parts) if parts else None
+    except FileNotFoundError:
+        return given
+    return shipped if shipped is not None and shipped.is_file() else given
+
+
 @functools.lru_cache(maxsize=8)
 def _profiles_cached(traces: str) -> Any:
     return _sim.SimProfiles(traces)  # its C++ reader refuses a repeated column name
@@ -168,9 +185,19 @@ def restart_cost_from_resize_report(path: str | os.PathLike[str]) -> float:
     return _resize_report(path, "restart cost", restart)
 
 
+def _default_resize_report() -> Path:
+    """The copy the package ships (``dra/sim/data/``, installed from the wheel) or, in a checkout
+    (the editable install), ``docs/results/sim/resize-100MB.json``; the packaged path when neither
+    is there."""
+    here = Path(__file__).resolve()
+    candidates = [here.parent / "data" / "resize-100MB.json",
+                  here.parents[3] / "docs" / "results" / "sim" / "resize-100MB.json"]
+    return next((c for c in candidates if c.is_file()), candidates[0])
+
+
 #: The measured resize report the system view reads by default (in-place resize and torchrun restart
-#: measured side by side, 100 MB of state; docs/results/sim/resize-100MB.json).
-DEFAULT_RESIZE_REPORT: Path = Path(__file__).resolve().parents[3] / "docs" / "results" / "sim" / "resize-100MB.json"
+#: measured side by side, 100 MB of state; docs/results/sim/resize-100MB.json, shipped in the package).
+DEFAULT_RESIZE_REPORT: Path = _default_resize_report()
 
 #: The two ways of charging a reallocation. ``same``: every policy pays the same cost per change
 #: (policy quality, like for like). ``system``: each policy pays its own system's mechanism, dra's

@@ -17,6 +17,7 @@ from dra.sim._inputs import (
     load_profiles,
     published_for,
     read_workload_rows,
+    workload_path,
 )
 from dra.sim._stats import _percentile, bootstrap_ci
 
@@ -271,6 +272,7 @@ def replay(
     )
     cost = costs[names[0]] if cost_mode == "same" else None
     profiles = load_profiles(traces)
+    workload = workload_path(workload)  # data/pollux/... from any folder: the copy dra ships
     jobs = check_workload(workload, profiles, nodes=nodes, devices_per_node=devices_per_node,
                           declared_sigma=declared_sigma, declared_none_share=declared_none_share,
                           early_stop_share=early_stop_share)

@@ -89,7 +89,7 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     rp.add_argument(
         "--in-place-cost",
         help="system view: seconds per in-place resize, 'inplace', or a `dra.bench resize` JSON "
-        "(default: docs/results/sim/resize-100MB.json, measured)",
+        "(default: the measured report dra ships, docs/results/sim/resize-100MB.json in a checkout)",
     )
     rp.add_argument(
         "--restart-cost",
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--plots needs the per-job records and timelines; drop --no-jobs")
         _check_together(args)
         if args.command == "replay":
-            workloads = list(args.workload or [])
+            workloads = [_workload(w, args.quiet) for w in args.workload or []]
             if args.all_loads:
                 root = sim.default_data_dir()
                 for folder in ("workloads-0.5", "workloads", "workloads-1.5", "workloads-2.0"):
@@ -281,6 +281,23 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     return 0
+
+
+def _workload(given: str, quiet: bool) -> str:
+    """A --workload: the file as given, else the copy dra ships under that name (``sim.workload_path``,
+    said on stderr); a file found in neither place is refused naming both."""
+    import dra.sim as sim
+
+    found = sim.workload_path(given)
+    if not found.exists():
+        raise ValueError(
+            f"--workload {given}: no such file in {Path.cwd()}; the workloads dra ships are "
+            f"{sim.default_data_dir()}/workloads*/workload-1..8.csv, found by those paths or as the docs write them "
+            "(data/pollux/workloads/workload-1.csv); --all-loads replays all 32"
+        )
+    if str(found) != given and not quiet:
+        print(f"[dra-sim] {given}: not in {Path.cwd()}; using the copy dra ships, {found}", file=sys.stderr)
+    return str(found)
 
 
 def _unique(names: list[str]) -> list[str]:

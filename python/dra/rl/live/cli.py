@@ -10,7 +10,7 @@ from pathlib import Path
 from dra._argtypes import count_arg, nonnegative_int_arg, positive_arg
 from dra.rl.live.config import LiveConfig
 from dra.rl.live.coordinator import LiveRL
-from dra.sim._args import check_output_path
+from dra.sim._args import check_output_path, check_plotting
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         check_output_path("--out", args.out, folder=True)
         if args.plots is not None:
             check_output_path("--plots", args.plots, folder=True)
+            check_plotting("--plots")
         cfg = LiveConfig(steps=args.steps, use_cgroups=not args.no_cgroups, cpus_per_slot=args.cpus_per_slot,
                          pretrain_steps=args.pretrain_steps)
         cfg.validate()
