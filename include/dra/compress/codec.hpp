@@ -96,7 +96,7 @@ struct reader {
     const auto n = count(sizeof(float));
     need(n * sizeof(float));
     std::vector<float> v(n);
-    std::memcpy(v.data(), in.data() + pos, n * sizeof(float));
+    if (n > 0) std::memcpy(v.data(), in.data() + pos, n * sizeof(float));  // an empty vector's data() may be null
     pos += n * sizeof(float);
     return v;
   }
