@@ -32,7 +32,30 @@ class _TorchBeforeCore:
     def find_spec(name: str, path: Any = None, target: Any = None) -> None:
         if name == "dra._core" and "dra._core" not in sys.modules:
             import torch  # noqa: F401
+
+            _offer_pip_nccl()
         return None
+
+
+def _offer_pip_nccl() -> None:
+    """Names the NCCL of a pip wheel (``nvidia-nccl-cu13``/``-cu12``, in this interpreter's
+    site-packages) to the NCCL backend as a candidate after the loader's own search (DRA_NCCL_LIBRARY,
+    then ``libnccl.so.2`` as torch or the system loaded it): found by the module's location, nothing
+    imported. A wheel of dra built elsewhere knows no other path to it."""
+    import importlib.util
+    import os
+
+    if os.environ.get("DRA_NCCL_PIP_LIBRARY"):
+        return
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        lib = os.path.join(folder, "lib", "libnccl.so.2")
+        if os.path.isfile(lib):
+            os.environ["DRA_NCCL_PIP_LIBRARY"] = lib
+            return
 
 
 if _TorchBeforeCore not in sys.meta_path:

@@ -68,6 +68,23 @@ def test_build_info_reports_nccl_backend():
 
 
 @needs_nccl
+def test_a_pip_wheels_nccl_is_a_load_candidate_found_from_the_running_interpreter(tmp_path):
+    """A wheel of dra built on another machine knew only that machine's libnccl path (compiled in)
+    besides the loader's search path: a user's `pip install nvidia-nccl-cu13` was never found.
+    `import dra` names the interpreter's copy to the loader (DRA_NCCL_PIP_LIBRARY, tried after
+    DRA_NCCL_LIBRARY and libnccl.so.2, before the build machine's path)."""
+    wheel = _wheel_nccl()
+    if wheel is None:
+        pytest.skip("no nvidia-nccl wheel in this interpreter")
+    code = ("import os, dra, dra._core as c; print(os.environ.get('DRA_NCCL_PIP_LIBRARY')); "
+            "print(c.comm.nccl_load_error())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_NCCL")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == str(wheel / "lib" / "libnccl.so.2")
+
+
+@needs_nccl
 def test_runtime_version_is_the_loaded_library():
     runtime = _core.comm.nccl_runtime_version()
     if runtime is None:

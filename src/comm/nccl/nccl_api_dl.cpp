@@ -291,6 +291,9 @@ void load_once(loaded_state& s) {
   if (const char* env = std::getenv("DRA_NCCL_LIBRARY"); env && *env) candidates.emplace_back(env);
   candidates.emplace_back("libnccl.so.2");
   candidates.emplace_back("libnccl.so");
+  // A pip wheel's NCCL in the running interpreter's site-packages (set by `import dra`): a wheel of
+  // dra built on another machine has no other way to it.
+  if (const char* pip = std::getenv("DRA_NCCL_PIP_LIBRARY"); pip && *pip) candidates.emplace_back(pip);
 #ifdef DRA_NCCL_LIBRARY_HINT
   candidates.emplace_back(DRA_NCCL_LIBRARY_HINT);
 #endif
