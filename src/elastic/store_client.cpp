@@ -1,15 +1,21 @@
 #include "store_client.hpp"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -26,6 +32,51 @@ namespace {
 std::string first_line(const std::exception& e) {
   const std::string text = e.what();
   return text.substr(0, text.find('\n'));
+}
+
+// The connected TCP sockets of this process whose peer is `port`.
+std::vector<int> sockets_to_port(int port) {
+  std::vector<int> found;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return found;
+  while (const dirent* entry = readdir(fds)) {
+    const int fd = std::atoi(entry->d_name);
+    struct stat st{};
+    int type = 0;
+    socklen_t type_len = sizeof type;
+    if (fd <= 2 || fd == dirfd(fds) || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 || type != SOCK_STREAM)
+      continue;
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    int peer_port = -1;
+    if (peer.ss_family == AF_INET) peer_port = ntohs(reinterpret_cast<const sockaddr_in*>(&peer)->sin_port);
+    if (peer.ss_family == AF_INET6) peer_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_port);
+    if (peer_port == port) found.push_back(fd);
+  }
+  closedir(fds);
+  return found;
+}
+
+// c10d's client bounds only its waits by the store timeout: an add, set, get or check whose request
+// or answer a cut link holds blocks in recv() until the kernel gives the connection up (about 15
+// minutes of retransmissions), so a process cut off from the store's host hung in its recovery and
+// its heartbeat for good. TCP_USER_TIMEOUT has the kernel drop a connection whose sent data stays
+// unacknowledged for `bound`: the op then fails and the store is reported gone. A store that is only
+// slow acknowledges what it receives and is not affected. c10d does not hand out its socket: the
+// sockets to the store's port that were not there before it connected (`before`) are its own.
+void bound_unacknowledged_sends(int port, const std::vector<int>& before, std::chrono::milliseconds bound) {
+#ifdef TCP_USER_TIMEOUT
+  const auto ms = static_cast<unsigned>(std::clamp<long long>(bound.count(), 1, INT_MAX));
+  for (const int fd : sockets_to_port(port))
+    if (std::find(before.begin(), before.end(), fd) == before.end())
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+#else
+  (void)port;
+  (void)before;
+  (void)bound;
+#endif
 }
 
 bool mentions_timeout(std::string text) {
@@ -194,8 +245,10 @@ void store_client::connect(std::chrono::steady_clock::time_point deadline, bool 
     o.timeout = std::max(std::chrono::milliseconds(reconnecting ? 50 : 1000), left);
     if (!reconnecting) o.timeout = contact_budget(o.timeout);
     const auto began = std::chrono::steady_clock::now();
+    const auto before = sockets_to_port(port_);
     tcp_ = c10::make_intrusive<c10d::TCPStore>(host_, o);
     contact_made(began, host_ + ":" + std::to_string(port_));
+    bound_unacknowledged_sends(port_, before, timeout_);
   } catch (const std::exception& e) {
     throw dra::timeout_error("dra: the store at " + host_ + ":" + std::to_string(port_) +
                              " could not be reached within " + std::to_string(timeout_.count()) + " ms (" +

@@ -205,6 +205,11 @@ class NodeLauncher:
         assert self.placement is not None
         self.job = JobControl(self.placement.address, self.cfg.run_id, self.restart_count, timeout_s=60.0)
         self.beats = rendezvous.NodeBeats(self.placement)
+        if self.placement.group_world_size > 1:
+            # A store op on a cut link fails, so that the node fences. Not at the fence's time: TCP
+            # resends at doubling intervals, and a connection held by a cut shorter than the fence
+            # carries on at most about twice that long after it began.
+            rendezvous.bound_store_connections(self.placement.master_port, 2 * self.cfg.fence_timeout_s + 1)
 
     # -- workers ---------------------------------------------------------------------------------
     def _env(self, w: Worker) -> dict[str, str]:
@@ -334,7 +339,7 @@ class NodeLauncher:
                   "time": time.time(), "ran_s": round(ran, 3), "join": w.join, "error_file": self._error(w),
                   "attempt": w.attempt}
         self.exits.append(record)
-        if code == 0 or self.signals or w.attempt != self.restart_count:
+        if code == 0 or self.signals or self.fenced or w.attempt != self.restart_count:
             return  # (a worker of a group already stopped and restarted: its exit is recorded, nothing more)
         how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ else f"code {code}"
         if self._is_dra_job():
@@ -380,16 +385,17 @@ class NodeLauncher:
     def _fence_if_cut_off(self) -> None:
         """A node that can no longer reach the job's store is cut off from the job (the others have
         gone on without its workers or will): its workers are stopped, saying why."""
+        began = time.monotonic()  # a beat on a cut link fails only after it waited, up to the fence's time
         try:
             self.beats.beat()
             self._store_lost_since = None
         except Exception as e:  # noqa: BLE001
             now = time.monotonic()
-            self._store_lost_since = self._store_lost_since or now
+            self._store_lost_since = self._store_lost_since or began
             if now - self._store_lost_since > self.cfg.fence_timeout_s and not self.fenced:
                 self.fenced = True
                 self._say(f"the job's store at {self.placement.address} has been unreachable for "
-                          f"{self.cfg.fence_timeout_s:g} s ({e}): this node is cut off; stopping its workers")
+                          f"{now - self._store_lost_since:.0f} s ({e}): this node is cut off; stopping its workers")
                 self._signal_all(signal.SIGKILL)
 
     def _job_done(self) -> bool:
@@ -412,6 +418,8 @@ class NodeLauncher:
     def _finish(self) -> int:
         p = self.placement
         assert p is not None
+        if self.fenced:
+            return 1  # cut off from the store: nothing to ask it, nobody to wait for
         done = self._is_dra_job() and self._job_done()
         if p.group_world_size > 1 and not self.fenced:
             dead = self.beats.wait_for_others()
@@ -421,8 +429,6 @@ class NodeLauncher:
         if self.signals:
             self._say(f"stopped by {signal.Signals(self.signals[0]).name}" + (" (the job ended cleanly)" if done else ""))
             return 1  # as torchrun: a job stopped by a signal did not finish
-        if self.fenced:
-            return 1
         # A dra job succeeded when it finished (its leader marked it done), whoever died on the way,
         # and some worker of it exited 0 (every one exiting non-zero, `sys.exit(1)` on every rank
         # after its controller finished at exit, failed); any other job, as under torchrun, when

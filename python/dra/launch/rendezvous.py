@@ -84,6 +84,35 @@ class Placement:
             self.handler = None
 
 
+def bound_store_connections(port: int, seconds: float) -> None:
+    """torch's store client bounds only its waits: a store operation whose request or answer a cut
+    link holds blocks until the kernel gives the connection up (about 15 minutes of retransmissions),
+    so a node cut off from the store never saw its beat fail and never fenced its workers. Every
+    connected TCP socket of this process whose peer is the store's port gets TCP_USER_TIMEOUT: the
+    kernel drops the connection once sent data stays unacknowledged for `seconds`, and the operation
+    fails. A store that is only slow acknowledges what it receives and is not affected. (torch does
+    not hand out its socket; dra's own store client bounds its connections the same way.)"""
+    import os
+    import socket
+    import stat
+
+    if not hasattr(socket, "TCP_USER_TIMEOUT") or not os.path.isdir("/proc/self/fd"):
+        return
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))  # the copy shares the connection's options
+        except (OSError, ValueError):
+            continue
+        with sock:
+            try:
+                if sock.type == socket.SOCK_STREAM and sock.getpeername()[1] == port:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(seconds * 1000)))
+            except (OSError, IndexError, TypeError):
+                pass
+
+
 def _prefixed(store: Any) -> Any:
     import torch.distributed as dist
 
