@@ -120,3 +120,12 @@ def test_dra_sim_names_a_directory_or_binary_given_as_a_csv(tmp_path) -> None:
     garbage = tmp_path / "garbage.csv"
     garbage.write_bytes(b"GeneratedTokens\n\xff\xfe\x00\x81\n")
     _refused(_run(DRA_SIM, "rl", "--trace", str(garbage)), "--trace", "garbage.csv", "UTF-8")  # was a bare codec error
+
+
+def test_a_pool_address_where_no_pool_listens_says_how_to_start_or_name_one(tmp_path) -> None:
+    """`dra pool status --pool bogus` said only "unreachable: [Errno 2] No such file or directory"."""
+    r = _run(DRA, "pool", "status", "--pool", "bogus", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"no pool listens on the socket {tmp_path / 'bogus'}" in r.stderr, r.stderr
+    assert "dra pool serve --state DIR" in r.stderr and "http://HOST:PORT" in r.stderr, r.stderr
+    assert "Errno" not in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -477,7 +477,13 @@ class PoolClient:
                     if isinstance(e, TimeoutError):
                         raise ConnectionError(f"pool {self.url} did not answer within {self.timeout_s:g} s (the daemon "
                                               "is busy or stopped); try again, or check that it runs") from None
-                    raise ConnectionError(f"pool {self.url} unreachable: {e}") from None
+                    kind, where = self._target
+                    hint = (f"no pool listens on the socket {where} (start one with `dra pool serve --state DIR`, "
+                            "whose socket is DIR/pool.sock, or give its --pool unix:PATH or http://HOST:PORT; "
+                            "DRA_POOL sets the default)" if kind == "unix" and isinstance(e, (FileNotFoundError,
+                                                                                              ConnectionRefusedError))
+                            else f"{e}; check that `dra pool serve` runs there")
+                    raise ConnectionError(f"pool {self.url} unreachable: {hint}") from None
                 time.sleep(0.2)
                 continue
             finally:
