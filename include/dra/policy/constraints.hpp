@@ -138,6 +138,13 @@ class constrained_policy {
     const int lo = std::max(limits_.min_size, 1);
     const int hi = std::max(lo, most);
     proposal p = inner_->propose(in, lo, hi);
+    // A size outside [lo, hi] is clamped (built-in policies rely on it), but a batch has no range
+    // to clamp to: an infinite one became batch_scale inf (a live world's batch collapsed to 1,
+    // and inf does not survive the decision's JSON), and NaN or a negative one passed for "keep".
+    if (!std::isfinite(p.global_batch) || p.global_batch < 0.0)
+      dra::detail::throw_invalid("global_batch", std::string("policy '") + inner_->name() + "' proposed " +
+                                                     detail::fmt("%g", p.global_batch) +
+                                                     "; propose a finite batch > 0, or 0 to keep the current one");
     int target = std::clamp(p.target_size, lo, hi);
     if (target > current) target = std::min(target, current + limits_.max_change);
     if (target < current) target = std::max(target, current - limits_.max_change);
