@@ -84,7 +84,9 @@ void dra::python::bind_policy(py::module_& m) {
         py::arg("base_batch"), "AdaScale learning-rate gain for global batch M.");
 
   py::class_<dra::policy::policy, std::shared_ptr<dra::policy::policy>>(
-      m, "Policy", "A resize policy (wrap it in ConstrainedPolicy to decide).")
+      m, "Policy",
+      "A resize policy (wrap it in ConstrainedPolicy to decide). Policies are C++: the classes are final, "
+      "since the engine would never call a Python override (docs/guide/policy.md, 'Your own policy').")
       .def_property_readonly("name", &dra::policy::policy::name);
   py::class_<goodput_config> gcfg(m, "GoodputConfig", "Settings of the goodput policy.");
   def_kwargs_init<goodput_config>(gcfg);
@@ -94,7 +96,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("max_per_rank_batch", &goodput_config::max_per_rank_batch)
       .def("validate", &goodput_config::validate);
   py::class_<goodput_policy, dra::policy::policy, std::shared_ptr<goodput_policy>>(
-      m, "GoodputPolicy", "Pollux-style: the size maximising throughput x statistical efficiency.")
+      m, "GoodputPolicy", py::is_final(), "Pollux-style: the size maximising throughput x statistical efficiency.")
       .def(py::init<goodput_config>(), py::arg_v("config", goodput_config{}, "GoodputConfig()"));
   py::class_<convergence_phase_config> ccfg(m, "ConvergencePhaseConfig", "Settings of the convergence-phase policy.");
   def_kwargs_init<convergence_phase_config>(ccfg);
@@ -103,7 +105,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("plateau_size", &convergence_phase_config::plateau_size)
       .def("validate", &convergence_phase_config::validate);
   py::class_<convergence_phase_policy, dra::policy::policy, std::shared_ptr<convergence_phase_policy>>(
-      m, "ConvergencePhasePolicy",
+      m, "ConvergencePhasePolicy", py::is_final(),
       "Grow while learning is fast and scaling efficient; release on plateau; hold otherwise.")
       .def(py::init<convergence_phase_config>(),
            py::arg_v("config", convergence_phase_config{}, "ConvergencePhaseConfig()"));
@@ -118,7 +120,7 @@ void dra::python::bind_policy(py::module_& m) {
       .def_readwrite("batch_candidates", &convergence_aware_config::batch_candidates)
       .def("validate", &convergence_aware_config::validate);
   py::class_<convergence_aware_policy, dra::policy::policy, std::shared_ptr<convergence_aware_policy>>(
-      m, "ConvergenceAwarePolicy", "Goodput over size and batch together, with a price per device.")
+      m, "ConvergenceAwarePolicy", py::is_final(), "Goodput over size and batch together, with a price per device.")
       .def(py::init<convergence_aware_config>(),
            py::arg_v("config", convergence_aware_config{}, "ConvergenceAwareConfig()"));
 

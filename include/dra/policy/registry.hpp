@@ -2,8 +2,8 @@
 // The one table of policies: a name maps to its settings section, where it can run (the live
 // engine, the simulator and how the simulator schedules it) and, for a per-job policy, its factory.
 // The engine (engine.hpp), the simulator (sim/config.hpp, sim/cluster.hpp), the bindings and
-// dra's options all read it, so an entry added here (or with policy_registry::add) is selectable
-// by name everywhere at once.
+// dra's options all read it, so an entry added here is selectable by name everywhere at once;
+// policy_registry::add reaches only the program that calls it (each Python module has its own table).
 #include <algorithm>
 #include <functional>
 #include <memory>

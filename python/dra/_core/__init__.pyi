@@ -584,7 +584,7 @@ class ThroughputModel(ThroughputPredictor):
         ...
 class Policy:
     """
-    A resize policy (wrap it in ConstrainedPolicy to decide).
+    A resize policy (wrap it in ConstrainedPolicy to decide). Policies are C++: the classes are final, since the engine would never call a Python override (docs/guide/policy.md, 'Your own policy').
     """
     @property
     def name(self) -> str:
