@@ -389,3 +389,17 @@ def test_a_store_address_that_cannot_listen_is_refused_at_once_naming_the_addres
     assert r.returncode == 2 and "192.0.2.1: not an address of this node" in r.stderr, r.stderr
     assert time.monotonic() - start < 20, "refused only after torch's listen retries"
     assert "no authentication" not in r.stderr, "warned about a store that never listened"
+
+
+def test_a_worker_whose_dra_init_fails_is_not_called_a_script_without_dra(tmp_path, token):
+    """An unknown policy name fails dra.init on every worker before any world starts: the launcher
+    said "the job does not use dra", which sent the user looking in the wrong place."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch, dra.elastic as de\nm = torch.nn.Linear(2, 2)\n"
+                      "de.init(m, torch.optim.SGD(m.parameters(), lr=0.1), policy='no_such_policy')\n")
+    r = subprocess.run(DRA + ["run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), str(script)],
+                       capture_output=True, text=True, timeout=120, env=_env(token))
+    assert r.returncode != 0
+    assert "does not use dra:" not in r.stderr, r.stderr
+    assert "its dra.init failed" in r.stderr and "job.0.log says why" in r.stderr, r.stderr
+    assert "no_such_policy" in (tmp_path / "logs" / "job.0.log").read_text()

@@ -355,7 +355,10 @@ class NodeLauncher:
                 self._capacity_t = 0.0
             return
         # Not a dra job: torchrun's behaviour, the whole group stops (and restarts while it may).
-        self._say(f"rank {w.rank} exited with {how}; the job does not use dra: stopping its other workers")
+        # No dra world started: a script without dra, or one whose dra.init failed (a bad option, an
+        # unknown policy), which its log names.
+        self._say(f"rank {w.rank} exited with {how} before any dra world started (the script does not use dra, or "
+                  f"its dra.init failed: {w.log} says why): stopping its other workers, as torchrun does")
         self._stop_group()
         if self.restarts_left > 0 and self.placement is not None and self.placement.group_world_size == 1:
             self.restarts_left -= 1
