@@ -106,3 +106,36 @@ def check_exactly_once(job: Job, dataset_size: int, epochs: int) -> None:
         seen = [i for (de, _), rec in sorted(latest.items()) if de == e for i in rec["batch"]]
         assert len(seen) == dataset_size, f"data epoch {e}: {len(seen)} samples consumed, expected {dataset_size}"
         assert sorted(seen) == list(range(dataset_size)), f"data epoch {e}: some sample skipped or repeated"
+
+
+def run_logged_script(tmp_path: Path, script: str, nproc: int, options: dict, cfg: dict,
+                      timeout: float) -> tuple[int, str, list[dict]]:
+    """Runs ``script`` under ``dra run`` with ``nproc`` workers, the job's options and CFG (JSON,
+    ``out`` = tmp_path) in its environment; returns the exit code (-1: timed out), the launcher's
+    output, and every record the workers wrote to tmp_path/log-*.jsonl. Every process it started is
+    killed at the end (an environment token marks them)."""
+    import uuid
+
+    from dra.testing import kill_tagged
+
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    token = uuid.uuid4().hex
+    env = dict(os.environ, DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               CFG=json.dumps(dict(cfg, out=str(tmp_path))))
+    for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+              "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_LAUNCHER"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "dra", "run", "--nproc", str(nproc), "--log-dir", str(tmp_path / "logs"),
+           "--options", json.dumps(options), str(path)]
+    try:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
+        code, out = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as e:
+        code, out = -1, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    finally:
+        kill_tagged("DRA_TEST_TOKEN", token)
+    records = [json.loads(line) for f in sorted(tmp_path.glob("log-*.jsonl"))
+               for line in f.read_text().splitlines() if line.strip()]
+    return code, out, records

@@ -7,17 +7,11 @@ Every process a test starts carries an environment token; the test kills exactly
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from dra.testing import kill_tagged
+from _elastic_harness import run_logged_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,27 +64,7 @@ log.close()
 
 
 def _run(tmp_path: Path, nproc: int, options: dict, cfg: dict, timeout: float = 90) -> tuple[int, str, list[dict]]:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    token = uuid.uuid4().hex
-    env = dict(os.environ, DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               CFG=json.dumps(dict(cfg, out=str(tmp_path))))
-    for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-              "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_LAUNCHER"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "dra", "run", "--nproc", str(nproc), "--log-dir", str(tmp_path / "logs"),
-           "--options", json.dumps(options), str(script)]
-    try:
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
-        code, out = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as e:
-        code, out = -1, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-    finally:
-        kill_tagged("DRA_TEST_TOKEN", token)
-    records = [json.loads(line) for f in sorted(tmp_path.glob("log-*.jsonl"))
-               for line in f.read_text().splitlines() if line.strip()]
-    return code, out, records
+    return run_logged_script(tmp_path, SCRIPT, nproc, options, cfg, timeout)
 
 
 def _trained(records: list[dict], epoch: int) -> Counter:
