@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dra.testing import tagged_processes
+from dra.testing import kill_tagged, tagged_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "elastic_workers"
@@ -89,11 +89,7 @@ class Procs:
         return tagged_processes("DRA_TEST_TOKEN", self.token)
 
     def close(self) -> None:
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged("DRA_TEST_TOKEN", self.token)
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()

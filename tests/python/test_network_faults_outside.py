@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.testing import tagged_processes
+from dra.testing import kill_tagged, tagged_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -86,11 +85,7 @@ class Hosts:
             time.sleep(0.05)
 
     def close(self) -> None:
-        for pid in tagged_processes("DRA_TEST_TOKEN", self.token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_tagged("DRA_TEST_TOKEN", self.token)
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
