@@ -27,8 +27,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from dra.rl.live.accounting import columns
 from dra.rl.live.config import LiveConfig
-from dra.rl.live.coordinator import LiveRL, columns
+from dra.rl.live.coordinator import LiveRL
 from dra.rl.plots import plot_rewards
 from dra_bench._report import result
 
