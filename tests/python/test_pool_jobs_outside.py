@@ -75,7 +75,8 @@ def test_one_users_queue_of_jobs_warms_only_a_few_launchers_and_all_of_them_run(
         time.sleep(0.5)
         # hold and q0 warm at once; once hold holds the device, the high-class job is next
         launched = [e["job"] for e in _events(state) if e["event"] == "launch"]
-        assert launched == ["hold", "q0", "urgent"], launched
+        # (the next one may follow once urgent's `true` ended: the order of the first three is the claim)
+        assert launched[:3] == ["hold", "q0", "urgent"], launched
         names = ["hold", "urgent"] + [f"q{i}" for i in range(4)]
         assert client.wait(names, timeout_s=45) == {n: "finished" for n in names}
     finally:
