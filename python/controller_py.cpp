@@ -238,6 +238,8 @@ void dra::python::bind_controller(py::module_& m) {
       .def_readonly("store_timeout_s", &controller_options::store_timeout_s)
       .def_readonly("chunk_mb", &controller_options::chunk_mb)
       .def_readonly("verify", &controller_options::verify)
+      .def_readonly("heal", &controller_options::heal,
+                    "After a fault, re-admit waiting processes up to the size the world had before it.")
       .def_readonly("capacity_poll_s", &controller_options::capacity_poll_s)
       .def_property_readonly("handoff",
                              [](const controller_options& o) { return o.deferred_handoff ? "deferred" : "full"; })

@@ -267,8 +267,12 @@ void controller::note_loss(double loss) {
 // ---- decisions (the leader publishes, every member reads) ----------------------------------------
 void controller::leader_decides() {
   const auto t0 = clock_type::now();
-  auto d = leader_->decide(
-      {step_index_, epoch_, members_, signature_, layout_, sampler_->global_batch(), samples_, world_loss_});
+  std::vector<int> flapping;
+  for (const auto& [uid, n] : fault_leaves_)
+    if (n >= 2) flapping.push_back(uid);
+  const int heal_size = heal_size_ > static_cast<int>(members_.size()) ? heal_size_ : 0;
+  auto d = leader_->decide({step_index_, epoch_, members_, signature_, layout_, sampler_->global_batch(), samples_,
+                            world_loss_, heal_size, std::move(flapping)});
   if (leader_->decided()) {
     status_.decided = true;
     status_.decision = leader_->last();

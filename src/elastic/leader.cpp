@@ -35,7 +35,28 @@ std::optional<published_decision> leader::decide(const world_view& view) {
     if (limit_ && limit_->max_size > 0) most = std::min(most, limit_->max_size);
     const bool above = limit_ && most < current;
     const bool below = limit_ && limit_->min_size > current && cands > 0;
-    if (!above && !below && !scheduled && !engine_.decision_due(view.step)) return std::nullopt;
+    // Healing: waiting processes other than flapping ones, up to the size before the fault(s).
+    std::vector<int> healers;
+    int heal_to = 0;
+    const auto plan_heal = [&] {
+      healers.clear();
+      if (!options_.heal || view.heal_size <= current) return;
+      for (int uid : candidates_)
+        if (std::find(view.flapping.begin(), view.flapping.end(), uid) == view.flapping.end()) healers.push_back(uid);
+      heal_to = std::min(view.heal_size, current + static_cast<int>(healers.size()));
+      if (limit_ && limit_->max_size > 0) heal_to = std::min(heal_to, limit_->max_size);
+      const auto& own = engine_.config().limits;
+      heal_to = std::min(heal_to, own.max_size);
+      if (!own.allowed_sizes.empty()) {  // the largest size the job allows on the way back
+        int allowed = 0;
+        for (int s : own.allowed_sizes)
+          if (s <= heal_to && s > allowed) allowed = s;
+        heal_to = allowed;
+      }
+    };
+    plan_heal();
+    const bool heal = !above && !healers.empty() && heal_to > current;
+    if (!above && !below && !scheduled && !heal && !engine_.decision_due(view.step)) return std::nullopt;
     auto& w = engine_.world();
     w.size = current;
     w.active = view.members;
@@ -56,6 +77,14 @@ std::optional<published_decision> leader::decide(const world_view& view) {
       d = policy::plan_resize(
           w, target, 1.0, 1.0,
           "schedule: size " + std::to_string(target) + " at step " + std::to_string(scheduled_->step));
+    } else if (heal) {
+      look_outside(view, true);  // candidates up to a second old: admit from a fresh list
+      plan_heal();
+      w.candidates = healers;
+      d = policy::plan_resize(w, std::max(heal_to, current), 1.0, 1.0,
+                              "heal: back to " + std::to_string(heal_to) + " of the " + std::to_string(view.heal_size) +
+                                  " processes the world had before a fault");
+      w.candidates = candidates_;
     } else {
       d = engine_.decide();
       if (d.kind == policy::action::grow) {

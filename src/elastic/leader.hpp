@@ -28,6 +28,10 @@ struct world_view {
   std::int64_t global_batch = 1;
   std::int64_t samples = 0;  ///< samples committed since the process started
   double loss = 0.0;
+  /// options.heal: the size faults shrank the world from (0: none), and the processes they took
+  /// out twice or more (not re-admitted by healing).
+  int heal_size = 0;
+  std::vector<int> flapping = {};
 };
 
 class leader {

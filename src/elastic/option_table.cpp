@@ -189,6 +189,7 @@ const std::map<std::string, option_entry>& option_table() {
        {"a number", false, [](controller_options& o, const json& v) { o.chunk_mb = as_float(v, "chunk_mb"); }}},
       {"verify",
        {"True or False", false, [](controller_options& o, const json& v) { o.verify = as_bool(v, "verify"); }}},
+      {"heal", {"True or False", false, [](controller_options& o, const json& v) { o.heal = as_bool(v, "heal"); }}},
       {"handoff",
        {"a string", false,
         [](controller_options& o, const json& v) {

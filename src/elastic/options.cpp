@@ -332,6 +332,7 @@ nlohmann::json config_fingerprint(const controller_options& o, const elastic_sam
       {"resize_schedule", schedule},
       {"verify", o.verify},
       {"handoff", o.deferred_handoff ? "deferred" : "full"},
+      {"heal", o.heal},
       {"fault_timeout_s", o.fault_timeout_s},
       {"backend", o.backend},
       {"compress", o.compress},

@@ -217,6 +217,13 @@ void controller::enter_world(const world_change& change) {
   log_->status.restart();
   engine_.resized(comm_->size(), static_cast<double>(sampler_->global_batch()));
   engine_.world().active = members_;
+  if (change.cause == change_cause::fault) {
+    // A fault is no decision: the size before it stays the one to heal back to (options.heal).
+    heal_size_ = std::max(heal_size_, change.before);
+    for (int u : change.left) ++fault_leaves_[u];
+  } else {
+    heal_size_ = comm_->size();
+  }
   if (change.cause != change_cause::start) ++resizes_;
   if (change.cause == change_cause::admit || comm_->rank() != 0) return;
   detail::world_event ev;

@@ -74,7 +74,7 @@ ctl = de.init(
     resize_schedule={int(k): v for k, v in cfg.get("schedule", {}).items()},
     fault_timeout_s=cfg.get("fault_timeout_s", 2.0), verify=True, chunk_mb=cfg.get("chunk_mb", 16.0),
     backend=cfg.get("backend", "gloo"), compress=cfg.get("compress"), sparsity=cfg.get("sparsity"),
-    status_every=cfg.get("status_every"),
+    status_every=cfg.get("status_every"), heal=cfg.get("heal", True),
     events_path=os.path.join(out, "events.jsonl"),
 )
 log = open(os.path.join(out, f"log-{ctl.uid}.jsonl"), "a")

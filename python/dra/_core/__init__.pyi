@@ -949,6 +949,11 @@ class Options:
     def handoff(self) -> str:
         ...
     @property
+    def heal(self) -> bool:
+        """
+        After a fault, re-admit waiting processes up to the size the world had before it.
+        """
+    @property
     def max_resize_retries(self) -> int:
         ...
     @property

@@ -114,6 +114,11 @@ struct controller_options {
   /// tensors (the optimizer's) arrive while the joiner computes its first forward and backward,
   /// loaded before its first optimizer step (complete_handoff()).
   bool deferred_handoff = false;
+  /// After a fault shrank the world, admit waiting processes again, up to the size the world had
+  /// before it (a process left out while stalled or cut off comes back as a standby), whatever
+  /// the policy. A process that faults took out twice is not re-admitted this way (a flapping
+  /// host); the policy, a schedule or a pool may still admit it. False: only they grow the world.
+  bool heal = true;
   std::string events_path;        ///< JSON lines, written by the leader ("" = none)
   std::int64_t status_every = 0;  ///< a status line on rank 0 every N steps (0 = never)
   int max_resize_retries = 3;
@@ -498,6 +503,9 @@ class controller {
   bool registered_ = false;           ///< registered as a candidate (release_mode::to_caller, try_join)
   std::vector<int> members_;          ///< the world being entered or running
   std::vector<int> running_members_;  ///< the world that last completed its entry
+  /// The size the world had before faults shrank it (options.heal): set by every other change.
+  int heal_size_ = 0;
+  std::map<int, int> fault_leaves_;  ///< per process: how many faults took it out of the world
   std::int64_t epoch_ = -1;
   std::int64_t step_index_ = 0;
   std::int64_t resizes_ = 0;

@@ -1,0 +1,93 @@
+"""A fault is not a decision: a live process the world left out while it was stalled comes back.
+
+Real processes on loopback (a c10d store process, Gloo worlds): a member is SIGSTOPped for longer
+than fault_timeout_s, the others shrink without it, and it is SIGCONTed. With `heal` (the
+default) the leader re-admits it through an ordinary grow, back to the size before the fault;
+a second stall of the same process is not healed (a flapping host); `heal=False` leaves the world
+at the size the fault left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from _elastic_harness import Job, check_exactly_once
+
+N, EPOCHS = 960, 2  # 60 steps per epoch of a global batch of 16
+pytestmark = pytest.mark.timeout(300)
+
+
+def _committed(job: Job) -> int:
+    steps = [r["step"] for r in job.records("commit")]
+    return max(steps) + 1 if steps else 0
+
+
+def _wait_step(job: Job, step: int, deadline_s: float = 120.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while _committed(job) < step:
+        assert time.monotonic() < deadline, f"the job never reached step {step}"
+        assert all(p.poll() is None for p in job.procs.values()), [job.output(n)[-2000:] for n in job.procs]
+        time.sleep(0.05)
+
+
+def _stall(job: Job, name: str, seconds: float) -> None:
+    pid = job.procs[name].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _changes(job: Job) -> list[tuple]:
+    return [(e["event"], e["before"], e["after"], e["left"], e["joined"]) for e in job.events() if e["event"] != "start"]
+
+
+def _job(tmp_path, **cfg) -> Job:
+    # step_sleep_s: steps long enough that the world is still training when the stalled process
+    # wakes, finds it was left out and registers (a few seconds).
+    return Job(tmp_path, 3, start_size=3, epochs=EPOCHS, dataset_size=N, fault_timeout_s=1.5, step_sleep_s=0.06,
+               **cfg)
+
+
+def test_a_stalled_member_left_out_is_healed_back_once_and_a_second_stall_is_not(tmp_path):
+    job = _job(tmp_path)
+    job.start_all()
+    try:
+        _wait_step(job, 8)
+        _stall(job, "r2", 4.0)  # past fault_timeout_s: the others take it for dead
+        _wait_step(job, _committed(job) + 1)
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "resize" for e in job.events()):
+            assert time.monotonic() < deadline, ("never healed", _changes(job), job.output("r2")[-2000:])
+            time.sleep(0.1)
+        _wait_step(job, _committed(job) + 3)
+        _stall(job, "r2", 4.0)  # the same process again: a flapping host
+    finally:
+        codes = job.wait(240)
+    assert codes == {"r0": 0, "r1": 0, "r2": 0}, [job.output(n)[-2000:] for n in codes]
+    changes = _changes(job)
+    assert changes == [("fault", 3, 2, [2], []), ("resize", 2, 3, [], [2]), ("fault", 3, 2, [2], [])], changes
+    heal = next(e for e in job.events() if e["event"] == "resize")
+    assert heal["reason"].startswith("heal: back to 3 of the 3 processes"), heal["reason"]
+    assert all(e["params_identical"] is True for e in job.events() if e["event"] != "start")
+    assert "arrived late" in job.output("r2"), job.output("r2")[-2000:]
+    check_exactly_once(job, N, EPOCHS)
+    finals = {r["uid"]: r for r in job.records("final")}
+    assert finals[0]["digest"] == finals[1]["digest"] and finals[0]["step"] == finals[1]["step"]
+
+
+def test_heal_false_leaves_the_world_at_the_size_the_fault_left(tmp_path):
+    job = _job(tmp_path, heal=False)
+    job.start_all()
+    try:
+        _wait_step(job, 8)
+        _stall(job, "r2", 4.0)
+    finally:
+        codes = job.wait(240)
+    assert codes == {"r0": 0, "r1": 0, "r2": 0}, [job.output(n)[-2000:] for n in codes]
+    assert _changes(job) == [("fault", 3, 2, [2], [])], _changes(job)
+    check_exactly_once(job, N, EPOCHS)
