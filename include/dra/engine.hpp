@@ -163,7 +163,7 @@ class resize_engine {
     unlimited.available = limits.max_size;
     const policy::decision_inputs in{estimator_.signals(), world_, unlimited, config_.costs, throughput_};
     const int lo = std::max(limits.min_size, 1);
-    return std::clamp(policy_.inner().propose(in, lo, std::max(lo, limits.max_size)).target_size, lo,
+    return std::clamp(policy::propose_named(policy_.inner(), in, lo, std::max(lo, limits.max_size)).target_size, lo,
                       std::max(lo, limits.max_size));
   }
 

@@ -30,21 +30,33 @@ class fixed_policy final : public policy {
   double batch_;
 };
 
-decision decide_with(int size, double batch) {
-  constraints limits;
-  limits.min_size = 1;
-  limits.max_size = 4;
-  limits.max_change = 8;
-  constrained_policy p(std::make_shared<fixed_policy>(size, batch), limits);
+/// Throws from propose, as a policy with a bug in it would.
+template <class E>
+class throwing_policy final : public policy {
+ public:
+  const char* name() const noexcept override { return "my_throwing"; }
+  proposal propose(const decision_inputs&, int, int) const override { throw E("my model has no data yet"); }
+};
+
+world_state two_of_six() {
   world_state w;
   w.size = 2;
   w.active = {0, 1};
   w.candidates = {2, 3, 4, 5};
   w.global_batch = w.base_batch = 64.0;
   w.steps_since_resize = 100;
+  return w;
+}
+
+decision decide_with(int size, double batch) {
+  constraints limits;
+  limits.min_size = 1;
+  limits.max_size = 4;
+  limits.max_change = 8;
+  constrained_policy p(std::make_shared<fixed_policy>(size, batch), limits);
   throughput_model model;
   model.observe(2, 32.0, 0.1, 0.01);
-  return p.decide({}, w, capacity{6}, cost_model{0.0, 500.0}, model);
+  return p.decide({}, two_of_six(), capacity{6}, cost_model{0.0, 500.0}, model);
 }
 
 }  // namespace
@@ -75,6 +87,45 @@ TEST_CASE("outside.a_batch_that_is_not_a_batch_is_refused_naming_the_policy") {
   }
   CHECK(decide_with(2, 0.0).batch_scale == 1.0);  // 0 keeps the batch
   CHECK(decide_with(2, 128.0).batch_scale == 2.0);
+}
+
+TEST_CASE("outside.an_exception_from_propose_names_the_policy_and_keeps_its_kind") {
+  const auto check = [](const std::string& msg) {
+    CHECK(msg.find("policy 'my_throwing' failed to propose a size (sizes 1..4)") != std::string::npos);
+    CHECK(msg.find("my model has no data yet") != std::string::npos);
+  };
+  constraints limits;
+  limits.max_size = 4;
+  throughput_model model;
+  model.observe(2, 32.0, 0.1, 0.01);
+  try {
+    constrained_policy(std::make_shared<throwing_policy<std::runtime_error>>(), limits)
+        .decide({}, two_of_six(), capacity{6}, cost_model{0.0, 500.0}, model);
+    FAIL("expected an error");
+  } catch (const std::runtime_error& e) {
+    check(e.what());
+  }
+  try {
+    constrained_policy(std::make_shared<throwing_policy<std::invalid_argument>>(), limits)
+        .decide({}, two_of_six(), capacity{6}, cost_model{0.0, 500.0}, model);
+    FAIL("expected an error");
+  } catch (const std::invalid_argument& e) {
+    check(e.what());
+  }
+  // The engine's desired_size (what a job asks a pool for) names it too.
+  policy_registry::add({"outside_throwing", "", true, sim_scheduler::per_job, true, "throws",
+                        [](const policy_sections&) { return std::make_shared<throwing_policy<std::logic_error>>(); }});
+  dra::engine_config c;
+  c.policy = "outside_throwing";
+  c.limits.max_size = 4;
+  dra::resize_engine eng(c);
+  try {
+    (void)eng.desired_size();
+    FAIL("expected an error");
+  } catch (const std::runtime_error& e) {
+    check(e.what());
+  }
+  policy_registry::remove("outside_throwing");
 }
 
 TEST_CASE("outside.a_registered_policy_runs_in_the_engine_by_name") {

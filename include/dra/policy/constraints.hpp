@@ -78,6 +78,23 @@ inline std::vector<int> active_ids(const world_state& world) {
 /// changes the policy does not choose (a resize schedule, a pool lowering the job's limit). A grow with fewer
 /// candidates than asked admits those there are; a world without named candidates (the simulator, a pool that starts
 /// workers later) keeps the target alone.
+/// `p.propose(in, lo, hi)`, with an exception from it named: its message starts with the policy's
+/// name (std::invalid_argument stays one, anything else becomes std::runtime_error), so that a
+/// failing policy is found from the engine's, the simulator's or the pool's error alone.
+inline proposal propose_named(const policy& p, const decision_inputs& in, int lo, int hi) {
+  const auto named = [&](const char* what) {
+    return std::string("policy '") + p.name() + "' failed to propose a size (sizes " + std::to_string(lo) + ".." +
+           std::to_string(hi) + "): " + what;
+  };
+  try {
+    return p.propose(in, lo, hi);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(named(e.what()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(named(e.what()));
+  }
+}
+
 inline decision plan_resize(const world_state& world, int target, double batch_scale, double lr_scale,
                             std::string reason, const std::vector<int>& prefer_leave = {}) {
   if (target < 1) dra::detail::throw_invalid("target", "must be >= 1, got " + std::to_string(target));
@@ -137,7 +154,7 @@ class constrained_policy {
 
     const int lo = std::max(limits_.min_size, 1);
     const int hi = std::max(lo, most);
-    proposal p = inner_->propose(in, lo, hi);
+    proposal p = propose_named(*inner_, in, lo, hi);
     // A size outside [lo, hi] is clamped (built-in policies rely on it), but a batch has no range
     // to clamp to: an infinite one became batch_scale inf (a live world's batch collapsed to 1,
     // and inf does not survive the decision's JSON), and NaN or a negative one passed for "keep".
