@@ -341,8 +341,14 @@ std::unique_ptr<communicator> gloo_backend::rebuild(std::unique_ptr<communicator
   }
 }
 
+namespace detail {
+// src/comm/registry.cpp: registers a built-in without replacing a backend the user registered
+// under its name.
+void register_builtin_backend(const std::string& name, backend_factory factory);
+}  // namespace detail
+
 void register_gloo_backend() {
-  register_backend("gloo", [](const backend_config& config) {
+  detail::register_builtin_backend("gloo", [](const backend_config& config) {
     gloo_backend_options o;
     o.hostname = config.address;
     o.key_prefix = config.key_prefix;

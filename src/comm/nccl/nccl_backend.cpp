@@ -326,8 +326,14 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
   }
 }
 
+namespace detail {
+// src/comm/registry.cpp: registers a built-in without replacing a backend the user registered
+// under its name.
+void register_builtin_backend(const std::string& name, backend_factory factory);
+}  // namespace detail
+
 void register_nccl_backend() {
-  register_backend("nccl", [](const backend_config& config) {
+  detail::register_builtin_backend("nccl", [](const backend_config& config) {
     nccl_backend_options o;
     o.key_prefix = config.key_prefix + "/nccl";
     auto api = load_nccl_api();

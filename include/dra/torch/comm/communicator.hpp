@@ -124,19 +124,29 @@ struct backend_config {
 
 using backend_factory = std::function<std::shared_ptr<backend>(const backend_config&)>;
 
-/// Registers a backend under `name` (replacing one of that name). Built-in backends ("gloo", and
-/// "nccl" when compiled in) are registered before the first lookup.
+/// Registers a backend under `name`, replacing one of that name: the latest registration wins,
+/// over a built-in ("gloo", and "nccl" when compiled in) too, whether or not anything looked a
+/// backend up before. A name is letters, digits, '_', '-' and '.', starting with a letter or digit.
+/// Registrations belong to this program's copy of dra (an installed Python dra has its own).
+/// Throws std::invalid_argument for an empty or odd name and for an empty factory.
 void register_backend(const std::string& name, backend_factory factory);
-/// The backend registered as `name`. Throws std::invalid_argument listing the known names.
+/// A new backend from the factory registered as `name` (the controller makes one per controller,
+/// with its backend_address). Throws std::invalid_argument listing the known names for an unknown
+/// one, or naming the factory when it returns null; what the factory throws comes out as the same
+/// kind of error (anything else as dra::comm_error), naming the backend.
 std::shared_ptr<backend> make_backend(const std::string& name, const backend_config& config = {});
 /// Names of the registered backends, sorted.
 std::vector<std::string> backend_names();
 
 inline void communicator::send(const at::Tensor&, const std::vector<int>&, int) {
-  throw dra::comm_error("this backend has no point-to-point send; the state handoff needs one");
+  throw dra::comm_error(
+      "this backend has no point-to-point send; the state handoff needs one: override communicator::send and "
+      "recv, or return null from backend::make_transfer, so that an elastic world refuses the backend at start");
 }
 inline void communicator::recv(at::Tensor&, int, int) {
-  throw dra::comm_error("this backend has no point-to-point recv; the state handoff needs one");
+  throw dra::comm_error(
+      "this backend has no point-to-point recv; the state handoff needs one: override communicator::send and "
+      "recv, or return null from backend::make_transfer, so that an elastic world refuses the backend at start");
 }
 inline void communicator::send_batch(const std::vector<at::Tensor>& tensors, const std::vector<int>& dsts,
                                      int first_tag) {
