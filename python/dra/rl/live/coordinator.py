@@ -34,6 +34,7 @@ import dra.rl as rl
 from dra._core.elastic import JobControl
 from dra.pool import _cgroup as cg
 from dra.pool._state import exclusive_lock, release_lock
+from dra.rl.live import channel
 from dra.rl.live.accounting import finish_run, switch_cost
 from dra.rl.live.config import LiveConfig, task_lengths
 from dra.rl.live.pretrain import pretrain
@@ -107,7 +108,8 @@ class LiveRL:
             self.slot_manager = cg.Slots(self.job, cg.plan_slots(c.slots, cpus=c.cpus_per_slot, memory_gb=None))
         # The workers connect to a Unix socket in a directory only this user can enter (another
         # user's connect is refused by the kernel, so none can stall the accepts or reach the
-        # pickled messages), and each shows the key it was given (its environment is its own).
+        # messages), and each shows the key it was given (its environment is its own). What a
+        # worker says is still input: JSON, checked, never unpickled (dra.rl.live.channel).
         auth = secrets.token_bytes(16)
         sock_dir = tempfile.mkdtemp(prefix="dra-rl-")  # 0700
         listener = Listener(os.path.join(sock_dir, "coordinator.sock"), "AF_UNIX", authkey=auth)
@@ -146,25 +148,37 @@ class LiveRL:
             listener.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
         for conn in accepted:
-            hello = conn.recv()
+            if not conn.poll(c.timeout_s):
+                raise self._failure(None, f"a worker connected but said nothing within {c.timeout_s:g} s")
+            try:
+                hello = channel.recv_reply(conn, "hello")
+            except (EOFError, OSError):
+                raise self._failure(None, "a worker died before it said which slot it is") from None
+            except channel.ChannelError as e:
+                raise self._failure(None, f"a worker's first message: {e}") from None
+            if not 0 <= hello["hello"] < c.slots or hello["hello"] in self.conns:
+                raise self._failure(None, f"a worker's first message names slot {hello['hello']}, not a free one of 0..{c.slots - 1}")
             self.conns[hello["hello"]] = conn
-        init = {"model": asdict(c.model), "store_host": "127.0.0.1", "store_port": self.store.port, "slots": c.slots, "job": self.job,
+        init = {"cmd": "init", "model": asdict(c.model), "store_host": "127.0.0.1", "store_port": self.store.port, "slots": c.slots, "job": self.job,
                 "lr": c.lr, "clip": c.clip, "max_grad_norm": c.max_grad_norm, "seed": c.seed, "rollout_slots": c.rollout_slots,
                 "timeout_s": c.timeout_s}
         for conn in self.conns.values():
-            conn.send(init)
-        self.weights_group_s = max(self._recv(s)["weights_group_s"] for s in self.conns)
+            channel.send(conn, init)
+        self.weights_group_s = max(self._recv(s, "ready")["weights_group_s"] for s in self.conns)
         self.log(f"{c.slots} slots ready ({f'cgroups: {c.cpus_per_slot:.2f} CPU each' if self.slot_manager else 'no cgroups'}; "
                  f"weights group built once in {self.weights_group_s:.3f} s)")
 
-    def _recv(self, slot: int) -> dict[str, Any]:
+    def _recv(self, slot: int, *expected: str) -> dict[str, Any]:
+        """Slot `slot`'s next reply (of a kind in `expected`, any when none), checked."""
         conn = self.conns[slot]
         if not conn.poll(self.config.timeout_s):
             raise self._failure(slot, f"slot {slot}: no answer within {self.config.timeout_s:g} s")
         try:
-            return conn.recv()
+            return channel.recv_reply(conn, *expected)
         except (EOFError, OSError):
             raise self._failure(slot, f"slot {slot}: worker died") from None
+        except channel.ChannelError as e:
+            raise self._failure(slot, f"slot {slot}: {e}") from None
 
     def _failure(self, slot: int | None, what: str) -> WorkerError:
         return worker_failure(self.procs, slot, what, self.out)
@@ -174,7 +188,7 @@ class LiveRL:
         start weights, the staged versions and the out directory's lock. Safe to call twice."""
         for conn in self.conns.values():
             try:
-                conn.send({"cmd": "stop"})
+                channel.send(conn, {"cmd": "stop"})
             except OSError:
                 pass
         for i, p in enumerate(self.procs):
@@ -279,9 +293,9 @@ class LiveRL:
                            "handoff": c.handoff, "fault_timeout_s": max(30.0, c.timeout_s / 4), "store_timeout_s": c.timeout_s,
                            "events_path": str(events_path)}}
         for slot, conn in self.conns.items():
-            conn.send({"cmd": "reset", "weights": str(self.weights), "run": f"{self._runs}-{name}", "uid": self._uid[slot], "job": job})
+            channel.send(conn, {"cmd": "reset", "weights": str(self.weights), "run": f"{self._runs}-{name}", "uid": self._uid[slot], "job": job})
         for slot in self.conns:
-            ack = self._recv(slot)
+            ack = self._recv(slot, "reset")
             if ack["role"] != ("train" if slot in trainers else "rollout"):
                 raise WorkerError(f"slot {slot}: started as {ack['role']} in run {name}")
         policy = None
@@ -314,8 +328,7 @@ class LiveRL:
                         if key in ledger:
                             raise AssertionError(f"ledger: sequence {key} queued twice")
                         ledger[key] = "queued"
-                        queue.append({"prompt": {"pid": prompt.pid, "symbol": prompt.symbol, "target": prompt.target, "tokens": prompt.tokens},
-                                      "sample": j})
+                        queue.append({"prompt": channel.prompt_fields(prompt), "sample": j})
             shard = self._batch(batches.pop(train_batch), train_batch, version) if train_batch is not None else None
             phase = self._phase(p, rollout_slots, trainers, queue, shard, version, ledger, batches, gen_batch)
             if pending_switch is not None:
@@ -330,8 +343,8 @@ class LiveRL:
             if phase["trained_sequences"]:
                 t0 = time.perf_counter()
                 for conn in self.conns.values():
-                    conn.send({"cmd": "sync", "source": trainers[0], "version": version + 1, "digest": p == phases - 1})
-                acks = [self._recv(s) for s in self.conns]
+                    channel.send(conn, {"cmd": "sync", "source": trainers[0], "version": version + 1, "digest": p == phases - 1})
+                acks = [self._recv(s, "synced") for s in self.conns]
                 phase["weight_sync_s"] = time.perf_counter() - t0
                 version += 1
                 if p == phases - 1:
@@ -373,9 +386,9 @@ class LiveRL:
                     rollout_slots = rollout_slots[:-moved]
                     trainers = trainers + slots_moved
                     for s in slots_moved:  # candidates first, so that the leader sees them at the boundary
-                        self.conns[s].send({"cmd": "register"})
+                        channel.send(self.conns[s], {"cmd": "register"})
                     for s in slots_moved:
-                        self._recv(s)
+                        self._recv(s, "registered")
                     self._capacity(len(trainers), leave=[])
                 agree_s += time.perf_counter() - t0
                 since_switch = 0
@@ -386,8 +399,8 @@ class LiveRL:
                          f"(rollout {phase['rollout_s']:.2f}, train {phase['train_s']:.2f}) reward {phase.get('mean_reward', float('nan')):.3f}"
                          + (f" -> {pending_switch['direction']}" if pending_switch else ""))
         for conn in self.conns.values():
-            conn.send({"cmd": "end"})
-        ends = {s: self._recv(s) for s in self.conns}
+            channel.send(conn, {"cmd": "end"})
+        ends = {s: self._recv(s, "ended") for s in self.conns}
         committed = {ends[s]["step_index"] for s in trainers}
         cursors = {ends[s]["cursor"] for s in trainers}
         # Exactly once through the controller: every training step committed once, the sampler at the
@@ -446,9 +459,8 @@ class LiveRL:
                     ledger[g["prompt"]["pid"] * 64 + g["sample"]] = "generating"
                     first[s].append(g)
         for s in rollout_slots:
-            self.conns[s].send({"cmd": "phase", "role": "rollout", "version": gen_version, "seqs": first[s], "more": bool(queue)})
-        for s in trainers:
-            self.conns[s].send({"cmd": "phase", "role": "train", "shard": shard, "digest": self._digests})
+            channel.send(self.conns[s], {"cmd": "phase", "role": "rollout", "version": gen_version, "seqs": first[s], "more": bool(queue)})
+        channel.send_all([self.conns[s] for s in trainers], {"cmd": "phase", "role": "train", "shard": shard, "digest": self._digests})
         generated: list[dict[str, Any]] = []
         rollout_stats: dict[int, dict[str, Any]] = {}
         train_stats: dict[int, dict[str, Any]] = {}
@@ -464,9 +476,11 @@ class LiveRL:
             for conn in ready:
                 slot = by_conn[id(conn)]
                 try:
-                    msg = conn.recv()
+                    msg = channel.recv_reply(conn, "gen", "rollout_done", "train_done")
                 except (EOFError, OSError):
                     raise self._failure(slot, f"slot {slot}: worker died in phase {p}") from None
+                except channel.ChannelError as e:
+                    raise self._failure(slot, f"slot {slot}: {e} (phase {p})") from None
                 now = time.perf_counter()
                 if "gen" in msg:
                     for t in msg["finished"]:
@@ -479,7 +493,7 @@ class LiveRL:
                         give = [queue.popleft() for _ in range(min(msg["want"], len(queue)))]
                         for g in give:
                             ledger[g["prompt"]["pid"] * 64 + g["sample"]] = "generating"
-                        conn.send({"seqs": give, "more": bool(queue)})
+                        channel.send(conn, {"cmd": "seqs", "seqs": give, "more": bool(queue)})
                 elif "rollout_done" in msg:
                     rollout_stats[slot] = msg["rollout_done"]
                     waiting.remove(conn)

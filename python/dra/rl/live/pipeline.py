@@ -27,6 +27,7 @@ from typing import Any
 
 import dra.rl as rl
 from dra._core.elastic import JobControl
+from dra.rl.live import channel
 from dra.rl.live.task import MAX_ANSWER
 
 # `live` below is a dra.rl.live.coordinator.LiveRL (not imported: the coordinator imports this
@@ -107,9 +108,9 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
                        "handoff": c.handoff, "fault_timeout_s": max(30.0, c.timeout_s / 4), "store_timeout_s": c.timeout_s,
                        "events_path": str(events_path)}}
     for slot, conn in live.conns.items():
-        conn.send({"cmd": "reset", "weights": str(live.weights), "run": run_id, "uid": live._uid[slot], "job": job})
+        channel.send(conn, {"cmd": "reset", "weights": str(live.weights), "run": run_id, "uid": live._uid[slot], "job": job})
     for slot in live.conns:
-        ack = live._recv(slot)
+        ack = live._recv(slot, "reset")
         if ack["role"] != ("train" if slot in trainers else "rollout"):
             raise RuntimeError(f"slot {slot}: started as {ack['role']} in run {name}")
     stage = live.out / "stage" / run_id
@@ -176,8 +177,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
                     ledger[key] = "queued"
                     seq_id[key] = b * n + i
                     prompt_tokens.append(float(len(prompt.tokens)))
-                    bt.assigned[to[i % len(to)]].append({"prompt": {"pid": prompt.pid, "symbol": prompt.symbol, "target": prompt.target,
-                                                                    "tokens": prompt.tokens}, "sample": j, "batch": b})
+                    bt.assigned[to[i % len(to)]].append({"prompt": channel.prompt_fields(prompt), "sample": j, "batch": b})
                     i += 1
             bt.open, bt.queued, bt.remaining, bt.opened_t = True, n, n, now()
             bt.rollout_at_open = sum(r == "rollout" for r in roles.values())
@@ -229,7 +229,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             return False
         session[slot] = v
         version_of[slot] = v
-        live.conns[slot].send({"cmd": "phase", "role": "rollout", "version": v, "seqs": first, "more": pullable(v) is not None,
+        channel.send(live.conns[slot], {"cmd": "phase", "role": "rollout", "version": v, "seqs": first, "more": pullable(v) is not None,
                                "load": load, "progress": dynamic})
         return True
 
@@ -347,8 +347,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
         # leavers alone would wait for the others forever (they get their next update only after).
         targets = trainers + leave
         for s in targets:
-            live.conns[s].send({"cmd": "boundary"})
-        replies = {s: live._recv(s) for s in targets}
+            channel.send(live.conns[s], {"cmd": "boundary"})
+        replies = {s: live._recv(s, "boundary") for s in targets}
         for s in leave:
             if not replies[s]["released"]:
                 raise RuntimeError(f"slot {s}: the trainers' world kept it (boundary {replies[s]})")
@@ -368,9 +368,9 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
         nonlocal fired, pending_switch
         t_agree = time.perf_counter()
         for s in join:
-            live.conns[s].send({"cmd": "register"})
+            channel.send(live.conns[s], {"cmd": "register"})
         for s in join:
-            live._recv(s)
+            live._recv(s, "registered")
         live._capacity(len(trainers) + len(join), leave=[])
         pending_join.extend(join)
         for s in join:
@@ -392,8 +392,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
         mini = ordered[update * mb:(update + 1) * mb]
         shard = {"trajectories": mini, "global_tokens": sum(len(t["tokens"]) for t in mini), "step": step * m + update}
         publish = str(stage / f"v{step + 1}.bin") if update == m - 1 else None
-        for s in update_members:
-            live.conns[s].send({"cmd": "phase", "role": "train", "shard": shard, "digest": False, "publish": publish})
+        channel.send_all([live.conns[s] for s in update_members],
+                         {"cmd": "phase", "role": "train", "shard": shard, "digest": False, "publish": publish})
         training = True
         fired = False
 
@@ -500,9 +500,11 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
         for conn in ready:
             slot = by_conn[id(conn)]
             try:
-                msg = conn.recv()
+                msg = channel.recv_reply(conn, "gen", "rollout_done", "train_done")
             except (EOFError, OSError):
                 raise live._failure(slot, f"slot {slot}: worker died in {name} (step {step}, update {update})") from None
+            except channel.ChannelError as e:
+                raise live._failure(slot, f"slot {slot}: {e} ({name}, step {step}, update {update})") from None
             if "gen" in msg:
                 reported[slot] = now()
                 if msg.get("progress"):
@@ -533,7 +535,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
                 if msg["want"] > 0:
                     v = session[slot]
                     more = give(slot, v, msg["want"])
-                    conn.send({"seqs": more, "more": pullable(v) is not None})
+                    channel.send(conn, {"cmd": "seqs", "seqs": more, "more": pullable(v) is not None})
                 if decided and not training and update == 0:
                     decide(m)
                 try_start_step()
@@ -555,8 +557,8 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             else:
                 raise RuntimeError(f"slot {slot}: unexpected message {sorted(msg)}")
     for conn in live.conns.values():
-        conn.send({"cmd": "end"})
-    ends = {s: live._recv(s) for s in live.conns}
+        channel.send(conn, {"cmd": "end"})
+    ends = {s: live._recv(s, "ended") for s in live.conns}
     committed = {ends[s]["step_index"] for s in trainers}
     cursors = {ends[s]["cursor"] for s in trainers}
     record["controller"] = {"committed_steps": sorted(committed), "sampler_cursor": sorted(cursors), "resizes": ends[trainers[0]]["resizes"],

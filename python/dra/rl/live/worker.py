@@ -8,8 +8,9 @@ same process, and a rollout worker that becomes a trainer joins with ``ctl.try_j
 sent only what it lacks (no weights, the optimizer state during its first step). Which
 trajectories a trainer trains on comes from the controller's sampler, so each is trained exactly
 once whatever the world did; every generation carries its policy version (docs/design/rl.md).
-Control messages come from the coordinator over a ``multiprocessing.connection`` (pickled dicts) on a Unix
-socket in a directory only the coordinator's user can enter, after the key the coordinator gave it."""
+Control messages come from the coordinator over a ``multiprocessing.connection`` on a Unix socket in a
+directory only the coordinator's user can enter, after the key the coordinator gave it: JSON, checked
+on receipt against the loop's message schemas, never unpickled (``dra.rl.live.channel``)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dra.rl.live import channel
 from dra.rl.live.model import ModelConfig, PolicyModel, RolloutEngine, Sequence, answer_logprobs
-from dra.rl.live.task import Prompt, reward
+from dra.rl.live.task import reward
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -185,7 +187,7 @@ class SlotWorker:
         shard = msg.get("shard")
         if shard is None:  # the pipeline's fill phase: nothing to train on yet
             stats.update(train_s=time.perf_counter() - t_start, compute_s=0.0, sync_s=0.0, tokens=0)
-            self.conn.send({"train_done": stats})
+            channel.send(self.conn, {"train_done": stats})
             return
         trajs = shard["trajectories"]
         step = int(shard["step"])
@@ -237,7 +239,7 @@ class SlotWorker:
             train_s=time.perf_counter() - t_start, compute_s=compute_s, sync_s=sync_s, optimizer_step_s=step_s, tokens=tokens,
             loss=self.pending_loss * len(mine) / self.batch, samples=len(mine),
         )
-        self.conn.send({"train_done": stats})
+        channel.send(self.conn, {"train_done": stats})
 
     def _rollout(self, msg: dict[str, Any]) -> None:
         t_start = time.perf_counter()
@@ -272,7 +274,7 @@ class SlotWorker:
         def admit(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             nonlocal busy
             t0 = time.perf_counter()
-            done = [self._trajectory(s) for s in eng.admit([Sequence(Prompt(**x["prompt"]), x["sample"], version) for x in items])]
+            done = [self._trajectory(s) for s in eng.admit([Sequence(channel.prompt_from(x["prompt"]), x["sample"], version) for x in items])]
             busy += time.perf_counter() - t0
             return done
 
@@ -282,10 +284,10 @@ class SlotWorker:
             want = eng.free_slots() if more else 0
             if want > 0 or finished:
                 progress = [[q.key, len(q.tokens)] for q in eng.active.values()] if msg.get("progress") else None
-                self.conn.send({"gen": self.slot, "finished": finished, "want": want, "progress": progress})
+                channel.send(self.conn, {"gen": self.slot, "finished": finished, "want": want, "progress": progress})
                 finished = []
                 if want > 0:
-                    reply = self.conn.recv()
+                    reply = channel.recv_command(self.conn, "seqs")
                     more = reply["more"]
                     finished += admit(reply["seqs"])
             if not eng.active:
@@ -307,7 +309,7 @@ class SlotWorker:
                 segments.append([c, ctx, 1, s])
         for seg in segments:
             seg[1] /= seg[2]
-        self.conn.send({"rollout_done": {"slot": self.slot, "engine_start_s": engine_start_s, "leave_s": leave_s, "event": event, "busy_s": busy,
+        channel.send(self.conn, {"rollout_done": {"slot": self.slot, "engine_start_s": engine_start_s, "leave_s": leave_s, "event": event, "busy_s": busy,
                                          "load_s": load_s, "version": version,
                                          "rollout_s": time.perf_counter() - t_start, "segments": segments}})
 
@@ -329,30 +331,33 @@ class SlotWorker:
                     p.copy_(v)
         self.version = msg["version"]
         digest = float(flat.double().sum()) if msg.get("digest") else None
-        self.conn.send({"synced": self.slot, "sync_s": time.perf_counter() - t0, "digest": digest})
+        channel.send(self.conn, {"synced": self.slot, "sync_s": time.perf_counter() - t0, "digest": digest})
+
+
+_LOOP_COMMANDS = ("stop", "reset", "boundary", "register", "end", "phase", "sync")
 
 
 def main() -> int:
     slot = int(os.environ["DRA_RL_SLOT"])
     # The coordinator's Unix socket, in a directory only its user can enter, and its key.
     conn = Client(os.environ["DRA_RL_COORD"], "AF_UNIX", authkey=bytes.fromhex(os.environ["DRA_RL_AUTH"]))
-    conn.send({"hello": slot, "pid": os.getpid()})
-    init = conn.recv()
+    channel.send(conn, {"hello": slot, "pid": os.getpid()})
+    init = channel.recv_command(conn, "init")
     worker = SlotWorker(slot, conn, init)
-    conn.send({"ready": slot, "weights_group_s": worker.weights_group_s})
+    channel.send(conn, {"ready": slot, "weights_group_s": worker.weights_group_s})
     while True:
-        msg = conn.recv()
+        msg = channel.recv_command(conn, *_LOOP_COMMANDS)
         cmd = msg["cmd"]
         if cmd == "stop":
             break
         if cmd == "reset":
-            conn.send(worker.reset(msg))
+            channel.send(conn, worker.reset(msg))
         elif cmd == "boundary":
-            conn.send(worker.boundary())
+            channel.send(conn, worker.boundary())
         elif cmd == "register":
-            conn.send(worker.register())
+            channel.send(conn, worker.register())
         elif cmd == "end":
-            conn.send(worker.end())
+            channel.send(conn, worker.end())
         elif cmd == "phase":
             worker.phase(msg)
         elif cmd == "sync":
