@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dra._argtypes import count_arg, nonnegative_int_arg, positive_arg, probability_arg, seed32_arg
+
 METHODS = ("fp32_allreduce", "torch_powersgd_hook", "dra_powersgd", "dra_sparse90", "ao_pruning90", "dra_sage")
 
 
@@ -140,19 +142,19 @@ def run_controller(a, xtr, ytr, xte, yte) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--method", choices=METHODS, required=True)
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=64, help="global batch")
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--rank-psgd", type=int, default=2)
-    ap.add_argument("--dense-warmup", type=int, default=10, help="fp32 steps before PowerSGD (both PowerSGDs)")
-    ap.add_argument("--sparsify-every", type=int, default=50)
-    ap.add_argument("--ramp-start", type=int, default=50, help="step the cubic ramp to 90 %% sparsity starts")
-    ap.add_argument("--ramp-steps", type=int, default=200, help="steps of that ramp")
-    ap.add_argument("--sparse-step-up", type=float, default=0.3, help="dra_sage: sparsity added per update when steady")
-    ap.add_argument("--bucket-mb", type=float, default=25.0,
+    ap.add_argument("--steps", type=count_arg, default=400)
+    ap.add_argument("--eval-every", type=count_arg, default=5)
+    ap.add_argument("--seed", type=seed32_arg, default=0)
+    ap.add_argument("--hidden", type=count_arg, default=512)
+    ap.add_argument("--batch", type=count_arg, default=64, help="global batch")
+    ap.add_argument("--lr", type=positive_arg, default=0.05)
+    ap.add_argument("--rank-psgd", type=count_arg, default=2)
+    ap.add_argument("--dense-warmup", type=nonnegative_int_arg, default=10, help="fp32 steps before PowerSGD (both PowerSGDs)")
+    ap.add_argument("--sparsify-every", type=count_arg, default=50)
+    ap.add_argument("--ramp-start", type=nonnegative_int_arg, default=50, help="step the cubic ramp to 90 %% sparsity starts")
+    ap.add_argument("--ramp-steps", type=nonnegative_int_arg, default=200, help="steps of that ramp")
+    ap.add_argument("--sparse-step-up", type=probability_arg, default=0.3, help="dra_sage: sparsity added per update when steady")
+    ap.add_argument("--bucket-mb", type=positive_arg, default=25.0,
                     help="DDP bucket cap (fp32 DDP and torch.ao); 25: DDP's defaults, else the first bucket too")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

@@ -28,6 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
+from dra._argtypes import count_arg, positive_arg
 from dra.testing import tagged_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,12 +151,10 @@ def launcher_death(trials: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dra.bench dropin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--fault-timeout-s", type=float, default=3.0)
+    p.add_argument("--trials", type=count_arg, default=3)
+    p.add_argument("--fault-timeout-s", type=positive_arg, default=3.0)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    if args.trials < 1:
-        p.error(f"--trials: must be >= 1, got {args.trials}")
     rows = port_lines()
     for r in rows:
         print(json.dumps(r), flush=True)

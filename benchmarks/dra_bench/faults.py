@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from dra._argtypes import count_arg, integer_arg, nonnegative_arg, nonnegative_int_arg, positive_arg
 from dra_bench._faults.check import Verdict, judge, load_records
 from dra_bench._faults.kinds import CLASSES, KINDS, make_trial, unavailable
 from dra_bench._faults.trial import Fault, JobSpec, LocalLauncher, StoreProcess, TrialSpec, run_trial
@@ -312,39 +313,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH")
     p.add_argument(
         "--trials",
-        type=int,
+        type=count_arg,
         default=None,
         help="number of trials (default: every kind in each of its languages once, a few minutes here)",
     )
     p.add_argument(
         "--fuzz-cases",
-        type=int,
+        type=nonnegative_int_arg,
         default=10200,
         help="values the protocol-level store fuzzer writes (over every key family; 0: none)",
     )
-    p.add_argument("--seed", type=int, default=1, help="seed of the first trial (trial i has seed + i)")
+    p.add_argument("--seed", type=integer_arg, default=1, help="seed of the first trial (trial i has seed + i)")
     p.add_argument("--kinds", default="", help=f"comma-separated fault kinds (default all: {', '.join(sorted(KINDS))})")
     p.add_argument("--langs", default="py,cpp", help="worker languages, taken in turn (cpp needs the example built)")
     p.add_argument("--trial", metavar="SEED:KIND:LANG", help="run this one trial again (as printed for a failure)")
-    p.add_argument("--fault-timeout-s", type=float, default=2.0)
-    p.add_argument("--trial-timeout-s", type=float, default=120.0, help="a process running longer has hung")
+    p.add_argument("--fault-timeout-s", type=positive_arg, default=2.0)
+    p.add_argument("--trial-timeout-s", type=positive_arg, default=120.0, help="a process running longer has hung")
     p.add_argument("--cpp-binary", help="the dra_elastic_train example (default: build/cpp/examples/cpp)")
-    p.add_argument("--churn-model-mb", type=float, default=100.0)
-    p.add_argument("--churn-resizes", type=int, default=11)
+    p.add_argument("--churn-model-mb", type=nonnegative_arg, default=100.0)
+    p.add_argument("--churn-resizes", type=count_arg, default=11)
     p.add_argument("--no-churn", action="store_true", help="skip the memory-growth run")
     p.add_argument(
-        "--jobs", type=int, default=1, help="trials run at once (default 1; more shortens a long run, adds contention)"
+        "--jobs", type=count_arg, default=1, help="trials run at once (default 1; more shortens a long run, adds contention)"
     )
     p.add_argument("--keep", metavar="DIR", help="keep every trial's records and outputs under DIR")
     p.add_argument("--keep-failed", metavar="DIR",
                    help="copy the records and outputs of each trial that failed under DIR (a long campaign's evidence)")
     args = p.parse_args(argv)
     args.not_run = {}
-    if args.trials is not None and args.trials < 1:
-        p.error(f"--trials: must be >= 1, got {args.trials}")
-    if args.fuzz_cases < 0:
-        p.error(f"--fuzz-cases: must be >= 0, got {args.fuzz_cases}")
-    if not 1 <= args.jobs <= 16:
+    if args.jobs > 16:
         p.error(f"--jobs: expected 1..16 trials at once, got {args.jobs}")
     for k in filter(None, args.kinds.split(",")):
         if k not in KINDS:

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from dra._argtypes import count_arg, nonnegative_int_arg, positive_arg
 from dra_bench import _nccl_workers as workers
 from dra_bench._report import result, write_report
 
@@ -374,19 +375,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("auto", "real", "emulated"), default="auto",
                    help="auto: real NCCL when a GPU is visible, else the emulated library")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
-    p.add_argument("--nproc", type=int, default=0, help="ranks of the bandwidth part (0: all GPUs / 2 on the CPU)")
-    p.add_argument("--min-bytes", type=int, default=1 << 10)
-    p.add_argument("--max-bytes", type=int, default=None, help="default: 1 GiB on a GPU, 16 MiB emulated")
-    p.add_argument("--p2p-mb", type=float, default=None, help="handoff state size (default 1024 on a GPU, 64 emulated)")
-    p.add_argument("--chunk-mb", type=float, default=16.0, help="the handoff's chunk (the controller's default)")
-    p.add_argument("--budget-s", type=float, default=150.0, help="time budget of the bandwidth sweep")
-    p.add_argument("--repeats", type=int, default=5, help="timed blocks per figure (medians)")
-    p.add_argument("--resize-mb", type=float, default=10.0, help="model state of the elastic run")
-    p.add_argument("--resize-nproc", type=int, default=4, help="processes of the emulated elastic run")
-    p.add_argument("--resize-repeats", type=int, default=3)
-    p.add_argument("--watchdog-timeout-s", type=float, default=None, help="default 2 (1 with --quick)")
-    p.add_argument("--steps", type=int, default=10, help="training steps per timed block")
-    p.add_argument("--rounds", type=int, default=6, help="timed blocks per mode of the training step")
+    p.add_argument("--nproc", type=nonnegative_int_arg, default=0, help="ranks of the bandwidth part (0: all GPUs / 2 on the CPU)")
+    p.add_argument("--min-bytes", type=count_arg, default=1 << 10)
+    p.add_argument("--max-bytes", type=count_arg, default=None, help="default: 1 GiB on a GPU, 16 MiB emulated")
+    p.add_argument("--p2p-mb", type=positive_arg, default=None, help="handoff state size (default 1024 on a GPU, 64 emulated)")
+    p.add_argument("--chunk-mb", type=positive_arg, default=16.0, help="the handoff's chunk (the controller's default)")
+    p.add_argument("--budget-s", type=positive_arg, default=150.0, help="time budget of the bandwidth sweep")
+    p.add_argument("--repeats", type=count_arg, default=5, help="timed blocks per figure (medians)")
+    p.add_argument("--resize-mb", type=positive_arg, default=10.0, help="model state of the elastic run")
+    p.add_argument("--resize-nproc", type=count_arg, default=4, help="processes of the emulated elastic run")
+    p.add_argument("--resize-repeats", type=count_arg, default=3)
+    p.add_argument("--watchdog-timeout-s", type=positive_arg, default=None, help="default 2 (1 with --quick)")
+    p.add_argument("--steps", type=count_arg, default=10, help="training steps per timed block")
+    p.add_argument("--rounds", type=count_arg, default=6, help="timed blocks per mode of the training step")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: sizes to 64 KiB, a 4 MiB handoff, 2 elastic processes, one repeat")
     args = p.parse_args(argv)
@@ -404,13 +405,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.watchdog_timeout_s = 1.0 if args.quick else 2.0
     if args.min_bytes < 4 or (args.max_bytes is not None and args.max_bytes < args.min_bytes):
         p.error("--min-bytes must be >= 4 and <= --max-bytes")
-    for name in ("repeats", "steps", "rounds", "resize_repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.nproc < 0 or args.resize_nproc < 2:
-        p.error("--nproc must be >= 0 and --resize-nproc >= 2")
-    if not args.watchdog_timeout_s > 0 or not args.chunk_mb > 0:
-        p.error("--watchdog-timeout-s and --chunk-mb must be > 0")
+    if args.resize_nproc < 2:
+        p.error(f"--resize-nproc: {args.resize_nproc} is not >= 2; give 2 or more processes (an elastic run shrinks "
+                "to half and grows back)")
     return args
 
 

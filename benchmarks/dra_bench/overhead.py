@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dra._argtypes import count_arg
 from dra_bench._report import result, write_report
 
 ESTIMATOR_GOAL_NS = 200.0
@@ -187,10 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dra.bench overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run, noisier figures)")
-    parser.add_argument("--repeats", type=int, default=None, help="measurements per figure (median reported)")
+    parser.add_argument("--repeats", type=count_arg, default=None, help="measurements per figure (median reported)")
     args = parser.parse_args(argv)
-    if args.repeats is not None and args.repeats < 1:
-        parser.error("--repeats must be >= 1")
     rows = run(quick=args.quick, repeats=args.repeats)
     write_report("overhead", rows, args.json)
     return 0

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dra._argtypes import count_arg
 from dra_bench._report import result, write_report
 from dra_bench.pool_security import security_check
 
@@ -102,7 +103,7 @@ def handover_s(repeats: int, tmp: Path) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dra.bench pool")
     p.add_argument("--json", metavar="PATH")
-    p.add_argument("--handover-repeats", type=int, default=3)
+    p.add_argument("--handover-repeats", type=count_arg, default=3)
     p.add_argument("--skip-main", action="store_true", help="only the handover, decision and security rows")
     p.add_argument("--main-args", default="", help="extra arguments for the main job (space separated)")
     p.add_argument("--main-out", default=None, help="keep the main job's outputs (Gantt PNGs, events, summary) here")

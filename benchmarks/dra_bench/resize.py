@@ -36,6 +36,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from dra._argtypes import count_arg, finite_arg, positive_arg
 from dra_bench._blob import blob_model
 from dra_bench._report import result, write_report
 from dra_bench._store import StoreProcess
@@ -256,18 +257,18 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default=None)
     parser.add_argument("--sizes-mb", default="10,100")
-    parser.add_argument("--chunk-mb", type=float, default=16.0)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--dra-repeats", type=int, default=3, help="runs of dra per size (medians)")
+    parser.add_argument("--chunk-mb", type=positive_arg, default=16.0)
+    parser.add_argument("--timeout", type=positive_arg, default=600.0)
+    parser.add_argument("--dra-repeats", type=count_arg, default=3, help="runs of dra per size (medians)")
     parser.add_argument("--skip-digits", action="store_true",
                         help="accepted for old command lines; the step overhead is `python -m dra.bench step`")
-    parser.add_argument("--torchft-repeats", type=int, default=3, help="runs of the torchft baseline per size (median)")
+    parser.add_argument("--torchft-repeats", type=count_arg, default=3, help="runs of the torchft baseline per size (median)")
     parser.add_argument("--worker", choices=["dra", "pg", "restart"], help=argparse.SUPPRESS)
-    parser.add_argument("--mb", type=float, default=10.0, help=argparse.SUPPRESS)
+    parser.add_argument("--mb", type=positive_arg, default=10.0, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ckpt", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
-    parser.add_argument("--nproc", type=int, default=4, help=argparse.SUPPRESS)
+    parser.add_argument("--t0", type=finite_arg, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--nproc", type=count_arg, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -280,13 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "restart":
         _worker_restart(args)
         return 0
+    try:
+        sizes_mb = [positive_arg(s) for s in args.sizes_mb.split(",")]
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"--sizes-mb: {e} (comma-separated sizes in MB, e.g. 10,100)")
 
     results: list[dict[str, Any]] = []
     ceiling = loopback_ceiling()
     print(f"[resize] loopback ceiling {ceiling:.2f} GB/s", flush=True)
     results.append(result("loopback_ceiling", ceiling, "GB/s"))
     with tempfile.TemporaryDirectory(prefix="dra-bench-resize-") as tmp:
-        for mb in [float(s) for s in args.sizes_mb.split(",")]:
+        for mb in sizes_mb:
             tag = f"{mb:g}MB"
             out = os.path.join(tmp, f"dra-{tag}")
             os.makedirs(out)
@@ -331,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                                   note=f"state bytes to {receivers} joiners / (transfer + reshard), median of "
                                        f"{len(grows)} runs"))
         # (c) torchft's reconfiguration (optional dependency: requirements-bench.txt)
-        results.extend(torchft_rows([float(s) for s in args.sizes_mb.split(",")], results,
+        results.extend(torchft_rows(sizes_mb, results,
                                     repeats=args.torchft_repeats, timeout=args.timeout))
     write_report("resize", results, args.json)
     return 0

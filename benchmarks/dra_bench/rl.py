@@ -31,6 +31,7 @@ import json
 import sys
 from typing import Any
 
+from dra._argtypes import count_arg, nonnegative_int_arg, positive_arg, probability_arg
 from dra_bench._report import result, write_report
 
 #: The scenario the un-suffixed rows report: the DynaResize setting (8 devices, long tail).
@@ -137,38 +138,40 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m dra.bench rl")
     parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--steps", type=int, default=200, help="simulated training steps per run (default 200)")
+    parser.add_argument("--steps", type=count_arg, default=200, help="simulated training steps per run (default 200)")
     parser.add_argument("--scenarios", nargs="*", default=list(rl.SCENARIOS), choices=list(rl.SCENARIOS))
     parser.add_argument("--sweep-traces", nargs="*", default=["conv", "code"], help="traces of the drift sweep (none: skip it)")
-    parser.add_argument("--sweep-drifts", nargs="*", type=float, default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--sweep-drifts", nargs="*", type=positive_arg, default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--plots", metavar="DIR", help="write the role/throughput plots of each scenario into DIR")
     parser.add_argument("--pipeline-scenarios", nargs="*", default=list(rl.PIPELINE_SCENARIOS), choices=list(rl.PIPELINE_SCENARIOS),
                         help="event-model scenarios (the three-part report; longgen is the headline)")
-    parser.add_argument("--pipeline-steps", type=int, default=200, help="steps of an event-model run (default 200)")
-    parser.add_argument("--tail-weights", nargs="*", type=float, default=[0.0, 0.05, 0.1, 0.2, 0.3],
+    parser.add_argument("--pipeline-steps", type=count_arg, default=200, help="steps of an event-model run (default 200)")
+    parser.add_argument("--tail-weights", nargs="*", type=probability_arg, default=[0.0, 0.05, 0.1, 0.2, 0.3],
                         help="tail weights of the longgen sensitivity sweep (none: skip it)")
-    parser.add_argument("--tail-steps", type=int, default=60, help="steps of each tail-sweep run (default 60)")
+    parser.add_argument("--tail-steps", type=count_arg, default=60, help="steps of each tail-sweep run (default 60)")
     parser.add_argument("--live", action="store_true", help="also run the live GRPO benchmark (measured; minutes)")
-    parser.add_argument("--live-steps", type=int, default=12, help="training steps per live run (default 12)")
-    parser.add_argument("--live-rounds", type=int, default=3, help="rounds of every live schedule, order rotating (default 3)")
-    parser.add_argument("--live-seeds", type=int, default=1, help="runs of the best split under other seeds, for the reward noise (default 1: none)")
-    parser.add_argument("--live-reward-steps", type=int, default=0, help="one longer run of the best split: does the reward rise? (default 0: none)")
+    parser.add_argument("--live-steps", type=count_arg, default=12, help="training steps per live run (default 12)")
+    parser.add_argument("--live-rounds", type=count_arg, default=3, help="rounds of every live schedule, order rotating (default 3)")
+    parser.add_argument("--live-seeds", type=count_arg, default=1, help="runs of the best split under other seeds, for the reward noise (default 1: none)")
+    parser.add_argument("--live-reward-steps", type=nonnegative_int_arg, default=0, help="one longer run of the best split: does the reward rise? (default 0: none)")
     parser.add_argument("--live-policy", metavar="JSON", default="{}",
                         help="StageBalanceConfig options of the live dynamic run, e.g. '{\"expected_max\": false}' (the "
                              "objective before 2026-12-01)")
     parser.add_argument("--live-longgen", action="store_true",
                         help="run the live pipeline without a per-phase barrier on the long-generation task (measured; with --live)")
     parser.add_argument("--live-only-longgen", action="store_true", help="with --live: skip the phase-model live rows")
-    parser.add_argument("--live-slots", type=int, default=8, help="device slots of the live runs (default 8)")
-    parser.add_argument("--live-cpus-per-slot", type=float, default=0.2, help="CPU quota of a live slot (default 0.2)")
-    parser.add_argument("--live-pretrain-steps", type=int, default=400, help="supervised warm-up steps of the live policy (default 400)")
+    parser.add_argument("--live-slots", type=count_arg, default=8, help="device slots of the live runs (default 8)")
+    parser.add_argument("--live-cpus-per-slot", type=positive_arg, default=0.2, help="CPU quota of a live slot (default 0.2)")
+    parser.add_argument("--live-pretrain-steps", type=nonnegative_int_arg, default=400, help="supervised warm-up steps of the live policy (default 400)")
     parser.add_argument("--live-model", metavar="JSON", default="{}",
                         help="ModelConfig fields of the live policy, e.g. '{\"d_model\": 64, \"layers\": 2}' (a smaller model for a "
                              "loaded machine; default: ModelConfig's)")
-    parser.add_argument("--live-switch-runs", type=int, default=2,
+    parser.add_argument("--live-switch-runs", type=nonnegative_int_arg, default=2,
                         help="runs of the best split with a scheduled switch away and back, to measure both directions' "
                              "switch costs even when the policy does not switch (default 2)")
     args = parser.parse_args(argv)
+    if args.live_slots < 2:
+        parser.error(f"--live-slots: {args.live_slots} is not >= 2; give 2 or more slots (one per role)")
     policy = _json_object(parser, "--live-policy", args.live_policy, "StageBalanceConfig options", '{"expected_max": false}')
     model = _json_object(parser, "--live-model", args.live_model, "ModelConfig fields", '{"d_model": 64}')
 

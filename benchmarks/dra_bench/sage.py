@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dra._argtypes import count_arg, nonnegative_arg, nonnegative_int_arg, positive_arg, probability_arg, seed32_arg
 from dra_bench._report import result, write_report
 
 RATES = ("1gbit", "100mbit")
@@ -387,34 +388,39 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dra.bench sage", description=__doc__.split("\n")[0])
     ap.add_argument("--json")
     ap.add_argument("--plot", default="docs/img/sage/accuracy.png")
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--ramp-start", type=int, default=50, help="sparsity ramp (dra_sparse90, ao_pruning90) start")
-    ap.add_argument("--ramp-steps", type=int, default=200, help="sparsity ramp length")
-    ap.add_argument("--sparsify-every", type=int, default=50, help="steps between mask updates")
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--first-seed", type=int, default=0,
+    ap.add_argument("--world", type=count_arg, default=2)
+    ap.add_argument("--steps", type=count_arg, default=400)
+    ap.add_argument("--ramp-start", type=nonnegative_int_arg, default=50, help="sparsity ramp (dra_sparse90, ao_pruning90) start")
+    ap.add_argument("--ramp-steps", type=nonnegative_int_arg, default=200, help="sparsity ramp length")
+    ap.add_argument("--sparsify-every", type=count_arg, default=50, help="steps between mask updates")
+    ap.add_argument("--seeds", type=count_arg, default=5)
+    ap.add_argument("--first-seed", type=seed32_arg, default=0,
                     help="run seeds first-seed .. first-seed + seeds - 1 (a long run split over processes)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="no new runs: summarise the measured runs of these reports (same settings, other seeds) "
                          "together, with this command's settings checked against theirs")
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--rank", type=int, default=2, help="PowerSGD rank (dra and the torch hook)")
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--target", type=float, default=0.95, help="test accuracy for time and steps to accuracy")
+    ap.add_argument("--hidden", type=count_arg, default=512)
+    ap.add_argument("--rank", type=count_arg, default=2, help="PowerSGD rank (dra and the torch hook)")
+    ap.add_argument("--eval-every", type=count_arg, default=5)
+    ap.add_argument("--target", type=probability_arg, default=0.95, help="test accuracy for time and steps to accuracy")
     ap.add_argument("--rates", default="1gbit,100mbit")
-    ap.add_argument("--latency-ms", type=float, default=20.0, help="added one way (round trip: twice)")
-    ap.add_argument("--burst-bytes", type=int, default=16 * 1024, help="tbf bucket: at most one compressed step's payload")
+    ap.add_argument("--latency-ms", type=nonnegative_arg, default=20.0, help="added one way (round trip: twice)")
+    ap.add_argument("--burst-bytes", type=count_arg, default=16 * 1024, help="tbf bucket: at most one compressed step's payload")
     ap.add_argument("--bucket-candidates", default="1,4,25,256", help="DDP bucket caps (MB) tried per link")
-    ap.add_argument("--calibration-steps", type=int, default=30)
-    ap.add_argument("--run-timeout", type=float, default=600.0)
+    ap.add_argument("--calibration-steps", type=count_arg, default=30)
+    ap.add_argument("--run-timeout", type=positive_arg, default=600.0)
     ap.add_argument("--gpus", default="v100,a40,p100,rtx6000", help="Zeus trace sets to replay")
-    ap.add_argument("--eta", type=float, default=0.5)
-    ap.add_argument("--zeus-seeds", type=int, default=10)
+    ap.add_argument("--eta", type=probability_arg, default=0.5)
+    ap.add_argument("--zeus-seeds", type=count_arg, default=10)
     ap.add_argument("--zeus-jobs", default="", help="comma-separated datasets (default: all six)")
     ap.add_argument("--skip-measured", action="store_true")
     ap.add_argument("--skip-replay", action="store_true")
     args = ap.parse_args(argv)
+    if args.first_seed + args.seeds > 2**32:
+        ap.error(f"--first-seed {args.first_seed} + --seeds {args.seeds}: the last seed passes 2^32 - 1 (NumPy's "
+                 "limit); give a smaller --first-seed")
+    if args.burst_bytes < 2 * 1514:
+        ap.error(f"--burst-bytes: {args.burst_bytes} is below two full frames; give 3028 or more")
     # SIGTERM ends the run through the normal exit path, so the namespaces are removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.rates = [r for r in args.rates.split(",") if r]
@@ -423,8 +429,6 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--rates: '{r}' unknown; use {', '.join(RATES)}")
     if args.merge and args.skip_measured:
         ap.error("--merge summarises measured runs: drop --skip-measured")
-    if args.seeds < 1:
-        ap.error("--seeds: at least 1 (the goals are judged on >= 5)")
     args.bucket_candidates = [float(x) for x in args.bucket_candidates.split(",") if x]
     args.zeus_jobs = [j for j in args.zeus_jobs.split(",") if j]
     args.gpus = [g for g in args.gpus.split(",") if g]

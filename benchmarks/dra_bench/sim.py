@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import dra.sim as sim
+from dra._argtypes import count_arg, nonnegative_int_arg
 from dra._jsonio import write_json
 from dra_bench._report import result, write_report
 
@@ -269,9 +270,9 @@ def _study_rows(args: argparse.Namespace, runs: int, out: Path | None) -> list[d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dra.bench sim")
     parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--workloads", type=int, nargs="*", default=None, help="workloads (default 1 2; --full: 1-8)")
+    parser.add_argument("--workloads", type=count_arg, nargs="*", default=None, help="workloads (default 1 2; --full: 1-8)")
     parser.add_argument("--loads", nargs="*", default=list(LOADS), choices=list(LOADS))
-    parser.add_argument("--runs", type=int, default=None, help="study runs per seed (default 200; --full 1500; 0: skip)")
+    parser.add_argument("--runs", type=nonnegative_int_arg, default=None, help="study runs per seed (default 200; --full 1500; 0: skip)")
     parser.add_argument("--full", action="store_true", help="the eight workloads, every declaration sweep, study seeds 1-5")
     parser.add_argument("--out", metavar="DIR", help="also write each replay's and study's JSON, a summary and a PNG here")
     parser.add_argument("--only", choices=["replays", "study"], help="run only one half (e.g. two processes in parallel)")
@@ -279,8 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", metavar="PATH", help="a local copy of Pollux's reference simulator/ folder: run it side by side")
     parser.add_argument("--reference-python", default=os.environ.get("POLLUX_PYTHON", "python3.8"),
                         help="the Python of the reference's own environment (default: $POLLUX_PYTHON or python3.8)")
-    parser.add_argument("--reference-jobs", type=int, default=8, help="jobs of workload-6's prefix for the side-by-side run")
+    parser.add_argument("--reference-jobs", type=count_arg, default=8, help="jobs of workload-6's prefix for the side-by-side run")
     args = parser.parse_args(argv)
+    for w in args.workloads or []:
+        missing = [load for load in args.loads if not (sim.default_data_dir() / LOADS[load] / f"workload-{w}.csv").is_file()]
+        if missing:
+            parser.error(f"--workloads: there is no workload {w} (at load {', '.join(missing)}); give workloads 1-8")
     workloads = args.workloads or (list(range(1, 9)) if args.full else [1, 2])
     runs = args.runs if args.runs is not None else (1500 if args.full else 200)
     out = Path(args.out) if args.out else None

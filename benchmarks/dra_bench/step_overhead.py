@@ -62,6 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dra._argtypes import count_arg, nonnegative_int_arg, positive_arg, seed32_arg
 from dra_bench._report import write_report
 from dra_bench._step_analysis import _analyse, _pooled, _print_breakdown, _rows
 from dra_bench._step_config import COMPARISONS, GOAL_PCT, MODELS, PHASES, VARIANTS
@@ -142,21 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="where to write the JSON report")
     parser.add_argument("--sizes", default="2,4", help="world sizes (processes), comma-separated")
     parser.add_argument("--models", default="digits,wide", help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--repeats", type=int, default=5, help="torchrun launches per size and model")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per launch (the variants' order rotates every round)")
-    parser.add_argument("--steps", type=int, default=None, help="steps of each variant per round (default: per model)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps of each variant first (default: per model)")
-    parser.add_argument("--discard", type=int, default=2, help="first iterations of every round not counted")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--repeats", type=count_arg, default=5, help="torchrun launches per size and model")
+    parser.add_argument("--rounds", type=count_arg, default=4, help="rounds per launch (the variants' order rotates every round)")
+    parser.add_argument("--steps", type=count_arg, default=None, help="steps of each variant per round (default: per model)")
+    parser.add_argument("--warmup", type=nonnegative_int_arg, default=None, help="untimed steps of each variant first (default: per model)")
+    parser.add_argument("--discard", type=nonnegative_int_arg, default=2, help="first iterations of every round not counted")
+    parser.add_argument("--seed", type=seed32_arg, default=0)
+    parser.add_argument("--lr", type=positive_arg, default=0.05)
     parser.add_argument("--profile", action="store_true", help="one extra launch with cProfile over rank 0's dra steps")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per torchrun launch")
+    parser.add_argument("--timeout", type=positive_arg, default=900.0, help="seconds per torchrun launch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--repeat", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--hidden", type=int, default=128, help=argparse.SUPPRESS)
-    parser.add_argument("--depth", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--global-batch", type=int, default=32, help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=nonnegative_int_arg, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--hidden", type=count_arg, default=128, help=argparse.SUPPRESS)
+    parser.add_argument("--depth", type=nonnegative_int_arg, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--global-batch", type=count_arg, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args)
@@ -167,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--models: unknown model '{m}'; choose from {', '.join(MODELS)}")
     if not sizes or any(n < 2 for n in sizes):
         parser.error("--sizes: world sizes must be >= 2 (a world of one has no gradient reduction to compare)")
-    if args.repeats < 1 or args.rounds < 1:
-        parser.error("--repeats and --rounds must be >= 1")
     for m in models:
         if (args.steps or MODELS[m]["steps"]) <= args.discard:
             parser.error(f"--steps ({args.steps or MODELS[m]['steps']}) must exceed --discard ({args.discard})")

@@ -59,6 +59,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from dra._argtypes import count_arg, positive_arg
+
 INSTALL_HINT = ".venv/bin/pip install -r requirements-bench.txt  (torchft 0.2.0 + opentelemetry, torch stays 2.13.0)"
 
 _WARM_STEPS = 2  # committed 4-member steps before the shrink
@@ -496,9 +498,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default=None)
     parser.add_argument("--sizes-mb", default="10,100")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run (all processes)")
-    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000,
+    parser.add_argument("--repeats", type=count_arg, default=3)
+    parser.add_argument("--timeout", type=positive_arg, default=300.0, help="seconds per run (all processes)")
+    parser.add_argument("--heartbeat-timeout-ms", type=count_arg, default=1000,
                         help="the Lighthouse's heartbeat timeout (torchft's CLI default: 5000)")
     args = parser.parse_args(argv)
     from dra_bench._report import write_report

@@ -17,6 +17,26 @@ def seed_arg(text: str) -> int:
     return value
 
 
+def seed32_arg(text: str) -> int:
+    """A seed that reaches NumPy's legacy generator (scikit-learn's ``random_state``, PowerSGD's
+    ``random_seed``): an integer in [0, 2^32)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer; give a seed in [0, 2^32)") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; give a seed in [0, 2^32) (NumPy's limit)")
+    return value
+
+
+def integer_arg(text: str) -> int:
+    """Any integer (a seed that only names a run, negative ones too)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer; give an integer") from None
+
+
 def finite_arg(text: str) -> float:
     """A finite number."""
     try:
@@ -61,6 +81,14 @@ def fraction_arg(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]; give a share of one device in (0, 1] "
                                          "(more than a device: ask for more workers)")
+    return value
+
+
+def probability_arg(text: str) -> float:
+    """A probability or a weight between its two ends: a finite number in [0, 1]."""
+    value = finite_arg(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]; give a finite number in [0, 1]")
     return value
 
 
