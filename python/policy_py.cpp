@@ -87,6 +87,14 @@ void dra::python::bind_policy(py::module_& m) {
       m, "Policy",
       "A resize policy (wrap it in ConstrainedPolicy to decide). Policies are C++: the classes are final, "
       "since the engine would never call a Python override (docs/guide/policy.md, 'Your own policy').")
+      // Without a constructor pybind11 said only "No constructor defined!" to a Python subclass.
+      .def(py::init([](const py::args&, const py::kwargs&) -> std::shared_ptr<dra::policy::policy> {
+        throw py::type_error(
+            "dra._core.Policy cannot be built or subclassed in Python: the engine decides in C++ and would "
+            "never call a Python propose(). Pick a built-in policy by name (dra.Controller(policy=...)), "
+            "add a C++ policy to dra/policy/registry.hpp and rebuild, or decide in Python with "
+            "policy='none' and JobControl.set_capacity (docs/guide/policy.md, 'Your own policy')");
+      }))
       .def_property_readonly("name", &dra::policy::policy::name);
   py::class_<goodput_config> gcfg(m, "GoodputConfig", "Settings of the goodput policy.");
   def_kwargs_init<goodput_config>(gcfg);

@@ -69,7 +69,10 @@ controller::controller(controller_options options, launch_info launch, std::shar
   transfer_ = backend_->make_transfer(options_.chunk_size_bytes());
   if (!transfer_)
     dra::detail::throw_invalid(
-        "backend", "'" + options_.backend + "' cannot hand state to joiners yet (no point-to-point); use 'gloo'");
+        "backend", "'" + options_.backend +
+                       "' cannot hand state to joiners (its make_transfer() gave none: no point-to-point); use "
+                       "'gloo', or give that backend's communicator send/recv and a transfer (docs/guide/elastic.md, "
+                       "'Your own backend')");
   store_ = std::make_unique<detail::store_protocol>(launch, options_.store_timeout_ms());
   // The leader touches the store inside its step while its peers wait in the next collective: a
   // reconnection (a store that closed the connection, or one dying) stays well inside their fault

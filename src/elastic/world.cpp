@@ -53,8 +53,13 @@ bool controller::admitted(const detail::admission_result& r) {
   if (r.what == detail::admission_result::outcome::dismissed) {
     // Its device is being taken back before it was admitted: it leaves as a released member
     // would (release="exit": exits 0); a standby registers and waits again.
-    std::printf("[dra] process %d dismissed before admission: %s\n", uid_, r.why.c_str());
-    std::fflush(stdout);
+    // A standby registers again, and is dismissed again at each of the leader's looks while the
+    // outside actor still names it: said once per reason.
+    if (r.why != last_dismissal_) {
+      std::printf("[dra] process %d dismissed before admission: %s\n", uid_, r.why.c_str());
+      std::fflush(stdout);
+      last_dismissal_ = r.why;
+    }
     if (options_.release == release_mode::standby) return false;
     leave(options_.release == release_mode::exit);
     return true;

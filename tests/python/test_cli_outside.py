@@ -107,7 +107,7 @@ def test_pool_serve_names_a_socket_it_cannot_create_and_an_empty_state(tmp_path)
 @pytest.mark.timeout(90)
 def test_bench_refuses_bad_values_and_an_unwritable_json_before_the_suite_runs() -> None:
     quick = ["--scenarios", "long_tail", "--sweep-traces", "--pipeline-scenarios", "--tail-weights"]
-    _refused(_run(sys.executable, "-m", "dra.bench", "rl", "--steps", "0", *quick), "steps", "got 0")
+    _refused(_run(sys.executable, "-m", "dra.bench", "rl", "--steps", "0", *quick), "--steps", "0 is not >= 1")
     proc = _run(sys.executable, "-m", "dra.bench", "rl", "--steps", "5", *quick, "--json", "/proc/dra-no-such.json")
     _refused(proc, "--json", "/proc/dra-no-such.json")
     assert "simulating" not in proc.stderr  # refused before the work, not after it

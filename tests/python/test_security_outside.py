@@ -89,8 +89,8 @@ def _my_listeners() -> set[tuple[str, str]]:
 @as_nobody_possible
 @pytest.mark.timeout(120)
 def test_another_user_cannot_stall_or_reach_the_live_rl_coordinator(tmp_path: Path) -> None:
-    """The live RL coordinator waits for its workers on a listener that takes pickled messages once
-    a peer passes its key. The user nobody connects to every socket the coordinator listens on
+    """The live RL coordinator waits for its workers on a listener that takes checked JSON messages
+    once a peer passes its key (dra/rl/live/channel.py; nothing is unpickled). The user nobody connects to every socket the coordinator listens on
     while its workers start and stalls there: the workers must still connect (the listener is a
     Unix socket in a directory only the coordinator's user can enter, so nobody's connect is
     refused), and the run must start. On a loopback TCP port, nobody's stalled handshake held

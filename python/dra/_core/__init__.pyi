@@ -586,6 +586,8 @@ class Policy:
     """
     A resize policy (wrap it in ConstrainedPolicy to decide). Policies are C++: the classes are final, since the engine would never call a Python override (docs/guide/policy.md, 'Your own policy').
     """
+    def __init__(self, *args, **kwargs) -> None:
+        ...
     @property
     def name(self) -> str:
         ...

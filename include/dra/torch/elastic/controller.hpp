@@ -506,6 +506,7 @@ class controller {
   /// The size the world had before faults shrank it (options.heal): set by every other change.
   int heal_size_ = 0;
   std::map<int, int> fault_leaves_;  ///< per process: how many faults took it out of the world
+  std::string last_dismissal_;       ///< the reason of the latest dismissal printed (said once)
   std::int64_t epoch_ = -1;
   std::int64_t step_index_ = 0;
   std::int64_t resizes_ = 0;
