@@ -1,13 +1,15 @@
 #pragma once
 // The cluster policies (pollux, arbiter, convergence_aware and its oracle_ upper bound on a shared
 // cluster): dra::policy::cluster_arbiter over goodput curves from each job's online-fitted model,
-// under Pollux's rules (restart penalty, exploration limit, one distributed job per node). Policies
-// see job views only (job_model.hpp); the oracle is handed the truth apart.
+// under Pollux's rules (restart penalty, exploration limit, one distributed job per node), and the
+// cluster policies registered from outside (cluster_policy.hpp), whose counts are checked before
+// they are placed. Policies see job views only (job_model.hpp); the oracle is handed the truth apart.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "dra/policy/convergence_aware.hpp"
 #include "dra/signals/remaining_work.hpp"
 #include "dra/sim/cluster.hpp"
+#include "dra/sim/cluster_policy.hpp"
 #include "dra/sim/config.hpp"
 #include "dra/sim/job_model.hpp"
 #include "dra/sim/observation.hpp"
@@ -148,10 +151,79 @@ inline cluster_request cluster_allocation(std::vector<job_view*>& jobs, const cl
   return {std::move(in), ac};
 }
 
+/// Checks a registered cluster policy's counts for the jobs of `in` (one per job, each in
+/// [0, the job's max_devices], at most the capacity in all); std::invalid_argument naming the
+/// policy, the job and the fix otherwise. Nothing has changed when it throws.
+inline void check_cluster_counts(const std::string& name, const cluster_inputs& in, const std::vector<int>& counts) {
+  const std::string who =
+      "cluster policy '" + name + "' at t = " + std::to_string(static_cast<long long>(in.now)) + " s ";
+  if (counts.size() != in.jobs.size())
+    dra::detail::throw_invalid("counts", who + "returned " + std::to_string(counts.size()) + " counts for " +
+                                             std::to_string(in.jobs.size()) +
+                                             " jobs; return one count per job of inputs.jobs, in that order (0 "
+                                             "for a job that waits)");
+  long long total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const job_view& v = *in.jobs[i];
+    if (counts[i] < 0 || counts[i] > v.max_devices)
+      dra::detail::throw_invalid("counts", who + "gave job '" + v.name + "' " + std::to_string(counts[i]) +
+                                               " devices; give each job 0 to its max_devices (" +
+                                               std::to_string(v.max_devices) + " for this one)");
+    total += counts[i];
+  }
+  if (total > in.capacity)
+    dra::detail::throw_invalid("counts", who + "gave " + std::to_string(total) +
+                                             " devices in all but the cluster has " + std::to_string(in.capacity) +
+                                             "; give at most inputs.capacity in all (jobs that do not fit wait "
+                                             "with 0)");
+}
+
+/// One decision of a cluster policy registered from outside: observe, ask it for counts from
+/// views only, check them, then place them under the cluster's placement rule as the built-in
+/// policies' counts are (place_allocation: a job the rule cannot place at its count gets the
+/// most it can; the others keep theirs).
+inline void schedule_outside(cluster_state& state, double now, const cluster_policy_fn& decide) {
+  observe_jobs(state, now);
+  std::vector<job_state*> act = state.active(now);
+  if (act.empty()) return;
+  const sim_config& config = state.config();
+  std::vector<job_view*> views;
+  for (job_state* j : act) views.push_back(&j->view);
+  const cluster_inputs in(std::move(views), state.capacity(), config.nodes, config.devices_per_node, now, config);
+  const std::string who =
+      "cluster policy '" + config.policy + "' at t = " + std::to_string(static_cast<long long>(now)) + " s: ";
+  std::vector<int> counts;
+  try {
+    counts = decide(in);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(who + e.what());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(who + e.what());
+  } catch (...) {
+    throw std::runtime_error(who + "threw something that is not a std::exception");
+  }
+  check_cluster_counts(config.policy, in, counts);
+  // The counts as curves the arbiter gives exactly (each job's value rises by one per device up to
+  // its count, under a sum), so place_allocation's repair takes devices only from a job the
+  // placement rule cannot place.
+  std::vector<policy::arbiter_job> curves(act.size());
+  for (std::size_t i = 0; i < act.size(); ++i) {
+    curves[i].speedup.resize(static_cast<std::size_t>(counts[i]) + 1);
+    for (int k = 0; k <= counts[i]; ++k) curves[i].speedup[static_cast<std::size_t>(k)] = k;
+    curves[i].current = act[i]->devices;
+  }
+  policy::arbiter_config exact;
+  exact.p = 1.0;
+  exact.max_moves = 0;
+  place_allocation(state, act, curves, policy::cluster_arbiter(exact), now);
+}
+
 /// One decision of a cluster policy: observe, let the policy value each job's device counts from
 /// views only, then place the counts (cluster.hpp, place_allocation: repaired until the placement
 /// rule can hold them, moving jobs when that pays).
 inline void schedule_cluster(cluster_state& state, double now) {
+  if (const cluster_policy_fn* outside = find_cluster_policy(state.config().policy))
+    return schedule_outside(state, now, *outside);
   observe_jobs(state, now);
   std::vector<job_state*> act = state.active(now);
   if (act.empty()) return;

@@ -16,6 +16,7 @@
 #include "dra/policy/policies.hpp"
 #include "dra/policy/registry.hpp"
 #include "dra/signals/remaining_work.hpp"
+#include "dra/sim/cluster_policy.hpp"
 #include "dra/sim/config.hpp"
 #include "dra/sim/job_model.hpp"
 #include "dra/sim/placement.hpp"
@@ -35,6 +36,17 @@ class cluster_state {
     cluster_ = entry_.simulator == sched::cluster ||
                (entry_.simulator == sched::cluster_or_per_job && config_.cluster_arbitration);
     baseline_ = entry_.simulator == sched::first_come || entry_.simulator == sched::tiresias;
+    // A cluster entry whose decision is neither dra's nor registered would run dra's arbiter under
+    // its name (its results would be the arbiter's).
+    if (cluster_ && !builtin_cluster_policy(p) && !find_cluster_policy(p))
+      dra::detail::throw_invalid(
+          "policy", "'" + p +
+                        "' is registered to run as a cluster policy in the simulator but no cluster decision is "
+                        "registered for it; register it with dra::sim::add_cluster_policy(name, decide) "
+                        "(docs/guide/simulator.md, 'Your own cluster policy')" +
+                        (entry_.simulator == sched::cluster_or_per_job
+                             ? ", or set sim_config::cluster_arbitration = false to run its per-job policy"
+                             : ""));
     nodes_ = node_pool(config_.nodes, config_.devices_per_node, entry_.simulator == sched::tiresias, cluster_);
     jobs_.reserve(jobs.size());
     for (auto& spec : jobs) {
