@@ -39,7 +39,7 @@ enum class sim_scheduler {
   first_come,          ///< requests as made, first come first served with backfilling (static)
   tiresias,            ///< two-queue least-attained-service, preemptive (the reference's baseline)
   per_job,             ///< each job runs its own policy object (the live-job code)
-  cluster,             ///< the cluster arbiter divides the cluster among jobs (Pollux's rules)
+  cluster,             ///< divides the cluster among jobs: the arbiter, Pollux, or a dra::sim::add_cluster_policy one
   cluster_or_per_job,  ///< the arbiter on a shared cluster; the job's own policy when alone
 };
 
