@@ -5,7 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <memory>
+
 #include "bindings.hpp"
+#include "dra/sim/cluster_policy.hpp"
 #include "dra/sim/study.hpp"
 #include "dra/version.hpp"
 #include "to_dict.hpp"
@@ -34,6 +38,64 @@ job_spec spec_from(const py::handle& o) {
   if (d.contains("gns_estimate_sigma")) j.gns_estimate_sigma = d["gns_estimate_sigma"].cast<double>();
   if (d.contains("target_by_work")) j.target_by_work = d["target_by_work"].cast<bool>();
   return j;
+}
+
+/// What a Python cluster policy reads of a job: its view's observable fields (job_model.hpp).
+py::dict view_dict(const job_view& v) {
+  py::dict d;
+  d["name"] = v.name;
+  d["job_class"] = v.job_class;
+  d["submit_s"] = v.submit_s;
+  d["requested_replicas"] = v.requested_replicas;
+  d["requested_batch"] = v.requested_batch;
+  d["declared_epochs"] =
+      std::isnan(v.declared_epochs) ? py::object(py::none()) : py::object(py::float_(v.declared_epochs));
+  d["max_devices"] = v.max_devices;
+  d["devices"] = v.devices;
+  d["restarts"] = v.restarts;
+  d["attained_device_s"] = v.attained;
+  d["epochs_done"] = v.epochs_done;
+  d["work_done"] = v.work_done;
+  d["last_batch"] = v.last_batch;
+  return d;
+}
+
+/// A Python function as a cluster policy: called with the GIL held (the study runs without it),
+/// its answer read as a list of ints (bools and floats refused: a count is an integer); a Python
+/// error becomes a std::runtime_error here, while the GIL is held, carrying Python's message.
+cluster_policy_fn python_cluster_policy(const std::string& name, const py::function& fn) {
+  // Dropped with the GIL when the registration goes; after the interpreter ended, left alone.
+  std::shared_ptr<py::function> held(new py::function(fn), [](py::function* f) {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    }
+  });
+  return [held, name](const cluster_inputs& in) -> std::vector<int> {
+    py::gil_scoped_acquire gil;
+    try {
+      const py::object out = (*held)(py::cast(&in, py::return_value_policy::reference));
+      if (!py::isinstance<py::sequence>(out) || py::isinstance<py::str>(out))
+        throw std::invalid_argument("counts: cluster policy '" + name + "' returned " +
+                                    py::repr(out).cast<std::string>() +
+                                    "; return a list of one device count (an int) per job of inputs.jobs");
+      std::vector<int> counts;
+      for (const auto& item : out.cast<py::sequence>()) {
+        if (py::isinstance<py::bool_>(item) || !py::isinstance<py::int_>(item))
+          throw std::invalid_argument("counts: cluster policy '" + name + "' returned " +
+                                      py::repr(item).cast<std::string>() + " among its counts; give each job an int");
+        const py::int_ k = item.cast<py::int_>();
+        if (k < py::int_(-(1LL << 30)) || k > py::int_(1LL << 30))
+          throw std::invalid_argument("counts: cluster policy '" + name + "' returned " +
+                                      py::repr(item).cast<std::string>() +
+                                      " devices for a job; give each job 0..its max_devices");
+        counts.push_back(k.cast<int>());  // the range is checked by the simulator (arbitration.hpp)
+      }
+      return counts;
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(e.what());  // converted while the GIL is held
+    }
+  };
 }
 
 }  // namespace
@@ -162,6 +224,32 @@ void dra::python::bind_sim(py::module_& m) {
             return to_dict(py::cast(&lib.at(name), py::return_value_policy::reference));
           },
           py::arg("application"));
+
+  py::class_<cluster_inputs>(m, "ClusterInputs",
+                             "What a cluster policy is told at one decision; valid only during the call.")
+      .def_property_readonly(
+          "jobs",
+          [](const cluster_inputs& in) {
+            py::list jobs;
+            for (const job_view* v : in.jobs) jobs.append(view_dict(*v));
+            return jobs;
+          },
+          "The jobs that arrived and are not done, in arrival order, as dicts of what a real scheduler knows.")
+      .def_readonly("capacity", &cluster_inputs::capacity, "Devices in the cluster.")
+      .def_readonly("nodes", &cluster_inputs::nodes)
+      .def_readonly("devices_per_node", &cluster_inputs::devices_per_node)
+      .def_readonly("now", &cluster_inputs::now, "Simulated seconds.")
+      .def("goodput", &cluster_inputs::goodput, py::arg("i"), py::arg("k"),
+           "Predicted best goodput of jobs[i] at k devices, from its online-fitted model (0 before it measured).");
+  m.def(
+      "sim_add_cluster_policy",
+      [](const std::string& name, const py::function& decide, const std::string& summary, bool in_place) {
+        add_cluster_policy(name, python_cluster_policy(name, decide), summary, in_place);
+      },
+      py::arg("name"), py::arg("decide"), py::arg("summary") = "", py::arg("in_place") = false,
+      "Registers a Python function decide(inputs) -> [device count per job] as a simulator cluster policy.");
+  m.def("sim_remove_cluster_policy", &remove_cluster_policy, py::arg("name"),
+        "Removes a policy added with sim_add_cluster_policy (built-in ones stay).");
 
   m.def(
       "sim_read_workload",

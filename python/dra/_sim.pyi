@@ -4,7 +4,7 @@ dra's cluster simulator (torch-free): profiles, workloads, replays, the study, t
 from __future__ import annotations
 import collections.abc
 import typing
-__all__: list[str] = ['SimApplication', 'SimJobResult', 'SimJobSpec', 'SimProfiles', 'SimResult', 'SimStudyRun', 'SimTimelinePoint', 'policy_registry', 'policy_sections', 'sim_default_job_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_run', 'sim_study', 'sim_study_baselines', 'version']
+__all__: list[str] = ['ClusterInputs', 'SimApplication', 'SimJobResult', 'SimJobSpec', 'SimProfiles', 'SimResult', 'SimStudyRun', 'SimTimelinePoint', 'policy_registry', 'policy_sections', 'sim_add_cluster_policy', 'sim_default_job_price_floor', 'sim_in_place_resize_cost_stand_in_s', 'sim_policy_names', 'sim_read_workload', 'sim_remove_cluster_policy', 'sim_run', 'sim_study', 'sim_study_baselines', 'version']
 class SimJobSpec:
     """
     A job of a workload: arrival, application, request.
@@ -289,6 +289,35 @@ class SimProfiles:
         """
         (step_time, sync_time) interpolated at a placement (devices per node) and local batch.
         """
+class ClusterInputs:
+    """
+    What a cluster policy is told at one decision; valid only during the call.
+    """
+    def goodput(self, i: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex) -> float:
+        """
+        Predicted best goodput of jobs[i] at k devices, from its online-fitted model (0 before it measured).
+        """
+    @property
+    def capacity(self) -> int:
+        """
+        Devices in the cluster.
+        """
+    @property
+    def devices_per_node(self) -> int:
+        ...
+    @property
+    def jobs(self) -> list:
+        """
+        The jobs that arrived and are not done, in arrival order, as dicts of what a real scheduler knows.
+        """
+    @property
+    def nodes(self) -> int:
+        ...
+    @property
+    def now(self) -> float:
+        """
+        Simulated seconds.
+        """
 def policy_registry() -> list:
     """
     Every policy by name: its settings section (None: none), whether the live engine runs it, how the simulator schedules it (None: not simulated), how its system changes devices (in_place or restart) and a one-line summary, in the order reports list them.
@@ -297,9 +326,17 @@ def policy_sections() -> list[str]:
     """
     Names of the policy settings sections (options of dra.Controller, members of EngineConfig).
     """
+def sim_add_cluster_policy(name: str, decide: collections.abc.Callable, summary: str = '', in_place: bool = False) -> None:
+    """
+    Registers a Python function decide(inputs) -> [device count per job] as a simulator cluster policy.
+    """
 def sim_read_workload(path: str, profiles: SimProfiles = None) -> list:
     """
     Reads a workload CSV (name,time,application,num_replicas,batch_size) into job dicts; errors name file, line, column.
+    """
+def sim_remove_cluster_policy(name: str) -> None:
+    """
+    Removes a policy added with sim_add_cluster_policy (built-in ones stay).
     """
 def sim_run(profiles: SimProfiles, jobs: list, policy: str, reallocation_cost_s: typing.SupportsFloat | typing.SupportsIndex = 30.0, interval_s: typing.SupportsFloat | typing.SupportsIndex = 60.0, nodes: typing.SupportsInt | typing.SupportsIndex = 16, devices_per_node: typing.SupportsInt | typing.SupportsIndex = 4, quota_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, record_timeline: bool = True, declared_sigma: typing.SupportsFloat | typing.SupportsIndex = 0.0, declared_none_share: typing.SupportsFloat | typing.SupportsIndex = 0.0, early_stop_share: typing.SupportsFloat | typing.SupportsIndex = 0.0, declaration_seed: typing.SupportsInt | typing.SupportsIndex = 1, progress: collections.abc.Callable[[float, int, int], bool] = None) -> dict:
     """

@@ -14,6 +14,36 @@ from dra import _sim
 from dra.sim._args import PLAIN_DECIMAL, check_csv, plain_decimal, shown_value, too_large
 
 POLICIES: tuple[str, ...] = tuple(_sim.sim_policy_names)
+
+
+def sim_policy_names() -> tuple[str, ...]:
+    """Every policy the simulator runs now: `POLICIES` (built in) and those added with
+    `add_cluster_policy`."""
+    return tuple(e["name"] for e in _sim.policy_registry() if e["simulator"] != "none")
+
+
+def add_cluster_policy(name: str, decide: Any, summary: str = "", in_place: bool = False) -> None:
+    """Registers ``decide(inputs) -> list[int]`` as a cluster policy of this process's simulator:
+    ``replay`` and ``study`` then run ``name`` as they run ``pollux`` or ``arbiter`` (same cluster,
+    placement rule, reallocation cost and batch choice). ``inputs`` (valid during the call only)
+    holds ``jobs`` (dicts of what a real scheduler knows: ``name``, ``job_class``, ``submit_s``,
+    ``requested_replicas``, ``requested_batch``, ``declared_epochs``, ``max_devices``, ``devices``,
+    ``restarts``, ``attained_device_s``, ``epochs_done``, ``work_done``, ``last_batch``),
+    ``capacity``, ``nodes``, ``devices_per_node``, ``now`` and ``goodput(i, k)``; the answer is one
+    device count per job, each in 0..``max_devices``, at most ``capacity`` in all, checked before
+    anything changes. ``in_place``: its system resizes in place (``cost_mode="system"`` charges the
+    in-place cost), else by checkpoint and restart. docs/guide/simulator.md, "Your own cluster
+    policy"."""
+    if not callable(decide):
+        raise TypeError(f"decide: {decide!r} is not callable; pass a function inputs -> [device count per job]")
+    _sim.sim_add_cluster_policy(name, decide, summary, bool(in_place))
+
+
+def remove_cluster_policy(name: str) -> None:
+    """Removes a policy added with `add_cluster_policy` (built-in ones stay)."""
+    _sim.sim_remove_cluster_policy(name)
+
+
 #: Dynamic policies `dra-sim study` compares by default with the static baselines: the DRA
 #: framework's rule, the Pollux size rule per job, and dra's convergence-aware policy.
 STUDY_POLICIES: tuple[str, ...] = ("convergence", "goodput", "convergence_aware")

@@ -17,6 +17,7 @@ from dra.sim._inputs import (
     load_profiles,
     published_for,
     read_workload_rows,
+    sim_policy_names,
     workload_path,
 )
 from dra.sim._stats import _percentile, bootstrap_ci
@@ -264,9 +265,10 @@ def replay(
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
         raise ValueError(f"resamples: must be an integer >= 1, got {resamples!r}")
     names = list(policies) if policies else [p for p in POLICIES if not p.startswith("oracle_")]
+    known = sim_policy_names()  # POLICIES and any added with add_cluster_policy
     for p in names:
-        if p not in POLICIES:
-            raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
+        if p not in known:
+            raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(known)}")
     costs = costs_by_policy(
         names, cost_mode, cost=reallocation_cost, in_place_cost=in_place_cost, restart_cost=restart_cost
     )

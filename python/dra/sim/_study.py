@@ -10,7 +10,6 @@ from typing import Any
 
 from dra import _sim
 from dra.sim._inputs import (
-    POLICIES,
     SHARED_POLICIES,
     STUDY_BASELINES,
     STUDY_POLICIES,
@@ -20,6 +19,7 @@ from dra.sim._inputs import (
     parse_cost,
     read_workload,
     read_workload_rows,
+    sim_policy_names,
 )
 from dra.sim._stats import bootstrap_ci
 
@@ -127,8 +127,8 @@ def study(
     cost = parse_cost(reallocation_cost)
     names = list(policies) if policies else list(SHARED_POLICIES if shared_cluster else STUDY_POLICIES)
     for p in names:
-        if p not in POLICIES:
-            raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(POLICIES)}")
+        if p not in sim_policy_names():
+            raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(sim_policy_names())}")
     names = [p for p in names if p != "static"]
     pool = _request_pool(workloads, profiles) if workloads else _default_pool(profiles)
     if reference_limits:

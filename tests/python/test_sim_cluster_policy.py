@@ -1,0 +1,103 @@
+"""A cluster policy written in Python and run by dra's simulator (dra.sim.add_cluster_policy):
+it divides the cluster among jobs from what a real scheduler knows, is run under the same rules
+as pollux and tiresias on a shipped workload, and its mistakes are refused naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+import dra.sim
+
+WORKLOAD = "data/pollux/workloads/workload-6.csv"
+pytestmark = pytest.mark.timeout(300)
+
+
+def equal_share(inputs) -> list[int]:
+    """Every job gets an equal share of the cluster, up to its max_devices; leftovers go in order."""
+    jobs = inputs.jobs
+    if not jobs:
+        return []
+    share = inputs.capacity // len(jobs)
+    counts = [min(share, j["max_devices"]) for j in jobs]
+    left = inputs.capacity - sum(counts)
+    for i, j in enumerate(jobs):
+        extra = min(left, j["max_devices"] - counts[i])
+        counts[i] += extra
+        left -= extra
+    return counts
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def add(name, decide, **kw):
+        dra.sim.add_cluster_policy(name, decide, **kw)
+        names.append(name)
+
+    yield add
+    for n in names:
+        dra.sim.remove_cluster_policy(n)
+
+
+def test_a_python_cluster_policy_runs_beside_pollux_and_tiresias_and_sees_only_observables(registered):
+    seen = []
+
+    def spy(inputs):
+        seen.append((inputs.now, inputs.capacity, [dict(j) for j in inputs.jobs],
+                     [inputs.goodput(i, 2) for i in range(len(inputs.jobs))]))
+        return equal_share(inputs)
+
+    registered("py_equal_share", spy, summary="equal shares", in_place=True)
+    assert "py_equal_share" in dra.sim.sim_policy_names()
+    out = dra.sim.replay(WORKLOAD, policies=["py_equal_share", "pollux", "tiresias"], resamples=50)
+    mine, pollux, tiresias = (out["policies"][p] for p in ("py_equal_share", "pollux", "tiresias"))
+    assert mine["completed"] == mine["jobs"] == pollux["jobs"] and mine["unfinished"] == 0, mine
+    # Its own numbers, not another policy's under its name.
+    assert mine["avg_jct_s"] not in (pollux["avg_jct_s"], tiresias["avg_jct_s"])
+    assert 0.5 * pollux["avg_jct_s"] < mine["avg_jct_s"] < 3.0 * pollux["avg_jct_s"], (mine, pollux)
+    allocated = out["timelines"]["py_equal_share"]["allocated"]
+    assert allocated and max(allocated) <= 64 and max(allocated) > 32, max(allocated)
+    assert seen and all(cap == 64 for _, cap, _, _ in seen)
+    keys = set(seen[-1][2][0])
+    assert keys == {"name", "job_class", "submit_s", "requested_replicas", "requested_batch", "declared_epochs",
+                    "max_devices", "devices", "restarts", "attained_device_s", "epochs_done", "work_done",
+                    "last_batch"}, keys
+    assert any(g > 0 for *_, gs in seen for g in gs)  # goodput predictions once jobs measured
+    # cost_mode="system" reads its mechanism from the registration (in place).
+    assert dra.sim.costs_by_policy(["py_equal_share"], "system", in_place_cost=2.0) == {"py_equal_share": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("decide", "message"),
+    [
+        (lambda inputs: [inputs.capacity] * len(inputs.jobs) if len(inputs.jobs) > 1 else [1], "devices in all"),
+        (lambda inputs: [-1] * len(inputs.jobs), "counts"),
+        (lambda inputs: [1.5] * len(inputs.jobs), "1.5 among its counts; give each job an int"),
+        (lambda inputs: [True] * len(inputs.jobs), "True among its counts"),
+        (lambda inputs: "all", "'all'; return a list of one device count"),
+        (lambda inputs: [10**12] * len(inputs.jobs), "1000000000000 devices for a job"),
+        (lambda inputs: [], "counts"),
+        (lambda inputs: 1 / 0, "ZeroDivisionError"),
+    ],
+    ids=["over_capacity", "negative", "float", "bool", "string", "huge", "too_few", "raises"],
+)
+def test_a_first_draft_is_refused_naming_the_policy(registered, decide, message):
+    registered("py_draft", decide)
+    with pytest.raises((ValueError, RuntimeError)) as err:
+        dra.sim.replay(WORKLOAD, policies=["py_draft"], resamples=10, jobs_detail=False)
+    assert "'py_draft'" in str(err.value) and message in str(err.value), str(err.value)
+
+
+def test_bad_registrations_are_refused_and_an_unknown_name_lists_the_added_ones(registered):
+    with pytest.raises(TypeError, match="not callable"):
+        dra.sim.add_cluster_policy("py_x", 3)
+    with pytest.raises(ValueError):
+        dra.sim.add_cluster_policy("pollux", equal_share)  # a built-in name is taken
+    registered("py_listed", equal_share)
+    with pytest.raises(ValueError, match="py_listed"):
+        dra.sim.replay(WORKLOAD, policies=["nope"])
+    dra.sim.remove_cluster_policy("py_listed")
+    assert "py_listed" not in dra.sim.sim_policy_names()
+    with pytest.raises(ValueError, match="unknown 'py_listed'"):
+        dra.sim.replay(WORKLOAD, policies=["py_listed"])
