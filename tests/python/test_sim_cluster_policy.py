@@ -101,3 +101,11 @@ def test_bad_registrations_are_refused_and_an_unknown_name_lists_the_added_ones(
     assert "py_listed" not in dra.sim.sim_policy_names()
     with pytest.raises(ValueError, match="unknown 'py_listed'"):
         dra.sim.replay(WORKLOAD, policies=["py_listed"])
+
+
+def test_the_study_calls_a_python_policy_without_holding_the_gil_itself(registered):
+    # The study releases the GIL while it simulates; the policy is called with it taken back.
+    registered("py_equal_share", equal_share)
+    out = dra.sim.study(runs=2, seed=5, policies=["py_equal_share", "pollux"], shared_cluster=True,
+                        jobs_per_cluster=20)
+    assert {"py_equal_share", "pollux", "static_request"} <= set(out["policies"]), list(out["policies"])
