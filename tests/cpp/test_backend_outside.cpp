@@ -14,11 +14,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -33,6 +31,8 @@
 #undef CHECK
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+
+#include "guide_example.hpp"
 
 // [guide:your-own-backend]
 #include <atomic>
@@ -531,26 +531,6 @@ TEST_CASE("backend_outside.a_communicator_without_point_to_point_ends_the_job_at
 }
 
 TEST_CASE("backend_outside.the_guide_shows_this_example") {
-  const auto read = [](const std::string& path) {
-    std::ifstream in(path);
-    REQUIRE_MESSAGE(in, path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  };
-  const std::string marker = "// [guide:your-own-backend]\n";
-  const std::string source = read(std::string(DRA_SOURCE_DIR) + "/tests/cpp/test_backend_outside.cpp");
-  const auto a = source.find(marker);
-  REQUIRE(a != std::string::npos);
-  const auto b = source.find(marker, a + marker.size());
-  REQUIRE(b != std::string::npos);
-  const std::string example = source.substr(a + marker.size(), b - a - marker.size());
-  const std::string guide = read(std::string(DRA_SOURCE_DIR) + "/docs/guide/elastic.md");
-  const auto section = guide.find("\n## Your own backend\n");
-  REQUIRE(section != std::string::npos);
-  const auto open = guide.find("```cpp\n", section);
-  REQUIRE(open != std::string::npos);
-  const auto close = guide.find("```\n", open + 7);
-  REQUIRE(close != std::string::npos);
-  CHECK(guide.substr(open + 7, close - open - 7) == example);
+  dra_test::check_guide_shows_example("tests/cpp/test_backend_outside.cpp", "// [guide:your-own-backend]",
+                                      "docs/guide/elastic.md", "## Your own backend");
 }

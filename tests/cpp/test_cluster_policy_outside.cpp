@@ -8,7 +8,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -19,6 +18,7 @@
 
 #include "dra/policy/registry.hpp"
 #include "dra/sim/simulator.hpp"
+#include "guide_example.hpp"
 
 // [guide:your-own-cluster-policy]
 #include <algorithm>
@@ -121,28 +121,8 @@ std::string refusal(const std::string& policy) {
 }  // namespace
 
 TEST_CASE("cluster_policy_outside.the_guide_shows_the_compiled_example") {
-  auto read = [](const std::string& path) {
-    std::ifstream in(path);
-    REQUIRE_MESSAGE(in, path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  };
-  const std::string marker = "// [guide:your-own-cluster-policy]\n";
-  const std::string source = read(std::string(DRA_SOURCE_DIR) + "/tests/cpp/test_cluster_policy_outside.cpp");
-  const auto a = source.find(marker);
-  REQUIRE(a != std::string::npos);
-  const auto b = source.find(marker, a + marker.size());
-  REQUIRE(b != std::string::npos);
-  const std::string example = source.substr(a + marker.size(), b - a - marker.size());
-  const std::string guide = read(std::string(DRA_SOURCE_DIR) + "/docs/guide/simulator.md");
-  const auto section = guide.find("\n## Your own cluster policy\n");
-  REQUIRE(section != std::string::npos);
-  const auto open = guide.find("```cpp\n", section);
-  REQUIRE(open != std::string::npos);
-  const auto close = guide.find("```\n", open + 7);
-  REQUIRE(close != std::string::npos);
-  CHECK(guide.substr(open + 7, close - open - 7) == example);
+  dra_test::check_guide_shows_example("tests/cpp/test_cluster_policy_outside.cpp", "// [guide:your-own-cluster-policy]",
+                                      "docs/guide/simulator.md", "## Your own cluster policy");
 }
 
 TEST_CASE("cluster_policy_outside.equal_share_against_pollux_and_tiresias_on_a_shipped_workload") {
