@@ -71,7 +71,7 @@ controller::controller(controller_options options, launch_info launch, std::shar
     dra::detail::throw_invalid(
         "backend", "'" + options_.backend +
                        "' cannot hand state to joiners (its make_transfer() gave none: no point-to-point); use "
-                       "'gloo', or give that backend's communicator send/recv and a transfer (docs/guide/elastic.md, "
+                       "'gloo', or give that backend's communicator send/recv and a transfer (docs/guide/backend.md, "
                        "'Your own backend')");
   store_ = std::make_unique<detail::store_protocol>(launch, options_.store_timeout_ms());
   // The leader touches the store inside its step while its peers wait in the next collective: a

@@ -1,7 +1,7 @@
 // The communicator backend interface (include/dra/torch/comm/communicator.hpp) used from outside, as
 // a user with a backend of their own would: register it by name, run an elastic world on it that
 // grows and shrinks, replace a built-in, and get clear errors for bad registrations. The example of
-// docs/guide/elastic.md ("Your own backend") is compiled here, between the guide markers, and a test
+// docs/guide/backend.md ("Your own backend") is compiled here, between the guide markers, and a test
 // checks that the guide shows it verbatim. One std::thread per process of the job, as in
 // test_controller.cpp; the rank threads only record what they saw, the test thread asserts.
 #include <arpa/inet.h>
@@ -532,5 +532,5 @@ TEST_CASE("backend_outside.a_communicator_without_point_to_point_ends_the_job_at
 
 TEST_CASE("backend_outside.the_guide_shows_this_example") {
   dra_test::check_guide_shows_example("tests/cpp/test_backend_outside.cpp", "// [guide:your-own-backend]",
-                                      "docs/guide/elastic.md", "## Your own backend");
+                                      "docs/guide/backend.md", "## Your own backend");
 }
