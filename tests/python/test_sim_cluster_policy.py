@@ -4,6 +4,11 @@ as pollux and tiresias on a shipped workload, and its mistakes are refused namin
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 import dra.sim
@@ -109,3 +114,39 @@ def test_the_study_calls_a_python_policy_without_holding_the_gil_itself(register
     out = dra.sim.study(runs=2, seed=5, policies=["py_equal_share", "pollux"], shared_cluster=True,
                         jobs_per_cluster=20)
     assert {"py_equal_share", "pollux", "static_request"} <= set(out["policies"]), list(out["policies"])
+
+
+def _dra_sim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra.sim.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_command_line_runs_a_plugins_policy_and_refuses_a_bad_plugin_at_once(tmp_path):
+    plugin = tmp_path / "equal.py"
+    plugin.write_text(textwrap.dedent("""
+        import dra.sim
+
+        def equal_share(inputs):
+            share = inputs.capacity // max(1, len(inputs.jobs))
+            return [min(share, j["max_devices"]) for j in inputs.jobs]
+
+        dra.sim.add_cluster_policy("cli_equal_share", equal_share, "equal shares")
+    """))
+    out = tmp_path / "out.json"
+    proc = _dra_sim("replay", "--plugin", str(plugin), "--policy", "cli_equal_share", "--policy", "pollux",
+                    "--workload", WORKLOAD, "--quiet", "--no-jobs", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    runs = doc[0] if isinstance(doc, list) else doc
+    assert runs["policies"]["cli_equal_share"]["completed"] == 160, runs["policies"]["cli_equal_share"]
+    assert "| cli_equal_share | 160/160 |" in proc.stdout
+    # Without the plugin the name is no choice; a missing, failing or empty plugin is refused at once.
+    proc = _dra_sim("replay", "--policy", "cli_equal_share", "--workload", WORKLOAD)
+    assert proc.returncode == 2 and "invalid choice: 'cli_equal_share'" in proc.stderr, proc.stderr
+    (tmp_path / "bad.py").write_text("x = 1 / 0\n")
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    for arg, says in ((str(tmp_path / "none.py"), "is not a file"),
+                      (str(tmp_path / "bad.py"), "failed: ZeroDivisionError: division by zero"),
+                      (str(tmp_path / "empty.py"), "registered no policy; call dra.sim.add_cluster_policy")):
+        proc = _dra_sim("study", f"--plugin={arg}", "--runs", "2")
+        assert proc.returncode == 2 and f"argument --plugin: {arg}" in proc.stderr.replace(repr(arg), arg), proc.stderr
+        assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -19,7 +19,7 @@ POLICIES: tuple[str, ...] = tuple(_sim.sim_policy_names)
 def sim_policy_names() -> tuple[str, ...]:
     """Every policy the simulator runs now: `POLICIES` (built in) and those added with
     `add_cluster_policy`."""
-    return tuple(e["name"] for e in _sim.policy_registry() if e["simulator"] != "none")
+    return tuple(e["name"] for e in _sim.policy_registry() if e["simulator"] is not None)
 
 
 def add_cluster_policy(name: str, decide: Any, summary: str = "", in_place: bool = False) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 from dra import _sim
 from dra.sim._inputs import (
-    POLICIES,
     check_requests,
     costs_by_policy,
     load_profiles,
@@ -264,8 +263,8 @@ def replay(
     or a checkpoint-restart), listed per policy in ``reallocation_cost_s_by_policy``."""
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
         raise ValueError(f"resamples: must be an integer >= 1, got {resamples!r}")
-    names = list(policies) if policies else [p for p in POLICIES if not p.startswith("oracle_")]
     known = sim_policy_names()  # POLICIES and any added with add_cluster_policy
+    names = list(policies) if policies else [p for p in known if not p.startswith("oracle_")]
     for p in names:
         if p not in known:
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(known)}")

@@ -14,6 +14,7 @@ Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -42,9 +43,17 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, default_cost: str | None, default_cost_text: str) -> None:
         p.add_argument("--traces", help="profile folder (default: the copy dra ships, data/pollux/traces)")
         p.add_argument(
+            "--plugin",
+            action="append",
+            metavar="FILE.py",
+            help="a Python file, run before anything else, that registers cluster policies of its own with "
+            "dra.sim.add_cluster_policy; their names become --policy choices (repeatable; docs/guide/simulator.md, "
+            "'Your own cluster policy')",
+        )
+        p.add_argument(
             "--policy",
             action="append",
-            choices=list(sim.POLICIES),
+            choices=list(sim.sim_policy_names()),  # the built-ins and what --plugin files added
             help="policy to run (repeatable; default: all for replay; convergence/goodput/convergence_aware for the study, "
             "tiresias/pollux/arbiter/convergence_aware for the shared-cluster study; the static baselines always run)",
         )
@@ -153,9 +162,47 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+def _plugin_files(argv: list[str]) -> list[str]:
+    """The --plugin values, read before the parser is built (their policies are --policy choices)."""
+    files = []
+    for i, a in enumerate(argv):
+        if a == "--plugin" and i + 1 < len(argv):
+            files.append(argv[i + 1])
+        elif a.startswith("--plugin="):
+            files.append(a[len("--plugin="):])
+    return files
+
+
+def _refuse_plugin(why: str) -> None:
+    """As argparse refuses a value: one line, exit status 2."""
+    print(f"dra-sim: error: argument --plugin: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _load_plugins(files: list[str]) -> None:
+    """Runs each --plugin file (the user's own code, as `python FILE` would); each must register at
+    least one cluster policy."""
+    import runpy
+
+    import dra.sim as sim
+
+    for path in files:
+        if not os.path.isfile(path):
+            _refuse_plugin(f"{path!r} is not a file; give a Python file that calls dra.sim.add_cluster_policy")
+        before = set(sim.sim_policy_names())
+        try:
+            runpy.run_path(path, run_name="__dra_sim_plugin__")
+        except Exception as e:  # noqa: BLE001 - the user's file: said with its name, not a traceback
+            _refuse_plugin(f"{path} failed: {type(e).__name__}: {e}")
+        if not set(sim.sim_policy_names()) - before:
+            _refuse_plugin(f"{path} registered no policy; call dra.sim.add_cluster_policy(name, decide) in it")
+
+
 @console("dra-sim")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("replay", "study"):
+        _load_plugins(_plugin_files(argv))
     args = _parser(with_rl=bool(argv) and argv[0] == "rl").parse_args(argv)
     if args.command == "rl":
         from dra.rl.cli import run as run_rl
@@ -185,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("replay: give --workload CSV (repeatable) or --all-loads")
             # Every input checked before anything is simulated: a bad second workload must not cost
             # the first one's simulation first.
-            sim.costs_by_policy(args.policy or [p for p in sim.POLICIES if not p.startswith("oracle_")], args.cost_mode,
+            sim.costs_by_policy(args.policy or [p for p in sim.sim_policy_names() if not p.startswith("oracle_")],
+                                args.cost_mode,
                                 cost=args.reallocation_cost,
                                 in_place_cost=args.in_place_cost, restart_cost=args.restart_cost)
             profiles = sim.load_profiles(args.traces)
