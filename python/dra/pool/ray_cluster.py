@@ -2,11 +2,15 @@
 
 - **Inventory from Ray's resources.** A node offers pool devices through two custom resources it
   is started with: ``dra_slot`` (how many devices) and a node tag ``dra_node_<name>`` (so a lease
-  can be pinned to it). ``ray start --resources '{"dra_slot": 2, "dra_node_a": 1}'``. GPUs a node
-  reports (``GPU``) become devices of type ``gpu`` (Ray sets ``CUDA_VISIBLE_DEVICES`` itself).
-- **A placement group per lease** (one bundle: one ``dra_slot`` and a sliver of the node tag), and
-  the worker started on the lease's node by an actor inside it (``_WorkerHost``), which runs the
-  worker as a child process that dies with it (``PR_SET_PDEATHSIG``).
+  can be pinned to it). ``ray start --resources '{"dra_slot": 2, "dra_node_a": 1}'``. GPUs a named
+  node reports (``GPU``) become devices of type ``gpu``. A cluster that offers no device, or two
+  nodes of one name, is refused with the fix; a node with ``dra_slot`` and no name is said.
+- **A placement group per lease** (one bundle: the lease's share of a ``dra_slot``, or of a ``GPU``
+  for a GPU lease, and a sliver of the node tag), and the worker started on the lease's node by an
+  actor inside it (``_WorkerHost``), which runs the worker as a child process that dies with it
+  (``PR_SET_PDEATHSIG``), as the job's owner (the launcher's uid; a raylet run as root switches to
+  it, one run as another user refuses), with ``CUDA_VISIBLE_DEVICES`` the GPU Ray reserved. A
+  worker that cannot start there ends with exit code 127/126/1 and its log says why.
 - **Nodes that leave or join.** ``RayCluster.watch`` reads Ray's node table every half second and
   also knocks at each node's raylet: a refused connection means its raylet is gone now, seconds
   before Ray's own health check (``health_check_period_ms`` x ``health_check_failure_threshold``)
@@ -23,9 +27,11 @@ accounting), except GPUs (``CUDA_VISIBLE_DEVICES`` set by Ray).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -77,16 +83,41 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
 class RayCluster:
     """Connects to a Ray cluster and describes its pool devices."""
 
-    def __init__(self, address: str = "auto") -> None:
+    def __init__(self, address: str = "auto", check: bool = True) -> None:
+        """``check``: refuse a cluster that offers the pool no device, or two nodes of one name (the
+        pool's; a launcher only places workers)."""
         ray = _ray()
+        connected = False
         if not ray.is_initialized():
             check_address(address)
             try:
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise ValueError(f"ray: cannot connect to the Ray cluster at {address}: {e}") from None
+            connected = True
         self.ray = ray
+        self.address = address
         self.known: dict[str, dict[str, Any]] = {}  # the nodes the watcher knows alive
+        self.problems: list[str] = []  # what the last look at Ray's node table left out, and why
+        if check:
+            try:
+                nodes = self.nodes()
+                named = [p for p in self.problems if not p.endswith("resource: left out")]  # names in conflict
+                if named:
+                    raise ValueError(f"ray: the Ray cluster at {address}: {'; '.join(named)}")
+                if not any(i["slots"] or i["gpus"] for i in nodes.values()):
+                    why = "; ".join(self.problems) or (
+                        f"its alive nodes {', '.join(NODE_PREFIX + t for t in nodes)} have no dra_slot and no GPU"
+                        if nodes else f"no alive node has a {NODE_PREFIX}<name> resource")
+                    raise ValueError(f"ray: the Ray cluster at {address} offers the pool no devices ({why}): start "
+                                     "each node with a name of its own and slots or GPUs, e.g. ray start --resources "
+                                     "'{\"dra_slot\": 2, \"dra_node_a\": 1}'")
+                for problem in self.problems:
+                    print(f"[dra pool] ray: {problem}", file=sys.stderr, flush=True)
+            except BaseException:
+                if connected:
+                    ray.shutdown()  # nothing left behind
+                raise
 
     def node_gone(self, tag: str) -> str | None:
         """Why a node the watcher knows is gone now (its raylet refuses connections), else None:
@@ -95,17 +126,33 @@ class RayCluster:
         return None if info is None else self.raylet_gone(info, timeout_s=0.3)
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """Alive nodes with pool devices: tag name -> {"slots", "gpus", "node_id", "address", "port"}."""
-        out = {}
-        for n in self.ray.nodes():
+        """Alive nodes with pool devices: tag name -> {"slots", "gpus", "node_id", "address", "port"}.
+        A node without a tag, with two tags, or whose tag an alive node already has (the one the
+        watcher knows first) is left out and said in ``problems``."""
+        out: dict[str, dict[str, Any]] = {}
+        problems = []
+        known = {i["node_id"] for i in self.known.values()}
+        for n in sorted(self.ray.nodes(), key=lambda n: n.get("NodeID") not in known):
             if not n.get("Alive"):
                 continue
             res = n.get("Resources", {})
-            tags = [k[len(NODE_PREFIX):] for k in res if k.startswith(NODE_PREFIX)]
+            where = f"node {n.get('NodeID', '?')[:12]} at {n.get('NodeManagerAddress')}"
+            tags = sorted(k[len(NODE_PREFIX):] for k in res if k.startswith(NODE_PREFIX))
             if not tags:
+                if res.get("dra_slot"):  # meant for the pool (a GPU node without a name may be others')
+                    problems.append(f"{where} has dra_slot but no {NODE_PREFIX}<name> resource: left out")
+                continue
+            if len(tags) > 1:
+                problems.append(f"{where} has {len(tags)} names ({', '.join(NODE_PREFIX + t for t in tags)}): left out; "
+                                "give it one")
+                continue
+            if tags[0] in out:
+                problems.append(f"{where} has the name {NODE_PREFIX}{tags[0]} of node {out[tags[0]]['node_id'][:12]} at "
+                                f"{out[tags[0]]['address']}: left out; give each node a name of its own")
                 continue
             out[tags[0]] = {"slots": int(res.get("dra_slot", 0)), "gpus": int(res.get("GPU", 0)), "node_id": n["NodeID"],
                             "address": n.get("NodeManagerAddress"), "port": n.get("NodeManagerPort")}
+        self.problems = problems
         return out
 
     def devices(self, nodes: dict[str, dict[str, Any]] | None = None) -> list[Any]:
@@ -138,13 +185,21 @@ class RayCluster:
         stop = threading.Event()
         known = self.known = dict(self.nodes())
         dead: set[str] = set()  # node ids seen gone (Ray's table may still call them alive a while)
+        said = set(self.problems)
+        gcs = self.ray.get_runtime_context().gcs_address
 
         def loop() -> None:
             while not stop.wait(every_s):
+                # This process left that cluster (ray.shutdown, or connected to another): stop.
+                if not self.ray.is_initialized() or self.ray.get_runtime_context().gcs_address != gcs:
+                    return
                 try:
                     alive = {t: i for t, i in self.nodes().items() if i["node_id"] not in dead}
                 except Exception:  # noqa: BLE001 - the head is busy: try again
                     continue
+                for problem in set(self.problems) - said:  # a node that joined and is left out
+                    print(f"[dra pool] ray: {problem}", file=sys.stderr, flush=True)
+                said.update(self.problems)
                 for tag, info in list(known.items()):
                     why = "Ray reports it dead" if tag not in alive else self.raylet_gone(info)
                     if tag in alive and alive[tag]["node_id"] != info["node_id"]:
@@ -170,20 +225,60 @@ def _pdeathsig() -> None:  # in the worker, before exec: die with the actor that
 
 
 class _WorkerHost:
-    """Ray actor: runs one worker process on its node."""
+    """Ray actor: runs one worker process on its node, as the job's owner.
+
+    A Ray worker process runs as the user its raylet runs as. Run as root (the usual ``ray start``
+    in a container), it starts the worker as the launcher's uid, gid and groups (the job's owner):
+    the pool's promise that a job runs with its owner's privileges holds on Ray too. Run as a user
+    who is neither root nor the owner, it cannot, and refuses (the worker would run as that user)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.code: int | None = None  # the exit code of a worker that could not be started
 
-    def start(self, cmd: list[str], env: dict[str, str], cwd: str | None, log: str) -> int:
+    def start(self, cmd: list[str], env: dict[str, str], cwd: str | None, log: str,
+              owner: dict[str, Any] | None = None, gpu: bool = False) -> int:
+        """The worker's pid, or 0 when it could not start (why: the last line of its log; poll
+        gives 127, 126 or 1)."""
+        me = os.geteuid()
+        uid = me if owner is None else int(owner["uid"])
+        as_owner: dict[str, Any] = {}
+        refused = None
+        if uid != me:
+            if me == 0:
+                as_owner = {"user": uid, "group": int(owner["gid"]),  # type: ignore[index]
+                            "extra_groups": [int(g) for g in owner.get("groups", [])]}  # type: ignore[union-attr]
+            elif uid != 0:
+                refused = (f"ray: the job's owner is uid {uid} but Ray's worker processes on this node run as uid {me} "
+                           f"and cannot switch user: the job would run with uid {me}'s privileges. Start the "
+                           f"node's raylet as root (it then runs each job as its owner) or as uid {uid}")
+        if gpu:  # the GPUs Ray reserved for this actor (its bundle), not the pool's index
+            import ray
+
+            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in ray.get_gpu_ids())}
+        made = not os.path.isdir(os.path.dirname(log) or ".")
         os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig)
-        return self.proc.pid
+            if as_owner:  # the owner reads and cuts its log
+                os.fchown(out.fileno(), as_owner["user"], as_owner["group"])
+                if made:
+                    os.chown(os.path.dirname(log) or ".", as_owner["user"], as_owner["group"])
+            if refused is None:
+                try:
+                    self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig, **as_owner)
+                    return self.proc.pid
+                except OSError as e:  # said in its log and by its exit code, not as a lost node
+                    self.code = 127 if isinstance(e, FileNotFoundError) else 126 if isinstance(e, PermissionError) else 1
+                    where = f" in {cwd}" if cwd else ""
+                    refused = (f"ray: cannot start {cmd[0]}{where} on node {env.get('DRA_NODE', '?')} "
+                               f"({socket.gethostname()}): {e.strerror or e}")
+            self.code = self.code or 1
+            out.write((refused + "\n").encode())
+        return 0
 
     def poll(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+        return self.code if self.proc is None else self.proc.poll()
 
     def kill(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -195,7 +290,7 @@ class RaySpawner:
     there by a _WorkerHost actor. Same interface as the local spawner."""
 
     def __init__(self, address: str = "auto") -> None:
-        self.cluster = RayCluster(address)
+        self.cluster = RayCluster(address, check=False)
         ray = self.cluster.ray
         self.host_cls = ray.remote(num_cpus=0)(_WorkerHost)
         self.hosts: dict[str, tuple[Any, Any]] = {}
@@ -203,6 +298,8 @@ class RaySpawner:
         self.starting: dict[str, Any] = {}  # wid -> the start call's ObjectRef, until it answered
         self.polling: dict[str, Any] = {}  # wid -> a poll call's ObjectRef, until it answered
         self.cancelled: list[tuple[str, int]] = []  # killed before Ray placed them (their exits)
+        # Whom the workers run as: this launcher's user (the job's owner), on every node.
+        self.owner = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups()}
 
     def spawn(self, wid: str, cmd: list[str], env: dict[str, str], cgroups: list[str], log: Any,
               cwd: str | None) -> int:
@@ -212,12 +309,17 @@ class RaySpawner:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         node = env.get("DRA_NODE", "")
-        bundle: dict[str, float] = {"dra_slot": 1.0}
+        share = float(env.get("DRA_DEVICE_SHARE") or 1.0)
+        # The lease's share of its device, in the resource Ray counts it by: a fraction of a slot
+        # takes that fraction of a dra_slot (two halves share one slot), a GPU lease takes GPU.
+        gpu = bool(re.search(r"/gpu\d+$", env.get("DRA_DEVICE", "")))
+        bundle: dict[str, float] = {"GPU" if gpu else "dra_slot": share}
         if node:
             bundle[NODE_PREFIX + node] = 0.001
         pg = placement_group([bundle], strategy="STRICT_PACK")
-        host = self.host_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
-        started = host.start.remote(cmd, env, cwd, str(log))
+        host = self.host_cls.options(num_gpus=share if gpu else 0,
+                                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)).remote()
+        started = host.start.remote(cmd, env, cwd, str(log), self.owner, gpu)
         self.hosts[wid] = (host, pg)
         self.starting[wid] = started
         return 0  # its pid is known once the actor started it
