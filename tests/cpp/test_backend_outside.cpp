@@ -32,6 +32,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "elastic_test_support.hpp"
 #include "guide_example.hpp"
 
 // [guide:your-own-backend]
@@ -120,6 +121,10 @@ using json = nlohmann::json;
 
 namespace {
 
+using dra_test::free_port;
+using dra_test::healthy_options;
+using dra_test::launch;
+
 // ---- replacing a built-in before anything looked a backend up ----------------------------------
 // Registered while static objects are built, before main(): before any lookup, whatever order
 // doctest runs the test cases in. The built-ins are registered at the first lookup; this
@@ -138,45 +143,6 @@ const bool gloo_replaced = [] {
 
 constexpr std::int64_t kDataset = 48;
 constexpr std::int64_t kGlobalBatch = 8;  // 6 steps per data epoch
-
-// A port nothing listens on at the moment (the OS picks it; the caller binds it right after).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-launch_info launch(int port, int uid, int universe, const std::string& job, bool host = false) {
-  launch_info l;
-  l.store_host = "127.0.0.1";
-  l.store_port = port;
-  l.host_store = host;
-  l.uid = uid;
-  l.universe_size = universe;
-  l.job_prefix = "dra/test-backend-" + job + "/0";
-  return l;
-}
-
-// Generous timeouts for healthy worlds (a loaded 2-core machine stalls threads for seconds).
-controller_options healthy_options(const std::string& backend) {
-  controller_options o;
-  o.fault_timeout_s = 8.0;
-  o.store_timeout_s = 10.0;
-  o.engine.decide_every = 1000000;  // only the schedule resizes
-  o.verify = true;
-  o.backend = backend;
-  o.backend_address = "127.0.0.1";
-  o.chunk_mb = 1024.0 / 1048576.0;  // 1 KiB: several chunks even for a tiny model
-  return o;
-}
 
 struct trainer {
   torch::nn::Linear model;

@@ -32,29 +32,20 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "elastic_test_support.hpp"
+
 using namespace dra::elastic;
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 
 namespace {
 
+using dra_test::free_port;
+using dra_test::healthy_options;
+using dra_test::launch;
+
 constexpr std::int64_t kDataset = 48;
 constexpr std::int64_t kGlobalBatch = 8;  // 6 steps per data epoch
-
-// A port nothing listens on at the moment (the OS picks it; the caller binds it right after).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // A store the test owns (it outlives every controller of the test).
 c10::intrusive_ptr<c10d::TCPStore> make_server() {
@@ -66,32 +57,6 @@ c10::intrusive_ptr<c10d::TCPStore> make_server() {
   auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
   store->setTimeout(10s);
   return store;
-}
-
-launch_info launch(int port, int uid, int universe, const std::string& job, bool host = false, bool join = false) {
-  launch_info l;
-  l.store_host = "127.0.0.1";
-  l.store_port = port;
-  l.host_store = host;
-  l.join = join;
-  l.uid = uid;
-  l.universe_size = universe;
-  l.job_prefix = "dra/test-" + job + "/0";
-  return l;
-}
-
-// Healthy worlds get generous timeouts: on a loaded 2-core machine a thread can stall for
-// seconds, and a collective timeout there would be a spurious "fault". Failure paths under test
-// are bounded by the store timeout.
-controller_options healthy_options() {
-  controller_options o;
-  o.fault_timeout_s = 8.0;
-  o.store_timeout_s = 10.0;
-  o.engine.decide_every = 1000000;  // only the schedule resizes: the test knows when
-  o.verify = true;
-  o.backend_address = "127.0.0.1";
-  o.chunk_mb = 1024.0 / 1048576.0;  // 1 KiB: several chunks even for a tiny model
-  return o;
 }
 
 struct dataset {
