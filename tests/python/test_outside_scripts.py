@@ -19,15 +19,17 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from dra.testing import kill_tagged
+from dra.testing import kill_tagged, tagged_processes
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -144,7 +146,10 @@ def _run(tmp_path: Path, name: str, script: str, *args: str, options: dict | Non
     path = out / "train.py"
     path.write_text(textwrap.dedent(script))
     token = uuid.uuid4().hex
-    env = dict(os.environ, OUT=str(out), DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # PYTHONFAULTHANDLER: a worker still running at the timeout gets SIGABRT first and writes
+    # every thread's stack into its log, so that a hang says where it hangs.
+    env = dict(os.environ, OUT=str(out), DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")
     for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
               "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_STOP_ON_SIGTERM", "DRA_LAUNCHER"):
         env.pop(k, None)
@@ -158,10 +163,16 @@ def _run(tmp_path: Path, name: str, script: str, *args: str, options: dict | Non
         code = proc.returncode
     except subprocess.TimeoutExpired:
         code = None
+        for pid in tagged_processes("DRA_TEST_TOKEN", token):
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        time.sleep(2.0)
     finally:
         kill_tagged("DRA_TEST_TOKEN", token)
     logs = "".join(p.read_text(errors="replace") for p in sorted((out / "logs").glob("*.log")))
-    assert code is not None, f"{name}: still running after {timeout} s\n{logs[-3000:]}"
+    assert code is not None, f"{name}: still running after {timeout} s (stacks at SIGABRT in the logs)\n{logs[-6000:]}"
     records = [json.loads(line) for f in out.glob("rec-*.jsonl") for line in f.read_text().splitlines()]
     return code, logs, records
 
