@@ -350,10 +350,13 @@ def _stop_on_sigterm(controller: Controller) -> None:
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return
     ref = weakref.ref(controller)
+    owner = os.getpid()
 
     def on_sigterm(signum: int, _frame: Any) -> None:
         ctl = ref()
-        if ctl is None or ctl.stop_requested:
+        # In a forked child (a DataLoader worker not yet in its loop, a multiprocessing child)
+        # SIGTERM keeps its default action: its copy of the controller is not in the job.
+        if os.getpid() != owner or ctl is None or ctl.stop_requested:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
@@ -362,6 +365,27 @@ def _stop_on_sigterm(controller: Controller) -> None:
               "(a second SIGTERM ends this process at once)", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    _sigterm_handlers.add(on_sigterm)
+    if not _sigterm_reset_on_fork[0]:
+        os.register_at_fork(after_in_child=_default_sigterm_in_child)
+        _sigterm_reset_on_fork[0] = True
+
+
+# The SIGTERM handlers _stop_on_sigterm installed: a forked child inherits them, and there a SIGTERM
+# must end the process. An interpreter's exit sends SIGTERM to its daemonic multiprocessing children
+# (a DataLoader's workers) and joins them without a timeout: a worker that took the handler over
+# (one that had not yet installed its own) asked a copy of the controller to stop, lived on, and the
+# training process never exited (seen after an uncaught exception under `dra run`).
+_sigterm_handlers: weakref.WeakSet[Any] = weakref.WeakSet()
+_sigterm_reset_on_fork = [False]
+
+
+def _default_sigterm_in_child() -> None:
+    try:
+        if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # signal.signal() off the main thread: the handler itself checks the pid
+        pass
 
 
 def _make_events_dir(path: str) -> None:
