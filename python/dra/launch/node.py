@@ -239,7 +239,7 @@ class NodeLauncher:
             # default process group of the launch world cannot take a new member, so the script's
             # own init_process_group() makes a world of one on a private port (get_rank() 0).
             env.update({"DRA_JOIN": "1", "DRA_JOIN_UID": str(w.uid), "RANK": "0", "WORLD_SIZE": "1",
-                        "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                        "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                         "TORCHELASTIC_USE_AGENT_STORE": "False"})
         return env
 
@@ -511,7 +511,8 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a joiner's private world of one binds it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

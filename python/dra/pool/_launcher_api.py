@@ -122,6 +122,8 @@ class LauncherAPI:
         for key in ("done", "failed"):
             if not isinstance(body.get(key, False), bool):
                 raise ValueError(f"{key}: must be true or false")
+        if body.get("world") is not None and not isinstance(body["world"], bool):
+            raise ValueError("world: must be true, false or absent")
         for key in ("reason", "launcher"):
             if body.get(key) is not None and not isinstance(body[key], str):
                 raise ValueError(f"{key}: must be a string")
@@ -135,7 +137,8 @@ class LauncherAPI:
             except ValueError as e:
                 report, refused = None, str(e)
         answer = self.sync(name, ids("heartbeats"), ids("released"), report, body.get("done", False),
-                           body.get("failed", False), body.get("reason"), body.get("launcher"), caller)
+                           body.get("failed", False), body.get("reason"), body.get("launcher"), caller,
+                           world=body.get("world"))
         if refused is not None:
             answer["report_refused"] = refused
             with self._lock:
@@ -147,10 +150,13 @@ class LauncherAPI:
 
     def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None,
              done: bool = False, failed: bool = False, reason: str | None = None, launcher: str | None = None,
-             caller: Caller | None = None) -> dict[str, Any]:
+             caller: Caller | None = None, world: bool | None = None) -> dict[str, Any]:
         """A launcher's periodic call: its live leases, the leases its exited workers held, the
         job's report. Answers with the job's leases (new ones to start workers on) and the leases
-        the pool wants back. ``launcher``: the caller's launch id (a second launcher is refused)."""
+        the pool wants back. ``launcher``: the caller's launch id (a second launcher is refused).
+        ``world``: whether the job's processes formed a dra world; while a launcher says false (a
+        script without dra, or one still starting), the job keeps the devices it holds: it is not
+        grown, shrunk in place, or given back a device a worker of it gave up (_loop.py)."""
         now = time.time()
         with self._lock:
             job = self._job(name)
@@ -189,6 +195,10 @@ class LauncherAPI:
                                 changed.append(self.book.at(other.id))
                                 break
                     self._release(lid, "worker exited", removed)
+            if world is not None and job["info"].get("world") != world:
+                job["info"]["world"] = world
+                if world:
+                    self._event({"event": "world", "job": name, "workers": self.book.count(name, False)})
             if report:
                 self._keep_report(name, report, now)
                 self._observe_curve(name, report)

@@ -16,7 +16,7 @@ from typing import Any
 
 from dra._core import pool as _p
 from dra.pool import _launchers
-from dra.pool._spec import fit_speedup, remaining_size_s
+from dra.pool._spec import fit_speedup, make_request, remaining_size_s
 
 REPORT_STALE_S = 30.0  # an inference service's load report older than this counts as no load
 
@@ -46,8 +46,31 @@ class SchedulingLoop:
 
     def _entries(self, states: tuple[str, ...], urgent: dict[str, int] | None = None) -> list[Any]:
         urgent = urgent or {}
-        return [_p.JobEntry(self._requests[name], j["submitted_at"], j["order"], urgent.get(name, 0))
-                for name, j in self.jobs.items() if j["state"] in states and self._ready(name)]
+        out = []
+        for name, j in self.jobs.items():
+            if j["state"] not in states or not self._ready(name):
+                continue
+            request = self._requests[name]
+            if self._held_as_is(name):
+                held = self.book.count(name, False)
+                if held == 0:
+                    continue  # its last worker ended: the job is ending, it is given nothing more
+                request = make_request({**j["spec"], "name": name})
+                request.min_size, request.max_size = min(request.min_size, held), held
+            out.append(_p.JobEntry(request, j["submitted_at"], j["order"], urgent.get(name, 0)))
+        return out
+
+    def _held_as_is(self, name: str) -> bool:
+        """Whether a running training job keeps at most the devices its workers hold: its launcher
+        says its processes have not formed a dra world (a script without dra, or one still
+        starting). Such a job is not grown (a new process would run the whole script again, as a
+        world of its own), the arbiter does not shrink it to rebalance (it would not leave; a
+        signal would stop a rank), and a device a worker of it gave up by ending is not granted
+        to it again (that part of the job is done). A higher class may still preempt it down to
+        its min_size, as it may any elastic job. Once the world forms, it is resized like any
+        elastic job."""
+        j = self.jobs[name]
+        return j["state"] == "running" and j["spec"]["kind"] == "training" and j["info"].get("world") is False
 
     def _ready(self, name: str) -> bool:
         """Whether a job can be given devices now. In ``dynamic``, a waiting job whose launcher has
@@ -283,7 +306,8 @@ class SchedulingLoop:
         for name in running + waiting:
             spec = self.jobs[name]["spec"]
             sj = _p.ScaleJob()
-            sj.job, sj.kind, sj.priority, sj.elastic = name, spec["kind"], spec["priority"], spec["elastic"]
+            sj.job, sj.kind, sj.priority = name, spec["kind"], spec["priority"]
+            sj.elastic = spec["elastic"] and not self._held_as_is(name)
             sj.min_size, sj.max_size = spec["min_size"], max(spec["min_size"], min(spec["max_size"], most))
             sj.current = self.book.count(name, False)
             report = self.reports.get(name)
@@ -322,7 +346,7 @@ class SchedulingLoop:
         for name in running:
             cur = self.book.count(name, False)
             want = targets.get(name, cur)
-            if want != cur and self.jobs[name]["spec"]["elastic"] and self._planned.get(name) != (cur, want):
+            if want != cur and jobs[(running + waiting).index(name)].elastic and self._planned.get(name) != (cur, want):
                 self._planned[name] = (cur, want)
                 self._event({"event": "plan", "job": name, "from": cur, "to": want, "curve": curves.get(name),
                              "speedup": [round(x, 3) for x in jobs[(running + waiting).index(name)].speedup]})

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dra._argtypes import count_arg, nonnegative_arg
+from dra.launch.node import free_port
 from dra.pool import _cgroup
 from dra.pool._spawner import Spawner, is_python, private_log_dir
 
@@ -70,6 +71,13 @@ class JobStore:
         try:
             return bool(self.control.done())
         except Exception:  # noqa: BLE001
+            return False
+
+    def started(self) -> bool:
+        """Whether the job's processes formed their dra world (a script without dra never does)."""
+        try:
+            return bool(self.control.started())
+        except Exception:  # noqa: BLE001 - asked again at the next look
             return False
 
     def claim_uid(self) -> int:
@@ -140,6 +148,11 @@ class Launcher:
         # this launcher. Only these say a job that never wrote done finished; one that exited 0
         # because it was asked back says nothing about the job.
         self.finished_workers = 0
+        # Whether the job's processes formed a dra world, and when that was last asked. Until they
+        # do (a script without dra never does), a lease past the first world's is given back
+        # unused: a process started on it would run the whole script again, as a world of one.
+        self.world = False
+        self._world_asked = 0.0
 
     def _options(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The controller options a pool job gets through DRA_OPTIONS (the script's keywords win)."""
@@ -157,13 +170,23 @@ class Launcher:
         env.update(self.extra_env)
         env.update(lease.get("env", {}))
         env.update({"DRA_STORE": self.store.address, "DRA_JOB_ID": self.job, "RANK": str(rank),
-                    "WORLD_SIZE": str(world), "PYTHONUNBUFFERED": "1"})
+                    "WORLD_SIZE": str(world), "PYTHONUNBUFFERED": "1",
+                    # What torchrun's agent tells a worker, so that a script written for torchrun
+                    # (init_process_group() from the environment) runs here as it is: one worker per
+                    # lease.
+                    "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank), "GROUP_WORLD_SIZE": str(world),
+                    "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+                    "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"})
+        env.update(self._rendezvous_env(world))
         env.setdefault("OMP_NUM_THREADS", "1")
         uid = rank
         env.pop("DRA_JOIN", None)
         env.pop("DRA_JOIN_UID", None)
         if join:
             uid = self.store.claim_uid()
+            # A joiner enters the running world through dra; torch's default process group of the
+            # launched world cannot take a new member, so the script's own init_process_group()
+            # makes a world of one (as under `dra run`).
             env.update({"DRA_JOIN": "1", "DRA_JOIN_UID": str(uid)})
             if self.first_world:  # the launched world (a DistributedSampler's global batch is per-rank x this)
                 env["DRA_UNIVERSE_SIZE"] = str(self.first_world)
@@ -179,6 +202,18 @@ class Launcher:
                                      "uid": uid, "started": time.time(), "asked": None, "signals": 0, "join": join,
                                      "log": log, "memory": [(whose, p, _cgroup.memory_state(p)) for whose, p in watched]}
         self._say(event="worker_start", lease=lease["id"], device=lease.get("device"), pid=pid, join=join, uid=uid)
+
+    def _rendezvous_env(self, world: int) -> dict[str, str]:
+        """Where torch's init_process_group() from the environment meets. A world of several
+        workers meets at the job's store, as torchrun's agent store (workers connect as clients,
+        on whatever node). A world of one (one lease, or a joiner) gets a private port its process
+        hosts itself, as a plain `python` run would: a script that sets MASTER_ADDR and
+        MASTER_PORT itself and starts its own processes (torch.multiprocessing.spawn, the DDP
+        tutorial's way) must find no agent store announced, or its rank 0 would not host one."""
+        if world > 1:
+            host, _, port = self.store.address.rpartition(":")
+            return {"MASTER_ADDR": host, "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TORCHELASTIC_USE_AGENT_STORE": "False"}
 
     def _reap(self) -> tuple[list[int], list[int]]:
         """Exited workers: (leases freed, exit codes)."""
@@ -294,6 +329,13 @@ class Launcher:
                 self._say(event="leave_timeout", lease=w["lease"], uid=w["uid"], after_s=now - w["asked"])
                 self._signal(w, signal.SIGTERM if w["signals"] == 0 else signal.SIGKILL)
 
+    def _world_formed(self) -> bool:
+        """Whether the job formed its dra world (asked of its store at most twice a second)."""
+        if not self.world and time.time() - self._world_asked >= 0.5:
+            self._world_asked = time.time()
+            self.world = self.store.started()
+        return self.world
+
     def _signal(self, w: dict[str, Any], sig: int) -> None:
         w["signals"] += 1
         self.spawner.kill(w["wid"], sig)
@@ -330,7 +372,8 @@ class Launcher:
         assert self.client is not None
         try:
             answer = self.client.sync(self.job, heartbeats, released, report, done=done, failed=failed,
-                                      reason=reason, launcher=self.launch_id)
+                                      reason=reason, launcher=self.launch_id,
+                                      world=self.world if self.kind == "training" and self.started_world else None)
         except (ConnectionError, RuntimeError) as e:
             if isinstance(e, Superseded):
                 raise
@@ -386,6 +429,8 @@ class Launcher:
             released += freed
             codes += c
             report = self.store.report()
+            if self.started_world and self.kind == "training":
+                self._world_formed()  # the pool resizes the job only once it did
             # Finished: the job said so, or every worker is gone and one of them exited 0 on its own
             # (a plain script). A worker that exited 0 because it was asked to leave does not count:
             # a job that gave a lease back and whose last workers then crashed failed.
@@ -427,9 +472,17 @@ class Launcher:
                     for rank, lease in enumerate(new):
                         self._start(lease, rank, len(new), join=False)
                     self.started_world = True
-            else:
-                for lease in new:
-                    self._start(lease, 0, 1, join=True)
+            elif new:
+                if self.kind == "training" and not self._world_formed():
+                    for lease in new:  # given back at the next sync (the pool holds the job as it is now)
+                        self.ended.add(lease["id"])
+                        released.append(lease["id"])
+                        self._say(event="lease_unused", lease=lease["id"],
+                                  why="the job's processes formed no dra world: a script without dra runs at the "
+                                      "size it started at")
+                else:
+                    for lease in new:
+                        self._start(lease, 0, 1, join=True)
             self._give_back(answer, report)
             time.sleep(self.poll_s)
 

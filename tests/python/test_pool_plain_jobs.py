@@ -1,0 +1,181 @@
+"""Scripts without dra in the pool: a plain command (a shell loop, a script of one's own, a
+torchrun-style program) is run at the size it started at. It is never grown (a second process
+would run the whole script again on its own) and a worker that ended by itself is not replaced
+(its part is done). An outside review found both: one such job rerun its script over and over
+for more than 90 s. A job that formed a dra world is still resized (test_pool_scaling.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dra._core import pool as P
+from dra.pool.server import PoolClient, PoolServer
+from dra.pool.service import PoolService
+
+
+def declared(n: int) -> list:
+    return [P.Device(id=f"d{i}", type="cpu-slot", memory_gb=2.0) for i in range(n)]
+
+
+def _events(state: Path) -> list[dict]:
+    return [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+
+
+def _script(marker: Path, rank0_s: float, rank1_s: float) -> list[str]:
+    """Appends one line per start (its RANK, WORLD_SIZE and DRA_JOIN) to ``marker``, then sleeps:
+    rank 0 for ``rank0_s``, every other rank for ``rank1_s``."""
+    code = (f"import os, time\n"
+            f"with open({str(marker)!r}, 'a') as f:\n"
+            f"    f.write(' '.join(os.environ.get(k, '-') for k in ('RANK', 'WORLD_SIZE', 'DRA_JOIN')) + '\\n')\n"
+            f"time.sleep({rank0_s} if os.environ['RANK'] == '0' and not os.environ.get('DRA_JOIN') else {rank1_s})\n")
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.timeout(90)
+def test_a_plain_script_whose_worker_ends_first_is_not_run_again(tmp_path: Path) -> None:
+    """Rank 1 of a 2-worker plain script exits 0 at once, rank 0 runs for 12 s. The lease rank 1
+    gave back was granted again and a new worker ran the script from its start (as a world of
+    one), then again when that one ended: the job looped. Now the job ends when rank 0 does, after
+    exactly the two starts of its first world, and its devices are not granted again."""
+    state = tmp_path / "state"
+    marker = tmp_path / "starts.txt"
+    svc = PoolService(declared(2), state, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    try:
+        client.submit({"name": "plain", "cwd": str(tmp_path), "min_size": 1, "max_size": 2,
+                       "command": _script(marker, 12.0, 0.0)})
+        t0 = time.time()
+        assert client.wait(["plain"], timeout_s=60) == {"plain": "finished"}
+        took = time.time() - t0
+    finally:
+        server.close()
+    starts = marker.read_text().splitlines()
+    assert sorted(starts) == ["0 2 -", "1 2 -"], starts
+    grants = [e for e in _events(state) if e["event"] == "grant" and e["job"] == "plain"]
+    assert len(grants) == 2, grants
+    assert took < 30, took
+
+
+@pytest.mark.timeout(90)
+def test_a_plain_script_is_not_grown_when_devices_free_up(tmp_path: Path) -> None:
+    """A plain script admitted at 1 worker (the other device busy) was grown when the device came
+    free: its launcher started a second process that ran the whole script again as a world of its
+    own, beside the first. Now the job keeps its one worker; the device stays free."""
+    state = tmp_path / "state"
+    marker = tmp_path / "starts.txt"
+    svc = PoolService(declared(2), state, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    try:
+        client.submit({"name": "hold", "cwd": str(tmp_path), "command": ["sleep", "6"]})
+        deadline = time.time() + 30
+        while time.time() < deadline and not any(e["event"] == "grant" for e in _events(state)):
+            time.sleep(0.05)
+        client.submit({"name": "plain", "cwd": str(tmp_path), "min_size": 1, "max_size": 2,
+                       "command": _script(marker, 12.0, 12.0)})
+        assert client.wait(["hold", "plain"], timeout_s=60) == {"hold": "finished", "plain": "finished"}
+    finally:
+        server.close()
+    events = _events(state)
+    grants = [e for e in events if e["event"] == "grant" and e["job"] == "plain"]
+    starts = marker.read_text().splitlines()
+    assert starts == ["0 1 -"], (starts, grants)
+    assert len(grants) == 1, grants
+
+
+_TORCHRUN_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")  # from the environment, as under torchrun
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(rank)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+weights = [torch.zeros(5) for _ in range(world)]
+dist.all_gather(weights, torch.cat([p.detach().flatten() for p in model.parameters()]))
+same = all(torch.equal(weights[0], w) for w in weights)
+print("RESULT", rank, world, os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"], same, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_script_written_for_torchrun_runs_on_the_pool_unchanged(tmp_path: Path) -> None:
+    """A DDP script that calls init_process_group() from the environment failed on the pool at
+    once ("environment variable MASTER_ADDR expected, but not set"): the launcher set RANK and
+    WORLD_SIZE only. It now sets what torchrun's agent sets (MASTER_ADDR and MASTER_PORT of the
+    job's store, used as the agent's store, LOCAL_RANK, LOCAL_WORLD_SIZE, ...): the script trains
+    on 2 devices and its replicas agree."""
+    state = tmp_path / "state"
+    logs = tmp_path / "logs"
+    svc = PoolService(declared(2), state, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    try:
+        client.submit({"name": "ddp", "cwd": str(tmp_path), "min_size": 2, "max_size": 2, "log": str(logs),
+                       "command": [sys.executable, "-c", _TORCHRUN_SCRIPT]})
+        states = client.wait(["ddp"], timeout_s=75)
+        reason = next(j for j in client.status()["jobs"] if j["name"] == "ddp").get("reason")
+    finally:
+        server.close()
+    assert states == {"ddp": "finished"}, reason
+    lines = sorted(line for log in logs.glob("ddp.*.log") for line in log.read_text().splitlines()
+                   if line.startswith("RESULT"))
+    assert lines == ["RESULT 0 2 0 1 True", "RESULT 1 2 0 1 True"], lines
+
+
+_SPAWN_SCRIPT = """
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def run(rank, world):
+    os.environ["MASTER_ADDR"] = "localhost"  # the PyTorch DDP tutorial's setup()
+    os.environ["MASTER_PORT"] = sys.argv[1]
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    print("RESULT", rank, t.item(), flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(2,), nprocs=2, join=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_script_that_spawns_its_own_world_on_one_lease_still_meets(tmp_path: Path) -> None:
+    """The DDP tutorial's way: one process sets MASTER_ADDR and MASTER_PORT itself and starts its
+    own workers with torch.multiprocessing.spawn. The agent store announced for torchrun-style
+    scripts (TORCHELASTIC_USE_AGENT_STORE) must not reach a world of one, or that script's rank 0
+    would not host the store its workers meet at, and they would wait for it until the timeout."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = tmp_path / "state"
+    logs = tmp_path / "logs"
+    svc = PoolService(declared(1), state, heartbeat_timeout_s=5.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    script = tmp_path / "spawn_ddp.py"  # a file: spawned processes import their function from it
+    script.write_text(_SPAWN_SCRIPT)
+    try:
+        client.submit({"name": "spawn", "cwd": str(tmp_path), "log": str(logs),
+                       "command": [sys.executable, str(script), str(port)]})
+        states = client.wait(["spawn"], timeout_s=75)
+        reason = next(j for j in client.status()["jobs"] if j["name"] == "spawn").get("reason")
+    finally:
+        server.close()
+    assert states == {"spawn": "finished"}, reason
+    lines = sorted(line for log in logs.glob("spawn.*.log") for line in log.read_text().splitlines()
+                   if line.startswith("RESULT"))
+    assert lines == ["RESULT 0 3.0", "RESULT 1 3.0"], lines
