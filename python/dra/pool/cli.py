@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +81,33 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    code = 0
+    grace_s = ray_head_grace_s()
+    while not stop.wait(1.0):
+        lost_at = service.ray_head_lost_at
+        if lost_at is not None and time.time() - lost_at > grace_s:
+            # Ray ends every process connected to a cluster whose head stays away: stop first, in
+            # order (state saved, socket removed), and say what to do.
+            print(f"[dra pool] the Ray cluster's head has been unreachable for {time.time() - lost_at:.0f} s (the pool "
+                  f"waited {grace_s:g} s, under Ray's gcs_rpc_server_reconnect_timeout_s): this pool stops; start it "
+                  f"again with the same --state once the cluster is back (the jobs' records are kept in {state})",
+                  file=sys.stderr, flush=True)
+            code = 3
+            break
     # Slots are kept when leases are live, so a restarted daemon finds its running jobs' cgroups.
     server.close(remove_slots=not any(l.state for l in service.book.all()))
-    return 0
+    return code
+
+
+def ray_head_grace_s() -> float:
+    """How long the daemon waits for a lost Ray head before it stops by itself: Ray ends a process
+    whose head stays away longer than ``gcs_rpc_server_reconnect_timeout_s`` (60 s unless
+    ``RAY_gcs_rpc_server_reconnect_timeout_s`` says otherwise); the pool stops 15 s before."""
+    try:
+        limit = float(os.environ.get("RAY_gcs_rpc_server_reconnect_timeout_s", "60"))
+    except ValueError:
+        limit = 60.0
+    return max(5.0, limit - 15.0) if math.isfinite(limit) else 45.0
 
 
 def _first_missing(path: Path) -> Path | None:

@@ -35,7 +35,7 @@ def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic"
             cluster = RayCluster(address)
             service = PoolService(cluster.devices(), state_dir, mode=mode, name=name, ray_address=address,
                                   state_lock=lock, **options)
-            service.ray_watch = cluster.watch(service.remove_node, service.add_node)
+            service.ray_watch = cluster.watch(service.remove_node, service.add_node, on_head=service.ray_head)
             service.node_check = cluster.node_gone
             return service
         devices, specs = _inventory.discover(inventory, memory_gb=memory_gb)

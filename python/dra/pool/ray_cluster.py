@@ -38,6 +38,8 @@ from collections.abc import Callable
 from typing import Any
 
 NODE_PREFIX = "dra_node_"
+HEAD_MISSES = 3  # looks in a row at which the cluster's head did not answer before it counts as lost
+TABLE_WAIT_S = 2.0  # how long one look waits for Ray's node table before it knocks at the head again
 
 
 def _ray() -> Any:
@@ -178,25 +180,83 @@ class RayCluster:
         return f"its raylet is gone ({why})" if why == "connection refused" else None
 
     def watch(self, on_lost: Callable[..., Any], on_joined: Callable[[str, list[Any]], Any] | None = None,
-              every_s: float = 0.5) -> threading.Event:
+              every_s: float = 0.5, on_head: Callable[[bool, str], Any] | None = None) -> threading.Event:
         """Calls on_lost(tag, reason) once for each node that is gone (Ray's table says so, or its
         raylet refuses connections) and on_joined(tag, devices) for each node that joins; returns a
-        stop event."""
+        stop event. The cluster's head (its GCS) is knocked at first, every time: when it has not
+        answered for ``HEAD_MISSES`` looks in a row, every node is gone with it (no lease may be
+        granted on a cluster without a head, and Ray's node table cannot be read to tell which
+        nodes live) and on_head(False, reason) is called; when it answers again, on_head(True, "")
+        and its nodes join again as Ray's table lists them."""
         stop = threading.Event()
         known = self.known = dict(self.nodes())
         dead: set[str] = set()  # node ids seen gone (Ray's table may still call them alive a while)
         said = set(self.problems)
         gcs = self.ray.get_runtime_context().gcs_address
+        gcs_host, _, gcs_port = str(gcs).rpartition(":")
+        head = {"misses": 0, "lost": False, "ids": set()}  # the node ids that went with the head
+
+        def head_answers() -> bool:
+            why = _knock(gcs_host, int(gcs_port), min(1.0, max(0.2, every_s)))
+            if why is None:
+                if head["lost"]:
+                    head["lost"] = False
+                    dead.difference_update(head["ids"])  # the head is back: its nodes may come back with it
+                    print(f"[dra pool] ray: the cluster's head (GCS at {gcs}) answers again", file=sys.stderr, flush=True)
+                    if on_head is not None:
+                        on_head(True, "")
+                head["misses"] = 0
+                return True
+            head["misses"] += 1
+            if head["misses"] >= HEAD_MISSES and not head["lost"]:
+                head["lost"] = True
+                reason = f"the Ray cluster's head (GCS at {gcs}) is unreachable ({why})"
+                print(f"[dra pool] ray: {reason}: every node is taken as gone; Ray ends the processes connected "
+                      "to it (this pool, the jobs' launchers) if it does not come back in time "
+                      "(gcs_rpc_server_reconnect_timeout_s, 60 s by default)", file=sys.stderr, flush=True)
+                for tag, info in list(known.items()):
+                    dead.add(info["node_id"])
+                    head["ids"].add(info["node_id"])
+                    del known[tag]
+                    on_lost(tag, reason)
+                if on_head is not None:
+                    on_head(False, reason)
+            return False
+
+        table: dict[str, Any] = {"read": None}  # the read of Ray's node table in flight, if any
+
+        def read_table() -> dict[str, dict[str, Any]] | None:
+            """Ray's node table, or None while it does not answer within TABLE_WAIT_S: a read begun
+            as the head went away blocks until Ray's client gives up (a minute), and the head's
+            knock must go on meanwhile. At most one read is in flight, on a daemon thread."""
+            read = table["read"]
+            if read is None:
+                read = table["read"] = {"done": threading.Event(), "nodes": None}
+
+                def run(r: dict[str, Any] = read) -> None:
+                    try:
+                        r["nodes"] = self.nodes()
+                    except Exception:  # noqa: BLE001 - the head is busy or gone: read again later
+                        pass
+                    r["done"].set()
+
+                threading.Thread(target=run, name="dra-ray-table", daemon=True).start()
+            if not read["done"].wait(TABLE_WAIT_S):
+                return None
+            table["read"] = None
+            return read["nodes"]
 
         def loop() -> None:
             while not stop.wait(every_s):
                 # This process left that cluster (ray.shutdown, or connected to another): stop.
                 if not self.ray.is_initialized() or self.ray.get_runtime_context().gcs_address != gcs:
                     return
-                try:
-                    alive = {t: i for t, i in self.nodes().items() if i["node_id"] not in dead}
-                except Exception:  # noqa: BLE001 - the head is busy: try again
+                if gcs_port.isdigit() and not head_answers():
+                    continue  # Ray's node table cannot be read without the head
+                nodes = read_table()
+                if nodes is None:
                     continue
+                alive = {t: i for t, i in nodes.items() if i["node_id"] not in dead}
                 for problem in set(self.problems) - said:  # a node that joined and is left out
                     print(f"[dra pool] ray: {problem}", file=sys.stderr, flush=True)
                 said.update(self.problems)

@@ -148,6 +148,7 @@ class PoolService(SchedulingLoop, LauncherAPI):
         self.url: str | None = None  # the API launchers call (set by the server)
         # Ray: why a node is gone (None while it is there), asked when a worker on it ended.
         self.node_check: Callable[[str], str | None] | None = None
+        self.ray_head_lost_at: float | None = None  # Ray: since when the cluster's head is unreachable
         self._last_scale = 0.0
         self._last_check = 0.0
         self._planned: dict[str, tuple[int, int]] = {}  # last plan event per job (no repeats)
@@ -455,6 +456,18 @@ class PoolService(SchedulingLoop, LauncherAPI):
                 self._event({"event": "node_added", "node": node, "devices": added})
         self._wake.set()
         return added
+
+    def ray_head(self, back: bool, reason: str) -> None:
+        """The Ray cluster's head was lost (its nodes were removed before this call), or is back
+        (its nodes join again as the watcher sees them): one event each."""
+        with self._lock:
+            if back:
+                lost_s = None if self.ray_head_lost_at is None else round(time.time() - self.ray_head_lost_at, 3)
+                self.ray_head_lost_at = None
+                self._event({"event": "ray_head_back", "lost_s": lost_s})
+            else:
+                self.ray_head_lost_at = time.time()
+                self._event({"event": "ray_head_lost", "reason": reason})
 
     def remove_node(self, node: str, reason: str = "node lost") -> list[str]:
         """A node left the cluster: its devices go, its leases are released (their workers went
