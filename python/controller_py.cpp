@@ -10,6 +10,7 @@
 #include <climits>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -195,6 +196,7 @@ step_signals parse_signals(const py::kwargs& kwargs) {
       {"validation", &step_signals::validation},         {"step_time_s", &step_signals::step_time_s},
       {"sync_time_s", &step_signals::sync_time_s}};
   step_signals s;
+  std::vector<std::string> gradient_keys;
   for (auto item : kwargs) {
     const auto name = item.first.cast<std::string>();
     const auto it = fields.find(name);
@@ -205,7 +207,23 @@ step_signals parse_signals(const py::kwargs& kwargs) {
     }
     if (item.second.is_none()) continue;
     s.*(it->second) = as_float(item.second, "dra.step: " + name);
+    if (name.find("_batch") != std::string::npos || name.find("_sqr_norm") != std::string::npos)
+      gradient_keys.push_back(name);
   }
+  // In step_signals NaN means "not given": a NaN the caller gave must still be counted as the
+  // non-finite value it is, and a missing gradient statistic named rather than read as NaN.
+  if (!gradient_keys.empty() && gradient_keys.size() != 4) {
+    std::string missing;
+    for (const char* key : {"small_sqr_norm", "small_batch", "big_sqr_norm", "big_batch"})
+      if (std::find(gradient_keys.begin(), gradient_keys.end(), key) == gradient_keys.end())
+        missing += (missing.empty() ? "" : ", ") + std::string(key);
+    throw py::value_error(
+        "small_sqr_norm: gradient statistics need all of small_sqr_norm, small_batch, big_sqr_norm, big_batch; "
+        "missing " +
+        missing);
+  }
+  if (kwargs.contains("validation") && !kwargs["validation"].is_none() && std::isnan(s.validation))
+    s.validation = std::numeric_limits<double>::infinity();  // counted in nonfinite_count, as an inf is
   return s;
 }
 

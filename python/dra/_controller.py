@@ -177,9 +177,15 @@ class Controller(_core.Controller):
             self.sampler._consumed()
             return self._skip_step()
         extra = {k: _as_float(v, k) for k, v in signals.items() if v is not None}
-        self._awaiting_step = False  # this backward's step, from here on
-        # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
-        status = self._step(value, **extra) if isinstance(value, float) else self._step_tensor(value, **extra)
+        awaiting, self._awaiting_step = getattr(self, "_awaiting_step", False), False  # this backward's step, from here on
+        try:
+            # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
+            status = self._step(value, **extra) if isinstance(value, float) else self._step_tensor(value, **extra)
+        except ValueError:
+            # A refused signal (checked before anything is done): no step was taken, so the backward still
+            # awaits its dra.step, as after any exception caught between backward and dra.step.
+            self._awaiting_step = awaiting
+            raise
         if self.sampler is not None:
             refusal = self._refusal
             if refusal is not None:  # a rank did not train its batch: the step is redone
@@ -484,15 +490,24 @@ def _as_float(value: Any, what: str = "the loss") -> float:
     if isinstance(value, float):
         return float(value)  # a numpy float64 (a float subclass) as a plain float
     if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"dra.step: {what} is an int too large for a float ({str(value)[:20]}..., "
+                             f"{len(str(value))} digits); pass a real number") from None
     if getattr(value, "is_meta", False) is True:
         raise ValueError(f"dra.step: {what} is a tensor on the meta device, which holds no value; compute it on a real "
                          "device (cpu or cuda) and pass that tensor, or its float")
     item = getattr(value, "item", None)
     shape = getattr(value, "shape", None)
     if item is None or shape is None or isinstance(value, (str, bytes)):
-        shown = repr(value)[:80]
-        raise ValueError(f"dra.step: expected a float or a 0-d tensor as {what}, got {type(value).__name__} {shown}")
+        shown = " ".join(repr(value).split())[:80]  # on one line: a tensor's repr spans several
+        fix = ""
+        if getattr(value, "loss", None) is not None:  # a model's output object (HuggingFace's ModelOutput)
+            fix = "; pass its .loss (e.g. dra.step(outputs.loss))"
+        elif isinstance(value, (tuple, list)) and value and all(getattr(v, "shape", None) is not None for v in value):
+            fix = "; pass the loss itself, not the tuple it came in (e.g. dra.step(out[0]))"
+        raise ValueError(f"dra.step: expected a float or a 0-d tensor as {what}, got {type(value).__name__} {shown}{fix}")
     if len(shape) != 0:
         raise ValueError(f"dra.step: expected a 0-d tensor as {what}, got shape {tuple(shape)}; pass loss.mean() or loss.sum()")
     number = item()

@@ -247,8 +247,9 @@ void controller::say_if_loss_never_positive() {
   // The loss-trend signals fit log(loss): a loss that is never positive (a negative log-likelihood
   // bound, a reward to maximise passed as its negative) leaves them empty, and the phase stays
   // warmup for the whole run. Said once, when the warmup would have ended.
-  if (nonpositive_said_) return;
   const auto& s = engine_.signals();
+  say_if_loss_turned_nonpositive(s);
+  if (nonpositive_said_) return;
   if (s.accepted < std::max<std::uint64_t>(engine_.config().estimator.warmup_steps, 1) ||
       s.nonpositive_count != s.accepted)
     return;
@@ -259,6 +260,29 @@ void controller::say_if_loss_never_positive() {
                "quantity that is positive and falls as training converges (e.g. loss minus a known lower bound) "
                "(said once)\n",
                static_cast<long long>(s.step), static_cast<unsigned long long>(s.accepted), s.loss);
+  std::fflush(stderr);
+}
+
+void controller::say_if_loss_turned_nonpositive(const dra::signals::convergence_signals& s) {
+  // A loss that falls below zero mid-run (a negative log-likelihood of a continuous density, an
+  // ELBO) stops feeding the log(loss) regression: once a whole window of losses is <= 0 the trend,
+  // the plateau flag and the phase are those of the last positive window, frozen, and the policy
+  // keeps acting on them (growing on a frozen "fast", releasing on a frozen "plateau"). Said once.
+  if (s.accepted == accepted_seen_) return;
+  const std::uint64_t fed = s.accepted - accepted_seen_, nonpositive = s.nonpositive_count - nonpositive_seen_;
+  nonpositive_run_ = nonpositive == fed ? nonpositive_run_ + fed : nonpositive;
+  accepted_seen_ = s.accepted;
+  nonpositive_seen_ = s.nonpositive_count;
+  const std::uint64_t window = engine_.config().estimator.window;
+  if (nonpositive_run_said_ || nonpositive_run_ < window || s.nonpositive_count == s.accepted) return;
+  nonpositive_run_said_ = true;
+  std::fprintf(stderr,
+               "[dra] step %lld: the latest %llu losses (the latest %g) are <= 0 after positive ones: the convergence "
+               "signals fit log(loss), so the loss trend and the phase (%s) stay as they were at the last positive "
+               "loss while the policy acts on them; pass dra.step a quantity that stays positive and falls as "
+               "training converges (e.g. loss minus a known lower bound) (said once)\n",
+               static_cast<long long>(s.step), static_cast<unsigned long long>(nonpositive_run_), s.loss,
+               dra::signals::to_string(s.phase));
   std::fflush(stderr);
 }
 

@@ -294,20 +294,33 @@ void controller_options::adopt_deprecated_names() {
 #endif
 
 void step_signals::validate() const {
+  // The two batch sizes say that gradient statistics were given (NaN: not given); a norm that is NaN
+  // or inf beside them is a measurement that overflowed (an AMP step the GradScaler skips) and is
+  // counted as non-finite by the estimator, never an error that would end the training run.
   const bool any =
       !std::isnan(small_sqr_norm) || !std::isnan(small_batch) || !std::isnan(big_sqr_norm) || !std::isnan(big_batch);
-  const bool all =
-      !std::isnan(small_sqr_norm) && !std::isnan(small_batch) && !std::isnan(big_sqr_norm) && !std::isnan(big_batch);
-  if (any && !all)
+  const bool batches = !std::isnan(small_batch) && !std::isnan(big_batch);
+  if (any && !batches)
     dra::detail::throw_invalid("small_sqr_norm",
                                "gradient statistics need all of small_sqr_norm, small_batch, big_sqr_norm, big_batch");
-  if (all && !(small_batch > 0.0 && big_batch > small_batch))
-    dra::detail::throw_invalid("big_batch", "needs 0 < small_batch < big_batch, got " + std::to_string(small_batch) +
-                                                " and " + std::to_string(big_batch));
-  if (!std::isnan(step_time_s) && !(step_time_s > 0.0))
-    dra::detail::throw_invalid("step_time_s", "must be > 0 seconds, got " + std::to_string(step_time_s));
-  if (!std::isnan(sync_time_s) && !(sync_time_s >= 0.0))
-    dra::detail::throw_invalid("sync_time_s", "must be >= 0 seconds, got " + std::to_string(sync_time_s));
+  // Equal batches are a world of one (big_batch = world size x small_batch): no second batch size,
+  // so the step carries no gradient statistics (skipped, not an error: a job shrunk to one goes on).
+  if (batches &&
+      !(std::isfinite(small_batch) && std::isfinite(big_batch) && small_batch > 0.0 && big_batch >= small_batch))
+    dra::detail::throw_invalid("big_batch", "needs 0 < small_batch <= big_batch (finite), got " +
+                                                std::to_string(small_batch) + " and " + std::to_string(big_batch));
+  if (!std::isnan(step_time_s) && !(std::isfinite(step_time_s) && step_time_s > 0.0))
+    dra::detail::throw_invalid("step_time_s",
+                               "must be a finite number of seconds > 0, got " + std::to_string(step_time_s));
+  if (!std::isnan(sync_time_s) && std::isnan(step_time_s))
+    dra::detail::throw_invalid("sync_time_s", "is the part of step_time_s spent synchronising; pass step_time_s too");
+  if (!std::isnan(sync_time_s) && !(std::isfinite(sync_time_s) && sync_time_s >= 0.0))
+    dra::detail::throw_invalid("sync_time_s",
+                               "must be a finite number of seconds >= 0, got " + std::to_string(sync_time_s));
+  if (!std::isnan(sync_time_s) && sync_time_s > step_time_s)
+    dra::detail::throw_invalid("sync_time_s",
+                               std::to_string(sync_time_s) + " s exceeds step_time_s " + std::to_string(step_time_s) +
+                                   " s; it is the part of the step spent synchronising (both in seconds)");
 }
 
 namespace detail {

@@ -572,7 +572,9 @@ void controller::resume_at(std::int64_t step_index) {
 
 void controller::apply_signals(const step_signals& x) {
   auto& est = engine_.estimator();
-  if (!std::isnan(x.small_sqr_norm)) est.update_gradients(x.small_sqr_norm, x.small_batch, x.big_sqr_norm, x.big_batch);
+  // Non-finite norms are counted by the estimator; equal batches (a world of one) carry no statistics.
+  if (!std::isnan(x.small_batch) && x.big_batch > x.small_batch)
+    est.update_gradients(x.small_sqr_norm, x.small_batch, x.big_sqr_norm, x.big_batch);
   if (!std::isnan(x.validation)) est.update_validation(x.validation);
   if (!std::isnan(x.step_time_s)) {
     const auto& w = engine_.world();

@@ -184,10 +184,12 @@ struct step_signals {
   double small_batch = std::numeric_limits<double>::quiet_NaN();
   double big_sqr_norm = std::numeric_limits<double>::quiet_NaN();
   double big_batch = std::numeric_limits<double>::quiet_NaN();
-  double validation = std::numeric_limits<double>::quiet_NaN();   ///< a validation metric (lower is better)
+  double validation = std::numeric_limits<double>::quiet_NaN();  ///< a validation metric (reported; no policy reads it)
   double step_time_s = std::numeric_limits<double>::quiet_NaN();  ///< measured step time (throughput model)
   double sync_time_s = std::numeric_limits<double>::quiet_NaN();
-  /// Throws std::invalid_argument when the gradient statistics are incomplete or not positive.
+  /// Throws std::invalid_argument when the gradient statistics are incomplete, their batches not
+  /// 0 < small_batch <= big_batch (equal: a world of one, skipped; a NaN/inf norm beside them is
+  /// counted as non-finite), or the timings not finite with 0 <= sync_time_s <= step_time_s.
   void validate() const;
 };
 
@@ -454,6 +456,7 @@ class controller {
   bool read_due(std::int64_t committed) const;
   void note_loss(double loss);
   void say_if_loss_never_positive();
+  void say_if_loss_turned_nonpositive(const dra::signals::convergence_signals& signals);
   void note_world_energy(double joules, bool estimated);
   detail::job_figures figures() const;
   void start_energy_meter();
@@ -535,6 +538,10 @@ class controller {
   std::optional<std::int64_t> missed_;   ///< the step whose reduction this rank did not follow by step()
   bool missed_said_ = false;             ///< the all-identical outcome of a missed step was reported
   bool nonpositive_said_ = false;        ///< a loss never positive was reported
+  bool nonpositive_run_said_ = false;    ///< a loss that turned <= 0 after positive ones was reported
+  std::uint64_t nonpositive_run_ = 0;    ///< consecutive losses <= 0 fed to the engine (as the leader saw)
+  std::uint64_t nonpositive_seen_ = 0;   ///< the estimator's nonpositive_count at the previous look
+  std::uint64_t accepted_seen_ = 0;      ///< its accepted count at the previous look
   std::optional<step_refusal> refused_;  ///< this step is refused (set at its reduction)
   std::optional<step_refusal> refusal_;  ///< the latest step() was a refusal
   int refusals_in_a_row_ = 0;
