@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -129,4 +130,34 @@ TEST_CASE("controller.stop.request_is_a_flag_alone") {
   CHECK(alone.stop_requested());
   CHECK(alone.rank() == 0);
   CHECK(alone.is_leader());
+}
+
+TEST_CASE("controller.step_signals.overflowed_norms_and_a_world_of_one_are_not_errors") {
+  // A mixed-precision step whose gradients overflowed has NaN/inf norms beside its batches: counted
+  // as non-finite by the estimator, never an error that ends training. Equal batches are a world of
+  // one (big_batch = world size x small_batch). Timings the throughput model would drop are refused.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  step_signals s;
+  s.small_batch = 8.0;
+  s.big_batch = 16.0;
+  s.small_sqr_norm = nan;
+  s.big_sqr_norm = inf;
+  CHECK_NOTHROW(s.validate());
+  s.small_sqr_norm = s.big_sqr_norm = 1.0;
+  s.big_batch = 8.0;
+  CHECK_NOTHROW(s.validate());
+  s.big_batch = 4.0;
+  CHECK(error_of([&] { s.validate(); }).rfind("big_batch: needs 0 < small_batch <= big_batch", 0) == 0);
+  step_signals partial;
+  partial.small_sqr_norm = 1.0;
+  CHECK(error_of([&] { partial.validate(); }).find("gradient statistics need all of") != std::string::npos);
+  step_signals timing;
+  timing.sync_time_s = 0.01;
+  CHECK(error_of([&] { timing.validate(); }).rfind("sync_time_s: is the part of step_time_s", 0) == 0);
+  timing.step_time_s = inf;
+  CHECK(error_of([&] { timing.validate(); }).rfind("step_time_s: must be a finite number", 0) == 0);
+  timing.step_time_s = 0.005;
+  CHECK(error_of([&] { timing.validate(); }).find("exceeds step_time_s") != std::string::npos);
+  timing.step_time_s = 0.1;
+  CHECK_NOTHROW(timing.validate());
 }
