@@ -289,3 +289,12 @@ def test_rl_live_defaults() -> None:
     assert (m.d_model, m.layers, m.heads) == (224, 4, 4) and "(d 224, 4 layers, 4 heads" in flat
     n = sum(p.numel() for p in PolicyModel(m).parameters())
     assert round(n / 1e6, 2) == 2.46 and "a 2.46 M-parameter causal transformer" in flat
+
+
+def test_faults_guide_defaults() -> None:
+    flat = " ".join((GUIDE / "faults.md").read_text().split())
+    (p,) = _parsers_of(_bench_main("faults"), [])
+    assert _default(p, "--fault-timeout-s") == 2.0 and "with `fault_timeout_s=2` (`--fault-timeout-s`)" in flat
+    assert _default(p, "--fuzz-cases") == 10200 and "(`--fuzz-cases`, default 10,200;" in flat
+    assert (_default(p, "--churn-model-mb"), _default(p, "--churn-resizes")) == (100.0, 11)
+    assert "(`--churn-model-mb 100`, `--churn-resizes 11`)" in flat
