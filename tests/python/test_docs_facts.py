@@ -298,3 +298,18 @@ def test_faults_guide_defaults() -> None:
     assert _default(p, "--fuzz-cases") == 10200 and "(`--fuzz-cases`, default 10,200;" in flat
     assert (_default(p, "--churn-model-mb"), _default(p, "--churn-resizes")) == (100.0, 11)
     assert "(`--churn-model-mb 100`, `--churn-resizes 11`)" in flat
+
+
+def test_pool_guide_names_every_event_and_metric_the_pool_writes() -> None:
+    # docs/guide/pool.md, "Events, metrics, Gantt": every kind of <state>/events.jsonl line and every
+    # /metrics family the daemon writes (read from the pool's source: each is a literal there).
+    text = (GUIDE / "pool.md").read_text()
+    section = text[text.index("## Events, metrics, Gantt"):text.index("`dra.pool.gantt.plot(")]
+    source = "\n".join(f.read_text() for f in (ROOT / "python" / "dra" / "pool").glob("*.py"))
+    kinds = set(re.findall(r'"event": "([a-z_]+)"', source))
+    assert 'kind = "preempt" if r.preemption else "shrink"' in source
+    kinds |= {"preempt", "shrink"}
+    named = set(re.findall(r"`([a-z_]+)`", section))
+    assert kinds <= named, f"events the guide does not name: {sorted(kinds - named)}"
+    metrics = set(re.findall(r"\b(dra_pool_[a-z_]+)", source))
+    assert metrics and metrics == set(re.findall(r"`(dra_pool_[a-z_]+)", section)), metrics
