@@ -313,3 +313,19 @@ def test_pool_guide_names_every_event_and_metric_the_pool_writes() -> None:
     assert kinds <= named, f"events the guide does not name: {sorted(kinds - named)}"
     metrics = set(re.findall(r"\b(dra_pool_[a-z_]+)", source))
     assert metrics and metrics == set(re.findall(r"`(dra_pool_[a-z_]+)", section)), metrics
+
+
+def test_sage_benchmark_defaults_are_the_guides() -> None:
+    # docs/guide/sage.md, "The benchmark": the setting its results table was measured at.
+    flat = " ".join((GUIDE / "sage.md").read_text().split())
+    (p,) = _parsers_of(_bench_main("sage"), [])
+    d = {flag: _default(p, flag) for flag in ("--world", "--steps", "--hidden", "--rank", "--ramp-start",
+                                                "--ramp-steps", "--sparsify-every", "--eval-every", "--target",
+                                                "--latency-ms", "--burst-bytes", "--bucket-candidates", "--seeds")}
+    assert d == {"--world": 2, "--steps": 400, "--hidden": 512, "--rank": 2, "--ramp-start": 50, "--ramp-steps": 200,
+                 "--sparsify-every": 50, "--eval-every": 5, "--target": 0.95, "--latency-ms": 20.0,
+                 "--burst-bytes": 16384, "--bucket-candidates": "1,4,25,256", "--seeds": 5}, d
+    for s in ("An MLP (64-512-512-10", "400 steps", "rank 2, warm start", "(steps 50 → 250), an update every 50 steps",
+              "(evaluated every 5 steps)", "first reaches 95 %", "with 20 ms added one way", "a 16 KiB bucket",
+              "(1, 4, 25, 256 MB tried", "(5 seeds, medians"):
+        assert s in flat, s
