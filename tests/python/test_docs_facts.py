@@ -242,6 +242,17 @@ def test_policy_guide_defaults() -> None:
     assert (c.grow_step, c.min_parallel_efficiency, c.plateau_size) == (1, 0.6, 1)
     for s in ("`grow_step` (default 1)", "`min_parallel_efficiency` (default 0.6)", "`plateau_size` (default 1)"):
         assert s in text, s
+    e = dra.EngineConfig()
+    flat = " ".join(text.split())
+    assert e.goodput.min_marginal_efficiency == 0.5 and "`min_marginal_efficiency` (default 0.5:" in flat
+    ca = e.convergence_aware
+    assert (ca.batch_candidates, ca.price_floor, ca.min_gain, ca.plateau_price) == (24, 0.1, 0.02, 0.9)
+    for s in ("`batch_candidates`, default 24", "`price_floor` (default 0.1", "`min_gain` (default 2 %)",
+              "`plateau_price` (default 0.9)"):
+        assert s in flat, s
+    assert e.throughput.gamma == 1.0 and "γ is configured, not fitted (default 1:" in flat
+    assert e.limits.amortise is True and "(`amortise`, on by default;" in flat
+    assert e.decide_every == 10 and "it decides every `decide_every` steps (default 10)" in flat
     r = dra._core.RemainingWorkConfig()
     assert (r.min_class_jobs, r.declared_sigma, r.prior_count, r.curve_sigma, r.uninformed_sigma) == (3, 0.5, 2, 1.0, 1.5)
     for s in ("`min_class_jobs` = 3", "`declared_sigma` (0.5)", "`prior_count` = 2", "`curve_sigma` = 1.0",
