@@ -31,6 +31,11 @@ void dra::python::bind_signals(py::module_& m) {
                      "Non-finite losses in a row that mean diverging.")
       .def_readwrite("outlier_factor", &estimator_config::outlier_factor,
                      "A loss above this multiple of the smoothed loss enters the state clipped to it (robust update).")
+      .def_readwrite("spike_sigma", &estimator_config::spike_sigma,
+                     "A log-loss more than this many residual deviations (at least spike_floor) above the fitted "
+                     "trend enters the regression clipped to that bound (0: off).")
+      .def_readwrite("spike_floor", &estimator_config::spike_floor,
+                     "The least residual deviation (log-loss) the spike guard measures jumps against.")
       .def_readwrite("gns_decay", &estimator_config::gns_decay, "EMA decay of the gradient-noise-scale moments.")
       .def_readwrite("plateau_history_fraction", &estimator_config::plateau_history_fraction,
                      "Plateau also needs the loss to have improved by less than plateau_history_improvement since "
@@ -67,6 +72,8 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readonly("nonpositive_count", &convergence_signals::nonpositive_count)
       .def_readonly("outlier_count", &convergence_signals::outlier_count,
                     "Losses clipped to outlier_factor x the smoothed loss by the robust update.")
+      .def_readonly("spike_count", &convergence_signals::spike_count,
+                    "Log-losses clipped to the trend's spike bound (spike_sigma) before the regression.")
       .def("__repr__", [](const convergence_signals& s) {
         return "<ConvergenceSignals step=" + std::to_string(s.step) + " phase=" + to_string(s.phase) +
                " smoothed_loss=" + std::to_string(s.smoothed_loss) + ">";

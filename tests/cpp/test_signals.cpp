@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <limits>
 #include <new>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -345,6 +346,44 @@ TEST_CASE("signals.divergence.loss_far_above_best") {
   CHECK(est.signals().diverging);
   CHECK(est.signals().phase == training_phase::diverging);
   CHECK(est.signals().smoothed_loss > est.config().divergence_factor * best);
+}
+
+TEST_CASE("signals.spike.one_bad_batch_does_not_raise_plateau_on_a_falling_curve") {
+  // A power law still falling fast, noisy (1 %), with one loss of 3x or of 1e308 at step 300. The
+  // spike inflated the window's residual error, so the slope stopped being significant and plateau
+  // was raised 31 steps later for 33 steps (a convergence policy then shrank the job for good).
+  // With the spike guard the log-loss enters the fit clipped to the trend's bound: no plateau, and
+  // the guard off (spike_sigma 0) shows the old behaviour.
+  auto run = [](double spike, double sigma, std::uint64_t* clipped) {
+    estimator_config c;
+    c.spike_sigma = sigma;
+    convergence_estimator est(c);
+    std::mt19937_64 rng(7);
+    std::normal_distribution<double> noise(0.0, 0.01);
+    int plateau_steps = 0;
+    for (std::int64_t t = 0; t < 600; ++t) {
+      const double clean = 4.0 * std::pow(1.0 + static_cast<double>(t) / 50.0, -0.5) * std::exp(noise(rng));
+      est.update_loss(t, t == 300 ? (spike > 100.0 ? spike : spike * clean) : clean);
+      if (t >= 300 && est.signals().phase == training_phase::plateau) ++plateau_steps;
+    }
+    if (clipped) *clipped = est.signals().spike_count;
+    return plateau_steps;
+  };
+  for (double spike : {3.0, 10.0, 1e308}) {
+    std::uint64_t clipped = 0;
+    CHECK(run(spike, 4.0, &clipped) == 0);
+    CHECK(clipped >= 1);
+    CHECK(run(spike, 0.0, nullptr) > 0);  // the guard off: the spike raises plateau
+  }
+  std::uint64_t clipped = 0;
+  CHECK(run(1.0, 4.0, &clipped) == 0);  // no spike: nothing clipped in 600 steps of 1 % noise
+  CHECK(clipped == 0);
+  estimator_config bad;
+  bad.spike_sigma = -1.0;
+  CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("spike_sigma"), std::invalid_argument);
+  bad.spike_sigma = 4.0;
+  bad.spike_floor = 0.0;
+  CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("spike_floor"), std::invalid_argument);
 }
 
 TEST_CASE("signals.outlier.one_wild_loss_is_forgotten_within_the_window") {

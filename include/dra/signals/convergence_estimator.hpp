@@ -76,6 +76,15 @@ struct estimator_config {
   /// after `window` steps, while a real divergence, which keeps exceeding the bound, still drives
   /// the smoothed loss up by a factor of about 1 + (1 - loss_decay)(outlier_factor - 1) per step.
   double outlier_factor = 10.0;
+  /// Spike guard on the trend (0: off): a log-loss more than spike_sigma x max(the window's
+  /// residual standard deviation, spike_floor) above the fitted line enters the regression window
+  /// clipped to that bound (counted in `spike_count`; the smoothed loss and the divergence test
+  /// take it as it is). A single bad batch of 3x the loss otherwise inflated the fit's error for a
+  /// whole window, its slope stopped being significant, and plateau was raised some `patience`
+  /// steps later on a curve still falling fast. A real knee bends the line step by step and is
+  /// not clipped; only upward jumps are (a drop in the loss is progress).
+  double spike_sigma = 4.0;
+  double spike_floor = 0.05;  ///< in log-loss: a jump of less than about 5 % x spike_sigma is never clipped
   /// EMA decay for the two gradient-noise-scale moments (|G|^2 and tr(Sigma)), smoothed apart.
   double gns_decay = 0.95;
 
@@ -102,6 +111,12 @@ struct estimator_config {
     if (!(divergence_factor > 1.0))
       dra::detail::throw_invalid("divergence_factor", "must be > 1, got " + std::to_string(divergence_factor));
     if (divergence_nonfinite_streak < 1) dra::detail::throw_invalid("divergence_nonfinite_streak", "must be >= 1");
+    if (!(spike_sigma >= 0.0 && std::isfinite(spike_sigma)))
+      dra::detail::throw_invalid("spike_sigma",
+                                 "must be a finite number >= 0 (0: off), got " + std::to_string(spike_sigma));
+    if (!(spike_floor > 0.0 && std::isfinite(spike_floor)))
+      dra::detail::throw_invalid("spike_floor",
+                                 "must be a finite number > 0 (log-loss), got " + std::to_string(spike_floor));
     if (!(outlier_factor > divergence_factor))
       dra::detail::throw_invalid("outlier_factor", "must exceed divergence_factor (" +
                                                        std::to_string(divergence_factor) + "), got " +
@@ -145,6 +160,7 @@ struct convergence_signals {
   std::uint64_t nonfinite_streak = 0;   ///< consecutive non-finite losses
   std::uint64_t nonpositive_count = 0;  ///< finite losses <= 0 (kept out of the log regression)
   std::uint64_t outlier_count = 0;      ///< losses clipped to outlier_factor x the smoothed loss
+  std::uint64_t spike_count = 0;        ///< log-losses clipped to the trend's spike bound (spike_sigma)
 };
 
 class convergence_estimator {
@@ -206,7 +222,17 @@ class convergence_estimator {
     }
 
     if (value > 0.0) {
-      regression_.push(static_cast<double>(step), std::log(value));
+      double y = std::log(value);
+      if (config_.spike_sigma > 0.0 && regression_.full()) {
+        const auto trend = regression_.fit();
+        const double bound = trend.at(static_cast<double>(step)) +
+                             config_.spike_sigma * std::max(trend.residual_std, config_.spike_floor);
+        if (trend.valid && y > bound) {
+          y = bound;
+          ++s.spike_count;
+        }
+      }
+      regression_.push(static_cast<double>(step), y);
     } else {
       ++s.nonpositive_count;
     }

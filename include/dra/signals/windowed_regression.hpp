@@ -16,6 +16,9 @@ struct line_fit {
   double slope = 0.0;
   double slope_stderr = 0.0;
   double residual_std = 0.0;
+  double mean_x = 0.0;  ///< the line passes through (mean_x, mean_y)
+  double mean_y = 0.0;
+  double at(double x) const noexcept { return mean_y + slope * (x - mean_x); }
 };
 
 class windowed_regression {
@@ -60,6 +63,8 @@ class windowed_regression {
     const double residual_var = rss * inv_dof;
     out.residual_std = std::sqrt(residual_var);
     out.slope_stderr = std::sqrt(residual_var * inv_sxx);
+    out.mean_x = reference_x_ + mean_x;
+    out.mean_y = mean_y;
     if (!std::isfinite(out.slope) || !std::isfinite(out.slope_stderr)) return line_fit{};
     return out;
   }

@@ -129,6 +129,22 @@ class EstimatorConfig:
     def plateau_t_threshold(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
+    def spike_floor(self) -> float:
+        """
+        The least residual deviation (log-loss) the spike guard measures jumps against.
+        """
+    @spike_floor.setter
+    def spike_floor(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def spike_sigma(self) -> float:
+        """
+        A log-loss more than this many residual deviations (at least spike_floor) above the fitted trend enters the regression clipped to that bound (0: off).
+        """
+    @spike_sigma.setter
+    def spike_sigma(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
     def warmup_steps(self) -> int:
         """
         Updates reported as warm-up.
@@ -229,6 +245,11 @@ class ConvergenceSignals:
     @property
     def smoothed_loss(self) -> float:
         ...
+    @property
+    def spike_count(self) -> int:
+        """
+        Log-losses clipped to the trend's spike bound (spike_sigma) before the regression.
+        """
     @property
     def step(self) -> int:
         ...
