@@ -153,7 +153,7 @@ class Controller(_core.Controller):
         if os.environ.get("TORCHELASTIC_RUN_ID") and os.getppid() != 1:
             _process.die_with_parent(signal.SIGKILL, os.getppid())
         if os.environ.get("DRA_STOP_ON_SIGTERM") == "1":
-            _stop_on_sigterm(self)
+            _process.stop_on_sigterm(self)
         _leave_on_uncaught_exception(self)
         self.model = _wrappers.ElasticDataParallel(model, self)
         self.optimizer = _wrappers.ElasticOptimizer(optimizer, self)
@@ -342,56 +342,6 @@ def _environment_options() -> dict[str, Any]:
     """Options a launcher gives an elastic job without touching its code: DRA_OPTIONS, a JSON
     object, read and checked in C++ as a LibTorch trainer reads it (the script's own keywords win)."""
     return _core._environment_options()
-
-
-def _stop_on_sigterm(controller: Controller) -> None:
-    """SIGTERM (what `dra run` sends its workers when it is itself stopped) asks the job to stop
-    cleanly: the step in hand is finished, every member ends at the same boundary, and the code
-    after the training loop runs (the leader writes the final checkpoint). A second SIGTERM ends
-    the process at once. Only when SIGTERM still has its default action (a handler of the
-    script's own is kept) and from the main thread."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        return
-    ref = weakref.ref(controller)
-    owner = os.getpid()
-
-    def on_sigterm(signum: int, _frame: Any) -> None:
-        ctl = ref()
-        # In a forked child (a DataLoader worker not yet in its loop, a multiprocessing child)
-        # SIGTERM keeps its default action: its copy of the controller is not in the job.
-        if os.getpid() != owner or ctl is None or ctl.stop_requested:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        ctl.request_stop()
-        print(f"[dra] SIGTERM: process {ctl.uid} asks the job to stop; every member ends training at the same step "
-              "(a second SIGTERM ends this process at once)", file=sys.stderr, flush=True)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    _sigterm_handlers.add(on_sigterm)
-    if not _sigterm_reset_on_fork[0]:
-        os.register_at_fork(after_in_child=_default_sigterm_in_child)
-        _sigterm_reset_on_fork[0] = True
-
-
-# The SIGTERM handlers _stop_on_sigterm installed: a forked child inherits them, and there a SIGTERM
-# must end the process. An interpreter's exit sends SIGTERM to its daemonic multiprocessing children
-# (a DataLoader's workers) and joins them without a timeout: a worker that took the handler over
-# (one that had not yet installed its own) asked a copy of the controller to stop, lived on, and the
-# training process never exited (seen after an uncaught exception under `dra run`).
-_sigterm_handlers: weakref.WeakSet[Any] = weakref.WeakSet()
-_sigterm_reset_on_fork = [False]
-
-
-def _default_sigterm_in_child() -> None:
-    try:
-        if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    except ValueError:  # signal.signal() off the main thread: the handler itself checks the pid
-        pass
 
 
 def _make_events_dir(path: str) -> None:

@@ -5,7 +5,8 @@ node, or this node's part of it), so a worker left behind would train on without
 break the next fault's recovery. Each worker is started with its parent-death signal set; a
 worker's forked children (DataLoader workers) get it too (``die_with_parent_on_fork``), since they
 hold copies of the worker's sockets: a killed worker whose DataLoader workers live on keeps its
-connections open, and its peers would notice it only after a timeout.
+connections open, and its peers would notice it only after a timeout. Under ``dra run`` SIGTERM
+asks the job to stop cleanly (``stop_on_sigterm``); a forked child gets SIGTERM's default back.
 
 ``python -m dra._process [--cgroup PATH ...] -- COMMAND ...`` is the trampoline the launcher
 starts a plain (non-forked) worker through: it joins the lease's cgroups, sets the parent-death
@@ -19,6 +20,8 @@ import os
 import signal
 import sys
 import threading
+import weakref
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _libc: ctypes.CDLL | None = None
@@ -60,6 +63,53 @@ def die_with_parent_on_fork() -> None:
 
     os.register_at_fork(before=before, after_in_child=after_in_child)
     _fork_state["registered"] = True
+
+
+def stop_on_sigterm(controller: Any) -> None:
+    """SIGTERM (what `dra run` sends its workers when it is itself stopped) asks the job to stop
+    cleanly: the step in hand is finished, every member ends at the same boundary, and the code
+    after the training loop runs (the leader writes the final checkpoint). A second SIGTERM ends
+    the process at once. Only when SIGTERM still has its default action (a handler of the
+    script's own is kept) and from the main thread."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    ref = weakref.ref(controller)
+    owner = os.getpid()
+
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        ctl = ref()
+        # In a forked child (a DataLoader worker not yet in its loop, a multiprocessing child)
+        # SIGTERM keeps its default action: its copy of the controller is not in the job.
+        if os.getpid() != owner or ctl is None or ctl.stop_requested:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        ctl.request_stop()
+        print(f"[dra] SIGTERM: process {ctl.uid} asks the job to stop; every member ends training at the same step "
+              "(a second SIGTERM ends this process at once)", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _sigterm_handlers.add(on_sigterm)
+    if not _sigterm_reset_on_fork[0]:
+        os.register_at_fork(after_in_child=_default_sigterm_in_child)
+        _sigterm_reset_on_fork[0] = True
+
+
+# The SIGTERM handlers stop_on_sigterm installed: a forked child inherits them, and there a SIGTERM
+# must end the process. An interpreter's exit sends SIGTERM to its daemonic multiprocessing children
+# (a DataLoader's workers) and joins them without a timeout: a worker that took the handler over
+# (one that had not yet installed its own) asked a copy of the controller to stop, lived on, and the
+# training process never exited (seen after an uncaught exception under `dra run`).
+_sigterm_handlers: weakref.WeakSet[Any] = weakref.WeakSet()
+_sigterm_reset_on_fork = [False]
+
+
+def _default_sigterm_in_child() -> None:
+    try:
+        if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # signal.signal() off the main thread: the handler itself checks the pid
+        pass
 
 
 def main(argv: list[str]) -> None:

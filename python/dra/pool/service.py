@@ -35,6 +35,7 @@ from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
 from dra.pool._metrics import prometheus
+from dra.pool._nodes import NodeMembership
 from dra.pool._spawner import log_dir_problem
 from dra.pool._spec import REQUEST_FIELDS, make_request, speedup_curve, validate_spec
 from dra.pool._state import StateDB, StateLock
@@ -60,7 +61,7 @@ def _check_seconds(key: str, value: Any, positive: bool = False, optional: bool 
                          f"{' (or None)' if optional else ''}, got {value!r}")
 
 
-class PoolService(SchedulingLoop, LauncherAPI):
+class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
     (None for GPUs or declared devices: leases are then enforced by the launcher's environment).
     ``orphan_limit_s``: how long a job's launcher keeps its workers running while this daemon is
@@ -443,47 +444,6 @@ class PoolService(SchedulingLoop, LauncherAPI):
             self._event({"event": "undrain"})
         self._wake.set()
         return {"draining": False}
-
-    def add_node(self, node: str, devices: list[Any]) -> list[str]:
-        """A node joined (or came back): its devices join the inventory."""
-        with self._lock:
-            added = []
-            for d in devices:
-                if not self.inventory.contains(d.id):
-                    self.inventory.add(d)
-                    added.append(d.id)
-            if added:
-                self._event({"event": "node_added", "node": node, "devices": added})
-        self._wake.set()
-        return added
-
-    def ray_head(self, back: bool, reason: str) -> None:
-        """The Ray cluster's head was lost (its nodes were removed before this call), or is back
-        (its nodes join again as the watcher sees them): one event each."""
-        with self._lock:
-            if back:
-                lost_s = None if self.ray_head_lost_at is None else round(time.time() - self.ray_head_lost_at, 3)
-                self.ray_head_lost_at = None
-                self._event({"event": "ray_head_back", "lost_s": lost_s})
-            else:
-                self.ray_head_lost_at = time.time()
-                self._event({"event": "ray_head_lost", "reason": reason})
-
-    def remove_node(self, node: str, reason: str = "node lost") -> list[str]:
-        """A node left the cluster: its devices go, its leases are released (their workers went
-        with the node; the jobs' other workers shrink in place)."""
-        with self._lock:
-            removed: list[int] = []
-            for l in self.book.all():
-                if self.inventory.contains(l.device) and self.inventory.at(l.device).node == node:
-                    self._release(l.id, reason, removed)
-            gone = self.inventory.remove_node(node)
-            self._save_leases([], removed)
-            if gone:
-                self._event({"event": "node_removed", "node": node, "devices": gone, "leases": removed,
-                             "reason": reason})
-        self._wake.set()
-        return gone
 
     def set_report(self, name: str, report: Any, caller: Caller | None = None) -> dict[str, Any]:
         """A report from outside the job's store (an inference frontend's rate and queue)."""
