@@ -246,6 +246,12 @@ class LauncherAPI:
         if launcher is None:
             return  # an in-process caller (tests, an embedding program)
         rec = job["info"].get("launcher")
+        if rec is None and launcher.startswith(_launchers.DAEMON_LAUNCH_PREFIX):
+            # A daemon started it, and not this pool's (whose every launch is on record): a launcher
+            # that outlived a pool whose state directory is gone, reaching a new pool at the same
+            # address with a job of the same name. It is not this job's.
+            raise Superseded(f"job: '{name}': this launcher ({launcher}) was started by another pool, not this one "
+                             "(its state directory was removed or replaced); this one stops")
         if rec is None:  # a launcher started by hand (dra run --pool ... --job NAME): the first one is the job's
             pid = caller.pid if caller is not None else 0
             ref = _launchers.LauncherRef(launcher, pid, _launchers.proc_start(pid) if pid else None)

@@ -72,13 +72,19 @@ def open_log(path: Path, owner: Owner) -> int:
     return fd
 
 
+#: The launch ids a daemon gives the launchers it starts begin with this; a launcher started by hand
+#: makes its own id (no prefix). A pool takes a launcher it has no record of as started by hand only
+#: without the prefix: one with it was started by another pool (a state directory since removed).
+DAEMON_LAUNCH_PREFIX = "pool-"
+
+
 def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str, str],
           private_network: bool = False) -> LauncherRef:
     """Starts the launcher of a pool job as its owner in its own session: a root daemon starts it
     through ``_isolate`` (a private network namespace when asked, then the owner's groups, gid and
     uid, then its cwd, entered as the owner, then exec); raises OSError when it cannot start (a
     missing cwd, say)."""
-    launch_id = secrets.token_hex(8)
+    launch_id = DAEMON_LAUNCH_PREFIX + secrets.token_hex(8)
     cmd = module_command("dra", "run", "--pool", url, "--job", name)  # the job's directory is not on its sys.path
     extra: dict[str, Any] = {}
     if os.geteuid() == 0:
