@@ -58,7 +58,10 @@ class ElasticSampler:
     """Yields this rank's sample indices for each step (a batch sampler).
 
     Use as ``for indices in sampler:`` inside ``for epoch in ctl.epochs(n):``, or as the
-    ``batch_sampler=`` of a ``DataLoader`` (workers allowed).
+    ``batch_sampler=`` of a ``DataLoader`` (workers allowed). Outside a controller (none follows
+    it) it is a plain batch sampler, as torch's ``DistributedSampler`` is in a world of one: one
+    pass over the data epoch (its order: shuffled with ``seed``, ``drop_last`` as given), then the
+    end; iterated again, the same epoch again; ``set_epoch(e)`` moves on to a later epoch ``e``.
     """
 
     def __init__(
@@ -161,6 +164,9 @@ class ElasticSampler:
     def _pass(self) -> Iterator[np.ndarray]:
         native, ctl = self._native, self._controller
         self._check_process()
+        if ctl is None:
+            yield from self._plain_pass()
+            return
         if ctl is not None and ctl._micro_fresh:
             # A gradient-accumulation window left open by the previous pass over the loader: its
             # batches were never reduced, so they are handed out again (and trained again).
@@ -211,6 +217,16 @@ class ElasticSampler:
                 continue
             ahead += 1
             self._in_flight.append((world_epoch, self._generation, cursor))
+            yield self._share(cursor, world, rank)
+
+    def _plain_pass(self) -> Iterator[np.ndarray]:
+        """Outside a controller: a plain batch sampler, as torch's DistributedSampler is in a world of
+        one. Nothing commits there, so the cursor never moves: the in-flight bookkeeping and the
+        padding (which wait for commits) would never end the pass. Each step left in the data epoch
+        once, in the epoch's order, then the end; iterated again, the same epoch again."""
+        native = self._native
+        world, rank, batch = max(int(native.world), 1), int(native.rank), int(native.global_batch)
+        for cursor in range(int(native.cursor), int(native.epoch_size), batch):
             yield self._share(cursor, world, rank)
 
     def _pass_length(self) -> int:
