@@ -98,7 +98,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the markdown table to PATH")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots (role sizes and throughput over time) into DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress and no 'wrote' lines on stderr (errors still)")
     return p
 
 
@@ -125,7 +125,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
         from dra.rl.plots import plot_pipeline
 
         for path in plot_pipeline(doc, args.plots):
-            print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
+            if not args.quiet:
+                print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
     print(text)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
 
         for d in docs:
             for path in plot_simulation(d, args.plots):
-                print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
+                if not args.quiet:
+                    print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
     print(text)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ def _parser(with_rl: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--json", metavar="PATH", help="write results as JSON")
         p.add_argument("--markdown", metavar="PATH", help="also write the markdown table to PATH")
         p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
-        p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+        p.add_argument("--quiet", action="store_true", help="no progress and no 'wrote' lines on stderr (errors and warnings still)")
         p.add_argument("--no-jobs", action="store_true", help="aggregates only: leave per-job records and timelines out of the JSON (no plots)")
 
     rp = sub.add_parser("replay", help="replay workload CSVs under each policy")
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 labels = _unique([f"{d['workload']}-load{d['load']}" if d.get("load") else d["workload"] for d in docs])
                 for d, label in zip(docs, labels):
                     for path in plot_replay(d, args.plots, label=label):
-                        print(f"[dra-sim] wrote {path}", file=sys.stderr)
+                        _wrote(path, args.quiet)
         else:
             doc = sim.study(
                 args.runs,
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 from dra.sim.plots import plot_study
 
                 for path in plot_study(doc, args.plots):
-                    print(f"[dra-sim] wrote {path}", file=sys.stderr)
+                    _wrote(path, args.quiet)
         print(text)
         if args.markdown:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
@@ -329,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     return 0
+
+
+def _wrote(path: object, quiet: bool) -> None:
+    """Names a file written, on stderr with the progress (--quiet silences both; errors and the
+    results' warnings still show)."""
+    if not quiet:
+        print(f"[dra-sim] wrote {path}", file=sys.stderr)
 
 
 def _workload(given: str, quiet: bool) -> str:
