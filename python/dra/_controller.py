@@ -163,9 +163,9 @@ class Controller(_core.Controller):
         """One training step (what ``dra.step`` calls): commits it when its gradient reduction
         succeeded, feeds the policy, and resizes at decision steps. After a failure the
         survivors shrink and the step is redone by the next loop iteration."""
-        return self._step_checked(_loss_value(loss), signals, stacklevel=3)
+        return self._step_checked(_loss_value(loss), signals, stacklevel=3, half=_is_float16(loss))
 
-    def _step_checked(self, value: Any, signals: dict[str, Any], stacklevel: int) -> StepStatus:
+    def _step_checked(self, value: Any, signals: dict[str, Any], stacklevel: int, half: bool = False) -> StepStatus:
         if self.sampler is not None and self._micro_step_due:
             # A micro-batch of a gradient-accumulation window: consumed at its backward, committed
             # with the window's last batch.
@@ -196,7 +196,8 @@ class Controller(_core.Controller):
                 self.sampler._refused(self.sampler._skipped_now)
             self.sampler._consumed()
         if self.nonfinite_started:
-            _warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1)
+            _warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1,
+                            half=half)
         if status.exit_requested:
             raise SystemExit(0)
         return status
@@ -466,14 +467,27 @@ def _as_float(value: Any, what: str = "the loss") -> float:
     return float(number)
 
 
-def _warn_nonfinite(loss: float, index: int, stacklevel: int = 2) -> None:
-    """Warns about the first non-finite loss of a streak (the estimator counts every one)."""
+def _warn_nonfinite(loss: float, index: int, stacklevel: int = 2, half: bool = False) -> None:
+    """Warns about the first non-finite loss of a streak (the estimator counts every one). An inf
+    float16 loss names its cause: float16 ends at 65504, so a loss above it (a sum over a batch, a
+    loss of a model cast with .half()) is inf at every step."""
+    cause = ""
+    if half and loss in (float("inf"), float("-inf")):
+        cause = ("; the loss is a float16 tensor and exceeded float16's range (largest 65504): compute the loss in "
+                 "float32 (e.g. loss_fn(logits.float(), target), or outside autocast), scale it down (a mean instead "
+                 "of a sum), or train in bfloat16, whose range is float32's")
     warnings.warn(
-        f"dra.step: non-finite loss {loss!r} at step {index} ignored "
+        f"dra.step: non-finite loss {loss!r} at step {index} ignored{cause} "
         f"(counted in signals.nonfinite_count; warned once per streak)",
         RuntimeWarning,
         stacklevel=stacklevel,
     )
+
+
+def _is_float16(loss: Any) -> bool:
+    """Whether the loss is a float16 tensor (its inf is then most likely an overflow of that range)."""
+    dtype = getattr(loss, "dtype", None)
+    return dtype is not None and str(dtype) == "torch.float16"
 
 
 _default: Controller | None = None
@@ -515,7 +529,7 @@ def _step_slow(*args: Any, **signals: Any) -> StepStatus:
     controller = _default if _default is not None else default_controller()
     if type(controller).step is not Controller.step:
         return controller.step(loss, **signals)
-    return controller._step_checked(_loss_value(loss), signals, stacklevel=3)
+    return controller._step_checked(_loss_value(loss), signals, stacklevel=3, half=_is_float16(loss))
 
 
 def _loss_value(value: Any) -> Any:

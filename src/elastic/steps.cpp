@@ -467,7 +467,10 @@ void controller::read_reductions(std::int64_t committed) {
     const double count = r.values[1];
     world_loss_known_ = count > 0;
     world_loss_ = world_loss_known_ ? r.values[0] / count : kNaN;
-    if (world_loss_known_) engine_.observe(r.step, world_loss_);
+    // A reduction carries the loss of the step committed before it (commit() queues it for the
+    // next one): the engine takes it as that step's, as a controller alone does, so that the
+    // signals and their messages name the step the loss was computed at.
+    if (world_loss_known_) engine_.observe(r.step - 1, world_loss_);
     if (r.values[2] > 0.5) decision_flag_ = true;
     if (r.values[5] > 0.5) stop_seen_ = true;
     note_world_energy(r.values[3], r.values[4] > 0.5);

@@ -3,6 +3,7 @@
 //
 // Every update is O(1) and allocation-free: the sliding regression window is a ring buffer sized
 // once at construction. Non-finite inputs never reach the state; they are counted and surfaced.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -67,14 +68,24 @@ struct estimator_config {
   /// Learning counts as "fast" when the log-loss improves by at least this fraction per window.
   double fast_relative_improvement = 0.10;
   /// Diverging: smoothed loss above divergence_factor x the best smoothed loss, or this many
-  /// non-finite losses in a row.
+  /// non-finite losses in a row. Once the best smoothed loss is <= 0 (a negative log-likelihood of
+  /// a continuous density, an ELBO, a loss that crosses zero) no ratio to it means anything: the
+  /// smoothed loss then diverges when it rises above its lowest value since the warmup by more
+  /// than (divergence_factor - 1) x the largest of |that value|, the fall to it from the highest
+  /// smoothed loss before it, and 4 x the mean absolute deviation of the loss around its smoothed
+  /// value (its noise), all taken when that value was reached. With the defaults, a loss that fell
+  /// from 1 to -2 diverges once its smoothed value is back above 1, one that went from -1 to -2
+  /// once it is back above 0. The ratio test also needs a rise above that noise term, so that a
+  /// noisy loss whose best is just above zero does not diverge by doubling by chance.
   double divergence_factor = 2.0;
   std::size_t divergence_nonfinite_streak = 3;
   /// Robust update: a finite loss above outlier_factor x the smoothed loss enters the smoothed
-  /// loss and the regression clipped to that bound (and is counted in `outlier_count`). One wild
-  /// value (1e308) then moves the smoothed loss by a bounded step and leaves the regression window
-  /// after `window` steps, while a real divergence, which keeps exceeding the bound, still drives
-  /// the smoothed loss up by a factor of about 1 + (1 - loss_decay)(outlier_factor - 1) per step.
+  /// loss and the regression clipped to that bound (and is counted in `outlier_count`); once the
+  /// best smoothed loss is <= 0, the bound is the smoothed loss + (outlier_factor - 1) x the
+  /// divergence scale above. One wild value (1e308) then moves the smoothed loss by a bounded step
+  /// and leaves the regression window after `window` steps, while a real divergence, which keeps
+  /// exceeding the bound, still drives the smoothed loss up by a factor of about
+  /// 1 + (1 - loss_decay)(outlier_factor - 1) per step.
   double outlier_factor = 10.0;
   /// Spike guard on the trend (0: off): a log-loss more than spike_sigma x max(the window's
   /// residual standard deviation, spike_floor) above the fitted line enters the regression window
@@ -195,8 +206,12 @@ class convergence_estimator {
     // Robust update: an outlier enters the state clipped to a bound relative to the smoothed loss
     // (the raw value is still reported as `loss`).
     double value = loss;
-    if (s.accepted >= 3 && s.smoothed_loss > 0.0 && loss > config_.outlier_factor * s.smoothed_loss) {
+    if (s.accepted >= 3 && s.best_smoothed_loss > 0.0 && loss > config_.outlier_factor * s.smoothed_loss) {
       value = config_.outlier_factor * s.smoothed_loss;
+      ++s.outlier_count;
+    } else if (s.best_smoothed_loss <= 0.0 && yard_set_ &&
+               loss > s.smoothed_loss + (config_.outlier_factor - 1.0) * divergence_scale()) {
+      value = s.smoothed_loss + (config_.outlier_factor - 1.0) * divergence_scale();
       ++s.outlier_count;
     }
     // A finite loss so close to the largest double that the EMA would overflow is as useless as
@@ -212,14 +227,29 @@ class convergence_estimator {
 
     ema_ = ema;
     decay_power_ = decay_power;
+    if (s.accepted > 1) {
+      const double deviation = std::abs(value - s.smoothed_loss);
+      deviation_ =
+          s.accepted == 2 ? deviation : config_.loss_decay * deviation_ + (1.0 - config_.loss_decay) * deviation;
+    }
     s.smoothed_loss = smoothed;
     if (s.accepted == 1) {
       s.best_loss = loss;
       s.best_smoothed_loss = s.smoothed_loss;
+      peak_smoothed_ = s.smoothed_loss;
     } else {
       s.best_loss = std::min(s.best_loss, loss);
       s.best_smoothed_loss = std::min(s.best_smoothed_loss, s.smoothed_loss);
     }
+    // The divergence yardstick, from the warmup on: earlier smoothed losses are nearly raw values
+    // and the noise estimate has seen too few of them.
+    if (s.accepted >= std::max<std::size_t>(config_.warmup_steps, 2) && (!yard_set_ || s.smoothed_loss < yard_best_)) {
+      yard_set_ = true;
+      yard_best_ = s.smoothed_loss;
+      yard_fall_ = peak_smoothed_ - s.smoothed_loss;
+      yard_noise_ = deviation_;
+    }
+    peak_smoothed_ = std::max(peak_smoothed_, s.smoothed_loss);
 
     if (value > 0.0) {
       double y = std::log(value);
@@ -253,8 +283,16 @@ class convergence_estimator {
     const bool warm = s.accepted >= config_.warmup_steps && regression_.full();
     const bool stalled = record_history(step, s.smoothed_loss);
     s.plateau = warm && stalled && (s.flat_streak >= config_.plateau_patience || (s.plateau && !strong_progress));
-    s.diverging = warm && s.smoothed_loss > 0.0 && s.best_smoothed_loss > 0.0 &&
-                  s.smoothed_loss > config_.divergence_factor * s.best_smoothed_loss;
+    const double rise_allowed = config_.divergence_factor - 1.0;
+    if (!warm || !yard_set_) {
+      s.diverging = false;
+    } else if (s.best_smoothed_loss > 0.0) {
+      s.diverging = s.smoothed_loss > config_.divergence_factor * s.best_smoothed_loss &&
+                    s.smoothed_loss - s.best_smoothed_loss > rise_allowed * noise_floor * yard_noise_;
+    } else {
+      const double scale = divergence_scale();
+      s.diverging = scale > 0.0 && s.smoothed_loss - yard_best_ > rise_allowed * scale;
+    }
     if (!warm) {
       s.phase = training_phase::warmup;
     } else if (s.diverging) {
@@ -326,6 +364,14 @@ class convergence_estimator {
     return 1.0 - smoothed / then_loss < config_.plateau_history_improvement;
   }
 
+  // How far the smoothed loss may rise above a best <= 0, in units of (divergence_factor - 1):
+  // zero anchors no ratio there, so the rise is judged against the scale of the losses seen when
+  // that best was reached (frozen then, so that a blow-up does not widen its own yardstick).
+  double divergence_scale() const noexcept { return std::max({-yard_best_, yard_fall_, noise_floor * yard_noise_}); }
+  // A rise of 4 mean absolute deviations (about 3 standard deviations of the loss, 13 of its
+  // smoothed value) is never noise.
+  static constexpr double noise_floor = 4.0;
+
   std::vector<std::pair<double, double>> history_;
   std::size_t history_cursor_ = 0;
   estimator_config config_;
@@ -334,6 +380,13 @@ class convergence_estimator {
   convergence_signals signals_{};
   double ema_ = 0.0;
   double decay_power_ = 1.0;
+  double deviation_ = 0.0;      // EMA of |loss - smoothed loss| (the loss's noise, in its units)
+  double peak_smoothed_ = 0.0;  // highest smoothed loss so far
+  // The divergence yardstick, taken when the lowest smoothed loss since the warmup was reached:
+  bool yard_set_ = false;
+  double yard_best_ = 0.0;   // that smoothed loss
+  double yard_fall_ = 0.0;   // the fall to it from the highest smoothed loss before it
+  double yard_noise_ = 0.0;  // deviation_ then
   std::uint64_t rejected_steps_ = 0;
 };
 
