@@ -87,9 +87,13 @@ PyObject* fast_step(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
       read_loss(args[0], loss, device_loss)) {
     const auto& status = device_loss ? g_step.ctl->step(*device_loss) : g_step.ctl->step(loss);
     if (g_step.ctl->nonfinite_started()) {
-      // Rare: a streak of non-finite losses starts. Warn from Python (once per streak).
-      PyObject* warned = PyObject_CallFunction(g_step.warn, "dL", device_loss ? status.loss : loss,
-                                               static_cast<long long>(status.step));
+      // Rare: a streak of non-finite losses starts. Warn from Python (once per streak), saying
+      // whether the loss was float16 (inf there is an overflow past 65504: the warning says so).
+      const bool half = device_loss
+                            ? device_loss->scalar_type() == at::kHalf
+                            : THPVariable_CheckExact(args[0]) && THPVariable_Unpack(args[0]).scalar_type() == at::kHalf;
+      PyObject* warned = PyObject_CallFunction(g_step.warn, "dLiO", device_loss ? status.loss : loss,
+                                               static_cast<long long>(status.step), 2, half ? Py_True : Py_False);
       if (warned == nullptr) return nullptr;  // warnings turned into errors propagate
       Py_DECREF(warned);
     }

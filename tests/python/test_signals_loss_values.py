@@ -117,6 +117,21 @@ def test_an_inf_float16_loss_names_float16_overflow() -> None:
     assert dra.default_controller().signals.nonfinite_count == 2
 
 
+def test_a_bare_step_of_an_inf_float16_loss_names_float16_overflow() -> None:
+    # dra.step(loss) with no keywords takes the C++ fast path, which read the float16 value before
+    # Python saw its type: it warned without the cause.
+    ctl = dra.default_controller()
+    first = ctl.signals.nonfinite_count
+    dra.step(torch.tensor(1.0))  # a finite loss between: the inf below starts a streak of its own
+    with pytest.warns(RuntimeWarning, match=r"non-finite loss inf at step \d+ ignored; the loss is a float16 tensor "
+                                            r"and exceeded float16's range \(largest 65504\)"):
+        dra.step(torch.tensor(7e4).half())
+    dra.step(torch.tensor(1.0))
+    with pytest.warns(RuntimeWarning, match=r"non-finite loss inf at step \d+ ignored \(counted"):  # float32: no guess
+        dra.step(torch.tensor(math.inf))
+    assert ctl.signals.nonfinite_count == first + 2
+
+
 @pytest.mark.timeout(120)
 def test_a_real_job_with_an_inf_float16_loss_is_told_why(tmp_path: Path) -> None:
     code, out, records = run_logged_script(tmp_path, SCRIPT, 1, OPTIONS, {"n": 32, "half": 7e4}, timeout=90)
