@@ -15,11 +15,7 @@ from typing import Any
 
 from dra.pool import _launchers
 from dra.pool._auth import Caller
-
-
-class Superseded(RuntimeError):
-    """A launcher that is not the job's own (HTTP 409): it stops."""
-
+from dra.pool.client import Superseded
 
 _INT_LIMIT = 2**53  # larger integers do not survive JSON's doubles in other readers
 

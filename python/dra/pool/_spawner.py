@@ -89,33 +89,59 @@ class Spawner:
         self.pids: dict[str, int] = {}
         self._pending: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
+        self._log = log
+        # Set once the fork server said it is ready (its modules imported) or ended without saying
+        # so; the launcher goes on meanwhile (it checks in with the pool, hosts the job's store)
+        # and only a first spawn waits for it: the imports overlap the launcher's own start-up.
+        self._ready = threading.Event()
+        self._failed = False
         if use_zygote:
             # The fork server dies with this launcher (it arms its parent-death signal at start),
             # and its workers with it: none is left running without the job's store.
             env = dict(os.environ, DRA_PARENT_PID=str(os.getpid()))
-            self.zygote = subprocess.Popen(module_command("dra.pool._zygote", ",".join(preload)),
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                           stderr=open_private_log(log), start_new_session=True)
-            assert self.zygote.stdout is not None
-            first = json.loads(self.zygote.stdout.readline() or b"{}")
-            if not first.get("ready"):
-                raise RuntimeError(f"the worker fork server did not start (see {log})")
-            threading.Thread(target=self._read, daemon=True).start()
+            err = open_private_log(log)
+            try:
+                self.zygote = subprocess.Popen(module_command("dra.pool._zygote", ",".join(preload)),
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                               stderr=err, start_new_session=True)
+            finally:
+                err.close()  # the fork server has its own copy
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
 
     def _read(self) -> None:
         assert self.zygote is not None and self.zygote.stdout is not None
+        first = True
         for line in self.zygote.stdout:
             msg = json.loads(line)
+            if first:
+                first = False
+                self._failed = not msg.get("ready")
+                self._ready.set()
+                continue
             with self._lock:
                 if "spawned" in msg:
                     self.pids[msg["spawned"]] = msg["pid"]
                     self._pending.pop(msg["spawned"], threading.Event()).set()
                 elif "exited" in msg:
                     self.exits.append((msg["exited"], int(msg["code"])))
+        if first:  # it ended before it was ready (a module it preloads failed to import, say)
+            self._failed = True
+            self._ready.set()
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Waits until the fork server is ready; RuntimeError (naming its log) if it is not."""
+        if self.zygote is None:
+            return
+        if not self._ready.wait(timeout_s):
+            raise RuntimeError(f"the worker fork server was not ready after {timeout_s:g} s (see {self._log})")
+        if self._failed:
+            raise RuntimeError(f"the worker fork server did not start (see {self._log})")
 
     def spawn(self, wid: str, cmd: list[str], env: dict[str, str], cgroups: list[str], log: Path,
               cwd: str | None) -> int:
         if self.zygote is not None and is_python(cmd):
+            self.wait_ready()
             ev = threading.Event()
             with self._lock:
                 self._pending[wid] = ev
@@ -170,3 +196,7 @@ class Spawner:
                 self.zygote.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.zygote.kill()
+                self.zygote.wait()
+            self._reader.join(timeout=5)
+            if not self._reader.is_alive() and self.zygote.stdout is not None:
+                self.zygote.stdout.close()

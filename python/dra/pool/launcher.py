@@ -91,7 +91,7 @@ class Launcher:
                  zygote: bool = True, preload: list[str] | None = None, shrink_grace_s: float | None = None,
                  poll_s: float = 0.05, cwd: str | None = None, env: dict[str, str] | None = None,
                  ray: str | None = None) -> None:
-        from dra.pool.server import PoolClient
+        from dra.pool.client import PoolClient
 
         self.job = job
         self.launch_id = os.environ.get("DRA_LAUNCH_ID") or secrets.token_hex(8)
@@ -127,14 +127,14 @@ class Launcher:
         self.log_limit = int(float(spec.get("log_limit_mb", LOG_LIMIT_MB)) * 2**20) if pool else None
         use_zygote = zygote and spec.get("zygote", True) and is_python(self.command)
         preload = preload if preload is not None else spec.get("preload", ["torch", "dra", "dra.elastic"])
-        self.store = JobStore(job, store_host, advertise)
         ray = ray or spec.get("ray")
         if ray:  # workers on the lease's Ray node (a placement group per lease)
             from dra.pool.ray_cluster import RaySpawner
 
             self.spawner: Any = RaySpawner(ray)
-        else:
+        else:  # first: its fork server imports torch while this process imports it for the store
             self.spawner = Spawner(use_zygote, preload, self.log_dir / f"{job}.zygote.log")
+        self.store = JobStore(job, store_host, advertise)
         self.workers: dict[int, dict[str, Any]] = {}  # lease id -> worker
         self.ended: set[int] = set()
         self.leaving: dict[int, int] = {}  # lease the pool asked back -> lease of the worker leaving for it
@@ -367,7 +367,7 @@ class Launcher:
               failed: bool = False, reason: str | None = None) -> dict[str, Any] | None:
         """One call to the pool; None while it is unreachable (the workers carry on, and what
         happened meanwhile is reported when it is back)."""
-        from dra.pool.service import Superseded
+        from dra.pool.client import Superseded
 
         assert self.client is not None
         try:
@@ -409,7 +409,7 @@ class Launcher:
         return False
 
     def _run_pool(self) -> int:
-        from dra.pool.service import Superseded
+        from dra.pool.client import Superseded
 
         try:
             return self._pool_loop()
@@ -531,7 +531,7 @@ def _last_line(path: Path, limit: int = 300) -> str:
 
 def _tell_pool_failed(pool: str, job: str, reason: str) -> None:
     """A pool job's launcher that cannot run it says why, so the job fails at once."""
-    from dra.pool.server import PoolClient
+    from dra.pool.client import PoolClient
 
     try:
         PoolClient(pool, retry_s=5.0).sync(job, [], [], None, failed=True, reason=reason[:2000],
