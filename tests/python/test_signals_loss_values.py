@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _elastic_harness import run_logged_script
+from _elastic_harness import linear_job_script, run_logged_script
 
 import dra
 
@@ -24,25 +24,7 @@ def _fresh_controller():
 
 # One process trains a linear model; the loss it passes follows a curve of its step (CFG "curve"),
 # or is a float16 tensor of CFG "half" (the world's loss of a float16 model).
-SCRIPT = r'''
-import json, math, os, torch
-import dra, dra.elastic as de
-
-cfg = json.loads(os.environ["CFG"])
-torch.manual_seed(0)
-x, y = torch.randn(cfg["n"], 4), torch.randn(cfg["n"], 1)
-ds = torch.utils.data.TensorDataset(x, y)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-sampler = de.DistributedSampler(ds, seed=1)
-loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler)
-ctl = de.init(model, opt, sampler)
-log = open(os.path.join(cfg["out"], f"log-{ctl.uid}.jsonl"), "a")
-for epoch in ctl.epochs(1):
-    for xb, yb in loader:
-        loss = torch.nn.functional.mse_loss(ctl.model(xb), yb)
-        ctl.optimizer.zero_grad(); loss.backward(); ctl.optimizer.step()
-        step = ctl.step_index
+SCRIPT = linear_job_script(r'''
         if "half" in cfg:
             loss = (loss.detach() * 0 + cfg["half"]).half()
         else:
@@ -53,8 +35,7 @@ for epoch in ctl.epochs(1):
                               "signals_step": s.step, "phase": s.phase, "diverging": bool(s.diverging),
                               "nonfinite": s.nonfinite_count}) + "\n")
         log.flush()
-log.close()
-'''
+''')
 
 OPTIONS = {"policy": "none", "fault_timeout_s": 10, "estimator": {"window": 8, "warmup_steps": 8}}
 # A negative log-likelihood falling from 1 to about -2 by step 40, then blowing up (x 1.5 per step).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _elastic_harness import run_logged_script
+from _elastic_harness import linear_job_script, run_logged_script
 
 import dra
 
@@ -135,26 +135,7 @@ def test_the_usual_loss_forms_are_taken(loss, value) -> None:
 # A real job: 2 processes, gradient statistics as docs/guide/signals.md says to pass them in data
 # parallelism (big_batch = world size x per-rank batch), an AMP-like overflowed step (NaN norms) and
 # a NaN validation metric, and a schedule that shrinks the world to one at step 4.
-SCRIPT = r'''
-import json, os, torch
-import dra, dra.elastic as de
-
-cfg = json.loads(os.environ["CFG"])
-torch.manual_seed(0)
-n = cfg.get("n", 64)
-x, y = torch.randn(n, 4), torch.randn(n, 1)
-ds = torch.utils.data.TensorDataset(x, y)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-sampler = de.DistributedSampler(ds, seed=1)
-loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler)
-ctl = de.init(model, opt, sampler)
-log = open(os.path.join(cfg["out"], f"log-{ctl.uid}.jsonl"), "a")
-for epoch in ctl.epochs(1):
-    for xb, yb in loader:
-        loss = torch.nn.functional.mse_loss(ctl.model(xb), yb)
-        ctl.optimizer.zero_grad(); loss.backward(); ctl.optimizer.step()
-        step = ctl.step_index
+SCRIPT = linear_job_script(r'''
         norm = float("nan") if step == 2 else 1.0 + 1.0 / (step + 1)
         if "fall" in cfg:  # a loss that crosses zero at step 10 (as the world's mean)
             loss = loss.detach() * 0 + (1.0 - cfg["fall"] * step)
@@ -163,9 +144,8 @@ for epoch in ctl.epochs(1):
         log.write(json.dumps({"kind": "step", "uid": ctl.uid, "step": step, "world": ctl.world_size,
                               "committed": bool(st.committed), "nonfinite": st.signals.nonfinite_count}) + "\n")
         log.flush()
-log.write(json.dumps({"kind": "final", "uid": ctl.uid, "step": ctl.step_index, "role": ctl.role}) + "\n")
-log.close()
-'''
+''', after=r'''log.write(json.dumps({"kind": "final", "uid": ctl.uid, "step": ctl.step_index, "role": ctl.role}) + "\n")
+''')
 
 
 @pytest.mark.timeout(120)
@@ -218,33 +198,15 @@ def test_a_real_job_whose_loss_turns_negative_is_told_once(tmp_path: Path) -> No
 
 # Every rank passes a signal dra.step refuses at step 3, catches the ValueError and goes on with its
 # next batch (as after any exception caught between backward and dra.step).
-CAUGHT = r'''
-import json, os, torch
-import dra, dra.elastic as de
-cfg = json.loads(os.environ["CFG"])
-torch.manual_seed(0)
-x, y = torch.randn(64, 4), torch.randn(64, 1)
-ds = torch.utils.data.TensorDataset(x, y)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-sampler = de.DistributedSampler(ds, seed=1)
-loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler)
-ctl = de.init(model, opt, sampler)
-log = open(os.path.join(cfg["out"], f"log-{ctl.uid}.jsonl"), "a")
-for epoch in ctl.epochs(1):
-    for xb, yb in loader:
-        loss = torch.nn.functional.mse_loss(ctl.model(xb), yb)
-        ctl.optimizer.zero_grad(); loss.backward(); ctl.optimizer.step()
-        step = ctl.step_index
+CAUGHT = linear_job_script(r'''
         try:
             st = dra.step(loss, **({"sync_time_s": 0.1} if step == 3 else {}))
         except ValueError as e:
             log.write(json.dumps({"kind": "refused", "uid": ctl.uid, "step": step, "error": str(e)}) + "\n"); log.flush()
             continue
         log.write(json.dumps({"kind": "step", "uid": ctl.uid, "step": step, "committed": bool(st.committed)}) + "\n"); log.flush()
-log.write(json.dumps({"kind": "final", "uid": ctl.uid, "step": ctl.step_index, "digest": ctl.state_digest()}) + "\n")
-log.close()
-'''
+''', after=r'''log.write(json.dumps({"kind": "final", "uid": ctl.uid, "step": ctl.step_index, "digest": ctl.state_digest()}) + "\n")
+''')
 
 
 @pytest.mark.timeout(120)
