@@ -20,6 +20,9 @@
 //   fault/<epoch>/alive/<uid>   survivors' check-in after a failure in the world of <epoch>
 //   beat/<uid>                  a counter each process's heartbeat thread raises (liveness: a
 //                               member that neither checks in nor beats is dead)
+//   rebuild/<uid>               the world epoch a process is rebuilding, for the rebuild phase of a
+//                               world change (erased after it): a recovery waits longer for a
+//                               member that beats and is still inside a rebuild
 //   fault/<epoch>/result        the first stored proposal of the next world (everyone adopts it);
 //                               one that does not parse sends every survivor to the next room,
 //                               fault/<epoch>/r<k>/..., where they agree again
@@ -203,8 +206,8 @@ class store_protocol {
   /// dies during the recovery cannot leave the others without a result. How long it waits for a
   /// member that has not checked in depends on that member's heartbeat (start_heartbeat): one
   /// whose counter stood still for the heartbeat's `stale` time is dead at once; one still beating
-  /// is alive but late and is waited for until `window` + `late_grace`; one without a heartbeat
-  /// is waited for until `window`.
+  /// is alive but late and is waited for until `window` + `late_grace`, longer while it is still
+  /// inside a rebuild (rebuilding); one without a heartbeat is waited for until `window`.
   /// `holds_state`: whether this process holds the world's training state (a joiner whose
   /// handoff did not complete does not); the agreed world starts with a process that does, and
   /// dra::membership_error is thrown when none survived.
@@ -225,6 +228,12 @@ class store_protocol {
   /// This process leaves the job mid-training (an uncaught exception): its heartbeat stops and a
   /// recovery takes it for dead at once. Never throws.
   void mark_gone(int uid) noexcept;
+  /// This process entered the rebuild of the world of `epoch` (rebuilding), or its backend
+  /// returned that world (rebuilt): a recovery's agreement waits for a member that beats and is
+  /// still inside a rebuild past the late grace (see agree_in_room). Neither throws: a store that
+  /// fails shows at the next operation that needs an answer.
+  void rebuilding(int uid, std::int64_t epoch) noexcept;
+  void rebuilt(int uid) noexcept;
 
   // -- the job's end and the outside ---------------------------------------------------------
   void mark_done();

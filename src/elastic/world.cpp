@@ -149,6 +149,10 @@ void controller::enter_world(const world_change& change) {
   }
   reducer_->cancel();
   reads_->reset();
+  // Marked on the store until the backend returns the new world: a recovery that opens meanwhile
+  // waits for this member, which beats, past its late grace (agree_on_survivors). A rebuild that
+  // fails leaves the mark: this process is on its way to the recovery, where it checks in.
+  store_->rebuilding(uid_, change.epoch);
   hook(change_phase::rebuild);
   comm::rebuild_request request;
   request.epoch = static_cast<std::uint64_t>(change.epoch);
@@ -169,6 +173,7 @@ void controller::enter_world(const world_change& change) {
         request.old_members.push_back(uid);
   }
   comm_ = backend_->rebuild(std::move(comm_), request, store_->store());
+  store_->rebuilt(uid_);
   if (!comm_)
     throw dra::membership_error("dra: process " + std::to_string(uid_) + " is not in epoch " +
                                 std::to_string(change.epoch));
