@@ -16,7 +16,10 @@ Rows:
   ``pool_inference_p99``, ``pool_inference_replica_seconds``, per-job accuracy, ``pool_moves``.
   Real processes in cgroup CPU slots (needs root and cgroups v1).
 - ``pool_handover_s``: from the release of a lease by one job to the first committed step of
-  another job on it (one slot, a job waiting; median over ``--handover-repeats``).
+  another job on it (one slot, a job waiting with its launcher up; median over ``--handover-repeats``).
+- ``pool_job_start_s``: from a job's submission to its first committed step on a free slot (its
+  launcher started, its fork server importing torch and scikit-learn), with the time to the
+  launcher's check-in; median over ``--handover-repeats``.
 - ``pool_decision_ms`` and ``pool_decision_ms_100k``: one cluster-arbiter decision over 1,000 jobs
   x 6,000 devices and over 10,000 jobs x 100,000 devices (speedup curves of up to 64 devices
   each), median; baseline: the 50 ms goal.
@@ -113,6 +116,37 @@ def handover_s(repeats: int, tmp: Path) -> list[float]:
     return out
 
 
+def job_start_s(repeats: int, tmp: Path) -> dict[str, list[float]]:
+    """A one-slot pool, one job preloading what the main job's preload (torch, scikit-learn):
+    seconds from its submission to its launcher's check-in (event ``ready``) and to its first
+    committed step."""
+    from dra.pool.factory import make_service
+    from dra.pool.server import PoolClient, PoolServer
+
+    out: dict[str, list[float]] = {"ready": [], "first_step": []}
+    for r in range(repeats):
+        state = tmp / f"start-{r}"
+        svc = make_service("slots:1", state, name=f"bench-start-{r}", scale_every_s=1.0)
+        server = PoolServer(svc).start()
+        client = PoolClient(server.url)
+        try:
+            client.submit({"name": "b", "cwd": str(ROOT), "log": str(state / "logs"),
+                           "preload": ["torch", "dra", "dra.elastic", "dra.pool.job", "sklearn.datasets",
+                                       "sklearn.model_selection", "sklearn.preprocessing"],
+                           "command": [sys.executable, str(EXAMPLES / "train.py"), "--model", "logreg", "--data", "wine",
+                                       "--epochs", "2", "--out", str(state / "b")]})
+            client.wait(["b"], timeout_s=120)
+        finally:
+            server.close()
+        first: dict[str, float] = {}
+        for line in (state / "events.jsonl").read_text().splitlines():
+            e = json.loads(line)
+            first.setdefault(e["event"], e["time"])
+        out["ready"].append(first["ready"] - first["submit"])
+        out["first_step"].append(first["first_step"] - first["submit"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dra.bench pool")
     p.add_argument("--json", metavar="PATH")
@@ -139,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         hs = handover_s(args.handover_repeats, tmp)
         results.append(result("pool_handover_s", statistics.median(hs), "s", ("goal", 1.0), samples=hs,
                               label=f"measured, median of {len(hs)}"))
+        st = job_start_s(args.handover_repeats, tmp)
+        results.append(result("pool_job_start_s", statistics.median(st["first_step"]), "s", None, samples=st,
+                              ready_s=statistics.median(st["ready"]), host_load=os.getloadavg()[0],
+                              label=f"measured: submit to first step, median of {len(st['first_step'])}"))
         if not args.skip_main:
             out = Path(args.main_out).resolve() if args.main_out else tmp / "main"
             cmd = [sys.executable, str(EXAMPLES / "pool_at_work.py"), "--out", str(out),
