@@ -79,8 +79,9 @@ def decision_ms(jobs: int = 1000, devices: int = 6000, repeats: int = 7) -> tupl
 def handover_s(repeats: int, tmp: Path) -> list[float]:
     """A one-slot pool, job 'a' running, job 'b' waiting with its launcher up; 'a' ends: seconds
     from the release of its lease to b's first committed step on it. 'a' holds the slot until b's
-    launcher has checked in (event ``ready``), so the figure is the pool's handover and not b's
-    launcher start-up (seconds of importing torch on a loaded host: part of b's queueing)."""
+    launcher has checked in (event ``ready``) and b's fork server has imported what b preloads
+    (its log says so), so the figure is the pool's handover and not b's start-up (seconds of
+    importing torch on a loaded host: part of b's queueing, ``pool_job_start_s``)."""
     from dra.pool.factory import make_service
     from dra.pool.server import PoolClient, PoolServer
 
@@ -97,12 +98,20 @@ def handover_s(repeats: int, tmp: Path) -> list[float]:
             go = state / "a-may-end"
             hold = f"import os, time\nt = time.time()\nwhile not os.path.exists({str(go)!r}) and time.time() - t < 120: time.sleep(0.02)"
             client.submit({"name": "a", **common, "command": [sys.executable, "-c", hold]})
+            deadline = time.time() + 120
+
+            def seen(event: str, job: str) -> bool:
+                return any(json.loads(x).get("event") == event and json.loads(x).get("job") == job
+                           for x in (state / "events.jsonl").read_text().splitlines())
+
+            while time.time() < deadline and not seen("worker_start", "a"):  # a holds the one slot first
+                time.sleep(0.1)
             cmd = [sys.executable, str(EXAMPLES / "train.py"), "--model", "logreg", "--data", "wine"]
             client.submit({"name": "b", **common, "command": cmd + ["--epochs", "2", "--out", str(state / "b")]})
-            deadline = time.time() + 120
-            while time.time() < deadline and not any(
-                    json.loads(x).get("event") == "ready" and json.loads(x).get("job") == "b"
-                    for x in (state / "events.jsonl").read_text().splitlines()):
+            zygote_log = state / "logs" / "b.zygote.log"  # the fork server says there when workers can start
+            while time.time() < deadline and not (
+                    seen("ready", "b") and zygote_log.exists()
+                    and "fork server ready" in zygote_log.read_text(errors="replace")):
                 time.sleep(0.1)
             time.sleep(1.0)  # a look of the pool's loop or two: b waits for the slot with its launcher up
             go.touch()

@@ -19,6 +19,7 @@ import runpy
 import select
 import signal
 import sys
+import time
 
 from dra import _process
 
@@ -110,10 +111,15 @@ def main() -> None:
     # Started without its directory (the job's) on sys.path: a module there is preloaded only when
     # nothing installed has its name, so one planted there shadows neither the standard library nor torch.
     sys.path.append(os.getcwd())
-    for name in (sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []):
+    began = time.monotonic()
+    names = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []
+    for name in names:
         importlib.import_module(name)
     if "torch" in sys.modules:
         _warm_torch()
+    # In its log (the job's <job>.zygote.log): how long the preload took, and that workers can start.
+    print(f"[dra] fork server ready: preloaded {', '.join(names) or 'nothing'} in {time.monotonic() - began:.1f} s",
+          file=sys.stderr, flush=True)
     out = sys.stdout.fileno()
     ids: dict[int, str] = {}
 
