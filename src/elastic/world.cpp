@@ -229,7 +229,13 @@ void controller::enter_world(const world_change& change) {
   engine_.world().active = members_;
   if (change.cause == change_cause::fault) {
     // A fault is no decision: the size before it stays the one to heal back to (options.heal).
-    heal_size_ = std::max(heal_size_, change.before);
+    // A fault that interrupted a decided shrink heals to that shrink's size: the shrink was a
+    // decision, and like any decision it sets the size anew (before, the world grew back and
+    // re-admitted the member the shrink had released).
+    if (change.heal_to > 0 && change.heal_to < change.before)
+      heal_size_ = change.heal_to;
+    else
+      heal_size_ = std::max(heal_size_, change.before);
     for (int u : change.left) ++fault_leaves_[u];
   } else {
     heal_size_ = comm_->size();
@@ -439,6 +445,10 @@ void controller::recover(std::string reason) {
     c.reason = "peer failure: " + first_reason;
     if (!not_joined.empty()) c.reason += "; joiner(s) " + not_joined + " of the interrupted grow did not come";
     c.before = static_cast<int>(running.size());
+    // A fault in a shrink's world change: the shrink was decided, and healing must not undo it
+    // (it re-admitted the leaver the shrink had released). In an interrupted grow the running
+    // world's size stays the target: the joiners never were members.
+    c.heal_to = std::min(c.before, static_cast<int>(world.size()));
     c.agree_s = seconds_since(t0);
     try {
       enter_world(c);

@@ -24,7 +24,11 @@ struct world_change {
   std::vector<int> joined;   ///< who receives the state (a grow's or an admission's joiners)
   std::vector<int> left;
   std::string reason;
-  int before = 0;        ///< size of the world that was running
+  int before = 0;  ///< size of the world that was running
+  /// After a fault: the size the world would have without it (the running world's, or a shrink's
+  /// decided world's when the fault interrupted that shrink): what options.heal grows back to.
+  /// 0: `before`.
+  int heal_to = 0;
   double agree_s = 0.0;  ///< time to agree on it (decision or recovery)
   std::int64_t decided_step = -1;
 };

@@ -12,7 +12,8 @@ A member that beats and is still inside the rebuild of a world is on its way to 
 survivors wait for it. Here member 2 stalls in its rebuild of the shrink's world longer than the
 survivors' usual wait (the deterministic stand-in for the rendezvous that overran): the others'
 rendezvous times out, they recover, and the world they agree on still holds member 2. The shrink's
-leaver (3) stands by and is no fault's victim either.
+leaver (3) stands by and is no fault's victim either, and healing (which grows a world back to its
+size before a fault) does not re-admit it: the shrink was decided, so 3 is the size to heal to.
 """
 
 from __future__ import annotations
@@ -62,3 +63,9 @@ def test_a_member_held_in_its_rebuild_past_the_late_grace_is_waited_for_not_name
     assert 2 in faults[0]["members"], faults[0]
     assert "left out" not in outputs["r2"], outputs["r2"][-800:]
     assert run.codes == {"r0": 0, "r1": 0, "r2": 0, "r3": 0}, run.codes
+    # The fault interrupted a decided shrink: healing grows back to the shrink's 3, not to the 4
+    # before it (it re-admitted the leaver the shrink had released, undoing the decision).
+    events = load_events(run.out)
+    after_fault = [e for e in events if e.get("step", -1) >= faults[0]["step"] and "after" in e]
+    assert all(e["after"] <= 3 for e in after_fault), after_fault
+    assert not [e for e in events if e["event"] == "resize" and "heal" in e.get("reason", "")], events
