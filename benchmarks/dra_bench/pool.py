@@ -30,6 +30,7 @@ Rows:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,25 +78,35 @@ def decision_ms(jobs: int = 1000, devices: int = 6000, repeats: int = 7) -> tupl
     return 1000.0 * statistics.median(cpu), 1000.0 * statistics.median(wall)
 
 
+#: What the main job's training jobs preload in their fork server (torch, scikit-learn).
+PRELOAD = ["torch", "dra", "dra.elastic", "dra.pool.job", "sklearn.datasets", "sklearn.model_selection",
+           "sklearn.preprocessing"]
+
+
+@contextlib.contextmanager
+def _one_slot_pool(state: Path, name: str) -> Iterator[Any]:
+    """A served pool of one CPU slot at ``state``: its client, closed at the end."""
+    from dra.pool.factory import make_service
+    from dra.pool.server import PoolClient, PoolServer
+
+    server = PoolServer(make_service("slots:1", state, name=name, scale_every_s=1.0)).start()
+    try:
+        yield PoolClient(server.url)
+    finally:
+        server.close()
+
+
 def handover_s(repeats: int, tmp: Path) -> list[float]:
     """A one-slot pool, job 'a' running, job 'b' waiting with its launcher up; 'a' ends: seconds
     from the release of its lease to b's first committed step on it. 'a' holds the slot until b's
     launcher has checked in (event ``ready``) and b's fork server has imported what b preloads
     (its log says so), so the figure is the pool's handover and not b's start-up (seconds of
     importing torch on a loaded host: part of b's queueing, ``pool_job_start_s``)."""
-    from dra.pool.factory import make_service
-    from dra.pool.server import PoolClient, PoolServer
-
     out = []
     for r in range(repeats):
         state = tmp / f"handover-{r}"
-        svc = make_service("slots:1", state, name=f"bench-handover-{r}", scale_every_s=1.0)
-        server = PoolServer(svc).start()
-        client = PoolClient(server.url)
-        try:
-            common = {"cwd": str(ROOT), "log": str(state / "logs"),
-                      "preload": ["torch", "dra", "dra.elastic", "dra.pool.job", "sklearn.datasets",
-                                  "sklearn.model_selection", "sklearn.preprocessing"]}
+        with _one_slot_pool(state, f"bench-handover-{r}") as client:
+            common = {"cwd": str(ROOT), "log": str(state / "logs"), "preload": PRELOAD}
             go = state / "a-may-end"
             hold = f"import os, time\nt = time.time()\nwhile not os.path.exists({str(go)!r}) and time.time() - t < 120: time.sleep(0.02)"
             client.submit({"name": "a", **common, "command": [sys.executable, "-c", hold]})
@@ -116,8 +128,6 @@ def handover_s(repeats: int, tmp: Path) -> list[float]:
             time.sleep(1.0)  # a look of the pool's loop or two: b waits for the slot with its launcher up
             go.touch()
             client.wait(["a", "b"], timeout_s=120)
-        finally:
-            server.close()
         events = [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
         release = next(e for e in events if e["event"] == "release" and e["job"] == "a")
         first = json.loads((state / "b" / "first_steps.jsonl").read_text().splitlines()[0])
@@ -129,24 +139,14 @@ def job_start_s(repeats: int, tmp: Path) -> dict[str, list[float]]:
     """A one-slot pool, one job preloading what the main job's preload (torch, scikit-learn):
     seconds from its submission to its launcher's check-in (event ``ready``) and to its first
     committed step."""
-    from dra.pool.factory import make_service
-    from dra.pool.server import PoolClient, PoolServer
-
     out: dict[str, list[float]] = {"ready": [], "first_step": []}
     for r in range(repeats):
         state = tmp / f"start-{r}"
-        svc = make_service("slots:1", state, name=f"bench-start-{r}", scale_every_s=1.0)
-        server = PoolServer(svc).start()
-        client = PoolClient(server.url)
-        try:
-            client.submit({"name": "b", "cwd": str(ROOT), "log": str(state / "logs"),
-                           "preload": ["torch", "dra", "dra.elastic", "dra.pool.job", "sklearn.datasets",
-                                       "sklearn.model_selection", "sklearn.preprocessing"],
+        with _one_slot_pool(state, f"bench-start-{r}") as client:
+            client.submit({"name": "b", "cwd": str(ROOT), "log": str(state / "logs"), "preload": PRELOAD,
                            "command": [sys.executable, str(EXAMPLES / "train.py"), "--model", "logreg", "--data", "wine",
                                        "--epochs", "2", "--out", str(state / "b")]})
             client.wait(["b"], timeout_s=120)
-        finally:
-            server.close()
         first: dict[str, float] = {}
         for line in (state / "events.jsonl").read_text().splitlines():
             e = json.loads(line)
