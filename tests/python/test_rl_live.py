@@ -221,7 +221,17 @@ def test_pipeline_dynamic_run_decides_at_boundaries(live_longgen) -> None:
     dyn = live_longgen.run_pipeline("dynamic", None)
     assert dyn["ledger"]["exactly_once"]
     assert dyn["decisions"], "the policy was never asked"
-    assert dyn["decisions"][0]["reason"].startswith("hold: no")
+    # Never before step 0's first update (nothing committed yet; in later windows the policy is
+    # asked again as sequences finish), at most one move per boundary, and every move the log calls
+    # carried out is in the switch log. Whether the first decision still lacks a model ("hold: no
+    # decode iteration observed yet") depends on the machine's speed.
+    at = [(d["step"], d["updates_left"]) for d in dyn["decisions"]]
+    assert (0, 2) not in at, at
+    moved_at = [(d["step"], d["updates_left"]) for d in dyn["decisions"] if d["moved"]]
+    assert len(moved_at) == len(set(moved_at)), dyn["decisions"]
+    assert all(d["reason"] for d in dyn["decisions"])
+    assert sum(1 for d in dyn["decisions"] if d["moved"]) == len(dyn["switch_log"])
+    assert all(d["action"] != "hold" for d in dyn["decisions"] if d["moved"] or "dropped" in d)
     with pytest.raises(ValueError, match="updates_per_step"):
         LiveConfig(updates_per_step=3).validate()
 
@@ -236,8 +246,11 @@ def test_pipeline_lookahead_planner_runs_live_on_the_leaders_snapshot(live_longg
     planned = [d for d in dyn["decisions"] if "plan_ms" in d]
     assert planned and len(planned) == len(dyn["decisions"]), dyn["decisions"]
     assert all(d["reason"].startswith("lookahead") for d in planned)
-    moves = [d for d in planned if d["action"] != "hold"]
-    assert len(dyn["switch_log"]) == len(moves)
+    # A planned move the pipeline overtook (its slots no longer idle) is logged as dropped, with why.
+    done = [d for d in planned if d["moved"]]
+    assert len(dyn["switch_log"]) == len(done), (dyn["decisions"], dyn["switch_log"])
+    assert all(d["action"] != "hold" and d["dropped"] for d in planned if "dropped" in d)
+    assert all(d["moved"] or d["action"] == "hold" or "dropped" in d for d in planned)
     assert all(0.0 <= d["plan_ms"] < 5000.0 for d in planned)
 
 

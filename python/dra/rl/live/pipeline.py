@@ -325,16 +325,28 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             d = stage_policy.decide_window(**window_state(updates_left))
         else:
             return
-        record["decisions"].append({"t": now(), "step": step, "updates_left": updates_left, "action": d["action"], "reason": d["reason"],
-                                    **({"plan_ms": d["plan_ms"]} if "plan_ms" in d else {})})
+        # What was carried out: `moved` slots (0 for a hold), and why a wanted move was not. A
+        # decision can be overtaken by the pipeline: the slots it would take back are no longer idle
+        # (work came in), or only one trainer is left to lend from.
+        entry = {"t": now(), "step": step, "updates_left": updates_left, "action": d["action"], "reason": d["reason"], "moved": 0,
+                 **({"plan_ms": d["plan_ms"]} if "plan_ms" in d else {})}
+        record["decisions"].append(entry)
         if d["action"] == "to_rollout" and d["moved"] > 0:
             leave = trainers[len(trainers) - min(d["moved"], len(trainers) - 1):]
-            lend(leave, d, updates_left)
+            if leave:
+                entry["moved"] = len(leave)
+                lend(leave, d, updates_left)
+            else:
+                entry["dropped"] = "one trainer left: nothing to lend"
         elif d["action"] == "to_train" and d["moved"] > 0:
             idle = idle_slots()
             join = [s for s in d["join"] if s in idle] if "join" in d else idle[: d["moved"]]
             if join:
+                entry["moved"] = len(join)
                 borrow(join, d, updates_left)
+            else:
+                wanted = d["join"] if "join" in d else f"{d['moved']} slot(s)"
+                entry["dropped"] = f"no idle rollout slot to take back (wanted {wanted}; idle {idle})"
 
     def lend(leave: list[int], d: dict[str, Any], updates_left: int) -> None:
         nonlocal fired, pending_switch
