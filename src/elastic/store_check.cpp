@@ -89,6 +89,14 @@ const std::map<std::string, family>& families() {
           p.agree_on_survivors(7, {0, 1}, 0, true, 1ms);
         }}},
       {"gone/<uid>", {"gone/1", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 1ms); }}},
+      // Read for its presence only (a member still inside a rebuild is waited for, up to a bound):
+      // any value, a beating member 1 past the late grace.
+      {"rebuild/<uid>",
+       {"rebuild/1", [](store_client& c) { c.set("beat/1", 1); },
+        [](store_protocol& p) {
+          p.start_heartbeat(0, 10ms, 20ms, 20ms);
+          p.agree_on_survivors(7, {0, 1}, 0, true, 1ms);
+        }}},
       {"capacity", {"capacity", {}, [](store_protocol& p) { p.limit(); }}},
       {"child/<epoch>", {"child/5", {}, [](store_protocol& p) { p.claim_child(5, 6); }}},
       {"child/<epoch>/again", {"child/5/again", {}, [](store_protocol& p) { p.claim_child(5, 6); }}},

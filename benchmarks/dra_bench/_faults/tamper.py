@@ -96,7 +96,8 @@ class TrialFilesystem:
 KEY_TEMPLATES = (
     "universe", "late_uid", "cfg/{uid}", "sig/{uid}", "epoch_seq", "dec/{epoch}", "cands", "waiting/{cand}",
     "admit/{cand}", "fault/{epoch}/alive/{uid}", "fault/{epoch}/result", "fault/{epoch}/r1/result", "beat/{uid}",
-    "gone/{uid}", "child/{epoch}", "child/{epoch}/again", "done", "capacity", "report", "word/{epoch}/{step}",
+    "gone/{uid}", "rebuild/{uid}", "child/{epoch}", "child/{epoch}/again", "done", "capacity", "report",
+    "word/{epoch}/{step}",
 )  # fmt: skip
 
 WRONG_TYPES = (

@@ -325,9 +325,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             d = stage_policy.decide_window(**window_state(updates_left))
         else:
             return
-        # What was carried out: `moved` slots (0 for a hold), and why a wanted move was not. A
-        # decision can be overtaken by the pipeline: the slots it would take back are no longer idle
-        # (work came in), or only one trainer is left to lend from.
+        # `moved`: the slots actually moved; `dropped`: why the pipeline overtook a wanted move.
         entry = {"t": now(), "step": step, "updates_left": updates_left, "action": d["action"], "reason": d["reason"], "moved": 0,
                  **({"plan_ms": d["plan_ms"]} if "plan_ms" in d else {})}
         record["decisions"].append(entry)
