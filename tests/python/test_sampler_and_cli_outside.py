@@ -7,7 +7,8 @@
 - ``dra-sim rl --quiet`` still printed its "wrote PATH" lines, as did ``replay`` and ``study``:
   ``--quiet`` silences them in every subcommand.
 - docs/guide/simulator.md listed a subset of the keys of the JSON documents ``dra-sim`` writes:
-  each list there is checked against what the commands write, both ways.
+  each list there is checked against what the commands write, both ways; likewise
+  docs/guide/rl-json.md for ``dra-sim rl`` (both models).
 """
 
 from __future__ import annotations
@@ -179,3 +180,45 @@ def test_simulator_guide_lists_every_key_of_the_json_documents(tmp_path_factory)
     calibration = "policies.convergence_aware.remaining_work_calibration.<fraction>"
     assert _keys_at(docs["replay"], calibration + ".by_application.<application>") == (
         set(documented[("replay", calibration)]) - {"by_application"})
+
+
+def _documented_rl_keys() -> dict[tuple[str, str], list[str]]:
+    """docs/guide/rl-json.md: ("rl" or "rl pipeline", path) -> the keys its list names."""
+    text = (ROOT / "docs" / "guide" / "rl-json.md").read_text()
+    out: dict[tuple[str, str], list[str]] = {}
+    for block in re.split(r"\n(?=\*\*rl(?: pipeline)?, )", text)[1:]:
+        head = re.match(r"\*\*(rl|rl pipeline), (?:`([^`]+)`|top level)\*\*", block)
+        assert head, block[:80]
+        out[(head.group(1), head.group(2) or "")] = re.findall(r"^- `([a-z0-9_]+)`:", block, re.M)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_rl_guide_lists_every_key_of_the_json_documents(tmp_path_factory) -> None:
+    documented = _documented_rl_keys()
+    phase = json.loads((_dra_sim("rl", True, tmp_path_factory)[1] / "out.json").read_text())
+    event = json.loads((_dra_sim("rl-pipeline", True, tmp_path_factory)[1] / "out.json").read_text())
+    # Every run of both models is a run record with the keys listed under `dynamic`.
+    runs = [*phase["statics"], phase["dynamic"], phase["oracle"], phase["colocated"]]
+    runs += [r for k in ("barrier_free", "barrier", "synchronous") for r in event[k]]
+    runs += [event[k] for k in ("dynamic", "dynamic_lookahead", "oracle_within_step", "colocated")]
+    for (model, path), keys in documented.items():
+        assert len(keys) == len(set(keys)), (model, path, keys)
+        if path.startswith("dynamic"):
+            assert model == "rl", path
+            sub = path[len("dynamic"):].lstrip(".")
+            for run in runs:
+                if "switch_log" in sub and not run["switch_log"]:
+                    continue
+                written = _keys_at(run, sub)
+                assert set(keys) == written, (run["name"], path, sorted(written - set(keys)), sorted(set(keys) - written))
+            continue
+        written = _keys_at(phase if model == "rl" else event, path)
+        assert set(keys) == written, (model, path, sorted(written - set(keys)), sorted(set(keys) - written))
+    # The event model's settings: the phase model's, `pipeline` aside, with three of its own.
+    assert _keys_at(event, "settings") == (set(documented[("rl", "settings")]) - {"pipeline"}) | {
+        "label", "oracle_lookahead", "lookahead_samples"}
+    assert {p for m, p in documented if m == "rl pipeline"} >= {"", "summary", "summary.barrier", "summary.resizing",
+                                                                 "summary.oracle", "summary.lookahead_planner", "summary.others"}
+    assert {p for m, p in documented if m == "rl"} >= {"", "dynamic", "dynamic.phases", "dynamic.switch_log[]",
+                                                        "dynamic.switch_log[].cost_split", "dynamic.roles", "settings", "summary"}
