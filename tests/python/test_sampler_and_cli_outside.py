@@ -7,7 +7,7 @@
 - ``dra-sim rl --quiet`` still printed its "wrote PATH" lines, as did ``replay`` and ``study``:
   ``--quiet`` silences them in every subcommand.
 - docs/guide/simulator.md listed a subset of the keys of the JSON documents ``dra-sim`` writes:
-  each list there is checked against what the commands write, both ways; likewise
+  each list (now docs/guide/simulator-json.md) is checked against what the commands write, both ways; likewise
   docs/guide/rl-json.md for ``dra-sim rl`` (both models).
 """
 
@@ -144,10 +144,8 @@ def _keys_at(doc: Any, path: str) -> set[str]:
 
 
 def _documented_keys() -> dict[tuple[str, str], list[str]]:
-    """docs/guide/simulator.md, "The JSON documents": (command, path) -> the keys its list names."""
-    text = (ROOT / "docs" / "guide" / "simulator.md").read_text()
-    assert "## The JSON documents" in text, "simulator.md has no key-by-key list of its JSON documents"
-    section = text[text.index("## The JSON documents"):text.index("## Inputs and bounds")]
+    """docs/guide/simulator-json.md: (command, path) -> the keys its list names."""
+    section = (ROOT / "docs" / "guide" / "simulator-json.md").read_text()
     out: dict[tuple[str, str], list[str]] = {}
     for block in re.split(r"\n(?=\*\*(?:replay|study), )", section)[1:]:
         head = re.match(r"\*\*(replay|study), (?:`([^`]+)`|top level)\*\*", block)
