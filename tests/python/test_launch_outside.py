@@ -239,11 +239,12 @@ def test_the_tee_never_makes_the_launcher_wait_on_the_console(tmp_path):
     """The copy thread wrote to the console holding the lock the launcher takes to stop following a
     worker's log: a blocked console (a paused pager, Ctrl-S) froze the supervision loop, so a
     SIGTERM was never acted on. Now only the copy thread waits; what it copies is in order and whole."""
-    release = threading.Event()
+    release, blocked = threading.Event(), threading.Event()
     got: list[str] = []
 
     class Blocked:
         def write(self, text: str) -> None:
+            blocked.set()
             release.wait(30)
             got.append(text)
 
@@ -256,11 +257,19 @@ def test_the_tee_never_makes_the_launcher_wait_on_the_console(tmp_path):
     tee.follow(log, "[p0]:")
     with open(log, "ab") as f:
         f.write(b"".join(b"line %d\n" % i for i in range(5000)) + b"last, no newline")
-    time.sleep(0.2)  # the thread is blocked in its write now
-    t0 = time.monotonic()
-    tee.stop_following(log)
-    tee.follow(tmp_path / "other.log", "[p1]:")
-    assert time.monotonic() - t0 < 1.0
+    assert blocked.wait(30)  # the thread is blocked in its write now
+    # Stopping one log and following another return while the console still holds the copy thread
+    # (before the fix they waited for its write, i.e. for release below; waited for here without a
+    # bound on how fast they are, which a loaded host cannot keep).
+    switched = threading.Event()
+
+    def switch() -> None:
+        tee.stop_following(log)
+        tee.follow(tmp_path / "other.log", "[p1]:")
+        switched.set()
+
+    threading.Thread(target=switch, daemon=True).start()
+    assert switched.wait(20), "stop_following/follow waited on the blocked console"
     assert not tee.close(timeout_s=0.5)  # the console still holds it: the launcher is told, not stuck
     release.set()
     tee._thread.join(10)

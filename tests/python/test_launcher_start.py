@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,22 +29,42 @@ def test_the_launcher_and_the_pool_client_import_without_torch() -> None:
 
 
 def test_the_fork_server_is_not_waited_for_until_a_worker_is_spawned(tmp_path: Path, monkeypatch) -> None:
-    (tmp_path / "slow_preload_mod.py").write_text("import time\ntime.sleep(3)\n")
+    # The fork server's preload is held at a gate this test opens: what waits for it and what does
+    # not is seen from the gate's state, not from how long each call took (a loaded host stretches both).
+    gate, preloaded = tmp_path / "gate", tmp_path / "preloaded"
+    (tmp_path / "slow_preload_mod.py").write_text(
+        f"import os, time\nt = time.time()\nwhile not os.path.exists({str(gate)!r}) and time.time() - t < 300:\n"
+        f"    time.sleep(0.01)\nopen({str(preloaded)!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)  # the fork server puts its working directory last on sys.path
-    t0 = time.monotonic()
-    sp = Spawner(True, ["slow_preload_mod"], tmp_path / "zygote.log")
+    made: list[Spawner] = []
+    maker = threading.Thread(target=lambda: made.append(Spawner(True, ["slow_preload_mod"], tmp_path / "zygote.log")),
+                             daemon=True)
+    maker.start()
+    maker.join(60)
     try:
-        assert time.monotonic() - t0 < 2.0  # it did not wait for the 3 s import
+        assert made, "the launcher waited for the fork server's preload"  # the gate is still shut
+        sp = made[0]
+        assert not preloaded.exists()
         marker = tmp_path / "ran"
         (tmp_path / "worker.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
-        pid = sp.spawn("w0", [sys.executable, str(tmp_path / "worker.py")], {}, [], tmp_path / "w0.log", str(tmp_path))
-        assert pid > 0 and time.monotonic() - t0 >= 3.0  # the spawn waited for the fork server
+        pids: list[int] = []
+        spawner = threading.Thread(target=lambda: pids.append(sp.spawn(
+            "w0", [sys.executable, str(tmp_path / "worker.py")], {}, [], tmp_path / "w0.log", str(tmp_path))), daemon=True)
+        spawner.start()
+        spawner.join(1.0)
+        assert spawner.is_alive() and not pids, "the spawn did not wait for the fork server"  # the gate is shut
+        gate.touch()
+        spawner.join(120)
+        assert pids and pids[0] > 0 and preloaded.exists()  # the spawn waited for the fork server's preload
         deadline = time.monotonic() + 30
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert marker.read_text() == "x"
     finally:
-        sp.close()
+        gate.touch()
+        maker.join(60)
+        for sp in made:
+            sp.close()
 
 
 def test_a_fork_server_that_cannot_start_fails_the_first_spawn_naming_its_log(tmp_path: Path) -> None:
