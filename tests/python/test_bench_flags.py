@@ -4,8 +4,12 @@ the flag and what to give instead, before any measurement starts (not minutes la
 
 The suites run in this process through ``dra_bench.__main__.main`` (the dispatch of
 ``python -m dra.bench``): a refused value ends in argparse's SystemExit(2) before any work; one
-test runs the real command line once. Each test has a 20 s timeout, so a value that slipped
-through fails the test instead of running a benchmark.
+test runs the real command line once. "At once" is checked by what ends the run, not by a clock:
+argparse's error naming the flag (its SystemExit(2) is raised while parsing, before a suite's first
+line of work). A value that slipped through runs a benchmark instead, which says no such error
+(or runs into the 120 s timeout). No wall-time bound: the first test imports torch and the suites
+(9 s on a loaded 2-core host, more under CI's load), and the command line starts an interpreter
+that imports them again.
 """
 
 from __future__ import annotations
@@ -14,13 +18,12 @@ import argparse
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from dra_bench import __main__ as bench
 
-pytestmark = pytest.mark.timeout(20)
+pytestmark = pytest.mark.timeout(120)
 
 # (suite, arguments, what the error must say); every converter kind appears: count, nonnegative
 # integer, integer, seed in [0, 2^32), positive, nonnegative and [0, 1] numbers, nan and inf, and
@@ -132,14 +135,12 @@ def test_every_suite_has_cases() -> None:
 
 @pytest.mark.parametrize(("suite", "args", "message"), BAD, ids=[f"{s}{''.join(a[:1])}={a[-1]}" for s, a, _ in BAD])
 def test_bad_value_exits_2_naming_the_flag(suite: str, args: list[str], message: str, capsys) -> None:
-    t0 = time.monotonic()
     with pytest.raises(SystemExit) as exc:
         bench.main([suite, *args])
     err = capsys.readouterr().err
     assert exc.value.code == 2, err
     assert message in err, err
     assert f"dra.bench {suite}: error:" in err, err
-    assert time.monotonic() - t0 < 20
 
 
 class _Parsed(Exception):
@@ -182,9 +183,8 @@ def test_the_private_sage_worker_refuses_a_bad_seed(monkeypatch, capsys) -> None
 
 
 def test_the_command_line_refuses_at_once() -> None:
-    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "dra.bench", "nccl", "--budget-s", "nan"],
-                          capture_output=True, text=True, timeout=20)
+                          capture_output=True, text=True, timeout=100)
     assert proc.returncode == 2, proc.stderr
     assert "python -m dra.bench nccl: error: argument --budget-s: 'nan' is not finite; give a finite number" in proc.stderr
-    assert time.monotonic() - t0 < 20
+    assert proc.stdout == "", proc.stdout  # no suite started: nothing measured, nothing printed
