@@ -66,7 +66,10 @@ def test_ray_two_nodes_node_removed_while_training(tmp_path: Path) -> None:
     events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
     lost = next(e for e in events if e["event"] == "node_removed")
     assert lost["node"] == "b" and lost["devices"] == ["b/slot0"]
-    assert lost["time"] - killed < 5.0, (lost, killed)  # seen within seconds, not Ray's health-check delay
+    # Seen by the pool's own knock at the raylet, not by Ray's health check, which takes at least
+    # 15 s at its defaults (health_check_period_ms 3000 x health_check_failure_threshold 5): the
+    # bound sits between the two, with room for a loaded host (was 5 s).
+    assert lost["time"] - killed < 10.0, (lost, killed)
     assert not [e for e in events if e["event"] == "grant" and e["device"] == "b/slot0" and e["time"] > killed]
     # The lease on b came back: from the launcher (its worker died with the node) or, if the pool
     # saw the node go first, from the pool ("node lost"); either way once, and nothing holds b now.
