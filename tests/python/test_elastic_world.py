@@ -134,7 +134,10 @@ def test_a_dead_member_is_known_by_its_stopped_heartbeat_before_the_window_ends(
     assert codes["r2"] == -9 and codes["r0"] == codes["r1"] == 0, [job.output(n)[-2000:] for n in codes]
     faults = [e for e in job.events() if e["event"] == "fault"]
     assert len(faults) == 1 and faults[0]["left"] == [2], faults
-    assert 9.0 < faults[0]["cost_s"]["agree"] < 16.0, faults[0]  # stale after 10 s, not the 21 s window
+    # Stale after 10 s, not the 21 s window. The bounds tell the two apart and leave a loaded host
+    # room on both sides (were 9-16 s): the leader's agree counts from its own start of recovery, and
+    # ends when the survivor that started first (and saw the beat stand still 10 s) decides.
+    assert 5.0 < faults[0]["cost_s"]["agree"] < 20.0, faults[0]
     check_exactly_once(job, N, 1)
     _final_members_identical(job, {0, 1})
 
