@@ -130,7 +130,9 @@ def test_workers_failing_at_once_stop_the_group_without_waiting_out_the_shutdown
                        text=True, timeout=100)
     took = time.monotonic() - t0
     assert r.returncode == 1, r.stderr[-3000:]
-    assert took < 20, f"{took:.1f} s:\n{r.stderr[-3000:]}"
+    # Both exit at 5 s; waiting out the shutdown timeout for the second would end at 35 s or later.
+    # The bound sits between, with room for the launcher's start on a loaded host (was 20 s).
+    assert took < 30, f"{took:.1f} s:\n{r.stderr[-3000:]}"
     assert r.stderr.count("exitcode  : 3") == 2, r.stderr[-3000:]
 
 
