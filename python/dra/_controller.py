@@ -19,7 +19,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from dra import _core, _process
-from dra._training_objects import check_extra_state, check_training_objects
+from dra._training_objects import (
+    check_extra_state,
+    check_training_objects,
+    has_unshared_scheduler,
+    unshared_scheduler_message,
+)
 
 StepStatus = _core.StepStatus
 
@@ -40,6 +45,9 @@ class Controller(_core.Controller):
     environment's ``RANK`` is only the launch id: after a resize, "save on rank 0" must test
     ``ctl.rank == 0``).
     """
+
+    _buffers_of: Any = None  # the model whose buffers become the world's mean at every step
+    _buffers_stale = False  # one of them was assigned anew since they were handed to the C++ side
 
     def __init__(
         self,
@@ -138,9 +146,13 @@ class Controller(_core.Controller):
         sampler._follow(self)
         self.sampler = sampler
         if broadcast_buffers:
+            self._buffers_of = model
             # BatchNorm's running statistics (and any buffer): the world's mean at every step, so
-            # that every rank holds the same state, as DDP's broadcast_buffers keeps it.
+            # that every rank holds the same state, as DDP's broadcast_buffers keeps it. A buffer
+            # the forward assigns anew (`self.ema = 0.9 * self.ema + ...`) is another tensor from
+            # then on: the list is taken again at the next step (_watch_buffer_assignments).
             self._set_buffers([b for b in model.buffers() if b is not None])
+            _watch_buffer_assignments(self)
         # The end of a script that never calls finish() (a ported DDP loop): members meet once more
         # and the leader tells standbys to go, when the interpreter exits. An uncaught exception
         # leaves the job at once instead (the peers do not wait for this process).
@@ -177,6 +189,9 @@ class Controller(_core.Controller):
             self.sampler._consumed()
             return self._skip_step()
         extra = {k: _as_float(v, k) for k, v in signals.items() if v is not None}
+        if self._buffers_stale:
+            self._buffers_stale = False
+            self._set_buffers([b for b in self._buffers_of.buffers() if b is not None])
         awaiting, self._awaiting_step = getattr(self, "_awaiting_step", False), False  # this backward's step, from here on
         try:
             # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
@@ -322,7 +337,13 @@ def _watch_other_optimizers(controller: Controller, model: Any, optimizer: Any) 
 def _check_foreign_optimizer(optimizer: Any, *_: Any) -> None:
     for ref in _watched:
         ctl = ref()
-        if ctl is None or ctl._given_optimizer() is optimizer or ctl.role == "finished":
+        if ctl is None or ctl.role == "finished":
+            continue
+        if ctl._given_optimizer() is optimizer:
+            # An LR scheduler built on it after dra.elastic.init (one built before is refused there):
+            # refused before its first step changes anything, on every rank alike.
+            if ctl.scheduler is None and has_unshared_scheduler(optimizer):
+                raise RuntimeError("dra: " + unshared_scheduler_message(optimizer))
             continue
         names = ctl._foreign_checked.get(optimizer)
         if names is None:
@@ -337,6 +358,32 @@ def _check_foreign_optimizer(optimizer: Any, *_: Any) -> None:
                 "group per part (torch.optim.Adam([{'params': G.parameters()}, {'params': D.parameters(), 'lr': ...}])): "
                 "torch's optimizers skip parameters whose .grad is None, so one optimizer can step the parts apart "
                 "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
+
+
+_buffer_watchers: list[weakref.ref[Controller]] = []
+
+
+def _watch_buffer_assignments(controller: Controller) -> None:
+    """A buffer assigned anew (``module.name = tensor`` for a registered buffer goes through
+    ``register_buffer``) marks the buffers the controller averages as stale: they are taken again
+    from the model at the next step. Before, the controller kept averaging the replaced tensor, and
+    each rank's new one followed its own batches: the ranks' states drifted apart. torch's global
+    buffer registration hook (torch 2.1, as the gradient hooks the model wrapper uses) costs
+    nothing per step."""
+    import torch
+
+    _buffer_watchers[:] = [r for r in _buffer_watchers if r() is not None] + [weakref.ref(controller)]
+    if getattr(torch.nn.Module, "_dra_watches_buffers", False):
+        return
+    torch.nn.modules.module.register_module_buffer_registration_hook(_buffer_assigned)
+    torch.nn.Module._dra_watches_buffers = True
+
+
+def _buffer_assigned(*_: Any) -> None:
+    for ref in _buffer_watchers:
+        ctl = ref()
+        if ctl is not None and ctl._buffers_of is not None:
+            ctl._buffers_stale = True
 
 
 def _environment_options() -> dict[str, Any]:

@@ -25,6 +25,9 @@ def check_training_objects(model: Any, optimizer: Any, scheduler: Any) -> None:
     if stepped and not any(id(p) in owned for p in stepped):
         raise ValueError("optimizer: none of its parameters belongs to the model; build it from model.parameters() "
                          "of the module given to dra.elastic.init (before wrapping)")
+    check_model_parameters(model)
+    if scheduler is None and has_unshared_scheduler(optimizer):
+        raise ValueError(unshared_scheduler_message(optimizer))
     if scheduler is None:
         return
     missing = [n for n in ("step", "state_dict", "load_state_dict") if not callable(getattr(scheduler, n, None))]
@@ -55,3 +58,39 @@ def check_extra_state(extra_state: Any, model: Any, optimizer: Any, scheduler: A
                              "object whose state_dict() and load_state_dict() hold its state")
         if obj is model or obj is optimizer or (scheduler is not None and obj is scheduler):
             raise ValueError(f"extra_state['{name}']: the model, optimizer and scheduler travel already; leave it out")
+
+
+def check_model_parameters(model: Any) -> None:
+    """What dra cannot reduce or hand over, named before anything joins a world: a parameter of a
+    lazy module not initialised yet (its shape is unknown, so no signature can be compared and no
+    state sent), and an embedding with sparse gradients (the reduction is dense)."""
+    import torch
+    from torch.nn.parameter import UninitializedTensorMixin
+
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if isinstance(t, UninitializedTensorMixin):
+            raise ValueError(
+                f"model: '{name}' is not initialised yet (a lazy module such as nn.LazyLinear takes its shape at its "
+                "first forward); run one forward pass before dra.elastic.init / DistributedDataParallel, as torch's "
+                "DDP requires (e.g. `with torch.no_grad(): model(example_batch)`), on every process")
+    for name, m in model.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+            raise ValueError(
+                f"model: '{name or type(m).__name__}' ({type(m).__name__}) has sparse=True: its gradient is sparse, and "
+                "dra reduces dense gradients only; build it with sparse=False (with an optimizer for dense gradients: "
+                "Adam instead of SparseAdam)")
+
+
+def has_unshared_scheduler(optimizer: Any) -> bool:
+    """Whether a torch LR scheduler was built on ``optimizer`` in this process (torch's schedulers
+    wrap the optimizer's ``step`` and mark the wrapper)."""
+    return bool(getattr(getattr(optimizer, "step", None), "_wrapped_by_lr_sched", False))
+
+
+def unshared_scheduler_message(optimizer: Any) -> str:
+    return (f"scheduler: an LR scheduler steps the optimizer ({type(optimizer).__name__}) but was not given to dra: its "
+            "position would not travel to a process that joins, whose learning rate would then differ from the "
+            "world's (the ranks' parameters diverge after a grow). Build it before dra.elastic.init / "
+            "DistributedDataParallel and pass it as scheduler= (DistributedDataParallel(model, optimizer, sampler, "
+            "scheduler=scheduler)); step it with ctl.scheduler.step() (docs/guide/compatibility.md, \"Limits of the "
+            "drop-in\")")

@@ -92,7 +92,8 @@ def _numpy_rng_from(state: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class TorchState(_m.StateProvider):
-    """Model + optimizer + LR scheduler + extra state + RNG state of one process."""
+    """Model + optimizer + LR scheduler + extra state + RNG state of one process, and which of the
+    model's parameters are frozen."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any,
                  extra_state: dict[str, Any] | None = None) -> None:
@@ -165,6 +166,9 @@ class TorchState(_m.StateProvider):
             if self.scheduler is not None
             else None,
             "extra_state": extra_meta,
+            # Which parameters are frozen now (requires_grad False): a joiner trains and reduces the
+            # same ones as the world, whatever its own script set before it joined.
+            "frozen": [name for name, p in self.model.named_parameters() if not p.requires_grad],
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": _numpy_rng_state()},
         }
         if not self._checked:  # once: what a peer's restricted loader will refuse, named here
@@ -186,6 +190,10 @@ class TorchState(_m.StateProvider):
                 targets.append(mine.detach() if mine.is_contiguous() else torch.empty_like(mine))
             else:
                 targets.append(torch.empty(shape, dtype=_dtype(dtype)))
+        if "frozen" in self._manifest:
+            frozen = set(self._manifest["frozen"])
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name not in frozen)
         # A state without tensors (a GradScaler's) is loaded here, before the joiner's first forward
         # also with handoff="deferred" (load() comes after it then): the scale must be the world's
         # when that backward is reduced. One with tensors (an EMA, used after the optimizer's step)

@@ -9,7 +9,6 @@ Nothing of the user's objects is patched: the wrappers hold them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 import warnings
 from collections.abc import Iterator
@@ -23,7 +22,8 @@ class ElasticDataParallel(torch.nn.Module):
     ``dra.elastic.DistributedDataParallel``): after ``backward`` every parameter's
     gradient is the mean over the global batch (each rank's gradient weighted by its share of
     the step's samples; equal shares make this the plain average over ranks, as DDP does).
-    Parameters that received no gradient count as zero. As DDP does, the reduction is bucketed
+    Parameters that received no gradient count as zero; frozen ones (``requires_grad`` False as
+    the backward starts) are not reduced and keep ``.grad`` None. As DDP does, the reduction is bucketed
     and overlapped with backward: each parameter reports its gradient to the C++ controller as
     soon as it is accumulated, and a bucket (~25 MiB, in reverse parameter order) is all-reduced
     once complete (on CUDA on a stream of its own) while backward goes on; the end of backward
@@ -50,15 +50,27 @@ class ElasticDataParallel(torch.nn.Module):
         #: Seconds the latest backward spent inside the gradient reductions (blocking all-reduces on
         #: CPU; on CUDA only their launch): the exposed communication of a step.
         self.reduce_s = 0.0
-        self._params = [p for p in module.parameters() if p.requires_grad]
-        for index, p in enumerate(self._params):
-            p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, index))
+        # Every parameter of the module, and which of them the reduction covers: those that require
+        # a gradient. A script may freeze or unfreeze parts as it trains (a backbone frozen for the
+        # first epochs): the reduced set follows requires_grad at each backward's start
+        # (_follow_trainable; a part frozen around one forward only, as a GAN's discriminator for the
+        # generator's loss, is trainable again by then and reduced).
+        self._all_params = list(module.parameters())
+        self._trainable: list[bool] = []
+        self._params: list[torch.Tensor] = []
+        self._index: dict[int, int] = {}
+        self._hooked: set[int] = set()  # with the gradient hook (they required a gradient once)
+        self._unhooked = list(self._all_params)
+        self._pre_hooked: set[int] = set()
+        self._follow_trainable()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():
             # As DDP decides it: the backward of this forward does not reduce when no_sync() (or
             # require_backward_grad_sync False) held while the forward ran.
             self._forward_sync = not self._no_sync
+            if not self._queued:
+                self._hook_trainable()
         return self.module(*args, **kwargs)
 
     @property
@@ -72,11 +84,46 @@ class ElasticDataParallel(torch.nn.Module):
             self._register_pre_hooks()
         self._no_sync = not value
 
+    def _follow_trainable(self) -> None:
+        """The reduced parameters are those that require a gradient as a backward starts. A
+        parameter frozen since the previous backward drops out (its gradient stays None, so the
+        optimizer leaves it as it is: it was given a zero gradient, which momentum and weight
+        decay still moved); one unfrozen since is reduced from now on (its local gradient was
+        applied unreduced, and the ranks diverged). Every rank runs the same script, so every
+        rank's set is the same (a joiner takes the world's requires_grad with the state)."""
+        trainable = [p.requires_grad for p in self._all_params]
+        if trainable == self._trainable:
+            return
+        self._trainable = trainable
+        self._params = [p for p, t in zip(self._all_params, trainable) if t]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        self._hook_trainable()
+
+    def _hook_trainable(self) -> None:
+        """Hooks on every parameter that requires a gradient (at a forward: one unfrozen since the
+        previous backward reports its gradient as soon as it is accumulated, as the others do, and
+        starts the reduction when it is the first). Looks only at the parameters without a hook:
+        none in a model that never froze anything."""
+        if not any(p.requires_grad for p in self._unhooked):
+            return
+        for p in self._unhooked:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+                self._hooked.add(id(p))
+        self._unhooked = [p for p in self._unhooked if id(p) not in self._hooked]
+        if self._pre_hooks:
+            self._hook_pre_grads()
+
+    def _hook_pre_grads(self) -> None:
+        for p in self._all_params:
+            if id(p) in self._hooked and id(p) not in self._pre_hooked:
+                p.register_hook(self._pre_grad)
+                self._pre_hooked.add(id(p))
+
     def _register_pre_hooks(self) -> None:
         if not self._pre_hooks:
             # Before a gradient is accumulated: a dropped batch inside a window must add nothing.
-            for p in self._params:
-                p.register_hook(self._pre_grad)
+            self._hook_pre_grads()
             self._pre_hooks = True
             self.controller._accumulates = True
 
@@ -95,16 +142,28 @@ class ElasticDataParallel(torch.nn.Module):
 
     def _pre_grad(self, grad: torch.Tensor) -> torch.Tensor | None:
         if not self._queued:
-            self._start_backward(-1)
+            self._start_backward(None)
         return torch.zeros_like(grad) if self._zeroing else None
 
-    def _on_grad(self, index: int, _param: torch.Tensor) -> None:
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if param.grad is not None and param.grad.layout != torch.strided:
+            raise RuntimeError(
+                f"dra: parameter '{self._name_of(param)}' received a {param.grad.layout} gradient; dra reduces dense "
+                "gradients only. Make its gradient dense (nn.Embedding/nn.EmbeddingBag with sparse=False, and an "
+                "optimizer for dense gradients: Adam instead of SparseAdam) (docs/guide/compatibility.md, \"Limits "
+                "of the drop-in\")")
         if not self._queued:
-            self._start_backward(index)
+            self._start_backward(param)
+        index = self._index.get(id(param))
+        if index is None:  # frozen as this backward started: not reduced
+            return
         if self._active:
             t0 = time.perf_counter()
             self.controller._gradient_ready(index)
             self.reduce_s += time.perf_counter() - t0
+
+    def _name_of(self, param: torch.Tensor) -> str:
+        return next((n for n, p in self.module.named_parameters() if p is param), "?")
 
     def _carries_gradient(self, firing: int) -> bool:
         """Whether a gradient from before this backward is still held (not stepped, not zeroed)
@@ -183,10 +242,12 @@ class ElasticDataParallel(torch.nn.Module):
                 "once; for chunks, let the DataLoader hand out the chunks (a smaller batch_size) or sum the chunks' "
                 "losses into one backward (docs/guide/compatibility.md, \"Limits of the drop-in\")")
 
-    def _start_backward(self, firing: int) -> None:
-        """The first gradient of this backward: the reduction starts (unless the batch is stale or
-        a micro-batch of a window)."""
+    def _start_backward(self, firing_param: torch.Tensor | None) -> None:
+        """The first gradient of this backward (``firing_param``'s, None before its accumulation):
+        the reduction starts (unless the batch is stale or a micro-batch of a window)."""
         ctl = self.controller
+        self._follow_trainable()
+        firing = self._index.get(id(firing_param), -1) if firing_param is not None else -1
         # A micro-batch when no_sync held at its backward or at its forward (DDP decides at the
         # forward: `with model.no_sync():` around the forward alone accumulates there too).
         micro = self._no_sync or self._forward_sync is False
