@@ -100,7 +100,9 @@ def test_another_user_cannot_stall_or_reach_the_live_rl_coordinator(tmp_path: Pa
     from dra.rl.live.model import ModelConfig
 
     config = LiveConfig(slots=2, steps=1, use_cgroups=False, pretrain_steps=0, prompts_per_step=2, group_size=2,
-                        rollout_slots=2, model=ModelConfig(d_model=16, layers=1, heads=2), timeout_s=25)
+                        rollout_slots=2, model=ModelConfig(d_model=16, layers=1, heads=2), timeout_s=60)
+    # timeout_s: the workers' start (each imports torch: 5-15 s apiece on a loaded host, was 25 s for
+    # both); a listener held by nobody's stalled handshake fails the start at this timeout all the same.
     before = _my_listeners()
     attacker = _nobody(ATTACKER)
     result: dict[str, object] = {}
