@@ -156,7 +156,8 @@ def test_an_uncaught_exception_in_the_leader_costs_no_more_than_a_kill(tmp_path,
     )
     run, v = _run(TrialSpec(13, "exception_uncaught", job, fault), tmp_path, store)
     assert v.survived, v.problems
-    assert v.resume_s is not None and v.resume_s <= FAULT_TIMEOUT_S + 1.5, v.resume_s
+    # The old wait ended at finish() at exit (~7 s); a loaded host adds up to ~1-2 s to a recovery.
+    assert v.resume_s is not None and v.resume_s <= FAULT_TIMEOUT_S + 3.0, v.resume_s
     text = _outputs(run)[who]
     assert "leaves the job mid-training: uncaught RuntimeError" in text
     assert "finished" not in text
