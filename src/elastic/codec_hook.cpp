@@ -49,7 +49,7 @@ class comm_collective final : public compress::collective {
   comm::communicator& comm_;
 };
 
-constexpr char kTag[] = "dra.codec_hook";
+constexpr char kTag[] = "dra.codec_hook/2";  // 2: with each bucket's tensor shapes
 
 }  // namespace
 
@@ -84,16 +84,16 @@ void codec_hook::reduce(comm::communicator& comm, std::size_t index, const bucke
   if (layout.offsets.size() != layout.shapes.size())
     dra::detail::throw_invalid("layout", "offsets and shapes differ in length");
   auto& codec = codec_for(index);
-  if (params_.size() <= index) params_.resize(index + 1);
-  params_[index] = layout.params;
   comm_collective world(comm);
   at::Tensor host = grads.is_cpu() ? grads : grads.to(at::kCPU);
   float* base = host.data_ptr<float>();
   std::vector<compress::tensor_ref> refs(layout.offsets.size());
+  std::vector<std::vector<std::int64_t>> shapes(refs.size());
   for (std::size_t i = 0; i < refs.size(); ++i) {
     refs[i].data = base + layout.offsets[i];
-    refs[i].shape = layout.shapes[i].empty() ? std::vector<std::int64_t>{1} : layout.shapes[i];
+    refs[i].shape = shapes[i] = layout.shapes[i].empty() ? std::vector<std::int64_t>{1} : layout.shapes[i];
   }
+  follow_layout(codec, index, layout.params, shapes);
   // The masked codec reads the weights on its mask-update steps (host float copies where needed).
   std::vector<at::Tensor> weights;
   auto* sparse = dynamic_cast<compress::masked_sync_codec*>(&codec);
@@ -115,6 +115,48 @@ void codec_hook::reduce(comm::communicator& comm, std::size_t index, const bucke
   if (!grads.is_cpu()) grads.copy_(host);
 }
 
+void codec_hook::follow_layout(compress::gradient_codec& codec, std::size_t index,
+                               const std::vector<at::Tensor>& params,
+                               const std::vector<std::vector<std::int64_t>>& shapes) {
+  if (params_.size() <= index) params_.resize(index + 1);
+  if (state_shapes_.size() <= index) state_shapes_.resize(index + 1);
+  // The codec's per-tensor state (error feedback, warm start, masks) is indexed by the tensor's
+  // place in the bucket. A parameter frozen or unfrozen since the state's layout (the reducer
+  // follows requires_grad) shifts those places: each tensor's state moves with it. Both layouts
+  // are the model's trainable parameters in one order, so the tensors common to both are their
+  // longest common subsequence of shapes; it is computed from the shapes alone, which every
+  // member holds alike (a joiner and a recovered member receive them with the state), so every
+  // member moves the same state the same way.
+  auto& before = state_shapes_[index];
+  if (!before.empty() && before != shapes) {
+    codec.remap_tensors(common_tensors(before, shapes), shapes);
+    if (index < mask_tensors_.size()) mask_tensors_[index].clear();  // rebuilt for the new layout
+  }
+  before = shapes;
+  if (!params.empty()) params_[index] = params;
+}
+
+std::vector<std::int64_t> codec_hook::common_tensors(const std::vector<std::vector<std::int64_t>>& before,
+                                                     const std::vector<std::vector<std::int64_t>>& after) {
+  const std::size_t n = before.size(), m = after.size();
+  // lcs[i][j]: the longest common subsequence of before[i:] and after[j:].
+  std::vector<std::vector<std::uint32_t>> lcs(n + 1, std::vector<std::uint32_t>(m + 1, 0));
+  for (std::size_t i = n; i-- > 0;)
+    for (std::size_t j = m; j-- > 0;)
+      lcs[i][j] = before[i] == after[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
+  std::vector<std::int64_t> from(m, -1);
+  for (std::size_t i = 0, j = 0; i < n && j < m;) {
+    if (before[i] == after[j] && lcs[i][j] == lcs[i + 1][j + 1] + 1) {
+      from[j++] = static_cast<std::int64_t>(i++);
+    } else if (lcs[i + 1][j] >= lcs[i][j + 1]) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return from;
+}
+
 void codec_hook::step_committed(const signals::convergence_signals& signals) {
   for (auto& c : codecs_)
     if (auto* sparse = dynamic_cast<compress::masked_sync_codec*>(c.get())) sparse->set_phase(signals.phase);
@@ -128,6 +170,17 @@ void codec_hook::apply_masks() {
   for (std::size_t b = 0; b < codecs_.size() && b < params_.size(); ++b) {
     const auto* sparse = dynamic_cast<const compress::masked_sync_codec*>(codecs_[b].get());
     if (!sparse || !sparse->masks().fitted() || sparse->masks().size() != params_[b].size()) continue;
+    // Masks for another layout than the parameters known here (loaded with a world change):
+    // applied once the next reduction has moved them onto this layout (follow_layout).
+    if (b < state_shapes_.size()) {
+      bool fits = state_shapes_[b].size() == params_[b].size();
+      for (std::size_t i = 0; fits && i < params_[b].size(); ++i) {
+        auto shape = params_[b][i].sizes().vec();
+        if (shape.empty()) shape = {1};
+        fits = shape == state_shapes_[b][i];
+      }
+      if (!fits) continue;
+    }
     const auto& masks = sparse->masks();
     auto& cached = mask_tensors_[b];
     if (cached.size() != params_[b].size() || mask_versions_[b] != masks.version()) {
@@ -176,10 +229,18 @@ std::vector<std::uint8_t> codec_hook::shared_state() const {
   w.put_str(kTag);
   w.put_str(spec_);
   w.put<std::uint64_t>(codecs_.size());
-  for (const auto& c : codecs_) {
+  for (std::size_t b = 0; b < codecs_.size(); ++b) {
+    const auto& c = codecs_[b];
     const auto bytes = c ? c->save_state(/*with_error_feedback=*/false) : std::vector<std::uint8_t>{};
     w.put<std::uint64_t>(bytes.size());
     w.out.insert(w.out.end(), bytes.begin(), bytes.end());
+    // The shapes of the tensors this state is for (the bucket's layout at its latest reduction).
+    const auto& shapes = b < state_shapes_.size() ? state_shapes_[b] : std::vector<std::vector<std::int64_t>>{};
+    w.put<std::uint64_t>(shapes.size());
+    for (const auto& shape : shapes) {
+      w.put<std::uint64_t>(shape.size());
+      for (auto d : shape) w.put<std::int64_t>(d);
+    }
   }
   return w.out;
 }
@@ -191,24 +252,33 @@ void codec_hook::load_shared_state(const std::vector<std::uint8_t>& bytes) {
     codecs_.clear();
     mask_tensors_.clear();
     mask_versions_.clear();
+    state_shapes_.clear();
     return;
   }
   std::vector<std::unique_ptr<compress::gradient_codec>> loaded;
+  std::vector<std::vector<std::vector<std::int64_t>>> shapes;
   try {
     compress::detail::reader r{bytes};
     if (r.get_str() != kTag) throw std::invalid_argument("not a codec hook's state");
     if (const auto spec = r.get_str(); spec != spec_)
       throw std::invalid_argument("the world compresses with '" + spec + "', this process with '" + spec_ + "'");
-    loaded.resize(r.get<std::uint64_t>());
+    loaded.resize(r.count(2 * sizeof(std::uint64_t)));
+    shapes.resize(loaded.size());
     for (std::size_t i = 0; i < loaded.size(); ++i) {
       const auto n = r.get<std::uint64_t>();
       r.need(n);
-      if (n == 0) continue;
-      const std::vector<std::uint8_t> one(bytes.begin() + static_cast<std::ptrdiff_t>(r.pos),
-                                          bytes.begin() + static_cast<std::ptrdiff_t>(r.pos + n));
-      r.pos += n;
-      loaded[i] = compress::make_codec(spec_, seed_ + i, sparsity_);
-      loaded[i]->load_state(one);
+      if (n > 0) {
+        const std::vector<std::uint8_t> one(bytes.begin() + static_cast<std::ptrdiff_t>(r.pos),
+                                            bytes.begin() + static_cast<std::ptrdiff_t>(r.pos + n));
+        r.pos += n;
+        loaded[i] = compress::make_codec(spec_, seed_ + i, sparsity_);
+        loaded[i]->load_state(one);
+      }
+      shapes[i].resize(r.count(sizeof(std::uint64_t)));
+      for (auto& shape : shapes[i]) {
+        shape.resize(r.count(sizeof(std::int64_t)));
+        for (auto& d : shape) d = r.get<std::int64_t>();
+      }
     }
   } catch (const std::invalid_argument& e) {
     throw dra::state_mismatch_error(std::string("dra: the world's codec state does not fit this process: ") + e.what() +
@@ -217,6 +287,7 @@ void codec_hook::load_shared_state(const std::vector<std::uint8_t>& bytes) {
   for (const auto& c : codecs_)
     if (c) dropped_.sent += c->bytes().sent, dropped_.dense += c->bytes().dense;
   codecs_ = std::move(loaded);
+  state_shapes_ = std::move(shapes);
   mask_tensors_.clear();  // the loaded masks replace the cached ones
   mask_versions_.clear();
 }

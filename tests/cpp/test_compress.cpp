@@ -492,3 +492,42 @@ TEST_CASE("compress.masked_sync.state_travels_and_mismatches_are_refused") {
     CHECK(e.save_state() == before);  // nothing changed
   });
 }
+
+TEST_CASE("compress.remap_tensors.state_follows_each_tensor_when_the_list_changes") {
+  // A parameter unfrozen between steps enters the list reduced (the controller's bucket): each
+  // tensor's error feedback and mask stay its own; the new one starts fresh. Without the remap the
+  // codec refused the next step ("tensor 1 has 7 elements, the codec saw 30").
+  run_world(1, [&](int, collective& c) {
+    topk_codec topk(0.1);
+    tiny_model m(0, 0);
+    auto t = m.refs();
+    topk.reduce(t, c);
+    const double carried = topk.error_feedback_norm1();
+    CHECK(carried > 0.0);
+    std::vector<float> fresh(7, 1.0f);
+    topk.remap_tensors({0, -1, 1, 2}, {{40, 30}, {7}, {30}, {30, 10}});
+    CHECK(topk.error_feedback_norm1() == doctest::Approx(carried));  // moved, not dropped
+    tiny_model m1(0, 1);
+    std::vector<tensor_ref> t1{m1.refs()[0], {fresh.data(), {7}}, m1.refs()[1], m1.refs()[2]};
+    CHECK_NOTHROW(topk.reduce(t1, c));
+    CHECK_THROWS_AS(topk.remap_tensors({0}, {{1}, {2}}), std::invalid_argument);
+
+    rigl_config cfg;
+    cfg.every = 1;
+    cfg.ramp_steps = 1;
+    cfg.max_sparsity = 0.9;
+    masked_sync_codec masked(cfg, 3);
+    for (unsigned s = 0; s < 2; ++s) {  // step 1 updates the masks to 90 %
+      tiny_model mm(0, s);
+      auto tt = mm.refs();
+      masked.reduce(tt, c);
+    }
+    const auto w2_mask = masked.masks().mask(2);
+    CHECK(std::count(w2_mask.begin(), w2_mask.end(), 1) == 30);
+    const auto version = masked.masks().version();
+    masked.remap_tensors({-1, 2}, {{5, 5}, {30, 10}});  // w1 and b1 frozen, a new 5x5 matrix
+    CHECK(masked.masks().version() != version);
+    CHECK(masked.masks().mask(1) == w2_mask);
+    CHECK(masked.masks().mask(0) == std::vector<std::uint8_t>(25, 1));  // starts full, as fit() starts it
+  });
+}

@@ -236,6 +236,27 @@ class gradient_codec {
     error_ = std::move(error);
     commit_extra(std::move(extra));
   }
+  /// The tensors reduced change (a parameter frozen or unfrozen between steps: the controller's
+  /// bucket loses or gains it): new tensor i, of shape shapes[i], takes the per-tensor state of old
+  /// tensor from[i] (error feedback, PowerSGD's warm start, the RigL mask) when that had the same
+  /// number of elements, else starts fresh (from[i] = -1: a tensor not reduced before). The step
+  /// counter stays. Every rank must remap alike (the state every rank shares stays shared).
+  /// Throws std::invalid_argument (and changes nothing) when the sizes of from and shapes differ.
+  void remap_tensors(const std::vector<std::int64_t>& from, const std::vector<std::vector<std::int64_t>>& shapes) {
+    if (from.size() != shapes.size())
+      dra::detail::throw_invalid("from", std::to_string(from.size()) + " sources for " + std::to_string(shapes.size()) +
+                                             " tensors; give one source (or -1) per new tensor");
+    std::vector<std::vector<float>> error(from.size());
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      const auto j = from[i];
+      std::size_t n = 1;
+      for (auto d : shapes[i]) n *= static_cast<std::size_t>(std::max<std::int64_t>(d, 0));
+      if (j >= 0 && static_cast<std::size_t>(j) < error_.size() && error_[static_cast<std::size_t>(j)].size() == n)
+        error[i] = error_[static_cast<std::size_t>(j)];
+    }
+    remap_extra(from, shapes);
+    error_ = std::move(error);
+  }
   /// Drops this rank's error feedback (a joiner's starting point). Warm start and step stay.
   void clear_error_feedback() {
     for (auto& e : error_) std::fill(e.begin(), e.end(), 0.0f);
@@ -255,6 +276,9 @@ class gradient_codec {
   virtual void save_extra(detail::writer&) const {}
   virtual extra_state load_extra(detail::reader&) const { return {}; }
   virtual void commit_extra(extra_state) {}
+  /// remap_tensors' part for a codec's own per-tensor state (called before error_ is replaced).
+  virtual void remap_extra(const std::vector<std::int64_t>& /*from*/,
+                           const std::vector<std::vector<std::int64_t>>& /*shapes*/) {}
 
   /// The error-feedback buffer of tensor i, sized on first use.
   std::vector<float>& error_for(std::size_t i, std::size_t n) {

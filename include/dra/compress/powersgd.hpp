@@ -148,6 +148,14 @@ class powersgd_codec final : public gradient_codec {
     return e;
   }
   void commit_extra(extra_state e) override { q_ = std::move(e.blocks); }
+  void remap_extra(const std::vector<std::int64_t>& from, const std::vector<std::vector<std::int64_t>>&) override {
+    // A warm start is kept for the same parameter (its size is checked at the next reduce: a
+    // Q of another size is drawn afresh); a tensor new to the codec starts from the seeded Q.
+    std::vector<std::vector<float>> q(from.size());
+    for (std::size_t i = 0; i < from.size(); ++i)
+      if (from[i] >= 0 && static_cast<std::size_t>(from[i]) < q_.size()) q[i] = q_[static_cast<std::size_t>(from[i])];
+    q_ = std::move(q);
+  }
 
  private:
   template <class M>

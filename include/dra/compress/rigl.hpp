@@ -35,6 +35,23 @@ class rigl_masks {
                                               " tensors of other shapes; sync the same tensors every step");
   }
   bool fitted() const noexcept { return !shapes_.empty(); }
+  /// The tensors change (codec remap_tensors): new tensor i, of shape shapes[i], keeps the mask of
+  /// old tensor from[i] when that had the same shape, else starts as fit() starts it (full for two
+  /// or more dimensions, none otherwise). No-op before the first fit().
+  void remap(const std::vector<std::int64_t>& from, const std::vector<std::vector<std::int64_t>>& shapes) {
+    if (!fitted()) return;
+    std::vector<std::vector<std::uint8_t>> masks(shapes.size());
+    for (std::size_t t = 0; t < shapes.size(); ++t) {
+      const auto j = from[t];
+      if (j >= 0 && static_cast<std::size_t>(j) < shapes_.size() && shapes_[static_cast<std::size_t>(j)] == shapes[t])
+        masks[t] = masks_[static_cast<std::size_t>(j)];
+      else if (shapes[t].size() >= 2)
+        masks[t].assign(numel(shapes[t]), 1);
+    }
+    shapes_ = shapes;
+    masks_ = std::move(masks);
+    ++version_;
+  }
   std::size_t size() const noexcept { return masks_.size(); }
   bool sparsified(std::size_t t) const { return t < masks_.size() && !masks_[t].empty(); }
   /// Tensor t's mask (1 active); empty for a dense tensor.
@@ -177,6 +194,10 @@ class masked_sync_codec final : public gradient_codec {
     return {};
   }
   void commit_extra(extra_state) override { masks_ = std::move(pending_); }
+  void remap_extra(const std::vector<std::int64_t>& from,
+                   const std::vector<std::vector<std::int64_t>>& shapes) override {
+    masks_.remap(from, shapes);
+  }
 
  private:
   void sparse_step(std::vector<tensor_ref>& grads, collective& world) {

@@ -47,12 +47,26 @@ class codec_hook final : public bucket_hook {
   compress::gradient_codec& codec_for(std::size_t index);
   /// Zeroes the pruned weights of every parameter this hook has seen (no-op without masks).
   void apply_masks();
+  /// Moves bucket `index`'s codec state along when its parameters changed since its latest
+  /// reduction (a parameter frozen or unfrozen): each parameter keeps its own state.
+  void follow_layout(compress::gradient_codec& codec, std::size_t index, const std::vector<at::Tensor>& params,
+                     const std::vector<std::vector<std::int64_t>>& shapes);
 
+ public:
+  /// For new tensor j, the tensor of `before` it continues (-1: none): the longest common
+  /// subsequence of the two shape lists (the same on every member: it reads nothing else).
+  static std::vector<std::int64_t> common_tensors(const std::vector<std::vector<std::int64_t>>& before,
+                                                  const std::vector<std::vector<std::int64_t>>& after);
+
+ private:
   std::string spec_;
   std::uint64_t seed_;
   compress::rigl_config sparsity_;
   std::vector<std::unique_ptr<compress::gradient_codec>> codecs_;
   std::vector<std::vector<at::Tensor>> params_;  ///< per bucket, the parameters of its layout
+  /// Per bucket, the tensor shapes the codec's state is for (its latest reduction's layout, or the
+  /// sender's with a loaded state).
+  std::vector<std::vector<std::vector<std::int64_t>>> state_shapes_;
   /// Per bucket, the masks as tensors on the parameters' devices, and the mask version they show.
   std::vector<std::vector<at::Tensor>> mask_tensors_;
   std::vector<std::uint64_t> mask_versions_;
