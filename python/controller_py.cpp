@@ -386,15 +386,19 @@ void dra::python::bind_controller(py::module_& m) {
            "After backward: averages the gradients over the step's global batch (False: the step failed).")
       .def(
           "_begin_reduction",
-          [](controller& c, const std::vector<at::Tensor>& params, int in_flight, int skipped, int micro) {
+          [](controller& c, const std::vector<at::Tensor>& params, int in_flight, int skipped, int micro,
+             bool unused_to_none) {
             if (micro < 1) dra::detail::throw_invalid("micro", "must be >= 1, got " + std::to_string(micro));
-            return c.begin_reduction(params, batch_check{in_flight, skipped, micro});
+            return c.begin_reduction(params, batch_check{in_flight, skipped, micro, unused_to_none});
           },
-          py::arg("params"), py::arg("in_flight") = -1, py::arg("skipped") = 0, py::arg("micro") = 1, nogil(),
+          py::arg("params"), py::arg("in_flight") = -1, py::arg("skipped") = 0, py::arg("micro") = 1,
+          py::arg("unused_to_none") = false, nogil(),
           "Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); "
           "in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the "
           "previous reduced batch (the job's exactly-once check); micro: the loader batches this gradient carries "
-          "(accumulated under no_sync), whose commit consumes as many steps of the sampler.")
+          "(accumulated under no_sync), whose commit consumes as many steps of the sampler; unused_to_none: a "
+          "parameter "
+          "no rank had a gradient for keeps none (DDP's find_unused_parameters).")
       .def("_catch_up_missed_step", &controller::catch_up_missed_step,
            "The previous backward never reached dra.step: commit its step as the world did; the world then compares "
            "states at the next reduction (Gloo) or this rank takes the world's state again (NCCL). Returns whether a "

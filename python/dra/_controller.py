@@ -62,11 +62,12 @@ class Controller(_core.Controller):
         store_address: tuple[str, int] | None = None,
         join: bool | None = None,
         broadcast_buffers: bool = True,
+        find_unused_parameters: bool = False,
         **options: Any,
     ) -> None:
         try:
             self._build(config, model, optimizer, sampler, scheduler, extra_state, store_address, join,
-                        broadcast_buffers, options)
+                        broadcast_buffers, find_unused_parameters, options)
         except BaseException:
             if not self.__dict__.get("_built"):
                 # The C++ part was never made: the half-made object stays reachable from the
@@ -80,7 +81,7 @@ class Controller(_core.Controller):
 
     def _build(self, config: Any, model: Any, optimizer: Any, sampler: Any, scheduler: Any, extra_state: Any,
                store_address: tuple[str, int] | None, join: bool | None, broadcast_buffers: bool,
-               options: dict[str, Any]) -> None:
+               find_unused_parameters: bool, options: dict[str, Any]) -> None:
         if config is not None:
             if not isinstance(config, _core.EngineConfig):
                 raise ValueError(f"config: expected a dra.EngineConfig, got {type(config).__name__}")
@@ -109,8 +110,9 @@ class Controller(_core.Controller):
 
         check_training_objects(model, optimizer, scheduler)
         check_extra_state(extra_state, model, optimizer, scheduler)
-        if not isinstance(broadcast_buffers, bool):
-            raise ValueError(f"broadcast_buffers: expected True or False, got {broadcast_buffers!r}")
+        for name, flag in (("broadcast_buffers", broadcast_buffers), ("find_unused_parameters", find_unused_parameters)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name}: expected True or False, got {flag!r}")
         if not isinstance(sampler, ElasticSampler):
             raise ValueError(
                 f"sampler: expected a dra.elastic.DistributedSampler or ElasticSampler, got {type(sampler).__name__}"
@@ -167,7 +169,7 @@ class Controller(_core.Controller):
         if os.environ.get("DRA_STOP_ON_SIGTERM") == "1":
             _process.stop_on_sigterm(self)
         _leave_on_uncaught_exception(self)
-        self.model = _wrappers.ElasticDataParallel(model, self)
+        self.model = _wrappers.ElasticDataParallel(model, self, find_unused_parameters)
         self.optimizer = _wrappers.ElasticOptimizer(optimizer, self)
         self.scheduler = _wrappers.ElasticScheduler(scheduler, self) if scheduler is not None else None
 

@@ -75,9 +75,10 @@ gradient_reducer::gradient_reducer(std::size_t bucket_bytes, std::size_t first_b
     : bucket_bytes_(std::max<std::size_t>(bucket_bytes, 4)),
       first_bucket_bytes_(std::max<std::size_t>(first_bucket_bytes, 4)) {}
 
-void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::Device& device, bool single) {
+void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::Device& device, bool single,
+                              bool flags) {
   bool same = !buckets_.empty() && params.size() == params_.size() && buckets_.back().flat.device() == device &&
-              single_ == single;
+              single_ == single && flags_ == flags;
   for (std::size_t i = 0; same && i < params.size(); ++i)
     same =
         params[i].unsafeGetTensorImpl() == params_[i].unsafeGetTensorImpl() && params[i].numel() == params_[i].numel();
@@ -86,6 +87,7 @@ void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::D
   buckets_.clear();
   bucket_of_.assign(params.size(), 0);
   single_ = single;
+  flags_ = flags;
   // Reverse order: backward produces the last layers' gradients first.
   constexpr auto unbounded = std::numeric_limits<std::int64_t>::max() / 2;
   auto cap = single ? unbounded : static_cast<std::int64_t>(first_bucket_bytes_ / sizeof(float));
@@ -108,17 +110,24 @@ void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::D
   buckets_.push_back(std::move(current));  // the last one (possibly without gradients) carries the tail
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     auto& bk = buckets_[b];
-    const auto extra = b + 1 == buckets_.size() ? kTail : 0;
+    const auto extra =
+        b + 1 == buckets_.size() ? kTail + (flags ? static_cast<std::int64_t>(params.size()) : std::int64_t{0}) : 0;
     bk.flat = at::zeros({bk.numel + extra}, at::TensorOptions().dtype(at::kFloat).device(device));
   }
 }
 
+at::Tensor gradient_reducer::flags_slot() {
+  auto& last = buckets_.back();
+  return last.flat.narrow(0, last.numel + kTail, static_cast<std::int64_t>(params_.size()));
+}
+
 void gradient_reducer::begin(comm::communicator& comm, const std::vector<at::Tensor>& params, double weight,
-                             const tail_input& tail) {
+                             const tail_input& tail, bool unused_to_none) {
   comm_ = nullptr;
   // A synchronous communicator (Gloo) blocks backward for each bucket: nothing overlaps, so one
   // bucket (one all-reduce per step, as before buckets) is the cheapest there.
-  layout(params, comm.device(), !comm.asynchronous());
+  layout(params, comm.device(), !comm.asynchronous(), unused_to_none);
+  used_.assign(params.size(), 0.0F);
   comm_ = &comm;
   weight_ = weight;
   failure_.clear();
@@ -148,6 +157,7 @@ void gradient_reducer::ready(std::size_t index) {
     dst.copy_(g.reshape({-1}));
     dst.mul_(weight_);
   }
+  used_[index] = g.defined() && weight_ != 0.0 ? 1.0F : 0.0F;
   --b.waiting;
   launch_ready();
 }
@@ -159,6 +169,9 @@ void gradient_reducer::launch_ready() {
 
 void gradient_reducer::launch(std::size_t b) {
   auto& bk = buckets_[b];
+  // The last bucket goes once every parameter was reported: which had a gradient is known.
+  if (flags_ && b + 1 == buckets_.size() && !used_.empty())
+    flags_slot().copy_(at::from_blob(used_.data(), {static_cast<std::int64_t>(used_.size())}, at::kFloat));
   auto reduce = [&] {
     if (hook_) {
       at::Tensor grads = bk.flat.narrow(0, 0, bk.numel);
@@ -202,9 +215,18 @@ at::Tensor gradient_reducer::finish() {
     reduced.record(*stream_);
     reduced.block(impl->getStream(dev));  // the caller's stream waits for the reductions, the host does not
   }
+  // unused_to_none: the world's counts are read only where this rank lacked a gradient (a
+  // parameter this rank had one for was used somewhere): on CUDA that read waits for the reduction.
+  std::vector<float> world_used;
+  if (flags_ && std::find(used_.begin(), used_.end(), 0.0F) != used_.end()) {
+    at::Tensor counts = flags_slot().to(at::kCPU).contiguous();
+    world_used.assign(counts.data_ptr<float>(), counts.data_ptr<float>() + counts.numel());
+  }
   for (const auto& b : buckets_) {
     for (std::size_t k = 0; k < b.params.size(); ++k) {
       const auto& p = params_[b.params[k]];
+      if (!world_used.empty() && world_used[b.params[k]] == 0.0F && !p.grad().defined())
+        continue;  // no rank had a gradient for it: it keeps none, as in one process
       at::Tensor src = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
       if (!p.grad().defined()) {
         auto& grad = const_cast<at::Tensor&>(p).mutable_grad();

@@ -80,15 +80,20 @@ class gradient_reducer {
   /// Starts a step: every parameter of `params` will be reported once, by ready() or finish().
   /// `weight`: this rank's share of the step's samples. Lays the buckets out again only when the
   /// parameter list changed.
-  void begin(comm::communicator& comm, const std::vector<at::Tensor>& params, double weight, const tail_input& tail);
+  /// `unused_to_none` (DDP's find_unused_parameters): which parameters had a gradient rides along
+  /// (one float each after the tail), and a parameter no rank had one for keeps no gradient (None),
+  /// as in one process; otherwise it receives a zero gradient. Every rank passes the same value.
+  void begin(comm::communicator& comm, const std::vector<at::Tensor>& params, double weight, const tail_input& tail,
+             bool unused_to_none = false);
   /// params[index]'s gradient is ready: copied (weighted) into its bucket; every bucket now
   /// complete is launched, in order. Never throws a dra::error (a failed bucket fails the step at
   /// finish(); the remaining buckets are not launched).
   void ready(std::size_t index);
   /// End of backward: the parameters never reported count as zero; the remaining buckets are
   /// launched; the averaged gradients are written back (a parameter without a gradient receives
-  /// one). Returns the world's tail as kTail floats on the communicator's device (a view valid
-  /// until the next begin()). Throws dra::error when a bucket failed (a peer died or hung).
+  /// one, unless unused_to_none and no rank had one for it). Returns the world's tail as kTail floats on the
+  /// communicator's device (a view valid until the next begin()). Throws dra::error when a bucket failed (a peer died
+  /// or hung).
   at::Tensor finish();
   /// Abandons the step (the gradients are left as they are).
   void cancel() noexcept;
@@ -105,18 +110,21 @@ class gradient_reducer {
     at::Tensor flat;
     std::size_t waiting = 0;
   };
-  void layout(const std::vector<at::Tensor>& params, const at::Device& device, bool single);
+  void layout(const std::vector<at::Tensor>& params, const at::Device& device, bool single, bool flags);
+  at::Tensor flags_slot();  // the last bucket's per-parameter "had a gradient" counts (unused_to_none)
   void launch_ready();
   void launch(std::size_t b);
 
   std::size_t bucket_bytes_;
   std::size_t first_bucket_bytes_;
   bool single_ = false;  // one bucket for all gradients (synchronous communicators)
+  bool flags_ = false;   // unused_to_none: the last bucket carries one "had a gradient" float per parameter
   comm::communicator* comm_ = nullptr;
   std::vector<at::Tensor> params_;
   std::vector<bucket> buckets_;
   std::vector<std::size_t> bucket_of_;
   std::vector<char> reported_;
+  std::vector<float> used_;  // this rank had a gradient for the parameter (weighted in)
   double weight_ = 1.0;
   std::size_t next_launch_ = 0;
   std::string failure_;

@@ -61,7 +61,7 @@ bool controller::begin_reduction(const std::vector<at::Tensor>& params, const ba
   pending_loss_->micro = check.micro;
   pending_loss_->missed = missed_.has_value();
   pending_loss_->stale = stale;
-  reducer_->begin(*comm_, params, sampler_->share_weight(check.micro), *pending_loss_);
+  reducer_->begin(*comm_, params, sampler_->share_weight(check.micro), *pending_loss_, check.unused_to_none);
   return true;
 }
 

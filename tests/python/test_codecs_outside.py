@@ -74,7 +74,9 @@ class Net(nn.Module):
     def forward(self, x, t, use_branch):
         h_img = torch.relu(self.bn1(self.conv1(x)))
         h_img = torch.relu(self.bn2(self.conv2(h_img))).mean((2, 3))
-        h = self.frozen(h_img) + self.late(h_img) + self.emb(t)
+        h = self.frozen(h_img) + self.emb(t)
+        if cfg.get("late_used", True):
+            h = h + self.late(h_img)
         if use_branch:
             h = h + self.sometimes(h)
         h = h * self.scale * self.gate + self.shift + sum(p.sum() for p in self.tiny) * 0.01
@@ -141,6 +143,8 @@ log.write(json.dumps({
     "kind": "final", "uid": ctl.uid, "rank": ctl.rank, "step": ctl.step_index,
     "loss_at_start": loss_at_start, "loss_at_end": full_loss(),
     "digest": digest(list(model.parameters()) + list(model.buffers())),
+    "digest_but_late": digest([p for n, p in model.named_parameters() if not n.startswith("late.")]
+                              + list(model.buffers())),
     "frozen_unchanged": digest([model.frozen.weight, model.frozen.bias]) == frozen_at_start,
     "tied": model.dec.weight is model.emb.weight, "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
     "trainable": [list(p.shape) for p in model.parameters() if p.requires_grad],
@@ -183,14 +187,14 @@ def _expected_step_bytes(codec: str, shapes: list[list[int]]) -> int:
 
 
 def _run(tmp_path: Path, codec: str, dtype: str, grow: bool, kill: list[int] | None = None,
-         nproc: int | None = None) -> tuple[list[dict], list[dict]]:
+         nproc: int | None = None, **extra) -> tuple[list[dict], list[dict]]:
     options = {"policy": "none", "compress": codec, "fault_timeout_s": 3}
     if codec == "masked":
         options["sparsity"] = SPARSITY
     if grow:
         options.update(start_size=2, resize_schedule={"4": 3})
     cfg = {"n": N, "vocab": VOCAB, "epochs": EPOCHS, "dtype": dtype, "unfreeze_at": UNFREEZE_AT,
-           "freeze_at": FREEZE_AT if codec == "masked" else None, "kill": kill}
+           "freeze_at": FREEZE_AT if codec == "masked" else None, "kill": kill, **extra}
     nproc = nproc or (3 if grow else 2)
     code, out, records = run_logged_script(tmp_path, SCRIPT, nproc, options, cfg, timeout=140)
     assert code == 0, out[-4000:]
@@ -278,3 +282,21 @@ def test_a_crash_in_the_step_that_unfreezes_a_layer(tmp_path: Path) -> None:
     assert members[0]["codec"]["sparsity"] == pytest.approx(0.9, abs=0.01)
     late, n = members[0]["zeros"]["late.weight"]
     assert late >= n - max(1, _round(0.1 * n)), (late, n)  # the unfrozen layer joined the masks and was pruned
+
+
+@pytest.mark.parametrize("codec", ["powersgd:2", "topk:0.25"])
+def test_unfreezing_a_layer_leaves_the_other_parameters_state_alone(tmp_path: Path, codec: str) -> None:
+    """A layer unfrozen at step 5 that the forward does not use (its gradient counts as zero): every
+    other parameter must train bit for bit as in a run that never unfreezes it, its error feedback and
+    warm start unmoved. PowerSGD kept them by position before: the embedding's residual was read as
+    another tensor's (here: dropped, a fresh one in its place) and the runs parted; top-k stopped."""
+    runs = {}
+    for unfreeze in (UNFREEZE_AT, None):
+        out = tmp_path / f"unfreeze-{unfreeze}"
+        out.mkdir()
+        _, finals = _run(out, codec, "float32", False, late_used=False, unfreeze_at=unfreeze)
+        members = [f for f in finals if f["rank"] >= 0]
+        assert len(members) == 2 and len({f["digest"] for f in members}) == 1, finals
+        runs[unfreeze] = members[0]
+    assert runs[UNFREEZE_AT]["trainable"] != runs[None]["trainable"]  # the layer did enter the reduction
+    assert runs[UNFREEZE_AT]["digest_but_late"] == runs[None]["digest_but_late"]

@@ -1163,9 +1163,9 @@ class Controller:
         """
         This process leaves the job mid-training (an uncaught exception): peers fail at once and do not wait.
         """
-    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor], in_flight: typing.SupportsInt | typing.SupportsIndex = -1, skipped: typing.SupportsInt | typing.SupportsIndex = 0, micro: typing.SupportsInt | typing.SupportsIndex = 1) -> bool:
+    def _begin_reduction(self, params: collections.abc.Sequence[torch.Tensor], in_flight: typing.SupportsInt | typing.SupportsIndex = -1, skipped: typing.SupportsInt | typing.SupportsIndex = 0, micro: typing.SupportsInt | typing.SupportsIndex = 1, unused_to_none: bool = False) -> bool:
         """
-        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the previous reduced batch (the job's exactly-once check); micro: the loader batches this gradient carries (accumulated under no_sync), whose commit consumes as many steps of the sampler.
+        Bucketed reduction, at the first gradient of a step (False: nothing to reduce on this rank now); in_flight and skipped: the batches the sampler handed out and not stepped, and those skipped since the previous reduced batch (the job's exactly-once check); micro: the loader batches this gradient carries (accumulated under no_sync), whose commit consumes as many steps of the sampler; unused_to_none: a parameter no rank had a gradient for keeps none (DDP's find_unused_parameters).
         """
     def _catch_up_missed_step(self) -> bool:
         """

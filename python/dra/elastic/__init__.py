@@ -57,8 +57,10 @@ def DistributedDataParallel(  # noqa: N802
 
     torch's keywords are taken so that a ported call only gains the optimizer and the sampler:
     ``device_ids``/``output_device`` (the model is already on its device, as DDP wants it),
-    ``find_unused_parameters``, ``gradient_as_bucket_view``, ``static_graph`` and
-    ``bucket_cap_mb`` change nothing (unused parameters count as zero; buckets are dra's own);
+    ``gradient_as_bucket_view``, ``static_graph`` and ``bucket_cap_mb`` change nothing (buckets
+    are dra's own); ``find_unused_parameters`` is DDP's: True, a parameter no rank had a gradient
+    for on a step keeps none (the optimizer skips it, as in one process); False, it gets a zero
+    gradient (DDP would raise; dra goes on);
     ``broadcast_buffers`` (True, as DDP's): the module's buffers (BatchNorm's running statistics)
     become the world's mean at every committed step, so every rank holds the same state; False:
     each rank's follow its own batches (they still travel with the state at every world change).
@@ -71,5 +73,6 @@ def DistributedDataParallel(  # noqa: N802
         raise ValueError(f"dim: only 0 (the batch dimension) is supported, got {dim}")
     if device_ids is not None and (not isinstance(device_ids, (list, tuple)) or len(device_ids) > 1):
         raise ValueError(f"device_ids: one device at most (one per process, as DDP wants), got {device_ids!r}")
-    del output_device, bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view, static_graph
-    return init(module, optimizer, sampler, broadcast_buffers=broadcast_buffers, **options).model
+    del output_device, bucket_cap_mb, gradient_as_bucket_view, static_graph
+    return init(module, optimizer, sampler, broadcast_buffers=broadcast_buffers,
+                find_unused_parameters=find_unused_parameters, **options).model

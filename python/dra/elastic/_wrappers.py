@@ -36,10 +36,13 @@ class ElasticDataParallel(torch.nn.Module):
     ``dra.step`` commits the window's batches as one step (a micro-batch's ``dra.step`` commits
     nothing). A failure redoes the whole window."""
 
-    def __init__(self, module: torch.nn.Module, controller: Any) -> None:
+    def __init__(self, module: torch.nn.Module, controller: Any, find_unused_parameters: bool = False) -> None:
         super().__init__()
         self.module = module
         self.controller = controller
+        # DDP's find_unused_parameters: a parameter no rank had a gradient for on a step keeps none
+        # (None, as in one process: the optimizer skips it); otherwise it receives a zero gradient.
+        self._unused_to_none = find_unused_parameters
         self._queued = False
         self._active = False
         self._no_sync = False  # inside no_sync(): this backward accumulates locally
@@ -284,7 +287,7 @@ class ElasticDataParallel(torch.nn.Module):
             ctl._skipping = True
         else:
             in_flight, skipped = ctl.sampler._batch_check() if ctl.sampler is not None else (-1, 0)
-            self._active = ctl._begin_reduction(self._params, in_flight, skipped, before + int(fresh))
+            self._active = ctl._begin_reduction(self._params, in_flight, skipped, before + int(fresh), self._unused_to_none)
 
     def _sync(self) -> None:
         self._queued = False

@@ -249,6 +249,9 @@ struct batch_check {
   /// trained under `no_sync()` since the previous reduction, and this one). Its commit consumes
   /// as many consecutive steps of the sampler; every rank of the world must carry as many.
   int micro = 1;
+  /// DDP's find_unused_parameters: a parameter no rank had a gradient for keeps none (None), as
+  /// in one process, instead of a zero gradient. Every rank of the world passes the same value.
+  bool unused_to_none = false;
 };
 
 /// A step the world refused because a rank did not train its batch: nothing was applied or
