@@ -143,12 +143,13 @@ def _keys_at(doc: Any, path: str) -> set[str]:
     return set().union(*(o.keys() for o in objects))
 
 
-def _documented_keys() -> dict[tuple[str, str], list[str]]:
-    """docs/guide/simulator-json.md: (command, path) -> the keys its list names."""
-    section = (ROOT / "docs" / "guide" / "simulator-json.md").read_text()
+def _documented_keys(page: str, commands: str) -> dict[tuple[str, str], list[str]]:
+    """docs/guide/<page>, blocks headed **<command>, `path`** or **<command>, top level** (command
+    matching the regex `commands`): (command, path) -> the keys its list names."""
+    text = (ROOT / "docs" / "guide" / page).read_text()
     out: dict[tuple[str, str], list[str]] = {}
-    for block in re.split(r"\n(?=\*\*(?:replay|study), )", section)[1:]:
-        head = re.match(r"\*\*(replay|study), (?:`([^`]+)`|top level)\*\*", block)
+    for block in re.split(rf"\n(?=\*\*(?:{commands}), )", text)[1:]:
+        head = re.match(rf"\*\*({commands}), (?:`([^`]+)`|top level)\*\*", block)
         assert head, block[:80]
         out[(head.group(1), head.group(2) or "")] = re.findall(r"^- `([a-z0-9_]+)`:", block, re.M)
     return out
@@ -156,7 +157,7 @@ def _documented_keys() -> dict[tuple[str, str], list[str]]:
 
 @pytest.mark.timeout(120)
 def test_simulator_guide_lists_every_key_of_the_json_documents(tmp_path_factory) -> None:
-    documented = _documented_keys()
+    documented = _documented_keys("simulator-json.md", "replay|study")
     docs = {name: json.loads((_dra_sim(name, True, tmp_path_factory)[1] / "out.json").read_text())
             for name in ("replay", "study", "study-shared")}
     # Every list names each key once, and what the command writes there exactly (both ways); a key
@@ -180,20 +181,9 @@ def test_simulator_guide_lists_every_key_of_the_json_documents(tmp_path_factory)
         set(documented[("replay", calibration)]) - {"by_application"})
 
 
-def _documented_rl_keys() -> dict[tuple[str, str], list[str]]:
-    """docs/guide/rl-json.md: ("rl" or "rl pipeline", path) -> the keys its list names."""
-    text = (ROOT / "docs" / "guide" / "rl-json.md").read_text()
-    out: dict[tuple[str, str], list[str]] = {}
-    for block in re.split(r"\n(?=\*\*rl(?: pipeline)?, )", text)[1:]:
-        head = re.match(r"\*\*(rl|rl pipeline), (?:`([^`]+)`|top level)\*\*", block)
-        assert head, block[:80]
-        out[(head.group(1), head.group(2) or "")] = re.findall(r"^- `([a-z0-9_]+)`:", block, re.M)
-    return out
-
-
 @pytest.mark.timeout(120)
 def test_rl_guide_lists_every_key_of_the_json_documents(tmp_path_factory) -> None:
-    documented = _documented_rl_keys()
+    documented = _documented_keys("rl-json.md", "rl pipeline|rl")
     phase = json.loads((_dra_sim("rl", True, tmp_path_factory)[1] / "out.json").read_text())
     event = json.loads((_dra_sim("rl-pipeline", True, tmp_path_factory)[1] / "out.json").read_text())
     # Every run of both models is a run record with the keys listed under `dynamic`.

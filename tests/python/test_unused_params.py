@@ -11,31 +11,26 @@ Every process carries an environment token; whatever still runs at the end is ki
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
-
-from dra.testing import kill_tagged
+from _elastic_harness import run_logged_script
 
 pytestmark = pytest.mark.timeout(150)
 
 SCRIPT = r'''
-import hashlib, json, os, sys
+import hashlib, json, os
 import torch
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 import dra, dra.elastic as de
 
-OUT, unused = os.environ["OUT"], sys.argv[1] == "true"
+CFG = json.loads(os.environ["CFG"])
+OUT, unused = CFG["out"], CFG["unused"]
 d = load_digits()
 X, Y = torch.tensor(d.data[:768], dtype=torch.float32) / 16.0, torch.tensor(d.target[:768])
 DS = TensorDataset(X, Y, torch.arange(len(Y)))
-REC = open(os.path.join(OUT, f"rec-{os.getpid()}.jsonl"), "a")
+REC = open(os.path.join(OUT, f"log-{os.getpid()}.jsonl"), "a")
 
 def digest(t):
     return hashlib.sha256(t.detach().numpy().tobytes()).hexdigest()[:16]
@@ -89,25 +84,10 @@ REC.flush()
 
 
 def _run(tmp_path: Path, unused: bool, compress: str) -> list[dict]:
-    out = tmp_path / f"unused-{unused}-{compress.replace(':', '')}"
-    out.mkdir()
-    (out / "train.py").write_text(SCRIPT)
-    token = uuid.uuid4().hex
-    env = dict(os.environ, OUT=str(out), DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-              "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_STOP_ON_SIGTERM", "DRA_LAUNCHER"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "dra", "run", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
-           "--rdzv-id", out.name, "--options", json.dumps({"policy": "none", "compress": compress}), str(out / "train.py"),
-           "true" if unused else "false"]
-    try:
-        proc = subprocess.run(cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=120)
-    finally:
-        kill_tagged("DRA_TEST_TOKEN", token)
-    logs = "".join(p.read_text(errors="replace") for p in sorted((out / "logs").glob("*.log")))
-    assert proc.returncode == 0, logs[-6000:]
-    return [json.loads(line) for f in out.glob("rec-*.jsonl") for line in f.read_text().splitlines()]
+    code, out, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none", "compress": compress},
+                                           {"unused": unused}, timeout=120)
+    assert code == 0, out[-6000:]
+    return records
 
 
 @pytest.mark.parametrize(("unused", "compress"), [(True, ""), (False, ""), (True, "powersgd:2")],
