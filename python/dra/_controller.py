@@ -22,8 +22,9 @@ from dra import _core, _process
 from dra._training_objects import (
     check_extra_state,
     check_training_objects,
-    has_unshared_scheduler,
-    unshared_scheduler_message,
+    count_optimizer_step,
+    watch_buffer_assignments,
+    watch_other_optimizers,
 )
 
 StepStatus = _core.StepStatus
@@ -132,8 +133,8 @@ class Controller(_core.Controller):
         self._optimizer_steps = self._optimizer_steps_seen = 0
         self._warned_accumulation = False
         if hasattr(optimizer, "register_step_post_hook"):
-            optimizer.register_step_post_hook(functools.partial(_count_optimizer_step, weakref.ref(self)))
-        _watch_other_optimizers(self, model, optimizer)
+            optimizer.register_step_post_hook(functools.partial(count_optimizer_step, weakref.ref(self)))
+        watch_other_optimizers(self, model, optimizer)
         # The C++ side holds the provider; the Python object behind its overrides must live as long.
         self._state = _state.TorchState(model, optimizer, scheduler, extra_state)
         super().__init__(
@@ -152,9 +153,9 @@ class Controller(_core.Controller):
             # BatchNorm's running statistics (and any buffer): the world's mean at every step, so
             # that every rank holds the same state, as DDP's broadcast_buffers keeps it. A buffer
             # the forward assigns anew (`self.ema = 0.9 * self.ema + ...`) is another tensor from
-            # then on: the list is taken again at the next step (_watch_buffer_assignments).
+            # then on: the list is taken again at the next step (dra._training_objects.watch_buffer_assignments).
             self._set_buffers([b for b in model.buffers() if b is not None])
-            _watch_buffer_assignments(self)
+            watch_buffer_assignments(self)
         # The end of a script that never calls finish() (a ported DDP loop): members meet once more
         # and the leader tells standbys to go, when the interpreter exits. An uncaught exception
         # leaves the job at once instead (the peers do not wait for this process).
@@ -306,86 +307,6 @@ class Controller(_core.Controller):
         if self.__dict__.get("_failed"):
             return "<dra.Controller whose construction failed (an inert local controller)>"
         return f"<dra.Controller {self.role} uid={self.uid} rank={self.rank} world={self.world_size} step={self.step_index}>"
-
-
-def _count_optimizer_step(ref: weakref.ref[Controller], *_: Any) -> None:
-    ctl = ref()
-    if ctl is not None:
-        ctl._optimizer_steps += 1
-
-
-_watched: list[weakref.ref[Controller]] = []
-
-
-def _watch_other_optimizers(controller: Controller, model: Any, optimizer: Any) -> None:
-    """Only the optimizer given to the controller travels with the state (to joiners, and from the
-    new rank 0 after a fault). Another optimizer stepping the model's parameters (a GAN's second
-    Adam) keeps a state of its own on each process: a joiner's starts empty, and the ranks' updates
-    diverge silently after the first grow. Refused at its first step, before it updates anything."""
-    import torch
-
-    controller._model_params = {id(p): name for name, p in model.named_parameters()}
-    controller._given_optimizer = weakref.ref(optimizer)
-    controller._foreign_checked = weakref.WeakKeyDictionary()
-    _watched[:] = [r for r in _watched if r() is not None] + [weakref.ref(controller)]
-    if getattr(torch.optim.Optimizer, "_dra_watches_steps", False):
-        return
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    register_optimizer_step_pre_hook(_check_foreign_optimizer)
-    torch.optim.Optimizer._dra_watches_steps = True
-
-
-def _check_foreign_optimizer(optimizer: Any, *_: Any) -> None:
-    for ref in _watched:
-        ctl = ref()
-        if ctl is None or ctl.role == "finished":
-            continue
-        if ctl._given_optimizer() is optimizer:
-            # An LR scheduler built on it after dra.elastic.init (one built before is refused there):
-            # refused before its first step changes anything, on every rank alike.
-            if ctl.scheduler is None and has_unshared_scheduler(optimizer):
-                raise RuntimeError("dra: " + unshared_scheduler_message(optimizer))
-            continue
-        names = ctl._foreign_checked.get(optimizer)
-        if names is None:
-            names = [ctl._model_params[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in ctl._model_params]
-            ctl._foreign_checked[optimizer] = names
-        if names:
-            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            raise RuntimeError(
-                f"dra: an optimizer ({type(optimizer).__name__}) that is not the one given to dra.elastic.init steps the "
-                f"model's parameters ({shown}); its state would not travel to processes that join or take over, so the "
-                "ranks would diverge after a resize. Give dra one optimizer over every parameter, with a parameter "
-                "group per part (torch.optim.Adam([{'params': G.parameters()}, {'params': D.parameters(), 'lr': ...}])): "
-                "torch's optimizers skip parameters whose .grad is None, so one optimizer can step the parts apart "
-                "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
-
-
-_buffer_watchers: list[weakref.ref[Controller]] = []
-
-
-def _watch_buffer_assignments(controller: Controller) -> None:
-    """A buffer assigned anew (``module.name = tensor`` for a registered buffer goes through
-    ``register_buffer``) marks the buffers the controller averages as stale: they are taken again
-    from the model at the next step. Before, the controller kept averaging the replaced tensor, and
-    each rank's new one followed its own batches: the ranks' states drifted apart. torch's global
-    buffer registration hook (torch 2.1, as the gradient hooks the model wrapper uses) costs
-    nothing per step."""
-    import torch
-
-    _buffer_watchers[:] = [r for r in _buffer_watchers if r() is not None] + [weakref.ref(controller)]
-    if getattr(torch.nn.Module, "_dra_watches_buffers", False):
-        return
-    torch.nn.modules.module.register_module_buffer_registration_hook(_buffer_assigned)
-    torch.nn.Module._dra_watches_buffers = True
-
-
-def _buffer_assigned(*_: Any) -> None:
-    for ref in _buffer_watchers:
-        ctl = ref()
-        if ctl is not None and ctl._buffers_of is not None:
-            ctl._buffers_stale = True
 
 
 def _environment_options() -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """What an elastic job trains with, checked before anything joins a world: the model, its
 optimizer and scheduler, and the ``extra_state`` objects that travel with them. A bad one is
-refused naming the argument and the fix."""
+refused naming the argument and the fix. Then, while it trains, the watchers of what the script
+does with them: another optimizer stepping the model, a scheduler built later, a buffer assigned
+anew, the optimizer's steps counted."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 
@@ -94,3 +97,86 @@ def unshared_scheduler_message(optimizer: Any) -> str:
             "DistributedDataParallel and pass it as scheduler= (DistributedDataParallel(model, optimizer, sampler, "
             "scheduler=scheduler)); step it with ctl.scheduler.step() (docs/guide/compatibility.md, \"Limits of the "
             "drop-in\")")
+
+
+# ---- watchers: what the script does with its training objects once training runs --------------------
+
+
+def count_optimizer_step(ref: weakref.ref[Any], *_: Any) -> None:
+    ctl = ref()
+    if ctl is not None:
+        ctl._optimizer_steps += 1
+
+
+_watched: list[weakref.ref[Any]] = []
+
+
+def watch_other_optimizers(controller: Any, model: Any, optimizer: Any) -> None:
+    """Only the optimizer given to the controller travels with the state (to joiners, and from the
+    new rank 0 after a fault). Another optimizer stepping the model's parameters (a GAN's second
+    Adam) keeps a state of its own on each process: a joiner's starts empty, and the ranks' updates
+    diverge silently after the first grow. Refused at its first step, before it updates anything."""
+    import torch
+
+    controller._model_params = {id(p): name for name, p in model.named_parameters()}
+    controller._given_optimizer = weakref.ref(optimizer)
+    controller._foreign_checked = weakref.WeakKeyDictionary()
+    _watched[:] = [r for r in _watched if r() is not None] + [weakref.ref(controller)]
+    if getattr(torch.optim.Optimizer, "_dra_watches_steps", False):
+        return
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(_check_foreign_optimizer)
+    torch.optim.Optimizer._dra_watches_steps = True
+
+
+def _check_foreign_optimizer(optimizer: Any, *_: Any) -> None:
+    for ref in _watched:
+        ctl = ref()
+        if ctl is None or ctl.role == "finished":
+            continue
+        if ctl._given_optimizer() is optimizer:
+            # An LR scheduler built on it after dra.elastic.init (one built before is refused there):
+            # refused before its first step changes anything, on every rank alike.
+            if ctl.scheduler is None and has_unshared_scheduler(optimizer):
+                raise RuntimeError("dra: " + unshared_scheduler_message(optimizer))
+            continue
+        names = ctl._foreign_checked.get(optimizer)
+        if names is None:
+            names = [ctl._model_params[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in ctl._model_params]
+            ctl._foreign_checked[optimizer] = names
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise RuntimeError(
+                f"dra: an optimizer ({type(optimizer).__name__}) that is not the one given to dra.elastic.init steps the "
+                f"model's parameters ({shown}); its state would not travel to processes that join or take over, so the "
+                "ranks would diverge after a resize. Give dra one optimizer over every parameter, with a parameter "
+                "group per part (torch.optim.Adam([{'params': G.parameters()}, {'params': D.parameters(), 'lr': ...}])): "
+                "torch's optimizers skip parameters whose .grad is None, so one optimizer can step the parts apart "
+                "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
+
+
+_buffer_watchers: list[weakref.ref[Any]] = []
+
+
+def watch_buffer_assignments(controller: Any) -> None:
+    """A buffer assigned anew (``module.name = tensor`` for a registered buffer goes through
+    ``register_buffer``) marks the buffers the controller averages as stale: they are taken again
+    from the model at the next step. Before, the controller kept averaging the replaced tensor, and
+    each rank's new one followed its own batches: the ranks' states drifted apart. torch's global
+    buffer registration hook (torch 2.1, as the gradient hooks the model wrapper uses) costs
+    nothing per step."""
+    import torch
+
+    _buffer_watchers[:] = [r for r in _buffer_watchers if r() is not None] + [weakref.ref(controller)]
+    if getattr(torch.nn.Module, "_dra_watches_buffers", False):
+        return
+    torch.nn.modules.module.register_module_buffer_registration_hook(_buffer_assigned)
+    torch.nn.Module._dra_watches_buffers = True
+
+
+def _buffer_assigned(*_: Any) -> None:
+    for ref in _buffer_watchers:
+        ctl = ref()
+        if ctl is not None and ctl._buffers_of is not None:
+            ctl._buffers_stale = True
