@@ -138,16 +138,31 @@ void codec_hook::follow_layout(compress::gradient_codec& codec, std::size_t inde
 
 std::vector<std::int64_t> codec_hook::common_tensors(const std::vector<std::vector<std::int64_t>>& before,
                                                      const std::vector<std::vector<std::int64_t>>& after) {
-  const std::size_t n = before.size(), m = after.size();
-  // lcs[i][j]: the longest common subsequence of before[i:] and after[j:].
+  std::vector<std::int64_t> from(after.size(), -1);
+  // The common head and tail first (a freeze or unfreeze changes a stretch of the list): the
+  // quadratic table below then covers only what lies between.
+  std::size_t head = 0, tail = 0;
+  while (head < before.size() && head < after.size() && before[head] == after[head]) {
+    from[head] = static_cast<std::int64_t>(head);
+    ++head;
+  }
+  while (tail < before.size() - head && tail < after.size() - head &&
+         before[before.size() - 1 - tail] == after[after.size() - 1 - tail]) {
+    from[after.size() - 1 - tail] = static_cast<std::int64_t>(before.size() - 1 - tail);
+    ++tail;
+  }
+  const std::size_t n = before.size() - head - tail, m = after.size() - head - tail;
+  if (n == 0 || m == 0) return from;
+  auto b = [&](std::size_t i) -> const std::vector<std::int64_t>& { return before[head + i]; };
+  auto a = [&](std::size_t j) -> const std::vector<std::int64_t>& { return after[head + j]; };
+  // lcs[i][j]: the longest common subsequence of the middles' suffixes from i and j.
   std::vector<std::vector<std::uint32_t>> lcs(n + 1, std::vector<std::uint32_t>(m + 1, 0));
   for (std::size_t i = n; i-- > 0;)
     for (std::size_t j = m; j-- > 0;)
-      lcs[i][j] = before[i] == after[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
-  std::vector<std::int64_t> from(m, -1);
+      lcs[i][j] = b(i) == a(j) ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
   for (std::size_t i = 0, j = 0; i < n && j < m;) {
-    if (before[i] == after[j] && lcs[i][j] == lcs[i + 1][j + 1] + 1) {
-      from[j++] = static_cast<std::int64_t>(i++);
+    if (b(i) == a(j) && lcs[i][j] == lcs[i + 1][j + 1] + 1) {
+      from[head + j++] = static_cast<std::int64_t>(head + i++);
     } else if (lcs[i + 1][j] >= lcs[i][j + 1]) {
       ++i;
     } else {
