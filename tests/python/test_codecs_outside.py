@@ -15,7 +15,9 @@ sparsity about 10x fewer than dense). Before the fix a parameter unfrozen (or fr
 took down every worker with "tensor 21 has 8 elements, the codec saw 2400; reduce the same tensors
 every step" (top-k, random, fp16, bf16, masked), and PowerSGD silently gave the other tensors'
 residuals and warm starts to the wrong ones: the codecs' per-tensor state is now carried over by
-parameter (codec_hook::follow_layout).
+parameter (codec_hook::follow_layout). Two more tests pin that down: unfreezing a layer the forward does
+not use leaves every other parameter bit-identical to a run that never unfreezes it, and a SIGKILL in
+the very step that unfreezes a layer leaves the survivors identical, masks included.
 
 Every process a test starts carries an environment token (run_logged_script) and is killed at the end.
 """
