@@ -16,6 +16,7 @@ process has begun to exit, so that the exit's SIGTERM always reaches a worker st
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.testing import kill_tagged
+from dra.testing import kill_tagged, tagged_processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,28 +93,49 @@ def _dra_run(tmp_path: Path, name: str, script: str, timeout: float = 45) -> tup
     out.mkdir()
     (out / "train.py").write_text(textwrap.dedent(script))
     token = uuid.uuid4().hex
-    env = dict(os.environ, OUT=str(out), DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OUT=str(out), DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")
     for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
               "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_STOP_ON_SIGTERM", "DRA_LAUNCHER"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "dra", "run", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
            "--rdzv-id", name, str(out / "train.py")]
     start = time.monotonic()
+    alive = ""
+    proc = subprocess.Popen(cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        code = subprocess.run(cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout).returncode
+        proc.communicate(timeout=timeout)
+        code = proc.returncode
     except subprocess.TimeoutExpired:
         code = None
+        # Looked at before the launcher goes (its workers stop once it is gone).
+        # Who is still there, and where each Python process stands (faulthandler prints every
+        # thread's stack into its log at SIGABRT): a hang seen once under a loaded suite.
+        for pid in tagged_processes("DRA_TEST_TOKEN", token):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("State"))
+                alive += f"pid {pid} ppid {_ppid(pid)} {state}: {argv[:160]}\n"
+                os.kill(pid, signal.SIGABRT)
+            except (OSError, StopIteration):
+                pass
+        time.sleep(2.0)
     finally:
         took = time.monotonic() - start
+        proc.kill()
+        proc.communicate()
         kill_tagged("DRA_TEST_TOKEN", token)
     logs = "".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted((out / "logs").glob("*.log")))
-    return code, took, logs
+    return code, took, logs + (f"--- still running at the timeout\n{alive}" if alive else "")
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def test_a_rank_with_dataloader_workers_still_starting_exits_after_an_uncaught_exception(tmp_path):
     code, took, logs = _dra_run(tmp_path, "loader_error", LOADER_ERROR)
-    assert code is not None, f"a rank never exited after its uncaught exception ({took:.0f} s)\n{logs[-5000:]}"
+    assert code is not None, f"a rank never exited after its uncaught exception ({took:.0f} s)\n{logs[-12000:]}"
     assert code == 1, logs[-5000:]
     assert logs.count("\nRuntimeError: an error in the training loop") == 2, logs[-5000:]
     assert logs.count("leaves the job mid-training") == 2, logs[-5000:]
@@ -123,6 +145,6 @@ def test_a_rank_with_dataloader_workers_still_starting_exits_after_an_uncaught_e
 
 def test_a_rank_with_a_daemon_child_exits_at_the_end_of_its_script(tmp_path):
     code, took, logs = _dra_run(tmp_path, "daemon_child", DAEMON_CHILD_AT_END)
-    assert code is not None, f"a rank never exited at the end of its script ({took:.0f} s)\n{logs[-5000:]}"
+    assert code is not None, f"a rank never exited at the end of its script ({took:.0f} s)\n{logs[-12000:]}"
     assert code == 0, logs[-5000:]
     assert logs.count("a daemon child") == 2 and "[dra] SIGTERM" not in logs, logs[-5000:]
