@@ -6,7 +6,8 @@ break the next fault's recovery. Each worker is started with its parent-death si
 worker's forked children (DataLoader workers) get it too (``die_with_parent_on_fork``), since they
 hold copies of the worker's sockets: a killed worker whose DataLoader workers live on keeps its
 connections open, and its peers would notice it only after a timeout. Under ``dra run`` SIGTERM
-asks the job to stop cleanly (``stop_on_sigterm``); a forked child gets SIGTERM's default back.
+asks the job to stop cleanly (``stop_on_sigterm``); a forked child has SIGTERM's default action
+from its first instruction.
 
 ``python -m dra._process [--cgroup PATH ...] -- COMMAND ...`` is the trampoline the launcher
 starts a plain (non-forked) worker through: it joins the lease's cgroups, sets the parent-death
@@ -91,7 +92,8 @@ def stop_on_sigterm(controller: Any) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     _sigterm_handlers.add(on_sigterm)
     if not _sigterm_reset_on_fork[0]:
-        os.register_at_fork(after_in_child=_default_sigterm_in_child)
+        os.register_at_fork(before=_default_sigterm_across_fork, after_in_parent=_restore_sigterm_after_fork,
+                            after_in_child=_default_sigterm_in_child)
         _sigterm_reset_on_fork[0] = True
 
 
@@ -104,7 +106,33 @@ _sigterm_handlers: weakref.WeakSet[Any] = weakref.WeakSet()
 _sigterm_reset_on_fork = [False]
 
 
+# The handler taken off for the duration of a fork (restored in the parent right after it).
+_across_fork: list[Any] = [None]
+
+
+def _default_sigterm_across_fork() -> None:
+    """Before a fork from the main thread, SIGTERM gets its default action, so that the child has
+    it from its first instruction: a child that blocks before any of its own code runs (an earlier
+    at-fork hook of a library that deadlocks) could not run a Python handler, and a SIGTERM would
+    not end it. The parent takes its handler back right after the fork; a SIGTERM that arrives in
+    between ends it (the fork's few milliseconds)."""
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        if handler in _sigterm_handlers and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _across_fork[0] = handler
+    except (ValueError, TypeError):
+        pass
+
+
+def _restore_sigterm_after_fork() -> None:
+    handler, _across_fork[0] = _across_fork[0], None
+    if handler is not None:
+        signal.signal(signal.SIGTERM, handler)
+
+
 def _default_sigterm_in_child() -> None:
+    _across_fork[0] = None  # forked from the main thread: SIGTERM has its default action already
     try:
         if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,5 +1,6 @@
 """A worker of `dra run` exits promptly, with whatever forked children it has, after an uncaught
-exception or at a normal end (real processes: `dra run`, its store, Gloo).
+exception or at a normal end (real processes: `dra run`, its store, Gloo), and a forked child that
+blocks before any of dra's code runs in it still ends at SIGTERM.
 
 `dra run` makes SIGTERM ask the job to stop (dra's handler). A forked child inherited that
 handler, where it asked the child's copy of the controller to stop and went on. An interpreter's
@@ -148,3 +149,59 @@ def test_a_rank_with_a_daemon_child_exits_at_the_end_of_its_script(tmp_path):
     assert code is not None, f"a rank never exited at the end of its script ({took:.0f} s)\n{logs[-12000:]}"
     assert code == 0, logs[-5000:]
     assert logs.count("a daemon child") == 2 and "[dra] SIGTERM" not in logs, logs[-5000:]
+
+
+# A forked child blocked before dra's own at-fork hook runs (a library's earlier hook deadlocks in
+# the child: a second lock of a plain mutex, a futex wait that no signal ends): SIGTERM must still
+# end it. Before, the child held dra's Python handler, which could never run, and a SIGTERM (an
+# exiting parent's to its daemonic children, which it then joins without a timeout) left it alive.
+BLOCKED_BEFORE_DRA_HOOK = """
+import ctypes, os, signal, time
+
+def stuck_in_c():
+    libc = ctypes.CDLL(None)
+    m = ctypes.create_string_buffer(64)
+    libc.pthread_mutex_lock(m)
+    libc.pthread_mutex_lock(m)
+
+os.register_at_fork(after_in_child=stuck_in_c)
+from dra import _process
+
+class Ctl:
+    uid = 0
+    stop_requested = False
+
+    def request_stop(self):
+        self.stop_requested = True
+
+ctl = Ctl()
+_process.stop_on_sigterm(ctl)
+pid = os.fork()
+if pid == 0:
+    os._exit(0)  # never reached: the hook above blocks
+time.sleep(1.0)
+os.kill(pid, signal.SIGTERM)
+deadline, status = time.monotonic() + 10.0, None
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    status = None
+ended = status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+print("child ended by SIGTERM" if ended else "child alive 10 s after SIGTERM")
+print("parent keeps its handler:", signal.getsignal(signal.SIGTERM) in _process._sigterm_handlers)
+"""
+
+
+def test_a_child_blocked_before_dras_fork_hook_still_ends_at_sigterm(tmp_path):
+    script = tmp_path / "fork_blocked.py"
+    script.write_text(BLOCKED_BEFORE_DRA_HOOK)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "child ended by SIGTERM" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    # The parent's own SIGTERM still asks the job to stop (its handler is back after the fork).
+    assert "parent keeps its handler: True" in proc.stdout, proc.stdout
