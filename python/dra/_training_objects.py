@@ -31,6 +31,9 @@ def check_training_objects(model: Any, optimizer: Any, scheduler: Any) -> None:
     check_model_parameters(model)
     if scheduler is None and has_unshared_scheduler(optimizer):
         raise ValueError(unshared_scheduler_message(optimizer))
+    others = schedulers_besides(optimizer, scheduler)
+    if others:
+        raise ValueError(unshared_scheduler_message(optimizer, type(others[0]).__name__))
     if scheduler is None:
         return
     missing = [n for n in ("step", "state_dict", "load_state_dict") if not callable(getattr(scheduler, n, None))]
@@ -90,8 +93,30 @@ def has_unshared_scheduler(optimizer: Any) -> bool:
     return bool(getattr(getattr(optimizer, "step", None), "_wrapped_by_lr_sched", False))
 
 
-def unshared_scheduler_message(optimizer: Any) -> str:
-    return (f"scheduler: an LR scheduler steps the optimizer ({type(optimizer).__name__}) but was not given to dra: its "
+def schedulers_besides(optimizer: Any, given: Any) -> list[Any]:
+    """The torch LR schedulers alive in this process that hold ``optimizer``, other than ``given``
+    and the schedulers it chains (SequentialLR, ChainedScheduler). Finds those that leave no mark
+    on the optimizer (ReduceLROnPlateau steps on a metric and does not wrap ``optimizer.step``).
+    Looks through the referrers of the optimizer once (at init: a scan of the live objects)."""
+    import gc
+
+    import torch
+
+    kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    mine = {id(given)} | {id(s) for s in (getattr(given, "_schedulers", None) or [])}
+    found: dict[int, Any] = {}
+    for holder in gc.get_referrers(optimizer):
+        # The scheduler itself (its attributes kept inline, Python 3.11+) or its __dict__.
+        owners = [holder] if isinstance(holder, kinds) else gc.get_referrers(holder) if isinstance(holder, dict) else []
+        for owner in owners:
+            if isinstance(owner, kinds) and getattr(owner, "optimizer", None) is optimizer and id(owner) not in mine:
+                found[id(owner)] = owner
+    return list(found.values())
+
+
+def unshared_scheduler_message(optimizer: Any, kind: str = "") -> str:
+    return (f"scheduler: an LR scheduler{f' ({kind})' if kind else ''} steps the optimizer ({type(optimizer).__name__}) "
+            "but was not given to dra: its "
             "position would not travel to a process that joins, whose learning rate would then differ from the "
             "world's (the ranks' parameters diverge after a grow). Build it before dra.elastic.init / "
             "DistributedDataParallel and pass it as scheduler= (DistributedDataParallel(model, optimizer, sampler, "

@@ -285,6 +285,34 @@ def test_a_scheduler_not_given_to_dra_is_refused_before_it_trains(tmp_path: Path
     assert not [r for r in records if r.get("committed")]
 
 
+def test_a_reduce_on_plateau_scheduler_not_given_to_dra_is_refused_at_init() -> None:
+    """ReduceLROnPlateau leaves no mark on the optimizer (it steps on a metric, not with
+    optimizer.step), so the check above missed it: a joiner's plateau counter and best metric would
+    start afresh and its learning rate part from the world's. Found among the optimizer's holders at
+    init; one given as scheduler=, and SequentialLR's own schedulers, are not refused."""
+    def parts():
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.zeros(4, 4))
+        sampler = de.DistributedSampler(data)
+        torch.utils.data.DataLoader(data, batch_size=2, sampler=sampler)  # gives the sampler its batch
+        return model, opt, sampler
+
+    model, opt, sampler = parts()
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    with pytest.raises(ValueError, match=r"scheduler: an LR scheduler \(ReduceLROnPlateau\) steps the optimizer \(SGD\) "
+                                         r"but was not given to dra.*scheduler=scheduler"):
+        de.init(model, opt, sampler)
+    del plateau
+    model, opt, sampler = parts()
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=2)
+    chained = torch.optim.lr_scheduler.SequentialLR(opt, [warm, torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)],
+                                                    milestones=[2])
+    de.init(model, opt, sampler, scheduler=chained).finish()
+    model, opt, sampler = parts()
+    de.init(model, opt, sampler, scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(opt)).finish()
+
+
 def test_a_sparse_gradient_is_refused_at_its_backward_by_name(tmp_path: Path) -> None:
     # F.embedding(..., sparse=True) on a plain Parameter: nothing to see at init; its backward
     # raises naming the parameter (it failed inside the reduction: "reshape is not implemented
