@@ -68,7 +68,7 @@ TEST_CASE("sim.fidelity.no_job_starves_for_want_of_a_repack") {
   REQUIRE(r.all_completed);
   double sum = 0.0;
   for (const auto& j : r.jobs) sum += j.jct_s;
-  // Published (Pollux's artifact): 2446.1 s. Measured here: see docs/guide/simulator.md.
+  // Published (Pollux's artifact): 2446.1 s. Measured here: see docs/guide/simulator-results.md.
   CHECK(sum / static_cast<double>(r.jobs.size()) == doctest::Approx(2446.13).epsilon(0.03));
   double held = 0.0;
   for (const auto& p : r.timeline) held += p.allocated;

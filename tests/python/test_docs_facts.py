@@ -104,7 +104,8 @@ OTHER_PROGRAMS = {"--head", "--address", "--resources", "--num-gpus", "--no-buil
                   "--install", "--torch", "--test-fault"}
 
 
-@pytest.mark.parametrize("page", ["pool.md", "elastic.md", "faults.md", "simulator.md", "rl.md", "sage.md"])
+@pytest.mark.parametrize("page", ["pool.md", "elastic.md", "faults.md", "simulator.md", "simulator-results.md", "rl.md",
+                                  "sage.md"])
 def test_every_flag_a_guide_names_is_a_flag_of_its_commands(page: str) -> None:
     # A page's `--flag` must be one of the commands that page documents (not a flag of any CLI).
     clis: dict[str, Callable[[], list[argparse.ArgumentParser]]] = {
@@ -113,16 +114,17 @@ def test_every_flag_a_guide_names_is_a_flag_of_its_commands(page: str) -> None:
         "elastic.md": lambda: [_run_parser(), _store_parser(), *_parsers_of(_bench_main("nccl"), []),
                                *_script_parsers("examples/ddp/tutorial_dra.py")],
         "faults.md": lambda: [*_parsers_of(_bench_main("faults"), []), _run_parser()],
-        "simulator.md": lambda: [_sim_parser(), *_parsers_of(_bench_main("sim"), []),
-                                 *_parsers_of(_bench_main("resize"), [])],
+        "simulator.md": lambda: [_sim_parser(), *_parsers_of(_bench_main("sim"), [])],
+        "simulator-results.md": lambda: [_sim_parser(), *_parsers_of(_bench_main("sim"), []),
+                                         *_parsers_of(_bench_main("resize"), [])],
         "rl.md": lambda: [_sim_parser(), *_parsers_of(_bench_main("rl"), []),
                           *_parsers_of(importlib.import_module("dra.rl.live.cli").main, [])],
         "sage.md": lambda: _parsers_of(_bench_main("sage"), []),
     }
     known = _flags_of(*clis[page]())
     unknown = sorted(_doc_flags(GUIDE / page) - set(known) - OTHER_PROGRAMS)
-    # simulator.md names one retired option on purpose ("today's `dra-sim` has no such option").
-    if page == "simulator.md":
+    # simulator-results.md names one retired option on purpose ("today's `dra-sim` has no such option").
+    if page == "simulator-results.md":
         flat = " ".join((GUIDE / page).read_text().split())
         assert "`--remaining-work loss-curve`" in flat and "today's `dra-sim` has no such option" in flat
         unknown.remove("--remaining-work")
