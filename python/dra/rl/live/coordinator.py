@@ -173,12 +173,16 @@ class LiveRL:
         conn = self.conns[slot]
         if not conn.poll(self.config.timeout_s):
             raise self._failure(slot, f"slot {slot}: no answer within {self.config.timeout_s:g} s")
+        return self._read(slot, "", *expected)
+
+    def _read(self, slot: int, where: str, *expected: str) -> dict[str, Any]:
+        """Slot `slot`'s reply, ready to be read, checked; `where` (a phase, a step) goes in the error."""
         try:
-            return channel.recv_reply(conn, *expected)
+            return channel.recv_reply(self.conns[slot], *expected)
         except (EOFError, OSError):
-            raise self._failure(slot, f"slot {slot}: worker died") from None
+            raise self._failure(slot, f"slot {slot}: worker died{where and ' in ' + where}") from None
         except channel.ChannelError as e:
-            raise self._failure(slot, f"slot {slot}: {e}") from None
+            raise self._failure(slot, f"slot {slot}: {e}{where and f' ({where})'}") from None
 
     def _failure(self, slot: int | None, what: str) -> WorkerError:
         return worker_failure(self.procs, slot, what, self.out)
@@ -475,12 +479,7 @@ class LiveRL:
                 raise self._failure(silent[0], f"phase {p}: slots {silent} did not answer within {self.config.timeout_s:g} s")
             for conn in ready:
                 slot = by_conn[id(conn)]
-                try:
-                    msg = channel.recv_reply(conn, "gen", "rollout_done", "train_done")
-                except (EOFError, OSError):
-                    raise self._failure(slot, f"slot {slot}: worker died in phase {p}") from None
-                except channel.ChannelError as e:
-                    raise self._failure(slot, f"slot {slot}: {e} (phase {p})") from None
+                msg = self._read(slot, f"phase {p}", "gen", "rollout_done", "train_done")
                 now = time.perf_counter()
                 if "gen" in msg:
                     for t in msg["finished"]:

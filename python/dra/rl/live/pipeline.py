@@ -509,12 +509,7 @@ def run_pipeline(live: LiveRL, name: str, rollout: int | None, *, steps: int | N
             raise live._failure(None, f"{name}: no worker answered within {c.timeout_s:g} s (step {step}, update {update})")
         for conn in ready:
             slot = by_conn[id(conn)]
-            try:
-                msg = channel.recv_reply(conn, "gen", "rollout_done", "train_done")
-            except (EOFError, OSError):
-                raise live._failure(slot, f"slot {slot}: worker died in {name} (step {step}, update {update})") from None
-            except channel.ChannelError as e:
-                raise live._failure(slot, f"slot {slot}: {e} ({name}, step {step}, update {update})") from None
+            msg = live._read(slot, f"{name}, step {step}, update {update}", "gen", "rollout_done", "train_done")
             if "gen" in msg:
                 reported[slot] = now()
                 if msg.get("progress"):
