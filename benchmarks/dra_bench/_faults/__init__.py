@@ -4,7 +4,8 @@
   example (``--test-fault``);
 - ``trial``: the job of a trial, its launcher, the driver that watches records and injects faults
   from outside (kill -9, SIGSTOP/SIGCONT, the store killed);
-- ``kinds``: the fault kinds by name (``register`` adds one);
+- ``registry``: what a fault kind is and ``register``; ``process``, ``outside``, ``launchers``: the
+  kinds, by class; ``kinds``: all of them by name, and a trial from a seed and a kind;
 - ``check``: what every trial must satisfy (exactly-once data, identical state, every process
   ended with the right code, only the dead reported gone) and the resume time;
 - ``worker``: the Python worker.

@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from dra_bench._faults.kinds import _step, register
+from dra_bench._faults.registry import register, step_at
 from dra_bench._faults.trial import POLL_S, Action, Fault, JobSpec, StoreProcess, TrialRun, TrialSpec
 
 ORPHAN_GRACE_S = 5.0  # a worker still running this long after its launcher died is an orphan
@@ -171,7 +171,7 @@ def run_agent_trial(spec: TrialSpec, out: Path, _launcher: object, timeout_s: fl
 
 def _launcher_death(kind: str, signame: str):
     def make(rng: random.Random, job: JobSpec) -> Fault:
-        step = _step(rng, job)
+        step = step_at(rng, job)
         return Fault(kind, f"{signame} of dra run at step {step}", actions=[Action("launcher", step, sig=0)],
                      runner=run_launcher_trial)  # fmt: skip
 
@@ -191,6 +191,6 @@ for _signame in ("SIGTERM", "SIGKILL"):
 )  # fmt: skip
 def _agent_rdzv_host(rng: random.Random, job: JobSpec) -> Fault:
     job.nproc = job.start_size = job.max_size = 3
-    step = _step(rng, job)
+    step = step_at(rng, job)
     return Fault("agent_rdzv_host", f"SIGKILL of the first torchrun agent at step {step}",
                  actions=[Action("agent0", step, sig=0)], runner=run_agent_trial)  # fmt: skip

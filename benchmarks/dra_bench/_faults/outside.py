@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 
-from dra_bench._faults.kinds import _in_step_delay, _step, register
+from dra_bench._faults.registry import in_step_delay, register, step_at
 from dra_bench._faults.spec import FaultSpec
 from dra_bench._faults.tamper import mount_unavailable
 from dra_bench._faults.trial import Action, Fault, JobSpec, View
@@ -36,7 +36,7 @@ from dra_bench._faults.trial import Action, Fault, JobSpec, View
 
 def _filesystem_fault(kind: str, what: str, rng: random.Random, job: JobSpec) -> Fault:
     job.checkpoint_every = 4
-    step = _step(rng, job, 4, 20)
+    step = step_at(rng, job, 4, 20)
     # The leader writes events after the fault: a shrink and a grow follow it. A full disk leaves
     # the events file the rest of its last page (up to 4 KiB, 6 or 7 events): four of each follow
     # it, so that a write runs out of room mid-line.
@@ -46,7 +46,7 @@ def _filesystem_fault(kind: str, what: str, rng: random.Random, job: JobSpec) ->
         job.schedule.update({step + 2 + 4 * k: job.nproc - 1, step + 4 + 4 * k: job.nproc})
     fault = Fault(kind, f"the events and checkpoint folder {what} at step {step} (resizes at {sorted(job.schedule)})")
     fault.fs = "dir" if kind == "fs_notdir" else "tmpfs"
-    fault.actions = [Action("fs", step, _in_step_delay(rng, job), sig=0)]
+    fault.actions = [Action("fs", step, in_step_delay(rng, job), sig=0)]
     return fault
 
 
@@ -98,7 +98,7 @@ def _store_fuzz(rng: random.Random, job: JobSpec) -> Fault:
 # ---- exceptions in the training loop ------------------------------------------------------------------
 def _where_an_exception_hits(rng: random.Random, job: JobSpec) -> tuple[int, str, str, str]:
     """The step, "leader" or "member", the process's name, and before ("step") or after backward."""
-    step = _step(rng, job)
+    step = step_at(rng, job)
     who = rng.choice(("leader", "member"))
     name = "r0" if who == "leader" else f"r{rng.randint(1, job.nproc - 1)}"
     return step, who, name, rng.choice(("step", "after_reduce"))
@@ -147,7 +147,7 @@ def _joiner_mismatch(rng: random.Random, job: JobSpec) -> Fault:
     job.late_joiners = 1
     job.max_size = job.nproc + 1
     job.wait_candidates = 1
-    grow = _step(rng, job, 3, 8)
+    grow = step_at(rng, job, 3, 8)
     job.schedule = {grow: job.nproc + 1}
     job.variants = {"j0": variant}
     return Fault(
