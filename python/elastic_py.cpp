@@ -199,6 +199,8 @@ static void bind_job_control(py::module_& e) {
           },
           "The leader's latest report (a dict), or None before the first.")
       .def("done", &job_control::done, release_gil(), "Whether the job finished.")
+      .def("final_members", &job_control::final_members, release_gil(),
+           "The uids of the world that finished the job (a list), or None while it runs.")
       .def("started", &job_control::started, release_gil(),
            "Whether the job's processes formed their dra world (a dra job, which survives a worker's death).")
       .def("claim_late_uid", &job_control::claim_late_uid, release_gil(),

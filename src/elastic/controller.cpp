@@ -179,7 +179,7 @@ void controller::finish() noexcept {
     comm_->barrier();
     if (comm_->rank() == 0) {
       detail::event_log::print_summary(step_index_, comm_->size(), figures());
-      store_->mark_done();
+      store_->mark_done(members_);
       // Standbys learn the end from the store. When this process hosts it (rank 0 outside the
       // torchrun agent), leaving at once would take the store away before they read "done": wait
       // (bounded) until every waiting candidate withdrew. Meanwhile "done" is written again
@@ -197,7 +197,7 @@ void controller::finish() noexcept {
         const bool waiting = store_->any_waiting(members_);  // reads the list: a value written over is warned
         const auto now = clock_type::now();
         if (now >= deadline || (!waiting && !(store_->tampered() && now < keep_until))) break;
-        if (!store_->done()) store_->mark_done();
+        if (!store_->done()) store_->mark_done(members_);
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }

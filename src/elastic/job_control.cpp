@@ -5,6 +5,7 @@
 
 #include "dra/error.hpp"
 #include "store_client.hpp"
+#include "store_values.hpp"
 
 namespace dra::elastic {
 
@@ -46,6 +47,14 @@ std::string job_control::report() {
 
 bool job_control::done() {
   return client_->store.exists(job_keys::done);
+}
+
+std::optional<std::vector<int>> job_control::final_members() {
+  const auto raw = client_->store.try_get(job_keys::final_world);
+  if (!raw) return std::nullopt;
+  const auto j = nlohmann::json::parse(*raw, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("members")) return std::nullopt;
+  return detail::uid_array(j.at("members"));
 }
 
 bool job_control::started() {

@@ -12,6 +12,7 @@
 
 #include "dra/elastic/membership.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/elastic/job_control.hpp"
 
 namespace dra::elastic::detail {
 
@@ -450,7 +451,9 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
   return a;
 }
 
-void store_protocol::mark_done() {
+void store_protocol::mark_done(const std::vector<int>& members) {
+  // The finishing world first: an outside actor that reads "done" finds it (job_control::final_members).
+  client_->set(job_keys::final_world, json{{"members", members}});
   client_->set("done", 1);
 }
 bool store_protocol::done() {

@@ -236,7 +236,7 @@ class store_protocol {
   void rebuilt(int uid) noexcept;
 
   // -- the job's end and the outside ---------------------------------------------------------
-  void mark_done();
+  void mark_done(const std::vector<int>& members);
   bool done();
   /// The outside limit; a value that does not parse leaves the last good one in force (warned).
   std::optional<size_limit> limit();

@@ -139,9 +139,9 @@ log.close()
 
 
 def run_logged_script(tmp_path: Path, script: str, nproc: int, options: dict, cfg: dict,
-                      timeout: float) -> tuple[int, str, list[dict]]:
-    """Runs ``script`` under ``dra run`` with ``nproc`` workers, the job's options and CFG (JSON,
-    ``out`` = tmp_path) in its environment; returns the exit code (-1: timed out), the launcher's
+                      timeout: float, launcher_args: tuple[str, ...] = ()) -> tuple[int, str, list[dict]]:
+    """Runs ``script`` under ``dra run`` with ``nproc`` workers (and ``launcher_args``), the job's
+    options and CFG (JSON, ``out`` = tmp_path) in its environment; returns the exit code (-1: timed out), the launcher's
     output, and every record the workers wrote to tmp_path/log-*.jsonl. Every process it started is
     killed at the end (an environment token marks them)."""
     import uuid
@@ -157,7 +157,7 @@ def run_logged_script(tmp_path: Path, script: str, nproc: int, options: dict, cf
               "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_LAUNCHER"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "dra", "run", "--nproc", str(nproc), "--log-dir", str(tmp_path / "logs"),
-           "--options", json.dumps(options), str(path)]
+           "--options", json.dumps(options), *launcher_args, str(path)]
     try:
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout)

@@ -100,6 +100,10 @@ class JobControl:
         """
         Whether the job finished.
         """
+    def final_members(self) -> list[int] | None:
+        """
+        The uids of the world that finished the job (a list), or None while it runs.
+        """
     def report(self) -> typing.Any:
         """
         The leader's latest report (a dict), or None before the first.

@@ -30,6 +30,9 @@ from dra.launch.tee import Tee, console_wanted, prefix_for
 
 #: What torchrun's agent hands its workers, besides the ranks (torch 2.13, LocalElasticAgent).
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+#: Seconds after the job's end before a worker outside its last world that still runs is stopped: a
+#: standby or a process that knows it was left out reads "done" and leaves well within it.
+STRAY_GRACE_S = 10.0
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Worker:
     started: float = 0.0
     join: bool = False
     attempt: int = 0  #: the whole-group attempt it belongs to (a job without dra)
+    stray_at: float | None = None  #: when it was stopped as a stray after the job's end (monotonic)
 
 
 class NodeLauncher:
@@ -97,6 +101,8 @@ class NodeLauncher:
         self._capacity_t = 0.0
         self._is_dra: bool | None = None
         self._store_lost_since: float | None = None
+        self._final: tuple[set[int], float] | None = None  # the last world's uids, and when the end was seen
+        self._final_t = 0.0
         #: process groups of workers that exited leaving processes behind (their children), killed
         #: at the end; a group checked every look, so its id is dropped as soon as it empties
         self.leftovers: set[int] = set()
@@ -303,7 +309,46 @@ class NodeLauncher:
                 self._fence_if_cut_off()
             if self.joining:
                 self._admit_replacements()
+            if forwarded_at is None and not self.fenced:
+                self._stop_strays()
             time.sleep(cfg.monitor_interval)
+
+    def _stop_strays(self) -> None:
+        """Once the job finished, a worker outside its last world that still runs was left out
+        while it did not answer (stuck in its own code: a long sleep, a deadlocked DataLoader
+        worker) and has not looked since: it would hold the launcher until its code returns, for
+        ever if it never does. After ``STRAY_GRACE_S`` it is stopped as a stopped job's worker is
+        (SIGTERM, then SIGKILL after ``--shutdown-timeout``), saying so. Members of the last world
+        are never touched (the leader may be writing its checkpoint)."""
+        now = time.monotonic()
+        if now - self._final_t < 1.0:
+            return
+        self._final_t = now
+        if self._final is None:
+            if not self._is_dra_job() or not self._job_done():
+                return
+            try:
+                final = self.job.final_members()
+            except Exception:  # noqa: BLE001 - the store is gone: nothing to tell them apart by
+                return
+            if final is None:
+                return
+            self._final = (set(final), now)
+        members, seen = self._final
+        if now - seen < STRAY_GRACE_S:
+            return
+        for w in self.workers.values():
+            if w.uid in members:
+                continue
+            if w.stray_at is None:
+                w.stray_at = now
+                self._say(f"rank {w.rank} (uid {w.uid}, pid {w.pid}) still runs {now - seen:.0f} s after the job "
+                          f"finished without it (its last world was {sorted(members)}: it was left out while it did "
+                          "not answer, stuck in its own code?): stopping it (SIGTERM; SIGKILL after "
+                          f"{self.cfg.shutdown_timeout:g} s)")
+                self.spawner.kill(w.wid, signal.SIGTERM)
+            elif now - w.stray_at > self.cfg.shutdown_timeout:
+                _kill_group(w.pid, signal.SIGKILL)
 
     def _admit_replacements(self) -> None:
         """A replacement waits as a candidate; the launcher asks the leader to admit it through the
@@ -338,6 +383,8 @@ class NodeLauncher:
         record = {"rank": w.rank, "local_rank": w.local_rank, "uid": w.uid, "pid": w.pid, "code": code,
                   "time": time.time(), "ran_s": round(ran, 3), "join": w.join, "error_file": self._error(w),
                   "attempt": w.attempt}
+        if w.stray_at is not None:
+            record["stopped"] = True  # stopped by the launcher after the job's end: not a failure
         self.exits.append(record)
         if code == 0 or self.signals or self.fenced or w.attempt != self.restart_count:
             return  # (a worker of a group already stopped and restarted: its exit is recorded, nothing more)

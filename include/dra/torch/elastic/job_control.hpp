@@ -6,6 +6,7 @@
 // Keys live under dra/<job>/<restart>/ in the job's c10d store.
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@ namespace job_keys {
 inline constexpr const char* capacity = "capacity";  ///< outside -> job: {"min_size", "max_size", "leave": [uids]}
 inline constexpr const char* report = "report";      ///< job -> outside: the leader's live state, about once a second
 inline constexpr const char* done = "done";          ///< job -> outside: the job finished
+inline constexpr const char* final_world =
+    "final";  ///< job -> outside: {"members": [uids]} of the world that finished it (set just before done)
 inline constexpr const char* late_uid = "late_uid";  ///< the counter late joiners' uids come from (10000 + n)
 inline constexpr const char* universe = "universe";  ///< job -> outside: the processes launched together (set at start)
 }  // namespace job_keys
@@ -44,6 +47,10 @@ class job_control {
   std::string report();
   /// Whether the job finished (`done`).
   bool done();
+  /// The uids of the world that finished the job (`final`, written just before `done`), or nullopt
+  /// while it runs (or when the value is not a list of uids). A launcher's worker outside it that
+  /// still runs after the end was left out of the job without knowing it (stuck in its own code).
+  std::optional<std::vector<int>> final_members();
   /// Whether the job's processes formed their dra world (`universe` is set): a launcher tells a
   /// dra job (which survives a worker's death in place) from a script without dra.
   bool started();
