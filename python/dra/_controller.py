@@ -24,6 +24,7 @@ from dra._training_objects import (
     check_training_objects,
     count_optimizer_step,
     watch_buffer_assignments,
+    watch_module_changes,
     watch_other_optimizers,
 )
 
@@ -135,6 +136,7 @@ class Controller(_core.Controller):
         if hasattr(optimizer, "register_step_post_hook"):
             optimizer.register_step_post_hook(functools.partial(count_optimizer_step, weakref.ref(self)))
         watch_other_optimizers(self, model, optimizer)
+        watch_module_changes(self)
         # The C++ side holds the provider; the Python object behind its overrides must live as long.
         self._state = _state.TorchState(model, optimizer, scheduler, extra_state)
         super().__init__(

@@ -145,6 +145,7 @@ def watch_other_optimizers(controller: Any, model: Any, optimizer: Any) -> None:
 
     controller._model_params = {id(p): name for name, p in model.named_parameters()}
     controller._given_optimizer = weakref.ref(optimizer)
+    controller._given_groups = [len(g["params"]) for g in optimizer.param_groups]
     controller._foreign_checked = weakref.WeakKeyDictionary()
     _watched[:] = [r for r in _watched if r() is not None] + [weakref.ref(controller)]
     if getattr(torch.optim.Optimizer, "_dra_watches_steps", False):
@@ -165,6 +166,9 @@ def _check_foreign_optimizer(optimizer: Any, *_: Any) -> None:
             # refused before its first step changes anything, on every rank alike.
             if ctl.scheduler is None and has_unshared_scheduler(optimizer):
                 raise RuntimeError("dra: " + unshared_scheduler_message(optimizer))
+            groups = [len(g["params"]) for g in optimizer.param_groups]
+            if groups != ctl._given_groups:
+                raise RuntimeError(changed_groups_message(optimizer, ctl._given_groups, groups))
             continue
         names = ctl._foreign_checked.get(optimizer)
         if names is None:
@@ -179,6 +183,16 @@ def _check_foreign_optimizer(optimizer: Any, *_: Any) -> None:
                 "group per part (torch.optim.Adam([{'params': G.parameters()}, {'params': D.parameters(), 'lr': ...}])): "
                 "torch's optimizers skip parameters whose .grad is None, so one optimizer can step the parts apart "
                 "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
+
+
+def changed_groups_message(optimizer: Any, before: list[int], now: list[int]) -> str:
+    return (f"dra: the optimizer's ({type(optimizer).__name__}) parameter groups changed after dra.elastic.init "
+            f"(parameters per group {before}, now {now}: optimizer.add_param_group mid-run?): a process that joins "
+            "builds the optimizer its script builds at the start, so the world's optimizer state would not load "
+            "there. Give the optimizer every group before dra.elastic.init / DistributedDataParallel: a part trained "
+            "from step N on is in its own group from the start and frozen (requires_grad_(False); torch's optimizers "
+            "skip parameters whose .grad is None) until step N, or has lr 0 in its group until then "
+            "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
 
 
 _buffer_watchers: list[weakref.ref[Any]] = []
@@ -205,3 +219,31 @@ def _buffer_assigned(*_: Any) -> None:
         ctl = ref()
         if ctl is not None and ctl._buffers_of is not None:
             ctl._buffers_stale = True
+
+
+_module_watchers: list[weakref.ref[Any]] = []
+
+
+def watch_module_changes(controller: Any) -> None:
+    """A module or parameter registered anywhere (``model.fc = nn.Linear(...)`` registers the new
+    Linear's parameters, then the Linear) marks the controller's model for a look at its next
+    forward or backward: a parameter that was not there at init is refused by name (the model
+    wrapper's _check_parameters_unchanged). Before, it trained unreduced, each rank with its own
+    gradient (the ranks diverged silently). torch's global registration hooks cost nothing per step."""
+    import torch
+    from torch.nn.modules import module
+
+    controller._modules_changed = False
+    _module_watchers[:] = [r for r in _module_watchers if r() is not None] + [weakref.ref(controller)]
+    if getattr(torch.nn.Module, "_dra_watches_modules", False):
+        return
+    module.register_module_parameter_registration_hook(_module_changed)
+    module.register_module_module_registration_hook(_module_changed)
+    torch.nn.Module._dra_watches_modules = True
+
+
+def _module_changed(*_: Any) -> None:
+    for ref in _module_watchers:
+        ctl = ref()
+        if ctl is not None:
+            ctl._modules_changed = True

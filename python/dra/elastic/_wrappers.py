@@ -50,6 +50,7 @@ class ElasticDataParallel(torch.nn.Module):
         self._zeroing = False  # the running backward's batch is dropped inside a window: its gradient counts as 0
         self._pre_hooks = False
         self._forward_sync: bool | None = None  # the latest forward's decision (DDP's), until its backward
+        self._outer_armed = False  # an output's gradient came: the end of its backward calls _sync
         #: Seconds the latest backward spent inside the gradient reductions (blocking all-reduces on
         #: CPU; on CUDA only their launch): the exposed communication of a step.
         self.reduce_s = 0.0
@@ -68,13 +69,68 @@ class ElasticDataParallel(torch.nn.Module):
         self._follow_trainable()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
-            # As DDP decides it: the backward of this forward does not reduce when no_sync() (or
-            # require_backward_grad_sync False) held while the forward ran.
-            self._forward_sync = not self._no_sync
-            if not self._queued:
-                self._hook_trainable()
-        return self.module(*args, **kwargs)
+        if not torch.is_grad_enabled():
+            return self.module(*args, **kwargs)
+        self._check_parameters_unchanged()
+        # As DDP decides it: the backward of this forward does not reduce when no_sync() (or
+        # require_backward_grad_sync False) held while the forward ran.
+        self._forward_sync = not self._no_sync
+        if self._outer_armed and not _in_backward():  # not a checkpoint's recompute: a backward that raised left it
+            self._outer_armed = False
+        if not self._queued:
+            self._hook_trainable()
+        out = self.module(*args, **kwargs)
+        if not torch.compiler.is_compiling():
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._on_output_grad)
+        return out
+
+    def _on_output_grad(self, grad: torch.Tensor) -> None:
+        """The gradient of one of the forward's outputs, in the backward that runs through the
+        model: the end of that backward finishes the reduction. The first parameter's gradient may
+        come inside a nested backward (a ``checkpoint(..., use_reentrant=True)`` recomputes its part
+        and backpropagates it in a backward of its own), and a callback queued from there ran at the
+        end of that nested backward: the reduction finished before the rest of the model's gradients
+        came, and they started another one (refused as accumulation without no_sync())."""
+        if not self._outer_armed:
+            self._outer_armed = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        """Queued by the first output or parameter gradient of a backward (both may be queued in one
+        backward: the first to run reduces, the other finds nothing queued)."""
+        self._outer_armed = False
+        if self._queued:
+            self._sync()
+
+    def _check_parameters_unchanged(self) -> None:
+        """The model's parameters are those it had at init: a module or parameter assigned since (a
+        new head, ``model.fc = nn.Linear(...)``) would be stepped with each rank's own gradient, and
+        a process that joins builds the model its script builds at the start. Looked at only after
+        torch registered a module or parameter somewhere (dra._training_objects.watch_module_changes)."""
+        ctl = self.controller
+        if not ctl._modules_changed:
+            return
+        ctl._modules_changed = False
+        now = list(self.module.parameters())
+        if len(now) == len(self._all_params) and all(a is b for a, b in zip(now, self._all_params)):
+            return
+        ctl._modules_changed = True  # refused again at the next forward
+        known = {id(p) for p in self._all_params}
+        added = [n for n, p in self.module.named_parameters() if id(p) not in known]
+        current = {id(p) for p in now}
+        gone = len([p for p in self._all_params if id(p) not in current])
+        shown = ", ".join(f"'{n}'" for n in added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
+        raise RuntimeError(
+            "dra: the model's parameters changed after dra.elastic.init / DistributedDataParallel ("
+            + (f"new: {shown}" if added else "") + (", " if added and gone else "") + (f"{gone} replaced or removed" if gone else "")
+            + "): a module or parameter assigned to the model mid-run (a new head, model.fc = nn.Linear(...)) is not "
+            "reduced (each rank would step it with its own gradient) and a process that joins builds the model its "
+            "script builds at the start. Build every part before wrapping, and give its parameters to the optimizer "
+            "then: a head used from step N on starts frozen (requires_grad_(False)) and is unfrozen there; re-initialise "
+            "a layer in place (model.fc.reset_parameters() with a seed every rank shares) instead of assigning a new "
+            "one (docs/guide/compatibility.md, \"Limits of the drop-in\")")
 
     @property
     def require_backward_grad_sync(self) -> bool:
@@ -215,9 +271,11 @@ class ElasticDataParallel(torch.nn.Module):
             self._reduced_at = None
             raise RuntimeError(
                 "dra: a second backward that reduces gradients on the same batch before dra.step (two losses "
-                "backpropagated one after the other, as a GAN's discriminator and generator steps): a step reduces its "
-                "gradients once and commits its batch once, so this one would be counted as the next step and that "
-                "step's samples never trained. Backpropagate once per batch: e.g. compute the generator's loss through "
+                "backpropagated one after the other: loss1.backward(retain_graph=True); loss2.backward(), or a GAN's "
+                "discriminator and generator steps): a step reduces its gradients once and commits its batch once, so "
+                "this one would be counted as the next step and that step's samples never trained. Backpropagate once "
+                "per batch: sum the losses, (loss1 + loss2).backward() (the same gradients); for a GAN, compute the "
+                "generator's loss through "
                 "the discriminator with its parameters frozen (D.requires_grad_(False)), call (d_loss + "
                 "g_loss).backward(), step one optimizer holding both models (param groups), then dra.step once "
                 "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
@@ -249,6 +307,7 @@ class ElasticDataParallel(torch.nn.Module):
         """The first gradient of this backward (``firing_param``'s, None before its accumulation):
         the reduction starts (unless the batch is stale or a micro-batch of a window)."""
         ctl = self.controller
+        self._check_parameters_unchanged()
         self._follow_trainable()
         firing = self._index.get(id(firing_param), -1) if firing_param is not None else -1
         # A micro-batch when no_sync held at its backward or at its forward (DDP decides at the
@@ -257,13 +316,15 @@ class ElasticDataParallel(torch.nn.Module):
         self._check_one_batch_per_micro(micro)
         self._forward_sync = None
         if not micro:
+            # The same batch first: two losses backpropagated one after the other are told to sum
+            # them (accumulation's fix, no_sync(), would be refused for them in turn).
+            self._check_one_reduction_per_batch()
             self._check_accumulation(firing)
         self._queued = True
         self.reduce_s = 0.0
-        torch.autograd.Variable._execution_engine.queue_callback(self._sync)
+        if not self._outer_armed:  # else the end of the backward through the outputs calls _sync
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         ctl._micro_step_due = False  # a micro-batch whose dra.step never came
-        if not micro:
-            self._check_one_reduction_per_batch()
         if ctl._awaiting_step:
             # The previous backward never reached dra.step (an exception caught after it): that
             # batch is done with, and the world committed its step without this process.
@@ -314,6 +375,13 @@ class ElasticDataParallel(torch.nn.Module):
             # skips the call altogether).
             for p in self._params:
                 p.grad = None
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward on this thread (a checkpoint's recompute runs the
+    forward inside one)."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
 
 
 class _Guarded:
