@@ -8,9 +8,10 @@ diverges (docs/guide/compatibility.md, "Limits of the drop-in").
   ``aot_eager`` backend the parameters are bit for bit those of the eager run, with inductor the
   loss follows it;
 - a GAN with one optimizer (a parameter group per model), the discriminator on ``fake.detach()``,
-  the generator's loss through the frozen discriminator, one backward; and a WGAN-GP critic whose
-  gradient penalty is a double backward (``create_graph=True``): works (the GAN's two optimizers
-  and two backwards are refused, tests/python/test_outside_scripts.py);
+  the generator's loss through the frozen discriminator, one backward; a WGAN-GP critic whose
+  gradient penalty is a double backward (``create_graph=True``); two forwards of the wrapper before
+  one backward (a Siamese loss): work (the GAN's two optimizers and two backwards are refused,
+  tests/python/test_outside_scripts.py);
 - two losses with two ``backward()`` calls (``retain_graph=True``) before one optimizer step: was
   refused as "gradient accumulation without no_sync()", whose fix (no_sync) is refused in turn; now
   refused as a second backward on the same batch, naming ``(loss1 + loss2).backward()``;
@@ -153,6 +154,10 @@ for epoch in ctl.epochs(cfg.get("epochs", 2)):
                 out = model(x)
             loss = F.cross_entropy(out.float(), y)
             loss.backward()
+        elif mode == "siamese":  # two forwards of the wrapper, one loss over both, one backward
+            z1, z2 = model(x), model(x + 0.05 * torch.randn_like(x))
+            loss = F.cross_entropy(z1, y) + F.cross_entropy(z2, y) + 0.1 * (z1 - z2).pow(2).mean()
+            loss.backward()
         elif mode == "ckpt_whole":  # the wrapper checkpointed whole: its forward runs again inside the backward
             loss = F.cross_entropy(torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False), y)
             loss.backward()
@@ -241,12 +246,13 @@ def test_torch_compile_before_or_after_the_wrapper_trains_as_the_eager_loop(tmp_
         assert abs(sum(losses[-5:]) - sum(eager[1][-5:])) / 5 < 0.05, (losses[-5:], eager[1][-5:])
 
 
-@pytest.mark.parametrize("mode", ["gan", "gp"])
-def test_a_gan_with_one_optimizer_and_a_wgan_gp_double_backward_stay_identical(tmp_path: Path, mode: str) -> None:
-    """One optimizer with a group per model, D on fake.detach(), G's loss through the frozen D, one
-    backward per batch; the WGAN-GP critic adds a gradient penalty taken with create_graph=True
-    (torch.autograd.grad to the input: no parameter gradient, so no reduction, until the one
-    backward differentiates it again)."""
+@pytest.mark.parametrize("mode", ["gan", "gp", "siamese"])
+def test_a_gan_a_wgan_gp_double_backward_and_two_forwards_stay_identical(tmp_path: Path, mode: str) -> None:
+    """A GAN: one optimizer with a group per model, D on fake.detach(), G's loss through the frozen
+    D, one backward per batch; a WGAN-GP critic adds a gradient penalty taken with
+    create_graph=True (torch.autograd.grad to the input: no parameter gradient, so no reduction,
+    until the one backward differentiates it again); a Siamese loss runs the wrapper twice (two
+    views of the batch) before one backward."""
     code, logs, records = _run(tmp_path, mode)
     _trained(code, logs, records)
     assert all(math.isfinite(x) for x in _world_losses(records))

@@ -82,7 +82,8 @@ class ElasticDataParallel(torch.nn.Module):
         out = self.module(*args, **kwargs)
         if not torch.compiler.is_compiling():
             for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.requires_grad:
+                # Not a leaf (a parameter returned as it is): its hooks would stay, one more each forward.
+                if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None:
                     t.register_hook(self._on_output_grad)
         return out
 
