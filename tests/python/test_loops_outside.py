@@ -19,8 +19,8 @@ diverges (docs/guide/compatibility.md, "Limits of the drop-in").
   layer crashed at the first step (the reduction ended with the checkpoint's nested backward, and
   the rest of the gradients started another one); now bit-identical to the eager run;
 - ``torch.autocast("cpu", dtype=torch.bfloat16)``: works;
-- a new head assigned mid-run, ``model.fc = nn.Linear(...)`` mid-run, ``optimizer.add_param_group``
-  mid-run: the new parameters were stepped unreduced (each rank with its own gradient) and a joiner
+- a new head assigned mid-run, ``model.fc = nn.Linear(...)`` or ``model.fc.weight = nn.Parameter(...)``
+  mid-run, ``optimizer.add_param_group`` mid-run: the new parameters were stepped unreduced (each rank with its own gradient) and a joiner
   crashed on the world's state; now refused by name at the next forward or optimizer step;
 - BatchNorm in train mode with ``model.eval()`` / ``torch.no_grad()`` validation passes between
   steps: works (running statistics are the world's mean at every step, a joiner receives them):
@@ -178,6 +178,8 @@ for epoch in ctl.epochs(cfg.get("epochs", 2)):
             opt.add_param_group({"params": net.head2.parameters()})
         if mode == "add_group" and st.step == cfg.get("at", 8):  # the body joins the optimizer (fine-tuning)
             opt.add_param_group({"params": net.body.parameters(), "lr": 0.01})
+        if mode == "replace_weight" and st.step == cfg.get("at", 8):  # a parameter replaced, not copied into
+            net.fc.weight = torch.nn.Parameter(torch.zeros(10, 32))
         if mode == "replace_fc" and st.step == cfg.get("at", 8):  # a head re-initialised by assignment
             net.fc = torch.nn.Linear(32, 10)
 rec(final=True, member=ctl.rank >= 0, uid=ctl.uid, model=digest(net.state_dict()), opt=digest(opt.state_dict()))
@@ -293,12 +295,14 @@ def test_a_bfloat16_autocast_forward_trains_as_the_eager_loop(tmp_path: Path, ea
                  "'head2.weight', 'head2.bias')"),
     ("replace_fc", "dra: the model's parameters changed after dra.elastic.init / DistributedDataParallel (new: "
                    "'fc.weight', 'fc.bias', 2 replaced or removed)"),
+    ("replace_weight", "dra: the model's parameters changed after dra.elastic.init / DistributedDataParallel (new: "
+                       "'fc.weight', 1 replaced or removed)"),
     ("add_group", "dra: the optimizer's (SGD) parameter groups changed after dra.elastic.init (parameters per "
                   "group [4], now [4, 2]"),
 ])
 def test_a_model_or_optimizer_changed_mid_run_is_refused_by_name(tmp_path: Path, mode: str, message: str) -> None:
     """At step 8 the script assigns a new head (and adds its parameters to the optimizer), assigns a
-    new model.fc, or adds the body to the optimizer (add_param_group). Before, the new parameters
+    new model.fc or a new model.fc.weight, or adds the body to the optimizer (add_param_group). Before, the new parameters
     were stepped unreduced (each rank with its own gradient: the ranks diverged silently) and a
     process joining later crashed on the world's state. Now the next forward (or optimizer step)
     raises on every rank, before it changes anything; the steps before it are committed."""
