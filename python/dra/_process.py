@@ -17,6 +17,7 @@ signal, and execs the command (the setting survives exec).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import sys
@@ -42,6 +43,44 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> boo
     if parent is not None and os.getppid() != parent:
         os._exit(1)  # the parent died before the signal was armed
     return True
+
+
+class _OutputOnFullDisk:
+    """A worker's stdout or stderr (its log file) that drops what a full or read-only disk cannot
+    take instead of raising: a ``print`` in a training script raised ``OSError: [Errno 28] No
+    space left on device`` on every rank at once when the log folder filled, and the job was lost
+    for its logs. Writing resumes when it can; the launcher says that the folder is full."""
+
+    _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            if e.errno not in self._FULL:
+                raise
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            if e.errno not in self._FULL:
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def tolerate_full_disk() -> None:
+    """``sys.stdout`` and ``sys.stderr`` of this process drop output a full or read-only disk cannot take."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _OutputOnFullDisk):
+            setattr(sys, name, _OutputOnFullDisk(stream))
 
 
 _fork_state = {"registered": False, "main": True, "parent": 0}

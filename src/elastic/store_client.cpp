@@ -22,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "../comm/descriptors.hpp"
 #include "dra/error.hpp"
 #include "store_values.hpp"
 
@@ -107,6 +108,14 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
     } else {
       for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
         const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+          // Out of file descriptors: no wait makes the store reachable, and "nothing accepted a
+          // connection" would send the user looking for a store that is there.
+          ::freeaddrinfo(found);
+          const auto why = dra::detail::out_of_descriptors();
+          throw dra::comm_error("dra: cannot connect to the store at " + host + ":" + std::to_string(port) + ": " +
+                                why.value_or(std::strerror(EMFILE)));
+        }
         if (fd < 0) continue;
         bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
         if (!ok && errno == EINPROGRESS) {
@@ -250,6 +259,9 @@ void store_client::connect(std::chrono::steady_clock::time_point deadline, bool 
     contact_made(began, host_ + ":" + std::to_string(port_));
     bound_unacknowledged_sends(port_, before, timeout_);
   } catch (const std::exception& e) {
+    if (const auto why = dra::detail::out_of_descriptors())
+      throw dra::comm_error("dra: cannot connect to the store at " + host_ + ":" + std::to_string(port_) + ": " + *why +
+                            " (c10d: " + first_line(e) + ")");
     throw dra::timeout_error("dra: the store at " + host_ + ":" + std::to_string(port_) +
                              " could not be reached within " + std::to_string(timeout_.count()) + " ms (" +
                              first_line(e) +

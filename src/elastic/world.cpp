@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 
+#include "../comm/descriptors.hpp"
 #include "deferred_reads.hpp"
 #include "dra/energy/readers.hpp"
 #include "dra/error.hpp"
@@ -455,6 +456,16 @@ void controller::recover(std::string reason) {
       return;
     } catch (const dra::error& e) {
       reason = std::string("rebuild after fault failed: ") + e.what();
+      // Out of file descriptors, this process cannot build any world: while it beats, the others
+      // would wait for it at every attempt until the whole job gave up. It leaves the job instead
+      // (marked gone: the others' next attempt goes on without it), naming the limit.
+      if (const auto why = dra::detail::out_of_descriptors()) {
+        abandon(*why);
+        const std::string what = e.what();  // the backend's own message may name the limit already
+        throw dra::comm_error(
+            "dra: process " + std::to_string(uid_) + " cannot enter world epoch " + std::to_string(agreed.epoch) +
+            " and left the job: " + (what.find(*why) != std::string::npos ? what : *why + " (" + what + ")"));
+      }
     }
   }
   throw dra::membership_error("dra: could not re-form the world after " +

@@ -103,6 +103,7 @@ class NodeLauncher:
         self._store_lost_since: float | None = None
         self._final: tuple[set[int], float] | None = None  # the last world's uids, and when the end was seen
         self._final_t = 0.0
+        self._logs_full_said, self._logs_t = False, 0.0
         #: process groups of workers that exited leaving processes behind (their children), killed
         #: at the end; a group checked every look, so its id is dropped as soon as it empties
         self.leftovers: set[int] = set()
@@ -144,6 +145,7 @@ class NodeLauncher:
             for local_rank in range(cfg.nproc):
                 self._start(local_rank, join=False)
             self._supervise()
+            self._say_if_logs_full(now=True)  # (a short job may fill it between two looks)
             return self._finish()
         finally:
             for w in list(self.workers.values()):
@@ -311,7 +313,24 @@ class NodeLauncher:
                 self._admit_replacements()
             if forwarded_at is None and not self.fenced:
                 self._stop_strays()
+            self._say_if_logs_full()
             time.sleep(cfg.monitor_interval)
+
+    def _say_if_logs_full(self, now: bool = False) -> None:
+        """Once: a full or read-only log folder drops the workers' output (a fork-server worker's
+        print does not raise), which their logs cannot say."""
+        if self._logs_full_said or (not now and time.monotonic() - self._logs_t < 1.0):
+            return
+        self._logs_t = time.monotonic()
+        try:
+            st = os.statvfs(self.log_dir)
+        except OSError:
+            return
+        state = "read-only" if st.f_flag & os.ST_RDONLY else "full" if st.f_bavail * st.f_frsize < 4096 else None
+        if state:
+            self._logs_full_said = True
+            self._say(f"the log folder {self.log_dir} is {state}: the workers' output is dropped until it can be "
+                      "written (training goes on)")
 
     def _stop_strays(self) -> None:
         """Once the job finished, a worker outside its last world that still runs was left out

@@ -40,6 +40,7 @@ def _child(msg: dict, out_fd: int, zygote: int) -> None:
         os.close(fd)
     if out_fd not in (0, 1, 2):
         os.close(out_fd)
+    _process.tolerate_full_disk()  # a full log folder loses output, never the worker
     code = 0
     try:
         for path in msg.get("cgroups") or []:

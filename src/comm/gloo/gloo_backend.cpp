@@ -23,6 +23,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "../descriptors.hpp"
 #include "dra/elastic/membership.hpp"
 #include "dra/error.hpp"
 
@@ -337,6 +338,12 @@ std::unique_ptr<communicator> gloo_backend::rebuild(std::unique_ptr<communicator
   } catch (const dra::error&) {
     throw;
   } catch (const std::exception& e) {
+    // Out of file descriptors, Gloo says something else ("Cannot resolve 127.0.0.1 to a (local)
+    // address"): the message names the limit instead.
+    if (const auto why = dra::detail::out_of_descriptors())
+      throw dra::comm_error("building the Gloo world of " + std::to_string(size) + " ranks in world epoch " +
+                            std::to_string(request.epoch) + " failed: " + *why +
+                            " (Gloo: " + std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")");
     rethrow_as_dra_error(e, "building the Gloo world of " + std::to_string(size) + " ranks", request.epoch);
   }
 }
