@@ -11,6 +11,9 @@ ranks) and a real pool, none of which the fault campaign or the other fault test
 - the log folder of ``dra run`` full mid-training (a 64 KiB tmpfs: root only): the workers' prints
   drop what cannot be written, the launcher says so once, training finishes (before: a print
   raised OSError on every rank at once and the job was lost);
+- the pool's state folder full while a job runs (a tmpfs filled up: root only): a submission is
+  refused naming the folder, the running job finishes (before: its launcher, whose output is its
+  log in that folder, died at its first line, and the job failed with it);
 - a pool job's worker killed by its slot's memory cgroup (OOM): the pool and the launcher name the
   job, the lease, the uid and the limit, the slot is granted again, the job finishes without it;
 - SIGSTOP of the leader, and of the launcher that hosts the store, past the fault timeout, then
@@ -27,14 +30,17 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from _elastic_harness import linear_job_script, run_logged_script
+from test_pool import declared
 
 from dra.pool import _cgroup
 from dra.pool.factory import make_service
 from dra.pool.server import PoolClient, PoolServer
+from dra.pool.service import PoolService
 from dra_bench._faults.tamper import mount_unavailable
 
 pytestmark = pytest.mark.timeout(120)
@@ -223,6 +229,66 @@ def test_a_log_folder_that_fills_does_not_stop_training(tmp_path: Path, tiny_tmp
     assert out.count(f"the log folder {tiny_tmpfs / 'logs'} is full: the workers' output is dropped") == 1, out[-3000:]
     assert "exited with" not in out
     assert _committed(records, 0) == _committed(records, 1) == list(range(40))
+
+
+def _fill(folder: Path, *also: Path) -> Path:
+    """Fills the filesystem of ``folder`` to the last byte, then the last page of each file in
+    ``also`` (a tmpfs file takes writes into its last page when the disk is full); returns the
+    filling file."""
+    fill = folder / "fill"
+    for path in (fill, *also):
+        _fill_file(path)
+    return fill
+
+
+def _fill_file(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def test_a_full_pool_state_folder_refuses_submissions_by_name_and_running_jobs_finish(tmp_path: Path) -> None:
+    """The pool's state folder (SQLite, events, launcher logs) on an 8 MiB tmpfs, filled while a
+    job runs. Before: the job's launcher, whose stdout is its log there, died when a line could not
+    be written (exit 120: its job failed, "its launcher exited (code 120) before the job ended"),
+    and a submission was answered "internal error (OperationalError); see the pool's events",
+    events the full disk could not hold. Now the launcher drops what cannot be written, the job
+    finishes, and the answer names the folder; once there is room again, jobs run as before."""
+    why = mount_unavailable()
+    if why:
+        pytest.skip(why)
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(fs)], check=True)
+    server = None
+    try:
+        state = fs / "state"
+        server = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=5.0)).start()
+        client = PoolClient(server.url)
+        job = {"cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": ["sh", "-c", "sleep 3; echo done"]}
+        client.submit({"name": "a", **job})
+        deadline = time.time() + 30
+        while time.time() < deadline and next(j for j in client.status()["jobs"])["workers"] != 1:
+            time.sleep(0.1)
+        fill = _fill(fs, state / "logs" / "a.launcher.log")
+        with pytest.raises(RuntimeError, match=rf"the pool's state folder {re.escape(str(state))} cannot be written "
+                                                r"\(database or disk is full\): nothing was changed"):
+            client.submit({"name": "b", **job})
+        assert client.wait(["a"], timeout_s=40) == {"a": "finished"}, client.status()
+        fill.unlink()
+        client.submit({"name": "c", **job})
+        assert client.wait(["c"], timeout_s=40) == {"c": "finished"}, client.status()
+    finally:
+        if server is not None:
+            server.close()
+        subprocess.run(["umount", "-l", str(fs)], check=False)
 
 
 # -- 5. an out-of-memory kill in the pool -------------------------------------------------------------

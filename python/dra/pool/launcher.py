@@ -342,6 +342,12 @@ class Launcher:
 
     # -- main loop -------------------------------------------------------------------------------
     def run(self) -> int:
+        if self.client:
+            from dra import _process
+
+            # Its output is its launcher log, in the pool's state folder: a full disk there loses
+            # lines, never the launcher (a print that raised ended it, its workers and its job).
+            _process.tolerate_full_disk()
         try:
             return self._run_pool() if self.client else self._run_local()
         finally:

@@ -47,6 +47,15 @@ PREAUTH_BODY = 64 << 10  # bytes read from a TCP caller without the token, to an
 LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 
 
+
+def _state_unwritable(e: BaseException) -> bool:
+    """A full or read-only state folder: SQLite's "database or disk is full" / "attempt to write a
+    readonly database", or the OSError of a file write."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+    text = str(e)
+    return type(e).__name__ == "OperationalError" and ("disk is full" in text or "readonly database" in text)
+
 class _ClientGone(Exception):
     """The client stopped sending mid-request: there is no one to answer."""
 
@@ -167,6 +176,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(409, {"error": str(e)})
         except Exception as e:  # noqa: BLE001 - the daemon answers, whatever went wrong; details go to its log
             s.internal_error("api", e)
+            if _state_unwritable(e):  # the events could not say it either: the answer does
+                return self._send(507, {"error": f"the pool's state folder {s.state_dir} cannot be written ({e}): "
+                                                 "nothing was changed; running jobs go on; free space there and retry"})
             return self._send(500, {"error": f"internal error ({type(e).__name__}); see the pool's events"})
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
