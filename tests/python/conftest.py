@@ -13,6 +13,7 @@ from __future__ import annotations
 _SECONDS = {
     "test_dropin.py": 242,
     "test_faults_outside.py": 178,
+    "test_exhaustion_outside.py": 160,
     "test_pool.py": 152,
     "test_elastic_world.py": 125,
     "test_rl_live.py": 95,
