@@ -1,8 +1,8 @@
 """A parameter no rank used on a step (a branch the batch did not take), under `dra run` with real
 processes and real Gloo: with DDP's ``find_unused_parameters=True`` it keeps no gradient (None) on
 every rank and the optimizer skips it, as in one process and as torch's DDP does; without it, it
-gets a zero gradient on every rank (dra goes on where DDP would raise), which AdamW's decay and
-moments still move. A branch some ranks used gets the world's mean on every rank in both cases;
+gets a zero gradient on every rank (dra goes on where DDP would raise, and each process says so
+once, naming the parameters), which AdamW's decay and moments still move. A branch some ranks used gets the world's mean on every rank in both cases;
 the same under a gradient codec (PowerSGD).
 Before the option was taken, both runs gave zero gradients (docs/guide/compatibility.md).
 
@@ -87,6 +87,11 @@ def _run(tmp_path: Path, unused: bool, compress: str) -> list[dict]:
     code, out, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none", "compress": compress},
                                            {"unused": unused}, timeout=120)
     assert code == 0, out[-6000:]
+    # Without the option, each process says once which parameters had no gradient (DDP would raise).
+    warned = out.count("had no gradient in this backward on this process")
+    assert warned == (0 if unused else 2), out[-6000:]
+    if not unused:
+        assert "'rare.weight', 'rare.bias'" in out and "find_unused_parameters=True" in out, out[-6000:]
     return records
 
 

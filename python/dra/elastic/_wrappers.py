@@ -43,6 +43,8 @@ class ElasticDataParallel(torch.nn.Module):
         # DDP's find_unused_parameters: a parameter no rank had a gradient for on a step keeps none
         # (None, as in one process: the optimizer skips it); otherwise it receives a zero gradient.
         self._unused_to_none = find_unused_parameters
+        self._reported = 0  # reduced parameters whose gradient came in this backward
+        self._warned_unused = False
         self._queued = False
         self._active = False
         self._no_sync = False  # inside no_sync(): this backward accumulates locally
@@ -217,6 +219,7 @@ class ElasticDataParallel(torch.nn.Module):
         index = self._index.get(id(param))
         if index is None:  # frozen as this backward started: not reduced
             return
+        self._reported += 1
         if self._active:
             t0 = time.perf_counter()
             self.controller._gradient_ready(index)
@@ -322,6 +325,7 @@ class ElasticDataParallel(torch.nn.Module):
             self._check_one_reduction_per_batch()
             self._check_accumulation(firing)
         self._queued = True
+        self._reported = 0
         self.reduce_s = 0.0
         if not self._outer_armed:  # else the end of the backward through the outputs calls _sync
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -366,6 +370,8 @@ class ElasticDataParallel(torch.nn.Module):
         ctl._micro_fresh = 0  # the window closes with this reduction (a failed one is redone whole)
         ctl._window_open = False
         ctl._awaiting_step = True
+        if self._reported < len(self._params) and not self._unused_to_none and not self._warned_unused:
+            self._warn_unused()
         t0 = time.perf_counter()
         ok = False if ctl._skipping else ctl._finish_reduction()
         self.reduce_s += time.perf_counter() - t0
@@ -376,6 +382,23 @@ class ElasticDataParallel(torch.nn.Module):
             # skips the call altogether).
             for p in self._params:
                 p.grad = None
+
+
+    def _warn_unused(self) -> None:
+        """Once per process: a parameter that requires a gradient had none after this backward
+        (the loss did not use it here; one held from earlier, not zeroed, cannot be told apart)."""
+        params = {id(p) for p in self._params}
+        names = [n for n, p in self.module.named_parameters() if id(p) in params and p.grad is None]
+        if not names:
+            return
+        self._warned_unused = True
+        shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        warnings.warn(
+            f"dra: parameter(s) {shown} had no gradient in this backward on this process (the loss did not use them); "
+            "dra gives each the world's mean gradient, zero where no process used it, where torch's DDP would raise. "
+            "Momentum, Adam's moments and weight decay then still move a parameter no process used. Pass "
+            "find_unused_parameters=True (as to DDP) to leave its .grad None on such a step, as in one process "
+            "(docs/guide/compatibility.md). Said once per process.", stacklevel=2)
 
 
 def _in_backward() -> bool:
