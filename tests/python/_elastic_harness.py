@@ -16,6 +16,29 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "elastic_worker.py"
 
 
+#: A test script's digest of its state, pasted into the script (`SCRIPT = HEAD + STATE_DIGEST + BODY`;
+#: the script imports hashlib and torch): every tensor's dtype and bytes and every other value's
+#: repr, in key order, over one or more state dicts. Two ranks with equal digests hold the same state.
+STATE_DIGEST = r'''
+def digest(*states):
+    h = hashlib.sha256()
+    def feed(v):
+        if torch.is_tensor(v):
+            h.update(str(v.dtype).encode()); h.update(v.detach().float().numpy().tobytes())
+        elif isinstance(v, dict):
+            for k in sorted(v, key=str):
+                h.update(str(k).encode()); feed(v[k])
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                feed(x)
+        elif not callable(v):
+            h.update(repr(v).encode())
+    for s in states:
+        feed(s)
+    return h.hexdigest()[:16]
+'''
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -36,7 +36,7 @@ import math
 from pathlib import Path
 
 import pytest
-from _elastic_harness import run_logged_script
+from _elastic_harness import STATE_DIGEST, run_logged_script
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -58,23 +58,7 @@ LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
 def rec(**kw):
     LOG.write(json.dumps(kw) + "\n"); LOG.flush()
 
-def digest(*states):
-    h = hashlib.sha256()
-    def feed(v):
-        if torch.is_tensor(v):
-            h.update(str(v.dtype).encode()); h.update(v.detach().float().numpy().tobytes())
-        elif isinstance(v, dict):
-            for k in sorted(v, key=str):
-                h.update(str(k).encode()); feed(v[k])
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                feed(x)
-        elif not callable(v):
-            h.update(repr(v).encode())
-    for s in states:
-        feed(s)
-    return h.hexdigest()[:16]
-
+''' + STATE_DIGEST + r'''
 class Net(torch.nn.Module):
     def __init__(self, bn=False):
         super().__init__()

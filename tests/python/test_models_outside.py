@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _elastic_harness import STATE_DIGEST
 
 import dra.elastic as de
 from dra.testing import kill_tagged, tagged_processes
@@ -65,23 +66,7 @@ REC = open(os.path.join(OUT, f"rec-{os.getpid()}.jsonl"), "a")
 def rec(**kw):
     REC.write(json.dumps(kw) + "\n"); REC.flush()
 
-def digest(state):
-    """Every tensor's dtype and bytes, and every other value's repr, in key order."""
-    h = hashlib.sha256()
-    def feed(v):
-        if torch.is_tensor(v):
-            h.update(str(v.dtype).encode()); h.update(v.detach().float().numpy().tobytes())
-        elif isinstance(v, dict):
-            for k in sorted(v, key=str):
-                h.update(str(k).encode()); feed(v[k])
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                feed(x)
-        elif not callable(v):
-            h.update(repr(v).encode())
-    feed(state)
-    return h.hexdigest()[:16]
-
+''' + STATE_DIGEST + r'''
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
