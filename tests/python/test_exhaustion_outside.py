@@ -272,8 +272,9 @@ def test_a_full_pool_state_folder_refuses_submissions_by_name_and_running_jobs_f
         state = fs / "state"
         server = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=5.0)).start()
         client = PoolClient(server.url)
-        job = {"cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": ["sh", "-c", "sleep 3; echo done"]}
-        client.submit({"name": "a", **job})
+        job = {"cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": ["sh", "-c", "sleep 1; echo done"]}
+        ended = tmp_path / "a-ended"
+        client.submit({"name": "a", **job, "command": ["sh", "-c", f"sleep 3; echo done; touch {ended}"]})
         deadline = time.time() + 30
         while time.time() < deadline and next(j for j in client.status()["jobs"])["workers"] != 1:
             time.sleep(0.1)
@@ -281,8 +282,14 @@ def test_a_full_pool_state_folder_refuses_submissions_by_name_and_running_jobs_f
         with pytest.raises(RuntimeError, match=rf"the pool's state folder {re.escape(str(state))} cannot be written "
                                                 r"\(database or disk is full\): nothing was changed"):
             client.submit({"name": "b", **job})
-        assert client.wait(["a"], timeout_s=40) == {"a": "finished"}, client.status()
+        # a's worker ends while the disk is full: its launcher reports the exit (a line to its log)
+        # and the job's end (which the pool may not be able to record until there is room).
+        deadline = time.time() + 30
+        while time.time() < deadline and not ended.exists():
+            time.sleep(0.1)
+        time.sleep(1.0)
         fill.unlink()
+        assert client.wait(["a"], timeout_s=40) == {"a": "finished"}, client.status()
         client.submit({"name": "c", **job})
         assert client.wait(["c"], timeout_s=40) == {"c": "finished"}, client.status()
     finally:
