@@ -145,7 +145,8 @@ def run(rank, world):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    print("RESULT", rank, t.item(), flush=True)
+    sys.stdout.write(f"RESULT {rank} {t.item()}\\n")  # one write: print's pieces of two processes interleave
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
