@@ -203,6 +203,9 @@ static void bind_job_control(py::module_& e) {
            "The uids of the world that finished the job (a list), or None while it runs.")
       .def("started", &job_control::started, release_gil(),
            "Whether the job's processes formed their dra world (a dra job, which survives a worker's death).")
+      .def("checked_in", &job_control::checked_in, py::arg("uid"), release_gil(),
+           "Whether process `uid` checked in (its options are in the store): a founding process that exits "
+           "before it did leaves the others waiting for it.")
       .def("claim_late_uid", &job_control::claim_late_uid, release_gil(),
            "A late joiner's uid (start it with DRA_JOIN=1 and DRA_JOIN_UID).")
       .def_property_readonly("prefix", &job_control::prefix)

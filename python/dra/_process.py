@@ -179,6 +179,29 @@ def _default_sigterm_in_child() -> None:
         pass
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process group (a worker's: each is a session leader) has a process left."""
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(pgid: int, sig: int) -> None:
+    """``sig`` to a worker and every process it started in its session (as torchrun's killpg)."""
+    if pgid <= 1:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def main(argv: list[str]) -> None:
     """The trampoline: ``[--cgroup PATH ...] -- COMMAND ...``."""
     if "--" not in argv:

@@ -61,6 +61,10 @@ bool job_control::started() {
   return client_->store.exists(job_keys::universe);
 }
 
+bool job_control::checked_in(int uid) {
+  return client_->store.exists(job_keys::config + std::to_string(uid));
+}
+
 int job_control::claim_late_uid() {
   return late_uid_base + static_cast<int>(client_->store.add(job_keys::late_uid, 1)) - 1;
 }

@@ -8,6 +8,7 @@
 
 #include "dra/elastic/membership.hpp"
 #include "dra/error.hpp"
+#include "dra/torch/elastic/job_control.hpp"
 #include "store_protocol.hpp"
 
 namespace dra::elastic::detail {
@@ -100,13 +101,13 @@ std::optional<admission_result> admission_from_json(const json& msg, int uid) {
 void store_protocol::check_consistency(int uid, const json& config, const std::vector<tensor_spec>& signature,
                                        const state_layout& layout, const std::vector<int>& others,
                                        bool compare_signatures) {
-  client_->set(key("cfg/", uid), config);
+  client_->set(key(job_keys::config, uid), config);
   client_->set(key("sig/", uid), {{"model", signature_json(signature)}, {"layout", layout_json(layout)}});
   const std::string me = "process " + std::to_string(uid);
   for (int other : others) {
     if (other == uid) continue;
     const std::string them = "process " + std::to_string(other);
-    const std::string cfg_key = key("cfg/", other);
+    const std::string cfg_key = key(job_keys::config, other);
     const auto theirs = values_.object_of(cfg_key, client_->get(cfg_key));
     if (theirs && *theirs != config) {
       std::string diff;

@@ -417,3 +417,58 @@ def test_a_worker_whose_dra_init_fails_is_not_called_a_script_without_dra(tmp_pa
     named = re.search(r"its dra\.init failed: \S*/(job\.[01]\.log) says why", r.stderr)
     assert named, r.stderr
     assert "no_such_policy" in (tmp_path / "logs" / named[1]).read_text()
+
+
+# A founding worker (rank 1) that exits before it checks in to the job, once rank 0 has started it
+# (the job is a dra job by then): the others wait for its check-in before the first world forms.
+FOUNDER_LOST = """
+import os, sys, time
+import torch
+import dra, dra.elastic as de
+
+rank = int(os.environ["RANK"])
+marker = os.path.join(os.environ["OUT"], f"failed-{rank}")
+if rank == 1 and not os.path.exists(marker):
+    open(marker, "w").close()
+    from dra._core.elastic import JobControl
+    job = JobControl(os.environ["DRA_STORE"], os.environ["DRA_JOB_ID"], 0)
+    while not job.started():  # rank 0 is inside dra.elastic.init, waiting for this process
+        time.sleep(0.05)
+    sys.exit(3)
+ds = torch.utils.data.TensorDataset(torch.ones(40, 2))
+sampler = de.DistributedSampler(ds, seed=1)
+loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler)
+m = torch.nn.Linear(2, 1)
+ctl = de.init(m, torch.optim.SGD(m.parameters(), lr=0.1), sampler, policy="none")
+for (x,) in loader:
+    loss = ctl.model(x).pow(2).mean()
+    ctl.optimizer.zero_grad(); loss.backward(); ctl.optimizer.step(); dra.step(loss)
+print(f"rank {rank} trained in a world of {ctl.world_size}")
+"""
+
+
+@pytest.mark.parametrize("restarts", [1, 0])
+def test_a_founding_worker_lost_before_it_checked_in_is_restarted_in_its_place_or_stops_the_job_at_once(
+        tmp_path, token, restarts):
+    """Before, the launcher said "the others go on in place" and started a joiner (a new uid), while
+    the founders went on waiting for the lost one's check-in: the job failed store_timeout_s later
+    (TimeoutError on every rank), restarts or not."""
+    script = tmp_path / "train.py"
+    script.write_text(FOUNDER_LOST)
+    t0 = time.monotonic()
+    r = subprocess.run(DRA + ["run", "--nproc-per-node", "2", "--max-restarts", str(restarts), "--log-dir",
+                              str(tmp_path / "logs"), "--options", '{"store_timeout_s": 90}', str(script)],
+                       capture_output=True, text=True, timeout=110, env=dict(_env(token), OUT=str(tmp_path)))
+    took = time.monotonic() - t0
+    logs = "".join(p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("*.log")))
+    assert (tmp_path / "failed-1").exists(), r.stderr[-3000:]
+    assert "rank 1 (uid 1, local 1) exited with code 3" in r.stderr and "before it checked in" in r.stderr, r.stderr
+    if restarts:
+        assert r.returncode == 0, r.stderr[-3000:] + logs[-3000:]
+        assert "restarting it in its place" in r.stderr, r.stderr
+        assert logs.count("trained in a world of 2") == 2, logs[-3000:]
+    else:
+        assert r.returncode != 0, r.stderr[-3000:]
+        assert "stopping the other workers" in r.stderr, r.stderr
+        # Rank 0 is stopped at once, not after its 90 s wait for the lost founder's check-in.
+        assert took < 80, f"{took:.0f} s\n{r.stderr[-3000:]}"

@@ -92,6 +92,10 @@ class JobControl:
         """
         Connects to the job's store at host:port; keys under dra/<job>/<restart>.
         """
+    def checked_in(self, uid: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        """
+        Whether process `uid` checked in (its options are in the store): a founding process that exits before it did leaves the others waiting for it.
+        """
     def claim_late_uid(self) -> int:
         """
         A late joiner's uid (start it with DRA_JOIN=1 and DRA_JOIN_UID).

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra._process import group_alive, kill_group
 from dra.launch import rendezvous
 from dra.launch.tee import Tee, console_wanted, prefix_for
 
@@ -149,9 +150,9 @@ class NodeLauncher:
             return self._finish()
         finally:
             for w in list(self.workers.values()):
-                _kill_group(w.pid, signal.SIGKILL)
+                kill_group(w.pid, signal.SIGKILL)
             for pgid in self.leftovers:
-                _kill_group(pgid, signal.SIGKILL)
+                kill_group(pgid, signal.SIGKILL)
             if self.spawner is not None:
                 self.spawner.close()
             if self.tee is not None and not self.tee.close():
@@ -247,7 +248,7 @@ class NodeLauncher:
             # default process group of the launch world cannot take a new member, so the script's
             # own init_process_group() makes a world of one on a private port (get_rank() 0).
             env.update({"DRA_JOIN": "1", "DRA_JOIN_UID": str(w.uid), "RANK": "0", "WORLD_SIZE": "1",
-                        "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                        "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.free_port()),
                         "TORCHELASTIC_USE_AGENT_STORE": "False"})
         return env
 
@@ -292,10 +293,10 @@ class NodeLauncher:
             # first would otherwise wait out --shutdown-timeout for the others, already gone.
             ended = [(self.workers.pop(wid), code) for wid, code in self.spawner.poll() if wid in self.workers]
             for w, code in ended:
-                if _group_alive(w.pid):
+                if group_alive(w.pid):
                     self.leftovers.add(w.pid)
                 self._exited(w, code)
-            self.leftovers = {g for g in self.leftovers if _group_alive(g)}
+            self.leftovers = {g for g in self.leftovers if group_alive(g)}
             if self.signals and forwarded_at is None:
                 name = signal.Signals(self.signals[0]).name
                 self._say(f"{name}: stopping the job (SIGTERM to every worker: a dra job ends cleanly at the same "
@@ -367,7 +368,7 @@ class NodeLauncher:
                           f"{self.cfg.shutdown_timeout:g} s)")
                 self.spawner.kill(w.wid, signal.SIGTERM)
             elif now - w.stray_at > self.cfg.shutdown_timeout:
-                _kill_group(w.pid, signal.SIGKILL)
+                kill_group(w.pid, signal.SIGKILL)
 
     def _admit_replacements(self) -> None:
         """A replacement waits as a candidate; the launcher asks the leader to admit it through the
@@ -391,7 +392,7 @@ class NodeLauncher:
     def _signal_all(self, sig: int) -> None:
         for w in self.workers.values():
             if sig == signal.SIGKILL:
-                _kill_group(w.pid, sig)  # the processes it started too
+                kill_group(w.pid, sig)  # the processes it started too
             else:  # SIGTERM to the worker alone: its DataLoader workers serve it until it stops
                 self.spawner.kill(w.wid, sig)
 
@@ -412,6 +413,9 @@ class NodeLauncher:
             done = self._job_done()
             if done:
                 self._say(f"rank {w.rank} (uid {w.uid}) exited with {how} after the job finished")
+                return
+            if not w.join and not self._checked_in(w.uid):
+                self._founder_lost(w, how, ran)
                 return
             self._say(f"rank {w.rank} (uid {w.uid}, local {w.local_rank}) exited with {how} after {ran:.1f} s; the "
                       "others go on in place")
@@ -434,6 +438,30 @@ class NodeLauncher:
             self._connect_job()
             for local_rank in range(self.cfg.nproc):
                 self._start(local_rank, join=False)
+
+    def _checked_in(self, uid: int) -> bool:
+        try:
+            return bool(self.job.checked_in(uid))
+        except Exception:  # noqa: BLE001 - the store is gone: the others cannot wait on it either
+            return True
+
+    def _founder_lost(self, w: Worker, how: str, ran: float) -> None:
+        """A founding worker exited before it checked in: the others wait for it (up to
+        store_timeout_s) before the first world forms, and cannot form it without it. Restarted in
+        its place while restarts are left (same rank and uid: the others take it as the one they
+        wait for), else the node's other workers are stopped now, saying why."""
+        what = (f"rank {w.rank} (uid {w.uid}, local {w.local_rank}) exited with {how} after {ran:.1f} s, before it "
+                "checked in to the job")
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            self._say(f"{what}: the others wait for it; restarting it in its place ({self.restarts_left} restart(s) "
+                      "left)")
+            self._start(w.local_rank, join=False)
+            return
+        self._say(f"{what}: the first world cannot form without it (the others would wait store_timeout_s for it); "
+                  f"stopping the other workers ({w.log} says why; --max-restarts N restarts such a worker in its "
+                  "place)")
+        self._stop_group()
 
     def _stop_group(self) -> None:
         self._signal_all(signal.SIGTERM)
@@ -552,33 +580,3 @@ def log_dir(path: str | Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"--log-dir: cannot write into {str(path)!r}; give a folder this user can write")
     return path
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process group (a worker's: each is a session leader) has a process left."""
-    if pgid <= 1:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    """``sig`` to a worker and every process it started in its session (as torchrun's killpg)."""
-    if pgid <= 1:
-        return
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (a joiner's private world of one binds it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -16,6 +16,7 @@ process group under its own prefix, the launchers' under ``dra_run/``.
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -111,6 +112,13 @@ def bound_store_connections(port: int, seconds: float) -> None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(seconds * 1000)))
             except (OSError, IndexError, TypeError):
                 pass
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a joiner's private world of one binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _prefixed(store: Any) -> Any:

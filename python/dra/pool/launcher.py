@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dra._argtypes import count_arg, nonnegative_arg
-from dra.launch.node import free_port
+from dra.launch.rendezvous import free_port
 from dra.pool import _cgroup
 from dra.pool._spawner import Spawner, is_python, private_log_dir
 

@@ -21,6 +21,7 @@ inline constexpr const char* final_world =
     "final";  ///< job -> outside: {"members": [uids]} of the world that finished it (set just before done)
 inline constexpr const char* late_uid = "late_uid";  ///< the counter late joiners' uids come from (10000 + n)
 inline constexpr const char* universe = "universe";  ///< job -> outside: the processes launched together (set at start)
+inline constexpr const char* config = "cfg/";  ///< process -> all: cfg/<uid>, its options, written as it checks in
 }  // namespace job_keys
 
 /// The first late joiner's uid (a joiner's uid is this + the job's late_uid count before it).
@@ -54,6 +55,11 @@ class job_control {
   /// Whether the job's processes formed their dra world (`universe` is set): a launcher tells a
   /// dra job (which survives a worker's death in place) from a script without dra.
   bool started();
+  /// Whether process `uid` checked in (wrote `cfg/<uid>` at its start). The founding processes
+  /// wait for each other's check-in (up to store_timeout_s) before the first world forms: a
+  /// launcher whose founding worker exits before it checked in restarts it in its place, or stops
+  /// the others, rather than let them wait for it and fail.
+  bool checked_in(int uid);
   /// Claims a late joiner's uid from `late_uid` (start the joiner with DRA_JOIN=1 and
   /// DRA_JOIN_UID=<uid>, so that it can later be named in `leave`).
   int claim_late_uid();
