@@ -340,7 +340,7 @@ def _release_torchrun_exit_barrier(controller: Controller) -> None:
     has no flag for it): after a node died, the survivors' agents would sit out the whole timeout.
     Once the job is done, a finished process of it checks the barrier in for everyone, in the
     rendezvous store when it is the job's dedicated store (DRA_STORE as --rdzv-endpoint: the crash
-    recipe of docs/guide/elastic.md). Agents then leave as soon as their own workers ended. The
+    recipe of docs/guide/launch.md). Agents then leave as soon as their own workers ended. The
     keys are torchrun's (torch.distributed.elastic: the rendezvous round's prefix and
     ``torchelastic/agent/terminal_state``); tests/python/test_dropin.py checks them on this torch."""
     run_id, address = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("DRA_STORE")

@@ -104,13 +104,14 @@ OTHER_PROGRAMS = {"--head", "--address", "--resources", "--num-gpus", "--no-buil
                   "--install", "--torch", "--test-fault"}
 
 
-@pytest.mark.parametrize("page", ["pool.md", "elastic.md", "faults.md", "simulator.md", "simulator-results.md", "rl.md",
-                                  "sage.md"])
+@pytest.mark.parametrize("page", ["pool.md", "elastic.md", "launch.md", "faults.md", "simulator.md",
+                                  "simulator-results.md", "rl.md", "sage.md"])
 def test_every_flag_a_guide_names_is_a_flag_of_its_commands(page: str) -> None:
     # A page's `--flag` must be one of the commands that page documents (not a flag of any CLI).
     clis: dict[str, Callable[[], list[argparse.ArgumentParser]]] = {
         "pool.md": lambda: [_pool_parser(), _run_parser(),
                             *_parsers_of(_example_main("examples/pool/pool_at_work.py"), [])],
+        "launch.md": lambda: [_run_parser(), _store_parser(), *_script_parsers("examples/ddp/tutorial_dra.py")],
         "elastic.md": lambda: [_run_parser(), _store_parser(), *_parsers_of(_bench_main("nccl"), []),
                                *_script_parsers("examples/ddp/tutorial_dra.py")],
         "faults.md": lambda: [*_parsers_of(_bench_main("faults"), []), _run_parser()],
@@ -217,7 +218,7 @@ def test_pool_spec_defaults_are_the_guides() -> None:
 def test_dra_run_defaults_are_the_guides() -> None:
     from dra.launch.cli import _join_timeout
 
-    text = (GUIDE / "elastic.md").read_text()
+    text = (GUIDE / "launch.md").read_text()
     p = _run_parser()
     assert _default(p, "--shutdown-timeout") == 30.0 and "`--shutdown-timeout` (30 s)" in text
     assert _default(p, "--fence-timeout-s") == 10.0 and "`--fence-timeout-s` (10 s)" in text

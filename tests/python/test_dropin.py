@@ -609,7 +609,7 @@ def test_two_nodes_in_network_namespaces_one_killed_the_other_goes_on(procs, tmp
 
 
 def test_torchruns_crash_recipe_survives_the_loss_of_the_first_agent_without_the_exit_barrier(procs, tmp_path):
-    """docs/guide/elastic.md's torchrun recipe, as written: one agent per process, the rendezvous
+    """docs/guide/launch.md's torchrun recipe, as written: one agent per process, the rendezvous
     and the job on a dedicated `dra store`. The first agent (the one that would host the
     rendezvous) is killed with its worker: the others go on, finish, and their agents exit at once
     (the job's leader checks torchrun's exit barrier in for everyone; it would wait 300 s)."""

@@ -4,7 +4,7 @@
   the job's store) gets SIGTERM or SIGKILL mid-training. Nothing may be left behind: every worker
   must be gone 5 s after the launcher died (an orphan keeps training without its store and loses
   the job at the next fault), and no committed sample may be repeated.
-- ``agent_rdzv_host``: three torchrun agents (one worker each) as docs/guide/elastic.md's crash
+- ``agent_rdzv_host``: three torchrun agents (one worker each) as docs/guide/launch.md's crash
   recipe runs them: the c10d rendezvous and the workers on one dedicated store (``DRA_STORE``); the
   first agent, the one that would host the rendezvous without that store, is killed. The job must go
   on with the other agents' workers (it is lost when they are stopped), and the dead agent's worker
@@ -152,7 +152,7 @@ def run_launcher_trial(spec: TrialSpec, out: Path, _launcher: object, timeout_s:
 def run_agent_trial(spec: TrialSpec, out: Path, _launcher: object, timeout_s: float) -> TrialRun:
     out.mkdir(parents=True, exist_ok=True)
     job, token = spec.job, uuid.uuid4().hex
-    store = StoreProcess()  # docs/guide/elastic.md's recipe: the rendezvous and the job on one dedicated store
+    store = StoreProcess()  # docs/guide/launch.md's recipe: the rendezvous and the job on one dedicated store
     procs: dict[str, subprocess.Popen] = {}
     try:
         for node in range(job.nproc):

@@ -1,4 +1,4 @@
-"""``dra run``: a torchrun drop-in whose workers survive each other (docs/guide/elastic.md, "dra run").
+"""``dra run``: a torchrun drop-in whose workers survive each other (docs/guide/launch.md).
 
 ``cli`` reads torchrun's flags; ``rendezvous`` places this node in the job (one node, torch's c10d
 rendezvous, or the static form); ``node`` starts and supervises this node's workers (the process

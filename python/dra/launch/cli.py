@@ -13,7 +13,7 @@ init_process_group() uses the launcher's store, as under torchrun. Worker output
 ``--log-dir`` and, prefixed like torchrun's ``--tee`` (``[default0]:``), to the console. A worker
 that dies does not stop the others (a dra job shrinks in place; ``--max-restarts`` starts
 replacements that join in place); SIGTERM/SIGINT stop the job cleanly; the workers die with the
-launcher. Exit status as torchrun's: 0 when the job finished, 1 otherwise. docs/guide/elastic.md.
+launcher. Exit status as torchrun's: 0 when the job finished, 1 otherwise. docs/guide/launch.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One node's launcher of ``dra run``: starts this node's workers with torchrun's environment,
 copies their output to the console, and supervises each on its own.
 
-What it does that torchrun's agent does not (docs/guide/elastic.md, "dra run"):
+What it does that torchrun's agent does not (docs/guide/launch.md):
 - a worker that dies does not take the others down: a dra job's survivors shrink in place and go
   on, and with ``--max-restarts N`` up to N replacements join the running world (``DRA_JOIN=1``);
   a job without dra is stopped and restarted as a whole, as torchrun does;
