@@ -104,13 +104,14 @@ OTHER_PROGRAMS = {"--head", "--address", "--resources", "--num-gpus", "--no-buil
                   "--install", "--torch", "--test-fault"}
 
 
-@pytest.mark.parametrize("page", ["pool.md", "elastic.md", "launch.md", "faults.md", "simulator.md",
+@pytest.mark.parametrize("page", ["pool.md", "pool-ray.md", "elastic.md", "launch.md", "faults.md", "simulator.md",
                                   "simulator-results.md", "rl.md", "sage.md"])
 def test_every_flag_a_guide_names_is_a_flag_of_its_commands(page: str) -> None:
     # A page's `--flag` must be one of the commands that page documents (not a flag of any CLI).
     clis: dict[str, Callable[[], list[argparse.ArgumentParser]]] = {
         "pool.md": lambda: [_pool_parser(), _run_parser(),
                             *_parsers_of(_example_main("examples/pool/pool_at_work.py"), [])],
+        "pool-ray.md": lambda: [_pool_parser(), _run_parser()],
         "launch.md": lambda: [_run_parser(), _store_parser(), *_script_parsers("examples/ddp/tutorial_dra.py")],
         "elastic.md": lambda: [_run_parser(), _store_parser(), *_parsers_of(_bench_main("nccl"), []),
                                *_script_parsers("examples/ddp/tutorial_dra.py")],
