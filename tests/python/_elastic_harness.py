@@ -131,24 +131,30 @@ def check_exactly_once(job: Job, dataset_size: int, epochs: int) -> None:
         assert sorted(seen) == list(range(dataset_size)), f"data epoch {e}: some sample skipped or repeated"
 
 
-def linear_job_script(body: str, after: str = "") -> str:
+LINEAR_DATA = """
+x, y = torch.randn(n, 4), torch.randn(n, 1)
+ds = torch.utils.data.TensorDataset(x, y)
+"""
+
+
+def linear_job_script(body: str, after: str = "", data: str = LINEAR_DATA, loader_args: str = "") -> str:
     """A worker script for ``run_logged_script``: a linear model on CFG["n"] (default 64) random
     samples, batches of 4, one epoch under ``de.init``; ``body`` runs after each optimizer step
     (indented 8 spaces) with ``loss``, ``step``, ``ctl``, ``cfg``, ``log`` (the worker's JSON-lines
-    file) and ``dra`` at hand; ``after`` (not indented) after the epoch, before the log closes."""
+    file) and ``dra`` at hand; ``after`` (not indented) after the epoch, before the log closes.
+    ``data`` defines the dataset ``ds`` from ``n`` (pairs of a 4-vector and a target);
+    ``loader_args`` adds the DataLoader's keywords (``", num_workers=1"``)."""
     return """
-import json, math, os, torch
+import json, math, os, time, torch
 import dra, dra.elastic as de
 
 cfg = json.loads(os.environ["CFG"])
 torch.manual_seed(0)
 n = cfg.get("n", 64)
-x, y = torch.randn(n, 4), torch.randn(n, 1)
-ds = torch.utils.data.TensorDataset(x, y)
-model = torch.nn.Linear(4, 1)
+""" + data + """model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 sampler = de.DistributedSampler(ds, seed=1)
-loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler)
+loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler""" + loader_args + """)
 ctl = de.init(model, opt, sampler)
 log = open(os.path.join(cfg["out"], f"log-{ctl.uid}.jsonl"), "a")
 for epoch in ctl.epochs(1):

@@ -76,14 +76,7 @@ def _options(tmp_path: Path, **extra) -> dict:
 
 # A rank whose DataLoader worker deadlocks: a worker process of rank 1 blocks for good in
 # __getitem__ after it has served a few batches (the main process then waits on the loader's queue).
-LOADER_SCRIPT = """
-import json, os, time, torch
-import dra, dra.elastic as de
-
-cfg = json.loads(os.environ["CFG"])
-torch.manual_seed(0)
-n = cfg["n"]
-
+LOADER_SCRIPT = linear_job_script(RECORD, data="""
 class Data(torch.utils.data.Dataset):
     def __init__(self):
         self.x, self.y, self.served = torch.randn(n, 4), torch.randn(n, 1), 0
@@ -96,20 +89,7 @@ class Data(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 ds = Data()
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-sampler = de.DistributedSampler(ds, seed=1)
-loader = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=1)
-ctl = de.init(model, opt, sampler)
-log = open(os.path.join(cfg["out"], f"log-{ctl.uid}.jsonl"), "a")
-for epoch in ctl.epochs(1):
-    for xb, yb in loader:
-        loss = torch.nn.functional.mse_loss(ctl.model(xb), yb)
-        ctl.optimizer.zero_grad(); loss.backward(); ctl.optimizer.step()
-        step = ctl.step_index
-""" + RECORD + """
-log.close()
-"""
+""", loader_args=", num_workers=1")
 SLEEP_SCRIPT = linear_job_script(RECORD + """
         if ctl.uid == 1 and step == 3:
             time.sleep(3600)  # stuck in its own code, not in a collective
