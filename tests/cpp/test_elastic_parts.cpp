@@ -193,7 +193,7 @@ TEST_CASE("elastic.store_protocol.admission_rejection_and_the_end") {
     if (cands == std::vector<int>{10, 12} && rejected.size() == 1 && rejected[0].first == 11) {
       leader.admit({10}, {5, {0, 10}, {10}});
       std::this_thread::sleep_for(50ms);
-      leader.mark_done();
+      leader.mark_done({0, 10});
     }
   });
   run_threads(
