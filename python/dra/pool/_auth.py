@@ -175,6 +175,10 @@ def load_token(path: str | Path, create: bool = False) -> str:
         raise ValueError(f"token file: {path} does not exist; give the path of an existing token file (`dra pool "
                          "serve` without --token-file writes one, mode 0600, in its state directory; a client may "
                          "set DRA_POOL_TOKEN instead)") from None
+    if st.st_uid not in (0, os.geteuid()):
+        raise ValueError(f"token file: {path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}) or "
+                         "root: its owner chose the token and would be the operator; remove it (without "
+                         "--token-file the pool writes a fresh one) or give a token file of your own")
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"token file: {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
                          f"run chmod 600 {path}")

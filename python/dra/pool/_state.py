@@ -60,16 +60,47 @@ def release_lock(path: str | Path, fd: int) -> None:
     os.close(fd)
 
 
+def control_problem(path: str | Path) -> str | None:
+    """Why another user could swap or fill the directory ``path`` (None: only this user and root
+    can): a directory on the way to it, or a link on the way, that belongs to another user, a
+    directory on the way that others may write to without the sticky bit (/tmp has it), or the
+    directory itself writable by others. Parts that do not exist yet are not checked (this user
+    makes them). Whoever controls a state directory controls the daemon: they plant its token
+    file, its database (jobs to run as anyone) or a link its logs folder is made through."""
+    me = os.geteuid()
+    path = Path(os.path.abspath(path))
+    for walk in (path, Path(os.path.realpath(path))):  # the links as named, then what they lead to
+        for part in (*reversed(walk.parents), walk):
+            try:
+                st = os.lstat(part)
+            except FileNotFoundError:
+                break
+            if st.st_uid not in (0, me):
+                return f"{part} belongs to uid {st.st_uid}, not to this user (uid {me}) or root"
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and (part == walk or not st.st_mode & stat.S_ISVTX):
+                return f"{part} may be written by anyone (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def state_dir(path: str | Path) -> Path:
     """The pool's state directory, made when absent; ValueError naming it when it cannot be one
-    (a file, a link to nothing, a folder this user cannot make)."""
+    (a file, a link to nothing, a folder this user cannot make) or when another user controls it
+    (``control_problem``): checked before anything is made, and again once it exists."""
     path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        what = "exists and is not a directory" if isinstance(e, (FileExistsError, NotADirectoryError)) else \
-            f"cannot be made ({e.strerror or e})"
-        raise ValueError(f"state: {path} {what}; give --state a directory of its own, or move {path} away") from None
+    fix = f"give --state a directory of its own, or move {path} away"
+    for _ in range(2):
+        problem = control_problem(path)
+        if problem:
+            raise ValueError(f"state: {path} is not safe for a pool's state: {problem}; whoever controls it could "
+                             f"swap it or plant files in it (a token, a database of jobs to run as anyone); {fix}")
+        if path.is_dir():
+            break
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            what = "exists and is not a directory" if isinstance(e, (FileExistsError, NotADirectoryError)) else \
+                f"cannot be made ({e.strerror or e})"
+            raise ValueError(f"state: {path} {what}; {fix}") from None
     return path
 
 

@@ -340,6 +340,11 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
             if old is not None and old["state"] not in ENDED:
                 raise ValueError(f"name: a job '{req.job}' is already {old['state']}; choose another name (a name is "
                                  "free again once its job has ended)")
+            if old is not None and not self._may(req.job, caller):
+                # Another user's ended job: replacing it would erase its record (its state, its
+                # reason) under its owner's eyes and hand its name to this caller's job.
+                raise Forbidden(f"name: '{req.job}' is the name of {self._owner(req.job).user}'s ended job; only its "
+                                "owner or an operator may reuse it; choose another name")
             if old is not None:
                 self._forget(req.job, old)
             order = int(self.db.get_meta("order", 0)) + 1

@@ -1,0 +1,181 @@
+"""An outside review's attacks on a pool run by root, as the unprivileged user ``nobody``, beyond
+those of test_pool_security.py (docs/guide/pool-security.md says what each found)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from test_pool_security import as_root, with_nobody
+
+from dra._core import pool as P
+from dra.pool.server import PoolClient, PoolServer
+from dra.pool.service import PoolService
+
+_EVIL = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+/* Leaves a mark named after the effective uid of every process that loads it. */
+__attribute__((constructor)) static void mark(void) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/loaded.%d", MARKS, (int)geteuid());
+    int fd = open(path, O_WRONLY | O_CREAT, 0644);
+    if (fd >= 0) close(fd);
+}
+"""
+
+
+def _python_for(user: pwd.struct_passwd, base: Path) -> str:
+    """An interpreter ``user`` can run with this package (this one, or the system's Python with
+    this environment's packages, as the security check does)."""
+    from dra_bench.pool_security import NoInterpreter, runs_python, shared_interpreter
+
+    if not runs_python(user.pw_name, sys.executable):
+        return sys.executable
+    try:
+        return str(shared_interpreter(user.pw_name, base))
+    except NoInterpreter as e:
+        pytest.skip(f"no interpreter the user {user.pw_name} can run: {e}")
+
+
+@as_root
+@with_nobody
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build the preloaded library")
+def test_a_jobs_env_never_reaches_a_process_the_pool_runs_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's ``env`` was the environment of the root process that starts its launcher
+    (``python -I _isolate.py``, which drops to the job's user): ``LD_PRELOAD`` (or
+    ``LD_LIBRARY_PATH``, ``GCONV_PATH``, ...) from any user's submission ran that user's code as
+    root. The job's env now reaches its launcher only after the uid is dropped."""
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="dra-attack-", dir="/tmp"))
+    server = None
+    try:
+        base.chmod(0o755)  # nobody reaches the interpreter, the socket and its own folder through it
+        python = _python_for(nobody, base)
+        work = base / "work"
+        marks = work / "marks"
+        marks.mkdir(parents=True)
+        for p in (work, marks):
+            os.chown(p, nobody.pw_uid, nobody.pw_gid)
+        (work / "evil.c").write_text(_EVIL)
+        r = subprocess.run(["cc", "-shared", "-fPIC", f'-DMARKS="{marks}"', "-o", str(work / "evil.so"),
+                            str(work / "evil.c")], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        monkeypatch.setattr(sys, "executable", python)  # the launchers run the interpreter nobody can run
+        state = base / "state"
+        svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], state, scale_every_s=1000.0)
+        server = PoolServer(svc, socket_path=base / "pool.sock").start()
+        spec = {"name": "preload", "cwd": str(work), "log": str(work / "logs"), "zygote": False,
+                "env": {"LD_PRELOAD": str(work / "evil.so")}, "command": ["/bin/true"]}
+        (work / "spec.json").write_text(json.dumps(spec))
+        setpriv = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", "--"]
+        r = subprocess.run([*setpriv, python, "-m", "dra", "pool", "submit", "--pool", server.url, "--spec",
+                            str(work / "spec.json")], capture_output=True, text=True, timeout=60, cwd=str(work),
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work)})
+        assert r.returncode == 0, r.stderr
+        states = PoolClient(server.url).wait(["preload"], timeout_s=45)
+        loaded = sorted(p.name for p in marks.iterdir())
+        assert "loaded.0" not in loaded, f"the job's LD_PRELOAD ran as root: {loaded}"
+        assert f"loaded.{nobody.pw_uid}" in loaded, (loaded, states)  # the job's own processes still get its env
+        assert states == {"preload": "finished"}, states
+    finally:
+        if server is not None:
+            server.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@as_root
+@with_nobody
+def test_another_users_ended_job_keeps_its_name(tmp_path: Path) -> None:
+    """Names are the pool's, not a user's: once root's job ended, nobody could submit a job of the
+    same name, which erased root's record (its state, its reason) and stood in its place, so a
+    script of root's waiting on that name read nobody's job. Only the owner or an operator may reuse
+    an ended job's name now; nothing of the old record changes when another user tries."""
+    from dra.pool._auth import Caller, Forbidden
+
+    nobody = pwd.getpwnam("nobody")
+    as_nobody = Caller(nobody.pw_uid, nobody.pw_gid, via="unix")
+    svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], tmp_path / "state", scale_every_s=1000.0,
+                      launch_jobs=False)
+    try:
+        svc.submit({"name": "nightly", "command": ["true"]})
+        svc.cancel("nightly")
+        with pytest.raises(Forbidden, match="^name: 'nightly' is the name of root's ended job; only its owner or an "
+                                            "operator may reuse it"):
+            svc.submit({"name": "nightly", "command": ["true"]}, as_nobody)
+        job = svc.jobs["nightly"]
+        assert job["state"] == "cancelled" and job["info"]["owner"]["user"] == "root", job
+        assert [(j["name"], j["user"]) for j in svc.status()["jobs"]] == [("nightly", "root")]
+        # Its owner's own ended job, and an operator, still may.
+        svc.submit({"name": "mine", "command": ["true"]}, as_nobody)
+        svc.cancel("mine", as_nobody)
+        svc.submit({"name": "mine", "command": ["true"]}, as_nobody)
+        svc.cancel("mine", as_nobody)
+        svc.submit({"name": "mine", "command": ["true"]})
+        assert svc.jobs["mine"]["info"]["owner"]["user"] == "root"
+    finally:
+        svc.close()
+    events = [json.loads(x)["event"] for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+    assert events.count("reuse") == 2, events
+
+
+@as_root
+@with_nobody
+def test_a_state_directory_or_token_file_another_user_controls_is_refused() -> None:
+    """``dra pool serve`` made its state directory with ``mkdir -p`` and took one that was already
+    there: a user who made it first (the default ``--state dra-pool`` from a root shell in /tmp, say)
+    owned it, planted a token file whose token they knew, and over TCP submitted jobs as root. The
+    state directory (and every directory and link on the way to it) must be root's or the daemon
+    user's, none writable by others without the sticky bit, and a token file another user owns is
+    refused; nothing is made or changed in a refused one."""
+    from dra.pool import _auth
+
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="dra-attack-", dir="/tmp"))
+    try:
+        planted = base / "planted"
+        planted.mkdir(mode=0o700)
+        token = planted / "token"
+        token.write_text("a token nobody chose and knows\n")
+        token.chmod(0o600)
+        for p in (planted, token):
+            os.chown(p, nobody.pw_uid, nobody.pw_gid)
+        with pytest.raises(ValueError, match=f"^token file: {token} belongs to uid {nobody.pw_uid}, not to this user"):
+            _auth.load_token(token, create=True)
+        devices = [P.Device(id="d0", type="cpu-slot", memory_gb=2.0)]
+        for state, why in ((planted, f"{planted} belongs to uid {nobody.pw_uid}"),
+                           (planted / "inner", f"{planted} belongs to uid {nobody.pw_uid}")):
+            with pytest.raises(ValueError, match=f"^state: {state} is not safe for a pool's state: {why}"):
+                PoolService(devices, state, scale_every_s=1000.0, launch_jobs=False)
+        assert sorted(os.listdir(planted)) == ["token"] and (planted.stat().st_mode & 0o777) == 0o700
+        link = base / "link"  # a link of nobody's to a directory of root's
+        (base / "roots").mkdir(mode=0o700)
+        link.symlink_to(base / "roots")
+        os.chown(link, nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+        with pytest.raises(ValueError, match=f"^state: {link} is not safe .*: {link} belongs to uid {nobody.pw_uid}"):
+            PoolService(devices, link, scale_every_s=1000.0, launch_jobs=False)
+        assert ((base / "roots").stat().st_mode & 0o777) == 0o700 and not os.listdir(base / "roots")
+        shared = base / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)  # like /tmp: anyone makes files in it
+        with pytest.raises(ValueError, match=f"^state: {shared} is not safe .*: {shared} may be written by anyone"):
+            PoolService(devices, shared, scale_every_s=1000.0, launch_jobs=False)
+        open_dir = base / "open"
+        open_dir.mkdir()
+        open_dir.chmod(0o777)  # anyone could rename what is in it
+        with pytest.raises(ValueError, match="may be written by anyone"):
+            PoolService(devices, open_dir / "state", scale_every_s=1000.0, launch_jobs=False)
+        assert not os.listdir(open_dir)
+        # Under /tmp (sticky) a directory of root's own is fine.
+        svc = PoolService(devices, shared.parent / "state", scale_every_s=1000.0, launch_jobs=False)
+        svc.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
