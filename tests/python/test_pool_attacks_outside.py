@@ -179,3 +179,47 @@ def test_a_state_directory_or_token_file_another_user_controls_is_refused() -> N
         svc.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@as_root
+@with_nobody
+def test_the_pool_tells_a_user_nothing_about_paths_it_cannot_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root looked at a submission's ``log`` folder (and, at launch, its ``cwd``) itself: its
+    answers told apart a file, a folder and nothing at a path in a folder the user may not read
+    (``log: /root/.bashrc is a symbolic link or not a directory``, ``/root/.cache is owned by uid
+    0``, ``/root/.ssh`` accepted: there is none), an oracle for what /root holds. Now a path its
+    user cannot reach gets the same answer whatever is there: the log folder is left to the
+    launcher (which fails on it as the user), and the cwd is checked as the user at launch."""
+    from dra.pool import _launchers
+    from dra.pool._auth import Caller, owner_named
+
+    nobody = pwd.getpwnam("nobody")
+    as_nobody = Caller(nobody.pw_uid, nobody.pw_gid, via="unix")
+    base = Path(tempfile.mkdtemp(prefix="dra-attack-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        monkeypatch.setattr(sys, "executable", _python_for(nobody, base))
+        secret = base / "secret"  # root's, closed to others, like /root
+        (secret / "a-folder").mkdir(parents=True)
+        (secret / "a-file").write_text("x")
+        secret.chmod(0o700)
+        svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], base / "state", scale_every_s=1000.0)
+        try:
+            answers = {}
+            for what in ("a-folder", "a-file", "nothing"):
+                try:
+                    answers[what] = svc.submit({"name": what, "command": ["true"], "cwd": "/tmp",
+                                                "log": str(secret / what)}, as_nobody)["state"]
+                except ValueError as e:
+                    answers[what] = str(e)
+            assert answers == {"a-folder": "waiting", "a-file": "waiting", "nothing": "waiting"}, answers
+        finally:
+            svc.close()
+        owner = owner_named("nobody")
+        for what in ("a-folder", "nothing"):
+            with pytest.raises(FileNotFoundError, match=f"^cwd: '{secret / what}' is not a directory user nobody can "
+                                                        r"enter \(any more\)$"):
+                ref = _launchers.start(what, "unix:/nonexistent", owner, str(secret / what), base / f"{what}.log", {})
+                ref.popen.wait(30)  # before the fix one started (and failed in _isolate)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -136,6 +136,19 @@ def can_enter(path: str, owner: Owner) -> str | None:
     return None if r.returncode == 0 else f"'{path}' is not a directory user {owner.user} can enter"
 
 
+def can_see(path: str, owner: Owner) -> bool:
+    """Whether the owner can reach ``path`` itself (it exists, as a file, folder or link, and the
+    folders on the way let the owner through), checked as the owner: what the daemon says about a
+    path must not tell a user about one in a folder it may not read (/root/.ssh exists?)."""
+    if owner.uid == os.geteuid():
+        return os.path.lexists(path)
+    try:
+        r = subprocess.run(["test", "-e", path, "-o", "-h", path], timeout=10, **run_as_kwargs(owner))
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0
+
+
 _PROBE = ("import importlib.util as u, sys; s = u.find_spec('dra'); s is None and sys.exit('it finds no package dra'); "
           "open(s.origin, 'rb').close()")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra.pool._auth import Owner, run_as_kwargs
+from dra.pool._auth import Owner, can_enter, run_as_kwargs
 from dra.pool._spawner import module_command
 
 #: Variables of the daemon's environment a job's launcher gets (the rest of a root daemon's
@@ -93,8 +93,12 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
         cmd = [sys.executable, "-I", _isolate.__file__, "--uid", str(owner.uid), "--gid", str(owner.gid),
                "--groups", ",".join(map(str, owner.groups)), "--cwd", cwd,
                *(["--private-network"] if private_network else []), "--", *cmd]
-        if not os.path.isdir(cwd):  # said at once; entering it is _isolate's, as the job's user
-            raise FileNotFoundError(f"cwd: {cwd} is not a directory (any more)")
+        # Said at once, checked as the job's user (root's own look would tell a directory the user
+        # may not reach, one swapped in through a link, from a missing one); entering it is
+        # _isolate's, as the job's user.
+        why = can_enter(cwd, owner)
+        if why:
+            raise FileNotFoundError(f"cwd: {why} (any more)")
         cwd = "/"  # root never enters the job's directory: a swapped-in one would be entered as root
     else:
         extra = run_as_kwargs(owner)

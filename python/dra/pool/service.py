@@ -329,6 +329,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
             # own: said now, not when the job is granted devices.
             logs = Path(spec["cwd"], spec.get("log") or "dra-logs")
             why = log_dir_problem(logs, owner.uid)
+            if why and not _auth.can_see(str(logs), owner):
+                # One its user cannot reach (in /root, say): nothing about it is told (it would tell
+                # what a folder the user may not read holds); the launcher, as the user, fails on it.
+                why = None
             if why:
                 raise ValueError(f"log: {logs} is {why}; give the job a log folder of its own ('log', dra pool "
                                  "submit --log) or remove that one")
