@@ -223,3 +223,34 @@ def test_the_pool_tells_a_user_nothing_about_paths_it_cannot_reach(monkeypatch: 
                 ref.popen.wait(30)  # before the fix one started (and failed in _isolate)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@as_root
+@with_nobody
+def test_a_socket_in_a_folder_another_user_controls_is_refused() -> None:
+    """The socket (``--socket``) could be put in any folder: a user who may write to it renames
+    the pool's socket away and binds one of their own there, and the launchers a root pool starts
+    (which read their job's spec, its command, from the pool) and its clients talk to that one; in
+    a sticky folder (/tmp) they claim the path while the daemon is away, and the launchers of the
+    jobs that run on meanwhile call them. Its folder is held to the state directory's rule now."""
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="dra-attack-", dir="/tmp"))
+    svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], base / "state", scale_every_s=1000.0,
+                      launch_jobs=False)
+    try:
+        theirs = base / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+        shared = base / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        for sock, why in ((theirs / "pool.sock", f"{theirs} belongs to uid {nobody.pw_uid}"),
+                          (shared / "pool.sock", f"{shared} may be written by anyone")):
+            with pytest.raises(ValueError, match=f"^socket: {sock} is not safe for the pool's socket: {why}"):
+                PoolServer(svc, socket_path=sock)
+            assert not sock.exists()
+        server = PoolServer(svc, socket_path=base / "ok.sock").start()  # root's folder under the sticky /tmp
+        server.close()
+    finally:
+        svc.close()
+        shutil.rmtree(base, ignore_errors=True)

@@ -39,6 +39,7 @@ from typing import Any
 
 from dra.pool import _auth
 from dra.pool._spec import schema
+from dra.pool._state import control_problem
 from dra.pool.client import PoolClient, Superseded, default_url  # noqa: F401 - also offered here, as before
 from dra.pool.service import NoSuchJob, PoolService
 
@@ -310,6 +311,12 @@ def _bind_unix(path: Path) -> _UnixServer:
     if len(os.fsencode(str(path))) > 107:
         raise ValueError(f"socket: {path} is longer than a Unix socket path may be (107 bytes); give a shorter "
                          "--socket path")
+    problem = control_problem(path.parent)
+    if problem:
+        raise ValueError(f"socket: {path} is not safe for the pool's socket: {problem}; whoever controls its folder "
+                         "could put a socket of their own in its place, and the pool's clients and its jobs' launchers "
+                         "(which take their jobs' commands from it) would talk to theirs; give --socket a path in a "
+                         "folder only root or this user may write (the default, <state>/pool.sock, is one)")
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise ValueError(f"socket: {path} exists and is not a socket; remove it or give another --socket")
