@@ -254,3 +254,41 @@ def test_a_socket_in_a_folder_another_user_controls_is_refused() -> None:
     finally:
         svc.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_one_user_cannot_fill_the_pools_state_folder(tmp_path: Path) -> None:
+    """Flooding: 300 submissions of nobody's with 1.5 MB of env each grew pool.sqlite by 450 MB in
+    4 s; nothing bounded what one user's jobs keep. Now one job's spec, one user's jobs not ended and
+    one user's jobs on record are bounded (refused by name, nothing recorded); operators are not."""
+    from dra.pool._auth import Caller, Forbidden
+    from dra.pool._quota import UserLimits
+
+    nobody = pwd.getpwnam("nobody")
+    as_nobody = Caller(nobody.pw_uid, nobody.pw_gid, via="unix")
+    svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], tmp_path / "state", scale_every_s=1000.0,
+                      launch_jobs=False, user_limits=UserLimits(spec_bytes=4096, active=3, kept=5))
+    try:
+        with pytest.raises(Forbidden, match=r"^spec: \d+ bytes as JSON; this pool keeps at most 4096 per job; pass "
+                                            "large data in a file"):
+            svc.submit({"name": "big", "command": ["true"], "env": {"BLOB": "x" * 8000}}, as_nobody)
+        for i in range(3):
+            svc.submit({"name": f"n{i}", "command": ["true"]}, as_nobody)
+        with pytest.raises(Forbidden, match=r"^name: nobody has 3 jobs waiting or running, the most this pool takes "
+                                            r"from one user \(3\); submit again once some have ended"):
+            svc.submit({"name": "n3", "command": ["true"]}, as_nobody)
+        svc.submit({"name": "r0", "command": ["true"]})  # root, an operator: not bounded
+        for i in range(3):
+            svc.cancel(f"n{i}", as_nobody)
+        svc.submit({"name": "n3", "command": ["true"]}, as_nobody)
+        svc.submit({"name": "n4", "command": ["true"]}, as_nobody)
+        with pytest.raises(Forbidden, match=r"^name: nobody has 5 jobs on record, the most this pool keeps for one "
+                                            r"user \(5\); reuse the name of one of your ended jobs"):
+            svc.submit({"name": "n5", "command": ["true"]}, as_nobody)
+        svc.submit({"name": "n0", "command": ["true"]}, as_nobody)  # an ended job's name: its record is replaced
+        assert sorted(n for n, j in svc.jobs.items() if j["info"]["owner"]["user"] == "nobody") == \
+            ["n0", "n1", "n2", "n3", "n4"]
+        assert "big" not in svc.jobs and "n5" not in svc.jobs
+    finally:
+        svc.close()
+    with pytest.raises(ValueError, match=r"^user_limits.active: must be an integer >= 1, got 0"):
+        UserLimits(active=0)

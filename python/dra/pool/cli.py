@@ -38,6 +38,7 @@ LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 
 def _serve(args: argparse.Namespace) -> int:
     from dra.pool import _auth, _state
+    from dra.pool._quota import UserLimits
     from dra.pool.factory import make_service
     from dra.pool.server import PoolServer
 
@@ -66,7 +67,8 @@ def _serve(args: argparse.Namespace) -> int:
                                    memory_gb=args.slot_memory_gb, heartbeat_timeout_s=args.heartbeat_timeout_s,
                                    scale_every_s=args.scale_every_s, orphan_limit_s=args.orphan_limit_s,
                                    silence_limit_s=args.silence_limit_s, guarantee_slots=not args.no_slot_guarantee,
-                                   completion_aware=args.completion_aware, warm_launchers=args.warm_launchers)
+                                   completion_aware=args.completion_aware, warm_launchers=args.warm_launchers,
+                                   user_limits=UserLimits(active=args.max_active_per_user, kept=args.max_kept_per_user))
         except BaseException:
             server.close()
             raise
@@ -261,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--warm-launchers", type=count_arg, default=4,
                    help="how many of one user's waiting jobs have their launcher (and its torch) started before "
                         "they get devices (default 4); the others start theirs as those are granted or end")
+    s.add_argument("--max-active-per-user", type=count_arg, default=100,
+                   help="how many jobs not yet ended one user may have (default 100; root and the pool's own user: "
+                        "no bound)")
+    s.add_argument("--max-kept-per-user", type=count_arg, default=1000,
+                   help="how many jobs one user may have on record, ended ones included (default 1000; a name reused "
+                        "replaces its ended job's record)")
     s.add_argument("--no-slot-guarantee", action="store_true",
                    help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
     sb = pool.add_parser("submit", help="submit a job (its command after '--')")

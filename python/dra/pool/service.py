@@ -30,7 +30,7 @@ from typing import Any
 
 from dra import _core
 from dra._core import pool as _p
-from dra.pool import _auth, _cgroup, _launchers, _state
+from dra.pool import _auth, _cgroup, _launchers, _quota, _state
 from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
@@ -78,7 +78,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
                  launch_jobs: bool = True, on_event: Callable[[dict[str, Any]], None] | None = None,
                  orphan_limit_s: float | None = None, ray_address: str | None = None,
                  state_lock: StateLock | None = None, completion_aware: bool = False,
-                 silence_limit_s: float | None = None, warm_launchers: int = 4) -> None:
+                 silence_limit_s: float | None = None, warm_launchers: int = 4,
+                 user_limits: _quota.UserLimits | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
         for key, value in (("tick_s", tick_s), ("heartbeat_timeout_s", heartbeat_timeout_s),
@@ -113,6 +114,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         self.start_grace_s = start_grace_s  # a new lease's worker may take this long to check in first
         self.launch_jobs = launch_jobs
         self.warm_launchers = warm_launchers
+        self.user_limits = user_limits or _quota.UserLimits()  # what one user's submissions may keep here
         self.on_event = on_event
         self.orphan_limit_s = orphan_limit_s
         self.ray_address = ray_address
@@ -349,13 +351,19 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
                 # reason) under its owner's eyes and hand its name to this caller's job.
                 raise Forbidden(f"name: '{req.job}' is the name of {self._owner(req.job).user}'s ended job; only its "
                                 "owner or an operator may reuse it; choose another name")
+            stored = dict(spec)
+            for k in REQUEST_FIELDS:
+                stored[k] = getattr(req, k)
+            if not caller.operator:  # one user cannot fill the state folder for everyone
+                owned = [j for j in self.jobs.values() if (j.get("info") or {}).get("owner", {}).get("uid") == owner.uid]
+                why = _quota.spec_problem(stored, self.user_limits) or _quota.count_problem(
+                    owned, ENDED, old is not None, owner.user, self.user_limits)
+                if why:
+                    raise Forbidden(why)
             if old is not None:
                 self._forget(req.job, old)
             order = int(self.db.get_meta("order", 0)) + 1
             self.db.set_meta("order", order)
-            stored = dict(spec)
-            for k in REQUEST_FIELDS:
-                stored[k] = getattr(req, k)
             job = {"name": req.job, "order": order, "spec": stored, "state": "waiting", "submitted_at": time.time(),
                    "started_at": None, "finished_at": None, "info": {"owner": owner.to_json()}}
             self.jobs[req.job] = job

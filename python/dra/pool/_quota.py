@@ -1,0 +1,61 @@
+"""Per-user bounds on what a pool keeps for its users' jobs.
+
+Any local user may submit, and everything a submission holds is kept in the state folder: without
+bounds one user could fill it (300 submissions with 1.5 MB of ``env`` each grew ``pool.sqlite`` by
+450 MB in 4 s) and every user's running jobs would then lose their records. Three bounds, each
+refused at submission with the limit, the count and the fix, nothing recorded
+(docs/guide/pool-security.md, "Flooding"):
+
+- ``spec_bytes``: one job's stored spec (its command, env, options, ...) as JSON;
+- ``active``: one user's jobs not ended (waiting or running);
+- ``kept``: one user's jobs on record, ended ones included (a name reused replaces its ended job's
+  record, so it does not count again).
+
+An operator (root, or the pool's own user) is not bounded: their submissions are trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    spec_bytes: int = 64 << 10
+    active: int = 100
+    kept: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("spec_bytes", "active", "kept"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"user_limits.{name}: must be an integer >= 1, got {value!r}")
+
+
+def spec_problem(stored: dict[str, Any], limits: UserLimits) -> str | None:
+    """Why a job's spec is too large to keep (None when it is not)."""
+    n = len(json.dumps(stored).encode())
+    if n <= limits.spec_bytes:
+        return None
+    return (f"spec: {n} bytes as JSON; this pool keeps at most {limits.spec_bytes} per job; pass large data in a file "
+            "(or through the job's cwd) instead of its env or command")
+
+
+def count_problem(owned: Iterable[dict[str, Any]], ended: Iterable[str], replacing: bool, user: str,
+                  limits: UserLimits) -> str | None:
+    """Why one more job of `user` (whose jobs on record are `owned`) is refused (None when it is
+    not); `replacing`: the new job takes the name of one of them that ended."""
+    states = [j["state"] for j in owned]
+    active = sum(1 for s in states if s not in ended)
+    if active >= limits.active:
+        return (f"name: {user} has {active} jobs waiting or running, the most this pool takes from one user "
+                f"({limits.active}); submit again once some have ended, or ask its operator (dra pool serve "
+                "--max-active-per-user)")
+    if not replacing and len(states) >= limits.kept:
+        return (f"name: {user} has {len(states)} jobs on record, the most this pool keeps for one user "
+                f"({limits.kept}); reuse the name of one of your ended jobs (its record is replaced), or ask its "
+                "operator (dra pool serve --max-kept-per-user)")
+    return None
