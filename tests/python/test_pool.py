@@ -273,6 +273,46 @@ def test_completion_aware_pool_tilts_by_remaining_work(tmp_path: Path) -> None:
         svc.close()
 
 
+def _plans_with_history(state: Path, history: list[tuple[str, str, int]]) -> dict[str, int]:
+    """Root's two jobs "a" (class mlp) and "b" (class cnn), identical reports at step 900 and
+    nothing declared, after the jobs in ``history`` (user, class, steps) finished: the plan's
+    targets for a and b."""
+    svc = PoolService(declared(6), state, launch_jobs=False, completion_aware=True, scale_every_s=0.0)
+    try:
+        report = {"loss": 0.5, "samples_per_s": 300.0, "global_batch": 64,
+                  "rates": {"1": 100.0, "2": 190.0, "3": 270.0}, "rate_s": {"1": 10.0, "2": 10.0, "3": 10.0}}
+        for i, (user, job_class, steps) in enumerate(history):
+            name = f"h{i}"
+            svc.submit({"name": name, "user": user, "min_size": 1, "max_size": 1, "job_class": job_class})
+            svc.tick()
+            svc.sync(name, [lease.id for lease in svc.book.of_job(name)], [], {**report, "step": steps})
+            svc.sync(name, [], [lease.id for lease in svc.book.of_job(name)], {**report, "step": steps}, done=True)
+            assert svc.jobs[name]["state"] == "finished"
+        for name, job_class in (("a", "mlp"), ("b", "cnn")):
+            svc.submit({"name": name, "min_size": 1, "max_size": 6, "job_class": job_class})
+        svc.tick()
+        for name in ("a", "b"):
+            svc.sync(name, [lease.id for lease in svc.book.of_job(name)], [], {**report, "step": 900})
+        svc._scale(time.time() + 100.0)
+        plans = {e["job"]: e["to"] for e in _events(state) if e.get("event") == "plan"}
+        return {n: plans.get(n, svc.book.count(n, False)) for n in ("a", "b")}
+    finally:
+        svc.close()
+
+
+def test_another_users_finished_jobs_do_not_move_a_users_remaining_work_estimates(tmp_path: Path) -> None:
+    # The remaining-work history is kept per user. Root's own finished jobs do tilt root's plan
+    # (mlp jobs end at 1,000 steps, cnn jobs at 1,000,000: a, at 900, is nearly done and gets the
+    # devices b gets without history), and the same jobs finished by another user (nobody, who
+    # may name any class) change nothing.
+    own = [("root", "mlp", 1000)] * 3 + [("root", "cnn", 1_000_000)] * 3
+    alone = _plans_with_history(tmp_path / "alone", [])
+    tilted = _plans_with_history(tmp_path / "own", own)
+    assert alone["b"] > alone["a"] and tilted["a"] > tilted["b"], (alone, tilted)
+    poisoned = _plans_with_history(tmp_path / "other", [("nobody", c, n) for _, c, n in own])
+    assert poisoned == alone, (alone, poisoned)
+
+
 def _events(state: Path) -> list[dict]:
     path = state / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []

@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any
 
+from dra import _core
 from dra.pool import _launchers
 from dra.pool._auth import Caller
 from dra.pool.client import Superseded
@@ -211,7 +212,7 @@ class LauncherAPI:
                 steps = float((self.reports.get(name) or {}).get("step") or 0)
                 if state == "finished" and steps > 0 and job["spec"].get("kind", "training") == "training":
                     spec = job["spec"]
-                    self.remaining.record_completion(self._job_class(name), steps, float(spec.get("declared_steps") or 0),
+                    self._history(name).record_completion(self._job_class(name), steps, float(spec.get("declared_steps") or 0),
                                                      self._curves.get(name, []))
             self._save_job(name)
             self._save_leases([c for c in changed if self.book.contains(c.id)], removed)
@@ -226,6 +227,16 @@ class LauncherAPI:
 
     def _job_class(self, name: str) -> str:
         return str(self.jobs[name]["spec"].get("job_class") or name)
+
+    def _history(self, name: str) -> Any:
+        """The remaining-work estimator of the job's owner: the finished jobs of that user alone
+        (their classes, and the calibration pooled over them). Not shared between users: one
+        who finished jobs of another's class, or declared budgets far off, would otherwise move
+        that user's estimates and so the devices the arbiter gives them."""
+        uid = self._owner(name).uid
+        if uid not in self.remaining:
+            self.remaining[uid] = _core.RemainingWorkEstimator()
+        return self.remaining[uid]
 
     def _observe_curve(self, name: str, report: dict[str, Any]) -> None:
         """The job's smoothed loss by step, as its reports give it (thinned to 256 points)."""

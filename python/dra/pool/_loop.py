@@ -323,7 +323,7 @@ class SchedulingLoop:
                     sj.speedup, source = fit_speedup(None, sj.max_size)
                     source = "prior (report unreadable)"
                 curves[name] = source
-                estimate = self.remaining.estimate(self._job_class(name), float((report or {}).get("step") or 0),
+                estimate = self._history(name).estimate(self._job_class(name), float((report or {}).get("step") or 0),
                                                    float(spec.get("declared_steps") or 0), self._curves.get(name, []))
                 sj.remaining_size_s = remaining_size_s(estimate, report, sj.speedup, sj.current)
                 # Cooldown: a training job resized in the last resize_cooldown_s is not grown past

@@ -124,8 +124,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         self.arbiter = _p.ClusterArbiter()
         # Remaining work (the simulator's estimator and, with completion_aware, convergence_aware's
         # tilt of the arbiter): each training job's declared budget, steps and loss curve from its
-        # reports, and the jobs of its class that finished here.
-        self.remaining = _core.RemainingWorkEstimator()
+        # reports, and the jobs of its class that finished here, one estimator per user (uid).
+        self.remaining: dict[int, Any] = {}
         self.completion = _p.CompletionConfig() if completion_aware else None
         self._curves: dict[str, list[tuple[float, float]]] = {}
         self.book = _p.LeaseBook()
@@ -415,8 +415,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         """A name used again once its job ended: the old job's record is replaced and everything
         kept about it (its report, loss curve, autoscaler, plans) forgotten; its events stay in
         events.jsonl, its launcher log is kept as ``<name>.launcher.log.<order>``, and a finished
-        job's completion stays in its class's remaining-work history (jobs of a class share it; a
-        job's class is its ``job_class``, else its name)."""
+        job's completion stays in its class's remaining-work history (one user's jobs of a class
+        share it; a job's class is its ``job_class``, else its name)."""
         log = self.logs_dir / f"{name}.launcher.log"
         if log.exists():
             log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
