@@ -173,15 +173,22 @@ EOF
   eval "$vars"
   [ -n "$EIGENINC" ] || { echo "check.sh: Eigen headers not found (set EIGEN3_INCLUDE_DIR, or run --prepare-deps where they exist and carry build/gpu-deps)" >&2; return 1; }
   [ -n "$PYBINC" ] || { echo "check.sh: pybind11 headers not found" >&2; return 1; }
+  local v name
   for v in JSONINC:nlohmann/json LBFGSINC:LBFGSpp GLOOINC:gloo; do
-    [ -n "${!v%%:*}" ] || { echo "check.sh: ${v#*:} headers not found (run --prepare-deps where they exist and carry build/gpu-deps)" >&2; return 1; }
+    name="${v%%:*}"
+    [ -n "${!name}" ] || { echo "check.sh: ${v#*:} headers not found (run --prepare-deps where they exist and carry build/gpu-deps)" >&2; return 1; }
   done
-  local nccl_flags="" sources
-  # What CMake builds into _core: dra::dra (src/, src/elastic, src/comm, src/comm/gloo), dra::energy,
-  # the bindings; the NCCL backend below when its headers are here.
-  sources=$(ls src/*.cpp src/elastic/*.cpp src/comm/*.cpp src/comm/gloo/*.cpp src/energy/*.cpp python/*_py.cpp)
+  # -isystem for a default folder (/usr/include) breaks libstdc++'s #include_next <stdlib.h>.
+  inc() { local d; for d in "$@"; do case "$d" in ""|/usr/include|/usr/local/include) ;; *) printf -- '-isystem %s ' "$d" ;; esac; done; }
+  local nccl_flags="" sources sim_sources
+  # What CMake builds (CMakeLists.txt): _core from dra::dra (src/, src/elastic, src/comm,
+  # src/comm/gloo), dra::energy and every python/*_py.cpp but sim_py.cpp, with the NCCL backend
+  # below when its headers are here; _sim, the simulator's module (no torch), from
+  # sim_module.cpp, sim_py.cpp and registry_py.cpp.
+  sources=$(ls src/*.cpp src/elastic/*.cpp src/comm/*.cpp src/comm/gloo/*.cpp src/energy/*.cpp python/*_py.cpp | grep -v '^python/sim_py\.cpp$')
+  sim_sources="python/sim_module.cpp python/sim_py.cpp python/registry_py.cpp"
   if [ -n "$NCCLINC" ] && [ -n "$CUDAINC" ]; then
-    nccl_flags="-DDRA_WITH_NCCL=1 -isystem $NCCLINC -isystem $CUDAINC"
+    nccl_flags="-DDRA_WITH_NCCL=1 $(inc "$NCCLINC" "$CUDAINC")"
     # The last dlopen candidate, as CMake does (torch's own copy is found first when loaded).
     [ -n "$NCCLLIB" ] && nccl_flags="$nccl_flags '-DDRA_NCCL_LIBRARY_HINT=\"$NCCLLIB\"'"
     sources="$sources $(ls src/comm/nccl/*.cpp)"
@@ -190,13 +197,20 @@ EOF
   fi
   local version; version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
   local cxx="${CXX:-c++}"
-  local flags="-O2 -std=c++17 -fPIC -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=$ABI -DDRA_WITH_TORCH=1 -DUSE_DISTRIBUTED -DUSE_C10D_GLOO $nccl_flags '-DDRA_VERSION_STRING=\"$version\"' '-DDRA_COMPILER_STRING=\"$($cxx -dumpfullversion 2>/dev/null | sed 's/^/GNU /')\"' -Iinclude -Ipython -isystem $PYBINC -isystem $PYINC -isystem $EIGENINC -isystem $JSONINC -isystem $LBFGSINC -isystem $GLOOINC $TINC"
+  local flags="-O2 -std=c++17 -fPIC -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=$ABI -DDRA_WITH_TORCH=1 -DUSE_DISTRIBUTED -DUSE_C10D_GLOO $nccl_flags '-DDRA_VERSION_STRING=\"$version\"' '-DDRA_COMPILER_STRING=\"$($cxx -dumpfullversion 2>/dev/null | sed 's/^/GNU /')\"' -Iinclude -Ipython $(inc "$PYBINC" "$PYINC" "$EIGENINC" "$JSONINC" "$LBFGSINC" "$GLOOINC") $TINC"
+  local sim_flags="-O2 -std=c++17 -fPIC -fvisibility=hidden -Iinclude -Ipython $(inc "$PYBINC" "$PYINC" "$EIGENINC" "$LBFGSINC")"
   local jobs; jobs=$(nproc 2>/dev/null || echo 4)
+  mkdir -p "$bdir/sim"
   # shellcheck disable=SC2086
   printf '%s\n' $sources | xargs -P "$jobs" -I{} sh -c 'o="$1/$(echo "$2" | tr / _).o"; eval "$3 -c $2 -o $o" || exit 255' _ "$bdir" {} "$cxx $flags" || return 1
+  # shellcheck disable=SC2086
+  printf '%s\n' $sim_sources | xargs -P "$jobs" -I{} sh -c 'o="$1/$(echo "$2" | tr / _).o"; eval "$3 -c $2 -o $o" || exit 255' _ "$bdir/sim" {} "$cxx $sim_flags" || return 1
   local objs; objs=$(for s in $sources; do echo "$bdir/$(echo "$s" | tr / _).o"; done)
   # shellcheck disable=SC2086
   $cxx -shared -o "$site/dra/_core$EXT" $objs -L"$TLIB" -Wl,-rpath,"$TLIB" -ltorch_python -ltorch -ltorch_cpu -lc10 -ldl || return 1
+  objs=$(for s in $sim_sources; do echo "$bdir/sim/$(echo "$s" | tr / _).o"; done)
+  # shellcheck disable=SC2086
+  $cxx -shared -o "$site/dra/_sim$EXT" $objs || return 1
 }
 
 build_pip() {
