@@ -152,6 +152,51 @@ def test_slot_quota_affinity_and_accounting_are_real(tmp_path: Path) -> None:
     assert not Path(_cgroup.ROOT, "cpu", "dra", f"t{os.getpid()}").exists()
 
 
+@pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
+@pytest.mark.skipif(not os.access(Path(_cgroup.ROOT, "freezer"), os.W_OK), reason="no writable freezer cgroup here")
+def test_a_killed_leases_process_that_outlives_the_kill_keeps_the_leases_limits(tmp_path: Path) -> None:
+    """A released lease's processes are killed. One that outlives the kill (SIGKILL waits while a
+    process is in an uninterruptible sleep; here it is frozen by a freezer cgroup of the test's
+    own) was moved to the root cgroups, free of every limit. It now stays in the lease's cgroups,
+    quota and memory limit included, until it is gone; reap() then removes them."""
+    name = f"ling{os.getpid()}"
+    slots = _cgroup.Slots(name, [_cgroup.SlotSpec("slot0", 0.25, "0", 0.5)])
+    freezer = Path(_cgroup.ROOT, "freezer", f"dra-test-{os.getpid()}")
+    freezer.mkdir()
+    p = None
+    try:
+        paths = slots.make_lease("slot0", 7, 1.0)
+        p = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: _cgroup.join(paths))
+        (freezer / "cgroup.procs").write_text(str(p.pid))
+        (freezer / "freezer.state").write_text("FROZEN")
+        deadline = time.time() + 10
+        while (freezer / "freezer.state").read_text().strip() != "FROZEN" and time.time() < deadline:
+            time.sleep(0.05)
+        assert slots.remove_lease("slot0", 7, kill=True) is False
+        assert p.poll() is None  # alive, its SIGKILL pending
+        where = {c: path for _, cs, path in (line.split(":", 2) for line in Path(f"/proc/{p.pid}/cgroup").read_text()
+                                                 .splitlines()) for c in cs.split(",")}
+        for c in ("cpu", "memory", "cpuset"):  # not the root cgroups
+            assert where[c] == f"/dra/{name}/slot0/lease-7", where
+        assert Path(paths[0], "cpu.cfs_quota_us").read_text().strip() == "25000"
+        assert slots.reap() == []  # still inside
+        (freezer / "freezer.state").write_text("THAWED")
+        assert p.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.time() + 10
+        while slots.lingering and time.time() < deadline:
+            slots.reap()
+            time.sleep(0.05)
+        assert not slots.lingering and not Path(paths[0]).exists()
+    finally:
+        if p is not None and p.poll() is None:
+            (freezer / "freezer.state").write_text("THAWED")
+            p.kill()
+            p.wait()
+        freezer.rmdir()
+        slots.close()
+    assert not Path(_cgroup.ROOT, "cpu", "dra", name).exists()
+
+
 def test_a_huge_max_size_costs_no_more_than_the_pool_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """max_size up to 10^6 is a valid request (it only caps growth), but every decision built each
     job's speedup curve that long: a few such jobs from any user kept the daemon half a core busy.

@@ -29,6 +29,9 @@ from dra.pool._state import exclusive_lock, release_lock
 
 ROOT = Path(os.environ.get("DRA_CGROUP_ROOT", "/sys/fs/cgroup"))
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
+#: Used where mounted and writable: a lease's ``pids.max`` goes to 0 before its processes are
+#: killed, so none can fork a new one past the kill.
+OPTIONAL_CONTROLLERS = ("pids",)
 PERIOD_US = 100_000
 #: The kernel's least CPU quota per period (``cpu.cfs_quota_us`` refuses less than 1 ms): a lease
 #: whose share of its slot comes to less cannot be held to that share.
@@ -107,10 +110,15 @@ class Slots:
             raise ValueError(f"name: {pool!r} cannot name the pool's cgroups (dra/<name>); use 1-64 letters, digits, "
                              "'_', '.' or '-', not starting with '.' or '-'")
         self.pool = pool
+        self.controllers = CONTROLLERS + tuple(c for c in OPTIONAL_CONTROLLERS
+                                               if (ROOT / c).is_dir() and os.access(ROOT / c, os.W_OK))
+        #: Killed leases whose processes outlived the kill (uninterruptible sleep): their cgroups
+        #: stay, limits and all, until ``reap`` finds them empty.
+        self.lingering: set[str] = set()
         self._lock = _name_lock(pool)
         self.specs = {s.id: s for s in specs}
         self.mems = _read(ROOT / "cpuset" / "cpuset.mems") or "0"
-        for c in CONTROLLERS:
+        for c in self.controllers:
             self._mkdir(ROOT / c / "dra")
             self._mkdir(ROOT / c / "dra" / pool)
         if guarantee:
@@ -127,7 +135,7 @@ class Slots:
     def paths(self, slot: str, lease: int | None = None) -> list[str]:
         """The cgroup directories (one per controller) a worker on this slot/lease joins."""
         rel = self._rel(slot, lease)
-        return [str(ROOT / c / rel) for c in CONTROLLERS]
+        return [str(ROOT / c / rel) for c in self.controllers]
 
     def _mkdir(self, path: Path) -> None:
         path.mkdir(exist_ok=True)
@@ -137,7 +145,7 @@ class Slots:
                     _write(path / key, _read(path.parent / key))
 
     def _make(self, rel: str, cpus: float, cpuset: str, memory_gb: float | None) -> None:
-        for c in CONTROLLERS:
+        for c in self.controllers:
             (ROOT / c / rel).mkdir(exist_ok=True)
         _write(ROOT / "cpuset" / rel / "cpuset.cpus", cpuset)
         _write(ROOT / "cpuset" / rel / "cpuset.mems", self.mems)
@@ -185,28 +193,55 @@ class Slots:
         rel = self._rel(slot, lease)
         self._make(rel, s.cpus * share, s.cpuset, memory)
         if owner_uid is not None and owner_uid != os.geteuid():
-            for c in CONTROLLERS:
+            for c in self.controllers:
                 for f in ("cgroup.procs", "tasks"):
                     os.chown(ROOT / c / rel / f, owner_uid, -1)
         return self.paths(slot, lease)
 
-    def remove_lease(self, slot: str, lease: int, kill: bool = False) -> None:
+    def remove_lease(self, slot: str, lease: int, kill: bool = False) -> bool:
         """Removes a lease's cgroup; ``kill``: its processes are killed first (no compute without a
-        lease), else they move to the root cgroup."""
+        lease), else they move to the root cgroup. A killed lease's processes are never moved out:
+        one that outlives the kill (in an uninterruptible sleep, where SIGKILL waits) keeps the
+        lease's cgroups and limits until ``reap`` finds them empty. False when that happened."""
         rel = self._rel(slot, lease)
-        if kill:
-            for _ in range(50):
-                pids = {int(p) for c in CONTROLLERS if (ROOT / c / rel).is_dir()
-                        for p in _read(ROOT / c / rel / "cgroup.procs").split()}
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.01)
-        self._remove(rel)
+        if not kill:
+            self._remove(rel)
+            return True
+        if (ROOT / "pids" / rel).is_dir():
+            try:
+                _write(ROOT / "pids" / rel / "pids.max", "0")  # no new process from here on
+            except OSError:
+                pass
+        for _ in range(50):
+            if not self._kill(rel):
+                break
+            time.sleep(0.01)
+        if self._remove(rel, evict=False, wait_s=0.5):
+            return True
+        self.lingering.add(rel)
+        return False
+
+    def reap(self) -> list[str]:
+        """Kills what is still inside the lingering leases and removes those now empty; returns
+        the ones removed (the pool calls it on every tick)."""
+        gone = []
+        for rel in sorted(self.lingering):
+            self._kill(rel)
+            if self._remove(rel, evict=False, wait_s=0.0):
+                gone.append(rel)
+                self.lingering.discard(rel)
+        return gone
+
+    def _kill(self, rel: str) -> bool:
+        """SIGKILL to every process in the cgroups ``rel``; False when there was none."""
+        pids = {int(p) for c in self.controllers if (ROOT / c / rel).is_dir()
+                for p in _read(ROOT / c / rel / "cgroup.procs").split()}
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return bool(pids)
 
     # -- accounting ------------------------------------------------------------------------------
     def usage_s(self, slot: str) -> float:
@@ -248,31 +283,44 @@ class Slots:
         return {s: self.usage_s(s) for s in self.specs}
 
     # -- teardown --------------------------------------------------------------------------------
-    def _remove(self, rel: str) -> None:
-        for c in CONTROLLERS:
+    def _remove(self, rel: str, evict: bool = True, wait_s: float = 1.0, deadline: float | None = None) -> bool:
+        """Removes the cgroups ``rel`` (children first), retrying for ``wait_s``; ``evict``:
+        processes still inside move to the root cgroup first, else a cgroup with processes stays.
+        True when all are gone."""
+        deadline = time.monotonic() + wait_s if deadline is None else deadline
+        removed = True
+        for c in self.controllers:
             d = ROOT / c / rel
             if not d.is_dir():
                 continue
             for child in sorted(p for p in d.iterdir() if p.is_dir()):
-                self._remove(str(child.relative_to(ROOT / c)))
-            # Processes still inside move to the root cgroup; then the directory can go.
-            for _ in range(50):
-                pids = _read(d / "cgroup.procs").split()
-                for pid in pids:
-                    try:
-                        _write(ROOT / c / "cgroup.procs", pid)
-                    except OSError:
-                        pass
+                removed = self._remove(str(child.relative_to(ROOT / c)), evict, deadline=deadline) and removed
+            while True:
+                if evict:
+                    for pid in _read(d / "cgroup.procs").split():
+                        try:
+                            _write(ROOT / c / "cgroup.procs", pid)
+                        except OSError:
+                            pass
                 try:
                     d.rmdir()
                     break
                 except OSError:
+                    if time.monotonic() >= deadline:
+                        removed = False
+                        break
                     time.sleep(0.02)
+        return removed
 
     def close(self) -> None:
+        """Removes the pool's cgroups; a lingering lease (``remove_lease``) and the slot and pool
+        cgroups above it stay, with their limits, rather than free its processes."""
+        self.reap()
         for s in self.specs:
-            self._remove(self._rel(s))
-        self._remove(f"dra/{self.pool}")
+            if not any(rel.startswith(self._rel(s) + "/") for rel in self.lingering):
+                self._remove(self._rel(s))
+        if not self.lingering:
+            self._remove(f"dra/{self.pool}")
         if self._lock is not None:
             release_lock(_name_lock_path(self.pool), self._lock)  # no lock file left behind in /run
             self._lock = None

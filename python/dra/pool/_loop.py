@@ -108,6 +108,9 @@ class SchedulingLoop:
             if now - self._last_check >= 0.25:
                 self._last_check = now
                 self._check_launchers(now, removed)
+                if getattr(self.slots, "lingering", None):
+                    for rel in self.slots.reap():  # a killed lease's last process is gone at last
+                        self._event({"event": "lease_cgroup_removed", "cgroup": rel})
             for l in self.book.all():
                 if self.jobs.get(l.job, {}).get("state") in ("finished", "failed", None):
                     self._release(l.id, "job gone", removed)

@@ -508,7 +508,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
                 extra = {"oom_kills": memory["oom_kills"], "memory_limit_mb": round(memory["limit"] / 2**20)}
             # No compute without a lease: whatever is still in its cgroup (a child the worker
             # left behind, a worker whose launcher stopped checking in) is stopped.
-            self.slots.remove_lease(l.device, l.id, kill=True)
+            if not self.slots.remove_lease(l.device, l.id, kill=True):
+                # A process outlived SIGKILL (an uninterruptible sleep): it stays in the lease's
+                # cgroups, held to their limits, until it is gone (the loop reaps it).
+                extra["lingering"] = self.slots.paths(l.device, l.id)[0]
         self._event({"event": "release", "job": l.job, "lease": lid, "device": l.device, "reason": reason,
                      "held_s": time.time() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu}), **extra})
 
