@@ -50,6 +50,7 @@ class Controller(_core.Controller):
 
     _buffers_of: Any = None  # the model whose buffers become the world's mean at every step
     _buffers_stale = False  # one of them was assigned anew since they were handed to the C++ side
+    _default_group: Any = None  # torch's default group, following the world (elastic jobs only)
 
     def __init__(
         self,
@@ -105,7 +106,7 @@ class Controller(_core.Controller):
             self._built = True
             self.model = self.optimizer = self.scheduler = self.sampler = None
             return
-        from dra.elastic import _state, _wrappers
+        from dra.elastic import _default_group, _state, _wrappers
         from dra.elastic.sampler import ElasticSampler
 
         options = {**_environment_options(), **options}
@@ -175,6 +176,10 @@ class Controller(_core.Controller):
         self.model = _wrappers.ElasticDataParallel(model, self, find_unused_parameters)
         self.optimizer = _wrappers.ElasticOptimizer(optimizer, self)
         self.scheduler = _wrappers.ElasticScheduler(scheduler, self) if scheduler is not None else None
+        # torch's default group (the script's init_process_group()) follows the world from here on:
+        # re-created over the members after every change, before the script's code runs again.
+        self._default_group = _default_group.DefaultGroup(founder=self.is_member and self.uid < self.start_size)
+        self._default_group.follow(self)
 
     def step(self, loss: Any, **signals: Any) -> StepStatus:
         """One training step (what ``dra.step`` calls): commits it when its gradient reduction
@@ -215,12 +220,30 @@ class Controller(_core.Controller):
                 # the batches this rank skipped are dropped, so that the next steps line up again.
                 self.sampler._refused(self.sampler._skipped_now)
             self.sampler._consumed()
+        if self._default_group is not None:
+            self._default_group.follow(self)  # the step may have changed the world
         if self.nonfinite_started:
             _warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1,
                             half=half)
         if status.exit_requested:
             raise SystemExit(0)
         return status
+
+    def rejoin(self) -> bool:
+        """A process released with release='return' asks to be admitted again; waits until it is
+        (True) or the job ends (False). Once admitted, torch's default group is the world's."""
+        admitted = super().rejoin()
+        if self._default_group is not None:
+            self._default_group.follow(self)
+        return admitted
+
+    def try_join(self) -> bool:
+        """rejoin() without waiting: True once admitted (torch's default group is then the
+        world's), False while waiting or when the job has ended."""
+        admitted = super().try_join()
+        if self._default_group is not None:
+            self._default_group.follow(self)
+        return admitted
 
     @property
     def batch_dropped(self) -> bool:

@@ -199,9 +199,18 @@ class ElasticSampler:
         while True:
             if ctl is not None and ctl.stopped and not getattr(ctl, "_epochs_driven", False):
                 _end_if_finished(self, None)  # a `range` loop after a stop: the process ends here
-            if native.epoch != data_epoch or (ctl is not None and not ctl.is_member):
+            if ctl is not None and not ctl.is_member:
                 return
             world_epoch = ctl.epoch if ctl is not None else 0
+            if native.epoch != data_epoch:
+                # A member's data epoch moves only between passes. Mid-pass it moved because this
+                # process took the world's position at a world change (a standby admitted again
+                # while the world trained on into a later data epoch): the pass goes on in the
+                # world's data epoch, so that the loop's body after the loader (an epoch's
+                # validation, its collectives) runs where the other members run it.
+                if ctl is None or tag is None or world_epoch == tag[0] or native.epoch < data_epoch:
+                    return
+                data_epoch = native.epoch
             now = (world_epoch, self._generation)
             # Where the loop stands: what is committed, and the batches of an open accumulation window.
             held = native.cursor + (ctl._micro_fresh * native.global_batch if ctl is not None else 0)

@@ -246,7 +246,8 @@ class NodeLauncher:
         if w.join:
             # A replacement joins the running world in place with a uid claimed for it. torch's
             # default process group of the launch world cannot take a new member, so the script's
-            # own init_process_group() makes a world of one on a private port (get_rank() 0).
+            # own init_process_group() makes a world of one on a private port; once admitted, the
+            # controller re-creates it over the world (dra.elastic._default_group).
             env.update({"DRA_JOIN": "1", "DRA_JOIN_UID": str(w.uid), "RANK": "0", "WORLD_SIZE": "1",
                         "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous.free_port()),
                         "TORCHELASTIC_USE_AGENT_STORE": "False"})

@@ -1,0 +1,214 @@
+"""torch's default process group follows the elastic world.
+
+A ported DDP script keeps calling ``dist.all_reduce(metric)``, ``dist.barrier()`` or
+``dist.all_gather_object`` on torch's default group, which its own ``init_process_group()`` made
+over the processes launched. dra trains over a world of its own that grows and shrinks: a default
+group left as it was spans processes that stand by or are gone (its collectives hang), and a
+joiner's is a world of one (its collectives silently disagree with the others'). So after every
+change of the world this process is a member of, before the script's code runs again, the members
+re-create the default group over exactly the current members: the script's backend (and device),
+rank and size the elastic ones, the script's timeout, a store keyed by the world epoch and its
+members. Every member passes the same commit of a world epoch (a step boundary, its admission) and
+calls this right after it, so the re-creation, a collective, meets on every member.
+
+The cases handled:
+- no default group (the script made none, or destroyed it): nothing to do;
+- a founding member of the first world whose group was made over exactly that world (every process
+  launched started in it): the script's own group is kept, at no cost;
+- a member after any change (a grow, a shrink, a recovery after a crash, a joiner's admission, a
+  standby's return), or a first world that differs from the launch world: re-created;
+- a process outside the world (standing by, released): its group is left; the members have
+  destroyed theirs, so nobody waits on it (its own collectives fail; guard them by ``ctl.is_member``);
+- a backend that cannot be re-created (MPI, a third-party one): left as it is, warned once;
+- a re-creation that fails (a member died in between): no default group until the next change
+  re-creates it, warned once (torch raises at the next collective instead of hanging).
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import timedelta
+from typing import Any
+
+# Backends init_process_group builds from a store alone, with any rank and size.
+_RECREATABLE = frozenset({"gloo", "nccl", "xccl"})
+
+
+class DefaultGroup:
+    """What this process knows of torch's default group: the group it made (or kept) last and the
+    world epoch it was made for. ``follow(controller)`` after every call that may change the world."""
+
+    def __init__(self, founder: bool) -> None:
+        self._founder = founder  # in the first world as the controller was made (not admitted later)
+        self._start_epoch: int | None = None  # that first world's epoch
+        self._group: Any = None  # the default group this process made or kept (None: none yet)
+        self._epoch: int | None = None  # the world epoch self._group follows
+        self._pending = False  # a re-creation failed: the next change tries again
+        self._pending_config: tuple[str, Any, timedelta | None] = ("gloo", None, None)
+        self._store: Any = None
+        self._warned: set[str] = set()
+
+    def follow(self, ctl: Any) -> None:
+        if not ctl.is_member or ctl.rank < 0:
+            if ctl.rank < 0 and ctl.role in ("finished", "released"):
+                self._say_outside(ctl)
+            return  # a member whose job just finished keeps the last world's group
+        epoch = int(ctl.epoch)
+        if self._start_epoch is None:
+            self._start_epoch = epoch
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        if not dist.is_initialized():
+            if self._pending and epoch != self._epoch:
+                self._recreate(ctl, epoch, *self._pending_config)
+            return
+        group = dist.distributed_c10d._get_default_group()
+        if group is self._group and epoch == self._epoch:
+            return  # the common case, every step: nothing changed
+        if group is not self._group and self._keeps_own_group(ctl, dist, epoch):
+            self._group, self._epoch = group, epoch
+            return
+        backend = _backend_config(dist, group)
+        if not set(_backend_names(backend)) <= _RECREATABLE:
+            if group is not self._group:  # warned once per group the script made
+                self._warn(
+                    "backend",
+                    f"dra: torch's default process group uses backend {backend!r}, which dra cannot re-create over "
+                    "the elastic world: its collectives (dist.all_reduce, dist.barrier) still span the processes it "
+                    "was made for, and hang once one of them stands by or is gone. Initialise it with 'gloo' or "
+                    "'nccl' (docs/guide/compatibility.md)",
+                )
+            self._group, self._epoch = group, epoch
+            return
+        self._recreate(ctl, epoch, backend, group.bound_device_id, _timeout_of(group))
+
+    def _say_outside(self, ctl: Any) -> None:
+        """A process outside the world runs the script's code (the job ended while it stood by, or it
+        was released to the caller): its default group is one the members have left."""
+        import torch.distributed as dist
+
+        if "outside" in self._warned or not dist.is_available() or not dist.is_initialized():
+            return
+        which = "the launch world's" if self._group is None else f"world epoch {self._epoch}'s"
+        self._warn(
+            "outside",
+            f"dra: process {ctl.uid} is outside the elastic world ({ctl.role}); torch's default process group it "
+            f"holds is {which}, which the members have left: its collectives (dist.all_reduce, dist.barrier) fail "
+            "or time out here. Run them, and the leader-only work, only where ctl.is_member (ctl.is_leader) holds "
+            "(docs/guide/elastic.md)",
+        )
+
+    def _keeps_own_group(self, ctl: Any, dist: Any, epoch: int) -> bool:
+        """The script's own group is the world's: this process founded the first world, nothing has
+        changed since, and the group spans exactly that world (every founding member sees the same
+        sizes and members, so they all decide alike)."""
+        size = int(ctl.world_size)
+        return (
+            self._founder
+            and epoch == self._start_epoch
+            and dist.get_world_size() == size
+            and list(ctl.members) == list(range(size))
+            and dist.get_rank() == int(ctl.rank)
+        )
+
+    def _recreate(self, ctl: Any, epoch: int, backend: str, device: Any, timeout: timedelta | None) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._group, self._epoch, self._pending = None, epoch, False
+        self._pending_config = (backend, device, timeout)
+        members = "-".join(str(int(u)) for u in ctl.members)
+        try:
+            store = dist.PrefixStore(f"dra.default_group/{epoch}/{members}", self._job_store(ctl))
+            # The rendezvous is bounded by the store's timeout (a member that died in between fails it
+            # rather than holding the others for the script's collective timeout); the collectives
+            # then get the script's timeout.
+            bound = timedelta(seconds=float(ctl.options.store_timeout_s))
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=int(ctl.rank),
+                world_size=int(ctl.world_size),
+                timeout=min(bound, timeout) if timeout is not None else bound,
+                device_id=device,
+            )
+        except Exception as e:  # noqa: BLE001 - said, and tried again at the next change
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._pending = True
+            self._warn(
+                "failed",
+                f"dra: torch's default process group could not be re-created over world epoch {epoch} ({e}); until the "
+                "next change of the world re-creates it, the script's torch.distributed collectives raise (there is "
+                "no default group)",
+            )
+            return
+        group = dist.distributed_c10d._get_default_group()
+        if timeout is not None:
+            _set_timeout(group, timeout)
+        self._group = group
+
+    def _job_store(self, ctl: Any) -> Any:
+        """A client of the job's store (every process of the job reaches it; the script's own
+        default group may be on a store of its own, a joiner's on a private one)."""
+        if self._store is None:
+            import torch.distributed as dist
+
+            host, _, port = str(ctl.store_address).rpartition(":")
+            self._store = dist.TCPStore(
+                host.strip("[]"),
+                int(port),
+                None,
+                False,
+                timedelta(seconds=float(ctl.options.store_timeout_s)),
+                wait_for_workers=False,
+            )
+        return self._store
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _backend_config(dist: Any, group: Any) -> str:
+    """The group's backend as init_process_group takes it ('gloo', 'nccl', 'cpu:gloo,cuda:nccl')."""
+    config = str(dist.distributed_c10d._world.pg_backend_config.get(group) or dist.get_backend(group))
+    names = set(_backend_names(config))
+    # One backend for every device ('gloo' is kept as 'cpu:gloo,cuda:gloo'): given as the script gave it.
+    return names.pop() if len(names) == 1 else config
+
+
+def _backend_names(config: str) -> list[str]:
+    return [part.split(":")[-1].strip().lower() for part in config.split(",") if part.strip()]
+
+
+def _backends_of(group: Any) -> list[Any]:
+    import torch
+
+    out = []
+    for device in ("cpu", "cuda", "xpu"):
+        try:
+            out.append(group._get_backend(torch.device(device)))
+        except Exception:  # noqa: BLE001, S112 - no backend for that device
+            continue
+    return out
+
+
+def _timeout_of(group: Any) -> timedelta | None:
+    """The timeout the script gave its group (None: torch's default)."""
+    for backend in _backends_of(group):
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
+
+
+def _set_timeout(group: Any, timeout: timedelta) -> None:
+    for backend in _backends_of(group):
+        setter = getattr(backend, "_set_default_timeout", None)
+        if setter is not None:
+            setter(timeout)

@@ -1,0 +1,132 @@
+"""torch's default process group under `dra run`, as an unmodified DDP script uses it: its own
+``init_process_group()``, and at every data epoch's end ``dist.all_reduce`` of a per-rank tensor,
+``dist.barrier()``, ``dist.all_gather_object`` and ``dist.broadcast_object_list``, and a save on
+``dist.get_rank() == 0``. Real processes, real Gloo.
+
+The default group spanned the launch world while dra trained over its own elastic one: the
+collectives hung once a launched process stood by (a shrink) or was gone (a kill -9), and a
+replacement started by ``dra run --max-restarts`` had a private world of one, whose sums disagreed
+with the others'. Now the members re-create the default group over the world after every change
+(docs/guide/elastic.md, "init_process_group / destroy_process_group"): each rank contributes 1 and
+the sum is the world's size as dra sees it, ``dist.get_rank()`` is the elastic rank.
+
+The script's Gloo timeout is short and the job's run bounded, so a hang fails fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _elastic_harness import run_logged_script
+
+pytestmark = pytest.mark.timeout(150)
+
+SCRIPT = r"""
+import json, os, signal, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+kill = cfg.get("kill")  # [uid, step]: that process is killed -9 there
+dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.get("gloo_timeout_s", 8)))
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+
+def rec(**kw):
+    LOG.write(json.dumps(kw) + "\n"); LOG.flush()
+
+gen = torch.Generator().manual_seed(0)
+x = torch.randn(cfg.get("n", 48), 4, generator=gen)
+ds = TensorDataset(x, x @ torch.randn(4, 1, generator=gen))
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+sampler = de.DistributedSampler(ds)
+loader = DataLoader(ds, batch_size=4, sampler=sampler)
+model = de.DistributedDataParallel(net, opt, sampler)
+ctl = model.controller
+for epoch in ctl.epochs(cfg.get("epochs", 6)):
+    for xb, yb in loader:
+        if [ctl.uid, ctl.step_index] == kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        opt.zero_grad()
+        loss = F.mse_loss(model(xb), yb)
+        loss.backward()
+        opt.step()
+        dra.step(loss)
+        time.sleep(cfg.get("step_sleep", 0.0))
+    # The end of a data epoch, as a DDP script validates and saves.
+    one = torch.ones(1)
+    dist.all_reduce(one)
+    dist.barrier()
+    uids = [None] * dist.get_world_size()
+    dist.all_gather_object(uids, ctl.uid)
+    # A standby admitted again in a later data epoch ends the loader with the world: its loop
+    # variable is behind, the sampler says where the world is.
+    word = [f"epoch {sampler.epoch}" if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(word, src=0)
+    if dist.get_rank() == 0:
+        torch.save(net.state_dict(), os.path.join(cfg["out"], "ckpt.pt"))
+    rec(epoch=sampler.epoch, uid=ctl.uid, sum=one.item(), world=ctl.world_size, rank=dist.get_rank(), ctl_rank=ctl.rank,
+        size=dist.get_world_size(), uids=uids, members=list(ctl.members), word=word[0])
+dist.destroy_process_group()
+rec(final=True, uid=ctl.uid, member=ctl.is_member)
+"""
+
+
+def _run(tmp_path: Path, options: dict, *launcher_args: str, **cfg) -> tuple[list[dict], str]:
+    options = {"policy": "none", "fault_timeout_s": 3.0, **options}
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, 3, options, cfg, timeout=90, launcher_args=launcher_args)
+    assert code != -1, f"still running after 90 s (a collective on the default group hung)\n{logs[-4000:]}"
+    assert code == 0, logs[-4000:]
+    return [r for r in records if "epoch" in r], logs
+
+
+def _agree(epochs: list[dict]) -> dict[int, int]:
+    """Every epoch's collectives spanned exactly the world then: each rank summed to the world's
+    size, saw its elastic rank, gathered the members' uids in rank order and got rank 0's word.
+    Returns the world's size at each data epoch's end."""
+    assert epochs
+    sizes: dict[int, int] = {}
+    for r in epochs:
+        assert r["sum"] == r["world"] == r["size"], r
+        assert r["rank"] == r["ctl_rank"] and r["uids"] == r["members"], r
+        assert r["word"] == f"epoch {r['epoch']}", r
+        assert sizes.setdefault(r["epoch"], r["world"]) == r["world"], r
+    for e, size in sizes.items():
+        assert sorted(r["uid"] for r in epochs if r["epoch"] == e) == sorted(
+            next(r["members"] for r in epochs if r["epoch"] == e)
+        ), f"epoch {e}: every member, and only they, ran it"
+        assert len([r for r in epochs if r["epoch"] == e]) == size
+    return sizes
+
+
+def test_a_shrink_then_a_grow_back_keeps_the_default_groups_collectives_on_the_world(tmp_path: Path) -> None:
+    # 3 -> 2 at step 3 (uid 2 stands by inside dra.step), 2 -> 3 again at step 14.
+    epochs, _ = _run(tmp_path, {"resize_schedule": {"3": 2, "14": 3}}, epochs=6)
+    sizes = _agree(epochs)
+    assert 2 in sizes.values() and sizes[max(sizes)] == 3, sizes
+    assert (tmp_path / "ckpt.pt").exists()
+
+
+def test_after_a_kill_9_the_survivors_collectives_complete_over_the_new_world(tmp_path: Path) -> None:
+    epochs, logs = _run(tmp_path, {}, epochs=4, kill=[1, 5])
+    assert '"event":"fault"' in logs.replace(" ", "")
+    sizes = _agree(epochs)
+    assert sizes[0] == 3 and sizes[max(sizes)] == 2, sizes
+    assert {r["uid"] for r in epochs if r["epoch"] == max(sizes)} == {0, 2}
+
+
+def test_a_replacement_admitted_by_a_grow_gets_the_worlds_group(tmp_path: Path) -> None:
+    # uid 1 is killed -9 at step 5; `dra run --max-restarts 1` starts a replacement (DRA_JOIN=1, uid
+    # 10000), whose own init_process_group() is a world of one; the heal grows the world back to 3.
+    epochs, logs = _run(tmp_path, {}, "--max-restarts", "1", epochs=6, kill=[1, 5], step_sleep=0.05)
+    assert "replaced by uid 10000" in logs
+    sizes = _agree(epochs)
+    joiner = [r for r in epochs if r["uid"] == 10000]
+    assert joiner and all(r["sum"] == r["world"] == 3 for r in joiner), joiner
+    assert sizes[max(sizes)] == 3, sizes
