@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,61 @@ def test_one_user_cannot_fill_the_pools_state_folder(tmp_path: Path) -> None:
         svc.close()
     with pytest.raises(ValueError, match=r"^user_limits.active: must be an integer >= 1, got 0"):
         UserLimits(active=0)
+
+
+_CALL_IN_A_LOOP = r"""
+import socket, sys, time
+path, end = sys.argv[1], time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(path)
+            s.sendall(b"GET /status HTTP/1.0\r\n\r\n")
+            while s.recv(65536):
+                pass
+    except OSError:
+        time.sleep(0.001)
+"""
+
+
+@as_root
+@with_nobody
+def test_one_users_calls_in_a_loop_do_not_shut_others_out_of_the_api() -> None:
+    """Twelve of nobody's processes calling GET /status in a loop (each one call at a time, well
+    within the 64 connections a user may hold) kept the socket's listen backlog (5, socketserver's
+    default) full: root's calls failed with EAGAIN ('unreachable') for as long as it lasted, and so
+    would the launchers' heartbeats. Connections now wait their turn in a deep backlog."""
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="dra-attack-", dir="/tmp"))
+    server, procs = None, []
+    try:
+        base.chmod(0o755)
+        (base / "loop.py").write_text(_CALL_IN_A_LOOP)
+        (base / "loop.py").chmod(0o644)
+        svc = PoolService([P.Device(id=f"d{i}", type="cpu-slot", memory_gb=2.0) for i in range(4)], base / "state",
+                          launch_jobs=False)
+        for i in range(50):  # a status of some size to answer
+            svc.submit({"name": f"j{i}", "min_size": 1, "max_size": 1})
+        server = PoolServer(svc, socket_path=base / "pool.sock").start()
+        setpriv = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", "--"]
+        procs = [subprocess.Popen([*setpriv, sys.executable, "-I", str(base / "loop.py"), str(base / "pool.sock"), "8"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(12)]
+        time.sleep(1.0)
+        client = PoolClient(server.url, retry_s=0.0)
+        took = []
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:
+            t = time.monotonic()
+            client.status()  # raised ConnectionError ('Resource temporarily unavailable') before
+            took.append(time.monotonic() - t)
+            time.sleep(0.05)
+        assert all(p.poll() is None for p in procs), "the loops ended early: the test proves nothing"
+        assert max(took) < 3.0, took
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        if server is not None:
+            server.close()
+        shutil.rmtree(base, ignore_errors=True)

@@ -207,6 +207,10 @@ class _BoundedThreads(socketserver.ThreadingMixIn):
     which call on the Unix socket as their owners."""
 
     daemon_threads = True
+    # The listen backlog (socketserver's default is 5): one user's processes calling in a loop
+    # kept it full, so everyone else's connect failed at once (EAGAIN), root's and the launchers'
+    # included. Connections wait their turn in the kernel's queue now, answered in order.
+    request_queue_size = 1024
     per_peer = 64
     request_s = 60.0  # the most a request may take to arrive whole, however it trickles
 
