@@ -26,6 +26,9 @@
 #                                [--skip-build] [--skip-tests] [--skip-bench] [--installed]
 #        benchmarks/gpu/check.sh --prepare-deps   # copy Eigen/pybind11/nccl.h headers into
 #                                                 # build/gpu-deps, for a machine that lacks them
+#        benchmarks/gpu/check.sh --list-sources   # what the direct build compiles into each
+#                                                 # module (tests/python/test_nccl.py holds it
+#                                                 # to CMake's targets)
 # Environment: PYTHON (interpreter with torch), OUT (output folder), DRA_GPU_CHECK_BUILD
 # (auto|pip|gxx), DRA_GPU_CHECK_BUILD_CAP_S (build time cap, default 300), DRA_NCCL_LIBRARY.
 # Exit status: 0 all passed on a GPU; 1 a step failed; 2 bad usage; 3 no GPU (CPU steps passed).
@@ -37,12 +40,12 @@ out="${OUT:-$root/build/gpu-check}"
 py="${PYTHON:-}"
 nproc_arg="auto"
 max_bytes=$((1 << 30))
-skip_build=0 skip_tests=0 skip_bench=0 prepare=0 installed=0
+skip_build=0 skip_tests=0 skip_bench=0 prepare=0 installed=0 list_sources=0
 budget="${DRA_GPU_CHECK_BUDGET_S:-470}"
 build_cap="${DRA_GPU_CHECK_BUILD_CAP_S:-300}"  # 16 cores build in about 2 minutes
 deps="$root/build/gpu-deps"
 
-usage() { sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
@@ -54,11 +57,25 @@ while [ $# -gt 0 ]; do
     --skip-tests) skip_tests=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     --prepare-deps) prepare=1; shift ;;
+    --list-sources) list_sources=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$max_bytes" in ''|*[!0-9]*) echo "check.sh: --max-bytes must be a number of bytes" >&2; exit 2 ;; esac
+
+# What CMake builds (CMakeLists.txt), for the direct compiler build: _core from dra::dra (src/,
+# src/elastic, src/comm, src/comm/gloo; src/comm/nccl when nccl.h is found), dra::energy and every
+# python/*_py.cpp but sim_py.cpp; _sim, the simulator's module (no torch), from sim_module.cpp,
+# sim_py.cpp and registry_py.cpp.
+core_sources() { ls src/*.cpp src/elastic/*.cpp src/comm/*.cpp src/comm/gloo/*.cpp src/energy/*.cpp python/*_py.cpp | grep -v '^python/sim_py\.cpp$'; }
+nccl_sources() { ls src/comm/nccl/*.cpp; }
+sim_sources() { echo python/sim_module.cpp python/sim_py.cpp python/registry_py.cpp; }
+if [ "$list_sources" = 1 ]; then
+  echo "core:" $(core_sources) $(nccl_sources)
+  echo "sim:" $(sim_sources)
+  exit 0
+fi
 if [ -z "$py" ]; then
   for candidate in "$root/.venv/bin/python" python3 python; do
     if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import torch' >/dev/null 2>&1; then py="$candidate"; break; fi
@@ -181,17 +198,13 @@ EOF
   # -isystem for a default folder (/usr/include) breaks libstdc++'s #include_next <stdlib.h>.
   inc() { local d; for d in "$@"; do case "$d" in ""|/usr/include|/usr/local/include) ;; *) printf -- '-isystem %s ' "$d" ;; esac; done; }
   local nccl_flags="" sources sim_sources
-  # What CMake builds (CMakeLists.txt): _core from dra::dra (src/, src/elastic, src/comm,
-  # src/comm/gloo), dra::energy and every python/*_py.cpp but sim_py.cpp, with the NCCL backend
-  # below when its headers are here; _sim, the simulator's module (no torch), from
-  # sim_module.cpp, sim_py.cpp and registry_py.cpp.
-  sources=$(ls src/*.cpp src/elastic/*.cpp src/comm/*.cpp src/comm/gloo/*.cpp src/energy/*.cpp python/*_py.cpp | grep -v '^python/sim_py\.cpp$')
-  sim_sources="python/sim_module.cpp python/sim_py.cpp python/registry_py.cpp"
+  sources=$(core_sources)
+  sim_sources=$(sim_sources)
   if [ -n "$NCCLINC" ] && [ -n "$CUDAINC" ]; then
     nccl_flags="-DDRA_WITH_NCCL=1 $(inc "$NCCLINC" "$CUDAINC")"
     # The last dlopen candidate, as CMake does (torch's own copy is found first when loaded).
     [ -n "$NCCLLIB" ] && nccl_flags="$nccl_flags '-DDRA_NCCL_LIBRARY_HINT=\"$NCCLLIB\"'"
-    sources="$sources $(ls src/comm/nccl/*.cpp)"
+    sources="$sources $(nccl_sources)"
   else
     echo "check.sh: nccl.h or CUDA headers not found: building without the NCCL backend" >&2
   fi
@@ -241,7 +254,7 @@ if [ "$skip_build" = 0 ]; then
   if [ -z "$how" ] && [ "$mode" != pip ]; then
     rm -rf "$site/dra" && mkdir -p "$site/dra"
     say "building with $(command -v "${CXX:-c++}") directly"
-    if bounded "$build_cap" bash -c "$(declare -f build_gxx); py='$py' out='$out' site='$site' deps='$deps'; cd '$root'; build_gxx" >> "$out/build.log" 2>&1; then
+    if bounded "$build_cap" bash -c "$(declare -f build_gxx core_sources nccl_sources sim_sources); py='$py' out='$out' site='$site' deps='$deps'; cd '$root'; build_gxx" >> "$out/build.log" 2>&1; then
       cp -r python/dra/. "$site/dra/"
       how="g++"
     fi
