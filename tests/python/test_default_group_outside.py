@@ -8,7 +8,9 @@ collectives hung once a launched process stood by (a shrink) or was gone (a kill
 replacement started by ``dra run --max-restarts`` had a private world of one, whose sums disagreed
 with the others'. Now the members re-create the default group over the world after every change
 (docs/guide/elastic.md, "init_process_group / destroy_process_group"): each rank contributes 1 and
-the sum is the world's size as dra sees it, ``dist.get_rank()`` is the elastic rank.
+the sum is the world's size as dra sees it, ``dist.get_rank()`` is the elastic rank. A process
+that stands by when the job ends keeps a group the members have left: it is warned, and its
+collectives fail at once instead of hanging.
 
 The script's Gloo timeout is short and the job's run bounded, so a hang fails fast.
 """
@@ -130,3 +132,13 @@ def test_a_replacement_admitted_by_a_grow_gets_the_worlds_group(tmp_path: Path) 
     joiner = [r for r in epochs if r["uid"] == 10000]
     assert joiner and all(r["sum"] == r["world"] == 3 for r in joiner), joiner
     assert sizes[max(sizes)] == 3, sizes
+
+
+def test_a_process_standing_by_when_the_job_ends_is_told_its_group_is_gone_and_nothing_hangs(tmp_path: Path) -> None:
+    # 3 -> 2 at step 3 and never back: uid 2 stands by inside dra.step until the job ends, then runs
+    # the loop's epoch-end code outside the world. Its default group is the launch world's, which the
+    # members destroyed: its all_reduce fails at once (no hang), after a warning that names the fix.
+    epochs, logs = _run(tmp_path, {"resize_schedule": {"3": 2}}, epochs=3)
+    assert set(_agree(epochs).values()) == {2}
+    assert {r["uid"] for r in epochs} == {0, 1}
+    assert "process 2 is outside the elastic world (finished)" in logs and "ctl.is_member" in logs

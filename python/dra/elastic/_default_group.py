@@ -50,8 +50,8 @@ class DefaultGroup:
 
     def follow(self, ctl: Any) -> None:
         if not ctl.is_member or ctl.rank < 0:
-            if ctl.rank < 0 and ctl.role in ("finished", "released"):
-                self._say_outside(ctl)
+            if ctl.rank < 0 and ctl.role in ("finished", "released") and not ctl.status.exit_requested:
+                self._say_outside(ctl)  # its script's code runs on (one released with release="exit" ends)
             return  # a member whose job just finished keeps the last world's group
         epoch = int(ctl.epoch)
         if self._start_epoch is None:
