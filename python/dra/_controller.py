@@ -179,7 +179,7 @@ class Controller(_core.Controller):
         # torch's default group (the script's init_process_group()) follows the world from here on:
         # re-created over the members after every change, before the script's code runs again.
         self._default_group = _default_group.DefaultGroup(founder=self.is_member and self.uid < self.start_size)
-        self._default_group.follow(self)
+        self._default_group.follow(self, "init")
 
     def step(self, loss: Any, **signals: Any) -> StepStatus:
         """One training step (what ``dra.step`` calls): commits it when its gradient reduction
@@ -234,7 +234,7 @@ class Controller(_core.Controller):
         (True) or the job ends (False). Once admitted, torch's default group is the world's."""
         admitted = super().rejoin()
         if self._default_group is not None:
-            self._default_group.follow(self)
+            self._default_group.follow(self, "rejoin")
         return admitted
 
     def try_join(self) -> bool:
@@ -242,7 +242,7 @@ class Controller(_core.Controller):
         world's), False while waiting or when the job has ended."""
         admitted = super().try_join()
         if self._default_group is not None:
-            self._default_group.follow(self)
+            self._default_group.follow(self, "rejoin")
         return admitted
 
     @property

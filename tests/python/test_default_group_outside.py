@@ -60,6 +60,10 @@ for epoch in ctl.epochs(cfg.get("epochs", 6)):
         loss.backward()
         opt.step()
         dra.step(loss)
+        if cfg.get("per_step"):  # a script that logs the world's mean loss after every step
+            each = torch.ones(1)
+            dist.all_reduce(each)
+            rec(step=ctl.step_index, uid=ctl.uid, step_sum=each.item(), world=ctl.world_size)
         time.sleep(cfg.get("step_sleep", 0.0))
     # The end of a data epoch, as a DDP script validates and saves.
     one = torch.ones(1)
@@ -81,11 +85,16 @@ rec(final=True, uid=ctl.uid, member=ctl.is_member)
 
 
 def _run(tmp_path: Path, options: dict, *launcher_args: str, **cfg) -> tuple[list[dict], str]:
+    epochs, _, logs = _run_all(tmp_path, options, *launcher_args, **cfg)
+    return epochs, logs
+
+
+def _run_all(tmp_path: Path, options: dict, *launcher_args: str, **cfg) -> tuple[list[dict], list[dict], str]:
     options = {"policy": "none", "fault_timeout_s": 3.0, **options}
     code, logs, records = run_logged_script(tmp_path, SCRIPT, 3, options, cfg, timeout=90, launcher_args=launcher_args)
     assert code != -1, f"still running after 90 s (a collective on the default group hung)\n{logs[-4000:]}"
     assert code == 0, logs[-4000:]
-    return [r for r in records if "epoch" in r], logs
+    return [r for r in records if "epoch" in r], [r for r in records if "step_sum" in r], logs
 
 
 def _agree(epochs: list[dict]) -> dict[int, int]:
@@ -142,3 +151,23 @@ def test_a_process_standing_by_when_the_job_ends_is_told_its_group_is_gone_and_n
     assert set(_agree(epochs).values()) == {2}
     assert {r["uid"] for r in epochs} == {0, 1}
     assert "process 2 is outside the elastic world (finished)" in logs and "ctl.is_member" in logs
+
+
+def test_a_collective_after_every_step_does_not_hang_when_a_replacement_joins(tmp_path: Path) -> None:
+    # The members run the script's all_reduce right after the dra.step that admitted the replacement;
+    # the replacement starts its loop from its init and runs its first one a step later. Re-created
+    # over the whole world at once, the members waited on it while it waited on them in the next
+    # step's gradient reduction, until the script's Gloo timeout. Each side now first gets a group of
+    # its own (that one all_reduce sums 2 on the members and 1 on the replacement) and the whole
+    # world's from the next dra.step on.
+    epochs, steps, logs = _run_all(tmp_path, {}, "--max-restarts", "1", epochs=6, kill=[1, 5], step_sleep=0.05,
+                                   per_step=True)
+    assert "replaced by uid 10000" in logs
+    _agree(epochs)
+    joiner = sorted((r["step"], r["step_sum"], r["world"]) for r in steps if r["uid"] == 10000)
+    assert joiner and joiner[-1][1] == joiner[-1][2] == 3, joiner
+    assert all(s == w for _, s, w in joiner[1:]) and joiner[0][1] in (1.0, 3.0), joiner
+    for uid in (0, 2):
+        mine = [(r["step"], r["step_sum"], r["world"]) for r in steps if r["uid"] == uid]
+        off = [m for m in mine if m[1] != m[2]]
+        assert len(off) <= 1 and all(m[1] == 2 and m[2] == 3 for m in off), mine

@@ -8,8 +8,18 @@ joiner's is a world of one (its collectives silently disagree with the others').
 change of the world this process is a member of, before the script's code runs again, the members
 re-create the default group over exactly the current members: the script's backend (and device),
 rank and size the elastic ones, the script's timeout, a store keyed by the world epoch and its
-members. Every member passes the same commit of a world epoch (a step boundary, its admission) and
-calls this right after it, so the re-creation, a collective, meets on every member.
+members. Every member passes the same commit of a world epoch and calls this right after it, so the
+re-creation, a collective, meets on every member.
+
+Where it passed that commit decides which collectives of the script come next, so members meet by
+it: those returning from ``dra.step`` (continuing members, a standby taken back) run the script's
+code after that step, while a process admitted by its controller's construction (a joiner, a
+replacement, a launched process that stood by from the start) or by ``rejoin``/``try_join`` starts
+its code from there. When a new world holds members of both kinds, each kind first gets a group of
+its own (its collectives meet among themselves: the step's metric on the members, nothing waiting
+on a joiner that never runs that code), and at the next ``dra.step`` every member re-creates the
+group over the whole world together. A per-step ``dist.all_reduce`` then disagrees once after a
+joiner's admission (the joiner's value alone, the others' without it) instead of hanging.
 
 The cases handled:
 - no default group (the script made none, or destroyed it): nothing to do;
@@ -47,8 +57,11 @@ class DefaultGroup:
         self._pending_config: tuple[str, Any, timedelta | None] = ("gloo", None, None)
         self._store: Any = None
         self._warned: set[str] = set()
+        self._partial = False  # the group spans the members of one kind only: the whole world at the next step
 
-    def follow(self, ctl: Any) -> None:
+    def follow(self, ctl: Any, position: str = "step") -> None:
+        """``position``: where this process passed the world's last commit: ``"step"`` (returned
+        from dra.step), ``"init"`` (its controller's construction) or ``"rejoin"``."""
         if not ctl.is_member or ctl.rank < 0:
             if ctl.rank < 0 and ctl.role in ("finished", "released") and not ctl.status.exit_requested:
                 self._say_outside(ctl)  # its script's code runs on (one released with release="exit" ends)
@@ -62,10 +75,12 @@ class DefaultGroup:
             return
         if not dist.is_initialized():
             if self._pending and epoch != self._epoch:
-                self._recreate(ctl, epoch, *self._pending_config)
+                self._recreate(ctl, epoch, *self._pending_config, position)
             return
         group = dist.distributed_c10d._get_default_group()
         if group is self._group and epoch == self._epoch:
+            if self._partial and position == "step":  # every member passed this step: the whole world now
+                self._recreate(ctl, epoch, *self._pending_config, None)
             return  # the common case, every step: nothing changed
         if group is not self._group and self._keeps_own_group(ctl, dist, epoch):
             self._group, self._epoch = group, epoch
@@ -82,7 +97,7 @@ class DefaultGroup:
                 )
             self._group, self._epoch = group, epoch
             return
-        self._recreate(ctl, epoch, backend, group.bound_device_id, _timeout_of(group))
+        self._recreate(ctl, epoch, backend, group.bound_device_id, _timeout_of(group), position)
 
     def _say_outside(self, ctl: Any) -> None:
         """A process outside the world runs the script's code (the job ended while it stood by, or it
@@ -113,25 +128,39 @@ class DefaultGroup:
             and dist.get_rank() == int(ctl.rank)
         )
 
-    def _recreate(self, ctl: Any, epoch: int, backend: str, device: Any, timeout: timedelta | None) -> None:
+    def _recreate(self, ctl: Any, epoch: int, backend: str, device: Any, timeout: timedelta | None,
+                  position: str | None) -> None:
+        """A new default group over world ``epoch``: over the members of this process's kind
+        (``position``) when the world holds both kinds, else (and with ``position`` None, at the
+        step after such a split) over the whole world."""
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
-        self._group, self._epoch, self._pending = None, epoch, False
+        self._group, self._epoch, self._pending, self._partial = None, epoch, False, False
         self._pending_config = (backend, device, timeout)
-        members = "-".join(str(int(u)) for u in ctl.members)
+        members = [int(u) for u in ctl.members]
+        rank, size = int(ctl.rank), int(ctl.world_size)
         try:
-            store = dist.PrefixStore(f"dra.default_group/{epoch}/{members}", self._job_store(ctl))
             # The rendezvous is bounded by the store's timeout (a member that died in between fails it
             # rather than holding the others for the script's collective timeout); the collectives
             # then get the script's timeout.
             bound = timedelta(seconds=float(ctl.options.store_timeout_s))
+            name = f"dra.default_group/{epoch}/{'-'.join(map(str, members))}"
+            if position is None:
+                name += "/whole"
+            else:
+                kinds = self._kinds(dist.PrefixStore(name, self._job_store(ctl)), ctl.uid, members, position, bound)
+                if len(set(kinds.values())) > 1:
+                    members = [u for u in members if kinds[u] == position]  # the world's order, on each of them
+                    rank, size = members.index(int(ctl.uid)), len(members)
+                    name += f"/{position}"
+                    self._partial = True
             dist.init_process_group(
                 backend,
-                store=store,
-                rank=int(ctl.rank),
-                world_size=int(ctl.world_size),
+                store=dist.PrefixStore(name, self._job_store(ctl)),
+                rank=rank,
+                world_size=size,
                 timeout=min(bound, timeout) if timeout is not None else bound,
                 device_id=device,
             )
@@ -150,6 +179,14 @@ class DefaultGroup:
         if timeout is not None:
             _set_timeout(group, timeout)
         self._group = group
+
+    @staticmethod
+    def _kinds(store: Any, uid: int, members: list[int], position: str, bound: timedelta) -> dict[int, str]:
+        """Where every member passed the world's commit (each says it; bounded by ``bound``)."""
+        store.set(f"kind/{uid}", position)
+        keys = [f"kind/{u}" for u in members]
+        store.wait(keys, bound)
+        return {u: store.get(k).decode() for u, k in zip(members, keys, strict=True)}
 
     def _job_store(self, ctl: Any) -> Any:
         """A client of the job's store (every process of the job reaches it; the script's own
