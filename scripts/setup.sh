@@ -13,8 +13,9 @@ say() { printf '[setup] %s\n' "$*"; }
 #    LBFGSpp (header-only): fits Pollux's throughput model online (include/dra/policy/perf_model.hpp).
 #    ccache: the test command's C++ build compiles the library's sources again with the same flags;
 #    with ccache they come out of the cache this build fills (CI: about 4 minutes saved).
+#    faketime (libfaketime): tests/python/test_clock_outside.py steps one process's wall clock.
 missing=()
-for pkg in libeigen3-dev doctest-dev libgloo-dev nlohmann-json3-dev liblbfgspp-dev ccache; do
+for pkg in libeigen3-dev doctest-dev libgloo-dev nlohmann-json3-dev liblbfgspp-dev ccache faketime; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from typing import Any
 
 from dra import _core
-from dra.pool import _launchers
+from dra.pool import _clock, _launchers
 from dra.pool._auth import Caller
 from dra.pool.client import Superseded
 
@@ -154,7 +153,7 @@ class LauncherAPI:
         ``world``: whether the job's processes formed a dra world; while a launcher says false (a
         script without dra, or one still starting), the job keeps the devices it holds: it is not
         grown, shrunk in place, or given back a device a worker of it gave up (_loop.py)."""
-        now = time.time()
+        now = _clock.now()
         with self._lock:
             job = self._job(name)
             self._authorize(name, caller, "run")

@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from typing import Any
 
 from dra._core import pool as _p
-from dra.pool import _launchers
+from dra.pool import _clock, _launchers
 from dra.pool._spec import fit_speedup, make_request, remaining_size_s
 
 REPORT_STALE_S = 30.0  # an inference service's load report older than this counts as no load
@@ -84,7 +83,7 @@ class SchedulingLoop:
                 or not self.launch_jobs or self.url is None)
 
     def tick(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+        now = _clock.now() if now is None else now
         with self._lock:
             removed: list[int] = []
             changed: list[Any] = []

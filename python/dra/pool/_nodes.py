@@ -6,8 +6,9 @@ its lock.
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+from dra.pool import _clock
 
 
 class NodeMembership:
@@ -29,11 +30,11 @@ class NodeMembership:
         (its nodes join again as the watcher sees them): one event each."""
         with self._lock:
             if back:
-                lost_s = None if self.ray_head_lost_at is None else round(time.time() - self.ray_head_lost_at, 3)
+                lost_s = None if self.ray_head_lost_at is None else round(_clock.now() - self.ray_head_lost_at, 3)
                 self.ray_head_lost_at = None
                 self._event({"event": "ray_head_back", "lost_s": lost_s})
             else:
-                self.ray_head_lost_at = time.time()
+                self.ray_head_lost_at = _clock.now()
                 self._event({"event": "ray_head_lost", "reason": reason})
 
     def remove_node(self, node: str, reason: str = "node lost") -> list[str]:

@@ -26,7 +26,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from dra.pool import _auth, _state
+    from dra.pool import _auth, _clock, _state
     from dra.pool._quota import UserLimits
     from dra.pool.factory import make_service
     from dra.pool.server import PoolServer
@@ -87,10 +86,10 @@ def _serve(args: argparse.Namespace) -> int:
     grace_s = ray_head_grace_s()
     while not stop.wait(1.0):
         lost_at = service.ray_head_lost_at
-        if lost_at is not None and time.time() - lost_at > grace_s:
+        if lost_at is not None and _clock.now() - lost_at > grace_s:
             # Ray ends every process connected to a cluster whose head stays away: stop first, in
             # order (state saved, socket removed), and say what to do.
-            print(f"[dra pool] the Ray cluster's head has been unreachable for {time.time() - lost_at:.0f} s (the pool "
+            print(f"[dra pool] the Ray cluster's head has been unreachable for {_clock.now() - lost_at:.0f} s (the pool "
                   f"waited {grace_s:g} s, under Ray's gcs_rpc_server_reconnect_timeout_s): this pool stops; start it "
                   f"again with the same --state once the cluster is back (the jobs' records are kept in {state})",
                   file=sys.stderr, flush=True)

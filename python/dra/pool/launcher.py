@@ -37,7 +37,7 @@ from typing import Any
 
 from dra._argtypes import count_arg, nonnegative_arg
 from dra.launch.rendezvous import free_port
-from dra.pool import _cgroup
+from dra.pool import _cgroup, _clock
 from dra.pool._spawner import Spawner, is_python, private_log_dir
 
 #: The default of a pool job's ``log_limit_mb``: the most one worker's log holds.
@@ -160,7 +160,7 @@ class Launcher:
         return {"release": "exit", "max_size": int(spec.get("max_size", 1)), **env_options, **(spec.get("options") or {})}
 
     def _say(self, **ev: Any) -> None:
-        ev = {"time": time.time(), "job": self.job, **ev}
+        ev = {"time": _clock.now(), "job": self.job, **ev}
         self.events.append(ev)
         print("[dra run] " + json.dumps(ev), flush=True)
 
@@ -199,7 +199,7 @@ class Launcher:
         watched = [("lease's", memory), ("slot's", os.path.dirname(memory))] if memory else []
         pid = self.spawner.spawn(wid, list(self.command), env, cgroups, log, self.cwd)
         self.workers[lease["id"]] = {"wid": wid, "pid": pid, "lease": lease["id"], "device": lease.get("device"),
-                                     "uid": uid, "started": time.time(), "asked": None, "signals": 0, "join": join,
+                                     "uid": uid, "started": _clock.now(), "asked": None, "signals": 0, "join": join,
                                      "log": log, "memory": [(whose, p, _cgroup.memory_state(p)) for whose, p in watched]}
         self._say(event="worker_start", lease=lease["id"], device=lease.get("device"), pid=pid, join=join, uid=uid)
 
@@ -234,7 +234,7 @@ class Launcher:
             why = self._exit_why(w, code) if code != 0 else None
             if why:
                 self.failures.append(why)
-            self._say(event="worker_exit", lease=lid, uid=w["uid"], code=code, ran_s=time.time() - w["started"],
+            self._say(event="worker_exit", lease=lid, uid=w["uid"], code=code, ran_s=_clock.now() - w["started"],
                       asked=w["asked"] is not None, signalled=w["signals"] > 0, **({"why": why} if why else {}))
         for w in self.workers.values():
             self._bound_log(w)
@@ -308,7 +308,7 @@ class Launcher:
                 if not others:
                     continue
                 w = max(others, key=lambda v: v["started"])
-            w["asked"] = time.time()
+            w["asked"] = _clock.now()
             self.leaving[x] = w["lease"]
             self.leave_uids.add(w["uid"])
             self._say(event="leave", lease=w["lease"], uid=w["uid"], asked_for=x)
@@ -321,7 +321,7 @@ class Launcher:
                 self.store.set_capacity(cap)
                 self.capacity = cap
                 self._say(event="capacity", **cap)
-        now = time.time()
+        now = _clock.now()
         for w in self.workers.values():
             # A member named in "leave" leaves at the leader's next look and exits 0, a joiner not
             # yet admitted is dismissed and exits 0: a signal only for a job that ignores the contract.
@@ -331,8 +331,8 @@ class Launcher:
 
     def _world_formed(self) -> bool:
         """Whether the job formed its dra world (asked of its store at most twice a second)."""
-        if not self.world and time.time() - self._world_asked >= 0.5:
-            self._world_asked = time.time()
+        if not self.world and _clock.now() - self._world_asked >= 0.5:
+            self._world_asked = _clock.now()
             self.world = self.store.started()
         return self.world
 
@@ -384,17 +384,17 @@ class Launcher:
             if isinstance(e, Superseded):
                 raise
             if self.away_since is None:
-                self.away_since = time.time()
+                self.away_since = _clock.now()
                 self._say(event="pool_unreachable", error=str(e), limit_s=self.orphan_limit_s)
             if self._pool_dir_gone():
                 raise TimeoutError(f"the pool's state directory {self.pool_dir} is gone: no daemon can come "
                                    "back to this job") from None
-            if self.orphan_limit_s is not None and time.time() - self.away_since > self.orphan_limit_s:
+            if self.orphan_limit_s is not None and _clock.now() - self.away_since > self.orphan_limit_s:
                 raise TimeoutError(f"the pool was unreachable for more than {self.orphan_limit_s:g} s "
                                    "(the operator's limit)") from None
             return None
         if self.away_since is not None:
-            self._say(event="pool_back", away_s=time.time() - self.away_since)
+            self._say(event="pool_back", away_s=_clock.now() - self.away_since)
             self.away_since = None
         refused = answer.get("report_refused") if isinstance(answer, dict) else None
         if refused and refused != self._report_refused:
@@ -442,13 +442,13 @@ class Launcher:
             # a job that gave a lease back and whose last workers then crashed failed.
             done = self.store.done() or (self.started_world and not self.workers and self.finished_workers > 0)
             if done:  # the job finished: its workers end by themselves (the leader writes results)
-                t_done = time.time()
+                t_done = _clock.now()
                 leader = ((report or {}).get("members") or [0])[0]
-                while self.workers and time.time() < t_done + 60:
+                while self.workers and _clock.now() < t_done + 60:
                     time.sleep(self.poll_s)
                     for w in self.workers.values():  # the others have nothing left to do: one stuck
                         # (a joiner on a lost node never started) is stopped after 10 s
-                        if w["uid"] != leader and w["signals"] == 0 and time.time() > t_done + 10:
+                        if w["uid"] != leader and w["signals"] == 0 and _clock.now() > t_done + 10:
                             self._say(event="stuck_after_done", lease=w["lease"], uid=w["uid"])
                             self._signal(w, signal.SIGKILL)
                     freed, c = self._reap()

@@ -23,14 +23,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dra import _core
 from dra._core import pool as _p
-from dra.pool import _auth, _cgroup, _launchers, _quota, _state
+from dra.pool import _auth, _cgroup, _clock, _launchers, _quota, _state
 from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
@@ -171,7 +170,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
     # durable state
     # ------------------------------------------------------------------------------------------
     def _restore(self) -> None:
-        now = time.time()
+        now = _clock.now()
         for j in self.db.jobs():
             self.jobs[j["name"]] = j
             self._requests[j["name"]] = make_request({**j["spec"], "name": j["name"]})
@@ -226,7 +225,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         self.db.set_meta("counters", self.counters)
 
     def _event(self, ev: dict[str, Any]) -> None:
-        ev = {"time": time.time(), **ev}
+        ev = {"time": _clock.now(), **ev}
         fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, (json.dumps(ev) + "\n").encode())
@@ -239,7 +238,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         """An error of the daemon itself: one event, then at most one a minute for the same error
         (with how often it repeated), so a recurring fault never floods the log."""
         text = f"{where}: {type(e).__name__}: {e}"
-        now = time.time()
+        now = _clock.now()
         seen = self._errors.setdefault(text, [0.0, 0])
         seen[1] += 1
         if now - seen[0] >= 60.0:
@@ -364,7 +363,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
                 self._forget(req.job, old)
             order = int(self.db.get_meta("order", 0)) + 1
             self.db.set_meta("order", order)
-            job = {"name": req.job, "order": order, "spec": stored, "state": "waiting", "submitted_at": time.time(),
+            job = {"name": req.job, "order": order, "spec": stored, "state": "waiting", "submitted_at": _clock.now(),
                    "started_at": None, "finished_at": None, "info": {"owner": owner.to_json()}}
             self.jobs[req.job] = job
             self._requests[req.job] = make_request(stored)
@@ -431,7 +430,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
             if job["state"] in ENDED:
                 return {"job": name, "state": job["state"]}
             job["state"] = "cancelled"
-            job["finished_at"] = time.time()
+            job["finished_at"] = _clock.now()
             self._save_job(name)
             changed = []
             for l in self.book.of_job(name):
@@ -468,7 +467,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         with self._lock:
             self._job(name)
             self._authorize(name, caller, "report for")
-            self._keep_report(name, report, time.time())
+            self._keep_report(name, report, _clock.now())
         return {"job": name}
 
     def _keep_report(self, name: str, report: dict[str, Any], now: float) -> None:
@@ -513,7 +512,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
                 # cgroups, held to their limits, until it is gone (the loop reaps it).
                 extra["lingering"] = self.slots.paths(l.device, l.id)[0]
         self._event({"event": "release", "job": l.job, "lease": lid, "device": l.device, "reason": reason,
-                     "held_s": time.time() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu}), **extra})
+                     "held_s": _clock.now() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu}), **extra})
 
     def _end(self, name: str, state: str, reason: str | None, removed: list[int], now: float) -> None:
         """A job ends: its leases go back, one ``finish`` event says how and why."""
@@ -558,7 +557,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         """Devices, leases and jobs; a job's report and why it ended only for its owner and
         operators (everyone sees names, owners, states and sizes, as a batch queue shows them)."""
         with self._lock:
-            now = time.time()
+            now = _clock.now()
             devices = []
             for d in self.inventory.devices:
                 devices.append({"id": d.id, "type": d.type, "node": d.node, "group": d.group,
