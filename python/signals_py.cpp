@@ -39,7 +39,7 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readwrite("gns_decay", &estimator_config::gns_decay, "EMA decay of the gradient-noise-scale moments.")
       .def_readwrite("plateau_history_fraction", &estimator_config::plateau_history_fraction,
                      "Plateau also needs the loss to have improved by less than plateau_history_improvement since "
-                     "this fraction of the current step (0: off).")
+                     "this fraction of the current step (default 0.25; 0: off, the windowed test alone).")
       .def_readwrite("plateau_history_improvement", &estimator_config::plateau_history_improvement,
                      "Relative improvement since plateau_history_fraction x step below which learning has stalled.")
       .def("validate", &estimator_config::validate);

@@ -3,7 +3,8 @@
 The windowed test alone raised a plateau early in this run (the digits main job dropped to one
 process at step 130 of 860); with the scale-free history guard the simulator and the
 convergence-aware policy use (estimator_config.plateau_history_fraction), no plateau is reported
-before half of the run."""
+before half of the run. The guard is the default (the live controller's, the pool's and the
+simulator's)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def _first_plateau(losses: list[float], config: dra.EstimatorConfig) -> int | No
 def test_no_plateau_before_half_of_the_digits_run() -> None:
     for seed in (0, 1):
         losses = _digits_losses(seed)
-        guarded = _first_plateau(losses, dra.EstimatorConfig(plateau_history_fraction=0.25))
-        windowed = _first_plateau(losses, dra.EstimatorConfig())
+        guarded = _first_plateau(losses, dra.EstimatorConfig())  # the default: the history guard on
+        assert dra.EstimatorConfig().plateau_history_fraction == 0.25
+        windowed = _first_plateau(losses, dra.EstimatorConfig(plateau_history_fraction=0.0))
         print(f"seed {seed}: first plateau windowed-only at step {windowed}, with the history guard at {guarded}")
         assert guarded is None or guarded >= STEPS // 2, (seed, guarded)

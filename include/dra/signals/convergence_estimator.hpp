@@ -62,8 +62,10 @@ struct estimator_config {
   /// A windowed test alone fires on any slow stretch, e.g. 19 % into a run or at a constant-LR stage
   /// before a decay; a power-law loss keeps improving by a constant fraction per doubling, so this
   /// test fires only once learning has truly stalled. On the shipped Pollux traces (40 runs, fed
-  /// once per epoch) it never fires before half of a run (tests/cpp/test_signals.cpp).
-  double plateau_history_fraction = 0.0;
+  /// once per epoch) it never fires before half of a run (tests/cpp/test_signals.cpp). On by
+  /// default, as the simulator runs it: with the windowed test alone the live digits job dropped
+  /// to one process at step 130 of 860 (tests/python/test_plateau_digits.py).
+  double plateau_history_fraction = 0.25;
   double plateau_history_improvement = 0.02;
   /// Learning counts as "fast" when the log-loss improves by at least this fraction per window.
   double fast_relative_improvement = 0.10;

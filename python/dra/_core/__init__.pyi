@@ -91,7 +91,7 @@ class EstimatorConfig:
     @property
     def plateau_history_fraction(self) -> float:
         """
-        Plateau also needs the loss to have improved by less than plateau_history_improvement since this fraction of the current step (0: off).
+        Plateau also needs the loss to have improved by less than plateau_history_improvement since this fraction of the current step (default 0.25; 0: off, the windowed test alone).
         """
     @plateau_history_fraction.setter
     def plateau_history_fraction(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
