@@ -264,7 +264,7 @@ class NodeLauncher:
         if console_wanted(local_rank, cfg.tee, cfg.local_ranks) and self.tee is not None:
             self.tee.follow(w.log, prefix_for(cfg.role, local_rank))
         w.pid = self.spawner.spawn(w.wid, list(cfg.command), self._env(w), [], w.log, cfg.cwd)
-        w.started = time.time()
+        w.started = time.monotonic()  # for how long it ran (a wall-clock step does not move it)
         self.workers[w.wid] = w
         if join:
             self._say(f"rank {rank} (local {local_rank}) replaced by uid {uid} (pid {w.pid}), joining in place; "
@@ -400,7 +400,7 @@ class NodeLauncher:
     def _exited(self, w: Worker, code: int) -> None:
         if self.tee is not None:
             self.tee.stop_following(w.log)
-        ran = time.time() - w.started
+        ran = time.monotonic() - w.started
         record = {"rank": w.rank, "local_rank": w.local_rank, "uid": w.uid, "pid": w.pid, "code": code,
                   "time": time.time(), "ran_s": round(ran, 3), "join": w.join, "error_file": self._error(w),
                   "attempt": w.attempt}
