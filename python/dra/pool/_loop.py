@@ -337,7 +337,12 @@ class SchedulingLoop:
                 if peak is None or sj.current >= peak[1] or now - peak[0] >= cooldown:
                     peak = self._recent_peak[name] = (now, sj.current)
                 if name in running and now - self._resized_at.get(name, -1e9) < cooldown:
-                    k = max(sj.current, peak[1], 1)
+                    # The curve stops at the pool's device count, but a job of fractional leases
+                    # (two half-slot workers to a slot) can hold, and have peaked at, more leases
+                    # than that: indexing past the curve's end raised IndexError at every tick of
+                    # the cooldown and stopped the re-plan of every job (found by the soak,
+                    # tests/python/test_pool_soak_outside.py). The curve is flat past its end.
+                    k = min(max(sj.current, peak[1], 1), len(sj.speedup) - 1)
                     sj.speedup = sj.speedup[: k + 1] + [sj.speedup[k]] * (len(sj.speedup) - k - 1)
             jobs.append(sj)
         capacity = len(self.inventory)
