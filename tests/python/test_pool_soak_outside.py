@@ -346,8 +346,36 @@ class Soak:
             self.violations.append(f"seed {self.seed}: leases granted and never released: {sorted(held)}")
 
     def close(self) -> None:
+        """Stops the daemon; after a failure mid-stream, first its jobs, so that it removes its
+        cgroups (a daemon stopped while it holds leases keeps them for the next one)."""
         if self.daemon is not None and self.daemon.poll() is None:
+            try:
+                assert self.client is not None
+                for name in self.live():
+                    self.client.cancel(name)
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and self.client.status()["leases"]:
+                    time.sleep(0.25)
+            except Exception:  # noqa: BLE001 - teardown: the daemon stops whatever it answered
+                pass
             self.stop()
+
+    def sweep(self) -> None:
+        """What a failed soak may leave: its processes, its cgroups, its name lock."""
+        for line in self.soak_processes():
+            try:
+                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
+        for c in _cgroup.CONTROLLERS + _cgroup.OPTIONAL_CONTROLLERS:
+            base = Path(_cgroup.ROOT, c, "dra", self.name)
+            for d in sorted(base.glob("**/"), key=lambda x: -len(x.parts)) if base.is_dir() else []:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+        _cgroup._name_lock_path(self.name).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -364,8 +392,11 @@ def soak(tmp_path: Path, seed: int, ops: int = 30, stream_s: float = 45.0, drain
         s.run(ops, stream_s, drain_s)
         s.check_end()
         s.check_events()
-    finally:
+    except BaseException:
         s.close()
+        s.sweep()
+        raise
+    s.close()
     # Once the pool closed: none of its cgroups, no process of the soak.
     for c in _cgroup.CONTROLLERS:
         d = Path(_cgroup.ROOT, c, "dra", s.name)
@@ -382,6 +413,7 @@ def soak(tmp_path: Path, seed: int, ops: int = 30, stream_s: float = 45.0, drain
                 os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    s.sweep()  # nothing of a soak that broke an invariant stays for the next test
     kinds = [e["event"] for e in s.events()]
     assert not s.violations, "\n".join(s.violations) + f"\n(events: {tmp_path / 'state' / 'events.jsonl'})"
     # The soak did what it says: jobs ran and ended, the daemon restarted once.
