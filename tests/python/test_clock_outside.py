@@ -105,7 +105,7 @@ class _Daemon:
         self.state = tmp_path / "state"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dra", "pool", "serve", "--inventory", "slots:2", "--state", str(self.state),
-             "--name", f"clk{os.getpid()}", "--heartbeat-timeout-s", "3"],
+             "--name", f"clk{os.getpid()}", "--heartbeat-timeout-s", "3", "--no-slot-guarantee"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env}, cwd=tmp_path)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         assert "serving" in line, line + (self.proc.stdout.read() if self.proc.stdout else "")

@@ -55,7 +55,8 @@ class Soak:
         log = open(self.tmp / "daemon.log", "a")
         self.daemon = subprocess.Popen(
             [sys.executable, "-m", "dra", "pool", "serve", "--inventory", f"slots:{DEVICES}", "--state", str(self.state),
-             "--name", self.name, "--scale-every-s", "0.5", "--heartbeat-timeout-s", "3"],
+             "--name", self.name, "--scale-every-s", "0.5", "--heartbeat-timeout-s", "3",
+             "--no-slot-guarantee"],  # its slots must not take the CPU first from the tests beside it
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         self.client = PoolClient(f"unix:{self.state}/pool.sock")
