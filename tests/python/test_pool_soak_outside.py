@@ -103,6 +103,16 @@ class Soak:
                 out.setdefault(e["job"], []).append(e["pid"])
         return out
 
+    def _is_mine(self, pid: int) -> bool:
+        """A process of this soak: its mark in the environment, or this pool's state in its command
+        line (a launcher gets the job's environment only for its workers)."""
+        try:
+            proc = Path(f"/proc/{pid}")
+            return (self.mark.encode() in (proc / "environ").read_bytes().split(b"\0")
+                    or str(self.state).encode() in (proc / "cmdline").read_bytes())
+        except OSError:
+            return False
+
     def soak_processes(self) -> list[str]:
         found = []
         for p in Path("/proc").iterdir():
@@ -218,7 +228,10 @@ class Soak:
         pid = None
         if self.rng.random() < 0.5:
             pids = self.launcher_pids().get(name, [])
-            if pids:
+            # Only a launcher of this soak's (its mark in the environment): a launcher already gone
+            # leaves its pid to be reused (pid_max is 32768 here), and a kill -9 of that pid hit
+            # another test's process (the Ctrl-C tests of dra-sim and of the RL CLI then hung).
+            if pids and self._is_mine(pids[-1]):
                 pid, what = pids[-1], "launcher"
         if pid is None:
             dirs = self.lease_dirs()
