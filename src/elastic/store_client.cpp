@@ -17,7 +17,10 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -162,6 +165,64 @@ void wait_until_listening(const std::string& host, int port, std::chrono::steady
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
+// c10d's connect loop sleeps a jittered back-off (0.5-1.5 s at first) after a failed attempt
+// whenever its own deadline has not passed, and a dying store's lingering listener fails every
+// attempt at once (accept, then reset): a reconnection bounded to 200 ms took up to 2 s inside the
+// leader's step. A reconnection therefore runs c10d's constructor on a thread of its own and gives
+// it up at the deadline. A thread given up finishes within c10d's timeout plus one back-off; the
+// process joins such threads at exit (its atexit handler runs before the static destructors of the
+// libraries loaded before it), so none runs into a library being torn down.
+class abandoned_connects {
+ public:
+  static abandoned_connects& instance() {
+    static abandoned_connects* one = [] {
+      auto* made = new abandoned_connects();  // never destroyed: the exit handler still reads it
+      std::atexit([] { abandoned_connects::instance().join_all(); });
+      return made;
+    }();
+    return *one;
+  }
+  void keep(std::thread t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    threads_.push_back(std::move(t));
+  }
+  void join_all() {
+    std::vector<std::thread> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all.swap(threads_);
+    }
+    for (auto& t : all)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::thread> threads_;
+};
+
+c10::intrusive_ptr<c10d::TCPStore> connect_within(const std::string& host, int port, const c10d::TCPStoreOptions& o,
+                                                  std::chrono::steady_clock::time_point deadline) {
+  auto& keeper = abandoned_connects::instance();  // its exit handler is in place before the thread runs
+  auto result = std::make_shared<std::promise<c10::intrusive_ptr<c10d::TCPStore>>>();
+  auto done = result->get_future();
+  std::thread attempt([result, host, o] {
+    try {
+      result->set_value(c10::make_intrusive<c10d::TCPStore>(host, o));
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+  });
+  // A connection that succeeds at the deadline is kept: the wait ends a little after it.
+  if (done.wait_until(deadline + std::chrono::milliseconds(20)) != std::future_status::ready) {
+    keeper.keep(std::move(attempt));
+    throw dra::timeout_error("dra: the store at " + host + ":" + std::to_string(port) +
+                             " accepted the reconnection but did not answer it in time (a dying store)");
+  }
+  attempt.join();
+  return done.get();
+}
+
 // c10d names the peer of every socket it opens: a reverse lookup (getnameinfo without
 // NI_NUMERICHOST, of the v4-mapped address, which /etc/hosts seldom lists) that it gives up for
 // the rest of the process once one fails. On a host whose resolver does not answer, a process's
@@ -255,7 +316,7 @@ void store_client::connect(std::chrono::steady_clock::time_point deadline, bool 
     if (!reconnecting) o.timeout = contact_budget(o.timeout);
     const auto began = std::chrono::steady_clock::now();
     const auto before = sockets_to_port(port_);
-    tcp_ = c10::make_intrusive<c10d::TCPStore>(host_, o);
+    tcp_ = reconnecting ? connect_within(host_, port_, o, deadline) : c10::make_intrusive<c10d::TCPStore>(host_, o);
     contact_made(began, host_ + ":" + std::to_string(port_));
     bound_unacknowledged_sends(port_, before, timeout_);
   } catch (const std::exception& e) {
