@@ -41,7 +41,7 @@ from _elastic_harness import STATE_DIGEST, run_logged_script
 pytestmark = pytest.mark.timeout(150)
 
 SCRIPT = r'''
-import hashlib, json, os, signal
+import hashlib, json, os, signal, time
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
@@ -105,6 +105,12 @@ else:
 if mode == "compile_outer":
     model_c = torch.compile(model, backend=cfg.get("backend", "inductor"))
 ctl = model.controller
+if cfg.get("wait_candidates") and ctl.step_index == 0:
+    # The scheduled grow finds the standby registered (on a loaded host its start-up, torch's import
+    # included, outlasted the job once and the grow never came); waits on the store only.
+    until = time.monotonic() + 90
+    while len(ctl.registered_candidates()) < cfg["wait_candidates"] and time.monotonic() < until:
+        time.sleep(0.05)
 val = list(range(0, len(DS), 7))  # a validation set every rank evaluates whole
 for epoch in ctl.epochs(cfg.get("epochs", 2)):
     for x, y, ids in loader:
@@ -176,7 +182,8 @@ GROW_KILL = {"policy": "none", "start_size": 2, "resize_schedule": {"5": 3}}
 def _run(tmp_path: Path, mode: str, nproc: int = 3, options: dict | None = None, **cfg) -> tuple[int, str, list[dict]]:
     out = tmp_path / mode
     out.mkdir()
-    cfg = {"mode": mode, "kill": [1, 12] if options is None else None, **cfg}
+    cfg = {"mode": mode, "kill": [1, 12] if options is None else None, "wait_candidates": 1 if options is None else 0,
+           **cfg}
     code, logs, records = run_logged_script(out, SCRIPT, nproc, options or GROW_KILL, cfg, timeout=120)
     assert code != -1, f"{mode}: still running after 120 s\n{logs[-4000:]}"
     return code, logs, records
