@@ -660,7 +660,7 @@ TEST_CASE("elastic.store_client.a_dying_store_that_accepts_then_resets_is_given_
   resetter.join();
   ::close(lsn);
   CHECK(resets.load() >= 1);  // the reconnection met the resetting listener
-  CHECK(took < 650ms);  // c10d sleeps 0.5-1.5 s between its own attempts: it took up to 2 s
+  CHECK(took < 650ms);        // c10d sleeps 0.5-1.5 s between its own attempts: it took up to 2 s
   CHECK(c.gone());
 }
 
