@@ -114,6 +114,7 @@ def _wait_exit(h: Hosts, name: str, timeout: float) -> tuple[int, float]:
     return h.procs[name].returncode, time.monotonic() - t0
 
 
+@pytest.mark.timeout(150)  # the file's 90 s, with room for the wider bound on the fence below
 def test_a_node_cut_off_mid_training_fences_its_workers_and_the_other_node_finishes(hosts, tmp_path):
     endpoint = hosts.store()
     job = dict(JOB, out=str(tmp_path))
@@ -125,10 +126,12 @@ def test_a_node_cut_off_mid_training_fences_its_workers_and_the_other_node_finis
     hosts.wait_for("steps", lambda: _commits(tmp_path) >= 12, 60)
     hosts.cut(2)
     # The cut-off node: fenced once its stalled store connection is given up (2 x 5 s + 1 s), its
-    # workers stopped, exit 1.
-    code, took = _wait_exit(hosts, "node2", 30)
+    # workers stopped, exit 1. Measured 16 s at host load 10 (was bounded at 25 s); unfenced, the
+    # node sat in recv() for ~15 min of TCP resends (still running 150 s after the cut): 40 s is
+    # between the two.
+    code, took = _wait_exit(hosts, "node2", 45)
     assert code == 1 and "this node is cut off; stopping its workers" in hosts.output("node2"), hosts.output("node2")
-    assert took < 25, took
+    assert took < 40, took
     # The other node shrank in place and finished, every sample once.
     assert _wait_exit(hosts, "node1", 40)[0] == 0, hosts.output("node1")[-3000:]
     recs = load_records(tmp_path)
