@@ -362,3 +362,30 @@ def test_a_log_folder_the_jobs_user_cannot_own_is_refused_at_submission(tmp_path
         svc.submit({"name": "a", "cwd": str(tmp_path), "log": "mine", "command": ["true"]})  # new: made 0700
     finally:
         svc.close()
+
+
+def test_a_launcher_still_running_when_its_daemon_lets_go_of_it_warns_nothing(tmp_path: Path) -> None:
+    """A daemon that closes leaves its jobs' launchers running (jobs outlive it). The launcher's
+    Popen, dropped with the daemon while its process ran, warned "subprocess N is still running"
+    (ResourceWarning) whenever the garbage collector reached it: in a fresh clone's suite it failed
+    an unrelated test that ran then. The pool keeps each launcher it started until it has exited."""
+    import gc
+    import signal
+    import warnings
+
+    from dra.pool import _launchers
+    from dra.pool._auth import owner_of
+
+    ref = _launchers.start("x", "unix:/nonexistent", owner_of(os.getuid()), str(tmp_path), tmp_path / "x.log", {})
+    pid = ref.pid
+    try:
+        assert ref.alive(), "the launcher ended before the daemon let go of it"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del ref
+            gc.collect()
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+        for p in [p for p in _launchers._started if p.pid == pid]:
+            p.wait(timeout=30)

@@ -13,6 +13,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,20 @@ def open_log(path: Path, owner: Owner) -> int:
     return fd
 
 
+# Every launcher this process started, until it is seen to have exited. A daemon that closes leaves
+# its jobs' launchers running (jobs outlive it), and a Popen dropped while its process runs warns
+# (ResourceWarning, an error under `-W error`) whenever the garbage collector reaches it, in whatever
+# code runs then. The exited ones are reaped at the next start.
+_started: list[subprocess.Popen[bytes]] = []
+_started_lock = threading.Lock()
+
+
+def _keep(p: subprocess.Popen[bytes]) -> None:
+    with _started_lock:
+        _started[:] = [q for q in _started if q.poll() is None]
+        _started.append(p)
+
+
 #: The launch ids a daemon gives the launchers it starts begin with this; a launcher started by hand
 #: makes its own id (no prefix). A pool takes a launcher it has no record of as started by hand only
 #: without the prefix: one with it was started by another pool (a state directory since removed).
@@ -108,6 +123,7 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
                              cwd=cwd, env=job_env(owner, {**env, "DRA_LAUNCH_ID": launch_id}), **extra)
     finally:
         os.close(fd)
+    _keep(p)
     return LauncherRef(launch_id, p.pid, proc_start(p.pid), p)
 
 
