@@ -39,6 +39,17 @@ def digest(*states):
 '''
 
 
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` of a command a Ctrl-C test starts: SIGINT at its default and unblocked, as a
+    command started at a terminal has it. A process started from a background shell (CI's, or
+    ``cmd &``) inherits SIGINT ignored, and in two fresh-clone runs of the suite the commands under
+    test went on after SIGINT."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

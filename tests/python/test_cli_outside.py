@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _elastic_harness import sigint_as_at_a_terminal
 
 BIN = Path(sys.executable).parent
 DRA = str(BIN / "dra")
@@ -52,21 +53,12 @@ def test_a_reader_that_went_away_ends_the_command_quietly(cmd: list[str]) -> Non
     assert proc.stderr == "", proc.stderr  # no traceback, no "cannot write ...; give a writable path"
 
 
-def _sigint_as_at_a_terminal() -> None:
-    """A command started at a terminal has SIGINT at its default, unblocked. In two fresh-clone
-    runs of the whole suite both Ctrl-C tests' commands went on after SIGINT as if it were ignored
-    or blocked in the pytest worker they inherit from (alone, and two files at once, they pass);
-    the cause is not found. The commands under test start as from a terminal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
 @pytest.mark.timeout(60)
 def test_ctrl_c_of_a_long_dra_sim_study_exits_130_without_traceback_or_file(tmp_path) -> None:
     out = tmp_path / "study.json"
     proc = subprocess.Popen([DRA_SIM, "study", "--runs", "2000", "--resamples", "10", "--json", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=_sigint_as_at_a_terminal)
+                            preexec_fn=sigint_as_at_a_terminal)
     err: list[bytes] = []
     reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read1(4096), b"")), daemon=True)
     reader.start()

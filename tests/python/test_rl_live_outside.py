@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from _elastic_harness import sigint_as_at_a_terminal
 
 from dra.pool import _cgroup as cg
 from dra.rl.live import coordinator as coord
@@ -145,15 +146,6 @@ def test_workers_too_slow_to_start_name_the_fix(tmp_path) -> None:
         LiveRL(tiny(cpus_per_slot=0.01, timeout_s=2), tmp_path, quiet=True)
 
 
-def _sigint_as_at_a_terminal() -> None:
-    """As test_cli_outside.py's: the command starts with SIGINT at its default, unblocked, as at a
-    terminal (in two fresh-clone runs of the suite it went on after SIGINT; cause not found)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
 def test_ctrl_c_of_the_cli_ends_it_with_one_line_and_no_traceback(tmp_path):
     # Ctrl-C printed a KeyboardInterrupt traceback (the cleanup itself was complete).
     import signal
@@ -164,7 +156,7 @@ def test_ctrl_c_of_the_cli_ends_it_with_one_line_and_no_traceback(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "dra.rl.live.coordinator", "--out", str(tmp_path / "out"), "--steps",
                           "200", "--rollout", "1", "--no-cgroups", "--pretrain-steps", "0"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_sigint_as_at_a_terminal)
+                         preexec_fn=sigint_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 120
         line = ""
