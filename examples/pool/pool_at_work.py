@@ -45,6 +45,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -333,6 +334,28 @@ def workload(args: argparse.Namespace, state: Path, mode: str) -> list[tuple[flo
     return [(i * args.gap_s, sized(KINDS[i % len(KINDS)], n)) for i, n in enumerate(names)]
 
 
+ENDED = ("finished", "failed", "cancelled")
+
+
+def end_run(client: Any, server: Any, frontend: Frontend | None, wait_s: float = 30.0) -> None:
+    """Ends what a run left: cancels its jobs that have not ended, waits (at most ``wait_s``) until
+    the pool has released their leases (their workers gone), then closes the pool, which removes
+    its cgroups. A run that ended normally has nothing left and closes at once."""
+    if frontend is not None and not frontend.stopping:
+        frontend.stop()
+    try:
+        live = [j["name"] for j in client.status()["jobs"] if j["state"] not in ENDED]
+        for name in live:
+            client.cancel(name)
+        if live:
+            print(f"[pool] ending the run's jobs that had not ended: {', '.join(live)}", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + wait_s
+        while live and client.status()["leases"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        server.close()
+
+
 def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, int]], replica_rps: float,
              out: Path) -> dict[str, Any]:
     from dra.pool.factory import make_service
@@ -349,70 +372,75 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
                        scale_every_s=1.0, heartbeat_timeout_s=3.0)
     server = PoolServer(svc).start()
     client = PoolClient(server.url)
-    preload = ["torch", "dra", "dra.elastic", "dra.pool.job", "sklearn.datasets", "sklearn.model_selection",
-               "sklearn.preprocessing"]
-    common = {"cwd": str(ROOT), "preload": preload, "log": str(state / "logs")}
-    py = sys.executable
-    jobs = workload(args, state, mode)
-    frontend = Frontend(trace, client, "serve", args.slo_s)
-    replicas = args.tuned.get("serve", args.peak_replicas) if mode == "static_tuned" else args.peak_replicas
-    serve_spec = {"name": "serve", "kind": "inference", "min_size": 1, "max_size": replicas,
-                  "priority": "high", "env": {"DRA_SERVICE": frontend.address}, "zygote": True,
-                  "preload": ["torch"], "command": [py, str(HERE / "replica.py")],
-                  "autoscale": {"replica_rps": replica_rps, "up_utilisation": 0.5, "target_utilisation": 0.4,
-                                "down_utilisation": 0.15, "down_delay_s": 15.0, "queue_per_replica": 4.0},
-                  "cwd": str(ROOT), "log": str(state / "logs")}
-    client.submit(serve_spec)
-    # The clock starts when the service is up (its first replicas connected), in every mode alike.
-    ready_by = time.time() + 120
-    want = serve_spec["min_size"] if mode == "dynamic" else serve_spec["max_size"]
-    while frontend.replicas < want and time.time() < ready_by:
-        time.sleep(0.1)
-    usage0 = svc.slots.usage_all() if svc.slots else {}
-    throttle0 = {s: svc.slots.throttling(s) for s in svc.slots.specs} if svc.slots else {}
-    load = LoadSampler()
-    t0 = time.time()
-    threading.Thread(target=frontend.report_loop, daemon=True).start()
-    replay = threading.Thread(target=frontend.replay, args=(t0,), daemon=True)
-    replay.start()
-    pending = list(jobs)
-    names = [s["name"] for _, s in jobs]
-    last = 0.0
-    states: dict[str, str] = {}
-    while True:
-        now = time.time() - t0
-        while pending and pending[0][0] <= now:
-            client.submit({**pending[0][1], **common})
-            pending.pop(0)
-        st = client.status()
-        states = {j["name"]: j["state"] for j in st["jobs"]}
-        if now - last >= 10:
-            last = now
-            workers = " ".join(f"{j['name']}={j['workers']}" for j in st["jobs"] if j["state"] in ("waiting", "running"))
-            print(f"[pool {mode}] t={now:5.0f}s {workers} inference p99 so far "
-                  f"{percentile(frontend.latencies, 0.99):.3f}s, host load {os.getloadavg()[0]:.1f}", flush=True)
-        if frontend.drained() and not frontend.stopping:
-            # The service ends with its traffic (in every mode): its replicas exit, its slots
-            # return to the pool, and its replica-seconds cover the same trace in every mode.
-            frontend.stop()
-        if not pending and all(states.get(n) in ("finished", "failed", "cancelled") for n in names) and frontend.drained():
-            break
-        if now > args.timeout_s:
-            print(f"[pool {mode}] timed out after {now:.0f} s: {states}", file=sys.stderr)
-            break
-        time.sleep(0.5)
-    end = time.time()
-    usage1 = svc.slots.usage_all() if svc.slots else {}
-    throttle1 = {s: svc.slots.throttling(s) for s in svc.slots.specs} if svc.slots else {}
-    host_load = load.stop()
-    if not frontend.stopping:
-        frontend.stop()
+    frontend: Frontend | None = None
     try:
-        client.wait(["serve"], timeout_s=20)
-    except TimeoutError:
-        client.cancel("serve")
-    st = client.status()
-    server.close()
+        preload = ["torch", "dra", "dra.elastic", "dra.pool.job", "sklearn.datasets", "sklearn.model_selection",
+                   "sklearn.preprocessing"]
+        common = {"cwd": str(ROOT), "preload": preload, "log": str(state / "logs")}
+        py = sys.executable
+        jobs = workload(args, state, mode)
+        frontend = Frontend(trace, client, "serve", args.slo_s)
+        replicas = args.tuned.get("serve", args.peak_replicas) if mode == "static_tuned" else args.peak_replicas
+        serve_spec = {"name": "serve", "kind": "inference", "min_size": 1, "max_size": replicas,
+                      "priority": "high", "env": {"DRA_SERVICE": frontend.address}, "zygote": True,
+                      "preload": ["torch"], "command": [py, str(HERE / "replica.py")],
+                      "autoscale": {"replica_rps": replica_rps, "up_utilisation": 0.5, "target_utilisation": 0.4,
+                                    "down_utilisation": 0.15, "down_delay_s": 15.0, "queue_per_replica": 4.0},
+                      "cwd": str(ROOT), "log": str(state / "logs")}
+        client.submit(serve_spec)
+        # The clock starts when the service is up (its first replicas connected), in every mode alike.
+        ready_by = time.time() + 120
+        want = serve_spec["min_size"] if mode == "dynamic" else serve_spec["max_size"]
+        while frontend.replicas < want and time.time() < ready_by:
+            time.sleep(0.1)
+        usage0 = svc.slots.usage_all() if svc.slots else {}
+        throttle0 = {s: svc.slots.throttling(s) for s in svc.slots.specs} if svc.slots else {}
+        load = LoadSampler()
+        t0 = time.time()
+        threading.Thread(target=frontend.report_loop, daemon=True).start()
+        replay = threading.Thread(target=frontend.replay, args=(t0,), daemon=True)
+        replay.start()
+        pending = list(jobs)
+        names = [s["name"] for _, s in jobs]
+        last = 0.0
+        states: dict[str, str] = {}
+        while True:
+            now = time.time() - t0
+            while pending and pending[0][0] <= now:
+                client.submit({**pending[0][1], **common})
+                pending.pop(0)
+            st = client.status()
+            states = {j["name"]: j["state"] for j in st["jobs"]}
+            if now - last >= 10:
+                last = now
+                workers = " ".join(f"{j['name']}={j['workers']}" for j in st["jobs"] if j["state"] in ("waiting", "running"))
+                print(f"[pool {mode}] t={now:5.0f}s {workers} inference p99 so far "
+                      f"{percentile(frontend.latencies, 0.99):.3f}s, host load {os.getloadavg()[0]:.1f}", flush=True)
+            if frontend.drained() and not frontend.stopping:
+                # The service ends with its traffic (in every mode): its replicas exit, its slots
+                # return to the pool, and its replica-seconds cover the same trace in every mode.
+                frontend.stop()
+            if not pending and all(states.get(n) in ENDED for n in names) and frontend.drained():
+                break
+            if now > args.timeout_s:
+                print(f"[pool {mode}] timed out after {now:.0f} s: {states}", file=sys.stderr)
+                break
+            time.sleep(0.5)
+        end = time.time()
+        usage1 = svc.slots.usage_all() if svc.slots else {}
+        throttle1 = {s: svc.slots.throttling(s) for s in svc.slots.specs} if svc.slots else {}
+        host_load = load.stop()
+        if not frontend.stopping:
+            frontend.stop()
+        try:
+            client.wait(["serve"], timeout_s=20)
+        except TimeoutError:
+            client.cancel("serve")
+        st = client.status()
+    finally:
+        # However the run ends (its end, its time-out, Ctrl-C, SIGTERM), the jobs it submitted end
+        # with it and the pool lets go of its cgroups: nothing of the run outlives it.
+        end_run(client, server, frontend)
     makespan = end - t0
     used = sum(usage1.get(s, 0.0) - usage0.get(s, 0.0) for s in usage1)
     quota = sum(d["compute"] for d in st["devices"])
@@ -468,6 +496,10 @@ def compare(d: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="outputs/pool")
@@ -513,7 +545,14 @@ def main(argv: list[str] | None = None) -> int:
     replica_rps = calibrate(args.ctx_div, trace, args.slot_cpus)
     print(f"[pool] {len(trace)} inference requests over {args.duration_s:g} s (Azure code trace, every "
           f"{args.thin}th); one replica on a slot serves ~{replica_rps:.0f} req/s (estimated)", flush=True)
-    results = {m: run_mode(m, args, trace, replica_rps, out) for m in modes}
+    # SIGTERM (and a closed terminal) end the run as Ctrl-C does: its jobs end and its cgroups go.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
+    try:
+        results = {m: run_mode(m, args, trace, replica_rps, out) for m in modes}
+    except KeyboardInterrupt:
+        print("[pool] interrupted: the run's jobs were ended and its pool closed; no results written", file=sys.stderr)
+        return 130
     for m, r in results.items():
         h = r["host_load"]
         print(f"[pool {m}] host load average (1 min) over the run: mean {h['mean']:.1f}, max {h['max']:.1f} on "
