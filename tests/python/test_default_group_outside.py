@@ -60,17 +60,25 @@ for epoch in ctl.epochs(cfg.get("epochs", 6)):
         loss.backward()
         opt.step()
         dra.step(loss)
+        if [ctl.uid, ctl.step_index] == cfg.get("kill_after"):  # after its dra.step, before the script's collectives
+            os.kill(os.getpid(), signal.SIGKILL)
         if cfg.get("per_step"):  # a script that logs the world's mean loss after every step
             each = torch.ones(1)
-            dist.all_reduce(each)
+            if cfg.get("async_op"):
+                dist.all_reduce(each, async_op=True).wait()
+            else:
+                dist.all_reduce(each)
             rec(step=ctl.step_index, uid=ctl.uid, step_sum=each.item(), world=ctl.world_size)
         time.sleep(cfg.get("step_sleep", 0.0))
     # The end of a data epoch, as a DDP script validates and saves.
+    uids = [None] * dist.get_world_size()
+    if cfg.get("objects_first"):  # the epoch's first collective is an object one (an all_gather inside)
+        dist.all_gather_object(uids, ctl.uid)
     one = torch.ones(1)
     dist.all_reduce(one)
     dist.barrier()
-    uids = [None] * dist.get_world_size()
-    dist.all_gather_object(uids, ctl.uid)
+    if not cfg.get("objects_first"):
+        dist.all_gather_object(uids, ctl.uid)
     # A standby admitted again in a later data epoch ends the loader with the world: its loop
     # variable is behind, the sampler says where the world is.
     word = [f"epoch {sampler.epoch}" if dist.get_rank() == 0 else None]
@@ -89,9 +97,10 @@ def _run(tmp_path: Path, options: dict, *launcher_args: str, **cfg) -> tuple[lis
     return epochs, logs
 
 
-def _run_all(tmp_path: Path, options: dict, *launcher_args: str, **cfg) -> tuple[list[dict], list[dict], str]:
+def _run_all(tmp_path: Path, options: dict, *launcher_args: str, nproc: int = 3, **cfg) -> tuple[list[dict], list[dict], str]:
     options = {"policy": "none", "fault_timeout_s": 3.0, **options}
-    code, logs, records = run_logged_script(tmp_path, SCRIPT, 3, options, cfg, timeout=90, launcher_args=launcher_args)
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, nproc, options, cfg, timeout=90,
+                                            launcher_args=launcher_args)
     assert code != -1, f"still running after 90 s (a collective on the default group hung)\n{logs[-4000:]}"
     assert code == 0, logs[-4000:]
     return [r for r in records if "epoch" in r], [r for r in records if "step_sum" in r], logs
@@ -171,3 +180,42 @@ def test_a_collective_after_every_step_does_not_hang_when_a_replacement_joins(tm
         mine = [(r["step"], r["step_sum"], r["world"]) for r in steps if r["uid"] == uid]
         off = [m for m in mine if m[1] != m[2]]
         assert len(off) <= 1 and all(m[1] == 2 and m[2] == 3 for m in off), mine
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async_op"])
+def test_a_member_killed_after_its_step_does_not_end_the_scripts_per_step_all_reduce(tmp_path: Path,
+                                                                                    async_op: bool) -> None:
+    # 4 processes; uid 1 is killed -9 right after its dra.step at step 5, before the all_reduce the
+    # script runs after every step. Its ring neighbours' all_reduce raised "Connection closed by
+    # peer" and ended the script; the other survivor waited in it until they had exited. Now the
+    # survivors' all_reduce completes with their own value (a sum of ones is the world's size it
+    # knew), the next dra.step recovers the world and re-creates the group: sums are 3 after it.
+    epochs, steps, logs = _run_all(tmp_path, {}, nproc=4, epochs=4, per_step=True, kill_after=[1, 5], n=64,
+                                   async_op=async_op)
+    assert "lost a member of the world" in logs and '"event":"fault"' in logs.replace(" ", "")
+    sizes = _agree(epochs)
+    assert sizes[0] == 4 and sizes[max(sizes)] == 3, sizes
+    for uid in (0, 2, 3):  # in the order each ran them: 4 up to the fault's step (5), 3 from its recovery on
+        mine = [(r["step_sum"], r["world"]) for r in steps if r["uid"] == uid]
+        k = mine.index((3.0, 3)) if (3.0, 3) in mine else len(mine)
+        assert k == 5 and mine[:k] == [(4.0, 4)] * k and mine[k:] == [(3.0, 3)] * (len(mine) - k) and mine[k:], mine
+
+
+@pytest.mark.parametrize("objects_first", [False, True], ids=["all_reduce_first", "all_gather_object_first"])
+def test_a_member_killed_before_the_epochs_end_collectives_does_not_end_the_job(tmp_path: Path,
+                                                                                objects_first: bool) -> None:
+    # 4 processes, 64 samples in batches of 4: 4 steps a data epoch. uid 2 is killed -9 right after
+    # the dra.step that ends the first epoch, before the script's epoch-end all_reduce, barrier,
+    # all_gather_object and broadcast_object_list. The survivors complete them with their own
+    # values (their gather holds their own uid four times), and from the next epoch on the
+    # collectives span the recovered world of 3 again. With all_gather_object first, the loss is met
+    # inside it (in its all_gather of the objects' sizes) and it completes as a whole.
+    epochs, _, logs = _run_all(tmp_path, {}, nproc=4, epochs=4, kill_after=[2, 4], n=64, objects_first=objects_first)
+    assert "lost a member of the world" in logs
+    first = [r for r in epochs if r["epoch"] == 0]
+    assert sorted(r["uid"] for r in first) == [0, 1, 3], first
+    for r in first:
+        assert r["sum"] == r["size"] == 4 and r["rank"] == r["ctl_rank"], r
+        assert r["uids"] in (r["members"], [r["uid"]] * 4), r  # completed by all, or taken in
+    later = [r for r in epochs if r["epoch"] > 0]
+    assert later and set(_agree(later).values()) == {3}

@@ -31,14 +31,20 @@ The cases handled:
   destroyed theirs, so nobody waits on it (its own collectives fail; guard them by ``ctl.is_member``);
 - a backend that cannot be re-created (MPI, a third-party one): left as it is, warned once;
 - a re-creation that fails (a member died in between): no default group until the next change
-  re-creates it, warned once (torch raises at the next collective instead of hanging).
+  re-creates it, warned once (torch raises at the next collective instead of hanging);
+- a member lost in one of the script's own collectives between two steps: the collective completes
+  with this process's own value, a stand-in keeps the rank and size until the next ``dra.step``,
+  whose recovery re-creates the group (``_collectives``).
 """
 
 from __future__ import annotations
 
+import gc
 import warnings
 from datetime import timedelta
 from typing import Any
+
+from dra.elastic import _collectives
 
 # Backends init_process_group builds from a store alone, with any rank and size.
 _RECREATABLE = frozenset({"gloo", "nccl", "xccl"})
@@ -58,11 +64,15 @@ class DefaultGroup:
         self._store: Any = None
         self._warned: set[str] = set()
         self._partial = False  # the group spans the members of one kind only: the whole world at the next step
+        self._guarding = False  # self._group is one dra re-creates, so its collectives are guarded
+        self.lost: str | None = None  # why a collective of the script's lost a member (the stand-in holds)
+        self.lost_size = 0  # the world's size the script knew when it did
 
     def follow(self, ctl: Any, position: str = "step") -> None:
         """``position``: where this process passed the world's last commit: ``"step"`` (returned
         from dra.step), ``"init"`` (its controller's construction) or ``"rejoin"``."""
         if not ctl.is_member or ctl.rank < 0:
+            self._guarding = False  # outside the world, nobody waits on its group: its collectives fail as they do
             if ctl.rank < 0 and ctl.role in ("finished", "released") and not ctl.status.exit_requested:
                 self._say_outside(ctl)  # its script's code runs on (one released with release="exit" ends)
             return  # a member whose job just finished keeps the last world's group
@@ -73,6 +83,16 @@ class DefaultGroup:
 
         if not dist.is_available():
             return
+        _collectives.install(self)
+        if self.lost is not None:
+            if epoch == self._epoch:
+                raise RuntimeError(
+                    f"dra: a collective of the script's lost a member of the world ({self.lost}), but no member "
+                    f"left the world at this dra.step (still epoch {epoch}): the error was not a member's loss; "
+                    "torch's default group cannot go on")
+            self.lost = None  # the world recovered: a group over it
+            self._recreate(ctl, epoch, *self._pending_config, position)
+            return
         if not dist.is_initialized():
             if self._pending and epoch != self._epoch:
                 self._recreate(ctl, epoch, *self._pending_config, position)
@@ -82,10 +102,11 @@ class DefaultGroup:
             if self._partial and position == "step":  # every member passed this step: the whole world now
                 self._recreate(ctl, epoch, *self._pending_config, None)
             return  # the common case, every step: nothing changed
+        backend = _backend_config(dist, group)
         if group is not self._group and self._keeps_own_group(ctl, dist, epoch):
             self._group, self._epoch = group, epoch
+            self._guarding = set(_backend_names(backend)) <= _RECREATABLE
             return
-        backend = _backend_config(dist, group)
         if not set(_backend_names(backend)) <= _RECREATABLE:
             if group is not self._group:  # warned once per group the script made
                 self._warn(
@@ -95,9 +116,48 @@ class DefaultGroup:
                     "was made for, and hang once one of them stands by or is gone. Initialise it with 'gloo' or "
                     "'nccl' (docs/guide/compatibility.md)",
                 )
-            self._group, self._epoch = group, epoch
+            self._group, self._epoch, self._guarding = group, epoch, False
             return
         self._recreate(ctl, epoch, backend, group.bound_device_id, _timeout_of(group), position)
+
+    def guards(self, group: Any) -> bool:
+        """Whether a collective on ``group`` (None: the default one) is one this process guards:
+        on the default group dra follows, or on the stand-in after a loss."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return False
+        default = dist.distributed_c10d._get_default_group()
+        if group is not None and group is not default:
+            return False
+        return self.lost is not None or (self._guarding and default is self._group)
+
+    def lose(self, where: str, reason: str) -> None:
+        """A collective of the script's (``where``) lost a member: lets the default group go now
+        (its connections close, so members still waiting in that collective fail at once) and puts
+        a stand-in in its place, with this process's rank and the world's size, until the next
+        ``dra.step`` re-creates it over the recovered world."""
+        import torch.distributed as dist
+
+        if self.lost is not None:
+            return
+        group = dist.distributed_c10d._get_default_group()
+        rank, size = dist.get_rank(), dist.get_world_size()
+        self._pending_config = (_backend_config(dist, group), group.bound_device_id, _timeout_of(group))
+        self.lost, self.lost_size = f"{where}: {reason}", size
+        self._group = group = None
+        dist.destroy_process_group()
+        gc.collect()  # nothing of it left to hold its connections open
+        stand_in = _stand_in(dist, rank, size)
+        self._group = dist.distributed_c10d._get_default_group() if stand_in else None
+        self._warn(
+            "lost",
+            f"dra: {where} on torch's default group lost a member of the world ({reason}). It completed as if every "
+            f"member had contributed this process's value (a sum is it times {size}, a mean is it); until the next "
+            "dra.step recovers the world and re-creates the group, the script's collectives complete the same way"
+            + ("" if stand_in else " and dist.get_rank() raises (no stand-in group in this torch)")
+            + " (docs/guide/elastic.md)",
+        )
 
     def _say_outside(self, ctl: Any) -> None:
         """A process outside the world runs the script's code (the job ended while it stood by, or it
@@ -178,7 +238,7 @@ class DefaultGroup:
         group = dist.distributed_c10d._get_default_group()
         if timeout is not None:
             _set_timeout(group, timeout)
-        self._group = group
+        self._group, self._guarding = group, True
 
     @staticmethod
     def _kinds(store: Any, uid: int, members: list[int], position: str, bound: timedelta) -> dict[int, str]:
@@ -209,6 +269,28 @@ class DefaultGroup:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+_STAND_IN = "dra_lost"
+
+
+def _stand_in(dist: Any, rank: int, size: int) -> bool:
+    """A default group with ``rank`` and ``size`` that does no communication (torch's
+    FakeProcessGroup, registered as backend 'dra_lost'); False where this torch has none."""
+    try:
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        if not hasattr(dist.Backend, _STAND_IN.upper()):
+            dist.Backend.register_backend(
+                _STAND_IN,
+                lambda common, options: FakeProcessGroup._create_internal(common.group_rank, common.group_size, options),
+                extended_api=True,
+                devices=["cpu", "cuda"],
+            )
+        dist.init_process_group(_STAND_IN, store=dist.HashStore(), rank=rank, world_size=size)
+        return True
+    except Exception:  # noqa: BLE001 - said by the caller's warning
+        return False
 
 
 def _backend_config(dist: Any, group: Any) -> str:
