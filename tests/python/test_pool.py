@@ -428,7 +428,10 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
     the member on it leaves and exits 0 (no fault), the high job runs there; when it ends, the
     pool grants the lease back and a joiner (DRA_JOIN=1) is admitted in place. Both finish with
     their accuracy; events, metrics and the Gantt plot show it."""
-    svc = make_service("slots:2", tmp_path / "state", name=f"t{os.getpid()}", scale_every_s=0.5,
+    # Slots of 0.75 core, not a whole one each: with both slots' quota reserved (guaranteed) and
+    # busy on this 2-core machine, high's launcher (outside every slot) was starved until low had
+    # finished (ready 62 s after its launch, in a fresh clone), and nothing was preempted.
+    svc = make_service("slots:2x0.75", tmp_path / "state", name=f"t{os.getpid()}", scale_every_s=0.5,
                        heartbeat_timeout_s=3.0)
     server = PoolServer(svc).start()
     client = PoolClient(server.url)
