@@ -362,8 +362,14 @@ void dra::python::bind_controller(py::module_& m) {
                });
                o.phase_hook = [hook](change_phase phase, const controller& self) {
                  py::gil_scoped_acquire gil;
-                 (*hook)(py::cast(const_cast<controller*>(&self), py::return_value_policy::reference),
-                         to_string(phase));
+                 try {
+                   (*hook)(py::cast(const_cast<controller*>(&self), py::return_value_policy::reference),
+                           to_string(phase));
+                 } catch (py::error_already_set& e) {
+                   // A fault the test injects: the controller handles it as a failure of that phase.
+                   throw dra::comm_error(std::string("dra.testing phase hook raised at ") + to_string(phase) + ": " +
+                                         e.what());
+                 }
                };
              }
              launch_info l = launch_info::from_env();

@@ -2,7 +2,10 @@
 
 - ``set_phase_hook(fn)``: ``fn(controller, phase)`` is called at "rebuild", "state_transfer" and
   "reshard" of every world change of controllers made afterwards, so tests can kill a process
-  inside a resize for real.
+  inside a resize for real, and at "reduced", once a step's gradient reduction has finished on
+  this process. An exception ``fn`` raises fails that phase on this process alone (at "reduced":
+  a reduction that finished on the other members and failed here, as a time-out on its last
+  receive does).
 - the elastic world's membership functions and a no-op binding call (dra.step's cost baseline),
   from ``dra._core._testing``.
 - ``tagged_processes(name, value)``: the live processes whose environment holds ``name=value``;

@@ -97,6 +97,8 @@ const char* to_string(change_phase p) noexcept {
       return "state_transfer";
     case change_phase::reshard:
       return "reshard";
+    case change_phase::reduced:
+      return "reduced";
   }
   return "?";
 }

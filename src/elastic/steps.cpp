@@ -122,6 +122,7 @@ bool controller::finish_reduction() {
   at::Tensor tail;
   try {
     tail = reducer_->finish();
+    hook(change_phase::reduced);
     reads_->push(step_index_, tail);
   } catch (const dra::error& e) {
     failure_ = e.what();
@@ -365,7 +366,22 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
       std::string reason = failure_;
       failure_.clear();
       refused_.reset();
+      const std::int64_t attempted = step_index_;
       recover(reason);
+      if (role_ == role::member && step_index_ == attempted + 1) {
+        // The reduction finished on other members and failed here (a time-out on its last
+        // receive): they applied the step, whose sum held this process's gradient, and the
+        // recovery handed their state over. The world committed this process's batch with it.
+        batch_ = {};
+        status_.committed = true;
+        status_.step = attempted;
+        status_.loss = world_loss_;
+        std::fprintf(stderr,
+                     "[dra] process %d: step %lld's reduction failed here (%s) after it had finished on other "
+                     "members, which applied it; the world committed that step and this process took its state "
+                     "(the step is not redone)\n",
+                     uid_, static_cast<long long>(attempted), reason.c_str());
+      }
     } else {
       const bool refused = refused_.has_value();
       if (refused) {

@@ -78,24 +78,24 @@ const std::map<std::string, family>& families() {
           p.poll_admission(10000, true);
         }}},
       {"fault/<epoch>/alive/<uid>",
-       {"fault/7/alive/1", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 1ms); }}},
+       {"fault/7/alive/1", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 0, 1ms); }}},
       {"fault/<epoch>/result",
-       {"fault/7/result", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 1ms); }}},
+       {"fault/7/result", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 0, 1ms); }}},
       {"beat/<uid>",
        {"beat/1",
         {},
         [](store_protocol& p) {
           p.start_heartbeat(0, 10ms, 20ms, 20ms);
-          p.agree_on_survivors(7, {0, 1}, 0, true, 1ms);
+          p.agree_on_survivors(7, {0, 1}, 0, true, 0, 1ms);
         }}},
-      {"gone/<uid>", {"gone/1", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 1ms); }}},
+      {"gone/<uid>", {"gone/1", {}, [](store_protocol& p) { p.agree_on_survivors(7, {0, 1}, 0, true, 0, 1ms); }}},
       // Read for its presence only (a member still inside a rebuild is waited for, up to a bound):
       // any value, a beating member 1 past the late grace.
       {"rebuild/<uid>",
        {"rebuild/1", [](store_client& c) { c.set("beat/1", 1); },
         [](store_protocol& p) {
           p.start_heartbeat(0, 10ms, 20ms, 20ms);
-          p.agree_on_survivors(7, {0, 1}, 0, true, 1ms);
+          p.agree_on_survivors(7, {0, 1}, 0, true, 0, 1ms);
         }}},
       {"capacity", {"capacity", {}, [](store_protocol& p) { p.limit(); }}},
       {"child/<epoch>", {"child/5", {}, [](store_protocol& p) { p.claim_child(5, 6); }}},
@@ -167,7 +167,7 @@ std::string agree_after_failure(const std::string& host, int port, const std::st
   const std::chrono::milliseconds window(window_ms), stale(stale_ms);
   protocol.start_heartbeat(uid, std::max(stale / 5, std::chrono::milliseconds(1)), stale, window);
   try {
-    const auto a = protocol.agree_on_survivors(1, old_members, uid, holds_state, window, {});
+    const auto a = protocol.agree_on_survivors(1, old_members, uid, holds_state, 0, window, {});
     const auto& uids = a.members.empty() ? a.elsewhere : a.members;
     std::string out = a.members.empty() ? "elsewhere" : "members";
     for (int u : uids) out += " " + std::to_string(u);

@@ -315,14 +315,15 @@ store_protocol::decided_world store_protocol::latest_decided_world(std::int64_t 
 }
 
 agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const std::vector<int>& old_members, int uid,
-                                             bool holds_state, std::chrono::milliseconds window,
+                                             bool holds_state, std::int64_t committed, std::chrono::milliseconds window,
                                              const std::vector<int>& admit_if_waiting) {
   // Room 0 is fault/<epoch>; a result that does not parse (another client wrote over it) sends
   // every survivor that read it to the next room, where they check in and agree again.
   constexpr int kRooms = 4;
   for (int room = 0; room < kRooms; ++room) {
     const std::string base = key("fault/", failed_epoch) + (room == 0 ? "" : "/r" + std::to_string(room));
-    if (auto a = agree_in_room(base, failed_epoch, old_members, uid, holds_state, window, admit_if_waiting)) {
+    if (auto a =
+            agree_in_room(base, failed_epoch, old_members, uid, holds_state, committed, window, admit_if_waiting)) {
       if (a->members.empty() && a->elsewhere.empty())
         throw dra::membership_error("dra: the training state is lost: every process that held it failed (world epoch " +
                                     std::to_string(failed_epoch) + ")");
@@ -335,9 +336,11 @@ agreement store_protocol::agree_on_survivors(std::int64_t failed_epoch, const st
 
 std::optional<agreement> store_protocol::agree_in_room(const std::string& base, std::int64_t failed_epoch,
                                                        const std::vector<int>& old_members, int uid, bool holds_state,
-                                                       std::chrono::milliseconds window,
+                                                       std::int64_t committed, std::chrono::milliseconds window,
                                                        const std::vector<int>& admit_if_waiting) {
-  client_->set(base + "/alive/" + std::to_string(uid), holds_state ? 1 : 0);
+  // 0: no state; n > 0: a state that has applied n - 1 steps.
+  client_->set(base + "/alive/" + std::to_string(uid),
+               holds_state ? std::clamp<std::int64_t>(committed, 0, kMaxEpoch) + 1 : 0);
   const auto start = clock_type::now();
   const auto deadline = start + window;
   const auto late_deadline = deadline + late_grace_;
@@ -399,14 +402,23 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!decided) {
-    // The processes that hold the training state come first: rank 0 of the agreed world sends
-    // it to the others (a joiner whose handoff was cut off holds none).
+    // The processes that hold the training state come first, the one furthest on ahead of the
+    // others: rank 0 of the agreed world sends its state to the rest (a joiner whose handoff was
+    // cut off holds none). States differ by one step when a reduction finished on some members
+    // and timed out on another: the world committed that step (every member's gradient was in
+    // the sum the finished ones applied), and the member that timed out takes it from them.
+    std::vector<std::pair<std::int64_t, int>> held_by;  // (committed steps + 1, uid)
     std::vector<int> holders, others;
     for (int u : survivors(old_members, alive)) {
       const std::string k = base + "/alive/" + std::to_string(u);
-      const auto held = values_.int_of(k, client_->get(k), 0, 1);  // unreadable: not a holder
-      (held && *held == 1 ? holders : others).push_back(u);
+      const auto held = values_.int_of(k, client_->get(k), 0, kMaxEpoch + 1);  // unreadable: not a holder
+      if (held && *held > 0)
+        held_by.emplace_back(*held, u);
+      else
+        others.push_back(u);
     }
+    std::stable_sort(held_by.begin(), held_by.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& [steps, u] : held_by) holders.push_back(u);
     std::vector<int> kept;  // joiners that never got their admission and still wait
     for (int u : admit_if_waiting) {
       if (std::find(alive.begin(), alive.end(), u) != alive.end()) continue;

@@ -210,13 +210,16 @@ class store_protocol {
   /// inside a rebuild (rebuilding); one without a heartbeat is waited for until `window`.
   /// `holds_state`: whether this process holds the world's training state (a joiner whose
   /// handoff did not complete does not); the agreed world starts with a process that does, and
-  /// dra::membership_error is thrown when none survived.
+  /// dra::membership_error is thrown when none survived. `committed`: the steps its state has
+  /// applied. Of the holders, one whose state is furthest on leads (rank 0 hands its state to the
+  /// others): a step whose reduction finished on some members and timed out on another (its
+  /// last receive) was committed by the world, and is kept rather than undone and redone.
   /// `admit_if_waiting`: the joiners of the decision that created this world; one that never got
   /// its admission (the leader died first) but still waits is admitted into the agreed world
   /// (recovery keeps live candidates), unless an admission it never took is still pending (it
   /// died waiting).
   agreement agree_on_survivors(std::int64_t failed_epoch, const std::vector<int>& old_members, int uid,
-                               bool holds_state, std::chrono::milliseconds window,
+                               bool holds_state, std::int64_t committed, std::chrono::milliseconds window,
                                const std::vector<int>& admit_if_waiting = {});
 
   /// Starts this process's heartbeat: a thread with its own store connection (a blocking wait on
@@ -250,7 +253,8 @@ class store_protocol {
   /// One room of agree_on_survivors; nothing when its result does not parse.
   std::optional<agreement> agree_in_room(const std::string& base, std::int64_t failed_epoch,
                                          const std::vector<int>& old_members, int uid, bool holds_state,
-                                         std::chrono::milliseconds window, const std::vector<int>& admit_if_waiting);
+                                         std::int64_t committed, std::chrono::milliseconds window,
+                                         const std::vector<int>& admit_if_waiting);
   std::int64_t repair_counter(const std::string& key, const std::string& seen, std::int64_t floor);
   /// A waiting candidate's look at the other processes' liveness (see wait_for_admission): a
   /// description of the lost state holders, or nothing while one may be alive.

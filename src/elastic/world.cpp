@@ -406,7 +406,7 @@ void controller::recover(std::string reason) {
     }
     const auto& world = decided.members;
     const auto agreed =
-        store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_,
+        store_->agree_on_survivors(decided.epoch, world, uid_, holds_state_, step_index_,
                                    options_.fault_timeout_ms() + std::chrono::seconds(1), decided.joiners);
     if (agreed.members.empty()) {
       // Members of the world that hold the state are alive elsewhere (agree_on_survivors): this

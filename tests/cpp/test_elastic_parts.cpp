@@ -256,7 +256,7 @@ TEST_CASE("elastic.store_protocol.survivors_agree_without_a_single_decider") {
       [&](int i) {
         const int uid = i == 2 ? 3 : i;
         ed::store_protocol store(client_of(port, "fault"), 10s);
-        agreed[static_cast<std::size_t>(i)] = store.agree_on_survivors(7, {3, 0, 1, 2}, uid, uid != 3, 600ms);
+        agreed[static_cast<std::size_t>(i)] = store.agree_on_survivors(7, {3, 0, 1, 2}, uid, uid != 3, 12, 600ms);
       },
       errors);
   for (const auto& e : errors) CHECK(e.empty());
@@ -269,10 +269,43 @@ TEST_CASE("elastic.store_protocol.survivors_agree_without_a_single_decider") {
       1,
       [&](int) {
         ed::store_protocol store(client_of(port, "lost"), 10s);
-        store.agree_on_survivors(2, {0, 4}, 4, false, 200ms);
+        store.agree_on_survivors(2, {0, 4}, 4, false, 0, 200ms);
       },
       errors);
   CHECK(errors[0].find("training state is lost") != std::string::npos);
+}
+
+TEST_CASE("elastic.store_protocol.the_state_furthest_on_leads_the_recovery") {
+  auto server = make_server();
+  const int port = server->getPort();
+  std::vector<std::string> errors;
+  // A reduction finished on 2 and 3, which applied step 40 (41 committed), and failed on 0 and 1
+  // (40 committed). 5 is a joiner without state whose count says nothing. The holders furthest
+  // on lead, in the old world's order; then the other holders; then the process without state.
+  const std::vector<int> uids = {0, 1, 2, 3, 5};
+  const std::vector<std::int64_t> committed = {40, 40, 41, 41, 99};
+  std::vector<ed::agreement> agreed(uids.size());
+  run_threads(
+      static_cast<int>(uids.size()),
+      [&](int i) {
+        const auto k = static_cast<std::size_t>(i);
+        ed::store_protocol store(client_of(port, "ahead"), 10s);
+        agreed[k] = store.agree_on_survivors(3, {5, 0, 1, 2, 3}, uids[k], uids[k] != 5, committed[k], 600ms);
+      },
+      errors);
+  for (const auto& e : errors) CHECK(e.empty());
+  for (const auto& a : agreed) CHECK(a.members == std::vector<int>{2, 3, 0, 1, 5});
+  // Equal counts keep the old world's order (the ordinary recovery: every holder at one step).
+  run_threads(
+      2,
+      [&](int i) {
+        ed::store_protocol store(client_of(port, "even"), 10s);
+        agreed[static_cast<std::size_t>(i)] = store.agree_on_survivors(3, {1, 0}, i, true, 7, 600ms);
+      },
+      errors);
+  for (const auto& e : errors) CHECK(e.empty());
+  CHECK(agreed[0].members == std::vector<int>{1, 0});
+  CHECK(agreed[1].members == std::vector<int>{1, 0});
 }
 
 TEST_CASE("elastic.store_protocol.pool_limit_and_report") {
@@ -720,7 +753,7 @@ TEST_CASE("elastic.store_protocol.values_another_client_wrote_are_ignored_or_han
   // fault/<epoch>/result and beat/<uid> garbage: the survivors agree in the next room.
   raw_set("values", "fault/7/result", "\xff{");
   raw_set("values", "beat/1", "not a counter");
-  const auto a = p.agree_on_survivors(7, {0, 1}, 0, true, 50ms);
+  const auto a = p.agree_on_survivors(7, {0, 1}, 0, true, 0, 50ms);
   CHECK(a.members == std::vector<int>{0});
   CHECK(a.epoch > 7);
   // admit/<uid>: not an admission: the candidate keeps waiting.

@@ -3,7 +3,8 @@
 Trains a tiny MLP on a seeded synthetic regression set under the elastic controller and logs,
 to <out>/log-<uid>.jsonl, every committed step (the rank's sample ids and the step's global
 batch), the digest of the parameters after every world change, and a final record. Faults are
-injected for real: SIGKILL of this process at a chosen step and point, or a hang.
+injected for real: SIGKILL of this process at a chosen step and point, or a hang; or a phase that
+fails on this process alone ("fail": an exception raised in the phase hook, e.g. at "reduced").
 """
 
 from __future__ import annotations
@@ -54,13 +55,17 @@ def maybe_fault(point, ctl):
     ks = cfg.get("kill_store") or {}
     if ks and ks["uid"] == ctl.uid and ks["step"] == ctl.step_index and ks["point"] == point:
         os.kill(cfg["store_pid"], signal.SIGKILL)
-    specs = [(kill, "kill"), (hang, "hang")] + [(k, "kill") for k in cfg.get("kills") or []]
+    specs = [(kill, "kill"), (hang, "hang"), (cfg.get("fail") or {}, "fail")] + [(k, "kill") for k in cfg.get("kills") or []]
     for spec, act in specs:
         if spec and spec.get("uid") == ctl.uid and spec.get("point") == point and spec.get("step", ctl.step_index) == ctl.step_index:
             if spec.get("epoch") is not None and spec["epoch"] != ctl.epoch:
                 continue
             if act == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif act == "fail":  # once: this phase fails on this process alone
+                if not spec.get("fired"):
+                    spec["fired"] = True
+                    raise RuntimeError(f"injected failure at {point} of step {ctl.step_index}")
             else:
                 time.sleep(3600)
 

@@ -63,8 +63,10 @@ enum class batch_mode { fixed, adascale };
 
 class controller;
 
-/// A phase of a world change, for the test hook.
-enum class change_phase { rebuild, state_transfer, reshard };
+/// A phase of a world change, for the test hook; and `reduced`: a step's gradient reduction has
+/// just finished on this process (a dra::error the hook throws there fails that reduction on this
+/// process alone, after it finished on the others: a time-out on its last receive).
+enum class change_phase { rebuild, state_transfer, reshard, reduced };
 const char* to_string(change_phase p) noexcept;
 
 /// The test hook called at each phase of every world change. A callable taking the phase's name
@@ -135,7 +137,8 @@ struct controller_options {
   /// target's rule (the convergence phase, or a cubic ramp).
   compress::rigl_config sparsity;
   /// Test hook: called at each phase of every world change (also while the constructor forms the
-  /// first world), so tests can kill a process inside a resize.
+  /// first world), so tests can kill a process inside a resize, and after each step's reduction
+  /// (change_phase::reduced).
   phase_hook_fn phase_hook;
 
   // -- release 0.1's names: deprecated aliases, removed in 0.4 (docs/guide/compatibility.md) -----
