@@ -20,6 +20,11 @@ Rows:
 - ``pool_job_start_s``: from a job's submission to its first committed step on a free slot (its
   launcher started, its fork server importing torch and scikit-learn), with the time to the
   launcher's check-in; median over ``--handover-repeats``.
+- ``pool_launch_busy_s`` (baseline ``no_control_cgroup``): a two-slot pool whose slots (1 core
+  each, guaranteed) are both busy; seconds from a second job's submission to its launcher's
+  check-in (``ready``: Python, dra and torch imported), with the launchers in the pool's
+  control-plane cgroup (``control_cpus`` 0.5) and, alternating, left in the root cgroup as before;
+  median over ``--launch-repeats`` each.
 - ``pool_decision_ms`` and ``pool_decision_ms_100k``: one cluster-arbiter decision over 1,000 jobs
   x 6,000 devices and over 10,000 jobs x 100,000 devices (speedup curves of up to 64 devices
   each), median; baseline: the 50 ms goal.
@@ -156,10 +161,58 @@ def job_start_s(repeats: int, tmp: Path) -> dict[str, list[float]]:
     return out
 
 
+def launch_busy_s(control_cpus: float | None, tmp: Path, tag: str, limit_s: float = 150.0) -> float:
+    """Two 1-core slots on this machine's cores, guaranteed and both busy with job 'a' (two workers
+    spinning, bounded by a stop file and 200 s); seconds from job 'b''s submission to its
+    launcher's check-in (``ready``), or ``limit_s`` when it never came within that (a lower bound)."""
+    from dra.pool.factory import make_service
+    from dra.pool.server import PoolClient, PoolServer
+
+    state = tmp / f"launch-{tag}"
+    stop = state / "stop"
+    cores = len(os.sched_getaffinity(0))
+    svc = make_service(f"slots:2x{cores / 2:g}", state, name=f"bench-launch-{tag}", scale_every_s=1.0,
+                       control_cpus=control_cpus)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    spin = (f"import os, time\nt = time.time()\nwhile not os.path.exists({str(stop)!r}) and time.time() - t < 200:\n"
+            "    for _ in range(100000): pass\n")
+
+    def first(event: str, job: str) -> float | None:
+        for line in (state / "events.jsonl").read_text().splitlines():
+            e = json.loads(line)
+            if e.get("event") == event and e.get("job") == job:
+                return float(e["time"])
+        return None
+
+    try:
+        common = {"cwd": str(ROOT), "log": str(state / "logs"), "elastic": False, "zygote": False}
+        client.submit({"name": "a", "min_size": 2, "max_size": 2, **common, "command": [sys.executable, "-c", spin]})
+        deadline = time.time() + 120
+        while time.time() < deadline and sum(
+                json.loads(x).get("event") == "worker_start" for x in (state / "events.jsonl").read_text().splitlines()) < 2:
+            time.sleep(0.1)
+        time.sleep(2.0)  # both slots spinning
+        client.submit({"name": "b", "min_size": 1, "max_size": 1, **common, "command": [sys.executable, "-c", "pass"]})
+        submitted = first("submit", "b")
+        deadline = time.time() + limit_s
+        while time.time() < deadline and first("ready", "b") is None:
+            time.sleep(0.1)
+        ready = first("ready", "b")
+        stop.touch()
+        client.wait(["a", "b"], timeout_s=120)
+    finally:
+        stop.touch()
+        server.close()
+    assert submitted is not None
+    return limit_s if ready is None else ready - submitted
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dra.bench pool")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--handover-repeats", type=count_arg, default=3)
+    p.add_argument("--launch-repeats", type=int, default=3, help="pool_launch_busy_s repeats per arm (0: skip the row)")
     p.add_argument("--skip-main", action="store_true", help="only the handover, decision and security rows")
     p.add_argument("--main-args", default="", help="extra arguments for the main job (space separated)")
     p.add_argument("--main-out", default=None, help="keep the main job's outputs (Gantt PNGs, events, summary) here")
@@ -182,6 +235,16 @@ def main(argv: list[str] | None = None) -> int:
         hs = handover_s(args.handover_repeats, tmp)
         results.append(result("pool_handover_s", statistics.median(hs), "s", ("goal", 1.0), samples=hs,
                               label=f"measured, median of {len(hs)}"))
+        if args.launch_repeats > 0 and os.geteuid() == 0:
+            arms: dict[str, list[float]] = {"control_cgroup": [], "no_control_cgroup": []}
+            for r in range(args.launch_repeats):  # alternating, so that the host's load falls on both
+                for arm, cpus in (("control_cgroup", 0.5), ("no_control_cgroup", None))[::1 if r % 2 == 0 else -1]:
+                    arms[arm].append(launch_busy_s(cpus, tmp, f"{arm}-{r}"))
+            results.append(result("pool_launch_busy_s", statistics.median(arms["control_cgroup"]), "s",
+                                  ("no_control_cgroup", statistics.median(arms["no_control_cgroup"])), samples=arms,
+                                  host_load=os.getloadavg()[0],
+                                  label=f"measured, medians of {args.launch_repeats} per arm, alternating; 150 s "
+                                        "stands for a launcher not ready within 150 s"))
         st = job_start_s(args.handover_repeats, tmp)
         results.append(result("pool_job_start_s", statistics.median(st["first_step"]), "s", None, samples=st,
                               ready_s=statistics.median(st["ready"]), host_load=os.getloadavg()[0],

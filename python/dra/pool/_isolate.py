@@ -1,8 +1,11 @@
 """Starts a pool job's launcher as its owner, optionally in a network namespace of its own.
 
-    python -I -m dra.pool._isolate --uid U --gid G --groups G1,G2 --cwd DIR [--private-network] -- COMMAND...
+    python -I -m dra.pool._isolate --uid U --gid G --groups G1,G2 --cwd DIR [--private-network]
+                                   [--cgroup DIR ...] -- COMMAND...
 
-Run as root by the daemon; in this order: a new network namespace with only loopback up (with
+Run as root by the daemon; in this order: the pool's control-plane cgroups (``--cgroup``, one per
+controller: a weight of CPU the launcher keeps when busy slots reserve every core; one it cannot
+enter is said on stderr and the launcher starts anyway), a new network namespace with only loopback up (with
 ``--private-network``: the job's c10d store, which has no authentication, then answers the job's
 own processes only), the supplementary groups, the gid, the uid (no way back to root), the change
 to the job's directory (as the job's user: a directory it may not enter stays closed, whatever
@@ -56,8 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", default="")
     p.add_argument("--private-network", action="store_true")
     p.add_argument("--cwd", default="/", help="the job's directory, entered after the uid is dropped")
+    p.add_argument("--cgroup", action="append", default=[], help="a cgroup directory to enter first (as root)")
     args = p.parse_args(argv[:i])
     command = argv[i + 1:]
+    for path in args.cgroup:
+        try:
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            print(f"[dra pool] the launcher stays out of the control-plane cgroup {path}: {e}", file=sys.stderr, flush=True)
     try:
         if args.private_network:
             private_network()

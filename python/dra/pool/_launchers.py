@@ -94,11 +94,12 @@ DAEMON_LAUNCH_PREFIX = "pool-"
 
 
 def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str, str],
-          private_network: bool = False) -> LauncherRef:
+          private_network: bool = False, cgroups: list[str] | tuple[str, ...] = ()) -> LauncherRef:
     """Starts the launcher of a pool job as its owner in its own session: a root daemon starts it
-    through ``_isolate`` (a private network namespace when asked, then the owner's groups, gid and
-    uid, then its cwd, entered as the owner, then exec); raises OSError when it cannot start (a
-    missing cwd, say)."""
+    through ``_isolate`` (the control plane's ``cgroups``, a private network namespace when asked,
+    then the owner's groups, gid and uid, then its cwd, entered as the owner, then exec); raises
+    OSError when it cannot start (a missing cwd, say). Another daemon moves the launcher into
+    ``cgroups`` once it is started (as far as it may)."""
     launch_id = DAEMON_LAUNCH_PREFIX + secrets.token_hex(8)
     cmd = module_command("dra", "run", "--pool", url, "--job", name)  # the job's directory is not on its sys.path
     extra: dict[str, Any] = {}
@@ -107,7 +108,9 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
 
         cmd = [sys.executable, "-I", _isolate.__file__, "--uid", str(owner.uid), "--gid", str(owner.gid),
                "--groups", ",".join(map(str, owner.groups)), "--cwd", cwd,
-               *(["--private-network"] if private_network else []), "--", *cmd]
+               *(["--private-network"] if private_network else []),
+               *[a for path in cgroups for a in ("--cgroup", path)], "--", *cmd]
+        cgroups = ()  # entered by _isolate itself, before anything else runs
         # Said at once, checked as the job's user (root's own look would tell a directory the user
         # may not reach, one swapped in through a link, from a missing one); entering it is
         # _isolate's, as the job's user.
@@ -123,6 +126,12 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
                              cwd=cwd, env=job_env(owner, {**env, "DRA_LAUNCH_ID": launch_id}), **extra)
     finally:
         os.close(fd)
+    for path in cgroups:
+        try:
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(p.pid))
+        except OSError:
+            pass  # a weight, not a limit: the launcher runs where it is
     _keep(p)
     return LauncherRef(launch_id, p.pid, proc_start(p.pid), p)
 

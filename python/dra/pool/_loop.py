@@ -214,7 +214,8 @@ class SchedulingLoop:
             env["GLOO_SOCKET_IFNAME"] = "lo"  # the only interface the job has
         try:
             ref = _launchers.start(name, self.url, self._owner(name), spec.get("cwd") or "/",
-                                   self.logs_dir / f"{name}.launcher.log", env, spec.get("network") == "private")
+                                   self.logs_dir / f"{name}.launcher.log", env, spec.get("network") == "private",
+                                   self.slots.control if self.slots is not None else ())
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             removed: list[int] = []
             self._end(name, "failed", f"its launcher could not start: {e}", removed, now)

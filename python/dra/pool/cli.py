@@ -66,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
                                    memory_gb=args.slot_memory_gb, heartbeat_timeout_s=args.heartbeat_timeout_s,
                                    scale_every_s=args.scale_every_s, orphan_limit_s=args.orphan_limit_s,
                                    silence_limit_s=args.silence_limit_s, guarantee_slots=not args.no_slot_guarantee,
+                                   control_cpus=args.control_cpus or None,
                                    completion_aware=args.completion_aware, warm_launchers=args.warm_launchers,
                                    user_limits=UserLimits(active=args.max_active_per_user, kept=args.max_kept_per_user))
         except BaseException:
@@ -270,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                         "replaces its ended job's record)")
     s.add_argument("--no-slot-guarantee", action="store_true",
                    help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
+    s.add_argument("--control-cpus", type=float, default=0.5, metavar="C",
+                   help="the CPU weight, in cores, of the jobs' launchers (a cgroup beside the slots): what they get "
+                        "when busy slots reserve every core (default 0.5; 0: no such cgroup)")
     sb = pool.add_parser("submit", help="submit a job (its command after '--')")
     sb.add_argument("--pool", default=url)
     sb.add_argument("--token-file", type=path_arg, default=None, help="the pool's token file (TCP)")

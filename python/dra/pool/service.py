@@ -549,6 +549,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
         self._state_lock.release()
         if remove_slots and self.slots is not None:
             self.slots.close()
+        elif self.slots is not None:
+            self.slots.leave_control()  # the slots stay for the next daemon; this process is no daemon now
 
     # ------------------------------------------------------------------------------------------
     # views
