@@ -144,7 +144,7 @@ def test_one_step_past_the_fault_timeout_costs_a_recovery_that_keeps_the_straggl
     code, out, records = run_logged_script(tmp_path, script, 3, _options(tmp_path), {"n": 96}, timeout=80)
     assert code == 0, out[-3000:]
     faults = [e for e in _events(tmp_path) if e["event"] == "fault"]
-    assert all(e["left"] == [] and e["members"] == [0, 1, 2] for e in faults), faults
+    assert all(e["left"] == [] and sorted(e["members"]) == [0, 1, 2] for e in faults), faults
     for uid in (0, 1, 2):
         assert _committed(records, uid) == list(range(8))
 
@@ -372,7 +372,12 @@ def test_a_leader_stopped_past_the_fault_timeout_is_replaced_and_learns_it_when_
     assert re.search(r"process 0 was left out of epoch \d+ \(arrived late\)", out), out[-3000:]
     assert not re.search(r"rank 0 \(uid 0.*exited with", out), out[-3000:]
     faults = [e for e in _events(tmp_path) if e["event"] == "fault"]
-    assert faults and faults[0]["left"] == [0] and faults[0]["members"] == [1, 2], faults
+    # The stop's fault leaves 0 out. On a loaded host a step's reduction may also time out on one
+    # member after the others finished (seen at step 0 in a fresh clone's run): a recovery that
+    # keeps every member and the step the others applied, which the members order first.
+    left = [e for e in faults if e["left"]]
+    assert len(left) == 1 and left[0]["left"] == [0] and sorted(left[0]["members"]) == [1, 2], faults
+    assert all(len(e["members"]) == 3 for e in faults if not e["left"]), faults
     _one_world_per_step(records)
     assert _committed(records, 1) == list(range(80))  # every step of the epoch, by the survivors
 

@@ -236,7 +236,7 @@ def test_torch_compile_before_or_after_the_wrapper_trains_as_the_eager_loop(tmp_
     hooks fire on the compiled graph's parameters as in eager mode."""
     # The joiner compiles at its first step while the members wait in that step's reduction: on a
     # loaded host (load 5+) that outlasted the default fault_timeout_s (3 s) and made a fault of a
-    # slow joiner (it also split that step's outcome, fixed since: tests/test_step_outcome_agreed.py).
+    # slow joiner (it also split that step's outcome, fixed since: tests/python/test_step_outcome_agreed.py).
     finals = _trained(*(result := _run(tmp_path, f"compile_{where}", backend=backend, fault_timeout_s=15.0)))
     if backend == "aot_eager":  # the same kernels as eager: the same bits
         assert finals[0]["model"] == eager[0]["model"] and finals[0]["opt"] == eager[0]["opt"]
