@@ -1298,6 +1298,28 @@ def test_a_serve_that_fails_to_start_leaves_nothing_it_made(tmp_path: Path) -> N
         serve.stdout.close()
 
 
+def test_a_cancelled_jobs_name_is_refused_until_its_leases_are_released(tmp_path: Path) -> None:
+    """A cancelled job keeps its leases (releasing) until its workers have stopped. Its name reused
+    meanwhile handed them to the new job, whose launcher was then killed as hung when the old
+    launcher's heartbeats for them stopped (the soak's seed 22: "its launcher exited (code -9)")."""
+    svc = PoolService(declared(1), tmp_path, launch_jobs=False, scale_every_s=0.001)
+    try:
+        svc.submit({"name": "a"})
+        svc.tick()
+        lease = svc.sync("a", [], [], None)["leases"][0]["id"]
+        svc.cancel("a")
+        with pytest.raises(ValueError, match=r"^name: job 'a' has ended but still holds 1 lease\(s\) while its "
+                                             r"workers stop; submit again in a moment, or choose another name"):
+            svc.submit({"name": "a"})
+        assert [j["state"] for j in svc.status()["jobs"]] == ["cancelled"]  # nothing changed
+        svc.sync("a", [], [lease], None)  # its launcher gives the lease back
+        svc.tick()
+        svc.submit({"name": "a"})
+        assert [j["state"] for j in svc.status()["jobs"]] == ["waiting"]
+    finally:
+        svc.close()
+
+
 def test_a_reused_name_forgets_everything_of_the_old_job(tmp_path: Path) -> None:
     """Forgetting an ended job so its name can be used again kept its loss curve: the new job of
     that name was estimated from the old job's curve, and its own points (steps below the old

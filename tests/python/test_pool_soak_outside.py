@@ -196,7 +196,10 @@ class Soak:
         try:
             self.client.submit(spec)
         except ValueError as e:
-            assert not fits and str(e).startswith("min_size"), (spec, e)
+            # A name reused while its cancelled job's leases are still being released is refused
+            # (the new job took them over, and its launcher was killed for their silence: seed 22).
+            releasing = str(e).startswith(f"name: job '{name}' has ended but still holds")
+            assert releasing or (not fits and str(e).startswith("min_size")), (spec, e)
             return
         assert fits, spec
         self.jobs[name] = {"kind": kind, "spec": spec, "cancelled": False, "killed": None}

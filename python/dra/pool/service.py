@@ -345,6 +345,13 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
             if old is not None and old["state"] not in ENDED:
                 raise ValueError(f"name: a job '{req.job}' is already {old['state']}; choose another name (a name is "
                                  "free again once its job has ended)")
+            if old is not None and self.book.count(req.job) > 0:
+                # A cancelled job's leases stay until its workers have stopped: leases are the
+                # name's, so a new job of the name would take them over, and their silence (the old
+                # launcher gone) would be blamed on the new job's launcher, killed as hung.
+                raise ValueError(f"name: job '{req.job}' has ended but still holds "
+                                 f"{self.book.count(req.job)} lease(s) while its workers stop; submit again in a "
+                                 "moment, or choose another name")
             if old is not None and not self._may(req.job, caller):
                 # Another user's ended job: replacing it would erase its record (its state, its
                 # reason) under its owner's eyes and hand its name to this caller's job.
