@@ -368,20 +368,7 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
       refused_.reset();
       const std::int64_t attempted = step_index_;
       recover(reason);
-      if (role_ == role::member && step_index_ == attempted + 1) {
-        // The reduction finished on other members and failed here (a time-out on its last
-        // receive): they applied the step, whose sum held this process's gradient, and the
-        // recovery handed their state over. The world committed this process's batch with it.
-        batch_ = {};
-        status_.committed = true;
-        status_.step = attempted;
-        status_.loss = world_loss_;
-        std::fprintf(stderr,
-                     "[dra] process %d: step %lld's reduction failed here (%s) after it had finished on other "
-                     "members, which applied it; the world committed that step and this process took its state "
-                     "(the step is not redone)\n",
-                     uid_, static_cast<long long>(attempted), reason.c_str());
-      }
+      if (role_ == role::member && step_index_ == attempted + 1) note_step_taken_over(attempted, reason);
     } else {
       const bool refused = refused_.has_value();
       if (refused) {

@@ -371,6 +371,21 @@ bool controller::follows(std::int64_t parent, std::int64_t child) {
   return false;
 }
 
+void controller::note_step_taken_over(std::int64_t attempted, const std::string& reason) {
+  // The reduction finished on other members and failed here (a time-out on its last receive):
+  // they applied the step, whose sum held this process's gradient, and the recovery handed their
+  // state over. The world committed this process's batch with it.
+  batch_ = {};
+  status_.committed = true;
+  status_.step = attempted;
+  status_.loss = world_loss_;
+  std::fprintf(stderr,
+               "[dra] process %d: step %lld's reduction failed here (%s) after it had finished on other members, "
+               "which applied it; the world committed that step and this process took its state (the step is not "
+               "redone)\n",
+               uid_, static_cast<long long>(attempted), reason.c_str());
+}
+
 void controller::recover(std::string reason) {
   // The event reports the change against the world that was running when the failure hit, even
   // when a member dies again during the recovery and it takes several attempts.

@@ -319,9 +319,9 @@ class Slots:
             _, controllers, path = line.split(":", 2)
             for c in controllers.split(","):
                 own[c] = path
-        for c, target in zip(CONTROL_CONTROLLERS, self.control):
+        for c in CONTROL_CONTROLLERS:
             self._came_from.setdefault(c, ROOT / c / own.get(c, "/").lstrip("/"))
-            _write(Path(target) / "cgroup.procs", str(os.getpid()))
+        join(self.control)
 
     def leave_control(self) -> None:
         """Moves this process back where it was before ``enter_control`` (the root cgroup where that

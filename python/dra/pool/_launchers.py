@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra.pool import _cgroup
 from dra.pool._auth import Owner, can_enter, run_as_kwargs
 from dra.pool._spawner import module_command
 
@@ -126,12 +127,10 @@ def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str,
                              cwd=cwd, env=job_env(owner, {**env, "DRA_LAUNCH_ID": launch_id}), **extra)
     finally:
         os.close(fd)
-    for path in cgroups:
-        try:
-            with open(os.path.join(path, "cgroup.procs"), "w") as f:
-                f.write(str(p.pid))
-        except OSError:
-            pass  # a weight, not a limit: the launcher runs where it is
+    try:
+        _cgroup.join(list(cgroups), p.pid)
+    except OSError:
+        pass  # a weight, not a limit: the launcher runs where it is
     _keep(p)
     return LauncherRef(launch_id, p.pid, proc_start(p.pid), p)
 

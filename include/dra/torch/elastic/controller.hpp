@@ -473,6 +473,8 @@ class controller {
   void leave(bool exit);
   void stop_at_boundary() noexcept;
   void recover(std::string reason);
+  /// After recover(): the step `attempted` failed here but the handed-over state is one step on.
+  void note_step_taken_over(std::int64_t attempted, const std::string& reason);
   void hook(change_phase phase);
   bool check_batches(const at::Tensor& tail);
   bool settle_missed_step(double missed);
