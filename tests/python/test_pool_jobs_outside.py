@@ -6,6 +6,7 @@ processes, no mocks."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dra._core import pool as P
+from dra.pool.launcher import cut_log
 from dra.pool.server import PoolClient, PoolServer
 from dra.pool.service import PoolService
 
@@ -52,6 +54,36 @@ def test_a_worker_that_floods_its_log_keeps_its_tail_under_the_jobs_limit(tmp_pa
     cut = [json.loads(x[len("[dra run] "):]) for x in (tmp_path / "state" / "logs" / "spew.launcher.log").read_text()
            .splitlines() if '"log_cut"' in x]
     assert len(cut) == 1 and cut[0]["limit_bytes"] == 2**20 and cut[0]["dropped_bytes"] > 0, cut
+
+
+@pytest.mark.timeout(60)
+def test_a_cut_during_a_write_keeps_the_line_first_and_the_lines_in_order(tmp_path: Path) -> None:
+    """A worker that wrote between the cut's truncation and its line put its bytes first: on a
+    loaded host the flooded log began with the flood and held the line in its middle. A writer
+    appends numbered lines as fast as it can while the log is cut again and again: after every
+    cut the log begins with the line, and the numbers after it rise (a few written while the size
+    was read may be lost, never reordered)."""
+    log = tmp_path / "w.log"
+    log.touch()
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)\n"
+        "for i in range(300000):\n    os.write(fd, b'%d\\n' % i)\n"), str(log)])
+    cuts = 0
+    try:
+        deadline = time.time() + 40
+        while writer.poll() is None and time.time() < deadline:
+            if cut_log(log, 8192, keep=2048):
+                cuts += 1
+                assert log.read_bytes().startswith(b"[dra run] this log passed its limit"), log.read_bytes()[:200]
+    finally:
+        writer.kill()
+        writer.wait()
+    cut_log(log, 8192, keep=2048)
+    text = log.read_text()
+    assert cuts >= 5, cuts
+    assert text.startswith("[dra run] this log passed its limit (8192 bytes"), text[:200]
+    numbers = [int(x) for x in text.splitlines()[1:]]
+    assert numbers == sorted(set(numbers)) and numbers[-1] == 299999, numbers[:50]
 
 
 @pytest.mark.timeout(150)
