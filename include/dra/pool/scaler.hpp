@@ -60,16 +60,24 @@ class replica_autoscaler {
     if (current != seen_current_) {  // a change (ours or anyone's) starts a new window
       seen_current_ = current;
       window_.clear();
+      step_down_ = -1;
     }
     window_.push_back({now, load});
     while (window_.size() > 1 && window_[1].first <= now - c.down_delay_s) window_.pop_front();
     double want = current;
     if (current < c.min_replicas || load > c.up_utilisation * current || queue >= c.queue_per_replica) {
       want = std::max({static_cast<double>(current), aim, current + backlog});  // a backlog: replicas saturated
+      step_down_ = -1;
+    } else if (step_down_ >= 0) {
+      // A step down decided and not carried out yet holds until it is: the pool re-plans every few
+      // seconds while this is asked every tick, and an answer that lasted one tick was carried out
+      // only when a re-plan fell on it (a second replica serving 2 % of a core held 79 s).
+      want = step_down_;
     } else if (now - window_.front().first >= c.down_delay_s - 1e-9) {
       const double mean = mean_load(now);
       if (mean < c.down_utilisation * current) {
         want = std::max(std::ceil(mean / c.target_utilisation - 1e-9), current - 1.0);
+        step_down_ = want;
         window_.clear();  // the next step down waits another window
       }
     }
@@ -94,6 +102,7 @@ class replica_autoscaler {
   autoscaler_config config_;
   std::deque<std::pair<double, double>> window_;  ///< (time, load) since the last change, down_delay_s at most
   int seen_current_ = -1;
+  double step_down_ = -1.0;  ///< a step down decided for seen_current_, held until the replicas change
 };
 
 /// A running job as the scaler sees it.
