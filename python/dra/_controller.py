@@ -117,8 +117,12 @@ class Controller(_core.Controller):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}: expected True or False, got {flag!r}")
         if not isinstance(sampler, ElasticSampler):
+            kind = type(sampler)
             raise ValueError(
-                f"sampler: expected a dra.elastic.DistributedSampler or ElasticSampler, got {type(sampler).__name__}"
+                f"sampler: expected a dra.elastic.DistributedSampler or ElasticSampler, got "
+                f"{'None' if sampler is None else f'{kind.__module__}.{kind.__qualname__}'}; import DistributedSampler "
+                "from dra.elastic instead of torch.utils.data.distributed, build it over the training dataset and "
+                "give it to the DataLoader as sampler= and to dra (its split follows the world)"
             )
         sampler._check_trainable()
         opts = _core.Options(**options)  # parsed and validated before anything is built
@@ -258,15 +262,22 @@ class Controller(_core.Controller):
         return self._skipping or not self.is_member or not self.sampler._current_is_fresh(self._micro_fresh)
 
     def _skip_update(self) -> bool:
-        """Whether the current step's update must not be applied (failed or stale)."""
-        return self.failed or self._skipping or not self.is_member
+        """Whether the current step's update must not be applied (failed or stale), or the loop's
+        last pass over the loader only caught up with the world (a joiner's `range` loop walking
+        the epochs the world has finished: its ``scheduler.step()`` after each such epoch would
+        advance the learning rate past the world's)."""
+        return (self.failed or self._skipping or not self.is_member
+                or (self.sampler is not None and self.sampler._catching_up()))
 
     @property
     def update_skipped(self) -> bool:
         """After backward: whether this step's update is not applied (its reduction failed and it
         will be redone, or its batch is dropped), as ``ctl.optimizer.step()`` skips it. Guard every
         other update of state by it: ``scaler.step``/``scaler.update`` of a GradScaler (whose
-        ``step`` raises on a step without gradients), an EMA's ``update_parameters``."""
+        ``step`` raises on a step without gradients), an EMA's ``update_parameters``. True also
+        after a pass over the loader that trained nothing because the loop is behind the world (a
+        joiner's `range` loop walking the epochs the world has finished, until it reaches the
+        world's): guard an epoch's own updates and logs by it there too."""
         return self._skip_update()
 
     def epochs(self, num_epochs: int, start: int = 0) -> Iterator[int]:

@@ -33,7 +33,7 @@ def check_training_objects(model: Any, optimizer: Any, scheduler: Any) -> None:
         raise ValueError(unshared_scheduler_message(optimizer))
     others = schedulers_besides(optimizer, scheduler)
     if others:
-        raise ValueError(unshared_scheduler_message(optimizer, type(others[0]).__name__))
+        raise ValueError(unshared_scheduler_message(optimizer, type(others[0]).__name__, given=scheduler is not None))
     if scheduler is None:
         return
     missing = [n for n in ("step", "state_dict", "load_state_dict") if not callable(getattr(scheduler, n, None))]
@@ -114,14 +114,17 @@ def schedulers_besides(optimizer: Any, given: Any) -> list[Any]:
     return list(found.values())
 
 
-def unshared_scheduler_message(optimizer: Any, kind: str = "") -> str:
+def unshared_scheduler_message(optimizer: Any, kind: str = "", given: bool = False) -> str:
+    fix = ("dra takes one scheduler: combine them into one (torch.optim.lr_scheduler.SequentialLR for one after "
+           "the other, as torch's SWA recipe switches to SWALR; ChainedScheduler for both at once) and pass that "
+           "as scheduler=" if given else
+           "Build it before dra.elastic.init / DistributedDataParallel and pass it as scheduler= "
+           "(DistributedDataParallel(model, optimizer, sampler, scheduler=scheduler))")
     return (f"scheduler: an LR scheduler{f' ({kind})' if kind else ''} steps the optimizer ({type(optimizer).__name__}) "
-            "but was not given to dra: its "
+            f"but was not given to dra{' (another one was)' if given else ''}: its "
             "position would not travel to a process that joins, whose learning rate would then differ from the "
-            "world's (the ranks' parameters diverge after a grow). Build it before dra.elastic.init / "
-            "DistributedDataParallel and pass it as scheduler= (DistributedDataParallel(model, optimizer, sampler, "
-            "scheduler=scheduler)); step it with ctl.scheduler.step() (docs/guide/compatibility.md, \"Limits of the "
-            "drop-in\")")
+            f"world's (the ranks' parameters diverge after a grow). {fix}; step it with ctl.scheduler.step() "
+            "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
 
 
 # ---- watchers: what the script does with its training objects once training runs --------------------

@@ -515,7 +515,7 @@ def test_the_sampler_yields_torchs_batches_in_a_fixed_world_and_the_eval_loader_
 
 
 def test_a_standby_readmitted_in_a_later_epoch_catches_up_in_a_range_loop(procs, tmp_path):
-    cfg = {"out": str(tmp_path), "dataset": 96, "batch_size": 4, "epochs": 4, "workers": 1,
+    cfg = {"out": str(tmp_path), "dataset": 96, "batch_size": 4, "epochs": 4, "workers": 1, "scheduler": True,
            "options": {"policy": "none", "resize_schedule": {"3": 2, "22": 3}, "fault_timeout_s": 10.0}}  # 8 steps per epoch
     p = procs.start("job", [*DRA, "run", "--nproc", "3", "--", sys.executable, str(WORKERS / "sampler_worker.py")],
                     DRA_TEST_CFG=json.dumps(cfg))
@@ -530,6 +530,40 @@ def test_a_standby_readmitted_in_a_later_epoch_catches_up_in_a_range_loop(procs,
         ids = sorted(i for rec in recs.values() for e in rec["epochs"] for s in e["steps"] if s["data_epoch"] == epoch
                      for i in s["ids"])
         assert ids == list(range(96)), epoch
+    _one_learning_rate_and_state(recs, 4)
+
+
+def _one_learning_rate_and_state(recs: dict, epochs: int) -> None:
+    """Every member ends with the world's learning rate (a per-epoch StepLR, halved at each epoch's
+    end) and bit-identical parameters."""
+    finals = [r["final"] for r in recs.values() if r["final"]["role"] == "member"]
+    assert len(finals) == len(recs), [r["final"]["role"] for r in recs.values()]
+    assert {f["lr"] for f in finals} == {0.01 * 0.5 ** epochs}, {u: r["final"]["lr"] for u, r in recs.items()}
+    assert all(f["params"] == finals[0]["params"] for f in finals), "the members' parameters differ"
+
+
+@pytest.mark.parametrize("after", [16, 19])
+def test_a_joiner_in_a_range_loop_steps_the_epochs_scheduler_with_the_world(procs, tmp_path, after: int):
+    """A joiner walks its `range` loop from epoch 0; each epoch the world has finished is a pass
+    that trains nothing, and the code after it (``ctl.scheduler.step()``) used to run as well: its
+    learning rate was halved once more per missed epoch and its parameters parted from the world's,
+    silently. Admitted at an epoch's end (after 16 steps: the members end that epoch after the
+    admission, and so does the joiner) and mid-epoch (after 19)."""
+    cfg = {"out": str(tmp_path), "dataset": 96, "batch_size": 4, "epochs": 4, "workers": 0, "scheduler": True,
+           "options": {"policy": "none", "start_size": 2, "resize_schedule": {str(after): 3},
+                       "fault_timeout_s": 10.0}}  # 8 steps per epoch
+    p = procs.start("job", [*DRA, "run", "--nproc", "3", "--", sys.executable, str(WORKERS / "sampler_worker.py")],
+                    DRA_TEST_CFG=json.dumps(cfg))
+    assert p.wait(180) == 0, procs.output("job")[-4000:]
+    recs = {r["uid"]: r for r in (json.loads(f.read_text()) for f in tmp_path.glob("sampler-*.json"))}
+    assert set(recs) == {0, 1, 2}
+    joined = sorted({s["data_epoch"] for e in recs[2]["epochs"] for s in e["steps"]})
+    assert joined == [2, 3], joined
+    for epoch in range(4):
+        ids = sorted(i for rec in recs.values() for e in rec["epochs"] for s in e["steps"] if s["data_epoch"] == epoch
+                     for i in s["ids"])
+        assert ids == list(range(96)), epoch
+    _one_learning_rate_and_state(recs, 4)
 
 
 def test_the_sampler_outside_an_elastic_job_is_torchs():

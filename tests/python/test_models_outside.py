@@ -296,6 +296,28 @@ def test_a_reduce_on_plateau_scheduler_not_given_to_dra_is_refused_at_init() -> 
     de.init(model, opt, sampler, scheduler=chained).finish()
     model, opt, sampler = parts()
     de.init(model, opt, sampler, scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(opt)).finish()
+    # Torch's SWA recipe: a second scheduler besides the one given. The fix names one scheduler.
+    model, opt, sampler = parts()
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    swa = torch.optim.swa_utils.SWALR(opt, swa_lr=0.05)
+    with pytest.raises(ValueError, match=r"\(SWALR\) steps the optimizer \(SGD\) but was not given to dra \(another "
+                                         r"one was\).*combine them into one \(torch.optim.lr_scheduler.SequentialLR"):
+        de.init(model, opt, sampler, scheduler=cosine)
+    del swa
+
+
+def test_torchs_own_sampler_is_refused_naming_the_import_to_change() -> None:
+    """The port's likeliest slip, torch's DistributedSampler left imported, was refused as "expected
+    a dra.elastic.DistributedSampler ..., got DistributedSampler": the same name, no fix."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.zeros(4, 4))
+    theirs = torch.utils.data.distributed.DistributedSampler(data, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match=r"got torch\.utils\.data\.distributed\.DistributedSampler; import "
+                                         r"DistributedSampler from dra\.elastic instead"):
+        de.init(model, opt, theirs)
+    with pytest.raises(ValueError, match=r"got None; import DistributedSampler from dra\.elastic"):
+        de.init(model, opt, None)
 
 
 def test_a_sparse_gradient_is_refused_at_its_backward_by_name(tmp_path: Path) -> None:

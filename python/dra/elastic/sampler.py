@@ -84,6 +84,7 @@ class ElasticSampler:
         self._pass_steps: int | None = None  # steps left when the loader's current pass began
         self._pass_token: object = None
         self._peeked = False  # this pass is a loop behind the world's: one batch, dropped if trained
+        self._trained_epoch: int | None = None  # the data epoch of this process's last pass that trained
         self._delivered = 0
         self._depth_seen: int | None = None  # batches in flight at this iterator's previous reduced batch
         self._skipped_now = 0  # batches skipped before the one being stepped (this rank's own count)
@@ -137,6 +138,20 @@ class ElasticSampler:
             native.next_epoch()
         if native.epoch < epoch and native.cursor == 0:
             self._start_at(epoch)
+
+    def _catching_up(self) -> bool:
+        """Whether the loader's last pass was one of a loop behind the world, which trained nothing:
+        a joiner's `range` loop walking the data epochs the world has finished, or a standby's,
+        admitted again, walking to the one it trained in. The loop's code after such a pass (an
+        epoch's ``scheduler.step()``) is not the world's: the members ran it when they ended that
+        epoch, and the state this process received already holds it. The epoch the world has just
+        ended is not behind for a process that did not train in it (a joiner admitted at its last
+        step: the members run that epoch's end after the admission, and so does it)."""
+        requested, native = self._requested, self._native
+        if not self._peeked or requested is None:
+            return False
+        return requested < native.epoch or (requested == native.epoch and native.exhausted
+                                             and self._trained_epoch == native.epoch)
 
     def __len__(self) -> int:
         """Steps left in the current data epoch (on a joiner too); a whole epoch's once it is
@@ -194,6 +209,7 @@ class ElasticSampler:
             self._peeked = True
             yield self._usual_batch()
             return
+        self._trained_epoch = data_epoch
         tag: tuple[int, int] | None = None
         base = ahead = world = rank = 0
         while True:
@@ -210,7 +226,7 @@ class ElasticSampler:
                 # validation, its collectives) runs where the other members run it.
                 if ctl is None or tag is None or world_epoch == tag[0] or native.epoch < data_epoch:
                     return
-                data_epoch = native.epoch
+                data_epoch = self._trained_epoch = native.epoch
             now = (world_epoch, self._generation)
             # Where the loop stands: what is committed, and the batches of an open accumulation window.
             held = native.cursor + (ctl._micro_fresh * native.global_batch if ctl is not None else 0)

@@ -30,7 +30,9 @@ peeked = len(next(iter(train_loader))[0])  # before the controller exists: torch
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-model = de.DistributedDataParallel(model, optimizer, train_loader.sampler, **cfg.get("options", {}))
+# A per-epoch scheduler stepped after each pass, as torchvision's reference scripts do (cfg "scheduler").
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if cfg.get("scheduler") else None
+model = de.DistributedDataParallel(model, optimizer, train_loader.sampler, scheduler=scheduler, **cfg.get("options", {}))
 ctl = model.controller
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 rec = {"uid": ctl.uid, "peeked": peeked, "is_sampler": train_loader.sampler is ctl.sampler, "epochs": []}
@@ -53,12 +55,15 @@ for epoch in range(epochs):
         if status.committed:
             steps.append({"step": status.step, **at})
         padding += int(dropped)
+    if scheduler is not None:
+        ctl.scheduler.step()
     eval_ids = [i for ids, _ in eval_loader for i in ids.tolist()]
     ref_eval = TorchSampler(test, num_replicas=ctl.world_size if ctl.rank >= 0 else world,
                             rank=max(ctl.rank, 0) if ctl.rank >= 0 else rank, shuffle=False)
     rec["epochs"].append({"epoch": epoch, "peek": peek, "steps": steps, "padding": padding,
                           "torch": [ref_ids[i:i + batch] for i in range(0, len(ref_ids), batch)],
                           "eval": eval_ids, "torch_eval": list(ref_eval), "len_eval": len(eval_loader.sampler)})
-rec["final"] = {"rank": ctl.rank, "role": ctl.role, "step": ctl.step_index}
+rec["final"] = {"rank": ctl.rank, "role": ctl.role, "step": ctl.step_index, "lr": optimizer.param_groups[0]["lr"],
+                "params": [p.detach().flatten().tolist() for p in model.parameters()]}
 with open(os.path.join(out, f"sampler-{ctl.uid}.json"), "w") as f:
     json.dump(rec, f)
