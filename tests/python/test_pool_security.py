@@ -154,3 +154,91 @@ def _private_logs(tmp_path: Path, nobody: pwd.struct_passwd) -> None:
     with open_private_log(mine / "job.3.log") as f:
         f.write(b"x")
     assert ((mine / "job.3.log").stat().st_mode & 0o777) == 0o600 and victim.read_text() == "root's\n"
+
+
+@as_root
+@with_nobody
+def test_the_daemons_probes_get_none_of_its_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon checks a job's cwd and log paths by running `test` as the job's user. Those probes
+    inherited the daemon's environment (a token, a cloud key of the operator's shell), which the
+    user reads from /proc/<pid>/environ while they run, and the daemon's PATH chose which `test`
+    ran. Now they get a bare environment and `/` as their directory."""
+    import subprocess
+
+    from dra.pool import _auth
+
+    nobody = _auth.owner_named("nobody")
+    monkeypatch.setenv("DRA_POOL_TOKEN", "operator-secret-7f3a")
+    planted = tmp_path / "bin"
+    planted.mkdir()
+    dump = tmp_path / "dumped"
+    (planted / "test").write_text(f"#!/bin/sh\nenv > {dump}\nexit 0\n")
+    (planted / "test").chmod(0o755)
+    tmp_path.chmod(0o755)
+    dump.touch()
+    dump.chmod(0o666)
+    monkeypatch.setenv("PATH", f"{planted}:{os.environ['PATH']}")
+    assert _auth.can_enter("/tmp", nobody) is None and _auth.can_see("/tmp", nobody)
+    assert dump.read_text() == "", "a `test` of the daemon's PATH ran as the user, with its environment"
+    seen = subprocess.run(["/usr/bin/env"], capture_output=True, text=True, timeout=30, **_auth._as_owner(nobody))
+    assert seen.returncode == 0 and "operator-secret" not in seen.stdout and "PATH=/usr/bin:/bin" in seen.stdout
+
+
+@as_root
+@with_nobody
+def test_a_by_hand_launchers_pid_is_watched_never_signalled(tmp_path: Path) -> None:
+    """A launcher started by hand is known by the pid its caller connected from. A caller that
+    hands its socket on and exits leaves that pid to the next process (once, the daemon's own
+    thread), and a silent launcher past the silence limit was SIGKILLed, session and all: the
+    daemon killed itself. A pid that is not the caller's user's is not recorded, and a by-hand
+    launcher is never signalled (its lease's cgroup holds its workers)."""
+    import subprocess
+
+    from dra.pool import _auth, _launchers
+
+    nobody = _auth.owner_named("nobody")
+    theirs = subprocess.Popen(["sleep", "60"], **_auth._as_owner(nobody))
+    mine = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], tmp_path / "state", scale_every_s=1000.0,
+                      launch_jobs=False)
+    try:
+        svc.submit({"name": "job", "command": ["true"], "cwd": "/tmp"})
+        # root's job, its "launcher" calling from a pid that is nobody's process now.
+        svc.sync("job", [], [], None, launcher="by-hand-1", caller=_auth.Caller(uid=0, gid=0, pid=theirs.pid, via="unix"))
+        assert svc.jobs["job"]["info"]["launcher"]["pid"] == 0 and "job" not in svc.launchers
+        ref = _launchers.LauncherRef("by-hand-2", mine.pid, _launchers.proc_start(mine.pid), by_hand=True)
+        ref.kill()
+        assert mine.poll() is None, "a by-hand launcher's pid was signalled"
+        assert _launchers.adopt(ref.to_json()).by_hand  # the mark survives a daemon's restart
+        _launchers.LauncherRef("daemon", mine.pid, _launchers.proc_start(mine.pid)).kill()  # one the daemon started
+        assert mine.wait(10) == -9
+    finally:
+        svc.close()
+        for p in (theirs, mine):
+            p.kill()
+            p.wait()
+
+
+def test_a_jobs_end_reason_and_its_launchers_last_line_are_read_bounded(tmp_path: Path) -> None:
+    """A job's user controls its end reason (up to the 4 MiB request limit: events.jsonl grew by
+    100 MB in 20 s of end and resubmit) and its launcher log (a sparse 2 GiB file the daemon read
+    whole, under the pool's lock, when the launcher exited 126). Both are read to a bound now."""
+    from dra.pool._launcher_api import REASON_LIMIT
+    from dra.pool._spawner import last_line
+
+    svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], tmp_path / "state", scale_every_s=1000.0,
+                      launch_jobs=False)
+    try:
+        svc.submit({"name": "job", "command": ["true"], "cwd": "/tmp"})
+        svc.sync_request("job", {"failed": True, "reason": "x" * 3_000_000})
+        reason = svc.jobs["job"]["info"]["reason"]
+        assert len(reason) < REASON_LIMIT + 100 and reason.endswith("characters more, cut)"), reason[-80:]
+    finally:
+        svc.close()
+    assert (tmp_path / "state" / "events.jsonl").stat().st_size < 64 * 1024
+    log = tmp_path / "launcher.log"
+    with open(log, "wb") as f:
+        f.truncate(2**31)  # sparse: 2 GiB of zeros on no disk
+        f.seek(0, 2)
+        f.write(b"\n_isolate: cannot enter /x: Permission denied\n")
+    assert last_line(log) == "_isolate: cannot enter /x: Permission denied"

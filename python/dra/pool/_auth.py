@@ -121,6 +121,13 @@ def run_as_kwargs(owner: Owner) -> dict[str, Any]:
     return {"user": owner.uid, "group": owner.gid, "extra_groups": list(owner.groups)}
 
 
+def _as_owner(owner: Owner) -> dict[str, Any]:
+    """What a probe run as the owner gets: its ids, ``/`` as its directory and a bare environment.
+    The daemon's own environment (a token, a cloud key in the operator's shell) went to every
+    probe, whose /proc/<pid>/environ the submitting user reads."""
+    return {"cwd": "/", "env": {"PATH": "/usr/bin:/bin"}, **run_as_kwargs(owner)}
+
+
 def can_enter(path: str, owner: Owner) -> str | None:
     """None when the owner may use ``path`` as a working directory (checked as the owner, so
     permissions and ACLs count as the kernel applies them), else why not."""
@@ -130,7 +137,7 @@ def can_enter(path: str, owner: Owner) -> str | None:
             return f"'{path}' is not an existing directory"
         return None if os.access(p, os.X_OK) else f"'{path}' cannot be entered (permission denied)"
     try:
-        r = subprocess.run(["test", "-d", path, "-a", "-x", path], timeout=10, **run_as_kwargs(owner))
+        r = subprocess.run(["test", "-d", path, "-a", "-x", path], timeout=10, **_as_owner(owner))
     except (OSError, subprocess.SubprocessError) as e:
         return f"'{path}' could not be checked as user {owner.user}: {e}"
     return None if r.returncode == 0 else f"'{path}' is not a directory user {owner.user} can enter"
@@ -143,7 +150,7 @@ def can_see(path: str, owner: Owner) -> bool:
     if owner.uid == os.geteuid():
         return os.path.lexists(path)
     try:
-        r = subprocess.run(["test", "-e", path, "-o", "-h", path], timeout=10, **run_as_kwargs(owner))
+        r = subprocess.run(["test", "-e", path, "-o", "-h", path], timeout=10, **_as_owner(owner))
     except (OSError, subprocess.SubprocessError):
         return False
     return r.returncode == 0
@@ -161,8 +168,8 @@ def can_run_python(owner: Owner, python: str) -> str | None:
     if owner.uid == os.geteuid():
         return None
     try:
-        r = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30, cwd="/",
-                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **run_as_kwargs(owner))
+        r = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30,
+                           **_as_owner(owner))
     except OSError as e:  # the exec itself refused: a directory on its path the user may not enter
         return f"{e.strerror or e}"
     except subprocess.SubprocessError as e:

@@ -18,6 +18,8 @@ from dra.pool._auth import Caller
 from dra.pool.client import Superseded
 
 _INT_LIMIT = 2**53  # larger integers do not survive JSON's doubles in other readers
+#: The most of a job's end reason kept (a launcher's failure line and a worker's last words fit in it).
+REASON_LIMIT = 4000
 
 
 def _finite(v: Any) -> bool:
@@ -132,8 +134,13 @@ class LauncherAPI:
                 report = check_report(report)
             except ValueError as e:
                 report, refused = None, str(e)
+        reason = body.get("reason")
+        if reason is not None and len(reason) > REASON_LIMIT:
+            # Kept in the job's record and the pool's events: a 4 MiB reason per resubmission grew
+            # events.jsonl by 100 MB in 20 s.
+            reason = reason[:REASON_LIMIT] + f" ... ({len(reason) - REASON_LIMIT} characters more, cut)"
         answer = self.sync(name, ids("heartbeats"), ids("released"), report, body.get("done", False),
-                           body.get("failed", False), body.get("reason"), body.get("launcher"), caller,
+                           body.get("failed", False), reason, body.get("launcher"), caller,
                            world=body.get("world"))
         if refused is not None:
             answer["report_refused"] = refused
@@ -260,7 +267,9 @@ class LauncherAPI:
                              "(its state directory was removed or replaced); this one stops")
         if rec is None:  # a launcher started by hand (dra run --pool ... --job NAME): the first one is the job's
             pid = caller.pid if caller is not None else 0
-            ref = _launchers.LauncherRef(launcher, pid, _launchers.proc_start(pid) if pid else None)
+            if pid and not _launchers.owned_by(pid, caller.uid):
+                pid = 0  # the caller is gone and its pid taken by another user's process: nothing to watch
+            ref = _launchers.LauncherRef(launcher, pid, _launchers.proc_start(pid) if pid else None, by_hand=True)
             job["info"]["launcher"] = ref.to_json()
             if pid:
                 self.launchers[name] = ref

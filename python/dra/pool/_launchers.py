@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -44,6 +45,10 @@ class LauncherRef:
     pid: int
     start: int | None
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours (not adopted)
+    # Started by the job's user (`dra run --pool ... --job`), its pid taken from the caller's socket:
+    # watched, never signalled. That pid is the one that connected, and a process that exits after
+    # handing its socket on leaves the pid to whatever gets it next (the daemon's own thread, once).
+    by_hand: bool = False
 
     def alive(self) -> bool:
         if self.popen is not None:
@@ -54,7 +59,19 @@ class LauncherRef:
         return self.popen.returncode if self.popen is not None else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "pid": self.pid, "start": self.start}
+        return {"id": self.id, "pid": self.pid, "start": self.start, **({"by_hand": True} if self.by_hand else {})}
+
+    def kill(self) -> None:
+        """SIGKILL to the launcher's session (it leads one, its workers in it), or to it alone; a
+        launcher started by hand is left to its lease's cgroup."""
+        if self.by_hand or not self.alive():
+            return
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(self.pid, signal.SIGKILL)
+                return
+            except OSError:
+                continue
 
 
 def job_env(owner: Owner, extra: dict[str, str]) -> dict[str, str]:
@@ -139,5 +156,14 @@ def adopt(record: dict[str, Any] | None) -> LauncherRef | None:
     """The launcher a previous daemon started, if it is still alive."""
     if not record or "pid" not in record:
         return None
-    ref = LauncherRef(str(record.get("id", "")), int(record["pid"]), record.get("start"))
+    ref = LauncherRef(str(record.get("id", "")), int(record["pid"]), record.get("start"),
+                      by_hand=bool(record.get("by_hand", False)))
     return ref if ref.alive() else None
+
+
+def owned_by(pid: int, uid: int) -> bool:
+    """Whether process ``pid`` runs now as ``uid`` (its real uid)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except OSError:
+        return False

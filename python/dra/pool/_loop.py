@@ -7,14 +7,13 @@ mixin of ``dra.pool.service.PoolService`` carries them out on the service's stat
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 from typing import Any
 
 from dra._core import pool as _p
 from dra.pool import _clock, _launchers
+from dra.pool._spawner import last_line
 from dra.pool._spec import fit_speedup, make_request, remaining_size_s
 
 REPORT_STALE_S = 30.0  # an inference service's load report older than this counts as no load
@@ -174,13 +173,9 @@ class SchedulingLoop:
             return True
         self._late.discard(lid)
         # Hung: its session (the launcher leads one, its workers in it) is stopped, so that no
-        # second world can start on these devices beside it.
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(ref.pid, signal.SIGKILL)
-                break
-            except OSError:
-                continue
+        # second world can start on these devices beside it (one started by hand is left to the
+        # lease's cgroup: its pid is only the one its caller connected from).
+        ref.kill()
         return False
 
     def _check_launchers(self, now: float, removed: list[int]) -> None:
@@ -195,10 +190,8 @@ class SchedulingLoop:
                 log = self.logs_dir / f"{name}.launcher.log"
                 why = ""
                 if code == 126:  # _isolate could not start it as the job's user: its one line says why
-                    try:
-                        why = ": " + log.read_text(errors="replace").strip().splitlines()[-1][:300]
-                    except (OSError, IndexError):
-                        pass
+                    last = last_line(log)
+                    why = f": {last}" if last else ""
                 self._end(name, "failed", f"its launcher exited{'' if code is None else f' (code {code})'} before the "
                           f"job ended{why}; see {log}", removed, now)
             elif j["state"] == "cancelled":

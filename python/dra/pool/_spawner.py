@@ -62,6 +62,19 @@ def log_dir_problem(path: Path, uid: int) -> str | None:
     return None
 
 
+def last_line(path: Path, limit: int = 300) -> str:
+    """The last non-empty line of a log (its error, as a rule), at most ``limit`` characters, read
+    from its last 8 KiB only: the daemon reads a job's launcher log, which belongs to the job's user
+    (a sparse 2 GiB one, read whole under the pool's lock, froze the daemon and grew it by 4 GB)."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+            lines = [x.strip() for x in f.read(8192).decode(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""
+
+
 def private_log_dir(path: Path) -> Path:
     """The folder of a job's logs, made 0700 when new; refused as ``log_dir_problem`` says."""
     path = Path(path)

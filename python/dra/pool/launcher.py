@@ -38,7 +38,7 @@ from typing import Any
 from dra._argtypes import count_arg, nonnegative_arg
 from dra.launch.rendezvous import free_port
 from dra.pool import _cgroup, _clock
-from dra.pool._spawner import Spawner, is_python, private_log_dir
+from dra.pool._spawner import Spawner, is_python, last_line, private_log_dir
 
 #: The default of a pool job's ``log_limit_mb``: the most one worker's log holds.
 LOG_LIMIT_MB = 1024
@@ -274,7 +274,7 @@ class Launcher:
             break
         asked = ", asked to leave" if w["asked"] is not None else ""
         text = f"worker on lease {w['lease']} (uid {w['uid']}{asked}): {what}"
-        last = _last_line(w["log"])
+        last = last_line(w["log"])
         return text + (f"; its log ({os.path.abspath(w['log'])}) ends: {last}" if last else "")
 
     def _failure(self) -> str:
@@ -535,17 +535,6 @@ def _signal_name(number: int) -> str:
         return f"{signal.Signals(number).name} (signal {number})"
     except ValueError:
         return f"signal {number}"
-
-
-def _last_line(path: Path, limit: int = 300) -> str:
-    """The last non-empty line of a worker's log (its error, as a rule), at most ``limit`` characters."""
-    try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
-            lines = [x.strip() for x in f.read().decode(errors="replace").splitlines() if x.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:limit] if lines else ""
 
 
 def _tell_pool_failed(pool: str, job: str, reason: str) -> None:
