@@ -242,3 +242,40 @@ def test_a_jobs_end_reason_and_its_launchers_last_line_are_read_bounded(tmp_path
         f.seek(0, 2)
         f.write(b"\n_isolate: cannot enter /x: Permission denied\n")
     assert last_line(log) == "_isolate: cannot enter /x: Permission denied"
+
+
+@as_root
+@with_nobody
+def test_a_user_holding_tcp_connections_turns_away_only_their_own_calls(tmp_path: Path) -> None:
+    """TCP had one connection limit for every caller, counted before the token: a user without
+    the token who held them all turned the operator's calls away. A caller on loopback is now
+    counted as its user (the kernel's socket table), as on the Unix socket."""
+    import socket
+    import subprocess
+    import time
+
+    from dra.pool import _auth
+    from dra.pool.server import PoolClient, PoolServer
+
+    svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], tmp_path / "state", scale_every_s=1000.0)
+    token = "t" * 32
+    server = PoolServer(svc, port=0, token=token, max_connections_per_peer=3).start()
+    port = int(server.tcp_url.rsplit(":", 1)[1])
+    hold = " ".join(f"exec {fd}<>/dev/tcp/127.0.0.1/{port};" for fd in (3, 4, 5))
+    holder = subprocess.Popen(["bash", "-c", f"{hold} echo held; sleep 60"], stdout=subprocess.PIPE, text=True,
+                              **_auth._as_owner(_auth.owner_named("nobody")))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        time.sleep(0.3)
+        assert PoolClient(server.tcp_url, token=token).status()["draining"] is False  # the operator is answered
+        own = socket.create_connection(("127.0.0.1", port), timeout=5)  # root's own share is whole
+        own.close()
+        fourth = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET /status HTTP/1.0\\r\\n"
+                                 "\\r\\n' >&3; cat <&3"], capture_output=True, text=True, timeout=30,
+                                **_auth._as_owner(_auth.owner_named("nobody")))
+        assert "503" in fourth.stdout and "3 already open from uid" in fourth.stdout, fourth.stdout[:300]
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+        server.close()

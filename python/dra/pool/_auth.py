@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import grp
 import hmac
+import ipaddress
 import os
 import pwd
 import secrets
@@ -58,6 +59,42 @@ def peer_credentials(sock: socket.socket) -> Caller:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return Caller(uid, gid, pid, "unix")
+
+
+def loopback_peer_uid(sock: socket.socket) -> int | None:
+    """The uid that owns the other end of a TCP connection from this host's loopback, from the
+    kernel's socket table (/proc/net/tcp, tcp6: a connection's two ends are rows of it, each with
+    its owner); None for a peer elsewhere or one not found (gone already). It tells nothing about
+    who may act (the token does): it only lets TCP's connection limit count per user, as the Unix
+    socket's does, so that one user's held connections turn away nobody else's calls."""
+    try:
+        peer, here = sock.getpeername()[:2], sock.getsockname()[:2]
+    except OSError:
+        return None
+    family = sock.family
+    if not ipaddress.ip_address(peer[0].split("%")[0]).is_loopback:
+        return None
+
+    def packed(host: str, port: int) -> tuple[bytes, int]:
+        return socket.inet_pton(family, host.split("%")[0]), port
+
+    def unhex(field: str) -> tuple[bytes, int]:
+        addr, port = field.split(":")
+        raw = bytes.fromhex(addr)  # 32-bit words in the host's (little-endian) order
+        return b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)), int(port, 16)
+
+    want = (packed(*peer), packed(*here))  # the peer's row: its local end, then ours
+    table = "/proc/net/tcp6" if family == socket.AF_INET6 else "/proc/net/tcp"
+    try:
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if len(cols) > 7 and (unhex(cols[1]), unhex(cols[2])) == want:
+                    return int(cols[7])
+    except (OSError, ValueError, StopIteration):
+        return None
+    return None
 
 
 def user_name(uid: int) -> str:
