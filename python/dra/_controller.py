@@ -308,22 +308,29 @@ class Controller(_core.Controller):
                     f"epochs: the body of data epoch {epoch} trained no step ({len(sampler)} left); iterate the "
                     "loader inside it and call dra.step after each optimizer step, e.g. `for epoch in "
                     "ctl.epochs(n): for x, y in loader: ...`")
-            # The body left the loader early: the rest of this data epoch is not trained, an open
-            # accumulation window included (its gradients are dropped with it).
-            position = sampler.state_dict()
-            left = int(sampler.epoch_size) - position["cursor"]
-            window = ""
-            if self._micro_fresh:
-                window = f", {self._micro_fresh} batch(es) of an open accumulation window among them (their gradients dropped)"
-                self._micro_fresh = 0
-                self._window_open = False
-                for p in self.model._params:
-                    p.grad = None
-            if self.rank == 0:
-                print(f"[dra] data epoch {epoch} left after step {self.step_index}: its last {left} sample(s) are not "
-                      f"trained (the loop left the loader early){window}", file=sys.stderr, flush=True)
-            sampler._native.set_position(epoch, int(sampler.epoch_size), position["global_batch"], position["seed"])
+            self._leave_epoch_early()
         _release_torchrun_exit_barrier(self)
+
+    def _leave_epoch_early(self) -> None:
+        """The loop left the loader before the data epoch's end (a ``break`` on a step budget, a
+        zip with a shorter loader): the rest of that epoch is not trained, an open accumulation
+        window included (its gradients are dropped with it), as torch's sampler starts a new order
+        at the next ``set_epoch``. Every member leaves at the same step (break on what every rank
+        sees alike), so each ends the epoch here alike."""
+        sampler = self.sampler
+        position = sampler.state_dict()
+        epoch, left = position["epoch"], int(sampler.epoch_size) - position["cursor"]
+        window = ""
+        if self._micro_fresh:
+            window = f", {self._micro_fresh} batch(es) of an open accumulation window among them (their gradients dropped)"
+            self._micro_fresh = 0
+            self._window_open = False
+            for p in self.model._params:
+                p.grad = None
+        if self.rank == 0:
+            print(f"[dra] data epoch {epoch} left after step {self.step_index}: its last {left} sample(s) are not "
+                  f"trained (the loop left the loader early){window}", file=sys.stderr, flush=True)
+        sampler._native.set_position(epoch, int(sampler.epoch_size), position["global_batch"], position["seed"])
 
     def state_dict(self) -> dict[str, Any]:
         """Where the job stands (committed steps and the sampler's position): save it with the model

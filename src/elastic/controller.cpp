@@ -176,6 +176,9 @@ void controller::finish() noexcept {
   if (role_ != role::member || !comm_) return;
   try {
     complete_handoff();
+    // Said before the barrier: a member still training (its loop went past this step) learns it
+    // at its recovery instead of training on alone (refuse_to_train_past_the_loops_end).
+    store_->mark_loop_ended(epoch_, uid_, step_index_);
     comm_->barrier();
     if (comm_->rank() == 0) {
       detail::event_log::print_summary(step_index_, comm_->size(), figures());

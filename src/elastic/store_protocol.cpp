@@ -474,6 +474,28 @@ bool store_protocol::done() {
   return raw && values_.int_of("done", *raw, 1, 1).has_value();
 }
 
+void store_protocol::mark_loop_ended(std::int64_t epoch, int uid, std::int64_t step) noexcept {
+  try {
+    client_->set(key("ended/", epoch), json{{"uid", uid}, {"step", step}});
+  } catch (const std::exception&) {
+    // The store is gone: the end's barrier says so.
+  }
+}
+
+std::optional<store_protocol::loop_end> store_protocol::loop_ended(std::int64_t epoch) {
+  const std::string k = key("ended/", epoch);
+  const auto raw = client_->try_get(k);
+  if (!raw) return std::nullopt;
+  const auto j = values_.object_of(k, *raw);
+  const auto uid = j ? int_field(*j, "uid", 0, kMaxUid) : std::nullopt;
+  const auto step = j ? int_field(*j, "step", 0, std::numeric_limits<std::int64_t>::max()) : std::nullopt;
+  if (!uid || !step) {
+    if (j) values_.warn(k, *raw, "not a member's end of the training loop");
+    return std::nullopt;
+  }
+  return loop_end{static_cast<int>(*uid), *step};
+}
+
 std::optional<size_limit> store_protocol::limit() {
   const auto raw = client_->try_get("capacity");
   if (!raw) {

@@ -241,6 +241,17 @@ class store_protocol {
   // -- the job's end and the outside ---------------------------------------------------------
   void mark_done(const std::vector<int>& members);
   bool done();
+  /// Member `uid` of world `epoch` ended its training loop after `step` committed steps (finish).
+  /// A member of that world still training learns it at its recovery (loop_ended) instead of
+  /// training on alone. Never throws: a store that fails makes the end's barrier fail too.
+  void mark_loop_ended(std::int64_t epoch, int uid, std::int64_t step) noexcept;
+  /// Who ended the training loop of world `epoch`, and after how many steps; nothing when nobody
+  /// did (or the value does not parse: warned).
+  struct loop_end {
+    int uid = -1;
+    std::int64_t step = 0;
+  };
+  std::optional<loop_end> loop_ended(std::int64_t epoch);
   /// The outside limit; a value that does not parse leaves the last good one in force (warned).
   std::optional<size_limit> limit();
   void publish_report(const nlohmann::json& report);

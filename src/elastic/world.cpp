@@ -412,6 +412,7 @@ void controller::recover(std::string reason) {
           store_->address() +
           " is gone and every world change goes through it; restart the job from its last "
           "checkpoint, with the store outside any process that may die (e.g. torchrun's agent)");
+    refuse_to_train_past_the_loops_end(first_reason);
     // Survivors converge on the latest world that was decided: a member that failed before it
     // learnt of a decision follows it into the decided world (whose joiners may be waiting in it).
     const auto decided = store_->latest_decided_world(epoch_, members_);
@@ -441,6 +442,7 @@ void controller::recover(std::string reason) {
       leave(options_.release == release_mode::exit);
       return;
     }
+    refuse_to_train_past_the_loops_end(first_reason);  // a second look: the agreement took a fault timeout
     for (int u : world)
       if (!contains(agreed.members, u) && !contains(gone, u)) gone.push_back(u);  // the dead (or unreachable)
     if (!follows(decided.epoch, agreed.epoch)) return;
@@ -485,6 +487,23 @@ void controller::recover(std::string reason) {
   }
   throw dra::membership_error("dra: could not re-form the world after " +
                               std::to_string(options_.max_resize_retries + 1) + " attempts: " + reason);
+}
+
+void controller::refuse_to_train_past_the_loops_end(const std::string& reason) {
+  // A member whose loop ended (finish) left this world for good: the others' loops ended at a
+  // step this one went past (a loop-local counter, which starts at 0 on a joiner; a zip with a
+  // loader whose length differs between ranks). Recovering would train on alone, and its leader
+  // would save over the world's result (seen: exit 0, the final checkpoint overwritten).
+  const auto ended = store_->loop_ended(epoch_);
+  if (!ended) return;
+  throw dra::membership_error(
+      "dra: process " + std::to_string(uid_) + " went on training past the end of the loop: process " +
+      std::to_string(ended->uid) + " ended its training loop after step " + std::to_string(ended->step) +
+      " of world epoch " + std::to_string(epoch_) + " while this process went on to step " +
+      std::to_string(step_index_) + " (" + reason +
+      "); every member must leave the loop at the same step: break on ctl.step_index or the status's world "
+      "loss, which every rank sees alike, not on a counter of the loop's own (a joiner's starts at 0 when it is "
+      "admitted) or a loader whose length differs between ranks");
 }
 
 }  // namespace dra::elastic

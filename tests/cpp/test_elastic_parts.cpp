@@ -308,6 +308,27 @@ TEST_CASE("elastic.store_protocol.the_state_furthest_on_leads_the_recovery") {
   CHECK(agreed[1].members == std::vector<int>{1, 0});
 }
 
+TEST_CASE("elastic.store_protocol.a_members_end_of_the_loop_is_read_by_its_world_only") {
+  auto server = make_server();
+  ed::store_protocol finisher(client_of(server->getPort(), "ended"), 10s);
+  ed::store_protocol straggler(client_of(server->getPort(), "ended"), 10s);
+  CHECK_FALSE(straggler.loop_ended(2).has_value());
+  finisher.mark_loop_ended(2, 7, 10);
+  const auto seen = straggler.loop_ended(2);
+  REQUIRE(seen.has_value());
+  CHECK(seen->uid == 7);
+  CHECK(seen->step == 10);
+  CHECK_FALSE(straggler.loop_ended(3).has_value());  // a later world's members trained on together
+  // Another client's value there is not a member's end (warned, ignored).
+  server->set("dra/parts-ended/0/ended/4", [] {
+    const std::string v = R"({"uid": "seven"})";
+    return std::vector<std::uint8_t>(v.begin(), v.end());
+  }());
+  server->get("dra/parts-ended/0/ended/4");
+  CHECK_FALSE(straggler.loop_ended(4).has_value());
+  CHECK(straggler.ignored_values() == 1);
+}
+
 TEST_CASE("elastic.store_protocol.pool_limit_and_report") {
   auto server = make_server();
   ed::store_protocol store(client_of(server->getPort(), "pool"), 10s);

@@ -97,6 +97,27 @@ def _elastic_sampler_of(index_sampler: Any) -> Any:
     return None
 
 
+def _refuse_own_batching(index_sampler: Any) -> None:
+    """A batch sampler of the script's own over the training sampler (a bucketing one: fairseq's,
+    ESPnet's, ``group_by_length``) takes the sampler's ids for the world at its pass's start and
+    batches them itself: after a world change its batches were trained as fresh ones, samples twice
+    and others never, and the ranks parted. Refused at the pass's first batch, naming the fix."""
+    from torch.utils.data import BatchSampler
+
+    sampler = _elastic_sampler_of(index_sampler)
+    if sampler is None or index_sampler is sampler:
+        return
+    if isinstance(index_sampler, BatchSampler) and type(index_sampler).__iter__ is BatchSampler.__iter__:
+        return  # torch's, which dra drives step by step
+    raise RuntimeError(
+        f"dra: the DataLoader's batch sampler ({type(index_sampler).__module__}.{type(index_sampler).__qualname__}) "
+        "makes its batches from dra's training sampler itself: they are drawn for the world as it was when its pass "
+        "began and cannot follow a world change (after a grow its ranks trained samples twice and others never). "
+        "Give the DataLoader dra's sampler with batch_size=B (torch's BatchSampler, which dra drives step by step), "
+        "or sampler.batches(B) as batch_sampler=: a batch sampler of your own (bucketing by length) cannot draw from "
+        "it (docs/guide/compatibility.md, \"Limits of the drop-in\")")
+
+
 def _patch_loader_iterator() -> None:
     """In a job that accumulates gradients (no_sync), a batch the loader prefetched for a world
     that has changed since, or a padding batch, is dropped before the loop sees it: the loop's
@@ -116,6 +137,9 @@ def _patch_loader_iterator() -> None:
         # cannot load an empty batch (default_collate raises IndexError on []), so the loader loads
         # a batch of the usual size instead: its gradient and loss weigh zero (the weight is the
         # rank's share of the step's samples), so it trains nothing.
+        if not getattr(self, "_dra_batching_checked", False):
+            self._dra_batching_checked = True
+            _refuse_own_batching(getattr(self, "_index_sampler", None))
         index = torch_next_index(self)
         if hasattr(index, "__len__") and len(index) == 0:
             sampler = _elastic_sampler_of(getattr(self, "_index_sampler", None))

@@ -128,12 +128,21 @@ class ElasticSampler:
     def set_epoch(self, epoch: int) -> None:
         """``DistributedSampler.set_epoch``: the training loop is at data epoch ``epoch``. The world
         moves there once the epochs before it are consumed (a fresh epoch that no step has touched
-        moves at once: a job restarted from an epoch checkpoint); a process whose loop is behind
-        the world (a joiner, a standby admitted again) iterates nothing until its loop catches up."""
+        moves at once: a job restarted from an epoch checkpoint); a loop that trained in the data
+        epoch and left its loader early ends that epoch here (its remaining samples untrained, as
+        with torch's sampler); a process whose loop is behind the world (a joiner, a standby
+        admitted again) iterates nothing until its loop catches up."""
         epoch = int(epoch)
         _end_if_finished(self, epoch)
+        native, ctl = self._native, self._controller
+        if (ctl is not None and ctl.is_member and self._requested is not None and epoch > max(self._requested, native.epoch)
+                and self._trained_epoch == native.epoch and not native.exhausted and native.cursor > 0):
+            # The loop trained in this data epoch and moves on before its end (a break, a zip with
+            # a shorter loader): the epoch ends here, as torch's sampler starts the next order. It
+            # went on from where the loop left it, and the data epochs after it were skipped once
+            # it ended (the first of them fresh, moved past at once).
+            ctl._leave_epoch_early()
         self._requested = epoch
-        native = self._native
         while native.epoch < epoch and native.exhausted:
             native.next_epoch()
         if native.epoch < epoch and native.cursor == 0:

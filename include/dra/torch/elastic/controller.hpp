@@ -473,6 +473,9 @@ class controller {
   void leave(bool exit);
   void stop_at_boundary() noexcept;
   void recover(std::string reason);
+  /// In a recovery: throws when a member of the failed world ended its training loop (finish):
+  /// this process went on training where the others stopped.
+  void refuse_to_train_past_the_loops_end(const std::string& reason);
   /// After recover(): the step `attempted` failed here but the handed-over state is one step on.
   void note_step_taken_over(std::int64_t attempted, const std::string& reason);
   void hook(change_phase phase);
