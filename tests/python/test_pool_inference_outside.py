@@ -4,12 +4,12 @@ autoscaler at the edges of its inputs and configs, and a service whose load repo
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from dra._core import pool as P
+from dra.pool import _clock
 from dra.pool.service import PoolService
 
 
@@ -45,7 +45,7 @@ def test_a_huge_burst_takes_the_devices_training_holds(tmp_path: Path) -> None:
         svc.submit({"name": "serve", "kind": "inference", "min_size": 1, "max_size": 4,
                     "autoscale": {"replica_rps": 1.0}})
         svc.submit({"name": "train", "min_size": 1, "max_size": 4})
-        t0 = time.time()
+        t0 = _clock.now()  # the pool's clock (a report is stamped by it), not the wall's
         for k in range(3):
             _play(svc, t0 + 0.05 * k)
         assert svc.book.count("serve", False) == 1
@@ -88,7 +88,7 @@ def test_a_service_whose_reports_stop_gives_its_replicas_back_to_training(tmp_pa
         svc.submit({"name": "serve", "kind": "inference", "min_size": 1, "max_size": 4,
                     "autoscale": {"replica_rps": 1.0, "down_delay_s": 2.0}})
         svc.submit({"name": "train", "min_size": 1, "max_size": 4, "resize_cooldown_s": 0})
-        t0 = time.time()
+        t0 = _clock.now()  # the pool's clock (a report is stamped by it), not the wall's
         svc.set_report("serve", {"rate_rps": 1.6})
         for k in range(5):
             _play(svc, t0 + 0.05 * k)
@@ -138,7 +138,7 @@ def test_a_low_priority_service_does_not_take_a_critical_training_jobs_devices_a
         svc.submit({"name": "serve", "kind": "inference", "min_size": 1, "max_size": 4, "priority": "low"})
         svc.submit({"name": "train", "min_size": 1, "max_size": 4, "priority": "critical"})
         svc.submit({"name": "scratch", "min_size": 1, "max_size": 4, "priority": "low"})
-        t0 = time.time()
+        t0 = _clock.now()  # the pool's clock (a report is stamped by it), not the wall's
         for k in range(5):
             _play(svc, t0 + 0.05 * k)
         held = svc.book.count("train", False)
