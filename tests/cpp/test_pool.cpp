@@ -460,7 +460,7 @@ TEST_CASE("pool.autoscaler.hysteresis") {
   CHECK_THROWS_AS(replica_autoscaler{c}, std::invalid_argument);
 }
 
-TEST_CASE("pool.scaler.a_step_down_holds_until_it_is_carried_out") {
+TEST_CASE("pool.scaler.a_step_decided_holds_until_it_is_carried_out") {
   // The pool asks every tick and re-plans every few seconds: the answer must hold in between.
   autoscaler_config c;
   c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0;
@@ -471,12 +471,18 @@ TEST_CASE("pool.scaler.a_step_down_holds_until_it_is_carried_out") {
   CHECK(a.update(5.1, 2.0, 0.0, 2) == 1);  // still 2 running: the answer holds ...
   CHECK(a.update(6.0, 5.0, 0.0, 2) == 1);  // ... through load inside the band
   CHECK(a.update(7.0, 2.0, 0.0, 1) == 1);  // carried out: a new window
-  // A decided step down gives way to a surge before it is carried out.
+  // A decided step down gives way to a surge before it is carried out ...
   replica_autoscaler b(c);
   CHECK(b.update(0.0, 2.0, 0.0, 3) == 3);
   CHECK(b.update(5.0, 2.0, 0.0, 3) == 2);
   CHECK(b.update(5.5, 30.0, 0.0, 3) == 4);  // 3 replicas' worth: up at once
-  CHECK(b.update(6.0, 12.0, 0.0, 3) == 3);  // the step down is forgotten: a new window starts it again
+  // ... and a step up holds as well while its device is freed, the surge over: it was answered
+  // for the surge's ticks only, and the device went to a training job.
+  CHECK(b.update(6.0, 12.0, 0.0, 3) == 4);
+  CHECK(b.update(9.0, 12.0, 0.0, 3) == 4);
+  CHECK(b.update(10.6, 12.0, 0.0, 3) == 3);  // not carried out within down_delay_s and no new surge: it lapses
+  CHECK(b.update(11.0, 30.0, 0.0, 3) == 4);
+  CHECK(b.update(11.5, 12.0, 0.0, 4) == 4);  // carried out
 }
 
 TEST_CASE("pool.scaler.inference_first_then_arbiter") {
