@@ -137,10 +137,9 @@ class ElasticSampler:
         native, ctl = self._native, self._controller
         if (ctl is not None and ctl.is_member and self._requested is not None and epoch > max(self._requested, native.epoch)
                 and self._trained_epoch == native.epoch and not native.exhausted and native.cursor > 0):
-            # The loop trained in this data epoch and moves on before its end (a break, a zip with
-            # a shorter loader): the epoch ends here, as torch's sampler starts the next order. It
-            # went on from where the loop left it, and the data epochs after it were skipped once
-            # it ended (the first of them fresh, moved past at once).
+            # The loop trained in this data epoch and moves on before its end (a break, a zip with a
+            # shorter loader): it ends here, as torch's sampler starts the next order (it went on
+            # where the loop left it, and the epochs after it were skipped once it ended).
             ctl._leave_epoch_early()
         self._requested = epoch
         while native.epoch < epoch and native.exhausted:
