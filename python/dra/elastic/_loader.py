@@ -105,8 +105,8 @@ def _refuse_own_batching(index_sampler: Any) -> None:
     from torch.utils.data import BatchSampler
 
     sampler = _elastic_sampler_of(index_sampler)
-    if sampler is None or index_sampler is sampler:
-        return
+    if sampler is None or index_sampler is sampler or type(index_sampler) is StepBatches:
+        return  # dra's own: sampler.batches(B)
     if isinstance(index_sampler, BatchSampler) and type(index_sampler).__iter__ is BatchSampler.__iter__:
         return  # torch's, which dra drives step by step
     raise RuntimeError(
