@@ -80,8 +80,15 @@ def test_a_stalled_member_left_out_is_healed_back_once_and_a_second_stall_is_not
     finally:
         codes = job.wait(240)
     assert codes == {"r0": 0, "r1": 0, "r2": 0}, [job.output(n)[-2000:] for n in codes]
-    changes = _changes(job)
-    assert changes == [("fault", 3, 2, [2], []), ("resize", 2, 3, [], [2]), ("fault", 3, 2, [2], [])], changes
+    reasons = [(e["event"], e["before"], e["after"], e.get("reason")) for e in job.events()]
+    # A fault that every member survived (nobody left, nobody joined) is a time-out on a loaded host
+    # (fault_timeout_s is 1.5 s here; one such in a CI run of the whole suite): the world recovers
+    # at its size and nothing in this test's subject changes. A grow to a flapping process that
+    # did not come reads the same but names the interrupted grow: that is not let through.
+    changes = [c for c, e in zip(_changes(job), [e for e in job.events() if e["event"] != "start"])
+               if not (c[0] == "fault" and c[1] == c[2] and not c[3] and not c[4]
+                       and "interrupted grow" not in e.get("reason", ""))]
+    assert changes == [("fault", 3, 2, [2], []), ("resize", 2, 3, [], [2]), ("fault", 3, 2, [2], [])], (changes, reasons)
     heal = next(e for e in job.events() if e["event"] == "resize")
     assert heal["reason"].startswith("heal: back to 3 of the 3 processes"), heal["reason"]
     assert all(e["params_identical"] is True for e in job.events() if e["event"] != "start")
