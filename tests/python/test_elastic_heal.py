@@ -57,6 +57,22 @@ def _changes(job: Job) -> list[tuple]:
     return [(e["event"], e["before"], e["after"], e["left"], e["joined"]) for e in job.events() if e["event"] != "start"]
 
 
+def _membership_changes(job: Job) -> list[tuple]:
+    """The changes less any fault that every member survived (nobody left, nobody joined): a
+    time-out on a loaded host (fault_timeout_s is 1.5 s here; one such in a CI run of the whole
+    suite), after which the world goes on at its size and nothing these tests look at changes. A
+    grow to a flapping process that did not come reads the same but names the interrupted grow:
+    that one is kept."""
+    events = [e for e in job.events() if e["event"] != "start"]
+    return [c for c, e in zip(_changes(job), events)
+            if not (c[0] == "fault" and c[1] == c[2] and not c[3] and not c[4]
+                    and "interrupted grow" not in e.get("reason", ""))]
+
+
+def _reasons(job: Job) -> list[tuple]:
+    return [(e["event"], e["before"], e["after"], e.get("reason")) for e in job.events()]
+
+
 def _job(tmp_path, **cfg) -> Job:
     # step_sleep_s: steps long enough that the world is still training when the stalled process
     # wakes, finds it was left out and registers (a few seconds).
@@ -80,15 +96,9 @@ def test_a_stalled_member_left_out_is_healed_back_once_and_a_second_stall_is_not
     finally:
         codes = job.wait(240)
     assert codes == {"r0": 0, "r1": 0, "r2": 0}, [job.output(n)[-2000:] for n in codes]
-    reasons = [(e["event"], e["before"], e["after"], e.get("reason")) for e in job.events()]
-    # A fault that every member survived (nobody left, nobody joined) is a time-out on a loaded host
-    # (fault_timeout_s is 1.5 s here; one such in a CI run of the whole suite): the world recovers
-    # at its size and nothing in this test's subject changes. A grow to a flapping process that
-    # did not come reads the same but names the interrupted grow: that is not let through.
-    changes = [c for c, e in zip(_changes(job), [e for e in job.events() if e["event"] != "start"])
-               if not (c[0] == "fault" and c[1] == c[2] and not c[3] and not c[4]
-                       and "interrupted grow" not in e.get("reason", ""))]
-    assert changes == [("fault", 3, 2, [2], []), ("resize", 2, 3, [], [2]), ("fault", 3, 2, [2], [])], (changes, reasons)
+    changes = _membership_changes(job)
+    assert changes == [("fault", 3, 2, [2], []), ("resize", 2, 3, [], [2]), ("fault", 3, 2, [2], [])], (
+        changes, _reasons(job))
     heal = next(e for e in job.events() if e["event"] == "resize")
     assert heal["reason"].startswith("heal: back to 3 of the 3 processes"), heal["reason"]
     assert all(e["params_identical"] is True for e in job.events() if e["event"] != "start")
@@ -107,5 +117,5 @@ def test_heal_false_leaves_the_world_at_the_size_the_fault_left(tmp_path):
     finally:
         codes = job.wait(240)
     assert codes == {"r0": 0, "r1": 0, "r2": 0}, [job.output(n)[-2000:] for n in codes]
-    assert _changes(job) == [("fault", 3, 2, [2], [])], _changes(job)
+    assert _membership_changes(job) == [("fault", 3, 2, [2], [])], (_changes(job), _reasons(job))
     check_exactly_once(job, N, EPOCHS)
