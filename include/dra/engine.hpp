@@ -163,12 +163,26 @@ class resize_engine {
     unlimited.available = limits.max_size;
     const policy::decision_inputs in{estimator_.signals(), world_, unlimited, config_.costs, throughput_};
     const int lo = std::max(limits.min_size, 1);
-    return std::clamp(policy::propose_named(policy_.inner(), in, lo, std::max(lo, limits.max_size)).target_size, lo,
-                      std::max(lo, limits.max_size));
+    const int hi = std::max(lo, limits.max_size);
+    const int want = std::clamp(policy::propose_named(policy_.inner(), in, lo, hi).target_size, lo, hi);
+    if (limits.allows(want)) return want;
+    // A size the job may not take (allowed_sizes) would have the pool plan a device it never
+    // uses: the largest allowed size below it, else the smallest above it.
+    int below = 0, above = 0;
+    for (int s : limits.allowed_sizes) {
+      if (!limits.allows(s)) continue;
+      if (s < want && s > below) below = s;
+      if (s > want && (above == 0 || s < above)) above = s;
+    }
+    return below > 0 ? below : above;
   }
 
   /// Tells the engine a resize happened (resets the cooldown clock).
   void resized(int new_size, double new_global_batch) {
+    if (new_size < 1) dra::detail::throw_invalid("new_size", "must be >= 1, got " + std::to_string(new_size));
+    if (!(new_global_batch > 0.0 && std::isfinite(new_global_batch)))
+      dra::detail::throw_invalid("new_global_batch",
+                                 "must be a finite number of samples > 0, got " + std::to_string(new_global_batch));
     world_.size = new_size;
     world_.global_batch = new_global_batch;
     world_.steps_since_resize = 0;

@@ -333,7 +333,7 @@ TEST_CASE("policy.constraints.restore_below_min_size") {
   CHECK(contains(d.reason, "restore"));
   d = p.decide(signals_in(training_phase::fast), world_of(2), capacity{2}, cost_model{}, tp);
   CHECK(d.kind == action::hold);
-  CHECK(contains(d.reason, "no candidates"));
+  CHECK(contains(d.reason, "restoring takes size 4 and 2 are available"));
 }
 
 TEST_CASE("policy.constraints.amortisation_blocks_resize_that_cannot_pay_back") {

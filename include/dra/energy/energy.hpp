@@ -200,7 +200,11 @@ class energy_meter {
       start(now_s);
       return last_step_;
     }
-    const double j = reader_->read_joules();
+    double j = reader_->read_joules();
+    // A reading or a clock that is not a number keeps the last good one (counted in
+    // bad_readings()): stored, it zeroed this step and the next.
+    if (!std::isfinite(j)) ++bad_readings_, j = last_joules_;
+    if (!std::isfinite(now_s)) ++bad_readings_, now_s = last_time_;
     last_step_.joules = std::max(0.0, j - last_joules_);
     last_step_.seconds = std::max(0.0, now_s - last_time_);
     last_step_.source = reader_->source();
@@ -227,6 +231,8 @@ class energy_meter {
   const energy_interval& last_step() const noexcept { return last_step_; }
   const energy_interval& job() const noexcept { return job_; }
   std::int64_t steps() const noexcept { return steps_; }
+  /// Readings (energy or clock) that were not finite numbers, each replaced by the last good one.
+  std::int64_t bad_readings() const noexcept { return bad_readings_; }
   const energy_reader& reader() const noexcept { return *reader_; }
   energy_source source() const noexcept { return reader_->source(); }
 
@@ -235,6 +241,7 @@ class energy_meter {
   energy_interval last_step_, job_;
   double last_joules_ = 0.0, last_time_ = 0.0;
   std::int64_t steps_ = 0;
+  std::int64_t bad_readings_ = 0;
   bool started_ = false;
 };
 

@@ -116,6 +116,38 @@ inline decision plan_resize(const world_state& world, int target, double batch_s
   return out;
 }
 
+/// The world a decision is asked for, checked before anything is decided or counted: a world
+/// naming an id twice, or fewer ids than its size, was acted on (a hold listing the duplicate as a
+/// member; a shrink of a world of 4 that named 2), and a batch of 0 surfaced as a policy's
+/// "widen the knob space".
+inline void check_world(const world_state& world) {
+  if (world.size < 1)
+    dra::detail::throw_invalid("world.size", "must be >= 1 (the ranks in the active world, the leader included), got " +
+                                                 std::to_string(world.size));
+  if (!world.active.empty()) {
+    if (static_cast<int>(world.active.size()) != world.size)
+      dra::detail::throw_invalid("world.active", "names " + std::to_string(world.active.size()) +
+                                                     " ids for a world of size " + std::to_string(world.size) +
+                                                     "; name every member once, or none (ids 0..size-1)");
+    std::vector<int> ids = world.active;
+    std::sort(ids.begin(), ids.end());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0) dra::detail::throw_invalid("world.active", "ids must be >= 0, got " + std::to_string(ids[i]));
+      if (i > 0 && ids[i] == ids[i - 1])
+        dra::detail::throw_invalid("world.active",
+                                   "id " + std::to_string(ids[i]) + " appears twice; name every member once");
+    }
+  }
+  for (int c : world.candidates)
+    if (c < 0) dra::detail::throw_invalid("world.candidates", "ids must be >= 0, got " + std::to_string(c));
+  if (!(world.global_batch > 0.0 && std::isfinite(world.global_batch)))
+    dra::detail::throw_invalid("world.global_batch",
+                               "must be a finite number of samples > 0, got " + detail::fmt("%g", world.global_batch));
+  if (!(world.base_batch > 0.0 && std::isfinite(world.base_batch)))
+    dra::detail::throw_invalid("world.base_batch",
+                               "must be a finite number of samples > 0, got " + detail::fmt("%g", world.base_batch));
+}
+
 /// A policy wrapped in constraints. Holds the hysteresis counter, so feed it every decision
 /// point in order (the leader does; every rank then reads the leader's decision).
 class constrained_policy {
@@ -128,12 +160,24 @@ class constrained_policy {
   const constraints& limits() const noexcept { return limits_; }
   const policy& inner() const noexcept { return *inner_; }
 
+  /// Throws std::invalid_argument on a malformed world (check_world) or proposal, leaving the
+  /// hysteresis counter as it was.
   decision decide(const signals::convergence_signals& sig, const world_state& world, const capacity& cap,
                   const cost_model& costs, const throughput_predictor& throughput) {
-    if (world.size < 1)
-      dra::detail::throw_invalid(
-          "world.size",
-          "must be >= 1 (the ranks in the active world, the leader included), got " + std::to_string(world.size));
+    check_world(world);
+    const int direction = pending_direction_, count = pending_count_;
+    try {
+      return decide_checked(sig, world, cap, costs, throughput);
+    } catch (...) {
+      pending_direction_ = direction;
+      pending_count_ = count;
+      throw;
+    }
+  }
+
+ private:
+  decision decide_checked(const signals::convergence_signals& sig, const world_state& world, const capacity& cap,
+                          const cost_model& costs, const throughput_predictor& throughput) {
     const decision_inputs in{sig, world, cap, costs, throughput};
     decision out;
     out.policy = inner_->name();
@@ -142,13 +186,20 @@ class constrained_policy {
     const int current = world.size;
     const int most = std::min(limits_.max_size, std::max(cap.available, current));
 
-    // Below the minimum (after a failure): grow back to it as soon as candidates allow, no cooldown.
+    // Below the minimum (after a failure): grow back to it as soon as candidates allow, no
+    // cooldown; to the smallest allowed size at or above it where min_size itself is not allowed
+    // (min 2 with allowed sizes {4, 8}: a world of 1 waited for size 2 forever).
     if (current < limits_.min_size) {
-      const int target = snap_down(std::min(limits_.min_size, most), current);
-      if (target > current)
-        return finish(std::move(out), world, target, 0.0, 1.0,
-                      "restore: world below min_size " + std::to_string(limits_.min_size));
-      out.reason = "hold: below min_size " + std::to_string(limits_.min_size) + " but no candidates to admit";
+      int restore_to = limits_.max_size;  // validate() keeps an allowed size within [min_size, max_size]
+      if (limits_.allowed_sizes.empty()) restore_to = limits_.min_size;
+      for (int s : limits_.allowed_sizes)
+        if (limits_.allows(s)) restore_to = std::min(restore_to, s);
+      if (restore_to <= most)
+        return finish(std::move(out), world, restore_to, 0.0, 1.0,
+                      "restore: world below min_size " + std::to_string(limits_.min_size) +
+                          (restore_to != limits_.min_size ? ", to the smallest allowed size above it" : ""));
+      out.reason = "hold: below min_size " + std::to_string(limits_.min_size) + ": restoring takes size " +
+                   std::to_string(restore_to) + " and " + std::to_string(most) + " are available";
       return out;
     }
 
@@ -171,7 +222,11 @@ class constrained_policy {
     if (target == current && new_batch == world.global_batch) {
       pending_direction_ = 0;
       pending_count_ = 0;
+      const int wanted = std::clamp(p.target_size, lo, hi);
       out.reason = std::move(p.reason);
+      if (wanted != current)
+        out.reason += "; held at " + std::to_string(current) + ": no allowed size between it and " +
+                      std::to_string(wanted) + " (allowed_sizes)";
       return out;
     }
     if (world.steps_since_resize < limits_.cooldown_steps) {
@@ -229,7 +284,6 @@ class constrained_policy {
                   std::move(p.reason));
   }
 
- private:
   static std::string policy_detail_gain(double gain, double cost, double horizon, const char* unit) {
     return detail::fmt("gain %.3g", gain) + unit + detail::fmt(" over %.0f steps vs cost %.3g", horizon, cost) + unit;
   }

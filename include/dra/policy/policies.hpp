@@ -118,7 +118,15 @@ struct goodput_config {
     if (!(min_marginal_efficiency >= 0.0 && min_marginal_efficiency <= 1.0))
       dra::detail::throw_invalid("min_marginal_efficiency",
                                  "must lie in [0, 1], got " + std::to_string(min_marginal_efficiency));
-    if (!(min_per_rank_batch > 0.0)) dra::detail::throw_invalid("min_per_rank_batch", "must be > 0");
+    if (!(min_per_rank_batch > 0.0 && std::isfinite(min_per_rank_batch)))
+      dra::detail::throw_invalid("min_per_rank_batch",
+                                 "must be a finite number > 0, got " + detail::fmt("%g", min_per_rank_batch));
+    // The candidate batches double from the minimum up to the maximum: an infinite maximum never
+    // ended the list (the first decision did not return).
+    if (!std::isfinite(max_per_rank_batch))
+      dra::detail::throw_invalid(
+          "max_per_rank_batch",
+          "must be a finite number (the candidates double up to it), got " + detail::fmt("%g", max_per_rank_batch));
     if (!(max_per_rank_batch >= min_per_rank_batch))
       dra::detail::throw_invalid("max_per_rank_batch",
                                  "must be >= min_per_rank_batch (" + std::to_string(min_per_rank_batch) + ")");

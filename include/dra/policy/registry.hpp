@@ -80,12 +80,11 @@ class policy_registry {
   }
 
   /// Names runnable by the live engine (for_engine) or by the simulator, in registry order. The
-  /// same vector each call until add() or remove() changes the table.
+  /// same vector each call; add() and remove() update it in place (a reference held across them
+  /// read as empty). The table is not locked: register policies before threads use it.
   static const std::vector<std::string>& names(bool for_engine) {
     auto& cache = for_engine ? names_cache().first : names_cache().second;
-    if (cache.empty())
-      for (const auto& e : table())
-        if (for_engine ? e.engine : e.simulator != sim_scheduler::none) cache.push_back(e.name);
+    if (cache.empty()) refresh_names();
     return cache;
   }
 
@@ -101,7 +100,7 @@ class policy_registry {
     if (needs_factory && !entry.make)
       dra::detail::throw_invalid("make", "policy '" + entry.name + "' runs per job and needs a factory");
     table().push_back(std::move(entry));
-    names_cache() = {};
+    refresh_names();
   }
 
   /// Removes an entry added with add() (tests); built-in entries stay.
@@ -109,10 +108,19 @@ class policy_registry {
     auto& t = table();
     for (std::size_t i = builtin_count(); i < t.size(); ++i)
       if (t[i].name == name) t.erase(t.begin() + static_cast<std::ptrdiff_t>(i));
-    names_cache() = {};
+    refresh_names();
   }
 
  private:
+  static void refresh_names() {
+    auto& [engine, simulator] = names_cache();
+    engine.clear();
+    simulator.clear();
+    for (const auto& e : table()) {
+      if (e.engine) engine.push_back(e.name);
+      if (e.simulator != sim_scheduler::none) simulator.push_back(e.name);
+    }
+  }
   static std::pair<std::vector<std::string>, std::vector<std::string>>& names_cache() {
     static std::pair<std::vector<std::string>, std::vector<std::string>> c;
     return c;

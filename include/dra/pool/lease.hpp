@@ -6,6 +6,7 @@
 // with restore(), so a restarted pool keeps every lease.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +52,13 @@ class lease_book {
   /// Puts back a lease read from durable state (its id is kept; later ids continue above it).
   void restore(const lease& l) {
     if (l.id <= 0) dra::detail::throw_invalid("id", "a restored lease needs an id > 0");
+    // Ids never repeat: the largest id would have wrapped the next one (signed overflow).
+    if (l.id == std::numeric_limits<std::int64_t>::max())
+      dra::detail::throw_invalid("id",
+                                 "lease id " + std::to_string(l.id) + " leaves no id after it; the state is corrupt");
+    if (!(l.share > 0.0 && l.share <= 1.0))
+      dra::detail::throw_invalid(
+          "share", "lease " + std::to_string(l.id) + ": a share must lie in (0, 1], got " + std::to_string(l.share));
     if (leases_.count(l.id)) dra::detail::throw_invalid("id", "lease " + std::to_string(l.id) + " exists already");
     leases_.emplace(l.id, l);
     next_id_ = std::max(next_id_, l.id + 1);

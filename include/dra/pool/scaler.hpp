@@ -6,7 +6,9 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dra/error.hpp"
@@ -27,6 +29,15 @@ struct autoscaler_config {
 
   void validate() const {
     using dra::detail::throw_invalid;
+    // Every setting is a finite number: an infinite down_delay_s kept every load sample for good,
+    // an infinite replica_rps or up_utilisation never scaled up.
+    for (const auto& [name, v] : {std::pair<const char*, double>{"replica_rps", replica_rps},
+                                  {"up_utilisation", up_utilisation},
+                                  {"target_utilisation", target_utilisation},
+                                  {"down_utilisation", down_utilisation},
+                                  {"down_delay_s", down_delay_s},
+                                  {"queue_per_replica", queue_per_replica}})
+      if (!std::isfinite(v)) throw_invalid(name, "must be a finite number, got " + request::shown(v));
     if (!(replica_rps > 0.0)) throw_invalid("replica_rps", "must be > 0, got " + request::shown(replica_rps));
     if (!(down_utilisation > 0.0 && down_utilisation < target_utilisation && target_utilisation <= up_utilisation))
       throw_invalid("down_utilisation",
@@ -137,13 +148,37 @@ inline double priority_weight(const std::string& priority) {
   return std::pow(2.0, static_cast<double>(priority_level(priority)) - 1.0);
 }
 
-/// Wanted sizes per job for `capacity` workers' worth of devices (identical devices). With a
+/// Throws std::invalid_argument naming the job and field of a scale_job the planner cannot take.
+inline void check_scale_jobs(const std::vector<scale_job>& jobs) {
+  std::set<std::string> seen;
+  for (const auto& j : jobs) {
+    const auto bad = [&](const char* field, const std::string& what) {
+      dra::detail::throw_invalid(std::string("jobs['") + j.job + "']." + field, what);
+    };
+    if (j.job.empty()) dra::detail::throw_invalid("jobs[].job", "is empty; name every job");
+    if (!seen.insert(j.job).second) bad("job", "is listed twice; list each job once");
+    if (j.kind != "training" && j.kind != "inference")
+      bad("kind", "must be 'training' or 'inference', got '" + j.kind + "'");
+    if (j.min_size < 0) bad("min_size", "must be >= 0, got " + std::to_string(j.min_size));
+    if (j.max_size < std::max(j.min_size, 1))
+      bad("max_size", "must be >= 1 and >= min_size (" + std::to_string(j.min_size) + "), got " +
+                          std::to_string(j.max_size) + "; raise max_size or lower min_size");
+    if (j.current < 0) bad("current", "must be >= 0 (the workers it holds), got " + std::to_string(j.current));
+    priority_level(j.priority);  // throws, naming the priority, on an unknown one
+  }
+}
+
+/// Wanted sizes per job for `capacity` workers' worth of devices (identical devices). A plan sums
+/// to at most `capacity`, except where what running jobs hold up to their minimums (a rigid job's
+/// workers, min(min_size, current) of the others) exceeds it (the pool shrank under them): those
+/// are kept, and the caller shrinks or stops jobs to fit. With a
 /// `completion` config, training jobs' remaining sizes tilt the arbitration as the simulator's
 /// convergence_aware policy does (the arbiter then runs at completion->power).
 inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs, int capacity,
                                              const policy::cluster_arbiter& arbiter,
                                              const policy::completion_config* completion = nullptr) {
   if (capacity < 0) dra::detail::throw_invalid("capacity", "must be >= 0, got " + std::to_string(capacity));
+  check_scale_jobs(jobs);
   std::map<std::string, int> out;
   int left = capacity;
   // Rigid jobs keep what they hold; inference replicas come next (highest priority first).
@@ -166,7 +201,11 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     for (const auto* t : training)
       if (priority_level(t->priority) > priority_level(j->priority))
         above += t->current - std::min(t->min_size, t->current);
-    const int k = std::max(std::min(want, left - training_min - above), std::min(j->min_size, std::max(left, 0)));
+    // Its minimum comes out of what rigid jobs and training's minimums leave (a new service on a
+    // pool full of training at its minimums was planned past the capacity); the replicas it holds
+    // up to its minimum are kept.
+    const int floor = std::min(j->min_size, std::max(left - training_min, std::min(j->current, j->min_size)));
+    const int k = std::max(std::min(want, left - training_min - above), floor);
     out[j->job] = std::max(k, 0);
     left -= out[j->job];
   }
@@ -192,8 +231,11 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     // device (a critical job got 1 device of 5, a low one 4).
     const double w = std::pow(priority_weight(j->priority), 1.0 / ac.p) *
                      (completion ? completion->factor(completion_weight[t]) : 1.0);
-    a.speedup.assign(static_cast<std::size_t>(j->max_size) + 1, 0.0);
-    for (int k = 1; k <= j->max_size; ++k) {
+    // No job gets more than the devices there are: its curve stops there (a max_size of 2e9 sized
+    // it by max_size, 16 GB).
+    const int top = std::min(j->max_size, std::max(left, j->current));
+    a.speedup.assign(static_cast<std::size_t>(top) + 1, 0.0);
+    for (int k = 1; k <= top; ++k) {
       const auto ku = static_cast<std::size_t>(k);
       const double s = j->speedup.size() > ku ? j->speedup[ku] : static_cast<double>(k);
       a.speedup[ku] = w * std::max(0.0, std::isfinite(s) ? s : 0.0);

@@ -91,13 +91,19 @@ class scheduler {
     // admission or growth (on free devices, then on leases coming back, then by shrinking elastic
     // training of a class no higher than its own in place).
     bool short_left = false;
+    std::map<std::string, int> sought;  // workers the urgent pass placed, kept devices for or asked back for
     for (const job_entry* j : order) {
       if (j->req.kind != "inference" || j->urgent_size <= 0) continue;
       const int need = std::min(j->urgent_size, j->req.max_size) - book.count(j->req.job);
-      if (need > 0 && serve(a, *j, need, true) > 0) short_left = true;
+      if (need <= 0) continue;
+      sought[j->req.job] = need;
+      if (serve(a, *j, need, true) > 0) short_left = true;
     }
+    // A service the urgent pass served is not served again for its minimum: the lease book does
+    // not hold this round's grants yet, and counting them twice took it past its max_size.
     for (const job_entry* j : order) {
-      const int need = j->req.min_size - book.count(j->req.job);
+      const auto s = sought.find(j->req.job);
+      const int need = j->req.min_size - book.count(j->req.job) - (s == sought.end() ? 0 : s->second);
       if (need > 0) serve(a, *j, need, false);
     }
     if (config_.admit_to_request && a.out.waiting.empty() && !short_left) to_request(inv, order, book, a.free, a.out);

@@ -111,6 +111,10 @@ struct estimator_config {
     if (window < 3)
       dra::detail::throw_invalid("window",
                                  "needs at least 3 steps for a slope with an error, got " + std::to_string(window));
+    // The window is held in memory (a few doubles a step): 2^40 steps asked for 8 TiB.
+    if (window > 1000000)
+      dra::detail::throw_invalid("window", "must be at most 1000000 steps (it is kept in memory), got " +
+                                               std::to_string(window) + "; a slope over more steps moves too late");
     if (!(plateau_relative_improvement >= 0.0))
       dra::detail::throw_invalid("plateau_relative_improvement", "must be >= 0");
     if (!(plateau_t_threshold >= 0.0)) dra::detail::throw_invalid("plateau_t_threshold", "must be >= 0");

@@ -32,6 +32,11 @@ struct quantile_sketch_config {
     if (!(half_life >= 0.0) || !std::isfinite(half_life))
       dra::detail::throw_invalid("half_life",
                                  "must be >= 0 observations (0: no forgetting), got " + std::to_string(half_life));
+    // Each observation's weight grows by 2^(1/half_life): below 0.01 that is over 2^100 a step and
+    // every result was NaN.
+    if (half_life > 0.0 && half_life < 0.01)
+      dra::detail::throw_invalid("half_life",
+                                 "must be 0 (no forgetting) or >= 0.01 observations, got " + std::to_string(half_life));
     if (std::log(max_value / min_value) / std::log((1.0 + relative_accuracy) / (1.0 - relative_accuracy)) > 1e6)
       dra::detail::throw_invalid("relative_accuracy",
                                  "needs more than 1e6 bins for [min_value, max_value]; "
@@ -56,6 +61,9 @@ class quantile_sketch {
       return;
     }
     if (x < config_.min_value || x > config_.max_value) ++clamped_;
+    // The mean and second moment take the value as the bins hold it: one 1e200 among hundreds of
+    // 100s made the mean 5e197 for good.
+    x = std::clamp(x, config_.min_value, config_.max_value);
     bins_[index(x)] += increment_;
     total_ += increment_;
     sum_ += increment_ * x;
@@ -85,6 +93,8 @@ class quantile_sketch {
   /// Median of the longest of n independent draws: the quantile 0.5^(1/n).
   double expected_max_of(double n) const noexcept { return quantile(n >= 1.0 ? std::pow(0.5, 1.0 / n) : 0.5); }
 
+  /// Mean of the decayed distribution, of the values as the bins hold them (clamped to
+  /// [min_value, max_value], counted in clamped()).
   double mean() const noexcept { return total_ > 0.0 ? sum_ / total_ : std::numeric_limits<double>::quiet_NaN(); }
   double second_moment() const noexcept {
     return total_ > 0.0 ? sum_sq_ / total_ : std::numeric_limits<double>::quiet_NaN();
