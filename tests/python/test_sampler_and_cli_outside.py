@@ -122,7 +122,9 @@ def test_quiet_silences_the_wrote_lines_of_every_subcommand(name: str, tmp_path_
     # Without --quiet each file written is named, as before.
     loud, loud_out = _dra_sim(name, False, tmp_path_factory)
     named = re.findall(r"^\[dra-sim(?: rl)?\] wrote (\S+)$", loud.stderr, re.M)
-    assert sorted(Path(p).name for p in named) == sorted(p.name for p in (loud_out / "plots").glob("*.png")), loud.stderr
+    # The plots and the JSON (every subcommand here writes --json out.json).
+    expected = [p.name for p in (loud_out / "plots").glob("*.png")] + ["out.json"]
+    assert sorted(Path(p).name for p in named) == sorted(expected), loud.stderr
 
 
 def _keys_at(doc: Any, path: str) -> set[str]:

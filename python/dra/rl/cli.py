@@ -121,16 +121,17 @@ def run_pipeline(args: argparse.Namespace) -> int:
         from dra._jsonio import write_json
 
         write_json(doc, args.json)
+        _wrote(args.json, args.quiet)
     if args.plots:
         from dra.rl.plots import plot_pipeline
 
         for path in plot_pipeline(doc, args.plots):
-            if not args.quiet:
-                print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
+            _wrote(path, args.quiet)
     print(text)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(text)
+        _wrote(args.markdown, args.quiet)
     return 0
 
 
@@ -258,18 +259,25 @@ def run(args: argparse.Namespace) -> int:
         from dra._jsonio import write_json
 
         write_json(docs[0] if len(docs) == 1 else {"scenarios": {d["settings"]["scenario"]: d for d in docs}}, args.json)
+        _wrote(args.json, args.quiet)
     if args.plots:
         from dra.rl.plots import plot_simulation
 
         for d in docs:
             for path in plot_simulation(d, args.plots):
-                if not args.quiet:
-                    print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
+                _wrote(path, args.quiet)
     print(text)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(text)
+        _wrote(args.markdown, args.quiet)
     return 0
+
+
+def _wrote(path: object, quiet: bool) -> None:
+    """Names a file written on stderr, as the simulator's subcommands do (not with --quiet)."""
+    if not quiet:
+        print(f"[dra-sim rl] wrote {path}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,14 +178,37 @@ def check_csv(path: str | Path, numbers: dict[str, str] | None = None, *, utf8: 
     return lines
 
 
-def check_output_paths(json: str | None = None, markdown: str | None = None, plots: str | None = None) -> None:
+def check_output_paths(json: str | None = None, markdown: str | None = None, plots: str | None = None,
+                       inputs: list[tuple[str, str]] | None = None) -> None:
     """Refuses, before anything is simulated, an output path that cannot be written (see
-    :func:`check_output_path`)."""
-    for flag, path, folder_wanted in (("--json", json, False), ("--markdown", markdown, False), ("--plots", plots, True)):
-        if path is not None:
-            check_output_path(flag, path, folder=folder_wanted)
+    :func:`check_output_path`), or that is one of the ``inputs`` (``(option, path)`` pairs: it
+    would be overwritten) or another output (one would replace the other); paths are compared
+    resolved (``./a.csv``, ``a.csv`` and a link to it are one file)."""
+    outputs = [(f, p) for f, p in (("--json", json), ("--markdown", markdown), ("--plots", plots)) if p is not None]
+    for flag, path in outputs:
+        check_output_path(flag, path, folder=flag == "--plots")
+    for i, (flag, path) in enumerate(outputs):
+        for other, given in outputs[:i]:
+            if _same_path(path, given):
+                raise ValueError(f"{flag}: {path} is also the {other} output, and one would replace the other; "
+                                 f"give {flag} and {other} different paths")
+        for other, given in inputs or ():
+            if _same_path(path, given):
+                raise ValueError(f"{flag}: {path} is also the {other} input, which it would overwrite; "
+                                 f"give {flag} another path")
     if plots is not None:
         check_plotting("--plots")
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two paths name one file or folder (resolved; the same file by another name too)."""
+    pa, pb = Path(a), Path(b)
+    try:
+        if pa.exists() and pb.exists():
+            return pa.samefile(pb)
+        return pa.resolve() == pb.resolve()
+    except OSError:
+        return False
 
 
 def check_plotting(flag: str) -> None:

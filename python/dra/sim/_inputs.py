@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,13 @@ def default_data_dir() -> Path:
     The editable install in ``.venv`` resolves it relative to the repository
     (``python/dra/sim/`` -> ``data/pollux``)."""
     env = os.environ.get("DRA_SIM_DATA")
+    if env and not (Path(env) / "traces").is_dir():
+        # Set but wrong: falling back to the shipped copy would silently give other data.
+        why = "does not exist" if not Path(env).exists() else "holds no traces/ folder"
+        raise FileNotFoundError(
+            f"DRA_SIM_DATA: {env} {why}; point it at a folder holding traces/ and workloads/, "
+            "or unset it to use the data dra ships"
+        )
     candidates = [Path(env)] if env else []
     here = Path(__file__).resolve()
     candidates += [here.parent / "data" / "pollux", here.parents[3] / "data" / "pollux"]
@@ -94,15 +102,55 @@ def workload_path(workload: str | os.PathLike[str]) -> Path:
     return shipped if shipped is not None and shipped.is_file() else given
 
 
+#: The folder each profile library was loaded from (``load_profiles``), for what the C++ object does
+#: not expose (the most devices each profile measured).
+_TRACES_OF: weakref.WeakKeyDictionary[Any, Path] = weakref.WeakKeyDictionary()
+
+
 @functools.lru_cache(maxsize=8)
 def _profiles_cached(traces: str) -> Any:
-    return _sim.SimProfiles(traces)  # its C++ reader refuses a repeated column name
+    profiles = _sim.SimProfiles(traces)  # its C++ reader refuses a repeated column name
+    _TRACES_OF[profiles] = Path(traces)
+    return profiles
 
 
 def load_profiles(traces: str | os.PathLike[str] | None = None) -> Any:
     """The measured profiles under ``traces`` (default: the shipped copy), loaded once per path."""
     path = Path(traces) if traces is not None else default_data_dir() / "traces"
     return _profiles_cached(str(Path(path).resolve()))
+
+
+@functools.lru_cache(maxsize=64)
+def _measured_replicas_in(folder: str) -> int:
+    """The most devices one application's profile measured: the largest ``num_replicas`` of its
+    scalability.csv and the largest placement (devices per node, one digit a node) of its
+    placements.csv (files the C++ reader has read already); beyond it step times are clamped."""
+    import csv
+
+    most = 0
+    for name, read in (("scalability.csv", lambda r: int(float(r["num_replicas"]))),
+                       ("placements.csv", lambda r: sum(int(c) for c in r["placement"].strip()))):
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            rows = csv.DictReader(f, skipinitialspace=True)
+            rows.fieldnames = [c.strip() for c in rows.fieldnames or []]
+            for row in rows:
+                try:
+                    most = max(most, read(row))
+                except (KeyError, TypeError, ValueError):
+                    continue
+    return most
+
+
+def measured_replicas(profiles: Any, application: str) -> int | None:
+    """The most devices ``application``'s profile measured (None: ``profiles`` was not loaded with
+    ``load_profiles``, so its folder is unknown)."""
+    folder = _TRACES_OF.get(profiles)
+    if folder is None:
+        return None
+    return _measured_replicas_in(str(folder / application)) or None
 
 
 #: The numeric columns of a workload CSV and how each must be written (``_args.check_csv``).
@@ -144,6 +192,47 @@ def check_requests(path: str | os.PathLike[str], jobs: list[dict[str, Any]], lin
         f"{path}: {len(big)} job(s) request more devices than the simulated cluster has ({capacity}): {named}{more}; "
         f"{fix}, or lower num_replicas in those rows to at most {capacity}"
     )
+
+
+def check_measured(path: str | os.PathLike[str], jobs: list[dict[str, Any]], lines: list[int], profiles: Any) -> None:
+    """Refuses requests the measured profiles cannot represent, which the simulator would run as
+    another job (``replay`` and ``study`` alike): a batch that cannot give each device the smallest
+    measured per-device batch (the job would be cut to fewer devices, or charged a clamped step
+    time), and more devices than the profile measured (step times clamped there). Names file, line,
+    job and value of each (the first five) and the fix."""
+    thin, wide = [], []
+    for line, j in zip(lines, jobs):
+        least = profiles.info(j["application"])["min_local_batch"]
+        most = max(1, int(j["batch"] / least + 1e-9))
+        if j["replicas"] > most:
+            thin.append(f"line {line} job '{j['name']}' requests {j['replicas']} devices at batch {j['batch']:g}, "
+                        f"at most {most} at {j['application']}'s smallest per-device batch {least:g}")
+        top = measured_replicas(profiles, j["application"])
+        if top is not None and j["replicas"] > top:
+            wide.append((line, j, top))
+
+    def some(items: list[str]) -> str:
+        return f"{'; '.join(items[:5])}{f' (and {len(items) - 5} more)' if len(items) > 5 else ''}"
+
+    if thin:
+        raise ValueError(f"{path}: {len(thin)} request(s) the simulator would cut to fewer devices: {some(thin)}; "
+                         "lower num_replicas or raise batch_size")
+    if wide:
+        named = [f"line {line} job '{j['name']}' requests {j['replicas']} devices, {j['application']}'s profile "
+                 f"measures at most {top}" for line, j, top in wide]
+        raise ValueError(f"{path}: {len(wide)} request(s) beyond the devices the profiles measured (step times would "
+                         f"be clamped there): {some(named)}; lower num_replicas to at most "
+                         f"{min(t for _, _, t in wide)}, or give --traces measured further")
+
+
+def check_policies(policies: Any) -> None:
+    """Refuses a policy named twice (``--policy``, ``policies=``): it would run twice and repeat its
+    per-job records."""
+    seen: set[str] = set()
+    for p in policies or ():
+        if p in seen:
+            raise ValueError(f"policy (--policy): '{p}' is given more than once; give each policy once")
+        seen.add(p)
 
 
 def published_jct(data_dir: Path | None = None) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from typing import Any
 
 from dra import _sim
 from dra.sim._inputs import (
+    check_measured,
+    check_policies,
     check_requests,
     costs_by_policy,
     load_profiles,
@@ -175,6 +177,24 @@ def _stderr_progress(label: str, quiet: bool) -> Callable[[float, int, int], boo
     return report
 
 
+def check_horizon(workload: str | os.PathLike[str], jobs: list[dict[str, Any]], lines: list[int]) -> None:
+    """Refuses jobs that arrive at or after the horizon (``HORIZON_S`` after the first arrival):
+    the simulation stops there, so they could never run. Names file, line, job and time."""
+    if not jobs:
+        return
+    first = min(j["submit_s"] for j in jobs)
+    late = [(line, j) for line, j in zip(lines, jobs) if j["submit_s"] >= first + HORIZON_S]
+    if late:
+        named = "; ".join(f"line {line} job '{j['name']}' at {j['submit_s']:g} s (day {(j['submit_s'] - first) / 86400:.1f})"
+                          for line, j in late[:5])
+        more = f" (and {len(late) - 5} more)" if len(late) > 5 else ""
+        raise ValueError(
+            f"{workload}: {len(late)} job(s) arrive {HORIZON_S / 86400:g} days or more after the first arrival "
+            f"({first:g} s), when the simulation stops, so they could never run: {named}{more}; split the workload "
+            f"into spans of under {HORIZON_S / 86400:g} days (are the times in seconds?)"
+        )
+
+
 def check_workload(
     workload: str | os.PathLike[str],
     profiles: Any,
@@ -186,8 +206,10 @@ def check_workload(
     early_stop_share: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The jobs of a workload once every input of its replay is checked (nothing simulated yet):
-    the cluster, the declaration settings, the CSV, and that no job requests more devices than the
-    cluster has. ``dra-sim replay`` checks every workload so before simulating any."""
+    the cluster, the declaration settings, the CSV, that no job requests more devices than the
+    cluster has or than its profile can represent (``check_measured``, as the study checks its
+    pool), and that none arrives at or after the horizon. ``dra-sim replay`` checks every workload
+    so before simulating any."""
     for name, value, top in (("nodes", nodes, MAX_NODES), ("devices_per_node", devices_per_node, 9)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             raise ValueError(f"{name} (--{name.replace('_', '-')}): must be a whole number in [1, {top}], got {value!r}")
@@ -200,17 +222,8 @@ def check_workload(
         raise ValueError(f"workload {workload}: no jobs (a header row only); give at least one job row")
     check_requests(workload, jobs, lines, nodes * devices_per_node,
                    f"give a bigger cluster (--nodes {nodes} x --devices-per-node {devices_per_node} now)")
-    first = min(j["submit_s"] for j in jobs)
-    late = [(line, j) for line, j in zip(lines, jobs) if j["submit_s"] >= first + HORIZON_S]
-    if late:
-        named = "; ".join(f"line {line} job '{j['name']}' at {j['submit_s']:g} s (day {(j['submit_s'] - first) / 86400:.1f})"
-                          for line, j in late[:5])
-        more = f" (and {len(late) - 5} more)" if len(late) > 5 else ""
-        raise ValueError(
-            f"{workload}: {len(late)} job(s) arrive {HORIZON_S / 86400:g} days or more after the first arrival "
-            f"({first:g} s), when the simulation stops, so they could never run: {named}{more}; split the workload "
-            f"into spans of under {HORIZON_S / 86400:g} days (are the times in seconds?)"
-        )
+    check_measured(workload, jobs, lines, profiles)
+    check_horizon(workload, jobs, lines)
     if jobs[0].get("declared_from_file"):
         unused = [f for f, v in (("declared_sigma (--declared-sigma)", declared_sigma),
                                  ("declared_none_share (--declared-none)", declared_none_share)) if v > 0]
@@ -265,6 +278,7 @@ def replay(
         raise ValueError(f"resamples: must be an integer >= 1, got {resamples!r}")
     known = sim_policy_names()  # POLICIES and any added with add_cluster_policy
     names = list(policies) if policies else [p for p in known if not p.startswith("oracle_")]
+    check_policies(names)
     for p in names:
         if p not in known:
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(known)}")

@@ -34,17 +34,26 @@ def _cost_label(doc: dict[str, Any]) -> str:
 
 
 def unfinished_note(doc: dict[str, Any]) -> str:
-    """A warning when some policy left jobs unfinished at the simulation's horizon ("" when none):
-    its JCT figures then cover the finished jobs only, a different set for each policy."""
+    """A warning when some policy left jobs (a study: runs) unfinished at the simulation's horizon
+    ("" when none): its figures then cover the finished ones only, a different set for each policy."""
+    study = "shared_cluster" in doc
+    unit = "runs" if study else "jobs"
     short = {p: a for p, a in doc["policies"].items() if a.get("unfinished")}
     if not short:
         return ""
-    each = ", ".join(f"{p} {a['unfinished']} of {a['jobs']}" for p, a in short.items())
+    each = ", ".join(f"{p} {a['unfinished']} of {a[unit]}" for p, a in short.items())
     horizon = max(a["end_s"] for a in short.values()) / 86400.0
-    return (f"**Warning: jobs unfinished at the horizon** ({each}; the simulation stops 30 days after the first "
-            f"arrival, here at day {horizon:.1f}). Averages, p99 and makespan cover each policy's finished jobs only, "
-            "so they are not comparable across policies; the paired changes (vs) use the jobs finished under both. "
-            f"Give the cluster more devices (--nodes, --devices-per-node) or a lighter workload{_cost_hint(doc, short)}.")
+    if not study:
+        figures = "Averages, p99 and makespan"
+        fix = f"Give the cluster more devices (--nodes, --devices-per-node) or a lighter workload{_cost_hint(doc, short)}"
+    else:
+        figures = "Means, medians and p99"
+        fix = ("Give each shared cluster fewer runs (--jobs-per-cluster) or a lighter request pool (--workloads)"
+               if doc["shared_cluster"] else "Give the runs a lighter request pool (--workloads)")
+    return (f"**Warning: {unit} unfinished at the horizon** ({each}; the simulation stops 30 days after the first "
+            f"arrival, here at day {horizon:.1f}). {figures} cover each policy's finished {unit} only, "
+            f"so they are not comparable across policies; the paired changes (vs) use the {unit} finished under both. "
+            f"{fix}.")
 
 
 def _cost_hint(doc: dict[str, Any], short: dict[str, Any]) -> str:
@@ -95,16 +104,19 @@ def markdown_study(doc: dict[str, Any]) -> str:
         f"### Study: {doc['runs']} runs, seed {doc['seed']} (simulated): {c['requests']} requests, quota {c['quota_scale']:g}x "
         f"request, resize cost {c['reallocation_cost_s']:g} s, {c['cluster']}, target {c['target']} (wall {doc['wall_s']:.1f} s)",
         "",
-        "| policy | mean training time (s) | median training time (s) | mean JCT (s) | GPU-hours | utilisation (busy / capacity x span) "
-        "| busy/held | target reached | final metric (attainment) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | finished | mean training time (s) | median training time (s) | mean JCT (s) | GPU-hours "
+        "| utilisation (busy / capacity x span) | busy/held | target reached | final metric (attainment) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, a in doc["policies"].items():
         lines.append(
-            f"| {p} | {_fmt(a['mean_training_time_s'])} | {_fmt(a.get('median_training_time_s'))} | {_fmt(a['mean_jct_s'])} | "
+            f"| {p} | {a['completed']}/{a['runs']} | {_fmt(a['mean_training_time_s'])} | {_fmt(a.get('median_training_time_s'))} | {_fmt(a['mean_jct_s'])} | "
             f"{_fmt(a['gpu_hours'], '.0f')} | {_fmt(a['utilization'], '.3f')} | {_fmt(a.get('busy_fraction_of_held'), '.3f')} | "
             f"{_fmt(a['reached_target'], '.3f')} | {_fmt(a['final_metric_attainment'], '.4f')} |"
         )
+    short = unfinished_note(doc)
+    if short:
+        lines.append("\n" + short)
     for b in doc["baselines"]:
         rows = [(p, a["vs"][b]) for p, a in doc["policies"].items() if b in a.get("vs", {})]
         if not rows:

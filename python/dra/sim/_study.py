@@ -13,6 +13,8 @@ from dra.sim._inputs import (
     SHARED_POLICIES,
     STUDY_BASELINES,
     STUDY_POLICIES,
+    check_measured,
+    check_policies,
     check_requests,
     default_data_dir,
     load_profiles,
@@ -21,15 +23,18 @@ from dra.sim._inputs import (
     read_workload_rows,
     sim_policy_names,
 )
+from dra.sim._replay import HORIZON_S, check_horizon
 from dra.sim._stats import bootstrap_ci
 
 #: The study's cluster: 16 nodes x 4 devices (``dra::sim::study_config``'s default, as the artifact's).
 STUDY_CLUSTER_DEVICES = 16 * 4
 
 
-def _request_pool(workloads: Iterable[str | os.PathLike[str]], profiles: Any) -> list[dict[str, Any]]:
+def _request_pool(workloads: Iterable[str | os.PathLike[str]], profiles: Any, shared: bool) -> list[dict[str, Any]]:
     """The rows of the given workload CSVs, refusing any request the study would cut: more devices
-    than its cluster, or than its batch can split at the smallest measured per-device batch."""
+    than its cluster, or than the profiles can represent (``check_measured``, as ``replay`` does);
+    on a shared cluster (``shared``), whose runs arrive at the rows' times, also a row at or after
+    the horizon (``check_horizon``, as ``replay`` does)."""
     pool: list[dict[str, Any]] = []
     for w in workloads:
         jobs, lines = read_workload_rows(w, profiles)
@@ -41,18 +46,9 @@ def _request_pool(workloads: Iterable[str | os.PathLike[str]], profiles: Any) ->
             )
         check_requests(w, jobs, lines, STUDY_CLUSTER_DEVICES,
                        f"the study's cluster is fixed at {STUDY_CLUSTER_DEVICES} devices (16 nodes x 4)")
-        thin = []
-        for line, j in zip(lines, jobs):
-            least = profiles.info(j["application"])["min_local_batch"]
-            most = max(1, int(j["batch"] / least + 1e-9))
-            if j["replicas"] > most:
-                thin.append(f"line {line} job '{j['name']}' requests {j['replicas']} devices at batch {j['batch']:g}, "
-                            f"at most {most} at {j['application']}'s smallest per-device batch {least:g}")
-        if thin:
-            raise ValueError(
-                f"{w}: {len(thin)} request(s) the study would cut to fewer devices: {'; '.join(thin[:5])}"
-                f"{f' (and {len(thin) - 5} more)' if len(thin) > 5 else ''}; lower num_replicas or raise batch_size"
-            )
+        check_measured(w, jobs, lines, profiles)
+        if shared:
+            check_horizon(w, jobs, lines)
         pool += jobs
     return pool
 
@@ -109,7 +105,8 @@ def study(
 
     Utilisation is defined once for every policy: busy (computing and synchronising) device time
     over available device time, the capacity (the run's device budget alone, the cluster when shared)
-    times the span from the first arrival to the last completion of that policy's run;
+    times the span from the first arrival to the last completion of that policy's run (to the
+    horizon, 30 days after the first arrival, when runs were unfinished there);
     ``busy_fraction_of_held`` is busy over held device time.
 
     Each policy's ``vs`` holds, per baseline, ``training_time_change`` (pooled: mean over mean,
@@ -126,11 +123,12 @@ def study(
     profiles = load_profiles(traces)
     cost = parse_cost(reallocation_cost)
     names = list(policies) if policies else list(SHARED_POLICIES if shared_cluster else STUDY_POLICIES)
+    check_policies(names)
     for p in names:
         if p not in sim_policy_names():
             raise ValueError(f"policy: unknown '{p}'; use one of {', '.join(sim_policy_names())}")
     names = [p for p in names if p != "static"]
-    pool = _request_pool(workloads, profiles) if workloads else _default_pool(profiles)
+    pool = _request_pool(workloads, profiles, shared_cluster) if workloads else _default_pool(profiles)
     if reference_limits:
         limited = sorted(a for a in {j["application"] for j in pool} if profiles.info(a)["max_replicas"] > 0)
         if not limited:
@@ -193,21 +191,31 @@ def study(
     submit = np.array([r["spec"]["submit_s"] for r in rows], dtype=float)
     budget = np.array([max(1, int(quota_scale * r["spec"]["replicas"] + 1e-9)) for r in rows], dtype=float)
 
+    # Each simulation's first arrival: a shared cluster's earliest run, a lone run's own submission.
+    first_of = {g: float(np.min(submit[clusters == g])) for g in set(clusters.tolist())} if shared_cluster else {}
+    starts = np.array([first_of[c] for c in clusters]) if shared_cluster else submit
+
     def utilization(p: str, sel: np.ndarray) -> float:
-        """Busy device time / (capacity x (last completion - first arrival)) of policy p's runs in sel
-        (a mask, or run indices, repeats allowed): per shared cluster, or per lone run (capacity: its
-        device budget), pooled."""
+        """Busy device time / (capacity x span) of policy p's runs in sel (a mask, or run indices,
+        repeats allowed): per shared cluster, or per lone run (capacity: its device budget), pooled.
+        The span runs from the first arrival to the last completion, or to the horizon when runs
+        were unfinished there (their busy time counts up to it); busy time is clipped to capacity x
+        span (the last tick may end past the horizon), so it never exceeds 1."""
         m = metrics[p]
         if not shared_cluster:
             ix = np.flatnonzero(sel) if sel.dtype == bool else sel
-            avail = float(np.nansum(budget[ix] * (m["end"][ix] - submit[ix])))
-            return float(np.nansum(m["busy_s"][ix])) / avail if avail > 0 else float("nan")
+            cap = budget[ix] * np.where(m["done"][ix], m["end"][ix] - submit[ix], HORIZON_S)
+            avail = float(np.sum(cap))
+            busy = float(np.sum(np.minimum(np.nan_to_num(m["busy_s"][ix]), cap)))
+            return busy / avail if avail > 0 else float("nan")
         busy = avail = 0.0
         for g in sorted(set(clusters[sel].tolist())):
             part = sel & (clusters == g)
-            end = np.nanmax(np.where(m["done"][part], m["end"][part], np.nan))
-            avail += STUDY_CLUSTER_DEVICES * float(end - np.min(submit[part]))
-            busy += float(np.nansum(m["busy_s"][part]))
+            end = float(np.max(m["end"][part], initial=first_of[g])) if np.all(m["done"][part]) else max(
+                first_of[g] + HORIZON_S, float(np.max(m["end"][part & m["done"]], initial=first_of[g])))
+            cap = STUDY_CLUSTER_DEVICES * (end - first_of[g])
+            avail += cap
+            busy += min(float(np.nansum(m["busy_s"][part])), cap)
         return busy / avail if avail > 0 else float("nan")
 
     everyone_sel = np.ones(len(rows), dtype=bool)
@@ -226,7 +234,10 @@ def study(
             "final_metric_attainment": float(np.nanmean(m["attain"])),
             "reached_target": float(np.mean(m["reached"])),
             "completed": int(np.sum(m["done"])),
+            "unfinished": int(np.sum(~m["done"])),
             "runs": runs,
+            # When the simulation of the unfinished runs stopped (for unfinished_note); None when all finished.
+            "end_s": float(np.max(starts[~m["done"]]) + HORIZON_S) if not np.all(m["done"]) else None,
         }
         if shared_cluster:
             agg["cluster_utilization_by_cluster"] = [
@@ -307,7 +318,8 @@ def study(
             "target": "fixed per application: the worst validated batch size's final best metric",
             "cluster": f"shared: groups of {jobs_per_cluster} runs at the workload rows' arrival times" if shared_cluster else "each run alone",
             "utilization": "busy (computing and synchronising) device time / (capacity x (last completion - first "
-            "arrival)); capacity: the run's device budget alone, the cluster when shared",
+            "arrival, or the horizon when runs are unfinished)); capacity: the run's device budget alone, the cluster "
+            "when shared",
             "target_rule": "work done at each batch / work the trace needs at that batch" if target_by_work
             else "metric of the epoch-weighted geometric-mean batch (earlier rule)",
             "declared_sigma": declared_sigma,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -179,6 +180,10 @@ def _refuse_plugin(why: str) -> None:
     raise SystemExit(2)
 
 
+#: The policies each --plugin file registered (name -> file), to name the file when one fails at run time.
+_PLUGIN_POLICIES: dict[str, str] = {}
+
+
 def _load_plugins(files: list[str]) -> None:
     """Runs each --plugin file (the user's own code, as `python FILE` would); each must register at
     least one cluster policy."""
@@ -194,8 +199,10 @@ def _load_plugins(files: list[str]) -> None:
             runpy.run_path(path, run_name="__dra_sim_plugin__")
         except Exception as e:  # noqa: BLE001 - the user's file: said with its name, not a traceback
             _refuse_plugin(f"{path} failed: {type(e).__name__}: {e}")
-        if not set(sim.sim_policy_names()) - before:
+        added = set(sim.sim_policy_names()) - before
+        if not added:
             _refuse_plugin(f"{path} registered no policy; call dra.sim.add_cluster_policy(name, decide) in it")
+        _PLUGIN_POLICIES.update(dict.fromkeys(added, path))
 
 
 @console("dra-sim")
@@ -209,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_rl(args)
     import dra.sim as sim
+    from dra.sim._inputs import check_policies
     from dra.sim._replay import check_workload
 
     try:
@@ -218,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in profiles.names():
                 print(f"  {name}: {profiles.info(name)}")
             return 0
+        check_policies(args.policy)
         _check_outputs(args)
         if getattr(args, "plots", None) and getattr(args, "no_jobs", False):
             raise ValueError("--plots needs the per-job records and timelines; drop --no-jobs")
@@ -270,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             keys = _unique([f"{d['workload']}@{d['load']}x" if d.get("load") else d["file"] for d in docs])
             if args.json:
                 write_json(docs[0] if len(docs) == 1 else {"workloads": dict(zip(keys, docs))}, args.json)
+                _wrote(args.json, args.quiet)
             if args.plots:
                 from dra.sim.plots import plot_replay
 
@@ -301,8 +311,12 @@ def main(argv: list[str] | None = None) -> int:
                 target_by_work=not args.old_target_rule,
             )
             text = sim.markdown_study(doc)
+            note = sim.unfinished_note(doc)
+            if note:
+                print(f"[dra-sim] study: {note}", file=sys.stderr)
             if args.json:
                 write_json(doc, args.json)
+                _wrote(args.json, args.quiet)
             if args.plots:
                 from dra.sim.plots import plot_study
 
@@ -312,8 +326,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
             Path(args.markdown).write_text(text)
+            _wrote(args.markdown, args.quiet)
     except ValueError as exc:
         print(f"dra-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a --plugin policy that raised while it ran: the user's code, said in one line
+        failed = re.match(r"cluster policy '([^']*)' at t = ", str(exc))
+        if not failed or failed.group(1) not in _PLUGIN_POLICIES:
+            raise
+        name = failed.group(1)
+        said = str(exc).strip().splitlines()[0]  # pybind11 adds the Python frames ("At: ...") below
+        print(f"dra-sim: error: --policy {name} (from --plugin {_PLUGIN_POLICIES[name]}) failed: {said}; fix its decide "
+              f"function, or drop --policy {name}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         raise  # stdout's reader went away (dra-sim ... | head): @console ends quietly; no output path is at fault
@@ -407,8 +431,25 @@ def _check_together(args: argparse.Namespace) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuses output paths that cannot be written before any simulation runs."""
-    check_output_paths(getattr(args, "json", None), getattr(args, "markdown", None), getattr(args, "plots", None))
+    """Refuses output paths that cannot be written, or that name an input or another output,
+    before any simulation runs."""
+    import dra.sim as sim
+
+    inputs = [("--workload", str(sim.workload_path(w))) for w in getattr(args, "workload", None) or []]
+    inputs += [("--workloads", w) for w in getattr(args, "workloads", None) or []]
+    inputs += [("--plugin", f) for f in getattr(args, "plugin", None) or []]
+    if getattr(args, "traces", None):
+        inputs.append(("--traces", args.traces))
+    for flag in ("reallocation_cost", "in_place_cost", "restart_cost"):  # a `dra.bench resize` JSON report
+        given = getattr(args, flag, None)
+        if isinstance(given, str) and given.strip().lower().endswith(".json"):
+            inputs.append((f"--{flag.replace('_', '-')}", given.strip()))
+    if getattr(args, "all_loads", False):
+        root = sim.default_data_dir()
+        inputs += [("--all-loads", str(root / folder / f"workload-{i}.csv"))
+                   for folder in ("workloads-0.5", "workloads", "workloads-1.5", "workloads-2.0") for i in range(1, 9)]
+    check_output_paths(getattr(args, "json", None), getattr(args, "markdown", None), getattr(args, "plots", None),
+                       inputs=inputs)
 
 
 if __name__ == "__main__":
