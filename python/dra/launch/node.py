@@ -27,6 +27,7 @@ from typing import Any
 
 from dra._process import group_alive, kill_group
 from dra.launch import rendezvous
+from dra.launch._claim import claim_run
 from dra.launch.tee import Tee, console_wanted, prefix_for
 
 #: What torchrun's agent hands its workers, besides the ranks (torch 2.13, LocalElasticAgent).
@@ -84,6 +85,8 @@ class NodeLauncher:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.log_dir = log_dir(cfg.log_dir)
+        # One node: the run id and log folder are its alone (_claim); nodes' files are apart by rank.
+        self._claim = claim_run(self.log_dir, cfg.run_id) if cfg.max_nodes == 1 else None
         self._log_failed = False
         #: the console blocked the copy of the workers' output at the end: the process must leave without
         #: the interpreter's shutdown (its final flush of stdout would wait on that console)
@@ -165,6 +168,9 @@ class NodeLauncher:
             self.job = self.placement = self.beats = None
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self._claim is not None:
+                os.close(self._claim)
+                self._claim = None
 
     def _meet_or_stop(self) -> rendezvous.Placement:
         """``_meet``, stoppable: torch's store connects and waits inside C++ (up to the rendezvous
@@ -182,10 +188,17 @@ class NodeLauncher:
 
         thread = threading.Thread(target=meet, name="dra-run-rendezvous", daemon=True)
         thread.start()
+        # torch's rendezvous can wait past join_timeout at an endpoint that takes connections but is
+        # no store (silent for 90 s with join_timeout=5): bounded here, with 30 s of slack.
+        deadline = time.monotonic() + self.cfg.rdzv_timeout_s + 30.0
         while thread.is_alive():
             thread.join(0.1)
-            if self.signals:
-                self._say(f"{signal.Signals(self.signals[0]).name} before the nodes met: stopped (no worker started)")
+            late = time.monotonic() > deadline
+            if late or self.signals:
+                where = self.cfg.rdzv_endpoint or f"{self.cfg.master_addr}:{self.cfg.master_port}"
+                self._say((f"no rendezvous within join_timeout {self.cfg.rdzv_timeout_s:g} s + 30 s at {where}: is a c10d "
+                           "store (dra store, torchrun's) listening there?" if late else
+                           f"{signal.Signals(self.signals[0]).name} before the nodes met") + ": stopped (no worker started)")
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(1)
@@ -206,7 +219,7 @@ class NodeLauncher:
             self._say(f"node {cfg.node_rank} waiting for {cfg.max_nodes} nodes at {cfg.master_addr}:{cfg.master_port}")
             return rendezvous.static(cfg.run_id, cfg.nproc, cfg.max_nodes, cfg.node_rank, cfg.master_addr,
                                      cfg.master_port, cfg.rdzv_timeout_s)
-        return rendezvous.local(cfg.run_id, cfg.nproc, cfg.store_host, cfg.advertise)
+        return rendezvous.local(cfg.run_id, cfg.nproc, cfg.store_host, cfg.advertise, cfg.master_port or 0)
 
     def _connect_job(self) -> None:
         from dra._core.elastic import JobControl
@@ -263,6 +276,8 @@ class NodeLauncher:
                    self.log_dir / f"{cfg.run_id}.{rank}{suffix}.log", join=join, attempt=self.restart_count)
         if console_wanted(local_rank, cfg.tee, cfg.local_ranks) and self.tee is not None:
             self.tee.follow(w.log, prefix_for(cfg.role, local_rank))
+        # An earlier run's or attempt's error file was reported as this worker's (its own was read at its exit).
+        (self.log_dir / f"{cfg.run_id}.{rank}.error.json").unlink(missing_ok=True)
         w.pid = self.spawner.spawn(w.wid, list(cfg.command), self._env(w), [], w.log, cfg.cwd)
         w.started = time.monotonic()  # for how long it ran (a wall-clock step does not move it)
         self.workers[w.wid] = w
@@ -435,7 +450,9 @@ class NodeLauncher:
             self.restarts_left -= 1
             self.restart_count += 1
             self._say(f"restarting the worker group ({self.restart_count} of {self.cfg.max_restarts})")
-            self.placement = rendezvous.local(self.cfg.run_id, self.cfg.nproc, self.cfg.store_host, self.cfg.advertise)
+            if not self.cfg.master_port:  # a --master-port store is kept: each attempt's keys are its own
+                self.placement = rendezvous.local(self.cfg.run_id, self.cfg.nproc, self.cfg.store_host,
+                                                  self.cfg.advertise)
             self._connect_job()
             for local_rank in range(self.cfg.nproc):
                 self._start(local_rank, join=False)

@@ -156,9 +156,9 @@ def _gather_nprocs(store: Any, group_rank: int, group_world_size: int, nproc: in
                   f"({timeout_s - (now - start):.0f} s left)", file=sys.stderr, flush=True)
 
 
-def local(run_id: str, nproc: int, host: str, advertise: str | None) -> Placement:
-    """One node: a store of our own on a free port."""
-    server = host_store(host, 0)
+def local(run_id: str, nproc: int, host: str, advertise: str | None, port: int = 0) -> Placement:
+    """One node: a store of our own on ``port`` (``--master-port``, as torchrun's; 0: a free one)."""
+    server = host_store(host, port, flag="--master-port" if port else "--port")
     return Placement(run_id, 0, 1, 0, nproc, [nproc], advertise or host, server.port, _prefixed(server), server=server)
 
 

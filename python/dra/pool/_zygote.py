@@ -61,7 +61,8 @@ def _child(msg: dict, out_fd: int, zygote: int) -> None:
         else:
             sys.argv = argv
             sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-            runpy.run_path(argv[0], run_name="__main__")
+            # __file__ absolute, as Python's own (3.9+); sys.argv[0] stays as typed
+            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - as an interpreter does: through sys.excepthook
