@@ -18,6 +18,7 @@
 #include "dra/engine.hpp"
 #include "dra/policy/cluster_arbiter.hpp"
 #include "dra/policy/constraints.hpp"
+#include "dra/policy/perf_model.hpp"
 #include "dra/policy/registry.hpp"
 #include "dra/pool/lease.hpp"
 #include "dra/pool/scaler.hpp"
@@ -313,4 +314,23 @@ TEST_CASE("outside.core.the_autoscaler_takes_finite_settings_only") {
     CHECK_THROWS_WITH_AS(pool::replica_autoscaler{c}, doctest::Contains("must be a finite number"),
                          std::invalid_argument);
   }
+}
+
+TEST_CASE("outside.core.batch_limits_that_overflow_the_split_are_refused") {
+  const auto step_time = [](double atomic, int accum) { return 0.01 * atomic * (accum + 1) + 0.05; };
+  policy::batch_limits lim;
+  lim.init_batch = 32;
+  lim.max_batch = 4096;
+  lim.min_atomic = 8;
+  lim.max_atomic = 256;
+  CHECK(policy::best_batch(step_time, policy::grad_stats{1.0, 1.0}, 4, lim).goodput > 0.0);
+  policy::batch_limits huge = lim;
+  huge.max_batch = 3e12;  // 2^38 micro-batches: the accumulation count overflowed an int
+  huge.min_atomic = huge.max_atomic = 1;
+  CHECK_THROWS_WITH_AS(policy::best_batch(step_time, policy::grad_stats{1.0, 1.0}, 1, huge),
+                       doctest::Contains("max_batch"), std::invalid_argument);
+  policy::batch_limits nan_batch = lim;
+  nan_batch.max_atomic = std::nan("");
+  CHECK_THROWS_WITH_AS(policy::best_batch(step_time, policy::grad_stats{1.0, 1.0}, 2, nan_batch),
+                       doctest::Contains("max_atomic"), std::invalid_argument);
 }

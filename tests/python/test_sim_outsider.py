@@ -210,3 +210,18 @@ def test_a_wrong_dra_sim_data_is_an_error(tmp_path, capsys, monkeypatch):
         sim.default_data_dir()
     monkeypatch.delenv("DRA_SIM_DATA")
     assert (sim.default_data_dir() / "traces").is_dir()
+
+
+# D8: reached_target in a replay.
+
+
+def test_a_replay_reports_no_target_reached_it_never_set(tmp_path, capsys):
+    """A replay sets no target metric: every job's reached_target read false, even a cifar10 job
+    past the study's target. It is null, and final_metric says how far each got."""
+    work = _csv(tmp_path, ["one,0,cifar10,2,256", "two,60,ncf,1,256"])
+    out = tmp_path / "r.json"
+    assert cli.main(["replay", "--workload", str(work), "--policy", "static", "--quiet", "--json", str(out)]) == 0
+    jobs = json.loads(out.read_text())["jobs"]
+    assert len(jobs) == 2
+    assert all(j["reached_target"] is None for j in jobs), jobs
+    assert all(j["final_metric"] is not None for j in jobs), jobs

@@ -32,8 +32,12 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
+
+#include "dra/error.hpp"
 
 namespace dra::policy {
 
@@ -77,6 +81,29 @@ struct batch_limits {
   double min_atomic = 1.0;  ///< smallest per-replica micro-batch
   double max_atomic = 1.0;  ///< largest per-replica micro-batch (above: gradient accumulation)
   int candidates = 50;      ///< total batches tried, geometric between the bounds
+
+  /// Throws std::invalid_argument naming the field: every batch a finite number >= 1 (a micro-batch
+  /// is whole samples), min_atomic <= max_atomic, init_batch <= max_batch, and at most 2^30
+  /// micro-batches in the largest batch (more overflowed the accumulation count, an int).
+  void validate() const {
+    for (const auto& [name, v] : {std::pair<const char*, double>{"init_batch", init_batch},
+                                  {"max_batch", max_batch},
+                                  {"min_atomic", min_atomic},
+                                  {"max_atomic", max_atomic}})
+      if (!(std::isfinite(v) && v >= 1.0))
+        dra::detail::throw_invalid(name, "must be a finite number of samples >= 1, got " + std::to_string(v));
+    if (min_atomic > max_atomic)
+      dra::detail::throw_invalid("min_atomic", "must be <= max_atomic (" + std::to_string(max_atomic) + "), got " +
+                                                   std::to_string(min_atomic));
+    if (init_batch > max_batch)
+      dra::detail::throw_invalid(
+          "init_batch", "must be <= max_batch (" + std::to_string(max_batch) + "), got " + std::to_string(init_batch));
+    if (max_batch / min_atomic > 1073741824.0)
+      dra::detail::throw_invalid("max_batch",
+                                 "holds more than 2^30 micro-batches of min_atomic; raise min_atomic or "
+                                 "lower max_batch");
+    if (candidates < 1) dra::detail::throw_invalid("candidates", "must be >= 1, got " + std::to_string(candidates));
+  }
 };
 
 /// One configuration and its goodput (progress per second, in steps at M0).
@@ -109,6 +136,7 @@ inline batch_split split_total_batch(double batch, int replicas, const batch_lim
 /// micro-batch is then capped so that the total batch stays within max_batch.
 template <class StepTime>
 batch_choice best_batch(const StepTime& step_time, const grad_stats& g, int replicas, const batch_limits& lim) {
+  lim.validate();
   batch_choice best;
   if (replicas < 1) return best;
   const double eps = 1e-8;

@@ -328,7 +328,8 @@ def replay(
         by_policy[p] = sorted(result["jobs"], key=lambda j: j["name"])
         if jobs_detail:
             out["timelines"][p] = result["timeline"]
-            out["jobs"] += [dict(j, policy=p) for j in result["jobs"]]
+            # A replay sets no target metric: reached_target is null (it read false for every job).
+            out["jobs"] += [dict(j, policy=p, reached_target=None) for j in result["jobs"]]
     baselines = [b for b in ("static", "pollux") if b in by_policy]
     out["baselines"] = baselines
     for p in names:
