@@ -1,4 +1,4 @@
-"""Test order: the longest test files first.
+"""Test order: the longest test files first; and the `token` fixture.
 
 scripts/test.sh runs the files on several workers (pytest-xdist, --dist loadfile), which hand out
 whole files in collection order. Started last, a long file would run alone at the end while the
@@ -7,6 +7,21 @@ files (each file's tests keep theirs) and changes no test's outcome.
 """
 
 from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from dra.testing import kill_tagged
+
+
+@pytest.fixture
+def token():
+    """An environment token for the processes a test starts (DRA_TEST_TOKEN, _launch_harness._env):
+    the test kills exactly those at the end."""
+    value = uuid.uuid4().hex
+    yield value
+    kill_tagged("DRA_TEST_TOKEN", value)
 
 # Serial seconds per file (`pytest --durations`, 2026-12-02, 2 cores); unlisted files count as 0
 # and keep their alphabetical place after these.

@@ -26,30 +26,16 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
+from _launch_harness import _env
 
 from dra.launch import cli
 from dra.launch.tee import Tee
-from dra.testing import kill_tagged, tagged_processes
+from dra.testing import tagged_processes
 
 DRA = [sys.executable, "-m", "dra"]
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def token():
-    value = uuid.uuid4().hex
-    yield value
-    kill_tagged("DRA_TEST_TOKEN", value)
-
-
-def _env(token: str) -> dict[str, str]:
-    env = dict(os.environ, DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        env.pop(k, None)
-    return env
 
 
 def _wait_gone(token: str, timeout_s: float = 5.0) -> list[int]:

@@ -15,33 +15,16 @@ and is killed at the end.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
-
-from dra.testing import kill_tagged
+from _launch_harness import _env
 
 DRA = [sys.executable, "-m", "dra", "run"]
 pytestmark = pytest.mark.timeout(150)
-
-
-@pytest.fixture
-def token():
-    value = uuid.uuid4().hex
-    yield value
-    kill_tagged("DRA_TEST_TOKEN", value)
-
-
-def _env(token: str) -> dict[str, str]:
-    env = dict(os.environ, DRA_TEST_TOKEN=token, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for k in ("DRA_STORE", "DRA_JOB_ID", "DRA_OPTIONS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        env.pop(k, None)
-    return env
 
 
 def test_a_second_launch_with_the_same_run_id_and_folder_is_refused_while_the_first_runs(tmp_path, token):

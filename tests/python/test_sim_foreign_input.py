@@ -7,26 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from _sim_harness import HEADER, _csv, _refused
 
 import dra.sim as sim
 from dra import _sim
 from dra.sim import cli
-
-HEADER = "name,time,application,num_replicas,batch_size"
-
-
-def _csv(tmp_path: Path, rows: list[str], name: str = "w.csv", header: str = HEADER, end: str = "\n") -> Path:
-    path = tmp_path / name
-    path.write_text("\n".join([header, *rows]) + end)
-    return path
-
-
-def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> str:
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and all(n in err for n in needles), err
-    return err
 
 
 def test_arrivals_far_from_zero_skip_the_idle_ticks():

@@ -7,30 +7,15 @@ from __future__ import annotations
 
 import json
 import textwrap
-from pathlib import Path
 
 import pytest
+from _sim_harness import _csv, _refused
 
 import dra.sim as sim
 from dra.sim import cli
 from dra.sim._replay import check_workload
 
-HEADER = "name,time,application,num_replicas,batch_size"
 pytestmark = pytest.mark.timeout(300)
-
-
-def _csv(tmp_path: Path, rows: list[str], name: str = "w.csv") -> Path:
-    path = tmp_path / name
-    path.write_text("\n".join([HEADER, *rows]) + "\n")
-    return path
-
-
-def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> str:
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and all(n in err for n in needles), err
-    return err
 
 
 # D1: the shared-cluster study and the 30-day horizon.
