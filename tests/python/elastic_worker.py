@@ -121,6 +121,12 @@ for _epoch in ctl.epochs(cfg.get("epochs", 2)):
         maybe_fault("forward", ctl)
         if cfg.get("step_sleep_s"):
             time.sleep(cfg["step_sleep_s"])  # a step as long as a real model's
+        # A scheduled grow to standbys: the members wait (on the store, outside any collective) at
+        # the step it is decided until enough have registered again; on a loaded host a standby
+        # released two steps before had not, and the job ended first.
+        need = cfg.get("wait_candidates_at", {}).get(str(step))
+        while need and ctl.is_member and len(ctl.registered_candidates()) < need:
+            time.sleep(0.05)
         loss = loss_fn(ctl.model(X[idx_t]), Y[idx_t])
         ctl.optimizer.zero_grad()
         maybe_fault("backward", ctl)

@@ -50,6 +50,7 @@ def test_grow_shrink_grow_with_standby_readmission_on_nccl(tmp_path):
         chunk_mb=0.001,
         backend="nccl",
         release="standby",
+        wait_candidates_at={"12": 1},
     )
     job.start_all()
     codes = job.wait(240)

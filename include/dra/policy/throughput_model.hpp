@@ -87,8 +87,8 @@ class throughput_model final : public throughput_predictor {
 
   /// One measured step. Returns false (ignored) for non-finite or non-positive values.
   bool observe(int world_size, double per_rank_batch, double step_time_s, double sync_time_s) noexcept {
-    if (world_size < 1 || !(per_rank_batch > 0.0) || !std::isfinite(step_time_s) || !(step_time_s > 0.0) ||
-        !std::isfinite(sync_time_s) || sync_time_s < 0.0 || sync_time_s > step_time_s) {
+    if (world_size < 1 || !(per_rank_batch > 0.0) || !std::isfinite(per_rank_batch) || !std::isfinite(step_time_s) ||
+        !(step_time_s > 0.0) || !std::isfinite(sync_time_s) || sync_time_s < 0.0 || sync_time_s > step_time_s) {
       return false;
     }
     compute_.add(per_rank_batch, step_time_s - sync_time_s, config_.forgetting);

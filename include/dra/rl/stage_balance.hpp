@@ -49,7 +49,16 @@ class stage_balance_policy {
 
   // ---- observations ------------------------------------------------------------------------
   /// One finished generation: its prompt and generated lengths in tokens.
+  /// A length that is not a finite number in (0, lengths.max_value] is counted as rejected
+  /// (lengths().rejected()) and changes nothing: its prompt was taken in anyway (50 rejected calls
+  /// with a huge prompt moved the predicted step from 10 s to 190,000 s), and one length of 1e300
+  /// moved every prediction to 1e9 s.
   void observe_generation(double prompt_tokens, double generated_tokens) noexcept {
+    if (!(generated_tokens > 0.0 && generated_tokens <= config_.lengths.max_value) ||
+        !(std::isfinite(prompt_tokens) && prompt_tokens >= 0.0 && prompt_tokens <= config_.lengths.max_value)) {
+      lengths_.reject();
+      return;
+    }
     prompts_.add(std::max(prompt_tokens, config_.lengths.min_value));
     lengths_.add(generated_tokens);
   }
@@ -210,8 +219,12 @@ class stage_balance_policy {
       return out;
     }
     // Best split; ties go to the split nearest the current one (no move without a gain).
-    int best = now.rollout;
-    double best_s = out.current.step_s;
+    // Outside [min_rollout, devices - min_train] (a start there) the best allowed split wins, with
+    // no gain asked below; inside, the current split unless another predicts faster.
+    const bool outside = now.rollout < config_.min_rollout || now.rollout > config_.devices - config_.min_train;
+    int best =
+        outside ? std::clamp(now.rollout, config_.min_rollout, config_.devices - config_.min_train) : now.rollout;
+    double best_s = outside ? predict(best, now.sequences_per_step).step_s : out.current.step_s;
     for (int r = config_.min_rollout; r <= config_.devices - config_.min_train; ++r) {
       const double s = predict(r, now.sequences_per_step).step_s;
       if (s < best_s || (s == best_s && std::abs(r - now.rollout) < std::abs(best - now.rollout))) best = r, best_s = s;
@@ -221,6 +234,22 @@ class stage_balance_policy {
     if (target < now.rollout) target = std::max(target, now.rollout - config_.max_move);
     out.target = predict(target, now.sequences_per_step);
     const std::string balance = describe(out.current) + " -> " + describe(out.target);
+    // A split outside [min_rollout, devices - min_train] (a start there) moves into it at once, as
+    // a world below min_size is restored: no gain, cooldown, hysteresis or payback asked (it held
+    // at 4R/4T with min_rollout 7 for a whole run, and called that split "balanced").
+    if (outside) {
+      pending_direction_ = stage_action::hold;
+      pending_count_ = 0;
+      out.kind = target > now.rollout ? stage_action::to_rollout : stage_action::to_train;
+      out.rollout = target;
+      out.train = config_.devices - target;
+      out.moved = std::abs(target - now.rollout);
+      out.switch_cost_s = switch_cost_s(out.kind);
+      out.reason = std::string(to_string(out.kind)) + ": restore: " + std::to_string(now.rollout) +
+                   "R is outside [min_rollout " + std::to_string(config_.min_rollout) + ", devices - min_train " +
+                   std::to_string(config_.devices - config_.min_train) + "] (" + balance + ")";
+      return out;
+    }
     const double saving = out.current.step_s - out.target.step_s;
     if (target == now.rollout || !(saving > config_.min_relative_gain * out.current.step_s)) {
       pending_direction_ = stage_action::hold;

@@ -182,17 +182,27 @@ struct rl_workload {
   length_model lengths = length_model::trace;
   reasoning_lengths reasoning{};
 
-  int sequences_per_step() const { return prompts_per_step * group_size; }
+  /// The most sequences one step may generate: every one is drawn and held for the step (1e8 ran
+  /// a host out of memory; 1431655766 x 3 wrapped an int to 2, run without a word).
+  static constexpr long long max_sequences_per_step = 1'000'000;
+
+  int sequences_per_step() const { return prompts_per_step * group_size; }  // bounded by validate()
 
   void validate() const {
     if (steps < 1) dra::detail::throw_invalid("steps", "must be >= 1, got " + std::to_string(steps));
     if (prompts_per_step < 1)
       dra::detail::throw_invalid("prompts_per_step", "must be >= 1, got " + std::to_string(prompts_per_step));
     if (group_size < 1) dra::detail::throw_invalid("group_size", "must be >= 1, got " + std::to_string(group_size));
-    if (updates_per_step < 1 || updates_per_step > prompts_per_step * group_size)
-      dra::detail::throw_invalid(
-          "updates_per_step", "must lie in [1, sequences per step = " + std::to_string(prompts_per_step * group_size) +
-                                  "], got " + std::to_string(updates_per_step));
+    const long long sequences = static_cast<long long>(prompts_per_step) * group_size;
+    if (sequences > max_sequences_per_step)
+      dra::detail::throw_invalid("prompts_per_step", "prompts_per_step x group_size = " + std::to_string(sequences) +
+                                                         " sequences per step, above the bound " +
+                                                         std::to_string(max_sequences_per_step) +
+                                                         "; give fewer prompts or a smaller group");
+    if (updates_per_step < 1 || updates_per_step > sequences)
+      dra::detail::throw_invalid("updates_per_step",
+                                 "must lie in [1, sequences per step = " + std::to_string(sequences) + "], got " +
+                                     std::to_string(updates_per_step));
     if (!(prompt_tokens >= 0.0) || !std::isfinite(prompt_tokens))
       dra::detail::throw_invalid("prompt_tokens", "must be a finite number >= 0");
     if (!(length_scale > 0.0) || !std::isfinite(length_scale))

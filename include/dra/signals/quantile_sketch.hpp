@@ -54,6 +54,9 @@ class quantile_sketch {
     growth_ = config_.half_life > 0.0 ? std::exp2(1.0 / config_.half_life) : 1.0;
   }
 
+  /// Counts an observation its caller refused (see rejected()).
+  void reject() noexcept { ++rejected_; }
+
   /// One observation. Non-finite or non-positive values are counted as rejected and ignored.
   void add(double x) noexcept {
     if (!std::isfinite(x) || !(x > 0.0)) {

@@ -108,6 +108,11 @@ MAX_EVENT_WORK = 19_000  # about 10 minutes
 MAX_EVENT_DEVICES = 64
 EVENT_S_PER_WORK = 0.031
 MAX_LOOKAHEAD_SAMPLES = 64
+#: Both models draw and hold every sequence of a step: about ``SEQUENCE_S x steps x sequences per
+#: step`` seconds more (estimated from one run: 6.4 million sequences, 10 s a step), bounded like the
+#: rest at about 10 minutes; ``rl_workload`` refuses more than 1,000,000 sequences per step.
+MAX_SEQUENCE_WORK = 300_000_000  # steps x prompts_per_step x group_size
+SEQUENCE_S = 2e-6
 
 
 def _check_bounds(devices: int, steps: Any, most_devices: int, model: str) -> None:
@@ -156,11 +161,11 @@ def simulate(
         if scenario not in SCENARIOS:
             raise ValueError(f"scenario: unknown scenario '{scenario}'; use one of: {', '.join(SCENARIOS)}")
         preset = SCENARIOS[scenario]
-    trace = trace if trace is not None else preset.get("trace")
-    constant_length = constant_length if constant_length is not None else preset.get("constant_length")
-    drift = drift if drift is not None else preset.get("drift", 1.0)
     if trace is not None and constant_length is not None:
         raise ValueError("trace/constant_length: give one source of generation lengths, not both")
+    if trace is None and constant_length is None:  # a source given overrides the scenario's, whichever it is
+        trace, constant_length = preset.get("trace"), preset.get("constant_length")
+    drift = drift if drift is not None else preset.get("drift", 1.0)
     if constant_length is not None:
         if not constant_length >= 1:
             raise ValueError(f"constant_length: must be >= 1 token, got {constant_length}")
@@ -171,8 +176,10 @@ def simulate(
         source = f"{TRACES.get(trace, trace)}:GeneratedTokens"
     w = {"steps": steps, "seed": seed, "drift_final_scale": drift, **(preset.get("workload") or {}), **(workload or {})}
     c = {**(preset.get("costs") or {}), **(costs or {})}
+    _not_set_by_the_run(policy)
     p = {**(preset.get("policy") or {}), **(policy or {})}
-    wl, cm, pc = _core.RlWorkload(**w), _core.RlCostModel(**c), _core.StageBalanceConfig(**p)
+    wl, cm, pc = (_typed(_core.RlWorkload, w, "workload"), _typed(_core.RlCostModel, c, "costs"),
+                  _typed(_core.StageBalanceConfig, p, "policy"))
     raw = _core.rl_sim_sweep(lengths, source, devices, pipeline, wl, cm, pc, initial_rollout, progress)
     best = raw["statics"][raw["best_static"]]
     dyn, oracle, colo = raw["dynamic"], raw["oracle"], raw["colocated"]
@@ -324,10 +331,30 @@ def _settings(config: Any) -> dict[str, Any]:
     return out
 
 
+def _typed(cls: Any, values: dict[str, Any], what: str) -> Any:
+    """``cls(**values)``, refusing a JSON ``true``/``false`` for a number and a number for a flag
+    (pybind takes ``steps=true`` as 1 step and ``expected_max=1`` as True)."""
+    default = cls()
+    for k, v in values.items():
+        d = getattr(default, k, None)
+        if d is not None and (isinstance(v, bool) != isinstance(d, bool)) and isinstance(v, (bool, int, float)):
+            want = "true or false" if isinstance(d, bool) else "a number"
+            raise ValueError(f"{what} {k}: expected {want}, got {v!r}")
+    return cls(**values)
+
+
+def _not_set_by_the_run(policy: dict[str, Any] | None) -> None:
+    """Policy options the run sets itself from its own arguments: a value given here was recorded in
+    the settings and ignored (``devices=99`` ran with 8)."""
+    for name, instead in (("devices", "devices (--devices)"), ("pipeline", "pipeline (--pipeline)")):
+        if name in (policy or {}):
+            raise ValueError(f"policy {name}: set by the run itself; drop it from policy and give {instead}")
+
+
 def _workload(values: dict[str, Any]) -> Any:
     values = dict(values)
     reasoning = values.pop("reasoning", None)
-    w = _core.RlWorkload(**values)
+    w = _typed(_core.RlWorkload, values, "workload")
     if reasoning is not None:
         w.reasoning = reasoning if isinstance(reasoning, _core.ReasoningLengths) else _core.ReasoningLengths(**reasoning)
         w.validate()
@@ -379,6 +406,7 @@ def simulate_pipeline(
     for name, value in (("devices", devices), ("initial_rollout", initial_rollout), ("oracle_lookahead", oracle_lookahead)):
         _check_int(name, value)
     _check_bounds(devices, (workload or {}).get("steps", steps), MAX_EVENT_DEVICES, "event model")
+    _not_set_by_the_run(policy)
     preset: dict[str, Any] = {}
     if scenario is not None:
         if scenario not in PIPELINE_SCENARIOS:
@@ -395,7 +423,7 @@ def simulate_pipeline(
     source = "reasoning lengths (data/rl-lengths)" if reasoning else f"{TRACES.get(trace or 'conv', trace)}:GeneratedTokens"
     c = {**(preset.get("costs") or {}), **(costs or {})}
     p = {**(preset.get("policy") or {}), **(policy or {})}
-    wl, cm, pc = _workload(w), _core.RlCostModel(**c), _core.StageBalanceConfig(**p)
+    wl, cm, pc = _workload(w), _typed(_core.RlCostModel, c, "costs"), _typed(_core.StageBalanceConfig, p, "policy")
     doc = _core.rl_sim_events(
         lengths, source, devices, wl, cm, pc, initial_rollout, oracle_lookahead, progress, lookahead_samples
     )

@@ -28,9 +28,11 @@ from dra.rl import (
     MAX_EVENT_DEVICES,
     MAX_EVENT_WORK,
     MAX_LOOKAHEAD_SAMPLES,
+    MAX_SEQUENCE_WORK,
     MAX_STEPS,
     MAX_WORK,
     PHASE_S_PER_WORK,
+    SEQUENCE_S,
 )
 from dra.sim._args import check_csv, check_output_paths, decimal_arg, integer_arg, seed_arg
 
@@ -174,6 +176,15 @@ def _check(args: argparse.Namespace) -> str | None:
     steps = workload.get("steps", args.steps if args.steps is not None else 200)
     if isinstance(steps, int) and not isinstance(steps, bool) and steps > MAX_STEPS:
         return f"--workload steps={steps}: above the bound {MAX_STEPS:,}; give at most {MAX_STEPS:,}"
+    prompts, group = workload.get("prompts_per_step", 64), workload.get("group_size", 8)
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (steps, prompts, group)):
+        runs = len(rl.SCENARIOS) if args.all_scenarios and not args.pipeline_scenario else 1
+        if steps * prompts * group * runs > MAX_SEQUENCE_WORK:  # (rl_workload bounds one step's sequences)
+            return (f"--workload prompts_per_step={prompts} x group_size={group} sequences per step for {steps} steps"
+                    f"{' x ' + str(runs) + ' scenarios' if runs > 1 else ''}: about "
+                    f"{SEQUENCE_S * steps * prompts * group * runs / 60:.0f} minutes of drawing sequences alone, above "
+                    f"the bound steps x prompts_per_step x group_size <= {MAX_SEQUENCE_WORK:,} (about 10 minutes); give "
+                    "fewer steps, prompts or a smaller group")
     if isinstance(steps, int) and not isinstance(steps, bool) and args.pipeline_scenario:
         if args.devices > MAX_EVENT_DEVICES:
             return (f"--devices {args.devices}: above the event model's bound {MAX_EVENT_DEVICES} (--pipeline-scenario: "

@@ -70,6 +70,15 @@ class LiveConfig:
         if unknown:
             valid = ", ".join(k for k in dir(rl.StageBalanceConfig()) if not k.startswith("_") and k != "validate")
             raise ValueError(f"policy: unknown option {unknown[0]!r}; valid options: {valid}")
+        for fixed in ("devices", "group_size"):  # the loop sets them (slots, group_size): a value here was taken over them
+            if fixed in self.policy:
+                raise ValueError(f"policy.{fixed}: set by the run itself ({'slots' if fixed == 'devices' else fixed}); "
+                                 f"drop it from policy and give {'slots' if fixed == 'devices' else fixed}")
+        try:  # every option's own check now, not at the first decision with the workers started
+            rl.StageBalanceConfig(**{"devices": max(self.slots, 2), "group_size": self.group_size,
+                                     **{k: v for k, v in self.policy.items() if k != "planner"}}).validate()
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"policy: {e}") from None
         if self.trace != "reasoning" and str(self.trace) not in rl.TRACES and not Path(str(self.trace)).is_file():
             raise ValueError(f"trace: {self.trace!r} is neither a shipped trace ({', '.join(rl.TRACES)}), 'reasoning' nor "
                              "a CSV file")
