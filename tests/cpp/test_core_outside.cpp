@@ -334,3 +334,18 @@ TEST_CASE("outside.core.batch_limits_that_overflow_the_split_are_refused") {
   CHECK_THROWS_WITH_AS(policy::best_batch(step_time, policy::grad_stats{1.0, 1.0}, 2, nan_batch),
                        doctest::Contains("max_atomic"), std::invalid_argument);
 }
+
+TEST_CASE("outside.core.a_curve_cut_at_the_devices_still_reaches_the_jobs_minimum") {
+  const policy::cluster_arbiter arb;
+  pool::scale_job a;
+  a.job = "a";
+  a.min_size = 3;
+  a.max_size = 8;
+  pool::scale_job b = a;
+  b.job = "b";
+  b.min_size = 1;
+  b.current = 2;
+  const auto plan = pool::plan_sizes({a, b}, 2, arb);  // fewer devices than a's minimum
+  CHECK(plan.at("b") <= 2);
+  CHECK(plan.count("a") == 1);
+}

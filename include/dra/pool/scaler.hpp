@@ -233,7 +233,7 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
                      (completion ? completion->factor(completion_weight[t]) : 1.0);
     // No job gets more than the devices there are: its curve stops there (a max_size of 2e9 sized
     // it by max_size, 16 GB).
-    const int top = std::min(j->max_size, std::max(left, j->current));
+    const int top = std::min(j->max_size, std::max({left, j->current, j->min_size}));  // the arbiter reads min_size
     a.speedup.assign(static_cast<std::size_t>(top) + 1, 0.0);
     for (int k = 1; k <= top; ++k) {
       const auto ku = static_cast<std::size_t>(k);
