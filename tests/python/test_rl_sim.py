@@ -228,7 +228,7 @@ def test_pipeline_report_in_three_parts() -> None:
     assert la["oracle_share"] is None if gain <= 0 else la["oracle_share"] == pytest.approx((best["total_s"] - run["total_s"]) / gain)
     text = rl.pipeline_markdown(doc)
     assert "Removing the barrier (not dra's)" in text and "Resizing (dra's)" in text
-    assert "4. The look-ahead planner (planner='lookahead', event simulator only" in text
+    assert "4. The look-ahead planner (planner='lookahead'; the live leader runs it" in text
     # planner='lookahead' makes it the headline too: the same run, seeded alike
     head = rl.simulate_pipeline("longgen", steps=4, devices=4, workload={"prompts_per_step": 16, "group_size": 4},
                                 policy={"planner": "lookahead"})

@@ -555,7 +555,7 @@ def pipeline_markdown(doc: dict[str, Any]) -> str:
     la = s.get("lookahead_planner")
     if la:
         lines.append(
-            f"4. The look-ahead planner (planner='lookahead'; the live leader runs it with policy={'planner': 'lookahead'}): "
+            f"4. The look-ahead planner (planner='lookahead'; the live leader runs it with policy={{'planner': 'lookahead'}}): "
             f"time x{la['dynamic_time_vs_best_static']:.3f} of the best static split, "
             + (f"{100 * la['oracle_share']:.0f} % of the oracle's gain" if la["oracle_share"] is not None else "the oracle gains nothing")
             + f", {la['switches']} switches."
