@@ -48,11 +48,8 @@ class stage_balance_policy {
   const stage_balance_config& config() const noexcept { return config_; }
 
   // ---- observations ------------------------------------------------------------------------
-  /// One finished generation: its prompt and generated lengths in tokens.
-  /// A length that is not a finite number in (0, lengths.max_value] is counted as rejected
-  /// (lengths().rejected()) and changes nothing: its prompt was taken in anyway (50 rejected calls
-  /// with a huge prompt moved the predicted step from 10 s to 190,000 s), and one length of 1e300
-  /// moved every prediction to 1e9 s.
+  /// One finished generation (prompt and generated tokens); either out of range is counted in
+  /// lengths().rejected() and changes nothing (a rejected length's prompt was taken in).
   void observe_generation(double prompt_tokens, double generated_tokens) noexcept {
     if (!(generated_tokens > 0.0 && generated_tokens <= config_.lengths.max_value) ||
         !(std::isfinite(prompt_tokens) && prompt_tokens >= 0.0 && prompt_tokens <= config_.lengths.max_value)) {
@@ -218,14 +215,13 @@ class stage_balance_policy {
                    " observed yet";
       return out;
     }
-    // Best split; ties go to the split nearest the current one (no move without a gain).
-    // Outside [min_rollout, devices - min_train] (a start there) the best allowed split wins, with
-    // no gain asked below; inside, the current split unless another predicts faster.
-    const bool outside = now.rollout < config_.min_rollout || now.rollout > config_.devices - config_.min_train;
-    int best =
-        outside ? std::clamp(now.rollout, config_.min_rollout, config_.devices - config_.min_train) : now.rollout;
+    // Best split; ties go to the split nearest the current one (no move without a gain). Outside
+    // [min_rollout, devices - min_train] (a start there) the best allowed split wins, at once.
+    const int lo = config_.min_rollout, hi = config_.devices - config_.min_train;
+    const bool outside = now.rollout < lo || now.rollout > hi;
+    int best = outside ? std::clamp(now.rollout, lo, hi) : now.rollout;
     double best_s = outside ? predict(best, now.sequences_per_step).step_s : out.current.step_s;
-    for (int r = config_.min_rollout; r <= config_.devices - config_.min_train; ++r) {
+    for (int r = lo; r <= hi; ++r) {
       const double s = predict(r, now.sequences_per_step).step_s;
       if (s < best_s || (s == best_s && std::abs(r - now.rollout) < std::abs(best - now.rollout))) best = r, best_s = s;
     }
@@ -234,21 +230,11 @@ class stage_balance_policy {
     if (target < now.rollout) target = std::max(target, now.rollout - config_.max_move);
     out.target = predict(target, now.sequences_per_step);
     const std::string balance = describe(out.current) + " -> " + describe(out.target);
-    // A split outside [min_rollout, devices - min_train] (a start there) moves into it at once, as
-    // a world below min_size is restored: no gain, cooldown, hysteresis or payback asked (it held
-    // at 4R/4T with min_rollout 7 for a whole run, and called that split "balanced").
-    if (outside) {
-      pending_direction_ = stage_action::hold;
-      pending_count_ = 0;
-      out.kind = target > now.rollout ? stage_action::to_rollout : stage_action::to_train;
-      out.rollout = target;
-      out.train = config_.devices - target;
-      out.moved = std::abs(target - now.rollout);
-      out.switch_cost_s = switch_cost_s(out.kind);
-      out.reason = std::string(to_string(out.kind)) + ": restore: " + std::to_string(now.rollout) +
-                   "R is outside [min_rollout " + std::to_string(config_.min_rollout) + ", devices - min_train " +
-                   std::to_string(config_.devices - config_.min_train) + "] (" + balance + ")";
-      return out;
+    const stage_action direction = target > now.rollout ? stage_action::to_rollout : stage_action::to_train;
+    if (outside) {  // as a world below min_size is restored: no gain, cooldown, hysteresis or payback asked
+      out.switch_cost_s = switch_cost_s(direction);
+      return switch_to(std::move(out), now, target, direction,
+                       "restore: outside min_rollout/min_train (" + balance + ")");
     }
     const double saving = out.current.step_s - out.target.step_s;
     if (target == now.rollout || !(saving > config_.min_relative_gain * out.current.step_s)) {
@@ -261,7 +247,6 @@ class stage_balance_policy {
                              " below min_relative_gain (" + balance + ")";
       return out;
     }
-    const stage_action direction = target > now.rollout ? stage_action::to_rollout : stage_action::to_train;
     const std::string want = std::string("wanted ") + to_string(direction) + " (" + balance + ")";
     if (now.steps_since_switch < config_.cooldown_steps) {
       out.reason = "hold: cooldown (" + std::to_string(now.steps_since_switch) + " of " +
@@ -285,13 +270,18 @@ class stage_balance_policy {
       out.reason = "hold: would not pay back (" + payback + detail::fmt(" > %.3g); ", horizon) + want;
       return out;
     }
+    return switch_to(std::move(out), now, target, direction, balance + "; pays back (" + payback + ")");
+  }
+
+  stage_decision switch_to(stage_decision out, const stage_state& now, int target, stage_action direction,
+                           const std::string& why) {
     pending_direction_ = stage_action::hold;
     pending_count_ = 0;
     out.kind = direction;
     out.rollout = target;
     out.train = config_.devices - target;
     out.moved = std::abs(target - now.rollout);
-    out.reason = std::string(to_string(direction)) + ": " + balance + "; pays back (" + payback + ")";
+    out.reason = std::string(to_string(direction)) + ": " + why;
     return out;
   }
 
@@ -468,11 +458,6 @@ class stage_balance_policy {
   double prefill_per_kilotoken_s() const noexcept { return prefill_per_kilotoken_s_; }
 
  private:
-  struct smoothed {
-    double value = 0.0;
-    unsigned long long count = 0;
-  };
-
   // A fresh batch's longest sequence on `devices` devices: it starts when a decode slot frees
   // (late when a device holds more sequences than it decodes at once: the queue's delay of the
   // phase model), among the others at the observed operating point, and ends nearly alone.
@@ -594,7 +579,7 @@ class stage_balance_policy {
   throughput_model training_;
   double weight_sync_s_ = 0.0;
   unsigned long long weight_syncs_ = 0;
-  smoothed to_rollout_cost_, to_train_cost_;
+  smoothed_value to_rollout_cost_, to_train_cost_;
   double decode_weight_ = 0.0, decode_concurrency_ = 0.0, decode_context_ = 0.0;
   double engine_start_s_ = 0.0;
   unsigned long long engine_starts_ = 0;

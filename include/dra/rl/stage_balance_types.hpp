@@ -190,4 +190,10 @@ struct window_decision {
   std::string reason;
 };
 
+/// A measurement smoothed over its observations (stage_balance_policy's switch costs).
+struct smoothed_value {
+  double value = 0.0;
+  unsigned long long count = 0;
+};
+
 }  // namespace dra::policy
