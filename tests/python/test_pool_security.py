@@ -280,3 +280,93 @@ def test_a_user_holding_tcp_connections_turns_away_only_their_own_calls(tmp_path
         holder.wait()
         holder.stdout.close()
         server.close()
+
+
+def _remote_hosts(n: int, net: str) -> tuple[list[str], str]:
+    """``n`` namespaces, each one host on a veth pair to this one: ``<net>.<k+2>`` there,
+    ``<net>.1`` here (a /24 per pair would clash, so every pair is a /32 route). Returns the
+    namespaces and this host's address on them."""
+    import subprocess
+    import uuid
+
+    tag = uuid.uuid4().hex[:6]
+    names: list[str] = []
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+    try:
+        for k in range(n):
+            ns, here, there = f"dra-remote-{tag}-{k}", f"drh{tag}{k}", f"drr{tag}{k}"
+            sh("ip", "netns", "add", ns)
+            names.append(ns)
+            sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
+            sh("ip", "link", "set", there, "netns", ns)
+            sh("ip", "addr", "add", f"{net}.1/32", "dev", here)
+            sh("ip", "link", "set", here, "up")
+            sh("ip", "route", "add", f"{net}.{k + 2}/32", "dev", here)
+            sh("ip", "-n", ns, "addr", "add", f"{net}.{k + 2}/32", "dev", there)
+            sh("ip", "-n", ns, "link", "set", there, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", ns, "route", "add", f"{net}.1/32", "dev", there)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        _drop_hosts(names)
+        pytest.skip(f"network namespaces with veth pairs are not available here: {getattr(e, 'stderr', e)}")
+    return names, f"{net}.1"
+
+
+def _drop_hosts(names: list[str]) -> None:
+    import subprocess
+
+    for ns in names:  # deleting the namespace deletes its end of the pair, and so the pair
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@as_root
+def test_one_remote_host_holding_tcp_connections_turns_away_only_its_own_calls(tmp_path: Path) -> None:
+    """With --allow-remote, every other host had one connection share: one host without the token
+    that held them all turned every other host's calls away. Another host is now counted by its
+    address (and all of them together at most ``remote_total``)."""
+    import subprocess
+    import time
+
+    from dra.pool.server import PoolClient, PoolServer
+
+    hosts, here = _remote_hosts(2, "10.215.77")
+    svc = PoolService([P.Device(id="d0", type="cpu-slot", memory_gb=2.0)], tmp_path / "state", scale_every_s=1000.0)
+    token = "t" * 32
+    server = None
+    holder = None
+    try:
+        server = PoolServer(svc, host=here, port=0, token=token, allow_remote=True, max_connections_per_peer=3).start()
+        port = int(server.tcp_url.rsplit(":", 1)[1])
+        hold = " ".join(f"exec {fd}<>/dev/tcp/{here}/{port};" for fd in (3, 4, 5))
+        holder = subprocess.Popen(["ip", "netns", "exec", hosts[0], "bash", "-c", f"{hold} echo held; sleep 60"],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        time.sleep(0.3)
+        # The other host is answered (a request without the token: 401, not 503).
+        other = subprocess.run(["ip", "netns", "exec", hosts[1], "bash", "-c",
+                                f"exec 3<>/dev/tcp/{here}/{port}; printf 'GET /status HTTP/1.0\\r\\n\\r\\n' >&3; "
+                                "timeout 20 cat <&3"], capture_output=True, text=True, timeout=30)
+        assert " 401 " in other.stdout.splitlines()[0], other.stdout[:300]
+        # The holder's fourth is turned away, naming its address.
+        fourth = subprocess.run(["ip", "netns", "exec", hosts[0], "bash", "-c",
+                                 f"exec 3<>/dev/tcp/{here}/{port}; timeout 20 cat <&3"],
+                                capture_output=True, text=True, timeout=30)
+        assert "503" in fourth.stdout and "3 already open from host 10.215.77.2" in fourth.stdout, fourth.stdout[:300]
+        # Every other host together is bounded too (a thread per connection, whatever the addresses).
+        server._servers[-1].remote_total = 3
+        bounded = subprocess.run(["ip", "netns", "exec", hosts[1], "bash", "-c",
+                                  f"exec 3<>/dev/tcp/{here}/{port}; timeout 20 cat <&3"],
+                                 capture_output=True, text=True, timeout=30)
+        assert "3 already open from other hosts together" in bounded.stdout, bounded.stdout[:300]
+        assert PoolClient(server.url).status()["draining"] is False  # the Unix socket is untouched
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+            holder.stdout.close()
+        if server is not None:
+            server.close()
+        _drop_hosts(hosts)

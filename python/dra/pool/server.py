@@ -15,7 +15,8 @@ token (bound to loopback unless the operator insists). The standard library only
 Answers: 400 {"error": "<field>: <problem>; <fix>"} for a bad request (the client raises
 ValueError), 401 without a valid token on TCP, 403 when the caller may not (PermissionError), 404
 for an unknown job (ValueError), 409 for a launcher that is not the job's (RuntimeError), 503 to
-a peer with 64 connections already open (the client retries for its ``retry_s``, then raises
+a peer with 64 connections already open (a peer: a user, or on TCP from another host its
+address; 256 from other hosts together; the client retries for its ``retry_s``, then raises
 ConnectionError). A whole request is read before it is answered; one stalled 60 s, or not whole
 60 s after it connected (a byte at a time), is dropped.
 Nothing in a request is unpickled or evaluated: bodies are JSON objects, checked field by field.
@@ -201,7 +202,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _BoundedThreads(socketserver.ThreadingMixIn):
     """A thread per connection, at most ``per_peer`` at once from one peer: a Unix socket's user
-    (the kernel says who), or on TCP, where nobody is known before the token, every client together.
+    (the kernel says who); on TCP, where nobody is known before the token, a caller on loopback is
+    its user (the kernel's socket table) and one on another host its address (``remote_total``
+    from other hosts together).
     A caller who opens connections and stalls them ties up its own share (each is dropped after
     the handler's timeout), never the threads that answer other users or the jobs' launchers,
     which call on the Unix socket as their owners."""
@@ -212,6 +215,9 @@ class _BoundedThreads(socketserver.ThreadingMixIn):
     # included. Connections wait their turn in the kernel's queue now, answered in order.
     request_queue_size = 1024
     per_peer = 64
+    # Other hosts (--allow-remote) are counted per address, and all of them together at most this
+    # many: a thread each, however many addresses a caller has.
+    remote_total = 256
     request_s = 60.0  # the most a request may take to arrive whole, however it trickles
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -263,14 +269,21 @@ class _BoundedThreads(socketserver.ThreadingMixIn):
     def _peer(self, request: socket.socket) -> str:
         return "tcp"
 
+    def _remote_open(self) -> int:
+        return sum(n for k, n in self._open.items() if k.startswith("host "))
+
     def process_request(self, request: Any, client_address: Any) -> None:
         key = self._peer(request)
         with self._open_lock:
-            busy = self._open.get(key, 0) >= self.per_peer
-            if not busy:
+            if self._open.get(key, 0) >= self.per_peer:
+                busy = f"{self.per_peer} already open from {key}"
+            elif key.startswith("host ") and self._remote_open() >= self.remote_total:
+                busy = f"{self.remote_total} already open from other hosts together"
+            else:
+                busy = ""
                 self._open[key] = self._open.get(key, 0) + 1
         if busy:
-            body = json.dumps({"error": f"connections: {self.per_peer} already open from {key}; close some (each "
+            body = json.dumps({"error": f"connections: {busy}; close some (each "
                                         "is answered and closed; a stalled one is dropped after "
                                         f"{_Handler.timeout:g} s) and try again"}).encode()
             try:
@@ -306,9 +319,15 @@ class _TcpServer(_BoundedThreads, http.server.HTTPServer):
     def _peer(self, request: socket.socket) -> str:
         # A caller on this host's loopback is counted as its user (the kernel's socket table says
         # whose): 64 connections held by a user without the token turned the operator's TCP calls
-        # away while TCP had one share. Remote callers (--allow-remote) share one.
+        # away while TCP had one share. Another host (--allow-remote) is counted by its address:
+        # one share for all of them let one host without the token turn every other host away.
         uid = _auth.loopback_peer_uid(request)
-        return "tcp" if uid is None else f"uid {uid}"
+        if uid is not None:
+            return f"uid {uid}"
+        try:
+            return f"host {request.getpeername()[0]}"
+        except OSError:  # gone already: its call ends at the first read
+            return "host ?"
 
 
 class _TcpServer6(_TcpServer):
