@@ -72,6 +72,8 @@ def test_the_control_plane_weighs_its_cores_beside_slots_weighted_by_theirs() ->
     ({"control_cpus": float("nan")}, r"^control_cpus: .* got nan"),
     ({"control_cpus": "half"}, r"^control_cpus: .* got 'half'"),
     ({"specs": [_cgroup.SlotSpec("control", 0.5, "0", None)]}, r"^slots: a slot may not be named 'control'"),
+    ({"launcher_memory_gb": 0.1}, r"^launcher memory: 0.1 GB; a job's launcher and fork server need at least 0.25"),
+    ({"launcher_memory_gb": float("inf")}, r"^launcher memory: inf GB"),
 ])
 def test_a_bad_control_plane_setting_is_refused_before_any_cgroup_is_made(kwargs: dict, message: str) -> None:
     name = f"ctlbad{os.getpid()}"
@@ -104,8 +106,14 @@ def test_a_jobs_launcher_runs_in_the_control_plane_and_its_worker_in_its_lease(t
         assert seen.exists(), "the job's worker never started"
         events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
         (launch,) = [e for e in events if e.get("event") == "launch" and e.get("job") == "probe"]
-        for controller in ("cpu", "cpuacct"):
-            assert _cgroup_of(launch["pid"], controller) == f"/dra/{name}/control", controller
+        # In a cgroup of its own under the control plane's, named by its launch id, memory limited.
+        (launch_id,) = svc.slots.launcher_ids()
+        assert launch_id.startswith("pool-")
+        for controller in ("cpu", "cpuacct", "memory"):
+            assert _cgroup_of(launch["pid"], controller) == f"/dra/{name}/control/{launch_id}", controller
+        limit = Path(_cgroup.ROOT, "memory", "dra", name, "control", launch_id, "memory.limit_in_bytes")
+        assert int(limit.read_text()) == int(_cgroup.LAUNCHER_MEMORY_GB * 2**30)
+        print("launcher cgroup peak", int(Path(limit.parent, "memory.max_usage_in_bytes").read_text()) >> 20, "MiB")
         worker = dict(line.split(":", 2)[1:] for line in seen.read_text().splitlines())
         assert worker["cpu"].startswith(f"/dra/{name}/slot") and "/lease-" in worker["cpu"], worker
         assert worker["cpuset"] == worker["cpu"] and worker["memory"] == worker["cpu"], worker
@@ -118,3 +126,53 @@ def test_a_jobs_launcher_runs_in_the_control_plane_and_its_worker_in_its_lease(t
         server.close()
     assert _cgroup_of(os.getpid(), "cpu") == before  # back where it was, and the pool's cgroups gone
     assert not Path(_cgroup.ROOT, "cpu", "dra", name).exists()
+
+
+@pytest.mark.timeout(180)
+def test_a_jobs_own_code_in_its_launcher_is_held_to_its_cgroup_and_goes_with_it(tmp_path: Path) -> None:
+    """A job's ``preload`` modules (from its directory), or a ``sitecustomize`` on its env's
+    PYTHONPATH, run its user's code in its launcher and fork server, before any lease: in the
+    control plane's cgroup, with no memory limit, and whatever they started there outlived the job.
+    Each launcher now has a cgroup of its own under the control plane's: a memory limit holds it,
+    and what is left in it when the launcher is gone is killed and the cgroup removed."""
+    name = f"ctlown{os.getpid()}"
+    stray_pid = tmp_path / "stray.pid"
+    (tmp_path / "stray.py").write_text(
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen(['sleep', '120'], start_new_session=True)\n"
+        f"open({str(stray_pid)!r}, 'w').write(str(p.pid))\n")
+    (tmp_path / "hog.py").write_text("x = bytearray(3 << 30)\nx[::4096] = b'x' * len(x[::4096])\n")
+    (tmp_path / "work.py").write_text("pass\n")  # a script: run by the fork server, which preloads
+    svc = make_service("slots:1", tmp_path / "state", name=name, memory_gb=1.0, heartbeat_timeout_s=5.0,
+                       launcher_memory_gb=1.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    stray = None
+    try:
+        client.submit({"name": "leaves-one", "cwd": str(tmp_path), "preload": ["stray"],
+                       "command": [sys.executable, str(tmp_path / "work.py")]})
+        assert client.wait(["leaves-one"], timeout_s=90) == {"leaves-one": "finished"}
+        stray = int(stray_pid.read_text())
+        deadline = time.time() + 30
+        while (Path(f"/proc/{stray}").exists() or svc.slots.launcher_ids()) and time.time() < deadline:
+            time.sleep(0.1)
+        state = Path(f"/proc/{stray}/stat").read_text().split()[2] if Path(f"/proc/{stray}").exists() else "gone"
+        assert state in ("gone", "Z"), f"the process the job's preload started is still running ({state})"
+        assert svc.slots.launcher_ids() == []
+        events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+        assert any(e.get("event") == "launcher_cgroup_removed" for e in events), events[-5:]
+        # A preload that takes 3 GiB is stopped at the launcher's 1 GiB, and its job fails, naming the fork server.
+        client.submit({"name": "hog", "cwd": str(tmp_path), "preload": ["hog"],
+                       "command": [sys.executable, str(tmp_path / "work.py")]})
+        assert client.wait(["hog"], timeout_s=90) == {"hog": "failed"}
+        job = next(j for j in client.status()["jobs"] if j["name"] == "hog")
+        assert ("fork server did not start: it was killed by SIGKILL, the kernel's OOM killer, at its cgroup's memory "
+                "limit (1 GiB") in job["reason"], job
+    finally:
+        server.close()
+        if stray is not None:
+            try:
+                os.kill(stray, 9)
+            except ProcessLookupError:
+                pass
+    assert not Path(_cgroup.ROOT, "memory", "dra", name).exists()

@@ -20,7 +20,12 @@ slots: with ``guarantee``, a launcher left in the root cgroup weighed 1024 again
 launcher ready 62 s after its launch on 2 cores and two busy 1-core slots). Inside the pool, each
 slot weighs ``1024 x`` its cores and the control plane ``1024 x control_cpus``: under full
 contention the control plane gets that share of the cores and the slots the rest, in proportion to
-their quotas.
+their quotas. Each job's launcher and fork server (and whatever they start before a worker enters
+its lease) get a cgroup of their own under it, ``control/<launch id>`` (cpu, cpuacct, memory): they
+weigh one process's CPU there (``cpu.shares`` 1024, as each of the daemon's threads does) and at
+most ``launcher_memory_gb`` of memory, since a job's ``preload`` modules, its ``env``'s
+``PYTHONPATH`` (a ``sitecustomize``) or its user site run its user's code in them; that cgroup is
+emptied and removed when the launcher is gone.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ MAX_SHARES = 262_144  # the kernel's largest cpu.shares (v1)
 #: The control plane's cgroup under ``dra/<pool>`` (no slot may take the name).
 CONTROL = "control"
 CONTROL_CONTROLLERS = ("cpu", "cpuacct")
+#: A job's launcher's cgroup under the control plane's (``Slots.make_launcher``).
+LAUNCHER_CONTROLLERS = ("cpu", "cpuacct", "memory")
+#: Its default memory limit (GiB): a fork server that preloads torch and dra holds about 0.4 GiB.
+LAUNCHER_MEMORY_GB = 4.0
 
 
 def available() -> str | None:
@@ -115,7 +124,7 @@ class Slots:
     """Creates, enforces and removes the cgroups of a pool's CPU slots."""
 
     def __init__(self, pool: str, specs: list[SlotSpec], guarantee: bool = False,
-                 control_cpus: float | None = None) -> None:
+                 control_cpus: float | None = None, launcher_memory_gb: float | None = LAUNCHER_MEMORY_GB) -> None:
         why = available()
         if why:
             raise RuntimeError(f"CPU slots are not possible here: {why}")
@@ -124,6 +133,11 @@ class Slots:
                              "'_', '.' or '-', not starting with '.' or '-'")
         if control_cpus is not None and not (isinstance(control_cpus, (int, float)) and 0.01 <= control_cpus <= 64):
             raise ValueError(f"control_cpus: the control plane's share must lie in [0.01, 64] cores, got {control_cpus!r}")
+        if launcher_memory_gb is not None and not (isinstance(launcher_memory_gb, (int, float))
+                                                   and 0.25 <= launcher_memory_gb < float("inf")):
+            raise ValueError(f"launcher memory: {launcher_memory_gb!r} GB; a job's launcher and fork server need at "
+                             "least 0.25 (--launcher-memory-gb; 0: no limit)")
+        self.launcher_memory_gb = launcher_memory_gb
         if any(s.id == CONTROL for s in specs):
             raise ValueError(f"slots: a slot may not be named '{CONTROL}' (the pool's control-plane cgroup); rename it")
         self.pool = pool
@@ -309,6 +323,42 @@ class Slots:
     def usage_all(self) -> dict[str, float]:
         return {s: self.usage_s(s) for s in self.specs}
 
+    def make_launcher(self, launch_id: str) -> list[str]:
+        """The cgroups (one per controller) of a job's launcher about to start, under the control
+        plane's; [] without a control plane. Root keeps them: the launcher's user cannot move its
+        processes out of them but into its own leases."""
+        if not self.control:
+            return []
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", launch_id):
+            raise ValueError(f"launch id: {launch_id!r} cannot name a cgroup")
+        rel = f"{self._rel(CONTROL)}/{launch_id}"
+        for c in LAUNCHER_CONTROLLERS:
+            (ROOT / c / self._rel(CONTROL)).mkdir(exist_ok=True)  # memory has no control-plane limit of its own
+            (ROOT / c / rel).mkdir(exist_ok=True)
+        if self.launcher_memory_gb is not None:
+            _write(ROOT / "memory" / rel / "memory.limit_in_bytes", str(int(self.launcher_memory_gb * 2**30)))
+        return [str(ROOT / c / rel) for c in LAUNCHER_CONTROLLERS]
+
+    def launcher_ids(self) -> list[str]:
+        """The launch ids that have a launcher cgroup now (``make_launcher``)."""
+        found: set[str] = set()
+        for c in LAUNCHER_CONTROLLERS:
+            d = ROOT / c / self._rel(CONTROL)
+            if d.is_dir():
+                found.update(p.name for p in d.iterdir() if p.is_dir())
+        return sorted(found)
+
+    def remove_launcher(self, launch_id: str) -> bool:
+        """Kills what is left in a launcher's cgroups (its launcher gone: a fork server, what the
+        job's own code started there) and removes them; one that cannot be removed yet lingers
+        (``reap``). False then."""
+        rel = f"{self._rel(CONTROL)}/{launch_id}"
+        self._kill(rel)
+        if self._remove(rel, evict=False, wait_s=0.1):  # the pool's loop waits meanwhile
+            return True
+        self.lingering.add(rel)
+        return False
+
     def enter_control(self) -> None:
         """Moves this process (the daemon: its API, its loop, the launchers it starts from now on)
         into the control plane's cgroups; ``close`` moves it back where it was."""
@@ -425,6 +475,18 @@ def memory_state(path: str | Path) -> dict[str, int] | None:
 def memory_cgroup(paths: list[str]) -> str | None:
     """The memory controller's directory among a lease's cgroups (``DRA_CGROUPS``)."""
     return next((p for p in paths if os.path.exists(os.path.join(p, "memory.limit_in_bytes"))), None)
+
+
+def own_memory_cgroup() -> str | None:
+    """This process's memory cgroup directory (cgroups v1), None where there is none to read."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                return str(ROOT / "memory" / path.lstrip("/"))
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def join(paths: list[str], pid: int | None = None) -> None:

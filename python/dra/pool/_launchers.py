@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,13 +113,17 @@ DAEMON_LAUNCH_PREFIX = "pool-"
 
 
 def start(name: str, url: str, owner: Owner, cwd: str, log: Path, env: dict[str, str],
-          private_network: bool = False, cgroups: list[str] | tuple[str, ...] = ()) -> LauncherRef:
+          private_network: bool = False,
+          cgroups: list[str] | tuple[str, ...] | Callable[[str], list[str]] = ()) -> LauncherRef:
     """Starts the launcher of a pool job as its owner in its own session: a root daemon starts it
-    through ``_isolate`` (the control plane's ``cgroups``, a private network namespace when asked,
-    then the owner's groups, gid and uid, then its cwd, entered as the owner, then exec); raises
-    OSError when it cannot start (a missing cwd, say). Another daemon moves the launcher into
-    ``cgroups`` once it is started (as far as it may)."""
+    through ``_isolate`` (its ``cgroups``, a private network namespace when asked, then the
+    owner's groups, gid and uid, then its cwd, entered as the owner, then exec); raises OSError
+    when it cannot start (a missing cwd, say). Another daemon moves the launcher into ``cgroups``
+    once it is started (as far as it may). ``cgroups`` may be a function of the launch id that
+    makes them (``Slots.make_launcher``)."""
     launch_id = DAEMON_LAUNCH_PREFIX + secrets.token_hex(8)
+    if callable(cgroups):
+        cgroups = cgroups(launch_id)
     cmd = module_command("dra", "run", "--pool", url, "--job", name)  # the job's directory is not on its sys.path
     extra: dict[str, Any] = {}
     if os.geteuid() == 0:

@@ -106,6 +106,11 @@ class SchedulingLoop:
             if now - self._last_check >= 0.25:
                 self._last_check = now
                 self._check_launchers(now, removed)
+                if self.slots is not None:  # a launcher gone: what is left in its cgroup goes too
+                    live = {ref.id for ref in self.launchers.values()}
+                    for lid in self.slots.launcher_ids():
+                        if lid not in live and self.slots.remove_launcher(lid):
+                            self._event({"event": "launcher_cgroup_removed", "launch": lid})
                 if getattr(self.slots, "lingering", None):
                     for rel in self.slots.reap():  # a killed lease's last process is gone at last
                         self._event({"event": "lease_cgroup_removed", "cgroup": rel})
@@ -189,7 +194,7 @@ class SchedulingLoop:
                 code = ref.exit_code()
                 log = self.logs_dir / f"{name}.launcher.log"
                 why = ""
-                if code == 126:  # _isolate could not start it as the job's user: its one line says why
+                if code is not None and code > 0:  # its last line says why (_isolate's one line, for 126)
                     last = last_line(log)
                     why = f": {last}" if last else ""
                 self._end(name, "failed", f"its launcher exited{'' if code is None else f' (code {code})'} before the "
@@ -208,7 +213,7 @@ class SchedulingLoop:
         try:
             ref = _launchers.start(name, self.url, self._owner(name), spec.get("cwd") or "/",
                                    self.logs_dir / f"{name}.launcher.log", env, spec.get("network") == "private",
-                                   self.slots.control if self.slots is not None else ())
+                                   self.slots.make_launcher if self.slots is not None else ())
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             removed: list[int] = []
             self._end(name, "failed", f"its launcher could not start: {e}", removed, now)

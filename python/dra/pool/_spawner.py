@@ -149,7 +149,27 @@ class Spawner:
         if not self._ready.wait(timeout_s):
             raise RuntimeError(f"the worker fork server was not ready after {timeout_s:g} s (see {self._log})")
         if self._failed:
-            raise RuntimeError(f"the worker fork server did not start (see {self._log})")
+            raise RuntimeError(f"the worker fork server did not start{self._why_not()} (see {self._log})")
+
+    def _why_not(self) -> str:
+        """Why the fork server ended before it was ready, where the kernel says: its signal, and
+        whether the OOM killer stopped it at its memory cgroup's limit (a pool launcher's)."""
+        assert self.zygote is not None
+        try:
+            code = self.zygote.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return ""
+        if code >= 0:
+            return f": it exited with code {code}"
+        from dra.pool import _cgroup
+
+        why = f": it was killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else ""
+        own = _cgroup.own_memory_cgroup()
+        state = _cgroup.memory_state(own) if own else None
+        if code == -signal.SIGKILL and state and state["oom_kills"]:
+            why += (f", the kernel's OOM killer, at its cgroup's memory limit ({state['limit'] / 2**30:.3g} GiB, a "
+                    "pool's --launcher-memory-gb) while it imported its preload modules")
+        return why
 
     def spawn(self, wid: str, cmd: list[str], env: dict[str, str], cgroups: list[str], log: Path,
               cwd: str | None) -> int:

@@ -67,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
                                    scale_every_s=args.scale_every_s, orphan_limit_s=args.orphan_limit_s,
                                    silence_limit_s=args.silence_limit_s, guarantee_slots=not args.no_slot_guarantee,
                                    control_cpus=args.control_cpus or None,
+                                   launcher_memory_gb=args.launcher_memory_gb or None,
                                    completion_aware=args.completion_aware, warm_launchers=args.warm_launchers,
                                    user_limits=UserLimits(active=args.max_active_per_user, kept=args.max_kept_per_user))
         except BaseException:
@@ -274,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--control-cpus", type=float, default=0.5, metavar="C",
                    help="the CPU weight, in cores, of the jobs' launchers (a cgroup beside the slots): what they get "
                         "when busy slots reserve every core (default 0.5; 0: no such cgroup)")
+    s.add_argument("--launcher-memory-gb", type=nonnegative_arg, default=4.0, metavar="GB",
+                   help="the most memory one job's launcher and fork server may use (a cgroup of their own in the "
+                        "control plane's: a job's preload modules run its own code there; default 4, 0: no limit)")
     sb = pool.add_parser("submit", help="submit a job (its command after '--')")
     sb.add_argument("--pool", default=url)
     sb.add_argument("--token-file", type=path_arg, default=None, help="the pool's token file (TCP)")

@@ -16,12 +16,13 @@ __all__ = ["make_service"]
 
 def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic", name: str = "pool",
                  memory_gb: float = 2.0, guarantee_slots: bool = True, control_cpus: float | None = 0.5,
-                 **options: Any) -> PoolService:
+                 launcher_memory_gb: float | None = _cgroup.LAUNCHER_MEMORY_GB, **options: Any) -> PoolService:
     """A pool from an inventory spec (see dra.pool._inventory.discover; ``ray`` or ``ray:ADDRESS``:
     a Ray cluster's devices, watched for nodes that leave or join); CPU slots get cgroups (with
     ``guarantee_slots``, a share that gives them their quota before processes outside the pool), and
     the daemon (this process, until the pool closes) and the jobs' launchers a cgroup beside them
-    weighing ``control_cpus`` cores (None: none; see dra.pool._cgroup). The
+    weighing ``control_cpus`` cores (None: none; see dra.pool._cgroup), in which each job's launcher
+    has a cgroup of at most ``launcher_memory_gb`` (None: no limit). The
     state directory is locked and its database read before any cgroup is made, so a second daemon
     or a corrupt state fails without leaving anything behind."""
     if mode not in MODES:
@@ -46,7 +47,8 @@ def make_service(inventory: str, state_dir: str | Path, *, mode: str = "dynamic"
             raise ValueError(f"slot memory: {memory_gb:g} GB a slot (--slot-memory-gb) is less than a worker needs to "
                              f"start ({_cgroup.MIN_LEASE_MEMORY_MB} MiB: a Python process with torch peaks at about "
                              f"160 MiB); give at least {_cgroup.MIN_LEASE_MEMORY_MB / 1024:g}")
-        slots = _cgroup.Slots(name, specs, guarantee=guarantee_slots, control_cpus=control_cpus) if specs else None
+        slots = _cgroup.Slots(name, specs, guarantee=guarantee_slots, control_cpus=control_cpus,
+                              launcher_memory_gb=launcher_memory_gb) if specs else None
         if slots is not None:
             slots.enter_control()  # this process is the daemon: its API and loop weigh as the launchers do
         return PoolService(devices, state_dir, mode=mode, slots=slots, name=name, state_lock=lock, **options)
