@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bindings.hpp"
@@ -222,6 +223,13 @@ step_signals parse_signals(const py::kwargs& kwargs) {
         "missing " +
         missing);
   }
+  // A batch size is what tells "given" from "not given" (NaN) in step_signals: a NaN one given
+  // read as a missing statistic. Named here, with its value.
+  for (const auto& [key, value] : {std::pair<const char*, double>{"small_batch", s.small_batch},
+                                   std::pair<const char*, double>{"big_batch", s.big_batch}})
+    if (!gradient_keys.empty() && !(std::isfinite(value) && value > 0.0))
+      throw py::value_error(std::string(key) + ": must be a finite number of samples > 0, got " +
+                            py::repr(py::float_(value)).cast<std::string>());
   if (kwargs.contains("validation") && !kwargs["validation"].is_none() && std::isnan(s.validation))
     s.validation = std::numeric_limits<double>::infinity();  // counted in nonfinite_count, as an inf is
   return s;

@@ -60,9 +60,31 @@ py::dict view_dict(const job_view& v) {
   return d;
 }
 
+/// What a Python cluster policy is handed: the decision's inputs while its call lasts. A policy
+/// that keeps it (self.prev = inputs) read freed memory afterwards (a later call's data, then
+/// garbage); now such a use raises, naming the fix.
+struct inputs_handle {
+  const cluster_inputs* in = nullptr;
+  const cluster_inputs& get() const {
+    if (!in)
+      throw std::runtime_error(
+          "inputs: used after the decision it was given to returned (it holds that decision's jobs only "
+          "during the call); copy what you need during the call, e.g. self.prev = (inputs.now, inputs.jobs)");
+    return *in;
+  }
+};
+
+/// Python's KeyboardInterrupt or SystemExit raised inside a cluster policy, carried through the
+/// simulator (cluster_policy_interrupted) and raised again as it was where the run was called.
+struct python_interrupt : cluster_policy_interrupted {
+  explicit python_interrupt(py::error_already_set e) : error(std::move(e)) {}
+  py::error_already_set error;
+};
+
 /// A Python function as a cluster policy: called with the GIL held (the study runs without it),
-/// its answer read as a list of ints (bools and floats refused: a count is an integer); a Python
-/// error becomes a std::runtime_error here, while the GIL is held, carrying Python's message.
+/// its answer read as a list of integers (anything with __index__: NumPy's too; bools and floats
+/// refused: a count is an integer); a Python error becomes a std::runtime_error here, while the
+/// GIL is held, carrying Python's message (KeyboardInterrupt and SystemExit pass as they are).
 cluster_policy_fn python_cluster_policy(const std::string& name, const py::function& fn) {
   // Dropped with the GIL when the registration goes; after the interpreter ended, left alone.
   std::shared_ptr<py::function> held(new py::function(fn), [](py::function* f) {
@@ -73,18 +95,26 @@ cluster_policy_fn python_cluster_policy(const std::string& name, const py::funct
   });
   return [held, name](const cluster_inputs& in) -> std::vector<int> {
     py::gil_scoped_acquire gil;
+    auto handle = std::make_shared<inputs_handle>();
+    handle->in = &in;
+    struct expire {
+      inputs_handle& h;
+      ~expire() { h.in = nullptr; }
+    } expire_after{*handle};
     try {
-      const py::object out = (*held)(py::cast(&in, py::return_value_policy::reference));
+      const py::object out = (*held)(py::cast(handle));
       if (!py::isinstance<py::sequence>(out) || py::isinstance<py::str>(out))
         throw std::invalid_argument("counts: cluster policy '" + name + "' returned " +
                                     py::repr(out).cast<std::string>() +
                                     "; return a list of one device count (an int) per job of inputs.jobs");
       std::vector<int> counts;
       for (const auto& item : out.cast<py::sequence>()) {
-        if (py::isinstance<py::bool_>(item) || !py::isinstance<py::int_>(item))
+        if (py::isinstance<py::bool_>(item) || !PyIndex_Check(item.ptr()))
           throw std::invalid_argument("counts: cluster policy '" + name + "' returned " +
-                                      py::repr(item).cast<std::string>() + " among its counts; give each job an int");
-        const py::int_ k = item.cast<py::int_>();
+                                      py::repr(item).cast<std::string>() +
+                                      " among its counts; give each job an integer (an int, or NumPy's)");
+        const py::int_ k = py::reinterpret_steal<py::int_>(PyNumber_Index(item.ptr()));
+        if (!k) throw py::error_already_set();
         if (k < py::int_(-(1LL << 30)) || k > py::int_(1LL << 30))
           throw std::invalid_argument("counts: cluster policy '" + name + "' returned " +
                                       py::repr(item).cast<std::string>() +
@@ -93,6 +123,7 @@ cluster_policy_fn python_cluster_policy(const std::string& name, const py::funct
       }
       return counts;
     } catch (py::error_already_set& e) {
+      if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) throw python_interrupt(std::move(e));
       throw std::runtime_error(e.what());  // converted while the GIL is held
     }
   };
@@ -225,22 +256,40 @@ void dra::python::bind_sim(py::module_& m) {
           },
           py::arg("application"));
 
-  py::class_<cluster_inputs>(m, "ClusterInputs",
-                             "What a cluster policy is told at one decision; valid only during the call.")
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (python_interrupt& e) {
+      e.error.restore();  // the KeyboardInterrupt or SystemExit, raised where the run was called
+    }
+  });
+  py::class_<inputs_handle, std::shared_ptr<inputs_handle>>(
+      m, "ClusterInputs", "What a cluster policy is told at one decision; valid only during the call (raises after).")
       .def_property_readonly(
           "jobs",
-          [](const cluster_inputs& in) {
+          [](const inputs_handle& h) {
             py::list jobs;
-            for (const job_view* v : in.jobs) jobs.append(view_dict(*v));
+            for (const job_view* v : h.get().jobs) jobs.append(view_dict(*v));
             return jobs;
           },
           "The jobs that arrived and are not done, in arrival order, as dicts of what a real scheduler knows.")
-      .def_readonly("capacity", &cluster_inputs::capacity, "Devices in the cluster.")
-      .def_readonly("nodes", &cluster_inputs::nodes)
-      .def_readonly("devices_per_node", &cluster_inputs::devices_per_node)
-      .def_readonly("now", &cluster_inputs::now, "Simulated seconds.")
-      .def("goodput", &cluster_inputs::goodput, py::arg("i"), py::arg("k"),
-           "Predicted best goodput of jobs[i] at k devices, from its online-fitted model (0 before it measured).");
+      .def_property_readonly(
+          "capacity", [](const inputs_handle& h) { return h.get().capacity; }, "Devices in the cluster.")
+      .def_property_readonly("nodes", [](const inputs_handle& h) { return h.get().nodes; })
+      .def_property_readonly("devices_per_node", [](const inputs_handle& h) { return h.get().devices_per_node; })
+      .def_property_readonly(
+          "now", [](const inputs_handle& h) { return h.get().now; }, "Simulated seconds.")
+      .def(
+          "goodput",
+          [](const inputs_handle& h, long long i, int k) {
+            const cluster_inputs& in = h.get();
+            if (i < 0)
+              dra::detail::throw_invalid("i", "goodput asked about job " + std::to_string(i) + " of " +
+                                                  std::to_string(in.jobs.size()) + "; use an index of inputs.jobs");
+            return in.goodput(static_cast<std::size_t>(i), k);
+          },
+          py::arg("i"), py::arg("k"),
+          "Predicted best goodput of jobs[i] at k devices, from its online-fitted model (0 before it measured).");
   m.def(
       "sim_add_cluster_policy",
       [](const std::string& name, const py::function& decide, const std::string& summary, bool in_place) {

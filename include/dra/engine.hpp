@@ -71,7 +71,11 @@ struct engine_config : policy::policy_sections {
 
 /// The policy the config names, built by its registry entry from the config's sections.
 inline std::shared_ptr<const policy::policy> make_policy(const engine_config& config) {
-  return policy::policy_registry::at(config.policy, true).make(config);
+  auto made = policy::policy_registry::at(config.policy, true).make(config);
+  if (!made)
+    dra::detail::throw_invalid("policy", "the factory registered as '" + config.policy +
+                                             "' returned null; return the policy it makes (std::make_shared)");
+  return made;
 }
 
 /// What one step returns: a view into the engine, valid until the next call.
@@ -110,8 +114,8 @@ class resize_engine {
   const engine_status& step(std::int64_t step, double loss) {
     observe(step, loss);
     if (++steps_since_decision_ >= config_.decide_every) {
+      decide();  // a throw leaves the decision due: the next step() decides (this step's loss is taken)
       steps_since_decision_ = 0;
-      decide();
     }
     return status_;
   }
@@ -128,7 +132,9 @@ class resize_engine {
   }
 
   /// How many more step() calls until the engine decides (1: at the next one).
-  std::int64_t steps_to_decision() const noexcept { return config_.decide_every - steps_since_decision_; }
+  std::int64_t steps_to_decision() const noexcept {
+    return std::max<std::int64_t>(1, config_.decide_every - steps_since_decision_);
+  }
 
   /// Whether the leader of a live world decides after `committed_steps` steps.
   bool decision_due(std::int64_t committed_steps) const noexcept {

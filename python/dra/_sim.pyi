@@ -291,7 +291,7 @@ class SimProfiles:
         """
 class ClusterInputs:
     """
-    What a cluster policy is told at one decision; valid only during the call.
+    What a cluster policy is told at one decision; valid only during the call (raises after).
     """
     def goodput(self, i: typing.SupportsInt | typing.SupportsIndex, k: typing.SupportsInt | typing.SupportsIndex) -> float:
         """

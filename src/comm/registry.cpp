@@ -155,6 +155,8 @@ std::shared_ptr<backend> make_backend(const std::string& name, const backend_con
     detail::throw_naming<dra::state_mismatch_error>(name, e.what());
   } catch (const std::exception& e) {  // dra::comm_error, and whatever else a factory of a user throws
     detail::throw_naming<dra::comm_error>(name, e.what());
+  } catch (...) {
+    detail::throw_naming<dra::comm_error>(name, "it threw something that is not a std::exception; throw one");
   }
   if (!made)
     dra::detail::throw_invalid("backend", "the factory registered as '" + name +

@@ -393,6 +393,13 @@ TEST_CASE("backend_outside.bad_registrations_name_the_value_and_the_fix") {
   e = thrown([] { dra::comm::make_backend("throws_timeout"); });
   CHECK(e.rfind("timeout_error: ", 0) == 0);
   CHECK(contains(e, "'throws_timeout'"));
+  // Something that is not a std::exception: named too (it escaped unnamed).
+  dra::comm::register_backend("throws_int",
+                              [](const dra::comm::backend_config&) -> std::shared_ptr<dra::comm::backend> { throw 7; });
+  e = thrown([] { dra::comm::make_backend("throws_int"); });
+  CHECK(e.rfind("comm_error: ", 0) == 0);
+  CHECK(contains(e, "'throws_int'"));
+  CHECK(contains(e, "not a std::exception"));
 
   // A factory that returns null: refused by name, not dereferenced later.
   dra::comm::register_backend("returns_null", [](const dra::comm::backend_config&) { return nullptr; });

@@ -320,10 +320,29 @@ TEST_CASE("cluster_policy_outside.a_cluster_policy_sees_only_what_a_real_schedul
   const auto [before, same] = same_until(plain, with_stop);
   CHECK(before > 3);
   CHECK(same == before);
-  // Nor does its name hand it the truth: under an oracle_ name it sees the same.
-  registered o("oracle_recorder", r_decide);
-  const auto [before_o, same_o] =
-      same_until(inputs_of("oracle_recorder", jobs, nullptr), inputs_of("oracle_recorder", stopping, nullptr));
-  CHECK(before_o == before);
-  CHECK(same_o == before_o);
+  // Nor can a name hand it the truth: the oracle_ prefix (dra's upper bounds, which the simulator
+  // gives the truth) is refused for a registered policy, nothing registered.
+  CHECK_THROWS_WITH_AS(dra::sim::add_cluster_policy("oracle_recorder", r_decide),
+                       doctest::Contains("the prefix 'oracle_' is kept for dra's built-in upper bounds"),
+                       std::invalid_argument);
+  CHECK(dra::sim::find_cluster_policy("oracle_recorder") == nullptr);
+  CHECK(dra::policy::policy_registry::find("oracle_recorder") == nullptr);
+}
+
+TEST_CASE("cluster_policy_outside.a_policy_removed_while_it_runs_runs_on_as_it_began") {
+  // Removed during the run (here by itself, at its second decision): the run kept looking it up at
+  // every decision, fell through to dra's own arbiter and reported that under the policy's name
+  // (and the function was destroyed while it ran). The run now holds the decision it began with.
+  const auto jobs = first_jobs(12);
+  registered plain("equal_plain", equal_share);
+  const double expected = mean_jct(run("equal_plain", jobs));
+  int calls = 0;
+  dra::sim::add_cluster_policy("equal_self_removing", [&calls](const cluster_inputs& in) {
+    if (++calls == 2) dra::sim::remove_cluster_policy("equal_self_removing");
+    return equal_share(in);
+  });
+  const double got = mean_jct(run("equal_self_removing", jobs));
+  CHECK(calls > 2);
+  CHECK(got == doctest::Approx(expected).epsilon(1e-12));
+  CHECK_FALSE(listed("equal_self_removing"));
 }

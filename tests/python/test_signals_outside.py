@@ -69,6 +69,16 @@ def test_incomplete_gradient_statistics_name_what_is_missing(given, missing) -> 
     _untouched()
 
 
+@pytest.mark.parametrize("key", ["small_batch", "big_batch"])
+@pytest.mark.parametrize("value", [NAN, INF, 0, -8])
+def test_a_batch_size_that_is_no_count_of_samples_is_named_with_its_value(key, value) -> None:
+    # A NaN batch size said "gradient statistics need all of ..." with all four given (NaN is the
+    # binding's "not given"), and never named the value.
+    with pytest.raises(ValueError, match=rf"^{key}: must be a finite number of samples > 0, got {value!r}"):
+        dra.step(1.0, **{**GRADS, key: value})
+    _untouched()
+
+
 def test_a_nan_validation_metric_is_counted_as_an_inf_is() -> None:
     # A NaN validation was dropped without a trace while an inf was counted in nonfinite_count
     # (docs/guide/signals.md: non-finite metrics are counted).

@@ -78,7 +78,7 @@ def test_a_python_cluster_policy_runs_beside_pollux_and_tiresias_and_sees_only_o
     [
         (lambda inputs: [inputs.capacity] * len(inputs.jobs) if len(inputs.jobs) > 1 else [1], "devices in all"),
         (lambda inputs: [-1] * len(inputs.jobs), "counts"),
-        (lambda inputs: [1.5] * len(inputs.jobs), "1.5 among its counts; give each job an int"),
+        (lambda inputs: [1.5] * len(inputs.jobs), "1.5 among its counts; give each job an integer"),
         (lambda inputs: [True] * len(inputs.jobs), "True among its counts"),
         (lambda inputs: "all", "'all'; return a list of one device count"),
         (lambda inputs: [10**12] * len(inputs.jobs), "1000000000000 devices for a job"),
@@ -150,3 +150,68 @@ def test_the_command_line_runs_a_plugins_policy_and_refuses_a_bad_plugin_at_once
         proc = _dra_sim("study", f"--plugin={arg}", "--runs", "2")
         assert proc.returncode == 2 and f"argument --plugin: {arg}" in proc.stderr.replace(repr(arg), arg), proc.stderr
         assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_inputs_kept_past_the_call_raise_instead_of_reading_freed_memory(registered):
+    # A policy that kept its inputs (self.prev = inputs) read a later call's data during the run
+    # and garbage after it (a capacity of -1778091392, then MemoryError).
+    kept = []
+
+    def keeps(inputs):
+        kept.append(inputs)
+        return equal_share(inputs)
+
+    registered("py_keeps", keeps)
+    dra.sim.replay(WORKLOAD, policies=["py_keeps"], resamples=10, jobs_detail=False)
+    assert len(kept) > 2
+    for attr in ("jobs", "capacity", "nodes", "devices_per_node", "now"):
+        with pytest.raises(RuntimeError, match=r"^inputs: used after the decision it was given to returned"):
+            getattr(kept[0], attr)
+    with pytest.raises(RuntimeError, match="used after"):
+        kept[-1].goodput(0, 1)
+
+    def reads_the_last(inputs):  # during the run: refused at the first such read, naming the policy
+        if kept:
+            _ = kept[0].capacity
+        kept[:] = [inputs]
+        return equal_share(inputs)
+
+    kept.clear()
+    registered("py_reads_the_last", reads_the_last)
+    with pytest.raises(RuntimeError, match=r"'py_reads_the_last' at t = \d+ s: .*inputs: used after the decision"):
+        dra.sim.replay(WORKLOAD, policies=["py_reads_the_last"], resamples=10, jobs_detail=False)
+
+
+def test_numpy_integers_are_device_counts_and_a_negative_index_is_named(registered):
+    import numpy as np
+
+    registered("py_ints", equal_share)
+    registered("py_numpy", lambda inputs: np.asarray(equal_share(inputs), dtype=np.int64))
+    registered("py_numpy_items", lambda inputs: [np.int32(c) for c in equal_share(inputs)])
+    out = dra.sim.replay(WORKLOAD, policies=["py_ints", "py_numpy", "py_numpy_items"], resamples=10, jobs_detail=False)
+    jct = {p: out["policies"][p]["avg_jct_s"] for p in ("py_ints", "py_numpy", "py_numpy_items")}
+    assert jct["py_numpy"] == jct["py_ints"] == jct["py_numpy_items"], jct
+    registered("py_float_numpy", lambda inputs: np.asarray(equal_share(inputs), dtype=np.float64))
+    with pytest.raises(ValueError, match=r"np.float64\(\d+.0\) among its counts; give each job an integer"):
+        dra.sim.replay(WORKLOAD, policies=["py_float_numpy"], resamples=10, jobs_detail=False)
+    registered("py_negative_index", lambda inputs: [inputs.goodput(-1, 1)] and equal_share(inputs))
+    with pytest.raises(RuntimeError, match=r"i: goodput asked about job -1 of \d+; use an index of inputs.jobs"):
+        dra.sim.replay(WORKLOAD, policies=["py_negative_index"], resamples=10, jobs_detail=False)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_inside_a_policy_stops_the_run_as_itself(registered, raised):
+    # Ctrl-C in a slow Python policy came out as RuntimeError ("... KeyboardInterrupt: ...; fix its
+    # decide function"), and dra-sim exited 2 telling the user to fix their function.
+    def interrupted(inputs):
+        if inputs.now > 600:
+            raise raised()
+        return equal_share(inputs)
+
+    registered("py_interrupted", interrupted)
+    with pytest.raises(raised):
+        dra.sim.replay(WORKLOAD, policies=["py_interrupted"], resamples=10, jobs_detail=False)
+    # ... and the next run is untouched by it.
+    registered("py_after", equal_share)
+    assert dra.sim.replay(WORKLOAD, policies=["py_after"], resamples=10, jobs_detail=False)["policies"]["py_after"][
+        "completed"] == 160

@@ -92,6 +92,8 @@ inline proposal propose_named(const policy& p, const decision_inputs& in, int lo
     throw std::invalid_argument(named(e.what()));
   } catch (const std::exception& e) {
     throw std::runtime_error(named(e.what()));
+  } catch (...) {
+    throw std::runtime_error(named("it threw something that is not a std::exception; throw one"));
   }
 }
 
@@ -206,6 +208,7 @@ class constrained_policy {
     const int lo = std::max(limits_.min_size, 1);
     const int hi = std::max(lo, most);
     proposal p = propose_named(*inner_, in, lo, hi);
+    if (p.reason.empty()) p.reason = std::string(inner_->name()) + ": (no reason given)";  // a decision always says why
     // A size outside [lo, hi] is clamped (built-in policies rely on it), but a batch has no range
     // to clamp to: an infinite one became batch_scale inf (a live world's batch collapsed to 1,
     // and inf does not survive the decision's JSON), and NaN or a negative one passed for "keep".

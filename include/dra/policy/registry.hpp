@@ -88,10 +88,22 @@ class policy_registry {
     return cache;
   }
 
-  /// Adds a policy (a name not yet taken; a section that exists or ""; engine entries need a factory).
+  /// Adds a policy (a name not yet taken, of letters, digits, '_', '-' and '.', starting with a
+  /// letter or digit, and not "oracle_..."; a section that exists or ""; engine entries need a factory).
   static void add(policy_entry entry) {
     if (entry.name.empty() || find(entry.name))
       dra::detail::throw_invalid("name", "policy name '" + entry.name + "' is empty or already registered");
+    if (!valid_name(entry.name))
+      dra::detail::throw_invalid("name", "'" + printable(entry.name) +
+                                             "' cannot name a policy (it is a command-line value and an item of "
+                                             "lists); use letters, digits, '_', '-' and '.', starting with a letter "
+                                             "or digit (e.g. 'my_policy')");
+    // The simulator hands the built-in oracle_ policies each job's true remaining work, and reports
+    // read the prefix as "an upper bound": a registered policy must not be taken for one.
+    if (entry.name.rfind("oracle_", 0) == 0)
+      dra::detail::throw_invalid("name", "'" + entry.name +
+                                             "': the prefix 'oracle_' is kept for dra's built-in upper bounds "
+                                             "(reported apart, never as a result); name your policy otherwise");
     const auto& s = policy_section_names();
     if (!entry.section.empty() && std::find(s.begin(), s.end(), entry.section) == s.end())
       dra::detail::throw_invalid("section", "no settings section '" + entry.section + "' (policy_sections)");
@@ -112,6 +124,22 @@ class policy_registry {
   }
 
  private:
+  static bool valid_name(const std::string& n) {
+    const auto alnum = [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    };
+    if (n.size() > 128 || !alnum(n.front())) return false;
+    return std::all_of(n.begin(), n.end(), [&](char c) { return alnum(c) || c == '_' || c == '-' || c == '.'; });
+  }
+  static std::string printable(const std::string& n) {
+    std::string out;
+    for (const char c : n.substr(0, 128)) {
+      const auto u = static_cast<unsigned char>(c);
+      out += (u < 0x20 || u >= 0x7f) ? '?' : c;
+    }
+    return out;
+  }
+
   static void refresh_names() {
     auto& [engine, simulator] = names_cache();
     engine.clear();

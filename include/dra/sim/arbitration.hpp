@@ -195,6 +195,8 @@ inline void schedule_outside(cluster_state& state, double now, const cluster_pol
   std::vector<int> counts;
   try {
     counts = decide(in);
+  } catch (const cluster_policy_interrupted&) {
+    throw;
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(who + e.what());
   } catch (const std::exception& e) {
@@ -222,8 +224,7 @@ inline void schedule_outside(cluster_state& state, double now, const cluster_pol
 /// views only, then place the counts (cluster.hpp, place_allocation: repaired until the placement
 /// rule can hold them, moving jobs when that pays).
 inline void schedule_cluster(cluster_state& state, double now) {
-  if (const cluster_policy_fn* outside = find_cluster_policy(state.config().policy))
-    return schedule_outside(state, now, *outside);
+  if (state.outside()) return schedule_outside(state, now, state.outside());
   observe_jobs(state, now);
   std::vector<job_state*> act = state.active(now);
   if (act.empty()) return;

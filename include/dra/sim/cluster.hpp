@@ -38,7 +38,10 @@ class cluster_state {
     baseline_ = entry_.simulator == sched::first_come || entry_.simulator == sched::tiresias;
     // A cluster entry whose decision is neither dra's nor registered would run dra's arbiter under
     // its name (its results would be the arbiter's).
-    if (cluster_ && !builtin_cluster_policy(p) && !find_cluster_policy(p))
+    // The decision is copied now (its captures held): a registration removed or replaced while the
+    // run goes on changes nothing here, and the function is never destroyed while it runs.
+    if (const cluster_policy_fn* f = find_cluster_policy(p)) outside_ = *f;
+    if (cluster_ && !builtin_cluster_policy(p) && !outside_)
       dra::detail::throw_invalid(
           "policy", "'" + p +
                         "' is registered to run as a cluster policy in the simulator but no cluster decision is "
@@ -95,6 +98,9 @@ class cluster_state {
   bool cluster() const noexcept { return cluster_; }
   /// The policy's registry entry (how it is scheduled).
   const policy::policy_entry& entry() const noexcept { return entry_; }
+  /// The decision of a policy registered with add_cluster_policy, as it was when the run began
+  /// (empty for the built-in ones).
+  const cluster_policy_fn& outside() const noexcept { return outside_; }
   std::vector<job_state>& jobs() noexcept { return jobs_; }
   const std::vector<job_state>& jobs() const noexcept { return jobs_; }
 
@@ -206,6 +212,7 @@ class cluster_state {
 
   sim_config config_;
   policy::policy_entry entry_;
+  cluster_policy_fn outside_;
   bool cluster_ = false;
   bool baseline_ = false;  ///< static or tiresias: requests as made
   int capacity_ = 0;

@@ -60,6 +60,13 @@ struct cluster_inputs {
 /// [0, job.max_devices], at most `inputs.capacity` in all.
 using cluster_policy_fn = std::function<std::vector<int>(const cluster_inputs&)>;
 
+/// What a cluster policy's function throws to stop the run as its user asked (a binding's
+/// interrupt: Python's KeyboardInterrupt, SystemExit): passed on as it is, not taken for the
+/// policy's failure.
+struct cluster_policy_interrupted : std::exception {
+  const char* what() const noexcept override { return "the run was interrupted inside a cluster policy"; }
+};
+
 namespace detail {
 
 inline std::map<std::string, cluster_policy_fn>& cluster_policy_table() {
