@@ -25,7 +25,7 @@ from _elastic_harness import run_logged_script
 pytestmark = pytest.mark.timeout(150)
 
 SCRIPT = r"""
-import json, os, signal, time
+import json, os, signal, sys, time
 from datetime import timedelta
 import torch
 import torch.distributed as dist
@@ -62,6 +62,8 @@ for epoch in ctl.epochs(cfg.get("epochs", 6)):
         dra.step(loss)
         if [ctl.uid, ctl.step_index] == cfg.get("kill_after"):  # after its dra.step, before the script's collectives
             os.kill(os.getpid(), signal.SIGKILL)
+        if [ctl.uid, ctl.step_index] == cfg.get("raise_at"):  # nobody catches it
+            raise RuntimeError("boom-uncaught")
         if cfg.get("per_step"):  # a script that logs the world's mean loss after every step
             each = torch.ones(1)
             if cfg.get("async_op"):
@@ -85,7 +87,7 @@ for epoch in ctl.epochs(cfg.get("epochs", 6)):
     dist.broadcast_object_list(word, src=0)
     if dist.get_rank() == 0:
         torch.save(net.state_dict(), os.path.join(cfg["out"], "ckpt.pt"))
-    rec(epoch=sampler.epoch, uid=ctl.uid, sum=one.item(), world=ctl.world_size, rank=dist.get_rank(), ctl_rank=ctl.rank,
+    rec(hook=id(sys.excepthook), epoch=sampler.epoch, uid=ctl.uid, sum=one.item(), world=ctl.world_size, rank=dist.get_rank(), ctl_rank=ctl.rank,
         size=dist.get_world_size(), uids=uids, members=list(ctl.members), word=word[0])
 dist.destroy_process_group()
 rec(final=True, uid=ctl.uid, member=ctl.is_member)
@@ -219,3 +221,22 @@ def test_a_member_killed_before_the_epochs_end_collectives_does_not_end_the_job(
         assert r["uids"] in (r["members"], [r["uid"]] * 4), r  # completed by all, or taken in
     later = [r for r in epochs if r["epoch"] > 0]
     assert later and set(_agree(later).values()) == {3}
+
+
+def test_many_changes_of_the_world_leave_the_excepthook_as_it_was_and_an_uncaught_exception_is_survived(
+        tmp_path: Path) -> None:
+    # torch's init_process_group wraps sys.excepthook in a closure of its own at each call, and the
+    # group is made again at every change: the chain grew by one per change (a rank prefix more on
+    # every traceback line), and past about 990 changes an uncaught exception hit the recursion
+    # limit before dra's hook, so the process no longer left the job and the whole job failed. 12
+    # changes here (3 -> 2 -> 3 every 2 steps), then uid 1 raises at step 26, nobody catching it.
+    schedule = {str(s): (2 if (s // 2) % 2 else 3) for s in range(2, 26, 2)}
+    epochs, logs = _run(tmp_path, {"resize_schedule": schedule}, epochs=8, n=48, raise_at=[1, 26])
+    hooks: dict[int, set[int]] = {}
+    for r in epochs:
+        hooks.setdefault(r["uid"], set()).add(r["hook"])
+    assert all(len(h) == 1 for h in hooks.values()), hooks  # the same hook at every data epoch's end
+    boom = [line for line in logs.splitlines() if "boom-uncaught" in line]
+    assert boom and all(line.count("[rank") <= 1 for line in boom), boom[:3]
+    assert "process 1 leaves the job mid-training: uncaught RuntimeError" in logs, logs[-3000:]
+    assert max(r["epoch"] for r in epochs) == 7 and 1 not in {r["uid"] for r in epochs if r["epoch"] == 7}

@@ -40,6 +40,7 @@ The cases handled:
 from __future__ import annotations
 
 import gc
+import sys
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -216,7 +217,8 @@ class DefaultGroup:
                     rank, size = members.index(int(ctl.uid)), len(members)
                     name += f"/{position}"
                     self._partial = True
-            dist.init_process_group(
+            _init_keeping_excepthook(
+                dist,
                 backend,
                 store=dist.PrefixStore(name, self._job_store(ctl)),
                 rank=rank,
@@ -287,10 +289,24 @@ def _stand_in(dist: Any, rank: int, size: int) -> bool:
                 extended_api=True,
                 devices=["cpu", "cuda"],
             )
-        dist.init_process_group(_STAND_IN, store=dist.HashStore(), rank=rank, world_size=size)
+        _init_keeping_excepthook(dist, _STAND_IN, store=dist.HashStore(), rank=rank, world_size=size)
         return True
     except Exception:  # noqa: BLE001 - said by the caller's warning
         return False
+
+
+def _init_keeping_excepthook(dist: Any, *args: Any, **kwargs: Any) -> None:
+    """``dist.init_process_group`` with ``sys.excepthook`` as it was. torch wraps the hook in a
+    closure of its own at each call (a rank prefix on tracebacks); made again at every change of
+    the world, the chain grew by one closure per change: each traceback line carried one prefix per
+    change, and past about 990 changes an uncaught exception hit Python's recursion limit before
+    dra's own hook, so the process no longer left the job and the whole job failed. The script's own
+    first call keeps its wrapper (its prefix names the rank the process was launched with)."""
+    hook = sys.excepthook
+    try:
+        dist.init_process_group(*args, **kwargs)
+    finally:
+        sys.excepthook = hook
 
 
 def _backend_config(dist: Any, group: Any) -> str:
