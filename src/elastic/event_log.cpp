@@ -109,7 +109,10 @@ template <class Json>
 void event_log::write(Json& ev) {
   ev["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // Text from peers or the store (a reason) may hold bytes that are not UTF-8: replaced, not thrown.
+  if (lines_.size() >= 2 * kept_lines)  // the oldest half goes: at most 2 x kept_lines, amortised O(1)
+    lines_.erase(lines_.begin(), lines_.end() - static_cast<std::ptrdiff_t>(kept_lines));
   lines_.push_back(ev.dump(-1, ' ', false, json::error_handler_t::replace));
+  ++count_;
   const std::string& line = lines_.back();
   if (!path_.empty()) {
     if (append(line)) {

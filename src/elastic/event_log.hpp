@@ -66,7 +66,13 @@ class event_log {
   /// The job's end, on the leader: one line on stdout with its steps, energy and codec bytes (not an
   /// event: readers of the events file expect world changes).
   static void print_summary(std::int64_t steps, int world, const job_figures& f) noexcept;
+  /// The latest events, oldest first: at least the last `kept_lines` (all of them until then); the
+  /// events file holds every one. A job whose world changed every few seconds for days kept every
+  /// line in memory (600 bytes a change, never returned).
   const std::vector<std::string>& lines() const noexcept { return lines_; }
+  /// Events written since the log was made (lines() drops the oldest past kept_lines).
+  std::uint64_t count() const noexcept { return count_; }
+  static constexpr std::size_t kept_lines = 1000;
   const std::string& last() const noexcept;
   status_line status;
 
@@ -78,6 +84,7 @@ class event_log {
 
   std::string path_;
   std::vector<std::string> lines_;
+  std::uint64_t count_ = 0;
   std::size_t unwritten_ = 0;  ///< lines not written since the file last failed (0: it works)
 };
 

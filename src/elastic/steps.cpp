@@ -361,7 +361,7 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
     reduced_ = false;
     refusal_.reset();
     complete_handoff();  // normally done by the optimizer wrapper before its step
-    const std::size_t events_before = log_->lines().size();
+    const std::uint64_t events_before = log_->count();
     if (!failure_.empty()) {
       std::string reason = failure_;
       failure_.clear();
@@ -406,7 +406,7 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
       }
       if (deferred && role_ == role::member && comm_ && read_due(step_index_)) reads_->prefetch();
     }
-    if (log_->lines().size() > events_before) status_.event = log_->last();
+    if (log_->count() > events_before) status_.event = log_->last();
   }
   if (role_ == role::member && comm_ && comm_->rank() == 0) say_if_loss_never_positive();
   status_.world_size = world_size();
