@@ -98,6 +98,10 @@ TEST_CASE("extend_outside.names_a_command_line_or_a_list_would_mangle_are_refuse
     CHECK_THROWS_WITH_AS(policy::policy_registry::add({odd, "", true, policy::sim_scheduler::per_job, true, "", make}),
                          doctest::Contains("cannot name a policy"), std::invalid_argument);
   }
+  // The built-in baselines' schedules run those baselines, not the entry: refused.
+  for (const auto sched : {policy::sim_scheduler::first_come, policy::sim_scheduler::tiresias})
+    CHECK_THROWS_WITH_AS(policy::policy_registry::add({"as_baseline", "", true, sched, true, "", make}),
+                         doctest::Contains("run dra's built-in static and Tiresias baselines"), std::invalid_argument);
   // dra's oracle prefix: the simulator hands those the truth, and reports call them upper bounds.
   CHECK_THROWS_WITH_AS(
       policy::policy_registry::add({"oracle_peek", "", true, policy::sim_scheduler::per_job, true, "", make}),

@@ -104,6 +104,13 @@ class policy_registry {
       dra::detail::throw_invalid("name", "'" + entry.name +
                                              "': the prefix 'oracle_' is kept for dra's built-in upper bounds "
                                              "(reported apart, never as a result); name your policy otherwise");
+    // These two name dra's built-in baselines' schedules: an entry of them ran the static or the
+    // Tiresias baseline under its own name, whatever its factory (and its factory in the engine).
+    if (entry.simulator == sim_scheduler::first_come || entry.simulator == sim_scheduler::tiresias)
+      dra::detail::throw_invalid("simulator", "policy '" + entry.name +
+                                                  "': sim_scheduler::first_come and ::tiresias run dra's built-in "
+                                                  "static and Tiresias baselines, not a registered policy; use "
+                                                  "per_job (its factory), or dra::sim::add_cluster_policy");
     const auto& s = policy_section_names();
     if (!entry.section.empty() && std::find(s.begin(), s.end(), entry.section) == s.end())
       dra::detail::throw_invalid("section", "no settings section '" + entry.section + "' (policy_sections)");
