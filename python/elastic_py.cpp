@@ -201,6 +201,8 @@ static void bind_job_control(py::module_& e) {
       .def("done", &job_control::done, release_gil(), "Whether the job finished.")
       .def("final_members", &job_control::final_members, release_gil(),
            "The uids of the world that finished the job (a list), or None while it runs.")
+      .def("stopped_at", &job_control::stopped_at, release_gil(),
+           "The step at which a stop request ended the job's training (an int), or None.")
       .def("started", &job_control::started, release_gil(),
            "Whether the job's processes formed their dra world (a dra job, which survives a worker's death).")
       .def("checked_in", &job_control::checked_in, py::arg("uid"), release_gil(),

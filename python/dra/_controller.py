@@ -13,12 +13,13 @@ import numbers
 import os
 import signal
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from dra import _core, _process
+from dra import _core, _lifecycle, _process
 from dra._training_objects import (
     check_extra_state,
     check_training_objects,
@@ -125,6 +126,7 @@ class Controller(_core.Controller):
                 "give it to the DataLoader as sampler= and to dra (its split follows the world)"
             )
         sampler._check_trainable()
+        _lifecycle.one_training_per_launch()
         opts = _core.Options(**options)  # parsed and validated before anything is built
         if opts.events_path:
             _make_events_dir(opts.events_path)
@@ -176,7 +178,7 @@ class Controller(_core.Controller):
             _process.die_with_parent(signal.SIGKILL, os.getppid())
         if os.environ.get("DRA_STOP_ON_SIGTERM") == "1":
             _process.stop_on_sigterm(self)
-        _leave_on_uncaught_exception(self)
+        _lifecycle.attach(self)
         self.model = _wrappers.ElasticDataParallel(model, self, find_unused_parameters)
         self.optimizer = _wrappers.ElasticOptimizer(optimizer, self)
         self.scheduler = _wrappers.ElasticScheduler(scheduler, self) if scheduler is not None else None
@@ -206,6 +208,7 @@ class Controller(_core.Controller):
         if self._buffers_stale:
             self._buffers_stale = False
             self._set_buffers([b for b in self._buffers_of.buffers() if b is not None])
+        self._step_thread = threading.get_ident()  # the thread that trains (dra._lifecycle)
         awaiting, self._awaiting_step = getattr(self, "_awaiting_step", False), False  # this backward's step, from here on
         try:
             # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
@@ -371,7 +374,7 @@ def _make_events_dir(path: str) -> None:
 
 def _finish_at_exit(ref: weakref.ref[Controller]) -> None:
     controller = ref()
-    if controller is not None:
+    if controller is not None and _lifecycle.owns(controller):  # not in a child forked from it
         controller.finish()
         _release_torchrun_exit_barrier(controller)
 
@@ -400,29 +403,6 @@ def _release_torchrun_exit_barrier(controller: Controller) -> None:
                       "<val_ignored>")
     except Exception as e:  # noqa: BLE001 - the store is gone: the agents' barrier times out as torchrun's would
         print(f"[dra] torchrun's exit barrier not released ({e})", file=sys.stderr, flush=True)
-
-
-_leaving: list[weakref.ref[Controller]] = []
-
-
-def _leave_on_uncaught_exception(controller: Controller) -> None:
-    """An exception nobody catches ends the process: before Python prints it, the controller leaves
-    the job (its peers' step fails at once and their recovery does not wait for this process),
-    instead of meeting them at finish() at exit, which they would never reach."""
-    _leaving[:] = [r for r in _leaving if r() is not None] + [weakref.ref(controller)]
-    if getattr(sys.excepthook, "_dra", False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        for ref in _leaving:
-            ctl = ref()
-            if ctl is not None:
-                ctl._abandon(f"uncaught {kind.__name__}: {value}"[:300])
-        previous(kind, value, tb)
-
-    hook._dra = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
 
 
 def _engine_options(config: _core.EngineConfig) -> dict[str, Any]:

@@ -182,7 +182,7 @@ void controller::finish() noexcept {
     comm_->barrier();
     if (comm_->rank() == 0) {
       detail::event_log::print_summary(step_index_, comm_->size(), figures());
-      store_->mark_done(members_);
+      store_->mark_done(members_, stopped_ ? std::optional<std::int64_t>(step_index_) : std::nullopt);
       // Standbys learn the end from the store. When this process hosts it (rank 0 outside the
       // torchrun agent), leaving at once would take the store away before they read "done": wait
       // (bounded) until every waiting candidate withdrew. Meanwhile "done" is written again
@@ -200,7 +200,8 @@ void controller::finish() noexcept {
         const bool waiting = store_->any_waiting(members_);  // reads the list: a value written over is warned
         const auto now = clock_type::now();
         if (now >= deadline || (!waiting && !(store_->tampered() && now < keep_until))) break;
-        if (!store_->done()) store_->mark_done(members_);
+        if (!store_->done())
+          store_->mark_done(members_, stopped_ ? std::optional<std::int64_t>(step_index_) : std::nullopt);
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }

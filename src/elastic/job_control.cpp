@@ -57,6 +57,15 @@ std::optional<std::vector<int>> job_control::final_members() {
   return detail::uid_array(j.at("members"));
 }
 
+std::optional<std::int64_t> job_control::stopped_at() {
+  const auto raw = client_->store.try_get(job_keys::final_world);
+  if (!raw) return std::nullopt;
+  const auto j = nlohmann::json::parse(*raw, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("stopped_at") || !j.at("stopped_at").is_number_integer())
+    return std::nullopt;
+  return j.at("stopped_at").get<std::int64_t>();
+}
+
 bool job_control::started() {
   return client_->store.exists(job_keys::universe);
 }

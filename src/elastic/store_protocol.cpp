@@ -463,9 +463,12 @@ std::optional<agreement> store_protocol::agree_in_room(const std::string& base, 
   return a;
 }
 
-void store_protocol::mark_done(const std::vector<int>& members) {
-  // The finishing world first: an outside actor that reads "done" finds it (job_control::final_members).
-  client_->set(job_keys::final_world, json{{"members", members}});
+void store_protocol::mark_done(const std::vector<int>& members, std::optional<std::int64_t> stopped_at) {
+  // The finishing world first: an outside actor that reads "done" finds it (job_control::final_members),
+  // and whether a stop request ended the training (job_control::stopped_at).
+  json world{{"members", members}};
+  if (stopped_at) world["stopped_at"] = *stopped_at;
+  client_->set(job_keys::final_world, world);
   client_->set("done", 1);
 }
 bool store_protocol::done() {

@@ -239,7 +239,8 @@ class store_protocol {
   void rebuilt(int uid) noexcept;
 
   // -- the job's end and the outside ---------------------------------------------------------
-  void mark_done(const std::vector<int>& members);
+  /// `stopped_at`: the step at which a stop request (a worker's SIGTERM) ended training, if one did.
+  void mark_done(const std::vector<int>& members, std::optional<std::int64_t> stopped_at = std::nullopt);
   bool done();
   /// Member `uid` of world `epoch` ended its training loop after `step` committed steps (finish).
   /// A member of that world still training learns it at its recovery (loop_ended) instead of

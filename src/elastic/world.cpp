@@ -498,12 +498,14 @@ void controller::refuse_to_train_past_the_loops_end(const std::string& reason) {
   if (!ended) return;
   throw dra::membership_error(
       "dra: process " + std::to_string(uid_) + " went on training past the end of the loop: process " +
-      std::to_string(ended->uid) + " ended its training loop after step " + std::to_string(ended->step) +
-      " of world epoch " + std::to_string(epoch_) + " while this process went on to step " +
-      std::to_string(step_index_) + " (" + reason +
-      "); every member must leave the loop at the same step: break on ctl.step_index or the status's world "
-      "loss, which every rank sees alike, not on a counter of the loop's own (a joiner's starts at 0 when it is "
-      "admitted) or a loader whose length differs between ranks");
+      std::to_string(ended->uid) + " ended its training loop, or its process exited, after step " +
+      std::to_string(ended->step) + " of world epoch " + std::to_string(epoch_) +
+      " while this process went on to step " + std::to_string(step_index_) + " (" + reason + "); if process " +
+      std::to_string(ended->uid) +
+      " did not exit mid-training (sys.exit under a plain interpreter, which tells no exit code to dra), every "
+      "member must leave the loop at the same step: break on ctl.step_index or the status's world loss, which "
+      "every rank sees alike, not on a counter of the loop's own (a joiner's starts at 0 when it is admitted) or a "
+      "loader whose length differs between ranks");
 }
 
 }  // namespace dra::elastic

@@ -104,7 +104,7 @@ def test_a_member_that_trains_past_the_others_end_of_loop_fails_naming_why(tmp_p
     code, logs, records = run_logged_script(
         tmp_path, SCRIPT, 2, {"policy": "none", "start_size": 1, "resize_schedule": {"3": 2}, "fault_timeout_s": 3.0},
         {"dataset": 400, "epochs": 50, "budget": 10}, timeout=150)
-    assert "went on training past the end of the loop: process 0 ended its training loop after step 10" in logs, \
+    assert "went on training past the end of the loop: process 0 ended its training loop, or its process exited, after step 10" in logs, \
         logs[-4000:]
     assert "not on a counter of the loop's own" in logs
     finals = {r["uid"]: r for r in records if r.get("final")}

@@ -120,6 +120,10 @@ class JobControl:
         """
         Whether the job's processes formed their dra world (a dra job, which survives a worker's death).
         """
+    def stopped_at(self) -> int | None:
+        """
+        The step at which a stop request ended the job's training (an int), or None.
+        """
     @property
     def address(self) -> str:
         ...

@@ -1,4 +1,4 @@
-"""One launcher per run id and log folder on one node.
+"""The launcher's log folder: made private (``log_dir``), and one launcher per run id in it.
 
 Two one-node ``dra run`` launches in one folder without ``--rdzv-id`` both ran as job ``job``:
 their workers wrote the same ``dra-logs/job.<rank>.log``, and each console, which follows a
@@ -32,3 +32,26 @@ def claim_run(folder: Path, run_id: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def log_dir(path: str | Path) -> Path:
+    """The folder of the job's logs (``--log-dir``), made 0700 when new. Refused, naming the flag, when
+    it is a file, cannot be written, is a symbolic link, belongs to another user or others may write
+    into it (a link planted there would take the launcher's and the workers' output), as the
+    device pool's launcher refuses it."""
+    from dra.pool._spawner import private_log_dir
+
+    path = Path(path)
+    try:
+        private_log_dir(path)
+    except FileExistsError:
+        raise ValueError(f"--log-dir: {str(path)!r} exists and is not a folder; give a folder for the workers' "
+                         "logs") from None
+    except OSError as e:
+        raise ValueError(f"--log-dir: cannot make {str(path)!r} ({e.strerror}); give a folder this user can "
+                         "create and write") from None
+    except ValueError as e:
+        raise ValueError(f"--log-dir: {e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"--log-dir: cannot write into {str(path)!r}; give a folder this user can write")
+    return path

@@ -27,7 +27,8 @@ import sys
 import uuid
 
 from dra._argtypes import nonnegative_arg, nonnegative_int_arg, port_arg, positive_arg, std_streams_arg
-from dra.launch.node import NodeLauncher, RunConfig, log_dir
+from dra.launch._claim import log_dir
+from dra.launch.node import NodeLauncher, RunConfig
 
 
 def _both(p: argparse.ArgumentParser, name: str, *extra: str, **kw) -> None:

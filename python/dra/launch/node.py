@@ -27,7 +27,7 @@ from typing import Any
 
 from dra._process import group_alive, kill_group
 from dra.launch import rendezvous
-from dra.launch._claim import claim_run
+from dra.launch._claim import claim_run, log_dir
 from dra.launch.tee import Tee, console_wanted, prefix_for
 
 #: What torchrun's agent hands its workers, besides the ranks (torch 2.13, LocalElasticAgent).
@@ -519,6 +519,12 @@ class NodeLauncher:
         except Exception:  # noqa: BLE001
             return False
 
+    def _stopped_at(self) -> int | None:
+        try:
+            return self.job.stopped_at()
+        except Exception:  # noqa: BLE001 - the store is gone: nothing more is known
+            return None
+
     def _error(self, w: Worker) -> str | None:
         path = self.log_dir / f"{self.cfg.run_id}.{w.rank}.error.json"
         if not path.exists():
@@ -552,6 +558,11 @@ class NodeLauncher:
             ok = done and any(e["code"] == 0 for e in self.exits)
             if done and not ok:
                 self._say("the job marked itself done, but every worker of this node exited non-zero")
+            stopped = self._stopped_at() if ok else None
+            if stopped is not None:  # a worker's SIGTERM (or ctl.request_stop()) ended it: not a finished training
+                self._say(f"stopped at step {stopped}: a worker asked the job to stop (its SIGTERM, or "
+                          "ctl.request_stop()); every member ended there cleanly, the training did not run to its end")
+                return 1
         else:
             ok = all(e["code"] == 0 for e in self.exits if not e.get("stopped")
                      and e.get("attempt", self.restart_count) == self.restart_count)
@@ -576,25 +587,3 @@ class NodeLauncher:
         lines.append("=" * 60)
         print("\n".join(lines), file=sys.stderr, flush=True)
 
-
-def log_dir(path: str | Path) -> Path:
-    """The folder of the job's logs (``--log-dir``), made 0700 when new. Refused, naming the flag, when
-    it is a file, cannot be written, is a symbolic link, belongs to another user or others may write
-    into it (a link planted there would take the launcher's and the workers' output), as the
-    device pool's launcher refuses it."""
-    from dra.pool._spawner import private_log_dir
-
-    path = Path(path)
-    try:
-        private_log_dir(path)
-    except FileExistsError:
-        raise ValueError(f"--log-dir: {str(path)!r} exists and is not a folder; give a folder for the workers' "
-                         "logs") from None
-    except OSError as e:
-        raise ValueError(f"--log-dir: cannot make {str(path)!r} ({e.strerror}); give a folder this user can "
-                         "create and write") from None
-    except ValueError as e:
-        raise ValueError(f"--log-dir: {e}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"--log-dir: cannot write into {str(path)!r}; give a folder this user can write")
-    return path

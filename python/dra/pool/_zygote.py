@@ -28,6 +28,9 @@ def _child(msg: dict, out_fd: int, zygote: int) -> None:
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Blocked across the fork (main): a SIGTERM that came meanwhile is delivered now, with its default
+    # action. Caught by the server's handler and then replaced, it was dropped: the worker ran on.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     _process.die_with_parent(signal.SIGKILL, zygote)  # the fork server goes only with its launcher
     # stdout/stderr become the worker's log and stdin /dev/null (dup2 closes the zygote's pipes
     # in this process); opened above 2 first, so dup2 never closes what it just opened.
@@ -65,6 +68,8 @@ def _child(msg: dict, out_fd: int, zygote: int) -> None:
             runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code != 0 and "dra._lifecycle" in sys.modules:  # a failure, not the end of its loop: it leaves the job
+            sys.modules["dra._lifecycle"].exiting(code)
     except BaseException:  # noqa: BLE001 - as an interpreter does: through sys.excepthook
         # (dra's hook makes an uncaught exception leave the job; printed by hand, the process went
         # on to finish the job at exit, and a crash on every rank was reported as a finished job)
@@ -143,9 +148,11 @@ def main() -> None:
                 msg = json.loads(line)
                 if msg.get("op") == "spawn":
                     zygote = os.getpid()
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
                     pid = os.fork()
                     if pid == 0:
                         _child(msg, out, zygote)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
                     ids[pid] = msg["id"]
                     logs[pid] = msg["log"]
                     say({"spawned": msg["id"], "pid": pid})

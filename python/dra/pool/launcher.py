@@ -142,7 +142,6 @@ class Launcher:
         self.capacity: dict[str, Any] | None = None
         self.started_world = False
         self.first_world = 0
-        self.events: list[dict[str, Any]] = []
         self.failures: list[str] = []  # how each worker that failed ended (the job's reason if all fail)
         # Workers that exited 0 on their own: neither asked to leave (a shrink) nor signalled by
         # this launcher. Only these say a job that never wrote done finished; one that exited 0
@@ -160,8 +159,8 @@ class Launcher:
         return {"release": "exit", "max_size": int(spec.get("max_size", 1)), **env_options, **(spec.get("options") or {})}
 
     def _say(self, **ev: Any) -> None:
+        # Printed only (the launcher's log): kept in a list too, they grew its memory for the job's life.
         ev = {"time": _clock.now(), "job": self.job, **ev}
-        self.events.append(ev)
         print("[dra run] " + json.dumps(ev), flush=True)
 
     # -- workers ---------------------------------------------------------------------------------
@@ -319,8 +318,11 @@ class Launcher:
             cap = {"min_size": k, "max_size": k, "leave": sorted(self.leave_uids)}
             if cap != self.capacity:
                 self.store.set_capacity(cap)
+                # The event names the uids new to "leave" (and how many it holds): the whole list,
+                # which only grows, made the log grow with the square of the shrinks.
+                new = sorted(set(cap["leave"]) - set((self.capacity or {}).get("leave", [])))
                 self.capacity = cap
-                self._say(event="capacity", **cap)
+                self._say(event="capacity", min_size=k, max_size=k, leave=new, leaving_total=len(cap["leave"]))
         now = _clock.now()
         for w in self.workers.values():
             # A member named in "leave" leaves at the leader's next look and exits 0, a joiner not

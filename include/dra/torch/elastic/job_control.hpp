@@ -5,6 +5,7 @@
 // `late_uid` counter; docs/guide/elastic.md ("Driving a job from outside") documents each key.
 // Keys live under dra/<job>/<restart>/ in the job's c10d store.
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,9 @@ class job_control {
   /// while it runs (or when the value is not a list of uids). A launcher's worker outside it that
   /// still runs after the end was left out of the job without knowing it (stuck in its own code).
   std::optional<std::vector<int>> final_members();
+  /// The step at which a stop request (a worker's SIGTERM under DRA_STOP_ON_SIGTERM, ctl.stop())
+  /// ended the job's training, or nullopt (it ran to its loop's end, or runs).
+  std::optional<std::int64_t> stopped_at();
   /// Whether the job's processes formed their dra world (`universe` is set): a launcher tells a
   /// dra job (which survives a worker's death in place) from a script without dra.
   bool started();

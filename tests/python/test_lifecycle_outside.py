@@ -1,0 +1,164 @@
+"""A training process at the edges of its life, as real scripts reach them (an outside review of
+process lifecycles): a child forked after ``init`` that ends the ordinary way, a rank that ends with
+``sys.exit(n)`` mid-training, and an uncaught exception in the thread that trains. Each used to be
+taken for the end of that rank's training loop: the forked child hung for ever in the end of a copy
+of the controller, and the healthy ranks died blaming themselves ("went on training past the end
+of the loop"). Real processes under ``dra run``, Gloo; every process is killed at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _elastic_harness import run_logged_script
+
+pytestmark = pytest.mark.timeout(200)
+
+SCRIPT = r'''
+import json, os, signal, sys, threading, time
+import torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra
+from dra.elastic import DistributedDataParallel as DDP, DistributedSampler
+
+cfg = json.loads(os.environ["CFG"])
+log = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+def rec(**kw):
+    log.write(json.dumps(kw) + "\n"); log.flush()
+
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(cfg.get("n", 320), 4), torch.randn(cfg.get("n", 320), 1))
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+sampler = DistributedSampler(ds, seed=3)
+loader = DataLoader(ds, batch_size=4, sampler=sampler)
+ddp = DDP(model, opt, sampler)
+ctl = ddp.controller
+
+def train():
+    for epoch in ctl.epochs(cfg.get("epochs", 3)):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = F.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            dra.step(loss)
+            if [ctl.uid, ctl.step_index] == cfg.get("fork_at"):
+                child = os.fork()
+                if child == 0:  # an uploader's shape: does its bit, ends the ordinary way
+                    time.sleep(0.2)
+                    sys.exit(0)
+                began = time.time()
+                os.waitpid(child, 0)
+                rec(uid=ctl.uid, child_s=time.time() - began)
+            if [ctl.uid, ctl.step_index] == cfg.get("sigterm_at"):  # a node-local preemption of one worker
+                os.kill(os.getpid(), signal.SIGTERM)
+            if [ctl.uid, ctl.step_index] == cfg.get("exit_at"):
+                sys.exit(3)  # a failed check: this rank gives up
+            if [ctl.uid, ctl.step_index] == cfg.get("raise_at"):
+                raise RuntimeError("validation failed on this rank")
+            time.sleep(cfg.get("step_sleep", 0.0))
+    rec(uid=ctl.uid, final=True, step_index=ctl.step_index, world=ctl.world_size)
+
+if cfg.get("thread"):  # training off the main thread (a notebook's or a service's shape)
+    t = threading.Thread(target=train, name="trainer")
+    t.start()
+    t.join()
+else:
+    train()
+'''
+
+
+def _finals(records: list[dict]) -> dict[int, dict]:
+    return {r["uid"]: r for r in records if r.get("final")}
+
+
+def test_a_child_forked_after_init_that_exits_normally_leaves_the_job_alone(tmp_path: Path) -> None:
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none", "fault_timeout_s": 3.0},
+                                            {"fork_at": [1, 10]}, timeout=150)
+    assert code == 0, logs[-4000:]
+    (waited,) = [r["child_s"] for r in records if "child_s" in r]
+    assert waited < 5.0, f"the forked child took {waited:.1f} s to exit"
+    finals = _finals(records)
+    assert set(finals) == {0, 1} and all(f["world"] == 2 for f in finals.values()), finals
+    assert "went on training past the end" not in logs and '"event":"fault"' not in logs.replace(" ", "")
+
+
+def test_a_forked_child_ends_at_once_without_a_launcher(tmp_path: Path) -> None:
+    # A world of one under a plain interpreter: the child's end ran the copy's finish(), whose Gloo
+    # group waited for threads that a fork does not copy: it never exited.
+    script = tmp_path / "one.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRA_", "MASTER_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(CFG=json.dumps({"out": str(tmp_path), "fork_at": [0, 5], "epochs": 1, "n": 64}), OMP_NUM_THREADS="1")
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(x) for f in tmp_path.glob("log-*.jsonl") for x in f.read_text().splitlines()]
+    (waited,) = [r["child_s"] for r in records if "child_s" in r]
+    assert waited < 5.0, (waited, time.monotonic() - began)
+
+
+@pytest.mark.parametrize("how", ["sys_exit", "thread_exception"])
+def test_a_rank_that_gives_up_mid_training_is_survived_as_a_crash(tmp_path: Path, how: str) -> None:
+    cfg = {"exit_at": [1, 12]} if how == "sys_exit" else {"raise_at": [1, 12], "thread": True}
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0}, cfg,
+                                            timeout=150)
+    assert code == 0, logs[-4000:]
+    assert "process 1 leaves the job mid-training" in logs, logs[-4000:]
+    assert "went on training past the end" not in logs
+    finals = _finals(records)
+    assert set(finals) == {0, 2} and all(f["world"] == 2 for f in finals.values()), finals
+
+
+SWEEP = r'''
+import json, os, torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+for lr in (0.1, 0.01):  # a sweep's points, one after the other in one process
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sampler = de.DistributedSampler(ds)
+    loader = DataLoader(ds, batch_size=4, sampler=sampler)
+    ctl = de.init(model, opt, sampler)
+    for epoch in ctl.epochs(1):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = F.mse_loss(ctl.model(x), y)
+            loss.backward()
+            opt.step()
+            dra.step(loss)
+    print(f"point lr={lr} trained", flush=True)
+'''
+
+
+def test_a_second_training_in_a_launched_process_is_refused_at_once(tmp_path: Path) -> None:
+    # The job's store keys are named by the launch: the second point found the first's finished
+    # world there and every rank waited 30 s for a Gloo connection, then failed with a timeout.
+    began = time.monotonic()
+    code, logs, _ = run_logged_script(tmp_path, SWEEP, 2, {"policy": "none"}, {}, timeout=120)
+    took = time.monotonic() - began
+    assert code != 0 and "point lr=0.1 trained" in logs, logs[-3000:]
+    assert "this process already trained in launch" in logs and "one `dra run` per point" in logs, logs[-3000:]
+    assert "Connect timeout" not in logs and took < 25, (took, logs[-3000:])
+
+
+def test_a_stop_asked_by_one_workers_sigterm_is_not_reported_as_a_finished_job(tmp_path: Path) -> None:
+    # Every member ends cleanly at the same step (documented), but the launcher said "job finished"
+    # and exited 0: `dra run ... && evaluate` went on with a model trained a fraction of the way.
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none"}, {"sigterm_at": [1, 8]},
+                                            timeout=150)
+    assert code == 1, logs[-4000:]
+    assert "stopped at step" in logs and "a worker asked the job to stop" in logs, logs[-4000:]
+    assert "finished" not in logs.splitlines()[-1], logs[-2000:]
+    finals = _finals(records)
+    assert set(finals) == {0, 1} and len({f["step_index"] for f in finals.values()}) == 1, finals
