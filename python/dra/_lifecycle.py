@@ -25,7 +25,7 @@ from typing import Any
 _controllers: list[weakref.ref[Any]] = []
 _forever: list[Any] = []  # a forked child's copies, never destroyed
 _installed = False
-_launched = False  # an elastic controller was made in this launched process
+_launched: set[str] = set()  # the launches this process made an elastic controller in
 
 
 def owns(controller: Any) -> bool:
@@ -35,9 +35,10 @@ def owns(controller: Any) -> bool:
 
 def attach(controller: Any) -> None:
     """Called once a controller is built: it leaves the job as the module says."""
-    global _installed, _launched
+    global _installed
     controller._owner_pid = os.getpid()
-    _launched = _launched or _launch() is not None  # (attach is for elastic controllers only)
+    if _launch() is not None:  # (attach is for elastic controllers only)
+        _launched.add(str(_launch()))
     _controllers[:] = [r for r in _controllers if r() is not None] + [weakref.ref(controller)]
     if _installed:
         return
@@ -68,15 +69,17 @@ def one_training_per_launch() -> None:
     never came. Refused at once, naming the fix; a plain interpreter (a world of its own each time)
     may run as many as it likes."""
     launch = _launch()
-    if launch is not None and _launched:
+    if launch is not None and launch in _launched:
         raise RuntimeError(
-            f"dra.elastic.init: this process already trained in launch {launch!r} (its store keys are the launch's, "
+            f"dra.elastic.init: this process already trained in this launch ({launch!r}: its store keys are the launch's, "
             "and the launcher follows one training); run each training in its own launch (a sweep: one `dra run` per "
             "point, or a DRA_JOB_ID of its own for processes started by hand)")
 
 
 def _launch() -> str | None:
-    return next((os.environ[k] for k in ("DRA_JOB_ID", "TORCHELASTIC_RUN_ID", "DRA_STORE") if os.environ.get(k)), None)
+    """The launch this process is in (its job's keys are named by it), None under a plain interpreter."""
+    keys = ("DRA_JOB_ID", "TORCHELASTIC_RUN_ID", "DRA_STORE")
+    return "/".join(os.environ.get(k, "") for k in keys) if any(os.environ.get(k) for k in keys) else None
 
 
 def exiting(code: int) -> None:

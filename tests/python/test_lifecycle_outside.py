@@ -148,7 +148,7 @@ def test_a_second_training_in_a_launched_process_is_refused_at_once(tmp_path: Pa
     code, logs, _ = run_logged_script(tmp_path, SWEEP, 2, {"policy": "none"}, {}, timeout=120)
     took = time.monotonic() - began
     assert code != 0 and "point lr=0.1 trained" in logs, logs[-3000:]
-    assert "this process already trained in launch" in logs and "one `dra run` per point" in logs, logs[-3000:]
+    assert "this process already trained in this launch" in logs and "one `dra run` per point" in logs, logs[-3000:]
     assert "Connect timeout" not in logs and took < 25, (took, logs[-3000:])
 
 
