@@ -8,8 +8,9 @@ refused at submission with the limit, the count and the fix, nothing recorded
 
 - ``spec_bytes``: one job's stored spec (its command, env, options, ...) as JSON;
 - ``active``: one user's jobs not ended (waiting or running);
-- ``kept``: one user's jobs on record, ended ones included (a name reused replaces its ended job's
-  record, so it does not count again).
+- ``kept``: one user's jobs on record, ended ones included: past it the user's oldest ended jobs
+  are forgotten (dra.pool._records), and only ``kept`` jobs not ended are refused;
+- ``ended``: everyone's ended jobs on record (operators' too), the oldest forgotten past it.
 
 An operator (root, or the pool's own user) is not bounded: their submissions are trusted.
 """
@@ -27,9 +28,10 @@ class UserLimits:
     spec_bytes: int = 64 << 10
     active: int = 100
     kept: int = 1000
+    ended: int = 10_000  # ended jobs kept in all, everyone's (operators' too): the oldest are forgotten
 
     def __post_init__(self) -> None:
-        for name in ("spec_bytes", "active", "kept"):
+        for name in ("spec_bytes", "active", "kept", "ended"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"user_limits.{name}: must be an integer >= 1, got {value!r}")
@@ -54,8 +56,19 @@ def count_problem(owned: Iterable[dict[str, Any]], ended: Iterable[str], replaci
         return (f"name: {user} has {active} jobs waiting or running, the most this pool takes from one user "
                 f"({limits.active}); submit again once some have ended, or ask its operator (dra pool serve "
                 "--max-active-per-user)")
-    if not replacing and len(states) >= limits.kept:
-        return (f"name: {user} has {len(states)} jobs on record, the most this pool keeps for one user "
-                f"({limits.kept}); reuse the name of one of your ended jobs (its record is replaced), or ask its "
-                "operator (dra pool serve --max-kept-per-user)")
+    if not replacing and active >= limits.kept:  # ended ones are forgotten to make room (to_forget)
+        return (f"name: {user} has {active} jobs waiting or running, as many as this pool keeps for one user "
+                f"({limits.kept}); submit again once some have ended, or ask its operator (dra pool serve "
+                "--max-kept-per-user)")
     return None
+
+
+def to_forget(jobs: list[dict[str, Any]], ended: Iterable[str], bound: int, skip: set[str] = frozenset(),
+              adding: bool = True) -> list[str]:
+    """The oldest ended of ``jobs`` (by submission order) to forget so that at most ``bound`` stay:
+    of them all with one job more (``adding``), or of the ended ones alone. ``skip``: already going."""
+    ended = tuple(ended)
+    stay = [j for j in jobs if j["name"] not in skip]
+    done = sorted((j for j in stay if j["state"] in ended), key=lambda j: j["order"])
+    over = (len(stay) + 1 if adding else len(done)) - bound
+    return [j["name"] for j in done[:max(0, over)]]

@@ -273,6 +273,10 @@ class StateDB:
                  job.get("started_at"), job.get("finished_at"), json.dumps(job.get("info", {}))),
             )
 
+    def delete_job(self, name: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM jobs WHERE name = ?", (name,))
+
     def jobs(self) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM jobs ORDER BY ord").fetchall()

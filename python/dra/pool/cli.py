@@ -69,7 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
                                    control_cpus=args.control_cpus or None,
                                    launcher_memory_gb=args.launcher_memory_gb or None,
                                    completion_aware=args.completion_aware, warm_launchers=args.warm_launchers,
-                                   user_limits=UserLimits(active=args.max_active_per_user, kept=args.max_kept_per_user))
+                                   user_limits=UserLimits(active=args.max_active_per_user, kept=args.max_kept_per_user,
+                                                          ended=args.max_ended))
         except BaseException:
             server.close()
             raise
@@ -267,9 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-active-per-user", type=count_arg, default=100,
                    help="how many jobs not yet ended one user may have (default 100; root and the pool's own user: "
                         "no bound)")
+    s.add_argument("--max-ended", type=count_arg, default=10_000,
+                   help="how many ended jobs the pool keeps on record in all, everyone's (default 10000; past it the "
+                        "oldest are forgotten: their record and launcher log)")
     s.add_argument("--max-kept-per-user", type=count_arg, default=1000,
-                   help="how many jobs one user may have on record, ended ones included (default 1000; a name reused "
-                        "replaces its ended job's record)")
+                   help="how many jobs of one user the pool keeps on record, ended ones included (default 1000; past it "
+                        "the user's oldest ended jobs are forgotten, and only as many jobs not ended are refused)")
     s.add_argument("--no-slot-guarantee", action="store_true",
                    help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
     s.add_argument("--control-cpus", type=float, default=0.5, metavar="C",

@@ -35,6 +35,7 @@ from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
 from dra.pool._metrics import prometheus
 from dra.pool._nodes import NodeMembership
+from dra.pool._records import ENDED, JobRecords
 from dra.pool._spawner import log_dir_problem
 from dra.pool._spec import REQUEST_FIELDS, make_request, speedup_curve, validate_spec
 from dra.pool._state import StateDB, StateLock
@@ -42,7 +43,6 @@ from dra.pool._state import StateDB, StateLock
 __all__ = ["MODES", "NoSuchJob", "PoolService", "Superseded", "speedup_curve"]
 
 MODES = ("dynamic", "static", "static_naive")
-ENDED = ("finished", "failed", "cancelled")
 
 
 class NoSuchJob(ValueError):
@@ -60,7 +60,7 @@ def _check_seconds(key: str, value: Any, positive: bool = False, optional: bool 
                          f"{' (or None)' if optional else ''}, got {value!r}")
 
 
-class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
+class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
     (None for GPUs or declared devices: leases are then enforced by the launcher's environment).
     ``orphan_limit_s``: how long a job's launcher keeps its workers running while this daemon is
@@ -368,6 +368,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
                     raise Forbidden(why)
             if old is not None:
                 self._forget(req.job, old)
+            self._retain(req.job, owner, caller.operator)
             order = int(self.db.get_meta("order", 0)) + 1
             self.db.set_meta("order", order)
             job = {"name": req.job, "order": order, "spec": stored, "state": "waiting", "submitted_at": _clock.now(),
@@ -410,25 +411,6 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership):
                  "private home such as a 0700 /root), see docs/guide/pool.md, 'Who may do what'")
         self._event({"event": "refused", "job": job, "user": owner.user, "error": error})
         raise ValueError(error)
-
-    def _per_job(self) -> tuple[dict[str, Any], ...]:
-        """Every table the pool keeps by job name besides the job's record (``jobs``, ``_requests``,
-        replaced by a new job of the name): what reusing a name forgets. A new one belongs here."""
-        return (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
-                self._resized_at, self._recent_peak, self._curves, self._load_at, self._stale)
-
-    def _forget(self, name: str, old: dict[str, Any]) -> None:
-        """A name used again once its job ended: the old job's record is replaced and everything
-        kept about it (its report, loss curve, autoscaler, plans) forgotten; its events stay in
-        events.jsonl, its launcher log is kept as ``<name>.launcher.log.<order>``, and a finished
-        job's completion stays in its class's remaining-work history (one user's jobs of a class
-        share it; a job's class is its ``job_class``, else its name)."""
-        log = self.logs_dir / f"{name}.launcher.log"
-        if log.exists():
-            log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
-        for d in self._per_job():
-            d.pop(name, None)
-        self._event({"event": "reuse", "job": name, "previous_order": old["order"], "previous_state": old["state"]})
 
     def cancel(self, name: str, caller: Caller | None = None) -> dict[str, Any]:
         with self._lock:

@@ -1,0 +1,61 @@
+"""What the pool keeps of its jobs, and what it forgets: a name used again replaces its ended
+job's record (``_forget``), and ended jobs past the pool's bounds are forgotten, oldest first
+(``_retain``): a user's beyond ``--max-kept-per-user`` (4 MB of specs a user at most), everyone's
+beyond ``--max-ended``. Without the second, a pool's records only grew: its scheduling tick and
+every status call went through all of them (an outside long-run review: 20,000 ended jobs, 11 % of
+a core idle, 268 ms a status), and a user at the limit was refused for good."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dra.pool import _quota
+from dra.pool._auth import Owner
+
+ENDED = ("finished", "failed", "cancelled")
+
+
+class JobRecords:
+    """A mixin of PoolService (its ``jobs``, ``_requests``, tables by job name, state database,
+    logs and events)."""
+
+    def _per_job(self) -> tuple[dict[str, Any], ...]:
+        """Every table the pool keeps by job name besides the job's record (``jobs``, ``_requests``,
+        replaced by a new job of the name): what reusing a name forgets. A new one belongs here."""
+        return (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
+                self._resized_at, self._recent_peak, self._curves, self._load_at, self._stale)
+
+    def _forget(self, name: str, old: dict[str, Any]) -> None:
+        """A name used again once its job ended: the old job's record is replaced and everything
+        kept about it (its report, loss curve, autoscaler, plans) forgotten; its events stay in
+        events.jsonl, its launcher log is kept as ``<name>.launcher.log.<order>``, and a finished
+        job's completion stays in its class's remaining-work history (one user's jobs of a class
+        share it; a job's class is its ``job_class``, else its name)."""
+        log = self.logs_dir / f"{name}.launcher.log"
+        if log.exists():
+            log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
+        for d in self._per_job():
+            d.pop(name, None)
+        self._event({"event": "reuse", "job": name, "previous_order": old["order"], "previous_state": old["state"]})
+
+    def _retain(self, new: str, owner: Owner, operator: bool) -> None:
+        """Before ``new`` is recorded: the owner's oldest ended jobs past its ``kept`` bound (not for
+        an operator), then everyone's past ``ended``, are forgotten. A job still holding leases or a
+        launcher is kept whatever its state (its end is not over)."""
+        gone: list[str] = []
+        if not operator:
+            owned = [j for j in self.jobs.values() if (j.get("info") or {}).get("owner", {}).get("uid") == owner.uid]
+            gone = _quota.to_forget(owned, ENDED, self.user_limits.kept)
+        gone += _quota.to_forget(list(self.jobs.values()), ENDED, self.user_limits.ended, skip=set(gone), adding=False)
+        for name in gone:
+            if name != new and self.book.count(name) == 0 and name not in self.launchers:
+                self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        old = self.jobs.pop(name)
+        self._requests.pop(name, None)
+        for d in self._per_job():
+            d.pop(name, None)
+        self.db.delete_job(name)
+        (self.logs_dir / f"{name}.launcher.log").unlink(missing_ok=True)
+        self._event({"event": "forget", "job": name, "state": old["state"], "order": old["order"]})
