@@ -301,12 +301,13 @@ def test_an_uncaught_exception_on_every_rank_fails_the_job_and_on_one_rank_is_su
                       CRASH="1")
     assert one.wait(120) == 0, procs.output("one")
     assert "survived 1 worker failure(s) in place" in procs.output("one"), procs.output("one")
-    # sys.exit(1) on every rank: not an exception (no hook sees it) and the controller finishes at
-    # exit, marking the job done; every worker exiting non-zero is still a failure, as torchrun's.
+    # sys.exit(1) on every rank: under dra run the fork server sees the code, and each process leaves
+    # the job as after an uncaught exception (dra._lifecycle); the job fails, as torchrun's would.
     gone = procs.start("gone", [*DRA, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "c"), str(script)],
                        CRASH="exit")
     assert gone.wait(120) == 1, procs.output("gone")
-    assert "every worker of this node exited non-zero" in procs.output("gone"), procs.output("gone")
+    assert procs.output("gone").count("leaves the job mid-training: exit code 1") == 2, procs.output("gone")
+    assert "FAILED" in procs.output("gone") and "job finished" not in procs.output("gone"), procs.output("gone")
 
 
 # ---- the ports ------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_the_fork_server_is_not_waited_for_until_a_worker_is_spawned(tmp_path: P
 def test_a_fork_server_that_cannot_start_fails_the_first_spawn_naming_its_log(tmp_path: Path) -> None:
     sp = Spawner(True, ["no_such_module_for_dra_tests"], tmp_path / "zygote.log")
     try:
-        with pytest.raises(RuntimeError, match=r"the worker fork server did not start \(see .*zygote\.log\)"):
+        with pytest.raises(RuntimeError, match=r"the worker fork server did not start: it exited with code 1 \(see .*zygote\.log\)"):
             (tmp_path / "worker.py").write_text("pass\n")
             sp.spawn("w0", [sys.executable, str(tmp_path / "worker.py")], {}, [], tmp_path / "w0.log", str(tmp_path))
         assert "No module named 'no_such_module_for_dra_tests'" in (tmp_path / "zygote.log").read_text()
