@@ -37,8 +37,9 @@ def attach(controller: Any) -> None:
     """Called once a controller is built: it leaves the job as the module says."""
     global _installed
     controller._owner_pid = os.getpid()
-    if _launch() is not None:  # (attach is for elastic controllers only)
-        _launched.add(str(_launch()))
+    launch = _launch()
+    if launch is not None:  # (attach is for elastic controllers only)
+        _launched.add(launch)
     _controllers[:] = [r for r in _controllers if r() is not None] + [weakref.ref(controller)]
     if _installed:
         return

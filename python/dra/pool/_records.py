@@ -1,6 +1,6 @@
 """What the pool keeps of its jobs, and what it forgets: a name used again replaces its ended
 job's record (``_forget``), and ended jobs past the pool's bounds are forgotten, oldest first
-(``_retain``): a user's beyond ``--max-kept-per-user`` (4 MB of specs a user at most), everyone's
+(``_retain``): a user's beyond ``--max-kept-per-user`` (64 MB of specs a user at most), everyone's
 beyond ``--max-ended``. Without the second, a pool's records only grew: its scheduling tick and
 every status call went through all of them (an outside long-run review: 20,000 ended jobs, 11 % of
 a core idle, 268 ms a status), and a user at the limit was refused for good."""
@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from dra.pool import _quota
-from dra.pool._auth import Owner
 
 ENDED = ("finished", "failed", "cancelled")
 
@@ -38,14 +37,12 @@ class JobRecords:
             d.pop(name, None)
         self._event({"event": "reuse", "job": name, "previous_order": old["order"], "previous_state": old["state"]})
 
-    def _retain(self, new: str, owner: Owner, operator: bool) -> None:
-        """Before ``new`` is recorded: the owner's oldest ended jobs past its ``kept`` bound (not for
-        an operator), then everyone's past ``ended``, are forgotten. A job still holding leases or a
-        launcher is kept whatever its state (its end is not over)."""
-        gone: list[str] = []
-        if not operator:
-            owned = [j for j in self.jobs.values() if (j.get("info") or {}).get("owner", {}).get("uid") == owner.uid]
-            gone = _quota.to_forget(owned, ENDED, self.user_limits.kept)
+    def _retain(self, new: str, owned: list[dict[str, Any]] | None) -> None:
+        """Before ``new`` is recorded: the oldest ended of ``owned`` (its owner's jobs; None for an
+        operator, not bounded per user) past ``kept``, then everyone's past ``ended``, are
+        forgotten. A job still holding leases or a launcher is kept whatever its state (its end is
+        not over)."""
+        gone = [] if owned is None else _quota.to_forget(owned, ENDED, self.user_limits.kept)
         gone += _quota.to_forget(list(self.jobs.values()), ENDED, self.user_limits.ended, skip=set(gone), adding=False)
         for name in gone:
             if name != new and self.book.count(name) == 0 and name not in self.launchers:

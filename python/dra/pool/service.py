@@ -360,6 +360,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
             stored = dict(spec)
             for k in REQUEST_FIELDS:
                 stored[k] = getattr(req, k)
+            owned = None  # an operator's jobs are not bounded per user
             if not caller.operator:  # one user cannot fill the state folder for everyone
                 owned = [j for j in self.jobs.values() if (j.get("info") or {}).get("owner", {}).get("uid") == owner.uid]
                 why = _quota.spec_problem(stored, self.user_limits) or _quota.count_problem(
@@ -368,7 +369,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
                     raise Forbidden(why)
             if old is not None:
                 self._forget(req.job, old)
-            self._retain(req.job, owner, caller.operator)
+            self._retain(req.job, owned)
             order = int(self.db.get_meta("order", 0)) + 1
             self.db.set_meta("order", order)
             job = {"name": req.job, "order": order, "spec": stored, "state": "waiting", "submitted_at": _clock.now(),
