@@ -70,7 +70,8 @@ def _serve(args: argparse.Namespace) -> int:
                                    launcher_memory_gb=args.launcher_memory_gb or None,
                                    completion_aware=args.completion_aware, warm_launchers=args.warm_launchers,
                                    user_limits=UserLimits(active=args.max_active_per_user, kept=args.max_kept_per_user,
-                                                          ended=args.max_ended))
+                                                          ended=args.max_ended),
+                                   events_max_mb=args.events_max_mb)
         except BaseException:
             server.close()
             raise
@@ -274,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-kept-per-user", type=count_arg, default=1000,
                    help="how many jobs of one user the pool keeps on record, ended ones included (default 1000; past it "
                         "the user's oldest ended jobs are forgotten, and only as many jobs not ended are refused)")
+    s.add_argument("--events-max-mb", type=positive_arg, default=64.0, metavar="MB",
+                   help="the size at which <state>/events.jsonl is rotated to events.jsonl.1 (three rotated files "
+                        "kept, the oldest deleted; default 64)")
     s.add_argument("--no-slot-guarantee", action="store_true",
                    help="CPU slots are caps only (no cpu.shares reserving their quota against other processes)")
     s.add_argument("--control-cpus", type=float, default=0.5, metavar="C",

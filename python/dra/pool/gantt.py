@@ -4,9 +4,10 @@ each job's arrival marked, and the host's load under it when given."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from dra.pool import _events
 
 
 def intervals(events: list[dict[str, Any]]) -> list[tuple[str, str, float, float]]:
@@ -53,7 +54,7 @@ def plot(events_path: str | Path, png: str | Path, title: str = "device pool", t
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    events = [json.loads(line) for line in Path(events_path).read_text().splitlines() if line.strip()]
+    events = list(_events.read(events_path))  # the rotated files too, oldest first
     spans = leases(events)
     t0 = min((e["time"] for e in events), default=0.0) if t0 is None else t0
     devs = devices or sorted({d for d, *_ in spans})

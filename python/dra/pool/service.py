@@ -17,7 +17,6 @@ preemption) and ``static_naive`` (the same, priorities ignored: first come first
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -29,7 +28,7 @@ from typing import Any
 
 from dra import _core
 from dra._core import pool as _p
-from dra.pool import _auth, _cgroup, _clock, _launchers, _quota, _state
+from dra.pool import _auth, _cgroup, _clock, _events, _launchers, _quota, _state
 from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
@@ -78,7 +77,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
                  orphan_limit_s: float | None = None, ray_address: str | None = None,
                  state_lock: StateLock | None = None, completion_aware: bool = False,
                  silence_limit_s: float | None = None, warm_launchers: int = 4,
-                 user_limits: _quota.UserLimits | None = None) -> None:
+                 user_limits: _quota.UserLimits | None = None, events_max_mb: float = _events.EVENTS_MB) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
         for key, value in (("tick_s", tick_s), ("heartbeat_timeout_s", heartbeat_timeout_s),
@@ -129,6 +128,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
         self._curves: dict[str, list[tuple[float, float]]] = {}
         self.book = _p.LeaseBook()
         self.events_path = self.state_dir / "events.jsonl"
+        self._events = _events.EventFile(self.events_path, events_max_mb)
         self.logs_dir = self.state_dir / "logs"
         self.logs_dir.mkdir(exist_ok=True)
         os.chmod(self.logs_dir, 0o711)  # a job's launcher log inside is its owner's (0600)
@@ -226,11 +226,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
 
     def _event(self, ev: dict[str, Any]) -> None:
         ev = {"time": _clock.now(), **ev}
-        fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, (json.dumps(ev) + "\n").encode())
-        finally:
-            os.close(fd)
+        self._events.append(ev)
         if self.on_event is not None:
             self.on_event(ev)
 

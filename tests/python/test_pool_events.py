@@ -1,0 +1,80 @@
+"""The pool's events file stays bounded over a long life: rotated by size, the oldest files
+deleted, every kept line readable in order (dra.pool._events), with a real PoolService."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from dra._core import pool as P
+from dra.pool import _events
+from dra.pool.gantt import leases
+from dra.pool.service import PoolService
+
+
+def declared(n: int) -> list:
+    return [P.Device(id=f"d{i}", type="cpu-slot", memory_gb=2.0) for i in range(n)]
+
+
+def test_the_events_file_is_rotated_by_size_and_the_oldest_files_are_deleted(tmp_path: Path) -> None:
+    max_mb = 4 / 1024  # 4 KiB: a few dozen lines a file
+    svc = PoolService(declared(2), tmp_path, launch_jobs=False, events_max_mb=max_mb)
+    try:
+        for i in range(150):
+            svc.submit({"name": f"job{i}", "min_size": 1, "max_size": 1})
+            svc.tick()
+            svc.cancel(f"job{i}")
+        svc.tick()
+    finally:
+        svc.close()
+    path = tmp_path / "events.jsonl"
+    files = _events.rotated(path)
+    assert [p.name for p in files] == ["events.jsonl.3", "events.jsonl.2", "events.jsonl.1", "events.jsonl"]
+    assert not (tmp_path / "events.jsonl.4").exists()
+    longest = max(len(line) + 1 for p in files for line in p.read_text().splitlines())
+    for p in files:
+        assert p.stat().st_size <= 4096 + longest, p
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    kept = list(_events.read(path))
+    times = [e["time"] for e in kept]
+    assert times == sorted(times)
+    # Each new file starts with a line naming the one it followed; the oldest submissions are gone.
+    for p in files[1:]:
+        first = json.loads(p.read_text().splitlines()[0])
+        assert first["event"] == "events_rotated" and first["previous"] == "events.jsonl.1"
+        assert first["previous_bytes"] <= 4096
+    submitted = [e["job"] for e in kept if e["event"] == "submit"]
+    assert "job149" in submitted and "job0" not in submitted
+    assert submitted == sorted(submitted, key=lambda n: int(n[3:]))
+    assert leases(kept) is not None  # the Gantt reads the kept history like one file
+
+
+def test_a_cut_line_is_skipped_and_bad_sizes_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = _events.EventFile(path, 1.0)
+    log.append({"time": 1.0, "event": "a"})
+    with open(path, "a") as f:
+        f.write('{"time": 2.0, "ev')  # a daemon killed while it wrote
+    with open(path, "a") as f:
+        f.write("\n")
+    log.append({"time": 3.0, "event": "b"})
+    assert [e["event"] for e in _events.read(path)] == ["a", "b"]
+    for bad in (0, -1, float("inf"), float("nan"), "64", True):
+        with pytest.raises(ValueError, match=r"^events_max_mb: .*got"):
+            _events.EventFile(path, bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^events_keep: "):
+        _events.EventFile(path, 1.0, keep=0)
+
+
+def test_a_symbolic_link_in_place_of_the_events_file_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    path = tmp_path / "events.jsonl"
+    os.symlink(target, path)
+    with pytest.raises(OSError):
+        _events.EventFile(path, 1.0).append({"time": 1.0, "event": "a"})
+    assert target.read_text() == ""
