@@ -2,7 +2,8 @@
 // registered by name and run by the engine. A name the command line or a list would mangle, or
 // one that claims dra's oracle prefix, is refused; a factory that returns null, and a policy that
 // throws something that is not a std::exception, are named; a policy that throws once leaves the
-// decision due, so the next step decides.
+// decision due, so the next step decides; in the simulator, its error names the job and the
+// simulated time.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -12,6 +13,7 @@
 
 #include "dra/engine.hpp"
 #include "dra/policy/registry.hpp"
+#include "dra/sim/simulator.hpp"
 
 using namespace dra;
 
@@ -112,4 +114,24 @@ TEST_CASE("extend_outside.names_a_command_line_or_a_list_would_mangle_are_refuse
     policy::policy_registry::remove(fine);
   }
   CHECK(policy::policy_registry::entries().size() == before);
+}
+
+TEST_CASE("extend_outside.a_per_job_policy_that_throws_in_the_simulator_is_named_with_its_job_and_time") {
+  registered r("ext_flaky_sim", 1 << 20, 0);
+  const std::string data = std::string(DRA_SOURCE_DIR) + "/data/pollux";
+  const auto profiles = sim::profile_library::load(data + "/traces");
+  auto jobs = sim::read_workload(data + "/workloads/workload-6.csv", &profiles);
+  jobs.resize(3);
+  sim::sim_config c;
+  c.policy = "ext_flaky_sim";
+  try {
+    (void)sim::simulate(profiles, jobs, c);
+    FAIL("the simulation ran a policy that always throws");
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.rfind("job '" + jobs.front().name + "' at t = ", 0) == 0);
+    CHECK(msg.find(" s: policy 'flaky' failed to propose a size") != std::string::npos);
+    CHECK(msg.find("transient") != std::string::npos);
+  }
 }

@@ -152,6 +152,29 @@ def test_the_command_line_runs_a_plugins_policy_and_refuses_a_bad_plugin_at_once
         assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_a_plugin_that_fails_mid_run_is_said_on_a_line_of_its_own_after_the_progress(tmp_path):
+    # The error used to follow the open progress line on the same line ("... 0/160 jobs done
+    # dra-sim: error: ..."), and so did a traceback.
+    plugin = tmp_path / "late.py"
+    plugin.write_text(textwrap.dedent("""
+        import dra.sim
+
+        def late(inputs):
+            if inputs.now > 3600:
+                raise ValueError("boom")
+            return [min(1, j["max_devices"]) for j in inputs.jobs]
+
+        dra.sim.add_cluster_policy("cli_late", late, "fails after an hour")
+    """))
+    proc = _dra_sim("replay", "--plugin", str(plugin), "--policy", "cli_late", "--workload", WORKLOAD, "--no-jobs")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "[dra-sim] " in proc.stderr, proc.stderr  # its progress was shown
+    lines = proc.stderr.split("\n")
+    said = [line for line in lines if "dra-sim: error:" in line]
+    assert len(said) == 1 and said[0].startswith("dra-sim: error: --policy cli_late"), proc.stderr[-2000:]
+    assert "at t = " in said[0] and "boom" in said[0]
+
+
 def test_inputs_kept_past_the_call_raise_instead_of_reading_freed_memory(registered):
     # A policy that kept its inputs (self.prev = inputs) read a later call's data during the run
     # and garbage after it (a capacity of -1778091392, then MemoryError).

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "dra/policy/constraints.hpp"
 #include "dra/sim/cluster.hpp"
+#include "dra/sim/cluster_policy.hpp"
 #include "dra/sim/job_model.hpp"
 #include "dra/sim/observation.hpp"
 
@@ -61,6 +64,27 @@ inline double contention_price(const cluster_state& state, int waiting_demand) {
 // now: its own plus the spare ones, up to its fair share. Waiting jobs are admitted first, in
 // arrival order, with what they requested when it is free (as static, with backfilling); then
 // running jobs decide in arrival order. Size and batch decisions are both applied.
+/// A per-job policy's decision for `j` at `now`, with an exception from it naming the job and the
+/// simulated time before the policy's own message (std::invalid_argument stays one, anything else
+/// becomes std::runtime_error), as a cluster policy's does.
+template <class Decide>
+policy::decision decide_named(const job_state& j, double now, Decide&& decide) {
+  const auto named = [&](const char* what) {
+    return "job '" + j.spec.name + "' at t = " + std::to_string(static_cast<long long>(now)) + " s: " + what;
+  };
+  try {
+    return decide();
+  } catch (const cluster_policy_interrupted&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(named(e.what()));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(named(e.what()));
+  } catch (...) {
+    throw std::runtime_error(named("its policy threw something that is not a std::exception; throw one"));
+  }
+}
+
 inline void schedule_per_job(cluster_state& state, double now) {
   std::vector<job_state*> act = state.active(now);
   for (job_state* j : act) {
@@ -107,7 +131,8 @@ inline void schedule_per_job(cluster_state& state, double now) {
     cap.device_price = contention_price(state, waiting_demand);
     policy::cost_model costs{state.config().reallocation_cost_s,
                              std::max(1.0, state.config().horizon_s / std::max(step_s > 0.0 ? step_s : 1.0, 1e-9))};
-    const policy::decision d = j->policy->decide(sig, world, cap, costs, *j->predictor);
+    const policy::decision d =
+        decide_named(*j, now, [&] { return j->policy->decide(sig, world, cap, costs, *j->predictor); });
     if (d.kind != policy::action::hold && d.target_size != j->devices) {
       const double new_batch = batch * d.batch_scale;
       state.reallocate(*j, d.target_size, now);

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from dra import _sim
+from dra import _console, _sim
 from dra.sim._inputs import (
     check_measured,
     check_policies,
@@ -161,17 +161,12 @@ def _paired_changes(
 
 
 def _stderr_progress(label: str, quiet: bool) -> Callable[[float, int, int], bool]:
-    import sys
-
     last = [0.0]
 
     def report(now: float, done: int, total: int) -> bool:
         if not quiet and (time.monotonic() - last[0] > 0.5 or done == total):
             last[0] = time.monotonic()
-            sys.stderr.write(f"\r[dra-sim] {label}: t={now / 3600:7.2f} h, {done}/{total} jobs done ")
-            if done == total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+            _console.progress(f"[dra-sim] {label}: t={now / 3600:7.2f} h, {done}/{total} jobs done ", done == total)
         return True
 
     return report

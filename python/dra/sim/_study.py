@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dra import _sim
+from dra import _console, _sim
 from dra.sim._inputs import (
     SHARED_POLICIES,
     STUDY_BASELINES,
@@ -114,8 +114,6 @@ def study(
     ``median_training_time_change_per_run`` (median of per-run ratios), ``jct_change``,
     ``gpu_hours_change`` (relative), ``utilization_change`` (points) and ``final_metric_change``, each
     ``{"estimate", "ci95"}`` from a paired bootstrap over runs (negative is less)."""
-    import sys
-
     import numpy as np
 
     if runs < 1:
@@ -144,10 +142,7 @@ def study(
 
     def progress(done: int, total: int) -> None:
         if not quiet and (done % 50 == 0 or done == total or shared_cluster):
-            sys.stderr.write(f"\r[dra-sim] study: {done}/{total} {'clusters' if shared_cluster else 'runs'} ")
-            if done == total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+            _console.progress(f"[dra-sim] study: {done}/{total} {'clusters' if shared_cluster else 'runs'} ", done == total)
 
     start = time.perf_counter()
     rows = _sim.sim_study(

@@ -19,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 
+from dra import _console
 from dra._console import console
 from dra._jsonio import write_json
 from dra.sim._args import check_output_paths, decimal_arg, integer_arg, seed_arg
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.markdown).write_text(text)
             _wrote(args.markdown, args.quiet)
     except ValueError as exc:
-        print(f"dra-sim: error: {exc}", file=sys.stderr)
+        _console.error("dra-sim", str(exc))
         return 2
     except RuntimeError as exc:  # a --plugin policy that raised while it ran: the user's code, said in one line
         failed = re.match(r"cluster policy '([^']*)' at t = ", str(exc))
@@ -336,21 +337,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         name = failed.group(1)
         said = str(exc).strip().splitlines()[0]  # pybind11 adds the Python frames ("At: ...") below
-        print(f"dra-sim: error: --policy {name} (from --plugin {_PLUGIN_POLICIES[name]}) failed: {said}; fix its decide "
-              f"function, or drop --policy {name}", file=sys.stderr)
+        _console.error("dra-sim", f"--policy {name} (from --plugin {_PLUGIN_POLICIES[name]}) failed: {said}; fix its "
+                       f"decide function, or drop --policy {name}")
         return 2
     except BrokenPipeError:
         raise  # stdout's reader went away (dra-sim ... | head): @console ends quietly; no output path is at fault
     except FileNotFoundError as exc:
         outputs = {getattr(args, k, None) for k in ("json", "markdown", "plots")} - {None}
         if exc.filename is None or not any(str(exc.filename).startswith(str(o)) for o in outputs):
-            print(f"dra-sim: error: {exc}", file=sys.stderr)  # a message of ours (no profiles found, ...) or an input
+            _console.error("dra-sim", str(exc))  # a message of ours (no profiles found, ...) or an input
             return 2
-        print(f"dra-sim: error: cannot write {exc.filename}: {exc.strerror or exc}; give a writable path", file=sys.stderr)
+        _console.error("dra-sim", f"cannot write {exc.filename}: {exc.strerror or exc}; give a writable path")
         return 2
     except OSError as exc:  # an output path that cannot be written
-        print(f"dra-sim: error: cannot write {exc.filename or ''}: {exc.strerror or exc}; give a writable path",
-              file=sys.stderr)
+        _console.error("dra-sim", f"cannot write {exc.filename or ''}: {exc.strerror or exc}; give a writable path")
         return 2
     return 0
 
