@@ -521,8 +521,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="how many times the three training jobs arrive (round r > 1 named kind-r); 1 is the "
                         "light workload, whose training ends well before the trace")
     p.add_argument("--timeout-s", type=float, default=300.0)
-    p.add_argument("--modes", default="static,dynamic",
-                   help="any of static_naive, static, static_tuned, dynamic (run in the order given)")
+    p.add_argument("--modes", default="static,static_tuned,dynamic",
+                   help="any of static_naive, static, static_tuned, dynamic (run in the order given; default: the "
+                        "operator's baseline, the best static sizes in hindsight, and dra's pool)")
     p.add_argument("--tuned-sizes", default="cnn-digits=2,mlp-digits=1,mlp-cancer=1,serve=1",
                    help="static_tuned's sizes, kind=size: the best static size of each kind in hindsight (default: "
                         "measured on this machine: the MLP on digits trains faster on 1 slot than on 2, the CNN faster "
