@@ -157,7 +157,8 @@ def _example_main(rel: str) -> Callable[..., Any]:
 
 def test_readme_commands_name_real_flags() -> None:
     known = _flags_of(_pool_parser(), _run_parser(), _store_parser(), _sim_parser(),
-                      *_parsers_of(_bench_main("rl"), []))
+                      *_parsers_of(_bench_main("rl"), []),
+                      *_parsers_of(_example_main("examples/pool/pool_at_work.py"), []))  # the main job's
     unknown = sorted(_doc_flags(README) - set(known) - OTHER_PROGRAMS)
     assert not unknown, f"README.md names flags no dra command has: {unknown}"
 
