@@ -1,5 +1,6 @@
-"""The pool's events file stays bounded over a long life: rotated by size, the oldest files
-deleted, every kept line readable in order (dra.pool._events), with a real PoolService."""
+"""What the pool writes for others to read, with a real PoolService: its events file stays bounded
+over a long life (rotated by size, the oldest files deleted, every kept line readable in order:
+dra.pool._events), and its metrics parse as Prometheus text whatever the names in them."""
 
 from __future__ import annotations
 
@@ -78,3 +79,29 @@ def test_a_symbolic_link_in_place_of_the_events_file_is_not_followed(tmp_path: P
     with pytest.raises(OSError):
         _events.EventFile(path, 1.0).append({"time": 1.0, "event": "a"})
     assert target.read_text() == ""
+
+
+def test_the_metrics_parse_as_prometheus_text_and_agree_with_the_status(tmp_path: Path) -> None:
+    # Parsed by the Prometheus project's own client library, not by a regular expression of ours; a
+    # pool name with a quote, a backslash and a newline (unchecked without cgroup slots) used to
+    # break the exposition for every scraper.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    odd = 'lab "b"\\n\nx'
+    svc = PoolService(declared(3), tmp_path, launch_jobs=False, name=odd)
+    try:
+        svc.submit({"name": "a", "min_size": 2, "max_size": 2})
+        svc.submit({"name": "b", "min_size": 2, "max_size": 2})
+        svc.tick()
+        families = {f.name: f for f in text_string_to_metric_families(svc.metrics())}
+    finally:
+        svc.close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("dra_pool_devices", (("pool", odd),))] == 3
+    assert samples[("dra_pool_devices_leased", (("pool", odd),))] == 2
+    # No launcher here: both jobs stay waiting, the first holding its two leases.
+    assert samples[("dra_pool_job_workers", (("job", "a"), ("pool", odd), ("state", "waiting")))] == 2
+    assert samples[("dra_pool_job_workers", (("job", "b"), ("pool", odd), ("state", "waiting")))] == 0
+    assert samples[("dra_pool_jobs", (("pool", odd), ("state", "waiting")))] == 2
+    assert samples[("dra_pool_events_total", (("kind", "grants"), ("pool", odd)))] == 2
+    assert families["dra_pool_events"].type == "counter"  # _total is the counter's sample suffix

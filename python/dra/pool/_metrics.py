@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def _label(value: Any) -> str:
+    """A label value as the format writes it: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def prometheus(st: dict[str, Any]) -> str:
-    name = st["pool"]
+    name = _label(st["pool"])
     lines = [
         "# HELP dra_pool_devices Devices in the pool.", "# TYPE dra_pool_devices gauge",
         f'dra_pool_devices{{pool="{name}"}} {len(st["devices"])}',
@@ -16,7 +21,7 @@ def prometheus(st: dict[str, Any]) -> str:
     ]
     for j in st["jobs"]:
         if j["state"] in ("waiting", "running"):
-            lines.append(f'dra_pool_job_workers{{pool="{name}",job="{j["name"]}",state="{j["state"]}"}} {j["workers"]}')
+            lines.append(f'dra_pool_job_workers{{pool="{name}",job="{_label(j["name"])}",state="{j["state"]}"}} {j["workers"]}')
     lines += ["# HELP dra_pool_jobs Jobs per state.", "# TYPE dra_pool_jobs gauge"]
     states: dict[str, int] = {}
     for j in st["jobs"]:
@@ -31,5 +36,5 @@ def prometheus(st: dict[str, Any]) -> str:
         lines += ["# HELP dra_pool_slot_cpu_seconds_total CPU seconds used in each slot (cgroup cpuacct).",
                   "# TYPE dra_pool_slot_cpu_seconds_total counter"]
         for s, v in sorted(st["cpu_usage_s"].items()):
-            lines.append(f'dra_pool_slot_cpu_seconds_total{{pool="{name}",slot="{s}"}} {v:.6f}')
+            lines.append(f'dra_pool_slot_cpu_seconds_total{{pool="{name}",slot="{_label(s)}"}} {v:.6f}')
     return "\n".join(lines) + "\n"
