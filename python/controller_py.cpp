@@ -380,6 +380,16 @@ void dra::python::bind_controller(py::module_& m) {
                  }
                };
              }
+             // A wait for admission (a candidate here, a standby in step, rejoin) runs without the
+             // GIL: Python's signal handlers run every ~100 ms through this check, so Ctrl-C raises
+             // KeyboardInterrupt from the call that waited (the registration withdrawn), and a
+             // script's own handler (dra run's SIGTERM stop) runs in time.
+             if (!o.interrupt_check) {
+               o.interrupt_check = [] {
+                 py::gil_scoped_acquire gil;
+                 if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+               };
+             }
              launch_info l = launch_info::from_env();
              if (!join.is_none()) l.join = as_bool(join, "join");
              if (!store_address.is_none()) {

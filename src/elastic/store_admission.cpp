@@ -218,7 +218,7 @@ void store_protocol::admit(const std::vector<int>& joined, const admission& a) {
   }
 }
 
-admission_result store_protocol::wait_for_admission(int uid) {
+admission_result store_protocol::wait_for_admission(int uid, const std::function<void()>& check) {
   // Polled (not a blocking wait) so that the job's end is noticed too; 5 ms keeps the admission
   // latency small next to a rebuild.
   const std::string waiting = key("waiting/", uid);
@@ -226,6 +226,14 @@ admission_result store_protocol::wait_for_admission(int uid) {
   std::map<int, beat_seen> beats;
   for (std::int64_t polls = 1;; ++polls) {
     if (auto r = poll_admission(uid, polls % 20 == 0)) return *r;
+    if (check && polls % 20 == 0) {
+      try {
+        check();  // Ctrl-C in Python: the wait ends here, not when the job does
+      } catch (...) {
+        withdraw(uid);
+        throw;
+      }
+    }
     if (polls % 50 == 0 && beat_stale_.count() > 0) {
       if (const auto lost = state_holders_lost(uid, beats, since)) {
         if (done()) continue;  // the job ended meanwhile: the next poll withdraws and returns

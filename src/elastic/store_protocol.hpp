@@ -165,8 +165,9 @@ class store_protocol {
   /// withdrawing) when every other process that may hold the training state is gone: each one not
   /// itself waiting left the job (gone/<uid>), or its heartbeat stood still for longer than a
   /// recovery waits for a late member, or it never beat within the store's timeout; nobody is
-  /// left to admit this candidate or hand it the state.
-  admission_result wait_for_admission(int uid);
+  /// left to admit this candidate or hand it the state. `check`, when set, is called about every
+  /// 100 ms; an exception from it withdraws the candidate and leaves the wait.
+  admission_result wait_for_admission(int uid, const std::function<void()>& check = {});
   /// One look: the candidate's admission or rejection, the job's end (then it withdraws), or
   /// nothing yet.
   std::optional<admission_result> poll_admission(int uid, bool check_done);

@@ -35,7 +35,7 @@ void controller::wait_for_admission() {
     role_ = role::candidate;
     holds_state_ = false;
     store_->register_candidate(uid_, signature_, layout_);
-    if (admitted(store_->wait_for_admission(uid_))) return;
+    if (admitted(store_->wait_for_admission(uid_, options_.interrupt_check))) return;
   }
 }
 

@@ -162,3 +162,59 @@ def test_a_stop_asked_by_one_workers_sigterm_is_not_reported_as_a_finished_job(t
     assert "finished" not in logs.splitlines()[-1], logs[-2000:]
     finals = _finals(records)
     assert set(finals) == {0, 1} and len({f["step_index"] for f in finals.values()}) == 1, finals
+
+
+WAITER = r'''
+import json, os, signal, sys, threading, time
+import torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+rank = int(os.environ["RANK"])
+log = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+def rec(**kw):
+    log.write(json.dumps(kw) + "\n"); log.flush()
+
+fired = os.path.join(cfg["out"], "fired")
+sent = [None]
+if rank == 1 and not os.path.exists(fired):  # Ctrl-C at the terminal of the process that waits
+    def ctrl_c():
+        open(fired, "w").close()
+        sent[0] = time.time()
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Timer(cfg["sigint_after_s"], ctrl_c).start()
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(160, 4), torch.randn(160, 1))
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+sampler = de.DistributedSampler(ds)
+loader = DataLoader(ds, batch_size=4, sampler=sampler)
+try:
+    ctl = de.init(model, opt, sampler)  # rank 1 waits here as a candidate: start_size is 1
+except KeyboardInterrupt:
+    rec(rank=rank, interrupted_after_s=time.time() - sent[0])
+    sys.exit(130)
+for epoch in ctl.epochs(1):
+    for x, y in loader:
+        opt.zero_grad()
+        loss = F.mse_loss(ctl.model(x), y)
+        loss.backward()
+        opt.step()
+        dra.step(loss)
+        time.sleep(0.3)
+rec(rank=rank, final=True, world=ctl.world_size, step_index=ctl.step_index)
+'''
+
+
+def test_ctrl_c_interrupts_a_process_waiting_for_its_admission(tmp_path: Path) -> None:
+    # The wait runs in C++ without the GIL; Python's SIGINT handler only set a flag read when the
+    # call returned, so the candidate raised KeyboardInterrupt when the job ended (22 s in the
+    # review's run; hours in a real job), and a process started by hand could only be killed.
+    code, logs, records = run_logged_script(tmp_path, WAITER, 2, {"policy": "none", "start_size": 1},
+                                            {"sigint_after_s": 4.0}, timeout=150)
+    (waited,) = [r["interrupted_after_s"] for r in records if "interrupted_after_s" in r]
+    assert waited < 2.0, f"KeyboardInterrupt came {waited:.1f} s after Ctrl-C"
+    finals = [r for r in records if r.get("final")]
+    assert [f["rank"] for f in finals] == [0] and finals[0]["world"] == 1, (finals, logs[-3000:])
+    assert code == 0 and "exited with code 130" in logs, logs[-3000:]  # the others went on in place

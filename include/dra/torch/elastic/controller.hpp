@@ -140,6 +140,11 @@ struct controller_options {
   /// first world), so tests can kill a process inside a resize, and after each step's reduction
   /// (change_phase::reduced).
   phase_hook_fn phase_hook;
+  /// Called about every 100 ms while this process waits for its admission (a candidate in the
+  /// constructor, a standby in step(), rejoin()): an exception from it ends the wait, the
+  /// registration withdrawn, and leaves the call that waited. The Python binding sets it to
+  /// Python's signal check, so Ctrl-C (and a script's own signal handler) acts during a wait.
+  std::function<void()> interrupt_check;
 
   // -- release 0.1's names: deprecated aliases, removed in 0.4 (docs/guide/compatibility.md) -----
   // The controller moves what they hold into the current names (adopt_deprecated_names(), a
