@@ -218,3 +218,40 @@ def test_ctrl_c_interrupts_a_process_waiting_for_its_admission(tmp_path: Path) -
     finals = [r for r in records if r.get("final")]
     assert [f["rank"] for f in finals] == [0] and finals[0]["world"] == 1, (finals, logs[-3000:])
     assert code == 0 and "exited with code 130" in logs, logs[-3000:]  # the others went on in place
+
+
+FORK_RACE = r'''
+import os, signal, sys
+from dra._process import stop_on_sigterm
+
+class Ctl:  # what stop_on_sigterm reads of a controller
+    uid, stop_requested = 0, False
+    def request_stop(self):
+        self.stop_requested = True
+
+armed = [False]
+# Registered before dra's hooks, so its "before" runs after dra's (Python runs them in reverse):
+# a SIGTERM that lands inside the fork, as one does while a DataLoader forks its workers.
+os.register_at_fork(before=lambda: armed[0] and os.kill(os.getpid(), signal.SIGTERM))
+ctl = Ctl()
+stop_on_sigterm(ctl)
+armed[0] = True
+child = os.fork()
+if child == 0:  # a SIGTERM to the child ends it (its copy of the controller is not in the job)
+    os.kill(os.getpid(), signal.SIGTERM)
+    import time; time.sleep(5)
+    os._exit(0)
+armed[0] = False
+_, status = os.waitpid(child, 0)
+print("parent alive; stop requested:", ctl.stop_requested, "; child", os.waitstatus_to_exitcode(status), flush=True)
+'''
+
+
+def test_a_sigterm_during_a_fork_stops_the_job_cleanly_instead_of_killing_the_rank() -> None:
+    # A DataLoader forks its workers at every epoch, on every rank at once. SIGTERM had its default
+    # action in the parent for the fork's duration, so a stop landing there killed ranks silently
+    # (2 of 4 stops of a job with short epochs in an outside review) and the leader's save never ran.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
+    proc = subprocess.run([sys.executable, "-c", FORK_RACE], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "parent alive; stop requested: True ; child -15" in proc.stdout, proc.stdout + proc.stderr

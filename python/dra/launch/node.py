@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra._process import group_alive, kill_group
+from dra._process import exit_text, group_alive, kill_group
 from dra.launch import rendezvous
 from dra.launch._claim import claim_run, log_dir
 from dra.launch.tee import Tee, console_wanted, prefix_for
@@ -424,7 +424,7 @@ class NodeLauncher:
         self.exits.append(record)
         if code == 0 or self.signals or self.fenced or w.attempt != self.restart_count:
             return  # (a worker of a group already stopped and restarted: its exit is recorded, nothing more)
-        how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.Signals._value2member_map_ else f"code {code}"
+        how = exit_text(code)
         if self._is_dra_job():
             done = self._job_done()
             if done:
@@ -548,7 +548,13 @@ class NodeLauncher:
                 self._say(f"node(s) {dead} stopped beating: not waited for")
         failures = [e for e in self.exits if e["code"] != 0 and not e.get("stopped")]
         if self.signals:
-            self._say(f"stopped by {signal.Signals(self.signals[0]).name}" + (" (the job ended cleanly)" if done else ""))
+            # A worker that did not stop cleanly (killed by a signal, a non-zero exit) is named: the
+            # job's end was not clean for it, and what runs after its loop (a save) did not run.
+            unclean = "; ".join(f"rank {e['rank']} (uid {e['uid']}) exited with {exit_text(e['code'])}" for e in failures
+                                if e.get("attempt", self.restart_count) == self.restart_count)
+            clean = " (the job ended cleanly)" if done and not unclean else ""
+            self._say(f"stopped by {signal.Signals(self.signals[0]).name}{clean}"
+                      + (f": {unclean}, not a clean stop" if unclean else ""))
             return 1  # as torchrun: a job stopped by a signal did not finish
         # A dra job succeeded when it finished (its leader marked it done), whoever died on the way,
         # and some worker of it exited 0 (every one exiting non-zero, `sys.exit(1)` on every rank
