@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(delta {summary['accuracy_delta_points']:+.2f} points)")
     print(f"resizes performed: {dynamic['resizes']}  (static: {static['resizes']})")
     print(f"rank-seconds: dynamic {dynamic['rank_seconds']:.2f}  static {static['rank_seconds']:.2f}  "
-          f"({100 * saved:+.1f}% saved) for the same {dynamic['samples']} samples")
+          f"({f'{100 * saved:.1f}% saved' if saved >= 0 else f'{-100 * saved:.1f}% more'}) for the same "
+          f"{dynamic['samples']} samples")
     print(f"plot: {png}")
     print(f"events: {out / 'events.jsonl'}")
     print(f"outputs: {out}")

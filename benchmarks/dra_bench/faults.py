@@ -348,14 +348,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--kinds: unknown kind '{k}'; known: {', '.join(sorted(KINDS))}")
     binary = find_cpp_binary(args.cpp_binary)
     languages = [lang for lang in args.langs.split(",") if lang]
-    if "cpp" in languages and binary is None:
-        print(
-            "[faults] C++ example not built (cmake --build build/cpp --target dra_elastic_train): Python workers only",
-            file=sys.stderr,
-        )
-        languages = [lang for lang in languages if lang != "cpp"]
     if not languages or any(lang not in ("py", "cpp") for lang in languages):
         p.error(f"--langs: expected py and/or cpp, got '{args.langs}'")
+    if "cpp" in languages and binary is None:
+        build = ("configure build/cpp as the README's C++ section says, then cmake --build build/cpp --target "
+                 "dra_elastic_train")
+        if languages == ["cpp"]:
+            p.error(f"--langs cpp: the C++ example is not built; {build}")
+        print(f"[faults] C++ example not built ({build}): Python workers only", file=sys.stderr)
+        languages = [lang for lang in languages if lang != "cpp"]
     specs = plan(args, languages)
     launcher = LocalLauncher(binary)
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dra-faults-"))

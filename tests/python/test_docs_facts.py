@@ -101,7 +101,7 @@ def _doc_flags(path: Path) -> set[str]:
 # Flags the pages name that belong to other programs: `ray start`, pip, cmake, scripts/sanitize.sh,
 # the C++ example's test hook.
 OTHER_PROGRAMS = {"--head", "--address", "--resources", "--num-gpus", "--no-build-isolation", "--no-deps",
-                  "--install", "--torch", "--test-fault"}
+                  "--install", "--build", "--prefix", "--torch", "--test-fault"}
 
 
 @pytest.mark.parametrize("page", ["pool.md", "pool-ray.md", "elastic.md", "launch.md", "faults.md", "simulator.md",
@@ -110,7 +110,8 @@ def test_every_flag_a_guide_names_is_a_flag_of_its_commands(page: str) -> None:
     # A page's `--flag` must be one of the commands that page documents (not a flag of any CLI).
     clis: dict[str, Callable[[], list[argparse.ArgumentParser]]] = {
         "pool.md": lambda: [_pool_parser(), _run_parser(),
-                            *_parsers_of(_example_main("examples/pool/pool_at_work.py"), [])],
+                            *_parsers_of(_example_main("examples/pool/pool_at_work.py"), []),
+                            *_script_parsers("examples/pool/train.py")],
         "pool-ray.md": lambda: [_pool_parser(), _run_parser()],
         "launch.md": lambda: [_run_parser(), _store_parser(), *_script_parsers("examples/ddp/tutorial_dra.py")],
         "elastic.md": lambda: [_run_parser(), _store_parser(), *_parsers_of(_bench_main("nccl"), []),
@@ -158,7 +159,8 @@ def _example_main(rel: str) -> Callable[..., Any]:
 def test_readme_commands_name_real_flags() -> None:
     known = _flags_of(_pool_parser(), _run_parser(), _store_parser(), _sim_parser(),
                       *_parsers_of(_bench_main("rl"), []),
-                      *_parsers_of(_example_main("examples/pool/pool_at_work.py"), []))  # the main job's
+                      *_parsers_of(_example_main("examples/pool/pool_at_work.py"), []),  # the main job's
+                      *_script_parsers("examples/pool/train.py"))  # the pool's example job
     unknown = sorted(_doc_flags(README) - set(known) - OTHER_PROGRAMS)
     assert not unknown, f"README.md names flags no dra command has: {unknown}"
 

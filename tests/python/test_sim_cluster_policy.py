@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,19 +18,17 @@ WORKLOAD = "data/pollux/workloads/workload-6.csv"
 pytestmark = pytest.mark.timeout(300)
 
 
-def equal_share(inputs) -> list[int]:
-    """Every job gets an equal share of the cluster, up to its max_devices; leftovers go in order."""
-    jobs = inputs.jobs
-    if not jobs:
-        return []
-    share = inputs.capacity // len(jobs)
-    counts = [min(share, j["max_devices"]) for j in jobs]
-    left = inputs.capacity - sum(counts)
-    for i, j in enumerate(jobs):
-        extra = min(left, j["max_devices"] - counts[i])
-        counts[i] += extra
-        left -= extra
-    return counts
+def _example_policy():
+    """The shipped plugin's policy function (examples/sim/equal_share.py; loading it registers it
+    as 'equal_share', which is taken back here so each test registers its own names)."""
+    import runpy
+
+    module = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "sim" / "equal_share.py"))
+    dra.sim.remove_cluster_policy("equal_share")
+    return module["equal_share"]
+
+
+equal_share = _example_policy()
 
 
 @pytest.fixture
@@ -238,3 +237,15 @@ def test_an_interrupt_inside_a_policy_stops_the_run_as_itself(registered, raised
     registered("py_after", equal_share)
     assert dra.sim.replay(WORKLOAD, policies=["py_after"], resamples=10, jobs_detail=False)["policies"]["py_after"][
         "completed"] == 160
+
+
+def test_the_shipped_plugin_runs_as_the_guide_shows(tmp_path):
+    out = tmp_path / "out.json"
+    plugin = Path(__file__).resolve().parents[2] / "examples" / "sim" / "equal_share.py"
+    proc = _dra_sim("replay", "--plugin", str(plugin), "--policy", "equal_share", "--policy",
+                    "pollux", "--workload", WORKLOAD, "--quiet", "--no-jobs", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    runs = doc[0] if isinstance(doc, list) else doc
+    assert runs["policies"]["equal_share"]["completed"] == 160
+    assert round(runs["policies"]["equal_share"]["avg_jct_s"]) == 3240  # the figure simulator.md gives

@@ -100,7 +100,15 @@ def _serve(args: argparse.Namespace) -> int:
             code = 3
             break
     # Slots are kept when leases are live, so a restarted daemon finds its running jobs' cgroups.
-    server.close(remove_slots=not any(l.state for l in service.book.all()))
+    live = sorted({l.job for l in service.book.all() if l.state})
+    if live:
+        print(f"[dra pool] stopping with {len(live)} job(s) still running ({', '.join(live[:5])}"
+              f"{', ...' if len(live) > 5 else ''}): they go on, their leases' cgroups are kept, and a daemon "
+              f"started again with --state {state} adopts them; to leave nothing behind, drain or cancel them "
+              "and stop once they have ended", file=sys.stderr, flush=True)
+    else:
+        print("[dra pool] stopped: no job running, the pool's cgroups removed", flush=True)
+    server.close(remove_slots=not live)
     return code
 
 
@@ -251,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--token-file", type=path_arg, default=None, help="TCP token file, mode 0600 (default <state>/token, made if absent)")
     s.add_argument("--allow-remote", action="store_true", help="let --host be reachable from other machines")
     s.add_argument("--mode", choices=["dynamic", "static", "static_naive"], default="dynamic")
-    s.add_argument("--name", default="pool")
+    s.add_argument("--name", default="pool",
+                   help="the pool's name: its cgroups are dra/<name> (default pool); one daemon per name per machine")
     s.add_argument("--slot-memory-gb", type=positive_arg, default=2.0, help="each CPU slot's memory limit (GB)")
     s.add_argument("--heartbeat-timeout-s", type=positive_arg, default=3.0)
     s.add_argument("--silence-limit-s", type=positive_arg, default=None,

@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"profiles in {sim.default_data_dir() / 'traces'}:")
             for name in profiles.names():
                 print(f"  {name}: {profiles.info(name)}")
+            print("(max_replicas: the application's limit under --reference-limits, 0 for none; the devices a job "
+                  "may use are the cluster's, --nodes x --devices-per-node)")
             return 0
         check_policies(args.policy)
         _check_outputs(args)
