@@ -3,8 +3,9 @@ and exit status 130, not a ``KeyboardInterrupt`` traceback; a reader that goes a
 head -1``) ends it quietly, not with a ``BrokenPipeError`` traceback. A command cleans up what it
 made in its own ``finally``/``except BaseException`` blocks, which run before this.
 
-A progress line rewritten in place (``progress``) is ended before anything else is said on stderr
-(``end_progress``): an error, a warning or a traceback starts on a line of its own."""
+A progress line rewritten in place (``progress``) is ended before the command's own error
+(``error``) or a traceback (``end_progress``), which start on a line of their own; Python warnings
+and what C++ writes to stderr are not routed through it."""
 
 from __future__ import annotations
 

@@ -144,40 +144,46 @@ def stop_on_sigterm(controller: Any) -> None:
 _sigterm_handlers: weakref.WeakSet[Any] = weakref.WeakSet()
 _sigterm_reset_on_fork = [False]
 
-# Whether this fork blocked SIGTERM (the forking thread's mask; the child inherits it).
-_blocked_across_fork = [False]
+# The forking thread's signal mask before dra blocked SIGTERM for its fork, by thread id (the mask
+# is a thread's, and two threads may fork at once; the child's one thread keeps the forking
+# thread's id). Restored as it was: a thread that had blocked SIGTERM itself keeps it blocked.
+_mask_before_fork: dict[int, set[signal.Signals]] = {}
 
 
 def _block_sigterm_across_fork() -> None:
     """Before a fork, SIGTERM is blocked in the forking thread, so the child inherits it blocked
-    and a SIGTERM in between waits: the child sets its default action first, then unblocks it (it
-    ends there), and the parent keeps its handler and unblocks it (the job stops cleanly). A
-    DataLoader forks its workers at every epoch on every rank at once: setting the default action
-    in the parent for the fork's duration, as before, let a SIGTERM in that window kill ranks
-    silently (an outside review: 2 of 4 stops of a job whose epochs were short)."""
+    and a SIGTERM in between waits: the child sets its default action first, then restores the
+    mask (it ends there), and the parent keeps its handler and restores it (the job stops
+    cleanly). A DataLoader forks its workers at every epoch on every rank at once: setting the
+    default action in the parent for the fork's duration, as before, let a SIGTERM in that window
+    kill ranks silently (an outside review: 2 of 4 stops of a job whose epochs were short). A child
+    stuck in an at-fork hook registered before dra's has SIGTERM blocked there (SIGKILL, which the
+    launcher sends after --shutdown-timeout, still ends it)."""
     try:
         if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            _blocked_across_fork[0] = True
+            _mask_before_fork[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     except (ValueError, TypeError, OSError):
         pass
 
 
+def _restore_mask() -> None:
+    before = _mask_before_fork.pop(threading.get_ident(), None)
+    if before is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a SIGTERM that came meanwhile is delivered now
+
+
 def _unblock_sigterm_in_parent() -> None:
-    if _blocked_across_fork[0]:
-        _blocked_across_fork[0] = False
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one that came meanwhile: the handler
+    _restore_mask()  # one that came meanwhile: the handler
 
 
 def _default_sigterm_in_child() -> None:
-    blocked, _blocked_across_fork[0] = _blocked_across_fork[0], False
     try:
         if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     except ValueError:  # signal.signal() off the main thread: the handler itself checks the pid
         pass
-    if blocked:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one that came meanwhile ends the child
+    _restore_mask()  # one that came meanwhile ends the child
+    _mask_before_fork.clear()  # the parent's other threads' entries: no such threads here
 
 
 def group_alive(pgid: int) -> bool:

@@ -231,6 +231,13 @@ admission_result store_protocol::wait_for_admission(int uid, const std::function
         check();  // Ctrl-C in Python: the wait ends here, not when the job does
       } catch (...) {
         withdraw(uid);
+        // An admission that landed since the poll names this process in the world being built:
+        // said gone, so the members' rebuild fails at once and they recover without it.
+        try {
+          if (client_->exists(key("admit/", uid))) mark_gone(uid);
+        } catch (const std::exception&) {
+          // The store is gone: the job is over anyway.
+        }
         throw;
       }
     }

@@ -255,3 +255,47 @@ def test_a_sigterm_during_a_fork_stops_the_job_cleanly_instead_of_killing_the_ra
     proc = subprocess.run([sys.executable, "-c", FORK_RACE], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert "parent alive; stop requested: True ; child -15" in proc.stdout, proc.stdout + proc.stderr
+
+
+FORK_THREADS = r'''
+import os, signal, threading
+from dra._process import stop_on_sigterm
+
+class Ctl:
+    uid, stop_requested = 0, False
+    def request_stop(self):
+        self.stop_requested = True
+
+def blocked():
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+        mask = next(int(l.split()[1], 16) for l in f if l.startswith("SigBlk"))
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+stop_on_sigterm(Ctl())
+bad = [0, 0]
+def forks(n, keep_blocked):
+    if keep_blocked:  # a thread of the script's own that blocks SIGTERM: it stays blocked
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3 if blocked() != keep_blocked else 0)
+        _, st = os.waitpid(pid, 0)
+        bad[0] += os.waitstatus_to_exitcode(st) == 3
+    bad[1] += blocked() != keep_blocked
+threads = [threading.Thread(target=forks, args=(80, i == 0)) for i in range(3)]
+for t in threads: t.start()
+forks(80, False)
+for t in threads: t.join()
+print("children with the wrong mask:", bad[0], "threads with the wrong mask:", bad[1], flush=True)
+'''
+
+
+def test_threads_forking_at_once_each_get_their_own_signal_mask_back() -> None:
+    # The mask is a thread's: one flag for the process let one thread's fork unblock SIGTERM for
+    # another's still forking (children left with SIGTERM blocked for good: a stop hung), and a
+    # thread that had blocked SIGTERM itself found it unblocked after any fork (a review of the diff).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
+    proc = subprocess.run([sys.executable, "-c", FORK_THREADS], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "children with the wrong mask: 0 threads with the wrong mask: 0" in proc.stdout, proc.stdout

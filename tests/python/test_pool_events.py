@@ -105,3 +105,41 @@ def test_the_metrics_parse_as_prometheus_text_and_agree_with_the_status(tmp_path
     assert samples[("dra_pool_jobs", (("pool", odd), ("state", "waiting")))] == 2
     assert samples[("dra_pool_events_total", (("kind", "grants"), ("pool", odd)))] == 2
     assert families["dra_pool_events"].type == "counter"  # _total is the counter's sample suffix
+
+
+def test_a_reader_sees_one_consistent_history_while_the_daemon_rotates(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    path = tmp_path / "events.jsonl"
+    log = _events.EventFile(path, 600 / (1 << 20))  # 600 bytes a file: a rotation every few lines
+    stop = threading.Event()
+    written = [0]
+
+    def write() -> None:
+        while not stop.is_set():
+            written[0] += 1
+            log.append({"time": float(written[0]), "event": "x", "pad": "y" * 40})
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    reads = 0
+    deadline = time.monotonic() + 1.5
+    try:
+        while time.monotonic() < deadline:
+            got = [int(e["time"]) for e in _events.read(path) if e["event"] == "x"]
+            reads += 1
+            # One snapshot: every event between the oldest and the newest kept, once each, in order.
+            assert got == list(range(got[0], got[-1] + 1)) if got else True, got
+    finally:
+        stop.set()
+        writer.join()
+    assert reads > 10 and written[0] > 100
+
+
+def test_a_lease_granted_before_the_oldest_kept_file_is_still_drawn() -> None:
+    events = [{"time": 10.0, "event": "events_rotated"},
+              {"time": 12.0, "event": "release", "job": "a", "lease": 1, "device": "d0"},  # its grant rotated away
+              {"time": 13.0, "event": "grant", "job": "b", "lease": 2, "device": "d0"},
+              {"time": 15.0, "event": "release", "job": "b", "lease": 2, "device": "d0"}]
+    assert sorted(leases(events)) == [("d0", "a", 10.0, 12.0, None), ("d0", "b", 13.0, 15.0, None)]

@@ -23,6 +23,7 @@ def _example_policy():
     as 'equal_share', which is taken back here so each test registers its own names)."""
     import runpy
 
+    dra.sim.remove_cluster_policy("equal_share")  # a name left registered would make the file's call raise
     module = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "sim" / "equal_share.py"))
     dra.sim.remove_cluster_policy("equal_share")
     return module["equal_share"]

@@ -25,19 +25,49 @@ def rotated(path: Path, keep: int = KEEP) -> list[Path]:
     return [p for p in older if p.exists()] + [path]
 
 
+def _inode(p: Path) -> int | None:
+    try:
+        return os.stat(p).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _open_all(path: Path, keep: int) -> list[Any]:
+    """The kept files, opened as one set: a rotation between listing and opening (the daemon runs
+    on) would shift the names by one, so the set is taken again until no file moved."""
+    for _ in range(10):
+        names = rotated(path, keep)
+        before = [_inode(p) for p in names]
+        files = []
+        for p in names:
+            try:
+                files.append(open(p, "rb"))  # noqa: SIM115 - closed by the caller
+            except FileNotFoundError:
+                files.append(None)
+        after = [os.fstat(f.fileno()).st_ino if f else None for f in files]
+        if before == after and [_inode(p) for p in names] == before:
+            return [f for f in files if f]
+        for f in files:
+            if f:
+                f.close()
+    return [open(p, "rb") for p in rotated(path, keep) if p.exists()]  # noqa: SIM115
+
+
 def read(path: str | Path, keep: int = KEEP) -> Iterator[dict[str, Any]]:
-    """Every event kept for ``path``, oldest first, rotated files included; a line cut short (a
-    daemon killed while it wrote) is skipped."""
-    for p in rotated(Path(path), keep):
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            continue
-        for line in text.splitlines():
+    """Every event kept for ``path``, oldest first, rotated files included, also while the daemon
+    rotates them; a line cut short (a daemon killed while it wrote) or not UTF-8 is skipped."""
+    files = _open_all(Path(path), keep)
+    try:
+        texts = [f.read() for f in files]
+    finally:
+        for f in files:
+            f.close()
+    for data in texts:
+        for line in data.splitlines():
             if line.strip():
                 try:
-                    yield json.loads(line)
-                except ValueError:
+                    yield json.loads(line.decode())
+                except ValueError:  # UnicodeDecodeError is one
                     continue
 
 

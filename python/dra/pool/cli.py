@@ -106,9 +106,10 @@ def _serve(args: argparse.Namespace) -> int:
               f"{', ...' if len(live) > 5 else ''}): they go on, their leases' cgroups are kept, and a daemon "
               f"started again with --state {state} adopts them; to leave nothing behind, drain or cancel them "
               "and stop once they have ended", file=sys.stderr, flush=True)
-    else:
-        print("[dra pool] stopped: no job running, the pool's cgroups removed", flush=True)
     server.close(remove_slots=not live)
+    if not live:
+        print("[dra pool] stopped: no job running" + (", the pool's cgroups removed" if service.slots is not None else ""),
+              flush=True)
     return code
 
 

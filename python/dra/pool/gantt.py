@@ -21,6 +21,7 @@ def leases(events: list[dict[str, Any]]) -> list[tuple[str, str, float, float, f
     open_: dict[int, list[Any]] = {}
     out = []
     end = max((e["time"] for e in events), default=0.0)
+    first = min((e["time"] for e in events), default=0.0)
     for e in events:
         kind = e.get("event")
         if kind == "grant":
@@ -30,6 +31,8 @@ def leases(events: list[dict[str, Any]]) -> list[tuple[str, str, float, float, f
         elif kind == "release" and e.get("lease") in open_:
             d, j, t, w = open_.pop(e["lease"])
             out.append((d, j, t, e["time"], w))
+        elif kind == "release" and "device" in e:  # granted before the oldest kept events file
+            out.append((e["device"], e["job"], first, e["time"], None))
     out += [(d, j, t, end, w) for d, j, t, w in open_.values()]
     return out
 
