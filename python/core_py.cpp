@@ -1,9 +1,37 @@
 #include <pybind11/pybind11.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
 
 #include "bindings.hpp"
 #include "dra/error.hpp"
 
 namespace py = pybind11;
+
+namespace {
+// SIGTERM in a process that asked the job to stop on it (dra._process.stop_on_sigterm): Python's
+// own C handler in that process, the default action in any process forked from it. A forked child
+// inherits the handler, and one that never reaches Python again (stuck in an at-fork hook, in C)
+// could not run the Python handler: SIGTERM would not end it. Decided at the signal, by pid, so no
+// fork needs the handler changed (a SIGTERM during a DataLoader's fork stops the job cleanly).
+struct sigaction python_sigterm{};
+pid_t sigterm_owner = 0;
+
+void sigterm_by_pid(int sig, siginfo_t* info, void* context) {
+  if (getpid() != sigterm_owner) {
+    signal(sig, SIG_DFL);  // async-signal-safe; the raise is delivered when this handler returns
+    raise(sig);
+    return;
+  }
+  if (python_sigterm.sa_flags & SA_SIGINFO) {
+    python_sigterm.sa_sigaction(sig, info, context);
+  } else if (python_sigterm.sa_handler != SIG_DFL && python_sigterm.sa_handler != SIG_IGN) {
+    python_sigterm.sa_handler(sig);
+  }
+}
+}  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "dra's compiled core: signals, policies, the decision engine, the controller (the simulator is dra._sim).";
@@ -33,4 +61,21 @@ PYBIND11_MODULE(_core, m) {
   dra::python::bind_energy(m);
   dra::python::bind_compress(m);
   dra::python::bind_pool(m);
+  m.def(
+      "_sigterm_ends_forked_children",
+      [] {
+        struct sigaction current{};
+        if (sigaction(SIGTERM, nullptr, &current) != 0)
+          throw std::system_error(errno, std::generic_category(), "sigaction");
+        sigterm_owner = getpid();
+        if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == &sigterm_by_pid) return;  // already
+        python_sigterm = current;
+        struct sigaction mine = current;
+        mine.sa_sigaction = &sigterm_by_pid;
+        mine.sa_flags = current.sa_flags | SA_SIGINFO;
+        if (sigaction(SIGTERM, &mine, nullptr) != 0)
+          throw std::system_error(errno, std::generic_category(), "sigaction");
+      },
+      "Called right after signal.signal(SIGTERM, handler): that handler runs in this process, and a process "
+      "forked from it ends at SIGTERM (the default action), whatever it is doing.");
 }

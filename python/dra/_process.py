@@ -130,9 +130,14 @@ def stop_on_sigterm(controller: Any) -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     _sigterm_handlers.add(on_sigterm)
+    from dra import _core
+
+    # The handler runs in this process only: a process forked from it (a DataLoader worker) ends at
+    # SIGTERM from its first instruction, decided at the signal by pid (C), so no fork changes
+    # the handler and a stop that lands during one still reaches on_sigterm here.
+    _core._sigterm_ends_forked_children()
     if not _sigterm_reset_on_fork[0]:
-        os.register_at_fork(before=_block_sigterm_across_fork, after_in_parent=_unblock_sigterm_in_parent,
-                            after_in_child=_default_sigterm_in_child)
+        os.register_at_fork(after_in_child=_default_sigterm_in_child)
         _sigterm_reset_on_fork[0] = True
 
 
@@ -140,50 +145,21 @@ def stop_on_sigterm(controller: Any) -> None:
 # must end the process. An interpreter's exit sends SIGTERM to its daemonic multiprocessing children
 # (a DataLoader's workers) and joins them without a timeout: a worker that took the handler over
 # (one that had not yet installed its own) asked a copy of the controller to stop, lived on, and the
-# training process never exited (seen after an uncaught exception under `dra run`).
+# training process never exited (seen after an uncaught exception under `dra run`). Two designs
+# before this one changed the handler around each fork: the default action in the parent for the
+# fork's duration (a stop landing while a DataLoader forked its workers, at every epoch on every
+# rank, killed ranks silently: an outside review saw it in 2 of 4 stops), then SIGTERM blocked in
+# the forking thread (a child stuck in an earlier at-fork hook could then not be ended by SIGTERM).
 _sigterm_handlers: weakref.WeakSet[Any] = weakref.WeakSet()
 _sigterm_reset_on_fork = [False]
-
-# The forking thread's signal mask before dra blocked SIGTERM for its fork, by thread id (the mask
-# is a thread's, and two threads may fork at once; the child's one thread keeps the forking
-# thread's id). Restored as it was: a thread that had blocked SIGTERM itself keeps it blocked.
-_mask_before_fork: dict[int, set[signal.Signals]] = {}
-
-
-def _block_sigterm_across_fork() -> None:
-    """Before a fork, SIGTERM is blocked in the forking thread, so the child inherits it blocked
-    and a SIGTERM in between waits: the child sets its default action first, then restores the
-    mask (it ends there), and the parent keeps its handler and restores it (the job stops
-    cleanly). A DataLoader forks its workers at every epoch on every rank at once: setting the
-    default action in the parent for the fork's duration, as before, let a SIGTERM in that window
-    kill ranks silently (an outside review: 2 of 4 stops of a job whose epochs were short). A child
-    stuck in an at-fork hook registered before dra's has SIGTERM blocked there (SIGKILL, which the
-    launcher sends after --shutdown-timeout, still ends it)."""
-    try:
-        if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
-            _mask_before_fork[threading.get_ident()] = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    except (ValueError, TypeError, OSError):
-        pass
-
-
-def _restore_mask() -> None:
-    before = _mask_before_fork.pop(threading.get_ident(), None)
-    if before is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a SIGTERM that came meanwhile is delivered now
-
-
-def _unblock_sigterm_in_parent() -> None:
-    _restore_mask()  # one that came meanwhile: the handler
 
 
 def _default_sigterm_in_child() -> None:
     try:
         if signal.getsignal(signal.SIGTERM) in _sigterm_handlers:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Python's view matches what the kernel does
     except ValueError:  # signal.signal() off the main thread: the handler itself checks the pid
         pass
-    _restore_mask()  # one that came meanwhile ends the child
-    _mask_before_fork.clear()  # the parent's other threads' entries: no such threads here
 
 
 def group_alive(pgid: int) -> bool:

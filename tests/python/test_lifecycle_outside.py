@@ -251,6 +251,8 @@ def test_a_sigterm_during_a_fork_stops_the_job_cleanly_instead_of_killing_the_ra
     # A DataLoader forks its workers at every epoch, on every rank at once. SIGTERM had its default
     # action in the parent for the fork's duration, so a stop landing there killed ranks silently
     # (2 of 4 stops of a job with short epochs in an outside review) and the leader's save never ran.
+    # tests/python/test_exit_after_error.py holds the other side: a child stuck before any of its
+    # code runs still ends at SIGTERM.
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
     proc = subprocess.run([sys.executable, "-c", FORK_RACE], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
@@ -292,9 +294,11 @@ print("children with the wrong mask:", bad[0], "threads with the wrong mask:", b
 
 
 def test_threads_forking_at_once_each_get_their_own_signal_mask_back() -> None:
-    # The mask is a thread's: one flag for the process let one thread's fork unblock SIGTERM for
-    # another's still forking (children left with SIGTERM blocked for good: a stop hung), and a
-    # thread that had blocked SIGTERM itself found it unblocked after any fork (a review of the diff).
+    # dra leaves every thread's signal mask as it was across forks. An intermediate design blocked
+    # SIGTERM across each fork with one flag for the process, while a mask is a thread's: one
+    # thread's fork unblocked SIGTERM for another's still forking (children left with SIGTERM
+    # blocked for good: a stop hung), and a thread that had blocked SIGTERM itself found it
+    # unblocked after any fork (a review of the diff).
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
     proc = subprocess.run([sys.executable, "-c", FORK_THREADS], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -2566,6 +2566,10 @@ def _set_step_target(slow: typing.Any, warn: typing.Any, controller: typing.Any)
     """
     Internal: where dra.step goes (set by dra.reset / dra.default_controller).
     """
+def _sigterm_ends_forked_children() -> None:
+    """
+    Called right after signal.signal(SIGTERM, handler): that handler runs in this process, and a process forked from it ends at SIGTERM (the default action), whatever it is doing.
+    """
 def adascale_gain(noise_scale: typing.SupportsFloat | typing.SupportsIndex, valid: bool, global_batch: typing.SupportsFloat | typing.SupportsIndex, base_batch: typing.SupportsFloat | typing.SupportsIndex) -> float:
     """
     AdaScale learning-rate gain for global batch M.

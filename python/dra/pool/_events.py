@@ -8,6 +8,7 @@ with an ``events_rotated`` line. Each file is opened without following a symboli
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -25,32 +26,32 @@ def rotated(path: Path, keep: int = KEEP) -> list[Path]:
     return [p for p in older if p.exists()] + [path]
 
 
-def _inode(p: Path) -> int | None:
-    try:
-        return os.stat(p).st_ino
-    except FileNotFoundError:
-        return None
+def _lock_path(path: Path) -> Path:
+    return Path(f"{path}.lock")
 
 
 def _open_all(path: Path, keep: int) -> list[Any]:
-    """The kept files, opened as one set: a rotation between listing and opening (the daemon runs
-    on) would shift the names by one, so the set is taken again until no file moved."""
-    for _ in range(10):
-        names = rotated(path, keep)
-        before = [_inode(p) for p in names]
+    """The kept files, opened as one set: a rotation (which renames every file) is held off while
+    the reader lists and opens them, by a shared lock on ``<path>.lock`` against the daemon's
+    exclusive one (names and inodes alone do not do: a rotation frees the oldest inode and the new
+    file may take it, so four rotations can look like none)."""
+    try:
+        lock = os.open(_lock_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        lock = -1  # a file no daemon of this version wrote: nothing rotates it
+    try:
+        if lock >= 0:
+            fcntl.flock(lock, fcntl.LOCK_SH)
         files = []
-        for p in names:
+        for p in rotated(path, keep):
             try:
                 files.append(open(p, "rb"))  # noqa: SIM115 - closed by the caller
             except FileNotFoundError:
-                files.append(None)
-        after = [os.fstat(f.fileno()).st_ino if f else None for f in files]
-        if before == after and [_inode(p) for p in names] == before:
-            return [f for f in files if f]
-        for f in files:
-            if f:
-                f.close()
-    return [open(p, "rb") for p in rotated(path, keep) if p.exists()]  # noqa: SIM115
+                continue
+        return files
+    finally:
+        if lock >= 0:
+            os.close(lock)  # the lock goes with it
 
 
 def read(path: str | Path, keep: int = KEEP) -> Iterator[dict[str, Any]]:
@@ -89,6 +90,14 @@ class EventFile:
         return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
     def _rotate(self) -> None:
+        lock = os.open(_lock_path(self.path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # readers list and open the files under a shared lock
+            self._rename_all()
+        finally:
+            os.close(lock)
+
+    def _rename_all(self) -> None:
         last = Path(f"{self.path}.{self.keep}")
         if last.is_symlink() or last.exists():
             last.unlink()
