@@ -18,9 +18,12 @@ namespace {
 // fork needs the handler changed (a SIGTERM during a DataLoader's fork stops the job cleanly).
 struct sigaction python_sigterm{};
 pid_t sigterm_owner = 0;
+volatile sig_atomic_t sigterms_seen = 0;  // in the owner: a second SIGTERM ends it at once
 
 void sigterm_by_pid(int sig, siginfo_t* info, void* context) {
-  if (getpid() != sigterm_owner) {
+  // A forked child takes the default action; so does the owner at its second SIGTERM, which
+  // Python could not tell from the first while its main thread is in C (it runs the handler once).
+  if (getpid() != sigterm_owner || ++sigterms_seen >= 2) {
     signal(sig, SIG_DFL);  // async-signal-safe; the raise is delivered when this handler returns
     raise(sig);
     return;
@@ -68,6 +71,7 @@ PYBIND11_MODULE(_core, m) {
         if (sigaction(SIGTERM, nullptr, &current) != 0)
           throw std::system_error(errno, std::generic_category(), "sigaction");
         sigterm_owner = getpid();
+        sigterms_seen = 0;
         if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == &sigterm_by_pid) return;  // already
         python_sigterm = current;
         struct sigaction mine = current;

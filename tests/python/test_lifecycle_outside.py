@@ -303,3 +303,41 @@ def test_threads_forking_at_once_each_get_their_own_signal_mask_back() -> None:
     proc = subprocess.run([sys.executable, "-c", FORK_THREADS], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "children with the wrong mask: 0 threads with the wrong mask: 0" in proc.stdout, proc.stdout
+
+
+TWO_SIGTERMS = r'''
+import ctypes, os, signal, threading, time
+from dra._process import stop_on_sigterm
+
+class Ctl:
+    uid, stop_requested = 0, False
+    def request_stop(self):
+        self.stop_requested = True
+
+ctl = Ctl()
+stop_on_sigterm(ctl)
+def twice():
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=twice, daemon=True).start()
+# The main thread in C (a collective, a long kernel): Python runs no handler meanwhile. SIGTERM is
+# blocked there so that the signals land in the other thread and the sleep is not cut short.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+ctypes.CDLL(None).sleep(6)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+print("still alive after both; stop requested:", ctl.stop_requested, flush=True)
+'''
+
+
+def test_a_second_sigterm_ends_the_process_at_once_while_its_main_thread_is_in_c() -> None:
+    # dra says "a second SIGTERM ends this process at once"; Python runs its handler once for both
+    # when they come while the main thread is in C, so the second was lost (an outside review: a
+    # rank in a gradient reduction stopped cleanly instead, seconds later).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", TWO_SIGTERMS], env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - began
+    assert proc.returncode == -15, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert took < 5.0 and "still alive" not in proc.stdout, (took, proc.stdout)

@@ -547,11 +547,11 @@ class NodeLauncher:
             if dead:
                 self._say(f"node(s) {dead} stopped beating: not waited for")
         failures = [e for e in self.exits if e["code"] != 0 and not e.get("stopped")]
+        # A worker that did not stop cleanly (killed by a signal, a non-zero exit) is named: the
+        # job's end was not clean for it, and what runs after its loop (a save) did not run.
+        unclean = "; ".join(f"rank {e['rank']} (uid {e['uid']}) exited with {exit_text(e['code'])}" for e in failures
+                            if e.get("attempt", self.restart_count) == self.restart_count)
         if self.signals:
-            # A worker that did not stop cleanly (killed by a signal, a non-zero exit) is named: the
-            # job's end was not clean for it, and what runs after its loop (a save) did not run.
-            unclean = "; ".join(f"rank {e['rank']} (uid {e['uid']}) exited with {exit_text(e['code'])}" for e in failures
-                                if e.get("attempt", self.restart_count) == self.restart_count)
             clean = " (the job ended cleanly)" if done and not unclean else ""
             self._say(f"stopped by {signal.Signals(self.signals[0]).name}{clean}"
                       + (f": {unclean}, not a clean stop" if unclean else ""))
@@ -566,8 +566,9 @@ class NodeLauncher:
                 self._say("the job marked itself done, but every worker of this node exited non-zero")
             stopped = self._stopped_at() if ok else None
             if stopped is not None:  # a worker's SIGTERM (or ctl.request_stop()) ended it: not a finished training
+                ended = (f"{unclean}, not a clean stop" if unclean else "every member ended there cleanly")
                 self._say(f"stopped at step {stopped}: a worker asked the job to stop (its SIGTERM, or "
-                          "ctl.request_stop()); every member ended there cleanly, the training did not run to its end")
+                          f"ctl.request_stop()); {ended}, the training did not run to its end")
                 return 1
         else:
             ok = all(e["code"] == 0 for e in self.exits if not e.get("stopped")
