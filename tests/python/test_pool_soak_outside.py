@@ -403,7 +403,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def soak(tmp_path: Path, seed: int, ops: int = 30, stream_s: float = 45.0, drain_s: float = 50.0) -> None:
+# drain_s: 90 s. A fresh clone's suite (three test files at once on 2 cores) once left seed 22's
+# last real training job running, heartbeats fresh and a lease granted 6 s before, at 50 s.
+def soak(tmp_path: Path, seed: int, ops: int = 30, stream_s: float = 45.0, drain_s: float = 90.0) -> None:
     s = Soak(tmp_path, seed)
     try:
         s.run(ops, stream_s, drain_s)
@@ -433,7 +435,7 @@ def soak(tmp_path: Path, seed: int, ops: int = 30, stream_s: float = 45.0, drain
 
 
 @pytest.mark.skipif(bool(NO_CGROUPS), reason=f"no cgroup v1 slots here: {NO_CGROUPS}")
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_a_random_stream_of_jobs_cancels_kills_and_a_restart_keeps_the_pools_invariants(tmp_path: Path) -> None:
     """One seeded stream (``DRA_SOAK_SEED`` picks another; seed 22 met the half-slot IndexError
     below); about a minute here. Every violation is listed with the seed and the event log."""
