@@ -356,6 +356,35 @@ TEST_CASE("elastic.store_protocol.pool_limit_and_report") {
   CHECK(json::parse(std::string(raw.begin(), raw.end()))["desired_size"] == 4);
 }
 
+TEST_CASE("elastic.store_protocol.an_interrupted_wait_withdraws_and_an_admission_it_missed_is_said_gone") {
+  // Ctrl-C in a waiting candidate (controller_options::interrupt_check throws): its registration
+  // is withdrawn and the exception comes out of the wait. An admission that landed between the
+  // last poll and the check named it in the world being built: it is then marked gone, so the
+  // members' rebuild fails at once instead of waiting out the rendezvous for it.
+  auto server = make_server();
+  struct interrupted : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  for (const bool admitted_meanwhile : {false, true}) {
+    CAPTURE(admitted_meanwhile);
+    const std::string name = admitted_meanwhile ? "int-late" : "int";
+    ed::store_protocol store(client_of(server->getPort(), name), 10s);
+    store.register_candidate(10001, {}, {});
+    CHECK(store.any_waiting());
+    int checks = 0;
+    const auto check = [&] {
+      if (++checks < 3) return;
+      if (admitted_meanwhile) store.admit({10001}, {4, {0, 10001}, {10001}});  // lands after the poll
+      throw interrupted("KeyboardInterrupt");
+    };
+    CHECK_THROWS_AS(store.wait_for_admission(10001, check), interrupted);
+    CHECK(checks == 3);
+    CHECK_FALSE(store.any_waiting());
+    const std::string gone = "dra/parts-" + name + "/0/gone/10001";
+    CHECK(server->check({gone}) == admitted_meanwhile);
+  }
+}
+
 TEST_CASE("elastic.transfer.chunked_pieces_arrive_bit_identical") {
   at::set_num_threads(1);
   for (const std::size_t chunk : {std::size_t{1024}, std::size_t{16} << 20}) {

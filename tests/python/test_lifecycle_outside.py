@@ -64,6 +64,8 @@ def train():
                 raise RuntimeError("validation failed on this rank")
             time.sleep(cfg.get("step_sleep", 0.0))
     rec(uid=ctl.uid, final=True, step_index=ctl.step_index, world=ctl.world_size)
+    if ctl.uid == cfg.get("killed_after_loop"):  # what runs after the loop (a save) crashed
+        os.kill(os.getpid(), signal.SIGKILL)
 
 if cfg.get("thread"):  # training off the main thread (a notebook's or a service's shape)
     t = threading.Thread(target=train, name="trainer")
@@ -152,13 +154,20 @@ def test_a_second_training_in_a_launched_process_is_refused_at_once(tmp_path: Pa
     assert "Connect timeout" not in logs and took < 25, (took, logs[-3000:])
 
 
-def test_a_stop_asked_by_one_workers_sigterm_is_not_reported_as_a_finished_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("after", ["clean", "killed"])
+def test_a_stop_asked_by_one_workers_sigterm_is_not_reported_as_a_finished_job(tmp_path: Path, after: str) -> None:
     # Every member ends cleanly at the same step (documented), but the launcher said "job finished"
     # and exited 0: `dra run ... && evaluate` went on with a model trained a fraction of the way.
-    code, logs, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none"}, {"sigterm_at": [1, 8]},
-                                            timeout=150)
+    # A member killed after the loop (its save crashed) is named: the stop was not clean for it.
+    cfg = {"sigterm_at": [1, 8]} | ({"killed_after_loop": 0} if after == "killed" else {})
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none"}, cfg, timeout=150)
     assert code == 1, logs[-4000:]
     assert "stopped at step" in logs and "a worker asked the job to stop" in logs, logs[-4000:]
+    if after == "clean":
+        assert "every member ended there cleanly" in logs and "not a clean stop" not in logs, logs[-4000:]
+    else:
+        assert "rank 0 (uid 0) exited with signal SIGKILL, not a clean stop" in logs, logs[-4000:]
+        assert "every member ended there cleanly" not in logs, logs[-4000:]
     assert "finished" not in logs.splitlines()[-1], logs[-2000:]
     finals = _finals(records)
     assert set(finals) == {0, 1} and len({f["step_index"] for f in finals.values()}) == 1, finals
