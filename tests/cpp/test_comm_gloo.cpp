@@ -3,6 +3,7 @@
 // test thread asserts afterwards.
 #include <ATen/Functions.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -338,4 +339,43 @@ TEST_CASE("comm.gloo.bad_requests") {
   // An aborted communicator refuses collectives with comm_error instead of crashing.
   solo3->abort();
   CHECK_THROWS_AS(solo3->all_reduce_sum(b), dra::comm_error);
+}
+
+TEST_CASE("comm.gloo.a_world_s_rendezvous_keys_are_erased_two_worlds_later") {
+  // A job that changes its world often: its store kept every world's Gloo addresses for the
+  // job's life. Each process now erases its own key two worlds after it wrote it. Process 1
+  // leaves at every even epoch and returns at the next odd one.
+  auto server = make_server();
+  const std::uint16_t port = server->getPort();
+  const std::vector<int> all{0, 1, 2};
+  const std::vector<int> two{0, 2};
+  constexpr std::uint64_t kEpochs = 8;
+  std::vector<double> sums(3, 0.0);
+  auto errors = run_threads(3, [&](int i) {
+    gloo_backend backend(loopback());
+    auto store = make_client(port);
+    std::unique_ptr<communicator> comm;
+    for (std::uint64_t e = 1; e <= kEpochs; ++e) {
+      const bool odd = e % 2 == 1;
+      comm = backend.rebuild(std::move(comm),
+                             request(e,
+                                     e == 1 ? std::vector<int>{}
+                                     : odd  ? two
+                                            : all,
+                                     odd ? all : two, i),
+                             store);
+      if (!comm) continue;  // process 1, between worlds
+      at::Tensor one = at::ones({1});
+      comm->all_reduce_sum(one);
+      sums[static_cast<std::size_t>(i)] += one.item<double>();
+    }
+  });
+  check_no_errors(errors);
+  CHECK(sums == std::vector<double>{20.0, 12.0, 20.0});  // 4 worlds of 3 and 4 of 2; process 1 in 4 of them
+  std::vector<std::string> keys = server->listKeys();
+  std::sort(keys.begin(), keys.end());
+  // Left: each process's key of the last two worlds it built (rank within that world).
+  const std::vector<std::string> expected{"dra/epoch/5/0/1", "dra/epoch/7/0/0", "dra/epoch/7/0/1",
+                                          "dra/epoch/7/0/2", "dra/epoch/8/0/0", "dra/epoch/8/0/1"};
+  CHECK(keys == expected);
 }

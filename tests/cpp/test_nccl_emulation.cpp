@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -350,6 +351,33 @@ TEST_CASE("nccl.backend_on_emulation.before_2_28_the_watchdog_aborts_and_the_sur
   for (const auto& e : w.rebuild({0}, 2, {0, 1}, {0}, true)) CHECK(e.empty());
   CHECK(w.backends[0]->last_path() == nccl_path::fresh_init);
   w.comms[1]->abort();
+}
+
+TEST_CASE("nccl.backend_on_emulation.a_world_s_rendezvous_keys_are_erased_two_worlds_later") {
+  // Shrink, grow and fresh worlds one after the other: each world's ids and votes are erased by
+  // its rank 0 once it has built two worlds since; only the last two worlds' keys stay.
+  world w(3);
+  const std::vector<int> all{0, 1, 2};
+  const std::vector<int> two{0, 1};
+  for (const auto& e : w.rebuild(all, 1, {}, all)) CHECK(e.empty());
+  for (std::uint64_t e = 2; e <= 7; ++e) {
+    const bool shrink = e % 2 == 0;
+    for (const auto& err : w.rebuild(all, e, shrink ? all : two, shrink ? two : all)) CHECK(err.empty());
+    if (!shrink) {
+      on_ranks(3, [&](int r) {
+        at::Tensor t = at::ones({1});
+        w.at(r).all_reduce_sum(t);
+        CHECK(t.item<float>() == 3.0f);
+      });
+    }
+  }
+  std::set<std::string> epochs;
+  for (const auto& k : w.store->listKeys()) {
+    INFO(k);
+    REQUIRE(k.rfind("dra/nccl/", 0) == 0);
+    epochs.insert(k.substr(9, k.find('/', 9) - 9));
+  }
+  CHECK(epochs == std::set<std::string>{"6", "7"});
 }
 
 TEST_CASE("nccl.backend_on_emulation.grow_through_the_backend") {

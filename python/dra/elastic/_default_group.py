@@ -63,6 +63,7 @@ class DefaultGroup:
         self._pending = False  # a re-creation failed: the next change tries again
         self._pending_config: tuple[str, Any, timedelta | None] = ("gloo", None, None)
         self._store: Any = None
+        self._built: list[list[str]] = []  # this process's store keys of the last groups it made
         self._warned: set[str] = set()
         self._partial = False  # the group spans the members of one kind only: the whole world at the next step
         self._guarding = False  # self._group is one dra re-creates, so its collectives are guarded
@@ -241,6 +242,26 @@ class DefaultGroup:
         if timeout is not None:
             _set_timeout(group, timeout)
         self._group, self._guarding = group, True
+        # Torch's rendezvous wrote this rank's address under the group's prefix (its default group
+        # is named "0"; one key per device type); `_kinds` wrote kind/<uid>.
+        base = f"dra.default_group/{epoch}/{'-'.join(map(str, ctl.members))}"
+        self._erase_old(ctl, [f"{name}/0//{dev}//0/{rank}" for dev in ("cpu", "cuda")]
+                        + ([] if position is None else [f"{base}/kind/{ctl.uid}"]))
+
+    def _erase_old(self, ctl: Any, keys: list[str]) -> None:
+        """The store keys this process wrote for the group it made two re-creations ago are erased
+        (every member has made a group since, so no rendezvous reads them): a job changing its world
+        often piled them up in its store for its whole life. Best effort: a store that no longer
+        answers keeps them."""
+        while len(self._built) >= 2:
+            old = self._built.pop(0)
+            try:
+                store = self._job_store(ctl)
+                for k in old:
+                    store.delete_key(k)
+            except Exception:  # noqa: BLE001 - the job's store is going away with the job
+                pass
+        self._built.append(keys)
 
     @staticmethod
     def _kinds(store: Any, uid: int, members: list[int], position: str, bound: timedelta) -> dict[int, str]:

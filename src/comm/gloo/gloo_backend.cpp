@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "../descriptors.hpp"
+#include "../rendezvous_keys.hpp"
 #include "dra/elastic/membership.hpp"
 #include "dra/error.hpp"
 
@@ -293,7 +294,9 @@ void gloo_communicator::abort() noexcept {
 }
 
 gloo_backend::gloo_backend(gloo_backend_options options)
-    : options_(std::move(options)), reaper_(std::make_shared<detail::gloo_reaper>()) {}
+    : options_(std::move(options)),
+      reaper_(std::make_shared<detail::gloo_reaper>()),
+      keys_(std::make_shared<detail::rendezvous_keys>()) {}
 
 gloo_backend::~gloo_backend() = default;
 
@@ -332,6 +335,8 @@ std::unique_ptr<communicator> gloo_backend::rebuild(std::unique_ptr<communicator
     auto options = c10d::ProcessGroupGloo::Options::create(request.timeout);
     options->devices.push_back(make_device(options_));
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
+    // This rank's address, written by Gloo's rendezvous under the device's index (one device: 0).
+    keys_->built({options_.key_prefix + "/" + std::to_string(request.epoch) + "/0/" + std::to_string(rank)}, store);
     // The rendezvous had the generous timeout; every collective afterwards gets the short one.
     const auto collective = request.collective_timeout.count() > 0 ? request.collective_timeout : request.timeout;
     return std::make_unique<gloo_communicator>(std::move(group), rank, size, request.epoch, collective, reaper_);

@@ -42,6 +42,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "../rendezvous_keys.hpp"
 #include "dra/error.hpp"
 #include "dra/torch/comm/nccl.hpp"
 #include "nccl_internal.hpp"
@@ -113,7 +114,7 @@ std::string json_escape(const std::string& s) {
 // ---- backend ----------------------------------------------------------------------------------
 
 nccl_backend::nccl_backend(std::shared_ptr<nccl_api> api, nccl_backend_options options)
-    : api_(std::move(api)), options_(std::move(options)) {
+    : api_(std::move(api)), options_(std::move(options)), keys_(std::make_shared<detail::rendezvous_keys>()) {
   if (!api_) throw std::invalid_argument("nccl_backend api: null; pass dra::comm::load_nccl_api()");
   if (options_.device >= 0) {
     // Fail here, before any NCCL call, rather than in the middle of a rebuild.
@@ -193,6 +194,12 @@ std::unique_ptr<communicator> nccl_backend::rebuild(std::unique_ptr<communicator
   };
   auto done = [&](nccl_path path, std::unique_ptr<communicator> result) {
     last_path_ = path;
+    if (result && plan.new_rank == 0) {  // every key of this world's rendezvous, whoever wrote it
+      std::vector<std::string> keys{base + "/grow_id", base + "/init_id/0", base + "/init_id/1"};
+      for (const char* vote : {"/vote_fast", "/vote_done"})
+        for (const char* k : {"/yes", "/count", "/done"}) keys.push_back(base + vote + k);
+      keys_->built(std::move(keys), store);
+    }
     const auto ms = std::chrono::duration<double, std::milli>(clock_type::now() - started).count();
     std::ostringstream f;
     f << ",\"path\":\"" << to_string(path) << "\",\"rank\":" << plan.new_rank << ",\"ms\":" << ms;

@@ -55,7 +55,7 @@ nccl_handle nccl_communicator::release() noexcept {
 void nccl_communicator::abort() noexcept {
   std::lock_guard<std::mutex> lock(handle_mutex_);
   if (auto h = handle_.exchange(nullptr))
-    detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
+    dra::detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
 }
 
 void nccl_communicator::fault() noexcept {
@@ -68,7 +68,7 @@ void nccl_communicator::fault() noexcept {
     return;
   }
   handle_.store(nullptr);
-  detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
+  dra::detail::log_check(api_->comm_abort(h) == nccl_result::success, "ncclCommAbort");
 }
 
 void nccl_communicator::revoke() noexcept {

@@ -61,13 +61,13 @@ void release_handle(nccl_api& api, nccl_handle comm, bool with_abort, std::chron
       const auto r = api.comm_finalize(comm);
       if ((r == nccl_result::success || r == nccl_result::in_progress) &&
           wait_ready(api, comm, clock_type::now() + timeout, poll, nullptr) == wait_outcome::ready) {
-        detail::log_check(api.comm_destroy(comm) == nccl_result::success, "ncclCommDestroy");
+        dra::detail::log_check(api.comm_destroy(comm) == nccl_result::success, "ncclCommDestroy");
         return;
       }
     }
     api.comm_abort(comm);
   } catch (...) {
-    detail::log_check(false, "NCCL communicator teardown threw");
+    dra::detail::log_check(false, "NCCL communicator teardown threw");
   }
 }
 

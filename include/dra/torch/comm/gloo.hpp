@@ -24,7 +24,8 @@ namespace dra::comm {
 
 namespace detail {
 class gloo_reaper;
-}
+class rendezvous_keys;
+}  // namespace detail
 
 struct gloo_backend_options {
   /// Address the Gloo device binds to and announces to peers (e.g. "127.0.0.1" on one host).
@@ -101,6 +102,7 @@ class gloo_backend final : public backend {
  private:
   gloo_backend_options options_;
   std::shared_ptr<detail::gloo_reaper> reaper_;
+  std::shared_ptr<detail::rendezvous_keys> keys_;  // this process's rendezvous keys, erased two worlds later
 };
 
 }  // namespace dra::comm

@@ -145,6 +145,9 @@ struct nccl_backend_options {
 };
 
 class nccl_backend;
+namespace detail {
+class rendezvous_keys;
+}
 namespace nccl_detail {
 class nccl_watchdog;
 }
@@ -251,6 +254,7 @@ class nccl_backend final : public backend {
   nccl_backend_options options_;
   nccl_plan last_plan_;
   nccl_path last_path_ = nccl_path::fresh_init;
+  std::shared_ptr<detail::rendezvous_keys> keys_;  // a world's keys, erased by its rank 0 two worlds later
 };
 
 }  // namespace dra::comm
