@@ -111,7 +111,7 @@ def pipeline_rows(doc: dict[str, Any], suffix: str) -> list[dict[str, Any]]:
     ]
     la = s.get("lookahead_planner")
     if la:
-        note = "the stage-balance policy with planner='lookahead' (event simulator only; the live leader runs 'window')"
+        note = "the stage-balance policy with planner='lookahead' (not the default, 'window'; the live leader runs it too with policy={'planner': 'lookahead'})"
         rows += [
             result(f"rl_sim_time_longgen_lookahead{suffix}", la["dynamic_s"], "s", ("best_static_split", best["total_s"]),
                    goal_ratio="<= 0.67 (DynaResize: -33 %)", part="resizing (dra's)", note=note,

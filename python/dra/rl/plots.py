@@ -127,7 +127,7 @@ def plot_pipeline(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(9, 4.2))
     lines = [("stage balance (in-step moves)", doc["dynamic"], {"linewidth": 1.0})]
     if doc.get("dynamic_lookahead") and doc["dynamic"]["name"] != "dynamic_lookahead":
-        lines.append(("look-ahead planner (simulator only)", doc["dynamic_lookahead"], {"linewidth": 0.8, "alpha": 0.8}))
+        lines.append(("look-ahead planner", doc["dynamic_lookahead"], {"linewidth": 0.8, "alpha": 0.8}))
     lines.append(("oracle_within_step", doc["oracle_within_step"], {"linewidth": 0.8, "alpha": 0.7}))
     for label, run, style in lines:
         r = run["roles"]
@@ -153,7 +153,7 @@ def plot_pipeline(doc: dict[str, Any], folder: str | Path) -> list[Path]:
         ax.bar([x + (i - 1) * width for x in splits], [r["total_s"] for r in runs], width, label=f"static: {label}")
     levels = [("stage balance (in-step moves)", doc["dynamic"], "black", "-")]
     if doc.get("dynamic_lookahead") and doc["dynamic"]["name"] != "dynamic_lookahead":
-        levels.append(("look-ahead planner (simulator only)", doc["dynamic_lookahead"], "purple", ":"))
+        levels.append(("look-ahead planner", doc["dynamic_lookahead"], "purple", ":"))
     levels += [("oracle_within_step", doc["oracle_within_step"], "green", "--"), ("colocated time sharing", doc["colocated"], "grey", "--")]
     for label, run, color, style in levels:
         ax.axhline(run["total_s"], color=color, linewidth=2.2 if style == ":" else 1.3, linestyle=style, label=label)
