@@ -23,9 +23,12 @@ mode:
 
 static:        the operator's baseline, as a batch scheduler would run it: each job holds its
                request (max_size: the same maximum sizes as dynamic, each fitting the pool) for its
-               whole life, by priority then arrival, with backfilling; the inference service holds
-               the replicas its peak needs.
-static_naive:  the same, first come first served (priorities ignored): the first baseline.
+               whole life, by priority then arrival, with first-fit backfilling (a job blocked for
+               aging_s, 120 s, holds the devices that come free until it starts; no time limits,
+               so not Slurm's EASY backfill); the inference service holds the replicas its peak
+               needs.
+static_naive:  the same, first come first served (priorities and aging ignored, no reservation):
+               the first baseline.
 dynamic:       dra's pool: the inference service's scaling comes first (a training job shrinks in
                place when its SLO is at risk), jobs are admitted on their request and resized in
                place by the cluster arbiter from their live throughput.

@@ -218,6 +218,15 @@ def test_rate_limited_lan_is_made_and_removed():
         # Each rank's port on the hub shapes what reaches the rank (a token bucket at the rate).
         qdisc = subprocess.run(["ip", "netns", "exec", lan.hub, "tc", "qdisc", "show"], capture_output=True, text=True).stdout
         assert qdisc.count("tbf") >= 2 and "rate 100Mbit" in qdisc, qdisc
+        # The bucket is the claimed 16 KiB on every port (less than one PowerSGD step's payload,
+        # 21,112 B, so compressed traffic is shaped too) and the 20 ms is there each way: measured
+        # as the bench measures the link (median of 20 one-byte TCP round trips, then a bulk
+        # transfer), the round trip is at least 40 ms and the bulk rate at most the port's rate.
+        assert lan.burst_bytes == 16 * 1024 and qdisc.count("burst 16Kb") == 2, qdisc
+        link = lan.measure(0.2)
+        assert lan.delay_method in ("netem", "delay-switch")
+        assert link["rtt_ms"] >= 2 * lan.latency_ms == 40.0, link
+        assert 0 < link["effective_mbit"] <= 105.0, link
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(ns in names for ns in lan.namespaces + [lan.hub])
 
@@ -241,6 +250,27 @@ def test_zeus_replay_default_and_hindsight():
     assert len(recs) == 20 and all(r[-1].reached for r in recs)
     with pytest.raises(ValueError, match="gpu"):
         zr.load_trace(job, "h100")
+
+
+def test_zeus_replay_loads_every_job_on_every_shipped_gpu():
+    """Issue 25: the replay crashed on the P100 and RTX6000 traces, whose largest traced batch
+    sizes lie below some of the paper's b0 (a smaller GPU's memory). b0 is then capped at the
+    largest batch the GPU's power trace holds for the dataset, as Zeus's run_alibaba.py does; every
+    job on every GPU loads and replays its baseline."""
+    from dra.energy import zeus_replay as zr
+
+    assert zr.GPUS == ("v100", "a40", "p100", "rtx6000")
+    paper = {j.dataset: j.default_bs for j in zr.JOBS}
+    capped = {"p100": {"imagenet": 128, "librispeech": 72, "squad": 24, "sentiment140": 64},
+              "rtx6000": {"librispeech": 128}}
+    for gpu in zr.GPUS:
+        for job in zr.JOBS:
+            t = zr.load_trace(job, gpu)
+            assert t.job.default_bs == capped.get(gpu, {}).get(job.dataset, paper[job.dataset]), (gpu, job.name)
+            assert t.job.default_bs in t.batch_sizes and (t.job.default_bs, int(t.max_power)) in t.power
+            d = zr.default_expected(t, 0.5)
+            assert math.isfinite(d.energy_j) and d.energy_j > 0, (gpu, job.name)
+    assert job.default_bs == paper[job.dataset]  # the table itself is not changed
 
 
 def test_zeus_side_by_side_runs():

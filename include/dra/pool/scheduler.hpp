@@ -4,6 +4,14 @@
 // and grants; place: suitable devices, least fragmentation, locality). Deterministic: the same
 // inventory, jobs, leases and clock give the same plan. It plans; the service carries the plan out
 // and calls it again. docs/design/pool.md.
+//
+// Backfilling is first fit in priority order: a job that does not fit is passed over and later
+// jobs take what is free, so a stream of small jobs can keep a wide one waiting for ever. Without
+// preemption (the pool's static baselines) a reservation stops that: the first job in priority
+// order that is still blocked after waiting aging_s holds every free device it could use, and no
+// job behind it starts there until it has started. Run times are unknown, so unlike Slurm's EASY
+// backfill nothing is let past it on those devices (any job might delay it), and the reservation
+// is taken only after aging_s (before that, backfilling may delay it). aging_s <= 0: none.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -99,12 +107,16 @@ class scheduler {
       sought[j->req.job] = need;
       if (serve(a, *j, need, true) > 0) short_left = true;
     }
+    bool held = false;  // without preemption: one starving job holds the free devices it could use
     // A service the urgent pass served is not served again for its minimum: the lease book does
     // not hold this round's grants yet, and counting them twice took it past its max_size.
     for (const job_entry* j : order) {
       const auto s = sought.find(j->req.job);
       const int need = j->req.min_size - book.count(j->req.job) - (s == sought.end() ? 0 : s->second);
-      if (need > 0) serve(a, *j, need, false);
+      if (need > 0 && serve(a, *j, need, false) > 0 && !held && starving(inv, *j, need, now)) {
+        hold(a, j->req);
+        held = true;
+      }
     }
     if (config_.admit_to_request && a.out.waiting.empty() && !short_left) to_request(inv, order, book, a.free, a.out);
     return a.out;
@@ -327,6 +339,18 @@ class scheduler {
     std::vector<std::string> d;
     for (const auto& l : book.of_job(job)) d.push_back(l.device);
     return d;
+  }
+
+  // A blocked job that has waited aging_s or more, in a scheduler without preemption (see the file
+  // comment): it holds the free devices it could use. Not one that would not fit the inventory
+  // even with every lease gone (a node left since it was submitted): it would hold them for ever.
+  bool starving(const inventory& inv, const job_entry& j, int need, double now) const {
+    return !config_.preemption && config_.aging_s > 0.0 && now - j.submitted_at >= config_.aging_s &&
+           static_cast<int>(place_indices(inv, j.req, need, std::vector<double>(inv.size(), 1.0), {}).size()) == need;
+  }
+  static void hold(admission& a, const request& req) {
+    for (std::size_t i = 0; i < a.free.size(); ++i)
+      if (req.suits(a.inv.devices()[i])) a.free[i] = 0.0;
   }
 
   // The devices planned for a waiting job come out of `incoming` (and `free`, when the planned

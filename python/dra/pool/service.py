@@ -11,8 +11,10 @@ runs every ``tick_s`` and after every change.
 Modes: ``dynamic`` (inference whose SLO is at risk first, then admission with priority, aging and
 preemption; every ``scale_every_s`` the arbiter re-plans training jobs from their live reports),
 ``static`` (the operator's baseline, as a batch scheduler runs it: each job at its request,
-``max_size``, for its whole life, by priority then arrival with backfilling; no scaling, no
-preemption) and ``static_naive`` (the same, priorities ignored: first come first served).
+``max_size``, for its whole life, by priority then arrival with first-fit backfilling; a job
+still blocked after ``aging_s`` holds the free devices it could use until it starts; no scaling,
+no preemption) and ``static_naive`` (the same, priorities and aging off: first come first served,
+no reservation, so a wide job can starve behind small ones).
 """
 
 from __future__ import annotations
