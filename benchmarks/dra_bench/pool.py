@@ -3,7 +3,8 @@
 Rows:
 - From the main job (examples/pool/pool_at_work.py), run once per mode on the same host, one
   after the other: ``pool_avg_jct`` (baseline ``static_fcfs``: the operator's static baseline,
-  priority FCFS with backfilling, each job at its request, the same maximum sizes as dynamic) and
+  priority FCFS with first-fit backfilling and a reservation for a job blocked aging_s, each job at
+  its request, the same maximum sizes as dynamic) and
   ``pool_avg_jct.naive`` (baseline ``static_fcfs_naive``: the first baseline, priorities ignored),
   ``pool_avg_jct.tuned``, ``pool_utilization.tuned``, ``pool_inference_slo.tuned`` (baseline
   ``static_tuned``: the same scheduler with each job's and the service's best static size in
