@@ -1,8 +1,8 @@
 """The pool's operator baselines (``mode="static"`` and ``"static_naive"``), on declared devices
 with no launchers: each job rigid at its request for its whole life; by priority then arrival
 (static) or by arrival alone (static_naive); first-fit backfilling past a blocked job; and, in
-static only, the reservation a job blocked for aging_s takes, so a stream of small jobs cannot
-keep a wide one waiting for ever."""
+static (and in dra's dynamic pool) the reservation a job blocked for aging_s takes, so a stream
+of small jobs cannot keep a wide one waiting for ever."""
 
 from __future__ import annotations
 
@@ -98,18 +98,18 @@ def test_a_small_job_backfills_past_a_blocked_wide_one(tmp_path: Path) -> None:
             svc.close()
 
 
-def _stream(svc: PoolService, minutes: int) -> list[tuple[float, dict[str, int]]]:
+def _stream(svc: PoolService, minutes: int, min_size: int = 1) -> list[tuple[float, dict[str, int]]]:
     """Four 1-device jobs fill a 4-device pool, a 3-device job arrives, then every 30 s the oldest
     small job ends and a new one arrives. Returns what the wide job and the small ones held."""
     for i in range(4):
-        svc.submit({"name": f"s{i}"})
+        svc.submit({"name": f"s{i}", "max_size": 1})
     svc.tick()
-    svc.submit({"name": "wide", "max_size": 3})
+    svc.submit({"name": "wide", "min_size": min_size, "max_size": 3})
     t0 = _clock.now()
     running, seen, k = [f"s{i}" for i in range(4)], [], 4
     for step in range(1, 2 * minutes + 1):
         finish(svc, running.pop(0))
-        svc.submit({"name": f"s{k}"})
+        svc.submit({"name": f"s{k}", "max_size": 1})
         k += 1
         svc.tick(t0 + 30.0 * step)
         running = [n for n, j in svc.jobs.items() if n != "wide" and j["state"] != "finished" and svc.book.count(n)]
@@ -139,6 +139,21 @@ def test_static_reserves_for_a_wide_job_blocked_for_aging_s(tmp_path: Path) -> N
         assert seen[-1] == (120.0, {"wide": 3, "small": 1}), seen
     finally:
         static.close()
+
+
+def test_dynamic_reserves_for_a_rigid_wide_job_blocked_for_aging_s(tmp_path: Path) -> None:
+    """The same stream under dra's pool, the wide job rigid (min_size 3: a gang it cannot start
+    without) and the small ones 1-device jobs (nothing to shrink): aging raises its priority but
+    reserved nothing, and it waited for ever (an outside review: no device after 360 s). Blocked
+    for aging_s, it holds the devices that come free, as in static."""
+    dynamic = pool(tmp_path, 4, "dynamic", aging_s=60.0)
+    try:
+        seen = _stream(dynamic, 10, min_size=3)
+        small = dict((t, s["small"]) for t, s in seen)
+        assert small[30.0] == 4 and small[60.0] == 3 and small[90.0] == 2, seen
+        assert seen[-1] == (120.0, {"wide": 3, "small": 1}), seen
+    finally:
+        dynamic.close()
 
 
 def test_a_job_the_pool_can_no_longer_hold_reserves_nothing(tmp_path: Path) -> None:

@@ -6,12 +6,13 @@
 // and calls it again. docs/design/pool.md.
 //
 // Backfilling is first fit in priority order: a job that does not fit is passed over and later
-// jobs take what is free, so a stream of small jobs can keep a wide one waiting for ever. Without
-// preemption (the pool's static baselines) a reservation stops that: the first job in priority
-// order that is still blocked after waiting aging_s holds every free device it could use, and no
-// job behind it starts there until it has started. Run times are unknown, so unlike Slurm's EASY
-// backfill nothing is let past it on those devices (any job might delay it), and the reservation
-// is taken only after aging_s (before that, backfilling may delay it). aging_s <= 0: none.
+// jobs take what is free, so a stream of small jobs can keep a wide one waiting for ever (in
+// static mode, and with preemption too when the jobs in its way cannot shrink: rigid ones). A
+// reservation stops that: the first job in priority order that is still blocked after waiting
+// aging_s holds every free device it could use, and no job behind it starts there until it has
+// started. Run times are unknown, so unlike Slurm's EASY backfill nothing is let past it on those
+// devices (any job might delay it), and the reservation is taken only after aging_s (before that,
+// backfilling may delay it). aging_s <= 0: none.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -107,7 +108,7 @@ class scheduler {
       sought[j->req.job] = need;
       if (serve(a, *j, need, true) > 0) short_left = true;
     }
-    bool held = false;  // without preemption: one starving job holds the free devices it could use
+    bool held = false;  // one starving job holds the free devices it could use
     // A service the urgent pass served is not served again for its minimum: the lease book does
     // not hold this round's grants yet, and counting them twice took it past its max_size.
     for (const job_entry* j : order) {
@@ -341,11 +342,11 @@ class scheduler {
     return d;
   }
 
-  // A blocked job that has waited aging_s or more, in a scheduler without preemption (see the file
-  // comment): it holds the free devices it could use. Not one that would not fit the inventory
-  // even with every lease gone (a node left since it was submitted): it would hold them for ever.
+  // A blocked job that has waited aging_s or more (see the file comment): it holds the free devices
+  // it could use. Not one that would not fit the inventory even with every lease gone (a node left
+  // since it was submitted): it would hold them for ever.
   bool starving(const inventory& inv, const job_entry& j, int need, double now) const {
-    return !config_.preemption && config_.aging_s > 0.0 && now - j.submitted_at >= config_.aging_s &&
+    return config_.aging_s > 0.0 && now - j.submitted_at >= config_.aging_s &&
            static_cast<int>(place_indices(inv, j.req, need, std::vector<double>(inv.size(), 1.0), {}).size()) == need;
   }
   static void hold(admission& a, const request& req) {
