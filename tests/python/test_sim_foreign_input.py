@@ -91,6 +91,21 @@ def test_a_study_pool_with_declarations_is_refused(tmp_path, capsys):
     _refused(capsys, ["study", "--runs", "1", "--quiet", "--workloads", str(w)], "declared_epochs", "drop the column")
 
 
+def test_a_declaration_other_than_declared_epochs_is_refused_by_name(tmp_path, capsys):
+    """A foreign CSV's declared_steps column was silently ignored, and its jobs then declared their
+    exact budget (the default): the one declaration the simulator reads is declared_epochs."""
+    for column in ("declared_steps", "Declared_Epochs"):
+        w = _csv(tmp_path, ["a,0,cifar10,2,2048,500"], f"{column}.csv", header=f"{HEADER},{column}")
+        out = tmp_path / "o.json"
+        _refused(capsys, ["replay", "--workload", str(w), "--quiet", "--json", str(out)], f"{w}:1: column '{column}'",
+                 "accepts only declared_epochs", "drop the column")
+        assert not out.exists()
+        with pytest.raises(ValueError, match=f"column '{column}'"):
+            sim.read_workload(w)
+    ok = _csv(tmp_path, ["a,0,cifar10,2,2048,7"], "ok.csv", header=f"{HEADER},declared_epochs")
+    assert sim.read_workload(ok)[0]["declared_epochs"] == 7.0
+
+
 def test_unwritable_outputs_are_refused_before_simulating(tmp_path, capsys):
     """--json '' was silently ignored; --json under /proc failed after the simulation with a bare
     '[Errno 2]'; dra-sim rl --plots on a file ended in a FileExistsError traceback."""

@@ -1,11 +1,13 @@
 #pragma once
 // Job specifications: read from a workload CSV (name,time,application,num_replicas,batch_size and,
-// when present, declared_epochs), or generated (study.hpp). A spec holds the truth (how the job
-// really trains) beside what the user declares; policies see only the declaration (job_view).
+// when present, declared_epochs; any other declared_* column is refused), or generated (study.hpp). A spec holds the
+// truth (how the job really trains) beside what the user declares; policies see only the declaration (job_view).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -124,8 +126,18 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
   const csv_table t = csv_table::read(path);
   const auto c_name = t.column("name"), c_time = t.column("time"), c_app = t.column("application"),
              c_rep = t.column("num_replicas"), c_bsz = t.column("batch_size");
-  // Optional: what each job declares (an empty cell declares nothing).
+  // Optional: what each job declares (an empty cell declares nothing). Any other declared_*
+  // column is refused: ignored, it would leave its jobs declaring their exact budget (the default).
   const auto& header = t.header();
+  for (const auto& h : header) {
+    std::string lower = h;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (lower.rfind("declared_", 0) == 0 && h != "declared_epochs")
+      throw std::invalid_argument(t.source() + ":1: column '" + h +
+                                  "': not a declaration the simulator reads (it accepts only declared_epochs, "
+                                  "each job's budget in epochs, an empty cell declaring nothing); convert it to "
+                                  "declared_epochs or drop the column");
+  }
   const bool has_declared = std::find(header.begin(), header.end(), "declared_epochs") != header.end();
   const std::size_t c_decl = has_declared ? t.column("declared_epochs") : 0;
   std::vector<job_spec> jobs;
