@@ -220,6 +220,12 @@ def test_shared_cluster_study_runs_contend():
     assert len(vs["utilization_change_by_cluster"]) == 2
     # Utilisation is defined once: busy device time over the cluster x each policy's span.
     assert 0.0 < doc["policies"]["static_best_hindsight"]["utilization"] <= 1.0
+    # And over the same horizon for every policy (the latest end of any): never above its own span's.
+    pols = doc["policies"]
+    for p, a in pols.items():
+        assert 0.0 < a["utilization_common_horizon"] <= a["utilization"] + 1e-12, p
+    assert vs["utilization_common_horizon_change"] == pytest.approx(
+        pols["convergence_aware"]["utilization_common_horizon"] - static["utilization_common_horizon"])
 
 
 def test_cli_study_writes_json_and_markdown(tmp_path):
