@@ -138,7 +138,9 @@ for _epoch in ctl.epochs(cfg.get("epochs", 2)):
         st = dra.step(loss)
         if st.committed:
             write({"kind": "commit", "uid": ctl.uid, "epoch": wepoch, "rank": rank, "step": step,
-                   "data_epoch": depoch, "share": share, "batch": batch, "loss": float(loss)})
+                   "data_epoch": depoch, "share": share, "batch": batch, "loss": float(loss),
+                   "phase": st.signals.phase,
+                   **({"sparsity": ctl.compression["sparsity"]} if cfg.get("compress") == "masked" else {})})
         if ctl.epoch != before_epoch:
             record_world()
         maybe_fault("after_step", ctl)

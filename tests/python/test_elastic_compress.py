@@ -170,3 +170,35 @@ def test_a_world_of_one_reports_its_energy_and_codec(tmp_path):
                     r"for 0 dense", job.output("r0"))
     assert end and float(end[1]) > 0, job.output("r0")[-2000:]
     assert [e["energy_source"] for e in job.events()] == [None]  # the start: no step yet
+
+
+def test_masked_sparsity_follows_the_training_phase(tmp_path):
+    # Without a ramp, the `masked` codec's target follows the controller's convergence phase: the
+    # masks stay dense while the loss warms up or falls fast, get sparser by step_up at a mask
+    # update taken while it is steady or on a plateau, and denser by step_down while it diverges
+    # (docs/guide/sage.md). Two ranks on real Gloo; the phase comes from the world's mean loss, so
+    # every rank proposes the same target.
+    sparsity = {"every": 4, "max_sparsity": 0.6, "step_up": 0.2, "step_down": 0.3, "end_step": 100000}
+    job = Job(tmp_path, 2, start_size=2, epochs=50, dataset_size=N, hidden=HIDDEN, compress="masked",
+              sparsity=sparsity, status_every=100)
+    job.start_all()
+    codes = job.wait(240)
+    assert all(c == 0 for c in codes.values()), [job.output(n)[-3000:] for n in codes]
+    recs = sorted((r for r in job.records("commit") if r["uid"] == 0), key=lambda r: r["step"])
+    assert recs and all("phase" in r and "sparsity" in r for r in recs), recs[:3]
+    trace = [(r["step"], r["phase"], round(r["sparsity"], 3)) for r in recs]
+    first_calm = next((r["step"] for r in recs if r["phase"] not in ("warmup", "fast")), None)
+    assert first_calm is not None, sorted({r["phase"] for r in recs})  # the run gets past fast learning
+    assert all(r["sparsity"] == 0.0 for r in recs if r["step"] < first_calm), trace[:first_calm]
+    changes = [(p, r) for p, r in zip(recs, recs[1:]) if r["sparsity"] != p["sparsity"]]
+    assert any(r["sparsity"] > p["sparsity"] for p, r in changes), trace  # it did get sparser
+    for p, r in changes:
+        assert r["step"] % 4 == 0, (p, r)  # only at mask updates
+        # The phase that proposed it: the one in force at the update (this step's or the last's).
+        phases = {p["phase"], r["phase"]}
+        if r["sparsity"] > p["sparsity"]:
+            assert phases & {"steady", "plateau"}, (p, r)
+            assert r["sparsity"] == pytest.approx(min(0.6, p["sparsity"] + 0.2), abs=0.01), (p, r)
+        else:
+            assert "diverging" in phases, (p, r)
+            assert r["sparsity"] == pytest.approx(max(0.0, p["sparsity"] - 0.3), abs=0.01), (p, r)
