@@ -177,3 +177,87 @@ def test_a_job_the_pool_can_no_longer_hold_reserves_nothing(tmp_path: Path) -> N
         assert held(svc, "wide", "small") == {"wide": 0, "small": 1}
     finally:
         svc.close()
+
+
+def test_a_job_kept_out_by_a_service_holds_nothing(tmp_path: Path, monkeypatch) -> None:
+    """A service that never ends holds 2 of 4 devices; a 3-device job can never start. Blocked past
+    aging_s it held the other two for ever, and neither a later critical job nor small ones started
+    (an outside review). Only leases that end (training) count as coming back."""
+    now = [_clock.now()]
+    monkeypatch.setattr(_clock, "now", lambda: now[0])
+    for mode in ("static", "dynamic"):
+        svc = pool(tmp_path, 4, mode, aging_s=60.0)
+        try:
+            svc.submit({"name": "svc", "kind": "inference", "priority": "high", "min_size": 2, "max_size": 2})
+            svc.tick()
+            svc.submit({"name": "wide", "min_size": 3, "max_size": 3})
+            t0 = now[0]
+            for t in (30.0, 90.0, 150.0):
+                now[0] = t0 + t
+                svc.tick(now[0])
+            now[0] = t0 + 190.0  # long past aging_s for the wide job, which has outranked everyone since
+            svc.submit({"name": "crit", "priority": "critical", "max_size": 1})
+            svc.submit({"name": "small", "max_size": 1})
+            now[0] = t0 + 200.0
+            svc.tick(now[0])
+            assert held(svc, "svc", "wide", "crit", "small") == {"svc": 2, "wide": 0, "crit": 1, "small": 1}, mode
+        finally:
+            svc.close()
+
+
+def test_starving_jobs_of_two_device_types_each_hold_their_own(tmp_path: Path) -> None:
+    """One reservation per round: a job of type a blocked for good (a long job in its way) took it,
+    and a job of type b starved behind a stream of small b jobs. Each now holds its own type."""
+    devices = [P.Device(id=f"{t}{i}", type=t, memory_gb=2.0) for t in ("a", "b") for i in range(2)]
+    svc = PoolService(devices, tmp_path, mode="static", launch_jobs=False, heartbeat_timeout_s=NEVER, aging_s=60.0)
+    try:
+        for name, kind in (("long", "a"), ("s0", "b"), ("s1", "b")):
+            svc.submit({"name": name, "device_type": kind, "max_size": 1})
+        svc.tick()
+        svc.submit({"name": "wide_a", "device_type": "a", "min_size": 2, "max_size": 2})
+        svc.submit({"name": "wide_b", "device_type": "b", "min_size": 2, "max_size": 2})
+        t0 = _clock.now()
+        running, k = ["s0", "s1"], 2
+        for step in range(1, 11):
+            if running:
+                finish(svc, running.pop(0))
+            svc.submit({"name": f"s{k}", "device_type": "b", "max_size": 1})
+            k += 1
+            svc.tick(t0 + 30.0 * step)
+            running = sorted((n for n in svc.jobs if n[0] == "s" and n[1:].isdigit() and svc.book.count(n)),
+                             key=lambda n: int(n[1:]))
+        assert held(svc, "long", "wide_a", "wide_b") == {"long": 1, "wide_a": 0, "wide_b": 2}
+    finally:
+        svc.close()
+
+
+def test_dynamic_growth_leaves_a_starving_rigid_job_its_devices(tmp_path: Path) -> None:
+    """A rigid wide job (elastic false) is not one the arbiter sizes: the resize pass grew an
+    elastic job onto the devices its reservation held, and it never started. Waiting jobs now take
+    part in the resize pass, and a starving one's devices are not grown onto."""
+    svc = pool(tmp_path, 4, "dynamic", aging_s=60.0, scale_every_s=0.0)
+    try:
+        svc.submit({"name": "E", "min_size": 1, "max_size": 4})
+        for i in range(3):
+            svc.submit({"name": f"s{i}", "max_size": 1})
+        svc.tick()
+
+        def beat() -> None:  # launchers' heartbeats, and E's report (its world formed)
+            for n in ("E", "s0", "s1", "s2", "W"):
+                if svc.jobs.get(n, {}).get("state") in ("waiting", "running") and svc.book.count(n):
+                    ids = [l.id for l in svc.book.of_job(n)]
+                    gone = [l.id for l in svc.book.of_job(n) if l.state == "releasing"]
+                    svc.sync(n, ids, gone, {"step": 10, "loss": 1.0} if n == "E" else None,
+                             world=True if n == "E" else None)
+
+        beat()
+        svc.submit({"name": "W", "min_size": 3, "max_size": 3, "elastic": False})
+        t0 = _clock.now()
+        for step, small in enumerate(("s0", "s1", "s2"), 1):
+            finish(svc, small)
+            for dt in (0.0, 5.0, 15.0):
+                svc.tick(t0 + 60.0 * step + dt)
+                beat()
+        assert held(svc, "E", "W") == {"E": 1, "W": 3}
+    finally:
+        svc.close()

@@ -8,11 +8,11 @@
 // Backfilling is first fit in priority order: a job that does not fit is passed over and later
 // jobs take what is free, so a stream of small jobs can keep a wide one waiting for ever (in
 // static mode, and with preemption too when the jobs in its way cannot shrink: rigid ones). A
-// reservation stops that: the first job in priority order that is still blocked after waiting
-// aging_s holds every free device it could use, and no job behind it starts there until it has
-// started. Run times are unknown, so unlike Slurm's EASY backfill nothing is let past it on those
-// devices (any job might delay it), and the reservation is taken only after aging_s (before that,
-// backfilling may delay it). aging_s <= 0: none.
+// reservation stops that: a job still blocked after waiting aging_s holds every free device it
+// could use, and no job behind it starts there (nor grows there, in resize) until it has started;
+// only a job that would fit once every training lease has ended (see starving). Run times are unknown, so unlike
+// Slurm's EASY backfill nothing is let past it on those devices (any job might delay it), and the reservation is taken
+// only after aging_s (before that, backfilling may delay it). aging_s <= 0: none.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -108,24 +108,22 @@ class scheduler {
       sought[j->req.job] = need;
       if (serve(a, *j, need, true) > 0) short_left = true;
     }
-    bool held = false;  // one starving job holds the free devices it could use
     // A service the urgent pass served is not served again for its minimum: the lease book does
     // not hold this round's grants yet, and counting them twice took it past its max_size.
     for (const job_entry* j : order) {
       const auto s = sought.find(j->req.job);
       const int need = j->req.min_size - book.count(j->req.job) - (s == sought.end() ? 0 : s->second);
-      if (need > 0 && serve(a, *j, need, false) > 0 && !held && starving(inv, *j, need, now)) {
-        hold(a, j->req);
-        held = true;
-      }
+      if (need > 0 && serve(a, *j, need, false) > 0 && starving(inv, book, jobs, *j, need, now))
+        hold(inv, a.free, j->req);
     }
     if (config_.admit_to_request && a.out.waiting.empty() && !short_left) to_request(inv, order, book, a.free, a.out);
     return a.out;
   }
 
   /// Resizing running jobs to wanted sizes (clamped to [min_size, max_size]; rigid jobs and jobs
-  /// without a target are left alone). Shrinks release the newest leases; grows take free devices
-  /// near the job's own, higher priority first; a grow that finds too few devices is partial.
+  /// without a target are left alone). Waiting jobs may be listed: none is resized, and one blocked
+  /// for aging_s holds its free devices against growth (as in admit). Shrinks release the newest leases; grows take
+  /// free devices near the job's own, higher priority first; a grow that finds too few devices is partial.
   plan resize(const inventory& inv, const std::vector<job_entry>& jobs, const std::map<std::string, int>& targets,
               const lease_book& book, double now) const {
     check_jobs(jobs);
@@ -146,6 +144,13 @@ class scheduler {
           out.releases.push_back({j->req.job, mine[static_cast<std::size_t>(k)].id,
                                   "resize " + std::to_string(active) + " -> " + std::to_string(target), false, ""});
       }
+    }
+    // A waiting job that is starving holds its free devices against growth too (in `jobs`, the
+    // caller's waiting jobs come with the running ones): an arbiter that does not count it (a
+    // rigid job) grew an elastic job onto them, and it never started.
+    for (const job_entry* j : by_priority(jobs, book, now)) {
+      const int need = j->req.min_size - book.count(j->req.job);
+      if (need > 0 && starving(inv, book, jobs, *j, need, now)) hold(inv, free, j->req);
     }
     for (const job_entry* j : by_priority(jobs, book, now)) {
       const auto it = targets.find(j->req.job);
@@ -343,15 +348,28 @@ class scheduler {
   }
 
   // A blocked job that has waited aging_s or more (see the file comment): it holds the free devices
-  // it could use. Not one that would not fit the inventory even with every lease gone (a node left
-  // since it was submitted): it would hold them for ever.
-  bool starving(const inventory& inv, const job_entry& j, int need, double now) const {
-    return config_.aging_s > 0.0 && now - j.submitted_at >= config_.aging_s &&
-           static_cast<int>(place_indices(inv, j.req, need, std::vector<double>(inv.size(), 1.0), {}).size()) == need;
+  // it could use. Only one that would fit once every training lease has ended: not one kept out by
+  // leases that need not end (an inference service's, or a job the pool no longer lists), which
+  // would hold the devices it took for ever and idle them (an outside review: small jobs and a
+  // critical one waited 600 s behind such a hold), nor one the inventory cannot hold at all (a node
+  // left since it was submitted).
+  bool starving(const inventory& inv, const lease_book& book, const std::vector<job_entry>& jobs, const job_entry& j,
+                int need, double now) const {
+    if (!(config_.aging_s > 0.0 && now - j.submitted_at >= config_.aging_s)) return false;
+    std::map<std::string, const request*> known;
+    for (const auto& e : jobs) known[e.req.job] = &e.req;
+    std::vector<double> back(inv.size(), 1.0);  // what each device will have once training ends
+    for (const auto& l : book.all()) {
+      const auto it = known.find(l.job);
+      const bool ends = l.state == lease_state::releasing || (it != known.end() && it->second->kind == "training");
+      if (inv.contains(l.device) && !ends) back[inv.index_of(l.device)] -= l.share;
+    }
+    for (double& b : back) b = std::max(0.0, b);
+    return static_cast<int>(place_indices(inv, j.req, need, back, {}).size()) == need;
   }
-  static void hold(admission& a, const request& req) {
-    for (std::size_t i = 0; i < a.free.size(); ++i)
-      if (req.suits(a.inv.devices()[i])) a.free[i] = 0.0;
+  static void hold(const inventory& inv, std::vector<double>& free, const request& req) {
+    for (std::size_t i = 0; i < free.size(); ++i)
+      if (req.suits(inv.devices()[i])) free[i] = 0.0;
   }
 
   // The devices planned for a waiting job come out of `incoming` (and `free`, when the planned

@@ -348,7 +348,9 @@ class SchedulingLoop:
         # The arbiter divides identical devices: the whole inventory is its capacity (a pool of
         # several device types is scaled as one; placement still honours each request's type).
         targets = _p.plan_sizes(jobs, capacity, self.arbiter, self.completion)
-        plan = self.scheduler.resize(self.inventory, self._entries(("running",)), targets, self.book, now)
+        # Waiting jobs come along: one blocked for aging_s holds its free devices against growth.
+        live = ("running",) if self.draining else ("running", "waiting")
+        plan = self.scheduler.resize(self.inventory, self._entries(live), targets, self.book, now)
         for name in running:
             cur = self.book.count(name, False)
             want = targets.get(name, cur)
