@@ -304,9 +304,12 @@ void bind_compress(py::module_& m) {
       .def(
           "target",
           [](const rigl_masks& r, std::int64_t step, const std::string& phase) {
-            return r.config().target(r.sparsity(), step, phase_from(phase));
+            return r.proposal(step, phase_from(phase));
           },
-          py::arg("step"), py::arg("phase"), "The next target: the cubic ramp, or the phase rule.")
+          py::arg("step"), py::arg("phase"),
+          "The next target: the cubic ramp, or the phase rule under the ceiling learned from divergence.")
+      .def_property_readonly("ceiling", &rigl_masks::ceiling,
+                             "The phase rule's cap: max_sparsity until a rise was followed by divergence.")
       .def(
           "update",
           [](rigl_masks& r, std::int64_t step, double target, const std::vector<py::object>& weights,

@@ -531,3 +531,51 @@ TEST_CASE("compress.remap_tensors.state_follows_each_tensor_when_the_list_change
     CHECK(masked.masks().mask(0) == std::vector<std::uint8_t>(25, 1));  // starts full, as fit() starts it
   });
 }
+
+TEST_CASE("compress.rigl.the_phase_rule_settles_below_the_level_that_diverged") {
+  // The phase rule alone cycled: a rise to 0.6 bumped the loss, "diverging" took it down by
+  // step_down twice to 0, and once steady it climbed to 0.6 again. Now a divergence right after a
+  // rise undoes that rise and caps later rises there; a divergence at a level held before still
+  // takes step_down (and caps nothing).
+  using dra::signals::training_phase;
+  rigl_config cfg;
+  cfg.every = 1;
+  cfg.max_sparsity = 0.8;
+  cfg.step_up = 0.2;
+  cfg.step_down = 0.3;
+  rigl_masks masks(cfg, 3);
+  masks.fit({{20, 10}});
+  std::vector<float> w(200), g(200);
+  for (int i = 0; i < 200; ++i) w[i] = static_cast<float>(i % 17) + 1.0f, g[i] = static_cast<float>(i % 13);
+  std::int64_t step = 0;
+  auto next = [&](training_phase phase) {
+    const double target = masks.proposal(++step, phase);
+    masks.update(step, target, {w.data()}, {g.data()});
+    return masks.sparsity();
+  };
+  CHECK(next(training_phase::fast) == 0.0);  // dense while learning fast
+  CHECK(next(training_phase::steady) == doctest::Approx(0.2));
+  CHECK(next(training_phase::plateau) == doctest::Approx(0.4));
+  CHECK(next(training_phase::steady) == doctest::Approx(0.6));
+  CHECK(masks.ceiling() == doctest::Approx(0.8));
+  CHECK(next(training_phase::diverging) == doctest::Approx(0.4));  // the rise undone, not 0.6 - 0.3
+  CHECK(masks.ceiling() == doctest::Approx(0.4));
+  CHECK(next(training_phase::diverging) == doctest::Approx(0.1));  // still diverging: step_down
+  CHECK(masks.ceiling() == doctest::Approx(0.4));                 // a fall after a fall caps nothing new
+  CHECK(next(training_phase::steady) == doctest::Approx(0.3));
+  CHECK(next(training_phase::steady) == doctest::Approx(0.4));
+  CHECK(next(training_phase::plateau) == doctest::Approx(0.4));  // held at the ceiling
+  CHECK(next(training_phase::steady) == doctest::Approx(0.4));
+  // The ceiling travels with the state (a joiner proposes what the members propose).
+  detail::writer out;
+  masks.save(out);
+  detail::reader in{out.out};
+  const rigl_masks back = masks.loaded(in);
+  CHECK(back.ceiling() == doctest::Approx(0.4));
+  CHECK(back.proposal(step + 1, training_phase::steady) == doctest::Approx(0.4));
+  // The cubic ramp ignores the ceiling: a fixed schedule.
+  rigl_config ramp = cfg;
+  ramp.ramp_steps = 10;
+  rigl_masks ramped(ramp, 3);
+  CHECK(ramped.proposal(10, training_phase::diverging) == doctest::Approx(0.8));
+}

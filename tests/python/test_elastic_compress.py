@@ -175,8 +175,8 @@ def test_a_world_of_one_reports_its_energy_and_codec(tmp_path):
 def test_masked_sparsity_follows_the_training_phase(tmp_path):
     # Without a ramp, the `masked` codec's target follows the controller's convergence phase: the
     # masks stay dense while the loss warms up or falls fast, get sparser by step_up at a mask
-    # update taken while it is steady or on a plateau, and denser by step_down while it diverges
-    # (docs/guide/sage.md). Two ranks on real Gloo; the phase comes from the world's mean loss, so
+    # update taken while it is steady or on a plateau (up to a ceiling learned from divergence),
+    # and denser while it diverges (docs/guide/sage.md). Two ranks on real Gloo; the phase comes from the world's mean loss, so
     # every rank proposes the same target.
     sparsity = {"every": 4, "max_sparsity": 0.6, "step_up": 0.2, "step_down": 0.3, "end_step": 100000}
     job = Job(tmp_path, 2, start_size=2, epochs=50, dataset_size=N, hidden=HIDDEN, compress="masked",
@@ -199,6 +199,12 @@ def test_masked_sparsity_follows_the_training_phase(tmp_path):
         if r["sparsity"] > p["sparsity"]:
             assert phases & {"steady", "plateau"}, (p, r)
             assert r["sparsity"] == pytest.approx(min(0.6, p["sparsity"] + 0.2), abs=0.01), (p, r)
-        else:
+        else:  # back to the level before the last rise, or step_down below a level held before
             assert "diverging" in phases, (p, r)
-            assert r["sparsity"] == pytest.approx(max(0.0, p["sparsity"] - 0.3), abs=0.01), (p, r)
+            assert p["sparsity"] - 0.3 - 0.01 <= r["sparsity"] < p["sparsity"], (p, r)
+    # It settles: a divergence right after a rise caps later rises at the level before it (the rule
+    # alone cycled 0 -> 0.6 -> 0 every ~200 steps here). Later rises never pass the first cap.
+    first_fall = next((i for i, (p, r) in enumerate(changes) if r["sparsity"] < p["sparsity"]), None)
+    if first_fall is not None:
+        cap = changes[first_fall][1]["sparsity"]
+        assert all(r["sparsity"] <= cap + 0.01 for _, r in changes[first_fall:]), trace

@@ -21,6 +21,21 @@ class rigl_masks {
   std::uint64_t seed() const noexcept { return seed_; }
   /// The target the masks were last updated to (0 before the first update).
   double sparsity() const noexcept { return sparsity_; }
+  /// The phase rule's cap (max_sparsity until a rise was followed by divergence; see proposal).
+  double ceiling() const noexcept { return ceiling_; }
+  /// The next target: the cubic ramp, or the phase rule under the learned ceiling. The phase rule
+  /// alone did not settle: pruning bumps the loss, the controller calls the bump diverging, the
+  /// target falls back, and once steady it climbs to the same level again (a cycle of about 200
+  /// steps on a small MLP). So a divergence that follows a rise undoes exactly that rise and makes
+  /// the level before it the ceiling: the target climbs no higher for the rest of the job (a
+  /// conservative error: a divergence from noise caps it too). A divergence at a level held before
+  /// still takes step_down.
+  double proposal(std::int64_t step, signals::training_phase phase) const {
+    if (config_.ramp_steps > 0) return config_.target(sparsity_, step, phase);
+    if (phase == signals::training_phase::diverging && rising_) return last_good_;
+    const double next = config_.target(sparsity_, step, phase);
+    return next > sparsity_ ? std::min(next, std::max(ceiling_, sparsity_)) : next;  // a rise stops at the ceiling
+  }
   /// Sizes the masks on first use (all active); throws when the tensors change.
   void fit(const std::vector<std::vector<std::int64_t>>& shapes) {
     if (shapes_.empty()) {
@@ -93,6 +108,13 @@ class rigl_masks {
       total.regrown += u.regrown;
       total.active += u.active;
     }
+    if (target > sparsity_ + 1e-9) {
+      last_good_ = sparsity_;
+      rising_ = true;
+    } else if (target < sparsity_ - 1e-9) {
+      if (rising_ && config_.ramp_steps == 0) ceiling_ = std::min(ceiling_, std::max(target, last_good_));
+      rising_ = false;
+    }
     sparsity_ = target;
     if (total.dropped + total.regrown > 0) ++version_;
     return total;
@@ -104,6 +126,9 @@ class rigl_masks {
     w.put<std::int64_t>(config_.end_step);
     w.put<std::int64_t>(config_.ramp_steps);
     w.put<double>(sparsity_);
+    w.put<double>(ceiling_);
+    w.put<double>(last_good_);
+    w.put<std::uint8_t>(rising_ ? 1 : 0);
     w.put<std::uint64_t>(masks_.size());
     for (std::size_t t = 0; t < masks_.size(); ++t) {
       w.put<std::uint64_t>(shapes_[t].size());
@@ -123,6 +148,12 @@ class rigl_masks {
                                  "end_step, ramp_steps); give every process the same");
     rigl_masks out(config_, seed_);
     out.sparsity_ = r.get<double>();
+    out.ceiling_ = r.get<double>();
+    out.last_good_ = r.get<double>();
+    out.rising_ = r.get<std::uint8_t>() != 0;
+    if (!(out.sparsity_ >= 0.0 && out.sparsity_ < 1.0 && out.ceiling_ >= 0.0 && out.ceiling_ <= config_.max_sparsity &&
+          out.last_good_ >= 0.0 && out.last_good_ < 1.0))
+      dra::detail::throw_invalid("state", "a sparsity, ceiling or level out of range");
     const auto n = r.get<std::uint64_t>();
     for (std::uint64_t t = 0; t < n; ++t) {
       std::vector<std::int64_t> shape(r.get<std::uint64_t>());
@@ -145,6 +176,9 @@ class rigl_masks {
   rigl_config config_;
   std::uint64_t seed_;
   double sparsity_ = 0.0;
+  double ceiling_ = config_.max_sparsity;  // set in the member list: config_ comes first
+  double last_good_ = 0.0;                 // the sparsity before the latest rise
+  bool rising_ = false;                    // the latest change of the target was a rise
   std::vector<std::vector<std::int64_t>> shapes_;
   std::vector<std::vector<std::uint8_t>> masks_;
   std::uint64_t version_ = 0;
@@ -264,7 +298,7 @@ class masked_sync_codec final : public gradient_codec {
         err[i] = 0.0f;
       }
     }
-    buf.push_back(static_cast<float>(masks_.config().target(masks_.sparsity(), steps_, phase_)));
+    buf.push_back(static_cast<float>(masks_.proposal(steps_, phase_)));
     bytes_.sent += 4 * buf.size();
     const std::size_t at = ride_along(buf);
     world.allreduce_sum(buf.data(), buf.size());

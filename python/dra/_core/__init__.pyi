@@ -2541,7 +2541,7 @@ class RiglMasks:
         ...
     def target(self, step: typing.SupportsInt | typing.SupportsIndex, phase: str) -> float:
         """
-        The next target: the cubic ramp, or the phase rule.
+        The next target: the cubic ramp, or the phase rule under the ceiling learned from divergence.
         """
     def update(self, step: typing.SupportsInt | typing.SupportsIndex, target: typing.SupportsFloat | typing.SupportsIndex, weights: collections.abc.Sequence[typing.Any], grads: collections.abc.Sequence[typing.Any]) -> tuple[int, int, int]:
         """
@@ -2550,6 +2550,11 @@ class RiglMasks:
     def update_due(self, step: typing.SupportsInt | typing.SupportsIndex) -> bool:
         """
         Whether the step after `step` completed ones updates the masks.
+        """
+    @property
+    def ceiling(self) -> float:
+        """
+        The phase rule's cap: max_sparsity until a rise was followed by divergence.
         """
     @property
     def sparsity(self) -> float:

@@ -85,7 +85,8 @@ class DynamicSparsifier:
     is updated the RigL way: the smallest-|w| active weights are dropped and the entries with the
     largest **dense** gradient are grown (ties broken by keys drawn from ``seed``, the same on
     every rank), after the active count moved to the target: the phase rule (dense while warming
-    up or learning fast, sparser once steady, denser on divergence) or, with ``ramp_steps``, Zhu &
+    up or learning fast, sparser once steady, denser on divergence, a divergence right after a rise
+    undoing it and capping later rises: ``rigl.ceiling``) or, with ``ramp_steps``, Zhu &
     Gupta's cubic ramp. On those steps the gradients must be the world's dense mean (sync them
     uncompressed there); ``mask_gradients()`` then keeps only entries active before and after the
     update (regrown weights start at zero, as in RigL), and ``apply()`` after the optimizer step
