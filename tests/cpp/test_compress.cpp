@@ -561,7 +561,7 @@ TEST_CASE("compress.rigl.the_phase_rule_settles_below_the_level_that_diverged") 
   CHECK(next(training_phase::diverging) == doctest::Approx(0.4));  // the rise undone, not 0.6 - 0.3
   CHECK(masks.ceiling() == doctest::Approx(0.4));
   CHECK(next(training_phase::diverging) == doctest::Approx(0.1));  // still diverging: step_down
-  CHECK(masks.ceiling() == doctest::Approx(0.4));                 // a fall after a fall caps nothing new
+  CHECK(masks.ceiling() == doctest::Approx(0.4));                  // a fall after a fall caps nothing new
   CHECK(next(training_phase::steady) == doctest::Approx(0.3));
   CHECK(next(training_phase::steady) == doctest::Approx(0.4));
   CHECK(next(training_phase::plateau) == doctest::Approx(0.4));  // held at the ceiling
