@@ -94,7 +94,7 @@ def test_a_study_pool_with_declarations_is_refused(tmp_path, capsys):
 def test_a_declaration_other_than_declared_epochs_is_refused_by_name(tmp_path, capsys):
     """A foreign CSV's declared_steps column was silently ignored, and its jobs then declared their
     exact budget (the default): the one declaration the simulator reads is declared_epochs."""
-    for column in ("declared_steps", "Declared_Epochs"):
+    for column in ("declared_steps", "Declared_Epochs", "declaredEpochs", "declared epochs"):
         w = _csv(tmp_path, ["a,0,cifar10,2,2048,500"], f"{column}.csv", header=f"{HEADER},{column}")
         out = tmp_path / "o.json"
         _refused(capsys, ["replay", "--workload", str(w), "--quiet", "--json", str(out)], f"{w}:1: column '{column}'",

@@ -130,9 +130,10 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
   // column is refused: ignored, it would leave its jobs declaring their exact budget (the default).
   const auto& header = t.header();
   for (const auto& h : header) {
-    std::string lower = h;
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (lower.rfind("declared_", 0) == 0 && h != "declared_epochs")
+    std::string key;  // lower case, letters and digits only: declared_steps, "Declared Epochs", declaredEpochs
+    for (const unsigned char c : h)
+      if (std::isalnum(c)) key += static_cast<char>(std::tolower(c));
+    if (key.rfind("declared", 0) == 0 && h != "declared_epochs")
       throw std::invalid_argument(t.source() + ":1: column '" + h +
                                   "': not a declaration the simulator reads (it accepts only declared_epochs, "
                                   "each job's budget in epochs, an empty cell declaring nothing); convert it to "
