@@ -14,26 +14,16 @@
 
 #include "dra/sim/simulator.hpp"
 #include "dra/sim/workload.hpp"
+#include "sim_test_support.hpp"
 
 namespace fs = std::filesystem;
 using namespace dra::sim;
 
 namespace {
 
-fs::path data_dir() {
-  // The copy the project ships (DRA_SOURCE_DIR: the repository root, set by tests/cpp/CMakeLists.txt).
-  return fs::path(DRA_SOURCE_DIR) / "data" / "pollux";
-}
-
-const profile_library& shipped() {
-  static const profile_library lib = profile_library::load((data_dir() / "traces").string());
-  return lib;
-}
-
-void write(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p) << text;
-}
+using sim_test::data_dir;
+using sim_test::shipped;
+using sim_test::write;
 
 }  // namespace
 

@@ -11,20 +11,15 @@
 #include <string>
 
 #include "dra/sim/simulator.hpp"
+#include "sim_test_support.hpp"
 
 namespace fs = std::filesystem;
 using namespace dra::sim;
 
 namespace {
 
-fs::path data_dir() {
-  return fs::path(DRA_SOURCE_DIR) / "data" / "pollux";
-}
-
-const profile_library& shipped() {
-  static const profile_library lib = profile_library::load((data_dir() / "traces").string());
-  return lib;
-}
+using sim_test::data_dir;
+using sim_test::shipped;
 
 }  // namespace
 
