@@ -33,177 +33,38 @@ dynamic:       dra's pool: the inference service's scaling comes first (a traini
                place when its SLO is at risk), jobs are admitted on their request and resized in
                place by the cluster arbiter from their live throughput.
 
-Reported per job: JCT split into queueing (submitted to first lease), cold start (first lease to
-first step) and training; accuracy. Pool utilisation from the slots' cgroup CPU accounting over
-the makespan against their quota, with how often the quota bound (throttled periods), where the
-slots' time went (idle, held before a worker ran, running per job) and each job's CPU; inference
-p50/p99 latency, SLO attainment and replica-seconds; the host's load. Writes gantt-<mode>.png,
-events-<mode>.jsonl, summary.json; the last line is ``outputs: <dir>``.
+static_tuned:  the static scheduler with each kind's best static size in hindsight (--tuned-sizes).
+Each mode starts once the host's load average is below its cores (--settle-s, at most 60 s).
+
+Reported per job: JCT (queueing, cold start, training) and accuracy; pool utilisation (the slots'
+cgroup CPU over their quota and the makespan, how often the quota bound, where slot time went,
+each job's CPU); inference p50/p99, SLO attainment, replica-seconds; the host's load. Writes
+gantt-<mode>.png, events-<mode>.jsonl, summary.json; the last line is ``outputs: <dir>``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
 import signal
-import socket
-import struct
 import sys
-import tempfile
 import threading
 import time
-from collections import deque
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TRACE = ROOT / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_code.csv"
-
-
-def load_trace(path: Path, duration_s: float, thin: int, ctx_div: int, gen_cap: int, minutes: float = 60.0,
-               start_min: float = 0.0) -> list[tuple[float, int, int]]:
-    """(arrival s, prompt tokens / ctx_div, generated tokens) of every thin-th request in the
-    trace's window [start_min, start_min + minutes), that window compressed into duration_s."""
-    rows = list(csv.DictReader(open(path)))
-    stamp = lambda s: datetime.fromisoformat(s[:26])  # noqa: E731 - microseconds: the first 26 characters
-    t0 = stamp(rows[0]["TIMESTAMP"])
-    lo, span = 60.0 * start_min, 60.0 * minutes
-    window = [(t, r) for t, r in (((stamp(r["TIMESTAMP"]) - t0).total_seconds() - lo, r) for r in rows) if 0 <= t < span]
-    return [(t / span * duration_s, max(1, int(r["ContextTokens"]) // ctx_div), min(gen_cap, int(r["GeneratedTokens"])))
-            for t, r in window[::thin]]
-
-
-class Frontend:
-    """The inference service's front: replays the trace, queues requests, hands each to an idle
-    replica, measures latency (arrival to answer). Replicas connect to its Unix socket (a private
-    directory; a peer running as another user is turned away) and speak JSON lines; one that goes
-    away has its request re-queued at the front."""
-
-    def __init__(self, trace: list[tuple[float, int, int]], pool: Any, job: str, slo_s: float) -> None:
-        self.trace = trace
-        self.pool, self.job, self.slo_s = pool, job, slo_s
-        self.dir = tempfile.mkdtemp(prefix="dra-serve-")  # 0700: only this user reaches the socket
-        self.address = os.path.join(self.dir, "frontend.sock")
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.address)
-        self.listener.listen(16)
-        self.queue: deque[dict[str, Any]] = deque()
-        self.cv = threading.Condition()
-        self.latencies: list[float] = []
-        self.compute: deque[float] = deque(maxlen=100)  # replicas' compute time per request (measured)
-        self.arrivals: deque[float] = deque()
-        self.replicas = 0
-        self.refused = 0
-        self.stopping = False
-        self.done_replaying = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopping:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
-            if uid != os.geteuid():
-                self.refused += 1
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _send(conn: socket.socket, msg: dict[str, Any]) -> None:
-        conn.sendall((json.dumps(msg) + "\n").encode())
-
-    def _serve(self, conn: socket.socket) -> None:
-        reader = conn.makefile("rb")
-        try:
-            if not reader.readline(1 << 16):  # hello
-                return
-        except OSError:
-            return
-        with self.cv:
-            self.replicas += 1
-        try:
-            while True:
-                with self.cv:
-                    while not self.queue and not self.stopping:
-                        self.cv.wait(0.2)
-                    if self.stopping:
-                        try:
-                            self._send(conn, {"stop": True})
-                        except OSError:
-                            pass
-                        return
-                    req = self.queue.popleft()
-                try:
-                    self._send(conn, {"id": req["id"], "ctx": req["ctx"], "gen": req["gen"]})
-                    line = reader.readline(1 << 16)
-                    if not line:
-                        raise EOFError
-                    answer = json.loads(line)
-                except (EOFError, OSError, ValueError):
-                    with self.cv:
-                        self.queue.appendleft(req)
-                        self.cv.notify()
-                    return
-                with self.cv:
-                    self.latencies.append(time.time() - req["arrival"])
-                    self.compute.append(float(answer["compute_s"]))
-        finally:
-            with self.cv:
-                self.replicas -= 1
-            conn.close()
-
-    def replay(self, t0: float) -> None:
-        for i, (at, ctx, gen) in enumerate(self.trace):
-            delay = t0 + at - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            now = time.time()
-            with self.cv:
-                self.queue.append({"id": i, "ctx": ctx, "gen": gen, "arrival": now})
-                self.arrivals.append(now)
-                self.cv.notify()
-        self.done_replaying = True
-
-    def report_loop(self) -> None:
-        while not self.stopping:
-            now = time.time()
-            with self.cv:
-                while self.arrivals and self.arrivals[0] < now - 2.0:
-                    self.arrivals.popleft()
-                rate, queue = len(self.arrivals) / 2.0, len(self.queue)
-                # What one replica really serves now (slot quota and the machine's load included).
-                per = len(self.compute) / sum(self.compute) if len(self.compute) >= 20 and sum(self.compute) > 0 else 0.0
-            try:
-                self.pool.report(self.job, {"rate_rps": rate, "queue": queue, "replicas_connected": self.replicas,
-                                            "replica_rps": per})
-            except Exception:  # noqa: BLE001
-                pass
-            time.sleep(0.25)
-
-    def drained(self) -> bool:
-        with self.cv:
-            return self.done_replaying and not self.queue and len(self.latencies) >= len(self.trace)
-
-    def stop(self) -> None:
-        with self.cv:
-            self.stopping = True
-            self.cv.notify_all()
-        self.listener.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+sys.path.insert(0, str(HERE))  # its sibling modules, also when it is loaded by path (the docs' tests)
+from serving import Frontend, LoadSampler, load_trace, percentile  # noqa: E402
 
 
 def calibrate(ctx_div: int, trace: list[tuple[float, int, int]], slot_cpus: float) -> float:
     """Requests per second one replica serves on a slot: the model timed here on one thread over
     a sample of the trace's requests, scaled by the slot's quota (an estimate for the autoscaler)."""
-    sys.path.insert(0, str(HERE))
     import torch
     from replica import build, serve_one
 
@@ -216,30 +77,6 @@ def calibrate(ctx_div: int, trace: list[tuple[float, int, int]], slot_cpus: floa
         serve_one(model, ctx, gen)
     per = (time.perf_counter() - t) / len(sample)
     return slot_cpus / per
-
-
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
-
-
-class LoadSampler:
-    """The host's load average (1 min) every second, to show beside the Gantt chart."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            self.samples.append((time.time(), os.getloadavg()[0]))
-
-    def stop(self) -> list[tuple[float, float]]:
-        self._stop.set()
-        return self.samples
 
 
 def first_step(out: Path) -> float | None:
@@ -524,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="how many times the three training jobs arrive (round r > 1 named kind-r); 1 is the "
                         "light workload, whose training ends well before the trace")
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--settle-s", type=float, default=60.0,
+                   help="before each mode, wait up to this long for the host's load average to fall below its core "
+                        "count (the first mode ran on the load of the build or tests before it); 0: no wait")
     p.add_argument("--modes", default="static,static_tuned,dynamic",
                    help="any of static_naive, static, static_tuned, dynamic (run in the order given; default: the "
                         "operator's baseline, the best static sizes in hindsight, and dra's pool)")
@@ -553,7 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupted)
     try:
-        results = {m: run_mode(m, args, trace, replica_rps, out) for m in modes}
+        results = {}
+        for m in modes:
+            at_start = LoadSampler.settle(args.settle_s)
+            print(f"[pool {m}] starts at a host load of {at_start:.1f} ({os.cpu_count()} cores)", flush=True)
+            results[m] = {**run_mode(m, args, trace, replica_rps, out), "host_load_at_start": at_start}
     except KeyboardInterrupt:
         print("[pool] interrupted: the run's jobs were ended and its pool closed; no results written", file=sys.stderr)
         return 130

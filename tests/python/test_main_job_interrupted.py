@@ -82,7 +82,7 @@ def test_the_main_job_stopped_while_jobs_run_ends_them_and_leaves_no_cgroup(tmp_
     mark = uuid.uuid4().hex
     env = {**os.environ, "DRA_TEST_MARK": mark, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(MAIN), "--modes", "dynamic", "--rounds", "1", "--duration-s", "60",
-           "--out", str(tmp_path / "out"), "--timeout-s", "180"]
+           "--out", str(tmp_path / "out"), "--timeout-s", "180", "--settle-s", "0"]
     # SIGINT at its default in the child, as at a terminal (a background shell ignores it).
     with (tmp_path / "main.log").open("wb") as log:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
