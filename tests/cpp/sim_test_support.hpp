@@ -11,7 +11,9 @@
 namespace sim_test {
 
 /// data/pollux of the repository (DRA_SOURCE_DIR: its root, set by tests/cpp/CMakeLists.txt).
-inline std::filesystem::path data_dir() { return std::filesystem::path(DRA_SOURCE_DIR) / "data" / "pollux"; }
+inline std::filesystem::path data_dir() {
+  return std::filesystem::path(DRA_SOURCE_DIR) / "data" / "pollux";
+}
 
 /// The shipped profiles, loaded once per test binary.
 inline const dra::sim::profile_library& shipped() {
