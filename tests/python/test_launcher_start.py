@@ -37,10 +37,20 @@ def test_the_fork_server_is_not_waited_for_until_a_worker_is_spawned(tmp_path: P
         f"    time.sleep(0.01)\nopen({str(preloaded)!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)  # the fork server puts its working directory last on sys.path
     made: list[Spawner] = []
-    maker = threading.Thread(target=lambda: made.append(Spawner(True, ["slow_preload_mod"], tmp_path / "zygote.log")),
-                             daemon=True)
+    done = threading.Event()
+
+    def make() -> None:
+        made.append(Spawner(True, ["slow_preload_mod"], tmp_path / "zygote.log"))
+        # The fork server's parent-death signal follows the thread that started it: this thread
+        # stays until the test ends (the launcher starts it from its main thread). Ending here
+        # sent it SIGTERM whenever it armed the signal first (a loaded host: it exited with 1).
+        done.wait(300)
+
+    maker = threading.Thread(target=make, daemon=True)
     maker.start()
-    maker.join(60)
+    deadline = time.monotonic() + 60
+    while not made and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         assert made, "the launcher waited for the fork server's preload"  # the gate is still shut
         sp = made[0]
@@ -62,9 +72,10 @@ def test_the_fork_server_is_not_waited_for_until_a_worker_is_spawned(tmp_path: P
         assert marker.read_text() == "x"
     finally:
         gate.touch()
-        maker.join(60)
         for sp in made:
             sp.close()
+        done.set()
+        maker.join(60)
 
 
 def test_a_fork_server_that_cannot_start_fails_the_first_spawn_naming_its_log(tmp_path: Path) -> None:

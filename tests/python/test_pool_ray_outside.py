@@ -63,7 +63,7 @@ def _job(name: str, command: list[str], tmp: Path, **spec: Any) -> dict[str, Any
             "command": command, **spec}
 
 
-def _pgs_left(timeout_s: float = 20.0) -> list[dict[str, Any]]:
+def _pgs_left(timeout_s: float = 60.0) -> list[dict[str, Any]]:
     """Placement groups not removed, once Ray had time to remove those of ended launchers."""
     deadline = time.time() + timeout_s
     while True:
@@ -73,7 +73,7 @@ def _pgs_left(timeout_s: float = 20.0) -> list[dict[str, Any]]:
         time.sleep(0.5)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)  # a loaded host: Ray removed the placement groups more than 20 s after the jobs ended
 def test_ray_fraction_gpu_and_start_failure(cluster: Any, tmp_path: Path) -> None:
     server, client = _pool(cluster, tmp_path / "state")
     try:

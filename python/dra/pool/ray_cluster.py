@@ -429,7 +429,10 @@ class RaySpawner:
     def _drop(self, wid: str) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        host, pg = self.hosts.pop(wid)
+        entry = self.hosts.pop(wid, None)
+        if entry is None:
+            return  # dropped already (kill drops a worker still being placed)
+        host, pg = entry
         self.starting.pop(wid, None)
         self.polling.pop(wid, None)
 
@@ -444,6 +447,7 @@ class RaySpawner:
 
     def close(self) -> None:
         for wid in list(self.hosts):
-            self.kill(wid)
-            time.sleep(0.1)
-            self._drop(wid)
+            self.kill(wid)  # a worker still being placed is dropped here
+            if wid in self.hosts:
+                time.sleep(0.1)
+                self._drop(wid)
