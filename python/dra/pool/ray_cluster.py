@@ -439,11 +439,16 @@ class RaySpawner:
         def drop() -> None:  # off the loop: calls about a dead node's actor can take a while
             try:
                 self.cluster.ray.kill(host)
+            except Exception:  # noqa: BLE001 - the actor is gone already: its group still goes
+                pass
+            try:
                 remove_placement_group(pg)
             except Exception:  # noqa: BLE001 - its node is gone
                 pass
 
-        threading.Thread(target=drop, daemon=True).start()
+        t = threading.Thread(target=drop, daemon=True)
+        t.start()
+        self._drops = [d for d in getattr(self, "_drops", []) if d.is_alive()] + [t]
 
     def close(self) -> None:
         for wid in list(self.hosts):
@@ -451,3 +456,8 @@ class RaySpawner:
             if wid in self.hosts:
                 time.sleep(0.1)
                 self._drop(wid)
+        # The drops run off the loop; a launcher exiting at once took them with it (daemon threads),
+        # and the placement groups stayed, holding their devices.
+        deadline = time.monotonic() + 30.0
+        for t in getattr(self, "_drops", []):
+            t.join(max(0.0, deadline - time.monotonic()))
