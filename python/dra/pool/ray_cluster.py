@@ -354,6 +354,7 @@ class RaySpawner:
         ray = self.cluster.ray
         self.host_cls = ray.remote(num_cpus=0)(_WorkerHost)
         self.hosts: dict[str, tuple[Any, Any]] = {}
+        self._drops: list[threading.Thread] = []  # placement-group removals still running (close waits)
         self.pids: dict[str, int] = {}
         self.starting: dict[str, Any] = {}  # wid -> the start call's ObjectRef, until it answered
         self.polling: dict[str, Any] = {}  # wid -> a poll call's ObjectRef, until it answered
@@ -448,7 +449,7 @@ class RaySpawner:
 
         t = threading.Thread(target=drop, daemon=True)
         t.start()
-        self._drops = [d for d in getattr(self, "_drops", []) if d.is_alive()] + [t]
+        self._drops = [d for d in self._drops if d.is_alive()] + [t]
 
     def close(self) -> None:
         for wid in list(self.hosts):
@@ -459,5 +460,5 @@ class RaySpawner:
         # The drops run off the loop; a launcher exiting at once took them with it (daemon threads),
         # and the placement groups stayed, holding their devices.
         deadline = time.monotonic() + 30.0
-        for t in getattr(self, "_drops", []):
+        for t in self._drops:
             t.join(max(0.0, deadline - time.monotonic()))
