@@ -198,7 +198,7 @@ class Launcher:
         watched = [("lease's", memory), ("slot's", os.path.dirname(memory))] if memory else []
         pid = self.spawner.spawn(wid, list(self.command), env, cgroups, log, self.cwd)
         self.workers[lease["id"]] = {"wid": wid, "pid": pid, "lease": lease["id"], "device": lease.get("device"),
-                                     "uid": uid, "started": _clock.now(), "asked": None, "signals": 0, "join": join,
+                                     "uid": uid, "started": _clock.now(), "asked": None, "signals": 0, "join": join, "taken": False,
                                      "log": log, "memory": [(whose, p, _cgroup.memory_state(p)) for whose, p in watched]}
         self._say(event="worker_start", lease=lease["id"], device=lease.get("device"), pid=pid, join=join, uid=uid)
 
@@ -313,8 +313,24 @@ class Launcher:
             self._say(event="leave", lease=w["lease"], uid=w["uid"], asked_for=x)
             if self.kind != "training":
                 self._signal(w, signal.SIGTERM)  # a replica finishes its request and exits 0
+        # A lease the pool took back while its worker runs (its node was declared lost, its launcher
+        # was silent past the heartbeat timeout): the pool may grant that device again, so the
+        # worker is stopped (on a local pool the lease's cgroup was emptied already). It stays
+        # counted in the job's size until it exited: a lower max_size now would have the leader
+        # shrink the world by a healthy member of its choosing before the lost one's fault is seen
+        # (the one on the lost lease may be the leader, which never leaves). A member other than
+        # the leader is also named in "leave", for a process that outlives the signal.
+        held = {l["id"] for l in answer["leases"]}
+        taken = [w for lid, w in self.workers.items() if lid not in held]
+        for w in taken:
+            if not w["taken"]:
+                w["taken"] = True
+                self._say(event="lease_taken", lease=w["lease"], uid=w["uid"], device=w["device"])
+                if self.kind == "training" and w["uid"] != leader:
+                    self.leave_uids.add(w["uid"])
+                self._signal(w, signal.SIGKILL)
         if self.kind == "training" and self.started_world:
-            k = sum(1 for l in answer["leases"] if l["state"] == "active")
+            k = sum(1 for l in answer["leases"] if l["state"] == "active") + len(taken)
             cap = {"min_size": k, "max_size": k, "leave": sorted(self.leave_uids)}
             if cap != self.capacity:
                 self.store.set_capacity(cap)
