@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -739,10 +740,14 @@ def test_an_inference_service_at_risk_is_served_before_training(tmp_path: Path) 
         svc.close()
 
 
-def test_daemon_restart_mid_job_adopts_the_launcher_and_the_job_carries_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("away_s", [4.0, 35.0])
+def test_daemon_restart_mid_job_adopts_the_launcher_and_the_job_carries_on(tmp_path: Path, away_s: float) -> None:
     """A real job runs under its launcher; the daemon goes away for longer than the heartbeat
     timeout and a new one starts on the same state: it adopts the running launcher (no second
-    one), the lease is the same, the launcher reports again, the job finishes."""
+    one), the lease is the same, the launcher reports again, the job finishes. Away 35 s too: an
+    outside review saw every job killed by an outage over 30 s (the launcher gave up on its daemon
+    after 30 s and SIGKILLed its workers); a launcher now waits as long as it takes unless the
+    operator set a limit (orphan_limit_s)."""
     state = tmp_path / "state"
     svc = PoolService(declared(1), state, heartbeat_timeout_s=2.0)
     server = PoolServer(svc).start()
@@ -758,7 +763,7 @@ def test_daemon_restart_mid_job_adopts_the_launcher_and_the_job_carries_on(tmp_p
     assert before and not (tmp_path / "out" / "result.json").exists()
     first = svc.launchers["j"].popen  # the launcher process, started by this daemon, adopted by the next
     server.close(remove_slots=False)  # the daemon goes away mid-job ...
-    time.sleep(4.0)  # ... for longer than the heartbeat timeout
+    time.sleep(away_s)  # ... for longer than the heartbeat timeout
     again = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=2.0)).start()
     try:
         assert [(l["id"], l["device"]) for l in again.service.status()["leases"]] == before
@@ -773,6 +778,56 @@ def test_daemon_restart_mid_job_adopts_the_launcher_and_the_job_carries_on(tmp_p
     assert kinds.count("launch") == 1 and kinds.count("grant") == 1  # one launcher, the same lease throughout
     launcher = [e["event"] for e in _launcher_events(state / "logs" / "j.launcher.log")]
     assert "pool_unreachable" in launcher and "pool_back" in launcher and launcher.count("worker_start") == 1
+
+
+def test_a_daemon_stopped_right_after_a_cancel_still_tells_the_launcher(tmp_path: Path) -> None:
+    """A job cancelled just before the daemon stops: its launcher learns of the cancel only at its
+    next call, and the daemon stopped serving first, so the launcher kept the job's workers running
+    as an orphan until a daemon came back (a Ray test's placement groups stayed held this way).
+    The daemon now answers while it waits (at most 10 s) for the launchers of ended jobs. The
+    launcher is stopped (SIGSTOP) across the cancel so that it cannot call in before the close."""
+    svc = PoolService(declared(1), tmp_path / "state", heartbeat_timeout_s=30.0)
+    server = PoolServer(svc).start()
+    client = PoolClient(server.url)
+    client.submit({"name": "j", "cwd": str(tmp_path), "command": ["sleep", "120"]})
+    log = tmp_path / "state" / "logs" / "j.launcher.log"
+    deadline = time.time() + 90
+    while time.time() < deadline and not (log.exists() and any(
+            e["event"] == "worker_start" for e in _launcher_events(log))):
+        time.sleep(0.2)
+    ref = svc.launchers["j"]
+    worker = next(e["pid"] for e in _launcher_events(log) if e["event"] == "worker_start")
+    os.kill(ref.popen.pid, signal.SIGSTOP)
+    try:
+        client.cancel("j")
+        closing = threading.Thread(target=server.close)
+        closing.start()
+        time.sleep(1.0)
+    finally:
+        os.kill(ref.popen.pid, signal.SIGCONT)
+    closing.join(timeout=30)
+    try:
+        code = ref.popen.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        ref.popen.kill()
+        code = None
+    assert code is not None, ("the cancelled job's launcher still ran after the daemon closed", _launcher_events(log)[-5:])
+    assert any(e["event"] == "job_end" and e["state"] == "cancelled" for e in _launcher_events(log))
+    assert _gone(worker, 10.0), f"its worker (pid {worker}) still runs"
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    """Whether the process is gone (or a zombie) within within_s."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_a_launcher_gives_up_after_the_operators_limit(tmp_path: Path) -> None:

@@ -443,6 +443,8 @@ class PoolServer:
         return self
 
     def close(self, remove_slots: bool = True) -> None:
+        if self.service is not None:
+            self.service.wait_exiting()  # while the API answers: a cancelled job's launcher hears it
         for srv in self._servers:
             if self._threads:
                 srv.shutdown()

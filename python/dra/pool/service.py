@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -524,15 +525,27 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
     # ------------------------------------------------------------------------------------------
     # the loop (dra.pool._loop) and the launchers' calls (dra.pool._launcher_api)
     # ------------------------------------------------------------------------------------------
-    def close(self, remove_slots: bool = True) -> None:
-        """Stops the loop and lets the state go. Launchers are not waited for: they keep their
-        jobs running, and a daemon started on this state adopts them."""
-        self.stop()
-        for p in self._exiting:  # launchers of ended jobs exit within moments
+    def wait_exiting(self, timeout_s: float = 10.0) -> None:
+        """Waits (at most timeout_s in all) for the launchers of ended jobs (cancelled ones
+        included) to exit. Called while
+        the API still answers: a launcher learns that its job was cancelled only at its next call,
+        and a daemon that stopped serving first left it running its job's workers until a daemon
+        came back."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:  # a cancelled job's launcher is in self.launchers until its next call
+            ending = list(self._exiting) + [ref.popen for name, ref in self.launchers.items()
+                                            if ref.popen is not None and self.jobs[name]["state"] in ENDED]
+        for p in ending:
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+
+    def close(self, remove_slots: bool = True) -> None:
+        """Stops the loop and lets the state go. Launchers of running jobs are not waited for:
+        they keep their jobs running, and a daemon started on this state adopts them."""
+        self.stop()
+        self.wait_exiting()  # launchers of ended jobs exit within moments
         self.db.close()
         self._state_lock.release()
         if remove_slots and self.slots is not None:
