@@ -1,11 +1,13 @@
 """What `dra pool serve` says when it stops: with a job still running, one line naming it, that it
 goes on and that a daemon started again on the same state adopts it; with nothing running, that
-the pool stopped. Both through the real CLI, a real launcher and a real job (`sleep`), on a
+the pool stopped, a job cancelled just before the stop included. Both through the real CLI, a real launcher and a real job (`sleep`), on a
 declared inventory (no cgroups needed)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,9 +66,29 @@ def test_the_daemon_says_whether_it_leaves_jobs_running_and_the_next_one_adopts_
         assert "serving" in serve.stdout.readline()
         job = next(j for j in client.status()["jobs"] if j["name"] == "sleeper")
         assert job["state"] == "running", job  # adopted, not started again
-        client.cancel("sleeper")
-        _until("sleeper's leases released", lambda: not client.status()["leases"])
+        # Cancelled, and the daemon stopped at once: the adopted launcher hears of the cancel only
+        # at its next call, which the stopping daemon still answers (it is held still, SIGSTOP,
+        # until the stop began, so that it cannot call in before). Before, the daemon said the job
+        # still ran, kept its cgroups, and the launcher kept the job's worker for want of a daemon.
+        launcher = next(json.loads(x)["pid"] for x in (state / "events.jsonl").read_text().splitlines()
+                        if json.loads(x)["event"] == "launch")
+        os.kill(launcher, signal.SIGSTOP)
+        try:
+            client.cancel("sleeper")
+            serve.terminate()
+            time.sleep(1.5)
+        finally:
+            os.kill(launcher, signal.SIGCONT)
     finally:
         out = _stop(serve)
     assert "[dra pool] stopped: no job running" in out, out
     assert "still running" not in out, out
+    _until("the cancelled job's launcher gone", lambda: not _alive(launcher), 15.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dra._core import pool as P
-from dra.pool.launcher import cut_log
+from dra.pool._spawner import cut_log
 from dra.pool.server import PoolClient, PoolServer
 from dra.pool.service import PoolService
 

@@ -97,6 +97,9 @@ def test_the_pool_takes_every_node_as_gone_with_the_head_and_back_with_it(monkey
         removed = _wait_for(lambda: len(seen("node_removed")) == 2 and seen("node_removed"))
         assert sorted(e["node"] for e in removed) == ["a", "b"] and all(e["reason"] == lost["reason"] for e in removed)
         assert not svc.inventory.devices and len(svc.book) == 0 and svc.ray_head_lost_at is not None
+        # Not fenced: the head's loss says nothing of the nodes, so the job's launcher leaves its
+        # workers running (a node's own loss fences its leases: test_pool_lease_taken_outside.py).
+        assert not svc.jobs["j"]["info"].get("fence"), svc.jobs["j"]["info"]
         svc.tick()
         assert len(svc.book) == 0  # nothing is granted on a cluster without a head
         gcs = _listener(gcs_port)  # the head is back at its address (a GCS restarted with its state)

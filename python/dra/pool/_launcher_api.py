@@ -226,6 +226,8 @@ class LauncherAPI:
                       for l in self.book.of_job(name)]
             answer = {"state": job["state"], "leases": leases,
                       "release": [l.id for l in self.book.of_job(name) if l.state == "releasing"],
+                      # leases taken back whose workers must stop if they still run (why, by id)
+                      "fence": dict(job["info"].get("fence", {})),
                       "min_size": job["spec"]["min_size"], "max_size": job["spec"]["max_size"]}
         if removed or released:
             self._wake.set()

@@ -97,6 +97,7 @@ class SchedulingLoop:
                 if self._late_not_lost(lid, lease, now):
                     continue
                 self.counters["reclaims"] += 1
+                self._fence(lease, f"no heartbeat for {self.heartbeat_timeout_s:g} s")
                 self._release(lid, f"no heartbeat for {self.heartbeat_timeout_s:g} s", removed)
                 j = self.jobs.get(job)
                 if j is not None and j["state"] in ("waiting", "running") and self.book.count(job) == 0:

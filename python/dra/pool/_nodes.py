@@ -37,13 +37,18 @@ class NodeMembership:
                 self.ray_head_lost_at = _clock.now()
                 self._event({"event": "ray_head_lost", "reason": reason})
 
-    def remove_node(self, node: str, reason: str = "node lost") -> list[str]:
+    def remove_node(self, node: str, reason: str = "node lost", head: bool = False) -> list[str]:
         """A node left the cluster: its devices go, its leases are released (their workers went
-        with the node; the jobs' other workers shrink in place)."""
+        with the node; the jobs' other workers shrink in place). Each such lease is fenced: its
+        job's launcher stops a worker of it that still runs (a node taken as lost may not be).
+        ``head``: the node went with the Ray cluster's head, which says nothing of the node
+        itself: its workers are not fenced (they run on until Ray ends them, or the head is back)."""
         with self._lock:
             removed: list[int] = []
             for l in self.book.all():
                 if self.inventory.contains(l.device) and self.inventory.at(l.device).node == node:
+                    if not head:
+                        self._fence(l, reason)
                     self._release(l.id, reason, removed)
             gone = self.inventory.remove_node(node)
             self._save_leases([], removed)

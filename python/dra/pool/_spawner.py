@@ -92,6 +92,43 @@ def open_private_log(path: Path) -> Any:
     return os.fdopen(fd, "ab")
 
 
+def cut_log(path: Path, limit: int, dropped_before: int = 0, keep: int = 65536) -> int:
+    """Cuts a log past ``limit`` bytes to a line saying so and its last whole lines (at most
+    ``keep`` bytes), in place, and returns the bytes dropped now (``dropped_before``: by earlier
+    cuts, counted in the line).
+
+    The worker goes on writing with O_APPEND meanwhile. Truncating to nothing and then writing
+    the line let its writes land first (on a loaded host the log began with the flood, the line in
+    its middle). So the line and the tail are written over the log's start, and the log is then
+    shortened to them: what the worker wrote during the cut is read first and kept after the
+    tail, in order; what it writes between that last read and the shortening (microseconds) is
+    lost."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        end = os.fstat(fd).st_size
+        if end <= limit:
+            return 0
+        want = min(keep, limit // 2)
+        kept = os.pread(fd, want, end - want)
+        for _ in range(8):  # a worker that outwrites the reads is cut again at the next look
+            more = os.pread(fd, limit, end)
+            if not more:
+                break
+            kept, end = (kept + more)[-want:], end + len(more)
+        kept = kept[kept.find(b"\n") + 1:]
+        dropped = end - len(kept)
+        note = (f"[dra run] this log passed its limit ({limit} bytes, the job's log_limit_mb): "
+                f"{dropped_before + dropped} bytes of it before this line were dropped\n").encode()
+        os.pwrite(fd, note + kept, 0)
+        os.ftruncate(fd, len(note) + len(kept))
+        return dropped
+    finally:
+        os.close(fd)
+
+
 class Spawner:
     """Starts worker processes, from the zygote (Python commands) or as plain processes."""
 

@@ -38,6 +38,7 @@ LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 def _serve(args: argparse.Namespace) -> int:
     from dra.pool import _auth, _clock, _state
     from dra.pool._quota import UserLimits
+    from dra.pool._records import ENDED
     from dra.pool.factory import make_service
     from dra.pool.server import PoolServer
 
@@ -99,14 +100,17 @@ def _serve(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
             code = 3
             break
+    # A job cancelled just before: its launcher is told at its next call and exits (while the API
+    # still answers); then what still runs is known.
+    service.wait_exiting()
     # Slots are kept when leases are live, so a restarted daemon finds its running jobs' cgroups.
-    live = sorted({l.job for l in service.book.all() if l.state})
+    live = sorted({l.job for l in service.book.all() if l.state and service.jobs[l.job]["state"] not in ENDED})
     if live:
         print(f"[dra pool] stopping with {len(live)} job(s) still running ({', '.join(live[:5])}"
               f"{', ...' if len(live) > 5 else ''}): they go on, their leases' cgroups are kept, and a daemon "
               f"started again with --state {state} adopts them; to leave nothing behind, drain or cancel them "
               "and stop once they have ended", file=sys.stderr, flush=True)
-    server.close(remove_slots=not live)
+    server.close(remove_slots=not live, wait_s=0.0)
     if not live:
         print("[dra pool] stopped: no job running" + (", the pool's cgroups removed" if service.slots is not None else ""),
               flush=True)

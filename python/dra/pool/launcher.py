@@ -38,7 +38,7 @@ from typing import Any
 from dra._argtypes import count_arg, nonnegative_arg
 from dra.launch.rendezvous import free_port
 from dra.pool import _cgroup, _clock
-from dra.pool._spawner import Spawner, is_python, last_line, private_log_dir
+from dra.pool._spawner import Spawner, cut_log, is_python, last_line, private_log_dir
 
 #: The default of a pool job's ``log_limit_mb``: the most one worker's log holds.
 LOG_LIMIT_MB = 1024
@@ -199,6 +199,7 @@ class Launcher:
         pid = self.spawner.spawn(wid, list(self.command), env, cgroups, log, self.cwd)
         self.workers[lease["id"]] = {"wid": wid, "pid": pid, "lease": lease["id"], "device": lease.get("device"),
                                      "uid": uid, "started": _clock.now(), "asked": None, "signals": 0, "join": join, "taken": False,
+                                     "fenced": None,
                                      "log": log, "memory": [(whose, p, _cgroup.memory_state(p)) for whose, p in watched]}
         self._say(event="worker_start", lease=lease["id"], device=lease.get("device"), pid=pid, join=join, uid=uid)
 
@@ -254,6 +255,9 @@ class Launcher:
     def _exit_why(self, w: dict[str, Any], code: int) -> str:
         """How a worker ended, in words: its exit code or signal, an OOM kill its lease's memory
         cgroup (or its slot's) counted while it ran, and the last line of its log."""
+        if w["fenced"] and code in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return (f"worker on lease {w['lease']} (uid {w['uid']}): stopped (SIGKILL) because the pool took its lease "
+                    f"back: {w['fenced']}")
         if code < 0:
             what = f"killed by {_signal_name(-code)}"
         else:
@@ -288,6 +292,34 @@ class Launcher:
                 + (f" (and {more} earlier worker failure(s))" if more else ""))[:2000]
 
     # -- giving leases back ----------------------------------------------------------------------
+    def _fence(self, answer: dict[str, Any], report: dict[str, Any] | None) -> None:
+        """Workers whose lease is no longer the job's. The pool took it back outright and says
+        why in ``fence`` (its node was declared lost, its heartbeats stopped past the timeout):
+        the device may be granted again, so the worker is stopped now, before any new worker
+        starts (on a local pool the lease's cgroup was emptied already); a member other than the
+        leader is also named in "leave", for a process that outlives the signal. A lease gone
+        without a fence (its node went with a Ray cluster's head, which says nothing of the node)
+        leaves its worker running. Either way the worker stays counted in the job's size until it
+        exited: a lower max_size would have the leader shrink the world by a healthy member of its
+        choosing before the lost one's fault is seen (the lost one may be the leader, which never
+        leaves)."""
+        held = {l["id"] for l in answer["leases"]}
+        fence = answer.get("fence") or {}
+        members = (report or {}).get("members") or []
+        leader = members[0] if members else 0
+        for lid, w in self.workers.items():
+            if lid in held:
+                continue
+            if not w["taken"]:
+                w["taken"] = True
+                self._say(event="lease_gone", lease=lid, uid=w["uid"], device=w["device"],
+                          fenced=str(lid) in fence, why=fence.get(str(lid), "not said (the Ray cluster's head is away)"))
+            if str(lid) in fence and not w["fenced"]:
+                w["fenced"] = fence[str(lid)]
+                if self.kind == "training" and w["uid"] != leader:
+                    self.leave_uids.add(w["uid"])
+                self._signal(w, signal.SIGKILL)
+
     def _give_back(self, answer: dict[str, Any], report: dict[str, Any] | None) -> None:
         """Follows the pool's answer: the job's size bounds in ``capacity`` and who leaves."""
         asked = set(answer["release"])
@@ -302,8 +334,8 @@ class Launcher:
                 # The leader never leaves (it may hold the only copy of the state mid-change), and a
                 # worker already leaving for another lease counts once: the newest other worker
                 # goes, and the pool takes its lease instead.
-                others = [v for v in self.workers.values()
-                          if v["asked"] is None and (self.kind != "training" or v["uid"] != leader)]
+                others = [v for v in self.workers.values() if v["asked"] is None and not v["taken"]
+                          and (self.kind != "training" or v["uid"] != leader)]
                 if not others:
                     continue
                 w = max(others, key=lambda v: v["started"])
@@ -313,24 +345,9 @@ class Launcher:
             self._say(event="leave", lease=w["lease"], uid=w["uid"], asked_for=x)
             if self.kind != "training":
                 self._signal(w, signal.SIGTERM)  # a replica finishes its request and exits 0
-        # A lease the pool took back while its worker runs (its node was declared lost, its launcher
-        # was silent past the heartbeat timeout): the pool may grant that device again, so the
-        # worker is stopped (on a local pool the lease's cgroup was emptied already). It stays
-        # counted in the job's size until it exited: a lower max_size now would have the leader
-        # shrink the world by a healthy member of its choosing before the lost one's fault is seen
-        # (the one on the lost lease may be the leader, which never leaves). A member other than
-        # the leader is also named in "leave", for a process that outlives the signal.
-        held = {l["id"] for l in answer["leases"]}
-        taken = [w for lid, w in self.workers.items() if lid not in held]
-        for w in taken:
-            if not w["taken"]:
-                w["taken"] = True
-                self._say(event="lease_taken", lease=w["lease"], uid=w["uid"], device=w["device"])
-                if self.kind == "training" and w["uid"] != leader:
-                    self.leave_uids.add(w["uid"])
-                self._signal(w, signal.SIGKILL)
         if self.kind == "training" and self.started_world:
-            k = sum(1 for l in answer["leases"] if l["state"] == "active") + len(taken)
+            # A worker whose lease the pool took back stays counted until it exited (_fence).
+            k = sum(1 for l in answer["leases"] if l["state"] == "active") + sum(1 for w in self.workers.values() if w["taken"])
             cap = {"min_size": k, "max_size": k, "leave": sorted(self.leave_uids)}
             if cap != self.capacity:
                 self.store.set_capacity(cap)
@@ -488,6 +505,7 @@ class Launcher:
                         self.spawner.kill(w["wid"], signal.SIGTERM)
                 self._say(event="job_end", state=answer["state"], codes=codes)
                 return 0 if answer["state"] == "finished" or done else 1
+            self._fence(answer, report)
             new = [l for l in answer["leases"] if l["id"] not in self.workers and l["id"] not in self.ended
                    and l["state"] == "active"]
             if new and not self.started_world:
@@ -509,43 +527,6 @@ class Launcher:
                         self._start(lease, 0, 1, join=True)
             self._give_back(answer, report)
             time.sleep(self.poll_s)
-
-
-def cut_log(path: Path, limit: int, dropped_before: int = 0, keep: int = 65536) -> int:
-    """Cuts a log past ``limit`` bytes to a line saying so and its last whole lines (at most
-    ``keep`` bytes), in place, and returns the bytes dropped now (``dropped_before``: by earlier
-    cuts, counted in the line).
-
-    The worker goes on writing with O_APPEND meanwhile. Truncating to nothing and then writing
-    the line let its writes land first (on a loaded host the log began with the flood, the line in
-    its middle). So the line and the tail are written over the log's start, and the log is then
-    shortened to them: what the worker wrote during the cut is read first and kept after the
-    tail, in order; what it writes between that last read and the shortening (microseconds) is
-    lost."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return 0
-    try:
-        end = os.fstat(fd).st_size
-        if end <= limit:
-            return 0
-        want = min(keep, limit // 2)
-        kept = os.pread(fd, want, end - want)
-        for _ in range(8):  # a worker that outwrites the reads is cut again at the next look
-            more = os.pread(fd, limit, end)
-            if not more:
-                break
-            kept, end = (kept + more)[-want:], end + len(more)
-        kept = kept[kept.find(b"\n") + 1:]
-        dropped = end - len(kept)
-        note = (f"[dra run] this log passed its limit ({limit} bytes, the job's log_limit_mb): "
-                f"{dropped_before + dropped} bytes of it before this line were dropped\n").encode()
-        os.pwrite(fd, note + kept, 0)
-        os.ftruncate(fd, len(note) + len(kept))
-        return dropped
-    finally:
-        os.close(fd)
 
 
 def _signal_name(number: int) -> str:

@@ -182,7 +182,7 @@ class RayCluster:
     def watch(self, on_lost: Callable[..., Any], on_joined: Callable[[str, list[Any]], Any] | None = None,
               every_s: float = 0.5, on_head: Callable[[bool, str], Any] | None = None) -> threading.Event:
         """Calls on_lost(tag, reason) once for each node that is gone (Ray's table says so, or its
-        raylet refuses connections) and on_joined(tag, devices) for each node that joins; returns a
+        raylet refuses connections; ``head=True`` too when it went with the cluster's head) and on_joined(tag, devices) for each node that joins; returns a
         stop event. The cluster's head (its GCS) is knocked at first, every time: when it has not
         answered for ``HEAD_MISSES`` looks in a row, every node is gone with it (no lease may be
         granted on a cluster without a head, and Ray's node table cannot be read to tell which
@@ -218,7 +218,7 @@ class RayCluster:
                     dead.add(info["node_id"])
                     head["ids"].add(info["node_id"])
                     del known[tag]
-                    on_lost(tag, reason)
+                    on_lost(tag, reason, head=True)
                 if on_head is not None:
                     on_head(False, reason)
             return False

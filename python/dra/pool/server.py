@@ -442,13 +442,15 @@ class PoolServer:
         self.service.start()
         return self
 
-    def close(self, remove_slots: bool = True) -> None:
+    def close(self, remove_slots: bool = True, wait_s: float = 10.0) -> None:
+        """Stops serving and closes the service. First, for up to wait_s, it answers while the
+        launchers of ended and cancelled jobs call in and exit (PoolService.wait_exiting)."""
         if self.service is not None:
-            self.service.wait_exiting()  # while the API answers: a cancelled job's launcher hears it
+            self.service.wait_exiting(wait_s)  # while the API answers: a cancelled job's launcher hears it
         for srv in self._servers:
             if self._threads:
                 srv.shutdown()
             srv.server_close()
         self.socket_path.unlink(missing_ok=True)
         if self.service is not None:
-            self.service.close(remove_slots=remove_slots)
+            self.service.close(remove_slots=remove_slots, wait_s=0.0)

@@ -482,6 +482,14 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
         l.state = state
         self.book.restore(l)
 
+    def _fence(self, lease: Any, reason: str) -> None:
+        """A lease taken back while its worker may still run: its job's launcher is told to stop
+        that worker (the sync's ``fence``: lease id -> why), as the device may be granted again."""
+        j = self.jobs.get(lease.job)
+        if j is not None and j["state"] not in ENDED:
+            j["info"].setdefault("fence", {})[str(lease.id)] = reason
+            self._save_job(lease.job)
+
     def _release(self, lid: int, reason: str, removed: list[int]) -> None:
         l = self.book.release(lid)
         removed.append(lid)
@@ -526,26 +534,27 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
     # the loop (dra.pool._loop) and the launchers' calls (dra.pool._launcher_api)
     # ------------------------------------------------------------------------------------------
     def wait_exiting(self, timeout_s: float = 10.0) -> None:
-        """Waits (at most timeout_s in all) for the launchers of ended jobs (cancelled ones
-        included) to exit. Called while
-        the API still answers: a launcher learns that its job was cancelled only at its next call,
-        and a daemon that stopped serving first left it running its job's workers until a daemon
-        came back."""
+        """Waits (at most timeout_s in all) for the launchers of ended jobs (cancelled, adopted
+        ones too) to exit. Called while the API answers: a launcher learns of a cancel only at its
+        next call (a daemon that stopped serving first left it running the job's workers)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:  # a cancelled job's launcher is in self.launchers until its next call
-            ending = list(self._exiting) + [ref.popen for name, ref in self.launchers.items()
-                                            if ref.popen is not None and self.jobs[name]["state"] in ENDED]
+            ending = [p for p in self._exiting if p.poll() is None]
+            adopted = [ref for name, ref in self.launchers.items() if self.jobs[name]["state"] in ENDED]
         for p in ending:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                pass
+                return
+        while any(ref.alive() for ref in adopted) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
-    def close(self, remove_slots: bool = True) -> None:
+    def close(self, remove_slots: bool = True, wait_s: float = 10.0) -> None:
         """Stops the loop and lets the state go. Launchers of running jobs are not waited for:
-        they keep their jobs running, and a daemon started on this state adopts them."""
+        they keep their jobs running, and a daemon started on this state adopts them; those of
+        ended jobs, for up to wait_s (PoolServer.close waited already, while it answered)."""
         self.stop()
-        self.wait_exiting()  # launchers of ended jobs exit within moments
+        self.wait_exiting(wait_s)  # launchers of ended jobs exit within moments
         self.db.close()
         self._state_lock.release()
         if remove_slots and self.slots is not None:
