@@ -29,7 +29,7 @@ _SECONDS = {
     "test_dropin.py": 242,
     "test_faults_outside.py": 178,
     "test_exhaustion_outside.py": 160,
-    "test_pool.py": 152,
+    "test_pool.py": 200,
     "test_elastic_world.py": 125,
     "test_rl_live.py": 95,
     "test_bench_faults.py": 60,
@@ -41,6 +41,7 @@ _SECONDS = {
     "test_elastic_compress.py": 28,
     "test_bench_nccl.py": 24,
     "test_elastic_steered.py": 24,
+    "test_pool_lease_taken_outside.py": 25,
     "test_pool_security.py": 19,
 }
 

@@ -795,8 +795,9 @@ def test_a_daemon_stopped_right_after_a_cancel_still_tells_the_launcher(tmp_path
     while time.time() < deadline and not (log.exists() and any(
             e["event"] == "worker_start" for e in _launcher_events(log))):
         time.sleep(0.2)
-    ref = svc.launchers["j"]
-    worker = next(e["pid"] for e in _launcher_events(log) if e["event"] == "worker_start")
+    started = [e["pid"] for e in _launcher_events(log) if e["event"] == "worker_start"] if log.exists() else []
+    assert started, "the job's worker did not start within 90 s"
+    ref, worker = svc.launchers["j"], started[0]
     os.kill(ref.popen.pid, signal.SIGSTOP)
     try:
         client.cancel("j")
@@ -806,6 +807,7 @@ def test_a_daemon_stopped_right_after_a_cancel_still_tells_the_launcher(tmp_path
     finally:
         os.kill(ref.popen.pid, signal.SIGCONT)
     closing.join(timeout=30)
+    assert not closing.is_alive(), "the daemon did not close within 30 s"
     try:
         code = ref.popen.wait(timeout=15)
     except subprocess.TimeoutExpired:

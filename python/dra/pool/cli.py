@@ -102,6 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
             break
     # A job cancelled just before: its launcher is told at its next call and exits (while the API
     # still answers); then what still runs is known.
+    service.stop()  # nothing granted or launched from now on; syncs are still answered
     service.wait_exiting()
     # Slots are kept when leases are live, so a restarted daemon finds its running jobs' cgroups.
     live = sorted({l.job for l in service.book.all() if l.state and service.jobs[l.job]["state"] not in ENDED})

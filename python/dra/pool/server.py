@@ -446,6 +446,7 @@ class PoolServer:
         """Stops serving and closes the service. First, for up to wait_s, it answers while the
         launchers of ended and cancelled jobs call in and exit (PoolService.wait_exiting)."""
         if self.service is not None:
+            self.service.stop()  # nothing granted or launched from now on; syncs are still answered
             self.service.wait_exiting(wait_s)  # while the API answers: a cancelled job's launcher hears it
         for srv in self._servers:
             if self._threads:

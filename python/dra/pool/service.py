@@ -540,7 +540,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
         deadline = time.monotonic() + timeout_s
         with self._lock:  # a cancelled job's launcher is in self.launchers until its next call
             ending = [p for p in self._exiting if p.poll() is None]
-            adopted = [ref for name, ref in self.launchers.items() if self.jobs[name]["state"] in ENDED]
+            adopted = [ref for name, ref in self.launchers.items() if self.jobs.get(name, {}).get("state") in ENDED]
         for p in ending:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
