@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _launch_harness import running
 
 from dra.pool.server import PoolClient
 
@@ -83,12 +84,5 @@ def test_the_daemon_says_whether_it_leaves_jobs_running_and_the_next_one_adopts_
         out = _stop(serve)
     assert "[dra pool] stopped: no job running" in out, out
     assert "still running" not in out, out
-    _until("the cancelled job's launcher gone", lambda: not _alive(launcher), 15.0)
+    _until("the cancelled job's launcher gone", lambda: not running(launcher), 15.0)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

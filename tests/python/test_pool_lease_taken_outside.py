@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _launch_harness import running
 
 from dra._core import pool as P
 from dra.pool.server import PoolClient, PoolServer
@@ -30,13 +31,6 @@ def _lines(path: Path, prefix: str) -> list[dict]:
     return [json.loads(x[len(prefix):]) for x in path.read_text(errors="replace").splitlines()
             if x.startswith(prefix + "{")]
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.timeout(480)
@@ -70,7 +64,7 @@ def test_a_worker_whose_lease_the_pool_took_back_is_stopped_and_no_healthy_one_l
         svc.remove_node(node, "its raylet is gone (a test)", head=head)  # the process on it lives on
         stopped = None
         while time.time() < taken_at + (3 if head else 30) and stopped is None:
-            if not _alive(leader["pid"]):
+            if not running(leader["pid"]):
                 stopped = time.time() - taken_at
             time.sleep(0.1)
         if head:
