@@ -93,7 +93,11 @@ def test_a_plain_script_is_not_grown_when_devices_free_up(tmp_path: Path) -> Non
         while time.time() < deadline and not any(e["event"] == "grant" for e in _events(state)):
             time.sleep(0.05)
 
-    states, _, events = _run(tmp_path, 2, [{"name": "hold", "command": ["sleep", "6"]},
+    # The other job holds its device until the plain script has started, and 3 s more (a fixed
+    # `sleep 6` could end before the plain job was admitted on a loaded host: it then got both
+    # devices at once, and the test saw a world of 2 it had not meant to make); bounded at 60 s.
+    hold = f"for i in $(seq 600); do [ -s {marker} ] && break; sleep 0.1; done; sleep 3"
+    states, _, events = _run(tmp_path, 2, [{"name": "hold", "command": ["sh", "-c", hold]},
                                            {"name": "plain", "min_size": 1, "max_size": 2,
                                             "command": _script(marker, 12.0, 12.0)}], before=held)
     assert states == {"hold": "finished", "plain": "finished"}, states
