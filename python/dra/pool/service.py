@@ -539,14 +539,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
         next call (a daemon that stopped serving first left it running the job's workers)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:  # a cancelled job's launcher is in self.launchers until its next call
-            ending = [p for p in self._exiting if p.poll() is None]
-            adopted = [ref for name, ref in self.launchers.items() if self.jobs.get(name, {}).get("state") in ENDED]
-        for p in ending:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                return
-        while any(ref.alive() for ref in adopted) and time.monotonic() < deadline:
+            running = [lambda p=p: p.poll() is None for p in self._exiting]
+            running += [ref.alive for name, ref in self.launchers.items()
+                        if self.jobs.get(name, {}).get("state") in ENDED]
+        while any(alive() for alive in running) and time.monotonic() < deadline:
             time.sleep(0.1)
 
     def close(self, remove_slots: bool = True, wait_s: float = 10.0) -> None:
