@@ -2,9 +2,10 @@
 node on this machine, the head's processes killed): the pool went on listing the head's devices
 and its jobs' leases for 60 s, said nothing, and was then ended by Ray itself ("Failed to connect to
 GCS within 60 seconds ... The program will terminate"). The watcher now knocks at the head's
-GCS port first, every look: three looks without an answer and every node is gone with it (leases
-released, devices removed, nothing granted on a cluster without a head), with one
-``ray_head_lost`` event; when it answers again, ``ray_head_back`` and the nodes join again.
+GCS port first, every look: three looks without an answer and every node is away with it (its
+devices removed, nothing granted on a cluster without a head, its leases kept), with one
+``ray_head_lost`` event; when it answers again, ``ray_head_back`` and each node is back as it was
+or found lost.
 
 Killing a real head here would end this test process too (Ray ends every process connected to a
 cluster whose head stays away), so Ray's API is a stand-in that answers as Ray does; the head and
@@ -68,8 +69,15 @@ def _wait_for(what: Any, timeout_s: float = 15.0) -> Any:
 
 
 @pytest.mark.timeout(60)
-def test_the_pool_takes_every_node_as_gone_with_the_head_and_back_with_it(monkeypatch: pytest.MonkeyPatch,
-                                                                          tmp_path: Path) -> None:
+@pytest.mark.parametrize("b_after", ["back", "dead", "restarted"])
+def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_device_twice(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, b_after: str) -> None:
+    """The head goes while a job holds a device on each node and another job waits: nothing is
+    granted, nothing released. When it is back, node a is back as it was and node b is back
+    (its leases go on: the waiting job still waits), dead or restarted with a new node id (its
+    lease is fenced and released, and only then its device granted again). Before, the leases
+    were released at the loss, and on the head's return the waiting job was granted the devices
+    the first job's workers still ran on."""
     gcs, raylet_a, raylet_b = _listener(), _listener(), _listener()
     gcs_port = gcs.getsockname()[1]
     fake = _Ray(f"127.0.0.1:{gcs_port}", [_node(1, raylet_a.getsockname()[1], "a"),
@@ -86,7 +94,10 @@ def test_the_pool_takes_every_node_as_gone_with_the_head_and_back_with_it(monkey
     try:
         svc.submit({"name": "j", "min_size": 2, "max_size": 2, "command": ["true"]})
         svc.tick()
-        assert sorted(l.device for l in svc.book.all()) == ["a/slot0", "b/slot0"]
+        svc.submit({"name": "w", "min_size": 1, "max_size": 1, "command": ["true"]})  # waits for a device
+        svc.tick()
+        held = {l.device: l.id for l in svc.book.all()}
+        assert sorted(held) == ["a/slot0", "b/slot0"] and {l.job for l in svc.book.all()} == {"j"}
         gcs.close()  # the head goes: its port refuses connections, its node table cannot be read
         fake.head_up = False
         t0 = time.time()
@@ -94,21 +105,44 @@ def test_the_pool_takes_every_node_as_gone_with_the_head_and_back_with_it(monkey
         took = time.time() - t0
         assert took < 5.0, took
         assert lost["reason"] == f"the Ray cluster's head (GCS at 127.0.0.1:{gcs_port}) is unreachable (connection refused)"
-        removed = _wait_for(lambda: len(seen("node_removed")) == 2 and seen("node_removed"))
-        assert sorted(e["node"] for e in removed) == ["a", "b"] and all(e["reason"] == lost["reason"] for e in removed)
-        assert not svc.inventory.devices and len(svc.book) == 0 and svc.ray_head_lost_at is not None
-        # Not fenced: the head's loss says nothing of the nodes, so the job's launcher leaves its
-        # workers running (a node's own loss fences its leases: test_pool_lease_taken_outside.py).
+        away = _wait_for(lambda: len(seen("node_removed")) == 2 and seen("node_removed"))
+        assert sorted((e["node"], e["leases"], e["leases_kept"]) for e in away) == [
+            ("a", [], [held["a/slot0"]]), ("b", [], [held["b/slot0"]])]
+        assert all(e["reason"] == lost["reason"] for e in away)
+        assert not svc.inventory.devices and svc.ray_head_lost_at is not None
+        # Kept, not fenced: the head's loss says nothing of the nodes, whose workers run on.
+        assert {l.device: l.id for l in svc.book.all()} == held
         assert not svc.jobs["j"]["info"].get("fence"), svc.jobs["j"]["info"]
         svc.tick()
-        assert len(svc.book) == 0  # nothing is granted on a cluster without a head
+        assert {l.device: l.id for l in svc.book.all()} == held  # nothing granted on a cluster without a head
+        if b_after == "dead":
+            fake._nodes[1] = {**fake._nodes[1], "Alive": False}
+            raylet_b.close()
+        elif b_after == "restarted":
+            fake._nodes[1] = {**fake._nodes[1], "NodeID": "09" * 14}
         gcs = _listener(gcs_port)  # the head is back at its address (a GCS restarted with its state)
         fake.head_up = True
         (back,) = _wait_for(lambda: seen("ray_head_back"))
         assert back["lost_s"] > 0 and svc.ray_head_lost_at is None
-        _wait_for(lambda: len(seen("node_added")) == 2)
+        _wait_for(lambda: len(seen("node_added")) == (1 if b_after == "dead" else 2))
+        added = {e["node"]: e for e in seen("node_added")}
+        assert added["a"]["leases_kept"] == [held["a/slot0"]]
         svc.tick()
-        assert sorted(l.device for l in svc.book.all()) == ["a/slot0", "b/slot0"]  # the waiting job runs again
+        book = {l.device: (l.job, l.id) for l in svc.book.all()}
+        if b_after == "back":
+            assert added["b"]["leases_kept"] == [held["b/slot0"]]
+            assert book == {"a/slot0": ("j", held["a/slot0"]), "b/slot0": ("j", held["b/slot0"])}  # w still waits
+            assert not svc.jobs["j"]["info"].get("fence")
+        else:
+            (gone,) = [e for e in seen("node_removed") if e["reason"] != lost["reason"]]
+            why = "Ray reports it dead" if b_after == "dead" else "it restarted (a new node id)"
+            assert gone["node"] == "b" and gone["leases"] == [held["b/slot0"]] and why in gone["reason"], gone
+            assert svc.jobs["j"]["info"]["fence"] == {str(held["b/slot0"]): gone["reason"]}
+            if b_after == "dead":
+                assert book == {"a/slot0": ("j", held["a/slot0"])}
+            else:  # its device is new again, granted once its old lease was fenced and released
+                assert "leases_kept" not in added["b"] and book["a/slot0"] == ("j", held["a/slot0"])
+                assert book["b/slot0"][1] not in held.values(), book
     finally:
         stop.set()
         svc.close()

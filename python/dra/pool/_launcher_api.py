@@ -92,7 +92,7 @@ class LauncherAPI:
 
     def lease_env(self, l: Any) -> dict[str, str]:
         """What a worker on this lease is told (and, where the platform can, held to)."""
-        d = self.inventory.at(l.device)
+        d = self.device(l.device)
         env = {"DRA_LEASE_ID": str(l.id), "DRA_DEVICE": l.device, "DRA_DEVICE_SHARE": f"{l.share:g}",
                "DRA_ENFORCEMENT": d.enforcement, "DRA_NODE": d.node}
         if d.enforcement == "cgroup" and self.slots is not None:

@@ -125,7 +125,9 @@ class SchedulingLoop:
             plan = self.scheduler.admit(self.inventory, self._entries(live, urgent), self.book, now)
             changed += self._apply(plan, now)
             # 4. Scaling (dynamic): inference follows its load, the arbiter divides the rest.
-            if self.mode == "dynamic" and now - self._last_scale >= self.scale_every_s:
+            # Not while nodes are away with a Ray cluster's head: their leases are held, their
+            # devices not counted, and a re-plan on what is left would shrink every job.
+            if self.mode == "dynamic" and now - self._last_scale >= self.scale_every_s and not self.away:
                 self._last_scale = now
                 changed += self._scale(now)
             if changed or removed:

@@ -298,8 +298,7 @@ class Launcher:
         the device may be granted again, so the worker is stopped now, before any new worker
         starts (on a local pool the lease's cgroup was emptied already); a member other than the
         leader is also named in "leave", for a process that outlives the signal. A lease gone
-        without a fence (its node went with a Ray cluster's head, which says nothing of the node)
-        leaves its worker running. Either way the worker stays counted in the job's size until it
+        without a fence (a daemon restarted without the lease's node) leaves its worker running. Either way the worker stays counted in the job's size until it
         exited: a lower max_size would have the leader shrink the world by a healthy member of its
         choosing before the lost one's fault is seen (the lost one may be the leader, which never
         leaves)."""
@@ -313,7 +312,7 @@ class Launcher:
             if not w["taken"]:
                 w["taken"] = True
                 self._say(event="lease_gone", lease=lid, uid=w["uid"], device=w["device"],
-                          fenced=str(lid) in fence, why=fence.get(str(lid), "not said (the Ray cluster's head is away)"))
+                          fenced=str(lid) in fence, why=fence.get(str(lid), "not said"))
             if str(lid) in fence and not w["fenced"]:
                 w["fenced"] = fence[str(lid)]
                 if self.kind == "training" and w["uid"] != leader:

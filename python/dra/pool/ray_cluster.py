@@ -17,6 +17,11 @@
   marks it dead. The pool then removes the node's devices and releases its leases
   (``PoolService.remove_node``), so no lease is granted on a dead node; the jobs' other workers
   shrink in place and finish. A node that joins (a new node id) adds its devices.
+- **The head away.** When the cluster's head (its GCS) stops answering, every node is taken as
+  away: nothing is granted on it, but its leases are kept (the head's loss says nothing of the
+  nodes, whose workers run on). When the head answers again, each node either comes back as it
+  was (its leases go on, no device granted twice) or is found lost, and only then are its leases
+  fenced and released.
 - **A bad address fails fast**: the head's port is knocked at before ``ray.init`` (which would
   retry for a minute), and the error names the address and the fix.
 
@@ -182,12 +187,14 @@ class RayCluster:
     def watch(self, on_lost: Callable[..., Any], on_joined: Callable[[str, list[Any]], Any] | None = None,
               every_s: float = 0.5, on_head: Callable[[bool, str], Any] | None = None) -> threading.Event:
         """Calls on_lost(tag, reason) once for each node that is gone (Ray's table says so, or its
-        raylet refuses connections; ``head=True`` too when it went with the cluster's head) and on_joined(tag, devices) for each node that joins; returns a
-        stop event. The cluster's head (its GCS) is knocked at first, every time: when it has not
-        answered for ``HEAD_MISSES`` looks in a row, every node is gone with it (no lease may be
-        granted on a cluster without a head, and Ray's node table cannot be read to tell which
-        nodes live) and on_head(False, reason) is called; when it answers again, on_head(True, "")
-        and its nodes join again as Ray's table lists them."""
+        raylet refuses connections) and on_joined(tag, devices) for each node that joins (or comes
+        back); returns a stop event. The cluster's head (its GCS) is knocked at first, every time:
+        when it has not answered for ``HEAD_MISSES`` looks in a row, every node is away with it
+        (on_lost(tag, reason, head=True): no lease may be granted on a cluster without a head, and
+        Ray's node table cannot be read to tell which nodes live) and on_head(False, reason) is
+        called. When it answers again, on_head(True, ""), and at the first read of Ray's table each
+        node that was away either comes back as it was (its node id listed alive, its raylet
+        answering: on_joined) or is lost (on_lost, with why: dead, restarted, raylet gone)."""
         stop = threading.Event()
         known = self.known = dict(self.nodes())
         dead: set[str] = set()  # node ids seen gone (Ray's table may still call them alive a while)
@@ -195,6 +202,7 @@ class RayCluster:
         gcs = self.ray.get_runtime_context().gcs_address
         gcs_host, _, gcs_port = str(gcs).rpartition(":")
         head = {"misses": 0, "lost": False, "ids": set()}  # the node ids that went with the head
+        away: dict[str, Any] = {}  # tag -> node: nodes away with the head, not yet seen back or lost
 
         def head_answers() -> bool:
             why = _knock(gcs_host, int(gcs_port), min(1.0, max(0.2, every_s)))
@@ -211,12 +219,13 @@ class RayCluster:
             if head["misses"] >= HEAD_MISSES and not head["lost"]:
                 head["lost"] = True
                 reason = f"the Ray cluster's head (GCS at {gcs}) is unreachable ({why})"
-                print(f"[dra pool] ray: {reason}: every node is taken as gone; Ray ends the processes connected "
+                print(f"[dra pool] ray: {reason}: every node is taken as away (its leases kept, nothing granted); Ray ends the processes connected "
                       "to it (this pool, the jobs' launchers) if it does not come back in time "
                       "(gcs_rpc_server_reconnect_timeout_s, 60 s by default)", file=sys.stderr, flush=True)
                 for tag, info in list(known.items()):
                     dead.add(info["node_id"])
                     head["ids"].add(info["node_id"])
+                    away[tag] = info
                     del known[tag]
                     on_lost(tag, reason, head=True)
                 if on_head is not None:
@@ -260,6 +269,18 @@ class RayCluster:
                 for problem in set(self.problems) - said:  # a node that joined and is left out
                     print(f"[dra pool] ray: {problem}", file=sys.stderr, flush=True)
                 said.update(self.problems)
+                for tag, info in list(away.items()):  # the head is back: so is each node, or it is lost
+                    del away[tag]
+                    why = "Ray reports it dead" if tag not in alive else self.raylet_gone(info)
+                    if tag in alive and alive[tag]["node_id"] != info["node_id"]:
+                        why = "it restarted (a new node id)"
+                    if why:
+                        dead.add(info["node_id"])
+                        on_lost(tag, f"{why}, seen when the cluster's head came back")
+                    else:
+                        known[tag] = info
+                        if on_joined is not None:
+                            on_joined(tag, self.devices({tag: info}))
                 for tag, info in list(known.items()):
                     why = "Ray reports it dead" if tag not in alive else self.raylet_gone(info)
                     if tag in alive and alive[tag]["node_id"] != info["node_id"]:

@@ -154,6 +154,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
         # Ray: why a node is gone (None while it is there), asked when a worker on it ended.
         self.node_check: Callable[[str], str | None] | None = None
         self.ray_head_lost_at: float | None = None  # Ray: since when the cluster's head is unreachable
+        self.away: dict[str, Any] = {}  # Ray: devices of nodes gone with the head, whose leases are kept
         self._last_scale = 0.0
         self._last_check = 0.0
         self._planned: dict[str, tuple[int, int]] = {}  # last plan event per job (no repeats)
