@@ -113,6 +113,8 @@ def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_dev
         # Kept, not fenced: the head's loss says nothing of the nodes, whose workers run on.
         assert {l.device: l.id for l in svc.book.all()} == held
         assert not svc.jobs["j"]["info"].get("fence"), svc.jobs["j"]["info"]
+        # A job submitted meanwhile is checked against the nodes away too: it waits, not refused as never fitting.
+        svc.submit({"name": "x", "min_size": 2, "max_size": 2, "command": ["true"]})
         svc.tick()
         assert {l.device: l.id for l in svc.book.all()} == held  # nothing granted on a cluster without a head
         if b_after == "dead":

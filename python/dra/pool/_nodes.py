@@ -27,6 +27,14 @@ class NodeMembership:
             return self.away[device_id]
         raise KeyError(f"device: no device '{device_id}' in the pool's inventory")
 
+    def counted_inventory(self) -> Any:
+        """The inventory a request is checked against: with the nodes away with a Ray cluster's
+        head (a job submitted during an outage waits for them, it is not refused as never fitting)."""
+        with self._lock:
+            if not self.away:
+                return self.inventory
+            return _p.Inventory([_copy(d) for d in self.inventory.devices] + list(self.away.values()))
+
     def add_node(self, node: str, devices: list[Any]) -> list[str]:
         """A node joined, or came back with a Ray cluster's head: its devices join the inventory
         (the leases kept on them while it was away go on as they were)."""

@@ -285,7 +285,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
             raise Forbidden(f"user: this pool runs as {_auth.user_name(os.geteuid())} and can run jobs of that user "
                             f"only, not of {owner.user}; ask its operator, or serve a pool of your own")
         req = make_request(spec)
-        req.validate(self.inventory)
+        req.validate(self.counted_inventory())
         self._check_lease_limits(req)
         if self.mode != "dynamic":  # the baselines: the request, rigid, for life
             req.min_size = req.max_size
