@@ -330,6 +330,34 @@ TEST_CASE("pool.scheduler.preemption_shrinks_elastic_in_place_never_rigid") {
   CHECK(p.grants.empty());
 }
 
+TEST_CASE("pool.scheduler.preemption_counts_releasing_leases_on_devices_away") {
+  // A job (min 2) holds slot0-2 and gives slot1 back already; slot1 and slot2 are away (their node
+  // went with a Ray cluster's head: the devices leave the inventory, the leases stay in the book).
+  // A high-priority job arrives: taking slot0 too would leave the job one lease (slot2), below its
+  // minimum. Counting only the releasing leases on devices present, the scheduler took it.
+  inventory inv;
+  for (int s = 0; s < 3; ++s) {
+    device d;
+    d.id = "slot" + std::to_string(s);
+    d.type = "cpu-slot";
+    d.node = "n" + std::to_string(s);
+    inv.add(d);
+  }
+  lease_book book;
+  const scheduler s;
+  std::vector<job_entry> jobs{{req("v", 2, 3, "low"), 0.0, 0}};
+  apply(inv, book, s.admit(inv, jobs, book, 0.0), 0.0);
+  REQUIRE(book.count("v") == 3);
+  for (const auto& l : book.all())
+    if (l.device == "slot1") book.mark_releasing(l.id);
+  inv.remove_node("n1");
+  inv.remove_node("n2");
+  jobs.push_back({req("h", 1, 1, "high"), 1.0, 1});
+  const plan p = s.admit(inv, jobs, book, 1.0);
+  CHECK(p.releases.empty());
+  CHECK(p.grants.empty());
+}
+
 TEST_CASE("pool.scheduler.admission_to_the_request_when_nobody_waits") {
   const inventory inv = slots(4);
   lease_book book;

@@ -113,6 +113,12 @@ def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_dev
         # Kept, not fenced: the head's loss says nothing of the nodes, whose workers run on.
         assert {l.device: l.id for l in svc.book.all()} == held
         assert not svc.jobs["j"]["info"].get("fence"), svc.jobs["j"]["info"]
+        # What an operator sees: the head lost, the devices away with their leases.
+        st = svc.status()
+        assert st["ray_head_lost_s"] >= 0 and sorted((d["id"], d["free"]) for d in st["away"]) == [
+            ("a/slot0", 0.0), ("b/slot0", 0.0)], st
+        metrics = svc.metrics()
+        assert 'dra_pool_devices_away{pool="' in metrics and "} 2\n" in metrics.split("dra_pool_devices_away{")[1][:60]
         # A job submitted meanwhile is checked against the nodes away too: it waits, not refused as never fitting.
         svc.submit({"name": "x", "min_size": 2, "max_size": 2, "command": ["true"]})
         svc.tick()
@@ -128,6 +134,7 @@ def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_dev
         assert back["lost_s"] > 0 and svc.ray_head_lost_at is None
         _wait_for(lambda: len(seen("node_added")) == (1 if b_after == "dead" else 2))
         added = {e["node"]: e for e in seen("node_added")}
+        assert svc.status()["ray_head_lost_s"] is None and not svc.status()["away"]
         assert added["a"]["leases_kept"] == [held["a/slot0"]]
         svc.tick()
         book = {l.device: (l.job, l.id) for l in svc.book.all()}

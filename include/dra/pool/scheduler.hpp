@@ -88,11 +88,13 @@ class scheduler {
   plan admit(const inventory& inv, const std::vector<job_entry>& jobs, const lease_book& book, double now) const {
     check_jobs(jobs);
     admission a{inv, book, {}, free_shares(inv, book), std::vector<double>(inv.size(), 0.0), {}, {}, {}};
-    // Devices that leases being released will give back; reserved for the jobs that asked.
+    // Devices that leases being released will give back; reserved for the jobs that asked. A job's
+    // releasing leases count whether or not their device is in the inventory (a node away with a
+    // Ray cluster's head keeps its leases): the count bounds preemption by the job's minimum.
     for (const auto& l : book.all())
-      if (l.state == lease_state::releasing && inv.contains(l.device)) {
-        a.incoming[inv.index_of(l.device)] += l.share;
+      if (l.state == lease_state::releasing) {
         ++a.releasing_of[l.job];
+        if (inv.contains(l.device)) a.incoming[inv.index_of(l.device)] += l.share;
       }
     const std::vector<const job_entry*> order = by_priority(jobs, book, now);
     for (const auto& j : jobs) a.by_name[j.req.job] = &j;

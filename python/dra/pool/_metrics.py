@@ -17,6 +17,12 @@ def prometheus(st: dict[str, Any]) -> str:
         f'dra_pool_devices{{pool="{name}"}} {len(st["devices"])}',
         "# HELP dra_pool_devices_leased Device shares held by leases.", "# TYPE dra_pool_devices_leased gauge",
         f'dra_pool_devices_leased{{pool="{name}"}} {sum(1 - d["free"] for d in st["devices"]):g}',
+        "# HELP dra_pool_devices_away Devices of nodes away with a Ray cluster's head (leases kept, nothing granted).",
+        "# TYPE dra_pool_devices_away gauge",
+        f'dra_pool_devices_away{{pool="{name}"}} {len(st.get("away") or [])}',
+        "# HELP dra_pool_devices_away_leased Device shares held by leases on devices away.",
+        "# TYPE dra_pool_devices_away_leased gauge",
+        f'dra_pool_devices_away_leased{{pool="{name}"}} {sum(1 - d["free"] for d in st.get("away") or []):g}',
         "# HELP dra_pool_job_workers Workers (active leases) per job.", "# TYPE dra_pool_job_workers gauge",
     ]
     for j in st["jobs"]:

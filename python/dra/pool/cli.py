@@ -80,7 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
         _undo_start(state, created, before, token_path if made_token else None)
         raise
     server.attach(service).start()
-    devs = ", ".join(f"{d.id} ({d.type}, {d.enforcement})" for d in service.inventory.devices)
+    # From the status (read under the service's lock): a Ray watcher may already be changing the inventory.
+    devs = ", ".join(f"{d['id']} ({d['type']}, {d['enforcement']})" for d in service.status()["devices"])
     where = server.url + (f" and {server.tcp_url} (token)" if server.tcp_url else "")
     print(f"[dra pool] {args.mode} pool '{args.name}' serving {where}: {devs}", flush=True)
     print(f"[dra pool] state: {service.state_dir} (events.jsonl, pool.sqlite, logs/)", flush=True)
@@ -227,10 +228,15 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(f"pool {st['pool']} ({st['mode']}{', draining' if st['draining'] else ''}): "
           f"{sum(1 - d['free'] for d in st['devices']):g} of {len(st['devices'])} devices leased")
-    for d in st["devices"]:
+    away = st.get("away") or []
+    if st.get("ray_head_lost_s") is not None:
+        print(f"  the Ray cluster's head has been unreachable for {st['ray_head_lost_s']:.0f} s: nothing is granted; "
+              f"{len(away)} device(s) away with it keep their leases until each node is seen back or lost")
+    for d in st["devices"] + away:
         holders = [f"{l['job']}#{l['id']}{'*' if l['state'] == 'releasing' else ''}" for l in st["leases"]
                    if l["device"] == d["id"]]
-        print(f"  {d['id']:<12} {d['type']:<14} {d['enforcement']:<20} {' '.join(holders) or '-'}")
+        where = "away" if d in away else d["enforcement"]
+        print(f"  {d['id']:<12} {d['type']:<14} {where:<20} {' '.join(holders) or '-'}")
     for j in st["jobs"]:
         why = f"  ({j['reason']})" if j.get("reason") else ""
         print(f"  job {j['name']:<14} {j.get('user', '?'):<10} {j['state']:<9} {j['kind']:<9} {j['priority']:<8} "

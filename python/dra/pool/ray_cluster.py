@@ -269,6 +269,8 @@ class RayCluster:
                 for problem in set(self.problems) - said:  # a node that joined and is left out
                     print(f"[dra pool] ray: {problem}", file=sys.stderr, flush=True)
                 said.update(self.problems)
+                if not away:
+                    head["ids"].clear()  # every node away with the head is settled: back, or lost for good
                 for tag, info in list(away.items()):  # the head is back: so is each node, or it is lost
                     del away[tag]
                     why = "Ray reports it dead" if tag not in alive else self.raylet_gone(info)

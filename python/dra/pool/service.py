@@ -588,9 +588,13 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
                              "report": self.reports.get(name) if mine else None,
                              "reason": j["info"].get("reason") if mine else None})
             usage = self.slots.usage_all() if self.slots is not None else {}
+            # Devices of nodes away with a Ray cluster's head: not grantable, their leases kept.
+            away = [{"id": d.id, "type": d.type, "node": d.node, "enforcement": d.enforcement,
+                     "free": self.book.free_share(d.id)} for d in self.away.values()]
+            lost = self.ray_head_lost_at
             return {"pool": self.name, "mode": self.mode, "draining": self.draining, "time": now,
                     "devices": devices, "leases": leases, "jobs": jobs, "counters": dict(self.counters),
-                    "cpu_usage_s": usage}
+                    "cpu_usage_s": usage, "away": away, "ray_head_lost_s": None if lost is None else now - lost}
 
     def metrics(self) -> str:
         """Prometheus text exposition (format 0.0.4)."""
