@@ -112,6 +112,11 @@ void dra::python::bind_signals(py::module_& m) {
       .def_readonly("total_log_mu", &work_estimate::total_log_mu)
       .def_readonly("total_log_sigma", &work_estimate::total_log_sigma)
       .def_property_readonly("sources", [](const work_estimate& e) { return describe_sources(e.sources); })
+      .def_readonly(
+          "cap_log", &work_estimate::cap_log,
+          "Log of the class's longest finished total, or of the declaration if larger (inf: no class history).")
+      .def_readonly("beyond_cap", &work_estimate::beyond_cap,
+                    "At most this chance that the total runs past the cap (1 / (k + 1); 1: no cap).")
       .def("__repr__", [](const work_estimate& e) {
         return "<WorkEstimate median=" + std::to_string(e.median) + " tail=" + std::to_string(e.tail) +
                " sources=" + describe_sources(e.sources) + ">";

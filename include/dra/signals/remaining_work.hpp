@@ -5,6 +5,7 @@
 // sources: docs/guide/policy.md, "Remaining work").
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <string>
@@ -171,7 +172,98 @@ struct work_estimate {
   double tail = 0.0;                                 ///< remaining work at the configured tail quantile (p90)
   double total_log_mu = 0.0, total_log_sigma = 0.0;  ///< log-normal of the total, before conditioning
   int sources = 0;                                   ///< bit set: 1 declaration, 2 class history, 4 learning curve
+  /// The cap: log of the largest total a finished job of the class reached, or of the job's own
+  /// declaration (bias-corrected) where it lies beyond that by more than twice the declarations'
+  /// measured error (+inf: no class history). The total lies beyond it with probability at
+  /// most `beyond_cap`, 1 / (k + 1) for k finished jobs of the class that ran longer than this job
+  /// has so far (exchangeability: one more job of the class is the longest with that chance); the
+  /// rest of the belief's mass beyond the cap sits on the cap (detail::total_law).
+  double cap_log = std::numeric_limits<double>::infinity();
+  double beyond_cap = 1.0;
 };
+
+namespace detail {
+
+/// The law of a job's total work T given T > done: the log-normal N(mu, sigma) in log T
+/// conditioned on T > done, censored at the cap. Where that belief puts more than `beyond` beyond the
+/// cap, the excess sits on the cap itself (jobs of a class stop at its budget), and `beyond` keeps
+/// the belief's shape past it; otherwise, and without a cap (none, at or below done), the belief is
+/// left as it is.
+class total_law {
+ public:
+  total_law(double mu, double sigma, double done, double cap_log, double beyond)
+      : mu_(mu), s_(std::max(sigma, 1e-9)), done_(done) {
+    const double f0 = cdf(done);
+    if (!(1.0 - f0 > 1e-12)) return;  // done lies past the belief's far tail
+    f0_ = f0;
+    lo_ = 1.0 / (1.0 - f0);
+    if (!(std::isfinite(cap_log) && std::exp(cap_log) > done)) return;
+    const double cap = std::exp(cap_log), fc = cdf(cap);
+    const double past = (1.0 - fc) * lo_;  // the belief's mass beyond the cap
+    beyond = std::clamp(beyond, 0.0, 1.0);
+    if (!(past > beyond)) return;
+    cap_ = cap;
+    fc_ = fc;
+    atom_ = past - beyond;
+    hi_ = 1.0 - fc > 1e-12 ? beyond / (1.0 - fc) : 0.0;
+  }
+
+  /// Whether T > done has any mass under the belief (else done lies past its far tail).
+  bool alive() const { return lo_ > 0.0; }
+
+  /// P(T <= t | T > done).
+  double cdf_given(double t) const {
+    if (!alive()) return t > done_ * (1.0 + s_) ? 1.0 : 0.0;
+    if (t <= done_) return 0.0;
+    if (t < cap_) return (cdf(t) - f0_) * lo_;
+    return std::min(1.0, (fc_ - f0_) * lo_ + atom_ + (cdf(t) - fc_) * hi_);
+  }
+
+  /// The total at quantile q in [0, 1) of T given T > done.
+  double quantile(double q) const {
+    if (!alive()) return done_ * (1.0 + s_);  // past the far tail: a little more than done
+    const double below = (fc_ - f0_) * lo_;   // mass under the cap (all of it without one)
+    if (!std::isfinite(cap_) || q < below) {
+      const double p = f0_ + q / lo_;
+      if (!(p < 1.0 - 1e-12)) return done_ * (1.0 + s_);
+      return std::clamp(std::exp(mu_ + s_ * normal_quantile(p)), done_, cap_);
+    }
+    if (q < below + atom_ || !(hi_ > 0.0)) return cap_;
+    const double p = fc_ + (q - below - atom_) / hi_;
+    if (!(p < 1.0 - 1e-12)) return cap_ * (1.0 + s_);
+    return std::max(std::exp(mu_ + s_ * normal_quantile(p)), cap_);
+  }
+
+  /// E[T; a < T <= b | T > done].
+  double partial(double a, double b) const {
+    if (!alive()) return 0.0;
+    double out = lo_ * raw_partial(std::max(a, done_), std::min(b, cap_));
+    if (std::isfinite(cap_)) {
+      if (a < cap_ && cap_ <= b) out += atom_ * cap_;
+      out += hi_ * raw_partial(std::max(a, cap_), b);
+    }
+    return out;
+  }
+
+  /// E[T | T > done]; past the far tail, a little more than done.
+  double mean() const { return alive() ? partial(done_, INFINITY) : done_ * (1.0 + s_); }
+
+ private:
+  double cdf(double t) const { return t > 0.0 ? normal_cdf((std::log(t) - mu_) / s_) : 0.0; }
+  // E[T; a < T <= b] for the log-normal itself.
+  double raw_partial(double a, double b) const {
+    if (!(b > a)) return 0.0;
+    const double za = a > 0.0 ? (std::log(a) - mu_ - s_ * s_) / s_ : -INFINITY;
+    const double zb = std::isfinite(b) ? (std::log(b) - mu_ - s_ * s_) / s_ : INFINITY;
+    return std::exp(mu_ + s_ * s_ / 2.0) * (normal_cdf(zb) - normal_cdf(za));
+  }
+
+  double mu_, s_, done_;
+  double f0_ = 0.0, fc_ = 1.0, cap_ = INFINITY;
+  double lo_ = 0.0, hi_ = 0.0, atom_ = 0.0;  // density scales under and beyond the cap; the mass on it
+};
+
+}  // namespace detail
 
 /// The size a job counts as when jobs are ranked shortest-first under uncertainty: 1 / its Gittins
 /// index, the least "expected work spent" per "chance of finishing" over quanta ending at the
@@ -180,26 +272,17 @@ struct work_estimate {
 /// an uncertain one between its median and its mean: a job that may well be nearly done (a heavy
 /// left tail) gains, a job whose spread is mostly upwards counts as longer than its median.
 inline double gittins_size(const work_estimate& e, double done) {
-  const double mu = e.total_log_mu, s = std::max(e.total_log_sigma, 1e-9);
-  const double z_done = done > 0.0 ? (std::log(done) - mu) / s : -INFINITY;
-  const double alive = 1.0 - (done > 0.0 ? detail::normal_cdf(z_done) : 0.0);
-  if (!(alive > 1e-12)) return std::max(e.median, 1e-12);
-  const double m1 = std::exp(mu + s * s / 2.0);
-  // E[T; a < T <= b] for the log-normal total.
-  auto partial = [&](double a, double b) {
-    const double za = a > 0.0 ? (std::log(a) - mu - s * s) / s : -INFINITY;
-    const double zb = std::isfinite(b) ? (std::log(b) - mu - s * s) / s : INFINITY;
-    return m1 * (detail::normal_cdf(zb) - detail::normal_cdf(za));
-  };
+  const detail::total_law law(e.total_log_mu, e.total_log_sigma, done, e.cap_log, e.beyond_cap);
+  if (!law.alive()) return std::max(e.median, 1e-12);
   double best = INFINITY;
   for (double q : {0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5,
                    0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99}) {
-    const double p = (done > 0.0 ? detail::normal_cdf(z_done) : 0.0) + q * alive;
-    const double u = std::exp(mu + s * detail::normal_quantile(p));  // total at this quantile
-    if (!(u > done)) continue;
+    const double u = law.quantile(q);          // total at this quantile
+    const double finished = law.cdf_given(u);  // q, or more where u is the cap and its mass
+    if (!(u > done) || !(finished > 0.0)) continue;
     // E[min(T, u) - done | T > done]: the work spent on a quantum that ends at total u.
-    const double spent = (partial(done, u) + u * (1.0 - p)) / alive - done;
-    best = std::min(best, spent / q);
+    const double spent = law.partial(done, u) + u * (1.0 - finished) - done;
+    best = std::min(best, spent / finished);
   }
   return std::isfinite(best) ? std::max(best, 1e-12) : std::max(e.median, 1e-12);
 }
@@ -235,6 +318,8 @@ class remaining_work_estimator {
     const double lt = std::log(total);
     auto& c = classes_[last.job_class];
     c.totals.add(lt);
+    c.recent.push_back(lt);
+    if (c.recent.size() > recent_totals) c.recent.pop_front();
     if (last.declared > 0.0 && std::isfinite(last.declared)) {
       c.declared.add(lt - std::log(last.declared));
       pooled_declared_.add(lt - std::log(last.declared));
@@ -284,10 +369,13 @@ class remaining_work_estimator {
       add(hist->totals.mean, sd);
       sources |= 2;
     }
+    double declared_log = -INFINITY, declared_sd = INFINITY;  // the declaration, corrected, and its error
     if (obs.declared > 0.0 && std::isfinite(obs.declared)) {
       const auto& m = own && hist->declared.n >= config_.min_class_jobs ? hist->declared : pooled_declared_;
       const auto [bias, sd] = m.shrunk(0.0, config_.declared_sigma, config_.prior_count);
-      add(std::log(obs.declared) + bias, sd);
+      declared_log = std::log(obs.declared) + bias;
+      declared_sd = sd;
+      add(declared_log, sd);
       sources |= 1;
     }
     if (static_cast<int>(obs.curve.size()) >= config_.min_curve_points) {
@@ -301,7 +389,18 @@ class remaining_work_estimator {
     }
     if (sources == 0) return uninformed(done);
     const double mu = weighted / precision, sigma = std::sqrt(1.0 / precision);
-    return conditioned(mu, sigma, done, sources);
+    if (!own) return conditioned(mu, sigma, done, sources);
+    // The cap: no finished job of the class ran past its longest, but with probability 1 / (k + 1)
+    // this one will (k: those that ran longer than this one has so far). Without it a job near its
+    // end kept a remainder in proportion to the belief's spread times the work done: 3.6x the truth
+    // at 90 % of a job's life. A declaration beyond the longest raises the cap to it when it lies
+    // beyond by more than twice the declarations' measured error (a longer run declared on
+    // purpose), not when it is within their noise.
+    double cap = *std::max_element(hist->recent.begin(), hist->recent.end());
+    if (declared_log - 2.0 * declared_sd > cap) cap = declared_log;
+    const double log_done = done > 0.0 ? std::log(done) : -INFINITY;
+    const auto longer = std::count_if(hist->recent.begin(), hist->recent.end(), [&](double l) { return l > log_done; });
+    return conditioned(mu, sigma, done, sources, cap, 1.0 / (static_cast<double>(longer) + 1.0));
   }
 
   /// Nothing known: a log-normal total of spread uninformed_sigma placed so that, given the work
@@ -317,37 +416,33 @@ class remaining_work_estimator {
     return conditioned(0.5 * (lo + hi), s, d, 0);
   }
 
-  /// The log-normal total N(mu, sigma) conditioned on total > done, as remaining work.
-  work_estimate conditioned(double mu, double sigma, double done, int sources) const {
+  /// The log-normal total N(mu, sigma) conditioned on total > done, as remaining work; with a cap
+  /// (cap_log, beyond_cap: see work_estimate), the total lies beyond it with that probability.
+  work_estimate conditioned(double mu, double sigma, double done, int sources,
+                            double cap_log = std::numeric_limits<double>::infinity(), double beyond_cap = 1.0) const {
     work_estimate out;
     out.total_log_mu = mu;
     out.total_log_sigma = sigma;
     out.sources = sources;
-    const double z0 = done > 0.0 ? (std::log(done) - mu) / sigma : -INFINITY;
-    const double f0 = done > 0.0 ? detail::normal_cdf(z0) : 0.0;
-    auto quantile = [&](double q) {
-      const double p = f0 + q * (1.0 - f0);
-      // Past the far tail (done is beyond any plausible total): a little more than done.
-      if (!(p < 1.0 - 1e-12)) return done * (1.0 + sigma) - done;
-      return std::max(std::exp(mu + sigma * detail::normal_quantile(p)) - done, 0.0);
-    };
-    out.median = quantile(0.5);
-    out.tail = quantile(config_.tail_quantile);
-    // E[T | T > d] = exp(mu + s^2/2) Phi(s - z0) / (1 - Phi(z0)).
-    const double tail_mass = 1.0 - f0;
-    const double mean_total = tail_mass > 1e-12
-                                  ? std::exp(mu + sigma * sigma / 2.0) * detail::normal_cdf(sigma - z0) / tail_mass
-                                  : done * (1.0 + sigma);
-    out.mean = std::max(mean_total - done, out.median);
+    out.cap_log = cap_log;
+    out.beyond_cap = beyond_cap;
+    const detail::total_law law(mu, sigma, done, cap_log, beyond_cap);
+    out.median = std::max(law.quantile(0.5) - done, 0.0);
+    out.tail = std::max(law.quantile(config_.tail_quantile) - done, 0.0);
+    out.mean = std::max(law.mean() - done, out.median);
     // A total beyond the largest double (a declaration or a done near it) is reported as that.
     for (double* v : {&out.median, &out.mean, &out.tail})
-      if (*v > std::numeric_limits<double>::max()) *v = std::numeric_limits<double>::max();
+      if (!(*v <= std::numeric_limits<double>::max())) *v = std::numeric_limits<double>::max();
     return out;
   }
 
  private:
+  /// Finished totals kept per class for the cap (the most recent ones: a class's budget may drift).
+  static constexpr std::size_t recent_totals = 512;
+
   struct class_history {
     detail::running_moments totals;    ///< log total work of finished jobs
+    std::deque<double> recent;         ///< log totals of the latest finished jobs, oldest first
     detail::running_moments declared;  ///< log(total / declared) of those that declared
     detail::running_moments curve;     ///< log(total / curve convergence point)
   };

@@ -350,6 +350,16 @@ class WorkEstimate:
         Every property as a plain dict (nested results as dicts), e.g. for json.dumps.
         """
     @property
+    def beyond_cap(self) -> float:
+        """
+        At most this chance that the total runs past the cap (1 / (k + 1); 1: no cap).
+        """
+    @property
+    def cap_log(self) -> float:
+        """
+        Log of the class's longest finished total, or of the declaration if larger (inf: no class history).
+        """
+    @property
     def mean(self) -> float:
         ...
     @property
