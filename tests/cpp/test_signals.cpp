@@ -872,6 +872,42 @@ TEST_CASE("signals.remaining_work.the_cap_helps_a_budget_class_and_leaves_a_spre
   }
 }
 
+TEST_CASE("signals.remaining_work.the_censored_law_is_one_distribution") {
+  // Random beliefs, work done and caps: quantiles and the CDF invert each other, the CDF rises from
+  // 0 to 1, the partial expectations add up to the mean, and the mass beyond the cap is what was asked.
+  using dra::signals::detail::total_law;
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u;
+  for (int i = 0; i < 2000; ++i) {
+    const double mu = 1.0 + 6.0 * u(rng), sigma = 0.02 + 1.5 * u(rng);
+    const double done = i % 7 == 0 ? 0.0 : std::exp(mu + sigma * (4.0 * u(rng) - 2.0));
+    const double cap_log = i % 5 == 0 ? INFINITY : std::log(done + 1e-9) + 2.0 * u(rng) - 0.3;
+    const double beyond = i % 11 == 0 ? 1.0 : 1.0 / (1.0 + std::floor(50.0 * u(rng)));
+    const total_law law(mu, sigma, done, cap_log, beyond);
+    CAPTURE(mu);
+    CAPTURE(sigma);
+    CAPTURE(done);
+    CAPTURE(cap_log);
+    CAPTURE(beyond);
+    REQUIRE(law.alive());
+    double last = done;
+    for (double q : {0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99}) {
+      const double t = law.quantile(q);
+      CHECK(t >= last);  // quantiles rise
+      CHECK(t >= done);
+      CHECK(law.cdf_given(t) >= q - 1e-6);  // the CDF reaches q at the quantile (a jump on the cap)
+      CHECK(law.cdf_given(t * (1.0 - 1e-9)) <= q + 1e-6);
+      last = t;
+    }
+    CHECK(law.cdf_given(done) == 0.0);
+    CHECK(law.cdf_given(1e300) == doctest::Approx(1.0));
+    const double cap = std::exp(cap_log), mid = law.quantile(0.5);
+    CHECK(law.partial(done, mid) + law.partial(mid, INFINITY) == doctest::Approx(law.mean()).epsilon(1e-9));
+    CHECK(law.mean() >= done);
+    if (std::isfinite(cap_log) && cap > done && beyond < 1.0) CHECK(1.0 - law.cdf_given(cap) <= beyond + 1e-9);
+  }
+}
+
 TEST_CASE("signals.remaining_work.gittins_size_uses_the_spread") {
   using namespace dra::signals;
   const remaining_work_estimator est;
