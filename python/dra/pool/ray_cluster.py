@@ -193,8 +193,9 @@ class RayCluster:
         (on_lost(tag, reason, head=True): no lease may be granted on a cluster without a head, and
         Ray's node table cannot be read to tell which nodes live) and on_head(False, reason) is
         called. When it answers again, on_head(True, ""), and at the first read of Ray's table each
-        node that was away either comes back as it was (its node id listed alive, its raylet
-        answering: on_joined) or is lost (on_lost, with why: dead, restarted, raylet gone)."""
+        node that was away either comes back as it was (its node id listed alive, its raylet not
+        refusing connections: on_joined) or is lost (on_lost, with why: dead, restarted, raylet
+        gone)."""
         stop = threading.Event()
         known = self.known = dict(self.nodes())
         dead: set[str] = set()  # node ids seen gone (Ray's table may still call them alive a while)
