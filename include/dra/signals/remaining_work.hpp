@@ -417,7 +417,7 @@ class remaining_work_estimator {
   }
 
   /// The log-normal total N(mu, sigma) conditioned on total > done, as remaining work; with a cap
-  /// (cap_log, beyond_cap: see work_estimate), the total lies beyond it with that probability.
+  /// (cap_log, beyond_cap: see work_estimate), the total lies beyond it with at most that probability.
   work_estimate conditioned(double mu, double sigma, double done, int sources,
                             double cap_log = std::numeric_limits<double>::infinity(), double beyond_cap = 1.0) const {
     work_estimate out;
