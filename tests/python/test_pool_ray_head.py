@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from dra._core import pool as P
 from dra.pool import ray_cluster
 from dra.pool.service import PoolService
 
@@ -173,3 +174,35 @@ def test_the_daemon_stops_before_ray_would_end_it(monkeypatch: pytest.MonkeyPatc
     assert ray_head_grace_s() == 5.0
     monkeypatch.setenv("RAY_gcs_rpc_server_reconnect_timeout_s", "soon")
     assert ray_head_grace_s() == 45.0
+
+
+def test_a_restarted_pool_fences_the_leases_of_nodes_no_longer_there(tmp_path: Path) -> None:
+    """A daemon restarted on a cluster without one of its nodes (a Ray node that did not come back):
+    the leases on that node are dropped, fenced (a worker still running there is stopped by its
+    launcher) and deleted from the state. Before, they were skipped but kept in the state, and came
+    back with the node at a later restart, granted to a job that had moved on."""
+    def devices(*nodes: str) -> list[Any]:
+        return [P.Device(id=f"{n}/slot0", type="ray-slot", node=n, enforcement="soft") for n in nodes]
+
+    state = tmp_path / "state"
+    svc = PoolService(devices("a", "b"), state, launch_jobs=False, heartbeat_timeout_s=600.0)
+    svc.submit({"name": "j", "min_size": 1, "max_size": 2, "command": ["true"]})
+    svc.tick()
+    held = {l.device: l.id for l in svc.book.all()}
+    assert sorted(held) == ["a/slot0", "b/slot0"]
+    svc.close()
+    svc = PoolService(devices("a"), state, launch_jobs=False, heartbeat_timeout_s=600.0)  # node b is gone
+    try:
+        (restore,) = [e for e in map(json.loads, (state / "events.jsonl").read_text().splitlines())
+                      if e["event"] == "restore"]
+        assert restore["dropped"] == [held["b/slot0"]] and restore["leases"] == 1, restore
+        assert {l.device: l.id for l in svc.book.all()} == {"a/slot0": held["a/slot0"]}
+        assert list(svc.jobs["j"]["info"]["fence"]) == [str(held["b/slot0"])]
+        assert "not in the inventory of the restarted pool" in svc.jobs["j"]["info"]["fence"][str(held["b/slot0"])]
+    finally:
+        svc.close()
+    svc = PoolService(devices("a", "b"), state, launch_jobs=False, heartbeat_timeout_s=600.0, scale_every_s=1e9)
+    try:  # node b is back: the dropped lease stays gone
+        assert {l.device: l.id for l in svc.book.all()} == {"a/slot0": held["a/slot0"]}
+    finally:
+        svc.close()

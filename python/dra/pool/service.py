@@ -35,12 +35,12 @@ from dra.pool import _auth, _cgroup, _clock, _events, _launchers, _quota, _state
 from dra.pool._auth import Caller, Forbidden, Owner
 from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
-from dra.pool._metrics import prometheus
 from dra.pool._nodes import NodeMembership
 from dra.pool._records import ENDED, JobRecords
 from dra.pool._spawner import log_dir_problem
 from dra.pool._spec import REQUEST_FIELDS, make_request, speedup_curve, validate_spec
 from dra.pool._state import StateDB, StateLock
+from dra.pool._views import PoolViews
 
 __all__ = ["MODES", "NoSuchJob", "PoolService", "Superseded", "speedup_curve"]
 
@@ -62,7 +62,7 @@ def _check_seconds(key: str, value: Any, positive: bool = False, optional: bool 
                          f"{' (or None)' if optional else ''}, got {value!r}")
 
 
-class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
+class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolViews):
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
     (None for GPUs or declared devices: leases are then enforced by the launcher's environment).
     ``orphan_limit_s``: how long a job's launcher keeps its workers running while this daemon is
@@ -179,6 +179,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
             self.jobs[j["name"]] = j
             self._requests[j["name"]] = make_request({**j["spec"], "name": j["name"]})
         restored = 0
+        dropped: list[int] = []
         for row in self.db.leases():
             l = _p.Lease()
             for k in ("id", "job", "device", "share", "granted_at"):
@@ -186,6 +187,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
             l.heartbeat_at = now  # a restarted pool gives every worker a fresh timeout to check in
             l.state = row["state"]
             if not self.inventory.contains(l.device):
+                # Its node is gone (a Ray node not in the cluster now): the lease goes, fenced so that
+                # a worker still running there is stopped. Kept, it came back on the node's return.
+                self._fence(l, f"its device '{l.device}' is not in the inventory of the restarted pool (its node is gone)")
+                dropped.append(l.id)
                 continue
             self.book.restore(l)
             if self.slots is not None:
@@ -201,9 +206,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
             if ref is not None:  # still running its job: adopted, never a second one
                 self.launchers[name] = ref
                 adopted.append(name)
-        if self.jobs or restored:
-            self._event({"event": "restore", "jobs": len(self.jobs), "leases": restored, "adopted": adopted})
-        removed: list[int] = []
+        if self.jobs or restored or dropped:
+            self._event({"event": "restore", "jobs": len(self.jobs), "leases": restored, "adopted": adopted,
+                         **({"dropped": dropped} if dropped else {})})
+        removed: list[int] = dropped
         for name, j in self.jobs.items():
             rec = j["info"].get("launcher")
             if not rec or not rec.get("pid") or name in self.launchers:
@@ -558,44 +564,3 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords):
             self.slots.close()
         elif self.slots is not None:
             self.slots.leave_control()  # the slots stay for the next daemon; this process is no daemon now
-
-    # ------------------------------------------------------------------------------------------
-    # views
-    # ------------------------------------------------------------------------------------------
-    def status(self, caller: Caller | None = None) -> dict[str, Any]:
-        """Devices, leases and jobs; a job's report and why it ended only for its owner and
-        operators (everyone sees names, owners, states and sizes, as a batch queue shows them)."""
-        with self._lock:
-            now = _clock.now()
-            devices = []
-            for d in self.inventory.devices:
-                devices.append({"id": d.id, "type": d.type, "node": d.node, "group": d.group,
-                                "memory_gb": d.memory_gb, "compute": d.compute, "enforcement": d.enforcement,
-                                "free": self.book.free_share(d.id)})
-            leases = [{"id": l.id, "job": l.job, "device": l.device, "share": l.share, "state": l.state,
-                       "age_s": now - l.granted_at, "heartbeat_age_s": now - l.heartbeat_at} for l in self.book.all()]
-            jobs = []
-            for name, j in self.jobs.items():
-                mine = self._may(name, caller)
-                jobs.append({"name": name, "user": self._owner(name).user, "state": j["state"],
-                             "kind": j["spec"]["kind"], "priority": j["spec"]["priority"],
-                             "min_size": j["spec"]["min_size"], "max_size": j["spec"]["max_size"],
-                             "elastic": j["spec"]["elastic"], "workers": self.book.count(name, False),
-                             "submitted_at": j["submitted_at"], "started_at": j["started_at"],
-                             "finished_at": j["finished_at"],
-                             "first_grant_at": j["info"].get("first_grant_at"),
-                             "first_step_at": j["info"].get("first_step_at"),
-                             "report": self.reports.get(name) if mine else None,
-                             "reason": j["info"].get("reason") if mine else None})
-            usage = self.slots.usage_all() if self.slots is not None else {}
-            # Devices of nodes away with a Ray cluster's head: not grantable, their leases kept.
-            away = [{"id": d.id, "type": d.type, "node": d.node, "enforcement": d.enforcement,
-                     "free": self.book.free_share(d.id)} for d in self.away.values()]
-            lost = self.ray_head_lost_at
-            return {"pool": self.name, "mode": self.mode, "draining": self.draining, "time": now,
-                    "devices": devices, "leases": leases, "jobs": jobs, "counters": dict(self.counters),
-                    "cpu_usage_s": usage, "away": away, "ray_head_lost_s": None if lost is None else now - lost}
-
-    def metrics(self) -> str:
-        """Prometheus text exposition (format 0.0.4)."""
-        return prometheus(self.status())
