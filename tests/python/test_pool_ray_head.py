@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from dra._core import pool as P
-from dra.pool import ray_cluster
+from dra.pool import cli, ray_cluster
+from dra.pool.server import PoolServer
 from dra.pool.service import PoolService
 
 
@@ -72,7 +73,7 @@ def _wait_for(what: Any, timeout_s: float = 15.0) -> Any:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("b_after", ["back", "dead", "restarted"])
 def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_device_twice(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, b_after: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], b_after: str) -> None:
     """The head goes while a job holds a device on each node and another job waits: nothing is
     granted, nothing released. When it is back, node a is back as it was and node b is back
     (its leases go on: the waiting job still waits), dead or restarted with a new node id (its
@@ -88,6 +89,7 @@ def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_dev
     svc = PoolService(cluster.devices(), tmp_path / "state", launch_jobs=False, heartbeat_timeout_s=60.0)
     stop = cluster.watch(svc.remove_node, svc.add_node, every_s=0.1, on_head=svc.ray_head)
     events = tmp_path / "state" / "events.jsonl"
+    server: PoolServer | None = None
 
     def seen(kind: str) -> list[dict[str, Any]]:
         return [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == kind]
@@ -120,6 +122,13 @@ def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_dev
             ("a/slot0", 0.0), ("b/slot0", 0.0)], st
         metrics = svc.metrics()
         assert 'dra_pool_devices_away{pool="' in metrics and "} 2\n" in metrics.split("dra_pool_devices_away{")[1][:60]
+        server = PoolServer(svc).start()  # the operator's `dra pool status` (the server is closed with the pool)
+        assert cli.main(["pool", "status", "--pool", server.url]) == 0
+        text = capsys.readouterr().out
+        assert "head has been unreachable" in text and "2 device(s) away" in text, text
+        for device, lid in held.items():
+            assert any(line.split()[:1] == [device] and "away" in line and f"j#{lid}" in line
+                       for line in text.splitlines()), text
         # A job submitted meanwhile is checked against the nodes away too: it waits, not refused as never fitting.
         svc.submit({"name": "x", "min_size": 2, "max_size": 2, "command": ["true"]})
         svc.tick()
@@ -155,7 +164,10 @@ def test_the_pool_keeps_the_leases_of_nodes_away_with_the_head_and_grants_no_dev
                 assert book["b/slot0"][1] not in held.values(), book
     finally:
         stop.set()
-        svc.close()
+        if server is not None:
+            server.close(wait_s=0.0)  # and the pool
+        else:
+            svc.close()
         for s in (gcs, raylet_a, raylet_b):
             s.close()
 
