@@ -189,32 +189,59 @@ def test_the_daemon_stops_before_ray_would_end_it(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_restarted_pool_fences_the_leases_of_nodes_no_longer_there(tmp_path: Path) -> None:
-    """A daemon restarted on a cluster without one of its nodes (a Ray node that did not come back):
-    the leases on that node are dropped, fenced (a worker still running there is stopped by its
-    launcher) and deleted from the state. Before, they were skipped but kept in the state, and came
+    """A Ray pool's daemon restarted on a cluster without one of its nodes (a node that did not come
+    back): the leases on that node are released (one event each), fenced (a worker still running
+    there is stopped by its launcher) and deleted from the state. Before, they were skipped but kept in the state, and came
     back with the node at a later restart, granted to a job that had moved on."""
     def devices(*nodes: str) -> list[Any]:
         return [P.Device(id=f"{n}/slot0", type="ray-slot", node=n, enforcement="soft") for n in nodes]
 
     state = tmp_path / "state"
-    svc = PoolService(devices("a", "b"), state, launch_jobs=False, heartbeat_timeout_s=600.0)
+    ray = {"ray_address": "127.0.0.1:6379"}  # a Ray pool's (no Ray is called here)
+    svc = PoolService(devices("a", "b"), state, launch_jobs=False, heartbeat_timeout_s=600.0, **ray)
     svc.submit({"name": "j", "min_size": 1, "max_size": 2, "command": ["true"]})
     svc.tick()
     held = {l.device: l.id for l in svc.book.all()}
     assert sorted(held) == ["a/slot0", "b/slot0"]
     svc.close()
-    svc = PoolService(devices("a"), state, launch_jobs=False, heartbeat_timeout_s=600.0)  # node b is gone
+    svc = PoolService(devices("a"), state, launch_jobs=False, heartbeat_timeout_s=600.0, **ray)  # node b is gone
     try:
-        (restore,) = [e for e in map(json.loads, (state / "events.jsonl").read_text().splitlines())
-                      if e["event"] == "restore"]
+        events = [e for e in map(json.loads, (state / "events.jsonl").read_text().splitlines())]
+        (restore,) = [e for e in events if e["event"] == "restore"]
         assert restore["dropped"] == [held["b/slot0"]] and restore["leases"] == 1, restore
+        (release,) = [e for e in events if e["event"] == "release"]  # the Gantt plot and the counters see it go
+        assert (release["lease"], release["device"]) == (held["b/slot0"], "b/slot0") and svc.counters["releases"] == 1
         assert {l.device: l.id for l in svc.book.all()} == {"a/slot0": held["a/slot0"]}
         assert list(svc.jobs["j"]["info"]["fence"]) == [str(held["b/slot0"])]
-        assert "not in the inventory of the restarted pool" in svc.jobs["j"]["info"]["fence"][str(held["b/slot0"])]
+        assert "not in the Ray cluster of the restarted pool" in svc.jobs["j"]["info"]["fence"][str(held["b/slot0"])]
     finally:
         svc.close()
-    svc = PoolService(devices("a", "b"), state, launch_jobs=False, heartbeat_timeout_s=600.0, scale_every_s=1e9)
+    svc = PoolService(devices("a", "b"), state, launch_jobs=False, heartbeat_timeout_s=600.0, scale_every_s=1e9, **ray)
     try:  # node b is back: the dropped lease stays gone
         assert {l.device: l.id for l in svc.book.all()} == {"a/slot0": held["a/slot0"]}
+    finally:
+        svc.close()
+
+
+def test_a_restarted_local_pool_keeps_a_lease_whose_device_it_does_not_list_now(tmp_path: Path) -> None:
+    """A local pool restarted without one of its devices (NVML failing after a driver upgrade, say)
+    keeps the lease: not fenced, not deleted, restored when the device is listed again."""
+    def devices(*ids: str) -> list[Any]:
+        return [P.Device(id=i, type="gpu", enforcement="soft") for i in ids]
+
+    state = tmp_path / "state"
+    svc = PoolService(devices("gpu0", "gpu1"), state, launch_jobs=False, heartbeat_timeout_s=600.0)
+    svc.submit({"name": "j", "min_size": 2, "max_size": 2, "command": ["true"]})
+    svc.tick()
+    held = {l.device: l.id for l in svc.book.all()}
+    svc.close()
+    svc = PoolService(devices("gpu0"), state, launch_jobs=False, heartbeat_timeout_s=600.0)
+    try:
+        assert not svc.jobs["j"]["info"].get("fence") and svc.counters["releases"] == 0
+    finally:
+        svc.close()
+    svc = PoolService(devices("gpu0", "gpu1"), state, launch_jobs=False, heartbeat_timeout_s=600.0)
+    try:
+        assert {l.device: l.id for l in svc.book.all()} == held
     finally:
         svc.close()

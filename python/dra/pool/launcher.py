@@ -298,7 +298,7 @@ class Launcher:
         the device may be granted again, so the worker is stopped now, before any new worker
         starts (on a local pool the lease's cgroup was emptied already); a member other than the
         leader is also named in "leave", for a process that outlives the signal. A lease gone
-        without a fence (a daemon restarted without the lease's node) leaves its worker running. Either way the worker stays counted in the job's size until it
+        without a fence (a local pool restarted without the lease's device) leaves its worker running. Either way the worker stays counted in the job's size until it
         exited: a lower max_size would have the leader shrink the world by a healthy member of its
         choosing before the lost one's fault is seen (the lost one may be the leader, which never
         leaves)."""

@@ -179,7 +179,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             self.jobs[j["name"]] = j
             self._requests[j["name"]] = make_request({**j["spec"], "name": j["name"]})
         restored = 0
-        dropped: list[int] = []
+        gone: list[Any] = []
         for row in self.db.leases():
             l = _p.Lease()
             for k in ("id", "job", "device", "share", "granted_at"):
@@ -187,10 +187,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             l.heartbeat_at = now  # a restarted pool gives every worker a fresh timeout to check in
             l.state = row["state"]
             if not self.inventory.contains(l.device):
-                # Its node is gone (a Ray node not in the cluster now): the lease goes, fenced so that
-                # a worker still running there is stopped. Kept, it came back on the node's return.
-                self._fence(l, f"its device '{l.device}' is not in the inventory of the restarted pool (its node is gone)")
-                dropped.append(l.id)
+                # On a Ray pool its node is not in the cluster now: the lease goes (below). A local
+                # pool's device may be missing for a while (NVML failing after an upgrade): kept.
+                if self.ray_address is not None:
+                    gone.append(l)
                 continue
             self.book.restore(l)
             if self.slots is not None:
@@ -198,6 +198,13 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             restored += 1
         self.book.set_next_id(int(self.db.get_meta("next_lease", 1)))
         self.counters.update(self.db.get_meta("counters", {}) or {})
+        for l in gone:  # fenced, so that a worker still running there is stopped; kept, it came back with the node
+            why = f"its node is not in the Ray cluster of the restarted pool (device '{l.device}')"
+            self._fence(l, why)
+            self.counters["releases"] += 1
+            self._event({"event": "release", "job": l.job, "lease": l.id, "device": l.device, "reason": why,
+                         "held_s": now - l.granted_at})
+        dropped = [l.id for l in gone]
         adopted = []
         for name, j in self.jobs.items():
             if j["state"] in ENDED:
@@ -209,7 +216,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         if self.jobs or restored or dropped:
             self._event({"event": "restore", "jobs": len(self.jobs), "leases": restored, "adopted": adopted,
                          **({"dropped": dropped} if dropped else {})})
-        removed: list[int] = dropped
+        removed: list[int] = list(dropped)
         for name, j in self.jobs.items():
             rec = j["info"].get("launcher")
             if not rec or not rec.get("pid") or name in self.launchers:
