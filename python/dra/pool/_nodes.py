@@ -89,11 +89,10 @@ class NodeMembership:
                 self._fence(l, reason)
                 self._release(l.id, reason, removed)
             self.inventory.remove_node(node)
-            for d in here:
-                if head:
-                    self.away[d.id] = d
-            for i in ids:
-                if not head:
+            if head:
+                self.away.update({d.id: d for d in here})
+            else:
+                for i in ids:
                     self.away.pop(i, None)
             self._save_leases([], removed)
             if ids:
