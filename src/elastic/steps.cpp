@@ -582,7 +582,13 @@ void controller::apply_signals(const step_signals& x) {
   if (!std::isnan(x.small_batch) && x.big_batch > x.small_batch)
     est.update_gradients(x.small_sqr_norm, x.small_batch, x.big_sqr_norm, x.big_batch);
   if (!std::isnan(x.validation)) est.update_validation(x.validation);
-  if (!std::isnan(x.step_time_s)) {
+  // The first step committed in a world is not timed: a step during which the world changed
+  // (a fault recovered inside it, a joiner's handoff, the new world's first connections) timed
+  // the change, not a step of either size. One such step (seconds, against milliseconds) at a
+  // size just reached set that size's fit, and a pool shrank a healthy job on it.
+  const bool same_world = timed_epoch_ == epoch_;
+  timed_epoch_ = epoch_;
+  if (same_world && !std::isnan(x.step_time_s)) {
     const auto& w = engine_.world();
     engine_.throughput().observe(w.size, w.global_batch / std::max(w.size, 1), x.step_time_s,
                                  std::isnan(x.sync_time_s) ? 0.0 : x.sync_time_s);

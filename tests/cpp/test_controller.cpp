@@ -86,6 +86,7 @@ struct trainer {
   };
   std::vector<commit> commits;
   std::map<std::int64_t, std::uint64_t> hash_at;  // step index -> hash of params + momentum there
+  std::map<std::int64_t, double> timed;           // committed step -> the step time given (train's `timed`)
   std::string error;
   bool threw_state_mismatch = false;
 
@@ -121,11 +122,14 @@ std::uint64_t hash_of(trainer& t) {
 
 // The training loop of include/dra/torch/elastic/controller.hpp, recording what it saw.
 // `vanish_at` >= 0: return at that step, before its gradient all-reduce (the caller then drops the
-// controller, as a killed process would).
+// controller, as a killed process would). `timed`: each step() is given the time since the
+// previous one returned (a script's loop-to-loop timing, as PyTorch's ImageNet example keeps it),
+// recorded in t.timed by the step it committed.
 void train(trainer& t, const dataset& d, std::int64_t epochs, const std::function<void()>& before_step = {},
-           std::int64_t vanish_at = -1) {
+           std::int64_t vanish_at = -1, bool timed = false) {
   controller& ctl = *t.ctl;
   if (ctl.is_member()) t.hash_at[ctl.step_index()] = hash_of(t);
+  auto last = std::chrono::steady_clock::now();
   while (ctl.next_epoch(epochs)) {
     while (ctl.is_member() && !t.sampler->exhausted()) {
       if (ctl.step_index() == vanish_at) return;
@@ -141,10 +145,14 @@ void train(trainer& t, const dataset& d, std::int64_t epochs, const std::functio
         loss_value = loss.item<double>();
       }
       if (ctl.reduce_gradients(t.model->parameters())) t.optimizer.step();
-      const auto r = ctl.step(loss_value);
+      step_signals timing;
+      if (timed) timing.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - last).count();
+      const auto r = ctl.step(loss_value, timing);
+      last = std::chrono::steady_clock::now();
       if (r.committed) {
         t.commits.push_back(c);
         t.commits.back().step = r.step;
+        if (timed) t.timed[r.step] = timing.step_time_s;
       }
       if (ctl.is_member()) t.hash_at[ctl.step_index()] = hash_of(t);
     }
@@ -582,4 +590,50 @@ TEST_CASE("controller.fault.a_vanished_peer_is_survived") {
   check_exactly_once(trainers, kEpochs);
   check_identical_states(trainers);
   CHECK(hash_of(*trainers[0]) == hash_of(*trainers[2]));
+}
+
+TEST_CASE("controller.signals.the_first_step_of_each_world_is_not_timed") {
+  // The first step in a world is slow for reasons of the world, not of its size: a script's data
+  // loader restarts its workers for the new shard, torch.compile recompiles for the new per-rank
+  // batch, a backend connects lazily. Here it sleeps 0.3 s, against steps of milliseconds, in
+  // the job's first world and in the world left after a peer vanished. The throughput model takes
+  // every other step and not those two. Before, it took both, and the one at the size just reached
+  // set that size's predicted step time (a pool shrank a healthy job on such a fit).
+  at::set_num_threads(1);
+  const dataset data = make_data();
+  auto server = make_server();
+  const int port = server->getPort();
+  constexpr std::int64_t kEpochs = 2, kDieAt = 7;
+  std::vector<std::unique_ptr<trainer>> trainers;
+  for (int i = 0; i < 3; ++i) trainers.push_back(std::make_unique<trainer>(i));
+  run_threads(trainers, [&](int i) {
+    auto o = healthy_options();
+    o.fault_timeout_s = 3.0;
+    trainer& t = *trainers[static_cast<std::size_t>(i)];
+    t.ctl = std::make_unique<controller>(o, launch(port, i, 3, "timed"), t.state, t.sampler);
+    std::int64_t seen = -1;
+    const auto first_in_a_world_is_slow = [&t, &seen] {
+      if (t.ctl->epoch() == seen) return;
+      seen = t.ctl->epoch();
+      std::this_thread::sleep_for(300ms);
+    };
+    train(t, data, kEpochs, first_in_a_world_is_slow, i == 1 ? kDieAt : -1, true);
+    if (i == 1) t.ctl.reset();
+  });
+  for (const auto& t : trainers) CHECK_MESSAGE(t->error.empty(), t->error);
+  for (int i : {0, 2}) {
+    CAPTURE(i);
+    const trainer& t = *trainers[static_cast<std::size_t>(i)];
+    REQUIRE(t.commits.size() == static_cast<std::size_t>(kEpochs * kDataset / kGlobalBatch));
+    CHECK(t.timed.at(0) >= 0.3);
+    CHECK(t.timed.at(kDieAt) >= 0.3);  // the step redone in the world of two
+    auto& model = t.ctl->engine().throughput();
+    CHECK(model.observations() == t.commits.size() - 2);  // all but steps 0 and kDieAt
+    double slowest = 0.0;
+    for (const auto& [step, s] : t.timed)
+      if (step != 0 && step != kDieAt) slowest = std::max(slowest, s);
+    CAPTURE(slowest);
+    // What it predicts at the new size is what the steps there took.
+    CHECK(model.step_time_s(2, kGlobalBatch / 2.0) <= 2.0 * slowest + 1e-3);
+  }
 }

@@ -208,7 +208,8 @@ def test_a_huge_max_size_costs_no_more_than_the_pool_has(tmp_path: Path, monkeyp
 
     sizes: list[int] = []
     real = _loop.fit_speedup
-    monkeypatch.setattr(_loop, "fit_speedup", lambda report, n, *a: (sizes.append(n), real(report, n, *a))[1])
+    monkeypatch.setattr(_loop, "fit_speedup",
+                        lambda report, n, *a, **kw: (sizes.append(n), real(report, n, *a, **kw))[1])
     svc = PoolService(declared(3), tmp_path, launch_jobs=False, heartbeat_timeout_s=120.0)
     try:
         svc.submit({"name": "big", "min_size": 1, "max_size": 1_000_000})
@@ -291,10 +292,61 @@ def test_speedup_curve_fits_the_controllers_report() -> None:
     brief = {"rates": {"1": 900, "2": 800}, "rate_s": {"1": 30.0, "2": 1.0}, "throughput": tp, "global_batch": 128}
     assert fit_speedup(brief, 4)[1] == "throughput"
     assert fit_speedup({**brief, "rate_s": {"1": 30.0, "2": 5.0}}, 4)[1] == "rates"
+    # A size the job has just reached: the step-time fit holds its first steps (as noisy as their
+    # samples/s), so the pool keeps the curve it had (cut or extended flat to max_size); once the
+    # size ran MIN_RATE_S, the fit is taken again.
+    before = [0.0, 1.0, 1.8, 2.5]
+    fresh = {"world": 2, "rates": {"3": 900, "2": 100}, "rate_s": {"3": 30.0, "2": 1.0}, "throughput": tp,
+             "global_batch": 128}
+    held, source = fit_speedup(fresh, 4, held=before)
+    assert held == [0.0, 1.0, 1.8, 2.5, 2.5] and source == "held: size 2 measured for 1.0 s of 3"
+    assert fit_speedup(fresh, 2, held=before)[0] == [0.0, 1.0, 1.8]
+    assert fit_speedup(fresh, 4)[1] == "throughput"  # nothing held: the fit
+    assert fit_speedup({**fresh, "rate_s": {"3": 30.0, "2": 3.0}}, 4, held=before)[1] == "rates"
+    assert fit_speedup({**fresh, "rate_s": {"3": 30.0, "2": 1.0, "1": 9.0}, "rates": {"3": 900, "2": 100, "1": 400}},
+                       4, held=before)[1] == "rates"  # two other sizes measured: the fit leaves size 2 out
+    # A report without rate_s (how long each size ran is not known): nothing is held.
+    assert fit_speedup({"world": 2, "rates": {"3": 900}, "throughput": tp, "global_batch": 128}, 4,
+                       held=before)[1] == "throughput"
     # The job's own policy caps what more devices are worth; policy "none" leaves it to the pool.
     capped = speedup_curve({"rates": {"1": 100}, "desired_size": 2, "policy": "convergence"}, 4)
     assert capped[4] == speedup_curve({"rates": {"1": 100}}, 4)[2]
     assert speedup_curve({"rates": {"1": 100}, "desired_size": 1, "policy": "none"}, 4) == flat
+
+
+def test_a_lone_job_is_not_shrunk_on_the_first_steps_of_a_size_it_just_reached(tmp_path: Path) -> None:
+    """A lone job ran at 3 (its step-time fit: more workers are faster). A fault takes a worker:
+    the world is 2 and its first steps there, a second of them, are noise (here a fit in which
+    two workers are slower than one). The pool keeps the job's curve and its two devices. Before,
+    it planned 2 -> 1 on that fit and grew the job back seconds later, a healthy worker lost twice
+    over (seen on a real Ray cluster after a node's loss). (Once size 2 ran MIN_RATE_S its
+    measurement is taken: test_speedup_curve_fits_the_controllers_report.)"""
+    svc = PoolService(declared(3), tmp_path, launch_jobs=False, scale_every_s=0.0, heartbeat_timeout_s=120.0)
+    try:
+        svc.submit({"name": "j", "min_size": 1, "max_size": 3})
+        svc.tick()
+        leases = [lease.id for lease in svc.book.of_job("j")]
+        assert len(leases) == 3
+        good = {"compute_fixed_s": 0.001, "compute_per_sample_s": 1e-4, "sync_fixed_s": 0.002,
+                "sync_per_rank_s": 0.0, "observations": 60}
+        at3 = {"step": 400, "world": 3, "global_batch": 128, "rates": {"3": 900.0}, "rate_s": {"3": 30.0},
+               "throughput": good}
+        svc.sync("j", leases, [], at3, world=True)
+        now = time.time()
+        svc._scale(now + 100.0)
+        assert not [e for e in _events(tmp_path) if e.get("event") == "plan"]
+        # The fault: one worker exited and gave its lease back; the world of two reports.
+        noisy = {**good, "compute_fixed_s": 0.02, "compute_per_sample_s": -1e-4}  # step(1) 7 ms, step(2) 16 ms
+        at2 = {**at3, "step": 420, "world": 2, "rates": {"3": 900.0, "2": 300.0}, "rate_s": {"3": 30.0, "2": 1.0},
+               "throughput": noisy}
+        svc.sync("j", leases[:2], leases[2:], at2, world=True)
+        svc._scale(now + 200.0)
+        events = _events(tmp_path)
+        assert not [e for e in events if e.get("event") == "shrink" or e.get("event") == "plan" and e["to"] < e["from"]]
+        assert [e["curve"] for e in events if e.get("event") == "plan"] == ["held: size 2 measured for 1.0 s of 3"]
+        assert svc.book.count("j", False) == 3  # grown back to the device given back, on the curve it had
+    finally:
+        svc.close()
 
 
 def test_completion_aware_pool_tilts_by_remaining_work(tmp_path: Path) -> None:

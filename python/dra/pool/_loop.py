@@ -322,10 +322,12 @@ class SchedulingLoop:
                 sj.replicas_wanted = self.replicas_wanted.get(name, -1)
             else:
                 try:
-                    sj.speedup, source = fit_speedup(report, sj.max_size)
+                    sj.speedup, source = fit_speedup(report, sj.max_size, held=self._speedups.get(name))
                 except (TypeError, ValueError, KeyError, AttributeError):  # a report the job got wrong
                     sj.speedup, source = fit_speedup(None, sj.max_size)
                     source = "prior (report unreadable)"
+                if source in ("rates", "throughput"):
+                    self._speedups[name] = list(sj.speedup)
                 curves[name] = source
                 estimate = self._history(name).estimate(self._job_class(name), float((report or {}).get("step") or 0),
                                                    float(spec.get("declared_steps") or 0), self._curves.get(name, []))

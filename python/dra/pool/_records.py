@@ -22,7 +22,7 @@ class JobRecords:
         """Every table the pool keeps by job name besides the job's record (``jobs``, ``_requests``,
         replaced by a new job of the name): what reusing a name forgets. A new one belongs here."""
         return (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
-                self._resized_at, self._recent_peak, self._curves, self._load_at, self._stale)
+                self._resized_at, self._recent_peak, self._curves, self._speedups, self._load_at, self._stale)
 
     def _forget(self, name: str, old: dict[str, Any]) -> None:
         """A name used again once its job ended: the old job's record is replaced and everything

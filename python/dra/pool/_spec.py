@@ -288,7 +288,8 @@ def make_request(spec: dict[str, Any]) -> Any:
 MIN_RATE_S = 3.0
 
 
-def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.1) -> tuple[list[float], str]:
+def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.1,
+                held: list[float] | None = None) -> tuple[list[float], str]:
     """Speedup over one worker for k = 0..max_size from a training job's report (the elastic
     controller's, docs/guide/elastic.md), and where it came from:
 
@@ -299,6 +300,12 @@ def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.
       a + b * per-rank batch, all-reduce time c + d * (k - 2) from two workers on), at the job's
       ``global_batch``;
     - ``"prior"``: else sigma = ``sigma0`` (an estimate).
+
+    ``held``: the curve the pool fitted for the job before. While the job's current size (the
+    report's ``world``) has run less than ``MIN_RATE_S``, a step-time fit is not taken: it holds
+    that size's first steps, as noisy as its first second of samples/s (one fit on a fresh size said
+    two workers were slower than one, and a pool shrank a lone job that grew back seconds later).
+    The held curve is kept (``"held: ..."``), cut or extended flat to ``max_size``.
 
     A job whose own policy wants fewer workers (``desired_size``, unless its policy is ``none``:
     the pool alone decides its size) gains nothing past that size."""
@@ -323,6 +330,12 @@ def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.
 
         if step(1) > 0 and all(step(k) > 0 for k in range(2, max_size + 1)):
             curve, source = [0.0] + [step(1) / step(k) for k in range(1, max_size + 1)], "throughput"
+        world = report.get("world")
+        ran = float(seconds.get(str(world), 0.0)) if isinstance(world, int) and isinstance(seconds, dict) else MIN_RATE_S
+        if curve is not None and held and ran < MIN_RATE_S:
+            curve = [float(x) for x in held[: max_size + 1]]
+            curve += [curve[-1]] * (max_size + 1 - len(curve))
+            source = f"held: size {world} measured for {ran:.1f} s of {MIN_RATE_S:g}"
     if curve is None:
         curve = [0.0] + [k / (1.0 + sigma0 * (k - 1)) for k in range(1, max_size + 1)]
     desired = report.get("desired_size")

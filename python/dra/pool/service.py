@@ -129,6 +129,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         self.remaining: dict[int, Any] = {}
         self.completion = _p.CompletionConfig() if completion_aware else None
         self._curves: dict[str, list[tuple[float, float]]] = {}
+        self._speedups: dict[str, list[float]] = {}  # each training job's last measured speedup curve
         self.book = _p.LeaseBook()
         self.events_path = self.state_dir / "events.jsonl"
         self._events = _events.EventFile(self.events_path, events_max_mb)

@@ -193,7 +193,9 @@ struct step_signals {
   double big_sqr_norm = std::numeric_limits<double>::quiet_NaN();
   double big_batch = std::numeric_limits<double>::quiet_NaN();
   double validation = std::numeric_limits<double>::quiet_NaN();  ///< a validation metric (reported; no policy reads it)
-  double step_time_s = std::numeric_limits<double>::quiet_NaN();  ///< measured step time (throughput model)
+  /// Measured step time (throughput model). The first step of each world is not counted: its
+  /// time spans the world's forming (a fault's recovery, a handoff, first connections).
+  double step_time_s = std::numeric_limits<double>::quiet_NaN();
   double sync_time_s = std::numeric_limits<double>::quiet_NaN();
   /// Throws std::invalid_argument when the gradient statistics are incomplete, their batches not
   /// 0 < small_batch <= big_batch (equal: a world of one, skipped; a NaN/inf norm beside them is
@@ -527,6 +529,7 @@ class controller {
   std::map<int, int> fault_leaves_;  ///< per process: how many faults took it out of the world
   std::string last_dismissal_;       ///< the reason of the latest dismissal printed (said once)
   std::int64_t epoch_ = -1;
+  std::int64_t timed_epoch_ = -1;  ///< the world epoch of the last committed step (apply_signals)
   std::int64_t step_index_ = 0;
   std::int64_t resizes_ = 0;
   std::int64_t num_epochs_ = -1;
