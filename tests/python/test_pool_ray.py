@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "pool" / "train.py"
 
 
-@pytest.mark.timeout(480)  # a loaded host took 140 s to form the first world (Ray starts each worker's actor)
+@pytest.mark.timeout(480)  # a loaded host took 140 s to form the first world when workers ran at Ray's nice +15
 def test_ray_two_nodes_node_removed_while_training(tmp_path: Path) -> None:
     from ray.cluster_utils import Cluster
 

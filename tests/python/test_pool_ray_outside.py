@@ -108,13 +108,17 @@ def test_ray_fraction_gpu_and_start_failure(cluster: Any, tmp_path: Path) -> Non
 @pytest.mark.timeout(60)
 def test_ray_worker_runs_as_its_owner(cluster: Any, tmp_path: Path) -> None:
     """The launcher's user (the job's owner) is whom its workers run as on every node; here a
-    spawner whose owner is nobody, on a cluster whose raylets run as root."""
+    spawner whose owner is nobody, on a cluster whose raylets run as root. And at the raylet's
+    priority: Ray starts its worker processes at nice +15, which the job's worker inherited (a
+    world not formed in 150 s on a node with three busy loops)."""
+    import os
+
     from dra.pool.ray_cluster import RaySpawner
 
     spawner = RaySpawner(cluster.address)
     spawner.owner = {"uid": 65534, "gid": 65534, "groups": []}
     log = tmp_path / "w.log"
-    spawner.spawn("w", ["sh", "-c", "id -u; id -g"], {"DRA_NODE": "a", "DRA_DEVICE": "a/slot0",
+    spawner.spawn("w", ["sh", "-c", "id -u; id -g; cut -d' ' -f19 /proc/$$/stat"], {"DRA_NODE": "a", "DRA_DEVICE": "a/slot0",
                                                       "DRA_DEVICE_SHARE": "1", "PATH": "/usr/bin:/bin"},
                   [], log, "/")
     deadline = time.time() + 40
@@ -124,7 +128,7 @@ def test_ray_worker_runs_as_its_owner(cluster: Any, tmp_path: Path) -> None:
         time.sleep(0.2)
     spawner.close()
     assert ended == [("w", 0)], (ended, log.read_text() if log.exists() else None)
-    assert log.read_text().split() == ["65534", "65534"]
+    assert log.read_text().split() == ["65534", "65534", str(os.getpriority(os.PRIO_PROCESS, 0))]  # nice: the raylets'
     assert log.stat().st_uid == 65534  # its owner reads and cuts it
     assert _pgs_left() == []
 
