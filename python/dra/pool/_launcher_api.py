@@ -94,6 +94,7 @@ class LauncherAPI:
         """What a worker on this lease is told (and, where the platform can, held to)."""
         d = self.device(l.device)
         env = {"DRA_LEASE_ID": str(l.id), "DRA_DEVICE": l.device, "DRA_DEVICE_SHARE": f"{l.share:g}",
+               "DRA_RESTART_COUNT": str((self.jobs.get(l.job) or {"info": {}})["info"].get("restarts", 0)),
                "DRA_ENFORCEMENT": d.enforcement, "DRA_NODE": d.node}
         if d.enforcement == "cgroup" and self.slots is not None:
             env["DRA_CGROUPS"] = ":".join(self.slots.paths(l.device, l.id))
@@ -261,6 +262,8 @@ class LauncherAPI:
         if launcher is None:
             return  # an in-process caller (tests, an embedding program)
         rec = job["info"].get("launcher")
+        if launcher == job["info"].get("retired_launcher"):
+            raise Superseded(f"job: '{name}' failed and starts again with a new launcher; this one stops")
         if rec is None and launcher.startswith(_launchers.DAEMON_LAUNCH_PREFIX):
             # A daemon started it, and not this pool's (whose every launch is on record): a launcher
             # that outlived a pool whose state directory is gone, reaching a new pool at the same

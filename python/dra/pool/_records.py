@@ -48,6 +48,30 @@ class JobRecords:
             if name != new and self.book.count(name) == 0 and name not in self.launchers:
                 self._drop(name)
 
+    def _requeue(self, name: str, reason: str, removed: list[int], now: float) -> None:
+        """A failed job with restarts left waits to start again from its command, as a new world
+        (its script resumes from its own checkpoint, if it keeps one): its leases go back, its
+        launcher is let go, what the pool kept about its run is forgotten (its report, plans,
+        curves), and it keeps its place in the queue. Event ``requeue``; its workers see the
+        attempt in ``DRA_RESTART_COUNT``."""
+        j = self.jobs[name]
+        for l in self.book.of_job(name):
+            self._release(l.id, "job restarts", removed)
+        ref = self.launchers.pop(name, None)
+        if ref is not None and ref.popen is not None and ref.popen.poll() is None:
+            self._exiting.append(ref.popen)  # it reported the failure and is on its way out
+        for d in self._per_job():
+            if d is not self.launchers:
+                d.pop(name, None)
+        restarts = int(j["info"].get("restarts", 0)) + 1
+        keep = {k: v for k, v in j["info"].items() if k in ("owner", "first_grant_at")}
+        old = (j["info"].get("launcher") or {}).get("id")  # told to stop if it calls again
+        j["info"] = {**keep, "restarts": restarts, "last_failure": reason, "retired_launcher": old}
+        j["state"], j["started_at"] = "waiting", None
+        self._save_job(name)
+        self._event({"event": "requeue", "job": name, "restart": restarts, "of": int(j["spec"]["max_restarts"]),
+                     "reason": reason})
+
     def _drop(self, name: str) -> None:
         old = self.jobs.pop(name)
         self._requests.pop(name, None)

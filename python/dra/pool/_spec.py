@@ -66,6 +66,8 @@ SPEC_SCHEMA: dict[str, Any] = {
         "resize_cost_s": _SECONDS,
         "resize_cooldown_s": _SECONDS,
         "shrink_grace_s": _SECONDS,
+        "max_restarts": {"type": "integer", "minimum": 0, "maximum": 1000,
+                         "x-fix": "give how many times the pool starts the job again after it failed (0: never)"},
         "declared_steps": {"type": "integer", "minimum": 1, "maximum": 10**15,
                            "x-fix": "give the job's budget in optimizer steps (or leave it out)"},
         "job_class": {"type": "string", "minLength": 1,

@@ -37,7 +37,10 @@ class PoolViews:
                              "first_grant_at": j["info"].get("first_grant_at"),
                              "first_step_at": j["info"].get("first_step_at"),
                              "report": self.reports.get(name) if mine else None,
-                             "reason": j["info"].get("reason") if mine else None})
+                             "reason": j["info"].get("reason") if mine else None,
+                             "restarts": j["info"].get("restarts", 0),
+                             "max_restarts": j["spec"].get("max_restarts", 0),
+                             "last_failure": j["info"].get("last_failure") if mine else None})
             usage = self.slots.usage_all() if self.slots is not None else {}
             # Devices of nodes away with a Ray cluster's head: not grantable, their leases kept.
             away = [{"id": d.id, "type": d.type, "node": d.node, "enforcement": d.enforcement,

@@ -29,7 +29,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dra._argtypes import count_arg, fraction_arg, nonnegative_arg, path_arg, port_arg, positive_arg
+from dra._argtypes import (
+    count_arg,
+    fraction_arg,
+    nonnegative_arg,
+    nonnegative_int_arg,
+    path_arg,
+    port_arg,
+    positive_arg,
+)
 from dra._console import console
 
 LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
@@ -194,7 +202,7 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
             raise ValueError(f"--spec: {args.spec} holds a JSON {type(spec).__name__}; give a JSON object of the "
                              "job's fields") from None
     for key in ("name", "kind", "device_type", "memory_gb", "fraction", "min_size", "max_size", "priority", "user",
-                "log"):
+                "log", "max_restarts"):
         v = getattr(args, key)
         if v is not None:
             spec[key] = v
@@ -239,6 +247,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  {d['id']:<12} {d['type']:<14} {where:<20} {' '.join(holders) or '-'}")
     for j in st["jobs"]:
         why = f"  ({j['reason']})" if j.get("reason") else ""
+        if j.get("restarts"):
+            last = f"; last failure: {j['last_failure']}" if j.get("last_failure") else ""
+            why += f"  [restart {j['restarts']} of {j.get('max_restarts', '?')}{last}]"
         print(f"  job {j['name']:<14} {j.get('user', '?'):<10} {j['state']:<9} {j['kind']:<9} {j['priority']:<8} "
               f"workers {j['workers']} [{j['min_size']}..{j['max_size']}]{' elastic' if j['elastic'] else ' rigid'}{why}")
     return 0
@@ -320,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("--max-size", dest="max_size", type=count_arg)
     sb.add_argument("--priority")
     sb.add_argument("--rigid", action="store_true", help="a fixed size (elastic=false)")
+    sb.add_argument("--max-restarts", dest="max_restarts", type=nonnegative_int_arg, default=None,
+                    help="start the job again from its command after it failed, at most this many times (default 0)")
     sb.add_argument("--env", action="append", metavar="KEY[=VALUE]",
                     help="a variable for the job (KEY alone: its value here); repeatable. PATH is passed by default")
     sb.add_argument("--cwd", type=path_arg, default=None, help="the job's working directory (default: this one)")

@@ -527,11 +527,15 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
                      "held_s": _clock.now() - l.granted_at, **({} if cpu is None else {"cpu_s": cpu}), **extra})
 
     def _end(self, name: str, state: str, reason: str | None, removed: list[int], now: float) -> None:
-        """A job ends: its leases go back, one ``finish`` event says how and why."""
+        """A job ends: its leases go back, one ``finish`` event says how and why. A failed job with
+        restarts left (its spec's ``max_restarts``) waits to start again instead (_records.py)."""
         j = self.jobs[name]
         if state == "failed" and not reason:  # a failed job always says why, if only where to look
             reason = (f"its launcher reported a failure without a reason; see its launcher log "
                       f"({self.logs_dir / (name + '.launcher.log')}) and its workers' logs")
+        if state == "failed" and j["info"].get("restarts", 0) < int(j["spec"].get("max_restarts", 0)):
+            self._requeue(name, str(reason), removed, now)
+            return
         j["state"] = state
         j["finished_at"] = j["finished_at"] or now
         if reason:
