@@ -25,6 +25,7 @@ from _launch_harness import running
 from dra._core import pool as P
 from dra.pool import _cgroup
 from dra.pool._launcher_api import check_report
+from dra.pool._spec import capped as policy_capped
 from dra.pool._spec import fit_speedup
 from dra.pool.factory import make_service
 from dra.pool.gantt import plot
@@ -305,6 +306,15 @@ def test_speedup_curve_fits_the_controllers_report() -> None:
     assert fit_speedup({**fresh, "rate_s": {"3": 30.0, "2": 3.0}}, 4, held=before)[1] == "rates"
     assert fit_speedup({**fresh, "rate_s": {"3": 30.0, "2": 1.0, "1": 9.0}, "rates": {"3": 900, "2": 100, "1": 400}},
                        4, held=before)[1] == "rates"  # two other sizes measured: the fit leaves size 2 out
+    # A step-time fit that cannot be used (one predicting a step <= 0) keeps the held curve too.
+    broken = {**fresh, "throughput": {**tp, "compute_fixed_s": -1.0}}
+    assert fit_speedup(broken, 4, held=before) == ([0.0, 1.0, 1.8, 2.5, 2.5], "held: no usable fit")
+    # What the pool keeps to hold is the curve before the job's policy's cap (desired_size): a cap of
+    # the past would outlive the policy changing its mind.
+    wants2 = {**fresh, "desired_size": 2, "policy": "convergence"}
+    raw, _ = fit_speedup(wants2, 4, held=before, cap=False)
+    assert raw == [0.0, 1.0, 1.8, 2.5, 2.5] and policy_capped(raw, wants2) == [0.0, 1.0, 1.8, 1.8, 1.8]
+    assert fit_speedup(wants2, 4, held=before)[0] == policy_capped(raw, wants2)
     # A report without rate_s (how long each size ran is not known): nothing is held.
     assert fit_speedup({"world": 2, "rates": {"3": 900}, "throughput": tp, "global_batch": 128}, 4,
                        held=before)[1] == "throughput"

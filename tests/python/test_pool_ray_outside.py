@@ -105,8 +105,8 @@ def test_ray_fraction_gpu_and_start_failure(cluster: Any, tmp_path: Path) -> Non
     assert _pgs_left() == []
 
 
-@pytest.mark.timeout(60)
-def test_ray_worker_runs_as_its_owner(cluster: Any, tmp_path: Path) -> None:
+@pytest.mark.timeout(90)
+def test_ray_worker_runs_as_its_owner(cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The launcher's user (the job's owner) is whom its workers run as on every node; here a
     spawner whose owner is nobody, on a cluster whose raylets run as root. And at the raylet's
     priority: Ray starts its worker processes at nice +15, which the job's worker inherited (a
@@ -131,6 +131,25 @@ def test_ray_worker_runs_as_its_owner(cluster: Any, tmp_path: Path) -> None:
     assert log.read_text().split() == ["65534", "65534", str(os.getpriority(os.PRIO_PROCESS, 0))]  # nice: the raylets'
     assert log.stat().st_uid == 65534  # its owner reads and cuts it
     assert _pgs_left() == []
+    # The operator's choice (DRA_RAY_WORKER_NICENESS in the daemon's environment, which launchers
+    # inherit): Ray's own +15, say; a bad value is refused before anything runs.
+    monkeypatch.setenv("DRA_RAY_WORKER_NICENESS", "15")
+    spawner = RaySpawner(cluster.address)
+    log = tmp_path / "w15.log"
+    spawner.spawn("w15", ["sh", "-c", "cut -d' ' -f19 /proc/$$/stat"], {"DRA_NODE": "a", "DRA_DEVICE": "a/slot0",
+                                                                      "DRA_DEVICE_SHARE": "1", "PATH": "/usr/bin:/bin"},
+                  [], log, "/")
+    deadline = time.time() + 40
+    ended = []
+    while not ended and time.time() < deadline:
+        ended = spawner.poll()
+        time.sleep(0.2)
+    spawner.close()
+    assert ended == [("w15", 0)] and log.read_text().split() == [str(min(19, os.getpriority(os.PRIO_PROCESS, 0) + 15))]
+    for bad in ("-5", "20", "high"):
+        monkeypatch.setenv("DRA_RAY_WORKER_NICENESS", bad)
+        with pytest.raises(ValueError, match=r"^DRA_RAY_WORKER_NICENESS: must be a whole number in \[0, 19\], got"):
+            RaySpawner(cluster.address)
 
 
 @pytest.mark.timeout(60)

@@ -31,7 +31,8 @@ def _events(state: Path) -> list[dict]:
 
 def _pool(tmp_path: Path) -> tuple[PoolServer, PoolClient]:
     devices = [P.Device(id=f"d{i}", type="cpu-slot", memory_gb=2.0) for i in range(2)]
-    server = PoolServer(PoolService(devices, tmp_path / "state", heartbeat_timeout_s=5.0)).start()
+    server = PoolServer(PoolService(devices, tmp_path / "state", heartbeat_timeout_s=5.0,
+                                    restart_backoff_s=0.5)).start()
     return server, PoolClient(server.url)
 
 
@@ -80,7 +81,8 @@ def test_a_job_whose_launcher_was_killed_starts_again_and_finishes(tmp_path: Pat
 def test_a_job_failing_every_time_fails_after_its_last_restart_and_one_without_fails_at_once(tmp_path: Path) -> None:
     server, client = _pool(tmp_path)
     try:
-        fail = [sys.executable, "-c", "import os, sys; print('attempt', os.environ['DRA_RESTART_COUNT']); sys.exit(3)"]
+        fail = [sys.executable, "-c", "import os, sys; e = os.environ; print('attempt', e['DRA_RESTART_COUNT'], "
+                "e['TORCHELASTIC_RESTART_COUNT'], e['TORCHELASTIC_MAX_RESTARTS']); sys.exit(3)"]
         common = {"min_size": 1, "max_size": 1, "cwd": str(tmp_path), "log": str(tmp_path / "logs"), "command": fail}
         client.submit({"name": "twice", "max_restarts": 2, **common})
         client.submit({"name": "once", **common})
@@ -92,15 +94,18 @@ def test_a_job_failing_every_time_fails_after_its_last_restart_and_one_without_f
     finally:
         server.close()
     events = _events(tmp_path / "state")
-    assert [e["restart"] for e in events if e["event"] == "requeue" and e["job"] == "twice"] == [1, 2]
+    requeues = [e for e in events if e["event"] == "requeue" and e["job"] == "twice"]
+    assert [(e["restart"], e["delay_s"]) for e in requeues] == [(1, 0.5), (2, 1.0)]  # backed off, doubling
+    launches = [e["time"] for e in events if e["event"] == "launch" and e["job"] == "twice"]
+    assert launches[1] - requeues[0]["time"] >= 0.5 and launches[2] - requeues[1]["time"] >= 1.0
     assert not [e for e in events if e["event"] == "requeue" and e["job"] == "once"]
     assert len([e for e in events if e["event"] == "launch" and e["job"] == "twice"]) == 3
     assert [e["state"] for e in events if e["event"] == "finish"] == ["failed", "failed"]
     assert jobs["twice"]["restarts"] == 2 and "exit code 3" in jobs["twice"]["reason"], jobs["twice"]
     assert jobs["once"]["restarts"] == 0
     logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("twice.*.log"))
-    assert sorted(line for line in logs.splitlines() if line.startswith("attempt")) == ["attempt 0", "attempt 1",
-                                                                                        "attempt 2"]
+    attempts = sorted(line for line in logs.splitlines() if line.startswith("attempt"))
+    assert attempts == ["attempt 0 0 2", "attempt 1 1 2", "attempt 2 2 2"], attempts  # torchrun's names too
     line = next(x for x in out.getvalue().splitlines() if "job twice" in x)
     assert "[restart 2 of 2; last failure: " in line, line
 
@@ -112,5 +117,40 @@ def test_max_restarts_is_checked_like_every_field(tmp_path: Path) -> None:
             with pytest.raises(ValueError, match=f"^{message}"):
                 svc.submit({"name": "x", "max_restarts": bad})
         assert not svc.jobs
+    finally:
+        svc.close()
+
+
+def test_a_restart_waits_its_backoff_is_not_counted_twice_and_not_made_while_draining(tmp_path: Path) -> None:
+    """In-process (the pool's calls as a launcher makes them): a failed job with restarts left is
+    given nothing until its backoff ends; the same failure said again by a caller without a launch
+    id (a launcher started by hand) does not use up a second restart; while the pool drains, a
+    failure ends the job (a drain lets running jobs end, it starts nothing new)."""
+    devices = [P.Device(id="d0", type="cpu-slot", memory_gb=2.0)]
+    svc = PoolService(devices, tmp_path / "state", launch_jobs=False, restart_backoff_s=3600.0)
+    try:
+        svc.submit({"name": "r", "min_size": 1, "max_size": 1, "max_restarts": 3})
+        svc.tick()
+        held = [lease.id for lease in svc.book.of_job("r")]
+        assert len(held) == 1
+        svc.sync("r", held, [], None, failed=True, reason="boom")
+        assert svc.jobs["r"]["state"] == "waiting" and svc.jobs["r"]["info"]["restarts"] == 1
+        svc.sync("r", [], [], None, failed=True, reason="boom")  # the same failure, said again
+        assert svc.jobs["r"]["state"] == "waiting" and svc.jobs["r"]["info"]["restarts"] == 1
+        for _ in range(3):
+            svc.tick()
+        assert svc.book.count("r") == 0  # backing off (3600 s, at most 300): nothing granted
+        st = next(j for j in svc.status()["jobs"] if j["name"] == "r")
+        assert st["restarts"] == 1 and 290 < st["restart_in_s"] <= 300 and st["last_failure"] == "boom", st
+        svc.jobs["r"]["info"]["not_before"] = 0.0  # the backoff over
+        svc.tick()
+        held = [lease.id for lease in svc.book.of_job("r")]
+        assert len(held) == 1
+        svc.sync("r", held, [], None)  # it runs again
+        assert svc.jobs["r"]["state"] == "running"
+        svc.drain()
+        svc.sync("r", held, [], None, failed=True, reason="boom again")
+        assert svc.jobs["r"]["state"] == "failed" and svc.jobs["r"]["info"]["restarts"] == 1
+        assert svc.jobs["r"]["info"]["reason"] == "boom again (not started again: the pool is draining)"
     finally:
         svc.close()

@@ -95,6 +95,7 @@ class LauncherAPI:
         d = self.device(l.device)
         env = {"DRA_LEASE_ID": str(l.id), "DRA_DEVICE": l.device, "DRA_DEVICE_SHARE": f"{l.share:g}",
                "DRA_RESTART_COUNT": str((self.jobs.get(l.job) or {"info": {}})["info"].get("restarts", 0)),
+               "DRA_MAX_RESTARTS": str((self.jobs.get(l.job) or {"spec": {}})["spec"].get("max_restarts", 0)),
                "DRA_ENFORCEMENT": d.enforcement, "DRA_NODE": d.node}
         if d.enforcement == "cgroup" and self.slots is not None:
             env["DRA_CGROUPS"] = ":".join(self.slots.paths(l.device, l.id))
@@ -166,6 +167,10 @@ class LauncherAPI:
             job = self._job(name)
             self._authorize(name, caller, "run")
             self._check_launcher(name, job, launcher, caller)
+            if launcher is None and job["state"] == "waiting" and "launcher" not in job["info"] and job["info"].get("restarts"):
+                # The end of the attempt before this restart, said again by a caller without a launch
+                # id (a launcher started by hand): counted already, it must not use up another restart.
+                done = failed = False
             if "ready_at" not in job["info"]:  # its launcher is up (store, warm fork server): it can run workers now
                 job["info"]["ready_at"] = now
                 self._event({"event": "ready", "job": name})

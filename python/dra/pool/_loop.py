@@ -14,7 +14,7 @@ from typing import Any
 from dra._core import pool as _p
 from dra.pool import _clock, _launchers
 from dra.pool._spawner import last_line
-from dra.pool._spec import fit_speedup, make_request, remaining_size_s
+from dra.pool._spec import capped, fit_speedup, make_request, remaining_size_s
 
 REPORT_STALE_S = 30.0  # an inference service's load report older than this counts as no load
 
@@ -78,8 +78,14 @@ class SchedulingLoop:
         job's start-up then counts as cold start). A pool that starts no launchers (its caller runs
         the jobs) grants at once too."""
         j = self.jobs[name]
+        if self._backing_off(name):
+            return False
         return (self.mode != "dynamic" or j["state"] != "waiting" or "ready_at" in j["info"]
                 or not self.launch_jobs or self.url is None)
+
+    def _backing_off(self, name: str) -> bool:
+        """A failed job waiting out its restart's delay (``_requeue``): no launcher, no device."""
+        return float(self.jobs[name]["info"].get("not_before", 0.0)) > _clock.now()
 
     def tick(self, now: float | None = None) -> None:
         now = _clock.now() if now is None else now
@@ -146,7 +152,7 @@ class SchedulingLoop:
         seconds of CPU, outside every lease: a user's sweep of a hundred queued jobs started a
         hundred of them and ran the host out of memory. The next one starts when one of those
         jobs is granted its devices or ends."""
-        waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting"]
+        waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting" and not self._backing_off(n)]
         warm: dict[str, int] = {}
         for name in waiting:
             if name in self.launchers and self.book.count(name) == 0:
@@ -322,12 +328,13 @@ class SchedulingLoop:
                 sj.replicas_wanted = self.replicas_wanted.get(name, -1)
             else:
                 try:
-                    sj.speedup, source = fit_speedup(report, sj.max_size, held=self._speedups.get(name))
+                    raw, source = fit_speedup(report, sj.max_size, held=self._speedups.get(name), cap=False)
+                    sj.speedup = capped(raw, report)
+                    if source in ("rates", "throughput"):
+                        self._speedups[name] = raw
                 except (TypeError, ValueError, KeyError, AttributeError):  # a report the job got wrong
                     sj.speedup, source = fit_speedup(None, sj.max_size)
                     source = "prior (report unreadable)"
-                if source in ("rates", "throughput"):
-                    self._speedups[name] = list(sj.speedup)
                 curves[name] = source
                 estimate = self._history(name).estimate(self._job_class(name), float((report or {}).get("step") or 0),
                                                    float(spec.get("declared_steps") or 0), self._curves.get(name, []))

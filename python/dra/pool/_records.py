@@ -52,8 +52,10 @@ class JobRecords:
         """A failed job with restarts left waits to start again from its command, as a new world
         (its script resumes from its own checkpoint, if it keeps one): its leases go back, its
         launcher is let go, what the pool kept about its run is forgotten (its report, plans,
-        curves), and it keeps its place in the queue. Event ``requeue``; its workers see the
-        attempt in ``DRA_RESTART_COUNT``."""
+        curves; each attempt has its own ``launch``, ``ready``, ``start`` events), and it keeps its
+        place in the queue, not launched nor granted anything for ``restart_backoff_s`` doubling
+        with each restart (at most 300 s). Event ``requeue``; its workers see the attempt in
+        ``DRA_RESTART_COUNT``."""
         j = self.jobs[name]
         for l in self.book.of_job(name):
             self._release(l.id, "job restarts", removed)
@@ -64,13 +66,16 @@ class JobRecords:
             if d is not self.launchers:
                 d.pop(name, None)
         restarts = int(j["info"].get("restarts", 0)) + 1
-        keep = {k: v for k, v in j["info"].items() if k in ("owner", "first_grant_at")}
+        # As Kubernetes backs a failing pod off: a job that fails at once (a missing directory, a
+        # device its last attempt still holds) would spend every restart within seconds.
+        delay = min(300.0, self.restart_backoff_s * 2 ** (restarts - 1))
         old = (j["info"].get("launcher") or {}).get("id")  # told to stop if it calls again
-        j["info"] = {**keep, "restarts": restarts, "last_failure": reason, "retired_launcher": old}
+        j["info"] = {"owner": j["info"]["owner"], "restarts": restarts, "last_failure": reason,
+                     "retired_launcher": old, "not_before": now + delay}
         j["state"], j["started_at"] = "waiting", None
         self._save_job(name)
         self._event({"event": "requeue", "job": name, "restart": restarts, "of": int(j["spec"]["max_restarts"]),
-                     "reason": reason})
+                     "delay_s": delay, "reason": reason})
 
     def _drop(self, name: str) -> None:
         old = self.jobs.pop(name)

@@ -291,7 +291,7 @@ MIN_RATE_S = 3.0
 
 
 def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.1,
-                held: list[float] | None = None) -> tuple[list[float], str]:
+                held: list[float] | None = None, cap: bool = True) -> tuple[list[float], str]:
     """Speedup over one worker for k = 0..max_size from a training job's report (the elastic
     controller's, docs/guide/elastic.md), and where it came from:
 
@@ -307,7 +307,9 @@ def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.
     report's ``world``) has run less than ``MIN_RATE_S``, a step-time fit is not taken: it holds
     that size's first steps, as noisy as its first second of samples/s (one fit on a fresh size said
     two workers were slower than one, and a pool shrank a lone job that grew back seconds later).
-    The held curve is kept (``"held: ..."``), cut or extended flat to ``max_size``.
+    The held curve is kept (``"held: ..."``), cut or extended flat to ``max_size``; so it is when
+    the step-time fit cannot be used at all. ``cap`` False: the curve before ``capped`` (what the
+    pool keeps to hold: a cap of the past must not outlive the job's policy changing its mind).
 
     A job whose own policy wants fewer workers (``desired_size``, unless its policy is ``none``:
     the pool alone decides its size) gains nothing past that size."""
@@ -332,19 +334,32 @@ def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.
 
         if step(1) > 0 and all(step(k) > 0 for k in range(2, max_size + 1)):
             curve, source = [0.0] + [step(1) / step(k) for k in range(1, max_size + 1)], "throughput"
-        world = report.get("world")
-        ran = float(seconds.get(str(world), 0.0)) if isinstance(world, int) and isinstance(seconds, dict) else MIN_RATE_S
-        if curve is not None and held and ran < MIN_RATE_S:
-            curve = [float(x) for x in held[: max_size + 1]]
-            curve += [curve[-1]] * (max_size + 1 - len(curve))
-            source = f"held: size {world} measured for {ran:.1f} s of {MIN_RATE_S:g}"
+    world = report.get("world")
+    ran = float(seconds.get(str(world), 0.0)) if isinstance(world, int) and isinstance(seconds, dict) else MIN_RATE_S
+    if held and (curve is None or source == "throughput" and ran < MIN_RATE_S):
+        # (A step-time fit that cannot be used, e.g. one that predicts a step <= 0, keeps the curve
+        # measured before too, rather than the prior.)
+        why = f"size {world} measured for {ran:.1f} s of {MIN_RATE_S:g}" if curve is not None else "no usable fit"
+        curve = [float(x) for x in held[: max_size + 1]]
+        curve += [curve[-1]] * (max_size + 1 - len(curve))
+        source = f"held: {why}"
     if curve is None:
         curve = [0.0] + [k / (1.0 + sigma0 * (k - 1)) for k in range(1, max_size + 1)]
-    desired = report.get("desired_size")
-    if report.get("policy") != "none" and isinstance(desired, int) and 1 <= desired < max_size:
-        for k in range(desired + 1, max_size + 1):
-            curve[k] = curve[desired]
+    if cap:
+        curve = capped(curve, report)
     return curve, source
+
+
+def capped(curve: list[float], report: dict[str, Any] | None) -> list[float]:
+    """The curve flat past the size the job's own policy wants (its report's ``desired_size``),
+    unless that policy is ``none`` (the pool alone decides its size)."""
+    report = report or {}
+    out = list(curve)
+    desired = report.get("desired_size")
+    if report.get("policy") != "none" and isinstance(desired, int) and 1 <= desired < len(out) - 1:
+        for k in range(desired + 1, len(out)):
+            out[k] = out[desired]
+    return out
 
 
 def remaining_size_s(estimate: Any, report: dict[str, Any] | None, speedup: list[float], current: int) -> float:

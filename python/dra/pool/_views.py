@@ -40,6 +40,7 @@ class PoolViews:
                              "reason": j["info"].get("reason") if mine else None,
                              "restarts": j["info"].get("restarts", 0),
                              "max_restarts": j["spec"].get("max_restarts", 0),
+                             "restart_in_s": max(0.0, float(j["info"].get("not_before", 0.0)) - now),
                              "last_failure": j["info"].get("last_failure") if mine else None})
             usage = self.slots.usage_all() if self.slots is not None else {}
             # Devices of nodes away with a Ray cluster's head: not grantable, their leases kept.

@@ -74,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
             service = make_service(args.inventory, state, mode=args.mode, name=args.name,
                                    memory_gb=args.slot_memory_gb, heartbeat_timeout_s=args.heartbeat_timeout_s,
                                    scale_every_s=args.scale_every_s, orphan_limit_s=args.orphan_limit_s,
+                                   restart_backoff_s=args.restart_backoff_s,
                                    silence_limit_s=args.silence_limit_s, guarantee_slots=not args.no_slot_guarantee,
                                    control_cpus=args.control_cpus or None,
                                    launcher_memory_gb=args.launcher_memory_gb or None,
@@ -249,7 +250,8 @@ def _status(args: argparse.Namespace) -> int:
         why = f"  ({j['reason']})" if j.get("reason") else ""
         if j.get("restarts"):
             last = f"; last failure: {j['last_failure']}" if j.get("last_failure") else ""
-            why += f"  [restart {j['restarts']} of {j.get('max_restarts', '?')}{last}]"
+            soon = f" in {j['restart_in_s']:.0f} s" if j.get("restart_in_s") else ""
+            why += f"  [restart {j['restarts']} of {j.get('max_restarts', '?')}{soon}{last}]"
         print(f"  job {j['name']:<14} {j.get('user', '?'):<10} {j['state']:<9} {j['kind']:<9} {j['priority']:<8} "
               f"workers {j['workers']} [{j['min_size']}..{j['max_size']}]{' elastic' if j['elastic'] else ' rigid'}{why}")
     return 0
@@ -293,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--completion-aware", action="store_true",
                    help="tilt the arbiter by each training job's remaining work (its declared_steps, steps and loss; "
                         "the simulator's convergence_aware policy)")
+    s.add_argument("--restart-backoff-s", type=nonnegative_arg, default=10.0,
+                   help="how long a failed job with restarts left (max_restarts) waits before its first restart; "
+                        "doubling with each, at most 300 s (default 10)")
     s.add_argument("--orphan-limit-s", type=positive_arg, default=None,
                    help="how long launchers keep jobs running while the daemon is away (default: no limit)")
     s.add_argument("--warm-launchers", type=count_arg, default=4,

@@ -175,7 +175,9 @@ class Launcher:
                     # lease.
                     "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank), "GROUP_WORLD_SIZE": str(world),
                     "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-                    "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"})
+                    # A pool job started again (its max_restarts): the attempt, as torchrun counts it.
+                    "TORCHELASTIC_RESTART_COUNT": env.get("DRA_RESTART_COUNT", "0"),
+                    "TORCHELASTIC_MAX_RESTARTS": env.get("DRA_MAX_RESTARTS", "0")})
         env.update(self._rendezvous_env(world))
         env.setdefault("OMP_NUM_THREADS", "1")
         uid = rank

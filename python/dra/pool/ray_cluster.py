@@ -87,12 +87,28 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
     return None
 
 
+def worker_niceness() -> int:
+    """The nice increment, over its raylet's, that a job's worker runs at on Ray:
+    ``DRA_RAY_WORKER_NICENESS`` in the pool daemon's environment (its launchers inherit it), 0 by
+    default (Ray's own default for its workers is 15). Checked when the pool connects."""
+    text = os.environ.get("DRA_RAY_WORKER_NICENESS", "0")
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise ValueError(f"DRA_RAY_WORKER_NICENESS: must be a whole number in [0, 19], got {text!r}; 0 runs a job's "
+                         "workers at their raylet's priority, 15 at Ray's own default for its workers")
+    return value
+
+
 class RayCluster:
     """Connects to a Ray cluster and describes its pool devices."""
 
     def __init__(self, address: str = "auto", check: bool = True) -> None:
         """``check``: refuse a cluster that offers the pool no device, or two nodes of one name (the
         pool's; a launcher only places workers)."""
+        worker_niceness()  # a bad setting fails here, before anything runs
         ray = _ray()
         connected = False
         if not ray.is_initialized():
@@ -375,6 +391,7 @@ class RaySpawner:
 
     def __init__(self, address: str = "auto") -> None:
         self.cluster = RayCluster(address, check=False)
+        self.niceness = worker_niceness()
         ray = self.cluster.ray
         self.host_cls = ray.remote(num_cpus=0)(_WorkerHost)
         self.hosts: dict[str, tuple[Any, Any]] = {}
@@ -405,11 +422,11 @@ class RaySpawner:
         # Ray starts its worker processes at nice +15 (its worker_niceness), and the worker this
         # actor starts would inherit that: on a node busy with anything else, a job's workers got
         # about 2 % of a core each (a world of 3 not formed in 150 s beside 3 busy loops; 5 s
-        # unloaded). RAY_worker_niceness=0 in the actor's runtime env starts it at the raylet's own
-        # priority, as Ray's job supervisor does for itself.
+        # unloaded). RAY_worker_niceness in the actor's runtime env sets it (Ray's job supervisor
+        # starts itself at 0 this way): 0 unless the operator says otherwise.
         host = self.host_cls.options(num_gpus=share if gpu else 0,
                                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0),
-                                     runtime_env={"env_vars": {"RAY_worker_niceness": "0"}}).remote()
+                                     runtime_env={"env_vars": {"RAY_worker_niceness": str(self.niceness)}}).remote()
         started = host.start.remote(cmd, env, cwd, str(log), self.owner, gpu)
         self.hosts[wid] = (host, pg)
         self.starting[wid] = started

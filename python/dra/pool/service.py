@@ -66,7 +66,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
     """The pool. ``devices``: dra._core.pool.Device list; ``slots``: the cgroup slots behind them
     (None for GPUs or declared devices: leases are then enforced by the launcher's environment).
     ``orphan_limit_s``: how long a job's launcher keeps its workers running while this daemon is
-    away (None: until it is back). ``silence_limit_s``: how long a lease past its heartbeat timeout
+    away (None: until it is back). ``restart_backoff_s``: how long a failed job with restarts left
+    waits before its first restart (doubling with each, at most 300 s). ``silence_limit_s``: how long a lease past its heartbeat timeout
     stays with a job whose launcher process is still alive (None: the larger of 30 s and ten
     heartbeat timeouts); then the launcher counts as hung, is killed and the lease reclaimed. ``ray_address``: the Ray cluster the devices are on (every job
     then runs through Ray). ``warm_launchers``: how many of one user's waiting jobs that hold no
@@ -80,13 +81,15 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
                  orphan_limit_s: float | None = None, ray_address: str | None = None,
                  state_lock: StateLock | None = None, completion_aware: bool = False,
                  silence_limit_s: float | None = None, warm_launchers: int = 4,
-                 user_limits: _quota.UserLimits | None = None, events_max_mb: float = _events.EVENTS_MB) -> None:
+                 user_limits: _quota.UserLimits | None = None, events_max_mb: float = _events.EVENTS_MB,
+                 restart_backoff_s: float = 10.0) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got '{mode}'")
         for key, value in (("tick_s", tick_s), ("heartbeat_timeout_s", heartbeat_timeout_s),
                            ("orphan_limit_s", orphan_limit_s), ("silence_limit_s", silence_limit_s)):
             _check_seconds(key, value, positive=True, optional=key in ("orphan_limit_s", "silence_limit_s"))
-        for key, value in (("scale_every_s", scale_every_s), ("start_grace_s", start_grace_s), ("aging_s", aging_s)):
+        for key, value in (("scale_every_s", scale_every_s), ("start_grace_s", start_grace_s), ("aging_s", aging_s),
+                           ("restart_backoff_s", restart_backoff_s)):
             _check_seconds(key, value)  # scale_every_s 0: a re-plan at every tick
         if isinstance(warm_launchers, bool) or not isinstance(warm_launchers, int) or warm_launchers < 1:
             raise ValueError(f"warm_launchers: must be an integer >= 1, got {warm_launchers!r}")
@@ -118,6 +121,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         self.user_limits = user_limits or _quota.UserLimits()  # what one user's submissions may keep here
         self.on_event = on_event
         self.orphan_limit_s = orphan_limit_s
+        self.restart_backoff_s = restart_backoff_s  # a failed job's wait before restart n: this x 2^(n-1), <= 300 s
         self.ray_address = ray_address
         self.scheduler = _p.Scheduler(_p.SchedulerConfig(aging_s=aging_s if mode != "static_naive" else 0.0,
                                                           preemption=mode == "dynamic",
@@ -534,8 +538,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             reason = (f"its launcher reported a failure without a reason; see its launcher log "
                       f"({self.logs_dir / (name + '.launcher.log')}) and its workers' logs")
         if state == "failed" and j["info"].get("restarts", 0) < int(j["spec"].get("max_restarts", 0)):
-            self._requeue(name, str(reason), removed, now)
-            return
+            if not self.draining:
+                self._requeue(name, str(reason), removed, now)
+                return
+            reason = f"{reason} (not started again: the pool is draining)"
         j["state"] = state
         j["finished_at"] = j["finished_at"] or now
         if reason:
