@@ -218,6 +218,40 @@ std::vector<json> events_of(const controller& c, const std::string& kind) {
   return out;
 }
 
+// Three processes train `epochs` data epochs; uid 1 trains until step `die_at`, then vanishes (its
+// controller destroyed, as a killed process's would be). `timed`: steps are given their
+// loop-to-loop time (train's `timed`); `slow_first`: each process's first step in every world it
+// is in takes 0.3 s more (a data loader's restart, a recompile, a lazy connection).
+struct vanish_run {
+  c10::intrusive_ptr<c10d::TCPStore> server;  // outlives the trainers (members go in reverse order)
+  std::vector<std::unique_ptr<trainer>> trainers;
+};
+vanish_run three_with_a_vanishing_peer(const std::string& job, std::int64_t epochs, std::int64_t die_at,
+                                       bool timed = false, bool slow_first = false) {
+  at::set_num_threads(1);
+  const dataset data = make_data();
+  vanish_run run{make_server(), {}};
+  const int port = run.server->getPort();
+  auto& trainers = run.trainers;
+  for (int i = 0; i < 3; ++i) trainers.push_back(std::make_unique<trainer>(i));
+  run_threads(trainers, [&](int i) {
+    auto o = healthy_options();
+    o.fault_timeout_s =
+        3.0;  // bounds the survivors' wait for the vanished peer (short, yet no spurious fault under load)
+    trainer& t = *trainers[static_cast<std::size_t>(i)];
+    t.ctl = std::make_unique<controller>(o, launch(port, i, 3, job), t.state, t.sampler);
+    std::int64_t seen = -1;
+    const auto first_in_a_world_is_slow = [&t, &seen] {
+      if (t.ctl->epoch() == seen) return;
+      seen = t.ctl->epoch();
+      std::this_thread::sleep_for(300ms);
+    };
+    train(t, data, epochs, slow_first ? std::function<void()>(first_in_a_world_is_slow) : std::function<void()>{},
+          i == 1 ? die_at : -1, timed);
+    if (i == 1) t.ctl.reset();
+  });
+  return run;
+}
 }  // namespace
 
 TEST_CASE("controller.world.grow_then_shrink") {
@@ -553,27 +587,9 @@ TEST_CASE("controller.fault.a_vanished_peer_is_survived") {
   // A process that vanishes at a step boundary while its peers enter the step's gradient
   // all-reduce: its thread destroys its controller, which closes its Gloo connections and store client, as a
   // killed process's would. The survivors detect it, agree, shrink and redo the step.
-  at::set_num_threads(1);
-  const dataset data = make_data();
-  auto server = make_server();
-  const int port = server->getPort();
   constexpr std::int64_t kEpochs = 2, kDieAt = 7;
-  std::vector<std::unique_ptr<trainer>> trainers;
-  for (int i = 0; i < 3; ++i) trainers.push_back(std::make_unique<trainer>(i));
-  run_threads(trainers, [&](int i) {
-    auto o = healthy_options();
-    o.fault_timeout_s =
-        3.0;  // bounds the survivors' wait for the vanished peer (short, yet no spurious fault under load)
-    trainer& t = *trainers[static_cast<std::size_t>(i)];
-    t.ctl = std::make_unique<controller>(o, launch(port, i, 3, "fault"), t.state, t.sampler);
-    if (i != 1) {
-      train(t, data, kEpochs);
-      return;
-    }
-    // uid 1 trains until step kDieAt (the second step of data epoch 1), then vanishes.
-    train(t, data, kEpochs, {}, kDieAt);
-    t.ctl.reset();
-  });
+  const auto run = three_with_a_vanishing_peer("fault", kEpochs, kDieAt);
+  const auto& trainers = run.trainers;
   for (const auto& t : trainers) CHECK_MESSAGE(t->error.empty(), t->error);
   REQUIRE(trainers[0]->ctl);
   const auto faults = events_of(*trainers[0]->ctl, "fault");
@@ -599,27 +615,9 @@ TEST_CASE("controller.signals.the_first_step_of_each_world_is_not_timed") {
   // the job's first world and in the world left after a peer vanished. The throughput model takes
   // every other step and not those two. Before, it took both, and the one at the size just reached
   // set that size's predicted step time (a pool shrank a healthy job on such a fit).
-  at::set_num_threads(1);
-  const dataset data = make_data();
-  auto server = make_server();
-  const int port = server->getPort();
   constexpr std::int64_t kEpochs = 2, kDieAt = 7;
-  std::vector<std::unique_ptr<trainer>> trainers;
-  for (int i = 0; i < 3; ++i) trainers.push_back(std::make_unique<trainer>(i));
-  run_threads(trainers, [&](int i) {
-    auto o = healthy_options();
-    o.fault_timeout_s = 3.0;
-    trainer& t = *trainers[static_cast<std::size_t>(i)];
-    t.ctl = std::make_unique<controller>(o, launch(port, i, 3, "timed"), t.state, t.sampler);
-    std::int64_t seen = -1;
-    const auto first_in_a_world_is_slow = [&t, &seen] {
-      if (t.ctl->epoch() == seen) return;
-      seen = t.ctl->epoch();
-      std::this_thread::sleep_for(300ms);
-    };
-    train(t, data, kEpochs, first_in_a_world_is_slow, i == 1 ? kDieAt : -1, true);
-    if (i == 1) t.ctl.reset();
-  });
+  const auto run = three_with_a_vanishing_peer("timed", kEpochs, kDieAt, true, true);
+  const auto& trainers = run.trainers;
   for (const auto& t : trainers) CHECK_MESSAGE(t->error.empty(), t->error);
   for (int i : {0, 2}) {
     CAPTURE(i);
