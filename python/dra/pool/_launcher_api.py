@@ -93,9 +93,10 @@ class LauncherAPI:
     def lease_env(self, l: Any) -> dict[str, str]:
         """What a worker on this lease is told (and, where the platform can, held to)."""
         d = self.device(l.device)
+        job = self.jobs.get(l.job) or {"info": {}, "spec": {}}
         env = {"DRA_LEASE_ID": str(l.id), "DRA_DEVICE": l.device, "DRA_DEVICE_SHARE": f"{l.share:g}",
-               "DRA_RESTART_COUNT": str((self.jobs.get(l.job) or {"info": {}})["info"].get("restarts", 0)),
-               "DRA_MAX_RESTARTS": str((self.jobs.get(l.job) or {"spec": {}})["spec"].get("max_restarts", 0)),
+               "DRA_RESTART_COUNT": str(job["info"].get("restarts", 0)),
+               "DRA_MAX_RESTARTS": str(job["spec"].get("max_restarts", 0)),
                "DRA_ENFORCEMENT": d.enforcement, "DRA_NODE": d.node}
         if d.enforcement == "cgroup" and self.slots is not None:
             env["DRA_CGROUPS"] = ":".join(self.slots.paths(l.device, l.id))

@@ -48,6 +48,15 @@ class JobRecords:
             if name != new and self.book.count(name) == 0 and name not in self.launchers:
                 self._drop(name)
 
+    def _let_go(self, name: str, why: str, removed: list[int]) -> None:
+        """A job's run is over (it ended, or failed and restarts): its leases go back, and its
+        launcher, if still alive (it reported the end and is on its way out), is reaped by the loop."""
+        for l in self.book.of_job(name):
+            self._release(l.id, why, removed)
+        ref = self.launchers.pop(name, None)
+        if ref is not None and ref.popen is not None and ref.popen.poll() is None:
+            self._exiting.append(ref.popen)
+
     def _requeue(self, name: str, reason: str, removed: list[int], now: float) -> None:
         """A failed job with restarts left waits to start again from its command, as a new world
         (its script resumes from its own checkpoint, if it keeps one): its leases go back, its
@@ -57,14 +66,9 @@ class JobRecords:
         with each restart (at most 300 s). Event ``requeue``; its workers see the attempt in
         ``DRA_RESTART_COUNT``."""
         j = self.jobs[name]
-        for l in self.book.of_job(name):
-            self._release(l.id, "job restarts", removed)
-        ref = self.launchers.pop(name, None)
-        if ref is not None and ref.popen is not None and ref.popen.poll() is None:
-            self._exiting.append(ref.popen)  # it reported the failure and is on its way out
+        self._let_go(name, "job restarts", removed)
         for d in self._per_job():
-            if d is not self.launchers:
-                d.pop(name, None)
+            d.pop(name, None)
         restarts = int(j["info"].get("restarts", 0)) + 1
         # As Kubernetes backs a failing pod off: a job that fails at once (a missing directory, a
         # device its last attempt still holds) would spend every restart within seconds.

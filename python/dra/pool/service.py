@@ -546,11 +546,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         j["finished_at"] = j["finished_at"] or now
         if reason:
             j["info"]["reason"] = reason
-        for l in self.book.of_job(name):
-            self._release(l.id, "job ended", removed)
-        ref = self.launchers.pop(name, None)
-        if ref is not None and ref.popen is not None and ref.popen.poll() is None:
-            self._exiting.append(ref.popen)  # an ended job's launcher on its way out: reaped by the loop
+        self._let_go(name, "job ended", removed)
         self._save_job(name)
         self._event({"event": "finish", "job": name, "state": state, "jct_s": now - j["submitted_at"],
                      **({"reason": reason} if reason else {})})
