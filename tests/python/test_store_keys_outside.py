@@ -2,7 +2,8 @@
 world's Gloo addresses and torch's default group's stayed for the job's life, 16,500 keys and
 2.5 MB after 3,000 changes). A real `dra store`, a real `dra run` of three workers whose world
 goes 3 -> 2 -> 3 every few steps (one stands by and returns), the script re-creating torch's
-default group at each change; the store's keys listed at the end."""
+default group and a group of its own (``dist.new_group``) at each change; the store's keys listed
+at the end."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ SCRIPT = r"""
 import os, torch, torch.distributed as dist
 import dra, dra.elastic as de
 dist.init_process_group("gloo")
+cpu = dist.new_group(backend="gloo")  # a group of the script's over every rank, made again at each change
 changes, every = int(os.environ["CHANGES"]), 3
 data = torch.utils.data.TensorDataset(torch.randn(4096, 4), torch.randn(4096, 1))
 sampler = de.DistributedSampler(data, seed=0)
@@ -34,6 +36,7 @@ for epoch in ctl.epochs(10):
         dra.step(loss)
         if ctl.is_member:
             dist.all_reduce(torch.ones(1))  # the script's own collective, on the re-created group
+            dist.all_reduce(torch.ones(1), group=cpu)
         if ctl.step_index >= every * (changes + 1):
             break
     if ctl.step_index >= every * (changes + 1):
@@ -86,6 +89,8 @@ def test_a_job_changing_its_world_leaves_no_old_worlds_rendezvous_keys(tmp_path:
     # every world's stayed: about 25 here.
     pg = [k for k in keys if re.search(r"/pg/\d+/0/\d+$", k)]
     assert len(pg) <= 3 * 2 + 4 and len(epochs(r"/pg/(\d+)/0/\d+$")) <= 5, sorted(pg)
-    # Torch's default group re-created at each change: the same bound (an address and a kind key).
+    # Torch's default group and the script's group re-created at each change: the same bound (an
+    # address of each group, a kind key and the list of groups each process holds).
     groups = [k for k in keys if k.startswith("dra.default_group/")]
-    assert len(epochs(r"^dra\.default_group/(\d+)/")) <= 5 and len(groups) <= 2 * (3 * 2 + 4), sorted(groups)
+    assert len(epochs(r"^dra\.default_group/(\d+)/")) <= 5 and len(groups) <= 4 * (3 * 2 + 4), sorted(groups)
+    assert [k for k in groups if "/0//1//cpu//" in k], sorted(groups)  # the script's group was made again

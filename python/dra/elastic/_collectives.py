@@ -24,8 +24,11 @@ take such an error in, as torchft's error-swallowing process group does:
 
 Guarded: ``all_reduce``, ``reduce``, ``all_gather``, ``all_gather_into_tensor``,
 ``all_gather_object``, ``gather_object``, ``broadcast``, ``broadcast_object_list``, ``barrier``,
-``monitored_barrier``, on the default group (``group=None`` or ``dist.group.WORLD``), called
-through ``torch.distributed`` (``dist.all_reduce``), synchronously or with ``async_op=True``.
+``monitored_barrier``, on the default group (``group=None`` or ``dist.group.WORLD``) and on the
+script's groups over the whole world (``_subgroups``), called through ``torch.distributed``
+(``dist.all_reduce``), synchronously or with ``async_op=True``. Every wrapped call on a group of
+the script's made for an earlier world runs on the one made for this world (``_subgroups``), and so
+do the ``QUERIES``.
 An error that does not say a peer is gone (a wrong shape, a wrong dtype) is raised as before, and
 so is one in a reduction or broadcast of a tensor over ``SNAPSHOT_MAX_BYTES`` (64 MiB: the tensor,
 reduced in place, is copied before the call so that a collective that fails midway can put it
@@ -49,6 +52,10 @@ UNGUARDED = ("all_to_all", "all_to_all_single", "gather", "scatter", "scatter_ob
 
 # How a backend says a peer is gone: Gloo's transport ("Connection closed by peer", a reset, a
 # broken pipe, a timeout waiting for it), NCCL's remote error, torch's own network errors.
+# What takes a group and answers about it: run on the group made for the current world too.
+QUERIES = ("get_rank", "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank", "get_global_rank",
+           "destroy_process_group")
+
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused|timed out|timeout|"
                         r"remote process exited|ncclRemoteError|communicator was aborted", re.IGNORECASE)
 
@@ -85,7 +92,34 @@ def install(handler: Any) -> None:
         setattr(c10d, name, wrapped)  # calls inside c10d (all_gather_object's all_gather) come here too
         if getattr(dist, name, None) is fn:
             setattr(dist, name, wrapped)
+    for name in QUERIES:  # the script's calls only: torch's own get the group a wrapped call resolved
+        fn = getattr(dist, name, None)
+        if fn is not None and not getattr(fn, "__dra_guard__", False):
+            setattr(dist, name, _resolving(name, fn))
     _installed = True
+
+
+def _resolving(name: str, fn: Any) -> Any:
+    """A query on a group (first argument or ``group=``) asked of the group made for this world."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        handler = _handler
+        group = kwargs.get("group", args[0] if args else None)
+        if handler is None or group is None:
+            return fn(*args, **kwargs)
+        if name == "destroy_process_group":
+            current = handler.subgroups.to_destroy(group)  # a group gone with an earlier world: nothing to do
+            if current is None:
+                return None
+        else:
+            current = handler.resolve(group, f"dist.{name}")
+        if current is not group:
+            args, kwargs = ((current, *args[1:]), kwargs) if "group" not in kwargs else (args, {**kwargs, "group": current})
+        return fn(*args, **kwargs)
+
+    call.__dra_guard__ = True  # type: ignore[attr-defined]
+    return call
 
 
 class _Lost(Exception):  # noqa: N818 - not an error of the script's: a guarded call inside another lost a member
@@ -111,7 +145,13 @@ def _guard(name: str, fn: Any) -> Any:
             return fn(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        if not handler.guards(bound.arguments.get("group")):
+        group = bound.arguments.get("group")
+        if group is not None:
+            current = handler.resolve(group, f"dist.{name}")
+            if current is not group:
+                bound.arguments["group"] = group = current
+                args, kwargs = bound.args, bound.kwargs
+        if not handler.guards(group):
             return fn(*args, **kwargs)
         nested = _local.depth > 0
         if handler.lost is not None:  # the stand-in holds until the next dra.step

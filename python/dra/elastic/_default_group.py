@@ -34,7 +34,9 @@ The cases handled:
   re-creates it, warned once (torch raises at the next collective instead of hanging);
 - a member lost in one of the script's own collectives between two steps: the collective completes
   with this process's own value, a stand-in keeps the rank and size until the next ``dra.step``,
-  whose recovery re-creates the group (``_collectives``).
+  whose recovery re-creates the group (``_collectives``);
+- the script's groups made with ``dist.new_group`` over every rank: made again right after the
+  default group, the objects the script holds standing for them (``_subgroups``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
-from dra.elastic import _collectives
+from dra.elastic import _collectives, _subgroups
+from dra.elastic._pg import backend_config, backend_names, set_timeout, timeout_of
 
 # Backends init_process_group builds from a store alone, with any rank and size.
 _RECREATABLE = frozenset({"gloo", "nccl", "xccl"})
@@ -69,6 +72,7 @@ class DefaultGroup:
         self._guarding = False  # self._group is one dra re-creates, so its collectives are guarded
         self.lost: str | None = None  # why a collective of the script's lost a member (the stand-in holds)
         self.lost_size = 0  # the world's size the script knew when it did
+        self.subgroups = _subgroups.Subgroups()  # the script's groups over the whole world, made again with it
 
     def follow(self, ctl: Any, position: str = "step") -> None:
         """``position``: where this process passed the world's last commit: ``"step"`` (returned
@@ -104,12 +108,12 @@ class DefaultGroup:
             if self._partial and position == "step":  # every member passed this step: the whole world now
                 self._recreate(ctl, epoch, *self._pending_config, None)
             return  # the common case, every step: nothing changed
-        backend = _backend_config(dist, group)
+        backend = backend_config(dist, group)
         if group is not self._group and self._keeps_own_group(ctl, dist, epoch):
             self._group, self._epoch = group, epoch
-            self._guarding = set(_backend_names(backend)) <= _RECREATABLE
+            self._guarding = set(backend_names(backend)) <= _RECREATABLE
             return
-        if not set(_backend_names(backend)) <= _RECREATABLE:
+        if not set(backend_names(backend)) <= _RECREATABLE:
             if group is not self._group:  # warned once per group the script made
                 self._warn(
                     "backend",
@@ -120,7 +124,7 @@ class DefaultGroup:
                 )
             self._group, self._epoch, self._guarding = group, epoch, False
             return
-        self._recreate(ctl, epoch, backend, group.bound_device_id, _timeout_of(group), position)
+        self._recreate(ctl, epoch, backend, group.bound_device_id, timeout_of(group), position)
 
     def guards(self, group: Any) -> bool:
         """Whether a collective on ``group`` (None: the default one) is one this process guards:
@@ -131,8 +135,20 @@ class DefaultGroup:
             return False
         default = dist.distributed_c10d._get_default_group()
         if group is not None and group is not default:
-            return False
+            rec = self.subgroups.record_of(group)
+            if rec is None and self._guarding and group in dist.distributed_c10d._world.pg_map:
+                self.subgroups.adopt(dist, self._epoch)  # one made since the last look: over the whole world?
+                rec = self.subgroups.record_of(group)
+            if rec is None:
+                return False
+            return self.lost is not None or (self._guarding and rec.current is group)
         return self.lost is not None or (self._guarding and default is self._group)
+
+    def resolve(self, group: Any, call: str) -> Any:
+        """The group a call of the script's on ``group`` runs on (``_subgroups.Subgroups.resolve``)."""
+        import torch.distributed as dist
+
+        return self.subgroups.resolve(dist, group, self.lost is not None, call)
 
     def lose(self, where: str, reason: str) -> None:
         """A collective of the script's (``where``) lost a member: lets the default group go now
@@ -145,9 +161,11 @@ class DefaultGroup:
             return
         group = dist.distributed_c10d._get_default_group()
         rank, size = dist.get_rank(), dist.get_world_size()
-        self._pending_config = (_backend_config(dist, group), group.bound_device_id, _timeout_of(group))
+        self._pending_config = (backend_config(dist, group), group.bound_device_id, timeout_of(group))
         self.lost, self.lost_size = f"{where}: {reason}", size
         self._group = group = None
+        self.subgroups.adopt(dist, self._epoch)
+        self.subgroups.lose_all()
         dist.destroy_process_group()
         gc.collect()  # nothing of it left to hold its connections open
         stand_in = _stand_in(dist, rank, size)
@@ -198,7 +216,9 @@ class DefaultGroup:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            self.subgroups.adopt(dist, self._epoch)
             dist.destroy_process_group()
+        self.subgroups.lose_all()
         self._group, self._epoch, self._pending, self._partial = None, epoch, False, False
         self._pending_config = (backend, device, timeout)
         members = [int(u) for u in ctl.members]
@@ -227,6 +247,14 @@ class DefaultGroup:
                 timeout=min(bound, timeout) if timeout is not None else bound,
                 device_id=device,
             )
+            if timeout is not None:
+                set_timeout(dist.distributed_c10d._get_default_group(), timeout)
+            # The script's groups over the whole world, made again over it (a collective: every
+            # member holds the same ones, or none is made).
+            problem = self.subgroups.recreate(dist, dist.PrefixStore(name, self._job_store(ctl)), int(ctl.uid),
+                                              members, bound, dist.new_group)
+            if problem:
+                self._warn("subgroups", problem)
         except Exception as e:  # noqa: BLE001 - said, and tried again at the next change
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -238,14 +266,12 @@ class DefaultGroup:
                 "no default group)",
             )
             return
-        group = dist.distributed_c10d._get_default_group()
-        if timeout is not None:
-            _set_timeout(group, timeout)
-        self._group, self._guarding = group, True
+        self._group, self._guarding = dist.distributed_c10d._get_default_group(), True
         # Torch's rendezvous wrote this rank's address under the group's prefix (its default group
         # is named "0"; one key per device type); `_kinds` wrote kind/<uid>.
         base = f"dra.default_group/{epoch}/{'-'.join(map(str, ctl.members))}"
         self._erase_old(ctl, [f"{name}/0//{dev}//0/{rank}" for dev in ("cpu", "cuda")]
+                        + self.subgroups.store_keys(name, rank) + [f"{name}/subgroups/{ctl.uid}"]
                         + ([] if position is None else [f"{base}/kind/{ctl.uid}"]))
 
     def _erase_old(self, ctl: Any, keys: list[str]) -> None:
@@ -328,43 +354,3 @@ def _init_keeping_excepthook(dist: Any, *args: Any, **kwargs: Any) -> None:
         dist.init_process_group(*args, **kwargs)
     finally:
         sys.excepthook = hook
-
-
-def _backend_config(dist: Any, group: Any) -> str:
-    """The group's backend as init_process_group takes it ('gloo', 'nccl', 'cpu:gloo,cuda:nccl')."""
-    config = str(dist.distributed_c10d._world.pg_backend_config.get(group) or dist.get_backend(group))
-    names = set(_backend_names(config))
-    # One backend for every device ('gloo' is kept as 'cpu:gloo,cuda:gloo'): given as the script gave it.
-    return names.pop() if len(names) == 1 else config
-
-
-def _backend_names(config: str) -> list[str]:
-    return [part.split(":")[-1].strip().lower() for part in config.split(",") if part.strip()]
-
-
-def _backends_of(group: Any) -> list[Any]:
-    import torch
-
-    out = []
-    for device in ("cpu", "cuda", "xpu"):
-        try:
-            out.append(group._get_backend(torch.device(device)))
-        except Exception:  # noqa: BLE001, S112 - no backend for that device
-            continue
-    return out
-
-
-def _timeout_of(group: Any) -> timedelta | None:
-    """The timeout the script gave its group (None: torch's default)."""
-    for backend in _backends_of(group):
-        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
-        if isinstance(timeout, timedelta):
-            return timeout
-    return None
-
-
-def _set_timeout(group: Any, timeout: timedelta) -> None:
-    for backend in _backends_of(group):
-        setter = getattr(backend, "_set_default_timeout", None)
-        if setter is not None:
-            setter(timeout)

@@ -1,0 +1,150 @@
+"""Groups a script makes with ``dist.new_group`` under `dra run`, as a script training on NCCL
+makes a Gloo group for its CPU-side collectives: one over every rank follows the world, one over
+part of it says what to do. Real processes, real Gloo.
+
+Before, dra re-created only torch's default group after a change of the world; destroying it
+destroyed the script's group too, so the script's next collective on it raised torch's "is not
+initialized in the world group map", and one member's kill -9 ended the whole job although dra
+had recovered (seen on examples/ddp/train_dra.py with a ``dist.new_group()`` added). Now each
+group over every rank is made again over the new world in the order the script made it, and the
+object the script holds runs on it (docs/guide/elastic.md, "Groups made with dist.new_group").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _elastic_harness import run_logged_script
+
+pytestmark = pytest.mark.timeout(150)
+
+SCRIPT = r"""
+import json, os, signal, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+dist.init_process_group("gloo", timeout=timedelta(seconds=8))
+# Made before dra's controller exists, as scripts do right after init_process_group.
+cpu = dist.new_group(backend="gloo", timeout=timedelta(seconds=7))
+pair = dist.new_group(ranks=[0, 1]) if cfg.get("pair") else None
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+
+def rec(**kw):
+    LOG.write(json.dumps(kw) + "\n"); LOG.flush()
+
+gen = torch.Generator().manual_seed(0)
+x = torch.randn(cfg.get("n", 48), 4, generator=gen)
+ds = TensorDataset(x, x @ torch.randn(4, 1, generator=gen))
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+sampler = de.DistributedSampler(ds)
+loader = DataLoader(ds, batch_size=4, sampler=sampler)
+model = de.DistributedDataParallel(net, opt, sampler)
+ctl = model.controller
+late = None
+for epoch in ctl.epochs(cfg.get("epochs", 6)):
+    for xb, yb in loader:
+        if [ctl.uid, ctl.step_index] == cfg.get("kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        opt.zero_grad()
+        F.mse_loss(model(xb), yb).backward()
+        opt.step()
+        dra.step(F.mse_loss(model(xb), yb).detach())
+        if [ctl.uid, ctl.step_index] == cfg.get("kill_after"):  # after its dra.step, before the script's collective
+            os.kill(os.getpid(), signal.SIGKILL)
+        if cfg.get("per_step"):
+            each = torch.ones(1)
+            dist.all_reduce(each, group=cpu)
+            rec(step=ctl.step_index, uid=ctl.uid, step_sum=each.item(), world=ctl.world_size)
+        if cfg.get("late_at") == ctl.step_index and late is None:  # made by the members only
+            late = dist.new_group()
+        time.sleep(cfg.get("step_sleep", 0.0))
+    one = torch.ones(1)
+    dist.all_reduce(one, group=cpu)
+    dist.barrier(group=cpu)
+    uids = [None] * dist.get_world_size(cpu)
+    dist.all_gather_object(uids, ctl.uid, group=cpu)
+    r = dict(epoch=sampler.epoch, uid=ctl.uid, sum=one.item(), world=ctl.world_size, rank=dist.get_rank(cpu),
+             ctl_rank=ctl.rank, size=dist.get_world_size(cpu), backend=str(dist.get_backend(cpu)),
+             ranks=dist.get_process_group_ranks(cpu), uids=uids, members=list(ctl.members))
+    if pair is not None and ctl.epoch > 0:
+        try:
+            dist.all_reduce(torch.ones(1), group=pair)
+            r["pair"] = "ran"
+        except RuntimeError as e:
+            r["pair"] = str(e)
+    rec(**r)
+dist.destroy_process_group(cpu)
+dist.destroy_process_group()
+rec(final=True, uid=ctl.uid)
+"""
+
+
+def _run(tmp_path: Path, options: dict, *launcher_args: str, nproc: int = 3, **cfg) -> tuple[list, list, str]:
+    options = {"policy": "none", "fault_timeout_s": 3.0, **options}
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, nproc, options, cfg, timeout=90,
+                                            launcher_args=launcher_args)
+    assert code != -1, f"still running after 90 s (a collective on the script's group hung)\n{logs[-4000:]}"
+    assert code == 0, logs[-4000:]
+    return [r for r in records if "epoch" in r], [r for r in records if "step_sum" in r], logs
+
+
+def _agree(epochs: list[dict]) -> dict[int, int]:
+    """Every epoch's collectives on the script's group spanned exactly the world then."""
+    assert epochs
+    sizes: dict[int, int] = {}
+    for r in epochs:
+        assert r["sum"] == r["world"] == r["size"], r
+        assert r["rank"] == r["ctl_rank"] and r["uids"] == r["members"], r
+        assert r["ranks"] == list(range(r["world"])) and r["backend"] == "gloo", r
+        assert sizes.setdefault(r["epoch"], r["world"]) == r["world"], r
+    return sizes
+
+
+def test_a_whole_world_group_follows_a_shrink_and_a_grow_and_a_part_world_group_says_what_to_do(
+        tmp_path: Path) -> None:
+    epochs, _, _ = _run(tmp_path, {"resize_schedule": {"3": 2, "14": 3}}, epochs=6, pair=True)
+    sizes = _agree(epochs)
+    assert 2 in sizes.values() and sizes[max(sizes)] == 3, sizes
+    # uid 2 is not in the pair: torch makes its collectives on it no-ops, before and after.
+    told = [r["pair"] for r in epochs if "pair" in r and r["uid"] in (0, 1)]
+    assert told and all("dist.new_group(ranks=[0, 1]) in a world of 3" in t and "ctl.epoch" in t for t in told), told
+
+
+def test_after_a_kill_9_the_survivors_group_runs_over_the_new_world(tmp_path: Path) -> None:
+    epochs, _, logs = _run(tmp_path, {}, epochs=4, kill=[1, 5])
+    assert '"event":"fault"' in logs.replace(" ", "")
+    sizes = _agree(epochs)
+    assert sizes[0] == 3 and sizes[max(sizes)] == 2, sizes
+
+
+def test_a_member_killed_in_the_scripts_collective_on_its_group_does_not_end_the_job(tmp_path: Path) -> None:
+    # uid 1 dies right after its dra.step at step 5, before the all_reduce on the script's group:
+    # the survivors complete it with their own value, the next dra.step recovers, sums are 3 after.
+    epochs, steps, logs = _run(tmp_path, {}, nproc=4, epochs=4, per_step=True, kill_after=[1, 5], n=64)
+    assert "lost a member of the world" in logs
+    sizes = _agree(epochs)
+    assert sizes[0] == 4 and sizes[max(sizes)] == 3, sizes
+    for uid in (0, 2, 3):
+        mine = [(r["step_sum"], r["world"]) for r in steps if r["uid"] == uid]
+        k = mine.index((3.0, 3))
+        assert k == 5 and mine[:k] == [(4.0, 4)] * k and mine[k:] == [(3.0, 3)] * (len(mine) - k), mine
+
+
+def test_a_replacement_made_the_group_too_and_one_only_the_members_made_is_not_made_again(tmp_path: Path) -> None:
+    # The members make a second group at step 2; uid 1 is killed at step 5 and its replacement
+    # (`--max-restarts 1`, uid 10000) makes only the first at its start. The first follows the
+    # world of 3 again; the second is not made again, and a warning names the difference.
+    epochs, _, logs = _run(tmp_path, {}, "--max-restarts", "1", epochs=6, kill=[1, 5], step_sleep=0.05, late_at=2)
+    assert "replaced by uid 10000" in logs
+    sizes = _agree(epochs)
+    joiner = [r for r in epochs if r["uid"] == 10000]
+    assert joiner and all(r["sum"] == 3 for r in joiner) and sizes[max(sizes)] == 3, (joiner, sizes)
+    assert "the groups made by dist.new_group differ between the members" in logs, logs[-3000:]
