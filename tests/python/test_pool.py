@@ -843,6 +843,38 @@ def test_daemon_restart_mid_job_adopts_the_launcher_and_the_job_carries_on(tmp_p
     assert "pool_unreachable" in launcher and "pool_back" in launcher and launcher.count("worker_start") == 1
 
 
+def test_a_restarted_daemon_does_not_say_again_that_an_adopted_jobs_worker_started(tmp_path: Path) -> None:
+    """A job's worker checked in (event worker_start); the daemon restarts and adopts the launcher,
+    whose next sync carries that worker's heartbeat. The new daemon said worker_start again for it
+    (one lease, two starts: a reader of the events counted two workers); now the job keeps the
+    leases whose workers checked in, and the new daemon reads them."""
+    state = tmp_path / "state"
+    server = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=30.0)).start()
+    PoolClient(server.url).submit({"name": "j", "cwd": str(tmp_path), "command": ["sleep", "120"]})
+    events, log = state / "events.jsonl", state / "logs" / "j.launcher.log"
+
+    def seen(path: Path, kind: str) -> int:
+        return [e.get("event") for e in (_launcher_events(path) if path == log else
+                                         [json.loads(x) for x in path.read_text().splitlines()])].count(kind)
+
+    deadline = time.time() + 60
+    while time.time() < deadline and not (events.exists() and seen(events, "worker_start")):
+        time.sleep(0.1)
+    assert seen(events, "worker_start") == 1, "the job's worker did not check in within 60 s"
+    server.close(remove_slots=False)  # the launcher and its worker go on
+    again = PoolServer(PoolService(declared(1), state, heartbeat_timeout_s=30.0)).start()
+    try:
+        while time.time() < deadline and not seen(log, "pool_back"):
+            time.sleep(0.1)
+        assert seen(log, "pool_back"), "the launcher did not reach the new daemon"
+        time.sleep(1.0)  # syncs with the worker's heartbeat (every 50 ms)
+        assert next(j for j in again.service.status()["jobs"] if j["name"] == "j")["state"] == "running"
+        PoolClient(again.url).cancel("j")
+    finally:
+        again.close()
+    assert seen(events, "restore") == 1 and seen(events, "worker_start") == 1
+
+
 def test_a_daemon_stopped_right_after_a_cancel_still_tells_the_launcher(tmp_path: Path) -> None:
     """A job cancelled just before the daemon stops: its launcher learns of the cancel only at its
     next call, and the daemon stopped serving first, so the launcher kept the job's workers running

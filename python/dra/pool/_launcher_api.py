@@ -182,6 +182,9 @@ class LauncherAPI:
                     changed.append(self.book.at(lid))
                     if lid not in self._running:
                         self._running[lid] = now
+                        # Kept with the job, so that a restarted daemon does not say it again.
+                        info = job["info"]
+                        info["running"] = [x for x in info.get("running", []) if self.book.contains(x)] + [lid]
                         self._event({"event": "worker_start", "job": name, "lease": lid,
                                      "device": self.book.at(lid).device})
             if self.node_check is not None and released:

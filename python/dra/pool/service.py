@@ -214,6 +214,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         for name, j in self.jobs.items():
             if j["state"] in ENDED:
                 continue
+            # Workers that had checked in before (their worker_start said once, not again).
+            self._running.update((lid, now) for lid in j["info"].get("running", []) if self.book.contains(lid))
             ref = _launchers.adopt(j["info"].get("launcher"))
             if ref is not None:  # still running its job: adopted, never a second one
                 self.launchers[name] = ref
