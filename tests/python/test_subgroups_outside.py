@@ -46,7 +46,7 @@ net = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(net.parameters(), lr=0.05)
 sampler = de.DistributedSampler(ds)
 loader = DataLoader(ds, batch_size=4, sampler=sampler)
-model = de.DistributedDataParallel(net, opt, sampler)
+model = de.DistributedDataParallel(net, opt, sampler, process_group=cpu)  # a group over every rank: the world
 ctl = model.controller
 late = None
 for epoch in ctl.epochs(cfg.get("epochs", 6)):
@@ -148,3 +148,17 @@ def test_a_replacement_made_the_group_too_and_one_only_the_members_made_is_not_m
     joiner = [r for r in epochs if r["uid"] == 10000]
     assert joiner and all(r["sum"] == 3 for r in joiner) and sizes[max(sizes)] == 3, (joiner, sizes)
     assert "the groups made by dist.new_group differ between the members" in logs, logs[-3000:]
+
+
+def test_the_ddp_drop_in_refuses_a_process_group_without_a_default_group() -> None:
+    # Over every rank (the tests above pass their group) it is the world; without a default group
+    # there is nothing to compare with, and the error says to leave it None.
+    import torch
+
+    import dra.elastic as de
+
+    ds = torch.utils.data.TensorDataset(torch.randn(8, 2))
+    net = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="process_group: leave it None"):
+        de.DistributedDataParallel(net, torch.optim.SGD(net.parameters(), lr=0.1), de.DistributedSampler(ds),
+                                   process_group=object())

@@ -64,11 +64,13 @@ def DistributedDataParallel(  # noqa: N802
     ``broadcast_buffers`` (True, as DDP's): the module's buffers (BatchNorm's running statistics)
     become the world's mean at every committed step, so every rank holds the same state; False:
     each rank's follow its own batches (they still travel with the state at every world change).
-    ``process_group`` must stay None (the elastic world is the group) and ``dim`` 0. Gradient
+    ``process_group`` must be None or a group over every rank (``dist.group.WORLD``, a
+    ``dist.new_group()``): the elastic world is the group, and such a group follows it; ``dim``
+    must be 0. Gradient
     accumulation is DDP's: ``with model.no_sync():`` around every backward of a window but the
     last (docs/guide/elastic.md, "Gradient accumulation")."""
     if process_group is not None:
-        raise ValueError("process_group: leave it None; the elastic world is the group (it changes with resizes)")
+        _check_whole_world(process_group)
     if dim != 0:
         raise ValueError(f"dim: only 0 (the batch dimension) is supported, got {dim}")
     if device_ids is not None and (not isinstance(device_ids, (list, tuple)) or len(device_ids) > 1):
@@ -76,3 +78,18 @@ def DistributedDataParallel(  # noqa: N802
     del output_device, bucket_cap_mb, gradient_as_bucket_view, static_graph
     return init(module, optimizer, sampler, broadcast_buffers=broadcast_buffers,
                 find_unused_parameters=find_unused_parameters, **options).model
+
+
+def _check_whole_world(group: Any) -> None:
+    """A ``process_group`` given to the DDP drop-in: one over every rank of torch's default group
+    is the world dra trains over (it follows the world with it); any other is refused."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ValueError("process_group: leave it None (no torch default group is initialised); the elastic world "
+                         "is the group")
+    ranks, size = dist.get_process_group_ranks(group), dist.get_world_size()
+    if sorted(ranks) != list(range(size)):
+        raise ValueError(f"process_group: a group over ranks {sorted(ranks)} of {size}; dra trains over the whole "
+                         "elastic world (it changes with resizes): leave it None or give a group over every rank")
+
