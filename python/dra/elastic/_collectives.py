@@ -18,7 +18,8 @@ take such an error in, as torchft's error-swallowing process group does:
   script's timeout;
 - until the next ``dra.step``, a stand-in default group keeps the rank and size the script knew
   (``dist.get_rank()`` and ``dist.get_world_size()`` answer as before) and does no communication:
-  the guarded collectives complete the same way, any other collective raises, naming why;
+  the guarded collectives complete the same way, any other collective raises, naming why, and a
+  ``dist.new_group`` does no communication until that step makes it for real (``_subgroups``);
 - at that ``dra.step`` dra's own reduction meets the fault, the world recovers (the dead member's
   samples are trained by the others), and the default group is re-created over the new world.
 
@@ -55,6 +56,7 @@ UNGUARDED = ("all_to_all", "all_to_all_single", "gather", "scatter", "scatter_ob
 # What takes a group and answers about it: run on the group made for the current world too.
 QUERIES = ("get_rank", "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank", "get_global_rank",
            "destroy_process_group")
+# ``dist.new_group`` is wrapped too (``_making``).
 
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused|timed out|timeout|"
                         r"remote process exited|ncclRemoteError|communicator was aborted", re.IGNORECASE)
@@ -96,7 +98,25 @@ def install(handler: Any) -> None:
         fn = getattr(dist, name, None)
         if fn is not None and not getattr(fn, "__dra_guard__", False):
             setattr(dist, name, _resolving(name, fn))
+    if not getattr(dist.new_group, "__dra_guard__", False):
+        dist.new_group = _making(dist.new_group)
     _installed = True
+
+
+def _making(fn: Any) -> Any:
+    """The script's ``dist.new_group``, made by the handler (``_subgroups.Subgroups.make``)."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        handler = _handler
+        if handler is None:
+            return fn(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        return handler.new_group(fn, dict(bound.arguments))
+
+    call.__dra_guard__ = True  # type: ignore[attr-defined]
+    return call
 
 
 def _resolving(name: str, fn: Any) -> Any:
@@ -109,7 +129,9 @@ def _resolving(name: str, fn: Any) -> Any:
         if handler is None or group is None:
             return fn(*args, **kwargs)
         if name == "destroy_process_group":
-            current = handler.subgroups.to_destroy(group)  # a group gone with an earlier world: nothing to do
+            import torch.distributed as dist
+
+            current = handler.subgroups.to_destroy(dist, group)  # a group gone with an earlier world: nothing to do
             if current is None:
                 return None
         else:

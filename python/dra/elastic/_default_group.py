@@ -144,6 +144,18 @@ class DefaultGroup:
             return self.lost is not None or (self._guarding and rec.current is group)
         return self.lost is not None or (self._guarding and default is self._group)
 
+    def new_group(self, new_group: Any, arguments: dict[str, Any]) -> Any:
+        """The script's ``dist.new_group(**arguments)`` (``_subgroups.Subgroups.make``); ``new_group``
+        is torch's own."""
+        import torch.distributed as dist
+
+        if self.lost is not None:
+            default_backend, stand_in = self._pending_config[0], _STAND_IN
+        else:
+            default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+            default_backend, stand_in = (backend_config(dist, default) if default is not None else "gloo"), None
+        return self.subgroups.make(dist, new_group, arguments, default_backend, stand_in)
+
     def resolve(self, group: Any, call: str) -> Any:
         """The group a call of the script's on ``group`` runs on (``_subgroups.Subgroups.resolve``)."""
         import torch.distributed as dist
@@ -252,7 +264,7 @@ class DefaultGroup:
             # The script's groups over the whole world, made again over it (a collective: every
             # member holds the same ones, or none is made).
             problem = self.subgroups.recreate(dist, dist.PrefixStore(name, self._job_store(ctl)), int(ctl.uid),
-                                              members, bound, dist.new_group)
+                                              members, bound, dist.distributed_c10d.new_group, device)
             if problem:
                 self._warn("subgroups", problem)
         except Exception as e:  # noqa: BLE001 - said, and tried again at the next change

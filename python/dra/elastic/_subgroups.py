@@ -19,12 +19,19 @@ group=g)``) and ``dist.get_rank(g)``, ``dist.get_world_size(g)``, ``dist.get_bac
 guarded like the default group's (``_collectives``). Methods called on the object itself
 (``g.size()``, ``g.rank()``) answer for the world it was made for.
 
-Every member must hold the same groups, or the re-creation (a collective) would not meet: the
-members compare what they hold through the job's store first; where they differ (a group made on
-some processes only, or made by the members after a joiner started), none is re-created and a
-warning names the difference. A group over part of the world (``dist.new_group(ranks=[0, 1])``,
-``dist.new_subgroups``) has no meaning in a world of another size and is not re-created: a
-collective on it after the change raises, saying so and what to do.
+Every member must make the same groups, or the re-creation (a collective) would not meet: the
+members compare what they hold through the job's store first. A joiner's script has made the
+groups the members made up to where it started; those the members made later (a metrics group
+made lazily at the first evaluation and cached) are made on the joiner too and handed to its
+script's own ``dist.new_group`` call for them, which would otherwise wait on members that never
+call it again. Where the lists differ otherwise, only the groups every member holds are made again
+and a warning names the difference.
+
+A group over part of the world (``dist.new_group(ranks=[0, 1])``, ``dist.new_subgroups``) has no
+meaning in a world of another size and is not re-created: a collective on it after the change
+raises, saying so and what to do; so does one on a group the script destroyed. A group made while
+a lost member's recovery is pending (``_collectives``: the stand-in default group holds until the
+next ``dra.step``) does no communication until that step makes it for real.
 """
 
 from __future__ import annotations
@@ -64,9 +71,11 @@ class Subgroups:
     def __init__(self) -> None:
         self.followed: list[Followed] = []
         self._by_id: dict[int, Followed] = {}  # id of a record's original or current group -> record
-        # groups over part of the world, to name them in errors: id -> (weak group, ranks, size, epoch)
-        self._stale: OrderedDict[int, tuple[weakref.ref, list[int], int, int]] = OrderedDict()
-        self._mismatch: str | None = None  # why the last re-creation made none
+        # groups not to run on, to name them in errors: id -> (weak group, why)
+        self._stale: OrderedDict[int, tuple[weakref.ref, str]] = OrderedDict()
+        # groups the members hold beyond this process's, made here too: ([backend, timeout], group)
+        self._premade: list[tuple[list[Any], Any]] = []
+        self._mismatch: str | None = None  # why the last re-creation left some out
 
     def adopt(self, dist: Any, epoch: int | None) -> None:
         """Takes in the groups the script made since the last look (torch lists them in the order
@@ -77,19 +86,30 @@ class Subgroups:
         default = c10d._get_default_group()
         size = default.size()
         for group in list(c10d._world.pg_map):
-            stale = self._stale.get(id(group))
-            if group is default or self.record_of(group) is not None or (stale is not None and stale[0]() is group):
+            if group is default or self.record_of(group) is not None or self._stale_why(group) is not None:
+                continue
+            if any(g is group for _, g in self._premade):
                 continue
             ranks = sorted(int(r) for r in c10d._world.pg_group_ranks.get(group, {}))
             if ranks == list(range(size)):
-                rec = Followed(weakref.ref(group), backend_config(dist, group), timeout_of(group),
-                               group.bound_device_id, group)
-                self.followed.append(rec)
-                self._by_id[id(group)] = rec
+                self._follow(group, backend_config(dist, group), timeout_of(group), group.bound_device_id)
             else:
-                self._stale[id(group)] = (weakref.ref(group), ranks, size, -1 if epoch is None else epoch)
-                while len(self._stale) > STALE_KEPT:
-                    self._stale.popitem(last=False)
+                self._mark(group, f"made by dist.new_group(ranks={ranks}) in a world of {size} (world epoch "
+                                  f"{-1 if epoch is None else epoch})")
+
+    def _follow(self, group: Any, backend: str, timeout: timedelta | None, device: Any) -> None:
+        rec = Followed(weakref.ref(group), backend, timeout, device, group)
+        self.followed.append(rec)
+        self._by_id[id(group)] = rec
+
+    def _mark(self, group: Any, why: str) -> None:
+        self._stale[id(group)] = (weakref.ref(group), why)
+        while len(self._stale) > STALE_KEPT:
+            self._stale.popitem(last=False)
+
+    def _stale_why(self, group: Any) -> str | None:
+        entry = self._stale.get(id(group))
+        return entry[1] if entry is not None and entry[0]() is group else None
 
     def lose_all(self) -> None:
         """The default group and every group made from it are about to be destroyed."""
@@ -97,6 +117,7 @@ class Subgroups:
             if rec.current is not None and rec.current is not rec.original():
                 self._by_id.pop(id(rec.current), None)
             rec.current = None
+        self._premade.clear()
 
     def record_of(self, group: Any) -> Followed | None:
         rec = self._by_id.get(id(group))
@@ -105,21 +126,24 @@ class Subgroups:
     def resolve(self, dist: Any, group: Any, lost: bool, call: str) -> Any:
         """The group to run ``call`` on in place of ``group``: the current one of a followed group
         (the default stand-in while a lost member's recovery is pending), ``group`` itself where it
-        is alive or unknown. Raises, naming why, for a group made for an earlier world."""
+        is alive or unknown. Raises, naming why, for a group made for an earlier world or
+        destroyed by the script."""
         if group is None:
             return None
         c10d = dist.distributed_c10d
         rec = self.record_of(group)
         if rec is None:
-            stale = self._stale.get(id(group))
-            if stale is None or stale[0]() is not group or group in c10d._world.pg_map:
+            why = self._stale_why(group)
+            if why is None or group in c10d._world.pg_map:
                 return group
-            _, ranks, size, epoch = stale
+            if why == "destroyed":
+                raise RuntimeError(f"dra: {call} on a group the script destroyed with dist.destroy_process_group: "
+                                   "make a new one with dist.new_group")
             raise RuntimeError(
-                f"dra: {call} on a group made by dist.new_group(ranks={ranks}) in a world of {size} (world epoch "
-                f"{epoch}): the world has changed since (now {dist.get_world_size()} processes), and dra re-creates "
-                "only the default group and the groups over every rank. Make this group again after a dra.step at "
-                "which ctl.epoch changed, or make it over every rank (docs/guide/elastic.md)")
+                f"dra: {call} on a group {why}: the world has changed since (now {dist.get_world_size()} "
+                "processes), and dra re-creates only the default group and the groups over every rank. Make this "
+                "group again after a dra.step at which ctl.epoch changed, or make it over every rank "
+                "(docs/guide/elastic.md)")
         if rec.current is not None and rec.current in c10d._world.pg_map:
             return rec.current
         if lost and dist.is_initialized():
@@ -130,17 +154,18 @@ class Subgroups:
             f"made for and not made again ({why}); make it again after a dra.step at which ctl.epoch changed "
             "(docs/guide/elastic.md)")
 
-    def to_destroy(self, group: Any) -> Any:
+    def to_destroy(self, dist: Any, group: Any) -> Any:
         """What ``dist.destroy_process_group(group)`` destroys: a followed group's current one (the
-        group is not made again after that), nothing for a group destroyed with an earlier world,
-        else ``group``."""
+        group is not made again, and using it afterwards raises), nothing for a group gone with an
+        earlier world or destroyed before, else ``group``."""
         rec = self.record_of(group)
         if rec is not None:
             self._drop(rec)
+            original = rec.original()
+            if original is not None:
+                self._mark(original, "destroyed")
             return rec.current
-        stale = self._stale.get(id(group))
-        if stale is not None and stale[0]() is group:
-            self._stale.pop(id(group))
+        if self._stale_why(group) is not None and group not in dist.distributed_c10d._world.pg_map:
             return None
         return group
 
@@ -150,12 +175,43 @@ class Subgroups:
             if g is not None and self._by_id.get(id(g)) is rec:
                 del self._by_id[id(g)]
 
+    def make(self, dist: Any, new_group: Any, a: dict[str, Any], default_backend: str, stand_in: str | None) -> Any:
+        """The script's ``dist.new_group(**a)``. While the stand-in holds (``stand_in``: its
+        backend), a group that does no communication, made for real at the next ``dra.step``.
+        A group over every rank the members made after this process started (made here at the last
+        re-creation) is handed over. Else torch's own."""
+        if not dist.is_initialized():
+            return new_group(**a)
+        size = dist.distributed_c10d._get_default_group().size()
+        ranks = a.get("ranks")
+        whole = ranks is None or sorted(int(r) for r in ranks) == list(range(size))
+        backend = backend_names_of(a.get("backend")) or default_backend
+        if stand_in is not None:
+            group = new_group(**{**a, "backend": stand_in, "pg_options": None, "device_id": None})
+            if whole:
+                self._follow(group, backend, a.get("timeout"), a.get("device_id"))
+            return group
+        if self._premade:
+            signature, group = self._premade[0]
+            if whole and signature[0] == backend:
+                self._premade.pop(0)
+                if a.get("timeout") is not None:
+                    set_timeout(group, a["timeout"])
+                self._follow(group, backend, timeout_of(group), a.get("device_id"))
+                return group
+            for _, g in self._premade:  # the script makes other groups: these are of no use
+                dist.distributed_c10d.destroy_process_group(g)
+            self._premade.clear()
+        return new_group(**a)
+
     def recreate(self, dist: Any, store: Any, uid: int, members: list[int], bound: timedelta,
-                 new_group: Any) -> str | None:
+                 new_group: Any, device: Any) -> str | None:
         """Makes the followed groups again over the default group just made (``members``, this
-        process ``uid``): those every member holds, in the order made, as the members tell each other
-        through ``store`` (bounded by ``bound``). Returns a warning where they differ or one could
-        not be made (None: all made). ``new_group``: torch's own."""
+        process ``uid``), as the members tell each other what they hold through ``store`` (bounded
+        by ``bound``): every group when each member's list begins another's (those this process
+        lacks are made for its script's own call, ``make``), else those every member holds, in the
+        order made. Returns a warning where some are left out or one could not be made (None: all
+        made). ``new_group``: torch's own; ``device``: the default group's."""
         self.lose_all()
         for rec in [r for r in self.followed if r.original() is None]:  # the script let it go
             self._drop(rec)
@@ -164,40 +220,53 @@ class Subgroups:
         keys = [f"subgroups/{u}" for u in members]
         store.wait(keys, bound)
         theirs = {u: json.loads(store.get(k).decode()) for u, k in zip(members, keys, strict=True)}
-        # A joiner's script made the groups the members made up to where it started: the groups
-        # every member holds, in the order made, are made again; any after them are not.
-        common = len(mine)
-        for s in theirs.values():
-            common = min(common, len(s), next((i for i, (a, b) in enumerate(zip(mine, s)) if a != b), len(s)))
-        problem = None
-        self._mismatch = None
-        if any(len(s) != common for s in theirs.values()):
-            u, s = max(theirs.items(), key=lambda kv: (len(kv[1]) != common, kv[0]))
-            self._mismatch = (f"the members hold different groups: process {uid} {json.dumps(mine)}, process {u} "
-                              f"{json.dumps(s)} ([backend, timeout s] of each, in the order made)")
+        longest = max(theirs.values(), key=len)
+        problem = self._mismatch = None
+        if all(s == longest[:len(s)] for s in theirs.values()):
+            extra = longest[len(mine):]
+            common = len(mine)
+        else:
+            extra = []
+            common = min(next((i for i, (a, b) in enumerate(zip(mine, s)) if a != b), min(len(mine), len(s)))
+                         for s in theirs.values())
+            u = min(v for v, s in theirs.items() if s != mine)
+            self._mismatch = (f"the members made different groups: process {uid} {json.dumps(mine)}, process {u} "
+                              f"{json.dumps(theirs[u])} ([backend, timeout s] of each, in the order made)")
             problem = (f"dra: the groups made by dist.new_group differ between the members ({self._mismatch}); the "
                        f"first {common} every member holds are re-created over the new world, the others are not. "
                        "Make them on every process in the same order, or again after a dra.step at which ctl.epoch "
                        "changed (docs/guide/elastic.md)")
-        for rec in self.followed[:common]:
+        todo = [(rec.signature(), rec) for rec in self.followed[:common]] + [(sig, None) for sig in extra]
+        for signature, rec in todo:
             try:
                 # As the default group: its rendezvous bounded by the store's timeout (a member that
                 # died in between fails it), its collectives then given the script's timeout.
-                timeout = bound if rec.timeout is None else min(bound, rec.timeout)
-                rec.current = new_group(backend=rec.backend, timeout=timeout, device_id=rec.device)
-                if rec.timeout is not None:
-                    set_timeout(rec.current, rec.timeout)
+                timeout = None if signature[1] is None else timedelta(seconds=signature[1])
+                group = new_group(backend=signature[0], timeout=bound if timeout is None else min(bound, timeout),
+                                  device_id=rec.device if rec is not None else device)
+                if timeout is not None:
+                    set_timeout(group, timeout)
             except Exception as e:  # noqa: BLE001 - said by the caller; the group raises when used
                 self._mismatch = f"making it again failed: {e}"
                 return f"dra: a group made by dist.new_group could not be re-created over the new world ({e})"
-            self._by_id[id(rec.current)] = rec
+            if rec is None:
+                self._premade.append((signature, group))
+            else:
+                rec.current = group
+                self._by_id[id(group)] = rec
         return problem
 
     def store_keys(self, name: str, rank: int) -> list[str]:
         """The keys this process's rendezvous of the groups just made wrote under the default
         group's store prefix ``name`` (erased two re-creations later, as the default group's)."""
-        out = []
-        for rec in self.followed:
-            if rec.current is not None:
-                out += [f"{name}/0//{rec.current.group_name}//{dev}//0/{rank}" for dev in ("cpu", "cuda")]
-        return out
+        made = [rec.current for rec in self.followed if rec.current is not None] + [g for _, g in self._premade]
+        return [f"{name}/0//{g.group_name}//{dev}//0/{rank}" for g in made for dev in ("cpu", "cuda")]
+
+
+def backend_names_of(backend: Any) -> str | None:
+    """A ``backend`` argument of ``new_group`` as ``backend_config`` writes it (None: not given)."""
+    if backend is None:
+        return None
+    text = str(backend).lower()
+    names = {part.split(":")[-1].strip() for part in text.split(",") if part.strip()}
+    return names.pop() if len(names) == 1 else text
