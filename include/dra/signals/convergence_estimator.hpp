@@ -260,7 +260,7 @@ class convergence_estimator {
     if (value > 0.0) {
       double y = std::log(value);
       if (config_.spike_sigma > 0.0 && regression_.full()) {
-        const auto trend = regression_.fit();
+        const auto& trend = fit_;  // the window as the last update left it: fit() again would repeat it
         const double bound = trend.at(static_cast<double>(step)) +
                              config_.spike_sigma * std::max(trend.residual_std, config_.spike_floor);
         if (trend.valid && y > bound) {
@@ -272,7 +272,8 @@ class convergence_estimator {
     } else {
       ++s.nonpositive_count;
     }
-    const auto fit = regression_.fit();
+    fit_ = regression_.fit();
+    const auto& fit = fit_;
     s.progress_rate = fit.slope;
     s.progress_rate_stderr = fit.slope_stderr;
     s.noise = fit.residual_std;
@@ -382,6 +383,7 @@ class convergence_estimator {
   std::size_t history_cursor_ = 0;
   estimator_config config_;
   detail::windowed_regression regression_;
+  detail::line_fit fit_{};  // regression_.fit() as of the last push (only update_loss pushes)
   gradient_noise_scale gns_;
   convergence_signals signals_{};
   double ema_ = 0.0;
