@@ -74,6 +74,11 @@ for epoch in ctl.epochs(cfg.get("epochs", 6)):
             dist.all_reduce(each, group=lazy)
             rec(step=ctl.step_index, uid=ctl.uid, lazy_sum=each.item(), world=ctl.world_size)
         time.sleep(cfg.get("step_sleep", 0.0))
+    if not ctl.is_member:  # a process standing by when the job ended: its collectives are guarded
+        continue
+    if cfg.get("group_at_end"):  # the first call after a member killed after the epoch's last step
+        at_end = dist.new_group(backend="gloo")
+        dist.all_reduce(torch.ones(1), group=at_end)
     one = torch.ones(1)
     dist.all_reduce(one, group=cpu)
     if fresh is not None:
@@ -93,6 +98,11 @@ for epoch in ctl.epochs(cfg.get("epochs", 6)):
         except RuntimeError as e:
             r["pair"] = str(e)
     rec(**r)
+try:  # a process standing by at the end: its group's members have left
+    dist.all_reduce(torch.ones(1), group=dist.new_group())
+    rec(end_group="made", uid=ctl.uid, member=ctl.is_member)
+except RuntimeError as e:
+    rec(end_group=str(e), uid=ctl.uid, member=ctl.is_member)
 dist.destroy_process_group(cpu)
 try:  # a mistake, after the world changed: a clear error, not a wait on the world it was made for
     dist.all_reduce(torch.ones(1), group=cpu)
@@ -111,7 +121,7 @@ def _run(tmp_path: Path, options: dict, *launcher_args: str, nproc: int = 3, **c
     assert code != -1, f"still running after 90 s (a collective on the script's group hung)\n{logs[-4000:]}"
     assert code == 0, logs[-4000:]
     return [r for r in records if "epoch" in r], [r for r in records if "step_sum" in r or "lazy_sum" in r or
-                                                    "destroyed_use" in r], logs
+                                                    "destroyed_use" in r or "end_group" in r], logs
 
 
 def _agree(epochs: list[dict]) -> dict[int, int]:
@@ -139,6 +149,16 @@ def test_a_whole_world_group_follows_a_shrink_and_a_grow_and_a_part_world_group_
     assert len(used) == 3 and all("the script destroyed" in u for u in used), used
 
 
+def test_a_process_standing_by_at_the_end_is_told_it_cannot_make_a_group(tmp_path: Path) -> None:
+    # 3 -> 2 at step 3 and never back: uid 2 stands by to the end, then runs the script's code after
+    # the loop. Its dist.new_group waited forever on members that had left; now it raises naming
+    # ctl.is_member, and the members make theirs.
+    epochs, ends, _ = _run(tmp_path, {"resize_schedule": {"3": 2}}, epochs=2)
+    assert set(_agree(epochs).values()) == {2}
+    made = {r["uid"]: r["end_group"] for r in ends if "end_group" in r}
+    assert made[0] == made[1] == "made" and "outside the elastic world" in made[2] and "ctl.is_member" in made[2], made
+
+
 def test_after_a_kill_9_the_survivors_group_runs_over_the_new_world(tmp_path: Path) -> None:
     epochs, _, logs = _run(tmp_path, {}, epochs=4, kill=[1, 5])
     assert '"event":"fault"' in logs.replace(" ", "")
@@ -146,17 +166,34 @@ def test_after_a_kill_9_the_survivors_group_runs_over_the_new_world(tmp_path: Pa
     assert sizes[0] == 3 and sizes[max(sizes)] == 2, sizes
 
 
-def test_a_member_killed_in_the_scripts_collective_on_its_group_does_not_end_the_job(tmp_path: Path) -> None:
-    # uid 1 dies right after its dra.step at step 5, before the all_reduce on the script's group:
-    # the survivors complete it with their own value, the next dra.step recovers, sums are 3 after.
-    epochs, steps, logs = _run(tmp_path, {}, nproc=4, epochs=4, per_step=True, kill_after=[1, 5], n=64)
+@pytest.mark.parametrize("killed", [[1, 5], [2, 3]], ids=["uid1_step5", "uid2_step3"])
+def test_a_member_killed_in_the_scripts_collective_on_its_group_does_not_end_the_job(tmp_path: Path,
+                                                                                    killed: list[int]) -> None:
+    # A member dies right after its dra.step, before the all_reduce on the script's group (made
+    # before the controller, never re-created): the survivors complete it with their own value, the
+    # next dra.step recovers, sums are 3 after. The script's object kept its connections open, so a
+    # survivor waiting in that all_reduce waited for its timeout and was left out (world 2); the
+    # collectives now run on a group of dra's own, closed at the loss.
+    uid, step = killed
+    epochs, steps, logs = _run(tmp_path, {}, nproc=4, epochs=4, per_step=True, kill_after=killed, n=64)
     assert "lost a member of the world" in logs
-    sizes = _agree(epochs)
-    assert sizes[0] == 4 and sizes[max(sizes)] == 3, sizes
-    for uid in (0, 2, 3):
-        mine = [(r["step_sum"], r["world"]) for r in steps if r["uid"] == uid and "step_sum" in r]
+    sizes = _agree(epochs)  # 4 steps a data epoch
+    assert sizes[0] == (4 if step >= 4 else 3) and sizes[max(sizes)] == 3, sizes
+    for other in sorted({0, 1, 2, 3} - {uid}):
+        mine = [(r["step_sum"], r["world"]) for r in steps if r["uid"] == other and "step_sum" in r]
         k = mine.index((3.0, 3))
-        assert k == 5 and mine[:k] == [(4.0, 4)] * k and mine[k:] == [(3.0, 3)] * (len(mine) - k), mine
+        assert k == step and mine[:k] == [(4.0, 4)] * k and mine[k:] == [(3.0, 3)] * (len(mine) - k), mine
+
+
+def test_a_member_lost_while_a_group_is_made_is_taken_in_and_the_group_made_at_the_next_step(tmp_path: Path) -> None:
+    # uid 2 dies after the dra.step that ends epoch 0; the survivors' next call is a dist.new_group,
+    # whose rendezvous waited for the dead process for torch's 30 minutes. Now it gives up after the
+    # store's timeout (5 s here), the loss is taken in as in a collective, and the next dra.step
+    # makes the group over the recovered world.
+    epochs, _, logs = _run(tmp_path, {"store_timeout_s": 5.0}, nproc=4, epochs=3, group_at_end=True,
+                           kill_after=[2, 4], n=64)
+    assert "dist.new_group lost a member of the world" in logs, logs[-3000:]
+    assert set(_agree([r for r in epochs if r["epoch"] > 0]).values()) == {3}
 
 
 def test_a_group_made_while_a_lost_members_recovery_is_pending_is_made_for_real_at_the_next_step(

@@ -100,7 +100,28 @@ def install(handler: Any) -> None:
             setattr(dist, name, _resolving(name, fn))
     if not getattr(dist.new_group, "__dra_guard__", False):
         dist.new_group = _making(dist.new_group)
+    for name in ("new_subgroups", "new_subgroups_by_enumeration"):  # groups over parts of the world
+        fn = getattr(dist, name, None)
+        if fn is not None and not getattr(fn, "__dra_guard__", False):
+            setattr(dist, name, _not_while_lost(name, fn))
     _installed = True
+
+
+def _not_while_lost(name: str, fn: Any) -> Any:
+    """A call that makes groups over parts of the world: refused while the stand-in holds (made on
+    it, they would do nothing and never be made for real)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _handler is not None and _handler.lost is not None:
+            raise RuntimeError(
+                f"dra: dist.{name} cannot run now: a member of the world was lost in an earlier collective of this "
+                f"step ({_handler.lost}); the world recovers at the next dra.step: call it after that step "
+                "(docs/guide/elastic.md)")
+        return fn(*args, **kwargs)
+
+    call.__dra_guard__ = True  # type: ignore[attr-defined]
+    return call
 
 
 def _making(fn: Any) -> Any:
@@ -109,11 +130,9 @@ def _making(fn: Any) -> Any:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        handler = _handler
-        if handler is None:
+        if _handler is None:
             return fn(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        return handler.new_group(fn, dict(bound.arguments))
+        return _handler.new_group(fn, dict(signature.bind(*args, **kwargs).arguments))
 
     call.__dra_guard__ = True  # type: ignore[attr-defined]
     return call

@@ -73,18 +73,22 @@ class DefaultGroup:
         self.lost: str | None = None  # why a collective of the script's lost a member (the stand-in holds)
         self.lost_size = 0  # the world's size the script knew when it did
         self.subgroups = _subgroups.Subgroups()  # the script's groups over the whole world, made again with it
+        self._outside: str | None = None  # why this process is outside the world (None: a member)
+        self._bound = timedelta(seconds=30)  # the store's timeout: bounds a rendezvous (set at each follow)
 
     def follow(self, ctl: Any, position: str = "step") -> None:
         """``position``: where this process passed the world's last commit: ``"step"`` (returned
         from dra.step), ``"init"`` (its controller's construction) or ``"rejoin"``."""
         if not ctl.is_member or ctl.rank < 0:
             self._guarding = False  # outside the world, nobody waits on its group: its collectives fail as they do
+            self._outside = f"process {ctl.uid} is outside the elastic world ({ctl.role})"
             if ctl.rank < 0 and ctl.role in ("finished", "released") and not ctl.status.exit_requested:
                 self._say_outside(ctl)  # its script's code runs on (one released with release="exit" ends)
             return  # a member whose job just finished keeps the last world's group
         epoch = int(ctl.epoch)
         if self._start_epoch is None:
             self._start_epoch = epoch
+        self._outside, self._bound = None, timedelta(seconds=float(ctl.options.store_timeout_s))
         import torch.distributed as dist
 
         if not dist.is_available():
@@ -94,7 +98,9 @@ class DefaultGroup:
             if epoch == self._epoch:
                 raise RuntimeError(
                     f"dra: a collective of the script's lost a member of the world ({self.lost}), but no member "
-                    f"left the world at this dra.step (still epoch {epoch}): the error was not a member's loss; "
+                    f"left the world at this dra.step (still epoch {epoch}): the error was not a member's loss"
+                    + ("; a dist.new_group that not every member called meets nobody (a group made on some "
+                       "processes only)" if self.lost.startswith("dist.new_group") else "") + "; "
                     "torch's default group cannot go on")
             self.lost = None  # the world recovered: a group over it
             self._recreate(ctl, epoch, *self._pending_config, position)
@@ -112,6 +118,8 @@ class DefaultGroup:
         if group is not self._group and self._keeps_own_group(ctl, dist, epoch):
             self._group, self._epoch = group, epoch
             self._guarding = set(backend_names(backend)) <= _RECREATABLE
+            if self._guarding:
+                self._own_subgroups(ctl, dist, epoch)
             return
         if not set(backend_names(backend)) <= _RECREATABLE:
             if group is not self._group:  # warned once per group the script made
@@ -146,15 +154,40 @@ class DefaultGroup:
 
     def new_group(self, new_group: Any, arguments: dict[str, Any]) -> Any:
         """The script's ``dist.new_group(**arguments)`` (``_subgroups.Subgroups.make``); ``new_group``
-        is torch's own."""
+        is torch's own. Out of the world it raises (it would wait on members that left); a member
+        lost while it is made (its rendezvous is bounded by the store's timeout) is taken in as in a
+        collective, and the group is made at the next ``dra.step``."""
         import torch.distributed as dist
 
-        if self.lost is not None:
-            default_backend, stand_in = self._pending_config[0], _STAND_IN
-        else:
+        if self._outside is not None and dist.is_initialized():
+            raise RuntimeError(
+                f"dra: dist.new_group on {self._outside}: its default group is one the members have left, so a new "
+                "group would wait on them; make groups only where ctl.is_member holds (docs/guide/elastic.md)")
+        if self.lost is None:
             default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
-            default_backend, stand_in = (backend_config(dist, default) if default is not None else "gloo"), None
-        return self.subgroups.make(dist, new_group, arguments, default_backend, stand_in)
+            backend = backend_config(dist, default) if default is not None else "gloo"
+            try:
+                return self.subgroups.make(dist, new_group, arguments, backend, None, self._bound, self._guarding)
+            except Exception as e:  # noqa: BLE001 - a lost member is taken in, anything else raised as it was
+                if not _collectives.peer_gone(e):
+                    raise
+                self.lose("dist.new_group", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        return self.subgroups.make(dist, new_group, arguments, self._pending_config[0], _STAND_IN, self._bound, False)
+
+    def _own_subgroups(self, ctl: Any, dist: Any, epoch: int) -> None:
+        """The script keeps its own default group (nothing changed since the launch): the groups it
+        made over every rank get groups of dra's own to communicate on, so that a member lost in a
+        collective on one closes it (the script's object would keep its connections open, and a
+        member waiting in that collective would wait for its timeout, then be left out)."""
+        self.subgroups.adopt(dist, epoch)
+        if not self.subgroups.followed:
+            return  # the same on every founder: each made the same groups before its controller
+        members = [int(u) for u in ctl.members]
+        name = f"dra.default_group/{epoch}/{'-'.join(map(str, members))}/own"
+        problem = self.subgroups.recreate(dist, dist.PrefixStore(name, self._job_store(ctl)), int(ctl.uid), members,
+                                          self._bound, dist.distributed_c10d.new_group, None)
+        if problem:
+            self._warn("subgroups", problem)
 
     def resolve(self, group: Any, call: str) -> Any:
         """The group a call of the script's on ``group`` runs on (``_subgroups.Subgroups.resolve``)."""
@@ -184,9 +217,9 @@ class DefaultGroup:
         self._group = dist.distributed_c10d._get_default_group() if stand_in else None
         self._warn(
             "lost",
-            f"dra: {where} on torch's default group lost a member of the world ({reason}). It completed as if every "
-            f"member had contributed this process's value (a sum is it times {size}, a mean is it); until the next "
-            "dra.step recovers the world and re-creates the group, the script's collectives complete the same way"
+            f"dra: {where} lost a member of the world ({reason}). Until the next dra.step recovers the world and "
+            "re-creates the groups, the script's collectives complete as if every member had contributed this "
+            f"process's value (a sum is it times {size}, a mean is it), and a group it makes does no communication"
             + ("" if stand_in else " and dist.get_rank() raises (no stand-in group in this torch)")
             + " (docs/guide/elastic.md)",
         )

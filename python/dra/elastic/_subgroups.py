@@ -92,15 +92,17 @@ class Subgroups:
                 continue
             ranks = sorted(int(r) for r in c10d._world.pg_group_ranks.get(group, {}))
             if ranks == list(range(size)):
-                self._follow(group, backend_config(dist, group), timeout_of(group), group.bound_device_id)
+                self._follow(group, backend_config(dist, group), timeout_of(group) or default_timeout(),
+                             group.bound_device_id)
             else:
                 self._mark(group, f"made by dist.new_group(ranks={ranks}) in a world of {size} (world epoch "
                                   f"{-1 if epoch is None else epoch})")
 
-    def _follow(self, group: Any, backend: str, timeout: timedelta | None, device: Any) -> None:
-        rec = Followed(weakref.ref(group), backend, timeout, device, group)
+    def _follow(self, group: Any, backend: str, timeout: timedelta | None, device: Any, current: Any = None) -> None:
+        rec = Followed(weakref.ref(group), backend, timeout, device, group if current is None else current)
         self.followed.append(rec)
         self._by_id[id(group)] = rec
+        self._by_id[id(rec.current)] = rec
 
     def _mark(self, group: Any, why: str) -> None:
         self._stale[id(group)] = (weakref.ref(group), why)
@@ -175,34 +177,50 @@ class Subgroups:
             if g is not None and self._by_id.get(id(g)) is rec:
                 del self._by_id[id(g)]
 
-    def make(self, dist: Any, new_group: Any, a: dict[str, Any], default_backend: str, stand_in: str | None) -> Any:
-        """The script's ``dist.new_group(**a)``. While the stand-in holds (``stand_in``: its
-        backend), a group that does no communication, made for real at the next ``dra.step``.
-        A group over every rank the members made after this process started (made here at the last
-        re-creation) is handed over. Else torch's own."""
+    def make(self, dist: Any, new_group: Any, a: dict[str, Any], default_backend: str, stand_in: str | None,
+             bound: timedelta, split: bool) -> Any:
+        """The script's ``dist.new_group(**a)`` (``new_group``: torch's own), its rendezvous bounded
+        by ``bound`` (the script's timeout set after). While the stand-in holds (``stand_in``: its
+        backend), a group over every rank does no communication until the next ``dra.step`` makes it
+        for real, and one over part of the world is refused. A group over every rank the members made
+        after this process started (made here at the last re-creation) is handed over by its backend
+        and timeout. With ``split`` (a member of a world dra follows), a group over every rank gets a
+        second one of dra's own to communicate on: the object the script holds would keep its
+        connections open after a loss."""
         if not dist.is_initialized():
             return new_group(**a)
         size = dist.distributed_c10d._get_default_group().size()
         ranks = a.get("ranks")
         whole = ranks is None or sorted(int(r) for r in ranks) == list(range(size))
         backend = backend_names_of(a.get("backend")) or default_backend
+        timeout = a.get("timeout") or default_timeout()
         if stand_in is not None:
+            if not whole:
+                raise RuntimeError(
+                    "dra: dist.new_group over part of the world cannot be made now: a member of the world was lost in "
+                    "an earlier collective of this step, and the world recovers at the next dra.step; make it after "
+                    "that step (docs/guide/elastic.md)")
             group = new_group(**{**a, "backend": stand_in, "pg_options": None, "device_id": None})
-            if whole:
-                self._follow(group, backend, a.get("timeout"), a.get("device_id"))
+            self._follow(group, backend, timeout, a.get("device_id"))
             return group
-        if self._premade:
-            signature, group = self._premade[0]
-            if whole and signature[0] == backend:
-                self._premade.pop(0)
-                if a.get("timeout") is not None:
-                    set_timeout(group, a["timeout"])
-                self._follow(group, backend, timeout_of(group), a.get("device_id"))
-                return group
-            for _, g in self._premade:  # the script makes other groups: these are of no use
-                dist.distributed_c10d.destroy_process_group(g)
-            self._premade.clear()
-        return new_group(**a)
+        if whole:
+            wanted = [backend, timeout.total_seconds()]
+            for k, (signature, group) in enumerate(self._premade):
+                if signature == wanted:
+                    del self._premade[k]
+                    self._follow(group, backend, timeout, a.get("device_id"))
+                    return group
+        for rec in [r for r in self.followed if r.original() is None]:  # the script let them go: so do we
+            self._drop(rec)
+            if rec.current is not None and rec.current in dist.distributed_c10d._world.pg_map:
+                dist.distributed_c10d.destroy_process_group(rec.current)
+        handle = new_group(**{**a, "timeout": min(bound, timeout)})
+        set_timeout(handle, timeout)
+        if whole and split:
+            current = new_group(backend=backend, timeout=min(bound, timeout), device_id=a.get("device_id"))
+            set_timeout(current, timeout)
+            self._follow(handle, backend, timeout_of(handle) or timeout, a.get("device_id"), current)
+        return handle
 
     def recreate(self, dist: Any, store: Any, uid: int, members: list[int], bound: timedelta,
                  new_group: Any, device: Any) -> str | None:
@@ -261,6 +279,13 @@ class Subgroups:
         group's store prefix ``name`` (erased two re-creations later, as the default group's)."""
         made = [rec.current for rec in self.followed if rec.current is not None] + [g for _, g in self._premade]
         return [f"{name}/0//{g.group_name}//{dev}//0/{rank}" for g in made for dev in ("cpu", "cuda")]
+
+
+def default_timeout() -> timedelta:
+    """torch's timeout for a group made without one."""
+    from torch.distributed.constants import default_pg_timeout
+
+    return default_pg_timeout
 
 
 def backend_names_of(backend: Any) -> str | None:
