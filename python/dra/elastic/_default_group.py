@@ -75,6 +75,7 @@ class DefaultGroup:
         self.subgroups = _subgroups.Subgroups()  # the script's groups over the whole world, made again with it
         self._outside: str | None = None  # why this process is outside the world (None: a member)
         self._bound = timedelta(seconds=30)  # the store's timeout: bounds a rendezvous (set at each follow)
+        self._made_in: tuple[str, int] | None = None  # the job store's prefix of the default group and this rank
 
     def follow(self, ctl: Any, position: str = "step") -> None:
         """``position``: where this process passed the world's last commit: ``"step"`` (returned
@@ -263,6 +264,11 @@ class DefaultGroup:
         if dist.is_initialized():
             self.subgroups.adopt(dist, self._epoch)
             dist.destroy_process_group()
+        if self._made_in is not None and self._built:  # the rendezvous keys of the groups the script made
+            prefix, was = self._made_in  # since: erased with that world's
+            self._built[-1] += [f"{prefix}/0//{g}//{dev}//0/{was}" for g in self.subgroups.made for dev in ("cpu", "cuda")]
+        self.subgroups.made.clear()
+        self._made_in = None
         self.subgroups.lose_all()
         self._group, self._epoch, self._pending, self._partial = None, epoch, False, False
         self._pending_config = (backend, device, timeout)
@@ -315,6 +321,7 @@ class DefaultGroup:
         # Torch's rendezvous wrote this rank's address under the group's prefix (its default group
         # is named "0"; one key per device type); `_kinds` wrote kind/<uid>.
         base = f"dra.default_group/{epoch}/{'-'.join(map(str, ctl.members))}"
+        self._made_in = (name, rank)
         self._erase_old(ctl, [f"{name}/0//{dev}//0/{rank}" for dev in ("cpu", "cuda")]
                         + self.subgroups.store_keys(name, rank) + [f"{name}/subgroups/{ctl.uid}"]
                         + ([] if position is None else [f"{base}/kind/{ctl.uid}"]))

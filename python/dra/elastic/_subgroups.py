@@ -76,6 +76,7 @@ class Subgroups:
         # groups the members hold beyond this process's, made here too: ([backend, timeout], group)
         self._premade: list[tuple[list[Any], Any]] = []
         self._mismatch: str | None = None  # why the last re-creation left some out
+        self.made: list[str] = []  # names of the groups make() made since the caller last took them (store keys)
 
     def adopt(self, dist: Any, epoch: int | None) -> None:
         """Takes in the groups the script made since the last look (torch lists them in the order
@@ -216,9 +217,11 @@ class Subgroups:
                 dist.distributed_c10d.destroy_process_group(rec.current)
         handle = new_group(**{**a, "timeout": min(bound, timeout)})
         set_timeout(handle, timeout)
+        self.made += [g.group_name for g in (handle,) if hasattr(g, "group_name")]
         if whole and split:
             current = new_group(backend=backend, timeout=min(bound, timeout), device_id=a.get("device_id"))
             set_timeout(current, timeout)
+            self.made.append(current.group_name)
             self._follow(handle, backend, timeout_of(handle) or timeout, a.get("device_id"), current)
         return handle
 
