@@ -181,8 +181,8 @@ class DefaultGroup:
         collective on one closes it (the script's object would keep its connections open, and a
         member waiting in that collective would wait for its timeout, then be left out)."""
         self.subgroups.adopt(dist, epoch)
-        if not self.subgroups.followed:
-            return  # the same on every founder: each made the same groups before its controller
+        if not self.subgroups.followed or any(backend_names(r.backend) != ["gloo"] for r in self.subgroups.followed):
+            return  # the same on every founder (each made the same groups); an NCCL one is not doubled
         members = [int(u) for u in ctl.members]
         name = f"dra.default_group/{epoch}/{'-'.join(map(str, members))}/own"
         problem = self.subgroups.recreate(dist, dist.PrefixStore(name, self._job_store(ctl)), int(ctl.uid), members,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from dra.elastic._pg import backend_config, set_timeout, timeout_of
+from dra.elastic._pg import backend_config, backend_names, set_timeout, timeout_of
 
 # Groups over part of the world kept to name them in errors (the oldest forgotten first).
 STALE_KEPT = 256
@@ -185,9 +185,9 @@ class Subgroups:
         backend), a group over every rank does no communication until the next ``dra.step`` makes it
         for real, and one over part of the world is refused. A group over every rank the members made
         after this process started (made here at the last re-creation) is handed over by its backend
-        and timeout. With ``split`` (a member of a world dra follows), a group over every rank gets a
-        second one of dra's own to communicate on: the object the script holds would keep its
-        connections open after a loss."""
+        and timeout. With ``split`` (a member of a world dra follows), a Gloo group over every rank
+        gets a second one of dra's own to communicate on: the object the script holds would keep
+        its connections open after a loss (an NCCL one is not doubled: a communicator's memory)."""
         if not dist.is_initialized():
             return new_group(**a)
         size = dist.distributed_c10d._get_default_group().size()
@@ -218,7 +218,7 @@ class Subgroups:
         handle = new_group(**{**a, "timeout": min(bound, timeout)})
         set_timeout(handle, timeout)
         self.made += [g.group_name for g in (handle,) if hasattr(g, "group_name")]
-        if whole and split:
+        if whole and split and backend_names(backend) == ["gloo"]:
             current = new_group(backend=backend, timeout=min(bound, timeout), device_id=a.get("device_id"))
             set_timeout(current, timeout)
             self.made.append(current.group_name)
