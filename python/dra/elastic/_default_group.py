@@ -74,7 +74,7 @@ class DefaultGroup:
         self.lost_size = 0  # the world's size the script knew when it did
         self.subgroups = _subgroups.Subgroups()  # the script's groups over the whole world, made again with it
         self._outside: str | None = None  # why this process is outside the world (None: a member)
-        self._bound = timedelta(seconds=30)  # the store's timeout: bounds a rendezvous (set at each follow)
+        self._bound = timedelta(seconds=30)  # the store's timeout: bounds a rendezvous (set at each new world)
         self._made_in: tuple[str, int] | None = None  # the job store's prefix of the default group and this rank
 
     def follow(self, ctl: Any, position: str = "step") -> None:
@@ -89,7 +89,7 @@ class DefaultGroup:
         epoch = int(ctl.epoch)
         if self._start_epoch is None:
             self._start_epoch = epoch
-        self._outside, self._bound = None, timedelta(seconds=float(ctl.options.store_timeout_s))
+        self._outside = None
         import torch.distributed as dist
 
         if not dist.is_available():
@@ -119,6 +119,7 @@ class DefaultGroup:
         if group is not self._group and self._keeps_own_group(ctl, dist, epoch):
             self._group, self._epoch = group, epoch
             self._guarding = set(backend_names(backend)) <= _RECREATABLE
+            self._bound = timedelta(seconds=float(ctl.options.store_timeout_s))
             if self._guarding:
                 self._own_subgroups(ctl, dist, epoch)
             return
@@ -145,7 +146,8 @@ class DefaultGroup:
         default = dist.distributed_c10d._get_default_group()
         if group is not None and group is not default:
             rec = self.subgroups.record_of(group)
-            if rec is None and self._guarding and group in dist.distributed_c10d._world.pg_map:
+            if rec is None and self._guarding and not self.subgroups.known(group) and \
+                    group in dist.distributed_c10d._world.pg_map:
                 self.subgroups.adopt(dist, self._epoch)  # one made since the last look: over the whole world?
                 rec = self.subgroups.record_of(group)
             if rec is None:
@@ -278,7 +280,7 @@ class DefaultGroup:
             # The rendezvous is bounded by the store's timeout (a member that died in between fails it
             # rather than holding the others for the script's collective timeout); the collectives
             # then get the script's timeout.
-            bound = timedelta(seconds=float(ctl.options.store_timeout_s))
+            bound = self._bound = timedelta(seconds=float(ctl.options.store_timeout_s))
             name = f"dra.default_group/{epoch}/{'-'.join(map(str, members))}"
             if position is None:
                 name += "/whole"

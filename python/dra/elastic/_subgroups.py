@@ -87,7 +87,7 @@ class Subgroups:
         default = c10d._get_default_group()
         size = default.size()
         for group in list(c10d._world.pg_map):
-            if group is default or self.record_of(group) is not None or self._stale_why(group) is not None:
+            if group is default or self.known(group):
                 continue
             if any(g is group for _, g in self._premade):
                 continue
@@ -109,6 +109,10 @@ class Subgroups:
         self._stale[id(group)] = (weakref.ref(group), why)
         while len(self._stale) > STALE_KEPT:
             self._stale.popitem(last=False)
+
+    def known(self, group: Any) -> bool:
+        """Whether ``group`` was looked at already (followed, or over part of the world)."""
+        return self.record_of(group) is not None or self._stale_why(group) is not None
 
     def _stale_why(self, group: Any) -> str | None:
         entry = self._stale.get(id(group))
