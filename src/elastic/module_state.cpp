@@ -1,11 +1,9 @@
 // Model signatures and the LibTorch state provider (module parameters/buffers + optimizer).
-#include <ATen/CPUGeneratorImpl.h>
 #include <cxxabi.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <typeinfo>
 
@@ -137,15 +135,11 @@ state_provider::snapshot module_state::collect() {
   snapshot s;
   for (const auto& p : module_.named_parameters()) s.tensors.push_back(p.value().detach().contiguous());
   for (const auto& b : module_.named_buffers()) s.tensors.push_back(b.value().detach().contiguous());
-  // The optimizer's state (momentum buffers, Adam moments, step counts) and options, plus the RNG:
-  // serialised with torch::serialize into the manifest (it is chunked on the wire like the rest).
+  // The optimizer's state (momentum buffers, Adam moments, step counts) and options: serialised
+  // with torch::serialize into the manifest (it is chunked on the wire like the rest). Not the RNG:
+  // each process keeps its own, as under torch's DDP (copied, every rank drew the sender's numbers).
   torch::serialize::OutputArchive archive;
   if (optimizer_ != nullptr) optimizer_->save(archive);
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    archive.write("dra_rng_state", gen.get_state());
-  }
   std::ostringstream os;
   archive.save_to(os);
   s.manifest = os.str();
@@ -176,12 +170,6 @@ void module_state::load(const std::string& manifest, const std::vector<at::Tenso
   torch::serialize::InputArchive archive;
   archive.load_from(manifest.data(), manifest.size());
   if (optimizer_ != nullptr) optimizer_->load(archive);
-  at::Tensor rng;
-  if (archive.try_read("dra_rng_state", rng)) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng);
-  }
 }
 
 void module_state::scale_learning_rate(double factor) {

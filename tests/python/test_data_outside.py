@@ -42,6 +42,8 @@ accum = cfg.get("accum", 1)
 for epoch in range(cfg.get("epochs", 1)):
     sampler.set_epoch(epoch)
     for i, (ids, x) in enumerate(loader):
+        if epoch == 0 and i < cfg.get("skip", 0):
+            continue  # a resume that skips the pass's first batches, on every rank alike
         step, depoch = ctl.step_index, sampler.epoch
         empty = getattr(sampler, "_current_is_empty", lambda: False)()
         loss = model(x).pow(2).mean()
@@ -103,6 +105,26 @@ def test_a_rank_whose_share_of_the_last_step_is_empty_trains_a_zero_weight_batch
     _assert_exactly_once(records, 37, 1)
     finals = {r["uid"]: r for r in records if r["kind"] == "final"}
     assert sorted(finals) == [0, 1, 2] and len({r["digest"] for r in finals.values()}) == 1
+
+
+@pytest.mark.parametrize("workers,options", [(0, {}), (2, {"resize_schedule": {"2": 2}})], ids=["fixed", "workers_shrink"])
+def test_batches_every_rank_skips_at_a_passs_start_are_redone_not_replaced_by_padding(tmp_path, workers, options):
+    """Every rank skips the first 2 batches of the first pass with `continue` (a resume that skips
+    what it trained before). Counted against the batches in flight at the previous step, a skip
+    before the pass's first reduced batch went unseen: the skipped steps were committed with the
+    batches trained after them, and the pass ended on padding batches (the order's first samples,
+    the same on every rank) trained as real steps: samples repeated, the step count ahead. Now the
+    step is refused on every rank and redone with the skipped samples (the documented rule for a
+    skipped batch): every sample once."""
+    code, out, records = _run(tmp_path, 3, {"policy": "none", "fault_timeout_s": 10, **options},
+                              {"n": 48, "batch": 4, "workers": workers, "skip": 2, "epochs": 2})
+    assert code == 0, out[-4000:]
+    assert '"event":"refused"' in out.replace(" ", ""), out[-3000:]
+    _assert_exactly_once(records, 48, 2)
+    finals = {r["uid"]: r for r in records if r["kind"] == "final"}
+    assert len({r["digest"] for r in finals.values()}) == 1, finals
+    committed = {(r["depoch"], r["step"]) for r in records if r["kind"] == "step" and r["committed"]}
+    assert len(committed) == 8, committed  # 4 steps of 12 samples a data epoch (the global batch is kept), none more
 
 
 def test_an_empty_share_inside_an_accumulation_window_after_a_grow_adds_no_gradient(tmp_path):

@@ -38,10 +38,10 @@ def test_prefetched_batches_of_a_changed_world_are_dropped_and_every_sample_is_s
 
 
 def test_distributed_sampler_takes_torch_arguments_and_the_per_rank_batch(monkeypatch):
-    from dra.elastic import sampler as sampler_module
+    from dra.elastic import _following
 
     # Outside any controller: one that an earlier test in this process left followed is not followed.
-    monkeypatch.setattr(sampler_module, "_FOLLOWED", [None])
+    monkeypatch.setattr(_following, "FOLLOWED", [None])
     monkeypatch.setenv("WORLD_SIZE", "4")
     data = list(range(100))
     monkeypatch.setenv("RANK", "0")

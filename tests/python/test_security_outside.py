@@ -182,7 +182,7 @@ def test_a_peers_state_manifest_runs_no_code_and_a_state_joiners_cannot_load_is_
             joiner.prepare(payload)
         assert not planted.exists(), "the joiner ran the peer's code"
 
-    # A real manifest travels (RNG states included) and loads.
+    # A real manifest travels and loads.
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=10)
     sender = TorchState(model, opt, sched)
     tensors, manifest, _ = sender.collect()

@@ -7,7 +7,10 @@ destroyed the script's group too, so the script's next collective on it raised t
 initialized in the world group map", and one member's kill -9 ended the whole job although dra
 had recovered (seen on examples/ddp/train_dra.py with a ``dist.new_group()`` added). Now each
 group over every rank is made again over the new world in the order the script made it, and the
-object the script holds runs on it (docs/guide/elastic.md, "Groups made with dist.new_group").
+object the script holds runs on it (docs/guide/elastic.md, "Groups made with dist.new_group"), and
+answers ``g.size()`` and ``g.rank()`` for it. So does a reference the script kept to torch's default
+group of the launch world (``WORLD = dist.group.WORLD``): its collectives raised "not initialized in
+the world group map" after the first change, and ``WORLD.size()`` named the launch world's size.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import dra, dra.elastic as de
 
 cfg = json.loads(os.environ["CFG"])
 dist.init_process_group("gloo", timeout=timedelta(seconds=8))
+WORLD = dist.group.WORLD  # kept, as a trainer's constructor keeps it (self.pg = dist.group.WORLD)
 # Made before dra's controller exists, as scripts do right after init_process_group.
 cpu = dist.new_group(backend="gloo", timeout=timedelta(seconds=7))
 pair = dist.new_group(ranks=[0, 1]) if cfg.get("pair") else None
@@ -86,17 +90,29 @@ for epoch in ctl.epochs(cfg.get("epochs", 6)):
         dist.all_reduce(again, group=fresh)
         assert again.item() == one.item(), (again.item(), one.item())
     dist.barrier(group=cpu)
+    kept, low = torch.ones(1), torch.ones(1)
+    dist.all_reduce(kept, group=WORLD)
+    cpu.allreduce([low]).wait()  # torch's low-level call on the object
     uids = [None] * dist.get_world_size(cpu)
     dist.all_gather_object(uids, ctl.uid, group=cpu)
     r = dict(epoch=sampler.epoch, uid=ctl.uid, sum=one.item(), world=ctl.world_size, rank=dist.get_rank(cpu),
              ctl_rank=ctl.rank, size=dist.get_world_size(cpu), backend=str(dist.get_backend(cpu)),
-             ranks=dist.get_process_group_ranks(cpu), uids=uids, members=list(ctl.members))
+             ranks=dist.get_process_group_ranks(cpu), uids=uids, members=list(ctl.members),
+             methods=[cpu.size(), cpu.rank(), WORLD.size(), WORLD.rank(), dist.get_world_size(WORLD)], kept=kept.item(),
+             low=low.item())
     if pair is not None and ctl.epoch > 0:
         try:
             dist.all_reduce(torch.ones(1), group=pair)
             r["pair"] = "ran"
         except RuntimeError as e:
             r["pair"] = str(e)
+        try:
+            if ctl.uid not in (0, 1):  # torch gave the others a marker, not a group
+                raise RuntimeError("not a member")
+            pair.barrier().wait()
+            r["pair_method"] = "ran"
+        except RuntimeError as e:
+            r["pair_method"] = str(e)
     rec(**r)
 try:  # a process standing by at the end: its group's members have left
     dist.all_reduce(torch.ones(1), group=dist.new_group())
@@ -129,7 +145,8 @@ def _agree(epochs: list[dict]) -> dict[int, int]:
     assert epochs
     sizes: dict[int, int] = {}
     for r in epochs:
-        assert r["sum"] == r["world"] == r["size"], r
+        assert r["sum"] == r["world"] == r["size"] == r["kept"] == r["low"], r
+        assert r["methods"] == [r["world"], r["rank"]] * 2 + [r["world"]], r  # g.size(), g.rank(): today's world
         assert r["rank"] == r["ctl_rank"] and r["uids"] == r["members"], r
         assert r["ranks"] == list(range(r["world"])) and r["backend"] == "gloo", r
         assert sizes.setdefault(r["epoch"], r["world"]) == r["world"], r
@@ -144,6 +161,10 @@ def test_a_whole_world_group_follows_a_shrink_and_a_grow_and_a_part_world_group_
     # uid 2 is not in the pair: torch makes its collectives on it no-ops, before and after.
     told = [r["pair"] for r in epochs if "pair" in r and r["uid"] in (0, 1)]
     assert told and all("dist.new_group(ranks=[0, 1]) in a world of 3" in t and "ctl.epoch" in t for t in told), told
+    told = [r["pair_method"] for r in epochs if r.get("pair_method", "not") != "not a member"]  # it waited on
+    # the world it was made for (torch's low-level call on the object)
+    assert len(told) > 3 and all("ProcessGroup.barrier on a group made by dist.new_group(ranks=[0, 1])" in t
+                                 for t in told), told
     # A group the script destroyed and then used: it waited on the world it was first made for.
     used = [r["destroyed_use"] for r in ends if "destroyed_use" in r]
     assert len(used) == 3 and all("the script destroyed" in u for u in used), used

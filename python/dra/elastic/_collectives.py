@@ -28,8 +28,9 @@ Guarded: ``all_reduce``, ``reduce``, ``all_gather``, ``all_gather_into_tensor``,
 ``monitored_barrier``, on the default group (``group=None`` or ``dist.group.WORLD``) and on the
 script's groups over the whole world (``_subgroups``), called through ``torch.distributed``
 (``dist.all_reduce``), synchronously or with ``async_op=True``. Every wrapped call on a group of
-the script's made for an earlier world runs on the one made for this world (``_subgroups``), and so
-do the ``QUERIES``.
+the script's made for an earlier world (or on the default group of an earlier world, kept by the
+script) runs on the one made for this world (``_subgroups``), and so do the ``QUERIES`` and the
+group object's own methods (``g.size()``, ``g.allreduce(...)``: ``METHODS``, ``COMMUNICATING``).
 An error that does not say a peer is gone (a wrong shape, a wrong dtype) is raised as before, and
 so is one in a reduction or broadcast of a tensor over ``SNAPSHOT_MAX_BYTES`` (64 MiB: the tensor,
 reduced in place, is copied before the call so that a collective that fails midway can put it
@@ -56,7 +57,15 @@ UNGUARDED = ("all_to_all", "all_to_all_single", "gather", "scatter", "scatter_ob
 # What takes a group and answers about it: run on the group made for the current world too.
 QUERIES = ("get_rank", "get_world_size", "get_backend", "get_process_group_ranks", "get_group_rank", "get_global_rank",
            "destroy_process_group")
-# ``dist.new_group`` is wrapped too (``_making``).
+# ``dist.new_group`` is wrapped too (``_making``), and these methods of torch's ``ProcessGroup``
+# (``_answering``): the object a script holds answers for, and communicates on, the group it stands
+# for (torch's ``dist.*`` calls them on the group a wrapped call resolved; a script may too).
+METHODS = ("size", "rank")
+COMMUNICATING = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
+                 "_allgather_base", "all_gather_single", "all_gather_single_coalesced", "all_to_all_single", "alltoall",
+                 "alltoall_base", "barrier", "monitored_barrier", "broadcast", "gather", "scatter", "reduce",
+                 "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
+                 "reduce_scatter_tensor_coalesced", "send", "recv", "recv_anysource")
 
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused|timed out|timeout|"
                         r"remote process exited|ncclRemoteError|communicator was aborted", re.IGNORECASE)
@@ -104,7 +113,34 @@ def install(handler: Any) -> None:
         fn = getattr(dist, name, None)
         if fn is not None and not getattr(fn, "__dra_guard__", False):
             setattr(dist, name, _not_while_lost(name, fn))
+    for name in METHODS + COMMUNICATING:
+        raw = dist.ProcessGroup.__dict__.get(name)
+        if raw is not None and not getattr(raw, "__dra_guard__", False):
+            setattr(dist.ProcessGroup, name, _answering(name, raw, name in METHODS))
     _installed = True
+
+
+def _answering(name: str, raw: Any, query: bool) -> Any:
+    """A method of torch's ``ProcessGroup`` (``g.size()``, ``g.allreduce(...)``) run on the group
+    ``g`` stands for: a followed group's object or a default group of an earlier world the script
+    holds (``_subgroups``). A communicating one on a group made for an earlier world or destroyed
+    raises, naming why (it would wait on that world); a ``query`` there answers for the group
+    itself. torch's own calls on the groups it runs on take one lookup."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        handler = _handler
+        if handler is not None and handler.subgroups.stands_in(self):
+            try:
+                self = handler.resolve(self, f"ProcessGroup.{name}")
+            except RuntimeError:
+                if not query:
+                    raise
+        return raw(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = getattr(raw, "__doc__", None)
+    method.__dra_guard__ = True  # type: ignore[attr-defined]
+    return method
 
 
 def _not_while_lost(name: str, fn: Any) -> Any:
@@ -205,6 +241,16 @@ def _guard(name: str, fn: Any) -> Any:
             if nested:
                 raise _Lost(handler.lost)
             return _completed(name, bound.arguments, handler.lost_size)
+        behind = handler.behind()
+        if behind is not None:  # the members ran this code when they ended that epoch: nobody to meet
+            if not guarded:
+                raise RuntimeError(f"dra: dist.{name} cannot meet the members now: {behind}. Guard the code after "
+                                   "such a pass by ctl.update_skipped (docs/guide/elastic.md)")
+            handler._warn("behind", f"dra: dist.{name} and the script's other collectives complete with this "
+                                    f"process's own value, as if every member had contributed it: {behind}, and "
+                                    "the members ran this code when they ended that epoch. Guard the code after "
+                                    "such a pass by ctl.update_skipped (docs/guide/elastic.md)", stacklevel=3)
+            return _completed(name, bound.arguments, dist_size(group))
         restore = _snapshot(name, bound.arguments) if guarded else None
         reason = None
         _local.depth += 1
@@ -305,6 +351,12 @@ class _Done:
         fut: Any = torch.futures.Future()
         fut.set_result(None)
         return fut
+
+
+def dist_size(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
 
 
 def _completed(name: str, a: dict[str, Any], size: int) -> Any:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import gc
 import sys
 import warnings
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -76,10 +77,12 @@ class DefaultGroup:
         self._outside: str | None = None  # why this process is outside the world (None: a member)
         self._bound = timedelta(seconds=30)  # the store's timeout: bounds a rendezvous (set at each new world)
         self._made_in: tuple[str, int] | None = None  # the job store's prefix of the default group and this rank
+        self._controller: Any = None  # weakly, the controller it follows (whose loop may be behind the world)
 
     def follow(self, ctl: Any, position: str = "step") -> None:
         """``position``: where this process passed the world's last commit: ``"step"`` (returned
         from dra.step), ``"init"`` (its controller's construction) or ``"rejoin"``."""
+        self._controller = weakref.ref(ctl)
         if not ctl.is_member or ctl.rank < 0:
             self._guarding = False  # outside the world, nobody waits on its group: its collectives fail as they do
             self._outside = f"process {ctl.uid} is outside the elastic world ({ctl.role})"
@@ -192,6 +195,20 @@ class DefaultGroup:
         if problem:
             self._warn("subgroups", problem)
 
+    def behind(self) -> str | None:
+        """Why a collective of the script's meets no member now (None: it meets them): this member's
+        `range` loop is behind the world, and its last pass over the loader trained nothing (a
+        standby admitted again, a joiner, walking epochs the world has finished). Its code after
+        that pass (an epoch's validation and its all_reduce) is code the members ran when they
+        ended that epoch: they are training on, and a collective here would wait on them, holding
+        up their next step until the fault timeout took this process out of the world."""
+        ctl = self._controller() if self._controller is not None else None
+        sampler = getattr(ctl, "sampler", None)
+        if ctl is None or sampler is None or not ctl.is_member or not sampler._catching_up():
+            return None
+        return (f"process {ctl.uid}'s loop is behind the world: its last pass over the loader, for data epoch "
+                f"{sampler._requested}, trained nothing (the world is in data epoch {sampler.epoch})")
+
     def resolve(self, group: Any, call: str) -> Any:
         """The group a call of the script's on ``group`` runs on (``_subgroups.Subgroups.resolve``)."""
         import torch.distributed as dist
@@ -211,7 +228,8 @@ class DefaultGroup:
         rank, size = dist.get_rank(), dist.get_world_size()
         self._pending_config = (backend_config(dist, group), group.bound_device_id, timeout_of(group))
         self.lost, self.lost_size = f"{where}: {reason}", size
-        self._group = group = None
+        self.subgroups.retire_default(group)
+        self._group = group = None  # nothing of it left here to hold its connections open
         self.subgroups.adopt(dist, self._epoch)
         self.subgroups.lose_all()
         dist.destroy_process_group()
@@ -265,6 +283,7 @@ class DefaultGroup:
 
         if dist.is_initialized():
             self.subgroups.adopt(dist, self._epoch)
+            self.subgroups.retire_default(dist.distributed_c10d._get_default_group())
             dist.destroy_process_group()
         if self._made_in is not None and self._built:  # the rendezvous keys of the groups the script made
             prefix, was = self._made_in  # since: erased with that world's
@@ -368,10 +387,10 @@ class DefaultGroup:
             )
         return self._store
 
-    def _warn(self, key: str, message: str) -> None:
+    def _warn(self, key: str, message: str, stacklevel: int = 4) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
 _STAND_IN = "dra_lost"

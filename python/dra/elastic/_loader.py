@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dra.elastic._following import followed
+
 #: The sampler classes (dra.elastic.sampler's, given to install: that module imports this one).
 _classes: dict[str, Any] = {}
 
@@ -87,6 +89,38 @@ def install(elastic: type, distributed: type) -> None:
     BatchSampler.__len__ = __len__
     BatchSampler._dra_follows_elastic_samplers = True
     _patch_loader_iterator()
+    _patch_torch_sampler()
+
+
+def _patch_torch_sampler() -> None:
+    """torch's own DistributedSampler (an eval loader's a ported script kept) splits its dataset
+    over the ``num_replicas`` it was made with. Once the elastic world has another size, its ranks
+    cover part of the dataset (after a shrink from 3 to 2, two thirds of a validation set, every
+    epoch, silently) or some of it twice. Said once per sampler as it is iterated in a job;
+    dra's DistributedSampler splits over the world as it is."""
+    import warnings
+
+    from torch.utils.data.distributed import DistributedSampler
+
+    if getattr(DistributedSampler, "_dra_says_split", False):
+        return
+    torch_iter = DistributedSampler.__iter__
+
+    def __iter__(self: Any) -> Any:  # noqa: N807
+        ctl = followed()
+        if (ctl is not None and ctl.is_member and ctl.rank >= 0 and self.num_replicas > 1
+                and self.num_replicas != ctl.world_size and not getattr(self, "_dra_said", False)):
+            self._dra_said = True
+            warnings.warn(
+                f"dra: torch's DistributedSampler over {type(self.dataset).__name__} splits it over "
+                f"num_replicas={self.num_replicas} processes (this one rank {self.rank}), but the elastic world now has "
+                f"{ctl.world_size}: its ranks cover part of the dataset, or some of it twice, and a metric all-reduced "
+                "over them is not the whole set's. Use dra.elastic.DistributedSampler (the same arguments), which "
+                "splits over the world as it is (docs/guide/elastic.md)", RuntimeWarning, stacklevel=2)
+        return torch_iter(self)
+
+    DistributedSampler.__iter__ = __iter__
+    DistributedSampler._dra_says_split = True
 
 
 def _elastic_sampler_of(index_sampler: Any) -> Any:
@@ -158,7 +192,7 @@ def _patch_loader_iterator() -> None:
                     or sampler._current_is_fresh(ctl._micro_fresh)):
                 sampler._delivered += 1
                 return data
-            sampler._consumed()  # stale or padding: never trained
+            sampler._consumed(delivered=False)  # stale or padding: never trained, nor seen by the loop
 
     _BaseDataLoaderIter.__next__ = __next__
     _BaseDataLoaderIter._next_index = _next_index

@@ -5,8 +5,8 @@ manifest, then every tensor in chunks of at most ``chunk_mb`` (straight from and
 storage where a chunk is one piece of one tensor), plus its own part (step counter, sampler
 position). This provider says what the state is: the model's parameters and buffers, the
 optimizer's tensors, and in the manifest the optimizer's param groups and scalar state,
-the LR scheduler, the ``extra_state`` objects' state dicts (a GradScaler, an EMA model) and the
-torch/Python/NumPy RNG states. The tensors of those state dicts (an EMA's copy of the model)
+the LR scheduler and the ``extra_state`` objects' state dicts (a GradScaler, an EMA model). Not the
+random state: each process keeps its own, as under torch's DDP. The tensors of those state dicts (an EMA's copy of the model)
 travel as tensors, after the optimizer's.
 
 The manifest comes from another process, so it is never unpickled as such: it is written with
@@ -19,10 +19,8 @@ is and how to allow it (``torch.serialization.add_safe_globals`` on every proces
 from __future__ import annotations
 
 import io
-import random
 from typing import Any
 
-import numpy as np
 import torch
 
 from dra._core import elastic as _m
@@ -79,21 +77,9 @@ def _check_loadable(manifest: dict[str, Any]) -> None:
                              "torch.serialization.add_safe_globals([...]) before dra.init") from None
 
 
-def _numpy_rng_state() -> tuple[Any, ...]:
-    """NumPy's global RNG state with its key array as a tensor (the restricted loader takes no
-    ndarray)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)
-
-
-def _numpy_rng_from(state: tuple[Any, ...]) -> tuple[Any, ...]:
-    name, keys, pos, has_gauss, cached = state
-    return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
-
-
 class TorchState(_m.StateProvider):
-    """Model + optimizer + LR scheduler + extra state + RNG state of one process, and which of the
-    model's parameters are frozen."""
+    """Model + optimizer + LR scheduler + extra state of one process, and which of the model's
+    parameters are frozen."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any,
                  extra_state: dict[str, Any] | None = None) -> None:
@@ -169,7 +155,10 @@ class TorchState(_m.StateProvider):
             # Which parameters are frozen now (requires_grad False): a joiner trains and reduces the
             # same ones as the world, whatever its own script set before it joined.
             "frozen": [name for name, p in self.model.named_parameters() if not p.requires_grad],
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": _numpy_rng_state()},
+            # No random state: each process keeps its own, as under torch's DDP (a script seeding
+            # each rank its own way, torch.manual_seed(seed + rank), keeps distinct dropout masks,
+            # augmentations and DataLoader worker seeds per rank; copied, every rank drew the
+            # sender's numbers from the first world on).
         }
         if not self._checked:  # once: what a peer's restricted loader will refuse, named here
             _check_loadable(manifest)
@@ -236,10 +225,6 @@ class TorchState(_m.StateProvider):
             self.optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer"]["param_groups"]})
         if self.scheduler is not None and meta["scheduler"] is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
-        rng = meta["rng"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(_numpy_rng_from(rng["numpy"]))
         self._manifest = None
 
     def scale_learning_rate(self, factor: float) -> None:

@@ -15,9 +15,11 @@ timeout and device it was made with, in the order the script made them. The obje
 holds stays its handle: collectives called through ``torch.distributed`` (``dist.all_reduce(t,
 group=g)``) and ``dist.get_rank(g)``, ``dist.get_world_size(g)``, ``dist.get_backend(g)``,
 ``dist.get_process_group_ranks(g)``, ``dist.get_group_rank``, ``dist.get_global_rank`` and
-``dist.destroy_process_group(g)`` run on the group made for the current world. Its collectives are
-guarded like the default group's (``_collectives``). Methods called on the object itself
-(``g.size()``, ``g.rank()``) answer for the world it was made for.
+``dist.destroy_process_group(g)`` run on the group made for the current world, and so do its
+own methods (``g.size()``, ``g.rank()``, ``g.allreduce(...)``: ``_collectives`` wraps torch's). Its collectives are guarded
+like the default group's (``_collectives``). A default group the script kept a reference to
+(``self.pg = dist.group.WORLD`` in a trainer's constructor) stands for the current default group the
+same way once dra has re-created it.
 
 Every member must make the same groups, or the re-creation (a collective) would not meet: the
 members compare what they hold through the job's store first. A joiner's script has made the
@@ -76,6 +78,8 @@ class Subgroups:
         # groups the members hold beyond this process's, made here too: ([backend, timeout], group)
         self._premade: list[tuple[list[Any], Any]] = []
         self._mismatch: str | None = None  # why the last re-creation left some out
+        # default groups dra destroyed to make the world's anew (the script may hold one): id -> weak group
+        self._defaults: OrderedDict[int, weakref.ref] = OrderedDict()
         self.made: list[str] = []  # names of the groups make() made since the caller last took them (store keys)
 
     def adopt(self, dist: Any, epoch: int | None) -> None:
@@ -110,6 +114,23 @@ class Subgroups:
         while len(self._stale) > STALE_KEPT:
             self._stale.popitem(last=False)
 
+    def retire_default(self, group: Any) -> None:
+        """``group``, torch's default group until now, is about to be destroyed for the world's new
+        one: the script's references to it stand for the default group from now on."""
+        self._defaults[id(group)] = weakref.ref(group)
+        while len(self._defaults) > STALE_KEPT:
+            self._defaults.popitem(last=False)
+
+    def _former_default(self, group: Any) -> bool:
+        entry = self._defaults.get(id(group))
+        return entry is not None and entry() is group
+
+    def stands_in(self, group: Any) -> bool:
+        """Whether ``group`` may stand for another or be gone (a followed group's object, an earlier
+        default group, one made for an earlier world or destroyed): its methods ask ``resolve``."""
+        i = id(group)
+        return i in self._by_id or i in self._defaults or i in self._stale
+
     def known(self, group: Any) -> bool:
         """Whether ``group`` was looked at already (followed, or over part of the world)."""
         return self.record_of(group) is not None or self._stale_why(group) is not None
@@ -138,6 +159,13 @@ class Subgroups:
         if group is None:
             return None
         c10d = dist.distributed_c10d
+        if self._former_default(group) and group not in c10d._world.pg_map:
+            if dist.is_initialized():
+                return c10d._get_default_group()
+            raise RuntimeError(
+                f"dra: {call} on torch's default group of an earlier world: dra re-created it over the elastic world, "
+                "and there is none now (its re-creation failed: the warning said why); the next change of the world "
+                "makes it again (docs/guide/elastic.md)")
         rec = self.record_of(group)
         if rec is None:
             why = self._stale_why(group)

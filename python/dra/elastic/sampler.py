@@ -31,20 +31,20 @@ the iterator yields padding batches of the usual size (dropped the same way) ins
 that an epoch whose last steps a world change invalidated is still finished.
 
 A training loop that skips a batch it was handed (an exception caught before backward, a
-``continue``) holds one batch more in flight than the other ranks, and than it did at its previous
-step: the check that rides with the step's reduction refuses that step on every rank (nothing is
-applied or committed), this rank drops the batches it skipped, and the step is redone with the
-same samples. The in-flight count is a loader's prefetch plus the batch in hand, the same on every
-rank of a world whose ranks run the same loop.
+``continue``; on one rank or on every rank alike, as a resume that skips the pass's first batches)
+received more batches from the DataLoader than it trained: the check that rides with the step's
+reduction refuses that step on every rank (nothing is applied or committed), the skipping ranks
+drop the batches they skipped, and the step is redone with the same samples. (Counted against the
+batches in flight at the previous step, a skip before the pass's first reduced batch went unseen:
+the skipped steps were committed with the batches trained after them, and padding trained at the
+pass's end.) Without a DataLoader, the count is the batches in flight, compared across ranks.
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import sys
 import warnings
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,6 +52,7 @@ import numpy as np
 
 from dra._core import elastic as _m
 from dra.elastic import _loader
+from dra.elastic._following import end_if_finished, follow, followed
 
 
 class ElasticSampler:
@@ -85,7 +86,7 @@ class ElasticSampler:
         self._pass_token: object = None
         self._peeked = False  # this pass is a loop behind the world's: one batch, dropped if trained
         self._trained_epoch: int | None = None  # the data epoch of this process's last pass that trained
-        self._delivered = 0
+        self._delivered = self._handled = 0  # batches of this pass the loop received; of those, done with
         self._depth_seen: int | None = None  # batches in flight at this iterator's previous reduced batch
         self._skipped_now = 0  # batches skipped before the one being stepped (this rank's own count)
 
@@ -133,7 +134,7 @@ class ElasticSampler:
         with torch's sampler); a process whose loop is behind the world (a joiner, a standby
         admitted again) iterates nothing until its loop catches up."""
         epoch = int(epoch)
-        _end_if_finished(self, epoch)
+        end_if_finished(self, epoch)
         native, ctl = self._native, self._controller
         if (ctl is not None and ctl.is_member and self._requested is not None and epoch > max(self._requested, native.epoch)
                 and self._trained_epoch == native.epoch and not native.exhausted and native.cursor > 0):
@@ -177,7 +178,7 @@ class ElasticSampler:
         """This rank's share of each step left in the data epoch, computed when the loader asks."""
         token = self._pass_token = object()
         self._peeked = False
-        self._delivered = 0  # batches of this pass the loop has received
+        self._delivered = self._handled = 0  # batches of this pass the loop has received; done with
         try:
             yield from self._pass()
         finally:
@@ -202,7 +203,7 @@ class ElasticSampler:
         self._iterating = True
         self._pass_steps = ElasticSampler.__len__(self)
         if ctl is not None:
-            _end_if_finished(self, None)
+            end_if_finished(self, None)
         data_epoch = native.epoch
         if ctl is not None and ctl.is_member and native.exhausted and self._requested is None:
             native.next_epoch()  # iterated again without set_epoch: the next pass over the data
@@ -222,7 +223,7 @@ class ElasticSampler:
         base = ahead = world = rank = 0
         while True:
             if ctl is not None and ctl.stopped and not getattr(ctl, "_epochs_driven", False):
-                _end_if_finished(self, None)  # a `range` loop after a stop: the process ends here
+                end_if_finished(self, None)  # a `range` loop after a stop: the process ends here
             if ctl is not None and not ctl.is_member:
                 return
             world_epoch = ctl.epoch if ctl is not None else 0
@@ -293,7 +294,7 @@ class ElasticSampler:
     def _follow(self, controller: Any) -> None:
         self._controller = controller
         self._pid = os.getpid()
-        _FOLLOWED[0] = weakref.ref(controller)
+        follow(controller)
 
     def _check_process(self) -> None:
         """The sampler the controller follows hands out steps only in the training process: its
@@ -331,7 +332,10 @@ class ElasticSampler:
         if not self._iterating:
             return -1, 0
         depth = len(self._in_flight)
-        skipped = depth - self._depth_seen if self._depth_seen is not None and depth > self._depth_seen else 0
+        if self._delivered:  # from a DataLoader: received before the one in hand and never trained
+            skipped = max(0, self._delivered - 1 - self._handled)
+        else:
+            skipped = depth - self._depth_seen if self._depth_seen is not None and depth > self._depth_seen else 0
         self._depth_seen = depth - skipped
         self._skipped_now = skipped
         return depth, skipped
@@ -341,13 +345,16 @@ class ElasticSampler:
         the one in hand) are dropped, and every batch in flight is stale from now on."""
         for _ in range(min(excess, max(len(self._in_flight) - 1, 0))):
             self._in_flight.popleft()
+            self._handled += 1
         self._generation += 1
         self._depth_seen = None
         self._skipped_now = 0
 
-    def _consumed(self) -> None:
+    def _consumed(self, delivered: bool = True) -> None:
+        """The batch at the head is done with (trained, or dropped; ``delivered``: the loop had it)."""
         if self._in_flight:
             self._in_flight.popleft()
+        self._handled += int(delivered)
 
     def _start_at(self, epoch: int) -> None:
         """A job restarted at data epoch ``epoch`` (every process, before training)."""
@@ -356,36 +363,6 @@ class ElasticSampler:
         if self._native.epoch < epoch and self._native.cursor == 0:
             position = self._native.position()
             self._native.set_position(epoch, 0, position["global_batch"], position["seed"])
-
-
-#: The elastic controller of this process (the latest one that followed a sampler): the world an
-#: eval loader's sampler splits its data over.
-_FOLLOWED: list[Any] = [None]
-
-
-def _followed() -> Any:
-    ref = _FOLLOWED[0]
-    return ref() if ref is not None else None
-
-
-def _end_if_finished(sampler: ElasticSampler, epoch: int | None) -> None:
-    """This process's part in the job ended while a `range` epoch loop drives it: the job was
-    stopped (SIGTERM under `dra run`), or it finished while this process stood by. Nothing is left
-    to train, and the loop's per-epoch code (an epoch-numbered snapshot, say) must not run for an
-    epoch cut short or never trained: the process ends here (exit 0; atexit handlers run), as
-    soon as the loader asks for more. ``ctl.epochs()`` ends its loop instead, and the code after
-    it runs (the final checkpoint)."""
-    ctl = sampler._controller
-    if ctl is None or ctl.role != "finished" or getattr(ctl, "_epochs_driven", False):
-        return
-    if not ctl.stopped and (ctl.rank >= 0 or (epoch is not None and epoch <= sampler._native.epoch)):
-        return  # a normal end as a member (later passes yield nothing), or a loop still behind
-    # step_index is this process's last step in a world: where it stood by, not where the job ended.
-    why = (f"the job was stopped at step {ctl.step_index}" if ctl.stopped else
-           f"the job finished while this process stood by (since its step {ctl.step_index})")
-    print(f"[dra] {why}: process {ctl.uid} ends here (a range epoch loop; "
-          "with ctl.epochs() the loop ends and the code after it runs)", file=sys.stderr, flush=True)
-    raise SystemExit(0)
 
 
 class DistributedSampler(ElasticSampler):
@@ -429,6 +406,11 @@ class DistributedSampler(ElasticSampler):
                 raise ValueError(f"{name}: must be an integer >= 0 or None, got {value!r}")
         if num_replicas is not None and rank is not None and rank >= num_replicas:
             raise ValueError(f"rank: must lie in [0, num_replicas={num_replicas}), got {rank}")
+        if (num_replicas, rank) == _world_now():
+            # The world as it is (a ported script's num_replicas=dist.get_world_size(),
+            # rank=dist.get_rank()): followed as it changes. Kept as given, the split stayed the one
+            # made then: after a shrink from 3 to 2, an eval loop covered 2/3 of its set, silently.
+            num_replicas = rank = None
         self.dataset = dataset
         self._options = {"seed": int(seed), "drop_last": bool(drop_last), "shuffle": bool(shuffle)}
         self._fixed = (num_replicas, rank)  # torch's explicit split, for a sampler the controller does not follow
@@ -553,12 +535,7 @@ class DistributedSampler(ElasticSampler):
         """(num_replicas, rank) for torch's split outside the controller: the ones given, else the
         elastic world now (an eval loader in a job), else WORLD_SIZE/RANK."""
         given_world, given_rank = self._fixed
-        world = rank = None
-        ctl = _followed()
-        if ctl is not None and ctl.rank >= 0:
-            world, rank = ctl.world_size, ctl.rank
-        if world is None:
-            world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        world, rank = _world_now()
         world = given_world if given_world is not None else world
         rank = given_rank if given_rank is not None else min(rank, world - 1)
         return world, rank
@@ -584,6 +561,15 @@ class DistributedSampler(ElasticSampler):
         super()._follow(controller)
         if self._requested is not None:
             self.set_epoch(self._requested)  # set before the controller followed (a restarted job)
+
+
+def _world_now() -> tuple[int, int]:
+    """(size, rank) of the elastic world now (the controller this process follows), else of the
+    processes launched (WORLD_SIZE/RANK)."""
+    ctl = followed()
+    if ctl is not None and ctl.rank >= 0:
+        return int(ctl.world_size), int(ctl.rank)
+    return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
 
 
 def _torch_order(n: int, shuffle: bool, seed: int) -> np.ndarray:

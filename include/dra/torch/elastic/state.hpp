@@ -79,8 +79,8 @@ class state_provider {
 };
 
 /// State provider of a LibTorch trainer: the module's parameters and buffers (received in place)
-/// and the optimizer's state (serialised with torch::serialize into the manifest), plus the torch
-/// CPU RNG state.
+/// and the optimizer's state (serialised with torch::serialize into the manifest). The random state
+/// stays each process's own, as under torch's DDP.
 class module_state final : public state_provider {
  public:
   /// Both must outlive the controller. `optimizer` may be null (plain parameter updates).
