@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dra import _core, _lifecycle, _process
+from dra._loss import as_float, is_float16, loss_value, warn_nonfinite
 from dra._training_objects import (
     check_extra_state,
     check_training_objects,
@@ -132,6 +133,7 @@ class Controller(_core.Controller):
             _make_events_dir(opts.events_path)
         self._skipping = False
         self._awaiting_step = False  # a backward ran and its dra.step has not come yet
+        self._stepped_on: tuple[Any, int] | None = None  # the loader batch the latest dra.step committed
         self._micro_fresh = 0  # batches accumulated under no_sync() since the previous reduction
         self._micro_step_due = False  # the latest backward was a no_sync() micro-batch
         self._window_open = False  # no_sync() backwards ran since the previous reducing one
@@ -184,14 +186,15 @@ class Controller(_core.Controller):
         self.scheduler = _wrappers.ElasticScheduler(scheduler, self) if scheduler is not None else None
         # torch's default group (the script's init_process_group()) follows the world from here on:
         # re-created over the members after every change, before the script's code runs again.
-        self._default_group = _default_group.DefaultGroup(founder=self.is_member and self.uid < self.start_size)
+        self._founder = self.is_member and self.uid < self.start_size  # in the first world (not admitted later)
+        self._default_group = _default_group.DefaultGroup(founder=self._founder)
         self._default_group.follow(self, "init")
 
     def step(self, loss: Any, **signals: Any) -> StepStatus:
         """One training step (what ``dra.step`` calls): commits it when its gradient reduction
         succeeded, feeds the policy, and resizes at decision steps. After a failure the
         survivors shrink and the step is redone by the next loop iteration."""
-        return self._step_checked(_loss_value(loss), signals, stacklevel=3, half=_is_float16(loss))
+        return self._step_checked(loss_value(loss), signals, stacklevel=3, half=is_float16(loss))
 
     def _step_checked(self, value: Any, signals: dict[str, Any], stacklevel: int, half: bool = False) -> StepStatus:
         if self.sampler is not None and self._micro_step_due:
@@ -204,12 +207,19 @@ class Controller(_core.Controller):
             self._awaiting_step = self._skipping = False
             self.sampler._consumed()
             return self._skip_step()
-        extra = {k: _as_float(v, k) for k, v in signals.items() if v is not None}
+        extra = {k: as_float(v, k) for k, v in signals.items() if v is not None}
         if self._buffers_stale:
             self._buffers_stale = False
             self._set_buffers([b for b in self._buffers_of.buffers() if b is not None])
         self._step_thread = threading.get_ident()  # the thread that trains (dra._lifecycle)
         awaiting, self._awaiting_step = getattr(self, "_awaiting_step", False), False  # this backward's step, from here on
+        mark = self._batch_mark()
+        if not awaiting and mark is not None and mark == self._stepped_on:
+            raise RuntimeError(
+                f"dra: dra.step called again for the batch its previous call (step {self.step_index - 1}) committed, "
+                "with no backward since: call it once per batch, after backward and the optimizer's step (a "
+                "logging helper that calls dra.step too counts as a second call; log the status the loop's call "
+                "returned)")
         try:
             # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
             status = self._step(value, **extra) if isinstance(value, float) else self._step_tensor(value, **extra)
@@ -227,10 +237,11 @@ class Controller(_core.Controller):
                 # the batches this rank skipped are dropped, so that the next steps line up again.
                 self.sampler._refused(self.sampler._skipped_now)
             self.sampler._consumed()
+        self._stepped_on = mark
         if self._default_group is not None:
             self._default_group.follow(self)  # the step may have changed the world
         if self.nonfinite_started:
-            _warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1,
+            warn_nonfinite(value if isinstance(value, float) else status.loss, status.step, stacklevel=stacklevel + 1,
                             half=half)
         if status.exit_requested:
             raise SystemExit(0)
@@ -251,6 +262,28 @@ class Controller(_core.Controller):
         if self._default_group is not None:
             self._default_group.follow(self, "rejoin")
         return admitted
+
+    def _batch_mark(self) -> tuple[Any, int] | None:
+        """Which loader batch is in hand (the pass, the batches it delivered); None without a DataLoader."""
+        sampler = self.sampler
+        if sampler is None or not sampler._iterating or sampler._delivered == 0:
+            return None
+        return sampler._pass_token, sampler._delivered
+
+    def _settle_missed_step(self) -> None:
+        """The latest backward's dra.step never came (an exception caught after it, a loop that
+        calls dra.step every N batches): the world committed that step without this process, which
+        counts it now, and its batch is done with. At the next backward, or before the loader's
+        next pass (else a step missed at a data epoch's end was counted against the next epoch's
+        position: its first step trained twice and another never)."""
+        if not self._awaiting_step:
+            return
+        self._awaiting_step = self._skipping = False
+        self._catch_up_missed_step()
+        if self.sampler is not None:
+            if self._refusal is not None:  # that step was refused by the world: it is redone
+                self.sampler._refused(self._refusal["excess"])
+            self.sampler._consumed()
 
     @property
     def batch_dropped(self) -> bool:
@@ -301,6 +334,18 @@ class Controller(_core.Controller):
         self.sampler._start_at(start)
         self._epochs_driven = True  # a stop ends this loop (the code after it runs), not the process
         sampler = self.sampler
+        if (not self._founder and self.is_member and sampler.exhausted and start <= sampler.epoch < num_epochs
+                and sampler._trained_epoch is None):
+            # Admitted at the step that ended a data epoch: the members run that epoch's end after
+            # the admission (a per-epoch scheduler's step, an EMA's update), and the state it
+            # received does not hold it. So does this process, its pass training nothing, as a
+            # `range` loop's does (it started at the next epoch: its schedule stayed a step behind
+            # the world's for the rest of the job, and its parameters parted).
+            sampler._requested = sampler.epoch
+            try:
+                yield sampler.epoch
+            finally:
+                sampler._requested = None
         while self.next_epoch(num_epochs):
             epoch, steps = sampler.epoch, self.step_index
             yield epoch
@@ -428,61 +473,6 @@ def _testing_phase_hook() -> Any:
     return getattr(testing, "_phase_hook", None)
 
 
-def _as_float(value: Any, what: str = "the loss") -> float:
-    """A value dra.step takes (the loss, a signal): a real number or a 0-d tensor; anything else
-    raises ValueError naming dra.step and the value (the same rule alone and in an elastic job)."""
-    if isinstance(value, float):
-        return float(value)  # a numpy float64 (a float subclass) as a plain float
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except OverflowError:
-            raise ValueError(f"dra.step: {what} is an int too large for a float ({str(value)[:20]}..., "
-                             f"{len(str(value))} digits); pass a real number") from None
-    if getattr(value, "is_meta", False) is True:
-        raise ValueError(f"dra.step: {what} is a tensor on the meta device, which holds no value; compute it on a real "
-                         "device (cpu or cuda) and pass that tensor, or its float")
-    item = getattr(value, "item", None)
-    shape = getattr(value, "shape", None)
-    if item is None or shape is None or isinstance(value, (str, bytes)):
-        shown = " ".join(repr(value).split())[:80]  # on one line: a tensor's repr spans several
-        fix = ""
-        if getattr(value, "loss", None) is not None:  # a model's output object (HuggingFace's ModelOutput)
-            fix = "; pass its .loss (e.g. dra.step(outputs.loss))"
-        elif isinstance(value, (tuple, list)) and value and all(getattr(v, "shape", None) is not None for v in value):
-            fix = "; pass the loss itself, not the tuple it came in (e.g. dra.step(out[0]))"
-        raise ValueError(f"dra.step: expected a float or a 0-d tensor as {what}, got {type(value).__name__} {shown}{fix}")
-    if len(shape) != 0:
-        raise ValueError(f"dra.step: expected a 0-d tensor as {what}, got shape {tuple(shape)}; pass loss.mean() or loss.sum()")
-    number = item()
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        raise ValueError(f"dra.step: {what} holds {type(number).__name__} {number!r}, expected a real number")
-    return float(number)
-
-
-def _warn_nonfinite(loss: float, index: int, stacklevel: int = 2, half: bool = False) -> None:
-    """Warns about the first non-finite loss of a streak (the estimator counts every one). An inf
-    float16 loss names its cause: float16 ends at 65504, so a loss above it (a sum over a batch, a
-    loss of a model cast with .half()) is inf at every step."""
-    cause = ""
-    if half and loss in (float("inf"), float("-inf")):
-        cause = ("; the loss is a float16 tensor and exceeded float16's range (largest 65504): compute the loss in "
-                 "float32 (e.g. loss_fn(logits.float(), target), or outside autocast), scale it down (a mean instead "
-                 "of a sum), or train in bfloat16, whose range is float32's")
-    warnings.warn(
-        f"dra.step: non-finite loss {loss!r} at step {index} ignored{cause} "
-        f"(counted in signals.nonfinite_count; warned once per streak)",
-        RuntimeWarning,
-        stacklevel=stacklevel,
-    )
-
-
-def _is_float16(loss: Any) -> bool:
-    """Whether the loss is a float16 tensor (its inf is then most likely an overflow of that range)."""
-    dtype = getattr(loss, "dtype", None)
-    return dtype is not None and str(dtype) == "torch.float16"
-
-
 _default: Controller | None = None
 
 
@@ -490,7 +480,7 @@ def _install(controller: Controller | None) -> None:
     """Points dra.step at `controller` (straight into C++ for a controller without a world whose
     class keeps Controller.step)."""
     fast = controller if controller is not None and type(controller).step is Controller.step else None
-    _core._set_step_target(_step_slow, _warn_nonfinite, fast)
+    _core._set_step_target(_step_slow, warn_nonfinite, fast)
 
 
 def default_controller() -> Controller:
@@ -522,33 +512,7 @@ def _step_slow(*args: Any, **signals: Any) -> StepStatus:
     controller = _default if _default is not None else default_controller()
     if type(controller).step is not Controller.step:
         return controller.step(loss, **signals)
-    return controller._step_checked(_loss_value(loss), signals, stacklevel=3, half=_is_float16(loss))
-
-
-def _loss_value(value: Any) -> Any:
-    """The loss as dra.step takes it: a float, or a 0-d floating-point tensor on a device (kept
-    unread: reading it would synchronise the device); anything else as _as_float reads it."""
-    is_tensor = getattr(value, "is_cuda", False) and getattr(value, "shape", None) is not None
-    if is_tensor and type(value).__module__.startswith("torch"):
-        if len(value.shape) != 0:
-            raise ValueError(
-                f"dra.step: expected a 0-d tensor as the loss, got shape {tuple(value.shape)}; pass loss.mean() or loss.sum()"
-            )
-        return _real_loss_tensor(value).detach()
-    return _as_float(value)
-
-
-def _real_loss_tensor(value: Any) -> Any:
-    """The one rule for a loss tensor's dtype, on every device: floating point as it is; an integer
-    one (int64 accuracy counts, say) as float64, as `_as_float` takes a Python int; bool and complex
-    raise ValueError."""
-    import torch
-
-    if value.is_floating_point():
-        return value
-    if value.dtype == torch.bool or value.is_complex():
-        raise ValueError(f"dra.step: the loss holds {value.dtype}, expected a real number (floating point or integer)")
-    return value.to(torch.float64)
+    return controller._step_checked(loss_value(loss), signals, stacklevel=3, half=is_float16(loss))
 
 
 def _refuse_copy(what: str, fix: str) -> Any:

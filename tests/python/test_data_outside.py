@@ -182,3 +182,66 @@ def test_an_empty_share_closing_an_accumulation_window_adds_no_gradient(tmp_path
     for f in finals:
         for got, want in zip(f["params"], replayed):
             assert got == pytest.approx(want, rel=1e-5, abs=1e-6), (f["uid"], got, want)
+
+
+# A loop that calls dra.step only where it logs (every N batches), its optimizer stepping every
+# batch: each backward reduces, and the world commits each step; a process that skipped its
+# dra.step counts the step at its next backward. Configured as SCRIPT is.
+EVERY_SCRIPT = r'''
+import json, os, torch
+from torch.utils.data import DataLoader, Dataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+
+class Numbered(Dataset):
+    def __len__(self): return cfg["n"]
+    def __getitem__(self, i): return int(i), torch.full((4,), float(i))
+
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+sampler = de.DistributedSampler(Numbered(), seed=3)
+loader = torch.utils.data.DataLoader(Numbered(), batch_size=2, sampler=sampler)
+model = de.DistributedDataParallel(net, opt, sampler)
+ctl = model.controller
+log = open(os.path.join(cfg["out"], f"log-{ctl.uid}.jsonl"), "a")
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    for i, (ids, x) in enumerate(loader):
+        depoch = sampler.epoch
+        opt.zero_grad(); loss = model(x).pow(2).mean(); loss.backward(); opt.step()
+        kept = not ctl.update_skipped  # after backward: this batch trains (not padding, not stale)
+        log.write(json.dumps({"kind": "batch", "uid": ctl.uid, "depoch": depoch, "kept": kept,
+                              "ids": ids.tolist()}) + "\n")
+        log.flush()
+        if (i + 1) % cfg["every"] == 0:
+            dra.step(loss)
+            if cfg.get("twice"):
+                dra.step(loss.item())  # a logging helper's second call
+log.write(json.dumps({"kind": "final", "uid": ctl.uid, "digest": ctl.state_digest()}) + "\n")
+log.close()
+'''
+
+
+def test_a_loop_calling_dra_step_every_third_batch_trains_every_sample_once_across_epochs(tmp_path):
+    """10 steps a data epoch: epoch 0's last step and epoch 1's first call no dra.step. The missed
+    step was counted at the next backward, after the next pass had begun: against the new epoch's
+    position, so epoch 1's first step was trained twice and its third never (6 samples each way,
+    silently). It is now counted before the next pass begins."""
+    code, out, records = run_logged_script(tmp_path, EVERY_SCRIPT, 3, {"policy": "none", "fault_timeout_s": 10},
+                                           {"n": 60, "every": 3}, 90)
+    assert code == 0, out[-4000:]
+    for e in range(2):
+        seen = Counter(i for r in records if r["kind"] == "batch" and r["kept"] and r["depoch"] == e for i in r["ids"])
+        assert sorted(seen.elements()) == list(range(60)), (e, sorted(k for k, v in seen.items() if v > 1),
+                                                           sorted(set(range(60)) - set(seen)))
+    finals = [r for r in records if r["kind"] == "final"]
+    assert len(finals) == 3 and len({r["digest"] for r in finals}) == 1, finals
+
+
+def test_dra_step_called_twice_for_one_batch_is_named(tmp_path):
+    code, out, _ = run_logged_script(tmp_path, EVERY_SCRIPT, 2, {"policy": "none", "fault_timeout_s": 10},
+                                     {"n": 24, "every": 1, "twice": True}, 90)
+    assert code != 0
+    assert "dra.step called again for the batch its previous call (step 0) committed" in out, out[-3000:]

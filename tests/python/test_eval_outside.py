@@ -111,3 +111,51 @@ def test_a_standby_admitted_again_whose_loop_is_behind_is_not_taken_out_by_its_v
     assert behind[0]["total"] == own * 3, behind
     members = [r for r in records if not r["behind"] and r["world"] == 3]
     assert members and all(r["total"] == 24 for r in members), members  # 23 padded to 24, as torch splits
+
+
+EPOCHS_SCRIPT = r"""
+import json, os
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra
+from dra.elastic import DistributedDataParallel as DDP, DistributedSampler
+
+cfg = json.loads(os.environ["CFG"])
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+x = torch.randn(60, 8, generator=torch.Generator().manual_seed(0))
+train = TensorDataset(x, (x[:, 0] > 0).long())
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+loader = DataLoader(train, batch_size=2, sampler=DistributedSampler(train, seed=0))
+model = DDP(net, opt, loader.sampler, scheduler=sched)
+ctl = model.controller
+for epoch in ctl.epochs(3):
+    for xb, yb in loader:
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        dra.step(0.0)
+    ctl.scheduler.step()  # a per-epoch schedule
+    LOG.write(json.dumps(dict(uid=ctl.uid, epoch=epoch, lr=opt.param_groups[0]["lr"])) + "\n")
+LOG.write(json.dumps(dict(uid=ctl.uid, final=ctl.state_digest(), lr=opt.param_groups[0]["lr"])) + "\n")
+LOG.close()
+"""
+
+
+def test_a_joiner_admitted_at_an_epochs_last_step_runs_that_epochs_end_under_ctl_epochs(tmp_path: Path) -> None:
+    # 10 steps a data epoch; the third process joins at step 9, the last of data epoch 0. Its
+    # ctl.epochs() loop began at data epoch 1: it never stepped epoch 0's schedule, which the
+    # members stepped after the admission, so its learning rate stayed twice theirs and its
+    # parameters parted for the rest of the job, silently.
+    code, logs, records = run_logged_script(tmp_path, EPOCHS_SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0,
+                                                                        "start_size": 2, "resize_schedule": {"9": 3}},
+                                            {}, timeout=120)
+    assert code == 0, logs[-4000:]
+    ends = [r for r in records if "epoch" in r]
+    assert sorted(r["uid"] for r in ends if r["epoch"] == 0) == [0, 1, 2], ends
+    assert all(r["lr"] == 0.05 * 0.5 ** (r["epoch"] + 1) for r in ends), ends
+    finals = [r for r in records if "final" in r]
+    assert len(finals) == 3 and len({r["final"] for r in finals}) == 1 and len({r["lr"] for r in finals}) == 1, finals

@@ -43,6 +43,7 @@ import copy
 import functools
 import inspect
 import re
+import sys
 import threading
 from typing import Any
 
@@ -182,7 +183,11 @@ def _resolving(name: str, fn: Any) -> Any:
         handler = _handler
         group = kwargs.get("group", args[0] if args else None)
         if handler is None or group is None:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if handler is not None and name in ("get_rank", "get_world_size") and handler.partial \
+                    and not _torchs_own_call():
+                handler.say_partial(f"dist.{name}()", out)
+            return out
         if name == "destroy_process_group":
             import torch.distributed as dist
 
@@ -193,10 +198,19 @@ def _resolving(name: str, fn: Any) -> Any:
             current = handler.resolve(group, f"dist.{name}")
         if current is not group:
             args, kwargs = ((current, *args[1:]), kwargs) if "group" not in kwargs else (args, {**kwargs, "group": current})
-        return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
+        if name in ("get_rank", "get_world_size") and handler.partial and not _torchs_own_call():
+            handler.say_partial(f"dist.{name}()", out)
+        return out
 
     call.__dra_guard__ = True  # type: ignore[attr-defined]
     return call
+
+
+def _torchs_own_call() -> bool:
+    """Whether the query wrapped by the caller was asked by torch itself (a DataLoader's iterator
+    reads the world's size), not by the script."""
+    return str(sys._getframe(2).f_globals.get("__name__", "")).startswith("torch.")
 
 
 class _Lost(Exception):  # noqa: N818 - not an error of the script's: a guarded call inside another lost a member

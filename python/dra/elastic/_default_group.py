@@ -195,6 +195,24 @@ class DefaultGroup:
         if problem:
             self._warn("subgroups", problem)
 
+    @property
+    def partial(self) -> bool:
+        """The default group spans the members of one kind only, until the next ``dra.step``."""
+        return self._partial
+
+    def say_partial(self, call: str, value: int) -> None:
+        """Said once: ``call`` answered ``value`` for the group of this process's kind, not for the world."""
+        ctl = self._controller() if self._controller is not None else None
+        if ctl is None or "partial" in self._warned:
+            return
+        world = f"the elastic world has {ctl.world_size} processes and this one is its rank {ctl.rank}"
+        self._warn("partial", f"dra: {call} answered {value} until the next dra.step: right after a joiner's "
+                              "admission, the joiners and the members that go on each have a default group of their "
+                              f"own (their next code differs), and {world} (ctl.world_size, ctl.rank). Read those "
+                              "for anything every rank must agree on: a learning rate computed from the world's size "
+                              "(under dra the global batch stays as launched), rank-0-only work "
+                              "(docs/guide/elastic.md)", stacklevel=4)
+
     def behind(self) -> str | None:
         """Why a collective of the script's meets no member now (None: it meets them): this member's
         `range` loop is behind the world, and its last pass over the loader trained nothing (a

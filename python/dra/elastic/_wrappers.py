@@ -330,16 +330,7 @@ class ElasticDataParallel(torch.nn.Module):
         if not self._outer_armed:  # else the end of the backward through the outputs calls _sync
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         ctl._micro_step_due = False  # a micro-batch whose dra.step never came
-        if ctl._awaiting_step:
-            # The previous backward never reached dra.step (an exception caught after it): that
-            # batch is done with, and the world committed its step without this process.
-            ctl._awaiting_step = False
-            ctl._skipping = False
-            ctl._catch_up_missed_step()
-            if ctl.sampler is not None:
-                if ctl._refusal is not None:  # that step was refused by the world: it is redone
-                    ctl.sampler._refused(ctl._refusal["excess"])
-                ctl.sampler._consumed()
+        ctl._settle_missed_step()  # the previous backward never reached dra.step
         before = ctl._micro_fresh  # batches of this window trained so far
         fresh = ctl.sampler is None or ctl.sampler._current_is_fresh(before)
         self._micro = micro

@@ -136,6 +136,8 @@ class ElasticSampler:
         epoch = int(epoch)
         end_if_finished(self, epoch)
         native, ctl = self._native, self._controller
+        if ctl is not None:
+            ctl._settle_missed_step()  # a step the last pass ended without calling dra.step for
         if (ctl is not None and ctl.is_member and self._requested is not None and epoch > max(self._requested, native.epoch)
                 and self._trained_epoch == native.epoch and not native.exhausted and native.cursor > 0):
             # The loop trained in this data epoch and moves on before its end (a break, a zip with a
@@ -198,6 +200,7 @@ class ElasticSampler:
                           "reducing backward before the loader's pass ended; they are trained again (close each "
                           "window with a backward outside no_sync(), the epoch's last batch included)", stacklevel=3)
             ctl._micro_fresh = 0
+        ctl._settle_missed_step()  # before the in-flight batches of the last pass are forgotten
         self._in_flight.clear()
         self._depth_seen = None
         self._iterating = True
