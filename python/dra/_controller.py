@@ -341,13 +341,14 @@ class Controller(_core.Controller):
             # received does not hold it. So does this process, its pass training nothing, as a
             # `range` loop's does (it started at the next epoch: its schedule stayed a step behind
             # the world's for the rest of the job, and its parameters parted).
-            sampler._requested = sampler.epoch
+            sampler._requested, sampler._fresh_request = sampler.epoch, True
             try:
                 yield sampler.epoch
             finally:
                 sampler._requested = None
         while self.next_epoch(num_epochs):
             epoch, steps = sampler.epoch, self.step_index
+            sampler._requested, sampler._fresh_request = epoch, True  # as set_epoch (a second pass goes over it again)
             yield epoch
             if not self.is_member or self.stopped or sampler.epoch != epoch or sampler.exhausted:
                 continue

@@ -18,6 +18,16 @@ def check_training_objects(model: Any, optimizer: Any, scheduler: Any) -> None:
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}; "
                          "dra.elastic.init(model, optimizer, sampler) takes the module first")
+    wrapped = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    for name, sub in model.named_modules():
+        if isinstance(sub, wrapped):
+            # torch's reducer would all-reduce on the process group of the launch: after the first
+            # change of the world it waited there for the script's timeout (30 min by default).
+            where = "model" if not name else f"model.{name}"
+            raise ValueError(
+                f"{where}: is a torch.nn.parallel.{type(sub).__name__}, whose gradient reduction runs on the world "
+                "it was made for and hangs once the elastic world changes; give dra the module it wraps "
+                f"({where}.module): dra reduces the gradients itself")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
             f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__} {optimizer!r:.60}; "

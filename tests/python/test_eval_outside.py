@@ -159,3 +159,58 @@ def test_a_joiner_admitted_at_an_epochs_last_step_runs_that_epochs_end_under_ctl
     assert all(r["lr"] == 0.05 * 0.5 ** (r["epoch"] + 1) for r in ends), ends
     finals = [r for r in records if "final" in r]
     assert len(finals) == 3 and len({r["final"] for r in finals}) == 1 and len({r["lr"] for r in finals}) == 1, finals
+
+
+TRAIN_EVAL_SCRIPT = r"""
+import json, os
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra
+from dra.elastic import DistributedDataParallel as DDP, DistributedSampler
+
+cfg = json.loads(os.environ["CFG"])
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+x = torch.randn(48, 8, generator=torch.Generator().manual_seed(0))
+train = TensorDataset(torch.arange(48), x, (x[:, 0] > 0).long())
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.05)
+sampler = DistributedSampler(train, seed=0)
+loader = DataLoader(train, batch_size=4, sampler=sampler)
+model = DDP(net, opt, sampler)
+ctl = model.controller
+epochs = ctl.epochs(3) if cfg["style"] == "epochs" else range(3)
+for epoch in epochs:
+    if cfg["style"] == "range":
+        sampler.set_epoch(epoch)
+    for ids, xb, yb in loader:
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        dra.step(0.0)
+    seen = []
+    with torch.no_grad():  # the training set's accuracy: a second pass over the training loader
+        for n, (ids, xb, yb) in enumerate(loader):
+            assert n < 100, "the pass does not end"
+            seen += ids.tolist()
+    LOG.write(json.dumps(dict(uid=ctl.uid, epoch=epoch, world=ctl.world_size, seen=seen)) + "\n")
+LOG.close()
+"""
+
+
+@pytest.mark.parametrize("style", ["epochs", "range"])
+def test_a_second_pass_over_the_training_loader_in_an_epoch_goes_over_that_epoch(tmp_path: Path, style: str) -> None:
+    # A training-set evaluation after each epoch (torch's update_bn(loader, model) does the same):
+    # under ctl.epochs it started the next epoch's order and then yielded padding for ever; in a
+    # range loop it yielded one batch of 4 samples, the same on every rank. Each rank now goes over
+    # its share of the epoch for the world as it is (3 after the grow at step 3, the last of epoch 0).
+    code, logs, records = run_logged_script(tmp_path, TRAIN_EVAL_SCRIPT, 3,
+                                            {"policy": "none", "start_size": 2, "resize_schedule": {"3": 3}},
+                                            {"style": style}, timeout=120)
+    assert code == 0, logs[-4000:]
+    for epoch in range(3):
+        rs = [r for r in records if r["epoch"] == epoch]
+        assert sorted(r["uid"] for r in rs) == [0, 1, 2], rs
+        assert all(len(r["seen"]) == 16 for r in rs), rs  # 48 samples over 3 ranks
+        assert sorted(i for r in rs for i in r["seen"]) == list(range(48)), rs

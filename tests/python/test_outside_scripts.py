@@ -298,3 +298,19 @@ def test_sams_second_pass_on_the_batch_a_no_sync_pass_trained_is_refused_and_the
     code, logs, records = _run(tmp_path, "sam_recipe", SAM, "autograd", options=GROW)
     assert code == 0, logs[-3000:]
     _check_exactly_once(records, epochs=2)
+
+
+def test_a_model_still_wrapped_in_torchs_ddp_is_refused_naming_its_module() -> None:
+    """torch's DDP left around the module given to dra trained through the first world, then its
+    reducer waited on the launch's process group for the script's timeout (30 min by default) and
+    died with a Gloo timeout naming neither. Refused at init, naming `.module`."""
+    import torch
+
+    from dra._training_objects import check_training_objects
+
+    inner = torch.nn.Linear(2, 1)
+    for model, where in ((torch.nn.DataParallel(inner), "model:"),
+                         (torch.nn.Sequential(torch.nn.DataParallel(inner)), "model.0:")):
+        with pytest.raises(ValueError, match=r"DataParallel.*\.module\)") as e:
+            check_training_objects(model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+        assert str(e.value).startswith(where), e.value

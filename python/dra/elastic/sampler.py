@@ -30,14 +30,11 @@ batches are computed for the new world. At the end of an epoch, while batches ar
 the iterator yields padding batches of the usual size (dropped the same way) instead of stopping, so
 that an epoch whose last steps a world change invalidated is still finished.
 
-A training loop that skips a batch it was handed (an exception caught before backward, a
-``continue``; on one rank or on every rank alike, as a resume that skips the pass's first batches)
-received more batches from the DataLoader than it trained: the check that rides with the step's
-reduction refuses that step on every rank (nothing is applied or committed), the skipping ranks
-drop the batches they skipped, and the step is redone with the same samples. (Counted against the
-batches in flight at the previous step, a skip before the pass's first reduced batch went unseen:
-the skipped steps were committed with the batches trained after them, and padding trained at the
-pass's end.) Without a DataLoader, the count is the batches in flight, compared across ranks.
+A loop that skips a batch it was handed (an exception caught before backward, a ``continue``; on
+one rank or on all, as a resume skipping a pass's first batches) received more batches than it
+trained: the check riding with the step's reduction refuses the step on every rank, the skipping
+ranks drop what they skipped, and the step is redone with the same samples. Without a DataLoader,
+the count is the batches in flight, compared across ranks.
 """
 
 from __future__ import annotations
@@ -84,7 +81,7 @@ class ElasticSampler:
         self._iterating = False
         self._pass_steps: int | None = None  # steps left when the loader's current pass began
         self._pass_token: object = None
-        self._peeked = False  # this pass is a loop behind the world's: one batch, dropped if trained
+        self._peeked, self._peeked_epoch = False, None  # a pass of a loop behind the world's (one batch); its epoch
         self._trained_epoch: int | None = None  # the data epoch of this process's last pass that trained
         self._delivered = self._handled = 0  # batches of this pass the loop received; of those, done with
         self._depth_seen: int | None = None  # batches in flight at this iterator's previous reduced batch
@@ -144,20 +141,18 @@ class ElasticSampler:
             # shorter loader): it ends here, as torch's sampler starts the next order (it went on
             # where the loop left it, and the epochs after it were skipped once it ended).
             ctl._leave_epoch_early()
-        self._requested = epoch
+        self._requested, self._fresh_request = epoch, True
         while native.epoch < epoch and native.exhausted:
             native.next_epoch()
         if native.epoch < epoch and native.cursor == 0:
             self._start_at(epoch)
 
     def _catching_up(self) -> bool:
-        """Whether the loader's last pass was one of a loop behind the world, which trained nothing:
-        a joiner's `range` loop walking the data epochs the world has finished, or a standby's,
-        admitted again, walking to the one it trained in. The loop's code after such a pass (an
-        epoch's ``scheduler.step()``) is not the world's: the members ran it when they ended that
-        epoch, and the state this process received already holds it. The epoch the world has just
-        ended is not behind for a process that did not train in it (a joiner admitted at its last
-        step: the members run that epoch's end after the admission, and so does it)."""
+        """Whether the loader's last pass was one of a loop behind the world, which trained nothing (a
+        joiner's `range` loop walking the data epochs the world finished, a standby's admitted again
+        walking to the one it trained in): the code after it (``scheduler.step()``) is not the world's,
+        whose members ran it and whose state this process received. The epoch the world has just ended
+        is not behind for a process that did not train in it (a joiner admitted at its last step)."""
         requested, native = self._requested, self._native
         if not self._peeked or requested is None:
             return False
@@ -179,23 +174,23 @@ class ElasticSampler:
     def _steps(self) -> Iterator[np.ndarray]:
         """This rank's share of each step left in the data epoch, computed when the loader asks."""
         token = self._pass_token = object()
+        # Again over the epoch the loop is in (no set_epoch since its last pass, not catching up).
+        again, self._fresh_request = not getattr(self, "_fresh_request", True) and not self._catching_up(), False
         self._peeked = False
         self._delivered = self._handled = 0  # batches of this pass the loop has received; done with
         try:
-            yield from self._pass()
+            yield from self._pass(again)
         finally:
             if self._pass_token is token:  # not a newer pass's
                 self._pass_steps = None
 
-    def _pass(self) -> Iterator[np.ndarray]:
+    def _pass(self, again: bool = False) -> Iterator[np.ndarray]:
         native, ctl = self._native, self._controller
         self._check_process()
         if ctl is None:
             yield from self._plain_pass()
             return
-        if ctl is not None and ctl._micro_fresh:
-            # A gradient-accumulation window left open by the previous pass over the loader: its
-            # batches were never reduced, so they are handed out again (and trained again).
+        if ctl is not None and ctl._micro_fresh:  # a window the last pass left open: trained again
             warnings.warn(f"dra: {ctl._micro_fresh} batch(es) accumulated under no_sync() were never followed by a "
                           "reducing backward before the loader's pass ended; they are trained again (close each "
                           "window with a backward outside no_sync(), the epoch's last batch included)", stacklevel=3)
@@ -214,11 +209,14 @@ class ElasticSampler:
         if self._requested is not None and self._requested <= data_epoch and (
             self._requested < data_epoch or native.exhausted
         ):
+            if again and self._requested == data_epoch and data_epoch in (self._trained_epoch, self._peeked_epoch):
+                yield from self._replay(data_epoch)  # the loop goes over the epoch it trained again
+                return
             # A loop behind the world (a joiner, or a peek before set_epoch): nothing to train, but
             # one batch of the usual size, dropped if trained, so that next(iter(loader)) sees what
             # torch's loader would.
             self._in_flight.append(None)
-            self._peeked = True
+            self._peeked, self._peeked_epoch = True, self._requested
             yield self._usual_batch()
             return
         self._trained_epoch = data_epoch
@@ -256,11 +254,24 @@ class ElasticSampler:
             self._in_flight.append((world_epoch, self._generation, cursor))
             yield self._share(cursor, world, rank)
 
+    def _replay(self, epoch: int) -> Iterator[np.ndarray]:
+        """Again over the data epoch this process trained, before the loop moves on (a training-set
+        evaluation, ``update_bn(loader, model)``): this rank's shares for the world now, as torch's
+        sampler yields them, dropped if trained (it yielded one peek batch, or under ``ctl.epochs``
+        the next epoch's order, then padding for ever)."""
+        native = self._native
+        world, rank, batch = max(int(native.world), 1), int(native.rank), int(native.global_batch)
+        for cursor in range(0, int(native.epoch_size), batch):
+            if native.epoch != epoch:
+                return
+            share = self._share(cursor, world, rank)
+            if len(share):
+                self._in_flight.append(None)
+                yield share
+
     def _plain_pass(self) -> Iterator[np.ndarray]:
-        """Outside a controller: a plain batch sampler, as torch's DistributedSampler is in a world of
-        one. Nothing commits there, so the cursor never moves: the in-flight bookkeeping and the
-        padding (which wait for commits) would never end the pass. Each step left in the data epoch
-        once, in the epoch's order, then the end; iterated again, the same epoch again."""
+        """Outside a controller (nothing commits, so in-flight bookkeeping and padding would never
+        end it): each step left in the data epoch once, in its order; iterated again, the same."""
         native = self._native
         world, rank, batch = max(int(native.world), 1), int(native.rank), int(native.global_batch)
         for cursor in range(int(native.cursor), int(native.epoch_size), batch):
