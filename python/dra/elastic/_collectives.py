@@ -182,29 +182,30 @@ def _resolving(name: str, fn: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         handler = _handler
         group = kwargs.get("group", args[0] if args else None)
-        if handler is None or group is None:
-            out = fn(*args, **kwargs)
-            if handler is not None and name in ("get_rank", "get_world_size") and handler.partial \
-                    and not _torchs_own_call():
-                handler.say_partial(f"dist.{name}()", out)
-            return out
-        if name == "destroy_process_group":
-            import torch.distributed as dist
+        if handler is not None and group is not None:
+            if name == "destroy_process_group":
+                import torch.distributed as dist
 
-            current = handler.subgroups.to_destroy(dist, group)  # a group gone with an earlier world: nothing to do
-            if current is None:
-                return None
-        else:
-            current = handler.resolve(group, f"dist.{name}")
-        if current is not group:
-            args, kwargs = ((current, *args[1:]), kwargs) if "group" not in kwargs else (args, {**kwargs, "group": current})
+                current = handler.subgroups.to_destroy(dist, group)  # gone with an earlier world: nothing to do
+                if current is None:
+                    return None
+            else:
+                current = handler.resolve(group, f"dist.{name}")
+            if current is not group:
+                args, kwargs = ((current, *args[1:]), kwargs) if "group" not in kwargs else (args, {**kwargs, "group": current})
         out = fn(*args, **kwargs)
-        if name in ("get_rank", "get_world_size") and handler.partial and not _torchs_own_call():
+        if handler is not None and name in ("get_rank", "get_world_size") and handler.partial and not _torchs_own_call():
             handler.say_partial(f"dist.{name}()", out)
         return out
 
     call.__dra_guard__ = True  # type: ignore[attr-defined]
     return call
+
+
+def _world_size(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
 
 
 def _torchs_own_call() -> bool:
@@ -264,7 +265,7 @@ def _guard(name: str, fn: Any) -> Any:
                                     f"process's own value, as if every member had contributed it: {behind}, and "
                                     "the members ran this code when they ended that epoch. Guard the code after "
                                     "such a pass by ctl.update_skipped (docs/guide/elastic.md)", stacklevel=3)
-            return _completed(name, bound.arguments, dist_size(group))
+            return _completed(name, bound.arguments, _world_size(group))
         restore = _snapshot(name, bound.arguments) if guarded else None
         reason = None
         _local.depth += 1
@@ -365,12 +366,6 @@ class _Done:
         fut: Any = torch.futures.Future()
         fut.set_result(None)
         return fut
-
-
-def dist_size(group: Any) -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size(group)
 
 
 def _completed(name: str, a: dict[str, Any], size: int) -> Any:
