@@ -150,13 +150,17 @@ void bind_pool(py::module_& root) {
       .def_readwrite("target_utilisation", &autoscaler_config::target_utilisation)
       .def_readwrite("down_utilisation", &autoscaler_config::down_utilisation)
       .def_readwrite("down_delay_s", &autoscaler_config::down_delay_s)
+      .def_readwrite("peak_window_s", &autoscaler_config::peak_window_s)
       .def_readwrite("queue_per_replica", &autoscaler_config::queue_per_replica)
       .def_readwrite("min_replicas", &autoscaler_config::min_replicas)
       .def_readwrite("max_replicas", &autoscaler_config::max_replicas);
   py::class_<replica_autoscaler>(m, "ReplicaAutoscaler")
       .def(py::init<autoscaler_config>(), py::arg("config"))
       .def("update", &replica_autoscaler::update, py::arg("now"), py::arg("rate_rps"), py::arg("queue"),
-           py::arg("current"), py::arg("replica_rps") = 0.0);
+           py::arg("current"), py::arg("replica_rps") = 0.0)
+      .def("mean_load", &replica_autoscaler::mean_load, py::arg("now"))
+      .def("peak_needed", &replica_autoscaler::peak_needed)
+      .def("forget_peaks", &replica_autoscaler::forget_peaks);
 
   py::class_<scale_job> sj(m, "ScaleJob", "A running job as the scaler sees it.");
   sj.def(py::init<>())

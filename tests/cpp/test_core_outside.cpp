@@ -308,7 +308,8 @@ TEST_CASE("outside.core.a_held_list_of_policy_names_follows_the_registry") {
 TEST_CASE("outside.core.the_autoscaler_takes_finite_settings_only") {
   for (double pool::autoscaler_config::* field :
        {&pool::autoscaler_config::replica_rps, &pool::autoscaler_config::up_utilisation,
-        &pool::autoscaler_config::down_delay_s, &pool::autoscaler_config::queue_per_replica}) {
+        &pool::autoscaler_config::down_delay_s, &pool::autoscaler_config::peak_window_s,
+        &pool::autoscaler_config::queue_per_replica}) {
     pool::autoscaler_config c;
     c.*field = std::numeric_limits<double>::infinity();
     CHECK_THROWS_WITH_AS(pool::replica_autoscaler{c}, doctest::Contains("must be a finite number"),

@@ -462,8 +462,9 @@ TEST_CASE("pool.scheduler.resize_releases_newest_and_grows_partially") {
 }
 
 TEST_CASE("pool.autoscaler.hysteresis") {
+  // The band and the window's mean alone (the anti-flap hold is off: pool.autoscaler.peak_window).
   autoscaler_config c;
-  c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0;
+  c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0, c.peak_window_s = 0.0;
   c.up_utilisation = 0.75, c.target_utilisation = 0.6, c.down_utilisation = 0.35;
   replica_autoscaler a(c);
   CHECK(a.update(0.0, 5.0, 0.0, 1) == 1);   // 50 % load: inside the band
@@ -488,10 +489,61 @@ TEST_CASE("pool.autoscaler.hysteresis") {
   CHECK_THROWS_AS(replica_autoscaler{c}, std::invalid_argument);
 }
 
+TEST_CASE("pool.autoscaler.peak_window") {
+  // The main job's service (measured capacity 46 req/s a replica, band 0.15 / 0.4 / 0.5, 15 s): a
+  // burst of 37 req/s at 5 s, quiet (3 req/s) after it. The window's mean says one replica from
+  // 20 s on; one replica would have asked for a second at that burst, so the two are held until
+  // the burst is peak_window_s old: no step down into a size the last minute outgrew.
+  autoscaler_config c;
+  c.replica_rps = 46.0, c.min_replicas = 1, c.max_replicas = 2, c.down_delay_s = 15.0;
+  c.up_utilisation = 0.5, c.target_utilisation = 0.4, c.down_utilisation = 0.15;
+  const auto quiet_after_burst = [&](replica_autoscaler& a, double until) {
+    int current = 1, last = 0;
+    for (double t = 0.0; t <= until + 1e-9; t += 0.25) {
+      const double rate = t >= 5.0 && t < 6.0 ? 37.0 : 3.0;
+      last = a.update(t, rate, 0.0, current);
+      current = last;  // carried out at once
+    }
+    return last;
+  };
+  {
+    replica_autoscaler a(c);
+    CHECK(quiet_after_burst(a, 6.0) == 2);  // up at the burst
+    CHECK(a.peak_needed() == doctest::Approx(37.0 / 46.0 / 0.5));
+  }
+  {
+    replica_autoscaler a(c);
+    CHECK(quiet_after_burst(a, 50.0) == 2);  // the mean has been low since ~20 s: held
+    replica_autoscaler b(c);
+    CHECK(quiet_after_burst(b, 66.0) == 1);  // the burst is over 60 s old: one step down
+  }
+  c.peak_window_s = 0.0;  // without the hold (the first version): down as soon as the mean allows
+  {
+    replica_autoscaler a(c);
+    CHECK(quiet_after_burst(a, 21.0) == 1);
+  }
+  // A queue at n replicas needs n + 1: no step down from n for the window either.
+  c.peak_window_s = 30.0;
+  replica_autoscaler q(c);
+  CHECK(q.update(0.0, 3.0, 8.0, 2) == 2);  // a queue of 8 (4 a replica) at the most replicas allowed
+  CHECK(q.peak_needed() == doctest::Approx(3.0));
+  CHECK(q.update(20.0, 3.0, 0.0, 2) == 2);
+  CHECK(q.update(31.0, 3.0, 0.0, 2) == 1);
+  // A service that stopped reporting lets go of its peaks (the pool then counts it as no load).
+  replica_autoscaler s(c);
+  CHECK(s.update(0.0, 40.0, 0.0, 2) == 2);  // 0.87 replicas' worth: inside the band, 1.7 at up_utilisation
+  CHECK(s.update(0.5, 0.0, 0.0, 2) == 2);
+  s.forget_peaks();
+  CHECK(s.peak_needed() == 0.0);
+  CHECK(s.update(16.0, 0.0, 0.0, 2) == 1);
+  c.peak_window_s = -1.0;
+  CHECK_THROWS_WITH_AS(replica_autoscaler{c}, doctest::Contains("peak_window_s: must be >= 0"), std::invalid_argument);
+}
+
 TEST_CASE("pool.scaler.a_step_decided_holds_until_it_is_carried_out") {
   // The pool asks every tick and re-plans every few seconds: the answer must hold in between.
   autoscaler_config c;
-  c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0;
+  c.replica_rps = 10.0, c.min_replicas = 1, c.max_replicas = 4, c.down_delay_s = 5.0, c.peak_window_s = 0.0;
   c.up_utilisation = 0.75, c.target_utilisation = 0.6, c.down_utilisation = 0.35;
   replica_autoscaler a(c);
   CHECK(a.update(0.0, 2.0, 0.0, 2) == 2);

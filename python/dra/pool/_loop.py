@@ -289,6 +289,7 @@ class SchedulingLoop:
                 rate = queue = 0.0
                 if name not in self._stale:
                     self._stale[name] = at
+                    self._autoscaler(name).forget_peaks()
                     self._event({"event": "report_stale", "job": name, "silent_s": round(now - at, 3),
                                  "limit_s": REPORT_STALE_S})
             want = self._autoscaler(name).update(now, rate, queue, current, float(report.get("replica_rps", 0.0)))

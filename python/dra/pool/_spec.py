@@ -15,7 +15,7 @@ from dra._core import pool as _p
 
 REQUEST_FIELDS = ("kind", "device_type", "memory_gb", "fraction", "min_size", "max_size", "priority", "elastic", "gang")
 AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down_utilisation", "down_delay_s",
-                    "queue_per_replica")
+                    "peak_window_s", "queue_per_replica")
 
 _NUMBER = {"type": "number"}
 #: The least share of a device a worker may ask for: the finest share any enforcement holds (a GPU
