@@ -347,8 +347,10 @@ STOPPER = RECORD + f"""
 """
 
 
-def _one_world_per_step(records: list[dict]) -> None:
-    """No split brain: each committed step was committed by one world only, by all of its members."""
+def _one_world_per_step(records: list[dict], stopped: int | None = None) -> None:
+    """No split brain: each committed step was committed by one world only, by all of its members.
+    A member ``stopped`` while the others committed (its part of the reduction sent, SIGSTOP before
+    it saw the commit) may miss that one step: it never applies it, and the next is the others'."""
     by_step: dict[int, set[tuple[int, tuple[int, ...]]]] = {}
     committers: dict[tuple[int, int], set[int]] = {}
     for r in records:
@@ -358,6 +360,13 @@ def _one_world_per_step(records: list[dict]) -> None:
     assert all(len(worlds) == 1 for worlds in by_step.values()), {k: v for k, v in by_step.items() if len(v) > 1}
     for step, worlds in by_step.items():
         ((epoch, members),) = worlds
+        missed = set(members) - committers[(step, epoch)]
+        if missed == {stopped} and stopped is not None:
+            late = [r for r in records if r.get("kind") == "step" and r["uid"] == stopped and r["step"] == step]
+            assert late and not any(r["committed"] for r in late), (step, late)
+            assert all(stopped not in r["members"] for r in records  # the next step is the others'
+                       if r.get("kind") == "step" and r["committed"] and r["step"] == step + 1), step
+            continue
         assert committers[(step, epoch)] == set(members), (step, epoch, members, committers[(step, epoch)])
 
 
@@ -378,7 +387,9 @@ def test_a_leader_stopped_past_the_fault_timeout_is_replaced_and_learns_it_when_
     left = [e for e in faults if e["left"]]
     assert len(left) == 1 and left[0]["left"] == [0] and sorted(left[0]["members"]) == [1, 2], faults
     assert all(len(e["members"]) == 3 for e in faults if not e["left"]), faults
-    _one_world_per_step(records)
+    # Stopped within a step's commit (seen once in a fresh clone's run under load), process 0 sent
+    # its gradients and missed the commit of that one step: 1 and 2 applied it, 0 did not.
+    _one_world_per_step(records, stopped=0)
     assert _committed(records, 1) == list(range(80))  # every step of the epoch, by the survivors
 
 
