@@ -304,7 +304,8 @@ def run_mode(mode: str, args: argparse.Namespace, trace: list[tuple[float, int, 
     replica_s = sum(e.get("held_s", 0.0) for e in events if e["event"] == "release" and e["job"] == "serve")
     moves = {k: sum(1 for e in events if e["event"] == k) for k in ("grant", "release", "preempt", "shrink", "plan")}
     png = plot(state / "events.jsonl", out / f"gantt-{mode}.png", title=f"{mode}: slots over time (measured)", t0=t0,
-               devices=[d["id"] for d in st["devices"]], jobs=["serve", *names], load=host_load, cores=os.cpu_count())
+               devices=[d["id"] for d in st["devices"]], jobs=["serve", *names], load=host_load, cores=os.cpu_count(),
+               late=[a for a, _, _ in frontend.late])
     (out / f"events-{mode}.jsonl").write_text((state / "events.jsonl").read_text())
     loads = [v for _, v in host_load] or [os.getloadavg()[0]]
     return {

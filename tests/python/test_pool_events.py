@@ -143,3 +143,29 @@ def test_a_lease_granted_before_the_oldest_kept_file_is_still_drawn() -> None:
               {"time": 13.0, "event": "grant", "job": "b", "lease": 2, "device": "d0"},
               {"time": 15.0, "event": "release", "job": "b", "lease": 2, "device": "d0"}]
     assert sorted(leases(events)) == [("d0", "a", 10.0, 12.0, None), ("d0", "b", 13.0, 15.0, None)]
+
+
+def test_answers_past_the_slo_are_marked_on_the_gantt_chart(tmp_path: Path) -> None:
+    """The main job's chart marks when its service missed the SLO: the same events drawn with and
+    without the marks differ, and only where the marks are (the chart's foot)."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from dra.pool.gantt import plot
+
+    svc = PoolService(declared(2), tmp_path / "state", launch_jobs=False)
+    try:
+        svc.submit({"name": "serve", "kind": "inference", "min_size": 1, "max_size": 2})
+        svc.tick()
+    finally:
+        svc.close()
+    events = tmp_path / "state" / "events.jsonl"
+    t0 = min(json.loads(x)["time"] for x in events.read_text().splitlines())
+    plain = Image.open(plot(events, tmp_path / "plain.png", t0=t0)).convert("RGB")
+    marked = Image.open(plot(events, tmp_path / "late.png", t0=t0, late=[t0 + 0.5, t0 + 0.7])).convert("RGB")
+    assert plain.size == marked.size
+    red = [(x, y) for x in range(marked.width) for y in range(marked.height)
+           if marked.getpixel((x, y))[0] > 200 and max(marked.getpixel((x, y))[1:]) < 80
+           and plain.getpixel((x, y)) != marked.getpixel((x, y))]
+    assert len(red) > 20, "no red marks drawn"
+    assert min(y for _, y in red) > marked.height // 3, "the marks are not at the chart's foot"

@@ -47,9 +47,11 @@ def job_colours(jobs: list[str]) -> dict[str, Any]:
 
 def plot(events_path: str | Path, png: str | Path, title: str = "device pool", t0: float | None = None,
          devices: list[str] | None = None, jobs: list[str] | None = None,
-         load: list[tuple[float, float]] | None = None, cores: int | None = None) -> Path:
+         load: list[tuple[float, float]] | None = None, cores: int | None = None,
+         late: list[float] | None = None) -> Path:
     """``jobs``: the colour order (default: by first grant); ``load``: (time, host load) samples
-    drawn under the chart, against ``cores``."""
+    drawn under the chart, against ``cores``; ``late``: arrival times of requests answered past
+    their SLO, marked along the chart's foot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,6 +79,8 @@ def plot(events_path: str | Path, png: str | Path, title: str = "device pool", t
     arrivals = [(e["time"], e["job"]) for e in events if e.get("event") == "submit"]
     for t, j in arrivals:
         ax.plot(t - t0, len(devs) - 0.35, marker="v", color=colour.get(j, "black"), markersize=8, clip_on=False)
+    for t in late or []:
+        ax.plot(t - t0, -0.45, marker="x", color="red", markersize=6, clip_on=False)
     ax.set_yticks(range(len(devs)), devs)
     ax.set_ylim(-0.6, len(devs) - 0.2)
     ax.set_title(title)
@@ -84,6 +88,8 @@ def plot(events_path: str | Path, png: str | Path, title: str = "device pool", t
                           or any(j == jj for _, jj in arrivals)]
     handles += [Patch(facecolor="grey", alpha=0.3, label="lease held"), Patch(facecolor="grey", label="worker running"),
                 Line2D([], [], marker="v", color="grey", linestyle="", label="arrival")]
+    if late:
+        handles.append(Line2D([], [], marker="x", color="red", linestyle="", label=f"past the SLO ({len(late)})"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if load:
         lx = axes[1][0]
