@@ -536,6 +536,21 @@ TEST_CASE("pool.autoscaler.peak_window") {
   s.forget_peaks();
   CHECK(s.peak_needed() == 0.0);
   CHECK(s.update(16.0, 0.0, 0.0, 2) == 1);
+  // A load alternating around the threshold (0.6 and 0.05 of a replica's capacity, 10 s each)
+  // goes up once and stays; without the hold it changed size every other window.
+  const auto alternating = [&](double window) {
+    c.peak_window_s = window;
+    replica_autoscaler a(c);
+    int current = 1, changes = 0;
+    for (double t = 0.0; t < 300.0; t += 0.25) {
+      const int want = a.update(t, std::fmod(t, 20.0) < 10.0 ? 0.6 * 46.0 : 0.05 * 46.0, 0.0, current);
+      changes += want != current, current = want;
+    }
+    return changes;
+  };
+  c.replica_rps = 46.0, c.down_delay_s = 5.0;
+  CHECK(alternating(60.0) == 1);
+  CHECK(alternating(0.0) > 20);
   c.peak_window_s = -1.0;
   CHECK_THROWS_WITH_AS(replica_autoscaler{c}, doctest::Contains("peak_window_s: must be >= 0"), std::invalid_argument);
 }
