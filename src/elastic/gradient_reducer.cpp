@@ -38,6 +38,26 @@ std::array<float, 9> batch_slots(const tail_input& in) {
           in.missed ? 1.0f : 0.0f,
           in.stale ? 1.0f : 0.0f};
 }
+
+// How a parameter's gradient travels: float64 (and complex128) in float64 buckets, every other
+// type in float32 ones (the float32 buckets reduced a float64 model's gradients to 1e-6 relative
+// error; torch's DDP reduces in the parameter's dtype); a complex gradient as its real view (its
+// imaginary part was dropped: a complex weight's never trained).
+at::ScalarType wire_type(const at::Tensor& p) {
+  const auto t = p.scalar_type();
+  return t == at::kDouble || t == at::kComplexDouble ? at::kDouble : at::kFloat;
+}
+std::int64_t wire_numel(const at::Tensor& p) {
+  return p.is_complex() ? 2 * p.numel() : p.numel();
+}
+std::vector<std::int64_t> wire_sizes(const at::Tensor& p) {
+  auto s = p.sizes().vec();
+  if (p.is_complex()) s.push_back(2);
+  return s;
+}
+at::Tensor wire_view(const at::Tensor& g) {
+  return g.is_complex() ? at::view_as_real(g) : g;
+}
 }  // namespace
 
 void write_tail(at::Tensor& dst, const tail_input& in) {
@@ -80,39 +100,48 @@ void gradient_reducer::layout(const std::vector<at::Tensor>& params, const at::D
   bool same = !buckets_.empty() && params.size() == params_.size() && buckets_.back().flat.device() == device &&
               single_ == single && flags_ == flags;
   for (std::size_t i = 0; same && i < params.size(); ++i)
-    same =
-        params[i].unsafeGetTensorImpl() == params_[i].unsafeGetTensorImpl() && params[i].numel() == params_[i].numel();
+    same = params[i].unsafeGetTensorImpl() == params_[i].unsafeGetTensorImpl() &&
+           params[i].numel() == params_[i].numel() && types_[i] == params[i].scalar_type();
   params_ = params;
   if (same) return;
+  types_.clear();
+  for (const auto& p : params) types_.push_back(p.scalar_type());
   buckets_.clear();
   bucket_of_.assign(params.size(), 0);
   single_ = single;
   flags_ = flags;
   // Reverse order: backward produces the last layers' gradients first.
   constexpr auto unbounded = std::numeric_limits<std::int64_t>::max() / 2;
-  auto cap = single ? unbounded : static_cast<std::int64_t>(first_bucket_bytes_ / sizeof(float));
+  const auto cap_of = [&](std::size_t bytes, at::ScalarType type) {
+    return single ? unbounded : static_cast<std::int64_t>(bytes / at::elementSize(type));
+  };
   bucket current;
+  std::int64_t cap = 0;
   for (std::size_t k = params.size(); k-- > 0;) {
-    const auto n = params[k].numel();
-    if (!current.params.empty() && current.numel + n > cap) {
+    const auto n = wire_numel(params[k]);
+    const auto type = wire_type(params[k]);
+    if (!current.params.empty() && (current.numel + n > cap || type != current.type)) {
       buckets_.push_back(std::move(current));
       current = bucket{};
-      cap = single ? unbounded : static_cast<std::int64_t>(bucket_bytes_ / sizeof(float));
     }
+    if (current.params.empty())
+      current.type = type, cap = cap_of(buckets_.empty() ? first_bucket_bytes_ : bucket_bytes_, type);
     bucket_of_[k] = buckets_.size();
     current.params.push_back(k);
     current.offsets.push_back(current.numel);
     current.shapes.offsets.push_back(current.numel);
-    current.shapes.shapes.push_back(params[k].sizes().vec());
+    current.shapes.shapes.push_back(wire_sizes(params[k]));
     current.shapes.params.push_back(params[k]);
     current.numel += n;
   }
-  buckets_.push_back(std::move(current));  // the last one (possibly without gradients) carries the tail
+  const bool float_last = current.type == at::kFloat;
+  buckets_.push_back(std::move(current));    // the last one (possibly without gradients) carries the tail
+  if (!float_last) buckets_.emplace_back();  // in float32: a bucket of its own after a float64 one
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     auto& bk = buckets_[b];
     const auto extra =
         b + 1 == buckets_.size() ? kTail + (flags ? static_cast<std::int64_t>(params.size()) : std::int64_t{0}) : 0;
-    bk.flat = at::zeros({bk.numel + extra}, at::TensorOptions().dtype(at::kFloat).device(device));
+    bk.flat = at::zeros({bk.numel + extra}, at::TensorOptions().dtype(bk.type).device(device));
   }
 }
 
@@ -147,14 +176,14 @@ void gradient_reducer::ready(std::size_t index) {
   std::size_t pos = 0;
   while (b.params[pos] != index) ++pos;
   const auto& p = params_[index];
-  at::Tensor dst = b.flat.narrow(0, b.offsets[pos], p.numel());
+  at::Tensor dst = b.flat.narrow(0, b.offsets[pos], wire_numel(p));
   const at::Tensor& g = p.grad();
   if (!g.defined() || weight_ == 0.0) {
     dst.zero_();
-  } else if (g.device() == dst.device() && g.scalar_type() == at::kFloat) {
-    at::mul_out(dst, g.reshape({-1}), weight_);
+  } else if (const at::Tensor w = wire_view(g); w.device() == dst.device() && w.scalar_type() == dst.scalar_type()) {
+    at::mul_out(dst, w.reshape({-1}), weight_);
   } else {
-    dst.copy_(g.reshape({-1}));
+    dst.copy_(w.reshape({-1}));
     dst.mul_(weight_);
   }
   used_[index] = g.defined() && weight_ != 0.0 ? 1.0F : 0.0F;
@@ -173,7 +202,7 @@ void gradient_reducer::launch(std::size_t b) {
   if (flags_ && b + 1 == buckets_.size() && !used_.empty())
     flags_slot().copy_(at::from_blob(used_.data(), {static_cast<std::int64_t>(used_.size())}, at::kFloat));
   auto reduce = [&] {
-    if (hook_) {
+    if (hook_ && bk.type == at::kFloat) {  // a codec compresses float32 buckets; float64 ones go whole
       at::Tensor grads = bk.flat.narrow(0, 0, bk.numel);
       at::Tensor exact = bk.flat.narrow(0, bk.numel, bk.flat.numel() - bk.numel);
       hook_->reduce(*comm_, b, bk.shapes, grads, exact);
@@ -227,12 +256,16 @@ at::Tensor gradient_reducer::finish() {
       const auto& p = params_[b.params[k]];
       if (!world_used.empty() && world_used[b.params[k]] == 0.0F && !p.grad().defined())
         continue;  // no rank had a gradient for it: it keeps none, as in one process
-      at::Tensor src = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+      at::Tensor src = b.flat.narrow(0, b.offsets[k], wire_numel(p)).view(wire_sizes(p));
       if (!p.grad().defined()) {
         auto& grad = const_cast<at::Tensor&>(p).mutable_grad();
-        grad = src.to(p.device(), p.scalar_type()).clone();
+        if (p.is_complex()) {
+          grad = at::view_as_complex(src.to(p.device(), wire_type(p)).clone(at::MemoryFormat::Contiguous));
+        } else {
+          grad = src.to(p.device(), p.scalar_type()).clone();
+        }
       } else {
-        p.grad().copy_(src);
+        wire_view(p.grad()).copy_(src);
       }
     }
   }

@@ -105,8 +105,9 @@ class gradient_reducer {
   struct bucket {
     std::vector<std::size_t> params;  // indices into params_, in layout order
     std::vector<std::int64_t> offsets;
-    std::int64_t numel = 0;  // gradient elements (the tail comes after them)
-    bucket_layout shapes;    // offsets and shapes, for a hook
+    std::int64_t numel = 0;            // gradient elements (the tail comes after them)
+    at::ScalarType type = at::kFloat;  // float64 (and complex128) gradients travel in float64 buckets
+    bucket_layout shapes;              // offsets and shapes, for a hook
     at::Tensor flat;
     std::size_t waiting = 0;
   };
@@ -115,6 +116,7 @@ class gradient_reducer {
   void launch_ready();
   void launch(std::size_t b);
 
+  std::vector<at::ScalarType> types_;  // each parameter's type when the buckets were laid out
   std::size_t bucket_bytes_;
   std::size_t first_bucket_bytes_;
   bool single_ = false;  // one bucket for all gradients (synchronous communicators)

@@ -585,6 +585,64 @@ TEST_CASE("elastic.reducer.weighted_mean_with_the_tail") {
   }
 }
 
+TEST_CASE("elastic.reducer.float64_and_complex_gradients_keep_their_precision_and_imaginary_part") {
+  // A float64 model's gradients were reduced in float32 buckets (1e-6 relative error; torch's DDP
+  // reduces in the parameter's dtype), and a complex weight's imaginary part was dropped. Mixed
+  // types in one model: float32, float64, complex64, complex128 (first in forward order: the tail
+  // then needs a float32 bucket of its own), one of them without a gradient on rank 1.
+  at::set_num_threads(1);
+  struct out {
+    std::vector<at::Tensor> grads;
+    ed::reduction_tail tail;
+    std::size_t buckets = 0;
+  };
+  std::vector<out> outs(2);
+  std::vector<std::string> errors;
+  const double third = 1.0 / 3.0;
+  const auto value = [&](int rank, at::ScalarType t) {
+    // float64 values no float32 can hold; complex ones with an imaginary part.
+    const double v = rank == 0 ? third : 2.0 * third + 1e-12;
+    if (t == at::kComplexFloat || t == at::kComplexDouble) return at::full({3}, c10::complex<double>(v, -2.0 * v), t);
+    return at::full({3}, v, t);
+  };
+  const std::vector<at::ScalarType> types{at::kComplexDouble, at::kFloat, at::kDouble, at::kComplexFloat};
+  in_gloo_world(
+      2, "reduce-types",
+      [&](int rank, dra::comm::communicator& comm) {
+        std::vector<at::Tensor> params;
+        for (auto t : types) params.push_back(at::zeros({3}, t).set_requires_grad(true));
+        for (std::size_t i = 0; i < params.size(); ++i)
+          if (!(rank == 1 && types[i] == at::kComplexFloat)) params[i].mutable_grad() = value(rank, types[i]);
+        ed::gradient_reducer reducer;
+        ed::tail_input mine;
+        mine.loss_value = 1.0;
+        mine.count = 1.0;
+        reducer.begin(comm, params, 0.5, mine);
+        for (std::size_t i = params.size(); i-- > 0;) reducer.ready(i);
+        auto& o = outs[static_cast<std::size_t>(rank)];
+        o.tail = ed::read_tail(reducer.finish());
+        o.buckets = reducer.buckets();
+        for (const auto& p : params) o.grads.push_back(p.grad().clone());
+      },
+      errors);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  const double mean = 0.5 * (third + 2.0 * third + 1e-12);
+  for (const auto& o : outs) {
+    // Backward's order: complex64 | float64 | float32 | complex128 | the tail's own float32 bucket.
+    CHECK(o.buckets == 5);
+    CHECK(o.tail.count == 2.0);
+    CHECK(o.tail.loss_sum == 2.0);
+    CHECK((o.grads[0].scalar_type() == at::kComplexDouble));
+    CHECK(std::abs(at::real(o.grads[0]).max().item<double>() - mean) < 1e-15);        // float64 precision kept
+    CHECK(std::abs(at::imag(o.grads[0]).max().item<double>() + 2.0 * mean) < 1e-15);  // and its imaginary part
+    CHECK(std::abs(o.grads[2].max().item<double>() - mean) < 1e-15);
+    CHECK(std::abs(o.grads[1].max().item<double>() - mean) < 1e-6);  // float32 as before
+    CHECK((o.grads[3].scalar_type() == at::kComplexFloat));
+    CHECK(std::abs(at::imag(o.grads[3]).max().item<double>() + third) < 1e-6);  // rank 1 had none: half of rank 0's
+  }
+  CHECK(at::equal(outs[0].grads[0], outs[1].grads[0]));
+}
+
 TEST_CASE("elastic.event_log.one_json_line_per_event") {
   const std::string path = (std::filesystem::temp_directory_path() / "test_elastic_parts_events.jsonl").string();
   std::remove(path.c_str());

@@ -139,6 +139,16 @@ def _refuse_own_batching(index_sampler: Any) -> None:
     from torch.utils.data import BatchSampler
 
     sampler = _elastic_sampler_of(index_sampler)
+    if sampler is not None and type(sampler).__iter__ not in (_classes["elastic"].__iter__,
+                                                               _classes["distributed"].__iter__):
+        # A subclass's own __iter__ (a filter, a curriculum order, repeat factors) is never called:
+        # dra draws each step's share itself. It trained every sample, the filtered ones too.
+        raise RuntimeError(
+            f"dra: the training sampler's class {type(sampler).__module__}.{type(sampler).__qualname__} overrides "
+            "__iter__, which dra never calls: each step's share is drawn from the sampler's order for the world at "
+            "that step, so a filter, a reordering or repeats written there would be silently ignored. Filter the "
+            "dataset instead (torch.utils.data.Subset of the ids to keep; repeats as repeated ids), or order it "
+            "through the sampler's seed and shuffle (docs/guide/compatibility.md, \"Limits of the drop-in\")")
     if sampler is None or index_sampler is sampler or type(index_sampler) is StepBatches:
         return  # dra's own: sampler.batches(B)
     if isinstance(index_sampler, BatchSampler) and type(index_sampler).__iter__ is BatchSampler.__iter__:

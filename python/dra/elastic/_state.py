@@ -26,9 +26,20 @@ import torch
 from dra._core import elastic as _m
 
 
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state_dict and its non-persistent buffers, which a state_dict leaves out: dra
+    averages every buffer at each step (as torch's DDP syncs them all), and a joiner that kept its
+    own mixed it into the world's (a forward counter went 5 -> 4 after a grow)."""
+    out = model.state_dict()
+    for name, b in model.named_buffers():
+        if name not in out and b is not None:
+            out[name] = b.detach()
+    return out
+
+
 def model_signature(model: torch.nn.Module) -> list[list[Any]]:
     """[name, shape, dtype] of every parameter and buffer: what a joiner must match."""
-    return [[name, list(t.shape), str(t.dtype)] for name, t in model.state_dict().items()]
+    return [[name, list(t.shape), str(t.dtype)] for name, t in model_tensors(model).items()]
 
 
 def signature_mismatch(mine: list[list[Any]], theirs: list[list[Any]]) -> str | None:
@@ -113,7 +124,7 @@ class TorchState(_m.StateProvider):
         tensors: list[torch.Tensor] = []
         entries: list[tuple[str, Any, list[int], str]] = []
         in_place = True
-        for name, t in self.model.state_dict().items():
+        for name, t in model_tensors(self.model).items():
             in_place = in_place and t.is_contiguous()
             tensors.append(t.detach().contiguous())
             entries.append(("model", name, list(t.shape), str(t.dtype)))
@@ -167,7 +178,7 @@ class TorchState(_m.StateProvider):
 
     def prepare(self, manifest: bytes) -> list[torch.Tensor]:
         self._manifest = _loads(manifest)
-        model_sd = self.model.state_dict()
+        model_sd = model_tensors(self.model)
         targets: list[torch.Tensor] = []
         for kind, key, shape, dtype in self._manifest["entries"]:
             if kind == "model":
@@ -201,7 +212,7 @@ class TorchState(_m.StateProvider):
 
     def load(self, manifest: bytes, tensors: list[torch.Tensor]) -> None:
         meta = self._manifest
-        model_sd = self.model.state_dict()
+        model_sd = model_tensors(self.model)
         opt_tensors: dict[Any, dict[str, torch.Tensor]] = {}
         extra_tensors: dict[str, dict[str, torch.Tensor]] = {}
         with torch.no_grad():
