@@ -101,7 +101,8 @@ void codec_hook::reduce(comm::communicator& comm, std::size_t index, const bucke
     if (layout.params.size() != refs.size())
       dra::detail::throw_invalid("layout", "the 'masked' codec needs each parameter of the bucket");
     for (std::size_t i = 0; i < refs.size(); ++i) {
-      weights.push_back(layout.params[i].detach().to(at::kCPU, at::kFloat).contiguous());
+      const at::Tensor w = layout.params[i].detach();  // a complex weight as its real view, as its gradient travels
+      weights.push_back((w.is_complex() ? at::view_as_real(w) : w).to(at::kCPU, at::kFloat).contiguous());
       refs[i].weights = weights.back().data_ptr<float>();
     }
   }

@@ -82,10 +82,14 @@ LOG.close()
 """
 
 
-def test_complex_float64_constant_and_non_persistent_tensors_reach_every_rank_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compress", ["", "powersgd:2", "masked:0.5"])
+def test_complex_float64_constant_and_non_persistent_tensors_reach_every_rank_exactly(tmp_path: Path,
+                                                                                      compress: str) -> None:
+    """With a codec too: it compresses the float32 buckets (the complex weight's real view among
+    them; the masked codec reads that weight as its gradient travels), the float64 ones go whole."""
     code, logs, records = run_logged_script(
-        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {"3": 3}},
-        {}, timeout=120)
+        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {"3": 3},
+                              "compress": compress}, {}, timeout=120)
     assert code == 0, logs[-4000:]
     steps: dict[int, list[dict]] = defaultdict(list)
     for r in records:
