@@ -245,3 +245,37 @@ def test_dra_step_called_twice_for_one_batch_is_named(tmp_path):
                                      {"n": 24, "every": 1, "twice": True}, 90)
     assert code != 0
     assert "dra.step called again for the batch its previous call (step 0) committed" in out, out[-3000:]
+
+
+STREAMED = r"""
+import json, os
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+import dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+dist.init_process_group("gloo")
+data = [(torch.randn(4), torch.randn(1)) for _ in range(24)]
+
+class Stream(IterableDataset):  # streams the training sampler's ids: the DataLoader never sees the sampler
+    def __init__(self, sampler):
+        self.sampler = sampler
+    def __iter__(self):
+        return (data[int(i)] for i in self.sampler)
+
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+sampler = de.DistributedSampler(data, seed=0)
+model = de.DistributedDataParallel(net, opt, sampler)
+for xb, yb in DataLoader(Stream(sampler), batch_size=4):
+    pass
+"""
+
+
+def test_a_training_sampler_streamed_by_an_iterable_dataset_is_refused_naming_it(tmp_path: Path) -> None:
+    """Outside review 6: the error asked for "the per-rank batch first" without saying where the
+    sampler was used; it now names the IterableDataset and the two forms that work."""
+    code, logs, _ = run_logged_script(tmp_path, STREAMED, 2, {"policy": "none"}, {}, timeout=60)
+    assert code != 0, logs[-2000:]
+    assert "used outside a DataLoader's sampler= (iterated by hand, or by an IterableDataset" in logs, logs[-2000:]

@@ -212,9 +212,8 @@ class ElasticSampler:
             if again and self._requested == data_epoch and data_epoch in (self._trained_epoch, self._peeked_epoch):
                 yield from self._replay(data_epoch)  # the loop goes over the epoch it trained again
                 return
-            # A loop behind the world (a joiner, or a peek before set_epoch): nothing to train, but
-            # one batch of the usual size, dropped if trained, so that next(iter(loader)) sees what
-            # torch's loader would.
+            # A loop behind the world (a joiner, or a peek before set_epoch): nothing to train, but one batch
+            # of the usual size, dropped if trained, so that next(iter(loader)) sees what torch's would.
             self._in_flight.append(None)
             self._peeked, self._peeked_epoch = True, self._requested
             yield self._usual_batch()
@@ -468,8 +467,9 @@ class DistributedSampler(ElasticSampler):
 
     def __getattr__(self, name: str) -> Any:
         if name == "_native":
-            raise ValueError("DistributedSampler: give it the per-rank batch first (DataLoader(batch_size=...) or "
-                             "sampler.batches(batch_size))")
+            raise ValueError("DistributedSampler: its per-rank batch is unknown: it is used outside a DataLoader's sampler= "
+                             "(iterated by hand, or by an IterableDataset streaming its ids). Give it to DataLoader(map-style "
+                             "dataset, sampler=sampler, batch_size=B), or use sampler.batches(B) as batch_sampler=")
         raise AttributeError(name)
 
     # -- torch's order and split (the same samples per step as DDP in a fixed world) ---------------
