@@ -184,7 +184,8 @@ def test_the_daemons_probes_get_none_of_its_environment(tmp_path: Path, monkeypa
     monkeypatch.setenv("PATH", f"{planted}:{os.environ['PATH']}")
     assert _auth.can_enter("/tmp", nobody) is None and _auth.can_see("/tmp", nobody)
     assert dump.read_text() == "", "a `test` of the daemon's PATH ran as the user, with its environment"
-    seen = subprocess.run(["/usr/bin/env"], capture_output=True, text=True, timeout=30, **_auth._as_owner(nobody))
+    seen = subprocess.run(["/usr/bin/env"], capture_output=True, text=True, timeout=30,
+                          **_auth._as_owner(nobody, output=True))
     assert seen.returncode == 0 and "operator-secret" not in seen.stdout and "PATH=/usr/bin:/bin" in seen.stdout
 
 
@@ -267,7 +268,7 @@ def test_a_user_holding_tcp_connections_turns_away_only_their_own_calls(tmp_path
     port = int(server.tcp_url.rsplit(":", 1)[1])
     hold = " ".join(f"exec {fd}<>/dev/tcp/127.0.0.1/{port};" for fd in (3, 4, 5))
     holder = subprocess.Popen(["bash", "-c", f"{hold} echo held; sleep 60"], stdout=subprocess.PIPE, text=True,
-                              **_auth._as_owner(_auth.owner_named("nobody")))
+                              **_auth._as_owner(_auth.owner_named("nobody"), output=True))
     try:
         assert holder.stdout.readline().strip() == "held"
         time.sleep(0.3)
@@ -277,7 +278,8 @@ def test_a_user_holding_tcp_connections_turns_away_only_their_own_calls(tmp_path
         # Read only: the 503 comes at once and the connection is closed (a request written after it
         # ended the shell with SIGPIPE on a loaded host).
         fourth = subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}; timeout 20 cat <&3"],
-                                capture_output=True, text=True, timeout=30, **_auth._as_owner(_auth.owner_named("nobody")))
+                                capture_output=True, text=True, timeout=30,
+                                **_auth._as_owner(_auth.owner_named("nobody"), output=True))
         assert "503" in fourth.stdout and "3 already open from uid" in fourth.stdout, fourth.stdout[:300]
     finally:
         holder.kill()

@@ -158,11 +158,17 @@ def run_as_kwargs(owner: Owner) -> dict[str, Any]:
     return {"user": owner.uid, "group": owner.gid, "extra_groups": list(owner.groups)}
 
 
-def _as_owner(owner: Owner) -> dict[str, Any]:
-    """What a probe run as the owner gets: its ids, ``/`` as its directory and a bare environment.
-    The daemon's own environment (a token, a cloud key in the operator's shell) went to every
-    probe, whose /proc/<pid>/environ the submitting user reads."""
-    return {"cwd": "/", "env": {"PATH": "/usr/bin:/bin"}, **run_as_kwargs(owner)}
+def _as_owner(owner: Owner, output: bool = False) -> dict[str, Any]:
+    """What a probe run as the owner gets: its ids, ``/`` as its directory, a bare environment, no
+    descriptor of the daemon's and a session of its own. The daemon's own environment (a token, a
+    cloud key in the operator's shell) went to every probe, whose /proc/<pid>/environ the
+    submitting user reads; so did its stdin, stdout and stderr (an outside review took them from a
+    probe with pidfd_getfd: lines forged in root's log, root's terminal read), and the probe sat in
+    root's session with root's terminal as its own. ``output``: the caller captures the probe's
+    stdout and stderr through pipes of its own."""
+    quiet = {} if output else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    return {"cwd": "/", "env": {"PATH": "/usr/bin:/bin"}, "stdin": subprocess.DEVNULL, "close_fds": True,
+            "start_new_session": True, **quiet, **run_as_kwargs(owner)}
 
 
 def can_enter(path: str, owner: Owner) -> str | None:
@@ -206,7 +212,7 @@ def can_run_python(owner: Owner, python: str) -> str | None:
         return None
     try:
         r = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30,
-                           **_as_owner(owner))
+                           **_as_owner(owner, output=True))
     except OSError as e:  # the exec itself refused: a directory on its path the user may not enter
         return f"{e.strerror or e}"
     except subprocess.SubprocessError as e:

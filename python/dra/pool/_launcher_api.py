@@ -30,6 +30,12 @@ def _shown(v: Any) -> str:
     return json.dumps(v)[:40]
 
 
+#: A report's bounds: its JSON size, its nesting (the fields the pool reads are at most two deep),
+#: and the size of what the pool keeps of a job's reports merged.
+REPORT_LIMIT = 65536
+REPORT_DEPTH = 8
+
+
 def check_report(report: Any) -> dict[str, Any]:
     """A report is a JSON object of at most 64 kB. The fields the pool reads (the inference
     autoscaler's and those the arbiter fits a training job's speedup curve and remaining work to)
@@ -37,8 +43,19 @@ def check_report(report: Any) -> dict[str, Any]:
     otherwise fail every scaling pass of the pool, for every job. Other fields are kept as they are."""
     if not isinstance(report, dict):
         raise ValueError("report: must be a JSON object")
-    if len(json.dumps(report)) > 65536:
+    if len(json.dumps(report)) > REPORT_LIMIT:
         raise ValueError("report: larger than 64 kB; report rates, queue lengths and sizes only")
+    # Bounded in depth too: a report nested 980 deep passed, and every status that showed it (an
+    # operator's `dra pool status`, PoolClient.wait) nested it deeper and failed (RecursionError).
+    stack: list[tuple[Any, int]] = [(report, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > REPORT_DEPTH and isinstance(value, (dict, list)):
+            raise ValueError(f"report: nested deeper than {REPORT_DEPTH} levels; report flat fields")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
 
     def number(where: str, v: Any, nullable: bool = False) -> None:
         if v is None and nullable:

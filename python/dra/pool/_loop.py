@@ -13,8 +13,11 @@ from typing import Any
 
 from dra._core import pool as _p
 from dra.pool import _clock, _launchers
-from dra.pool._spawner import last_line
+from dra.pool._spawner import cut_log, last_line
 from dra.pool._spec import capped, fit_speedup, make_request, remaining_size_s
+
+#: A launcher log's size past which the daemon cuts it to its last lines (bytes).
+LAUNCHER_LOG_LIMIT = 16 << 20
 
 REPORT_STALE_S = 30.0  # an inference service's load report older than this counts as no load
 
@@ -194,6 +197,13 @@ class SchedulingLoop:
 
     def _check_launchers(self, now: float, removed: list[int]) -> None:
         self._exiting = [p for p in self._exiting if p.poll() is None]
+        if now - getattr(self, "_logs_cut_at", 0.0) >= 5.0:
+            # A launcher log is in the pool's state folder and its job's user writes it (through the
+            # launcher's descriptors): 100 MB by hand in an outside review. Cut to its last lines
+            # past LAUNCHER_LOG_LIMIT, as a worker's log is past its log_limit_mb.
+            self._logs_cut_at = now
+            for name in self.launchers:
+                cut_log(self.logs_dir / f"{name}.launcher.log", LAUNCHER_LOG_LIMIT)
         for name, ref in list(self.launchers.items()):
             j = self.jobs.get(name)
             if j is None or ref.alive():

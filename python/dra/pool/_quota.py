@@ -29,12 +29,28 @@ class UserLimits:
     active: int = 100
     kept: int = 1000
     ended: int = 10_000  # ended jobs kept in all, everyone's (operators' too): the oldest are forgotten
+    # The highest priority class a user who is not an operator may submit: a class above preempts
+    # everyone's jobs (any user's `critical` sleep took another user's slot within 30 s).
+    priority: str = "normal"
 
     def __post_init__(self) -> None:
         for name in ("spec_bytes", "active", "kept", "ended"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"user_limits.{name}: must be an integer >= 1, got {value!r}")
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"user_limits.priority: must be one of {', '.join(PRIORITIES)}, got {self.priority!r}")
+
+
+PRIORITIES = ("low", "normal", "high", "critical")
+
+
+def priority_problem(priority: str, limits: UserLimits) -> str | None:
+    """Why a user who is not an operator may not submit at ``priority`` (None when they may)."""
+    if PRIORITIES.index(priority) <= PRIORITIES.index(limits.priority):
+        return None
+    return (f"priority: only an operator may submit '{priority}' jobs here (users: up to '{limits.priority}', "
+            "set by the operator with --user-priority); submit at that class or lower, or ask the operator")
 
 
 def spec_problem(stored: dict[str, Any], limits: UserLimits) -> str | None:

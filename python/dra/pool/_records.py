@@ -24,6 +24,11 @@ class JobRecords:
         return (self.launchers, self.reports, self.autoscalers, self.replicas_wanted, self._planned,
                 self._resized_at, self._recent_peak, self._curves, self._speedups, self._load_at, self._stale)
 
+    def _earlier_logs(self, name: str) -> list[Any]:
+        """The launcher logs of earlier jobs of this name (``<name>.launcher.log.<order>``)."""
+        prefix = f"{name}.launcher.log."
+        return [p for p in self.logs_dir.glob(f"{name}.launcher.log.*") if p.name[len(prefix):].isdigit()]
+
     def _forget(self, name: str, old: dict[str, Any]) -> None:
         """A name used again once its job ended: the old job's record is replaced and everything
         kept about it (its report, loss curve, autoscaler, plans) forgotten; its events stay in
@@ -31,6 +36,8 @@ class JobRecords:
         job's completion stays in its class's remaining-work history (one user's jobs of a class
         share it; a job's class is its ``job_class``, else its name)."""
         log = self.logs_dir / f"{name}.launcher.log"
+        for earlier in self._earlier_logs(name):
+            earlier.unlink(missing_ok=True)  # one previous job's log is kept (each reuse left one more)
         if log.exists():
             log.rename(self.logs_dir / f"{name}.launcher.log.{old['order']}")
         for d in self._per_job():
@@ -88,4 +95,6 @@ class JobRecords:
             d.pop(name, None)
         self.db.delete_job(name)
         (self.logs_dir / f"{name}.launcher.log").unlink(missing_ok=True)
+        for earlier in self._earlier_logs(name):
+            earlier.unlink(missing_ok=True)
         self._event({"event": "forget", "job": name, "state": old["state"], "order": old["order"]})

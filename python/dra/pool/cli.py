@@ -80,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
                                    launcher_memory_gb=args.launcher_memory_gb or None,
                                    completion_aware=args.completion_aware, warm_launchers=args.warm_launchers,
                                    user_limits=UserLimits(active=args.max_active_per_user, kept=args.max_kept_per_user,
-                                                          ended=args.max_ended),
+                                                          ended=args.max_ended, priority=args.user_priority),
                                    events_max_mb=args.events_max_mb)
         except BaseException:
             server.close()
@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-kept-per-user", type=count_arg, default=1000,
                    help="how many jobs of one user the pool keeps on record, ended ones included (default 1000; past it "
                         "the user's oldest ended jobs are forgotten, and only as many jobs not ended are refused)")
+    s.add_argument("--user-priority", choices=["low", "normal", "high", "critical"], default="normal",
+                   help="the highest priority class a user who is not an operator may submit (default normal: high "
+                        "and critical preempt everyone's jobs, so they are the operator's to give)")
     s.add_argument("--events-max-mb", type=positive_arg, default=64.0, metavar="MB",
                    help="the size at which <state>/events.jsonl is rotated to events.jsonl.1 (three rotated files "
                         "kept, the oldest deleted; default 64)")

@@ -19,6 +19,7 @@ no reservation, so a wide job can starve behind small ones).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -33,7 +34,7 @@ from dra import _core
 from dra._core import pool as _p
 from dra.pool import _auth, _cgroup, _clock, _events, _launchers, _quota, _state
 from dra.pool._auth import Caller, Forbidden, Owner
-from dra.pool._launcher_api import LauncherAPI, Superseded, check_report
+from dra.pool._launcher_api import REPORT_LIMIT, LauncherAPI, Superseded, check_report
 from dra.pool._loop import SchedulingLoop
 from dra.pool._nodes import NodeMembership
 from dra.pool._records import ENDED, JobRecords
@@ -305,6 +306,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             raise Forbidden(f"user: this pool runs as {_auth.user_name(os.geteuid())} and can run jobs of that user "
                             f"only, not of {owner.user}; ask its operator, or serve a pool of your own")
         req = make_request(spec)
+        if not caller.operator and (why := _quota.priority_problem(req.priority, self.user_limits)):
+            raise Forbidden(why)
         req.validate(self.counted_inventory())
         self._check_lease_limits(req)
         if self.mode != "dynamic":  # the baselines: the request, rigid, for life
@@ -481,8 +484,11 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         return {"job": name}
 
     def _keep_report(self, name: str, report: dict[str, Any], now: float) -> None:
-        """Merges a checked report into the job's; one with the load (rate_rps, queue) refreshes it."""
-        self.reports[name] = {**self.reports.get(name, {}), **report}
+        """Merges a checked report into the job's; one with the load (rate_rps, queue) refreshes it.
+        What is kept stays within one report's bound: past it, the new report replaces the old (new
+        keys in every report grew the daemon by 450 MB in 2,300 reports, and every status with it)."""
+        merged = {**self.reports.get(name, {}), **report}
+        self.reports[name] = merged if len(json.dumps(merged)) <= REPORT_LIMIT else dict(report)
         if "rate_rps" in report or "queue" in report:
             self._load_at[name] = now
             self._stale.pop(name, None)
