@@ -25,6 +25,7 @@ from dra._training_objects import (
     check_extra_state,
     check_training_objects,
     count_optimizer_step,
+    optimizer_step_begins,
     watch_buffer_assignments,
     watch_module_changes,
     watch_other_optimizers,
@@ -52,6 +53,7 @@ class Controller(_core.Controller):
 
     _buffers_of: Any = None  # the model whose buffers become the world's mean at every step
     _buffers_stale = False  # one of them was assigned anew since they were handed to the C++ side
+    _in_optimizer_step = False  # between the optimizer's step pre- and post-hooks (LBFGS's closure)
     _default_group: Any = None  # torch's default group, following the world (elastic jobs only)
 
     def __init__(
@@ -144,6 +146,7 @@ class Controller(_core.Controller):
         self._warned_accumulation = False
         if hasattr(optimizer, "register_step_post_hook"):
             optimizer.register_step_post_hook(functools.partial(count_optimizer_step, weakref.ref(self)))
+            optimizer.register_step_pre_hook(functools.partial(optimizer_step_begins, weakref.ref(self)))
         watch_other_optimizers(self, model, optimizer)
         watch_module_changes(self)
         # The C++ side holds the provider; the Python object behind its overrides must live as long.
@@ -187,6 +190,7 @@ class Controller(_core.Controller):
         # torch's default group (the script's init_process_group()) follows the world from here on:
         # re-created over the members after every change, before the script's code runs again.
         self._founder = self.is_member and self.uid < self.start_size  # in the first world (not admitted later)
+        self._state.mark_received(keep=not self._founder)
         self._default_group = _default_group.DefaultGroup(founder=self._founder)
         self._default_group.follow(self, "init")
 

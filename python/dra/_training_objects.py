@@ -144,6 +144,14 @@ def count_optimizer_step(ref: weakref.ref[Any], *_: Any) -> None:
     ctl = ref()
     if ctl is not None:
         ctl._optimizer_steps += 1
+        ctl._in_optimizer_step = False
+
+
+def optimizer_step_begins(ref: weakref.ref[Any], *_: Any) -> None:
+    """Inside the optimizer's step: a backward there is its closure's (LBFGS re-evaluates it)."""
+    ctl = ref()
+    if ctl is not None:
+        ctl._in_optimizer_step = True
 
 
 _watched: list[weakref.ref[Any]] = []

@@ -98,6 +98,10 @@ class TorchState(_m.StateProvider):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state = dict(extra_state or {})
         self._checked = False
+        # The state a joiner received in init, kept until its first forward (restore_received).
+        self.keep_received = True
+        self._received: tuple[dict[str, Any], list[torch.Tensor]] | None = None
+        self._received_marks: tuple[Any, ...] | None = None
 
     def signature(self) -> list[list[Any]]:
         return model_signature(self.model)
@@ -186,8 +190,11 @@ class TorchState(_m.StateProvider):
                 if mine is None or list(mine.shape) != shape or str(mine.dtype) != dtype:
                     # Checked at admission already; this guards a world whose model changed since.
                     raise ValueError(f"state handoff: '{key}' {shape} {dtype} does not match this process's model")
-                # Bytes land straight in the model's storage when it is contiguous.
-                targets.append(mine.detach() if mine.is_contiguous() else torch.empty_like(mine))
+                # Bytes land straight in the model's storage when it is contiguous; a channels_last or
+                # transposed one is received contiguous and copied in (empty_like kept its strides,
+                # and the chunked transfer refused it: such a model could not start on 2 processes).
+                targets.append(mine.detach() if mine.is_contiguous()
+                               else torch.empty(mine.shape, dtype=mine.dtype, device=mine.device))
             else:
                 targets.append(torch.empty(shape, dtype=_dtype(dtype)))
         if "frozen" in self._manifest:
@@ -237,6 +244,51 @@ class TorchState(_m.StateProvider):
         if self.scheduler is not None and meta["scheduler"] is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
         self._manifest = None
+        if self.keep_received:
+            # Until the process's first forward (dra.elastic._wrappers): the script's code after the
+            # wrap may load a checkpoint or set a learning rate over what a joiner just received.
+            self._received = (meta, [t.detach().to("cpu", copy=True) if kind == "model" else t
+                                     for (kind, _, _, _), t in zip(meta["entries"], tensors)])
+
+    def mark_received(self, keep: bool) -> None:
+        """At the end of init: marks the state as the world left it (LR scaling at the change
+        included), or drops the copy (a founder: the script's code after the wrap runs alike on
+        every founder, a checkpoint loaded by all of them)."""
+        if not keep or self._received is None:
+            self._received, self.keep_received = None, keep
+            return
+        self._received_marks = self._marks({key for kind, key, _, _ in self._received[0]["entries"] if kind == "model"})
+
+    def _marks(self, keys: set[str]) -> tuple[Any, ...]:
+        """What tells a change since the state was received: each model tensor's version counter
+        (an in-place load bumps it; an assignment makes another tensor), the optimizer's state
+        object and hyperparameters, the scheduler's state."""
+        tensors = model_tensors(self.model)
+        versions = tuple((k, tensors[k].data_ptr(), tensors[k]._version) for k in sorted(keys) if k in tensors)
+        opt = None
+        if self.optimizer is not None:
+            opt = (id(self.optimizer.state), repr([{k: v for k, v in g.items() if k != "params"}
+                                                   for g in self.optimizer.param_groups]))
+        sched = repr(self.scheduler.state_dict()) if self.scheduler is not None else None
+        return versions, opt, sched
+
+    def restore_received(self) -> bool:
+        """At a joiner's first forward: when the script changed the model, optimizer or scheduler
+        since the world's state arrived (a checkpoint loaded into ``model.module`` after the wrap, as
+        torchvision's and DeiT's scripts resume; a learning rate scaled by the world size it saw),
+        loads the world's state again and returns True: a joiner continues the world's training.
+        Either way the copy is dropped, and no later state is kept."""
+        kept, self._received, self.keep_received = self._received, None, False
+        if kept is None or self._received_marks is None:  # received after init: no script code ran since
+            return False
+        meta, tensors = kept
+        model = {key for kind, key, _, _ in meta["entries"] if kind == "model"}
+        # model_tensors returns detached views: their storage and the version counter they share.
+        if self._marks(model) == self._received_marks:
+            return False
+        self._manifest = meta
+        self.load(b"", tensors)
+        return True
 
     def scale_learning_rate(self, factor: float) -> None:
         if self.optimizer is not None:

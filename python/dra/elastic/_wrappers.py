@@ -74,6 +74,8 @@ class ElasticDataParallel(torch.nn.Module):
         if not torch.is_grad_enabled():
             return self.module(*args, **kwargs)
         self._check_parameters_unchanged()
+        if self.controller._state.keep_received:
+            self._restore_received()
         # As DDP decides it: the backward of this forward does not reduce when no_sync() (or
         # require_backward_grad_sync False) held while the forward ran.
         self._forward_sync = not self._no_sync
@@ -106,6 +108,19 @@ class ElasticDataParallel(torch.nn.Module):
         self._outer_armed = False
         if self._queued:
             self._sync()
+
+    def _restore_received(self) -> None:
+        """A joiner's first forward: the world's state again if the script changed it after init
+        (a checkpoint loaded into ``model.module`` after the wrap, as torchvision's and DeiT's
+        resume; an LR scaled by the world size it saw). Its parameters parted from the world's at
+        every step, silently."""
+        ctl = self.controller
+        if ctl._state.restore_received():
+            warnings.warn(f"dra: process {ctl.uid} joined a running world, and its script changed the model, "
+                          "optimizer or scheduler after dra's init (a checkpoint loaded after the wrap? a learning "
+                          "rate set from the world size?): the world's state was restored, as a joiner continues "
+                          "the world's training. Load checkpoints before the wrap, or only when ctl.step_index is 0 "
+                          "(docs/guide/compatibility.md)", RuntimeWarning, stacklevel=3)
 
     def _check_parameters_unchanged(self) -> None:
         """The model's parameters are those it had at init: a module or parameter assigned since (a
@@ -273,6 +288,13 @@ class ElasticDataParallel(torch.nn.Module):
         previous, self._reduced_at = getattr(self, "_reduced_at", None), here
         if ctl._awaiting_step and previous == here:
             self._reduced_at = None
+            if ctl._in_optimizer_step:
+                raise RuntimeError(
+                    "dra: the optimizer evaluated its closure again within one step (torch.optim.LBFGS with "
+                    "max_iter > 1 or a line search): each evaluation's backward would reduce and commit a batch of its "
+                    "own, so the step's samples would be counted several times. Give LBFGS max_iter=1 and no "
+                    "line_search_fn (one evaluation per step, dra.step after each; the iterations become steps), or "
+                    "an optimizer that evaluates once (docs/guide/compatibility.md, \"Limits of the drop-in\")")
             raise RuntimeError(
                 "dra: a second backward that reduces gradients on the same batch before dra.step (two losses "
                 "backpropagated one after the other: loss1.backward(retain_graph=True); loss2.backward(), or a GAN's "

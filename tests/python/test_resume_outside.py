@@ -1,0 +1,165 @@
+"""Code a script runs after the wrap, on a process that joins a running world (an outside review):
+torchvision's, DeiT's and MAE's scripts wrap the model first and then resume from a checkpoint
+into ``model.module`` and the optimizer, or scale the learning rate by the world size. Founders
+all do it alike; a joiner did it over the world's state it had just received, and its parameters
+parted from the world's at every step, silently. Now the world's state is restored at its first
+forward, with a warning. The model holds a channels_last parameter too: a model with a
+non-contiguous parameter could not start on 2 processes. Real processes under `dra run`, real Gloo.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from _elastic_harness import run_logged_script
+
+pytestmark = pytest.mark.timeout(150)
+
+SCRIPT = r"""
+import json, os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+dist.init_process_group("gloo")
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 4 * 4, 1)
+    def forward(self, x):
+        return self.fc(torch.tanh(self.conv(x)).flatten(1))
+
+g = torch.Generator().manual_seed(0)
+x, y = torch.randn(96, 2, 4, 4, generator=g), torch.randn(96, 1, generator=g)
+torch.manual_seed(0)
+net = Net().to(memory_format=torch.channels_last)  # the conv's weight: not contiguous
+assert not net.conv.weight.is_contiguous()
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+data = TensorDataset(x, y)
+sampler = de.DistributedSampler(data, seed=0)
+loader = DataLoader(data, batch_size=4, sampler=sampler)
+model = de.DistributedDataParallel(net, opt, sampler)
+ctl = model.controller
+if cfg.get("resume"):  # as torchvision's train.py: after the wrap, into model.module and the optimizer
+    ckpt = torch.load(cfg["checkpoint"], map_location="cpu", weights_only=True)
+    model.module.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+if cfg.get("lr_scale"):  # the linear scaling rule, applied once the model is wrapped
+    for group in opt.param_groups:
+        group["lr"] = 0.02 * dist.get_world_size()
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    for xb, yb in loader:
+        opt.zero_grad()
+        F.mse_loss(model(xb), yb).backward()
+        opt.step()
+        status = dra.step(0.0)
+        if not status.committed:
+            continue
+        LOG.write(json.dumps(dict(uid=ctl.uid, step=ctl.step_index, lr=opt.param_groups[0]["lr"],
+                                  params=[round(float(p.double().sum()), 9) for p in net.parameters()])) + "\n")
+        LOG.flush()
+LOG.close()
+"""
+
+
+def _checkpoint(path: Path) -> str:
+    """A checkpoint unlike the model every process builds (another seed, momentum in the state)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(7)
+    net = nn.Sequential()
+    net.add_module("conv", nn.Conv2d(2, 4, 3, padding=1))
+    net.add_module("fc", nn.Linear(64, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict()}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("what", ["resume", "lr_scale"])
+def test_a_joiner_keeps_the_worlds_state_over_what_its_script_loads_after_the_wrap(tmp_path: Path,
+                                                                                 what: str) -> None:
+    cfg = {"resume": what == "resume", "lr_scale": what == "lr_scale",
+           "checkpoint": _checkpoint(tmp_path / "ckpt.pt")}
+    code, logs, records = run_logged_script(
+        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {"4": 3}},
+        cfg, timeout=120)
+    assert code == 0, logs[-4000:]
+    steps: dict[int, list[dict]] = defaultdict(list)
+    for r in records:
+        steps[r["step"]].append(r)
+    assert max(len(rs) for rs in steps.values()) == 3, "the world never grew to 3"
+    for step, rs in sorted(steps.items()):
+        assert len({str(r["params"]) for r in rs}) == 1, (step, rs)
+        assert len({r["lr"] for r in rs}) == 1, (step, rs)
+    assert logs.count("joined a running world, and its script changed the model") == 1, logs[-3000:]
+
+
+def test_a_joiner_whose_script_changes_nothing_after_the_wrap_is_not_warned(tmp_path: Path) -> None:
+    code, logs, records = run_logged_script(
+        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {"4": 3}},
+        {}, timeout=120)
+    assert code == 0, logs[-4000:]
+    assert max(sum(1 for r in records if r["step"] == s) for s in {r["step"] for r in records}) == 3
+    assert "joined a running world" not in logs
+
+
+LBFGS = r"""
+import json, os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+dist.init_process_group("gloo")
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+g = torch.Generator().manual_seed(0)
+data = TensorDataset(torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g))
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.LBFGS(net.parameters(), lr=0.5, max_iter=cfg["max_iter"], history_size=5)
+sampler = de.DistributedSampler(data, seed=0)
+loader = DataLoader(data, batch_size=4, sampler=sampler)
+model = de.DistributedDataParallel(net, opt, sampler)
+for xb, yb in loader:
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(model(xb), yb)
+        loss.backward()
+        return loss
+    status = dra.step(opt.step(closure))
+    LOG.write(json.dumps(dict(uid=model.controller.uid, step=status.step,
+                              params=[round(float(p.sum()), 9) for p in net.parameters()])) + "\n")
+    LOG.flush()
+LOG.close()
+"""
+
+
+def test_lbfgs_evaluating_its_closure_several_times_a_step_is_refused_naming_max_iter(tmp_path: Path) -> None:
+    """LBFGS re-evaluates its closure within one step (max_iter 20 by default): the refusal spoke
+    of GANs and summed losses; it now names LBFGS and max_iter=1, with which it trains."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code, logs, _ = run_logged_script(tmp_path / "a", LBFGS, 2, {"policy": "none"}, {"max_iter": 4}, timeout=60)
+    assert code != 0 and "the optimizer evaluated its closure again within one step" in logs, logs[-2000:]
+    assert "max_iter=1" in logs
+    code, logs, records = run_logged_script(tmp_path / "b", LBFGS, 2, {"policy": "none"}, {"max_iter": 1}, timeout=60)
+    assert code == 0, logs[-3000:]
+    by_step: dict[int, set[str]] = defaultdict(set)
+    for r in records:
+        by_step[r["step"]].add(str(r["params"]))
+    assert len(by_step) >= 5 and all(len(v) == 1 for v in by_step.values()), by_step
