@@ -142,6 +142,36 @@ def check_exactly_once(job: Job, dataset_size: int, epochs: int) -> None:
         assert sorted(seen) == list(range(dataset_size)), f"data epoch {e}: some sample skipped or repeated"
 
 
+#: The start of a torchrun-style script for ``run_logged_script``: its imports, its CFG, torch's
+#: default group, and LOG (the process's JSON-lines file, by pid: a replacement writes its own).
+SCRIPT_HEAD = r"""
+import json, os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+dist.init_process_group("gloo")
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+"""
+
+def grown_run(tmp_path: Path, script: str, cfg: dict, grow_at: int, **options: object) -> tuple[str, dict[int, list[dict]]]:
+    """``script`` on 3 processes started as a world of 2 that grows to 3 at step ``grow_at``
+    (policy none, fault timeout 3 s, ``options`` added): its output, and its records by step.
+    Asserts that it exited 0 and that the world did grow."""
+    code, logs, records = run_logged_script(
+        tmp_path, script, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2,
+                              "resize_schedule": {str(grow_at): 3}, **options}, cfg, timeout=120)
+    assert code == 0, logs[-4000:]
+    steps: dict[int, list[dict]] = {}
+    for r in records:
+        steps.setdefault(r["step"], []).append(r)
+    assert max(len(rs) for rs in steps.values()) == 3, "the world never grew to 3"
+    return logs, steps
+
+
 LINEAR_DATA = """
 x, y = torch.randn(n, 4), torch.randn(n, 1)
 ds = torch.utils.data.TensorDataset(x, y)

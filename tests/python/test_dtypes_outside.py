@@ -6,26 +6,14 @@ Real processes under `dra run`, real Gloo, a grow from 2 to 3 processes.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from _elastic_harness import run_logged_script
+from _elastic_harness import SCRIPT_HEAD, grown_run, run_logged_script
 
 pytestmark = pytest.mark.timeout(150)
 
-SCRIPT = r"""
-import json, os
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
-import dra, dra.elastic as de
-
-cfg = json.loads(os.environ["CFG"])
-dist.init_process_group("gloo")
-LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
-
+SCRIPT = SCRIPT_HEAD + r"""
 class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -87,14 +75,7 @@ def test_complex_float64_constant_and_non_persistent_tensors_reach_every_rank_ex
                                                                                       compress: str) -> None:
     """With a codec too: it compresses the float32 buckets (the complex weight's real view among
     them; the masked codec reads that weight as its gradient travels), the float64 ones go whole."""
-    code, logs, records = run_logged_script(
-        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {"3": 3},
-                              "compress": compress}, {}, timeout=120)
-    assert code == 0, logs[-4000:]
-    steps: dict[int, list[dict]] = defaultdict(list)
-    for r in records:
-        steps[r["step"]].append(r)
-    assert max(len(rs) for rs in steps.values()) == 3, "the world never grew to 3"
+    _, steps = grown_run(tmp_path, SCRIPT, {}, 3, compress=compress)
     for step, rs in sorted(steps.items()):
         assert len(rs) >= 2, (step, rs)  # (world: the size after the step, a grow included)
         for r in rs:

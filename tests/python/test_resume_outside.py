@@ -13,22 +13,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from _elastic_harness import run_logged_script
+from _elastic_harness import SCRIPT_HEAD, grown_run, run_logged_script
 
 pytestmark = pytest.mark.timeout(150)
 
-SCRIPT = r"""
-import json, os
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-import dra, dra.elastic as de
-
-cfg = json.loads(os.environ["CFG"])
-dist.init_process_group("gloo")
-LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
-
+SCRIPT = SCRIPT_HEAD + r"""
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -93,14 +82,7 @@ def test_a_joiner_keeps_the_worlds_state_over_what_its_script_loads_after_the_wr
                                                                                  what: str) -> None:
     cfg = {"resume": what == "resume", "lr_scale": what == "lr_scale",
            "checkpoint": _checkpoint(tmp_path / "ckpt.pt")}
-    code, logs, records = run_logged_script(
-        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {"4": 3}},
-        cfg, timeout=120)
-    assert code == 0, logs[-4000:]
-    steps: dict[int, list[dict]] = defaultdict(list)
-    for r in records:
-        steps[r["step"]].append(r)
-    assert max(len(rs) for rs in steps.values()) == 3, "the world never grew to 3"
+    logs, steps = grown_run(tmp_path, SCRIPT, cfg, 4)
     for step, rs in sorted(steps.items()):
         assert len({str(r["params"]) for r in rs}) == 1, (step, rs)
         assert len({r["lr"] for r in rs}) == 1, (step, rs)
@@ -108,25 +90,11 @@ def test_a_joiner_keeps_the_worlds_state_over_what_its_script_loads_after_the_wr
 
 
 def test_a_joiner_whose_script_changes_nothing_after_the_wrap_is_not_warned(tmp_path: Path) -> None:
-    code, logs, records = run_logged_script(
-        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {"4": 3}},
-        {}, timeout=120)
-    assert code == 0, logs[-4000:]
-    assert max(sum(1 for r in records if r["step"] == s) for s in {r["step"] for r in records}) == 3
+    logs, _ = grown_run(tmp_path, SCRIPT, {}, 4)
     assert "joined a running world" not in logs
 
 
-LBFGS = r"""
-import json, os
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-import dra, dra.elastic as de
-
-cfg = json.loads(os.environ["CFG"])
-dist.init_process_group("gloo")
-LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+LBFGS = SCRIPT_HEAD + r"""
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g))
 torch.manual_seed(0)
