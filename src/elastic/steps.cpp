@@ -247,40 +247,28 @@ bool controller::reduce_gradients(const std::vector<at::Tensor>& params) {
 void controller::average_buffers() {
   if (buffers_.empty() || role_ != role::member || !comm_ || comm_->size() < 2 || !failure_.empty()) return;
   const auto device = comm_->device();
-  // Floating buffers (a complex one as its real view: it was counted as an integer, its imaginary
-  // part dropped and its real part rounded) are averaged in float64: the mean of a value every rank
-  // holds alike is then that value (sum / 3 in float32 moved 15 % of such values by an ulp).
-  std::vector<at::Tensor> floats, counts;
-  for (const auto& b : buffers_) {
-    if (b.is_complex())
-      floats.push_back(at::view_as_real(b.detach()));
-    else
-      (at::isFloatingType(b.scalar_type()) ? floats : counts).push_back(b);
+  // One all-reduce in float64 (counts rounded back): the mean of a value every rank holds alike is
+  // then that value (sum / 3 in float32 moved 15 % of such values by an ulp). A complex buffer goes
+  // as its real view (it was counted as an integer: imaginary part dropped, real part rounded).
+  std::vector<at::Tensor> group, flat_parts;
+  for (const auto& b : buffers_) group.push_back(b.is_complex() ? at::view_as_real(b.detach()) : b);
+  for (const auto& b : group) flat_parts.push_back(b.detach().reshape({-1}).to(device, at::kDouble));
+  at::Tensor flat = at::cat(flat_parts);  // a copy: a failed all-reduce leaves the buffers as they were
+  try {
+    comm_->all_reduce_sum(flat);
+  } catch (const dra::error& e) {
+    failure_ = std::string("buffer averaging failed: ") + e.what();
+    comm_->revoke();
+    return;
   }
-  const double n = comm_->size();
-  auto average = [&](std::vector<at::Tensor>& group, at::ScalarType type) {
-    if (group.empty()) return;
-    std::vector<at::Tensor> flat_parts;
-    for (const auto& b : group) flat_parts.push_back(b.detach().reshape({-1}).to(device, type));
-    at::Tensor flat = at::cat(flat_parts);  // a copy: a failed all-reduce leaves the buffers as they were
-    try {
-      comm_->all_reduce_sum(flat);
-    } catch (const dra::error& e) {
-      failure_ = std::string("buffer averaging failed: ") + e.what();
-      comm_->revoke();
-      return;
-    }
-    flat.div_(n);
-    std::int64_t at = 0;
-    for (auto& b : group) {
-      at::Tensor part = flat.narrow(0, at, b.numel()).view(b.sizes());
-      at += b.numel();
-      if (!at::isFloatingType(b.scalar_type())) part = part.round();
-      b.detach().copy_(part);
-    }
-  };
-  average(floats, at::kDouble);
-  average(counts, at::kDouble);
+  flat.div_(static_cast<double>(comm_->size()));
+  std::int64_t at = 0;
+  for (auto& b : group) {
+    at::Tensor part = flat.narrow(0, at, b.numel()).view(b.sizes());
+    at += b.numel();
+    if (!at::isFloatingType(b.scalar_type())) part = part.round();
+    b.detach().copy_(part);
+  }
 }
 
 void controller::set_bucket_hook(std::shared_ptr<bucket_hook> hook) {
