@@ -297,9 +297,11 @@ std::optional<std::string> store_protocol::state_holders_lost(int uid, std::map<
       why = "no heartbeat for " +
             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - it->second.at).count()) + " s";
     } else {
-      // Never beat: still starting, unless it has had the store's whole timeout to do so.
+      // Never beat: still starting, unless it has had the store's whole timeout to do so. It may have
+      // started and died (or hung) before its first heartbeat was published: the name says only what
+      // the store shows.
       if (now - waiting_since < timeout_) return std::nullopt;
-      why = "never started";
+      why = "published no heartbeat (it died or hung before its first)";
     }
     ++judged;
     lost += (lost.empty() ? "" : ", ") + std::string("process ") + std::to_string(u) + " " + why;
