@@ -44,16 +44,20 @@ if cfg.get("resume"):  # as torchvision's train.py: after the wrap, into model.m
 if cfg.get("lr_scale"):  # the linear scaling rule, applied once the model is wrapped
     for group in opt.param_groups:
         group["lr"] = 0.02 * dist.get_world_size()
+total = 3 * len(loader)  # a schedule's length taken after the wrap, as many scripts do
 for epoch in range(3):
     sampler.set_epoch(epoch)
     for xb, yb in loader:
         opt.zero_grad()
         F.mse_loss(model(xb), yb).backward()
+        if cfg.get("len_schedule"):  # a hand-written decay over `total`, driven by the world's step
+            for group in opt.param_groups:
+                group["lr"] = 0.05 * (1 - ctl.step_index / total)
         opt.step()
         status = dra.step(0.0)
         if not status.committed:
             continue
-        LOG.write(json.dumps(dict(uid=ctl.uid, step=ctl.step_index, lr=opt.param_groups[0]["lr"],
+        LOG.write(json.dumps(dict(uid=ctl.uid, step=ctl.step_index, lr=opt.param_groups[0]["lr"], total=total,
                                   params=[round(float(p.double().sum()), 9) for p in net.parameters()])) + "\n")
         LOG.flush()
 LOG.close()
@@ -90,8 +94,14 @@ def test_a_joiner_keeps_the_worlds_state_over_what_its_script_loads_after_the_wr
 
 
 def test_a_joiner_whose_script_changes_nothing_after_the_wrap_is_not_warned(tmp_path: Path) -> None:
-    logs, _ = grown_run(tmp_path, SCRIPT, {}, 4)
+    # Its schedule's length comes from len(loader) after the wrap. A joiner's len(loader) was the
+    # steps left in the data epoch (8 - 4 here; the global batch is 4 x 3 processes): its schedule ran 3x faster than the world's and its
+    # parameters parted from the world's (an outside review). Now it is a whole epoch's, everywhere.
+    logs, steps = grown_run(tmp_path, SCRIPT, {"len_schedule": True}, 4)
     assert "joined a running world" not in logs
+    assert {r["total"] for rs in steps.values() for r in rs} == {3 * 96 // 12}, logs[-3000:]
+    for step, rs in sorted(steps.items()):
+        assert len({str(r["params"]) for r in rs}) == 1 and len({r["lr"] for r in rs}) == 1, (step, rs)
 
 
 LBFGS = SCRIPT_HEAD + r"""
@@ -131,3 +141,72 @@ def test_lbfgs_evaluating_its_closure_several_times_a_step_is_refused_naming_max
     for r in records:
         by_step[r["step"]].add(str(r["params"]))
     assert len(by_step) >= 5 and all(len(v) == 1 for v in by_step.values()), by_step
+
+
+TORCH_DDP_AFTER = SCRIPT_HEAD + r"""
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+sampler = de.DistributedSampler(data, seed=0)
+loader = DataLoader(data, batch_size=4, sampler=sampler)
+model = de.DistributedDataParallel(net, opt, sampler)
+# accelerate's prepare(model) wraps dra's wrapper; Lightning's DDP strategy wraps the module itself.
+torch.nn.parallel.DistributedDataParallel(model if cfg["around"] == "wrapper" else net)
+LOG.write(json.dumps(dict(wrapped=True)) + "\n")
+LOG.close()
+"""
+
+
+@pytest.mark.parametrize("around", ["wrapper", "module"])
+def test_torchs_ddp_made_around_what_dra_reduces_is_refused(tmp_path: Path, around: str) -> None:
+    """accelerate's prepare(model), transformers.Trainer and Lightning's DDP strategy wrap the model
+    in torch's DDP after dra's wrap: after a grow the joiner's parameters parted from the world's
+    at every step, exit 0, and a kill -9 killed every survivor (an outside review)."""
+    code, logs, records = run_logged_script(tmp_path, TORCH_DDP_AFTER, 2, {"policy": "none"}, {"around": around},
+                                            timeout=120)
+    assert code not in (0, None) and not records, logs[-3000:]
+    assert "torch.nn.parallel.DistributedDataParallel is being made around" in logs, logs[-3000:]
+    assert "accelerator.prepare(opt, sched)" in logs, logs[-3000:]
+
+
+LATE_INIT = r"""
+import json, os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+import dra, dra.elastic as de
+
+cfg = json.loads(os.environ["CFG"])
+LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+sampler = de.DistributedSampler(data, seed=0)
+loader = DataLoader(data, batch_size=4, sampler=sampler)
+model = de.DistributedDataParallel(net, opt, sampler)
+dist.init_process_group("gloo")  # as transformers.TrainingArguments or Lightning's fit do, lazily
+for xb, yb in loader:
+    opt.zero_grad()
+    F.mse_loss(model(xb), yb).backward()
+    opt.step()
+    if dra.step(0.0).committed:
+        LOG.write(json.dumps(dict(step=model.controller.step_index, world=dist.get_world_size())) + "\n")
+        LOG.flush()
+LOG.close()
+"""
+
+
+@pytest.mark.parametrize("start_size", [1, 2])
+def test_torchs_process_group_made_after_the_wrap_is_refused_unless_the_world_is_the_launchs(
+        tmp_path: Path, start_size: int) -> None:
+    """With a process standing by, the script's own init_process_group after dra's wrap waited for
+    it in torch's rendezvous: a hang, without a message (an outside review, TrainingArguments made
+    after the wrap). In the launch's world it meets every member and works, as before."""
+    code, logs, records = run_logged_script(tmp_path, LATE_INIT, 2, {"policy": "none", "start_size": start_size},
+                                            {}, timeout=120)
+    if start_size == 2:
+        assert code == 0 and records and {r["world"] for r in records} == {2}, logs[-3000:]
+        return
+    assert code not in (0, None) and not records, logs[-3000:]
+    assert "torch.distributed.init_process_group is called after dra's wrap, in a world of 1" in logs, logs[-3000:]

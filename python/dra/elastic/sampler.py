@@ -30,11 +30,10 @@ batches are computed for the new world. At the end of an epoch, while batches ar
 the iterator yields padding batches of the usual size (dropped the same way) instead of stopping, so
 that an epoch whose last steps a world change invalidated is still finished.
 
-A loop that skips a batch it was handed (an exception caught before backward, a ``continue``; on
-one rank or on all, as a resume skipping a pass's first batches) received more batches than it
-trained: the check riding with the step's reduction refuses the step on every rank, the skipping
-ranks drop what they skipped, and the step is redone with the same samples. Without a DataLoader,
-the count is the batches in flight, compared across ranks.
+A loop that skips a batch it was handed (an exception caught before backward, a ``continue``, on
+one rank or all) received more batches than it trained: the check riding with the step's reduction
+refuses the step on every rank, the skipping ranks drop what they skipped, and the step is redone
+with the same samples. Without a DataLoader, the batches in flight are compared across ranks.
 """
 
 from __future__ import annotations
@@ -160,12 +159,16 @@ class ElasticSampler:
                                              and self._trained_epoch == native.epoch)
 
     def __len__(self) -> int:
-        """Steps left in the current data epoch (on a joiner too); a whole epoch's once it is
-        exhausted (the loop is about to start the next one, as torch's length says)."""
+        """In a job, a whole data epoch's steps (torch's meaning), alike on every process in every world
+        (during a pass a loader's follows the pass: _pass_length); alone, the steps it will yield."""
+        if self._controller is None:
+            return self._steps_left()
+        return -(-int(self._native.epoch_size) // int(self._native.global_batch))
+
+    def _steps_left(self) -> int:
+        """Steps left in the data epoch (on a joiner too); a whole epoch's once it is exhausted."""
         native = self._native
-        if native.exhausted:
-            return -(-int(native.epoch_size) // int(native.global_batch))
-        return int(native.steps_left)
+        return -(-native.epoch_size // native.global_batch) if native.exhausted else int(native.steps_left)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """This rank's indices for each step left in the current data epoch."""
@@ -199,7 +202,7 @@ class ElasticSampler:
         self._in_flight.clear()
         self._depth_seen = None
         self._iterating = True
-        self._pass_steps = ElasticSampler.__len__(self)
+        self._pass_steps = ElasticSampler._steps_left(self)
         if ctl is not None:
             end_if_finished(self, None)
         data_epoch = native.epoch
@@ -522,15 +525,12 @@ class DistributedSampler(ElasticSampler):
 
     def __len__(self) -> int:
         """Samples this rank takes in the epoch: torch's ``num_samples``; followed by the controller,
-        the samples left for this rank in the current data epoch, in the world as it is now."""
+        this rank's share of a whole data epoch in the world as it is now."""
         if self._controller is None:
             return len(self._torch_sampler())
         native = self._native
-        left = native.epoch_size if native.exhausted else native.epoch_size - native.cursor  # exhausted: the next epoch's
         g, w, r = native.global_batch, max(native.world, 1), native.rank
-        if left <= 0:
-            return 0
-        full, last = divmod(left, g)
+        full, last = divmod(max(int(native.epoch_size), 0), g)
         per_full = g // w + (1 if r < g % w else 0)
         return full * per_full + last // w + (1 if r < last % w else 0)
 
