@@ -312,7 +312,7 @@ void dra::python::bind_sim(py::module_& m) {
       [](const profile_library& profiles, const py::list& jobs, const std::string& policy, double reallocation_cost_s,
          double interval_s, int nodes, int devices_per_node, double quota_scale, bool record_timeline,
          double declared_sigma, double declared_none_share, double early_stop_share, std::uint64_t declaration_seed,
-         const std::function<bool(double, std::size_t, std::size_t)>& progress) {
+         const std::function<bool(double, std::size_t, std::size_t)>& progress, double launch_cost_s) {
         std::vector<job_spec> specs;
         for (auto o : jobs) specs.push_back(spec_from(o));
         declaration_config d;
@@ -324,6 +324,7 @@ void dra::python::bind_sim(py::module_& m) {
         sim_config c;
         c.policy = policy;
         c.reallocation_cost_s = reallocation_cost_s;
+        c.launch_cost_s = launch_cost_s;
         c.interval_s = interval_s;
         c.nodes = nodes;
         c.devices_per_node = devices_per_node;
@@ -335,8 +336,9 @@ void dra::python::bind_sim(py::module_& m) {
       py::arg("interval_s") = 60.0, py::arg("nodes") = 16, py::arg("devices_per_node") = 4,
       py::arg("quota_scale") = 0.0, py::arg("record_timeline") = true, py::arg("declared_sigma") = 0.0,
       py::arg("declared_none_share") = 0.0, py::arg("early_stop_share") = 0.0, py::arg("declaration_seed") = 1,
-      py::arg("progress") = nullptr,
-      "Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict. Jobs "
+      py::arg("progress") = nullptr, py::arg("launch_cost_s") = -1.0,
+      "Simulates jobs (dicts as from sim_read_workload) on a cluster under one policy; returns a result dict. Each "
+      "job's first start costs launch_cost_s (< 0: reallocation_cost_s, as every later change). Jobs "
       "declare their epoch budget with log-normal error declared_sigma (a file's declared_epochs column is kept), a "
       "share declares nothing, a share stops early on a plateau (declare_budgets).");
 

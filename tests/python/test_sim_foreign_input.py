@@ -141,11 +141,14 @@ def test_duplicate_names_reordered_and_extra_columns_change_nothing(tmp_path):
 
 
 def test_the_unfinished_warning_names_a_reallocation_cost_that_keeps_jobs_from_finishing(tmp_path):
-    """--reallocation-cost 100000000000: no job finished, and the warning advised only more devices."""
+    """--reallocation-cost 100000000000: no job finished, and the warning advised only more devices.
+    A cost past the simulation's 30 days is refused now; one of 30 days still keeps jobs from ending."""
     w = _csv(tmp_path, ["a,0,cifar10,2,2048"])
-    doc = sim.replay(w, policies=["static"], reallocation_cost="100000000000", jobs_detail=False)
+    with pytest.raises(ValueError, match=r"reallocation_cost_s: must lie in \[0, max_time_s"):
+        sim.replay(w, policies=["static"], reallocation_cost="100000000000", jobs_detail=False)
+    doc = sim.replay(w, policies=["static"], reallocation_cost="2592000", jobs_detail=False)
     note = sim.unfinished_note(doc)
-    assert "static 1 of 1" in note and "smaller --reallocation-cost (1e+11 s per change" in note
+    assert "static 1 of 1" in note and "smaller --reallocation-cost (2.592e+06 s per change" in note
     assert "reallocation-cost" not in sim.unfinished_note(sim.replay(w, policies=["static"], jobs_detail=False))
 
 
@@ -172,3 +175,98 @@ def test_control_characters_are_refused_and_shown_visibly(tmp_path, capsys):
              "character (\\x00)")
     w = _csv(tmp_path, ["a,\t107x,cifar10,2,2048"], "tab.csv")
     _refused(capsys, ["replay", "--workload", str(w), "--quiet"], "'\\t107x' is not a plain decimal number")
+
+
+# -- A second outside review of foreign workloads and traces --------------------------------------
+
+
+@pytest.mark.parametrize("time", ["1700000000000000000", "99999999999999999999999999999"])
+def test_an_arrival_in_nanoseconds_is_refused_naming_the_unit(tmp_path, capsys, time):
+    """A Unix timestamp in ns: at 1.7e18 s adding the 60 s interval left the time unchanged, so
+    pollux never ended and the others reported a 0 s JCT and a utilisation of 1.4e11; at 1e29 the
+    first arrival was refused as arriving 30 days after itself."""
+    w = _csv(tmp_path, [f"a,{time},cifar10,2,2048", f"b,{time},cifar10,2,2048"])
+    _refused(capsys, ["replay", "--workload", str(w), "--policy", "pollux", "--quiet"], "w.csv:2:", "past 1e13 s",
+             "nanoseconds", "subtract the first arrival")
+    job = {"name": "a", "submit_s": 1.7e18, "application": "cifar10", "replicas": 2, "batch": 2048.0}
+    with pytest.raises(ValueError, match="submit_s"):  # an embedder's jobs, past the CSV's checks
+        _sim.sim_run(sim.load_profiles(), [job], "static", 30.0, 60.0, 16, 4, record_timeline=False)
+
+
+def test_a_repeated_job_name_is_made_unique_by_its_line_and_said(tmp_path, capsys):
+    """Two jobs named j1 gave records, plots and messages that could not tell them apart."""
+    w = _csv(tmp_path, ["j1,0,cifar10,2,2048", "j2,10,cifar10,2,2048", "j1,20,ncf,1,32768"])
+    capsys.readouterr()
+    doc = sim.replay(str(w), policies=["static"], quiet=True)
+    assert sorted(j["name"] for j in doc["jobs"]) == ["j1", "j1@4", "j2"]
+    assert "1 job name(s) repeat an earlier one; each is named by its line: j1@4" in capsys.readouterr().err
+
+
+def _trace(tmp_path: Path, file: str, column: str, change) -> Path:
+    """A copy of the shipped cifar10 profile as application 'toy', one column of one file changed."""
+    import csv
+    import shutil
+
+    root = tmp_path / "traces"
+    shutil.copytree(sim.default_data_dir() / "traces" / "cifar10", root / "toy")
+    path = root / "toy" / file
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for i, row in enumerate(rows):
+        row[column] = str(change(i, row))
+    with path.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=list(rows[0]))
+        out.writeheader()
+        out.writerows(rows)
+    return root
+
+
+@pytest.mark.parametrize(("file", "column", "change", "needle"), [
+    ("placements.csv", "sync_time", lambda i, r: 3 * float(r["step_time"]), "the sync is part of the step"),
+    ("scalability.csv", "step_time", lambda i, r: -1, "must be > 0 seconds"),
+    ("validation-128.csv", "progress", lambda i, r: 0, "grow every epoch"),
+    ("validation-128.csv", "progress", lambda i, r: 1000 - i, "grow every epoch"),
+    ("validation-128.csv", "grad_var", lambda i, r: -1, "each >= 0"),
+])
+def test_a_profile_that_cannot_be_is_refused_naming_file_line_and_column(tmp_path, capsys, file, column, change,
+                                                                          needle):
+    """Foreign profiles were read unchecked: progress 0 made 100 epochs free (JCT 90 s), a sync
+    longer than its step gave a utilisation of -1.96, a negative step time left every job
+    unfinished with advice to add devices."""
+    traces = _trace(tmp_path, file, column, change)
+    w = _csv(tmp_path, ["a,0,toy,2,256"])
+    _refused(capsys, ["replay", "--workload", str(w), "--traces", str(traces), "--quiet"], file, column, needle)
+
+
+def test_the_system_view_charges_every_jobs_first_start_alike(tmp_path):
+    """--cost-mode system charged each job's launch at its system's resize cost: 30 s for static
+    and Pollux jobs, 0.23 s for dra's, although a launch is no cheaper under in-place resizing."""
+    w = _csv(tmp_path, ["a,0,cifar10,4,512"])
+    same = sim.replay(str(w), policies=["static"], quiet=True)
+    system = sim.replay(str(w), policies=["static", "convergence_aware"], cost_mode="system", quiet=True)
+    assert system["launch_cost_s"] == same["launch_cost_s"] == 30.0
+    assert system["policies"]["static"]["avg_jct_s"] == pytest.approx(same["policies"]["static"]["avg_jct_s"])
+    job = {"name": "a", "submit_s": 0.0, "application": "cifar10", "replicas": 4, "batch": 512.0}
+    profiles = sim.load_profiles()
+    cheap = _sim.sim_run(profiles, [job], "static", 0.23, 60.0, 16, 4, record_timeline=False)
+    launched = _sim.sim_run(profiles, [job], "static", 0.23, 60.0, 16, 4, record_timeline=False, launch_cost_s=30.0)
+    assert launched["jobs"][0]["jct_s"] == pytest.approx(cheap["jobs"][0]["jct_s"] + 30.0 - 0.23, abs=1.0)
+
+
+def test_a_job_whose_patience_ends_at_its_last_epoch_did_not_stop_early():
+    """stopped_early was set whenever patience ran out, at the last epoch too (ncf, 10 of 10)."""
+    profiles = sim.load_profiles()
+    jobs = _sim.sim_read_workload(str(sim.default_data_dir() / "workloads" / "workload-1.csv"), profiles)
+    result = _sim.sim_run(profiles, jobs, "static", 30.0, 60.0, 16, 4, record_timeline=False, early_stop_share=1.0)
+    ended = [j for j in result["jobs"] if j["completion_s"] is not None]
+    assert any(j["stopped_early"] for j in ended)
+    for j in ended:
+        if j["stopped_early"]:
+            assert j["epochs"] < profiles.info(j["application"])["max_epochs"], j
+
+
+def test_a_replay_at_exact_declarations_says_so(tmp_path):
+    w = _csv(tmp_path, ["a,0,cifar10,4,512"])
+    exact = sim.markdown_replay(sim.replay(str(w), policies=["static"], quiet=True))
+    drawn = sim.markdown_replay(sim.replay(str(w), policies=["static"], declared_sigma=0.5, quiet=True))
+    assert "Every job declares its exact budget" in exact and "Every job declares" not in drawn

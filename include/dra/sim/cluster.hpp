@@ -57,6 +57,9 @@ class cluster_state {
       j.app = &profiles.at(spec.application);
       if (spec.replicas < 1) dra::detail::throw_invalid("replicas", "job '" + spec.name + "' requests < 1 device");
       if (!(spec.batch > 0.0)) dra::detail::throw_invalid("batch", "job '" + spec.name + "' has batch <= 0");
+      if (!(spec.submit_s >= 0.0 && spec.submit_s <= kMaxArrivalS))  // NaN too
+        dra::detail::throw_invalid("submit_s", "job '" + spec.name + "' arrives at " + std::to_string(spec.submit_s) +
+                                                   " s, outside [0, 1e13]: give seconds (subtract the first arrival)");
       j.spec = std::move(spec);
       j.fixed_batch = j.spec.batch;
       // Cluster policies co-adapt the batch, except for applications the reference pins (ncf: its
@@ -182,11 +185,13 @@ class cluster_state {
   }
 
  private:
-  /// A job starts on new devices: it pays the reallocation cost and picks its batch for them.
+  /// A job starts on new devices: it pays the reallocation cost (at its first start, the launch
+  /// cost) and picks its batch for them.
   void started(job_state& j, double now) {
     j.step_cached = false;
     j.max_held = std::max(j.max_held, j.devices);
-    j.rescale_left = config_.reallocation_cost_s;
+    j.rescale_left =
+        j.restarts < 0 && config_.launch_cost_s >= 0.0 ? config_.launch_cost_s : config_.reallocation_cost_s;
     if (j.restarts < 0) j.start_s = now;
     ++j.restarts;
     j.steps_at_resize = j.steps;

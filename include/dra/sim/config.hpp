@@ -31,6 +31,10 @@ struct sim_config : policy::policy_sections {
   int devices_per_node = 4;
   double interval_s = 60.0;           ///< seconds between allocation decisions (reference: 60)
   double reallocation_cost_s = 30.0;  ///< no-progress seconds per reallocation (reference: 30)
+  /// No-progress seconds at a job's first start; < 0: reallocation_cost_s (the reference charges
+  /// every start alike). Charging each policy its own mechanism, the launch stays one cost for all:
+  /// an in-place resize makes no job's first start cheaper.
+  double launch_cost_s = -1.0;
   std::string policy = "static";
   /// Dynamic jobs may hold at most this multiple of the devices they requested (0: no quota).
   double quota_scale = 0.0;
@@ -94,8 +98,13 @@ struct sim_config : policy::policy_sections {
       dra::detail::throw_invalid("devices_per_node", "must lie in [1, 9] (placements are digit strings), got " +
                                                          std::to_string(devices_per_node));
     if (!(interval_s > 0.0)) dra::detail::throw_invalid("interval_s", "must be > 0 seconds");
-    if (!(reallocation_cost_s >= 0.0) || !std::isfinite(reallocation_cost_s))
-      dra::detail::throw_invalid("reallocation_cost_s", "must be a finite number >= 0 seconds");
+    if (!(reallocation_cost_s >= 0.0) || !(reallocation_cost_s <= max_time_s))
+      dra::detail::throw_invalid("reallocation_cost_s", "must lie in [0, max_time_s (" + std::to_string(max_time_s) +
+                                                            ")] seconds, got " + std::to_string(reallocation_cost_s));
+    if (!(launch_cost_s <= max_time_s))  // NaN too; any negative value means reallocation_cost_s
+      dra::detail::throw_invalid("launch_cost_s", "must be at most max_time_s (" + std::to_string(max_time_s) +
+                                                      ") seconds (< 0: reallocation_cost_s), got " +
+                                                      std::to_string(launch_cost_s));
     policy::policy_registry::at(policy, false);
     if (quota_scale < 0.0) dra::detail::throw_invalid("quota_scale", "must be >= 0 (0: no quota)");
     if (!(max_time_s > 0.0)) dra::detail::throw_invalid("max_time_s", "must be > 0");

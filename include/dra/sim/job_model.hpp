@@ -337,7 +337,9 @@ inline bool end_epoch(job_state& j, double batch, double epoch_progress) {
     if (std::isnan(j.stop_best) || (up ? m > j.stop_best * (1.0 + d) : m < j.stop_best * (1.0 - d)))
       j.stop_best = m, j.stop_since = 0;
     else if (++j.stop_since >= j.spec.stop_patience)
-      j.stopped_early = true;
+      // Early only where the job would have gone on: patience running out at its last epoch (or
+      // at its target) ends nothing early.
+      j.stopped_early = j.epoch < j.app->max_epochs() && !j.reached_target;
   }
   return j.epoch >= j.app->max_epochs() || j.reached_target || j.stopped_early;
 }

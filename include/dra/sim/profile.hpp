@@ -52,6 +52,18 @@ struct bsz_point {
   double bsz, step, sync;
 };
 
+/// A measured step: a batch > 0, a step time > 0 and the sync inside it (0 <= sync <= step; a
+/// larger sync gave negative compute and a utilisation below 0).
+inline void check_step_row(const csv_table& t, std::size_t r, std::size_t c_b, std::size_t c_st, std::size_t c_sy,
+                           const bsz_point& pt) {
+  if (!(pt.bsz > 0.0)) t.fail(r, c_b, "local batch must be > 0");
+  if (!(pt.step > 0.0)) t.fail(r, c_st, "step_time " + t.text(r, c_st) + " must be > 0 seconds");
+  if (!(pt.sync >= 0.0 && pt.sync <= pt.step))
+    t.fail(r, c_sy,
+           "sync_time " + t.text(r, c_sy) + " must lie in [0, step_time " + t.text(r, c_st) +
+               "]: the sync is part of the step");
+}
+
 /// Linear interpolation in local batch over points sorted by bsz, clamped at both ends.
 inline step_times interpolate_bsz(const std::vector<bsz_point>& pts, double bsz) {
   if (pts.empty()) throw std::logic_error("interpolate_bsz: no points");
@@ -155,8 +167,7 @@ class application_profile {
         }
         if (counts.empty()) placements.fail(r, c_pl, "empty placement");
         const detail::bsz_point pt{placements.number(r, c_b), placements.number(r, c_st), placements.number(r, c_sy)};
-        if (!(pt.bsz > 0.0)) placements.fail(r, c_b, "local batch must be > 0");
-        if (!(pt.step > 0.0) || pt.sync < 0.0) placements.fail(r, c_st, "step_time must be > 0 and sync_time >= 0");
+        detail::check_step_row(placements, r, c_b, c_st, c_sy, pt);
         p.placements_[placement_key(counts)].push_back(pt);
         int replicas = 0;
         for (int c : counts) replicas += c;
@@ -184,8 +195,9 @@ class application_profile {
       for (std::size_t r = 0; r < scal.rows(); ++r) {
         const long long n = scal.integer(r, c_n), k = scal.integer(r, c_r);
         if (n < 1 || k < n) scal.fail(r, c_r, "need 1 <= num_nodes <= num_replicas");
-        p.grid_[{static_cast<int>(n), static_cast<int>(k)}].push_back(
-            {scal.number(r, c_b), scal.number(r, c_st), scal.number(r, c_sy)});
+        const detail::bsz_point pt{scal.number(r, c_b), scal.number(r, c_st), scal.number(r, c_sy)};
+        detail::check_step_row(scal, r, c_b, c_st, c_sy, pt);
+        p.grid_[{static_cast<int>(n), static_cast<int>(k)}].push_back(pt);
       }
     }
     for (auto& [key, pts] : p.placements_)
@@ -209,8 +221,18 @@ class application_profile {
       const auto c_p = v.column("progress"), c_i = v.column("iteration"), c_m = v.column("metric"),
                  c_s = v.column("grad_sqr"), c_v = v.column("grad_var");
       std::vector<epoch_row> rows;
-      for (std::size_t r = 0; r < v.rows(); ++r)
+      for (std::size_t r = 0; r < v.rows(); ++r) {
         rows.push_back({v.number(r, c_p), v.number(r, c_i), v.number(r, c_m), v.number(r, c_s), v.number(r, c_v)});
+        const epoch_row& e = rows.back();
+        // Statistical progress is cumulative: each epoch adds some. A row that adds none made the
+        // epochs after it free (a whole run done at once).
+        if (!(e.progress > 0.0) || (r > 0 && !(e.progress > rows[r - 1].progress)))
+          v.fail(r, c_p, "progress " + v.text(r, c_p) + " must be > 0 and grow every epoch (it is cumulative)");
+        if (e.grad_sqr < 0.0 || e.grad_var < 0.0 || (e.grad_sqr == 0.0 && e.grad_var == 0.0))
+          v.fail(r, e.grad_sqr < 0.0 ? c_s : c_v,
+                 "grad_sqr and grad_var are a squared norm and a variance: each >= 0, "
+                 "not both 0");
+      }
       if (rows.empty()) throw std::invalid_argument(entry.path().string() + ": no epochs");
       p.validation_[batch] = std::move(rows);
     }

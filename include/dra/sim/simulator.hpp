@@ -52,6 +52,12 @@ class simulator {
     while (done < jobs.size() && now < horizon) {
       now = skip_idle(now, horizon);
       // Advance every job by one interval, then decide at the new time (as the reference does).
+      if (!(now + config.interval_s > now))  // a time so large that the interval is below its precision
+        dra::detail::throw_invalid(
+            "interval_s", std::to_string(config.interval_s) +
+                              " s is below the precision of the "
+                              "simulated time " +
+                              std::to_string(now) + " s; give times from a nearer origin (subtract the first arrival)");
       for (auto& j : jobs) detail::advance(j, now, config.interval_s, config);
       now += config.interval_s;
       done = 0;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -120,6 +121,9 @@ inline void declare_budgets(std::vector<job_spec>& jobs, const profile_library& 
   }
 }
 
+/// The latest arrival a workload may give, in seconds (a Unix timestamp in seconds is 1.7e9).
+inline constexpr double kMaxArrivalS = 1e13;
+
 /// Reads a workload CSV; every malformed cell is reported with file, line and column. When a
 /// profile library is given, applications and batch sizes are checked against it too.
 inline std::vector<job_spec> read_workload(const std::string& path, const profile_library* profiles = nullptr) {
@@ -142,12 +146,22 @@ inline std::vector<job_spec> read_workload(const std::string& path, const profil
   const bool has_declared = std::find(header.begin(), header.end(), "declared_epochs") != header.end();
   const std::size_t c_decl = has_declared ? t.column("declared_epochs") : 0;
   std::vector<job_spec> jobs;
+  std::set<std::string> named;
   for (std::size_t r = 0; r < t.rows(); ++r) {
     job_spec j;
     j.name = t.text(r, c_name);
     if (j.name.empty()) t.fail(r, c_name, "empty job name");
+    // A name repeated (a trace naming jobs by their kind) is made unique with its line, "name@LINE":
+    // records, plots and messages name each job apart.
+    if (!named.insert(j.name).second) j.name += "@" + std::to_string(t.line_of(r));
     j.submit_s = t.number(r, c_time);
     if (j.submit_s < 0.0) t.fail(r, c_time, "arrival time must be >= 0 seconds");
+    // Far past 1e13 s a double's step (2e-3 s there, 256 s at 1.7e18) swallows the simulator's interval.
+    if (j.submit_s > kMaxArrivalS)
+      t.fail(r, c_time,
+             "arrival time " + t.text(r, c_time) +
+                 " s is past 1e13 s (317,000 years): times are seconds (a Unix timestamp in microseconds or "
+                 "nanoseconds is 1e6 to 1e9 times too large); give seconds, or subtract the first arrival");
     j.application = t.text(r, c_app);
     if (profiles && !profiles->contains(j.application)) {
       std::string have;

@@ -15,6 +15,7 @@ from dra.sim._inputs import (
     check_policies,
     check_requests,
     costs_by_policy,
+    launch_cost,
     load_profiles,
     published_for,
     read_workload_rows,
@@ -178,7 +179,7 @@ def check_horizon(workload: str | os.PathLike[str], jobs: list[dict[str, Any]], 
     if not jobs:
         return
     first = min(j["submit_s"] for j in jobs)
-    late = [(line, j) for line, j in zip(lines, jobs) if j["submit_s"] >= first + HORIZON_S]
+    late = [(line, j) for line, j in zip(lines, jobs) if j["submit_s"] - first >= HORIZON_S]
     if late:
         named = "; ".join(f"line {line} job '{j['name']}' at {j['submit_s']:g} s (day {(j['submit_s'] - first) / 86400:.1f})"
                           for line, j in late[:5])
@@ -281,6 +282,7 @@ def replay(
         names, cost_mode, cost=reallocation_cost, in_place_cost=in_place_cost, restart_cost=restart_cost
     )
     cost = costs[names[0]] if cost_mode == "same" else None
+    launch = launch_cost(cost_mode, costs, restart_cost)
     profiles = load_profiles(traces)
     workload = workload_path(workload)  # data/pollux/... from any folder: the copy dra ships
     jobs = check_workload(workload, profiles, nodes=nodes, devices_per_node=devices_per_node,
@@ -295,6 +297,7 @@ def replay(
         "reallocation_cost_s": cost,
         "cost_mode": cost_mode,
         "reallocation_cost_s_by_policy": costs,
+        "launch_cost_s": launch,
         "cluster": {"nodes": nodes, "devices_per_node": devices_per_node},
         "interval_s": interval_s,
         "rules": "pollux: online-fitted model, exploration limit, one distributed job per node, batch cap",
@@ -303,6 +306,7 @@ def replay(
             "none_share": declared_none_share,
             "early_stop_share": early_stop_share,
             "seed": declaration_seed,
+            "from_file": bool(jobs and jobs[0].get("declared_from_file")),
             "note": "declared = epoch budget x exp(sigma z); the remaining-work estimator sees declarations, progress, "
             "loss curves and finished jobs, never the truth",
         },
@@ -316,6 +320,7 @@ def replay(
         result = _sim.sim_run(
             profiles, jobs, p, costs[p], interval_s, nodes, devices_per_node, 0.0, jobs_detail, declared_sigma,
             declared_none_share, early_stop_share, declaration_seed, _stderr_progress(f"{name} {p}", quiet),
+            launch_cost_s=launch,
         )
         out["policies"][p] = summarize(result, profiles)
         if p == "convergence_aware":

@@ -30,7 +30,9 @@ def _cost_label(doc: dict[str, Any]) -> str:
     if doc.get("cost_mode", "same") == "same":
         return f"reallocation cost {doc['reallocation_cost_s']:g} s, every policy"
     each = ", ".join(f"{p} {c:g} s" for p, c in doc["reallocation_cost_s_by_policy"].items())
-    return f"system view, each mechanism's own cost: {each}"
+    launch = doc.get("launch_cost_s")
+    first = f"; every job's first start {launch:g} s, whatever its system" if launch is not None else ""
+    return f"system view, each mechanism's own cost per change: {each}{first}"
 
 
 def unfinished_note(doc: dict[str, Any]) -> str:
@@ -95,6 +97,12 @@ def markdown_replay(doc: dict[str, Any]) -> str:
             f"\nDeclarations: budget x exp({d['sigma']:g} z), {d['none_share']:.0%} declare nothing, "
             f"{d['early_stop_share']:.0%} stop early (seed {d['seed']})."
         )
+        if not d.get("from_file") and d["sigma"] == 0 and d["none_share"] == 0:
+            lines.append(
+                "Every job declares its exact budget: the most favourable case for a policy that reads declarations "
+                "(convergence_aware); --declared-sigma 0.5 --declared-none 0.25 gives realistic ones "
+                "(docs/guide/simulator-results.md)."
+            )
     return "\n".join(lines) + "\n"
 
 
