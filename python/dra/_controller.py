@@ -425,8 +425,23 @@ def _make_events_dir(path: str) -> None:
 def _finish_at_exit(ref: weakref.ref[Controller]) -> None:
     controller = ref()
     if controller is not None and _lifecycle.owns(controller):  # not in a child forked from it
+        _say_epoch_cut(controller)
         controller.finish()
         _release_torchrun_exit_barrier(controller)
+
+
+def _say_epoch_cut(controller: Controller) -> None:
+    """A job that ends inside a data epoch (a step budget, or a framework that counts its batches
+    per epoch itself and stopped one short after a redone step) leaves the rest of it untrained:
+    said once, by rank 0, as a loop leaving the loader early is."""
+    sampler = getattr(controller, "sampler", None)
+    if sampler is None or controller.rank != 0 or controller.step_index <= 0:
+        return
+    native = sampler._native
+    left = int(native.epoch_size) - int(native.cursor)
+    if not native.exhausted and int(native.cursor) > 0 and left > 0:
+        print(f"[dra] the job ended inside data epoch {native.epoch} after step {controller.step_index}: its last "
+              f"{left} sample(s) were not trained", file=sys.stderr, flush=True)
 
 
 def _release_torchrun_exit_barrier(controller: Controller) -> None:

@@ -48,7 +48,7 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from dra.elastic import _collectives, _subgroups
+from dra.elastic import _after_wrap, _collectives, _subgroups
 from dra.elastic._pg import backend_config, backend_names, set_timeout, timeout_of
 
 # Backends init_process_group builds from a store alone, with any rank and size.
@@ -442,6 +442,6 @@ def _init_keeping_excepthook(dist: Any, *args: Any, **kwargs: Any) -> None:
     first call keeps its wrapper (its prefix names the rank the process was launched with)."""
     hook = sys.excepthook
     try:
-        dist.init_process_group(*args, **kwargs)
+        _after_wrap.torch_init_process_group(dist)(*args, **kwargs)  # dra's own re-creation, not the script's
     finally:
         sys.excepthook = hook

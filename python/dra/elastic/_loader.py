@@ -124,10 +124,16 @@ def _patch_torch_sampler() -> None:
 
 
 def _elastic_sampler_of(index_sampler: Any) -> Any:
-    """The followed elastic sampler behind a DataLoader's batch sampler, if any."""
-    for candidate in (index_sampler, getattr(index_sampler, "sampler", None)):
+    """The followed elastic sampler behind a DataLoader's batch sampler, if any: its own, or one a
+    few wrappers down (``.sampler``, ``.batch_sampler``: accelerate's BatchSamplerShard over torch's
+    BatchSampler over it)."""
+    seen, todo = 0, [index_sampler]
+    while todo and seen < 8:
+        candidate, seen = todo.pop(0), seen + 1
         if isinstance(candidate, _classes["elastic"]) and candidate._controller is not None:
             return candidate
+        todo += [c for c in (getattr(candidate, "sampler", None), getattr(candidate, "batch_sampler", None))
+                 if c is not None and c is not candidate]
     return None
 
 
@@ -159,7 +165,9 @@ def _refuse_own_batching(index_sampler: Any) -> None:
         "began and cannot follow a world change (after a grow its ranks trained samples twice and others never). "
         "Give the DataLoader dra's sampler with batch_size=B (torch's BatchSampler, which dra drives step by step), "
         "or sampler.batches(B) as batch_sampler=: a batch sampler of your own (bucketing by length) cannot draw from "
-        "it (docs/guide/compatibility.md, \"Limits of the drop-in\")")
+        "it, nor can one that shards it again (accelerate's BatchSamplerShard: leave the training DataLoader out of "
+        "accelerator.prepare; transformers.Trainer: return that DataLoader from get_train_dataloader) "
+        "(docs/guide/compatibility.md, \"Limits of the drop-in\")")
 
 
 def _patch_loader_iterator() -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from dra.elastic import _after_wrap
+
 
 class ElasticDataParallel(torch.nn.Module):
     """DDP semantics over the current elastic world (``ctl.model``, or
@@ -40,6 +42,7 @@ class ElasticDataParallel(torch.nn.Module):
         super().__init__()
         self.module = module
         self.controller = controller
+        _after_wrap.watch(self)  # torch's own DDP around it from now on is refused
         # DDP's find_unused_parameters: a parameter no rank had a gradient for on a step keeps none
         # (None, as in one process: the optimizer skips it); otherwise it receives a zero gradient.
         self._unused_to_none = find_unused_parameters
