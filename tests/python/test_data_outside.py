@@ -278,4 +278,4 @@ def test_a_training_sampler_streamed_by_an_iterable_dataset_is_refused_naming_it
     sampler was used; it now names the IterableDataset and the two forms that work."""
     code, logs, _ = run_logged_script(tmp_path, STREAMED, 2, {"policy": "none"}, {}, timeout=60)
     assert code != 0, logs[-2000:]
-    assert "used outside a DataLoader's sampler= (iterated by hand, or by an IterableDataset" in logs, logs[-2000:]
+    assert "no DataLoader(sampler=...) holds it (one made later by a framework, an IterableDataset" in logs, logs[-2000:]

@@ -470,9 +470,9 @@ class DistributedSampler(ElasticSampler):
 
     def __getattr__(self, name: str) -> Any:
         if name == "_native":
-            raise ValueError("DistributedSampler: its per-rank batch is unknown: it is used outside a DataLoader's sampler= "
-                             "(iterated by hand, or by an IterableDataset streaming its ids). Give it to DataLoader(map-style "
-                             "dataset, sampler=sampler, batch_size=B), or use sampler.batches(B) as batch_sampler=")
+            raise ValueError("DistributedSampler: its per-rank batch is unknown: no DataLoader(sampler=...) holds it (one made "
+                             "later by a framework, an IterableDataset, a loop by hand). Make DataLoader(map-style dataset, "
+                             "sampler=sampler, batch_size=B) before dra's wrap, or use sampler.batches(B) as batch_sampler=")
         raise AttributeError(name)
 
     # -- torch's order and split (the same samples per step as DDP in a fixed world) ---------------
