@@ -128,3 +128,29 @@ def test_live_settings_are_checked_before_anything_starts():
     with pytest.raises(ValueError, match="policy.devices: set by the run itself"):
         LiveConfig(policy={"devices": 99}).validate()
     LiveConfig(policy={"min_relative_gain": 0.1}).validate()
+
+
+# -- A second outside review (2026-12-07) ----------------------------------------------------------
+
+
+def test_the_reasoning_length_model_is_refused_in_the_phase_model(capsys):
+    """--workload lengths=reasoning replaced the trace (or constant) while the output still named
+    it: 'constant 100 tokens' over lengths of mean 3,300 with a tail to 32,768."""
+    for source in (["--constant-length", "100"], ["--trace", "code"]):
+        code, err = _rl([*source, "--steps", "3", "--workload", "lengths=reasoning"], capsys)
+        assert code == 2 and "lengths=reasoning" in err and "event model" in err, err
+
+
+def test_generation_lengths_past_what_the_policy_observes_are_refused(capsys):
+    """Lengths above 1e7 tokens were simulated but never observed by the policy, which held its
+    first split blind (+73 % time), with nothing said; infinity was accepted."""
+    for cap in ("2e7", "1e400"):
+        code, err = _rl(["--constant-length", "100", "--steps", "2", "--workload", f"max_generation_tokens={cap}"],
+                        capsys)
+        assert code == 2 and "max_generation_tokens" in err and "1e7" in err, err
+
+
+def test_no_bubble_fraction_is_negative():
+    doc = rl.simulate(constant_length=10_000_000, steps=3, workload={"max_generation_tokens": 1e7})
+    runs = [*doc["statics"], doc["dynamic"], doc["oracle"], doc["colocated"]]
+    assert all(r["bubble_fraction"] >= 0.0 for r in runs), [r["bubble_fraction"] for r in runs]

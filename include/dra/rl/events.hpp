@@ -200,7 +200,7 @@ class rl_event_sim : private rl_leader_view {
     if (r.total_s > 0.0) {
       r.samples_per_s = static_cast<double>(r.trained_sequences) / r.total_s;
       r.generated_tokens_per_s /= r.total_s;
-      r.bubble_fraction = 1.0 - busy / (n_dev * r.total_s);
+      r.bubble_fraction = std::max(0.0, 1.0 - busy / (n_dev * r.total_s));
     }
     r.mean_rollout_devices = n_dev;
     r.roles = {{0.0, n_dev, n_dev, 0}};
@@ -467,7 +467,7 @@ class rl_event_sim : private rl_leader_view {
     if (r.total_s > 0.0) {
       r.samples_per_s = static_cast<double>(s.trained) / r.total_s;
       r.generated_tokens_per_s = tokens / r.total_s;
-      r.bubble_fraction = 1.0 - s.busy_s / (config_.devices * r.total_s);
+      r.bubble_fraction = std::max(0.0, 1.0 - s.busy_s / (config_.devices * r.total_s));
     }
     double weighted = 0.0;
     for (std::size_t i = 0; i < r.roles.size(); ++i) {

@@ -321,7 +321,7 @@ class rl_pipeline_sim {
       r.samples_per_s = n / r.total_s;
       r.generated_tokens_per_s /= r.total_s;
       r.mean_rollout_devices /= r.total_s;
-      r.bubble_fraction /= config_.devices * r.total_s;
+      r.bubble_fraction = std::max(0.0, r.bubble_fraction / (config_.devices * r.total_s));  // no -0.0 from rounding
     }
     r.hidden_fraction = hidden_share(r);
     return r;

@@ -209,7 +209,13 @@ struct rl_workload {
       dra::detail::throw_invalid("length_scale", "must be a finite number > 0");
     if (!(drift_final_scale > 0.0) || !std::isfinite(drift_final_scale))
       dra::detail::throw_invalid("drift_final_scale", "must be a finite number > 0 (1: no drift)");
-    if (!(max_generation_tokens >= 1.0)) dra::detail::throw_invalid("max_generation_tokens", "must be >= 1");
+    // The stage-balance policy observes lengths up to 1e7 tokens (signals::quantile_sketch): longer
+    // ones would be generated but never seen, and the policy would hold its first split blind.
+    if (!(max_generation_tokens >= 1.0 && max_generation_tokens <= 1e7))
+      dra::detail::throw_invalid("max_generation_tokens",
+                                 "must lie in [1, 1e7] tokens (the longest length the "
+                                 "policy observes), got " +
+                                     std::to_string(max_generation_tokens));
     if (lengths == length_model::reasoning) reasoning.validate();
   }
 };

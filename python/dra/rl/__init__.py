@@ -175,6 +175,10 @@ def simulate(
         lengths = trace_lengths(trace)
         source = f"{TRACES.get(trace, trace)}:GeneratedTokens"
     w = {"steps": steps, "seed": seed, "drift_final_scale": drift, **(preset.get("workload") or {}), **(workload or {})}
+    if str(w.get("lengths", "trace")) != "trace":  # it replaced the trace or constant while the output named them
+        raise ValueError(f"workload lengths={w['lengths']}: the phase model draws its lengths from {source}; the "
+                         "reasoning length model runs in the event model (simulate_pipeline, dra-sim rl "
+                         "--pipeline-scenario); drop lengths= here")
     c = {**(preset.get("costs") or {}), **(costs or {})}
     _not_set_by_the_run(policy)
     p = {**(preset.get("policy") or {}), **(policy or {})}
@@ -246,7 +250,7 @@ def markdown(doc: dict[str, Any]) -> str:
     def row(name: str, r: dict[str, Any], rollout: str) -> str:
         hidden = f"{100 * r['hidden_fraction']:.0f} %" if r["switches"] else "-"
         return (
-            f"| {name} | {rollout} | {r['samples_per_s']:.3f} | {r['total_s']:.0f} | {100 * r['bubble_fraction']:.1f} % | "
+            f"| {name} | {rollout} | {r['samples_per_s']:.4g} | {r['total_s']:.0f} | {100 * r['bubble_fraction']:.1f} % | "
             f"{r['switches']} | {hidden} |"
         )
 
