@@ -286,9 +286,20 @@ class TorchState(_m.StateProvider):
         # model_tensors returns detached views: their storage and the version counter they share.
         if self._marks(model) == self._received_marks:
             return False
+        changed = not self._holds(meta, tensors)  # touched but equal (accelerate's prepare(opt)): no word
         self._manifest = meta
         self.load(b"", tensors)
-        return True
+        return changed
+
+    def _holds(self, meta: dict[str, Any], tensors: list[torch.Tensor]) -> bool:
+        """Whether the state now equals what was received (values, hyperparameters, scheduler)."""
+        now, manifest, _ = self.collect()
+        current = _loads(manifest)
+        if [e[:2] for e in current["entries"]] != [e[:2] for e in meta["entries"]] or len(now) != len(tensors):
+            return False
+        if current["optimizer"] != meta["optimizer"] or current["scheduler"] != meta["scheduler"]:
+            return False
+        return all(a.shape == b.shape and torch.equal(a.cpu(), b.cpu()) for a, b in zip(now, tensors))
 
     def scale_learning_rate(self, factor: float) -> None:
         if self.optimizer is not None:
