@@ -115,12 +115,20 @@ def test_one_users_queue_of_jobs_warms_only_a_few_launchers_and_all_of_them_run(
         launches = [i for i, e in enumerate(events) if e["event"] == "launch"]
         launched = [events[i]["job"] for i in launches]
         assert launched[0] == "hold" and set(launched[:3]) == {"hold", "q0", "urgent"}, launched
-        first_grant = next(i for i, e in enumerate(events) if e["event"] == "grant")
-        assert launches[2] > first_grant, [(e["event"], e.get("job")) for e in events[:launches[2] + 1]]
+        stops = [i for i, e in enumerate(events) if e["event"] == "launcher_stopped"]
+        if stops:  # urgent came once hold and q0 were warm: q0 gave its launcher up to the high class
+            assert events[stops[0]]["job"] == "q0" and launched[2] == "urgent" and stops[0] < launches[2], launched
+        else:
+            first_grant = next(i for i, e in enumerate(events) if e["event"] == "grant")
+            assert launches[2] > first_grant, [(e["event"], e.get("job")) for e in events[:launches[2] + 1]]
         names = ["hold", "urgent"] + [f"q{i}" for i in range(4)]
         assert client.wait(names, timeout_s=45) == {n: "finished" for n in names}
     finally:
         server.close()
-    launched = [e["job"] for e in _events(state) if e["event"] == "launch"]
-    assert sorted(launched) == sorted(names), launched  # each once
-    assert [n for n in launched if n.startswith("q")] == ["q0", "q1", "q2", "q3"], launched  # in order of arrival
+    events = _events(state)
+    launched = [e["job"] for e in events if e["event"] == "launch"]
+    # Each once, but for a warm launcher given up to the high-class job arriving after it (q0).
+    stopped = [e["job"] for e in events if e["event"] == "launcher_stopped"]
+    assert set(stopped) <= {"q0"} and sorted(launched) == sorted(names + stopped), (launched, stopped)
+    firsts = list(dict.fromkeys(n for n in launched if n.startswith("q")))
+    assert firsts == ["q0", "q1", "q2", "q3"], launched  # in order of arrival

@@ -156,15 +156,14 @@ class SchedulingLoop:
         hundred of them and ran the host out of memory. The next one starts when one of those
         jobs is granted its devices or ends."""
         waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting" and not self._backing_off(n)]
+        self._give_warm_launchers_to_higher_classes(waiting)
         warm: dict[str, int] = {}
         for name in waiting:
             if name in self.launchers and self.book.count(name) == 0:
                 user = self._owner(name).user
                 warm[user] = warm.get(user, 0) + 1
-        rank = {"critical": 0, "high": 1, "normal": 2, "low": 3}
         out = []
-        for name in sorted((n for n in waiting if n not in self.launchers),
-                           key=lambda n: (rank.get(self.jobs[n]["spec"].get("priority"), 2), self.jobs[n]["order"])):
+        for name in sorted((n for n in waiting if n not in self.launchers), key=self._launch_order):
             if self.book.count(name) == 0:
                 user = self._owner(name).user
                 if warm.get(user, 0) >= self.warm_launchers:
@@ -172,6 +171,53 @@ class SchedulingLoop:
                 warm[user] = warm.get(user, 0) + 1
             out.append(name)
         return out
+
+    def _give_warm_launchers_to_higher_classes(self, waiting: list[str]) -> None:
+        """A user's warm launchers went to the first arrivals: a higher class arriving later waited
+        for one while the lower ones, checked in, were admitted first (two normal jobs and a low one
+        ran before two high ones in an outside review). Per user, the jobs holding nothing that
+        should be warm are the first ``warm_launchers`` by class, then arrival; a warm one beyond
+        them gives its launcher up (the last in that order first) for each of those without one."""
+        by_user: dict[str, list[str]] = {}
+        for name in waiting:
+            if self.book.count(name) == 0:
+                by_user.setdefault(self._owner(name).user, []).append(name)
+        for names in by_user.values():
+            names.sort(key=self._launch_order)
+            first, rest = names[:self.warm_launchers], names[self.warm_launchers:]
+            cold = [n for n in first if n not in self.launchers]
+            spare = [n for n in reversed(rest) if n in self.launchers and not self.launchers[n].by_hand]
+            for name, _ in zip(spare, cold):
+                self.stop_launcher(name, "a job of a higher class of the same user needs a warm launcher")
+
+    def _launch_order(self, name: str) -> tuple[int, int]:
+        rank = {"critical": 0, "high": 1, "normal": 2, "low": 3}
+        return rank.get(self.jobs[name]["spec"].get("priority"), 2), self.jobs[name]["order"]
+
+    def stop_launcher(self, name: str, why: str) -> None:
+        """Stops the launcher of a waiting job that holds nothing (it runs no worker); the job waits
+        on, and gets a launcher again when its turn comes (or from the next daemon)."""
+        ref = self.launchers.pop(name)
+        ref.kill()
+        if ref.popen is not None:
+            self._exiting.append(ref.popen)
+        info = self.jobs[name]["info"]
+        info.pop("ready_at", None)
+        if "launcher" in info:
+            info["retired_launcher"] = info.pop("launcher").get("id")
+        self._save_job(name)
+        self._event({"event": "launcher_stopped", "job": name, "pid": ref.pid, "reason": why})
+
+    def stop_waiting_launchers(self) -> list[str]:
+        """At the daemon's stop: the launchers of waiting jobs that hold nothing (a drained pool's
+        queue) were left running, 230 MB each with torch imported, outside every cgroup once the
+        pool's were removed. They run no worker; a daemon started again starts them again."""
+        with self._lock:
+            names = [n for n, ref in self.launchers.items() if self.jobs.get(n, {}).get("state") == "waiting"
+                     and self.book.count(n) == 0 and not ref.by_hand]
+            for name in names:
+                self.stop_launcher(name, "the pool stopped; a daemon started again on its state starts it again")
+        return names
 
     def _late_not_lost(self, lid: int, lease: Any, now: float) -> bool:
         """Whether an expired lease is only late: its job's launcher (a process of this host) is

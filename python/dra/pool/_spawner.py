@@ -72,7 +72,10 @@ def last_line(path: Path, limit: int = 300) -> str:
             lines = [x.strip() for x in f.read(8192).decode(errors="replace").splitlines() if x.strip()]
     except OSError:
         return ""
-    return lines[-1][:limit] if lines else ""
+    # Shown by `dra pool status` on an operator's terminal: escape sequences and other control
+    # characters written by the job are shown, not obeyed (one erased the line and printed a green
+    # "all fine" in its place).
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in lines[-1][:limit]) if lines else ""
 
 
 def private_log_dir(path: Path) -> Path:

@@ -114,6 +114,11 @@ def _serve(args: argparse.Namespace) -> int:
     # still answers); then what still runs is known.
     service.stop()  # nothing granted or launched from now on; syncs are still answered
     service.wait_exiting()
+    idle = service.stop_waiting_launchers()  # a waiting job's warm launcher runs nothing: it goes too
+    if idle:
+        print(f"[dra pool] stopped the launchers of {len(idle)} waiting job(s) ({', '.join(idle[:5])}"
+              f"{', ...' if len(idle) > 5 else ''}): they run no worker; a daemon started again with --state "
+              f"{state} starts them again", file=sys.stderr, flush=True)
     # Slots are kept when leases are live, so a restarted daemon finds its running jobs' cgroups.
     live = sorted({l.job for l in service.book.all() if l.state and service.jobs[l.job]["state"] not in ENDED})
     if live:
@@ -182,7 +187,7 @@ CLI_TIMEOUT_S = 30.0
 
 def _client(args: argparse.Namespace) -> Any:
     from dra.pool import _auth
-    from dra.pool.server import PoolClient
+    from dra.pool.client import PoolClient
 
     token = _auth.load_token(args.token_file) if getattr(args, "token_file", None) else None
     # A person at the command line would rather wait than be told a busy daemon is gone: on a
@@ -272,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="area", required=True)
     sub.add_parser("run", help="start and supervise a job's workers (dra run --help)")
     pool = sub.add_parser("pool", help="the device pool").add_subparsers(dest="command", required=True)
-    from dra.pool.server import default_url
+    from dra.pool.client import default_url
 
     url = default_url()
     s = pool.add_parser("serve", help="run the pool daemon")

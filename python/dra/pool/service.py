@@ -362,8 +362,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
                                  "submit --log) or remove that one")
         with self._lock:
             if self.draining:
-                raise ValueError(f"name: the pool is draining; job '{req.job}' was not accepted (dra pool drain --undo "
-                                 "accepts jobs again)")
+                raise ValueError(f"pool: draining (an operator's dra pool drain); job '{req.job}' was not accepted: "
+                                 "submit it again once an operator runs dra pool drain --undo")
             old = self.jobs.get(req.job)
             if old is not None and old["state"] not in ENDED:
                 raise ValueError(f"name: a job '{req.job}' is already {old['state']}; choose another name (a name is "
