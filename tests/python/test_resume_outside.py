@@ -147,13 +147,17 @@ def test_lbfgs_evaluating_its_closure_several_times_a_step_is_refused_naming_max
     assert len(by_step) >= 5 and all(len(v) == 1 for v in by_step.values()), by_step
 
 
-TORCH_DDP_AFTER = SCRIPT_HEAD + r"""
+# A linear model on 32 samples, wrapped by dra (the scripts below add what they test).
+LINEAR_WRAPPED = r"""
 net = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
-data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
 sampler = de.DistributedSampler(data, seed=0)
 loader = DataLoader(data, batch_size=4, sampler=sampler)
 model = de.DistributedDataParallel(net, opt, sampler)
+"""
+
+TORCH_DDP_AFTER = SCRIPT_HEAD + LINEAR_WRAPPED + r"""
 # accelerate's prepare(model) wraps dra's wrapper; Lightning's DDP strategy wraps the module itself.
 torch.nn.parallel.DistributedDataParallel(model if cfg["around"] == "wrapper" else net)
 LOG.write(json.dumps(dict(wrapped=True)) + "\n")
@@ -183,12 +187,7 @@ import dra, dra.elastic as de
 
 cfg = json.loads(os.environ["CFG"])
 LOG = open(os.path.join(cfg["out"], f"log-{os.getpid()}.jsonl"), "a")
-net = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(net.parameters(), lr=0.1)
-data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
-sampler = de.DistributedSampler(data, seed=0)
-loader = DataLoader(data, batch_size=4, sampler=sampler)
-model = de.DistributedDataParallel(net, opt, sampler)
+""" + LINEAR_WRAPPED + r"""
 dist.init_process_group("gloo")  # as transformers.TrainingArguments or Lightning's fit do, lazily
 for xb, yb in loader:
     opt.zero_grad()
