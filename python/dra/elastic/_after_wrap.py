@@ -58,20 +58,17 @@ def _guard_init_process_group() -> None:
     dist.init_process_group = dist.distributed_c10d.init_process_group = init_process_group
 
 
-def _live_controllers() -> list[Any]:
-    out = []
-    for wrapper in list(_WRAPPERS):
-        ctl = getattr(wrapper, "controller", None)
-        if ctl is not None and getattr(ctl, "role", "") not in ("finished", "released"):
-            out.append(ctl)
-    return out
+def _live_wrappers() -> list[Any]:
+    """The dra wrappers whose controllers still train (not finished, not released)."""
+    return [w for w in list(_WRAPPERS) if getattr(w, "controller", None) is not None
+            and getattr(w.controller, "role", "") not in ("finished", "released")]
 
 
 def _refuse_late_init() -> None:
     if "WORLD_SIZE" not in os.environ:
         return  # not launched as a world (torch's own arguments say which)
     launched, rank = int(os.environ["WORLD_SIZE"] or 0), int(os.environ.get("RANK", "-1") or -1)
-    for ctl in _live_controllers():
+    for ctl in (w.controller for w in _live_wrappers()):
         if ctl.is_member and int(ctl.world_size) == launched and int(ctl.rank) == rank:
             continue  # the launch's world as launched: torch's rendezvous meets every member
         raise RuntimeError(
@@ -84,10 +81,7 @@ def _refuse_late_init() -> None:
 
 
 def _refuse_over_elastic(module: Any) -> None:
-    for wrapper in list(_WRAPPERS):
-        ctl = getattr(wrapper, "controller", None)
-        if ctl is None or getattr(ctl, "role", "") in ("finished", "released"):
-            continue
+    for wrapper in _live_wrappers():
         reduced = {id(p) for p in wrapper.module.parameters()}
         inside = any(m is wrapper for m in module.modules())
         if inside or any(id(p) in reduced for p in module.parameters()):
