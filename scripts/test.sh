@@ -59,7 +59,8 @@ echo "== Python: pytest =="
 # at once (pytest-xdist); one file's tests stay together on one worker, in order, with its fixtures.
 # DRA_TEST_WORKERS=0 runs everything in this process.
 workers="${DRA_TEST_WORKERS:-3}"
-.venv/bin/python -m pytest -q -n "$workers" --dist loadfile -m "not serial" "$@"
+# --durations: the slowest tests, printed at the end, say where the suite's time goes.
+.venv/bin/python -m pytest -q -n "$workers" --dist loadfile -m "not serial" --durations=40 "$@"
 # Tests marked serial (none at present: for a timing-sensitive test that cannot share the host)
 # run alone afterwards; exit code 5 (none selected) is not a failure.
 .venv/bin/python -m pytest -q -m serial "$@" || [ $? -eq 5 ]

@@ -83,7 +83,11 @@ def test_a_cut_during_a_write_keeps_the_line_first_and_the_lines_in_order(tmp_pa
     assert cuts >= 5, cuts
     assert text.startswith("[dra run] this log passed its limit (8192 bytes"), text[:200]
     numbers = [int(x) for x in text.splitlines()[1:]]
-    assert numbers == sorted(set(numbers)) and numbers[-1] == 299999, numbers[:50]
+    assert numbers == sorted(set(numbers)), numbers[:50]
+    # The writer ended by itself; its last lines may fall in the last cut's window (between its
+    # final read and the shortening: a few lines, as CI saw once, 299996-299999), never more.
+    assert writer.returncode == 0, writer.returncode
+    assert 299999 - 1000 <= numbers[-1] <= 299999, numbers[-50:]
 
 
 @pytest.mark.timeout(150)
