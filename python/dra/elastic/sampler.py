@@ -161,14 +161,14 @@ class ElasticSampler:
     def __len__(self) -> int:
         """In a job, a whole data epoch's steps (torch's meaning), alike on every process in every world
         (during a pass a loader's follows the pass: _pass_length); alone, the steps it will yield."""
-        if self._controller is None:
-            return self._steps_left()
-        return -(-int(self._native.epoch_size) // int(self._native.global_batch))
+        return self._steps_left() if self._controller is None else self._epoch_steps
 
     def _steps_left(self) -> int:
         """Steps left in the data epoch (on a joiner too); a whole epoch's once it is exhausted."""
-        native = self._native
-        return -(-native.epoch_size // native.global_batch) if native.exhausted else int(native.steps_left)
+        return self._epoch_steps if self._native.exhausted else int(self._native.steps_left)
+
+    _epoch_steps = property(lambda self: -(-int(self._native.epoch_size) // int(self._native.global_batch)),
+                            doc="A whole data epoch's steps (the world's global batch each).")
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """This rank's indices for each step left in the current data epoch."""
