@@ -154,7 +154,7 @@ def _run(tmp_path: Path, name: str, script: str, *args: str, options: dict | Non
               "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_STOP_ON_SIGTERM", "DRA_LAUNCHER"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "dra", "run", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
-           "--rdzv-id", name]
+           "--rdzv-id", name, "--preload", "torch,dra,dra.elastic,sklearn.datasets"]  # each worker imports sklearn
     if options:
         cmd += ["--options", json.dumps(options)]
     try:

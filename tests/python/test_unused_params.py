@@ -85,7 +85,8 @@ REC.flush()
 
 def _run(tmp_path: Path, unused: bool, compress: str) -> list[dict]:
     code, out, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none", "compress": compress},
-                                           {"unused": unused}, timeout=120)
+                                           {"unused": unused}, timeout=120,
+                                           launcher_args=("--preload", "torch,dra,dra.elastic,sklearn.datasets"))
     assert code == 0, out[-6000:]
     # Without the option, each process says once which parameters had no gradient (DDP would raise).
     warned = out.count("had no gradient in this backward on this process")
