@@ -157,7 +157,7 @@ void bind_pool(py::module_& root) {
   py::class_<replica_autoscaler>(m, "ReplicaAutoscaler")
       .def(py::init<autoscaler_config>(), py::arg("config"))
       .def("update", &replica_autoscaler::update, py::arg("now"), py::arg("rate_rps"), py::arg("queue"),
-           py::arg("current"), py::arg("replica_rps") = 0.0)
+           py::arg("current"), py::arg("replica_rps") = 0.0, py::arg("serving") = -1)
       .def("mean_load", &replica_autoscaler::mean_load, py::arg("now"))
       .def("peak_needed", &replica_autoscaler::peak_needed)
       .def("forget_peaks", &replica_autoscaler::forget_peaks);

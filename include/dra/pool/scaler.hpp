@@ -4,6 +4,7 @@
 // cluster arbiter the simulator evaluates; rigid jobs keep what they hold. docs/design/pool.md.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <deque>
 #include <map>
 #include <set>
@@ -65,11 +66,17 @@ class replica_autoscaler {
 
   /// Replicas wanted now, given the arrival rate (requests/s), the queue length and the replicas
   /// running; `replica_rps` > 0 is a measured capacity per replica that replaces the configured
-  /// one. Deterministic in its inputs and the load it saw since the last change.
-  int update(double now, double rate_rps, double queue, int current, double replica_rps = 0.0) {
+  /// one; `serving` (< 0: all of them) is how many of the `current` replicas serve already (their
+  /// worker started): a queue says the replicas are saturated only when every one serves.
+  /// Deterministic in its inputs and the load it saw since the last change.
+  int update(double now, double rate_rps, double queue, int current, double replica_rps = 0.0, int serving = -1) {
     const auto& c = config_;
     const double per = replica_rps > 0.0 && std::isfinite(replica_rps) ? replica_rps : c.replica_rps;
     const double load = std::max(0.0, rate_rps) / per;  // replicas' worth of work
+    // The requests that arrive while replicas start wait for them, not for more: counted as
+    // saturation, a new service's cold start (3-5 s) asked for max_size at 1.5 requests/s and its
+    // peak held them for peak_window_s.
+    if (serving >= 0 && serving < current) queue = 0.0;
     // In doubles, clamped before any int: a burst of 3e9 requests/s (or a queue of 1e10) overflowed
     // the int and the service asked for no replica at all.
     const double backlog = std::floor(std::max(0.0, queue) / c.queue_per_replica);
@@ -219,22 +226,42 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
   });
   int training_min = 0;
   for (const auto* j : training) training_min += std::min(j->min_size, j->current);
-  for (const auto* j : inference) {
-    const int want = std::clamp(j->replicas_wanted < 0 ? j->current : j->replicas_wanted, j->min_size, j->max_size);
+  // Services of one class divide what is left for them: first their minimums, then a replica at a
+  // time to the one holding the least of its want (the admission's inference first does the same;
+  // in arrival order, the first took every device and a second, as loaded, kept one replica).
+  for (std::size_t first = 0; first < inference.size();) {
+    std::size_t end = first + 1;
+    while (end < inference.size() && priority_level(inference[end]->priority) == priority_level(inference[first]->priority))
+      ++end;
     // Past its minimum a service takes devices from training of its own class or lower only (as the
     // scheduler's inference-first does): a low-priority service's burst left a critical training
     // job at its minimum at the next re-plan.
     int above = 0;
     for (const auto* t : training)
-      if (priority_level(t->priority) > priority_level(j->priority))
+      if (priority_level(t->priority) > priority_level(inference[first]->priority))
         above += t->current - std::min(t->min_size, t->current);
-    // Its minimum comes out of what rigid jobs and training's minimums leave (a new service on a
-    // pool full of training at its minimums was planned past the capacity); the replicas it holds
-    // up to its minimum are kept.
-    const int floor = std::min(j->min_size, std::max(left - training_min, std::min(j->current, j->min_size)));
-    const int k = std::max(std::min(want, left - training_min - above), floor);
-    out[j->job] = std::max(k, 0);
-    left -= out[j->job];
+    std::vector<int> want, got;
+    for (std::size_t i = first; i < end; ++i) {
+      const scale_job* j = inference[i];
+      want.push_back(std::clamp(j->replicas_wanted < 0 ? j->current : j->replicas_wanted, j->min_size, j->max_size));
+      // Its minimum comes out of what rigid jobs and training's minimums leave (a new service on a
+      // pool full of training at its minimums was planned past the capacity); the replicas it holds
+      // up to its minimum are kept.
+      const int floor = std::min(j->min_size, std::max(left - training_min, std::min(j->current, j->min_size)));
+      got.push_back(std::max(floor, 0));
+      left -= got.back();
+    }
+    for (int spare = left - training_min - above; spare > 0; --spare, --left) {
+      std::size_t best = want.size();
+      for (std::size_t i = 0; i < want.size(); ++i)
+        if (got[i] < want[i] && (best == want.size() || static_cast<double>(got[i]) / want[i] <
+                                                            static_cast<double>(got[best]) / want[best]))
+          best = i;
+      if (best == want.size()) break;
+      ++got[best];
+    }
+    for (std::size_t i = first; i < end; ++i) out[inference[i]->job] = got[i - first];
+    first = end;
   }
   left = std::max(left, 0);
   std::stable_sort(training.begin(), training.end(), [](const scale_job* a, const scale_job* b) {

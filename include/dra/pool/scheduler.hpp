@@ -15,6 +15,7 @@
 // only after aging_s (before that, backfilling may delay it). aging_s <= 0: none.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -100,15 +101,42 @@ class scheduler {
     for (const auto& j : jobs) a.by_name[j.req.job] = &j;
     // Inference first: a service short of what its autoscaler wants is served before any
     // admission or growth (on free devices, then on leases coming back, then by shrinking elastic
-    // training of a class no higher than its own in place).
+    // training of a class no higher than its own in place). Services of one class short at once
+    // share what can be had, a replica at a time to the one holding the least of its want (the
+    // first submitted took every free device while a second, as loaded, stayed at one replica:
+    // SLO 99.6 % against 5.8 %).
     bool short_left = false;
     std::map<std::string, int> sought;  // workers the urgent pass placed, kept devices for or asked back for
-    for (const job_entry* j : order) {
-      if (j->req.kind != "inference" || j->urgent_size <= 0) continue;
-      const int need = std::min(j->urgent_size, j->req.max_size) - book.count(j->req.job);
-      if (need <= 0) continue;
-      sought[j->req.job] = need;
-      if (serve(a, *j, need, true) > 0) short_left = true;
+    std::vector<const job_entry*> urgent;
+    for (const job_entry* j : order)
+      if (j->req.kind == "inference" && j->urgent_size > 0 &&
+          std::min(j->urgent_size, j->req.max_size) > book.count(j->req.job))
+        urgent.push_back(j);
+    for (std::size_t first = 0; first < urgent.size();) {
+      const double level = effective_priority(*urgent[first], book, now);
+      std::size_t end = first + 1;
+      while (end < urgent.size() && effective_priority(*urgent[end], book, now) == level) ++end;
+      std::vector<const job_entry*> open(urgent.begin() + static_cast<std::ptrdiff_t>(first),
+                                         urgent.begin() + static_cast<std::ptrdiff_t>(end));
+      const auto want = [](const job_entry* j) { return std::min(j->urgent_size, j->req.max_size); };
+      const auto served = [&](const job_entry* j) {
+        return static_cast<double>(book.count(j->req.job) + sought[j->req.job]) / want(j);
+      };
+      while (!open.empty()) {
+        const auto it = std::min_element(open.begin(), open.end(), [&](const job_entry* x, const job_entry* y) {
+          return served(x) < served(y);  // the earlier submitted on a tie
+        });
+        const job_entry* j = *it;
+        const std::size_t arranged = a.arranged;
+        const int missing = serve(a, *j, 1, true);
+        short_left = short_left || missing > 0;
+        const bool stuck = missing > 0 && a.arranged == arranged;  // nothing free, coming back or to take
+        int& mine = sought[j->req.job];
+        if (stuck) mine = want(j) - book.count(j->req.job);  // tried: the minimum's pass does not ask again
+        else ++mine;
+        if (stuck || book.count(j->req.job) + mine >= want(j)) open.erase(it);
+      }
+      first = end;
     }
     // A service the urgent pass served is not served again for its minimum: the lease book does
     // not hold this round's grants yet, and counting them twice took it past its max_size.
@@ -232,6 +260,7 @@ class scheduler {
     std::map<std::string, int> releasing_of;  // job -> leases it is already giving back
     std::map<std::string, const job_entry*> by_name;
     std::set<std::int64_t> asked;  // leases this round already asked back
+    std::size_t arranged = 0;      // workers placed on leases coming back (kept or asked back) so far
   };
 
   // Places `need` more workers of a job: on free devices (all at once for a gang, unless urgent),
@@ -262,6 +291,7 @@ class scheduler {
     got = place_indices(inv, j.req, need, with_incoming, near);
     if (static_cast<int>(got.size()) == need) {
       reserve(a.free, a.incoming, got, j.req.fraction);
+      a.arranged += got.size();
       return need;
     }
     if (!config_.preemption) return need;
@@ -310,6 +340,7 @@ class scheduler {
       a.incoming[inv.index_of(v->device)] += v->share;
     }
     reserve(a.free, a.incoming, got, j.req.fraction);
+    a.arranged += got.size();
     return need;
   }
 

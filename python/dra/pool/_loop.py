@@ -348,7 +348,14 @@ class SchedulingLoop:
                     self._autoscaler(name).forget_peaks()
                     self._event({"event": "report_stale", "job": name, "silent_s": round(now - at, 3),
                                  "limit_s": REPORT_STALE_S})
-            want = self._autoscaler(name).update(now, rate, queue, current, float(report.get("replica_rps", 0.0)))
+            # Replicas that serve already: their worker checked in (and, where the frontend says
+            # so, it reached them); a queue while others start waits for those, not for more.
+            serving = sum(1 for l in self.book.of_job(name) if l.state == "active" and l.id in self._running)
+            connected = report.get("replicas_connected")
+            if isinstance(connected, int) and not isinstance(connected, bool) and connected >= 0:
+                serving = min(serving, connected)
+            want = self._autoscaler(name).update(now, rate, queue, current, float(report.get("replica_rps", 0.0)),
+                                                 serving)
             self.replicas_wanted[name] = want
             report["replicas_wanted"] = want
             if want > current:
