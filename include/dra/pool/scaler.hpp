@@ -231,7 +231,8 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
   // in arrival order, the first took every device and a second, as loaded, kept one replica).
   for (std::size_t first = 0; first < inference.size();) {
     std::size_t end = first + 1;
-    while (end < inference.size() && priority_level(inference[end]->priority) == priority_level(inference[first]->priority))
+    while (end < inference.size() &&
+           priority_level(inference[end]->priority) == priority_level(inference[first]->priority))
       ++end;
     // Past its minimum a service takes devices from training of its own class or lower only (as the
     // scheduler's inference-first does): a low-priority service's burst left a critical training
@@ -254,8 +255,8 @@ inline std::map<std::string, int> plan_sizes(const std::vector<scale_job>& jobs,
     for (int spare = left - training_min - above; spare > 0; --spare, --left) {
       std::size_t best = want.size();
       for (std::size_t i = 0; i < want.size(); ++i)
-        if (got[i] < want[i] && (best == want.size() || static_cast<double>(got[i]) / want[i] <
-                                                            static_cast<double>(got[best]) / want[best]))
+        if (got[i] < want[i] && (best == want.size() ||
+                                 static_cast<double>(got[i]) / want[i] < static_cast<double>(got[best]) / want[best]))
           best = i;
       if (best == want.size()) break;
       ++got[best];

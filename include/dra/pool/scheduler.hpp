@@ -132,8 +132,10 @@ class scheduler {
         short_left = short_left || missing > 0;
         const bool stuck = missing > 0 && a.arranged == arranged;  // nothing free, coming back or to take
         int& mine = sought[j->req.job];
-        if (stuck) mine = want(j) - book.count(j->req.job);  // tried: the minimum's pass does not ask again
-        else ++mine;
+        if (stuck)
+          mine = want(j) - book.count(j->req.job);  // tried: the minimum's pass does not ask again
+        else
+          ++mine;
         if (stuck || book.count(j->req.job) + mine >= want(j)) open.erase(it);
       }
       first = end;
