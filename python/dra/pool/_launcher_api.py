@@ -159,9 +159,14 @@ class LauncherAPI:
             # Kept in the job's record and the pool's events: a 4 MiB reason per resubmission grew
             # events.jsonl by 100 MB in 20 s.
             reason = reason[:REASON_LIMIT] + f" ... ({len(reason) - REASON_LIMIT} characters more, cut)"
+        exits = body.get("exits", {})
+        if not isinstance(exits, dict) or not all(
+                isinstance(k, str) and k.isdigit() and len(k) < 20 and isinstance(v, int) and not isinstance(v, bool)
+                and -2**31 <= v < 2**31 for k, v in exits.items()):
+            raise ValueError("exits: must map lease ids (as strings) to exit codes (integers)")
         answer = self.sync(name, ids("heartbeats"), ids("released"), report, body.get("done", False),
                            body.get("failed", False), reason, body.get("launcher"), caller,
-                           world=body.get("world"))
+                           world=body.get("world"), exits={int(k): v for k, v in exits.items()})
         if refused is not None:
             answer["report_refused"] = refused
             with self._lock:
@@ -173,13 +178,15 @@ class LauncherAPI:
 
     def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None,
              done: bool = False, failed: bool = False, reason: str | None = None, launcher: str | None = None,
-             caller: Caller | None = None, world: bool | None = None) -> dict[str, Any]:
+             caller: Caller | None = None, world: bool | None = None,
+             exits: dict[int, int] | None = None) -> dict[str, Any]:
         """A launcher's periodic call: its live leases, the leases its exited workers held, the
         job's report. Answers with the job's leases (new ones to start workers on) and the leases
         the pool wants back. ``launcher``: the caller's launch id (a second launcher is refused).
         ``world``: whether the job's processes formed a dra world; while a launcher says false (a
         script without dra, or one still starting), the job keeps the devices it holds: it is not
-        grown, shrunk in place, or given back a device a worker of it gave up (_loop.py)."""
+        grown, shrunk in place, or given back a device a worker of it gave up (_loop.py).
+        ``exits``: the exit codes of the released leases' workers, said in their release events."""
         now = _clock.now()
         with self._lock:
             job = self._job(name)
@@ -224,7 +231,7 @@ class LauncherAPI:
                                 self._set_state(other.id, "active")
                                 changed.append(self.book.at(other.id))
                                 break
-                    self._release(lid, "worker exited", removed)
+                    self._release(lid, "worker exited", removed, (exits or {}).get(lid))
             if world is not None and job["info"].get("world") != world:
                 job["info"]["world"] = world
                 if world:

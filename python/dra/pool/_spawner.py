@@ -45,6 +45,21 @@ def is_python(cmd: list[str]) -> bool:
     return bool(args) and (args[0] == "-m" and len(args) > 1 or not args[0].startswith("-"))
 
 
+def preload_problem(spec: dict[str, Any]) -> str | None:
+    """Why a job's ``preload`` would never be imported (None: it would be): the fork server that
+    imports it is off, or does not run the command (a job naming a module that does not import
+    ran anyway, the module never tried)."""
+    if not spec.get("preload"):
+        return None
+    if spec.get("zygote") is False:
+        return "preload: the fork server imports it, and zygote: false turns the fork server off: drop one of the two"
+    if not is_python(spec["command"]):
+        return (f"preload: only a command of the form [python, script.py, ...] or [python, -m, module, ...] (this "
+                f"pool's interpreter, {sys.executable}) starts its workers from the fork server that imports them; "
+                f"this one is {spec['command'][:3]}: drop preload, or run the script with that interpreter directly")
+    return None
+
+
 def log_dir_problem(path: Path, uid: int) -> str | None:
     """Why an existing folder cannot hold the logs of a job run as ``uid`` (None: it can, or it
     does not exist yet): a symbolic link or not a directory, another user's, or writable by others

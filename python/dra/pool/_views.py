@@ -41,7 +41,8 @@ class PoolViews:
                              "restarts": j["info"].get("restarts", 0),
                              "max_restarts": j["spec"].get("max_restarts", 0),
                              "restart_in_s": max(0.0, float(j["info"].get("not_before", 0.0)) - now),
-                             "last_failure": j["info"].get("last_failure") if mine else None})
+                             "last_failure": j["info"].get("last_failure") if mine else None,
+                             **(self._service_view(name, now, mine) if j["spec"]["kind"] == "inference" else {})})
             usage = self.slots.usage_all() if self.slots is not None else {}
             # Devices of nodes away with a Ray cluster's head: not grantable, their leases kept.
             away = [{"id": d.id, "type": d.type, "node": d.node, "enforcement": d.enforcement,
@@ -51,6 +52,19 @@ class PoolViews:
                     "devices": devices, "leases": leases, "jobs": jobs, "counters": dict(self.counters),
                     "cpu_usage_s": usage, "away": away, "ray_head_lost_s": None if lost is None else now - lost}
 
-    def metrics(self) -> str:
-        """Prometheus text exposition (format 0.0.4)."""
-        return prometheus(self.status())
+    def _service_view(self, name: str, now: float, mine: bool) -> dict[str, Any]:
+        """An inference service's autoscaler as an operator needs to see it: the replicas it wants
+        (everyone sees sizes) and, for its owner and operators, the load, queue and age of the
+        report it acts on (None: no report yet)."""
+        report = self.reports.get(name) or {}
+        at = self._load_at.get(name)
+        return {"replicas_wanted": self.replicas_wanted.get(name),
+                "load_rps": report.get("rate_rps") if mine else None,
+                "queue": report.get("queue") if mine else None,
+                "report_age_s": (now - at if at is not None else None) if mine else None,
+                "report_stale": name in self._stale if mine else None}  # silent too long: counted as no load
+
+    def metrics(self, caller: Caller | None = None) -> str:
+        """Prometheus text exposition (format 0.0.4); a service's load and queue only for its owner
+        and operators, as in the status."""
+        return prometheus(self.status(caller))

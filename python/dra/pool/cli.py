@@ -257,9 +257,22 @@ def _status(args: argparse.Namespace) -> int:
             last = f"; last failure: {j['last_failure']}" if j.get("last_failure") else ""
             soon = f" in {j['restart_in_s']:.0f} s" if j.get("restart_in_s") else ""
             why += f"  [restart {j['restarts']} of {j.get('max_restarts', '?')}{soon}{last}]"
+        if j["kind"] == "inference" and j["state"] == "running":
+            why += f"  {_autoscaler_line(j)}"
         print(f"  job {j['name']:<14} {j.get('user', '?'):<10} {j['state']:<9} {j['kind']:<9} {j['priority']:<8} "
               f"workers {j['workers']} [{j['min_size']}..{j['max_size']}]{' elastic' if j['elastic'] else ' rigid'}{why}")
     return 0
+
+
+def _autoscaler_line(j: dict) -> str:
+    """A running service's autoscaler: the replicas it wants and, where the caller may see them, the
+    load, queue and age of the report it acts on."""
+    if j.get("replicas_wanted") is None:
+        return "[no load report yet: held at its minimum]"
+    seen = j.get("report_age_s") is not None
+    load = (f" (load {j['load_rps'] or 0:g} requests/s, queue {j['queue'] or 0:g}, report {j['report_age_s']:.0f} s "
+            f"old{'; silent: counted as no load' if j.get('report_stale') else ''})") if seen else ""
+    return f"[wants {j['replicas_wanted']}{load}]"
 
 
 @console("dra")

@@ -145,9 +145,12 @@ class PoolClient:
 
     def sync(self, name: str, heartbeats: list[int], released: list[int], report: dict[str, Any] | None = None,
              done: bool = False, failed: bool = False, reason: str | None = None,
-             launcher: str | None = None, world: bool | None = None) -> dict[str, Any]:
+             launcher: str | None = None, world: bool | None = None,
+             exits: dict[int, int] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"heartbeats": heartbeats, "released": released, "report": report, "done": done,
                                 "failed": failed}
+        if exits:
+            body["exits"] = {str(lid): code for lid, code in exits.items()}
         if world is not None:
             body["world"] = world
         if reason is not None:

@@ -406,7 +406,8 @@ class Launcher:
         return 0 if ok else (next((c for c in codes if c != 0), 1) & 0xFF or 1)
 
     def _sync(self, heartbeats: list[int], released: list[int], report: dict[str, Any] | None, done: bool = False,
-              failed: bool = False, reason: str | None = None) -> dict[str, Any] | None:
+              failed: bool = False, reason: str | None = None,
+              exits: dict[int, int] | None = None) -> dict[str, Any] | None:
         """One call to the pool; None while it is unreachable (the workers carry on, and what
         happened meanwhile is reported when it is back)."""
         from dra.pool.client import Superseded
@@ -415,7 +416,8 @@ class Launcher:
         try:
             answer = self.client.sync(self.job, heartbeats, released, report, done=done, failed=failed,
                                       reason=reason, launcher=self.launch_id,
-                                      world=self.world if self.kind == "training" and self.started_world else None)
+                                      world=self.world if self.kind == "training" and self.started_world else None,
+                                      exits=exits)
         except (ConnectionError, RuntimeError) as e:
             if isinstance(e, Superseded):
                 raise
@@ -466,10 +468,12 @@ class Launcher:
         assert self.client is not None
         released: list[int] = []
         codes: list[int] = []
+        exits: dict[int, int] = {}  # the released leases' exit codes, said to the pool with them
         while True:
             freed, c = self._reap()
             released += freed
             codes += c
+            exits.update(zip(freed, c))
             report = self.store.report()
             if self.started_world and self.kind == "training":
                 self._world_formed()  # the pool resizes the job only once it did
@@ -490,15 +494,19 @@ class Launcher:
                     freed, c = self._reap()
                     released += freed
                     codes += c
+                    exits.update(zip(freed, c))
                     # The job keeps its leases alive until it ends (a worker on a lost node may
                     # linger); freed now, they would be granted to it again.
                     self._sync(list(self.workers) + released, [], None)
             failed = self.started_world and not self.workers and not done
             answer = self._sync(list(self.workers), released, report, done=done, failed=failed,
-                                reason=self._failure() if failed else None)
+                                reason=self._failure() if failed else None,
+                                exits={lid: exits[lid] for lid in released if lid in exits})
             if answer is None:  # the pool is away: keep supervising, report later
                 time.sleep(max(self.poll_s, 0.2))
                 continue
+            for lid in released:
+                exits.pop(lid, None)
             released = []
             if done or failed or answer["state"] in ("finished", "failed", "cancelled"):
                 if answer["state"] == "cancelled":

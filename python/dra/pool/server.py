@@ -141,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and parts == ["status"]:
                 return self._send(200, s.status(caller))
             if method == "GET" and parts == ["metrics"]:
-                return self._send(200, s.metrics(), "text/plain; version=0.0.4")
+                return self._send(200, s.metrics(caller), "text/plain; version=0.0.4")
             if method == "GET" and parts == ["schema"]:
                 return self._send(200, schema())
             if method == "GET" and len(parts) == 2 and parts[0] == "jobs":

@@ -38,7 +38,7 @@ from dra.pool._launcher_api import REPORT_LIMIT, LauncherAPI, Superseded, check_
 from dra.pool._loop import SchedulingLoop
 from dra.pool._nodes import NodeMembership
 from dra.pool._records import ENDED, JobRecords
-from dra.pool._spawner import log_dir_problem
+from dra.pool._spawner import log_dir_problem, preload_problem
 from dra.pool._spec import REQUEST_FIELDS, make_request, speedup_curve, validate_spec
 from dra.pool._state import StateDB, StateLock
 from dra.pool._views import PoolViews
@@ -320,6 +320,12 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
                 _core.Options(**spec["options"])
             except (ValueError, TypeError) as e:
                 raise ValueError(f"options: {e}") from None
+        if req.kind == "inference":  # kept and never read, as autoscale on training (below)
+            for field, what in (("options", "the training controller's options (DRA_OPTIONS)"),
+                                ("declared_steps", "a training job's declared length")):
+                if field in spec:
+                    raise ValueError(f"{field}: {what}; an inference service's replicas get none: drop {field}, "
+                                     "or give kind: training")
         if "autoscale" in spec or req.kind == "inference":
             try:
                 _p.ReplicaAutoscaler(_p.AutoscalerConfig(**spec.get("autoscale", {}), min_replicas=req.min_size,
@@ -344,6 +350,8 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         if self.launch_jobs:
             if not spec.get("command"):
                 raise ValueError('command: a job needs a command (a list of strings, e.g. ["python", "train.py"])')
+            if why := preload_problem(spec):
+                raise ValueError(why)
             spec.setdefault("cwd", owner.home if Path(owner.home).is_dir() else "/")
             why = _auth.can_enter(spec["cwd"], owner)
             if why:
@@ -517,18 +525,18 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             j["info"].setdefault("fence", {})[str(lease.id)] = reason
             self._save_job(lease.job)
 
-    def _release(self, lid: int, reason: str, removed: list[int]) -> None:
+    def _release(self, lid: int, reason: str, removed: list[int], exit_code: int | None = None) -> None:
         l = self.book.release(lid)
         removed.append(lid)
         self._running.pop(lid, None)
         self.counters["releases"] += 1
         cpu = None
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {} if exit_code is None else {"exit_code": exit_code}  # a replica that crashed
         if self.slots is not None and self.slots.has(l.device):
             cpu = self.slots.lease_usage_s(l.device, l.id)  # what the job used of the slot (accounting)
             memory = self.slots.lease_memory(l.device, l.id)
             if memory and memory["oom_kills"]:  # the kernel's OOM killer stopped processes at the lease's limit
-                extra = {"oom_kills": memory["oom_kills"], "memory_limit_mb": round(memory["limit"] / 2**20)}
+                extra.update(oom_kills=memory["oom_kills"], memory_limit_mb=round(memory["limit"] / 2**20))
             # No compute without a lease: whatever is still in its cgroup (a child the worker
             # left behind, a worker whose launcher stopped checking in) is stopped.
             if not self.slots.remove_lease(l.device, l.id, kill=True):
