@@ -29,13 +29,16 @@ def prometheus(st: dict[str, Any]) -> str:
         if j["state"] in ("waiting", "running"):
             lines.append(f'dra_pool_job_workers{{pool="{name}",job="{_label(j["name"])}",state="{j["state"]}"}} {j["workers"]}')
     services = [j for j in st["jobs"] if j["kind"] == "inference" and j["state"] == "running"]
-    for key, what in (("replicas_wanted", "Replicas each inference service's autoscaler wants."),
-                      ("load_rps", "Requests per second each inference service reported (its owner and operators)."),
-                      ("queue", "Queued requests each inference service reported (its owner and operators).")):
+    for family, key, what in (
+            ("dra_pool_inference_replicas_wanted", "replicas_wanted", "Replicas each inference service's autoscaler wants."),
+            ("dra_pool_inference_load_rps", "load_rps",
+             "Requests per second each inference service reported (to its owner and operators)."),
+            ("dra_pool_inference_queue", "queue", "Queued requests each inference service reported (to its owner and "
+                                                  "operators).")):
         shown = [j for j in services if isinstance(j.get(key), (int, float)) and not isinstance(j.get(key), bool)]
         if shown:
-            lines += [f"# HELP dra_pool_inference_{key} {what}", f"# TYPE dra_pool_inference_{key} gauge"]
-            lines += [f'dra_pool_inference_{key}{{pool="{name}",job="{_label(j["name"])}"}} {j[key]:g}' for j in shown]
+            lines += [f"# HELP {family} {what}", f"# TYPE {family} gauge"]
+            lines += [f'{family}{{pool="{name}",job="{_label(j["name"])}"}} {j[key]:g}' for j in shown]
     lines += ["# HELP dra_pool_jobs Jobs per state.", "# TYPE dra_pool_jobs gauge"]
     states: dict[str, int] = {}
     for j in st["jobs"]:
