@@ -522,8 +522,9 @@ def test_pool_preempts_in_place_and_everything_finishes(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="^options"):
             client.submit({"name": "bad", "options": {"polcy": "none"}})
         # high's launcher without a fork server (no torch to import first): ready within seconds.
-        client.submit({"name": "high", "min_size": 1, "max_size": 1, "elastic": False, "priority": "high", **common,
-                       "zygote": False,
+        # (a preload beside zygote: false is refused: it would never be imported)
+        client.submit({"name": "high", "min_size": 1, "max_size": 1, "elastic": False, "priority": "high",
+                       **{k: v for k, v in common.items() if k != "preload"}, "zygote": False,
                        "command": [sys.executable, str(TRAIN), "--model", "logreg", "--data", "breast_cancer",
                                    "--epochs", "20", "--out", str(tmp_path / "high")]})
         states = client.wait(["low", "high"], timeout_s=240)
