@@ -190,7 +190,7 @@ def test_replay_declarations_early_stopping_and_the_oracle(tmp_path):
     with pytest.raises(ValueError, match="declared_sigma"):
         sim.replay(workload, declared_sigma=-1)
     md = sim.markdown_replay(doc)
-    assert "oracle: upper bound" in md and "Declarations: budget x exp(0.5 z)" in md
+    assert "oracle reference: reads the true remaining work" in md and "Declarations: budget x exp(0.5 z)" in md
 
 
 def test_remaining_work_estimator_binding():

@@ -14,10 +14,12 @@ Progress goes to stderr; the markdown table to stdout (and ``--markdown PATH``).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from dra import _console
 from dra._console import console
@@ -280,16 +282,15 @@ def main(argv: list[str] | None = None) -> int:
                 if note:
                     print(f"[dra-sim] {d['workload']}: {note}", file=sys.stderr)
             keys = _unique([f"{d['workload']}@{d['load']}x" if d.get("load") else d["file"] for d in docs])
-            if args.json:
-                write_json(docs[0] if len(docs) == 1 else {"workloads": dict(zip(keys, docs))}, args.json)
-                _wrote(args.json, args.quiet)
-            if args.plots:
+            if args.plots:  # first: a plot that cannot be written leaves nothing of this command behind
                 from dra.sim.plots import plot_replay
 
                 labels = _unique([f"{d['workload']}-load{d['load']}" if d.get("load") else d["workload"] for d in docs])
-                for d, label in zip(docs, labels):
-                    for path in plot_replay(d, args.plots, label=label):
-                        _wrote(path, args.quiet)
+                _all_or_none(lambda tmp: [p for d, label in zip(docs, labels) for p in plot_replay(d, tmp, label=label)],
+                             args.plots, args.quiet)
+            if args.json:
+                write_json(docs[0] if len(docs) == 1 else {"workloads": dict(zip(keys, docs))}, args.json)
+                _wrote(args.json, args.quiet)
         else:
             doc = sim.study(
                 args.runs,
@@ -317,14 +318,13 @@ def main(argv: list[str] | None = None) -> int:
             note = sim.unfinished_note(doc)
             if note:
                 print(f"[dra-sim] study: {note}", file=sys.stderr)
-            if args.json:
-                write_json(doc, args.json)
-                _wrote(args.json, args.quiet)
             if args.plots:
                 from dra.sim.plots import plot_study
 
-                for path in plot_study(doc, args.plots):
-                    _wrote(path, args.quiet)
+                _all_or_none(lambda tmp: plot_study(doc, tmp), args.plots, args.quiet)
+            if args.json:
+                write_json(doc, args.json)
+                _wrote(args.json, args.quiet)
         print(text)
         if args.markdown:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
@@ -355,6 +355,28 @@ def main(argv: list[str] | None = None) -> int:
         _console.error("dra-sim", f"cannot write {exc.filename or ''}: {exc.strerror or exc}; give a writable path")
         return 2
     return 0
+
+
+def _all_or_none(render: Any, folder: str, quiet: bool) -> None:
+    """Draws the plots into a fresh folder inside ``folder``, then moves them into place once every one
+    was drawn and each name is free for a file: a plot that could not be written left the ones before
+    it (and the JSON) behind."""
+    import shutil
+    import tempfile
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".drawing-", dir=folder)
+    try:
+        drawn = render(tmp)
+        for path in drawn:
+            target = Path(folder) / Path(path).name
+            if target.is_dir() or target.is_symlink():
+                raise OSError(errno.EISDIR, "a folder or link holds that name", str(target))
+        for path in drawn:
+            os.replace(path, Path(folder) / Path(path).name)
+            _wrote(Path(folder) / Path(path).name, quiet)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _wrote(path: object, quiet: bool) -> None:

@@ -15,6 +15,35 @@ def _pyplot() -> Any:
     return plt
 
 
+def _style(policy: str) -> dict[str, Any]:
+    """An oracle_* line is dashed and grey, its legend saying what it is (not one of dra's results)."""
+    return {"linestyle": "--", "color": "dimgrey"} if policy.startswith("oracle_") else {}
+
+
+def _name(policy: str) -> str:
+    return f"{policy} (oracle reference)" if policy.startswith("oracle_") else policy
+
+
+def _moving_mean(y: Any, width: int) -> Any:
+    """Mean over the last ``width`` points where there are that many, over fewer at the ends (zero
+    padding pulled both ends towards 0: a dip that is not in the data)."""
+    import numpy as np
+
+    kernel = np.ones(width)
+    return np.convolve(y, kernel, mode="same") / np.convolve(np.ones(len(y)), kernel, mode="same")
+
+
+def _declarations_tag(doc: dict[str, Any]) -> tuple[str, str]:
+    """File-name tag and title text of a replay's declarations (empty when exact)."""
+    d = doc.get("declarations") or {}
+    if d.get("from_file"):
+        return "-declfile", ", declarations from the file"
+    if not (d.get("sigma") or d.get("none_share") or d.get("early_stop_share")):
+        return "", ""
+    return (f"-decl{d['sigma']:g}-{d['none_share']:g}-{d['early_stop_share']:g}",
+            f", declared x exp({d['sigma']:g} z), {d['none_share']:.0%} none, {d['early_stop_share']:.0%} stop early")
+
+
 def plot_replay(doc: dict[str, Any], folder: str | Path, label: str | None = None) -> list[Path]:
     """JCT distribution (CDF), devices allocated over time, and utilisation over time, per policy.
     Files are named ``<label>-<cost>-*.png``; the label defaults to the workload's name and load."""
@@ -29,21 +58,26 @@ def plot_replay(doc: dict[str, Any], folder: str | Path, label: str | None = Non
     cost = doc["reallocation_cost_s"]
     cost_tag = "system" if system else f"cost{cost:g}"
     cost_text = "each mechanism's own reallocation cost" if system else f"reallocation cost {cost:g} s"
+    decl_tag, decl_text = _declarations_tag(doc)
+    cost_tag += decl_tag
+    cost_text += (f", load {doc['load']}x" if doc.get("load") else "") + decl_text
     written: list[Path] = []
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in doc["policies"]:
         jcts = np.sort([j["jct_s"] for j in doc["jobs"] if j["policy"] == p and j["jct_s"] is not None])
         if len(jcts):
-            ax.plot(jcts / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts), label=f"{p} (avg {jcts.mean():.0f} s)")
+            ax.plot(jcts / 3600.0, np.arange(1, len(jcts) + 1) / len(jcts), label=f"{_name(p)} (avg {jcts.mean():.0f} s)",
+                    **_style(p))
     for p, v in doc.get("published_avg_jct_s", {}).items():
         ax.axvline(v / 3600.0, linestyle=":", linewidth=1, color="grey")
-        ax.text(v / 3600.0, 0.02, f" {p} published avg", rotation=90, fontsize=7, color="grey")
+        # Above the legend's corner (at the foot, the legend covered them).
+        ax.text(v / 3600.0, 0.3, f" {p} published avg", rotation=90, fontsize=7, color="grey", va="bottom")
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (h, log scale)")
     ax.set_ylabel("fraction of jobs")
     ax.set_title(f"{name}: JCT distribution (simulated, {cost_text})")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     path = folder / f"{label}-{cost_tag}-jct.png"
     fig.tight_layout()
@@ -54,15 +88,16 @@ def plot_replay(doc: dict[str, Any], folder: str | Path, label: str | None = Non
     capacity = doc["cluster"]["nodes"] * doc["cluster"]["devices_per_node"]
     for key, ylabel, suffix in (
         ("allocated", "devices allocated", "devices"),
-        ("compute_fraction", "cluster utilisation (computing device-time / capacity)", "utilisation"),
+        # The tables' cluster utilisation: busy (computing and synchronising) device time.
+        ("busy_fraction", "cluster utilisation (busy device-time / capacity,\n10-interval moving mean)", "utilisation"),
     ):
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for p, tl in doc["timelines"].items():
             t = np.asarray(tl["time_s"]) / 3600.0
             y = np.asarray(tl[key], dtype=float)
-            if key == "compute_fraction" and len(y) > 10:
-                y = np.convolve(y, np.ones(10) / 10, mode="same")  # 10-interval moving average
-            ax.plot(t, y, label=p, linewidth=1)
+            if key == "busy_fraction" and len(y) > 10:
+                y = _moving_mean(y, 10)
+            ax.plot(t, y, label=_name(p), linewidth=1, **_style(p))
         if key == "allocated":
             ax.axhline(capacity, color="black", linewidth=0.8, linestyle="--")
         ax.set_xlabel("time (h)")
@@ -98,25 +133,33 @@ def plot_study(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     written: list[Path] = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for p, runs in by.items():
-        if p == "static_request":
+        if p == "static_request" or "@" in p:  # the superseded target rule's rows: in the tables, not drawn
             continue
         ratio_t = [runs[i]["training_time_s"] / static[i]["training_time_s"] for i in runs if runs[i]["training_time_s"] and static[i]["training_time_s"]]
         ratio_g = [runs[i]["gpu_seconds"] / static[i]["gpu_seconds"] for i in runs if static[i]["gpu_seconds"]]
         bins = np.linspace(0, 2.5, 51)
-        axes[0].hist(np.clip(ratio_t, 0, 2.5), bins=bins, alpha=0.5, label=f"{p} (mean {np.mean(ratio_t):.3f})")
-        axes[1].hist(np.clip(ratio_g, 0, 2.5), bins=bins, alpha=0.5, label=f"{p} (mean {np.mean(ratio_g):.3f})")
+        # An oracle reference as an outline, the policies filled.
+        look = {"histtype": "step", "linestyle": "--", "color": "dimgrey"} if p.startswith("oracle_") else {"alpha": 0.5}
+        axes[0].hist(np.clip(ratio_t, 0, 2.5), bins=bins, label=f"{_name(p)} (mean {np.mean(ratio_t):.3f})", **look)
+        axes[1].hist(np.clip(ratio_g, 0, 2.5), bins=bins, label=f"{_name(p)} (mean {np.mean(ratio_g):.3f})", **look)
     for ax, what in zip(axes, ("training time", "GPU-hours")):
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_xlabel(f"{what} / static_request {what}")
         ax.set_ylabel("runs")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    c = doc.get("conditions", {})
     shared = "shared cluster" if doc.get("shared_cluster") else "each run alone"
+    perturbed = str(c.get("requests", "")).startswith("perturbed")
+    sigma = c.get("declared_sigma") or 0.0
     fig.suptitle(
-        f"Study (simulated): {doc['runs']} runs, seed {doc['seed']}, quota {doc['quota_scale']:g}x, "
-        f"resize cost {doc['reallocation_cost_s']:g} s, {shared}"
+        f"Study (simulated): {doc['runs']} runs, seed {doc['seed']}, {'perturbed (untuned)' if perturbed else 'tuned'} "
+        f"requests, quota {doc['quota_scale']:g}x, resize cost {doc['reallocation_cost_s']:g} s, {shared}"
+        + (f", declared x exp({sigma:g} z)" if sigma else "")
     )
-    tag = "-shared" if doc.get("shared_cluster") else ""
+    # Every condition the title names is in the name: a perturbed study no longer overwrote a tuned one.
+    tag = ("-shared" if doc.get("shared_cluster") else "") + ("-perturbed" if perturbed else "")
+    tag += f"-quota{doc['quota_scale']:g}-cost{doc['reallocation_cost_s']:g}" + (f"-sigma{sigma:g}" if sigma else "")
     path = folder / f"study-{doc['runs']}-seed{doc['seed']}{tag}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
