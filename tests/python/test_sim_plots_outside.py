@@ -53,3 +53,12 @@ def test_the_moving_mean_keeps_a_constant_constant_at_its_ends():
     assert np.allclose(_moving_mean(y, 10), 0.5)
     ramp = np.arange(20, dtype=float)
     assert _moving_mean(ramp, 10)[-1] > 15 and _moving_mean(ramp, 10)[0] < 5
+
+
+def test_a_sigma_past_5_is_refused(tmp_path, capsys):
+    # --declared-sigma 1000 was accepted: every budget declared as 1 epoch or as billions.
+    w = _csv(tmp_path, ["a,0,cifar10,4,512"])
+    _refused(capsys, ["replay", "--workload", str(w), "--policy", "static", "--quiet", "--declared-sigma", "1000"],
+             "sigma", "[0, 5]")
+    _refused(capsys, ["study", "--runs", "2", "--quiet", "--declared-sigma", "6"], "declared_sigma", "[0, 5]")
+    _refused(capsys, ["study", "--runs", "2", "--quiet", "--gns-estimate-sigma", "7"], "gns_estimate_sigma", "[0, 5]")

@@ -60,10 +60,12 @@ struct study_config {
     if (!(quota_scale > 0.0))
       dra::detail::throw_invalid("quota_scale", "must be > 0, got " + std::to_string(quota_scale));
     if (jobs_per_cluster < 1) dra::detail::throw_invalid("jobs_per_cluster", "must be >= 1");
-    if (!(declared_sigma >= 0.0)) dra::detail::throw_invalid("declared_sigma", "must be >= 0");
+    if (!(declared_sigma >= 0.0 && declared_sigma <= 5.0))
+      dra::detail::throw_invalid("declared_sigma", "must lie in [0, 5] (0.5 and 1 are realistic)");
     if (!(declared_none_share >= 0.0 && declared_none_share <= 1.0))
       dra::detail::throw_invalid("declared_none_share", "must lie in [0, 1]");
-    if (!(gns_estimate_sigma >= 0.0)) dra::detail::throw_invalid("gns_estimate_sigma", "must be >= 0");
+    if (!(gns_estimate_sigma >= 0.0 && gns_estimate_sigma <= 5.0))
+      dra::detail::throw_invalid("gns_estimate_sigma", "must lie in [0, 5] (0.2 is the default)");
     for (const auto& p : policies)
       if (std::find(policy_names().begin(), policy_names().end(), p) == policy_names().end())
         dra::detail::throw_invalid("policies", "unknown policy '" + p + "'");

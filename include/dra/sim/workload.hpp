@@ -87,8 +87,10 @@ struct declaration_config {
   bool keep_file_declarations = true;
 
   void validate() const {
-    if (!(sigma >= 0.0) || !std::isfinite(sigma))
-      dra::detail::throw_invalid("sigma", "must be a finite number >= 0, got " + std::to_string(sigma));
+    // Past 5, exp(sigma z) spans 10^-11..10^11 within 2.3 sigmas: every budget declared as 1 epoch
+    // or as billions (1000 was accepted).
+    if (!(sigma >= 0.0 && sigma <= 5.0))
+      dra::detail::throw_invalid("sigma", "must lie in [0, 5] (0.5 and 1 are realistic), got " + std::to_string(sigma));
     if (!(none_share >= 0.0 && none_share <= 1.0))
       dra::detail::throw_invalid("none_share", "must lie in [0, 1], got " + std::to_string(none_share));
     if (!(early_stop_share >= 0.0 && early_stop_share <= 1.0))

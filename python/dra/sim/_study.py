@@ -137,8 +137,9 @@ def study(
             )
     floor = float(_sim.sim_default_job_price_floor) if price_floor is None else float(price_floor)
     gns_sigma = 0.2 if gns_estimate_sigma is None else float(gns_estimate_sigma)
-    if not declared_sigma >= 0 or not gns_sigma >= 0:
-        raise ValueError(f"declared_sigma and gns_estimate_sigma: must be >= 0, got {declared_sigma} and {gns_sigma}")
+    if not (0 <= declared_sigma <= 5 and 0 <= gns_sigma <= 5):
+        raise ValueError(f"declared_sigma and gns_estimate_sigma: must lie in [0, 5] (0.5 and 1, 0.2 are realistic), "
+                         f"got {declared_sigma} and {gns_sigma}")
 
     def progress(done: int, total: int) -> None:
         if not quiet and (done % 50 == 0 or done == total or shared_cluster):
