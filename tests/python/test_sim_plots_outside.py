@@ -62,3 +62,14 @@ def test_a_sigma_past_5_is_refused(tmp_path, capsys):
              "sigma", "[0, 5]")
     _refused(capsys, ["study", "--runs", "2", "--quiet", "--declared-sigma", "6"], "declared_sigma", "[0, 5]")
     _refused(capsys, ["study", "--runs", "2", "--quiet", "--gns-estimate-sigma", "7"], "gns_estimate_sigma", "[0, 5]")
+
+
+def test_a_data_folder_without_workloads_is_named_with_the_variable(tmp_path, capsys, monkeypatch):
+    # It said only "<path>/workloads-0.5/workload-1.csv: cannot open file; check the path".
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "traces").symlink_to(sim.default_data_dir() / "traces")
+    monkeypatch.setenv("DRA_SIM_DATA", str(data))
+    _refused(capsys, ["replay", "--all-loads", "--policy", "static", "--quiet"],
+             f"DRA_SIM_DATA: {data} holds no workloads-0.5/ folder, which --all-loads reads", "unset DRA_SIM_DATA")
+    _refused(capsys, ["study", "--runs", "2", "--quiet"], "holds no workloads/ folder", "--workloads DIR")

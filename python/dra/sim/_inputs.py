@@ -86,6 +86,21 @@ def default_data_dir() -> Path:
     )
 
 
+def data_folder(name: str, needed_by: str) -> Path:
+    """A folder of the data in use (``workloads``, ``workloads-0.5``, ...), refused naming where the
+    data came from when it is not there (an error naming only the first missing CSV left a
+    ``$DRA_SIM_DATA`` user to guess)."""
+    root = default_data_dir()
+    folder = root / name
+    if not folder.is_dir():
+        env = os.environ.get("DRA_SIM_DATA")
+        where = f"DRA_SIM_DATA: {env}" if env else f"the data dra ships, {root},"
+        fix = ("add it, unset DRA_SIM_DATA, or give the workloads yourself" if env else
+               "reinstall dra, or set DRA_SIM_DATA to a folder holding it")
+        raise FileNotFoundError(f"{where} holds no {name}/ folder, which {needed_by} reads; {fix}")
+    return folder
+
+
 def workload_path(workload: str | os.PathLike[str]) -> Path:
     """Where a workload CSV is: the path as given when it is there (or absolute); else a relative
     path looked up in the copy dra ships, either as the docs write it from a checkout

@@ -16,7 +16,7 @@ from dra.sim._inputs import (
     check_measured,
     check_policies,
     check_requests,
-    default_data_dir,
+    data_folder,
     load_profiles,
     parse_cost,
     read_workload,
@@ -55,7 +55,7 @@ def _request_pool(workloads: Iterable[str | os.PathLike[str]], profiles: Any, sh
 
 def _default_pool(profiles: Any) -> list[dict[str, Any]]:
     """The study's request pool: workloads 1-4 at load 1.0 (640 tuned requests), in order."""
-    folder = default_data_dir() / "workloads"
+    folder = data_folder("workloads", "the study's request pool (give --workloads DIR otherwise)")
     pool: list[dict[str, Any]] = []
     for i in range(1, 5):
         path = folder / f"workload-{i}.csv"

@@ -25,6 +25,9 @@ from dra import _console
 from dra._console import console
 from dra._jsonio import write_json
 from dra.sim._args import check_output_paths, decimal_arg, integer_arg, seed_arg
+from dra.sim._inputs import data_folder
+
+ALL_LOADS = ("workloads-0.5", "workloads", "workloads-1.5", "workloads-2.0")  # the published loads' folders
 
 #: Bounds of the options that set how much is simulated (docs/guide/simulator.md, "Inputs and
 #: bounds"), measured on the project's 2-core machine: a study run takes about 0.09 s of CPU (1,500:
@@ -239,9 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "replay":
             workloads = [_workload(w, args.quiet) for w in args.workload or []]
             if args.all_loads:
-                root = sim.default_data_dir()
-                for folder in ("workloads-0.5", "workloads", "workloads-1.5", "workloads-2.0"):
-                    workloads += [str(root / folder / f"workload-{i}.csv") for i in range(1, 9)]
+                for folder in ALL_LOADS:
+                    workloads += [str(data_folder(folder, "--all-loads") / f"workload-{i}.csv") for i in range(1, 9)]
             if not workloads:
                 raise ValueError("replay: give --workload CSV (repeatable) or --all-loads")
             # Every input checked before anything is simulated: a bad second workload must not cost
@@ -469,9 +471,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if isinstance(given, str) and given.strip().lower().endswith(".json"):
             inputs.append((f"--{flag.replace('_', '-')}", given.strip()))
     if getattr(args, "all_loads", False):
-        root = sim.default_data_dir()
-        inputs += [("--all-loads", str(root / folder / f"workload-{i}.csv"))
-                   for folder in ("workloads-0.5", "workloads", "workloads-1.5", "workloads-2.0") for i in range(1, 9)]
+        inputs += [("--all-loads", str(data_folder(folder, "--all-loads") / f"workload-{i}.csv"))
+                   for folder in ALL_LOADS for i in range(1, 9)]
     check_output_paths(getattr(args, "json", None), getattr(args, "markdown", None), getattr(args, "plots", None),
                        inputs=inputs)
 
