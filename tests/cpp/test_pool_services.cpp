@@ -111,6 +111,19 @@ TEST_CASE("pool.services.preemption_for_two_services_of_one_class_is_shared_too"
   CHECK(granted(s.admit(inv, classes, b2, 2.0)) == std::map<std::string, int>{{"a", 1}, {"b", 2}});
 }
 
+TEST_CASE("pool.services.one_service_takes_what_training_can_spare_even_short_of_its_want") {
+  // A replica at a time: a service wanting 3 more where training can spare 1 gets that one (the
+  // first version asked back nothing unless every missing replica could be had).
+  const inventory inv = slots(4);
+  lease_book book;
+  const scheduler s;
+  std::vector<job_entry> jobs{{req("svc", 1, 4), 0.0, 0}, {req("t", 2, 3, "training"), 0.0, 1}};
+  apply(inv, book, s.admit(inv, jobs, book, 0.0), 0.0);
+  REQUIRE(book.count("t") == 3);
+  jobs[0].urgent_size = 4;
+  CHECK(asked_back_for(s.admit(inv, jobs, book, 1.0)) == std::map<std::string, int>{{"svc", 1}});
+}
+
 TEST_CASE("pool.services.the_scalers_plan_shares_between_services_of_one_class") {
   const dra::policy::cluster_arbiter arb;
   scale_job a;
@@ -149,6 +162,12 @@ TEST_CASE("pool.services.a_queue_while_replicas_start_asks_for_no_more") {
   // Without the count (serving < 0: every replica serves), the queue counts as before.
   replica_autoscaler plain(c);
   CHECK(plain.update(0.0, 1.5, 6.0, 1) == 2);
+  // A queue past what the starting replica will take still asks for more (one replica that never
+  // serves does not switch the queue off).
+  replica_autoscaler long_queue(c);
+  CHECK(long_queue.update(0.0, 1.5, 40.0, 1, 0.0, 0) == 3);
+  replica_autoscaler two_of_three(c);
+  CHECK(two_of_three.update(0.0, 1.5, 8.0, 3, 0.0, 2) == 3);  // the third takes 4 of the 8
   // A load the replicas cannot serve asks for more whether or not they have started.
   replica_autoscaler hot(c);
   CHECK(hot.update(0.0, 25.0, 40.0, 1, 0.0, 0) == 3);

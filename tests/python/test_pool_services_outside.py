@@ -89,7 +89,7 @@ def test_a_new_services_queue_while_its_replicas_start_does_not_take_max_size(tm
             t += 0.05
             _play(svc, t, started=False)
         assert svc.book.count("serve") == 1
-        for queue in (3, 6, 9, 12):  # cold start: the replica is not running yet
+        for queue in (3, 5, 6, 7):  # cold start (1.5 requests/s for 5 s): the replica is not running yet
             svc._keep_report("serve", {"rate_rps": 1.5, "queue": queue}, t)
             t += 0.05
             _play(svc, t, started=False)
@@ -150,7 +150,10 @@ def test_a_replicas_exit_code_is_in_its_release_event(tmp_path: Path) -> None:
         t0 = _clock.now()
         _play(svc, t0)
         (lease,) = [l.id for l in svc.book.of_job("s")]
-        svc.sync("s", [], [lease], None, exits={lease: 7})
+        for bad in ({"x": 1}, {"²": 1}, {"١٢": 1}, {str(lease): True}, {str(lease): "7"}, [lease]):
+            with pytest.raises(ValueError, match="exits: must map lease ids"):
+                svc.sync_request("s", {"heartbeats": [lease], "exits": bad})
+        svc.sync_request("s", {"heartbeats": [], "released": [lease], "exits": {str(lease): 7}})
         events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
         (release,) = [e for e in events if e["event"] == "release" and e["lease"] == lease]
         assert release.get("exit_code") == 7, release

@@ -67,19 +67,21 @@ class replica_autoscaler {
   /// Replicas wanted now, given the arrival rate (requests/s), the queue length and the replicas
   /// running; `replica_rps` > 0 is a measured capacity per replica that replaces the configured
   /// one; `serving` (< 0: all of them) is how many of the `current` replicas serve already (their
-  /// worker started): a queue says the replicas are saturated only when every one serves.
+  /// worker started): each one still starting takes queue_per_replica of the queue.
   /// Deterministic in its inputs and the load it saw since the last change.
   int update(double now, double rate_rps, double queue, int current, double replica_rps = 0.0, int serving = -1) {
     const auto& c = config_;
     const double per = replica_rps > 0.0 && std::isfinite(replica_rps) ? replica_rps : c.replica_rps;
     const double load = std::max(0.0, rate_rps) / per;  // replicas' worth of work
-    // The requests that arrive while replicas start wait for them, not for more: counted as
-    // saturation, a new service's cold start (3-5 s) asked for max_size at 1.5 requests/s and its
-    // peak held them for peak_window_s.
-    if (serving >= 0 && serving < current) queue = 0.0;
     // In doubles, clamped before any int: a burst of 3e9 requests/s (or a queue of 1e10) overflowed
     // the int and the service asked for no replica at all.
-    const double backlog = std::floor(std::max(0.0, queue) / c.queue_per_replica);
+    double backlog = std::floor(std::max(0.0, queue) / c.queue_per_replica);
+    // A replica granted but not serving yet (starting) will take queue_per_replica of the queue: the
+    // requests that arrive while replicas start wait for them, not for more. Counted as saturation,
+    // a new service's cold start (3-5 s) asked for max_size at 1.5 requests/s and its peak held them
+    // for peak_window_s; a queue past what the starting ones take still asks at once.
+    if (serving >= 0 && serving < current) backlog = std::max(0.0, backlog - (current - serving));
+    const bool queued = backlog >= 1.0;
     const double aim = std::ceil(load / c.target_utilisation - 1e-9) + backlog;
     if (current != seen_current_) {  // a change (ours or anyone's) starts a new window
       seen_current_ = current;
@@ -91,10 +93,10 @@ class replica_autoscaler {
     while (window_.size() > 1 && window_[1].first <= now - c.down_delay_s) window_.pop_front();
     // The replicas this sample needed not to ask for more: its load at up_utilisation each, and one
     // more than were running if a queue built (they were saturated).
-    note_peak(now, std::max(load / c.up_utilisation, queue >= c.queue_per_replica ? current + 1.0 : 0.0));
+    note_peak(now, std::max(load / c.up_utilisation, queued ? current + 1.0 : 0.0));
     double want = current;
     const auto lo = static_cast<double>(c.min_replicas), hi = static_cast<double>(c.max_replicas);
-    if (current < c.min_replicas || load > c.up_utilisation * current || queue >= c.queue_per_replica) {
+    if (current < c.min_replicas || load > c.up_utilisation * current || queued) {
       want = std::max({static_cast<double>(current), aim, current + backlog});  // a backlog: replicas saturated
       step_up_ = std::clamp(want, lo, hi), up_at_ = now;
       step_down_ = -1;

@@ -159,9 +159,9 @@ class LauncherAPI:
             # Kept in the job's record and the pool's events: a 4 MiB reason per resubmission grew
             # events.jsonl by 100 MB in 20 s.
             reason = reason[:REASON_LIMIT] + f" ... ({len(reason) - REASON_LIMIT} characters more, cut)"
-        exits = body.get("exits", {})
+        exits = body.get("exits") or {}
         if not isinstance(exits, dict) or not all(
-                isinstance(k, str) and k.isdigit() and len(k) < 20 and isinstance(v, int) and not isinstance(v, bool)
+                isinstance(k, str) and k.isascii() and k.isdigit() and len(k) < 20 and isinstance(v, int) and not isinstance(v, bool)
                 and -2**31 <= v < 2**31 for k, v in exits.items()):
             raise ValueError("exits: must map lease ids (as strings) to exit codes (integers)")
         answer = self.sync(name, ids("heartbeats"), ids("released"), report, body.get("done", False),

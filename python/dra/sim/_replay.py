@@ -209,10 +209,10 @@ def check_workload(
     for name, value, top in (("nodes", nodes, MAX_NODES), ("devices_per_node", devices_per_node, 9)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             raise ValueError(f"{name} (--{name.replace('_', '-')}): must be a whole number in [1, {top}], got {value!r}")
-    for name, value, top in (("declared_sigma", declared_sigma, None), ("declared_none_share", declared_none_share, 1.0),
+    for name, value, top in (("declared_sigma", declared_sigma, 5.0), ("declared_none_share", declared_none_share, 1.0),
                              ("early_stop_share", early_stop_share, 1.0)):
-        if not value >= 0 or not math.isfinite(value) or (top is not None and value > top):
-            raise ValueError(f"{name}: must lie in [0, {top if top is not None else 'inf'}), got {value}")
+        if not value >= 0 or not math.isfinite(value) or value > top:
+            raise ValueError(f"{name}: must lie in [0, {top:g}], got {value}")
     jobs, lines = read_workload_rows(workload, profiles)
     if not jobs:
         raise ValueError(f"workload {workload}: no jobs (a header row only); give at least one job row")

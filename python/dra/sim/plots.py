@@ -25,7 +25,7 @@ def _name(policy: str) -> str:
 
 
 def _moving_mean(y: Any, width: int) -> Any:
-    """Mean over the last ``width`` points where there are that many, over fewer at the ends (zero
+    """Mean over a centred window of ``width`` points, over the points there are at the ends (zero
     padding pulled both ends towards 0: a dip that is not in the data)."""
     import numpy as np
 
