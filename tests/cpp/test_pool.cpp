@@ -23,8 +23,11 @@
 #include "dra/pool/request.hpp"
 #include "dra/pool/scaler.hpp"
 #include "dra/pool/scheduler.hpp"
+#include "pool_test_support.hpp"
 
 using namespace dra::pool;
+using pool_test::apply;
+using pool_test::slots;
 
 namespace {
 
@@ -55,19 +58,6 @@ inventory mixed_pool() {
   return inv;
 }
 
-inventory slots(int n) {
-  inventory inv;
-  for (int s = 0; s < n; ++s) {
-    device d;
-    d.id = "slot" + std::to_string(s);
-    d.type = "cpu-slot";
-    d.memory_gb = 2;
-    d.enforcement = "cgroup";
-    inv.add(d);
-  }
-  return inv;
-}
-
 request req(const std::string& job, int min_size, int max_size, const std::string& priority = "normal",
             bool elastic = true, const std::string& type = "cpu-slot") {
   request r;
@@ -83,11 +73,6 @@ std::string message_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
-}
-
-void apply(const inventory& inv, lease_book& book, const plan& p, double now) {
-  for (const auto& g : p.grants) book.grant(inv, g.job, g.device, g.share, now);
-  for (const auto& r : p.releases) book.mark_releasing(r.lease);
 }
 
 // The arbiter's search as first written (every (job, increment) pair per device; every pair of

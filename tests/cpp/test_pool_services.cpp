@@ -15,23 +15,13 @@
 #include "dra/pool/request.hpp"
 #include "dra/pool/scaler.hpp"
 #include "dra/pool/scheduler.hpp"
+#include "pool_test_support.hpp"
 
 using namespace dra::pool;
+using pool_test::apply;
+using pool_test::slots;
 
 namespace {
-
-inventory slots(int n) {
-  inventory inv;
-  for (int s = 0; s < n; ++s) {
-    device d;
-    d.id = "slot" + std::to_string(s);
-    d.type = "cpu-slot";
-    d.memory_gb = 2;
-    d.enforcement = "cgroup";
-    inv.add(d);
-  }
-  return inv;
-}
 
 request req(const std::string& job, int min_size, int max_size, const std::string& kind = "inference",
             const std::string& priority = "high") {
@@ -39,11 +29,6 @@ request req(const std::string& job, int min_size, int max_size, const std::strin
   r.job = job, r.min_size = min_size, r.max_size = max_size, r.priority = priority, r.kind = kind;
   r.device_type = "cpu-slot";
   return r;
-}
-
-void apply(const inventory& inv, lease_book& book, const plan& p, double now) {
-  for (const auto& g : p.grants) book.grant(inv, g.job, g.device, g.share, now);
-  for (const auto& r : p.releases) book.mark_releasing(r.lease);
 }
 
 std::map<std::string, int> granted(const plan& p) {
