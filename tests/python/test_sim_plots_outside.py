@@ -27,13 +27,18 @@ def test_an_unwritable_plot_leaves_no_json_markdown_or_plot(tmp_path, capsys):
     assert sorted(p.name for p in plots.iterdir()) == ["w-cost30-devices.png"]  # the folder only: no debris
 
 
-def test_study_plots_of_other_conditions_do_not_overwrite_each_other(tmp_path):
+def test_study_plots_of_other_conditions_do_not_overwrite_each_other(tmp_path, capsys):
     folder = tmp_path / "plots"
-    for extra in ([], ["--perturb"], ["--declared-sigma", "0.5"]):
+    for extra in ([], ["--perturb"], ["--declared-sigma", "0.5"], ["--no-noise"], ["--gns-estimate-sigma", "0.5"]):
         assert cli.main(["study", "--runs", "4", "--resamples", "20", "--quiet", "--plots", str(folder), *extra]) == 0
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["study-4-seed1-perturbed-quota1-cost1.png", "study-4-seed1-quota1-cost1-sigma0.5.png",
+    assert names == ["study-4-seed1-perturbed-quota1-cost1.png", "study-4-seed1-quota1-cost1-gns0.5.png",
+                     "study-4-seed1-quota1-cost1-nonoise.png", "study-4-seed1-quota1-cost1-sigma0.5.png",
                      "study-4-seed1-quota1-cost1.png"], names
+    # The same conditions again (another policy set, say): replaced, and said so even with --quiet.
+    capsys.readouterr()
+    assert cli.main(["study", "--runs", "4", "--resamples", "20", "--quiet", "--plots", str(folder)]) == 0
+    assert "replaced" in capsys.readouterr().err
 
 
 def test_an_oracle_row_is_called_a_reference_and_the_study_says_what_declarations_can_change(tmp_path):

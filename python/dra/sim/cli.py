@@ -375,8 +375,11 @@ def _all_or_none(render: Any, folder: str, quiet: bool) -> None:
             if target.is_dir() or target.is_symlink():
                 raise OSError(errno.EISDIR, "a folder or link holds that name", str(target))
         for path in drawn:
-            os.replace(path, Path(folder) / Path(path).name)
-            _wrote(Path(folder) / Path(path).name, quiet)
+            target = Path(folder) / Path(path).name
+            if target.exists():  # said even with --quiet: a plot of other options has the same name
+                print(f"[dra-sim] replaced {target} (a plot of the same name was there)", file=sys.stderr)
+            os.replace(path, target)
+            _wrote(target, quiet)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,10 @@ def plot_study(doc: dict[str, Any], folder: str | Path) -> list[Path]:
     # Every condition the title names is in the name: a perturbed study no longer overwrote a tuned one.
     tag = ("-shared" if doc.get("shared_cluster") else "") + ("-perturbed" if perturbed else "")
     tag += f"-quota{doc['quota_scale']:g}-cost{doc['reallocation_cost_s']:g}" + (f"-sigma{sigma:g}" if sigma else "")
+    group = re.search(r"groups of (\d+) runs", str(c.get("cluster", "")))
+    gns = c.get("gns_estimate_sigma", 0.2)
+    tag += ((f"-groups{group.group(1)}" if group else "") + ("-nonoise" if c.get("noise") is False else "")
+            + (f"-gns{gns:g}" if gns != 0.2 else "") + ("-oldtarget" if "earlier rule" in str(c.get("target_rule")) else ""))
     path = folder / f"study-{doc['runs']}-seed{doc['seed']}{tag}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
