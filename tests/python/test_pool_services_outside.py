@@ -159,3 +159,17 @@ def test_a_replicas_exit_code_is_in_its_release_event(tmp_path: Path) -> None:
         assert release.get("exit_code") == 7, release
     finally:
         svc.close()
+
+
+def test_a_service_without_its_replica_rate_is_told_the_default(tmp_path: Path) -> None:
+    """The default capacity of a replica (1 request/s) is a guess: a service that serves 10 a
+    replica and reported 1.5 requests/s asked for 3 replicas. Its submission now says so."""
+    svc = PoolService(_devices(2), tmp_path, launch_jobs=False)
+    try:
+        told = svc.submit({"name": "s", "kind": "inference", "min_size": 1, "max_size": 2})
+        assert "autoscale.replica_rps is not set" in told["note"], told
+        quiet = svc.submit({"name": "r", "kind": "inference", "min_size": 1, "max_size": 2,
+                            "autoscale": {"replica_rps": 10.0}})
+        assert "note" not in quiet and "note" not in svc.submit({"name": "t", "min_size": 1, "max_size": 2})
+    finally:
+        svc.close()

@@ -13,6 +13,11 @@ from typing import Any
 from dra import _core
 from dra._core import pool as _p
 
+# Said at the submission of a service without autoscale.replica_rps: the default capacity is a
+# guess (a service serving 10 requests/s a replica asked for 3 replicas at 1.5 requests/s).
+DEFAULT_CAPACITY_NOTE = ("autoscale.replica_rps is not set: until the service reports the rate one replica serves "
+                         "(replica_rps), a replica counts as serving 1 request/s; set it or report it "
+                         "(docs/guide/pool.md, Inference services)")
 REQUEST_FIELDS = ("kind", "device_type", "memory_gb", "fraction", "min_size", "max_size", "priority", "elastic", "gang")
 AUTOSCALE_FIELDS = ("replica_rps", "up_utilisation", "target_utilisation", "down_utilisation", "down_delay_s",
                     "peak_window_s", "queue_per_replica")

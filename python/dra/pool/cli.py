@@ -231,7 +231,10 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
     if env:
         spec["env"] = env
     spec["cwd"] = str(Path(args.cwd).absolute()) if args.cwd else spec.get("cwd", os.getcwd())
-    print(json.dumps(_client(args).submit(spec)))
+    answer = _client(args).submit(spec)
+    print(json.dumps(answer))
+    if answer.get("note"):
+        print(f"[dra pool] note: {answer['note']}", file=sys.stderr)
     return 0
 
 

@@ -39,7 +39,7 @@ from dra.pool._loop import SchedulingLoop
 from dra.pool._nodes import NodeMembership
 from dra.pool._records import ENDED, JobRecords
 from dra.pool._spawner import log_dir_problem, preload_problem
-from dra.pool._spec import REQUEST_FIELDS, make_request, speedup_curve, validate_spec
+from dra.pool._spec import DEFAULT_CAPACITY_NOTE, REQUEST_FIELDS, make_request, speedup_curve, validate_spec
 from dra.pool._state import StateDB, StateLock
 from dra.pool._views import PoolViews
 
@@ -411,7 +411,10 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             self._event({"event": "submit", "job": req.job, "user": owner.user,
                          "request": {k: stored[k] for k in REQUEST_FIELDS}})
         self._wake.set()
-        return {"job": req.job, "state": "waiting"}
+        answer = {"job": req.job, "state": "waiting"}
+        if req.kind == "inference" and "replica_rps" not in spec.get("autoscale", {}):
+            answer["note"] = DEFAULT_CAPACITY_NOTE
+        return answer
 
     def _check_lease_limits(self, req: Any) -> None:
         """On CPU slots a lease's share is its cgroup's CPU quota and memory limit: a fraction that
