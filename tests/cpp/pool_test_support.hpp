@@ -25,8 +25,7 @@ inline dra::pool::inventory slots(int n) {
 }
 
 /// Grants the plan's grants and marks its releases as releasing.
-inline void apply(const dra::pool::inventory& inv, dra::pool::lease_book& book, const dra::pool::plan& p,
-                  double now) {
+inline void apply(const dra::pool::inventory& inv, dra::pool::lease_book& book, const dra::pool::plan& p, double now) {
   for (const auto& g : p.grants) book.grant(inv, g.job, g.device, g.share, now);
   for (const auto& r : p.releases) book.mark_releasing(r.lease);
 }
