@@ -36,10 +36,9 @@ import math
 from pathlib import Path
 
 import pytest
-from _elastic_harness import STATE_DIGEST, run_logged_script
+from _elastic_harness import SKLEARN_PRELOAD, STATE_DIGEST, run_logged_script
 
 pytestmark = pytest.mark.timeout(150)
-PRELOAD = ("--preload", "torch,dra,dra.elastic,sklearn.datasets")
 
 SCRIPT = r'''
 import hashlib, json, os, signal, time
@@ -193,7 +192,7 @@ def _run(tmp_path: Path, mode: str, nproc: int = 3, options: dict | None = None,
         options = {**options, "store_timeout_s": store_timeout_s}
     # The fork server imports sklearn once (dra run --preload): each worker forked from it skips
     # the import (1.6 s of CPU), and the suite's 17 jobs start some 70 workers.
-    code, logs, records = run_logged_script(out, SCRIPT, nproc, options, cfg, timeout=120, launcher_args=PRELOAD)
+    code, logs, records = run_logged_script(out, SCRIPT, nproc, options, cfg, timeout=120, launcher_args=SKLEARN_PRELOAD)
     assert code != -1, f"{mode}: still running after 120 s\n{logs[-4000:]}"
     return code, logs, records
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _elastic_harness import STATE_DIGEST
+from _elastic_harness import SKLEARN_PRELOAD, STATE_DIGEST
 
 import dra.elastic as de
 from dra.testing import kill_tagged, tagged_processes
@@ -167,7 +167,7 @@ def _run(tmp_path: Path, mode: str, nproc: int = 2, options: dict | None = None,
               "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_STOP_ON_SIGTERM", "DRA_LAUNCHER"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "dra", "run", "--nproc-per-node", str(nproc), "--log-dir", str(out / "logs"),
-           "--rdzv-id", mode, "--preload", "torch,dra,dra.elastic,sklearn.datasets", "--options", json.dumps(options or {"policy": "none"}), str(out / "train.py"), mode]
+           "--rdzv-id", mode, *SKLEARN_PRELOAD, "--options", json.dumps(options or {"policy": "none"}), str(out / "train.py"), mode]
     try:
         code = subprocess.run(cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout).returncode

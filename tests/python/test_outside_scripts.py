@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _elastic_harness import SKLEARN_PRELOAD
 
 from dra.testing import kill_tagged, tagged_processes
 
@@ -154,7 +155,7 @@ def _run(tmp_path: Path, name: str, script: str, *args: str, options: dict | Non
               "TORCHELASTIC_RUN_ID", "DRA_JOIN", "DRA_STOP_ON_SIGTERM", "DRA_LAUNCHER"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "dra", "run", "--nproc-per-node", "2", "--log-dir", str(out / "logs"),
-           "--rdzv-id", name, "--preload", "torch,dra,dra.elastic,sklearn.datasets"]  # each worker imports sklearn
+           "--rdzv-id", name, *SKLEARN_PRELOAD]  # each worker imports sklearn
     if options:
         cmd += ["--options", json.dumps(options)]
     try:

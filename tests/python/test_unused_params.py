@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _elastic_harness import run_logged_script
+from _elastic_harness import SKLEARN_PRELOAD, run_logged_script
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -86,7 +86,7 @@ REC.flush()
 def _run(tmp_path: Path, unused: bool, compress: str) -> list[dict]:
     code, out, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none", "compress": compress},
                                            {"unused": unused}, timeout=120,
-                                           launcher_args=("--preload", "torch,dra,dra.elastic,sklearn.datasets"))
+                                           launcher_args=SKLEARN_PRELOAD)
     assert code == 0, out[-6000:]
     # Without the option, each process says once which parameters had no gradient (DDP would raise).
     warned = out.count("had no gradient in this backward on this process")

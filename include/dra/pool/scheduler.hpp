@@ -107,18 +107,16 @@ class scheduler {
     // SLO 99.6 % against 5.8 %).
     bool short_left = false;
     std::map<std::string, int> sought;  // workers the urgent pass placed, kept devices for or asked back for
+    const auto want = [](const job_entry* j) { return std::min(j->urgent_size, j->req.max_size); };
     std::vector<const job_entry*> urgent;
     for (const job_entry* j : order)
-      if (j->req.kind == "inference" && j->urgent_size > 0 &&
-          std::min(j->urgent_size, j->req.max_size) > book.count(j->req.job))
-        urgent.push_back(j);
+      if (j->req.kind == "inference" && j->urgent_size > 0 && want(j) > book.count(j->req.job)) urgent.push_back(j);
     for (std::size_t first = 0; first < urgent.size();) {
       const double level = effective_priority(*urgent[first], book, now);
       std::size_t end = first + 1;
       while (end < urgent.size() && effective_priority(*urgent[end], book, now) == level) ++end;
       std::vector<const job_entry*> open(urgent.begin() + static_cast<std::ptrdiff_t>(first),
                                          urgent.begin() + static_cast<std::ptrdiff_t>(end));
-      const auto want = [](const job_entry* j) { return std::min(j->urgent_size, j->req.max_size); };
       const auto served = [&](const job_entry* j) {
         return static_cast<double>(book.count(j->req.job) + sought[j->req.job]) / want(j);
       };
