@@ -157,3 +157,37 @@ TEST_CASE("pool.services.a_queue_while_replicas_start_asks_for_no_more") {
   replica_autoscaler hot(c);
   CHECK(hot.update(0.0, 25.0, 40.0, 1, 0.0, 0) == 3);
 }
+
+TEST_CASE("pool.services.a_service_aged_below_its_minimum_shares_with_its_class_as_the_scaler_does") {
+  // A service below its minimum (it lost a replica) and waiting past aging_s was a group of its
+  // own in the admission and was filled first; the scaler's next plan, by base class, took one
+  // replica back for its peer: a replica stopped and restarted per such event.
+  scheduler_config c;
+  c.aging_s = 10.0;
+  const scheduler s(c);
+  const inventory inv = slots(6);
+  lease_book book;
+  std::vector<job_entry> jobs{{req("a", 2, 4), 0.0, 0}, {req("b", 2, 4), 0.0, 1}};
+  apply(inv, book, s.admit(inv, jobs, book, 0.0), 0.0);
+  REQUIRE(book.count("a") == 2);
+  REQUIRE(book.count("b") == 2);
+  book.release(book.of_job("a").front().id);  // a lost a replica: 1 of its minimum 2
+  REQUIRE(book.count("a") == 1);
+  jobs[0].urgent_size = jobs[1].urgent_size = 4;
+  REQUIRE(s.effective_priority(jobs[0], book, 30.0) > s.effective_priority(jobs[1], book, 30.0));
+  const plan p = s.admit(inv, jobs, book, 30.0);
+  CHECK(granted(p) == std::map<std::string, int>{{"a", 2}, {"b", 1}});
+  apply(inv, book, p, 30.0);
+  // The scaler's plan for the same wants keeps what the admission gave.
+  const dra::policy::cluster_arbiter arb;
+  std::vector<scale_job> running;
+  for (const auto& j : jobs) {
+    scale_job x;
+    x.job = j.req.job, x.kind = "inference", x.priority = "high", x.min_size = 2, x.max_size = 4;
+    x.current = book.count(j.req.job), x.replicas_wanted = 4;
+    running.push_back(x);
+  }
+  const auto sizes = plan_sizes(running, 6, arb);
+  CHECK(sizes.at("a") == 3);
+  CHECK(sizes.at("b") == 3);
+}

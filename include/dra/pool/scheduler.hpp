@@ -111,10 +111,16 @@ class scheduler {
     std::vector<const job_entry*> urgent;
     for (const job_entry* j : order)
       if (j->req.kind == "inference" && j->urgent_size > 0 && want(j) > book.count(j->req.job)) urgent.push_back(j);
+    // One class is one base priority level, as in the scaler's plan: grouped by aging instead, a
+    // service below its minimum took a group of its own and was filled, and the next plan moved a
+    // replica back to its peer. Aging still orders the services inside a class.
+    std::stable_sort(urgent.begin(), urgent.end(), [](const job_entry* x, const job_entry* y) {
+      return x->req.priority_level() > y->req.priority_level();
+    });
     for (std::size_t first = 0; first < urgent.size();) {
-      const double level = effective_priority(*urgent[first], book, now);
+      const int level = urgent[first]->req.priority_level();
       std::size_t end = first + 1;
-      while (end < urgent.size() && effective_priority(*urgent[end], book, now) == level) ++end;
+      while (end < urgent.size() && urgent[end]->req.priority_level() == level) ++end;
       std::vector<const job_entry*> open(urgent.begin() + static_cast<std::ptrdiff_t>(first),
                                          urgent.begin() + static_cast<std::ptrdiff_t>(end));
       const auto served = [&](const job_entry* j) {
