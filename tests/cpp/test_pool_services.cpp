@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -190,4 +191,39 @@ TEST_CASE("pool.services.a_service_aged_below_its_minimum_shares_with_its_class_
   const auto sizes = plan_sizes(running, 6, arb);
   CHECK(sizes.at("a") == 3);
   CHECK(sizes.at("b") == 3);
+}
+
+TEST_CASE("pool.services.a_service_steps_down_whatever_its_peak_window_once_the_load_falls") {
+  // 2 replicas at 1.8 requests/s for 5 s, then 0.2 requests/s (an outside review). While the
+  // window's mean fell through 0.6-0.7 replicas' worth, the size aimed at was still 2: that
+  // answer was held as a step down and kept 2 replicas for good with peak_window_s below
+  // down_delay_s (0 included, which the docs offer).
+  for (const double window : {0.0, 0.5, 1.0, 4.9, 5.0, 30.0}) {
+    CAPTURE(window);
+    autoscaler_config c;
+    c.replica_rps = 1.0, c.down_delay_s = 5.0, c.peak_window_s = window, c.min_replicas = 1, c.max_replicas = 2;
+    replica_autoscaler a(c);
+    double t = 0.0;
+    for (int i = 0; i < 100; ++i) t += 0.05, a.update(t, 1.8, 0.0, 2);
+    double down_at = -1.0;
+    for (int i = 0; i < 1200 && down_at < 0.0; ++i) {
+      t += 0.05;
+      if (a.update(t, 0.2, 0.0, 2) == 1) down_at = t - 5.0;
+    }
+    REQUIRE(down_at > 0.0);
+    CHECK(down_at <= std::max(window, 5.0) + 5.0 + 0.1);  // the burst out of the hold, then one window
+  }
+  // The same with the defaults' band at a steady load whose window mean aims at the current size
+  // at first: a later fall still steps down.
+  autoscaler_config c;
+  c.replica_rps = 1.0, c.down_delay_s = 5.0, c.peak_window_s = 0.0, c.min_replicas = 1, c.max_replicas = 2;
+  replica_autoscaler a(c);
+  double t = 0.0;
+  for (int i = 0; i < 200; ++i) {
+    t += 0.05;
+    CHECK(a.update(t, 0.65, 0.0, 2) == 2);  // aims at 2: no step
+  }
+  int last = 2;
+  for (int i = 0; i < 200; ++i) t += 0.05, last = a.update(t, 0.1, 0.0, 2);
+  CHECK(last == 1);
 }
