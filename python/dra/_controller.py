@@ -143,6 +143,7 @@ class Controller(_core.Controller):
         # Optimizer steps taken (a hook on the user's optimizer, any way it is stepped), and as many
         # as the previous reducing backward saw: accumulation without no_sync() is told apart.
         self._optimizer_steps = self._optimizer_steps_seen = 0
+        self._grads_dropped: list[Any] = []  # parameters whose gradient a failed reduction took (_restore_dropped_grads)
         self._warned_accumulation = False
         if hasattr(optimizer, "register_step_post_hook"):
             optimizer.register_step_post_hook(functools.partial(count_optimizer_step, weakref.ref(self)))
@@ -169,6 +170,7 @@ class Controller(_core.Controller):
             # the forward assigns anew (`self.ema = 0.9 * self.ema + ...`) is another tensor from
             # then on: the list is taken again at the next step (dra._training_objects.watch_buffer_assignments).
             self._set_buffers([b for b in model.buffers() if b is not None])
+            self._buffer_names = {n for n, b in model.named_buffers() if b is not None}
             watch_buffer_assignments(self)
         # The end of a script that never calls finish() (a ported DDP loop): members meet once more
         # and the leader tells standbys to go, when the interpreter exits. An uncaught exception
@@ -214,6 +216,7 @@ class Controller(_core.Controller):
         extra = {k: as_float(v, k) for k, v in signals.items() if v is not None}
         if self._buffers_stale:
             self._buffers_stale = False
+            self._check_no_new_buffers()
             self._set_buffers([b for b in self._buffers_of.buffers() if b is not None])
         self._step_thread = threading.get_ident()  # the thread that trains (dra._lifecycle)
         awaiting, self._awaiting_step = getattr(self, "_awaiting_step", False), False  # this backward's step, from here on
@@ -273,6 +276,35 @@ class Controller(_core.Controller):
         if sampler is None or not sampler._iterating or sampler._delivered == 0:
             return None
         return sampler._pass_token, sampler._delivered
+
+    def _check_no_new_buffers(self) -> None:
+        """A buffer the model did not have at init (registered in a forward: a running statistic
+        sized at the first batch): the founders averaged it, and every process that joined later
+        (its model, as its script builds it, lacks it) died at the handoff, so the world stayed
+        smaller for the rest of the job. Refused at the step, on every rank alike."""
+        new = sorted({n for n, b in self._buffers_of.named_buffers() if b is not None} - self._buffer_names)
+        if new:
+            self._buffers_stale = True  # refused again at the next step
+            shown = ", ".join(f"'{n}'" for n in new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")
+            raise RuntimeError(
+                f"dra: the model has buffer(s) {shown} it did not have at dra.elastic.init / DistributedDataParallel "
+                "(registered in a forward after the wrap?): a process that joins builds the model its script builds "
+                "at the start, without them, and could not take the world's state. Create every buffer before the "
+                "wrap: run one forward first (`with torch.no_grad(): model(example_batch)`), as for lazy modules, or "
+                "register it in __init__ with its size (docs/guide/compatibility.md)")
+
+    def _restore_dropped_grads(self) -> None:
+        """After the optimizer's step of a step whose reduction failed (skipped by ctl.optimizer, a
+        no-op for a raw optimizer: the gradients were taken away), each parameter that held a
+        gradient tensor holds a zero one, as after an applied step and zero_grad(set_to_none=False);
+        set_to_none=True then makes it None as usual. Fresh tensors: a reducer rebuilt for the new
+        world may reuse the old ones' memory."""
+        import torch
+
+        dropped, self._grads_dropped = self._grads_dropped, []
+        for p in dropped:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
 
     def _settle_missed_step(self) -> None:
         """The latest backward's dra.step never came (an exception caught after it, a loop that

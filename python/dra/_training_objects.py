@@ -145,6 +145,7 @@ def count_optimizer_step(ref: weakref.ref[Any], *_: Any) -> None:
     if ctl is not None:
         ctl._optimizer_steps += 1
         ctl._in_optimizer_step = False
+        ctl._restore_dropped_grads()  # the step of a failed reduction is over (it changed nothing)
 
 
 def optimizer_step_begins(ref: weakref.ref[Any], *_: Any) -> None:

@@ -26,11 +26,27 @@ import torch
 from dra._core import elastic as _m
 
 
+_EXTRA = torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX  # "_extra_state"
+
+
+def extra_state_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The modules with a state of their own beyond tensors (``get_extra_state`` /
+    ``set_extra_state``: quantisation observers, fp8 scaling metadata, a forward counter), by the
+    key their state takes in a state_dict (``<module>._extra_state``)."""
+    base = torch.nn.Module.get_extra_state
+    return {f"{name}.{_EXTRA}" if name else _EXTRA: m for name, m in model.named_modules()
+            if getattr(type(m), "get_extra_state", base) is not base}
+
+
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state_dict and its non-persistent buffers, which a state_dict leaves out: dra
-    averages every buffer at each step (as torch's DDP syncs them all), and a joiner that kept its
-    own mixed it into the world's (a forward counter went 5 -> 4 after a grow)."""
-    out = model.state_dict()
+    """The model's parameters and buffers: its state_dict and its non-persistent buffers, which a
+    state_dict leaves out: dra averages every buffer at each step (as torch's DDP syncs them all),
+    and a joiner that kept its own mixed it into the world's (a forward counter went 5 -> 4 after a
+    grow). Not the modules' extra state (extra_state_modules): its state_dict entry is what
+    ``get_extra_state()`` built just now, any object; copied into, it changed nothing (a joiner kept
+    its own counter and temperature), and a dict crashed the wrap."""
+    extra = extra_state_modules(model)
+    out = {k: v for k, v in model.state_dict().items() if k not in extra}
     for name, b in model.named_buffers():
         if name not in out and b is not None:
             out[name] = b.detach()
@@ -38,8 +54,10 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def model_signature(model: torch.nn.Module) -> list[list[Any]]:
-    """[name, shape, dtype] of every parameter and buffer: what a joiner must match."""
-    return [[name, list(t.shape), str(t.dtype)] for name, t in model_tensors(model).items()]
+    """[name, shape, dtype] of every parameter and buffer, and [key, [], "extra_state"] of every
+    module's extra state: what a joiner must match."""
+    return ([[name, list(t.shape), str(t.dtype)] for name, t in model_tensors(model).items()]
+            + [[key, [], "extra_state"] for key in extra_state_modules(model)])
 
 
 def signature_mismatch(mine: list[list[Any]], theirs: list[list[Any]]) -> str | None:
@@ -62,6 +80,20 @@ def _dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def _moved(obj: Any, device: Any) -> Any:
+    """obj with the tensors it holds (in dicts, lists and tuples) on device: a module's extra state
+    travels on the CPU (a tensor saved on cuda:3 loads on cuda:3, which a joiner may not have)."""
+    if torch.is_tensor(obj):
+        return obj.detach().to(device)
+    if isinstance(obj, dict):
+        return {k: _moved(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(_moved(v, device) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_moved(v, device) for v in obj)
+    return obj
+
+
 def _loads(data: bytes) -> Any:
     """A peer's manifest, through torch's restricted loader: no code runs whatever the bytes."""
     try:
@@ -77,6 +109,7 @@ def _check_loadable(manifest: dict[str, Any]) -> None:
     """Each part of the manifest through the loader the joiners use, so that a type they would
     refuse is named at the sender, with where it sits."""
     parts = {"optimizer": manifest["optimizer"], "scheduler": manifest["scheduler"]}
+    parts.update({f"model's '{k}' (get_extra_state)": v for k, v in manifest["module_extra"].items()})
     parts.update({f"extra_state['{k}']": v["plain"] for k, v in manifest["extra_state"].items()})
     for where, part in parts.items():
         try:
@@ -161,6 +194,11 @@ class TorchState(_m.StateProvider):
             extra_meta[name] = {"keys": list(sd.keys()), "plain": rest}
         manifest = {
             "entries": entries,
+            # The modules' own extra state (get_extra_state): in the manifest, through torch's
+            # restricted loader like the rest (tensors, numbers, strings, containers); applied with
+            # set_extra_state before the joiner's first forward.
+            "module_extra": {key: _moved(m.get_extra_state(), "cpu")
+                             for key, m in extra_state_modules(self.model).items()},
             "optimizer": opt_meta,
             # Callables (a scheduler's lr_lambda) are code, not state.
             "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if not callable(v)}
@@ -189,7 +227,12 @@ class TorchState(_m.StateProvider):
                 mine = model_sd.get(key)
                 if mine is None or list(mine.shape) != shape or str(mine.dtype) != dtype:
                     # Checked at admission already; this guards a world whose model changed since.
-                    raise ValueError(f"state handoff: '{key}' {shape} {dtype} does not match this process's model")
+                    mine_text = "lacks it" if mine is None else f"has {list(mine.shape)} {mine.dtype}"
+                    raise ValueError(
+                        f"state handoff: the world's model has '{key}' {shape} {dtype}, and this process's model "
+                        f"{mine_text}: the world's model changed after dra's init (a buffer or parameter created "
+                        "in a forward after the wrap?). Build every part before the wrap: run one forward "
+                        "before dra.elastic.init / DistributedDataParallel, on every process")
                 # Bytes land straight in the model's storage when it is contiguous; a channels_last or
                 # transposed one is received contiguous and copied in (empty_like kept its strides,
                 # and the chunked transfer refused it: such a model could not start on 2 processes).
@@ -205,11 +248,22 @@ class TorchState(_m.StateProvider):
         # also with handoff="deferred" (load() comes after it then): the scale must be the world's
         # when that backward is reduced. One with tensors (an EMA, used after the optimizer's step)
         # is loaded in load(), once they arrived.
+        self._load_module_extra(self._manifest)
         with_tensors = {key[0] for kind, key, _, _ in self._manifest["entries"] if kind == "extra"}
         for name, meta in self._manifest["extra_state"].items():
             if name not in with_tensors:
                 self._load_extra(name, meta, {})
         return targets
+
+    def _load_module_extra(self, meta: dict[str, Any]) -> None:
+        """The world's modules' extra state, through each module's set_extra_state."""
+        mine = extra_state_modules(self.model)
+        for key, value in meta.get("module_extra", {}).items():
+            if key not in mine:
+                raise ValueError(f"state handoff: the world's model has extra state '{key}' (get_extra_state), "
+                                 "which this process's model lacks; every process must build the same model")
+            device = next((t.device for t in [*mine[key].parameters(), *mine[key].buffers()]), None)
+            mine[key].set_extra_state(value if device is None else _moved(value, device))
 
     def _load_extra(self, name: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         if name not in self.extra_state:
@@ -288,6 +342,7 @@ class TorchState(_m.StateProvider):
             return False
         changed = not self._holds(meta, tensors)  # touched but equal (accelerate's prepare(opt)): no word
         self._manifest = meta
+        self._load_module_extra(meta)
         self.load(b"", tensors)
         return changed
 

@@ -395,7 +395,12 @@ class ElasticDataParallel(torch.nn.Module):
         if not ok:
             # The step will not be applied: without gradients, torch's optimizers skip every
             # parameter, so even an unwrapped optimizer.step() changes nothing (ctl.optimizer
-            # skips the call altogether).
+            # skips the call altogether). A parameter that held a gradient tensor gets a zero one
+            # back once that step is over (ctl._restore_dropped_grads), as the script's
+            # zero_grad(set_to_none=False) would have left it: left None, an expert no batch
+            # routed to afterwards was no longer moved by AdamW's momentum and decay, and the
+            # result differed from the run without the fault.
+            ctl._grads_dropped = [p for p in self._params if p.grad is not None]
             for p in self._params:
                 p.grad = None
 
@@ -433,6 +438,7 @@ class _Guarded:
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         if self._controller._skip_update():
+            self._controller._restore_dropped_grads()
             return None
         return self._inner.step(*args, **kwargs)
 
