@@ -427,6 +427,12 @@ void dra::python::bind_controller(py::module_& m) {
            "The previous backward never reached dra.step: commit its step as the world did; the world then compares "
            "states at the next reduction (Gloo) or this rank takes the world's state again (NCCL). Returns whether a "
            "step was missed.")
+      .def("_note_update_skipped", &controller::note_update_skipped,
+           "This rank committed the previous step without its optimizer stepping: the world compares states at the "
+           "next reduction (Gloo), identical ones go on and a differing one is taken again.")
+      .def("_set_window_open", &controller::set_window_open, py::arg("open"),
+           "An accumulation window without no_sync() is open at this step: a resize waits for a step that closes "
+           "one (at most 64 steps).")
       .def("_abandon", &controller::abandon, py::arg("why"), nogil(),
            "This process leaves the job mid-training (an uncaught exception): peers fail at once and do not wait.")
       .def_property_readonly(

@@ -23,6 +23,7 @@ from dra import _core, _lifecycle, _process
 from dra._loss import as_float, is_float16, loss_value, warn_nonfinite
 from dra._training_objects import (
     check_extra_state,
+    check_no_new_buffers,
     check_training_objects,
     count_optimizer_step,
     optimizer_step_begins,
@@ -55,6 +56,10 @@ class Controller(_core.Controller):
     _buffers_stale = False  # one of them was assigned anew since they were handed to the C++ side
     _in_optimizer_step = False  # between the optimizer's step pre- and post-hooks (LBFGS's closure)
     _default_group: Any = None  # torch's default group, following the world (elastic jobs only)
+    _grads_dropped: tuple[Any, ...] | list[Any] = ()  # parameters whose gradient a failed reduction took
+    _counts_steps = False  # a hook on the optimizer counts its steps
+    _update_expected = False  # the latest dra.step committed: an optimizer step is due before the next reduction
+    _accumulating = False  # gradients accumulate across dra.step calls without no_sync()
 
     def __init__(
         self,
@@ -143,7 +148,7 @@ class Controller(_core.Controller):
         # Optimizer steps taken (a hook on the user's optimizer, any way it is stepped), and as many
         # as the previous reducing backward saw: accumulation without no_sync() is told apart.
         self._optimizer_steps = self._optimizer_steps_seen = 0
-        self._grads_dropped: list[Any] = []  # parameters whose gradient a failed reduction took (_restore_dropped_grads)
+        self._counts_steps = hasattr(optimizer, "register_step_post_hook")
         self._warned_accumulation = False
         if hasattr(optimizer, "register_step_post_hook"):
             optimizer.register_step_post_hook(functools.partial(count_optimizer_step, weakref.ref(self)))
@@ -216,7 +221,7 @@ class Controller(_core.Controller):
         extra = {k: as_float(v, k) for k, v in signals.items() if v is not None}
         if self._buffers_stale:
             self._buffers_stale = False
-            self._check_no_new_buffers()
+            check_no_new_buffers(self)
             self._set_buffers([b for b in self._buffers_of.buffers() if b is not None])
         self._step_thread = threading.get_ident()  # the thread that trains (dra._lifecycle)
         awaiting, self._awaiting_step = getattr(self, "_awaiting_step", False), False  # this backward's step, from here on
@@ -227,6 +232,10 @@ class Controller(_core.Controller):
                 "with no backward since: call it once per batch, after backward and the optimizer's step (a "
                 "logging helper that calls dra.step too counts as a second call; log the status the loop's call "
                 "returned)")
+        # Accumulating without no_sync() and no optimizer step since this step's backward: the window is
+        # open, and a resize waits for the step that closes it (a joiner counts its window from its first
+        # batch; admitted inside one, it stepped out of phase for good: found by an outside review).
+        self._set_window_open(self._accumulating and self._optimizer_steps == self._optimizer_steps_seen)
         try:
             # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
             status = self._step(value, **extra) if isinstance(value, float) else self._step_tensor(value, **extra)
@@ -245,6 +254,7 @@ class Controller(_core.Controller):
                 self.sampler._refused(self.sampler._skipped_now)
             self.sampler._consumed()
         self._stepped_on = mark
+        self._update_expected = status.committed
         if self._default_group is not None:
             self._default_group.follow(self)  # the step may have changed the world
         if self.nonfinite_started:
@@ -276,35 +286,6 @@ class Controller(_core.Controller):
         if sampler is None or not sampler._iterating or sampler._delivered == 0:
             return None
         return sampler._pass_token, sampler._delivered
-
-    def _check_no_new_buffers(self) -> None:
-        """A buffer the model did not have at init (registered in a forward: a running statistic
-        sized at the first batch): the founders averaged it, and every process that joined later
-        (its model, as its script builds it, lacks it) died at the handoff, so the world stayed
-        smaller for the rest of the job. Refused at the step, on every rank alike."""
-        new = sorted({n for n, b in self._buffers_of.named_buffers() if b is not None} - self._buffer_names)
-        if new:
-            self._buffers_stale = True  # refused again at the next step
-            shown = ", ".join(f"'{n}'" for n in new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")
-            raise RuntimeError(
-                f"dra: the model has buffer(s) {shown} it did not have at dra.elastic.init / DistributedDataParallel "
-                "(registered in a forward after the wrap?): a process that joins builds the model its script builds "
-                "at the start, without them, and could not take the world's state. Create every buffer before the "
-                "wrap: run one forward first (`with torch.no_grad(): model(example_batch)`), as for lazy modules, or "
-                "register it in __init__ with its size (docs/guide/compatibility.md)")
-
-    def _restore_dropped_grads(self) -> None:
-        """After the optimizer's step of a step whose reduction failed (skipped by ctl.optimizer, a
-        no-op for a raw optimizer: the gradients were taken away), each parameter that held a
-        gradient tensor holds a zero one, as after an applied step and zero_grad(set_to_none=False);
-        set_to_none=True then makes it None as usual. Fresh tensors: a reducer rebuilt for the new
-        world may reuse the old ones' memory."""
-        import torch
-
-        dropped, self._grads_dropped = self._grads_dropped, []
-        for p in dropped:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
 
     def _settle_missed_step(self) -> None:
         """The latest backward's dra.step never came (an exception caught after it, a loop that
@@ -405,16 +386,19 @@ class Controller(_core.Controller):
         sampler = self.sampler
         position = sampler.state_dict()
         epoch, left = position["epoch"], int(sampler.epoch_size) - position["cursor"]
-        window = ""
+        window, why = "", "the loop left the loader early"
         if self._micro_fresh:
             window = f", {self._micro_fresh} batch(es) of an open accumulation window among them (their gradients dropped)"
+            if sampler._delivered >= sampler._pass_total:  # the pass ran to its end with the window open
+                why = ("the pass ended inside an accumulation window: close each window at the epoch's last batch, "
+                       "`(i + 1) % accum == 0 or i + 1 == len(loader)`, docs/guide/elastic.md")
             self._micro_fresh = 0
             self._window_open = False
             for p in self.model._params:
                 p.grad = None
         if self.rank == 0:
             print(f"[dra] data epoch {epoch} left after step {self.step_index}: its last {left} sample(s) are not "
-                  f"trained (the loop left the loader early){window}", file=sys.stderr, flush=True)
+                  f"trained ({why}){window}", file=sys.stderr, flush=True)
         sampler._native.set_position(epoch, int(sampler.epoch_size), position["global_batch"], position["seed"])
 
     def state_dict(self) -> dict[str, Any]:

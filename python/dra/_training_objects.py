@@ -145,7 +145,7 @@ def count_optimizer_step(ref: weakref.ref[Any], *_: Any) -> None:
     if ctl is not None:
         ctl._optimizer_steps += 1
         ctl._in_optimizer_step = False
-        ctl._restore_dropped_grads()  # the step of a failed reduction is over (it changed nothing)
+        restore_dropped_grads(ctl)  # the step of a failed reduction is over (it changed nothing)
 
 
 def optimizer_step_begins(ref: weakref.ref[Any], *_: Any) -> None:
@@ -269,3 +269,33 @@ def _module_changed(*_: Any) -> None:
         ctl = ref()
         if ctl is not None:
             ctl._modules_changed = True
+
+
+def check_no_new_buffers(ctl: Any) -> None:
+    """A buffer the model did not have at init (registered in a forward: a running statistic
+    sized at the first batch): the founders averaged it, and every process that joined later
+    (its model, as its script builds it, lacks it) died at the handoff, so the world stayed
+    smaller for the rest of the job. Refused at the step, on every rank alike."""
+    new = sorted({n for n, b in ctl._buffers_of.named_buffers() if b is not None} - ctl._buffer_names)
+    if new:
+        ctl._buffers_stale = True  # refused again at the next step
+        shown = ", ".join(f"'{n}'" for n in new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")
+        raise RuntimeError(
+            f"dra: the model has buffer(s) {shown} it did not have at dra.elastic.init / DistributedDataParallel "
+            "(registered in a forward after the wrap?): a process that joins builds the model its script builds "
+            "at the start, without them, and could not take the world's state. Create every buffer before the "
+            "wrap: run one forward first (`with torch.no_grad(): model(example_batch)`), as for lazy modules, or "
+            "register it in __init__ with its size (docs/guide/compatibility.md)")
+
+def restore_dropped_grads(ctl: Any) -> None:
+    """After the optimizer's step of a step whose reduction failed (skipped by ctl.optimizer, a
+    no-op for a raw optimizer: the gradients were taken away), each parameter that held a
+    gradient tensor holds a zero one, as after an applied step and zero_grad(set_to_none=False);
+    set_to_none=True then makes it None as usual. Fresh tensors: a reducer rebuilt for the new
+    world may reuse the old ones' memory."""
+    import torch
+
+    dropped, ctl._grads_dropped = ctl._grads_dropped, []
+    for p in dropped:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)

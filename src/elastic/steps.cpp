@@ -216,25 +216,27 @@ bool controller::settle_missed_step(double missed) {
   if (differ < 0.5) {
     if (comm_->rank() == 0 && !missed_said_)
       std::fprintf(stderr,
-                   "[dra] %lld of %d rank(s) did not call step() after step %lld's reduction (an update skipped on "
-                   "purpose, as for a non-finite gradient norm, or an exception caught after backward); every "
-                   "rank's state is still identical, so the world goes on: that step's batches count as consumed "
-                   "and it reports no loss (said once)\n",
+                   "[dra] %lld of %d rank(s) did not apply step %lld's update (their optimizer did not step, or "
+                   "step() was not called: an update skipped on purpose, as for a non-finite gradient norm, or an "
+                   "exception caught after backward); every rank's state is still identical, so the world goes on "
+                   "(a step without step() counts its batches as consumed and reports no loss) (said once)\n",
                    ranks, comm_->size(), step);
     missed_said_ = true;
     return true;
   }
   if (!holds_state_)
-    std::fprintf(stderr,
-                 "[dra] rank %d (process %d)%s: its state differs from rank %d's, and it takes that state again "
-                 "(call dra.step after every backward)\n",
-                 comm_->rank(), uid_,
-                 mine ? (" did not call step() after step " + std::to_string(*mine) + "'s reduction").c_str()
-                      : " called step() while other ranks did not",
-                 reference);
-  failure_ = std::to_string(ranks) + " rank(s) did not call step() after step " + std::to_string(step) +
-             "'s reduction and " + std::to_string(std::llround(differ)) +
-             " rank(s) hold a state that differs from rank " + std::to_string(reference) + "'s";
+    std::fprintf(
+        stderr,
+        "[dra] rank %d (process %d)%s: its state differs from rank %d's, and it takes that state again "
+        "(call dra.step after every backward; skip an update on every rank alike, deciding on what every "
+        "rank holds, as the clipped gradient norm or status.loss, never on this rank's own loss)\n",
+        comm_->rank(), uid_,
+        mine ? (" did not apply step " + std::to_string(*mine) + "'s update (no optimizer step, or no step())").c_str()
+             : " applied the previous step's update while other ranks did not",
+        reference);
+  failure_ = std::to_string(ranks) + " rank(s) did not apply step " + std::to_string(step) + "'s update and " +
+             std::to_string(std::llround(differ)) + " rank(s) hold a state that differs from rank " +
+             std::to_string(reference) + "'s";
   return false;
 }
 
@@ -389,6 +391,9 @@ const step_status& controller::step_impl(const at::Tensor* device_loss, double l
       // A refused step is no boundary for new decisions (the leader's flag read now still applies).
       if (role_ == role::member && stop_seen_) {
         stop_at_boundary();  // before any decision: a grow would admit joiners into a world that ends
+      } else if (role_ == role::member && hold_for_window()) {
+        // An accumulation window without no_sync() is open: every member (they run one loop) waits
+        // for the step that closes it; the leader's flag stays.
       } else if (role_ == role::member && options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1) {
         if (!refused) decide_at_boundary();  // an outside actor steering at exact steps: decided and applied here
       } else if (role_ == role::member && decision_flag_) {
@@ -444,6 +449,22 @@ const step_status& controller::step_local(const at::Tensor* device_loss, double 
     local_take_due_ = true;
   }
   return status_;
+}
+
+bool controller::hold_for_window() {
+  const bool applies = decision_flag_ || (options_.capacity_poll_s == 0.0 && comm_ && comm_->size() > 1);
+  if (!window_open_ || !applies || window_held_ >= kWindowHoldSteps) {
+    if (applies) window_held_ = 0;
+    return false;
+  }
+  ++window_held_;
+  return true;
+}
+
+void controller::note_update_skipped() noexcept {
+  if (role_ != role::member || !comm_ || comm_->size() < 2 || comm_->asynchronous() || missed_ || step_index_ < 1)
+    return;
+  missed_ = step_index_ - 1;
 }
 
 bool controller::decision_point(std::int64_t committed) const {

@@ -108,16 +108,16 @@ def test_a_trainer_that_catches_an_exception_and_goes_on_loses_no_sample(tmp_pat
         assert "did not train 1 batch(es) before step 6" in text, text[-2000:]
         assert any(e["event"] == "refused" and e["step"] == 6 for e in events)
     elif case == "leader-after-backward":
-        assert "did not call step() after step 6's reduction: its state differs from rank 1's" in text, text[-2000:]
+        assert "did not apply step 6's update (no optimizer step, or no step()): its state differs from rank 1's" in text, text[-2000:]
         assert len(recovered) == 1, events
     elif case == "every-rank-leader-updated":
         for r in ("r1", "r2"):
-            assert "did not call step() after step 6's reduction: its state differs from rank 0's" in outputs[r]
+            assert "did not apply step 6's update (no optimizer step, or no step()): its state differs from rank 0's" in outputs[r]
         assert "its state differs" not in leader
         assert len(recovered) == 1 and "differs from rank 0's" in recovered[0]["reason"], events
     else:
         n = len(catches)
-        assert f"{n} of 3 rank(s) did not call step() after step 6's reduction" in leader, leader[-2000:]
+        assert f"{n} of 3 rank(s) did not apply step 6's update" in leader, leader[-2000:]
         assert "every rank's state is still identical" in leader
         assert not recovered and not [e for e in events if e["event"] == "refused"], events
 

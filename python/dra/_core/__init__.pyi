@@ -1193,9 +1193,17 @@ class Controller:
         """
         params[index]'s gradient is accumulated: its bucket is all-reduced once complete.
         """
+    def _note_update_skipped(self) -> None:
+        """
+        This rank committed the previous step without its optimizer stepping: the world compares states at the next reduction (Gloo), identical ones go on and a differing one is taken again.
+        """
     def _set_buffers(self, buffers: collections.abc.Sequence[torch.Tensor]) -> None:
         """
         The module's buffers, averaged over the world at every committed step before any decision (integers rounded); a failed all-reduce leaves them and fails the next step. Empty: not averaged.
+        """
+    def _set_window_open(self, open: bool) -> None:
+        """
+        An accumulation window without no_sync() is open at this step: a resize waits for a step that closes one (at most 64 steps).
         """
     def _skip_step(self) -> StepStatus:
         """

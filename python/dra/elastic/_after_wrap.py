@@ -91,6 +91,8 @@ def _refuse_over_elastic(module: Any) -> None:
                 f"({type(module).__name__}): dra reduces its gradients over the elastic world, and torch's reducer "
                 "would reduce them again on the process group of the world it was made in, which a resize does not "
                 "change (a joiner's parameters part from the world's; a lost process kills the others). Leave the "
-                "model to dra: accelerate, prepare only the optimizer and scheduler (accelerator.prepare(opt, sched)), "
-                "not the model or the training DataLoader; transformers.Trainer and Lightning's DDP strategy wrap the "
-                "model themselves and cannot train elastically (docs/guide/compatibility.md, \"Frameworks\")")
+                "model to dra: accelerate, prepare only the optimizer (accelerator.prepare(opt); the scheduler goes to "
+                "dra as scheduler=), not the model or the training DataLoader; Lightning Fabric, set up only the "
+                "optimizer (fabric.setup_optimizers(opt)) and accumulate with dra's model.no_sync(); "
+                "transformers.Trainer and Lightning's DDP strategy wrap the model themselves and cannot train "
+                "elastically (docs/guide/compatibility.md, \"Frameworks\")")

@@ -126,14 +126,17 @@ def _patch_torch_sampler() -> None:
 def _elastic_sampler_of(index_sampler: Any) -> Any:
     """The followed elastic sampler behind a DataLoader's batch sampler, if any: its own, or one a
     few wrappers down (``.sampler``, ``.batch_sampler``: accelerate's BatchSamplerShard over torch's
-    BatchSampler over it)."""
+    BatchSampler over it; ``.dataset._sampler``: Lightning's DistributedSamplerWrapper, which
+    Fabric's setup_dataloaders puts over it)."""
     seen, todo = 0, [index_sampler]
     while todo and seen < 8:
         candidate, seen = todo.pop(0), seen + 1
         if isinstance(candidate, _classes["elastic"]) and candidate._controller is not None:
             return candidate
-        todo += [c for c in (getattr(candidate, "sampler", None), getattr(candidate, "batch_sampler", None))
-                 if c is not None and c is not candidate]
+        inner = [getattr(candidate, name, None) for name in ("sampler", "batch_sampler", "_sampler")]
+        if hasattr(candidate, "num_replicas"):  # a DistributedSampler over a dataset made of a sampler
+            inner.append(getattr(candidate, "dataset", None))
+        todo += [c for c in inner if c is not None and c is not candidate]
     return None
 
 
@@ -158,7 +161,18 @@ def _refuse_own_batching(index_sampler: Any) -> None:
     if sampler is None or index_sampler is sampler or type(index_sampler) is StepBatches:
         return  # dra's own: sampler.batches(B)
     if isinstance(index_sampler, BatchSampler) and type(index_sampler).__iter__ is BatchSampler.__iter__:
-        return  # torch's, which dra drives step by step
+        if index_sampler.sampler is sampler:
+            return  # torch's, which dra drives step by step
+        # An index sampler between torch's BatchSampler and dra's shards dra's share again:
+        # Fabric's setup_dataloaders trained half of each rank's share (24 of 48 samples, exit 0)
+        # and crashed inside Lightning at the next epoch.
+        between = index_sampler.sampler
+        raise RuntimeError(
+            f"dra: the DataLoader's sampler ({type(between).__module__}.{type(between).__qualname__}) draws from dra's "
+            "training sampler and splits what it gets again: each rank would train part of its share, and the rest "
+            "never. Give the DataLoader dra's sampler itself (sampler=, with batch_size=B). Lightning Fabric: leave "
+            "the training DataLoader out of fabric.setup_dataloaders, or call it with use_distributed_sampler=False "
+            "(docs/guide/compatibility.md, \"Frameworks\")")
     raise RuntimeError(
         f"dra: the DataLoader's batch sampler ({type(index_sampler).__module__}.{type(index_sampler).__qualname__}) "
         "makes its batches from dra's training sampler itself: they are drawn for the world as it was when its pass "
@@ -206,6 +220,13 @@ def _patch_loader_iterator() -> None:
             if sampler is None:
                 return data
             ctl = sampler._controller
+            if ctl is not None and ctl.role == "finished" and (ctl.rank < 0 or ctl.stopped):
+                # The job ended while this process stood by (or was stopped): a batch the loader's
+                # workers prefetched before the end must not reach the loop, whose forward may hold
+                # a collective (a mixture of experts' load-balancing all_reduce failed and the
+                # process exited 1 after the job had finished). The pass ends here, as it does
+                # without workers.
+                raise StopIteration
             if (not getattr(ctl, "_accumulates", False) or sampler._peeked or not ctl.is_member
                     or sampler._current_is_fresh(ctl._micro_fresh)):
                 sampler._delivered += 1

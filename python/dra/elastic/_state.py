@@ -25,7 +25,6 @@ import torch
 
 from dra._core import elastic as _m
 
-
 _EXTRA = torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX  # "_extra_state"
 
 

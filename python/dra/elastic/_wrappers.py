@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dra._training_objects import restore_dropped_grads
 from dra.elastic import _after_wrap
 
 
@@ -259,8 +260,18 @@ class ElasticDataParallel(torch.nn.Module):
         ctl = self.controller
         stepped = ctl._optimizer_steps != ctl._optimizer_steps_seen
         ctl._optimizer_steps_seen = ctl._optimizer_steps
-        if stepped or ctl._window_open or not self._carries_gradient(firing):
+        expected, ctl._update_expected = ctl._update_expected, False
+        if stepped or ctl._window_open or not ctl._counts_steps:
             return
+        if not self._carries_gradient(firing):
+            # The previous step was committed and its gradient zeroed, but no optimizer stepped: an
+            # update skipped on this rank (a loss spike judged on its own loss, or a non-finite norm
+            # on every rank alike). The world compares states at this reduction: identical ones go
+            # on, a differing one is taken again (before, the ranks parted for good, silently).
+            if expected:
+                ctl._note_update_skipped()
+            return
+        ctl._accumulating = True  # resizes wait for a step that closes a window (dra._controller)
         if ctl._awaiting_step:
             raise RuntimeError(
                 "dra: gradient accumulation without no_sync(): this backward adds to the gradient of a previous "
@@ -396,7 +407,7 @@ class ElasticDataParallel(torch.nn.Module):
             # The step will not be applied: without gradients, torch's optimizers skip every
             # parameter, so even an unwrapped optimizer.step() changes nothing (ctl.optimizer
             # skips the call altogether). A parameter that held a gradient tensor gets a zero one
-            # back once that step is over (ctl._restore_dropped_grads), as the script's
+            # back once that step is over (dra._training_objects.restore_dropped_grads), as the script's
             # zero_grad(set_to_none=False) would have left it: left None, an expert no batch
             # routed to afterwards was no longer moved by AdamW's momentum and decay, and the
             # result differed from the run without the fault.
@@ -438,7 +449,7 @@ class _Guarded:
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         if self._controller._skip_update():
-            self._controller._restore_dropped_grads()
+            restore_dropped_grads(self._controller)
             return None
         return self._inner.step(*args, **kwargs)
 

@@ -79,6 +79,7 @@ class ElasticSampler:
         self._generation = 0
         self._iterating = False
         self._pass_steps: int | None = None  # steps left when the loader's current pass began
+        self._pass_total = 0  # the same, kept after the pass ended (did it run to its end?)
         self._pass_token: object = None
         self._peeked, self._peeked_epoch = False, None  # a pass of a loop behind the world's (one batch); its epoch
         self._trained_epoch: int | None = None  # the data epoch of this process's last pass that trained
@@ -202,7 +203,7 @@ class ElasticSampler:
         self._in_flight.clear()
         self._depth_seen = None
         self._iterating = True
-        self._pass_steps = ElasticSampler._steps_left(self)
+        self._pass_steps = self._pass_total = ElasticSampler._steps_left(self)
         if ctl is not None:
             end_if_finished(self, None)
         data_epoch = native.epoch

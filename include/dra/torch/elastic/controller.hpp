@@ -408,6 +408,17 @@ class controller {
   /// Called before taking the next batch (Python's model wrapper does), it avoids the redo.
   /// Returns whether a step was missed.
   bool catch_up_missed_step() noexcept;
+  /// This rank committed the previous step but did not apply its update (its optimizer did not
+  /// step: a skip decided on its own loss, or on every rank alike on a non-finite norm). On a
+  /// synchronous backend it rides with the next reduction as a missed step does: identical states
+  /// go on, a differing one is taken again (a recovery). Nothing on an asynchronous one.
+  void note_update_skipped() noexcept;
+  /// The trainer accumulates gradients across steps without no_sync() and this step's optimizer
+  /// update is still to come (the window is open): a decision read now waits for a step that closes
+  /// a window, up to kWindowHoldSteps steps (a joiner's loop counts its window from its own first
+  /// batch: admitted inside a window, it stepped its optimizer out of phase for good).
+  void set_window_open(bool open) noexcept { window_open_ = open; }
+  static constexpr int kWindowHoldSteps = 64;
   /// The latest step() refused the step (a rank did not train its batch), or nothing.
   const std::optional<step_refusal>& refusal() const noexcept { return refusal_; }
 
@@ -488,6 +499,7 @@ class controller {
   void hook(change_phase phase);
   bool check_batches(const at::Tensor& tail);
   bool settle_missed_step(double missed);
+  bool hold_for_window();  ///< whether a decision waits for an open accumulation window to close
   void refuse_step();
   bool follows(std::int64_t parent, std::int64_t child);
 
@@ -537,6 +549,8 @@ class controller {
   std::string failure_;
   bool reduced_ = false;
   bool decision_flag_ = false;
+  bool window_open_ = false;  ///< set_window_open: an accumulation window is open at this step()
+  int window_held_ = 0;       ///< steps a decision has waited for a window to close
   bool exit_requested_ = false;
   std::atomic<bool> stop_requested_{false};  ///< request_stop(): may be set from a signal handler
   bool stop_seen_ = false;                   ///< a member's stop request rode with a reduction read now
