@@ -3,7 +3,9 @@
 - On the Unix socket (the default) the kernel says who the caller is: its uid, gid and pid from
   the socket's peer credentials (``SO_PEERCRED``); nothing to forge, no secret to leak.
 - On TCP (only when the operator asks for it) a caller shows the token from the operator's token
-  file (mode 0600) and acts as the operator.
+  file (mode 0600). From this host the token only lets it in: it is the user that owns its socket
+  (the kernel's socket table), as on the Unix socket. From another host (``--allow-remote``),
+  whose users nobody here knows, the token's holder acts as the operator.
 - A job is owned by the uid that submitted it and runs as that user (its uid, primary gid and
   supplementary groups); only its owner or an operator (root, or the daemon's own user) reads,
   cancels or changes it. Draining the pool is an operator's act.
@@ -39,7 +41,10 @@ class Caller:
     uid: int
     gid: int
     pid: int = 0
-    via: str = "local"  # "unix" (peer credentials), "token" (TCP), "local" (in-process)
+    # "unix" (peer credentials), "tcp" (this host: its socket's owner), "token" (TCP from another
+    # host: the token's holder, as the operator), "local" (in-process)
+    via: str = "local"
+    host: str = ""  # a "token" caller's address
 
     @property
     def operator(self) -> bool:
@@ -47,6 +52,16 @@ class Caller:
 
     def name(self) -> str:
         return user_name(self.uid)
+
+    def by(self) -> str:
+        """Who acted, for the events: the caller's user, or a remote token holder's address (it
+        acts as the operator; which user holds the token there nobody here knows)."""
+        return f"token from {self.host}" if self.via == "token" else self.name()
+
+
+def operators() -> str:
+    """Who operates this pool, in words: root, and the daemon's user when it is not root."""
+    return "root" if os.geteuid() == 0 else f"root or {user_name(os.geteuid())}"
 
 
 def local_caller() -> Caller:
@@ -61,40 +76,74 @@ def peer_credentials(sock: socket.socket) -> Caller:
     return Caller(uid, gid, pid, "unix")
 
 
-def loopback_peer_uid(sock: socket.socket) -> int | None:
-    """The uid that owns the other end of a TCP connection from this host's loopback, from the
-    kernel's socket table (/proc/net/tcp, tcp6: a connection's two ends are rows of it, each with
-    its owner); None for a peer elsewhere or one not found (gone already). It tells nothing about
-    who may act (the token does): it only lets TCP's connection limit count per user, as the Unix
-    socket's does, so that one user's held connections turn away nobody else's calls."""
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(host.split("%")[0])
+    return getattr(ip, "ipv4_mapped", None) or ip  # an IPv4 caller of an IPv6 socket: its IPv4 address
+
+
+def tcp_peer_uid(sock: socket.socket) -> int | None:
+    """The uid that owns the other end of a TCP connection from this host (loopback or any of its
+    addresses), from the kernel's socket table (/proc/net/tcp, tcp6: a connection's two ends are
+    rows of it, each with its owner); None for a peer elsewhere or one no process holds any more
+    (a closed socket's row lingers while TCP ends, with uid 0 or no inode: never taken)."""
     try:
-        peer, here = sock.getpeername()[:2], sock.getsockname()[:2]
-    except OSError:
-        return None
-    family = sock.family
-    if not ipaddress.ip_address(peer[0].split("%")[0]).is_loopback:
+        want = tuple((_ip(h), p) for h, p in (sock.getpeername()[:2], sock.getsockname()[:2]))
+    except (OSError, ValueError):
         return None
 
-    def packed(host: str, port: int) -> tuple[bytes, int]:
-        return socket.inet_pton(family, host.split("%")[0]), port
-
-    def unhex(field: str) -> tuple[bytes, int]:
+    def unhex(field: str) -> tuple[Any, int]:
         addr, port = field.split(":")
         raw = bytes.fromhex(addr)  # 32-bit words in the host's (little-endian) order
-        return b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)), int(port, 16)
+        return _ip(str(ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))))), int(port, 16)
 
-    want = (packed(*peer), packed(*here))  # the peer's row: its local end, then ours
-    table = "/proc/net/tcp6" if family == socket.AF_INET6 else "/proc/net/tcp"
-    try:
-        with open(table) as f:
-            next(f)
-            for line in f:
-                cols = line.split()
-                if len(cols) > 7 and (unhex(cols[1]), unhex(cols[2])) == want:
-                    return int(cols[7])
-    except (OSError, ValueError, StopIteration):
-        return None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # an IPv4 peer of an IPv6 socket is in either
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()  # the peer's row: its local end, then ours; its uid, its inode
+                    if len(cols) > 9 and cols[9] != "0" and (unhex(cols[1]), unhex(cols[2])) == want:
+                        return int(cols[7])
+        except (OSError, ValueError, StopIteration):
+            continue
     return None
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` is an address of this host (loopback, or one a socket here may bind)."""
+    ip = _ip(host)
+    if ip.is_loopback:
+        return True
+    try:
+        with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((str(ip), 0))
+        return True
+    except OSError:
+        return False
+
+
+def tcp_caller(sock: socket.socket) -> Caller:
+    """Who calls on TCP, its token shown. From this host: the user that owns its socket, as on the
+    Unix socket; the token only lets it in (a local user who held the token acted as root, and the
+    events said root did it: an outside review). From another host (``--allow-remote``): the
+    token's holder, as the operator, known by its address. A caller from this host whose socket is
+    not found (closed already) is refused, never taken for a remote one."""
+    uid = tcp_peer_uid(sock)
+    if uid is not None:
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = uid
+        return Caller(uid, gid, 0, "tcp")
+    try:
+        host = str(_ip(sock.getpeername()[0]))
+    except (OSError, ValueError):
+        host = ""
+    if not host or is_local_address(host):
+        raise Unauthenticated("caller: the pool cannot tell which user of this host holds this connection (its "
+                              "socket is not in the kernel's socket table: closed already?); call again and wait for "
+                              "the answer, or use the pool's Unix socket")
+    return Caller(os.geteuid(), os.getegid(), 0, "token", host)
 
 
 def user_name(uid: int) -> str:
@@ -197,6 +246,26 @@ def can_see(path: str, owner: Owner) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return r.returncode == 0
+
+
+def can_make(path: str, owner: Owner) -> str | None:
+    """None when ``path`` exists for the owner or the owner may make it, else the folder on the
+    way that stops it (the nearest existing one, not a folder the owner may write to and enter),
+    checked as the owner: a job whose ``cwd`` its user may enter but not write was accepted, then
+    failed with "Permission denied: 'dra-logs'"."""
+    p = os.path.abspath(path)
+    if owner.uid == os.geteuid():
+        while not os.path.lexists(p):
+            p = os.path.dirname(p)
+        return None if p == os.path.abspath(path) or os.access(p, os.W_OK | os.X_OK) else p
+    look = ('p=$1; { [ -e "$p" ] || [ -h "$p" ]; } && exit 0; while p=$(dirname "$p"); [ ! -e "$p" ]; do :; done; '
+            '[ -d "$p" ] && [ -w "$p" ] && [ -x "$p" ] || { echo "$p"; exit 1; }')
+    try:
+        r = subprocess.run(["sh", "-c", look, "sh", p], capture_output=True, text=True, timeout=10,
+                           **_as_owner(owner, output=True))
+    except (OSError, subprocess.SubprocessError):
+        return None  # left to the launcher, which fails on it as the user
+    return (r.stdout.strip() or p) if r.returncode else None
 
 
 _PROBE = ("import importlib.util as u, sys; s = u.find_spec('dra'); s is None and sys.exit('it finds no package dra'); "

@@ -65,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
                     raise ValueError(f"host: {args.host} is reachable from other machines; the pool binds to loopback "
                                      "(127.0.0.1) unless told --allow-remote")
                 print(f"[dra pool] WARNING: the pool's API listens on {args.host}:{args.port}, reachable from other "
-                      f"machines in clear text: anyone who has the token runs jobs here as any user", file=sys.stderr,
+                      f"machines in clear text: anyone elsewhere who has the token runs jobs here as any user", file=sys.stderr,
                       flush=True)
         # Listeners first: a socket or port in use fails before the pool makes any cgroup.
         server = PoolServer(socket_path=args.socket or state / "pool.sock", host=args.host, port=args.port,

@@ -258,7 +258,7 @@ class Launcher:
         """How a worker ended, in words: its exit code or signal, an OOM kill its lease's memory
         cgroup (or its slot's) counted while it ran, and the last line of its log."""
         if w["fenced"] and code in (-signal.SIGKILL, 128 + signal.SIGKILL):
-            return (f"worker on lease {w['lease']} (uid {w['uid']}): stopped (SIGKILL) because the pool took its lease "
+            return (f"worker on lease {w['lease']} (member {w['uid']}): stopped (SIGKILL) because the pool took its lease "
                     f"back: {w['fenced']}")
         if code < 0:
             what = f"killed by {_signal_name(-code)}"
@@ -278,7 +278,7 @@ class Launcher:
                      "memory (a larger fraction, --slot-memory-gb) or make it use less")
             break
         asked = ", asked to leave" if w["asked"] is not None else ""
-        text = f"worker on lease {w['lease']} (uid {w['uid']}{asked}): {what}"
+        text = f"worker on lease {w['lease']} (member {w['uid']}{asked}): {what}"
         last = last_line(w["log"])
         return text + (f"; its log ({os.path.abspath(w['log'])}) ends: {last}" if last else "")
 

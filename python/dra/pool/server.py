@@ -127,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not trusted:
             raise _auth.Unauthenticated("token: missing or wrong; give the pool's token (--token-file or "
                                         "DRA_POOL_TOKEN), or use the pool's Unix socket")
-        return _auth.Caller(os.geteuid(), os.getegid(), 0, "token")
+        return _auth.tcp_caller(self.request)  # from this host: its socket's user; from another: the operator
 
     def _route(self, method: str) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
@@ -321,7 +321,7 @@ class _TcpServer(_BoundedThreads, http.server.HTTPServer):
         # whose): 64 connections held by a user without the token turned the operator's TCP calls
         # away while TCP had one share. Another host (--allow-remote) is counted by its address:
         # one share for all of them let one host without the token turn every other host away.
-        uid = _auth.loopback_peer_uid(request)
+        uid = _auth.tcp_peer_uid(request)
         if uid is not None:
             return f"uid {uid}"
         try:

@@ -287,8 +287,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
     def _operator(self, caller: Caller | None, what: str) -> None:
         caller = caller or _auth.local_caller()
         if not caller.operator:
-            raise Forbidden(f"pool: only an operator (root or {_auth.user_name(os.geteuid())}) may {what}; "
-                            f"{caller.name()} is not one")
+            raise Forbidden(f"pool: only an operator ({_auth.operators()}) may {what}; {caller.name()} is not one")
 
     # ------------------------------------------------------------------------------------------
     # requests from clients and launchers
@@ -357,17 +356,18 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             if why:
                 raise ValueError(f"cwd: {why}; give a directory the job's user ({owner.user}) can enter")
             self._check_interpreter(req.job, owner)
-            # The launcher makes the log folder as the job's user, and refuses one that is not its
-            # own: said now, not when the job is granted devices.
+            # The launcher makes the log folder as the job's user, and refuses one not its own: said now.
             logs = Path(spec["cwd"], spec.get("log") or "dra-logs")
             why = log_dir_problem(logs, owner.uid)
-            if why and not _auth.can_see(str(logs), owner):
-                # One its user cannot reach (in /root, say): nothing about it is told (it would tell
-                # what a folder the user may not read holds); the launcher, as the user, fails on it.
-                why = None
+            if why and not _auth.can_see(str(logs), owner):  # one its user cannot reach (in /root, say): nothing
+                why = None  # about it is told (what a folder the user may not read holds); the launcher fails on it
             if why:
                 raise ValueError(f"log: {logs} is {why}; give the job a log folder of its own ('log', dra pool "
                                  "submit --log) or remove that one")
+            if "log" not in spec and (blocked := _auth.can_make(str(logs), owner)):  # a cwd it may enter, not write
+                raise ValueError(f"log: {owner.user} cannot make the job's log folder {logs} ({blocked} is not a "
+                                 f"folder {owner.user} may write to); give a 'log' folder (dra pool submit --log) or "
+                                 "a cwd it may write to")
         with self._lock:
             if self.draining:
                 raise ValueError(f"pool: draining (an operator's dra pool drain); job '{req.job}' was not accepted: "
@@ -408,7 +408,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             self.jobs[req.job] = job
             self._requests[req.job] = make_request(stored)
             self._save_job(req.job)
-            self._event({"event": "submit", "job": req.job, "user": owner.user,
+            self._event({"event": "submit", "job": req.job, "user": owner.user, "by": caller.by(),
                          "request": {k: stored[k] for k in REQUEST_FIELDS}})
         self._wake.set()
         answer = {"job": req.job, "state": "waiting"}
@@ -461,7 +461,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
                 self.book.mark_releasing(l.id)
                 changed.append(self.book.at(l.id))
             self._save_leases(changed)
-            self._event({"event": "cancel", "job": name, "by": (caller or _auth.local_caller()).name()})
+            self._event({"event": "cancel", "job": name, "by": (caller or _auth.local_caller()).by()})
         self._wake.set()
         return {"job": name, "state": "cancelled"}
 
@@ -471,7 +471,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
             self.draining = True
             self.db.set_meta("draining", True)
             waiting = [n for n, j in self.jobs.items() if j["state"] == "waiting"]
-            self._event({"event": "drain", "waiting": waiting})
+            self._event({"event": "drain", "waiting": waiting, "by": (caller or _auth.local_caller()).by()})
             return {"draining": True, "running": [n for n, j in self.jobs.items() if j["state"] == "running"],
                     "waiting": waiting}
 
@@ -481,7 +481,7 @@ class PoolService(SchedulingLoop, LauncherAPI, NodeMembership, JobRecords, PoolV
         with self._lock:
             self.draining = False
             self.db.set_meta("draining", False)
-            self._event({"event": "undrain"})
+            self._event({"event": "undrain", "by": (caller or _auth.local_caller()).by()})
         self._wake.set()
         return {"draining": False}
 
