@@ -59,7 +59,6 @@ class Controller(_core.Controller):
     _grads_dropped: tuple[Any, ...] | list[Any] = ()  # parameters whose gradient a failed reduction took
     _counts_steps = False  # a hook on the optimizer counts its steps
     _update_expected = False  # the latest dra.step committed: an optimizer step is due before the next reduction
-    _accumulating = False  # gradients accumulate across dra.step calls without no_sync()
 
     def __init__(
         self,
@@ -175,8 +174,10 @@ class Controller(_core.Controller):
             # the forward assigns anew (`self.ema = 0.9 * self.ema + ...`) is another tensor from
             # then on: the list is taken again at the next step (dra._training_objects.watch_buffer_assignments).
             self._set_buffers([b for b in model.buffers() if b is not None])
-            self._buffer_names = {n for n, b in model.named_buffers() if b is not None}
-            watch_buffer_assignments(self)
+        # A buffer registered later is refused by name (check_no_new_buffers), averaged or not: a
+        # joiner's model, as its script builds it, lacks it.
+        self._buffer_model, self._buffer_names = model, {n for n, b in model.named_buffers() if b is not None}
+        watch_buffer_assignments(self)
         # The end of a script that never calls finish() (a ported DDP loop): members meet once more
         # and the leader tells standbys to go, when the interpreter exits. An uncaught exception
         # leaves the job at once instead (the peers do not wait for this process).
@@ -201,6 +202,13 @@ class Controller(_core.Controller):
         self._default_group = _default_group.DefaultGroup(founder=self._founder)
         self._default_group.follow(self, "init")
 
+    @property
+    def _accumulating(self) -> bool:
+        """Gradients accumulate across dra.step calls without no_sync() (the model wrapper saw it
+        here, or the world had when this process joined: it came with the state)."""
+        state = getattr(self, "_state", None)
+        return bool(state is not None and state.accumulating)
+
     def step(self, loss: Any, **signals: Any) -> StepStatus:
         """One training step (what ``dra.step`` calls): commits it when its gradient reduction
         succeeded, feeds the policy, and resizes at decision steps. After a failure the
@@ -222,7 +230,8 @@ class Controller(_core.Controller):
         if self._buffers_stale:
             self._buffers_stale = False
             check_no_new_buffers(self)
-            self._set_buffers([b for b in self._buffers_of.buffers() if b is not None])
+            if self._buffers_of is not None:
+                self._set_buffers([b for b in self._buffers_of.buffers() if b is not None])
         self._step_thread = threading.get_ident()  # the thread that trains (dra._lifecycle)
         awaiting, self._awaiting_step = getattr(self, "_awaiting_step", False), False  # this backward's step, from here on
         mark = self._batch_mark()

@@ -239,7 +239,7 @@ def watch_buffer_assignments(controller: Any) -> None:
 def _buffer_assigned(*_: Any) -> None:
     for ref in _buffer_watchers:
         ctl = ref()
-        if ctl is not None and ctl._buffers_of is not None:
+        if ctl is not None and getattr(ctl, "_buffer_model", None) is not None:
             ctl._buffers_stale = True
 
 
@@ -276,7 +276,7 @@ def check_no_new_buffers(ctl: Any) -> None:
     sized at the first batch): the founders averaged it, and every process that joined later
     (its model, as its script builds it, lacks it) died at the handoff, so the world stayed
     smaller for the rest of the job. Refused at the step, on every rank alike."""
-    new = sorted({n for n, b in ctl._buffers_of.named_buffers() if b is not None} - ctl._buffer_names)
+    new = sorted({n for n, b in ctl._buffer_model.named_buffers() if b is not None} - ctl._buffer_names)
     if new:
         ctl._buffers_stale = True  # refused again at the next step
         shown = ", ".join(f"'{n}'" for n in new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")

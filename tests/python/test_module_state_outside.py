@@ -63,7 +63,8 @@ net = Model()
 opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1)
 sampler = de.DistributedSampler(TensorDataset(x, y), seed=0)
 loader = DataLoader(TensorDataset(x, y), batch_size=4, sampler=sampler)
-model = de.DistributedDataParallel(net, opt, sampler, find_unused_parameters=True)
+model = de.DistributedDataParallel(net, opt, sampler, find_unused_parameters=True,
+                                  broadcast_buffers=cfg.get("broadcast_buffers", True))
 ctl = model.controller
 skipped = False
 for epoch in ctl.epochs(cfg.get("epochs", 2)):
@@ -104,11 +105,15 @@ def test_a_modules_extra_state_reaches_a_joiner_through_set_extra_state(tmp_path
     assert grown
 
 
-def test_a_buffer_registered_in_a_forward_after_the_wrap_is_refused_by_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_a_buffer_registered_in_a_forward_after_the_wrap_is_refused_by_name(tmp_path: Path,
+                                                                            broadcast_buffers: bool) -> None:
     """Before: the founders trained on and every process that joined died at the handoff (its
-    model lacked the buffer), so the world stayed smaller for the rest of the job."""
+    model lacked the buffer), so the world stayed smaller for the rest of the job; buffers not
+    averaged (broadcast_buffers=False) are handed over too, and refused alike."""
     code, logs, records = run_logged_script(tmp_path, SCRIPT, 2, {"policy": "none", "fault_timeout_s": 3.0},
-                                            {"extra": "tensor", "lazy": True}, timeout=90)
+                                            {"extra": "tensor", "lazy": True, "broadcast_buffers": broadcast_buffers},
+                                            timeout=90)
     assert code != 0 and not records, logs[-3000:]
     assert "buffer(s) 'stat.mu'" in logs and "run one forward first" in logs, logs[-3000:]
 

@@ -120,6 +120,10 @@ def test_a_remote_token_holder_is_the_operator_and_named_by_its_address(monkeypa
     for local in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
         with pytest.raises(_auth.Unauthenticated):
             _auth.tcp_caller(_Peer(local))  # type: ignore[arg-type]
+    # A pool that does not allow remote callers refuses every caller its socket table does not show
+    # (a container on this host, this host's link-local address): none is taken for the operator.
+    with pytest.raises(_auth.Unauthenticated):
+        _auth.tcp_caller(_Peer("192.0.2.7"), remote=False)  # type: ignore[arg-type]
 
 
 def test_a_workers_reason_names_its_member_id_not_a_uid(tmp_path: Path) -> None:

@@ -79,16 +79,23 @@ def test_an_update_every_rank_skips_alike_goes_on_without_a_recovery(tmp_path: P
         assert len(rs) == 2 and len({str(r["params"]) for r in rs}) == 1, (step, rs)
 
 
-@pytest.mark.parametrize("grow_at", [2, 3])
-def test_a_grow_inside_an_accumulation_window_waits_for_the_window_to_close(tmp_path: Path, grow_at: int) -> None:
+@pytest.mark.parametrize(("grow_at", "poll"), [(2, None), (3, None), (2, 0.0), (3, 0.0)])
+def test_a_grow_inside_an_accumulation_window_waits_for_the_window_to_close(tmp_path: Path, grow_at: int,
+                                                                             poll: float | None) -> None:
     """Accumulation over 2 dra.step calls without no_sync(); a grow 2 -> 3 scheduled inside a window
     (step 2) or at its end (step 3). Before: inside one, the joiner's loop counted its window from
-    its own first batch and stepped its optimizer one batch out of phase to the end (0.017 apart)."""
-    code, logs, records = run_logged_script(
-        tmp_path, SCRIPT, 3, {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2,
-                              "resize_schedule": {str(grow_at): 3}}, {"accum": 2, "epochs": 2}, timeout=120)
+    its own first batch and stepped its optimizer one batch out of phase to the end (0.017 apart).
+    Steering at exact steps too (capacity_poll_s 0, the leader's word at every step): a code review
+    found the first hold deadlocking there (a joiner that did not know the job accumulates went on
+    alone and both founders were killed) and a size scheduled at an open window's step lost."""
+    options = {"policy": "none", "fault_timeout_s": 3.0, "start_size": 2, "resize_schedule": {str(grow_at): 3}}
+    if poll is not None:
+        options["capacity_poll_s"] = poll
+    code, logs, records = run_logged_script(tmp_path, SCRIPT, 3, options, {"accum": 2, "epochs": 2}, timeout=120)
     assert code == 0, logs[-3000:]
+    assert '"event":"fault"' not in logs and "recovery" not in logs, logs[-3000:]
     steps = _by_step(records)
     assert max(len(rs) for rs in steps.values()) == 3, "the world never grew to 3"
+    assert len(steps[max(steps)]) == 3, steps[max(steps)]  # all three to the end
     for step, rs in sorted(steps.items()):
         assert len({str(r["params"]) for r in rs}) == 1, (step, [r["uid"] for r in rs])

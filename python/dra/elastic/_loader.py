@@ -167,10 +167,13 @@ def _refuse_own_batching(index_sampler: Any) -> None:
         # Fabric's setup_dataloaders trained half of each rank's share (24 of 48 samples, exit 0)
         # and crashed inside Lightning at the next epoch.
         between = index_sampler.sampler
+        what = ("splits what it gets again: each rank would train part of its share, and the rest never"
+                if hasattr(between, "num_replicas") else
+                "hands its indices on: dra cannot draw each step's share for the world as it is through it")
         raise RuntimeError(
             f"dra: the DataLoader's sampler ({type(between).__module__}.{type(between).__qualname__}) draws from dra's "
-            "training sampler and splits what it gets again: each rank would train part of its share, and the rest "
-            "never. Give the DataLoader dra's sampler itself (sampler=, with batch_size=B). Lightning Fabric: leave "
+            f"training sampler and {what}. Give the DataLoader dra's sampler itself (sampler=, with batch_size=B). "
+            "Lightning Fabric: leave "
             "the training DataLoader out of fabric.setup_dataloaders, or call it with use_distributed_sampler=False "
             "(docs/guide/compatibility.md, \"Frameworks\")")
     raise RuntimeError(

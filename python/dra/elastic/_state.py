@@ -131,6 +131,9 @@ class TorchState(_m.StateProvider):
         self.extra_state = dict(extra_state or {})
         self._checked = False
         # The state a joiner received in init, kept until its first forward (restore_received).
+        # The job accumulates gradients across steps without no_sync() (seen by the model wrapper):
+        # handed to joiners, so that every member holds a resize for an open window alike.
+        self.accumulating = False
         self.keep_received = True
         self._received: tuple[dict[str, Any], list[torch.Tensor]] | None = None
         self._received_marks: tuple[Any, ...] | None = None
@@ -207,6 +210,7 @@ class TorchState(_m.StateProvider):
             # Which parameters are frozen now (requires_grad False): a joiner trains and reduces the
             # same ones as the world, whatever its own script set before it joined.
             "frozen": [name for name, p in self.model.named_parameters() if not p.requires_grad],
+            "accumulating": self.accumulating,
             # No random state: each process keeps its own, as under torch's DDP (a script seeding
             # each rank its own way, torch.manual_seed(seed + rank), keeps distinct dropout masks,
             # augmentations and DataLoader worker seeds per rank; copied, every rank drew the
@@ -248,6 +252,7 @@ class TorchState(_m.StateProvider):
         # when that backward is reduced. One with tensors (an EMA, used after the optimizer's step)
         # is loaded in load(), once they arrived.
         self._load_module_extra(self._manifest)
+        self.accumulating = bool(self._manifest.get("accumulating", False))
         with_tensors = {key[0] for kind, key, _, _ in self._manifest["entries"] if kind == "extra"}
         for name, meta in self._manifest["extra_state"].items():
             if name not in with_tensors:

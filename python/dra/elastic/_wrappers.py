@@ -271,7 +271,7 @@ class ElasticDataParallel(torch.nn.Module):
             if expected:
                 ctl._note_update_skipped()
             return
-        ctl._accumulating = True  # resizes wait for a step that closes a window (dra._controller)
+        ctl._state.accumulating = True  # resizes wait for a step that closes a window (dra._controller)
         if ctl._awaiting_step:
             raise RuntimeError(
                 "dra: gradient accumulation without no_sync(): this backward adds to the gradient of a previous "

@@ -204,8 +204,7 @@ class ElasticSampler:
         self._depth_seen = None
         self._iterating = True
         self._pass_steps = self._pass_total = ElasticSampler._steps_left(self)
-        if ctl is not None:
-            end_if_finished(self, None)
+        end_if_finished(self, None)  # ctl is not None here (a plain pass returned above)
         data_epoch = native.epoch
         if ctl is not None and ctl.is_member and native.exhausted and self._requested is None:
             native.next_epoch()  # iterated again without set_epoch: the next pass over the data

@@ -122,12 +122,15 @@ def is_local_address(host: str) -> bool:
         return False
 
 
-def tcp_caller(sock: socket.socket) -> Caller:
+def tcp_caller(sock: socket.socket, remote: bool = True) -> Caller:
     """Who calls on TCP, its token shown. From this host: the user that owns its socket, as on the
     Unix socket; the token only lets it in (a local user who held the token acted as root, and the
     events said root did it: an outside review). From another host (``--allow-remote``): the
     token's holder, as the operator, known by its address. A caller from this host whose socket is
-    not found (closed already) is refused, never taken for a remote one."""
+    not found (closed already) is refused, never taken for a remote one; without ``remote``
+    (--allow-remote) every caller whose socket is not found is refused. A caller in another network
+    namespace of this host, or on this host's IPv6 link-local address, cannot be told from a remote
+    one: with --allow-remote it counts as remote."""
     uid = tcp_peer_uid(sock)
     if uid is not None:
         try:
@@ -139,7 +142,7 @@ def tcp_caller(sock: socket.socket) -> Caller:
         host = str(_ip(sock.getpeername()[0]))
     except (OSError, ValueError):
         host = ""
-    if not host or is_local_address(host):
+    if not remote or not host or is_local_address(host):
         raise Unauthenticated("caller: the pool cannot tell which user of this host holds this connection (its "
                               "socket is not in the kernel's socket table: closed already?); call again and wait for "
                               "the answer, or use the pool's Unix socket")

@@ -393,7 +393,7 @@ class SchedulingLoop:
             else:
                 try:
                     raw, source = fit_speedup(report, sj.max_size, held=self._speedups.get(name), cap=False)
-                    sj.speedup = capped(raw, report)
+                    sj.speedup = capped(raw, report, sj.current)
                     if source in ("rates", "throughput"):
                         self._speedups[name] = raw
                 except (TypeError, ValueError, KeyError, AttributeError):  # a report the job got wrong

@@ -355,12 +355,20 @@ def fit_speedup(report: dict[str, Any] | None, max_size: int, sigma0: float = 0.
     return curve, source
 
 
-def capped(curve: list[float], report: dict[str, Any] | None) -> list[float]:
+def capped(curve: list[float], report: dict[str, Any] | None, current: int | None = None) -> list[float]:
     """The curve flat past the size the job's own policy wants (its report's ``desired_size``),
-    unless that policy is ``none`` (the pool alone decides its size)."""
+    unless that policy is ``none`` (the pool alone decides its size), or unless it wants the size it
+    runs at, ``current``, and never ran larger: such a policy cannot tell what more devices would
+    bring (a job the pool started on one slot kept one while two sat idle, an outside review),
+    so the pool's curve stands until the job has been measured there. A policy that gave devices
+    back (it wants less than it holds, or as many after running larger) keeps its cap."""
     report = report or {}
     out = list(curve)
     desired = report.get("desired_size")
+    if current is not None and isinstance(desired, int) and desired >= current:
+        rates = report.get("rates") if isinstance(report.get("rates"), dict) else {}
+        if not any(str(k).isdigit() and int(k) > current for k in rates):
+            return out
     if report.get("policy") != "none" and isinstance(desired, int) and 1 <= desired < len(out) - 1:
         for k in range(desired + 1, len(out)):
             out[k] = out[desired]

@@ -127,7 +127,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not trusted:
             raise _auth.Unauthenticated("token: missing or wrong; give the pool's token (--token-file or "
                                         "DRA_POOL_TOKEN), or use the pool's Unix socket")
-        return _auth.tcp_caller(self.request)  # from this host: its socket's user; from another: the operator
+        # From this host: its socket's user; from another (--allow-remote only): the operator.
+        return _auth.tcp_caller(self.request, remote=self.server.dra_remote)
 
     def _route(self, method: str) -> None:
         parts = [p for p in self.path.split("?")[0].split("/") if p]
@@ -407,7 +408,7 @@ class PoolServer:
                     raise ValueError(f"port: {host}:{port} is in use (another pool or program listens there); "
                                      "stop it or give another --port") from None
                 raise ValueError(f"host: cannot listen on {host}:{port}: {e.strerror}") from None
-            tcp.dra_token = token
+            tcp.dra_token, tcp.dra_remote = token, allow_remote
             self._servers.append(tcp)
             self.tcp_url = f"http://{'[' + host.strip('[]') + ']' if ':' in host else host}:{tcp.server_address[1]}"
         try:
