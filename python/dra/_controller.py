@@ -147,9 +147,9 @@ class Controller(_core.Controller):
         # Optimizer steps taken (a hook on the user's optimizer, any way it is stepped), and as many
         # as the previous reducing backward saw: accumulation without no_sync() is told apart.
         self._optimizer_steps = self._optimizer_steps_seen = 0
-        self._counts_steps = hasattr(optimizer, "register_step_post_hook")
         self._warned_accumulation = False
         if hasattr(optimizer, "register_step_post_hook"):
+            self._counts_steps = True
             optimizer.register_step_post_hook(functools.partial(count_optimizer_step, weakref.ref(self)))
             optimizer.register_step_pre_hook(functools.partial(optimizer_step_begins, weakref.ref(self)))
         watch_other_optimizers(self, model, optimizer)
@@ -244,7 +244,8 @@ class Controller(_core.Controller):
         # Accumulating without no_sync() and no optimizer step since this step's backward: the window is
         # open, and a resize waits for the step that closes it (a joiner counts its window from its first
         # batch; admitted inside one, it stepped out of phase for good: found by an outside review).
-        self._set_window_open(self._accumulating and self._optimizer_steps == self._optimizer_steps_seen)
+        if self._accumulating:  # once set, it stays: the native flag is False until then
+            self._set_window_open(self._optimizer_steps == self._optimizer_steps_seen)
         try:
             # A float, or a 0-d device tensor that the controller never reads at a step without a decision.
             status = self._step(value, **extra) if isinstance(value, float) else self._step_tensor(value, **extra)
